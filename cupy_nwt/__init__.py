@@ -1,0 +1,7 @@
+"""cupy_nwt: measure host-to-device transfer, feed GPUs with a shared-memory loader, tune its workers."""
+
+from .cuda import NoGPUError, gpu_status
+
+__version__ = "0.1.0"
+
+__all__ = ["NoGPUError", "gpu_status", "__version__"]

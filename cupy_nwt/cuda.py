@@ -1,0 +1,351 @@
+"""The one module that talks to CUDA (through CuPy and NVML).
+
+Everything else in cupy_nwt asks this module, so the question "is there a usable GPU, and if
+not, why" has exactly one answer, and a machine without a driver never sees a CuPy traceback.
+CuPy is imported lazily: the package imports and runs its host-only parts without it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+class NoGPUError(RuntimeError):
+    """Raised by GPU-only entry points; its message is one sentence a user can act on."""
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    available: bool
+    reason: str | None
+    device_count: int = 0
+    driver_version: int | None = None
+    runtime_version: int | None = None
+    cupy_version: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """A PCIe link as NVML (or sysfs) reports it; GB/s are per direction, after line coding."""
+
+    current_gen: int | None
+    current_width: int | None
+    max_gen: int | None
+    max_width: int | None
+    source: str
+
+    @property
+    def current_gbps(self) -> float | None:
+        return pcie_theoretical_gbps(self.current_gen, self.current_width)
+
+    @property
+    def max_gbps(self) -> float | None:
+        return pcie_theoretical_gbps(self.max_gen, self.max_width)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["current_gbps"] = self.current_gbps
+        d["max_gbps"] = self.max_gbps
+        return d
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    compute_capability: str
+    total_memory_bytes: int
+    copy_engines: int
+    multiprocessors: int
+    pci_bus_id: str
+    link: PcieLink | None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["link"] = self.link.to_dict() if self.link else None
+        return d
+
+
+# Per-lane payload rate in GB/s, after line coding: gen1/2 use 8b/10b, gen3..5 use 128b/130b,
+# gen6 runs PAM4 with 242B/256B FLIT framing.
+_LANE_GBPS = {
+    1: 2.5 * 8 / 10 / 8,
+    2: 5.0 * 8 / 10 / 8,
+    3: 8.0 * 128 / 130 / 8,
+    4: 16.0 * 128 / 130 / 8,
+    5: 32.0 * 128 / 130 / 8,
+    6: 64.0 * 242 / 256 / 8,
+}
+
+
+def pcie_theoretical_gbps(gen: int | None, width: int | None) -> float | None:
+    """Theoretical one-direction bandwidth of a PCIe link (Gen5 x16 -> ~63.0 GB/s)."""
+    if gen is None or width is None or gen not in _LANE_GBPS or width <= 0:
+        return None
+    return _LANE_GBPS[gen] * width
+
+
+def _cupy():
+    import cupy  # noqa: PLC0415 - lazy on purpose, see module docstring
+
+    return cupy
+
+
+_DRIVER_HINTS = {
+    "cudaErrorInsufficientDriver": "the NVIDIA driver is missing or older than the CUDA runtime CuPy was built for",
+    "cudaErrorNoDevice": "the driver found no CUDA device",
+    "cudaErrorInitializationError": "the CUDA driver failed to initialise",
+    "cudaErrorCompatNotSupportedOnDevice": "the forward-compatibility driver does not support this device",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def gpu_status() -> GpuStatus:
+    """Probe for a usable GPU without ever raising; the reason says why not in one sentence."""
+    if os.environ.get("CUPY_NWT_DISABLE_GPU"):
+        return GpuStatus(False, "the GPU is disabled by CUPY_NWT_DISABLE_GPU")
+    try:
+        cupy = _cupy()
+    except ImportError as exc:
+        return GpuStatus(False, f"CuPy is not installed ({exc}); install cupy-nwt[cuda12] or [cuda13]")
+    version = cupy.__version__
+    runtime = driver = None
+    try:
+        runtime = int(cupy.cuda.runtime.runtimeGetVersion())
+    except Exception:  # noqa: BLE001 - a broken CUDA runtime is one more reason, not a crash
+        pass
+    try:
+        driver = int(cupy.cuda.runtime.driverGetVersion()) or None
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        count = int(cupy.cuda.runtime.getDeviceCount())
+    except Exception as exc:  # noqa: BLE001
+        text = str(exc)
+        code = text.split(":", 1)[0].strip()
+        hint = _DRIVER_HINTS.get(code, text)
+        if driver is None and code == "cudaErrorInsufficientDriver":
+            hint = "no NVIDIA driver is installed (libcuda was not found)"
+        return GpuStatus(False, f"no usable GPU: {hint}", 0, driver, runtime, version)
+    if count == 0:
+        return GpuStatus(False, "no usable GPU: the driver found no CUDA device", 0, driver, runtime, version)
+    return GpuStatus(True, None, count, driver, runtime, version)
+
+
+def require_gpu() -> None:
+    """Raise NoGPUError with the probe's reason unless a GPU is usable."""
+    status = gpu_status()
+    if not status.available:
+        raise NoGPUError(status.reason or "no usable GPU")
+
+
+def pcie_link(device: int = 0) -> PcieLink | None:
+    """The device's PCIe link from NVML, or from Linux sysfs when NVML is unavailable."""
+    try:
+        import pynvml  # noqa: PLC0415
+
+        pynvml.nvmlInit()
+        try:
+            h = pynvml.nvmlDeviceGetHandleByIndex(device)
+            return PcieLink(
+                current_gen=int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
+                current_width=int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
+                max_gen=int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
+                max_width=int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
+                source="nvml",
+            )
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - fall back to sysfs below
+        pass
+    if not gpu_status().available:
+        return None
+    bus_id = _cupy().cuda.runtime.deviceGetPCIBusId(device).lower()
+    return sysfs_pcie_link(Path("/sys/bus/pci/devices") / bus_id)
+
+
+def sysfs_pcie_link(dev_dir: Path) -> PcieLink | None:
+    """Read a link from sysfs files such as ``current_link_speed = '32.0 GT/s PCIe'``."""
+    gts_to_gen = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+
+    def read(name: str) -> str | None:
+        try:
+            return (dev_dir / name).read_text().strip()
+        except OSError:
+            return None
+
+    def gen(text: str | None) -> int | None:
+        try:
+            return gts_to_gen.get(float(text.split()[0])) if text else None
+        except ValueError:
+            return None
+
+    def width(text: str | None) -> int | None:
+        return int(text) if text and text.isdigit() else None
+
+    cur_s, max_s = read("current_link_speed"), read("max_link_speed")
+    if cur_s is None and max_s is None:
+        return None
+    return PcieLink(gen(cur_s), width(read("current_link_width")), gen(max_s), width(read("max_link_width")), "sysfs")
+
+
+def device_info(device: int = 0) -> DeviceInfo:
+    """Name, compute capability, memory, copy engines and PCIe link of one device."""
+    require_gpu()
+    rt = _cupy().cuda.runtime
+    props = rt.getDeviceProperties(device)
+    name = props["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return DeviceInfo(
+        index=device,
+        name=name,
+        compute_capability=f"{props['major']}.{props['minor']}",
+        total_memory_bytes=int(props["totalGlobalMem"]),
+        copy_engines=int(props["asyncEngineCount"]),
+        multiprocessors=int(props["multiProcessorCount"]),
+        pci_bus_id=rt.deviceGetPCIBusId(device),
+        link=pcie_link(device),
+    )
+
+
+def device_count() -> int:
+    return gpu_status().device_count
+
+
+def use_device(device: int) -> None:
+    """Make ``device`` current for this thread."""
+    require_gpu()
+    _cupy().cuda.Device(device).use()
+
+
+# ---------------------------------------------------------------- host memory
+
+
+def pinned_empty(shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.ndarray:
+    """A NumPy array backed by page-locked memory from CuPy's pinned pool."""
+    require_gpu()
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape))
+    mem = _cupy().cuda.alloc_pinned_memory(max(count * dtype.itemsize, 1))
+    return np.frombuffer(mem, dtype=dtype, count=count).reshape(shape)
+
+
+class HostRegistration:
+    """Page-locks existing host memory (cudaHostRegister) until ``close()``.
+
+    Used for the loader's shared-memory ring so the H2D copy starts straight from it.
+    """
+
+    def __init__(self, array: np.ndarray, portable: bool = True) -> None:
+        require_gpu()
+        if not array.flags.c_contiguous:
+            raise ValueError("only C-contiguous host memory can be registered")
+        rt = _cupy().cuda.runtime
+        self.ptr = int(array.ctypes.data)
+        self.nbytes = int(array.nbytes)
+        flags = 1 if portable else 0  # cudaHostRegisterPortable: pinned for every context
+        rt.hostRegister(self.ptr, self.nbytes, flags)
+        self._array = array
+        self._open = True
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            try:
+                _cupy().cuda.runtime.hostUnregister(self.ptr)
+            finally:
+                self._array = None
+
+    def __enter__(self) -> "HostRegistration":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def is_pinned(array: np.ndarray) -> bool:
+    """True when CUDA reports the array's memory as page-locked host memory."""
+    if not gpu_status().available:
+        return False
+    rt = _cupy().cuda.runtime
+    try:
+        attrs = rt.pointerGetAttributes(int(array.ctypes.data))
+    except Exception:  # noqa: BLE001 - plain pageable memory may raise on old drivers
+        return False
+    return int(getattr(attrs, "type", 0)) == int(rt.memoryTypeHost)
+
+
+# ---------------------------------------------------------------- device memory, streams, events
+
+
+def device_empty(shape: int | tuple[int, ...], dtype: Any = np.uint8):
+    """A CuPy array on the current device."""
+    require_gpu()
+    return _cupy().empty(shape, dtype=dtype)
+
+
+def stream(non_blocking: bool = True):
+    """A new CUDA stream; non-blocking so it never syncs with the legacy default stream."""
+    require_gpu()
+    return _cupy().cuda.Stream(non_blocking=non_blocking)
+
+
+def current_stream():
+    require_gpu()
+    return _cupy().cuda.get_current_stream()
+
+
+def event(timing: bool = True):
+    require_gpu()
+    return _cupy().cuda.Event(disable_timing=not timing)
+
+
+def elapsed_ms(start, end) -> float:
+    """Device time between two recorded events, after waiting for ``end``."""
+    end.synchronize()
+    return float(_cupy().cuda.get_elapsed_time(start, end))
+
+
+def synchronize() -> None:
+    require_gpu()
+    _cupy().cuda.Device().synchronize()
+
+
+def copy_h2d(dst, src: np.ndarray, stream=None) -> None:
+    """Copy host -> device on ``stream``; asynchronous only when ``src`` is page-locked."""
+    dst.set(src, stream=stream)
+
+
+def copy_d2h(dst: np.ndarray, src, stream=None) -> None:
+    """Copy device -> host on ``stream``; asynchronous only when ``dst`` is page-locked."""
+    src.get(stream=stream, out=dst)
+
+
+def to_device_async(host: np.ndarray, stream=None):
+    """Allocate a device array on ``stream``'s device and start the copy of ``host`` into it."""
+    arr = _cupy().empty(host.shape, dtype=host.dtype)
+    arr.set(host, stream=stream)
+    return arr
+
+
+def as_numpy(device_array) -> np.ndarray:
+    return _cupy().asnumpy(device_array)
+
+
+def is_device_array(obj: object) -> bool:
+    return hasattr(obj, "__cuda_array_interface__")
+
+
+def elementwise_kernel(in_params: str, out_params: str, operation: str, name: str):
+    """Compile (lazily, on first call) a CuPy ElementwiseKernel."""
+    require_gpu()
+    return _cupy().ElementwiseKernel(in_params, out_params, operation, name)

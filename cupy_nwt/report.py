@@ -1,0 +1,65 @@
+"""Turning results into text people read, JSON machines read, and plots."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> str:
+    """A plain fixed-width table; numbers right-aligned, text left-aligned."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in cells:
+        for i, c in enumerate(row):
+            widths[i] = max(widths[i], len(c))
+    numeric = [all(_is_number(row[i]) for row in rows) if rows else False for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        parts = [v.rjust(w) if numeric[i] else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths))]
+        return "  ".join(parts).rstrip()
+
+    out = [title] if title else []
+    out += [line(list(headers)), line(["-" * w for w in widths])]
+    out += [line(r) for r in cells]
+    return "\n".join(out)
+
+
+def key_values(pairs: Sequence[tuple[str, Any]], title: str | None = None) -> str:
+    width = max((len(k) for k, _ in pairs), default=0)
+    out = [title] if title else []
+    out += [f"{k.ljust(width)}  {_cell(v)}" for k, v in pairs]
+    return "\n".join(out)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1e-2 and v != 0 else f"{v:,.2f}"
+    return str(v)
+
+
+def to_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False, default=_default)
+
+
+def write_json(obj: Any, path: str | Path) -> Path:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(to_json(obj) + "\n", encoding="utf-8")
+    return p
+
+
+def _default(o: Any) -> Any:
+    if hasattr(o, "to_dict"):
+        return o.to_dict()
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"cannot serialise {type(o).__name__}")

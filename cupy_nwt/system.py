@@ -1,0 +1,68 @@
+"""Host facts (CPU model, cores, memory): the part of ``info`` that never needs a GPU."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psutil
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name from /proc/cpuinfo, falling back to platform's guess."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def usable_cpus() -> int:
+    """CPUs this process may really use: affinity mask, then any cgroup v2 CPU quota."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
+            quota, period = f.read().split()
+        if quota != "max":
+            n = min(n, max(1, int(int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    cpu_model: str
+    logical_cpus: int
+    physical_cpus: int | None
+    usable_cpus: int
+    memory_total_bytes: int
+    memory_available_bytes: int
+    python: str
+    platform: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def host_info() -> HostInfo:
+    vm = psutil.virtual_memory()
+    return HostInfo(
+        cpu_model=cpu_model(),
+        logical_cpus=os.cpu_count() or 1,
+        physical_cpus=psutil.cpu_count(logical=False),
+        usable_cpus=usable_cpus(),
+        memory_total_bytes=int(vm.total),
+        memory_available_bytes=int(vm.available),
+        python=platform.python_version(),
+        platform=platform.platform(),
+    )

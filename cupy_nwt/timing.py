@@ -1,0 +1,100 @@
+"""Warm-up, repeats and robust statistics: the one way cupy_nwt turns runs into numbers.
+
+Medians, not means: a single page fault or scheduler hiccup should not move a reported figure.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Summary of repeated measurements (seconds, or any unit the caller used)."""
+
+    median: float
+    mean: float
+    min: float
+    max: float
+    stdev: float
+    p25: float
+    p75: float
+    n: int
+
+    @property
+    def spread(self) -> float:
+        """Inter-quartile range relative to the median: 0.05 means +-2.5% around it."""
+        return (self.p75 - self.p25) / self.median if self.median else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["spread"] = self.spread
+        return d
+
+
+def summarize(samples: Sequence[float]) -> Stats:
+    """Median, mean, extremes, standard deviation and quartiles of a non-empty sample."""
+    xs = sorted(float(x) for x in samples)
+    if not xs:
+        raise ValueError("summarize() needs at least one sample")
+    n = len(xs)
+    if n == 1:
+        q25 = q75 = xs[0]
+    else:
+        q25, _, q75 = statistics.quantiles(xs, n=4, method="inclusive")
+    return Stats(
+        median=statistics.median(xs),
+        mean=statistics.fmean(xs),
+        min=xs[0],
+        max=xs[-1],
+        stdev=statistics.stdev(xs) if n > 1 else 0.0,
+        p25=q25,
+        p75=q75,
+        n=n,
+    )
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    """Decimal gigabytes per second, the unit PCIe and NVIDIA's samples use."""
+    return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+
+
+def host_time(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> list[float]:
+    """Wall-clock seconds of ``fn`` per call, after ``warmup`` untimed calls."""
+    if repeats < 1 or warmup < 0:
+        raise ValueError("repeats must be >= 1 and warmup >= 0")
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def device_time(fn: Callable[[Any], object], repeats: int = 10, warmup: int = 2, stream=None) -> list[float]:
+    """Device seconds of ``fn(stream)`` per call, measured with CUDA events on ``stream``.
+
+    Events time what the GPU did, not how long a call that returns before its copy ends took.
+    """
+    from . import cuda  # noqa: PLC0415 - keep host-only users free of CUDA
+
+    if repeats < 1 or warmup < 0:
+        raise ValueError("repeats must be >= 1 and warmup >= 0")
+    s = stream if stream is not None else cuda.current_stream()
+    for _ in range(warmup):
+        fn(s)
+    s.synchronize()
+    out = []
+    for _ in range(repeats):
+        start, end = cuda.event(), cuda.event()
+        start.record(s)
+        fn(s)
+        end.record(s)
+        out.append(cuda.elapsed_ms(start, end) / 1e3)
+    return out
