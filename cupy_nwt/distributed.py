@@ -1,0 +1,157 @@
+"""Rank layout from the launcher already in use, and DistributedSampler-style sharding.
+
+cupy_nwt has no cluster layer of its own: torchrun, SLURM, Open MPI and MPICH/Hydra already tell
+each process who it is through environment variables; we read them, check they agree, and shard.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from .system import usable_cpus
+
+
+class LayoutError(ValueError):
+    """A half-set or contradictory rank layout; the message names the variables involved."""
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    launcher: str  # "torchrun" | "openmpi" | "mpich" | "slurm" | "explicit" | "single"
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# (launcher, rank, world size, local rank, local world size); the first launcher whose rank or
+# world-size variable is present wins. SLURM comes last: its variables leak into processes that
+# mpiexec or torchrun started inside an allocation, and those launchers know better.
+_LAUNCHERS = (
+    ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+    ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+     "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("mpich", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", None),
+)
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise LayoutError(f"{name}={raw!r} is not an integer") from None
+
+
+def slurm_tasks_on_this_node(env: Mapping[str, str]) -> int | None:
+    """Tasks on this node from SLURM_TASKS_PER_NODE ('2(x3),1') indexed by SLURM_NODEID."""
+    spec = env.get("SLURM_TASKS_PER_NODE")
+    if not spec:
+        return _int(env, "SLURM_NTASKS_PER_NODE")
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise LayoutError(f"SLURM_TASKS_PER_NODE={spec!r} is not in SLURM's 'N(xM),K' form")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    node = _int(env, "SLURM_NODEID") or 0
+    if node >= len(counts):
+        raise LayoutError(f"SLURM_NODEID={node} but SLURM_TASKS_PER_NODE={spec!r} lists {len(counts)} nodes")
+    return counts[node]
+
+
+def rank_layout(rank: int | None = None, world_size: int | None = None,
+                env: Mapping[str, str] | None = None) -> RankLayout:
+    """This process's place among the ranks: explicit arguments, else the launcher's variables.
+
+    No launcher variables at all means a single process. Local rank and local world size default
+    to the global ones when a launcher does not give them (one node).
+    """
+    env = os.environ if env is None else env
+    if (rank is None) != (world_size is None):
+        raise LayoutError("give both rank= and world_size=, or neither (then the launcher's environment is used)")
+    if rank is not None:
+        return _checked(RankLayout(rank, world_size, rank, world_size, "explicit"), "rank", "world_size")
+    for launcher, r_name, w_name, lr_name, lw_name in _LAUNCHERS:
+        r, w = _int(env, r_name), _int(env, w_name)
+        if r is None and w is None:
+            continue
+        if r is None or w is None:
+            have, missing = (r_name, w_name) if r is not None else (w_name, r_name)
+            raise LayoutError(f"{have} is set but {missing} is not: the {launcher} rank layout is half-set")
+        lr = _int(env, lr_name)
+        lw = slurm_tasks_on_this_node(env) if launcher == "slurm" else _int(env, lw_name)
+        layout = RankLayout(r, w, r if lr is None else lr, w if lw is None else lw, launcher)
+        return _checked(layout, r_name, w_name, lr_name, lw_name or "SLURM_TASKS_PER_NODE")
+    return RankLayout(0, 1, 0, 1, "single")
+
+
+def _checked(layout: RankLayout, r_name: str, w_name: str,
+             lr_name: str | None = None, lw_name: str | None = None) -> RankLayout:
+    if layout.world_size < 1:
+        raise LayoutError(f"{w_name}={layout.world_size}: the world size must be at least 1")
+    if not 0 <= layout.rank < layout.world_size:
+        raise LayoutError(f"{r_name}={layout.rank} is outside 0..{w_name}-1 (world size {layout.world_size})")
+    if lr_name and lw_name:
+        if not 1 <= layout.local_world_size <= layout.world_size:
+            raise LayoutError(f"{lw_name}={layout.local_world_size} must be in 1..{w_name} ({layout.world_size})")
+        if not 0 <= layout.local_rank < layout.local_world_size:
+            raise LayoutError(f"{lr_name}={layout.local_rank} is outside 0..{lw_name}-1 "
+                              f"(local world size {layout.local_world_size})")
+    return layout
+
+
+def samples_per_rank(n: int, world_size: int, drop_last: bool) -> int:
+    """Samples each rank gets per epoch, as DistributedSampler counts them."""
+    if world_size < 1:
+        raise ValueError("world_size must be at least 1")
+    if drop_last:
+        return n // world_size
+    return -(-n // world_size)
+
+
+def shard(order: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
+    """This rank's share of one epoch's index order (the same order on every rank).
+
+    Without ``drop_last`` the order is padded by wrapping around to its start until it divides
+    evenly, so a few samples are seen twice per epoch (by different ranks); with ``drop_last`` the
+    tail that does not divide evenly is left out this epoch. Rank r takes every world_size-th index
+    starting at r, so shards are disjoint apart from the padding and every rank gets the same count.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
+    order = np.asarray(order)
+    per = samples_per_rank(len(order), world_size, drop_last)
+    total = per * world_size
+    if total > len(order) and len(order):
+        order = np.resize(order, total)  # np.resize repeats the array: padding by wrapping
+    return order[rank:total:world_size]
+
+
+def worker_budget(layout: RankLayout, cpus: int | None = None) -> int:
+    """CPUs one rank may use for its loader: the usable CPUs split among the node's ranks."""
+    cpus = usable_cpus() if cpus is None else cpus
+    return max(1, cpus // max(1, layout.local_world_size))
+
+
+def device_for_rank(layout: RankLayout, device_count: int) -> int:
+    """The GPU a rank uses by default: its local rank modulo the GPUs on the node."""
+    if device_count < 1:
+        raise ValueError("no CUDA device to assign")
+    return layout.local_rank % device_count

@@ -1,0 +1,87 @@
+"""Rank layouts from each launcher's variables, their errors, and the shard arithmetic."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cupy_nwt.distributed import (
+    LayoutError, RankLayout, device_for_rank, rank_layout, samples_per_rank, shard, worker_budget,
+)
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, RankLayout(0, 1, 0, 1, "single")),
+    ({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, RankLayout(3, 8, 1, 2, "torchrun")),
+    ({"OMPI_COMM_WORLD_RANK": "5", "OMPI_COMM_WORLD_SIZE": "6", "OMPI_COMM_WORLD_LOCAL_RANK": "2",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, RankLayout(5, 6, 2, 3, "openmpi")),
+    ({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"}, RankLayout(1, 4, 1, 4, "mpich")),
+    ({"SLURM_PROCID": "4", "SLURM_NTASKS": "5", "SLURM_LOCALID": "0", "SLURM_NODEID": "2",
+      "SLURM_TASKS_PER_NODE": "2(x2),1"}, RankLayout(4, 5, 0, 1, "slurm")),
+    ({"PMI_RANK": "0", "PMI_SIZE": "2"}, RankLayout(0, 2, 0, 2, "mpich")),
+    # torchrun inside a SLURM allocation: torchrun's own variables describe this process
+    ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, RankLayout(1, 2, 1, 2, "torchrun")),
+])
+def test_layout_from_each_launcher(env, expected):
+    assert rank_layout(env=env) == expected
+
+
+def test_explicit_arguments_win_over_environment():
+    assert rank_layout(1, 3, env={"RANK": "0", "WORLD_SIZE": "2"}) == RankLayout(1, 3, 1, 3, "explicit")
+
+
+@pytest.mark.parametrize(("kwargs", "env", "names"), [
+    ({}, {"RANK": "0"}, ["RANK", "WORLD_SIZE"]),
+    ({}, {"WORLD_SIZE": "2"}, ["WORLD_SIZE", "RANK"]),
+    ({}, {"RANK": "2", "WORLD_SIZE": "2"}, ["RANK=2", "WORLD_SIZE"]),
+    ({}, {"RANK": "0", "WORLD_SIZE": "0"}, ["WORLD_SIZE=0"]),
+    ({}, {"RANK": "x", "WORLD_SIZE": "2"}, ["RANK='x'"]),
+    ({}, {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, ["LOCAL_RANK=3"]),
+    ({}, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},
+     ["OMPI_COMM_WORLD_LOCAL_SIZE=4"]),
+    ({}, {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "two"}, ["SLURM_TASKS_PER_NODE"]),
+    ({"rank": 0}, {}, ["rank=", "world_size="]),
+    ({"rank": 3, "world_size": 3}, {}, ["rank=3"]),
+])
+def test_bad_layouts_name_the_variables(kwargs, env, names):
+    with pytest.raises(LayoutError) as info:
+        rank_layout(**kwargs, env=env)
+    for name in names:
+        assert name in str(info.value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 500), world=st.integers(1, 17), drop_last=st.booleans(), seed=st.integers(0, 2**32 - 1))
+def test_shards_are_equal_disjoint_and_complete(n, world, drop_last, seed):
+    order = np.random.default_rng(seed).permutation(n)
+    shards = [shard(order, r, world, drop_last) for r in range(world)]
+    per = samples_per_rank(n, world, drop_last)
+    assert all(len(s) == per for s in shards)
+    together = np.concatenate(shards) if shards else np.array([], dtype=int)
+    if drop_last:
+        # disjoint, and only the tail that does not divide evenly is left out
+        assert len(set(together.tolist())) == len(together) == n - n % world
+    else:
+        # complete, and the only repeats are the wrapped-around padding
+        assert set(together.tolist()) == set(range(n))
+        assert len(together) - n == (per * world - n if n else 0)
+        assert len(together) - n < world or n == 0
+
+
+def test_shard_matches_distributed_sampler_layout():
+    order = np.arange(10)
+    assert shard(order, 0, 4, False).tolist() == [0, 4, 8]
+    assert shard(order, 2, 4, False).tolist() == [2, 6, 0]  # padded by wrapping
+    assert shard(order, 3, 4, True).tolist() == [3, 7]
+
+
+def test_budget_and_device_per_rank():
+    layout = RankLayout(5, 8, 1, 4, "torchrun")
+    assert worker_budget(layout, cpus=16) == 4
+    assert worker_budget(layout, cpus=2) == 1
+    assert device_for_rank(layout, device_count=1) == 0
+    assert device_for_rank(RankLayout(3, 4, 3, 4, "torchrun"), device_count=2) == 1
+    with pytest.raises(ValueError):
+        device_for_rank(layout, 0)
