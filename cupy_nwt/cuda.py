@@ -349,3 +349,41 @@ def elementwise_kernel(in_params: str, out_params: str, operation: str, name: st
     """Compile (lazily, on first call) a CuPy ElementwiseKernel."""
     require_gpu()
     return _cupy().ElementwiseKernel(in_params, out_params, operation, name)
+
+
+def _check_copy(dst: Any, src: Any) -> int:
+    if dst.nbytes != src.nbytes:
+        raise ValueError(f"copy size mismatch: destination {dst.nbytes} B, source {src.nbytes} B")
+    if not (dst.flags.c_contiguous and src.flags.c_contiguous):
+        raise ValueError("raw copies need C-contiguous source and destination")
+    return int(src.nbytes)
+
+
+def memcpy_h2d(dst, src: np.ndarray, stream=None) -> None:
+    """Enqueue a host -> device copy on ``stream`` and return without waiting.
+
+    A thinner path than ``ndarray.set`` (no device switch, no dtype/shape rules, bytes only) so
+    that per-call overhead does not swamp small copies in the transfer experiments. With pageable
+    ``src`` the driver stages the data, so the call returns once ``src`` may be reused.
+    """
+    n = _check_copy(dst, src)
+    dst.data.copy_from_host_async(int(src.ctypes.data), n, stream)
+
+
+def memcpy_d2h(dst: np.ndarray, src, stream=None) -> None:
+    """Enqueue a device -> host copy on ``stream``; never waits for the stream.
+
+    Unlike ``copy_d2h`` (CuPy's ``get(out=...)`` blocks by default), this keeps later work
+    issuable while the copy runs, which the overlap experiment needs. With pageable ``dst`` the
+    driver still returns only after the copy is done.
+    """
+    n = _check_copy(dst, src)
+    src.data.copy_to_host_async(int(dst.ctypes.data), n, stream)
+
+
+def release_memory_pools() -> None:
+    """Give unused cached blocks of CuPy's device and pinned pools back to the driver."""
+    if gpu_status().available:
+        cupy = _cupy()
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()
