@@ -1,0 +1,411 @@
+"""Host <-> device bandwidth: pageable vs pinned over a size sweep, one big copy vs many small ones.
+
+After NVIDIA's "How to optimize data transfers in CUDA" samples (profile.cu, bandwidthtest.cu).
+Every figure is a median over repeats timed with CUDA events on the copying stream, and every
+copy is checked: a fast copy of the wrong bytes is not a result. Bandwidths are compared with the
+PCIe link's theoretical rate, read after the largest copies because idle GPUs downclock the link.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from . import cuda, report, system, timing
+from .timing import Stats
+from .units import fmt_bytes, size_sweep
+
+DIRECTIONS = ("h2d", "d2h")
+MEMORIES = ("pageable", "pinned")
+DEFAULT_MIN = 4 * 1024
+DEFAULT_MAX = 256 * 1024**2
+# Back-to-back copies per timed sample until a sample moves this much: a 4 KiB copy alone lasts
+# a few microseconds, close to the events' ~0.5 us resolution (bandwidthtest.cu loops likewise).
+SAMPLE_TARGET_BYTES = 8 * 1024**2
+MAX_COPIES_PER_SAMPLE = 256
+
+Progress = Callable[[str], None]
+
+
+def copies_per_sample(nbytes: int, target: int = SAMPLE_TARGET_BYTES, cap: int = MAX_COPIES_PER_SAMPLE) -> int:
+    """How many copies of ``nbytes`` one timed sample issues (at least 1, at most ``cap``)."""
+    if nbytes <= 0:
+        raise ValueError(f"copy size must be positive, got {nbytes}")
+    return max(1, min(cap, -(-target // nbytes)))
+
+
+@dataclass(frozen=True)
+class BandwidthConfig:
+    """What to sweep; validated on construction so bad input fails before any GPU work."""
+
+    sizes: tuple[int, ...] = tuple(size_sweep(DEFAULT_MIN, DEFAULT_MAX))
+    repeats: int = 20
+    warmup: int = 3
+    device: int = 0
+    batch_total: int = 64 * 1024**2
+    batch_chunk: int = 64 * 1024
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            raise ValueError("the size sweep is empty")
+        if any(int(n) <= 0 for n in self.sizes):
+            raise ValueError(f"sizes must be positive, got {list(self.sizes)}")
+        if self.repeats < 1:
+            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.device < 0:
+            raise ValueError(f"--device must be >= 0, got {self.device}")
+        if self.batch_chunk <= 0 or self.batch_total <= 0:
+            raise ValueError("batched-copy total and chunk must be positive")
+        if self.batch_chunk > self.batch_total or self.batch_total % self.batch_chunk:
+            raise ValueError(
+                f"batched-copy total ({fmt_bytes(self.batch_total)}) must be a whole multiple "
+                f"of the chunk ({fmt_bytes(self.batch_chunk)})"
+            )
+
+    @property
+    def buffer_bytes(self) -> int:
+        return max(max(self.sizes), self.batch_total)
+
+    @property
+    def steps(self) -> int:
+        """Progress steps of a run: one per (size, memory), one per memory for the batching test."""
+        return len(self.sizes) * len(MEMORIES) + len(MEMORIES)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["sizes"] = list(self.sizes)
+        return d
+
+
+@dataclass(frozen=True)
+class BandwidthPoint:
+    """One (direction, memory, size): seconds per copy and GB/s per sample."""
+
+    direction: str
+    memory: str
+    nbytes: int
+    copies_per_sample: int
+    seconds: Stats
+    gbps: Stats
+    verified: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "direction": self.direction,
+            "memory": self.memory,
+            "nbytes": self.nbytes,
+            "copies_per_sample": self.copies_per_sample,
+            "seconds": self.seconds.to_dict(),
+            "gbps": self.gbps.to_dict(),
+            "verified": self.verified,
+        }
+
+
+@dataclass(frozen=True)
+class Speedup:
+    """Pinned over pageable at one size and direction (median GB/s over median GB/s)."""
+
+    direction: str
+    nbytes: int
+    pageable_gbps: float
+    pinned_gbps: float
+
+    @property
+    def speedup(self) -> float:
+        return self.pinned_gbps / self.pageable_gbps if self.pageable_gbps > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["speedup"] = self.speedup
+        return d
+
+
+@dataclass(frozen=True)
+class BatchingPoint:
+    """The same bytes moved as one copy and as ``chunks`` copies of ``chunk_bytes``."""
+
+    direction: str
+    memory: str
+    total_bytes: int
+    chunk_bytes: int
+    one_copy: Stats
+    many_copies: Stats
+    verified: bool
+
+    @property
+    def chunks(self) -> int:
+        return self.total_bytes // self.chunk_bytes
+
+    @property
+    def one_copy_gbps(self) -> float:
+        return timing.gbps(self.total_bytes, self.one_copy.median)
+
+    @property
+    def many_copies_gbps(self) -> float:
+        return timing.gbps(self.total_bytes, self.many_copies.median)
+
+    @property
+    def slowdown(self) -> float:
+        """How many times longer the many small copies take than the one batched copy."""
+        return self.many_copies.median / self.one_copy.median if self.one_copy.median > 0 else float("inf")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "direction": self.direction,
+            "memory": self.memory,
+            "total_bytes": self.total_bytes,
+            "chunk_bytes": self.chunk_bytes,
+            "chunks": self.chunks,
+            "one_copy_seconds": self.one_copy.to_dict(),
+            "many_copies_seconds": self.many_copies.to_dict(),
+            "one_copy_gbps": self.one_copy_gbps,
+            "many_copies_gbps": self.many_copies_gbps,
+            "slowdown": self.slowdown,
+            "verified": self.verified,
+        }
+
+
+def link_rate(link: cuda.PcieLink | None) -> tuple[float | None, str]:
+    """The link rate to compare against, and which figure it is ("max", "current" or "none").
+
+    The maximum generation and width the GPU and its slot negotiate is preferred: the current
+    figure drops when the GPU idles, so it understates the link unless read under load.
+    """
+    if link is not None and link.max_gbps:
+        return link.max_gbps, "max"
+    if link is not None and link.current_gbps:
+        return link.current_gbps, "current"
+    return None, "none"
+
+
+def speedups(points: tuple[BandwidthPoint, ...] | list[BandwidthPoint]) -> tuple[Speedup, ...]:
+    """Pinned/pageable per (direction, size) wherever both were measured, in sweep order."""
+    index = {(p.direction, p.memory, p.nbytes): p for p in points}
+    out = []
+    for direction in DIRECTIONS:
+        for nbytes in sorted({p.nbytes for p in points if p.direction == direction}):
+            pageable = index.get((direction, "pageable", nbytes))
+            pinned = index.get((direction, "pinned", nbytes))
+            if pageable and pinned:
+                out.append(Speedup(direction, nbytes, pageable.gbps.median, pinned.gbps.median))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class BandwidthResult:
+    """A whole bandwidth run: configuration, machine, link and every measured point."""
+
+    config: BandwidthConfig
+    device: cuda.DeviceInfo
+    host: system.HostInfo
+    link: cuda.PcieLink | None
+    points: tuple[BandwidthPoint, ...]
+    batching: tuple[BatchingPoint, ...]
+
+    @property
+    def link_gbps(self) -> float | None:
+        return link_rate(self.link)[0]
+
+    @property
+    def link_basis(self) -> str:
+        return link_rate(self.link)[1]
+
+    @property
+    def link_label(self) -> str:
+        """Human description of the link figure used, e.g. 'Gen5 x16 (max, nvml): 63.0 GB/s'."""
+        basis, link, rate = self.link_basis, self.link, self.link_gbps
+        if link is None:
+            return "unknown (no NVML, no sysfs entry)"
+        if rate is None:
+            return f"unknown (the {link.source} reading has no usable generation and width)"
+        gen, width = (link.max_gen, link.max_width) if basis == "max" else (link.current_gen, link.current_width)
+        return f"Gen{gen} x{width} ({basis}, {link.source}): {rate:.1f} GB/s per direction"
+
+    @property
+    def verified(self) -> bool:
+        return all(p.verified for p in self.points) and all(b.verified for b in self.batching)
+
+    @property
+    def speedups(self) -> tuple[Speedup, ...]:
+        return speedups(self.points)
+
+    def link_fraction(self, point: BandwidthPoint) -> float | None:
+        """Median GB/s of ``point`` as a fraction of the link's theoretical rate."""
+        rate = self.link_gbps
+        return point.gbps.median / rate if rate else None
+
+    def point(self, direction: str, memory: str, nbytes: int) -> BandwidthPoint:
+        for p in self.points:
+            if (p.direction, p.memory, p.nbytes) == (direction, memory, nbytes):
+                return p
+        raise KeyError(f"no {direction} {memory} point at {nbytes} B")
+
+    def to_dict(self) -> dict[str, Any]:
+        points = []
+        for p in self.points:
+            d = p.to_dict()
+            d["link_fraction"] = self.link_fraction(p)
+            points.append(d)
+        return {
+            "experiment": "bandwidth",
+            "config": self.config.to_dict(),
+            "device": self.device.to_dict(),
+            "host": self.host.to_dict(),
+            "link_after_warmup": self.link.to_dict() if self.link else None,
+            "link_gbps": self.link_gbps,
+            "link_basis": self.link_basis,
+            "verified": self.verified,
+            "points": points,
+            "speedups": [s.to_dict() for s in self.speedups],
+            "batching": [b.to_dict() for b in self.batching],
+        }
+
+
+def run_bandwidth(config: BandwidthConfig | None = None, progress: Progress | None = None) -> BandwidthResult:
+    """Measure the sweep and the batching comparison on ``config.device``; raises NoGPUError without one."""
+    config = config or BandwidthConfig()
+    cuda.require_gpu()
+    check_device_index(config.device)
+    cuda.use_device(config.device)
+    try:
+        return _run(config, progress or (lambda _label: None))
+    finally:
+        cuda.release_memory_pools()
+
+
+def check_device_index(device: int) -> None:
+    count = cuda.device_count()
+    if not 0 <= device < count:
+        raise ValueError(f"there is no GPU {device}: this machine has {count} (use --device 0..{count - 1})")
+
+
+def _run(config: BandwidthConfig, tick: Progress) -> BandwidthResult:
+    device = cuda.device_info(config.device)
+    host = system.host_info()
+    n = config.buffer_bytes
+    pattern = np.frombuffer(np.random.default_rng(config.seed).bytes(n), dtype=np.uint8)
+    dev = cuda.device_empty(n, np.uint8)
+    buffers = {"pageable": (np.empty(n, np.uint8), np.empty(n, np.uint8)),
+               "pinned": (cuda.pinned_empty(n, np.uint8), cuda.pinned_empty(n, np.uint8))}
+    for src, dst in buffers.values():
+        src[:] = pattern
+        dst.fill(0)  # touch every page now, not inside a timed copy
+    s = cuda.stream()
+
+    points: list[BandwidthPoint] = []
+    for nbytes in sorted(config.sizes):
+        for memory in MEMORIES:
+            src, dst = buffers[memory]
+            points += _round_trip(dev[:nbytes], src[:nbytes], dst[:nbytes], memory, config, s)
+            tick(f"{memory} {fmt_bytes(nbytes)}")
+    # Read right after the largest copies: the link is at its working speed now.
+    link = cuda.pcie_link(config.device)
+
+    batching: list[BatchingPoint] = []
+    total = config.batch_total
+    for memory in MEMORIES:
+        src, dst = buffers[memory]
+        for direction in DIRECTIONS:
+            batching.append(_batched_vs_many(direction, memory, dev[:total], src[:total], dst[:total], config, s))
+        tick(f"{memory} batching")
+    return BandwidthResult(config, device, host, link, tuple(points), tuple(batching))
+
+
+def _round_trip(dev, src: np.ndarray, dst: np.ndarray, memory: str, config: BandwidthConfig, s) -> list[BandwidthPoint]:
+    """Time H2D into a zeroed device buffer, then D2H into a zeroed host buffer; check the bytes."""
+    nbytes = src.nbytes
+    k = copies_per_sample(nbytes)
+    with s:
+        dev.fill(0)
+    dst.fill(0)
+
+    def up(st) -> None:
+        for _ in range(k):
+            cuda.memcpy_h2d(dev, src, st)
+
+    def down(st) -> None:
+        for _ in range(k):
+            cuda.memcpy_d2h(dst, dev, st)
+
+    up_t = [t / k for t in timing.device_time(up, config.repeats, config.warmup, s)]
+    down_t = [t / k for t in timing.device_time(down, config.repeats, config.warmup, s)]
+    s.synchronize()
+    ok = bool(np.array_equal(dst, src))
+    return [_point(direction, memory, nbytes, k, times, ok)
+            for direction, times in (("h2d", up_t), ("d2h", down_t))]
+
+
+def _point(direction: str, memory: str, nbytes: int, k: int, times: list[float], ok: bool) -> BandwidthPoint:
+    return BandwidthPoint(direction, memory, nbytes, k, timing.summarize(times),
+                          timing.summarize([timing.gbps(nbytes, t) for t in times]), ok)
+
+
+def _batched_vs_many(direction: str, memory: str, dev, src: np.ndarray, dst: np.ndarray,
+                     config: BandwidthConfig, s) -> BatchingPoint:
+    """Same bytes, one copy vs ``total/chunk`` copies; each plan's destination is checked after."""
+    total, chunk = config.batch_total, config.batch_chunk
+    offsets = range(0, total, chunk)
+    if direction == "h2d":
+        copy = cuda.memcpy_h2d
+        plans = ([(dev, src)], [(dev[o:o + chunk], src[o:o + chunk]) for o in offsets])
+    else:
+        copy = cuda.memcpy_d2h
+        plans = ([(dst, dev)], [(dst[o:o + chunk], dev[o:o + chunk]) for o in offsets])
+        cuda.memcpy_h2d(dev, src, s)  # the device side must hold the pattern to copy back
+    stats, ok = [], True
+    for plan in plans:
+        if direction == "h2d":
+            with s:
+                dev.fill(0)
+        else:
+            s.synchronize()
+            dst.fill(0)
+
+        def run(st, plan=plan) -> None:
+            for to, frm in plan:
+                copy(to, frm, st)
+
+        stats.append(timing.summarize(timing.device_time(run, config.repeats, config.warmup, s)))
+        if direction == "h2d":
+            s.synchronize()
+            dst.fill(0)
+            cuda.memcpy_d2h(dst, dev, s)
+        s.synchronize()
+        ok = ok and bool(np.array_equal(dst, src))
+    return BatchingPoint(direction, memory, total, chunk, stats[0], stats[1], ok)
+
+
+def summary_text(result: BandwidthResult) -> str:
+    """The readable report: device and link, the sweep with speed-ups, then the batching test."""
+    d = result.device
+    head = report.key_values([
+        ("device", f"GPU {d.index}: {d.name} (cc {d.compute_capability}, {d.copy_engines} copy engines)"),
+        ("PCIe link", result.link_label),
+        ("repeats", f"{result.config.repeats} timed (median), {result.config.warmup} warm-up, CUDA events"),
+        ("data check", "all copies verified" if result.verified else "MISMATCH: copied bytes differ"),
+    ], title="bandwidth (GB/s = 1e9 B/s)")
+    rows = []
+    for nbytes in sorted(result.config.sizes):
+        row: list[Any] = [fmt_bytes(nbytes)]
+        for direction in DIRECTIONS:
+            page = result.point(direction, "pageable", nbytes).gbps.median
+            pin = result.point(direction, "pinned", nbytes)
+            frac = result.link_fraction(pin)
+            row += [page, pin.gbps.median, pin.gbps.median / page if page else None,
+                    None if frac is None else f"{100 * frac:.0f}%"]
+        rows.append(row)
+    sweep = report.table(
+        ["size", "H2D pageable", "H2D pinned", "x", "H2D %link", "D2H pageable", "D2H pinned", "x", "D2H %link"],
+        rows, title="pinned vs pageable (median GB/s; x = pinned/pageable; %link = pinned vs link)")
+    brows = [[b.direction.upper(), b.memory, f"{b.chunks} x {fmt_bytes(b.chunk_bytes)}",
+              b.one_copy_gbps, b.many_copies_gbps, b.slowdown] for b in result.batching]
+    total = fmt_bytes(result.config.batch_total)
+    batch = report.table(["dir", "memory", "many", "one copy GB/s", "many copies GB/s", "slowdown"],
+                         brows, title=f"{total} as one copy vs many small copies")
+    return "\n\n".join([head, sweep, batch])
