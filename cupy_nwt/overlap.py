@@ -276,7 +276,7 @@ def summary_text(result: OverlapResult) -> str:
         ("max error", f"{result.max_error:.3g} ({'ok' if result.correct else 'WRONG'}: tolerance "
                       f"{MAX_ERROR_TOLERANCE:g})"),
     ], title=f"overlap ({c.repeats} timed runs, median; {c.warmup} warm-up)")
-    rows = [[v.name, 1e3 * v.seconds.median, v.seconds.spread, result.speedup(v.name), result.vs_ideal(v.name),
-             f"{v.max_error:.3g}"] for v in result.versions]
+    rows = [[v.name, f"{1e3 * v.seconds.median:.3f}", v.seconds.spread, result.speedup(v.name),
+             result.vs_ideal(v.name), f"{v.max_error:.3g}"] for v in result.versions]
     body = report.table(["version", "ms", "spread", "speed-up", "vs ideal", "max error"], rows)
     return f"{head}\n\n{body}"
