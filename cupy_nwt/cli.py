@@ -7,11 +7,13 @@ non-zero exit, never a traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from . import __version__, cuda, report, system
-from .units import fmt_bytes
+from .units import fmt_bytes, parse_size, size_sweep
 
 EXIT_USAGE = 2
 EXIT_NO_GPU = 3
@@ -57,6 +59,123 @@ def _gb(x: float | None) -> str:
     return "?" if x is None else f"{x:.1f} GB/s"
 
 
+def _int_option(text: str, name: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {text!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _size_option(text: str, name: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def _check_writable(path: str | None, name: str) -> None:
+    """Fail before a long GPU run, not after it, when a result file cannot be written."""
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{name} {path} is a directory, not a file")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{name} {path}: cannot create its folder ({exc.strerror})") from None
+    if not os.access(target.parent, os.W_OK):
+        raise ValueError(f"{name} {path}: its folder is not writable")
+
+
+def _progress(args: argparse.Namespace, total: int):
+    """A tqdm bar on stderr and the per-step callback that advances it; (None, None) when off."""
+    if args.no_progress:
+        return None, None
+    from tqdm import tqdm  # noqa: PLC0415
+
+    bar = tqdm(total=total, file=sys.stderr, unit="step", leave=False, dynamic_ncols=True)
+
+    def step(label: str) -> None:
+        bar.set_postfix_str(label, refresh=False)
+        bar.update(1)
+
+    return bar, step
+
+
+def _run_with_progress(args: argparse.Namespace, total: int, run):
+    bar, step = _progress(args, total)
+    try:
+        return run(step)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _emit(args: argparse.Namespace, result, text: str) -> None:
+    if args.output:
+        report.write_json(result, args.output)
+    print(report.to_json(result) if args.json else text)
+
+
+def cmd_bandwidth(args: argparse.Namespace) -> int:
+    from . import plots, transfers  # noqa: PLC0415
+
+    lo, hi = _size_option(args.min, "--min"), _size_option(args.max, "--max")
+    if lo > hi:
+        raise ValueError(f"--min ({fmt_bytes(lo)}) is larger than --max ({fmt_bytes(hi)})")
+    sizes = size_sweep(lo, hi, _int_option(args.factor, "--factor", 2))
+    config = transfers.BandwidthConfig(
+        sizes=tuple(sizes), repeats=_int_option(args.repeats, "--repeats", 1),
+        warmup=_int_option(args.warmup, "--warmup", 0), device=_int_option(args.device, "--device", 0),
+        batch_total=_size_option(args.batch_total, "--batch-total"),
+        batch_chunk=_size_option(args.batch_chunk, "--batch-chunk"))
+    if args.plot and not plots.matplotlib_available():
+        raise ValueError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
+    _check_writable(args.output, "--output")
+    _check_writable(args.plot, "--plot")
+    cuda.require_gpu()
+    result = _run_with_progress(args, config.steps, lambda step: transfers.run_bandwidth(config, step))
+    if args.plot:
+        plots.plot_bandwidth(result, args.plot)
+    _emit(args, result, transfers.summary_text(result))
+    if not result.verified:
+        print("cupy-nwt bandwidth: copied bytes differ from the source (see 'verified')", file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_overlap(args: argparse.Namespace) -> int:
+    from . import overlap  # noqa: PLC0415
+
+    config = overlap.OverlapConfig(
+        streams=_int_option(args.streams, "--streams", 1),
+        elements=None if args.elements is None else _int_option(args.elements, "--elements", 1),
+        repeats=_int_option(args.repeats, "--repeats", 1), warmup=_int_option(args.warmup, "--warmup", 0),
+        device=_int_option(args.device, "--device", 0))
+    _check_writable(args.output, "--output")
+    cuda.require_gpu()
+    result = _run_with_progress(args, config.steps, lambda step: overlap.run_overlap(config, step))
+    _emit(args, result, overlap.summary_text(result))
+    if not result.correct:
+        print(f"cupy-nwt overlap: max error {result.max_error:.3g} exceeds {overlap.MAX_ERROR_TOLERANCE:g}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _experiment_options(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--repeats", default="20", help="timed repeats; the median is reported (default 20)")
+    s.add_argument("--warmup", default="3", help="untimed runs first (default 3)")
+    s.add_argument("--device", default="0", help="GPU index (default 0)")
+    s.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    s.add_argument("--output", metavar="FILE.json", help="also write the JSON result to this file")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cupy-nwt", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"cupy-nwt {__version__}")
@@ -65,6 +184,22 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("info", help="host facts, and the GPU with its PCIe link (or why there is none)")
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(func=cmd_info)
+
+    s = sub.add_parser("bandwidth", help="H2D/D2H GB/s, pageable vs pinned, over a size sweep; one vs many copies")
+    s.add_argument("--min", default="4KiB", help="smallest copy (default 4KiB)")
+    s.add_argument("--max", default="256MiB", help="largest copy (default 256MiB)")
+    s.add_argument("--factor", default="2", help="size step factor (default 2)")
+    s.add_argument("--batch-total", default="64MiB", help="bytes of the one-vs-many test (default 64MiB)")
+    s.add_argument("--batch-chunk", default="64KiB", help="small-copy size of that test (default 64KiB)")
+    s.add_argument("--plot", metavar="FILE.png", help="also draw GB/s against size into this PNG")
+    _experiment_options(s)
+    s.set_defaults(func=cmd_bandwidth)
+
+    s = sub.add_parser("overlap", help="copy/compute overlap over N streams: sequential, async v1, async v2")
+    s.add_argument("--streams", default="4", help="streams, one chunk each (default 4)")
+    s.add_argument("--elements", default=None, help="float32 elements in all (default 4*1024*256 per stream)")
+    _experiment_options(s)
+    s.set_defaults(func=cmd_overlap)
     return p
 
 
