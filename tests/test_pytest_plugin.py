@@ -1,0 +1,303 @@
+"""The pytest plugin: fixtures on pytest-benchmark, device time as its timer, the throughput gate.
+
+Throwaway projects run through pytester. Runs that only need this process's state run in-process
+(fast); runs whose point is a fresh interpreter (the entry point, the real GPU probe, workers)
+run in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import entry_points
+
+import pytest
+
+from cupy_nwt import cuda, pytest_plugin
+from cupy_nwt.pytest_plugin import (
+    DEVICE_CLOCK,
+    Comparison,
+    DeviceClock,
+    _batch_len,
+    _transfer_args,
+    compare_throughput,
+    load_baseline,
+)
+
+pytest_plugins = ["pytester"]
+
+# cpuinfo (pytest-benchmark's machine info) spawns a process and takes ~1 s per run: not needed here.
+FAST_CONFTEST = """
+def pytest_benchmark_generate_machine_info(config):
+    return {"node": "pytester"}
+"""
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    pytester.makeconftest(FAST_CONFTEST)
+    return pytester
+
+
+# ---------------------------------------------------------------- pure parts
+
+
+def test_entry_point_registers_the_plugin():
+    eps = entry_points(group="pytest11")
+    assert any(ep.name == "cupy_nwt" and ep.value == "cupy_nwt.pytest_plugin" for ep in eps)
+
+
+def test_device_clock_moves_only_by_device_time():
+    clock = DeviceClock()
+    assert clock() == 0.0
+    clock.advance(0.25)
+    clock.advance(0.5)
+    assert clock() == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="device time must be >= 0"):
+        clock.advance(-1e-3)
+    with pytest.raises(ValueError):
+        clock.advance(float("nan"))
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("0", "h2d", True, 5, 1), "size must be positive"),
+        (("lots", "h2d", True, 5, 1), "not a size"),
+        ((4096, "sideways", True, 5, 1), "direction must be 'h2d' or 'd2h'"),
+        ((4096, "h2d", "yes", 5, 1), "pinned must be True or False"),
+        ((4096, "h2d", True, 0, 1), "repeats must be an int >= 1"),
+        ((4096, "h2d", True, 5, -1), "warmup must be an int >= 0"),
+    ],
+)
+def test_transfer_arguments_are_checked_with_clear_messages(args, match):
+    with pytest.raises(ValueError, match=match):
+        _transfer_args(*args)
+
+
+def test_transfer_arguments_accept_sizes_with_units():
+    assert _transfer_args("64MiB", "D2H", False, 3, 0) == (64 * 1024**2, "d2h")
+
+
+def test_batch_len_reads_the_leading_dimension_of_the_first_array():
+    np = pytest.importorskip("numpy")
+    assert _batch_len((np.zeros((7, 3)), np.zeros(7))) == 7
+    assert _batch_len({"image": np.zeros((5, 2)), "label": np.zeros(5)}) == 5
+    assert _batch_len([[np.zeros((0,))], np.zeros((4, 1))]) == 0
+    assert _batch_len(("text", 3)) is None
+
+
+def _entry(fullname: str, **extra: float) -> dict:
+    return {"fullname": fullname, "extra_info": extra}
+
+
+def test_compare_pairs_throughput_keys_by_fullname():
+    baseline = {"t.py::a": _entry("t.py::a", samples_per_s=1000.0, other=5),
+                "t.py::b": _entry("t.py::b", gbps=20.0),
+                "t.py::gone": _entry("t.py::gone", gbps=1.0)}
+    current = {"t.py::a": {"samples_per_s": 400.0}, "t.py::b": {"gbps": 21.0}, "t.py::new": {"gbps": 3.0}}
+    got = {(c.fullname, c.key): c for c in compare_throughput(current, baseline, "base.json")}
+    assert set(got) == {("t.py::a", "samples_per_s"), ("t.py::b", "gbps")}
+    a, b = got["t.py::a", "samples_per_s"], got["t.py::b", "gbps"]
+    assert a.change_pct == pytest.approx(-60.0)
+    assert a.regressed(50) and not a.regressed(60) and not a.regressed(None)
+    assert not b.regressed(1)
+    msg = a.message(50)
+    assert "t.py::a" in msg and "samples/s fell 60.0% (more than 50%)" in msg
+    assert "1,000.00 -> 400.00" in msg and "base.json" in msg
+    assert "GB/s 20.00 -> 21.00 (+5.0%)" in b.message(50)
+
+
+@pytest.mark.parametrize("bad", [0, -3.0, float("nan"), float("inf"), None, True, "12"])
+def test_compare_ignores_figures_that_are_not_positive_numbers(bad):
+    baseline = {"t::x": _entry("t::x", gbps=bad)}
+    assert compare_throughput({"t::x": {"gbps": 5.0}}, baseline, "b") == []
+    assert compare_throughput({"t::x": {"gbps": bad}}, {"t::x": _entry("t::x", gbps=5.0)}, "b") == []
+
+
+def test_comparison_to_dict_carries_the_change():
+    d = Comparison("t::x", "gbps", 10.0, 12.5, "b").to_dict()
+    assert d["change_pct"] == pytest.approx(25.0) and d["source"] == "b"
+
+
+def test_load_baseline_explains_what_is_wrong(tmp_path):
+    with pytest.raises(pytest.UsageError, match="no such file"):
+        load_baseline(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(pytest.UsageError, match="not readable JSON"):
+        load_baseline(bad)
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"results": []}))
+    with pytest.raises(pytest.UsageError, match="not a pytest-benchmark result"):
+        load_baseline(other)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"benchmarks": [_entry("t::x", gbps=1.0)]}))
+    assert load_baseline(good)["t::x"]["extra_info"] == {"gbps": 1.0}
+
+
+# ---------------------------------------------------------------- transfer_benchmark in throwaway projects
+
+
+TRANSFER_TEST = """
+import pytest
+
+@pytest.mark.benchmark(group="copies")
+def test_h2d(transfer_benchmark):
+    r = transfer_benchmark("1MiB", direction="h2d", pinned=True, repeats=4, warmup=2)
+    assert r.gbps > 0
+"""
+
+
+def test_without_gpu_transfer_benchmarks_skip_with_the_probes_reason(project, monkeypatch):
+    monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(False, "no usable GPU: planted reason"))
+    project.makepyfile(TRANSFER_TEST)
+    result = project.runpytest_inprocess("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*SKIPPED*needs a GPU: no usable GPU: planted reason*"])
+    result.stdout.no_fnmatch_line("*was not used at all*")
+
+
+class _FakeCopyTimer:
+    """Stands in for the CUDA buffers: hands out known device times, so we can see where they land."""
+
+    TIMES = [0.004, 0.003, 0.002, 0.001, 0.005, 0.002]  # 2 warm-up, then 4 timed
+
+    def __init__(self, nbytes: int, direction: str, pinned: bool) -> None:
+        self.times = iter(self.TIMES)
+
+    def once(self) -> float:
+        return next(self.times)
+
+    def verified(self) -> bool:
+        return True
+
+    def link_gbps(self) -> float:
+        return 31.5
+
+    def close(self) -> None:
+        pass
+
+
+def test_pytest_benchmark_records_the_device_time_not_the_wall_time(project, monkeypatch):
+    """Pins the timer route: the saved stats are exactly the CUDA-event times the copies reported."""
+    monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(True, None, 1))
+    monkeypatch.setattr(pytest_plugin, "_CopyTimer", _FakeCopyTimer)
+    project.makepyfile(TRANSFER_TEST)
+    result = project.runpytest_inprocess("--benchmark-json=out.json")
+    result.assert_outcomes(passed=1)
+    bench = json.loads((project.path / "out.json").read_text())["benchmarks"][0]
+    timed = _FakeCopyTimer.TIMES[2:]
+    assert bench["stats"]["data"] == pytest.approx(timed, abs=1e-12)
+    assert bench["options"]["timer"] == "device_clock"
+    assert bench["group"] == "copies"  # the user's own mark survives
+    info = bench["extra_info"]
+    assert info["timing"] == "cuda-events" and info["repeats"] == 4
+    assert info["median_s"] == pytest.approx(0.002) and info["min_s"] == pytest.approx(0.001)
+    assert info["gbps"] == pytest.approx(1024**2 / 0.002 / 1e9)
+    assert info["link_fraction"] == pytest.approx(info["gbps"] / 31.5)
+    assert DEVICE_CLOCK() >= sum(_FakeCopyTimer.TIMES) - 1e-12
+
+
+def test_transfer_benchmark_fetched_dynamically_fails_with_advice(project, monkeypatch):
+    monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(True, None, 1))
+    project.makepyfile("""
+        def test_dyn(request, benchmark):
+            request.getfixturevalue("transfer_benchmark")
+    """)
+    result = project.runpytest_inprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*must be named as a test argument or fixture dependency*"])
+
+
+@pytest.mark.gpu
+def test_transfer_benchmark_on_a_real_gpu(project):
+    project.makepyfile("""
+        import pytest
+
+        @pytest.mark.parametrize("direction", ["h2d", "d2h"])
+        @pytest.mark.parametrize("pinned", [True, False])
+        def test_copy(transfer_benchmark, direction, pinned):
+            r = transfer_benchmark("8MiB", direction=direction, pinned=pinned, repeats=5, warmup=2)
+            assert r.gbps > 0 and r.median_s > 0
+    """)
+    result = project.runpytest_subprocess("--benchmark-json=out.json")
+    result.assert_outcomes(passed=4)
+    for bench in json.loads((project.path / "out.json").read_text())["benchmarks"]:
+        assert bench["options"]["timer"] == "device_clock"
+        assert len(bench["stats"]["data"]) == 5
+        assert bench["extra_info"]["gbps"] == pytest.approx(8 * 1024**2 / bench["extra_info"]["median_s"] / 1e9)
+
+
+# ---------------------------------------------------------------- the gate on any benchmark's extra_info
+
+
+GATED_TEST = """
+import os
+
+def test_pipeline(benchmark):
+    benchmark.extra_info["samples_per_s"] = float(os.environ["RATE"])
+    benchmark.pedantic(lambda: None, rounds=3)
+"""
+
+
+def _run(project, monkeypatch, rate: float, *args: str):
+    monkeypatch.setenv("RATE", str(rate))
+    return project.runpytest_inprocess(*args)
+
+
+def test_gate_passes_within_the_allowed_drop_and_fails_beyond_it(project, monkeypatch):
+    project.makepyfile(test_gate=GATED_TEST)
+    _run(project, monkeypatch, 1000, "--benchmark-autosave").assert_outcomes(passed=1)
+
+    ok = _run(project, monkeypatch, 850, "--benchmark-compare", "--nwt-throughput-drop=20")
+    assert ok.ret == 0
+    ok.stdout.fnmatch_lines(["*cupy_nwt throughput*", "*test_gate.py::test_pipeline: samples/s 1,000.00 -> 850.00 (-15.0%)*"])
+
+    bad = _run(project, monkeypatch, 700, "--benchmark-compare", "--nwt-throughput-drop=20")
+    assert bad.ret == pytest.ExitCode.TESTS_FAILED
+    bad.stdout.fnmatch_lines([
+        "*test_gate.py::test_pipeline: samples/s fell 30.0% (more than 20%): 1,000.00 -> 700.00*0001_*",
+        "*cupy_nwt throughput gate FAILED: 1 benchmark(s) fell by more than 20%*",
+    ])
+
+
+def test_gate_against_an_explicit_baseline_file(project, monkeypatch):
+    project.makepyfile(test_gate=GATED_TEST)
+    _run(project, monkeypatch, 50, "--benchmark-json=base.json").assert_outcomes(passed=1)
+    bad = _run(project, monkeypatch, 10, "--nwt-baseline=base.json", "--nwt-throughput-drop=50")
+    assert bad.ret == pytest.ExitCode.TESTS_FAILED
+    bad.stdout.fnmatch_lines(["*samples/s fell 80.0% (more than 50%): 50.00 -> 10.00 [[]baseline base.json]*"])
+    # A baseline without a drop limit reports the change and never fails.
+    info = _run(project, monkeypatch, 10, "--nwt-baseline=base.json")
+    assert info.ret == 0
+    info.stdout.fnmatch_lines(["*samples/s 50.00 -> 10.00 (-80.0%)*"])
+
+
+@pytest.mark.filterwarnings("ignore:Can't compare. No benchmark files")
+def test_gate_with_no_saved_run_yet_says_so_and_passes(project, monkeypatch):
+    project.makepyfile(test_gate=GATED_TEST)
+    result = _run(project, monkeypatch, 5, "--benchmark-compare", "--nwt-throughput-drop=10")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*--benchmark-compare found no saved run: throughput not gated this time*"])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--nwt-throughput-drop=20"], "*--nwt-throughput-drop needs a baseline*"),
+        (["--nwt-baseline=nope.json"], "*--nwt-baseline: no such file: nope.json*"),
+    ],
+)
+def test_gate_usage_errors_are_one_readable_line(project, args, message):
+    project.makepyfile(test_gate=GATED_TEST)
+    result = project.runpytest_inprocess(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: {message}"])
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "100", "-5"])
+def test_gate_rejects_a_drop_that_is_not_a_percentage(project, value):
+    project.makepyfile(test_gate=GATED_TEST)
+    result = project.runpytest_inprocess(f"--nwt-throughput-drop={value}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*argument --nwt-throughput-drop*"])
