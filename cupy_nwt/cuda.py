@@ -387,3 +387,17 @@ def release_memory_pools() -> None:
         cupy = _cupy()
         cupy.get_default_memory_pool().free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def cuda_may_be_initialized() -> bool:
+    """True when CuPy is imported here and a GPU is usable: a forked child must then avoid CUDA."""
+    import sys  # noqa: PLC0415
+
+    return "cupy" in sys.modules and gpu_status().available
+
+
+def empty_on_stream(shape: int | tuple[int, ...], dtype: Any, stream):
+    """A device array from the pool of ``stream``: freeing it later is ordered after that stream's work."""
+    require_gpu()
+    with stream:
+        return _cupy().empty(shape, dtype=dtype)
