@@ -134,24 +134,24 @@ def test_run_bandwidth_without_gpu_raises_the_probe_reason(monkeypatch):
 
 # ------------------------------------------------------------------------------------ GPU
 
-def _small_run() -> BandwidthResult:
+@pytest.fixture(scope="module")
+def gpu_result() -> BandwidthResult:
     sizes = (64 * 1024, MiB, 4 * MiB, 16 * MiB)
     return transfers.run_bandwidth(BandwidthConfig(sizes=sizes, repeats=10, warmup=2,
                                                    batch_total=4 * MiB, batch_chunk=64 * 1024))
 
 
 @pytest.mark.gpu
-def test_round_trip_data_is_verified_and_points_complete():
-    result = _small_run()
+def test_round_trip_data_is_verified_and_points_complete(gpu_result):
+    result = gpu_result
     assert result.verified
     assert len(result.points) == 4 * 2 * 2 and len(result.batching) == 4
     assert all(p.gbps.median > 0 for p in result.points)
 
 
 @pytest.mark.gpu
-def test_pinned_h2d_beats_pageable_from_1_mib():
-    result = _small_run()
-    for u in result.speedups:
+def test_pinned_h2d_beats_pageable_from_1_mib(gpu_result):
+    for u in gpu_result.speedups:
         if u.direction == "h2d" and u.nbytes >= MiB:
             assert u.pinned_gbps > u.pageable_gbps, u
 
