@@ -1,0 +1,718 @@
+"""Data sources for the loader: arrays, image folders, tar shards, CIFAR-10 batches, and a synthetic CIFAR-10.
+
+Every dataset keeps its index in a few NumPy arrays (never a Python list of per-sample objects):
+a forked worker that touches a list of str/bytes objects writes their reference counts, so each
+worker slowly copies the parent's pages and its memory grows epoch after epoch. NumPy buffers and
+memmaps are read without writes, so worker memory stays flat.
+
+Samples are ``(image, label)`` with ``image`` a uint8 HWC RGB array and ``label`` an int
+(``ArrayDataset``: a tuple of one row per array). An optional ``transform`` is applied to the image.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import mmap
+import operator
+import os
+import pickle
+import shutil
+import struct
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .system import usable_cpus
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+CACHE_ENV = "CUPY_NWT_CACHE_DIR"
+
+Transform = Callable[[np.ndarray], Any]
+
+
+class CorruptImageError(ValueError):
+    """An image that Pillow cannot decode; the message names the file or archive member."""
+
+
+def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where built data lives: ``cache_dir`` if given, else $CUPY_NWT_CACHE_DIR, else the user cache."""
+    if cache_dir is not None:
+        return Path(cache_dir)
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    import platformdirs  # noqa: PLC0415 - only needed when a cache is used
+
+    return Path(platformdirs.user_cache_dir("cupy_nwt"))
+
+
+def decode_image(data: bytes | memoryview, name: str) -> np.ndarray:
+    """Decode PNG/JPEG/... bytes to a writable uint8 HWC RGB array; ``name`` goes into the error."""
+    from PIL import Image, UnidentifiedImageError  # noqa: PLC0415 - Pillow import is slow-ish
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            rgb = img if img.mode == "RGB" else img.convert("RGB")
+            return np.array(rgb, dtype=np.uint8)
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise CorruptImageError(f"cannot decode image {name}: {exc}") from exc
+
+
+def _index(i: Any, n: int) -> int:
+    i = operator.index(i)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"index {i} out of range for a dataset of {n} samples")
+    return i
+
+
+class _ImageDataset:
+    """Shared by the image-decoding datasets: ``__getitems__`` is a loop over ``__getitem__``."""
+
+    transform: Transform | None
+
+    def _image(self, i: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _label(self, i: int) -> int:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        i = _index(i, len(self))
+        img = self._image(i)
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self._label(i)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
+        return [self[i] for i in indices]
+
+
+# --- arrays ------------------------------------------------------------------------------------
+
+
+def _array_state(a: np.ndarray) -> Any:
+    """Pickle a file-backed memmap as its file and layout, so spawned workers map it, not copy it."""
+    if isinstance(a, np.memmap) and isinstance(a.base, mmap.mmap) and a.filename:
+        order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
+        return ("memmap", a.filename, a.dtype.str, a.shape, a.offset, a.mode, order)
+    return a
+
+
+def _array_from_state(s: Any) -> np.ndarray:
+    if isinstance(s, tuple) and s and s[0] == "memmap":
+        _, filename, dtype, shape, offset, mode, order = s
+        return np.memmap(filename, dtype=np.dtype(dtype), mode=mode, offset=offset, shape=shape, order=order)
+    return s
+
+
+class ArrayDataset:
+    """Rows of NumPy arrays (or memmaps) with the same first dimension; a sample is a tuple of rows.
+
+    ``transform`` applies to the row of the first array (the image by convention).
+    """
+
+    def __init__(self, *arrays: np.ndarray, transform: Transform | None = None) -> None:
+        if not arrays:
+            raise ValueError("ArrayDataset needs at least one array")
+        arrs = [a if isinstance(a, np.ndarray) else np.asarray(a) for a in arrays]
+        for k, a in enumerate(arrs):
+            if a.ndim == 0:
+                raise ValueError(f"ArrayDataset: array {k} is a scalar; every array needs a first (sample) dimension")
+        n = len(arrs[0])
+        lengths = [len(a) for a in arrs]
+        if any(m != n for m in lengths):
+            raise ValueError(f"ArrayDataset: arrays differ in their first dimension: {lengths}")
+        self.arrays = tuple(arrs)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.arrays[0])
+
+    def __getitem__(self, i: int) -> tuple[Any, ...]:
+        i = _index(i, len(self))
+        row = [a[i] for a in self.arrays]
+        if self.transform is not None:
+            row[0] = self.transform(row[0])
+        return tuple(row)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
+        """One fancy-indexing gather per array instead of a Python loop over rows."""
+        idx = np.asarray(indices, dtype=np.intp).reshape(-1)
+        n = len(self)
+        if idx.size and (idx.min() < -n or idx.max() >= n):
+            raise IndexError(f"indices out of range for a dataset of {n} samples")
+        cols = [a[idx] for a in self.arrays]
+        if self.transform is not None:
+            cols[0] = [self.transform(x) for x in cols[0]]
+        return list(zip(*cols))
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"arrays": tuple(_array_state(a) for a in self.arrays), "transform": self.transform}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.arrays = tuple(_array_from_state(s) for s in state["arrays"])
+        self.transform = state["transform"]
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{a.dtype}{list(a.shape)}" for a in self.arrays)
+        return f"ArrayDataset({shapes})"
+
+
+# --- image folder ------------------------------------------------------------------------------
+
+
+class ImageFolder(_ImageDataset):
+    """``root/<class>/**/<image>``: class names sorted alphabetically give labels 0, 1, ...
+
+    Images are decoded with Pillow to uint8 HWC RGB. Paths live in one fixed-width bytes array.
+    """
+
+    def __init__(self, root: str | os.PathLike, transform: Transform | None = None,
+                 extensions: Iterable[str] = IMAGE_EXTENSIONS) -> None:
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise FileNotFoundError(f"ImageFolder: no such directory: {self.root}")
+        exts = tuple(e.lower() for e in extensions)
+        self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
+        if not self.classes:
+            raise ValueError(f"ImageFolder: {self.root} has no class sub-directories")
+        paths: list[bytes] = []
+        labels: list[int] = []
+        for label, cls in enumerate(self.classes):
+            for dirpath, dirnames, filenames in os.walk(self.root / cls, followlinks=True):
+                dirnames.sort()
+                for f in sorted(filenames):
+                    if f.lower().endswith(exts):
+                        paths.append(os.fsencode(os.path.relpath(os.path.join(dirpath, f), self.root)))
+                        labels.append(label)
+        if not paths:
+            raise ValueError(f"ImageFolder: no images with extensions {', '.join(exts)} under {self.root}")
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+        self._paths = np.array(paths, dtype=bytes)
+        self.labels = np.array(labels, dtype=np.int64)
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def path(self, i: int) -> Path:
+        return self.root / os.fsdecode(self._paths[_index(i, len(self))])
+
+    def _image(self, i: int) -> np.ndarray:
+        p = self.path(i)
+        return decode_image(p.read_bytes(), str(p))
+
+    def _label(self, i: int) -> int:
+        return int(self.labels[i])
+
+    def __repr__(self) -> str:
+        return f"ImageFolder({str(self.root)!r}, {len(self)} images, {len(self.classes)} classes)"
+
+
+# --- tar shards --------------------------------------------------------------------------------
+
+
+def _is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def _gunzip_cached(path: Path, cache_dir: Path) -> Path:
+    """Decompress a .tar.gz once into the cache (keyed by path, size and mtime); reuse it afterwards.
+
+    A gzip stream has no random access, so reading member k would mean inflating everything
+    before it, per sample. One sequential pass into an uncompressed cache file makes every later
+    read a single pread.
+    """
+    from filelock import FileLock  # noqa: PLC0415
+
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    out_dir = cache_dir / "tar"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = path.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
+    target = out_dir / f"{stem}-{key}.tar"
+    with FileLock(str(target) + ".lock"):
+        if target.exists():
+            return target
+        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".tar")
+        try:
+            with os.fdopen(fd, "wb") as dst, gzip.open(path, "rb") as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+            os.replace(tmp, target)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    return target
+
+
+class TarImageDataset(_ImageDataset):
+    """Labeled images inside a .tar (or .tar.gz / .tgz) archive, read by offset without extracting.
+
+    Label convention: the name of the member's parent directory (``cat/0001.png`` -> class "cat").
+    If every class name is a decimal integer the label is that integer (``3/x.png`` -> 3, what
+    ``write_tar_shard`` writes); otherwise class names sorted alphabetically give 0, 1, ...
+    Members that are not images (by extension) are ignored.
+
+    Gzip archives are decompressed once into ``cache_dir`` (see ``default_cache_dir``), because a
+    gzip stream cannot be read at an offset. The archive is indexed once at construction; every
+    process (each forked or spawned worker) opens its own file descriptor on first read and
+    reads with ``os.pread``, so no file position is shared.
+    """
+
+    def __init__(self, path: str | os.PathLike, transform: Transform | None = None,
+                 cache_dir: str | os.PathLike | None = None) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"TarImageDataset: no such file: {self.path}")
+        self.tar_path = (_gunzip_cached(self.path, default_cache_dir(cache_dir))
+                         if _is_gzip(self.path) else self.path)
+        names, offsets, sizes, parents = [], [], [], []
+        try:
+            with tarfile.open(self.tar_path, "r:") as tf:
+                for m in tf:
+                    if not m.isfile() or not m.name.lower().endswith(IMAGE_EXTENSIONS):
+                        continue
+                    parts = m.name.strip("/").split("/")
+                    if len(parts) < 2:
+                        raise ValueError(f"TarImageDataset: member {m.name!r} of {self.path} is not inside a "
+                                         "class directory, so it has no label (expected <class>/<file>)")
+                    names.append(m.name.encode())
+                    offsets.append(m.offset_data)
+                    sizes.append(m.size)
+                    parents.append(parts[-2])
+        except tarfile.TarError as exc:
+            raise ValueError(f"TarImageDataset: {self.path} is not a readable tar archive: {exc}") from exc
+        if not names:
+            raise ValueError(f"TarImageDataset: {self.path} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+        unique = set(parents)
+        if all(p.isdecimal() for p in unique):
+            self.classes = sorted(unique, key=int)
+            labels = [int(p) for p in parents]
+        else:
+            self.classes = sorted(unique)
+            idx = {c: i for i, c in enumerate(self.classes)}
+            labels = [idx[p] for p in parents]
+        self._names = np.array(names, dtype=bytes)
+        self._offsets = np.array(offsets, dtype=np.int64)
+        self._sizes = np.array(sizes, dtype=np.int64)
+        self.labels = np.array(labels, dtype=np.int64)
+        self.transform = transform
+        self._fd: int | None = None
+        self._fd_pid: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def member_name(self, i: int) -> str:
+        return self._names[_index(i, len(self))].decode()
+
+    def _file(self) -> int:
+        pid = os.getpid()
+        if self._fd is None or self._fd_pid != pid:
+            self._fd = os.open(self.tar_path, os.O_RDONLY)
+            self._fd_pid = pid
+        return self._fd
+
+    def read_bytes(self, i: int) -> bytes:
+        """The encoded bytes of sample ``i``, exactly as stored in the archive."""
+        i = _index(i, len(self))
+        size = int(self._sizes[i])
+        data = os.pread(self._file(), size, int(self._offsets[i]))
+        if len(data) != size:
+            raise CorruptImageError(f"cannot decode image member {self.member_name(i)!r} of {self.path}: "
+                                    f"archive truncated ({len(data)} of {size} bytes)")
+        return data
+
+    def _image(self, i: int) -> np.ndarray:
+        return decode_image(self.read_bytes(i), f"member {self.member_name(i)!r} of {self.path}")
+
+    def _label(self, i: int) -> int:
+        return int(self.labels[i])
+
+    def close(self) -> None:
+        """Close this process's descriptor (a descriptor inherited from another process is left alone)."""
+        if self._fd is not None and self._fd_pid == os.getpid():
+            os.close(self._fd)
+        self._fd = self._fd_pid = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown may have torn down os
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fd"] = state["_fd_pid"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"TarImageDataset({str(self.path)!r}, {len(self)} images, {len(self.classes)} classes)"
+
+
+def encode_png_batch(images: np.ndarray) -> list[bytes]:
+    """Valid PNGs of N same-shaped uint8 images (N x H x W, or N x H x W x C with C in 1, 3, 4).
+
+    Pillow spends most of a 32x32 encode in per-call overhead and filter search, which would make
+    building 50 000 images take tens of seconds. Here the PNG "Sub" filter runs vectorised over the
+    whole batch (so a decoder still has to un-filter), and each image is deflated with Huffman
+    coding only (no LZ77 match search: several times faster to encode, about as small for noisy
+    pixels, and a decoder still has to inflate it).
+    """
+    a = np.asarray(images)
+    if a.dtype != np.uint8:
+        raise ValueError(f"PNG encoding needs uint8 pixels, got {a.dtype}")
+    if a.ndim == 3:
+        a = a[..., None]
+    if a.ndim != 4 or a.shape[3] not in (1, 3, 4) or 0 in a.shape[1:3]:
+        raise ValueError(f"PNG encoding needs N x H x W [x C] images with 1, 3 or 4 channels, got shape {a.shape}")
+    n, h, w, c = a.shape
+    rows = a.reshape(n, h, w * c)
+    filtered = np.empty((n, h, w * c + 1), dtype=np.uint8)
+    filtered[:, :, 0] = 1
+    filtered[:, :, 1:c + 1] = rows[:, :, :c]
+    np.subtract(rows[:, :, c:], rows[:, :, :-c], out=filtered[:, :, c + 1:])
+    head = b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, {1: 0, 3: 2, 4: 6}[c], 0, 0, 0))
+    tail = _png_chunk(b"IEND", b"")
+    out = []
+    for f in filtered:
+        z = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_HUFFMAN_ONLY)
+        out.append(head + _png_chunk(b"IDAT", z.compress(f) + z.flush()) + tail)
+    return out
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """A valid PNG of one uint8 HW / HWC image (see ``encode_png_batch``)."""
+    a = np.asarray(image)
+    if a.ndim not in (2, 3):
+        raise ValueError(f"PNG encoding needs an HW or HWC image, got shape {a.shape}")
+    return encode_png_batch(a[None])[0]
+
+
+def _png_chunk(tag: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(data, zlib.crc32(tag)))
+
+
+def encode_image(image: np.ndarray, fmt: str = "png", quality: int = 90) -> bytes:
+    """PNG (the fast encoder above) or JPEG (Pillow) bytes of a uint8 HWC image."""
+    fmt = fmt.lower()
+    if fmt == "png":
+        return encode_png(image)
+    if fmt in ("jpeg", "jpg"):
+        from PIL import Image  # noqa: PLC0415
+
+        buf = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(image)).save(buf, format="JPEG", quality=quality)
+        return buf.getvalue()
+    raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
+
+
+def write_tar_shard(path: str | os.PathLike, images: Sequence[np.ndarray] | np.ndarray,
+                    labels: Sequence[int] | np.ndarray, fmt: str = "png",
+                    class_names: Sequence[str] | None = None) -> Path:
+    """Write images as ``<label or class name>/<index>.<ext>`` members of a tar (gzip if the name ends .gz/.tgz).
+
+    The archive is reproducible (fixed mtimes and owners) and appears atomically.
+    """
+    path = Path(path)
+    labels = np.asarray(labels).reshape(-1)
+    if len(images) != len(labels):
+        raise ValueError(f"write_tar_shard: {len(images)} images but {len(labels)} labels")
+    ext = {"png": "png", "jpeg": "jpg", "jpg": "jpg"}.get(fmt.lower())
+    if ext is None:
+        raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
+    gz = path.name.endswith((".gz", ".tgz"))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            zf = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if gz else None
+            with tarfile.open(fileobj=zf or raw, mode="w", format=tarfile.PAX_FORMAT) as tf:
+                for i, (img, label) in enumerate(zip(images, labels)):
+                    cls = class_names[int(label)] if class_names is not None else str(int(label))
+                    data = encode_image(img, fmt)
+                    info = tarfile.TarInfo(f"{cls}/{i:06d}.{ext}")
+                    info.size, info.mtime, info.mode = len(data), 0, 0o644
+                    tf.addfile(info, io.BytesIO(data))
+            if zf is not None:
+                zf.close()
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+# --- CIFAR-10 ----------------------------------------------------------------------------------
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """CIFAR-10 ships as pickles; allow only what its batches contain, so a crafted file cannot run code."""
+
+    _ALLOWED = {
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self._ALLOWED:
+            raise pickle.UnpicklingError(f"unexpected object {module}.{name} in a CIFAR-10 batch file")
+        if module.startswith("numpy.core.") and hasattr(np, "_core"):
+            module = "numpy._core." + module.removeprefix("numpy.core.")
+        return super().find_class(module, name)
+
+
+def _load_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"CIFAR-10 batch file not found: {path} (expected the 'CIFAR-10 python version' archive "
+            "from https://www.cs.toronto.edu/~kriz/cifar.html, extracted)")
+    try:
+        with open(path, "rb") as f:
+            d = _CifarUnpickler(f, encoding="bytes").load()
+        data = np.asarray(d[b"data"], dtype=np.uint8)
+        labels = np.asarray(d[b"labels"], dtype=np.int64)
+    except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path} is not a CIFAR-10 python batch: {exc}") from exc
+    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+        raise ValueError(f"{path} is not a CIFAR-10 python batch: data {data.shape}, {len(labels)} labels")
+    return data, labels
+
+
+def _cifar_dir(root: Path) -> Path:
+    return root / "cifar-10-batches-py" if (root / "cifar-10-batches-py").is_dir() else root
+
+
+class CIFAR10(ArrayDataset):
+    """The CIFAR-10 python batches on disk (``data_batch_1..5`` or ``test_batch``) as uint8 HWC images.
+
+    ``root`` is the folder holding ``cifar-10-batches-py`` or that folder itself. Nothing is downloaded.
+    """
+
+    def __init__(self, root: str | os.PathLike, train: bool = True, transform: Transform | None = None) -> None:
+        self.root = Path(root)
+        base = _cifar_dir(self.root)
+        names = [f"data_batch_{k}" for k in range(1, 6)] if train else ["test_batch"]
+        parts = [_load_cifar_batch(base / n) for n in names]
+        data = np.concatenate([p[0] for p in parts])
+        images = np.ascontiguousarray(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
+        labels = np.concatenate([p[1] for p in parts])
+        if labels.size and (labels.min() < 0 or labels.max() > 9):
+            raise ValueError(f"CIFAR-10 labels in {base} fall outside 0..9")
+        super().__init__(images, labels, transform=transform)
+        self.images, self.labels = self.arrays
+        self.train = train
+        self.classes = list(CIFAR10_CLASSES)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        img, label = super().__getitem__(i)
+        return img, int(label)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
+        return [(img, int(label)) for img, label in super().__getitems__(indices)]
+
+    def __repr__(self) -> str:
+        return f"CIFAR10({str(self.root)!r}, train={self.train}, {len(self)} images)"
+
+
+# --- synthetic CIFAR-10 ------------------------------------------------------------------------
+
+_SYNTH_VERSION = 1
+_SYNTH_CHUNK = 1024  # part of the format: chunk k draws from default_rng([seed, k])
+_CLASS_COLOR = np.array([[200, 60, 60], [60, 200, 60], [60, 60, 200], [200, 200, 60], [200, 60, 200],
+                         [60, 200, 200], [230, 140, 40], [140, 40, 230], [40, 230, 140], [120, 120, 120]],
+                        dtype=np.float32)
+_CLASS_ANGLE = np.linspace(0.0, np.pi, 10, endpoint=False, dtype=np.float32)
+
+
+def synthetic_pixels(labels: np.ndarray, rng: np.random.Generator, size: int = 32) -> np.ndarray:
+    """Textured, noisy uint8 images (N x size x size x 3), vectorised over the batch.
+
+    Each image is a striped background (orientation set by the class, frequency and phase random)
+    under a soft blob in the class colour, plus pixel noise: nothing constant, so compressed images
+    cost a real decode, and the class is learnable. Channels are computed planar (N x 3 x H x W)
+    because NumPy broadcasts over a trailing axis of 3 several times slower.
+    """
+    labels = np.asarray(labels, dtype=np.intp)
+    m = len(labels)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32)
+    theta = _CLASS_ANGLE[labels] + rng.normal(0.0, 0.2, m).astype(np.float32)
+    freq = rng.uniform(0.3, 1.0, m).astype(np.float32)
+    phase = rng.uniform(0.0, 2 * np.pi, m).astype(np.float32)[:, None, None]
+    wave = (freq * np.sin(theta))[:, None, None] * yy
+    wave += (freq * np.cos(theta))[:, None, None] * xx
+    wave += phase
+    np.sin(wave, out=wave)
+    cy, cx = rng.uniform(0.25 * size, 0.75 * size, (2, m)).astype(np.float32)[:, :, None, None]
+    neg_inv_width2 = (-1.0 / (rng.uniform(20.0, 80.0, m) * (size / 32) ** 2)).astype(np.float32)[:, None, None]
+    blob = (yy - cy) ** 2
+    blob += (xx - cx) ** 2
+    blob *= neg_inv_width2
+    np.exp(blob, out=blob)
+    shade = wave
+    shade *= 0.3
+    shade += 0.7
+    shade *= 1.0 - blob
+    background = rng.uniform(40.0, 200.0, (m, 3)).astype(np.float32)
+    img = shade[:, None] * background[:, :, None, None]
+    img += blob[:, None] * _CLASS_COLOR[labels][:, :, None, None]
+    img += np.frombuffer(rng.bytes(img.size), dtype=np.uint8).reshape(img.shape) & np.uint8(31)
+    img -= 16.0
+    np.clip(img, 0.0, 255.0, out=img)
+    return img.transpose(0, 2, 3, 1).astype(np.uint8)
+
+
+def _synthetic_chunk(seed: int, k: int, labels: np.ndarray, fmt: str) -> list[bytes]:
+    pixels = synthetic_pixels(labels, np.random.default_rng([seed, k]))
+    return encode_png_batch(pixels) if fmt == "png" else [encode_image(p, fmt) for p in pixels]
+
+
+class SyntheticCIFAR10(_ImageDataset):
+    """The embedded default dataset: n CIFAR-shaped 32x32x3 images with labels 0..9, no download.
+
+    Built deterministically from ``seed`` on first use (a few seconds for 50 000 PNGs) and cached
+    under ``default_cache_dir(cache_dir)`` as ``data.npy`` (every encoded image in one uint8
+    buffer), ``offsets.npy`` and ``labels.npy``, memory-mapped read-only, so all workers share the
+    page cache. Builders take a file lock and publish the folder with one atomic rename, so
+    concurrent first uses build once and nobody reads a half-written cache.
+    ``__getitem__`` decodes with Pillow, like a real image dataset.
+    """
+
+    def __init__(self, n: int = 50000, seed: int = 0, fmt: str = "png", cache_dir: str | os.PathLike | None = None,
+                 transform: Transform | None = None) -> None:
+        n, seed = operator.index(n), operator.index(seed)
+        if n <= 0:
+            raise ValueError(f"SyntheticCIFAR10 needs n >= 1, got {n}")
+        if seed < 0:
+            raise ValueError(f"SyntheticCIFAR10 needs seed >= 0, got {seed}")
+        fmt = {"jpg": "jpeg"}.get(fmt.lower(), fmt.lower())
+        if fmt not in ("png", "jpeg"):
+            raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
+        self.n, self.seed, self.fmt = n, seed, fmt
+        self.classes = list(CIFAR10_CLASSES)
+        self.transform = transform
+        self.cache_path = default_cache_dir(cache_dir) / "synthetic-cifar10" / f"v{_SYNTH_VERSION}-n{n}-seed{seed}-{fmt}"
+        self.built_now = self._ensure_built()
+        self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._arrays_pid: int | None = None
+
+    def _ensure_built(self) -> bool:
+        from filelock import FileLock  # noqa: PLC0415
+
+        if (self.cache_path / "labels.npy").is_file():
+            return False
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(self.cache_path) + ".lock"):
+            if (self.cache_path / "labels.npy").is_file():
+                return False
+            for stale in self.cache_path.parent.glob(f".tmp-{self.cache_path.name}-*"):
+                shutil.rmtree(stale, ignore_errors=True)
+            tmp = Path(tempfile.mkdtemp(dir=self.cache_path.parent, prefix=f".tmp-{self.cache_path.name}-"))
+            try:
+                self._build_into(tmp)
+                os.rename(tmp, self.cache_path)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        return True
+
+    def _build_into(self, out: Path) -> None:
+        labels = np.random.default_rng(self.seed).permutation(np.arange(self.n, dtype=np.int64) % 10)
+        starts = range(0, self.n, _SYNTH_CHUNK)
+        # NumPy ufuncs and zlib release the GIL, so threads use every core without pickling images.
+        with ThreadPoolExecutor(max_workers=max(1, min(usable_cpus(), len(starts)))) as pool:
+            chunks = list(pool.map(
+                lambda s: _synthetic_chunk(self.seed, s // _SYNTH_CHUNK, labels[s:s + _SYNTH_CHUNK], self.fmt),
+                starts))
+        encoded = [b for chunk in chunks for b in chunk]
+        offsets = np.zeros(self.n + 1, dtype=np.int64)
+        np.cumsum([len(b) for b in encoded], out=offsets[1:])
+        np.save(out / "data.npy", np.frombuffer(b"".join(encoded), dtype=np.uint8))
+        np.save(out / "offsets.npy", offsets)
+        np.save(out / "labels.npy", labels)
+
+    def _mapped(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        pid = os.getpid()
+        if self._arrays is None or self._arrays_pid != pid:
+            self._arrays = tuple(np.load(self.cache_path / f"{name}.npy", mmap_mode="r")
+                                 for name in ("data", "offsets", "labels"))
+            self._arrays_pid = pid
+        return self._arrays
+
+    @property
+    def labels(self) -> np.ndarray:
+        return self._mapped()[2]
+
+    def encoded(self, i: int) -> bytes:
+        """The stored PNG/JPEG bytes of sample ``i``."""
+        data, offsets, _ = self._mapped()
+        i = _index(i, self.n)
+        return data[offsets[i]:offsets[i + 1]].tobytes()
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _image(self, i: int) -> np.ndarray:
+        return decode_image(self.encoded(i), f"{i} of {self.cache_path}")
+
+    def _label(self, i: int) -> int:
+        return int(self._mapped()[2][i])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_arrays"] = state["_arrays_pid"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"SyntheticCIFAR10(n={self.n}, seed={self.seed}, fmt={self.fmt!r})"
+
+
+# --- dispatch ----------------------------------------------------------------------------------
+
+
+def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
+    """A dataset for ``path`` by its kind; ``kwargs`` go to the dataset (``transform``, ``train``, ...).
+
+    .tar / .tar.gz / .tgz -> TarImageDataset; a folder with ``cifar-10-batches-py`` or
+    ``data_batch_1`` -> CIFAR10; any other folder -> ImageFolder; .npy -> ArrayDataset over a
+    read-only memmap; .npz -> ArrayDataset of its arrays (``images`` then ``labels`` when both are
+    there, otherwise in file order).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"no such dataset path: {p}")
+    name = p.name.lower()
+    if p.is_dir():
+        if (p / "cifar-10-batches-py").is_dir() or (p / "data_batch_1").is_file():
+            return CIFAR10(p, **kwargs)
+        return ImageFolder(p, **kwargs)
+    if name.endswith((".tar", ".tar.gz", ".tgz")):
+        return TarImageDataset(p, **kwargs)
+    if name.endswith(".npy"):
+        return ArrayDataset(np.load(p, mmap_mode="r", allow_pickle=False), **kwargs)
+    if name.endswith(".npz"):
+        with np.load(p, allow_pickle=False) as z:
+            keys = ["images", "labels"] if {"images", "labels"} <= set(z.files) else list(z.files)
+            arrays = [z[k] for k in keys]
+        return ArrayDataset(*arrays, **kwargs)
+    raise ValueError(f"cannot tell what dataset {p} is: expected a folder (ImageFolder or CIFAR-10 batches), "
+                     ".tar/.tar.gz/.tgz, .npy or .npz")
