@@ -1,7 +1,9 @@
 """cupy_nwt: measure host-to-device transfer, feed GPUs with a shared-memory loader, tune its workers."""
 
 from .cuda import NoGPUError, gpu_status
+from .loader import DataLoader, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 
 __version__ = "0.1.0"
 
-__all__ = ["NoGPUError", "gpu_status", "__version__"]
+__all__ = ["NoGPUError", "gpu_status", "__version__",
+           "DataLoader", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError"]

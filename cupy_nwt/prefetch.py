@@ -1,0 +1,188 @@
+"""Host batches -> device batches, with the copy of batch n+1 in flight while batch n is used.
+
+The copies run on a side stream. A batch is handed out only after the consumer's current stream has
+been told to wait on the copy's event, so the consumer's kernels are ordered after the copy without
+blocking the host. The ring slot a copy reads from goes back to the workers only once that copy's
+event has completed.
+
+Where the bytes come from (``pin_path``):
+
+* ``"registered"``: the whole ring was page-locked once with cudaHostRegister; copies start straight
+  from the slot, truly asynchronously. No extra host copy.
+* ``"staging"``: registration was refused (or asked for); each batch is first copied into one of a few
+  pinned staging buffers (one host memcpy), the slot is released at once, and the H2D copy is async.
+* ``"none"``: ``pin_memory=False``; the copy reads pageable memory, which the driver stages itself and
+  which is therefore synchronous with respect to the host.
+
+Device arrays are allocated from the pool of the consumer's stream, and the side stream waits on that
+stream before writing them: memory a previous batch freed while the consumer still had kernels queued
+on it is never overwritten early.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import cuda
+from .collate import unflatten
+from .shm import Ring, SlotLayout
+
+STAGING_BUFFERS = 3
+
+
+class CudaOps:
+    """The few CUDA operations the prefetcher needs, all through ``cupy_nwt.cuda``."""
+
+    def current_stream(self):
+        return cuda.current_stream()
+
+    def new_stream(self):
+        return cuda.stream(non_blocking=True)
+
+    def record(self, stream):
+        return stream.record()
+
+    def wait(self, stream, event) -> None:
+        stream.wait_event(event)
+
+    def done(self, event) -> bool:
+        return bool(event.done)
+
+    def sync(self, event) -> None:
+        event.synchronize()
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, stream):
+        return cuda.empty_on_stream(shape, dtype, stream)
+
+    def h2d(self, dst, src: np.ndarray, stream) -> None:
+        cuda.memcpy_h2d(dst, src, stream)
+
+    def register(self, buffer: np.ndarray):
+        return cuda.HostRegistration(buffer)
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        return cuda.pinned_empty(nbytes, np.uint8)
+
+
+@dataclass
+class _Copy:
+    batch: Any
+    event: Any
+    host: Any  # the HostBatch whose slot to release, or None
+    staging: np.ndarray | None
+
+
+class DevicePrefetcher:
+    """Owns the side stream, the ring's registration and the staging buffers of one loader."""
+
+    def __init__(self, pin_memory: bool | str, ops: Any = None) -> None:
+        self.ops = ops if ops is not None else CudaOps()
+        self.pin_memory = pin_memory
+        self.pin_path = "none" if not pin_memory else ("staging" if pin_memory == "staging" else "registered")
+        self.pin_error: str | None = None
+        self._registration = None
+        self._side = None
+        self._staging_free: list[np.ndarray] = []
+        self._staging_count = 0
+        self._layout: SlotLayout | None = None
+
+    def attach(self, ring: Ring) -> str:
+        """Page-lock ``ring`` (once per ring) when pinning; fall back to staging if CUDA refuses."""
+        self.detach()
+        self._layout = ring.layout
+        if self.pin_memory is True:
+            try:
+                self._registration = self.ops.register(ring.buffer)
+                self.pin_path = "registered"
+            except Exception as exc:  # noqa: BLE001 - any refusal means: use the staging path
+                self.pin_error = f"{type(exc).__name__}: {exc}"
+                self.pin_path = "staging"
+        return self.pin_path
+
+    def detach(self) -> None:
+        """Undo the registration (before the ring is unmapped). Idempotent."""
+        reg, self._registration = self._registration, None
+        if reg is not None:
+            reg.close()
+
+    def close(self) -> None:
+        self.detach()
+        self._staging_free = []
+        self._staging_count = 0
+        self._side = None
+
+    # -- the pipeline
+
+    def batches(self, source: Any, layout: SlotLayout) -> Iterator[Any]:
+        """Device batches from ``source`` (a host-batch source), one copy ahead of the consumer."""
+        if self._side is None:
+            self._side = self.ops.new_stream()
+        inflight: deque[_Copy] = deque()
+        pending: deque[_Copy] = deque()
+        try:
+            while True:
+                self._reclaim(source, pending, block=False)
+                if not inflight:
+                    self._reclaim(source, pending, block=True)  # give the source every slot before waiting on it
+                    if not self._issue(source, layout, inflight, pending, block=True):
+                        return
+                cur = inflight.popleft()
+                self._issue(source, layout, inflight, pending, block=False)  # keep batch n+1 in flight
+                self.ops.wait(self.ops.current_stream(), cur.event)
+                pending.append(cur)
+                yield cur.batch
+        finally:
+            for c in list(inflight) + list(pending):
+                self.ops.sync(c.event)
+                self._release(source, c)
+
+    def _issue(self, source: Any, layout: SlotLayout, inflight: deque, pending: deque, block: bool) -> bool:
+        hb = source.next(block)
+        if hb is None:
+            return False
+        consumer = self.ops.current_stream()
+        dev = [self.ops.empty(a.shape, a.dtype, consumer) for a in hb.leaves]
+        self.ops.wait(self._side, self.ops.record(consumer))
+        staging = None
+        src = hb.leaves
+        host = hb
+        if self.pin_path == "staging":
+            staging = self._staging_buffer(source, layout, pending)
+            src = layout.views(staging, 0, hb.rows)
+            for d, s in zip(src, hb.leaves):
+                np.copyto(d, s)
+            source.release(hb)
+            host = None
+        for d, s in zip(dev, src):
+            self.ops.h2d(d, s, self._side)
+        inflight.append(_Copy(unflatten(layout.treedef, dev), self.ops.record(self._side), host, staging))
+        return True
+
+    def _staging_buffer(self, source: Any, layout: SlotLayout, pending: deque) -> np.ndarray:
+        if not self._staging_free and self._staging_count >= STAGING_BUFFERS and pending:
+            self.ops.sync(pending[0].event)
+            self._release(source, pending.popleft())
+        if self._staging_free:
+            return self._staging_free.pop()
+        self._staging_count += 1
+        return self.ops.pinned(layout.slot_bytes)
+
+    def _reclaim(self, source: Any, pending: deque, block: bool) -> None:
+        # Copies on one stream complete in order: the head is always the oldest.
+        while pending and (block or self.ops.done(pending[0].event)):
+            if block:
+                self.ops.sync(pending[0].event)
+            self._release(source, pending.popleft())
+
+    def _release(self, source: Any, c: _Copy) -> None:
+        if c.host is not None:
+            source.release(c.host)
+            c.host = None
+        if c.staging is not None:
+            self._staging_free.append(c.staging)
+            c.staging = None
