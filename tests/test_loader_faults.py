@@ -1,0 +1,211 @@
+"""Faults through the public API; after each: no new cupy_nwt_* segment, no live child process."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from cupy_nwt import DataLoader, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
+from cupy_nwt.shm import live_segments
+
+NO_HANG_S = 15.0  # generous on a loaded 2-core machine; a hang would be unbounded
+
+
+class Squares:
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return np.full((4, 4, 3), i % 256, np.uint8), i
+
+
+class FailsAt(Squares):
+    def __init__(self, n: int, bad: int) -> None:
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i: int):
+        if i == self.bad:
+            explode(i)
+        return super().__getitem__(i)
+
+
+def explode(i: int) -> None:
+    raise ValueError(f"cannot read sample {i}")
+
+
+class Slow(Squares):
+    def __init__(self, n: int, delay: float, at: int | None = None) -> None:
+        super().__init__(n)
+        self.delay, self.at = delay, at
+
+    def __getitem__(self, i: int):
+        if self.at is None or i == self.at:
+            time.sleep(self.delay)
+        return super().__getitem__(i)
+
+
+class ExitsAt(Squares):
+    def __getitem__(self, i: int):
+        if i == 20:
+            os._exit(3)
+        return super().__getitem__(i)
+
+
+def failing_init(worker_id: int) -> None:
+    raise RuntimeError(f"no licence for worker {worker_id}")
+
+
+def _infrastructure(p: psutil.Process) -> bool:
+    """multiprocessing's per-interpreter helpers (resource tracker, forkserver), not loader workers."""
+    try:
+        cmd = " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return True
+    return "resource_tracker" in cmd or "forkserver" in cmd
+
+
+def live_children() -> list[psutil.Process]:
+    out = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and not _infrastructure(p):
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+@pytest.fixture
+def clean():
+    """Asserts the test left no cupy_nwt segment and no live child behind."""
+    before = live_segments()
+    yield
+    gc.collect()
+    deadline = time.monotonic() + 5.0
+    while live_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_children() == []
+    assert live_segments() - before == set()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dataset_exception_reaches_the_caller_with_worker_sample_and_traceback(clean, num_workers):
+    dl = DataLoader(FailsAt(64, bad=13), batch_size=8, num_workers=num_workers, device="cpu")
+    got = []
+    with pytest.raises(WorkerError) as ei:
+        for _, y in dl:
+            got.append(y)
+    err = ei.value
+    assert [y.tolist() for y in got] == [list(range(8))]  # in order: batch 0 first, then the failure
+    assert err.sample_index == 13 and err.batch_index == 1 and err.exc_type == "ValueError"
+    assert "cannot read sample 13" in str(err) and "sample index 13" in str(err)
+    assert "in explode" in err.traceback_text and "in explode" in str(err)
+    assert isinstance(err.__cause__, ValueError)
+    if num_workers:
+        assert err.worker_id in (0, 1) and f"worker {err.worker_id} (pid {err.pid})" in str(err)
+    else:
+        assert err.worker_id is None and "main process" in str(err)
+    dl.close()
+
+
+def test_killed_worker_is_reported_with_pid_and_signal_without_hanging(clean):
+    dl = DataLoader(Slow(400, delay=0.005), batch_size=4, num_workers=2, device="cpu")
+    it = iter(dl)
+    next(it)
+    victim = dl.worker_pids()[0]
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerDiedError) as ei:
+        for _ in it:
+            pass
+    assert time.monotonic() - t0 < NO_HANG_S
+    err = ei.value
+    assert err.pid == victim and err.signal_name == "SIGKILL"
+    assert f"pid {victim}" in str(err) and "SIGKILL" in str(err) and f"worker {err.worker_id}" in str(err)
+    assert dl.worker_pids() == []
+
+
+def test_worker_exiting_by_itself_is_reported_with_its_exit_code(clean):
+    with DataLoader(ExitsAt(64), batch_size=8, num_workers=2, device="cpu") as dl:
+        with pytest.raises(WorkerDiedError, match="exit code 3"):
+            list(dl)
+
+
+def test_timeout_raises_a_clear_error(clean):
+    dl = DataLoader(Slow(32, delay=30.0, at=12), batch_size=4, num_workers=2, timeout=0.3, device="cpu")
+    t0 = time.monotonic()
+    with pytest.raises(LoaderTimeoutError, match=r"timeout=0.3 s.*batch 3"):
+        list(dl)
+    assert time.monotonic() - t0 < NO_HANG_S  # includes stopping the stuck worker
+    assert isinstance(LoaderTimeoutError("x"), TimeoutError)
+
+
+def test_keyboard_interrupt_in_the_loop_body_shuts_everything_down(clean):
+    dl = DataLoader(Slow(400, delay=0.002), batch_size=4, num_workers=2, device="cpu")
+    with pytest.raises(KeyboardInterrupt):
+        for i, _ in enumerate(dl):
+            if i == 3:
+                raise KeyboardInterrupt
+    assert dl.worker_pids() == []
+
+
+def test_break_ends_non_persistent_workers_at_once(clean):
+    dl = DataLoader(Squares(400), batch_size=4, num_workers=3, device="cpu")
+    for i, _ in enumerate(dl):
+        if i == 2:
+            break
+    assert dl.worker_pids() == []
+
+
+def test_break_keeps_persistent_workers_until_close(clean):
+    dl = DataLoader(Squares(80), batch_size=4, shuffle=True, seed=1, num_workers=2, persistent_workers=True, device="cpu")
+    for i, _ in enumerate(dl):
+        if i == 2:
+            break
+    pids = dl.worker_pids()
+    assert len(pids) == 2
+    labels = np.concatenate([y for _, y in dl])  # stale tasks of the broken epoch must not leak in
+    assert sorted(labels.tolist()) == list(range(80))
+    ref = DataLoader(Squares(80), batch_size=4, shuffle=True, seed=1, device="cpu")
+    ref.set_epoch(1)
+    assert np.array_equal(labels, np.concatenate([y for _, y in ref]))
+    assert dl.worker_pids() == pids
+    dl.close()
+    dl.close()
+    assert dl.worker_pids() == []
+
+
+def test_loader_dropped_without_close_cleans_up(clean):
+    dl = DataLoader(Squares(200), batch_size=4, num_workers=2, persistent_workers=True, device="cpu")
+    it = iter(dl)
+    next(it)
+    pids = dl.worker_pids()
+    assert pids
+    del it, dl
+    gc.collect()
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_failing_worker_init_fn_is_reported(clean):
+    with DataLoader(Squares(64), batch_size=4, num_workers=2, worker_init_fn=failing_init, device="cpu") as dl:
+        with pytest.raises(WorkerError, match=r"worker_init_fn.*no licence for worker"):
+            list(dl)
+
+
+def test_unpicklable_dataset_with_spawn_is_a_clear_error(clean):
+    class Local(Squares):
+        pass
+
+    with DataLoader(Local(8), batch_size=4, num_workers=1, start_method="spawn", device="cpu") as dl:
+        with pytest.raises(LoaderError, match="by pickling, and that failed"):
+            list(dl)
