@@ -394,3 +394,23 @@ def test_open_dataset_errors(tmp_path):
     (tmp_path / "data.csv").write_text("1,2\n")
     with pytest.raises(ValueError, match="cannot tell what dataset"):
         open_dataset(tmp_path / "data.csv")
+
+
+def test_corrupt_member_read_by_loader_workers_is_named(tmp_path, images, labels):
+    from cupy_nwt import DataLoader, WorkerError  # noqa: PLC0415
+
+    path = tmp_path / "shard.tar"
+    with tarfile.open(path, "w") as tf:
+        for i in range(24):
+            data = encode_png(images[i % 12])
+            if i == 17:
+                data = data[:60]
+            info = tarfile.TarInfo(f"{i % 3}/{i:04d}.png")
+            info.size = len(data)
+            tf.addfile(info, ds.io.BytesIO(data))
+    d = TarImageDataset(path)
+    with DataLoader(d, batch_size=4, num_workers=2, device="cpu", start_method="fork") as loader:
+        with pytest.raises(WorkerError, match=r"member '2/0017\.png'"):
+            for _ in loader:
+                pass
+        assert loader.worker_pids() == []
