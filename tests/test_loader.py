@@ -334,3 +334,21 @@ def test_cuda_device_without_a_gpu_says_why():
     with pytest.raises(NoGPUError):
         DataLoader(Squares(4), device="cuda")
     assert DataLoader(Squares(4)).device == "cpu"
+
+
+def test_default_collate_is_strict_on_both_paths():
+    from cupy_nwt.collate import BatchLayoutError, default_collate
+
+    img = np.zeros((2, 2), np.uint8)
+    x, y = default_collate([(img, 1), (img, np.int64(2))])  # a NumPy int64 scalar fits an int64 column
+    assert y.tolist() == [1, 2] and x.shape == (2, 2, 2)
+    cases = [
+        ([(img, 1), (img, 2.5)], r"sample index 1, field \[1\]: expected shape \(\) dtype int64, got shape \(\) dtype float64"),
+        ([(img, 1), (img.astype(np.int8), 2)], r"sample index 1, field \[0\].*dtype uint8.*dtype int8"),
+        ([(img, 1), (img, 2**70)], r"sample index 1, field \[1\]"),
+        ([(img, 1), (img, (2, 3))], r"sample index 1 has the structure \(array, \(array, array\)\)"),
+        ([{"a": img}, {"b": img}], r"sample index 1 has the structure \{'b': array\}"),
+    ]
+    for samples, match in cases:
+        with pytest.raises(BatchLayoutError, match=match):
+            default_collate(samples)
