@@ -434,6 +434,9 @@ def write_tar_shard(path: str | os.PathLike, images: Sequence[np.ndarray] | np.n
     labels = np.asarray(labels).reshape(-1)
     if len(images) != len(labels):
         raise ValueError(f"write_tar_shard: {len(images)} images but {len(labels)} labels")
+    if class_names is not None and labels.size and (labels.min() < 0 or labels.max() >= len(class_names)):
+        raise ValueError(f"write_tar_shard: labels span {labels.min()}..{labels.max()} but there are "
+                         f"{len(class_names)} class names")
     ext = {"png": "png", "jpeg": "jpg", "jpg": "jpg"}.get(fmt.lower())
     if ext is None:
         raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")

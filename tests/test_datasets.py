@@ -173,6 +173,8 @@ def test_tar_shard_is_reproducible_and_checks_lengths(tmp_path, images, labels):
         write_tar_shard(tmp_path / "c.tar", images, labels[:3])
     with pytest.raises(ValueError, match="format"):
         write_tar_shard(tmp_path / "c.tar", images, labels, fmt="gif")
+    with pytest.raises(ValueError, match="2 class names"):
+        write_tar_shard(tmp_path / "c.tar", images, labels, class_names=["a", "b"])
     assert not list(tmp_path.glob(".c.tar*"))
 
 
