@@ -2,8 +2,10 @@
 
 from .cuda import NoGPUError, gpu_status
 from .loader import DataLoader, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
+from .tuner import TuneResult, tune_num_workers
 
 __version__ = "0.1.0"
 
 __all__ = ["NoGPUError", "gpu_status", "__version__",
-           "DataLoader", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError"]
+           "DataLoader", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError",
+           "TuneResult", "tune_num_workers"]

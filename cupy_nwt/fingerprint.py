@@ -62,7 +62,7 @@ class WorkFingerprint:
     batch_size: int
     transform: str | None
     prefetch_factor: int
-    pin_memory: bool
+    pin_memory: bool | str
     device: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -152,7 +152,7 @@ def transform_name(transform: Any) -> str | None:
 
 
 def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = None, prefetch_factor: int = 2,
-                     pin_memory: bool = True, device: str = "auto") -> WorkFingerprint:
+                     pin_memory: bool | str = True, device: str = "auto") -> WorkFingerprint:
     """The work a worker count is tuned for; reads ``dataset[0]`` once to size a sample."""
     if len(dataset) == 0:
         raise ValueError("cannot fingerprint an empty dataset")
@@ -161,7 +161,7 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
         batch_size=int(batch_size),
         transform=transform_name(batch_transform),
         prefetch_factor=int(prefetch_factor),
-        pin_memory=bool(pin_memory),
+        pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory),
         device=resolve_device(device),
     )
 
