@@ -167,6 +167,39 @@ def cmd_overlap(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune(args: argparse.Namespace) -> int:
+    from . import datasets, transforms, tuner  # noqa: PLC0415
+
+    if args.plot:
+        from . import plots  # noqa: PLC0415
+
+        if not plots.matplotlib_available():
+            raise ValueError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
+    _check_writable(args.output, "--output")
+    _check_writable(args.plot, "--plot")
+    dataset = (datasets.open_dataset(args.dataset) if args.dataset
+               else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1)))
+    transform = None if args.no_transform else transforms.CifarTrainTransform()
+    try:
+        alpha, tolerance = float(args.alpha), float(args.tolerance)
+    except ValueError:
+        raise ValueError(f"--alpha and --tolerance must be numbers, got {args.alpha!r}, {args.tolerance!r}") from None
+    result = tuner.tune_num_workers(
+        dataset, batch_size=_int_option(args.batch_size, "--batch-size", 1),
+        max_workers=None if args.max_workers is None else _int_option(args.max_workers, "--max-workers", 1),
+        iterations=_int_option(args.iterations, "--iterations", 1), alpha=alpha, tolerance=tolerance,
+        strategy=args.strategy, device=args.device, pin_memory=not args.no_pin_memory,
+        prefetch_factor=_int_option(args.prefetch_factor, "--prefetch-factor", 1), batch_transform=transform,
+        progress=not args.no_progress)
+    saved = None if args.no_save else result.save()
+    if args.plot:
+        from .tune_plot import plot_tune  # noqa: PLC0415
+
+        plot_tune(result, args.plot)
+    _emit(args, result, tuner.summary_text(result, saved))
+    return 0
+
+
 def _experiment_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--repeats", default="20", help="timed repeats; the median is reported (default 20)")
     s.add_argument("--warmup", default="3", help="untimed runs first (default 3)")
@@ -200,6 +233,29 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--elements", default=None, help="float32 elements in all (default 4*1024*256 per stream)")
     _experiment_options(s)
     s.set_defaults(func=cmd_overlap)
+
+    s = sub.add_parser("tune", help="Num Worker Tuner: measure the loader over worker counts and pick one")
+    s.add_argument("--dataset", metavar="PATH", help="image folder, .tar(.gz) shard, CIFAR-10 batches, .npy/.npz "
+                   "(default: the embedded synthetic CIFAR-10)")
+    s.add_argument("--synthetic-n", default="50000", help="images in the synthetic dataset (default 50000)")
+    s.add_argument("--no-transform", action="store_true", help="no CIFAR training augmentation in the workers")
+    s.add_argument("--strategy", choices=("fast", "paper"), default="fast",
+                   help="fast: coarse-to-fine within a cost budget (default); paper: Algorithm 1 over 0..N-1")
+    s.add_argument("--max-workers", default=None, help="the paper's N: counts 0..N-1 (default: usable CPUs)")
+    s.add_argument("--iterations", default="100", help="batches per trial in the paper's search (default 100)")
+    s.add_argument("--alpha", default="0.5", help="paper: ignore gains below this many s per 100 iterations")
+    s.add_argument("--tolerance", default="0.02", help="fast: counts within this fraction of the best are equal")
+    s.add_argument("--batch-size", default="128", help="samples per batch (default 128)")
+    s.add_argument("--prefetch-factor", default="2", help="batches in flight per worker (default 2)")
+    s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                   help="where batches go; auto = cuda when a GPU is usable")
+    s.add_argument("--no-pin-memory", action="store_true", help="pageable host memory for the H2D copy")
+    s.add_argument("--no-save", action="store_true", help="do not record the pick in the machine-wide store")
+    s.add_argument("--plot", metavar="FILE.png", help="also draw time and memory against workers (paper Fig. 2/3)")
+    s.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    s.add_argument("--output", metavar="FILE.json", help="also write the JSON result to this file")
+    s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    s.set_defaults(func=cmd_tune)
     return p
 
 

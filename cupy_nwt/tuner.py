@@ -661,3 +661,29 @@ def auto_num_workers(dataset: Any, *, batch_size: int, prefetch_factor: int = 2,
                               batch_transform=batch_transform)
     result.save(cache_dir=cache_dir)
     return result.best_workers
+
+
+def summary_text(result: TuneResult, saved_to: Path | None = None) -> str:
+    """The trials as a table, the pick, and what the search cost."""
+    from .report import table  # noqa: PLC0415
+    from .units import fmt_bytes  # noqa: PLC0415
+
+    trials = result.trials
+    fastest = min(trials, key=lambda t: (t.seconds_per_iteration, t.workers)).workers if trials else None
+    rows = []
+    for t in trials:
+        notes = [n for n, hit in (("pick", t.workers == result.best_workers), ("fastest", t.workers == fastest)) if hit]
+        rows.append([t.workers, t.seconds_per_iteration * 1e3, round(t.samples_per_second),
+                     fmt_bytes(t.peak_memory_bytes) if t.peak_memory_bytes is not None else None,
+                     fmt_bytes(t.peak_uss_bytes) if t.peak_uss_bytes is not None else None,
+                     t.iterations, ", ".join(notes)])
+    title = (f"NWT ({result.strategy}): {len(trials)} worker counts measured in {len(result.runs)} runs, "
+             f"device {result.device}, batch {result.batch_size}")
+    lines = [table(["workers", "ms/iter", "samples/s", "peak PSS", "peak USS", "timed iters", ""], rows, title=title)]
+    rule = (f"alpha {result.alpha:g} s per {PAPER_TIME_SCALE} iterations" if result.strategy == "paper"
+            else f"tolerance {result.tolerance:.0%}")
+    lines.append("")
+    lines.append(f"pick: {result.best_workers} workers ({rule}); search took {result.search_seconds:.1f} s")
+    if saved_to is not None:
+        lines.append(f"saved to {saved_to}")
+    return "\n".join(lines)

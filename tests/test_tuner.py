@@ -397,3 +397,61 @@ def test_tune_on_the_real_loader_end_to_end(tmp_path, monkeypatch):
     assert all(t.peak_memory_bytes for t in r.trials)
     r.save()
     assert lookup(r.fingerprint).best_workers == r.best_workers
+
+
+# ---------------------------------------------------------------- cupy-nwt tune
+
+
+@pytest.fixture
+def npz_dataset(tmp_path):
+    rng = np.random.default_rng(1)
+    p = tmp_path / "tiny.npz"
+    np.savez(p, images=rng.integers(0, 255, (64, 32, 32, 3), dtype=np.uint8), labels=np.arange(64) % 10)
+    return p
+
+
+def test_cli_tune_prints_saves_plots_and_writes_json(npz_dataset, tmp_path, monkeypatch, capsys):
+    import json
+
+    from cupy_nwt.cli import main
+
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "cache"))
+    args = ["tune", "--dataset", str(npz_dataset), "--max-workers", "2", "--iterations", "8", "--batch-size", "8",
+            "--device", "cpu", "--no-progress", "--plot", str(tmp_path / "t.png"), "--output", str(tmp_path / "t.json")]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "NWT (fast)" in out and "pick:" in out and "saved to" in out
+    assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    saved = TuneResult.load(tmp_path / "t.json")
+    assert saved.fingerprint.work.transform == "cupy_nwt.transforms.CifarTrainTransform"
+    assert lookup(saved.fingerprint, tmp_path / "cache").best_workers == saved.best_workers
+    assert main(["tune", "--dataset", str(npz_dataset), "--max-workers", "1", "--iterations", "8",
+                 "--batch-size", "8", "--device", "cpu", "--strategy", "paper", "--json", "--no-save",
+                 "--no-progress", "--no-transform"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["strategy"] == "paper" and doc["best_workers"] == 0 and len(doc["runs"]) == 1
+
+
+@pytest.mark.parametrize("extra, code, message", [
+    (["--max-workers", "0"], 2, "--max-workers must be >= 1"),
+    (["--alpha", "x"], 2, "--alpha"),
+    (["--dataset", "/no/such/place"], 2, "no such dataset"),
+])
+def test_cli_tune_bad_input_is_one_line(extra, code, message, capsys, npz_dataset):
+    from cupy_nwt.cli import main
+
+    base = ["tune", "--dataset", str(npz_dataset), "--device", "cpu", "--no-progress", "--no-save"]
+    assert main(base + extra) == code
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_cli_tune_on_cuda_without_a_gpu_exits_3(capsys, npz_dataset):
+    from cupy_nwt import cuda
+    from cupy_nwt.cli import main
+
+    if cuda.gpu_status().available:
+        pytest.skip("a GPU is usable here")
+    assert main(["tune", "--dataset", str(npz_dataset), "--device", "cuda", "--no-progress", "--no-save",
+                 "--batch-size", "8", "--max-workers", "2"]) == 3
+    assert "GPU" in capsys.readouterr().err
