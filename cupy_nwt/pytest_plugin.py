@@ -350,10 +350,6 @@ def _batch_len(batch: Any) -> int | None:
     return None
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) else -1
-
-
 def _leaves(batch: Any) -> Iterator[Any]:
     if isinstance(batch, Mapping):
         batch = list(batch.values())
@@ -368,8 +364,6 @@ def _epochs(loader: Any) -> Iterator[tuple[int, Any]]:
     """(epoch, batch) forever: a benchmark longer than one epoch runs on, as training would."""
     epoch = 0
     while True:
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
         empty = True
         for batch in loader:
             empty = False
@@ -413,7 +407,8 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
                 if any(cuda.is_device_array(x) for x in _leaves(batch)):
                     cuda.current_stream().synchronize()
                 seconds.append(time.perf_counter() - t0)
-                counts.append(_batch_len(batch) or int(getattr(loader, "batch_size", 0) or 0))
+                n = _batch_len(batch)
+                counts.append(loader.batch_size if n is None else n)
 
             try:
                 for _ in range(warmup):  # outside pytest-benchmark so it never sees worker start-up
@@ -429,9 +424,9 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
                 samples_per_s=sum(counts) / sum(seconds) if sum(seconds) > 0 else math.inf,
                 median_batch_s=statistics.median(seconds),
                 peak_memory_bytes=peak.bytes if peak.samples else None,
-                num_workers=_int(getattr(loader, "num_workers", 0)),
-                device=str(getattr(loader, "device", "?")),
-                pin_path=str(getattr(loader, "pin_path", "none")),
+                num_workers=int(loader.num_workers),
+                device=str(loader.device),
+                pin_path=str(loader.pin_path),
                 epochs=last_epoch + 1,
             )
         benchmark.extra_info.update(result.to_dict())

@@ -35,6 +35,8 @@ def pytest_benchmark_generate_machine_info(config):
 @pytest.fixture
 def project(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest(FAST_CONFTEST)
+    # In-process runs drop the modules they imported; hypothesis's plugin would re-import per run.
+    pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest -p no:cacheprovider\n")
     return pytester
 
 
@@ -301,3 +303,113 @@ def test_gate_rejects_a_drop_that_is_not_a_percentage(project, value):
     result = project.runpytest_inprocess(f"--nwt-throughput-drop={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*argument --nwt-throughput-drop*"])
+
+
+# ---------------------------------------------------------------- loader_benchmark and the planted slowdown
+
+
+TINY_DATA = """
+import os
+import time
+
+import numpy as np
+
+
+class TinyImages:
+    \"\"\"64 small images; __getitem__ sleeps SLOW_S seconds (from the environment) per sample.\"\"\"
+
+    def __init__(self, n=64):
+        self.n = n
+        self.slow = float(os.environ.get("SLOW_S", "0"))
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if self.slow:
+            time.sleep(self.slow)
+        return np.full((4, 4, 3), i % 256, np.uint8), i % 10
+"""
+
+LOADER_TEST = """
+from tinydata import TinyImages
+
+
+def test_pipeline(loader_benchmark):
+    r = loader_benchmark(TinyImages(), batches={batches}, warmup=1, batch_size=8, num_workers={workers}, device="cpu")
+    assert r.batches == {batches} and r.samples == 8 * {batches}
+"""
+
+
+def loader_test(batches: int = 5, workers: int = 0) -> str:
+    return LOADER_TEST.format(batches=batches, workers=workers)
+
+
+def test_loader_benchmark_records_batches_samples_per_second_and_memory(project):
+    project.makepyfile(tinydata=TINY_DATA,
+                       test_loader=loader_test(batches=12))
+    project.syspathinsert()
+    result = project.runpytest_inprocess("--benchmark-json=out.json")
+    result.assert_outcomes(passed=1)
+    bench = json.loads((project.path / "out.json").read_text())["benchmarks"][0]
+    info = bench["extra_info"]
+    assert len(bench["stats"]["data"]) == 12  # the warm-up batch is not recorded
+    assert info["batches"] == 12 and info["samples"] == 96
+    assert info["epochs"] == 2  # 8 batches per epoch: the benchmark ran on into the next epoch
+    assert info["samples_per_s"] == pytest.approx(96 / info["seconds"])
+    assert info["device"] == "cpu" and info["num_workers"] == 0 and info["pin_path"] == "none"
+    assert info["peak_memory_bytes"] > 1024**2  # at least this Python process
+
+
+def test_planted_slowdown_is_caught_by_the_gate_on_the_second_run(project, monkeypatch):
+    project.makepyfile(tinydata=TINY_DATA, test_loader=loader_test())
+    project.syspathinsert()
+    monkeypatch.setenv("SLOW_S", "0")
+    first = project.runpytest_inprocess("--benchmark-autosave")
+    first.assert_outcomes(passed=1)
+    monkeypatch.setenv("SLOW_S", "0.002")  # 16 ms more per batch of 8: far below the first run's rate
+    second = project.runpytest_inprocess("--benchmark-compare", "--nwt-throughput-drop=50")
+    second.assert_outcomes(passed=1)
+    assert second.ret == pytest.ExitCode.TESTS_FAILED
+    second.stdout.fnmatch_lines([
+        "*test_loader.py::test_pipeline: samples/s fell *% (more than 50%): * -> *0001_*",
+        "*cupy_nwt throughput gate FAILED*",
+    ])
+
+
+def test_a_project_using_both_fixtures_passes_in_a_fresh_interpreter(project):
+    """The entry point alone loads the plugin; the transfer test skips with the real probe's reason."""
+    project.makepyfile(
+        tinydata=TINY_DATA,
+        test_loader=loader_test(workers=1),
+        test_transfer=TRANSFER_TEST,
+    )
+    result = project.runpytest_subprocess("-rs")
+    status = cuda.gpu_status()
+    if status.available:
+        result.assert_outcomes(passed=2)
+    else:
+        result.assert_outcomes(passed=1, skipped=1)
+        result.stdout.fnmatch_lines([f"*SKIPPED*test_transfer.py*needs a GPU: {status.reason}*"])
+
+
+def test_fixtures_are_listed_from_a_fresh_install(project):
+    result = project.runpytest_subprocess("--fixtures")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines([
+        "*fixtures defined from cupy_nwt.pytest_plugin*",
+        "transfer_benchmark -- *pytest_plugin.py:*",
+        "*Factory: ``transfer_benchmark(nbytes, direction=\"h2d\"*",
+        "loader_benchmark -- *pytest_plugin.py:*",
+        "*Factory: ``loader_benchmark(dataset, batches=20*",
+    ])
+
+
+def test_fresh_run_without_gpu_skips_transfers_with_the_probes_reason(project, monkeypatch):
+    """CUPY_NWT_DISABLE_GPU makes the no-GPU path reachable on a GPU machine too."""
+    project.makepyfile(test_transfer=TRANSFER_TEST)
+    monkeypatch.setenv("CUPY_NWT_DISABLE_GPU", "1")
+    result = project.runpytest_subprocess("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*SKIPPED*needs a GPU: the GPU is disabled by CUPY_NWT_DISABLE_GPU*"])
+    result.stdout.no_fnmatch_line("*was not used at all*")
