@@ -225,9 +225,10 @@ def _shm_free() -> int:
     return st.f_bavail * st.f_frsize
 
 
-def live_segments() -> set[str]:
-    """Names of cupy_nwt ring segments currently in /dev/shm (any process)."""
+def live_segments(pid: int | None = None) -> set[str]:
+    """Names of cupy_nwt ring segments in /dev/shm: all of them, or those created by process ``pid``."""
+    prefix = NAME_PREFIX if pid is None else f"{NAME_PREFIX}{pid}_"
     try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(NAME_PREFIX)}
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(prefix)}
     except FileNotFoundError:
         return set()

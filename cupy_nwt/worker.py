@@ -411,6 +411,7 @@ class WorkerPool:
             if w.process.is_alive():
                 continue
             w.process.join(timeout if timeout > 0 else 1.0)  # reap it so the exit code is known
+            self._raise_init_error(w)
             code = w.process.exitcode
             if code is not None and code < 0:
                 try:
@@ -422,6 +423,16 @@ class WorkerPool:
                 how, hint = f"exited unexpectedly with exit code {code}", ""
             raise WorkerDiedError(f"loader worker {w.id} (pid {w.process.pid}) {how}{hint}",
                                   worker_id=w.id, pid=w.process.pid, exitcode=code)
+
+    def _raise_init_error(self, w: _Worker) -> None:
+        """A worker whose worker_init_fn failed reported why before exiting: prefer that reason."""
+        try:
+            while w.results.poll():
+                msg = w.results.recv()
+                if msg[0] == "init_error":
+                    raise make_worker_error(msg[1], worker_id=w.id, pid=w.process.pid, batch_index=None)
+        except (EOFError, OSError):
+            pass
 
     # -- shutdown
 

@@ -236,18 +236,18 @@ def test_batches_are_copies_by_default_and_views_with_zero_copy():
 
 
 def test_one_ring_segment_with_the_expected_slots_is_unlinked_after():
-    before = live_segments()
+    before = live_segments(os.getpid())
     with DataLoader(Squares(100), batch_size=10, num_workers=3, prefetch_factor=2, device="cpu") as dl:
         it = iter(dl)
         next(it)
-        new = live_segments() - before
+        new = live_segments(os.getpid()) - before
         assert len(new) == 1
         size = os.stat(os.path.join(SHM_DIR, new.pop())).st_size
         assert size == 4096 + 6 * dl.layout.slot_bytes
         assert dl.layout.slot_bytes % 4096 == 0
         assert all(f.offset % 256 == 0 for f in dl.layout.fields)
         list(it)
-    assert live_segments() == before
+    assert live_segments(os.getpid()) == before
 
 
 def test_layout_mismatch_names_the_sample_and_both_shapes():

@@ -87,15 +87,19 @@ def live_children() -> list[psutil.Process]:
 
 @pytest.fixture
 def clean():
-    """Asserts the test left no cupy_nwt segment and no live child behind."""
-    before = live_segments()
+    """Asserts the test left no cupy_nwt segment of this process and no live child behind.
+
+    Other test runs on the machine may own cupy_nwt segments at the same time: only names carrying
+    this process id count.
+    """
+    before = live_segments(os.getpid())
     yield
     gc.collect()
     deadline = time.monotonic() + 5.0
     while live_children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert live_children() == []
-    assert live_segments() - before == set()
+    assert live_segments(os.getpid()) - before == set()
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -209,3 +213,18 @@ def test_unpicklable_dataset_with_spawn_is_a_clear_error(clean):
     with DataLoader(Local(8), batch_size=4, num_workers=1, start_method="spawn", device="cpu") as dl:
         with pytest.raises(LoaderError, match="by pickling, and that failed"):
             list(dl)
+
+
+def test_full_dev_shm_fails_up_front_with_the_size_needed(clean, monkeypatch):
+    import errno
+
+    from cupy_nwt import shm
+
+    def no_space(fd, offset, length):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(shm.os, "posix_fallocate", no_space)
+    with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu") as dl:
+        with pytest.raises(shm.ShmSpaceError, match=r"ring needs .* MiB of /dev/shm.*--shm-size"):
+            list(dl)
+        assert dl.worker_pids() == []
