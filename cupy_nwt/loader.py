@@ -247,7 +247,9 @@ class DataLoader:
     counter picks the epoch); ``pin_memory=True`` page-locks the ring ("staging" forces the pinned
     staging copy); ``zero_copy`` (CPU only) hands out views, see the module docstring.
 
-    One iteration is active at a time: starting a new one ends the previous. Use ``close()`` or a
+    ``timeout`` bounds each wait for the next batch from the workers (the first waits include worker
+    start-up, which is slower with forkserver/spawn). One iteration is active at a time: starting a
+    new one ends the previous. Use ``close()`` or a
     ``with`` block to stop persistent workers; a loader that is garbage-collected cleans up too.
     """
 

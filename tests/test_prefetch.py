@@ -202,6 +202,24 @@ def test_stopping_early_waits_for_copies_and_returns_every_slot():
     assert free_after == 2
 
 
+def test_loader_with_workers_feeds_the_prefetcher_across_epochs_and_breaks():
+    """The loader's worker path driving the prefetcher (lazy streams put in place of CUDA)."""
+    kw = dict(batch_size=4, shuffle=True, seed=8, device="cpu")
+    ref = list(DataLoader(Squares(50), **kw))
+    ops = LazyCuda()
+    dl = DataLoader(Squares(50), num_workers=2, prefetch_factor=1, persistent_workers=True, **kw)
+    dl._res.prefetcher = DevicePrefetcher(True, ops)
+    with dl:
+        for i, b in enumerate(dl):
+            if i == 3:
+                break
+        dl.set_epoch(0)
+        got = [ops.consume(b) for b in dl]
+        assert dl.pin_path == "registered" and len(dl.worker_pids()) == 2
+    assert_batches(got, ref)
+    assert ops.registrations and not any(r.open for r in ops.registrations)
+
+
 # ---------------------------------------------------------------- on a real GPU
 
 
