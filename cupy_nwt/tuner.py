@@ -395,13 +395,14 @@ class _Fast:
     def within(self) -> tuple[float, int, int | None]:
         """The time limit, the fewest workers within it, and the largest measured count below that.
 
-        The limit is the best time x (1 + tol + half its relative error): the minimum of several
-        noisy times is biased low, and without the correction a count that is truly as fast would
-        be rejected (more workers, more memory) whenever it drew the unlucky side of the noise.
+        The limit is the best time x (1 + tol + half its relative error, at most tol): the minimum
+        of several noisy times is biased low, and without the correction a count that is truly as
+        fast would be rejected (more workers, more memory) whenever it drew the unlucky side of the
+        noise; the cap keeps a very noisy best from admitting clearly slower counts.
         """
         b, tb = self.best()
         m = self.r.measured()
-        limit = tb * (1 + self.tol + 0.5 * (m[b].rel_error or 0.0))
+        limit = tb * (1 + self.tol + min(self.tol, 0.5 * (m[b].rel_error or 0.0)))
         g = min(w for w, t in m.items() if t.seconds_per_iteration <= limit)
         return limit, g, max((w for w in m if w < g), default=None)
 
