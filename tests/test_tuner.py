@@ -205,7 +205,7 @@ def test_fast_bounds_on_noisy_curves(kind):
     Throughput and cost bounds hold in every case. The memory claim is statistical under noise:
     where counts are truly equal (a flat curve, the floor of a valley) noise can make a larger
     count look more than the tolerance faster when the budget leaves no room to re-measure; it
-    happens in about 1.5% of a 3300-case grid, so we allow 5% here (never on exact curves).
+    happens in under 1% of a 3300-case grid, so we allow 5% here (never on exact curves).
     """
     lean = [_check_bounds(kind, n, seed * 7919 + n, noise, 1.0)
             for n in NS for seed in range(6) for noise in (0.005, 0.01)]
