@@ -20,7 +20,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -212,7 +212,7 @@ class _CopyTimer:
         self.dev = cuda.device_empty(nbytes, np.uint8)
         self.stream = cuda.stream()
         if direction == "d2h":
-            cuda.memcpy_h2d(self.dev, self.pattern.copy(), self.stream)
+            cuda.memcpy_h2d(self.dev, self.pattern, self.stream)
             self.stream.synchronize()
 
     def _copies(self, st: Any) -> None:
