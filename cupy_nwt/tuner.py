@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -547,6 +548,24 @@ class LoaderMeasure:
         peak = sampler.peak
         return Measurement(spi, wall, peak.bytes if peak.samples else None, peak.uss_bytes,
                            _batch_means_error(stamps[max(warmup, 1) - 1:]))
+
+
+def steady_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
+                 repeats: int = 3) -> dict[int, float]:
+    """Median samples/s of each worker count, start-up excluded, the counts interleaved per round.
+
+    For judging picks after a search on equal footing: interleaving makes drift on a shared machine
+    (another job, thermal throttling) hit every count alike instead of whichever ran last.
+    """
+    if repeats < 1 or iterations < 1:
+        raise ValueError(f"repeats and iterations must be >= 1, got {repeats}, {iterations}")
+    rates: dict[int, list[float]] = {int(w): [] for w in counts}
+    for _ in range(repeats):
+        for w in rates:
+            m = measure(w, iterations, w + 1)
+            spi = m.seconds_per_iteration if isinstance(m, Measurement) else float(m)
+            rates[w].append(batch_size / spi)
+    return {w: statistics.median(r) for w, r in rates.items()}
 
 
 def _endless(loader: Any, count: int) -> Iterator[Any]:

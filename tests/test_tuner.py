@@ -455,3 +455,20 @@ def test_cli_tune_on_cuda_without_a_gpu_exits_3(capsys, npz_dataset):
     assert main(["tune", "--dataset", str(npz_dataset), "--device", "cuda", "--no-progress", "--no-save",
                  "--batch-size", "8", "--max-workers", "2"]) == 3
     assert "GPU" in capsys.readouterr().err
+
+
+def test_steady_rates_interleave_counts_and_take_medians():
+    from cupy_nwt.tuner import steady_rates
+
+    order = []
+    times = {0: iter([0.5, 0.1, 0.2]), 3: iter([0.04, 0.05, 0.9])}
+
+    def measure(workers, iterations, warmup):
+        order.append((workers, iterations, warmup))
+        return next(times[workers])
+
+    rates = steady_rates(measure, [0, 3], batch_size=10, iterations=7, repeats=3)
+    assert order == [(0, 7, 1), (3, 7, 4)] * 3
+    assert rates == {0: pytest.approx(50.0), 3: pytest.approx(200.0)}
+    with pytest.raises(ValueError, match="repeats"):
+        steady_rates(measure, [0], batch_size=10, repeats=0)
