@@ -12,7 +12,6 @@ Workers never touch CUDA: they import neither CuPy nor anything that does.
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import pickle
 import random
 import signal
