@@ -200,6 +200,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from . import reproduce  # noqa: PLC0415
+
+    config = reproduce.ReproduceConfig(
+        out_dir=Path(args.out), synthetic_n=_int_option(args.synthetic_n, "--synthetic-n", 1),
+        batch_size=_int_option(args.batch_size, "--batch-size", 1),
+        max_workers=None if args.max_workers is None else _int_option(args.max_workers, "--max-workers", 1),
+        iterations=_int_option(args.iterations, "--iterations", 1),
+        compare_iterations=_int_option(args.compare_iterations, "--compare-iterations", 1),
+        compare_repeats=_int_option(args.compare_repeats, "--compare-repeats", 1),
+        gpu_experiments=not args.no_gpu, progress=not args.no_progress)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a file, not a folder")
+    rep = reproduce.run_reproduce(config)
+    print(report.to_json(rep) if args.json else reproduce.summary_text(rep))
+    return 0
+
+
 def _experiment_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--repeats", default="20", help="timed repeats; the median is reported (default 20)")
     s.add_argument("--warmup", default="3", help="untimed runs first (default 3)")
@@ -256,6 +274,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--output", metavar="FILE.json", help="also write the JSON result to this file")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("reproduce", help="everything: info, transfer experiments (GPU), the tuner both ways, "
+                       "picks judged against every count; files into one folder")
+    s.add_argument("--out", default="nwt-report", help="folder for the results (default nwt-report)")
+    s.add_argument("--synthetic-n", default="50000", help="images in the synthetic CIFAR-10 (default 50000)")
+    s.add_argument("--batch-size", default="128", help="samples per batch (default 128)")
+    s.add_argument("--max-workers", default=None, help="the paper's N: counts 0..N-1 (default: usable CPUs)")
+    s.add_argument("--iterations", default="100", help="batches per trial of the paper's search (default 100)")
+    s.add_argument("--compare-iterations", default="50", help="batches per count when judging picks (default 50)")
+    s.add_argument("--compare-repeats", default="3", help="interleaved rounds when judging picks (default 3)")
+    s.add_argument("--no-gpu", action="store_true", help="skip the transfer experiments even with a GPU")
+    s.add_argument("--json", action="store_true", help="print the JSON report instead of the summary")
+    s.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
+    s.set_defaults(func=cmd_reproduce)
     return p
 
 

@@ -202,21 +202,22 @@ def _read_json(path: Path) -> Any:
         raise ValueError(f"{path} is not valid JSON ({exc}); delete it to start afresh") from None
 
 
-def write_json_locked(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Write one JSON document atomically, under the same kind of lock the store uses."""
+def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
+    """Write one JSON document by atomic replace: a reader sees the old or the new file, never half.
+
+    No lock (and no lock file beside it): a single document has no read-modify-write to protect.
+    """
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    with _lock(p):
-        _write_atomic(p, obj)
+    _write_atomic(p, obj)
     return p
 
 
-def read_json_locked(path: str | os.PathLike[str]) -> Any:
+def read_json(path: str | os.PathLike[str]) -> Any:
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(f"no saved result at {p}")
-    with _lock(p):
-        return _read_json(p)
+    return _read_json(p)
 
 
 class ResultStore:

@@ -26,15 +26,18 @@ def plot_tune(result: TuneResult, path: str | Path) -> Path:
         raise ImportError("plots need matplotlib: pip install 'cupy-nwt[plot]'") from exc
 
     trials = result.trials
-    if not trials:
-        raise ValueError("nothing to plot: the search measured no worker count")
+    fig = Figure(figsize=(12, 4.8), layout="constrained")
+    ax_t, ax_m = fig.subplots(1, 2)
+    if not trials:  # N = 1: the fast search picks 0 without measuring
+        for ax in (ax_t, ax_m):
+            ax.text(0.5, 0.5, f"nothing measured: only {result.max_workers} count possible, pick "
+                    f"{result.best_workers}", ha="center", va="center", transform=ax.transAxes)
+        return _save(fig, path)
     workers = [t.workers for t in trials]
     ms = [t.seconds_per_iteration * 1e3 for t in trials]
     fastest = min(trials, key=lambda t: (t.seconds_per_iteration, t.workers))
     pick = result.best_trial
 
-    fig = Figure(figsize=(12, 4.8), layout="constrained")
-    ax_t, ax_m = fig.subplots(1, 2)
     style = "-o" if result.strategy == "paper" else "o"
     ax_t.plot(workers, ms, style, markersize=4, color="tab:blue", label="time per iteration")
     ax_t.plot([fastest.workers], [fastest.seconds_per_iteration * 1e3], "v", markersize=9, color="tab:green",
@@ -70,6 +73,10 @@ def plot_tune(result: TuneResult, path: str | Path) -> Path:
     for ax in (ax_t, ax_m):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
+    return _save(fig, path)
+
+
+def _save(fig, path: str | Path) -> Path:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png", dpi=110)

@@ -77,8 +77,8 @@ import numpy as np
 
 from . import cuda, system
 from .fingerprint import (
-    Fingerprint, ResultStore, machine_fingerprint, read_json_locked, resolve_device, work_fingerprint,
-    write_json_locked,
+    Fingerprint, ResultStore, machine_fingerprint, read_json, resolve_device, work_fingerprint,
+    write_json_atomic,
 )
 from .memory import DEFAULT_INTERVAL_S, MemorySampler
 
@@ -233,14 +233,14 @@ class TuneResult:
     def save(self, path: str | Path | None = None, cache_dir: str | Path | None = None) -> Path:
         """Write to ``path``; without one, into the machine-wide store under this result's fingerprint."""
         if path is not None:
-            return write_json_locked(path, self.to_dict())
+            return write_json_atomic(path, self.to_dict())
         if self.fingerprint is None:
             raise ValueError("this result has no fingerprint (tuned without a dataset): give save() a path")
         return ResultStore(cache_dir).put(self.fingerprint.key, self.to_dict())
 
     @classmethod
     def load(cls, path: str | Path) -> "TuneResult":
-        return cls.from_dict(read_json_locked(path))
+        return cls.from_dict(read_json(path))
 
 
 def lookup(fp: Fingerprint, cache_dir: str | Path | None = None, similar: bool = True) -> TuneResult | None:

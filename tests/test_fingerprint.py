@@ -13,7 +13,7 @@ import pytest
 from cupy_nwt import cuda, fingerprint as fpm
 from cupy_nwt.fingerprint import (
     Fingerprint, MachineFingerprint, ResultStore, WorkFingerprint, cache_dir, machine_fingerprint,
-    read_json_locked, sample_nbytes, transform_name, work_fingerprint, write_json_locked,
+    read_json, sample_nbytes, transform_name, work_fingerprint, write_json_atomic,
 )
 
 MACHINE = MachineFingerprint("Some CPU", 16, 128, "NVIDIA H100", "Gen5 x16")
@@ -132,10 +132,11 @@ def test_store_rejects_a_foreign_or_broken_file(tmp_path):
 
 
 def test_single_file_roundtrip_and_missing(tmp_path):
-    p = write_json_locked(tmp_path / "sub" / "r.json", {"a": 1})
-    assert read_json_locked(p) == {"a": 1}
+    p = write_json_atomic(tmp_path / "sub" / "r.json", {"a": 1})
+    assert read_json(p) == {"a": 1}
+    assert [x.name for x in (tmp_path / "sub").iterdir()] == ["r.json"]  # no lock or temporary left
     with pytest.raises(FileNotFoundError, match="no saved result"):
-        read_json_locked(tmp_path / "missing.json")
+        read_json(tmp_path / "missing.json")
 
 
 _WRITER = """

@@ -1,0 +1,224 @@
+"""``cupy-nwt reproduce``: the project's experiments in one run, every result into one folder.
+
+In order: host and GPU facts; the transfer experiments (bandwidth sweep, copy/compute overlap) when a
+GPU is usable, otherwise the reason they were skipped; the Num Worker Tuner on the embedded synthetic
+CIFAR-10 with the CIFAR training augmentation, batch 128, both strategies (the paper's exhaustive
+Algorithm 1 and the fast search); and finally every worker count measured again on equal footing
+(``steady_rates``), so the two picks are judged against the steady best rather than against the
+numbers that chose them. The paper's Table 2 shape (time falling then rising with workers, memory
+growing) is what to look for in ``tune-paper.png``.
+
+Files: ``report.json`` (everything), ``summary.txt`` (what is printed), ``info.json``,
+``bandwidth.json``/``.png`` and ``overlap.json`` (GPU only), ``tune-paper.json``/``.png``,
+``tune-fast.json``/``.png``. The fast pick is also recorded in the machine-wide store, which is what
+``DataLoader(num_workers="auto")`` reads.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import cuda, report, system, tuner
+
+Step = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ReproduceConfig:
+    out_dir: Path = Path("nwt-report")
+    synthetic_n: int = 50000
+    batch_size: int = 128
+    max_workers: int | None = None
+    iterations: int = 100
+    compare_iterations: int = 50
+    compare_repeats: int = 3
+    gpu_experiments: bool = True
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("synthetic_n", "batch_size", "iterations", "compare_iterations", "compare_repeats"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.max_workers is not None and self.max_workers < 1:
+            raise ValueError(f"max-workers must be >= 1, got {self.max_workers}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class PickComparison:
+    """Steady samples/s of every count, and the picks against the steady best."""
+
+    samples_per_s: dict[int, float]
+    steady_best: int
+    paper_pick: int
+    fast_pick: int
+
+    def ratio(self, workers: int) -> float:
+        return self.samples_per_s[workers] / self.samples_per_s[self.steady_best]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "samples_per_s": {str(w): r for w, r in self.samples_per_s.items()},
+            "steady_best": self.steady_best,
+            "paper_pick": self.paper_pick,
+            "fast_pick": self.fast_pick,
+            "paper_pick_vs_steady_best": self.ratio(self.paper_pick),
+            "fast_pick_vs_steady_best": self.ratio(self.fast_pick),
+        }
+
+
+@dataclass(frozen=True)
+class ReproduceReport:
+    config: ReproduceConfig
+    host: Any
+    gpu: Any
+    paper: tuner.TuneResult
+    fast: tuner.TuneResult
+    comparison: PickComparison
+    bandwidth: Any = None
+    overlap: Any = None
+    skipped: tuple[str, ...] = ()
+    files: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def fast_cost_ratio(self) -> float:
+        return self.fast.search_seconds / self.paper.search_seconds if self.paper.search_seconds else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "host": self.host,
+            "gpu": self.gpu,
+            "bandwidth": self.bandwidth,
+            "overlap": self.overlap,
+            "skipped": list(self.skipped),
+            "tune_paper": self.paper,
+            "tune_fast": self.fast,
+            "fast_cost_vs_paper": self.fast_cost_ratio,
+            "comparison": self.comparison,
+            "files": list(self.files),
+        }
+
+
+def _stage(config: ReproduceConfig, name: str) -> Step:
+    if not config.progress:
+        return lambda label: None
+    return lambda label: print(f"[{name}] {label}", file=sys.stderr, flush=True)
+
+
+def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
+    """Run everything; the caller gets the report, the folder gets the files (see the module doc)."""
+    from .datasets import SyntheticCIFAR10  # noqa: PLC0415 - heavy imports only for this command
+    from .plots import matplotlib_available  # noqa: PLC0415
+    from .transforms import CifarTrainTransform  # noqa: PLC0415
+
+    out = Path(config.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    plots = matplotlib_available()
+    skipped: list[str] = []
+    if not plots:
+        skipped.append("plots: matplotlib is not installed (pip install 'cupy-nwt[plot]')")
+
+    host, status = system.host_info(), cuda.gpu_status()
+    devices = [cuda.device_info(i) for i in range(status.device_count)] if status.available else []
+    files.append(report.write_json({"host": host, "gpu": status, "devices": devices}, out / "info.json"))
+
+    bandwidth = overlap_result = None
+    if not config.gpu_experiments:
+        skipped.append("transfer experiments: turned off")
+    elif not status.available:
+        skipped.append(f"transfer experiments: {status.reason}")
+    else:
+        from . import overlap, transfers  # noqa: PLC0415
+
+        bandwidth = transfers.run_bandwidth(transfers.BandwidthConfig(), _stage(config, "bandwidth"))
+        files.append(report.write_json(bandwidth, out / "bandwidth.json"))
+        if plots:
+            from .plots import plot_bandwidth  # noqa: PLC0415
+
+            files.append(plot_bandwidth(bandwidth, out / "bandwidth.png"))
+        overlap_result = overlap.run_overlap(overlap.OverlapConfig(), _stage(config, "overlap"))
+        files.append(report.write_json(overlap_result, out / "overlap.json"))
+
+    _stage(config, "data")(f"synthetic CIFAR-10, {config.synthetic_n} images")
+    dataset = SyntheticCIFAR10(n=config.synthetic_n)
+    transform = CifarTrainTransform()
+    results = {}
+    for strategy in ("paper", "fast"):
+        _stage(config, "tune")(f"strategy {strategy}")
+        r = tuner.tune_num_workers(dataset, batch_size=config.batch_size, max_workers=config.max_workers,
+                                   iterations=config.iterations, strategy=strategy, batch_transform=transform,
+                                   progress=config.progress)
+        results[strategy] = r
+        files.append(r.save(out / f"tune-{strategy}.json"))
+        if plots:
+            from .tune_plot import plot_tune  # noqa: PLC0415
+
+            files.append(plot_tune(r, out / f"tune-{strategy}.png"))
+    results["fast"].save()
+
+    paper, fast = results["paper"], results["fast"]
+    _stage(config, "compare")(f"every count 0..{paper.max_workers - 1} again, {config.compare_repeats} rounds")
+    measure = tuner.LoaderMeasure(dataset, batch_size=config.batch_size, device=paper.device,
+                                  batch_transform=transform)
+    rates = tuner.steady_rates(measure, range(paper.max_workers), batch_size=config.batch_size,
+                               iterations=config.compare_iterations, repeats=config.compare_repeats)
+    best = max(rates, key=lambda w: (rates[w], -w))
+    comparison = PickComparison(rates, best, paper.best_workers, fast.best_workers)
+
+    files += [out / "summary.txt", out / "report.json"]
+    rep = ReproduceReport(config, host, status, paper, fast, comparison, bandwidth, overlap_result,
+                          tuple(skipped), tuple(str(f) for f in files))
+    (out / "summary.txt").write_text(summary_text(rep) + "\n", encoding="utf-8")
+    report.write_json(rep, out / "report.json")
+    return rep
+
+
+def summary_text(rep: ReproduceReport) -> str:
+    from .transfers import summary_text as bandwidth_text  # noqa: PLC0415
+
+    parts = [report.key_values([
+        ("CPU", f"{rep.host.cpu_model} ({rep.host.usable_cpus} usable)"),
+        ("GPU", "none usable" if not rep.gpu.available else ", ".join(
+            cuda.device_info(i).name for i in range(rep.gpu.device_count))),
+    ], title="machine")]
+    if rep.bandwidth is not None:
+        parts.append(bandwidth_text(rep.bandwidth))
+    if rep.overlap is not None:
+        from .overlap import summary_text as overlap_text  # noqa: PLC0415
+
+        parts.append(overlap_text(rep.overlap))
+    parts.append(tuner.summary_text(rep.paper))
+    parts.append(tuner.summary_text(rep.fast))
+    c = rep.comparison
+    rows = [[w, r, f"{c.ratio(w):.1%}", ", ".join(n for n, hit in (
+        ("steady best", w == c.steady_best), ("paper pick", w == c.paper_pick), ("fast pick", w == c.fast_pick)) if hit)]
+        for w, r in sorted(c.samples_per_s.items())]
+    parts.append(report.table(["workers", "samples/s", "of best", ""], rows,
+                              title="every count again, warm, interleaved (medians)"))
+    parts.append(report.key_values([
+        ("fast pick vs steady best", f"{c.ratio(c.fast_pick):.1%} (target >= 95%)"),
+        ("paper pick vs steady best", f"{c.ratio(c.paper_pick):.1%}"),
+        ("fast search cost vs paper", f"{rep.fast_cost_ratio:.0%} (target <= 30%)"),
+        ("fast pick memory vs paper pick", _memory_ratio(rep)),
+    ], title="NWT: fast vs paper"))
+    if rep.skipped:
+        parts.append("skipped:\n" + "\n".join(f"  {s}" for s in rep.skipped))
+    parts.append(f"files in {Path(rep.config.out_dir)}: " + ", ".join(Path(f).name for f in rep.files))
+    return "\n\n".join(parts)
+
+
+def _memory_ratio(rep: ReproduceReport) -> str:
+    """Both picks' peak PSS as the exhaustive search measured them: one run, same conditions."""
+    by = {t.workers: t.peak_memory_bytes for t in rep.paper.trials}
+    a, b = by.get(rep.fast.best_workers), by.get(rep.paper.best_workers)
+    if not a or not b:
+        return "not measured"
+    return f"{a / b:.0%} (peak PSS of main process + workers, from the paper search's trials)"
