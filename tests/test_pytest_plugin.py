@@ -347,7 +347,7 @@ def loader_test(batches: int = 5, workers: int = 0) -> str:
 
 def test_loader_benchmark_records_batches_samples_per_second_and_memory(project):
     project.makepyfile(tinydata=TINY_DATA,
-                       test_loader=loader_test(batches=12))
+                       test_input_pipeline=loader_test(batches=12))
     project.syspathinsert()
     result = project.runpytest_inprocess("--benchmark-json=out.json")
     result.assert_outcomes(passed=1)
@@ -362,7 +362,7 @@ def test_loader_benchmark_records_batches_samples_per_second_and_memory(project)
 
 
 def test_planted_slowdown_is_caught_by_the_gate_on_the_second_run(project, monkeypatch):
-    project.makepyfile(tinydata=TINY_DATA, test_loader=loader_test())
+    project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test())
     project.syspathinsert()
     monkeypatch.setenv("SLOW_S", "0")
     first = project.runpytest_inprocess("--benchmark-autosave")
@@ -372,7 +372,7 @@ def test_planted_slowdown_is_caught_by_the_gate_on_the_second_run(project, monke
     second.assert_outcomes(passed=1)
     assert second.ret == pytest.ExitCode.TESTS_FAILED
     second.stdout.fnmatch_lines([
-        "*test_loader.py::test_pipeline: samples/s fell *% (more than 50%): * -> *0001_*",
+        "*test_input_pipeline.py::test_pipeline: samples/s fell *% (more than 50%): * -> *0001_*",
         "*cupy_nwt throughput gate FAILED*",
     ])
 
@@ -381,7 +381,7 @@ def test_a_project_using_both_fixtures_passes_in_a_fresh_interpreter(project):
     """The entry point alone loads the plugin; the transfer test skips with the real probe's reason."""
     project.makepyfile(
         tinydata=TINY_DATA,
-        test_loader=loader_test(workers=1),
+        test_input_pipeline=loader_test(workers=1),
         test_transfer=TRANSFER_TEST,
     )
     result = project.runpytest_subprocess("-rs")
