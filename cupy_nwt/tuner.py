@@ -64,6 +64,7 @@ checked without spending real time.
 from __future__ import annotations
 
 import datetime as _dt
+import logging
 import math
 import statistics
 import sys
@@ -90,6 +91,8 @@ FAST_BUDGET = 0.25
 STEADY_FRACTION = 0.5
 STRATEGIES = ("paper", "fast")
 RESULT_FORMAT = "cupy_nwt.tune_result/1"
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -676,6 +679,7 @@ def auto_num_workers(dataset: Any, *, batch_size: int, prefetch_factor: int = 2,
     saved = lookup(fp, cache_dir)
     if saved is not None:
         return saved.best_workers
+    _log.info("num_workers='auto': no saved pick for this machine and work, tuning once (fast strategy)")
     result = tune_num_workers(dataset, batch_size=batch_size, strategy="fast", device=resolved,
                               pin_memory=pin_memory, prefetch_factor=prefetch_factor, progress=False,
                               batch_transform=batch_transform)
