@@ -8,7 +8,7 @@ Algorithm 1 and the fast search); and finally every worker count measured again 
 numbers that chose them. The paper's Table 2 shape (time falling then rising with workers, memory
 growing) is what to look for in ``tune-paper.png``.
 
-Files: ``report.json`` (everything), ``summary.txt`` (what is printed), ``info.json``,
+Files: ``report.json`` (everything), ``summary.md`` (what is printed, as Markdown, with the plots), ``info.json``,
 ``bandwidth.json``/``.png`` and ``overlap.json`` (GPU only), ``tune-paper.json``/``.png``,
 ``tune-fast.json``/``.png``. The fast pick is also recorded in the machine-wide store, which is what
 ``DataLoader(num_workers="auto")`` reads.
@@ -173,15 +173,35 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     best = max(rates, key=lambda w: (rates[w], -w))
     comparison = PickComparison(rates, best, paper.best_workers, fast.best_workers)
 
-    files += [out / "summary.txt", out / "report.json"]
+    files += [out / "summary.md", out / "report.json"]
     rep = ReproduceReport(config, host, status, paper, fast, comparison, bandwidth, overlap_result,
                           tuple(skipped), tuple(str(f) for f in files))
-    (out / "summary.txt").write_text(summary_text(rep) + "\n", encoding="utf-8")
+    (out / "summary.md").write_text(summary_markdown(rep), encoding="utf-8")
     report.write_json(rep, out / "report.json")
     return rep
 
 
+def summary_markdown(rep: ReproduceReport) -> str:
+    """The printed summary as Markdown: one section per part, tables kept fixed-width, plots inline."""
+    lines = ["# cupy_nwt reproduce", ""]
+    for part in _summary_parts(rep)[:-1]:
+        title, _, body = part.partition("\n")
+        if not body:
+            title, body = "", title
+        lines += [f"## {title.rstrip(':')}", ""] if title else []
+        lines += ["```text", body, "```", ""]
+    plots = [Path(f).name for f in rep.files if f.endswith(".png")]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{name}]({name})" for name in plots] + [""]
+    lines.append("Files: " + ", ".join(f"`{Path(f).name}`" for f in rep.files))
+    return "\n".join(lines) + "\n"
+
+
 def summary_text(rep: ReproduceReport) -> str:
+    return "\n\n".join(_summary_parts(rep))
+
+
+def _summary_parts(rep: ReproduceReport) -> list[str]:
     from .transfers import summary_text as bandwidth_text  # noqa: PLC0415
 
     parts = [report.key_values([
@@ -212,7 +232,7 @@ def summary_text(rep: ReproduceReport) -> str:
     if rep.skipped:
         parts.append("skipped:\n" + "\n".join(f"  {s}" for s in rep.skipped))
     parts.append(f"files in {Path(rep.config.out_dir)}: " + ", ".join(Path(f).name for f in rep.files))
-    return "\n\n".join(parts)
+    return parts
 
 
 def _memory_ratio(rep: ReproduceReport) -> str:

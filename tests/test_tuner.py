@@ -489,7 +489,7 @@ def test_reproduce_writes_every_file_and_judges_both_picks(tmp_path, monkeypatch
                                         compare_iterations=8, compare_repeats=1, gpu_experiments=False,
                                         progress=False))
     names = {p.name for p in out.iterdir()}
-    assert {"info.json", "summary.txt", "report.json", "tune-paper.json", "tune-fast.json"} <= names
+    assert {"info.json", "summary.md", "report.json", "tune-paper.json", "tune-fast.json"} <= names
     assert {"tune-paper.png", "tune-fast.png"} <= names  # matplotlib is in the test extra
     assert not [n for n in names if n.endswith((".lock", ".tmp"))]
     doc = json.loads((out / "report.json").read_text())
@@ -498,8 +498,10 @@ def test_reproduce_writes_every_file_and_judges_both_picks(tmp_path, monkeypatch
     assert doc["skipped"] == ["transfer experiments: turned off"]
     assert rep.comparison.ratio(rep.comparison.steady_best) == 1.0
     assert lookup(rep.fast.fingerprint).best_workers == rep.fast.best_workers  # the fast pick is saved
-    text = (out / "summary.txt").read_text()
-    assert "fast pick vs steady best" in text and "fast search cost vs paper" in text
+    text = (out / "summary.md").read_text()
+    assert text.startswith("# cupy_nwt reproduce")
+    assert "## NWT: fast vs paper" in text and "fast pick vs steady best" in text
+    assert "![tune-paper.png](tune-paper.png)" in text
 
     assert main(["reproduce", "--out", str(tmp_path / "again"), "--synthetic-n", "512", "--batch-size", "32",
                  "--max-workers", "1", "--iterations", "8", "--compare-iterations", "8", "--compare-repeats", "1",
