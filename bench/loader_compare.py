@@ -217,6 +217,7 @@ class Comparison:
     torch_version: str | None
     workloads: dict[str, str]
     points: list[Point] = field(default_factory=list)
+    note: str = ""
 
     def speedups(self) -> dict[str, dict[int, float]]:
         """cupy_nwt's median samples/s over torch's, per workload and worker count."""
@@ -237,7 +238,7 @@ class Comparison:
 
 def compare(workloads: Sequence[Workload], workers: Sequence[int], loaders: Sequence[str] = LOADERS,
             batch_size: int = 128, batches: int = 30, warmup: int = 3, repeats: int = 3, device: str = "cpu",
-            progress: Callable[[str], None] | None = None) -> Comparison:
+            progress: Callable[[str], None] | None = None, note: str = "") -> Comparison:
     runs: dict[tuple[str, str, int], list[Run]] = {}
     for r in range(repeats):
         for wl in workloads:
@@ -260,7 +261,7 @@ def compare(workloads: Sequence[Workload], workers: Sequence[int], loaders: Sequ
         torch_version = torch.__version__
     return Comparison(host=system.host_info().to_dict(), device=device, batch_size=batch_size, batches=batches,
                       warmup=warmup, repeats=repeats, torch_version=torch_version,
-                      workloads={w.name: w.description for w in workloads}, points=points)
+                      workloads={w.name: w.description for w in workloads}, points=points, note=note)
 
 
 def host_tag() -> str:
@@ -315,6 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cuda: batches to the GPU (cupy_nwt pinned ring; torch needs a CUDA build)")
     p.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated subset of cupy_nwt,torch")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
+    p.add_argument("--note", default="", help="free text kept in the JSON (e.g. what else ran on the host)")
     return p
 
 
@@ -350,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="loader_compare-") as tmp:
         workloads = make_workloads(Path(tmp), args.decode_images, args.array_images, args.fmt)
         result = compare(workloads, workers, loaders, args.batch_size, args.batches, args.warmup, args.repeats,
-                         args.device, progress=lambda s: print(s, file=sys.stderr, flush=True))
+                         args.device, progress=lambda s: print(s, file=sys.stderr, flush=True), note=args.note)
         for wl in workloads:
             close = getattr(wl.dataset, "close", None)
             if close:
