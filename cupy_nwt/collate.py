@@ -179,7 +179,8 @@ def _collate_columns(samples: Sequence[Any], treedef: Treedef, out: Sequence[np.
             return False
         if t is np.ndarray:
             np.stack(col, out=dst, casting="no")
-        elif _SCALAR_DTYPES.get(t) == dst.dtype and dst.ndim == 1:
+        elif dst.ndim == 1 and (_SCALAR_DTYPES.get(t) == dst.dtype
+                                or (issubclass(t, np.generic) and np.dtype(t) == dst.dtype)):
             dst[:] = col
         else:
             return False

@@ -1,0 +1,23 @@
+"""Collation rules: NumPy scalar fields (what ArrayDataset rows hold) stay strict on the fast path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cupy_nwt.collate import BatchLayoutError, default_collate
+
+
+def test_numpy_scalar_fields_collate_to_their_own_dtype():
+    samples = [(np.full((2, 2), i, np.uint8), np.int64(i), np.float32(i / 2)) for i in range(5)]
+    images, labels, halves = default_collate(samples)
+    assert images.shape == (5, 2, 2) and labels.dtype == np.int64 and halves.dtype == np.float32
+    assert labels.tolist() == [0, 1, 2, 3, 4] and halves.tolist() == [0, 0.5, 1, 1.5, 2]
+
+
+def test_a_numpy_scalar_of_another_dtype_is_named():
+    samples = [(np.zeros(3, np.uint8), np.int64(i)) for i in range(6)]
+    samples[4] = (samples[4][0], np.int32(4))
+    with pytest.raises(BatchLayoutError, match=r"sample index 14, field \[1\].*int64.*int32") as info:
+        default_collate(samples, indices=range(10, 16))
+    assert info.value.sample_index == 14
