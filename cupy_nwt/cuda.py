@@ -227,6 +227,22 @@ def use_device(device: int) -> None:
     _cupy().cuda.Device(device).use()
 
 
+def device_scope(device: int):
+    """A ``with`` block in which ``device`` is current for this thread; the previous one comes back after.
+
+    One rank's loader keeps all of its CUDA work (registration, streams, batches) on its own GPU this
+    way without changing which device the rest of the process uses.
+    """
+    require_gpu()
+    return _cupy().cuda.Device(device)
+
+
+def current_device() -> int:
+    """The index of this thread's current device."""
+    require_gpu()
+    return int(_cupy().cuda.runtime.getDevice())
+
+
 # ---------------------------------------------------------------- host memory
 
 
