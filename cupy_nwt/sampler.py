@@ -2,8 +2,8 @@
 
 Everything here is a pure function of ``(n, batch_size, shuffle, seed, epoch)``: the main process and
 any worker compute the same order without talking to each other, an epoch can be replayed exactly,
-and a later sharding step (rank, world_size) slots in between ``epoch_order`` and the batching without
-changing either.
+and every rank of a distributed job computes the same epoch order and takes its own shard of it
+(``distributed.shard``: DistributedSampler semantics) before batching.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
+
+from .distributed import samples_per_rank, shard
 
 _TRANSFORM_TAG = 0x6E7774  # keeps transform seeds apart from the shuffle stream of the same seed
 
@@ -40,13 +42,24 @@ def num_batches(count: int, batch_size: int, drop_last: bool) -> int:
 
 @dataclass(frozen=True)
 class BatchSampler:
-    """Cuts an epoch's index order into batches of ``batch_size`` (the last one short unless dropped)."""
+    """Cuts this rank's share of an epoch's index order into batches of ``batch_size``.
+
+    With ``world_size > 1`` every rank computes the same epoch order (shuffled from ``[seed, epoch]``,
+    or ``arange`` without shuffle: the order is sharded either way) and keeps every world_size-th
+    index from position ``rank``. Without ``drop_last`` the order is first padded by wrapping
+    around to its start, so every rank gets ``ceil(n / world_size)`` samples and the few padded ones
+    are real samples that another rank also sees this epoch (counted twice in, say, a metric);
+    ``drop_last`` instead leaves out the ``n % world_size`` tail of the order, then drops each
+    rank's short last batch. Every rank therefore has the same number of batches.
+    """
 
     n: int
     batch_size: int
     shuffle: bool = False
     seed: int = 0
     drop_last: bool = False
+    rank: int = 0
+    world_size: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, (int, np.integer)) or self.n < 0:
@@ -55,17 +68,32 @@ class BatchSampler:
             raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
         if self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} of world_size {self.world_size}: need 0 <= rank < world_size")
+
+    @property
+    def samples(self) -> int:
+        """Samples this rank visits per epoch (padding included)."""
+        return samples_per_rank(self.n, self.world_size, self.drop_last)
+
+    @property
+    def padding(self) -> int:
+        """Samples per epoch, over all ranks, that are repeats added to even out the shards."""
+        return self.samples * self.world_size - self.n if not self.drop_last and self.n else 0
 
     def __len__(self) -> int:
-        return num_batches(self.n, self.batch_size, self.drop_last)
+        return num_batches(self.samples, self.batch_size, self.drop_last)
 
     @property
     def max_rows(self) -> int:
         """Rows of the largest batch this sampler can produce (the ring's slot capacity)."""
-        return min(self.batch_size, self.n)
+        return min(self.batch_size, self.samples)
 
     def plan(self, epoch: int) -> "EpochPlan":
-        return EpochPlan(epoch_order(self.n, shuffle=self.shuffle, seed=self.seed, epoch=epoch), self.batch_size, len(self))
+        order = epoch_order(self.n, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        if self.world_size > 1:
+            order = shard(order, self.rank, self.world_size, self.drop_last)
+        return EpochPlan(order, self.batch_size, len(self), self.seed, epoch, self.rank, self.world_size)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,11 +101,15 @@ class BatchSampler:
 
 @dataclass(frozen=True, eq=False)
 class EpochPlan:
-    """One epoch's order plus its batching; ``indices(b)`` is a view, never a Python list."""
+    """One epoch's order (this rank's shard) plus its batching; ``indices(b)`` is a view, never a list."""
 
     order: np.ndarray
     batch_size: int
     batches: int
+    seed: int = 0
+    epoch: int = 0
+    rank: int = 0
+    world_size: int = 1
 
     def __len__(self) -> int:
         return self.batches
@@ -86,6 +118,11 @@ class EpochPlan:
         if not 0 <= b < self.batches:
             raise IndexError(f"batch {b} is outside this epoch's {self.batches} batches")
         return self.order[b * self.batch_size : (b + 1) * self.batch_size]
+
+    def transform_seed(self, b: int) -> int:
+        """The batch transform's seed for batch ``b``: keyed by the global batch ``b * world_size + rank``,
+        so ranks augment differently and a single process keeps the seeds it always had."""
+        return batch_seed(self.seed, self.epoch, b * self.world_size + self.rank)
 
     def __iter__(self):
         return (self.indices(b) for b in range(self.batches))
