@@ -7,7 +7,8 @@ should not search again. So a result is keyed by a fingerprint of
   (maximum generation and width: the current link drops to Gen1 when the GPU idles, so it would
   change the key from one run to the next);
 * the work: bytes of one sample as the dataset returns it, batch size, the batch transform's
-  qualified name, prefetch factor, pin_memory and the device the batches go to.
+  qualified name, prefetch factor, pin_memory, the device the batches go to, and how many ranks
+  share this node's CPUs (the local world size: each rank tunes within its share).
 
 "Similar data" (the paper: re-use "if the transmitted size is similar") is a lookup that accepts
 the same machine and the same work except a sample size within ``SIMILAR_RATIO`` of the saved one.
@@ -64,6 +65,7 @@ class WorkFingerprint:
     prefetch_factor: int
     pin_memory: bool | str
     device: str
+    local_world_size: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -124,11 +126,13 @@ def machine_fingerprint() -> MachineFingerprint:
 
 
 def resolve_device(device: str) -> str:
-    """'auto' -> 'cuda' when a GPU is usable, else 'cpu'; anything else must be one of those."""
+    """'auto' -> 'cuda' when a GPU is usable, else 'cpu'; 'cuda:N' -> 'cuda' (same machine, same work)."""
     if device == "auto":
         return "cuda" if cuda.gpu_status().available else "cpu"
+    if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
+        return "cuda"
     if device not in ("cuda", "cpu"):
-        raise ValueError(f"device must be 'cuda', 'cpu' or 'auto', got {device!r}")
+        raise ValueError(f"device must be 'cuda', 'cuda:N', 'cpu' or 'auto', got {device!r}")
     return device
 
 
@@ -152,7 +156,8 @@ def transform_name(transform: Any) -> str | None:
 
 
 def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = None, prefetch_factor: int = 2,
-                     pin_memory: bool | str = True, device: str = "auto") -> WorkFingerprint:
+                     pin_memory: bool | str = True, device: str = "auto",
+                     local_world_size: int = 1) -> WorkFingerprint:
     """The work a worker count is tuned for; reads ``dataset[0]`` once to size a sample."""
     if len(dataset) == 0:
         raise ValueError("cannot fingerprint an empty dataset")
@@ -163,6 +168,7 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
         prefetch_factor=int(prefetch_factor),
         pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory),
         device=resolve_device(device),
+        local_world_size=int(local_world_size),
     )
 
 

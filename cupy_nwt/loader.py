@@ -15,6 +15,12 @@ Lifetime of what you get:
   ``zero_copy=True`` hands out read-only views into the ring slot instead: no copy, but a view is
   only valid until the next batch is requested (or the iteration ends) — copy what you keep.
 
+Several ranks (torchrun, SLURM, MPI): each rank builds its own loader; ``rank`` and ``world_size``
+come from the launcher's variables unless given, each rank takes its shard of every epoch (see
+``sampler.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
+unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
+share of the CPUs (see ``tuner.auto_num_workers``).
+
 Worker start method (``start_method=None``): ``forkserver`` when CUDA is in use in this process
 (the loader targets the GPU, or CuPy is imported and a GPU is usable), because a forked child of a
 CUDA process must not touch CUDA and page-locked memory is not inherited across fork; ``fork``
@@ -24,8 +30,11 @@ dataset and the callables are pickled to each worker, so they must be defined at
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import multiprocessing as mp
 import os
+import re
 import time
 import weakref
 from collections import deque
@@ -37,8 +46,9 @@ import numpy as np
 
 from . import cuda
 from .collate import flatten, unflatten
+from .distributed import RankLayout, agree, device_for_rank, rank_layout
 from .prefetch import DevicePrefetcher
-from .sampler import BatchSampler, EpochPlan, batch_seed, fresh_seed
+from .sampler import BatchSampler, EpochPlan, fresh_seed
 from .shm import Ring, SlotLayout
 from .worker import (BatchMaker, Done, Failed, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError,
                      WorkerPool, default_start_method, error_report, get_worker_info, make_worker_error)
@@ -46,7 +56,8 @@ from .worker import (BatchMaker, Done, Failed, LoaderError, LoaderTimeoutError, 
 __all__ = ["DataLoader", "HostBatch", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError",
            "get_worker_info"]
 
-_DEVICES = ("auto", "cuda", "cpu")
+_DEVICES = ("auto", "cuda", "cpu", "cuda:N")
+_log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -70,9 +81,9 @@ def _inline_error(exc: Exception, maker: BatchMaker, batch_index: int) -> Loader
 class _InlineSource:
     """``num_workers=0``: batches made in the main process, into the ring when there is one."""
 
-    def __init__(self, maker: BatchMaker, plan: EpochPlan, seed: int, epoch: int, layout: SlotLayout,
+    def __init__(self, maker: BatchMaker, plan: EpochPlan, layout: SlotLayout,
                  ring: Ring | None, first: list[np.ndarray] | None) -> None:
-        self.maker, self.plan, self.seed, self.epoch = maker, plan, seed, epoch
+        self.maker, self.plan = maker, plan
         self.layout, self.ring, self.first = layout, ring, first
         self.free = deque(range(ring.slots)) if ring is not None else deque()
         self.b = 0
@@ -99,7 +110,7 @@ class _InlineSource:
                     np.copyto(dst, src)
             else:
                 try:
-                    self.maker.fill(indices, batch_seed(self.seed, self.epoch, b), self.layout, views, b)
+                    self.maker.fill(indices, self.plan.transform_seed(b), self.layout, views, b)
                 except Exception as exc:  # noqa: BLE001 - rewrapped with the batch and sample index
                     raise _inline_error(exc, self.maker, b) from exc
         except BaseException:
@@ -110,7 +121,7 @@ class _InlineSource:
 
     def _make(self, b: int, indices: np.ndarray) -> list[np.ndarray]:
         try:
-            return self.maker.make_checked(indices, batch_seed(self.seed, self.epoch, b), self.layout, b)
+            return self.maker.make_checked(indices, self.plan.transform_seed(b), self.layout, b)
         except Exception as exc:  # noqa: BLE001
             raise _inline_error(exc, self.maker, b) from exc
 
@@ -125,9 +136,9 @@ class _InlineSource:
 class _WorkerSource:
     """``num_workers>0``: keeps every worker busy, and hands batches out in order (or as they come)."""
 
-    def __init__(self, pool: WorkerPool, ring: Ring, plan: EpochPlan, seed: int, epoch: int,
+    def __init__(self, pool: WorkerPool, ring: Ring, plan: EpochPlan,
                  in_order: bool, timeout: float | None, preloaded: Done | None) -> None:
-        self.pool, self.ring, self.plan, self.seed, self.epoch = pool, ring, plan, seed, epoch
+        self.pool, self.ring, self.plan, self.epoch = pool, ring, plan, plan.epoch
         self.in_order, self.timeout = in_order, timeout
         pool.new_generation()
         self.ready: dict[int, Done | Failed] = {}
@@ -142,7 +153,7 @@ class _WorkerSource:
         n = len(self.plan)
         while self.next_submit < n:
             b = self.next_submit
-            if not self.pool.submit(b, self.plan.indices(b), batch_seed(self.seed, self.epoch, b)):
+            if not self.pool.submit(b, self.plan.indices(b), self.plan.transform_seed(b)):
                 return
             self.next_submit += 1
 
@@ -240,12 +251,22 @@ class _Resources:
 class DataLoader:
     """Batches of a map-style dataset (``len`` + ``__getitem__``, optionally ``__getitems__``).
 
-    Same meaning as PyTorch's DataLoader where they overlap. Beyond it: ``device`` ("cuda", "cpu" or
-    "auto") picks where batches land; ``batch_transform(batch, seed)`` runs in the worker after
-    collation with a seed fixed by (seed, epoch, batch index), so results do not depend on the worker
-    count; ``seed`` makes shuffling and transforms reproducible (``set_epoch`` or the automatic epoch
-    counter picks the epoch); ``pin_memory=True`` page-locks the ring ("staging" forces the pinned
+    Same meaning as PyTorch's DataLoader where they overlap. Beyond it: ``device`` ("cuda", "cuda:N",
+    "cpu" or "auto") picks where batches land; ``batch_transform(batch, seed)`` runs in the worker after
+    collation with a seed fixed by (seed, epoch, global batch index), so results do not depend on the
+    worker count; ``seed`` makes shuffling and transforms reproducible (``set_epoch`` or the automatic
+    epoch counter picks the epoch); ``pin_memory=True`` page-locks the ring ("staging" forces the pinned
     staging copy); ``zero_copy`` (CPU only) hands out views, see the module docstring.
+
+    Distributed: ``rank`` and ``world_size`` (both or neither; neither means the launcher's variables,
+    see ``distributed.rank_layout``) make this loader serve one rank's shard, DistributedSampler-style:
+    with ``drop_last=False`` the epoch's order is padded by wrapping around to its start so every rank
+    gets ``ceil(n / world_size)`` samples (the padded ones are real samples another rank also gets this
+    epoch); with ``drop_last=True`` the ``n % world_size`` tail of the order is left out instead, and
+    each rank's short last batch is dropped. ``seed=None`` with several ranks uses rank 0's fresh seed
+    when ``torch.distributed`` or mpi4py can broadcast it, else 0, so that all ranks shuffle alike. On
+    the GPU the device is ``local_rank % device_count`` unless ``device="cuda:N"``; ``device_id``
+    says which, and every CUDA call of the loader runs on it.
 
     ``timeout`` bounds each wait for the next batch from the workers (the first waits include worker
     start-up, which is slower with forkserver/spawn). One iteration is active at a time: starting a
@@ -258,7 +279,8 @@ class DataLoader:
                  pin_memory: bool | str = False, device: str = "auto", collate_fn: Callable | None = None,
                  persistent_workers: bool = False, timeout: float | None = None, in_order: bool = True,
                  worker_init_fn: Callable | None = None, start_method: str | None = None,
-                 batch_transform: Callable | None = None, *, zero_copy: bool = False) -> None:
+                 batch_transform: Callable | None = None, *, zero_copy: bool = False,
+                 rank: int | None = None, world_size: int | None = None) -> None:
         try:
             n = len(dataset)
         except TypeError:
@@ -271,8 +293,9 @@ class DataLoader:
             raise ValueError(f"prefetch_factor must be a positive integer, got {prefetch_factor!r}")
         if pin_memory not in (True, False, "staging"):
             raise ValueError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
-        if device not in _DEVICES:
-            raise ValueError(f"device must be one of {', '.join(_DEVICES)}; got {device!r}")
+        for name, value in (("rank", rank), ("world_size", world_size)):
+            if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool)):
+                raise ValueError(f"{name} must be an integer or None, got {value!r}")
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
             raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
         for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
@@ -281,19 +304,20 @@ class DataLoader:
         if start_method is not None and start_method not in mp.get_all_start_methods():
             raise ValueError(f"start_method must be one of {mp.get_all_start_methods()}, got {start_method!r}")
 
+        self.rank_layout = rank_layout(None if rank is None else int(rank),
+                                       None if world_size is None else int(world_size))
+        self.device, self.device_id = _resolve_device(device, self.rank_layout)
         self.dataset = dataset
-        self.seed = fresh_seed() if seed is None else int(seed)
-        self._sampler = BatchSampler(n, batch_size, bool(shuffle), self.seed, bool(drop_last))
-        if device == "auto":
-            device = "cuda" if cuda.gpu_status().available else "cpu"
-        elif device == "cuda":
-            cuda.require_gpu()
-        self.device = device
+        self.seed = self._agreed_seed() if seed is None else int(seed)
+        self._sampler = BatchSampler(n, batch_size, bool(shuffle), self.seed, bool(drop_last),
+                                     self.rank_layout.rank, self.rank_layout.world_size)
         if num_workers == "auto":
             from .tuner import auto_num_workers  # noqa: PLC0415 - the tuner builds loaders itself
 
-            num_workers = auto_num_workers(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor,
-                                           pin_memory=pin_memory, device=device, batch_transform=batch_transform)
+            num_workers = auto_num_workers(
+                dataset, batch_size=batch_size, prefetch_factor=prefetch_factor, pin_memory=pin_memory,
+                device=self.device if self.device_id is None else f"cuda:{self.device_id}",
+                batch_transform=batch_transform, layout=self.rank_layout)
         if not isinstance(num_workers, (int, np.integer)) or isinstance(num_workers, bool) or num_workers < 0:
             raise ValueError(f"num_workers must be a non-negative integer or 'auto', got {num_workers!r}")
         self.num_workers = int(num_workers)
@@ -306,13 +330,32 @@ class DataLoader:
         self.timeout = None if timeout is None else float(timeout)
         self.in_order = bool(in_order)
         self.zero_copy = bool(zero_copy)
-        self.start_method = start_method or default_start_method(device)
-        self._res = _Resources(DevicePrefetcher(pin_memory) if device == "cuda" else None)
+        self.start_method = start_method or default_start_method(self.device)
+        self._res = _Resources(DevicePrefetcher(pin_memory) if self.device == "cuda" else None)
         self._finalizer = weakref.finalize(self, self._res.close)
         self._epoch = 0
         self._active: weakref.ref | None = None
 
+    def _agreed_seed(self) -> int:
+        """A fresh seed, the same on every rank: rank 0's through the program's communicator, else 0."""
+        if not self.rank_layout.is_distributed:
+            return fresh_seed()
+        seed, via = agree(fresh_seed(), self.rank_layout)
+        if via is None:
+            _log.info("seed=None on %d ranks with no torch.distributed or mpi4py to agree on a fresh one: "
+                      "using seed 0 on every rank, as DistributedSampler does", self.rank_layout.world_size)
+            return 0
+        return int(seed)
+
     # -- the public surface
+
+    @property
+    def rank(self) -> int:
+        return self.rank_layout.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.rank_layout.world_size
 
     @property
     def batch_size(self) -> int:
@@ -375,8 +418,10 @@ class DataLoader:
         self.close()
 
     def __repr__(self) -> str:
+        where = self.device if self.device_id is None else f"cuda:{self.device_id}"
+        ranks = f", rank={self.rank}/{self.world_size}" if self.rank_layout.is_distributed else ""
         return (f"DataLoader(n={self._sampler.n}, batch_size={self.batch_size}, num_workers={self.num_workers}, "
-                f"device={self.device!r}, start_method={self.start_method!r}, pin_path={self.pin_path!r})")
+                f"device={where!r}{ranks}, start_method={self.start_method!r}, pin_path={self.pin_path!r})")
 
     # -- one epoch
 
@@ -401,12 +446,13 @@ class DataLoader:
                     seed=self.seed, collate_fn=self.collate_fn, batch_transform=self.batch_transform,
                     worker_init_fn=self.worker_init_fn, start_method=self.start_method,
                 )
-            first = self._first_batch(maker, plan, epoch) if res.layout is None else None
+            first = self._first_batch(maker, plan) if res.layout is None else None
             if res.ring is None and (self.num_workers > 0 or self.device == "cuda"):
                 slots = max(2, self.num_workers * self.prefetch_factor) if self.num_workers > 0 else 2
                 res.ring = Ring(res.layout, slots, shared=self.num_workers > 0)
                 if res.prefetcher is not None:
-                    res.prefetcher.attach(res.ring)
+                    with _device_scope(self.device_id):
+                        res.prefetcher.attach(res.ring)
                 if res.pool is not None:
                     res.pool.set_ring(res.ring)
             if self.num_workers > 0:
@@ -416,11 +462,11 @@ class DataLoader:
                     for dst, src in zip(res.ring.slot_views(slot, len(plan.indices(0))), first):
                         np.copyto(dst, src)
                     preloaded = Done(0, slot, len(plan.indices(0)), -1)
-                source = _WorkerSource(res.pool, res.ring, plan, self.seed, epoch, self.in_order, self.timeout, preloaded)
+                source = _WorkerSource(res.pool, res.ring, plan, self.in_order, self.timeout, preloaded)
             else:
-                source = _InlineSource(maker, plan, self.seed, epoch, res.layout, res.ring, first)
+                source = _InlineSource(maker, plan, res.layout, res.ring, first)
             if res.prefetcher is not None:
-                yield from res.prefetcher.batches(source, res.layout)
+                yield from _on_device(res.prefetcher.batches(source, res.layout), self.device_id)
             else:
                 yield from self._host_batches(source, res.layout)
             graceful = True
@@ -433,11 +479,11 @@ class DataLoader:
             if not (graceful and self.persistent_workers):
                 res.end_epoch()
 
-    def _first_batch(self, maker: BatchMaker, plan: EpochPlan, epoch: int) -> list[np.ndarray]:
+    def _first_batch(self, maker: BatchMaker, plan: EpochPlan) -> list[np.ndarray]:
         """Make batch 0 here; its shapes and dtypes become the ring's slot layout."""
         indices = plan.indices(0)
         try:
-            batch = maker.make(indices, batch_seed(self.seed, epoch, 0))
+            batch = maker.make(indices, plan.transform_seed(0))
         except Exception as exc:  # noqa: BLE001
             raise _inline_error(exc, maker, 0) from exc
         layout = SlotLayout.for_batch(batch, self._sampler.max_rows)
@@ -468,6 +514,48 @@ class DataLoader:
         finally:
             if held is not None:
                 source.release(held)
+
+
+def _device_scope(device_id: int | None) -> contextlib.AbstractContextManager:
+    """``device_id`` current inside the block; nothing to switch for a loader without a GPU of its own."""
+    return contextlib.nullcontext() if device_id is None else cuda.device_scope(device_id)
+
+
+def _on_device(batches: Iterator[Any], device_id: int | None) -> Iterator[Any]:
+    """Run each step of ``batches`` with this loader's GPU current; hand each batch out outside it.
+
+    So a rank's streams, events, copies and batch allocations all live on its device, while the
+    caller's code between batches runs on whatever device the caller made current.
+    """
+    try:
+        while True:
+            with _device_scope(device_id):
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+            yield batch
+    finally:
+        with _device_scope(device_id):
+            batches.close()
+
+
+def _resolve_device(device: Any, layout: RankLayout) -> tuple[str, int | None]:
+    """``("cuda", index)`` or ``("cpu", None)`` from "auto", "cuda", "cuda:N" or "cpu"."""
+    m = re.fullmatch(r"cuda:(\d+)", device) if isinstance(device, str) else None
+    if not (m or device in ("auto", "cuda", "cpu")):
+        raise ValueError(f"device must be one of {', '.join(_DEVICES)}; got {device!r}")
+    if device == "cpu" or (device == "auto" and not cuda.gpu_status().available):
+        return "cpu", None
+    cuda.require_gpu()
+    count = cuda.device_count()
+    if m is None:
+        return "cuda", device_for_rank(layout, count)
+    index = int(m.group(1))
+    if index >= count:
+        raise ValueError(f"device={device!r}, but this process sees {count} CUDA device(s): 0..{count - 1} "
+                         "(CUDA_VISIBLE_DEVICES renumbers them)")
+    return "cuda", index
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:

@@ -75,8 +75,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from filelock import FileLock, Timeout
 
 from . import cuda, system
+from .distributed import RankLayout, agree, device_for_rank, rank_layout, worker_budget
 from .fingerprint import (
     Fingerprint, ResultStore, machine_fingerprint, read_json, resolve_device, work_fingerprint,
     write_json_atomic,
@@ -507,6 +509,7 @@ class LoaderMeasure:
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
         self.device = resolve_device(device)
+        self.loader_device = _trial_device(device, self.device)
         self.batch_transform = batch_transform
         self.seed = seed
         self.start_method = start_method
@@ -518,11 +521,12 @@ class LoaderMeasure:
     def _loader(self, workers: int) -> Any:
         from .loader import DataLoader  # noqa: PLC0415 - the loader imports this module lazily too
 
+        # rank 0 of 1 explicitly: under a launcher a trial measures one loader, not a shard of the data
         return DataLoader(
             self.dataset, batch_size=self.batch_size, shuffle=True, seed=self.seed, drop_last=True,
             num_workers=workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,
-            device=self.device, batch_transform=self.batch_transform, persistent_workers=True,
-            start_method=self.start_method,
+            device=self.loader_device, batch_transform=self.batch_transform, persistent_workers=True,
+            start_method=self.start_method, rank=0, world_size=1,
         )
 
     def preflight(self) -> None:
@@ -533,10 +537,13 @@ class LoaderMeasure:
     def __call__(self, workers: int, iterations: int, warmup: int) -> Measurement:
         if not self._ready:
             self.preflight()
-        sync = cuda.current_stream().synchronize if self.device == "cuda" else None
         stamps: list[float] = []
         t_begin = time.perf_counter()
         loader = self._loader(workers)
+        sync = None
+        if loader.device_id is not None:
+            with cuda.device_scope(loader.device_id):
+                sync = cuda.current_stream().synchronize
         try:
             with MemorySampler(loader.worker_pids, interval=self.memory_interval) as sampler:
                 for _ in _endless(loader, warmup + iterations):
@@ -551,6 +558,14 @@ class LoaderMeasure:
         peak = sampler.peak
         return Measurement(spi, wall, peak.bytes if peak.samples else None, peak.uss_bytes,
                            _batch_means_error(stamps[max(warmup, 1) - 1:]))
+
+
+def _trial_device(device: str, resolved: str) -> str:
+    """The device trial loaders use: "cuda:N" as given, else this rank's GPU (trials run as rank 0 of 1)."""
+    if resolved != "cuda" or device.startswith("cuda:"):
+        return device if resolved == "cuda" else resolved
+    cuda.require_gpu()
+    return f"cuda:{device_for_rank(rank_layout(), cuda.device_count())}"
 
 
 def steady_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
@@ -642,7 +657,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
         if dataset is None:
             raise ValueError("give a dataset to tune the loader on, or a measure callable")
         measure = LoaderMeasure(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor,
-                                pin_memory=pin_memory, device=resolved, batch_transform=batch_transform)
+                                pin_memory=pin_memory, device=device, batch_transform=batch_transform)
 
     bar = _progress_bar(n if strategy == "paper" else None, strategy) if progress else None
     try:
@@ -668,23 +683,61 @@ def _progress_bar(total: int | None, strategy: str) -> Any:
     return tqdm(total=total, desc=f"NWT ({strategy})", unit="trial", file=sys.stderr, leave=False)
 
 
+TUNE_LOCK_SUFFIX = ".tune.lock"
+
+
 def auto_num_workers(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_memory: bool | str = True,
                      device: str = "auto", batch_transform: Any = None,
-                     cache_dir: str | Path | None = None) -> int:
-    """``DataLoader(num_workers="auto")``: a saved pick for this machine and work, else tune (fast) once and save."""
+                     cache_dir: str | Path | None = None, layout: RankLayout | None = None) -> int:
+    """``DataLoader(num_workers="auto")``: a saved pick for this machine and work, else tune (fast) once and save.
+
+    Several ranks (``layout``; by default the launcher's variables): a rank may use its share of the
+    node's CPUs (``distributed.worker_budget``: counts 0 .. budget-1 are searched) and the
+    fingerprint records how many ranks share the node. Tuning happens only under a machine-wide
+    lock beside the store, and whoever holds it looks in the store again before tuning, so when all
+    ranks of a node start at once exactly one tunes while the others wait and then reuse its result
+    (the lock also keeps unrelated tunings on one machine from measuring each other). The tuning
+    rank measures while the others wait, so its trials see less contention than training will.
+    Where the program has a communicator (``torch.distributed`` initialised, or mpi4py under an MPI
+    launcher), every rank then takes rank 0's pick, so all nodes use one count. Every rank must call
+    this at the same point, as the DataLoader constructor does.
+    """
+    layout = rank_layout() if layout is None else layout
     resolved = resolve_device(device)
     fp = Fingerprint(machine_fingerprint(), work_fingerprint(
         dataset, batch_size=batch_size, batch_transform=batch_transform, prefetch_factor=prefetch_factor,
-        pin_memory=pin_memory, device=resolved))
+        pin_memory=pin_memory, device=resolved, local_world_size=layout.local_world_size))
     saved = lookup(fp, cache_dir)
-    if saved is not None:
-        return saved.best_workers
-    _log.info("num_workers='auto': no saved pick for this machine and work, tuning once (fast strategy)")
-    result = tune_num_workers(dataset, batch_size=batch_size, strategy="fast", device=resolved,
-                              pin_memory=pin_memory, prefetch_factor=prefetch_factor, progress=False,
-                              batch_transform=batch_transform)
-    result.save(cache_dir=cache_dir)
-    return result.best_workers
+    pick = saved.best_workers if saved is not None else _tune_once(
+        fp, dataset, cache_dir, batch_size=batch_size, device=device, pin_memory=pin_memory,
+        prefetch_factor=prefetch_factor, batch_transform=batch_transform, max_workers=worker_budget(layout))
+    agreed, via = agree(pick, layout)
+    if via is not None and agreed != pick:
+        _log.info("num_workers='auto': this rank's saved pick is %d, rank 0's (via %s) is %d; using rank 0's",
+                  pick, via, agreed)
+    return int(agreed)
+
+
+def _tune_once(fp: Fingerprint, dataset: Any, cache_dir: str | Path | None, **kw: Any) -> int:
+    """Tune under the machine-wide lock unless someone saved a pick while we waited for it."""
+    store_path = ResultStore(cache_dir).path
+    store_path.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(store_path) + TUNE_LOCK_SUFFIX)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        _log.info("num_workers='auto': another process is tuning on this machine; waiting for its result")
+        lock.acquire()  # flock: released by the OS too if the tuning process dies, so no stale lock
+    try:
+        saved = lookup(fp, cache_dir)
+        if saved is not None:
+            return saved.best_workers
+        _log.info("num_workers='auto': no saved pick for this machine and work, tuning once (fast strategy)")
+        result = tune_num_workers(dataset, strategy="fast", progress=False, **kw)
+        replace(result, fingerprint=fp).save(cache_dir=cache_dir)
+        return result.best_workers
+    finally:
+        lock.release()
 
 
 def summary_text(result: TuneResult, saved_to: Path | None = None) -> str:
