@@ -1,0 +1,117 @@
+"""One rank of the multi-process tests in test_scaleout.py: run by torchrun, never by pytest itself.
+
+Builds a DataLoader from the launcher's environment, iterates a few epochs and writes what it saw to
+``<out>/rank<R>.json``: the sample indices per epoch, the transform seeds, its layout, worker count
+and PIDs. ``--tiny-tune`` makes ``num_workers="auto"`` tune on a shoestring (8 iterations, at most 2
+workers) and appends one line per tuning to ``<out>/tunings.log``, so the test can count them.
+``--fail`` makes one rank die mid-epoch (an exception, or SIGKILL) while the others keep loading.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+
+class Indexed:
+    """Sample i is a tiny image filled with i and the label i: batches reveal their indices."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        return np.full((4, 4, 3), i % 251, dtype=np.uint8), int(i)
+
+
+def tag_seed(batch, seed: int):
+    """A batch transform that records the seed it was given next to each sample."""
+    images, labels = batch
+    return images, labels, np.full(len(labels), seed, dtype=np.int64)
+
+
+def _tiny_tuning(out: Path) -> None:
+    from cupy_nwt import tuner
+
+    real = tuner.tune_num_workers
+
+    def tiny(dataset, **kw):
+        with open(out / "tunings.log", "a", encoding="utf-8") as f:
+            f.write(f"{os.environ.get('RANK')} {os.getpid()}\n")
+        kw.update(iterations=8, max_workers=min(2, kw.get("max_workers") or 2))
+        return real(dataset, **kw)
+
+    tuner.tune_num_workers = tiny
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--samples", type=int, default=101)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--workers", default="0")
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--no-shuffle", action="store_true")
+    p.add_argument("--drop-last", action="store_true")
+    p.add_argument("--gloo", action="store_true", help="initialise torch.distributed (gloo) first")
+    p.add_argument("--tiny-tune", action="store_true")
+    p.add_argument("--also-seed-none", action="store_true", help="record the seed a seed=None loader gets")
+    p.add_argument("--fail", choices=["raise", "kill"], help="rank 1 dies after its second batch")
+    p.add_argument("--delay", type=float, default=0.0, help="seconds per batch on the other ranks")
+    args = p.parse_args()
+
+    if args.gloo:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    if args.tiny_tune:
+        _tiny_tuning(args.out)
+    from cupy_nwt import DataLoader
+
+    rank = int(os.environ["RANK"])
+    workers = args.workers if args.workers == "auto" else int(args.workers)
+    record: dict = {"pid": os.getpid(), "epochs": [], "transform_seeds": []}
+    with DataLoader(Indexed(args.samples), batch_size=args.batch_size, shuffle=not args.no_shuffle, seed=args.seed,
+                    drop_last=args.drop_last, num_workers=workers, device="cpu", batch_transform=tag_seed,
+                    persistent_workers=True) as loader:
+        record.update(layout=loader.rank_layout.to_dict(), num_workers=loader.num_workers, batches=len(loader),
+                      padding=loader.sampler.padding)
+        if args.also_seed_none:
+            record["seed_none"] = DataLoader(Indexed(args.samples), seed=None, num_workers=0, device="cpu").seed
+        for _ in range(args.epochs):
+            seen, seeds = [], []
+            for b, (_, labels, tseeds) in enumerate(loader):
+                seen += labels.tolist()
+                seeds.append(int(tseeds[0]))
+                if b == 0:
+                    me = psutil.Process()
+                    record["children"] = [c.pid for c in me.children(recursive=True)]
+                    record["worker_pids"] = loader.worker_pids()
+                    (args.out / f"rank{rank}.pids").write_text(json.dumps(record["children"] + [me.pid]))
+                if args.fail and rank == 1 and b == 1:
+                    if args.fail == "kill":
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    raise RuntimeError("rank 1 fails on purpose")
+                if args.delay and rank != 1:
+                    time.sleep(args.delay)
+            record["epochs"].append(seen)
+            record["transform_seeds"].append(seeds)
+    (args.out / f"rank{rank}.json").write_text(json.dumps(record))
+    if args.gloo:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
