@@ -4,7 +4,8 @@ Builds a DataLoader from the launcher's environment, iterates a few epochs and w
 ``<out>/rank<R>.json``: the sample indices per epoch, the transform seeds, its layout, worker count
 and PIDs. ``--tiny-tune`` makes ``num_workers="auto"`` tune on a shoestring (8 iterations, at most 2
 workers) and appends one line per tuning to ``<out>/tunings.log``, so the test can count them.
-``--fail`` makes one rank die mid-epoch (an exception, or SIGKILL) while the others keep loading.
+``--fail`` makes rank 1 die mid-epoch (an exception, or SIGKILL) once every rank has started its
+epoch, while the others keep loading.
 """
 
 from __future__ import annotations
@@ -54,6 +55,13 @@ def _tiny_tuning(out: Path) -> None:
     tuner.tune_num_workers = tiny
 
 
+def _wait_for_every_rank(out: Path, world: int, limit_s: float = 60.0) -> None:
+    """Fail only once every rank is mid-epoch with its workers (their .pids files exist)."""
+    deadline = time.monotonic() + limit_s
+    while not all((out / f"rank{r}.pids").exists() for r in range(world)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--out", type=Path, required=True)
@@ -98,8 +106,11 @@ def main() -> int:
                     me = psutil.Process()
                     record["children"] = [c.pid for c in me.children(recursive=True)]
                     record["worker_pids"] = loader.worker_pids()
-                    (args.out / f"rank{rank}.pids").write_text(json.dumps(record["children"] + [me.pid]))
+                    tmp = args.out / f".rank{rank}.pids"
+                    tmp.write_text(json.dumps(record["children"] + [me.pid]))
+                    os.replace(tmp, args.out / f"rank{rank}.pids")  # whole, or not there at all
                 if args.fail and rank == 1 and b == 1:
+                    _wait_for_every_rank(args.out, loader.world_size)
                     if args.fail == "kill":
                         os.kill(os.getpid(), signal.SIGKILL)
                     raise RuntimeError("rank 1 fails on purpose")

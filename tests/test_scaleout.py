@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import json
 import os
 import shlex
@@ -20,7 +21,6 @@ import time
 import types
 from pathlib import Path
 
-import numpy as np
 import psutil
 import pytest
 from filelock import FileLock
@@ -399,3 +399,18 @@ def test_the_readme_torchrun_recipe_runs_as_written(tmp_path):
     lines = sorted(x for x in proc.stdout.splitlines() if x.startswith("rank "))
     assert [x.split(":")[0] for x in lines] == ["rank 0 of 2", "rank 1 of 2"]
     assert lines[0].split(":")[1] == lines[1].split(":")[1]  # the same batches per epoch and workers on both
+
+
+def test_scaleout_bench_sums_rank_rates_and_spans_the_wall_clock():
+    spec = importlib.util.spec_from_file_location("bench_scaleout", HERE.parent / "bench" / "scaleout.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rank = dict(budget=1, num_workers=0, samples=100)
+    one = bench.aggregate(1, 0, [{**rank, "budget": 2, "start": 0.0, "end": 1.0, "samples_per_second": 100.0}])
+    two = bench.aggregate(2, 0, [{**rank, "start": 0.0, "end": 1.0, "samples_per_second": 100.0},
+                                 {**rank, "start": 0.5, "end": 2.0, "samples_per_second": 200 / 3}])
+    assert two["sum_samples_per_second"] == pytest.approx(100 + 200 / 3)
+    assert two["wall_samples_per_second"] == pytest.approx(100.0)  # 200 samples from t=0 to t=2
+    rows = bench.summarize_runs([one, two])
+    assert [(r["ranks"], r["budget_per_rank"], r["workers_per_rank"]) for r in rows] == [(1, 2, [0]), (2, 1, [0])]
+    assert rows[1]["speedup_vs_1_rank"] == pytest.approx((100 + 200 / 3) / 100)
