@@ -85,7 +85,10 @@ def rank_layout(rank: int | None = None, world_size: int | None = None,
     """This process's place among the ranks: explicit arguments, else the launcher's variables.
 
     No launcher variables at all means a single process. Local rank and local world size default
-    to the global ones when a launcher does not give them (one node).
+    to the global ones when a launcher does not give them (one node). SLURM's variables count only
+    inside a job step that srun started (``SLURM_STEP_ID`` set): the batch script of an
+    ``sbatch --ntasks=4`` job also sees ``SLURM_PROCID=0`` and ``SLURM_NTASKS=4``, and a plain
+    ``python train.py`` there must not load a quarter of the data.
     """
     env = os.environ if env is None else env
     if (rank is None) != (world_size is None):
@@ -93,6 +96,8 @@ def rank_layout(rank: int | None = None, world_size: int | None = None,
     if rank is not None:
         return _checked(RankLayout(rank, world_size, rank, world_size, "explicit"), "rank", "world_size")
     for launcher, r_name, w_name, lr_name, lw_name in _LAUNCHERS:
+        if launcher == "slurm" and not (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")):
+            continue  # an sbatch script itself is "task 0 of N" too: only srun's job steps are ranks
         r, w = _int(env, r_name), _int(env, w_name)
         if r is None and w is None:
             continue

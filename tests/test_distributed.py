@@ -19,7 +19,9 @@ from cupy_nwt.distributed import (
       "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, RankLayout(5, 6, 2, 3, "openmpi")),
     ({"PMI_RANK": "1", "PMI_SIZE": "4", "MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "4"}, RankLayout(1, 4, 1, 4, "mpich")),
     ({"SLURM_PROCID": "4", "SLURM_NTASKS": "5", "SLURM_LOCALID": "0", "SLURM_NODEID": "2",
-      "SLURM_TASKS_PER_NODE": "2(x2),1"}, RankLayout(4, 5, 0, 1, "slurm")),
+      "SLURM_TASKS_PER_NODE": "2(x2),1", "SLURM_STEP_ID": "0"}, RankLayout(4, 5, 0, 1, "slurm")),
+    # the batch script of `sbatch --ntasks=4` is no rank: only srun's job steps are
+    ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_TASKS_PER_NODE": "4"}, RankLayout(0, 1, 0, 1, "single")),
     ({"PMI_RANK": "0", "PMI_SIZE": "2"}, RankLayout(0, 2, 0, 2, "mpich")),
     # torchrun inside a SLURM allocation: torchrun's own variables describe this process
     ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_PROCID": "0", "SLURM_NTASKS": "1"}, RankLayout(1, 2, 1, 2, "torchrun")),
@@ -41,7 +43,8 @@ def test_explicit_arguments_win_over_environment():
     ({}, {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, ["LOCAL_RANK=3"]),
     ({}, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},
      ["OMPI_COMM_WORLD_LOCAL_SIZE=4"]),
-    ({}, {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "two"}, ["SLURM_TASKS_PER_NODE"]),
+    ({}, {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "two", "SLURM_STEP_ID": "1"},
+     ["SLURM_TASKS_PER_NODE"]),
     ({"rank": 0}, {}, ["rank=", "world_size="]),
     ({"rank": 3, "world_size": 3}, {}, ["rank=3"]),
 ])
