@@ -149,13 +149,20 @@ def require_gpu() -> None:
 
 
 def pcie_link(device: int = 0) -> PcieLink | None:
-    """The device's PCIe link from NVML, or from Linux sysfs when NVML is unavailable."""
+    """The device's PCIe link from NVML, or from Linux sysfs when NVML is unavailable.
+
+    NVML numbers devices in PCI order and CUDA (by default) fastest first, and
+    CUDA_VISIBLE_DEVICES renumbers only CUDA's view: the device is matched by PCI bus id.
+    """
+    if not gpu_status().available:
+        return None
+    bus_id = _cupy().cuda.runtime.deviceGetPCIBusId(device)
     try:
         import pynvml  # noqa: PLC0415
 
         pynvml.nvmlInit()
         try:
-            h = pynvml.nvmlDeviceGetHandleByIndex(device)
+            h = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
             return PcieLink(
                 current_gen=int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
                 current_width=int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
@@ -165,12 +172,9 @@ def pcie_link(device: int = 0) -> PcieLink | None:
             )
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - fall back to sysfs below
+    except Exception:  # noqa: BLE001 - no NVML library or no such call: fall back to sysfs below
         pass
-    if not gpu_status().available:
-        return None
-    bus_id = _cupy().cuda.runtime.deviceGetPCIBusId(device).lower()
-    return sysfs_pcie_link(Path("/sys/bus/pci/devices") / bus_id)
+    return sysfs_pcie_link(Path("/sys/bus/pci/devices") / bus_id.lower())
 
 
 def sysfs_pcie_link(dev_dir: Path) -> PcieLink | None:
@@ -336,23 +340,6 @@ def synchronize() -> None:
     _cupy().cuda.Device().synchronize()
 
 
-def copy_h2d(dst, src: np.ndarray, stream=None) -> None:
-    """Copy host -> device on ``stream``; asynchronous only when ``src`` is page-locked."""
-    dst.set(src, stream=stream)
-
-
-def copy_d2h(dst: np.ndarray, src, stream=None) -> None:
-    """Copy device -> host on ``stream``; asynchronous only when ``dst`` is page-locked."""
-    src.get(stream=stream, out=dst)
-
-
-def to_device_async(host: np.ndarray, stream=None):
-    """Allocate a device array on ``stream``'s device and start the copy of ``host`` into it."""
-    arr = _cupy().empty(host.shape, dtype=host.dtype)
-    arr.set(host, stream=stream)
-    return arr
-
-
 def as_numpy(device_array) -> np.ndarray:
     return _cupy().asnumpy(device_array)
 
@@ -389,8 +376,8 @@ def memcpy_h2d(dst, src: np.ndarray, stream=None) -> None:
 def memcpy_d2h(dst: np.ndarray, src, stream=None) -> None:
     """Enqueue a device -> host copy on ``stream``; never waits for the stream.
 
-    Unlike ``copy_d2h`` (CuPy's ``get(out=...)`` blocks by default), this keeps later work
-    issuable while the copy runs, which the overlap experiment needs. With pageable ``dst`` the
+    Unlike CuPy's ``get(out=...)`` (which blocks by default), this keeps later work issuable
+    while the copy runs, which the overlap experiment needs. With pageable ``dst`` the
     driver still returns only after the copy is done.
     """
     n = _check_copy(dst, src)
