@@ -221,7 +221,7 @@ def _summary_parts(rep: ReproduceReport) -> list[str]:
     rows = [[w, r, f"{c.ratio(w):.1%}", ", ".join(n for n, hit in (
         ("steady best", w == c.steady_best), ("paper pick", w == c.paper_pick), ("fast pick", w == c.fast_pick)) if hit)]
         for w, r in sorted(c.samples_per_s.items())]
-    parts.append(report.table(["workers", "samples/s", "of best", ""], rows,
+    parts.append(report.table(["workers", "samples/s", "of best", "note"], rows,
                               title="every count again, warm, interleaved (medians)"))
     parts.append(report.key_values([
         ("fast pick vs steady best", f"{c.ratio(c.fast_pick):.1%} (target >= 95%)"),

@@ -756,7 +756,7 @@ def summary_text(result: TuneResult, saved_to: Path | None = None) -> str:
                      t.iterations, ", ".join(notes)])
     title = (f"NWT ({result.strategy}): {len(trials)} worker counts measured in {len(result.runs)} runs, "
              f"device {result.device}, batch {result.batch_size}")
-    lines = [table(["workers", "ms/iter", "samples/s", "peak PSS", "peak USS", "timed iters", ""], rows, title=title)]
+    lines = [table(["workers", "ms/iter", "samples/s", "peak PSS", "peak USS", "timed iters", "note"], rows, title=title)]
     rule = (f"alpha {result.alpha:g} s per {PAPER_TIME_SCALE} iterations" if result.strategy == "paper"
             else f"tolerance {result.tolerance:.0%}")
     lines.append("")
