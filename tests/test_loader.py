@@ -13,19 +13,7 @@ from cupy_nwt import NoGPUError, cuda
 from cupy_nwt.loader import DataLoader, LoaderError, WorkerError
 from cupy_nwt.shm import SHM_DIR, live_segments
 from cupy_nwt.worker import get_worker_info
-
-
-class Squares:
-    """Sample i: a 4x4x3 uint8 image filled with i % 256, and the label i."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return np.full((4, 4, 3), i % 256, np.uint8), i
+from toy_data import Squares
 
 
 class DictSamples(Squares):

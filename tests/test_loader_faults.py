@@ -13,19 +13,9 @@ import pytest
 
 from cupy_nwt import DataLoader, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from cupy_nwt.shm import live_segments
+from toy_data import Squares
 
 NO_HANG_S = 15.0  # generous on a loaded 2-core machine; a hang would be unbounded
-
-
-class Squares:
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return np.full((4, 4, 3), i % 256, np.uint8), i
 
 
 class FailsAt(Squares):

@@ -17,19 +17,9 @@ from cupy_nwt.prefetch import STAGING_BUFFERS, DevicePrefetcher
 from cupy_nwt.sampler import BatchSampler
 from cupy_nwt.shm import Ring, SlotLayout
 from cupy_nwt.worker import BatchMaker
+from toy_data import Squares
 
 GARBAGE = 0xEE
-
-
-class Squares:
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int):
-        return np.full((4, 4, 3), i % 200, np.uint8), i
 
 
 class Stream:
@@ -124,7 +114,7 @@ class EagerReuse(_InlineSource):
 
 
 def run(prefetcher: DevicePrefetcher, ops: LazyCuda, n: int = 37, batch_size: int = 4, stop_after: int | None = None):
-    ds = Squares(n)
+    ds = Squares(n, modulo=200)
     sampler = BatchSampler(n, batch_size, shuffle=True, seed=3)
     plan = sampler.plan(0)
     maker = BatchMaker(ds, None, None)
@@ -205,9 +195,9 @@ def test_stopping_early_waits_for_copies_and_returns_every_slot():
 def test_loader_with_workers_feeds_the_prefetcher_across_epochs_and_breaks():
     """The loader's worker path driving the prefetcher (lazy streams put in place of CUDA)."""
     kw = dict(batch_size=4, shuffle=True, seed=8, device="cpu")
-    ref = list(DataLoader(Squares(50), **kw))
+    ref = list(DataLoader(Squares(50, modulo=200), **kw))
     ops = LazyCuda()
-    dl = DataLoader(Squares(50), num_workers=2, prefetch_factor=1, persistent_workers=True, **kw)
+    dl = DataLoader(Squares(50, modulo=200), num_workers=2, prefetch_factor=1, persistent_workers=True, **kw)
     dl._res.prefetcher = DevicePrefetcher(True, ops)
     with dl:
         for i, b in enumerate(dl):

@@ -1,4 +1,4 @@
-"""Benchmark set-up: ``gpu`` benchmarks skip with the probe's reason on machines without one."""
+"""For tests/ and bench/ alike: ``gpu`` tests skip with the probe's reason on machines without one."""
 
 from __future__ import annotations
 
