@@ -7,6 +7,7 @@ CuPy is imported lazily: the package imports and runs its host-only parts withou
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import asdict, dataclass
@@ -404,3 +405,46 @@ def empty_on_stream(shape: int | tuple[int, ...], dtype: Any, stream):
     require_gpu()
     with stream:
         return _cupy().empty(shape, dtype=dtype)
+
+
+_SPIN_SOURCE = r"""
+extern "C" __global__ void cupy_nwt_spin(const unsigned char* touch, long long cycles, unsigned char* sink) {
+    long long start = clock64();
+    unsigned char acc = touch[0];
+    while (clock64() - start < cycles) {
+        acc = (unsigned char)(acc * 3 + 1);
+    }
+    sink[0] = acc;
+}
+"""
+
+
+class SpinKernel:
+    """A one-thread kernel that reads one byte of its input, then spins for a number of SM cycles.
+
+    It stands in for a training step of known duration: reading the batch orders it after the
+    batch's copy, and its length does not depend on the batch's size or content.
+    """
+
+    def __init__(self) -> None:
+        require_gpu()
+        cupy = _cupy()
+        self._kernel = cupy.RawKernel(_SPIN_SOURCE, "cupy_nwt_spin")
+        self._sink = cupy.zeros(1, dtype=cupy.uint8)
+
+    def __call__(self, touch: Any, cycles: int, stream=None) -> None:
+        cupy = _cupy()
+        arr = cupy.asarray(touch)  # zero-copy for anything with __cuda_array_interface__ (torch too)
+        with stream if stream is not None else contextlib.nullcontext():
+            self._kernel((1,), (1,), (arr, np.int64(cycles), self._sink))
+
+
+def as_device_array(obj: Any):
+    """A CuPy view of any device array (CuPy, or anything with ``__cuda_array_interface__``)."""
+    return _cupy().asarray(obj)
+
+
+def to_device(host: np.ndarray):
+    """A synchronous host -> device copy into a new CuPy array (the no-prefetch baseline)."""
+    require_gpu()
+    return _cupy().asarray(host)

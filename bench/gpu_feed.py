@@ -1,0 +1,130 @@
+"""Does the GPU wait for data? cupy_nwt (prefetcher on and off) beside torch's DataLoader, one run.
+
+Each mode feeds the same dataset, batch transform, batch size and worker count to a simulated
+training step (``cupy_nwt.step_sim``: a kernel of known duration that reads the batch, then a host
+sync). Reported per mode: samples/s delivered to the GPU and the GPU's idle fraction.
+
+* ``cupy_nwt``: ``DataLoader(device="cuda", pin_memory=True)``: registered ring, the copy of batch
+  n+1 in flight on a side stream while batch n is used.
+* ``cupy_nwt-noprefetch``: the same loader on the host (``zero_copy`` views), then a synchronous
+  copy of each batch before its step: the "retrieve -> copy -> train" pipeline of the seed issue.
+* ``torch``: ``torch.utils.data.DataLoader(pin_memory=True)`` and ``.to("cuda", non_blocking=True)``.
+* ``torch-nopin``: the same without pinning, blocking copies.
+
+Writes ``bench/results/gpu_feed-<host>.json`` and ``.png``. Needs a GPU (and a CUDA build of torch
+for the torch modes, which are skipped with the reason otherwise):
+
+    PYTHONPATH=. python bench/gpu_feed.py --workers 4,8,15 --step-ms 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from loader_compare import RESULTS, host_tag, make_loader, make_workloads, parse_workers
+
+from cupy_nwt import DataLoader, cuda, report, system
+from cupy_nwt.step_sim import FeedResult, SimulatedStep, feed
+
+MODES = ("cupy_nwt", "cupy_nwt-noprefetch", "torch", "torch-nopin")
+
+
+def batches(mode: str, workload: Any, workers: int, batch_size: int, seed: int) -> tuple[Any, Iterator[Any]]:
+    """(loader, endless device batches) for ``mode``; the loader is closed by the caller."""
+    if mode == "cupy_nwt":
+        loader = make_loader("cupy_nwt", workload, workers, batch_size, "cuda", seed)
+        return loader, _epochs(loader, lambda b: b)
+    if mode == "cupy_nwt-noprefetch":
+        loader = DataLoader(workload.dataset, batch_size=batch_size, shuffle=True, seed=seed, num_workers=workers,
+                            device="cpu", zero_copy=True, batch_transform=workload.batch_transform)
+        return loader, _epochs(loader, lambda b: tuple(cuda.to_device(a) for a in b))
+    if mode in ("torch", "torch-nopin"):
+        pinned = mode == "torch"
+        loader = make_loader("torch", workload, workers, batch_size, "cuda" if pinned else "cpu", seed)
+        return loader, _epochs(loader, lambda b: tuple(t.to("cuda", non_blocking=pinned) for t in b))
+    raise ValueError(f"unknown mode {mode!r}: use {', '.join(MODES)}")
+
+
+def _epochs(loader: Any, to_gpu) -> Iterator[Any]:
+    epoch = 0
+    while True:
+        if hasattr(loader, "set_epoch"):
+            loader.set_epoch(epoch)
+        for b in loader:
+            yield to_gpu(b)
+        epoch += 1
+
+
+def torch_cuda_reason() -> str | None:
+    """Why the torch modes cannot run here, or None."""
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} has no usable CUDA"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", default="4", help="comma-separated worker counts (default 4)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
+    p.add_argument("--step-ms", type=float, default=5.0, help="simulated step length (default 5 ms)")
+    p.add_argument("--steps", type=int, default=200, help="timed steps per mode (default 200)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--workloads", default="numba-array,decode-png", help="which of loader_compare's workloads")
+    p.add_argument("--out-dir", default=str(RESULTS))
+    args = p.parse_args(argv)
+    try:
+        workers = parse_workers(args.workers)
+        modes = [m for m in args.modes.split(",") if m]
+        if unknown := set(modes) - set(MODES):
+            raise ValueError(f"unknown mode(s) {sorted(unknown)}: use {', '.join(MODES)}")
+        cuda.require_gpu()
+    except (ValueError, cuda.NoGPUError) as exc:
+        print(f"gpu_feed: {exc}", file=sys.stderr)
+        return 3 if isinstance(exc, cuda.NoGPUError) else 2
+    skipped = {}
+    if (why := torch_cuda_reason()) is not None:
+        skipped = {m: why for m in modes if m.startswith("torch")}
+        modes = [m for m in modes if m not in skipped]
+
+    step = SimulatedStep(args.step_ms / 1e3)
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        chosen = [w for w in make_workloads(Path(tmp)) if w.name in args.workloads.split(",")]
+        for wl in chosen:
+            for w in workers:
+                for mode in modes:
+                    loader, stream = batches(mode, wl, w, args.batch_size, seed=0)
+                    try:
+                        r: FeedResult = feed(stream, step, steps=args.steps, warmup=args.warmup,
+                                             batch_size=args.batch_size, label=mode, step_seconds=args.step_ms / 1e3)
+                    finally:
+                        stream.close()
+                        if hasattr(loader, "close"):
+                            loader.close()
+                    row = {"workload": wl.name, "num_workers": w, "mode": mode, **r.to_dict()}
+                    results.append(row)
+                    print(f"{wl.name:12} workers={w:<3} {mode:20} {r.samples_per_second:9.0f} samples/s  "
+                          f"GPU idle {r.idle_fraction:6.1%}", file=sys.stderr)
+    doc = {"host": system.host_info(), "device": cuda.device_info(cuda.current_device()),
+           "config": vars(args), "skipped": skipped, "results": results}
+    out = Path(args.out_dir) / f"gpu_feed-{host_tag()}.json"
+    report.write_json(doc, out)
+    print(report.table(["workload", "workers", "mode", "samples/s", "GPU idle"],
+                       [[r["workload"], r["num_workers"], r["mode"], round(r["samples_per_second"]),
+                         f"{r['idle_fraction']:.1%}"] for r in results]))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

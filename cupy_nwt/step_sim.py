@@ -1,0 +1,110 @@
+"""A simulated training step of known duration, and how long the GPU sits idle waiting for data.
+
+The question a prefetcher answers is not "how fast is the loader" but "does the GPU ever wait for
+it". Here the training step is a kernel that spins for a fixed time after reading the batch (so it
+is ordered after the batch's copy), followed by a host sync, as a loss read-back would do. Over many
+steps, the GPU's idle fraction is ``1 - kernel time / wall time``: everything that is not the step
+(waiting for a batch, a synchronous copy, host overhead) shows up in it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from . import cuda
+from .collate import flatten
+
+
+def idle_fraction(kernel_seconds: float, wall_seconds: float) -> float:
+    """Share of the wall time in which the simulated step was not running (0 = never idle)."""
+    if wall_seconds <= 0 or kernel_seconds < 0:
+        raise ValueError(f"need wall > 0 and kernel >= 0 seconds, got {wall_seconds!r}, {kernel_seconds!r}")
+    return max(0.0, 1.0 - kernel_seconds / wall_seconds)
+
+
+@dataclass(frozen=True)
+class FeedResult:
+    """``steps`` timed steps (after ``warmup``) of ``batch_size`` samples each."""
+
+    label: str
+    steps: int
+    batch_size: int
+    wall_seconds: float
+    kernel_seconds: float
+    step_seconds_target: float
+
+    @property
+    def idle_fraction(self) -> float:
+        return idle_fraction(self.kernel_seconds, self.wall_seconds)
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.steps * self.batch_size / self.wall_seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["idle_fraction"] = self.idle_fraction
+        d["samples_per_second"] = self.samples_per_second
+        return d
+
+
+class SimulatedStep:
+    """A kernel that takes ``seconds`` on the device, then a host sync; returns its device seconds."""
+
+    def __init__(self, seconds: float) -> None:
+        if seconds <= 0:
+            raise ValueError(f"step seconds must be positive, got {seconds!r}")
+        self.seconds = seconds
+        self._spin = cuda.SpinKernel()
+        self._cycles = self._calibrate(seconds)
+
+    def _calibrate(self, seconds: float) -> int:
+        """SM cycles for ``seconds``: clocks boost and throttle, so measure rather than trust the spec."""
+        probe = cuda.device_empty(1)
+        cycles = 1_000_000
+        for _ in range(3):
+            took = self._timed(probe, cycles)
+            cycles = max(1, int(cycles * seconds / took)) if took > 0 else cycles * 10
+        return cycles
+
+    def _timed(self, batch: Any, cycles: int) -> float:
+        stream = cuda.current_stream()
+        start, end = cuda.event(), cuda.event()
+        start.record(stream)
+        self._spin(batch, cycles)
+        end.record(stream)
+        return cuda.elapsed_ms(start, end) / 1e3
+
+    def __call__(self, batch: Any) -> float:
+        leaves, _ = flatten(batch)
+        return self._timed(leaves[0], self._cycles)
+
+
+def feed(batches: Iterable[Any], step: Callable[[Any], float], *, steps: int, warmup: int, batch_size: int,
+         label: str, step_seconds: float, clock: Callable[[], float] = time.perf_counter) -> FeedResult:
+    """Run ``step`` on ``warmup + steps`` batches; time the last ``steps`` of them.
+
+    ``step(batch)`` must return once the step is done on the device, with its device seconds. The
+    wall clock covers getting each batch (and whatever copy that implies) and the step.
+    """
+    if steps < 1 or warmup < 0:
+        raise ValueError(f"need steps >= 1 and warmup >= 0, got {steps}, {warmup}")
+    it = iter(batches)
+    for _ in range(warmup):
+        step(_next(it, label))
+    kernel = 0.0
+    t0 = clock()
+    for _ in range(steps):
+        kernel += step(_next(it, label))
+    wall = clock() - t0
+    return FeedResult(label, steps, batch_size, wall, kernel, step_seconds)
+
+
+def _next(it: Any, label: str) -> Any:
+    try:
+        return next(it)
+    except StopIteration:
+        raise ValueError(f"{label}: the loader ran out of batches; use a larger dataset or fewer steps") from None
