@@ -90,6 +90,16 @@ class ReproduceReport:
     def fast_cost_ratio(self) -> float:
         return self.fast.search_seconds / self.paper.search_seconds if self.paper.search_seconds else float("nan")
 
+    @property
+    def fast_vs_exhaustive_best(self) -> float:
+        """The fast pick's throughput over the fastest count, both as the exhaustive (paper) search measured them.
+
+        This is the bound as the issue states it ("within 5% of the best the exhaustive search
+        finds"); the interleaved re-measurement in ``comparison`` is the stricter judge.
+        """
+        rates = {t.workers: t.samples_per_second for t in self.paper.trials}
+        return rates[self.fast.best_workers] / max(rates.values())
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": self.config.to_dict(),
@@ -101,6 +111,7 @@ class ReproduceReport:
             "tune_paper": self.paper,
             "tune_fast": self.fast,
             "fast_cost_vs_paper": self.fast_cost_ratio,
+            "fast_pick_vs_exhaustive_best": self.fast_vs_exhaustive_best,
             "comparison": self.comparison,
             "files": list(self.files),
         }
@@ -224,7 +235,8 @@ def _summary_parts(rep: ReproduceReport) -> list[str]:
     parts.append(report.table(["workers", "samples/s", "of best", "note"], rows,
                               title="every count again, warm, interleaved (medians)"))
     parts.append(report.key_values([
-        ("fast pick vs steady best", f"{c.ratio(c.fast_pick):.1%} (target >= 95%)"),
+        ("fast pick vs exhaustive best", f"{rep.fast_vs_exhaustive_best:.1%} (target >= 95%; the paper search's trials)"),
+        ("fast pick vs steady best", f"{c.ratio(c.fast_pick):.1%} (the interleaved re-measurement above)"),
         ("paper pick vs steady best", f"{c.ratio(c.paper_pick):.1%}"),
         ("fast search cost vs paper", f"{rep.fast_cost_ratio:.0%} (target <= 30%)"),
         ("fast pick memory vs paper pick", _memory_ratio(rep)),

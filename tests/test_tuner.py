@@ -497,6 +497,9 @@ def test_reproduce_writes_every_file_and_judges_both_picks(tmp_path, monkeypatch
     assert set(doc["comparison"]["samples_per_s"]) == {"0", "1"}
     assert doc["skipped"] == ["transfer experiments: turned off"]
     assert rep.comparison.ratio(rep.comparison.steady_best) == 1.0
+    paper_rates = {t.workers: t.samples_per_second for t in rep.paper.trials}
+    assert doc["fast_pick_vs_exhaustive_best"] == pytest.approx(
+        paper_rates[rep.fast.best_workers] / max(paper_rates.values()))
     assert lookup(rep.fast.fingerprint).best_workers == rep.fast.best_workers  # the fast pick is saved
     text = (out / "summary.md").read_text()
     assert text.startswith("# cupy_nwt reproduce")
@@ -510,3 +513,26 @@ def test_reproduce_writes_every_file_and_judges_both_picks(tmp_path, monkeypatch
     (tmp_path / "file").write_text("x")
     assert main(["reproduce", "--out", str(tmp_path / "file"), "--no-progress"]) == 2
     assert "is a file" in capsys.readouterr().err
+
+
+def test_loader_measure_waits_for_the_loaders_gpu_not_the_current_one(monkeypatch):
+    """A trial loader on GPU 1 while GPU 0 is current: every batch is waited for on GPU 1's stream."""
+    from test_cuda_probe import _FakeDevices
+
+    from cupy_nwt import cuda
+    from cupy_nwt.loader import DataLoader
+
+    fake = _FakeDevices(monkeypatch, current=0)
+    m = LoaderMeasure(_data(), batch_size=8, device="cpu", pin_memory=False)
+
+    def loader_on_gpu1(workers):
+        dl = DataLoader(m.dataset, batch_size=8, shuffle=True, seed=0, drop_last=True, num_workers=workers,
+                        device="cpu")
+        dl.device_id = 1  # as if the trial had been given GPU 1 (host batches: the sync is what is checked)
+        return dl
+
+    monkeypatch.setattr(m, "_loader", loader_on_gpu1)
+    m._ready = True
+    m(0, 4, 1)
+    assert fake.synced_on == [1] * 5
+    assert fake.current == 0 and cuda.device_scope is not None
