@@ -325,6 +325,24 @@ def current_stream():
     return _cupy().cuda.get_current_stream()
 
 
+def stream_synchronizer(device: int):
+    """A no-argument callable that waits for ``device``'s current stream, from any current device.
+
+    The default streams CuPy hands out as current (``Stream.null``, ``Stream.ptds``; device_id -1)
+    are handles CUDA resolves against the device current at the call: synchronizing one while
+    another GPU is current waits for that GPU instead. So the wait itself runs with ``device`` current.
+    """
+    require_gpu()
+    with device_scope(device):
+        s = current_stream()
+
+    def sync() -> None:
+        with device_scope(device):
+            s.synchronize()
+
+    return sync
+
+
 def event(timing: bool = True):
     require_gpu()
     return _cupy().cuda.Event(disable_timing=not timing)

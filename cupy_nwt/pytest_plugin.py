@@ -394,6 +394,8 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
         from .memory import MemorySampler  # noqa: PLC0415
 
         loader = DataLoader(dataset, **loader_kwargs)
+        # the batches arrive on the loader's GPU's current stream, whichever GPU is current here
+        sync = cuda.stream_synchronizer(loader.device_id) if loader.device_id is not None else None
         seconds: list[float] = []
         counts: list[int] = []
         last_epoch = 0
@@ -404,8 +406,8 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
                 nonlocal last_epoch
                 t0 = time.perf_counter()
                 last_epoch, batch = next(stream)
-                if any(cuda.is_device_array(x) for x in _leaves(batch)):
-                    cuda.current_stream().synchronize()
+                if sync is not None and any(cuda.is_device_array(x) for x in _leaves(batch)):
+                    sync()
                 seconds.append(time.perf_counter() - t0)
                 n = _batch_len(batch)
                 counts.append(loader.batch_size if n is None else n)

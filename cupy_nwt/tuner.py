@@ -542,8 +542,7 @@ class LoaderMeasure:
         loader = self._loader(workers)
         sync = None
         if loader.device_id is not None:
-            with cuda.device_scope(loader.device_id):
-                sync = cuda.current_stream().synchronize
+            sync = cuda.stream_synchronizer(loader.device_id)
         try:
             with MemorySampler(loader.worker_pids, interval=self.memory_interval) as sampler:
                 for _ in _endless(loader, warmup + iterations):

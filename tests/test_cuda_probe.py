@@ -49,3 +49,39 @@ def test_device_info_reports_link_and_engines():
     info = cuda.device_info(0)
     assert info.total_memory_bytes > 0 and info.copy_engines >= 1
     assert info.compute_capability.count(".") == 1
+
+
+class _FakeDevices:
+    """Stand-ins for device_scope and current_stream: default streams resolve against the current device."""
+
+    def __init__(self, monkeypatch, current: int = 0) -> None:
+        import contextlib
+
+        self.current = current
+        self.synced_on: list[int] = []
+        fake = self
+
+        @contextlib.contextmanager
+        def device_scope(device):
+            before, fake.current = fake.current, device
+            try:
+                yield
+            finally:
+                fake.current = before
+
+        class NullStream:  # like cupy.cuda.Stream.null: device_id -1, handle 0 of whichever device is current
+            def synchronize(self):
+                fake.synced_on.append(fake.current)
+
+        monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(True, None, 2))
+        monkeypatch.setattr(cuda, "device_scope", device_scope)
+        monkeypatch.setattr(cuda, "current_stream", lambda: NullStream())
+
+
+def test_stream_synchronizer_waits_with_its_device_current(monkeypatch):
+    fake = _FakeDevices(monkeypatch, current=0)
+    sync = cuda.stream_synchronizer(1)
+    sync()
+    sync()
+    assert fake.synced_on == [1, 1]  # GPU 1's default stream, not GPU 0's
+    assert fake.current == 0  # the caller's device is left alone
