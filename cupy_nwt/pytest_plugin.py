@@ -246,7 +246,7 @@ class _CopyTimer:
         from . import cuda  # noqa: PLC0415
         from .transfers import link_rate  # noqa: PLC0415
 
-        return link_rate(cuda.pcie_link())[0]
+        return link_rate(cuda.pcie_link(cuda.current_device()))[0]  # the copies ran on the current GPU
 
     def close(self) -> None:
         from . import cuda  # noqa: PLC0415

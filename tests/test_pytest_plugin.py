@@ -413,3 +413,11 @@ def test_fresh_run_without_gpu_skips_transfers_with_the_probes_reason(project, m
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*SKIPPED*needs a GPU: the GPU is disabled by CUPY_NWT_DISABLE_GPU*"])
     result.stdout.no_fnmatch_line("*was not used at all*")
+
+
+def test_copy_timer_reads_the_link_of_the_gpu_it_copied_on(monkeypatch):
+    asked = []
+    monkeypatch.setattr(cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(cuda, "pcie_link", lambda device=0: asked.append(device) or cuda.PcieLink(4, 16, 5, 16, "nvml"))
+    assert pytest_plugin._CopyTimer.link_gbps(None) == pytest.approx(63.0, rel=5e-3)
+    assert asked == [1]  # the timer's buffers live on the current GPU, not necessarily GPU 0
