@@ -71,8 +71,7 @@ def run_rank(args: argparse.Namespace) -> None:
                         batch_transform=CifarTrainTransform())
     sync = lambda: None  # noqa: E731
     if loader.device == "cuda":
-        with cuda.device_scope(loader.device_id):
-            sync = cuda.current_stream().synchronize  # the stream this rank's batches arrive on
+        sync = cuda.stream_synchronizer(loader.device_id)  # the stream this rank's batches arrive on
     need = args.warmup + args.batches
     if len(loader) < need:
         raise SystemExit(f"rank {layout.rank}: {len(loader)} batches per epoch, fewer than the {need} needed; "
