@@ -31,28 +31,16 @@ from typing import Any
 import numpy as np
 
 from .system import usable_cpus
+from .system import cache_dir as default_cache_dir
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-CACHE_ENV = "CUPY_NWT_CACHE_DIR"
 
 Transform = Callable[[np.ndarray], Any]
 
 
 class CorruptImageError(ValueError):
     """An image that Pillow cannot decode; the message names the file or archive member."""
-
-
-def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
-    """Where built data lives: ``cache_dir`` if given, else $CUPY_NWT_CACHE_DIR, else the user cache."""
-    if cache_dir is not None:
-        return Path(cache_dir)
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    import platformdirs  # noqa: PLC0415 - only needed when a cache is used
-
-    return Path(platformdirs.user_cache_dir("cupy_nwt"))
 
 
 def decode_image(data: bytes | memoryview, name: str) -> np.ndarray:

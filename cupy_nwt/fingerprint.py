@@ -32,13 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import platformdirs
 import psutil
 from filelock import FileLock
 
 from . import cuda, system
+from .system import cache_dir
 
-ENV_CACHE_DIR = "CUPY_NWT_CACHE_DIR"
 STORE_NAME = "num_workers.json"
 STORE_FORMAT = "cupy_nwt.num_workers/1"
 SIMILAR_RATIO = 1.25
@@ -170,16 +169,6 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
         device=resolve_device(device),
         local_world_size=int(local_world_size),
     )
-
-
-def cache_dir(path: str | os.PathLike[str] | None = None) -> Path:
-    """Where saved results live: ``path``, else ``$CUPY_NWT_CACHE_DIR``, else the user cache dir."""
-    if path is not None:
-        return Path(path)
-    env = os.environ.get(ENV_CACHE_DIR)
-    if env:
-        return Path(env)
-    return Path(platformdirs.user_cache_dir("cupy_nwt"))
 
 
 def _lock(path: Path) -> FileLock:

@@ -5,9 +5,27 @@ from __future__ import annotations
 import os
 import platform
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import psutil
+
+CACHE_ENV = "CUPY_NWT_CACHE_DIR"
+
+
+def cache_dir(path: str | os.PathLike[str] | None = None) -> Path:
+    """Where cupy_nwt keeps what it builds or learns on this machine (synthetic data, tuned picks).
+
+    ``path`` if given, else ``$CUPY_NWT_CACHE_DIR``, else the user cache dir (platformdirs).
+    """
+    if path is not None:
+        return Path(path)
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    import platformdirs  # noqa: PLC0415 - only needed when a cache is used
+
+    return Path(platformdirs.user_cache_dir("cupy_nwt"))
 
 
 def cpu_model() -> str:

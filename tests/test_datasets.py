@@ -328,7 +328,7 @@ def test_synthetic_same_seed_same_bytes_other_seed_differs(tmp_path):
 
 
 def test_synthetic_cache_is_reused_not_rebuilt(tmp_path, monkeypatch):
-    monkeypatch.setenv(ds.CACHE_ENV, str(tmp_path / "env"))
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "env"))
     first = SyntheticCIFAR10(n=50, seed=1)
     assert first.built_now and first.cache_path.is_relative_to(tmp_path / "env")
     mtime = (first.cache_path / "data.npy").stat().st_mtime_ns

@@ -26,10 +26,10 @@ def fp(**work) -> Fingerprint:
 
 
 def test_cache_dir_precedence(monkeypatch, tmp_path):
-    monkeypatch.setenv(fpm.ENV_CACHE_DIR, str(tmp_path / "env"))
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "env"))
     assert cache_dir(tmp_path / "arg") == tmp_path / "arg"
     assert cache_dir() == tmp_path / "env"
-    monkeypatch.delenv(fpm.ENV_CACHE_DIR)
+    monkeypatch.delenv("CUPY_NWT_CACHE_DIR")
     assert cache_dir().name == "cupy_nwt"
 
 
