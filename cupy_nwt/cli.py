@@ -227,6 +227,14 @@ def _experiment_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
+def _workload_options(s: argparse.ArgumentParser) -> None:
+    """The tuner's workload and search size, shared by ``tune`` and ``reproduce``."""
+    s.add_argument("--synthetic-n", default="50000", help="images in the synthetic CIFAR-10 (default 50000)")
+    s.add_argument("--batch-size", default="128", help="samples per batch (default 128)")
+    s.add_argument("--max-workers", default=None, help="the paper's N: counts 0..N-1 (default: usable CPUs)")
+    s.add_argument("--iterations", default="100", help="batches per trial of the paper's search (default 100)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cupy-nwt", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"cupy-nwt {__version__}")
@@ -255,16 +263,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("tune", help="Num Worker Tuner: measure the loader over worker counts and pick one")
     s.add_argument("--dataset", metavar="PATH", help="image folder, .tar(.gz) shard, CIFAR-10 batches, .npy/.npz "
                    "(default: the embedded synthetic CIFAR-10)")
-    s.add_argument("--synthetic-n", default="50000", help="images in the synthetic dataset (default 50000)")
     s.add_argument("--no-transform", action="store_true", help="no CIFAR training augmentation in the workers")
     s.add_argument("--strategy", choices=("fast", "paper"), default="fast",
                    help="fast: coarse-to-fine within a cost budget (default); paper: Algorithm 1 over 0..N-1")
-    s.add_argument("--max-workers", default=None, help="the paper's N: counts 0..N-1 (default: usable CPUs)")
-    s.add_argument("--iterations", default="100", help="batches per trial in the paper's search (default 100)")
+    _workload_options(s)
+    s.add_argument("--prefetch-factor", default="2", help="batches in flight per worker (default 2)")
     s.add_argument("--alpha", default="0.5", help="paper: ignore gains below this many s per 100 iterations")
     s.add_argument("--tolerance", default="0.02", help="fast: counts within this fraction of the best are equal")
-    s.add_argument("--batch-size", default="128", help="samples per batch (default 128)")
-    s.add_argument("--prefetch-factor", default="2", help="batches in flight per worker (default 2)")
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="where batches go; auto = cuda when a GPU is usable")
     s.add_argument("--no-pin-memory", action="store_true", help="pageable host memory for the H2D copy")
@@ -278,10 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("reproduce", help="everything: info, transfer experiments (GPU), the tuner both ways, "
                        "picks judged against every count; files into one folder")
     s.add_argument("--out", default="nwt-report", help="folder for the results (default nwt-report)")
-    s.add_argument("--synthetic-n", default="50000", help="images in the synthetic CIFAR-10 (default 50000)")
-    s.add_argument("--batch-size", default="128", help="samples per batch (default 128)")
-    s.add_argument("--max-workers", default=None, help="the paper's N: counts 0..N-1 (default: usable CPUs)")
-    s.add_argument("--iterations", default="100", help="batches per trial of the paper's search (default 100)")
+    _workload_options(s)
     s.add_argument("--compare-iterations", default="50", help="batches per count when judging picks (default 50)")
     s.add_argument("--compare-repeats", default="3", help="interleaved rounds when judging picks (default 3)")
     s.add_argument("--no-gpu", action="store_true", help="skip the transfer experiments even with a GPU")
