@@ -193,7 +193,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         progress=not args.no_progress)
     saved = None if args.no_save else result.save()
     if args.plot:
-        from .tune_plot import plot_tune  # noqa: PLC0415
+        from .plots import plot_tune  # noqa: PLC0415
 
         plot_tune(result, args.plot)
     _emit(args, result, tuner.summary_text(result, saved))

@@ -170,7 +170,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
         results[strategy] = r
         files.append(r.save(out / f"tune-{strategy}.json"))
         if plots:
-            from .tune_plot import plot_tune  # noqa: PLC0415
+            from .plots import plot_tune  # noqa: PLC0415
 
             files.append(plot_tune(r, out / f"tune-{strategy}.png"))
     results["fast"].save()
