@@ -1,4 +1,4 @@
-"""One rank of the multi-process tests in test_scaleout.py: run by torchrun, never by pytest itself.
+"""One rank of the multi-process tests in test_scaleout.py: run by torchrun or mpiexec, never by pytest itself.
 
 Builds a DataLoader from the launcher's environment, iterates a few epochs and writes what it saw to
 ``<out>/rank<R>.json``: the sample indices per epoch, the transform seeds, its layout, worker count
@@ -43,12 +43,13 @@ def tag_seed(batch, seed: int):
 
 def _tiny_tuning(out: Path) -> None:
     from cupy_nwt import tuner
+    from cupy_nwt.distributed import rank_layout
 
     real = tuner.tune_num_workers
 
     def tiny(dataset, **kw):
         with open(out / "tunings.log", "a", encoding="utf-8") as f:
-            f.write(f"{os.environ.get('RANK')} {os.getpid()}\n")
+            f.write(f"{rank_layout().rank} {os.getpid()}\n")
         kw.update(iterations=8, max_workers=min(2, kw.get("max_workers") or 2))
         return real(dataset, **kw)
 
@@ -87,7 +88,9 @@ def main() -> int:
         _tiny_tuning(args.out)
     from cupy_nwt import DataLoader
 
-    rank = int(os.environ["RANK"])
+    from cupy_nwt.distributed import rank_layout
+
+    rank = rank_layout().rank  # torchrun's RANK or mpiexec's OMPI_COMM_WORLD_RANK / PMI_RANK
     workers = args.workers if args.workers == "auto" else int(args.workers)
     record: dict = {"pid": os.getpid(), "epochs": [], "transform_seeds": []}
     with DataLoader(Indexed(args.samples), batch_size=args.batch_size, shuffle=not args.no_shuffle, seed=args.seed,

@@ -319,10 +319,10 @@ def launch(out: Path, nproc: int, *args: str, expect_ok: bool = True) -> list[di
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
 
 
-def check_run(records: list[dict], n: int, drop_last: bool, seed: int) -> None:
+def check_run(records: list[dict], n: int, drop_last: bool, seed: int, launcher: str = "torchrun") -> None:
     world = len(records)
     assert [r["layout"]["rank"] for r in records] == list(range(world))
-    assert {r["layout"]["launcher"] for r in records} == {"torchrun"}
+    assert {r["layout"]["launcher"] for r in records} == {launcher}
     assert {r["layout"]["local_world_size"] for r in records} == {world}
     assert len({r["batches"] for r in records}) == 1
     for epoch in range(2):
@@ -414,3 +414,35 @@ def test_scaleout_bench_sums_rank_rates_and_spans_the_wall_clock():
     rows = bench.summarize_runs([one, two])
     assert [(r["ranks"], r["budget_per_rank"], r["workers_per_rank"]) for r in rows] == [(1, 2, [0]), (2, 1, [0])]
     assert rows[1]["speedup_vs_1_rank"] == pytest.approx((100 + 200 / 3) / 100)
+
+
+# ---------------------------------------------------------------- real ranks under mpiexec (Open MPI + mpi4py)
+
+MPIEXEC = shutil.which("mpiexec")
+needs_mpi = pytest.mark.skipif(
+    MPIEXEC is None or importlib.util.find_spec("mpi4py") is None,
+    reason="mpiexec and mpi4py are not installed (apt-get install openmpi-bin libopenmpi-dev; pip install mpi4py)")
+
+
+def mpi_launch(out: Path, nproc: int, *args: str) -> list[dict]:
+    """Run launch_rank.py on ``nproc`` ranks with Open MPI's mpiexec; the per-rank records it wrote."""
+    out.mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env.update(CUPY_NWT_CACHE_DIR=str(out.parent / "cache"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = [MPIEXEC, "-n", str(nproc), "--oversubscribe", sys.executable, str(HERE / "launch_rank.py"),
+           "--out", str(out), *args]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
+@needs_mpi
+def test_three_ranks_under_mpiexec_shard_and_tune_once_agreeing_through_mpi4py(tmp_path):
+    records = mpi_launch(tmp_path / "a", 3, "--workers", "auto", "--tiny-tune", "--samples", "101",
+                         "--also-seed-none")
+    check_run(records, 101, drop_last=False, seed=7, launcher="openmpi")
+    assert len((tmp_path / "a" / "tunings.log").read_text().splitlines()) == 1
+    assert len({r["num_workers"] for r in records}) == 1
+    seeds = {r["seed_none"] for r in records}
+    assert len(seeds) == 1 and seeds != {0}  # rank 0's fresh seed, broadcast by mpi4py (alone, each would use 0)
