@@ -17,6 +17,12 @@ status = cuda.gpu_status()
 if not status.available:
     sys.exit(f"gpu_session: {status.reason}; nothing to do")
 print("-".join(cuda.device_info(0).name.split()))') || exit 3
+# From a source tree the plugin's pytest11 entry point is not installed: load it by name instead
+# (pytester's subprocess runs inherit this too).
+if ! "$py" -c 'import importlib.metadata as m, sys
+sys.exit(not any(e.name == "cupy_nwt" for e in m.entry_points(group="pytest11")))'; then
+    export PYTEST_PLUGINS=cupy_nwt.pytest_plugin
+fi
 dest=bench/results/$device
 mkdir -p "$dest"
 status=0
