@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from loader_compare import RESULTS, host_tag, make_loader, make_workloads, parse_workers
+from loader_compare import RESULTS, make_loader, make_workloads, parse_workers
 
 from cupy_nwt import DataLoader, cuda, report, system
 from cupy_nwt.step_sim import FeedResult, SimulatedStep, feed
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"GPU idle {r.idle_fraction:6.1%}", file=sys.stderr)
     doc = {"host": system.host_info(), "device": cuda.device_info(cuda.current_device()),
            "config": vars(args), "skipped": skipped, "results": results}
-    out = Path(args.out_dir) / f"gpu_feed-{host_tag()}.json"
+    out = Path(args.out_dir) / f"gpu_feed-{system.host_tag()}.json"
     report.write_json(doc, out)
     print(report.table(["workload", "workers", "mode", "samples/s", "GPU idle"],
                        [[r["workload"], r["num_workers"], r["mode"], round(r["samples_per_second"]),

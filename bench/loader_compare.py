@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import re
-import socket
 import statistics
 import sys
 import tempfile
@@ -264,11 +262,6 @@ def compare(workloads: Sequence[Workload], workers: Sequence[int], loaders: Sequ
                       workloads={w.name: w.description for w in workloads}, points=points, note=note)
 
 
-def host_tag() -> str:
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", socket.gethostname()).strip("-") or "host"
-    return f"{name}-{system.usable_cpus()}cpu"
-
-
 def plot(result: Comparison, path: Path) -> Path:
     """samples/s against num_workers, one panel per workload, a line per loader (IQR shaded)."""
     from matplotlib.figure import Figure  # noqa: PLC0415
@@ -357,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             close = getattr(wl.dataset, "close", None)
             if close:
                 close()
-    stem = args.out_dir / f"loader_compare-{host_tag()}"
+    stem = args.out_dir / f"loader_compare-{system.host_tag()}"
     report.write_json(result, stem.with_suffix(".json"))
     rows = []
     for p in sorted(result.points, key=lambda p: (p.workload, p.num_workers, p.loader)):

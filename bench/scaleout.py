@@ -24,9 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,13 +35,6 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FORMAT = "cupy_nwt.scaleout/1"
-
-
-def host_tag() -> str:
-    from cupy_nwt import system  # noqa: PLC0415
-
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", socket.gethostname()).strip("-") or "host"
-    return f"{name}-{system.usable_cpus()}cpu"
 
 
 # ---------------------------------------------------------------- one rank (run by torchrun)
@@ -182,16 +173,16 @@ def main(argv: list[str] | None = None) -> int:
             f"process loads; with more than {cpus} ranks they share cores (oversubscribed). "
             + ("Batches go to the GPU." if status.available else f"No GPU ({status.reason}): batches stay on the host."))
     rows = summarize_runs(runs)
-    result = {"format": FORMAT, "host_tag": host_tag(), "host": host.to_dict(), "gpu": status.to_dict(),
+    result = {"format": FORMAT, "host_tag": system.host_tag(), "host": host.to_dict(), "gpu": status.to_dict(),
               "note": note, "config": {k: v for k, v in vars(args).items() if k not in ("as_rank", "out", "output")},
               "summary": rows, "runs": runs}
-    path = report.write_json(result, args.output or RESULTS / f"scaleout-{host_tag()}.json")
+    path = report.write_json(result, args.output or RESULTS / f"scaleout-{system.host_tag()}.json")
     print(report.table(
         ["ranks", "budget/rank", "workers/rank", "sum samples/s", "wall samples/s", "vs 1 rank"],
         [[r["ranks"], r["budget_per_rank"], ",".join(map(str, r["workers_per_rank"])),
           round(r["median_sum_samples_per_second"]), round(r["median_wall_samples_per_second"]),
           r["speedup_vs_1_rank"]] for r in rows],
-        title=f"DataLoader throughput by rank count ({host_tag()}, medians of {args.repeats})"))
+        title=f"DataLoader throughput by rank count ({system.host_tag()}, medians of {args.repeats})"))
     print(note)
     print(f"saved to {path}")
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+import re
+import socket
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -84,3 +86,9 @@ def host_info() -> HostInfo:
         python=platform.python_version(),
         platform=platform.platform(),
     )
+
+
+def host_tag() -> str:
+    """A file-name-safe label for result files: host name and usable CPUs, e.g. ``vm-2cpu``."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", socket.gethostname()).strip("-") or "host"
+    return f"{name}-{usable_cpus()}cpu"
