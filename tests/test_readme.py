@@ -1,0 +1,206 @@
+"""Every code block of the README runs here, as a reader would paste it, so the manual cannot rot.
+
+Blocks run in order in one scratch folder (a later block may use a file an earlier one wrote), each
+in a fresh subprocess with this source tree first on ``PYTHONPATH``, the test interpreter's ``bin``
+first on ``PATH`` (so ``cupy-nwt`` and ``python`` are this installation's) and a private
+``CUPY_NWT_CACHE_DIR``. A block may be preceded by an HTML comment that says how it is tested:
+
+``<!-- test: gpu -->``
+    needs a GPU. Without one every command must still exit 3 with one line saying why (the CPU
+    path, checked here), and the test then reports itself skipped for the GPU path.
+``<!-- test: file -->``
+    a Python file named by its first line (``# path/name.py``): written, compiled, and used by a
+    later block rather than run on its own.
+``<!-- test: ci -->``
+    the set-up commands: the block must be exactly what ``.ci/run`` runs, which is where they run.
+``<!-- test: first-line REASON -->``
+    only the first command runs on one machine; REASON says what the others need.
+``<!-- test: shards.tar -->``
+    the block reads ``shards.tar``: a small shard of the synthetic set is written first.
+``<!-- test: setup-main -->``
+    the main set-up command, run literally (a fresh venv and an install) in a copy of the tree.
+
+A block without a comment simply runs and must exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cupy_nwt import cuda
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+FENCE = re.compile(r"(?:<!-- test: (?P<how>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
+KNOWN = {"gpu", "file", "ci", "first-line", "shards.tar", "setup-main"}
+
+
+@dataclass(frozen=True)
+class Block:
+    index: int
+    line: int
+    lang: str
+    body: str
+    how: tuple[str, ...]
+    reason: str
+
+    @property
+    def id(self) -> str:
+        return f"L{self.line}-{self.lang}"
+
+
+def readme_blocks() -> list[Block]:
+    text = README.read_text(encoding="utf-8")
+    blocks = []
+    for i, m in enumerate(FENCE.finditer(text)):
+        words = (m.group("how") or "").split()
+        how = tuple(w for w in words if w in KNOWN)
+        reason = " ".join(words[1:]) if how[:1] == ("first-line",) else ""
+        blocks.append(Block(i, text.count("\n", 0, m.start("body")), m.group("lang"), m.group("body"),
+                            how, reason))
+    return blocks
+
+
+BLOCKS = readme_blocks()
+
+
+def commands(body: str) -> list[str]:
+    """Command lines of a shell block, comments and blank lines left out."""
+    return [ln for ln in body.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+
+
+def file_name(block: Block) -> str:
+    m = re.match(r"# ([\w./-]+\.py)\b", block.body)
+    assert m, f"README line {block.line}: a file block starts with '# name.py'"
+    return m.group(1)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("readme")
+
+
+def environment(workdir: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    env["CUPY_NWT_CACHE_DIR"] = str(workdir / ".cache")
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
+        env.pop(var, None)
+    return env
+
+
+def prepare(block: Block, workdir: Path) -> None:
+    """Write the files that earlier blocks define, and the shard a block reads."""
+    for earlier in BLOCKS[: block.index]:
+        if "file" in earlier.how:
+            path = workdir / file_name(earlier)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(earlier.body, encoding="utf-8")
+    if "shards.tar" in block.how and not (workdir / "shards.tar").exists():
+        from cupy_nwt.datasets import SyntheticCIFAR10, write_tar_shard
+
+        data = SyntheticCIFAR10(n=512, cache_dir=workdir / ".cache")
+        images, labels = zip(*(data[i] for i in range(len(data))))
+        write_tar_shard(workdir / "shards.tar", list(images), list(labels))
+
+
+def run(argv: list[str], workdir: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=workdir, env=environment(workdir), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def check_gpu_refusal(proc: subprocess.CompletedProcess[str], what: str) -> None:
+    """Without a GPU a GPU command exits 3 with one line naming why: no traceback."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 3, f"{what}: exit {proc.returncode}\n{proc.stderr[-2000:]}"
+    assert len(lines) == 1 and "GPU" in lines[0], f"{what}: {proc.stderr[-2000:]}"
+    assert "Traceback" not in proc.stderr
+
+
+def test_every_block_says_how_it_is_tested():
+    assert len(BLOCKS) >= 8
+    text = README.read_text(encoding="utf-8")
+    for m in re.finditer(r"<!-- test: ([^>]*?) -->", text):
+        assert m.group(1).split()[0] in KNOWN, f"unknown README test directive {m.group(0)!r}"
+    for block in BLOCKS:
+        assert block.lang in ("bash", "python"), f"README line {block.line}: a block's language is bash or python"
+
+
+def test_the_examples_folder_is_listed_in_the_readme():
+    text = README.read_text(encoding="utf-8")
+    for example in sorted((ROOT / "examples").glob("*.py")):
+        assert f"examples/{example.name}" in text, f"{example.name} is not mentioned in the README"
+
+
+def test_no_install_line_names_a_package_no_registry_has():
+    text = README.read_text(encoding="utf-8")
+    assert not re.search(r"pip install ['\"]?cupy-nwt", text), "install from the source tree: cupy-nwt is not on PyPI"
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+def test_readme_block(block: Block, workdir: Path):
+    prepare(block, workdir)
+    if "ci" in block.how:
+        ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+        assert "pip\" install -q -e '.[test]'" in ci and "-m pytest -q" in ci
+        for cmd in commands(block.body):
+            assert cmd.startswith("python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && "), cmd
+        return
+    if "setup-main" in block.how:
+        run_main_setup(block, workdir)
+        return
+    if "file" in block.how:
+        compile(block.body, file_name(block), "exec")
+        return
+    if block.lang == "python":
+        proc = run([sys.executable, "-c", block.body], workdir)
+        if "gpu" in block.how and not cuda.gpu_status().available:
+            check_gpu_refusal(proc, f"README line {block.line}")
+            pytest.skip(f"GPU path not run: {cuda.gpu_status().reason}")
+        assert proc.returncode == 0, f"README line {block.line}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        return
+    lines = commands(block.body)
+    if "first-line" in block.how:
+        lines = lines[:1]
+        program = lines[0].split()[0]
+        if shutil.which(program, path=environment(workdir)["PATH"]) is None:
+            pytest.skip(f"{program} is not installed here")
+    gpu = "gpu" in block.how and not cuda.gpu_status().available
+    for cmd in lines:
+        proc = run(["bash", "-c", cmd], workdir)
+        if gpu:
+            check_gpu_refusal(proc, cmd)
+        else:
+            assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    if gpu:
+        pytest.skip(f"GPU path not run: {cuda.gpu_status().reason}")
+    if "first-line" in block.how:
+        pytest.skip(f"only the first line ran: the others {block.reason}")
+
+
+def run_main_setup(block: Block, workdir: Path) -> None:
+    """The first set-up line on a copy of the tracked tree: a fresh venv, the install, the main job."""
+    (cmd,) = commands(block.body)
+    assert cmd.startswith("python3 -m venv .venv && "), cmd
+    tree = workdir / "fresh-clone"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
+    for name in filter(None, files.stdout.split("\0")):
+        if (ROOT / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tree / name)
+    env = environment(workdir)
+    env.pop("PYTHONPATH")
+    env["PATH"] = env["PATH"].split(os.pathsep, 1)[1]
+    proc = subprocess.run(["bash", "-c", cmd], cwd=tree, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
+    report = tree / "nwt-report"
+    assert (report / "summary.md").is_file() and (report / "report.json").is_file()
