@@ -10,6 +10,7 @@ replay each accept/reject decision and show them beside the exhaustive best.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -18,6 +19,8 @@ from .units import plural
 
 if TYPE_CHECKING:
     from .tuner import TuneResult
+
+WIDTH = 100  # the prose is wrapped: it is printed, and kept in a Markdown code block by reproduce
 
 
 @dataclass(frozen=True)
@@ -101,4 +104,4 @@ def explain_paper_pick(result: TuneResult) -> str:
             f"{fastest.seconds_per_100:.2f} s; the pick takes {slower:.1%} longer per iteration"
             + (f" and runs {plural(fastest.workers - pick.workers, 'fewer worker', 'fewer workers')}."
                if fastest.workers > pick.workers else "."))
-    return "\n".join(lines)
+    return "\n".join(lines[:2] + [textwrap.fill(p, WIDTH) for p in lines[2:]])
