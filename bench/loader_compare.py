@@ -33,6 +33,7 @@ import numpy as np
 from cupy_nwt import cuda, report, system
 from cupy_nwt.datasets import ArrayDataset, TarImageDataset, synthetic_pixels, write_tar_shard
 from cupy_nwt.memory import MemorySampler
+from cupy_nwt.progress import Progress
 from cupy_nwt.timing import summarize
 from cupy_nwt.transforms import CifarTrainTransform
 
@@ -286,7 +287,7 @@ def plot(result: Comparison, path: Path) -> Path:
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
         ax.set_title(w)
-        ax.legend(loc="lower right")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)  # beside the data, not on it
     host = result.host
     fig.suptitle(f"{host.get('cpu_model', '?')}, {host.get('usable_cpus', '?')} CPUs; batch {result.batch_size}, "
                  f"device {result.device}")
@@ -344,8 +345,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     workers = args.workers or default_workers()
     with tempfile.TemporaryDirectory(prefix="loader_compare-") as tmp:
         workloads = make_workloads(Path(tmp), args.decode_images, args.array_images, args.fmt)
-        result = compare(workloads, workers, loaders, args.batch_size, args.batches, args.warmup, args.repeats,
-                         args.device, progress=lambda s: print(s, file=sys.stderr, flush=True), note=args.note)
+        steps = args.repeats * len(workloads) * len(workers) * len(loaders)
+        with Progress(steps, "loader_compare", unit="run") as bar:
+            result = compare(workloads, workers, loaders, args.batch_size, args.batches, args.warmup, args.repeats,
+                             args.device, progress=bar.step, note=args.note)
         for wl in workloads:
             close = getattr(wl.dataset, "close", None)
             if close:

@@ -154,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from cupy_nwt import cuda, report, system  # noqa: PLC0415
+    from cupy_nwt.units import plural  # noqa: PLC0415
 
     counts = [int(x) for x in args.ranks.split(",") if x.strip()]
     if not counts or min(counts) < 1:
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         for repeat in range(args.repeats):
             for k in counts:  # interleaved, so drift on a shared machine hits every k alike
                 runs.append(aggregate(k, repeat, launch(k, args, Path(tmp) / f"k{k}-r{repeat}")))
-                print(f"repeat {repeat}, {k} rank(s): {runs[-1]['sum_samples_per_second']:,.0f} samples/s",
+                print(f"repeat {repeat}, {plural(k, 'rank')}: {runs[-1]['sum_samples_per_second']:,.0f} samples/s",
                       file=sys.stderr)
     host = system.host_info()
     status = cuda.gpu_status()

@@ -27,6 +27,7 @@ from cupy_nwt import system
 from cupy_nwt.datasets import SyntheticCIFAR10
 from cupy_nwt.transforms import CifarTrainTransform
 from cupy_nwt.tuner import LoaderMeasure, steady_rates, tune_num_workers
+from cupy_nwt.units import plural
 
 BATCH_SIZE = 128
 IMAGES = 16384
@@ -92,6 +93,6 @@ def test_pick_throughput(benchmark, dataset):
         info[f"{role}_workers"] = w
         info[f"{role}_vs_steady_best"] = rates[w] / rates[best]
     benchmark.extra_info.update(info)
-    print(f"\n[NWT steady best] {best} workers: {rates[best]:,.0f} samples/s")
+    print(f"\n[NWT steady best] {plural(best, 'worker')}: {rates[best]:,.0f} samples/s")
     for role, w in roles.items():
-        print(f"[NWT {role}] {w} workers: {rates[w]:,.0f} samples/s = {rates[w] / rates[best]:.1%} of the steady best")
+        print(f"[NWT {role}] {plural(w, 'worker')}: {rates[w]:,.0f} samples/s = {rates[w] / rates[best]:.1%} of the steady best")

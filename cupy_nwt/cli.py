@@ -1,4 +1,4 @@
-"""``cupy-nwt`` and ``python -m cupy_nwt``: one sub-command per experiment.
+"""cupy-nwt (or python -m cupy_nwt): one sub-command per experiment.
 
 Every failure a user can cause or meet (bad input, no GPU) ends as one line on stderr and a
 non-zero exit, never a traceback.
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__, cuda, report, system
+from .progress import Progress
 from .units import fmt_bytes, parse_size, size_sweep
 
 EXIT_USAGE = 2
@@ -77,42 +78,28 @@ def _size_option(text: str, name: str) -> int:
 
 
 def _check_writable(path: str | None, name: str) -> None:
-    """Fail before a long GPU run, not after it, when a result file cannot be written."""
+    """Fail before a long GPU run, not after it, when a result file cannot be written.
+
+    Only checks: nothing is created here, so a command that then fails (no GPU, bad input) leaves
+    no folder behind; the writers create missing folders when they write.
+    """
     if not path:
         return
     target = Path(path)
     if target.is_dir():
         raise ValueError(f"{name} {path} is a directory, not a file")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"{name} {path}: cannot create its folder ({exc.strerror})") from None
-    if not os.access(target.parent, os.W_OK):
-        raise ValueError(f"{name} {path}: its folder is not writable")
+    existing = target.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{name} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{name} {path}: {existing} is not writable")
 
 
-def _progress(args: argparse.Namespace, total: int):
-    """A tqdm bar on stderr and the per-step callback that advances it; (None, None) when off."""
-    if args.no_progress:
-        return None, None
-    from tqdm import tqdm  # noqa: PLC0415
-
-    bar = tqdm(total=total, file=sys.stderr, unit="step", leave=False, dynamic_ncols=True)
-
-    def step(label: str) -> None:
-        bar.set_postfix_str(label, refresh=False)
-        bar.update(1)
-
-    return bar, step
-
-
-def _run_with_progress(args: argparse.Namespace, total: int, run):
-    bar, step = _progress(args, total)
-    try:
-        return run(step)
-    finally:
-        if bar is not None:
-            bar.close()
+def _run_with_progress(args: argparse.Namespace, total: int, desc: str, run):
+    with Progress(total, desc, enabled=not args.no_progress) as bar:
+        return run(bar.step)
 
 
 def _emit(args: argparse.Namespace, result, text: str) -> None:
@@ -138,7 +125,8 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
     _check_writable(args.output, "--output")
     _check_writable(args.plot, "--plot")
     cuda.require_gpu()
-    result = _run_with_progress(args, config.steps, lambda step: transfers.run_bandwidth(config, step))
+    result = _run_with_progress(args, config.steps, "bandwidth",
+                                lambda step: transfers.run_bandwidth(config, step))
     if args.plot:
         plots.plot_bandwidth(result, args.plot)
     _emit(args, result, transfers.summary_text(result))
@@ -158,7 +146,8 @@ def cmd_overlap(args: argparse.Namespace) -> int:
         device=_int_option(args.device, "--device", 0))
     _check_writable(args.output, "--output")
     cuda.require_gpu()
-    result = _run_with_progress(args, config.steps, lambda step: overlap.run_overlap(config, step))
+    result = _run_with_progress(args, config.steps, "overlap",
+                                lambda step: overlap.run_overlap(config, step))
     _emit(args, result, overlap.summary_text(result))
     if not result.correct:
         print(f"cupy-nwt overlap: max error {result.max_error:.3g} exceeds {overlap.MAX_ERROR_TOLERANCE:g}",
@@ -178,7 +167,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _check_writable(args.output, "--output")
     _check_writable(args.plot, "--plot")
     dataset = (datasets.open_dataset(args.dataset) if args.dataset
-               else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1)))
+               else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1),
+                                              progress=not args.no_progress))
     transform = None if args.no_transform else transforms.CifarTrainTransform()
     try:
         alpha, tolerance = float(args.alpha), float(args.tolerance)
@@ -196,7 +186,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         from .plots import plot_tune  # noqa: PLC0415
 
         plot_tune(result, args.plot)
-    _emit(args, result, tuner.summary_text(result, saved))
+    from .explain import explain_paper_pick  # noqa: PLC0415
+
+    _emit(args, result, "\n\n".join(filter(None, [tuner.summary_text(result, saved), explain_paper_pick(result)])))
     return 0
 
 

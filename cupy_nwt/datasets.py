@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from .progress import Progress
+from .report import atomic_open
 from .system import usable_cpus
 from .system import cache_dir as default_cache_dir
 
@@ -429,25 +431,17 @@ def write_tar_shard(path: str | os.PathLike, images: Sequence[np.ndarray] | np.n
     if ext is None:
         raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
     gz = path.name.endswith((".gz", ".tgz"))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            zf = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if gz else None
-            with tarfile.open(fileobj=zf or raw, mode="w", format=tarfile.PAX_FORMAT) as tf:
-                for i, (img, label) in enumerate(zip(images, labels)):
-                    cls = class_names[int(label)] if class_names is not None else str(int(label))
-                    data = encode_image(img, fmt)
-                    info = tarfile.TarInfo(f"{cls}/{i:06d}.{ext}")
-                    info.size, info.mtime, info.mode = len(data), 0, 0o644
-                    tf.addfile(info, io.BytesIO(data))
-            if zf is not None:
-                zf.close()
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_open(path) as raw:  # the umask's mode, not mkstemp's 0600
+        zf = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if gz else None
+        with tarfile.open(fileobj=zf or raw, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            for i, (img, label) in enumerate(zip(images, labels)):
+                cls = class_names[int(label)] if class_names is not None else str(int(label))
+                data = encode_image(img, fmt)
+                info = tarfile.TarInfo(f"{cls}/{i:06d}.{ext}")
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tf.addfile(info, io.BytesIO(data))
+        if zf is not None:
+            zf.close()
     return path
 
 
@@ -585,11 +579,12 @@ class SyntheticCIFAR10(_ImageDataset):
     buffer), ``offsets.npy`` and ``labels.npy``, memory-mapped read-only, so all workers share the
     page cache. Builders take a file lock and publish the folder with one atomic rename, so
     concurrent first uses build once and nobody reads a half-written cache.
-    ``__getitem__`` decodes with Pillow, like a real image dataset.
+    ``__getitem__`` decodes with Pillow, like a real image dataset. ``progress=True`` shows the
+    build on stderr (the command line does; a library call stays quiet).
     """
 
     def __init__(self, n: int = 50000, seed: int = 0, fmt: str = "png", cache_dir: str | os.PathLike | None = None,
-                 transform: Transform | None = None) -> None:
+                 transform: Transform | None = None, *, progress: bool = False) -> None:
         n, seed = operator.index(n), operator.index(seed)
         if n <= 0:
             raise ValueError(f"SyntheticCIFAR10 needs n >= 1, got {n}")
@@ -602,11 +597,11 @@ class SyntheticCIFAR10(_ImageDataset):
         self.classes = list(CIFAR10_CLASSES)
         self.transform = transform
         self.cache_path = default_cache_dir(cache_dir) / "synthetic-cifar10" / f"v{_SYNTH_VERSION}-n{n}-seed{seed}-{fmt}"
-        self.built_now = self._ensure_built()
+        self.built_now = self._ensure_built(progress)
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._arrays_pid: int | None = None
 
-    def _ensure_built(self) -> bool:
+    def _ensure_built(self, progress: bool) -> bool:
         from filelock import FileLock  # noqa: PLC0415
 
         if (self.cache_path / "labels.npy").is_file():
@@ -619,21 +614,25 @@ class SyntheticCIFAR10(_ImageDataset):
                 shutil.rmtree(stale, ignore_errors=True)
             tmp = Path(tempfile.mkdtemp(dir=self.cache_path.parent, prefix=f".tmp-{self.cache_path.name}-"))
             try:
-                self._build_into(tmp)
+                self._build_into(tmp, progress)
                 os.rename(tmp, self.cache_path)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
         return True
 
-    def _build_into(self, out: Path) -> None:
+    def _build_into(self, out: Path, progress: bool) -> None:
         labels = np.random.default_rng(self.seed).permutation(np.arange(self.n, dtype=np.int64) % 10)
         starts = range(0, self.n, _SYNTH_CHUNK)
         # NumPy ufuncs and zlib release the GIL, so threads use every core without pickling images.
-        with ThreadPoolExecutor(max_workers=max(1, min(usable_cpus(), len(starts)))) as pool:
-            chunks = list(pool.map(
-                lambda s: _synthetic_chunk(self.seed, s // _SYNTH_CHUNK, labels[s:s + _SYNTH_CHUNK], self.fmt),
-                starts))
+        chunks: list[list[bytes]] = []
+        with ThreadPoolExecutor(max_workers=max(1, min(usable_cpus(), len(starts)))) as pool, Progress(
+                len(starts), f"building synthetic CIFAR-10 ({self.n:,} images)", unit="chunk", enabled=progress) as bar:
+            for chunk in pool.map(
+                    lambda s: _synthetic_chunk(self.seed, s // _SYNTH_CHUNK, labels[s:s + _SYNTH_CHUNK], self.fmt),
+                    starts):
+                chunks.append(chunk)
+                bar.step(f"{min(len(chunks) * _SYNTH_CHUNK, self.n):,} images")
         encoded = [b for chunk in chunks for b in chunk]
         offsets = np.zeros(self.n + 1, dtype=np.int64)
         np.cumsum([len(b) for b in encoded], out=offsets[1:])

@@ -25,7 +25,6 @@ import hashlib
 import inspect
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -36,6 +35,7 @@ import psutil
 from filelock import FileLock
 
 from . import cuda, system
+from .report import atomic_open
 from .system import cache_dir
 
 STORE_NAME = "num_workers.json"
@@ -176,17 +176,8 @@ def _lock(path: Path) -> FileLock:
 
 
 def _write_atomic(path: Path, obj: Any) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path) as f:
+        f.write((json.dumps(obj, indent=2) + "\n").encode("utf-8"))
 
 
 def _read_json(path: Path) -> Any:

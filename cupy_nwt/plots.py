@@ -1,17 +1,21 @@
 """PNG plots of experiment results (bandwidth sweeps; the tuner like the NWT paper's Fig. 2 and 3).
 
-Drawn with matplotlib's Agg canvas.
-
-A ``Figure`` is built directly (no pyplot), so plotting never switches the process-wide backend
-and works on headless machines. matplotlib is an optional dependency (``cupy-nwt[plot]``).
+A ``Figure`` is built directly (no pyplot) and drawn with matplotlib's Agg canvas, so plotting
+never switches the process-wide backend and works on headless machines. matplotlib is an optional
+dependency (``cupy-nwt[plot]``). Every plot sets its own limits with room for the markers (autoscale
+cut the circled pick at the top) and keeps its legend outside the axes, where it cannot cover data.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import io
+import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from .report import atomic_open
 from .units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -34,7 +38,7 @@ def _figure_class():
     return Figure
 
 
-def plot_bandwidth(result: BandwidthResult, path: str | Path) -> Path:
+def bandwidth_figure(result: BandwidthResult) -> Any:
     """GB/s against copy size (log2 axis): H2D and D2H, pinned and pageable, and the link limit.
 
     Lines are medians; the shaded band around each is the inter-quartile range of the samples.
@@ -62,23 +66,31 @@ def plot_bandwidth(result: BandwidthResult, path: str | Path) -> Path:
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: fmt_bytes(v) if v >= 1 else ""))
     ax.set_xlabel("copy size")
     ax.set_ylabel("GB/s (1e9 B/s), median")
-    top = max([p.gbps.p75 for p in result.points] + [result.link_gbps or 0.0])
-    ax.set_ylim(0, 1.1 * top if top > 0 else 1.0)
+    sizes = [p.nbytes for p in result.points]
+    if sizes:
+        lo, hi = math.log2(min(sizes)), math.log2(max(sizes))
+        pad = max(0.5, 0.04 * (hi - lo))
+        ax.set_xlim(2 ** (lo - pad), 2 ** (hi + pad))
+    ax.set_ylim(0, _top([p.gbps.p75 for p in result.points] + [result.link_gbps or 0.0]))
     ax.grid(True, which="major", alpha=0.3)
     d = result.device
     ax.set_title(f"Host <-> device bandwidth: {d.name} (GPU {d.index})")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")  # outside: never on data
+    _legend_outside(ax)
     ax.tick_params(axis="x", labelrotation=45)
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png", dpi=120)
-    return out
+    return fig
+
+
+def plot_bandwidth(result: BandwidthResult, path: str | Path) -> Path:
+    """:func:`bandwidth_figure` as a PNG at ``path``."""
+    return _save(bandwidth_figure(result), path, dpi=120)
 
 
 MiB = 1024 * 1024
+_PICK = {"marker": "o", "markersize": 13, "markerfacecolor": "none", "markeredgecolor": "tab:red",
+         "markeredgewidth": 2, "linestyle": "none"}
 
 
-def plot_tune(result: "TuneResult", path: str | Path) -> Path:
+def tune_figure(result: TuneResult) -> Any:
     """Left: milliseconds per iteration by worker count; right: peak PSS and USS (MiB).
 
     The pick is circled in red and the fastest measured count marked; a fast search shows only the
@@ -88,13 +100,13 @@ def plot_tune(result: "TuneResult", path: str | Path) -> Path:
     from matplotlib.ticker import MaxNLocator  # noqa: PLC0415 - importable once the figure class is
 
     trials = result.trials
-    fig = figure_class(figsize=(12, 4.8), layout="constrained")
+    fig = figure_class(figsize=(13, 4.8), layout="constrained")
     ax_t, ax_m = fig.subplots(1, 2)
     if not trials:  # N = 1: the fast search picks 0 without measuring
         for ax in (ax_t, ax_m):
             ax.text(0.5, 0.5, f"nothing measured: only {result.max_workers} count possible, pick "
                     f"{result.best_workers}", ha="center", va="center", transform=ax.transAxes)
-        return _save(fig, path)
+        return fig
     workers = [t.workers for t in trials]
     ms = [t.seconds_per_iteration * 1e3 for t in trials]
     fastest = min(trials, key=lambda t: (t.seconds_per_iteration, t.workers))
@@ -105,13 +117,10 @@ def plot_tune(result: "TuneResult", path: str | Path) -> Path:
     ax_t.plot([fastest.workers], [fastest.seconds_per_iteration * 1e3], "v", markersize=9, color="tab:green",
               label=f"fastest: {fastest.workers}")
     if pick is not None:
-        ax_t.plot([pick.workers], [pick.seconds_per_iteration * 1e3], "o", markersize=13, markerfacecolor="none",
-                  markeredgecolor="tab:red", markeredgewidth=2, label=f"pick: {pick.workers}")
+        ax_t.plot([pick.workers], [pick.seconds_per_iteration * 1e3], label=f"pick: {pick.workers}", **_PICK)
     ax_t.set_xlabel("worker processes")
     ax_t.set_ylabel("ms per iteration (batch delivered" + (" + H2D copy)" if result.device == "cuda" else ")"))
-    ax_t.set_ylim(bottom=0)
-    ax_t.grid(True, alpha=0.3)
-    ax_t.legend(fontsize="small")
+    ax_t.set_ylim(0, _top(ms))
     ax_t.set_title(f"Time over workers ({result.strategy}, batch {result.batch_size})")
 
     pss = [(t.workers, t.peak_memory_bytes / MiB) for t in trials if t.peak_memory_bytes is not None]
@@ -122,24 +131,43 @@ def plot_tune(result: "TuneResult", path: str | Path) -> Path:
         ax_m.plot(*zip(*uss), "--" if result.strategy == "paper" else "x", color="tab:gray",
                   label="peak USS, all processes")
     if pick is not None and pick.peak_memory_bytes is not None:
-        ax_m.plot([pick.workers], [pick.peak_memory_bytes / MiB], "o", markersize=13, markerfacecolor="none",
-                  markeredgecolor="tab:red", markeredgewidth=2, label=f"pick: {pick.workers}")
+        ax_m.plot([pick.workers], [pick.peak_memory_bytes / MiB], label=f"pick: {pick.workers}", **_PICK)
     if not pss and not uss:
         ax_m.text(0.5, 0.5, "memory not measured", ha="center", va="center", transform=ax_m.transAxes)
     ax_m.set_xlabel("worker processes")
     ax_m.set_ylabel("MiB")
-    ax_m.set_ylim(bottom=0)
-    ax_m.grid(True, alpha=0.3)
-    ax_m.legend(fontsize="small")
+    ax_m.set_ylim(0, _top([m for _, m in pss + uss]))
     ax_m.set_title("Memory over workers (main process + workers)")
+    pad = max(0.5, 0.04 * (max(workers) - min(workers)))
     for ax in (ax_t, ax_m):
+        ax.set_xlim(min(workers) - pad, max(workers) + pad)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        _legend_outside(ax)
+    return fig
 
-    return _save(fig, path)
+
+def plot_tune(result: TuneResult, path: str | Path) -> Path:
+    """:func:`tune_figure` as a PNG at ``path``."""
+    return _save(tune_figure(result), path, dpi=110)
 
 
-def _save(fig, path: str | Path) -> Path:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png", dpi=110)
-    return out
+def _top(values: Sequence[float]) -> float:
+    """An upper y limit 15% above the highest value: room for the largest marker (the circled pick)."""
+    top = max(values, default=0.0)
+    return 1.15 * top if top > 0 else 1.0
+
+
+def _legend_outside(ax: Any) -> None:
+    """The legend to the right of the axes, beside the data instead of on it; none without labels."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
+
+
+def _save(fig: Any, path: str | Path, dpi: int) -> Path:
+    """Render first, then write atomically: a failed render leaves no file and no empty folder."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    with atomic_open(path) as f:
+        f.write(buf.getbuffer())
+    return Path(path)

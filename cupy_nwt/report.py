@@ -1,11 +1,14 @@
-"""Turning results into text people read, JSON machines read, and plots."""
+"""Turning results into text people read and JSON machines read, and writing result files."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import secrets
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> str:
@@ -51,10 +54,39 @@ def to_json(obj: Any) -> str:
 
 
 def write_json(obj: Any, path: str | Path) -> Path:
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(to_json(obj) + "\n", encoding="utf-8")
-    return p
+    with atomic_open(path) as f:
+        f.write((to_json(obj) + "\n").encode("utf-8"))
+    return Path(path)
+
+
+@contextmanager
+def atomic_open(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
+    """A binary file that replaces ``path`` atomically when the block ends, and vanishes if it fails.
+
+    A reader sees the old file or the whole new one, never half; a failed or interrupted write
+    leaves nothing. Missing folders are created here, when there is something to write. The file
+    gets the mode a plain ``open()`` would give (0666 less the umask): ``tempfile.mkstemp`` would
+    make every result 0600, unreadable to the rest of a group that shares them.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    while True:
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666)  # the kernel applies the umask
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _default(o: Any) -> Any:

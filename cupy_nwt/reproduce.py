@@ -17,14 +17,15 @@ Files: ``report.json`` (everything), ``summary.md`` (what is printed, as Markdow
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from . import cuda, report, system, tuner
+from .explain import explain_paper_pick, paper_decisions
+from .progress import Progress
+from .units import plural
 
-Step = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class ReproduceReport:
             "overlap": self.overlap,
             "skipped": list(self.skipped),
             "tune_paper": self.paper,
+            "paper_decisions": list(paper_decisions(self.paper)),
             "tune_fast": self.fast,
             "fast_cost_vs_paper": self.fast_cost_ratio,
             "fast_pick_vs_exhaustive_best": self.fast_vs_exhaustive_best,
@@ -117,10 +119,13 @@ class ReproduceReport:
         }
 
 
-def _stage(config: ReproduceConfig, name: str) -> Step:
-    if not config.progress:
-        return lambda label: None
-    return lambda label: print(f"[{name}] {label}", file=sys.stderr, flush=True)
+def _stage(config: ReproduceConfig, name: str, label: str) -> None:
+    if config.progress:
+        print(f"[{name}] {label}", file=sys.stderr, flush=True)
+
+
+def _steps(config: ReproduceConfig, total: int, name: str) -> Progress:
+    return Progress(total, name, enabled=config.progress)
 
 
 def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
@@ -149,21 +154,25 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     else:
         from . import overlap, transfers  # noqa: PLC0415
 
-        bandwidth = transfers.run_bandwidth(transfers.BandwidthConfig(), _stage(config, "bandwidth"))
+        bw_config = transfers.BandwidthConfig()
+        with _steps(config, bw_config.steps, "bandwidth") as bar:
+            bandwidth = transfers.run_bandwidth(bw_config, bar.step)
         files.append(report.write_json(bandwidth, out / "bandwidth.json"))
         if plots:
             from .plots import plot_bandwidth  # noqa: PLC0415
 
             files.append(plot_bandwidth(bandwidth, out / "bandwidth.png"))
-        overlap_result = overlap.run_overlap(overlap.OverlapConfig(), _stage(config, "overlap"))
+        ov_config = overlap.OverlapConfig()
+        with _steps(config, ov_config.steps, "overlap") as bar:
+            overlap_result = overlap.run_overlap(ov_config, bar.step)
         files.append(report.write_json(overlap_result, out / "overlap.json"))
 
-    _stage(config, "data")(f"synthetic CIFAR-10, {config.synthetic_n} images")
-    dataset = SyntheticCIFAR10(n=config.synthetic_n)
+    _stage(config, "data", f"synthetic CIFAR-10, {plural(config.synthetic_n, 'image')}")
+    dataset = SyntheticCIFAR10(n=config.synthetic_n, progress=config.progress)
     transform = CifarTrainTransform()
     results = {}
     for strategy in ("paper", "fast"):
-        _stage(config, "tune")(f"strategy {strategy}")
+        _stage(config, "tune", f"strategy {strategy}")
         r = tuner.tune_num_workers(dataset, batch_size=config.batch_size, max_workers=config.max_workers,
                                    iterations=config.iterations, strategy=strategy, batch_transform=transform,
                                    progress=config.progress)
@@ -176,11 +185,18 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     results["fast"].save()
 
     paper, fast = results["paper"], results["fast"]
-    _stage(config, "compare")(f"every count 0..{paper.max_workers - 1} again, {config.compare_repeats} rounds")
+    _stage(config, "compare", f"every count 0..{paper.max_workers - 1} again, "
+           f"{plural(config.compare_repeats, 'round')}")
     measure = tuner.LoaderMeasure(dataset, batch_size=config.batch_size, device=paper.device,
                                   batch_transform=transform)
-    rates = tuner.steady_rates(measure, range(paper.max_workers), batch_size=config.batch_size,
-                               iterations=config.compare_iterations, repeats=config.compare_repeats)
+    with _steps(config, paper.max_workers * config.compare_repeats, "compare") as bar:
+        def stepped(workers: int, iterations: int, warmup: int) -> Any:
+            m = measure(workers, iterations, warmup)
+            bar.step(plural(workers, "worker"))
+            return m
+
+        rates = tuner.steady_rates(stepped, range(paper.max_workers), batch_size=config.batch_size,
+                                   iterations=config.compare_iterations, repeats=config.compare_repeats)
     best = max(rates, key=lambda w: (rates[w], -w))
     comparison = PickComparison(rates, best, paper.best_workers, fast.best_workers)
 
@@ -227,6 +243,9 @@ def _summary_parts(rep: ReproduceReport) -> list[str]:
 
         parts.append(overlap_text(rep.overlap))
     parts.append(tuner.summary_text(rep.paper))
+    explanation = explain_paper_pick(rep.paper)
+    if explanation:
+        parts.append(explanation)
     parts.append(tuner.summary_text(rep.fast))
     c = rep.comparison
     rows = [[w, r, f"{c.ratio(w):.1%}", ", ".join(n for n, hit in (

@@ -67,7 +67,6 @@ import datetime as _dt
 import logging
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -84,6 +83,8 @@ from .fingerprint import (
     write_json_atomic,
 )
 from .memory import DEFAULT_INTERVAL_S, MemorySampler
+from .progress import Progress
+from .units import plural
 
 PAPER_TIME_SCALE = 100
 DEFAULT_TOLERANCE = 0.02
@@ -260,7 +261,7 @@ def lookup(fp: Fingerprint, cache_dir: str | Path | None = None, similar: bool =
 class _Runner:
     """Calls the measure, records each run, keeps per-count estimates, drives the progress bar."""
 
-    def __init__(self, measure: Measure, batch_size: int, bar: Any) -> None:
+    def __init__(self, measure: Measure, batch_size: int, bar: Progress) -> None:
         self.measure = measure
         self.batch_size = batch_size
         self.bar = bar
@@ -279,9 +280,7 @@ class _Runner:
                   m.peak_memory_bytes, m.peak_uss_bytes, m.rel_error, phase)
         self.runs.append(t)
         self._by.setdefault(workers, []).append(t)
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix_str(f"{workers} workers: {t.samples_per_second:,.0f} samples/s")
+        self.bar.step(f"{plural(workers, 'worker')}: {t.samples_per_second:,.0f} samples/s")
         return t
 
     def estimate(self, workers: int) -> Trial | None:
@@ -658,28 +657,18 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
         measure = LoaderMeasure(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor,
                                 pin_memory=pin_memory, device=device, batch_transform=batch_transform)
 
-    bar = _progress_bar(n if strategy == "paper" else None, strategy) if progress else None
-    try:
+    with Progress(n if strategy == "paper" else None, f"NWT ({strategy})", unit="trial", enabled=progress) as bar:
         runner = _Runner(measure, batch_size, bar)
         if strategy == "paper":
             best = _paper(runner, n, iterations, float(alpha))
         else:
             best = _Fast(runner, n, iterations, float(tolerance), FAST_BUDGET).search()
-    finally:
-        if bar is not None:
-            bar.close()
     return TuneResult(
         best_workers=best, strategy=strategy, runs=tuple(runner.runs), max_workers=n, iterations=iterations,
         alpha=float(alpha), tolerance=float(tolerance), batch_size=batch_size, prefetch_factor=prefetch_factor,
         pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory), device=resolved, fingerprint=fp,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     )
-
-
-def _progress_bar(total: int | None, strategy: str) -> Any:
-    from tqdm import tqdm  # noqa: PLC0415 - only when a bar is wanted
-
-    return tqdm(total=total, desc=f"NWT ({strategy})", unit="trial", file=sys.stderr, leave=False)
 
 
 TUNE_LOCK_SUFFIX = ".tune.lock"
@@ -753,13 +742,14 @@ def summary_text(result: TuneResult, saved_to: Path | None = None) -> str:
                      fmt_bytes(t.peak_memory_bytes) if t.peak_memory_bytes is not None else None,
                      fmt_bytes(t.peak_uss_bytes) if t.peak_uss_bytes is not None else None,
                      t.iterations, ", ".join(notes)])
-    title = (f"NWT ({result.strategy}): {len(trials)} worker counts measured in {len(result.runs)} runs, "
+    title = (f"NWT ({result.strategy}): {plural(len(trials), 'worker count')} measured in "
+             f"{plural(len(result.runs), 'run')}, "
              f"device {result.device}, batch {result.batch_size}")
     lines = [table(["workers", "ms/iter", "samples/s", "peak PSS", "peak USS", "timed iters", "note"], rows, title=title)]
     rule = (f"alpha {result.alpha:g} s per {PAPER_TIME_SCALE} iterations" if result.strategy == "paper"
             else f"tolerance {result.tolerance:.0%}")
     lines.append("")
-    lines.append(f"pick: {result.best_workers} workers ({rule}); search took {result.search_seconds:.1f} s")
+    lines.append(f"pick: {plural(result.best_workers, 'worker')} ({rule}); search took {result.search_seconds:.1f} s")
     if saved_to is not None:
         lines.append(f"saved to {saved_to}")
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""Byte sizes in and out: '4KiB', '64M', '1.5GB' <-> ints, and the size sweeps built from them."""
+"""Byte sizes in and out ('4KiB', '64M', '1.5GB' <-> ints), the size sweeps built from them, and counts in words."""
 
 from __future__ import annotations
 
@@ -49,3 +49,8 @@ def fmt_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" or float(n).is_integer() else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 worker', '2 workers', '0 workers': counts in messages read as English."""
+    return f"{n} {word if n == 1 else many or word + 's'}"

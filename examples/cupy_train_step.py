@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         for epoch in range(args.epochs):
             losses = [sgd_step(w, x, y, lr=0.01) for x, y in loader]
             print(f"epoch {epoch}: mean loss {float(cp.stack(losses).mean()):.4f} over {len(losses)} batches")
-        print(f"cupy on {cuda.device_info().name}, {loader.num_workers} workers (picked by the tuner), "
+        print(f"cupy on {cuda.device_info().name}, num_workers={loader.num_workers} (picked by the tuner), "
               f"H2D from {loader.pin_path} memory")
     return 0
 

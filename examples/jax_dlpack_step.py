@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                 losses.append(loss)
             print(f"epoch {epoch}: mean loss {float(np.mean(jax.device_get(losses))):.4f} over {len(losses)} batches")
         print(f"jax on {jax.default_backend()}, batches from the loader on {loader.device}, "
-              f"{loader.num_workers} workers (picked by the tuner)")
+              f"num_workers={loader.num_workers} (picked by the tuner)")
     return 0
 
 

@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         for epoch in range(args.epochs):
             losses = [sgd_step(w, x, y, lr=0.01) for x, y in loader]
             print(f"epoch {epoch}: mean loss {np.mean(losses):.4f} over {len(losses)} batches")
-        print(f"numpy on the CPU, {loader.num_workers} workers (picked by the tuner)")
+        print(f"numpy on the CPU, num_workers={loader.num_workers} (picked by the tuner)")
     return 0
 
 

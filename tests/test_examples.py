@@ -38,7 +38,7 @@ def assert_trained(result: subprocess.CompletedProcess[str]) -> None:
     losses = epoch_losses(result.stdout)
     assert len(losses) == 3, result.stdout
     assert losses[-1] < losses[0] - 0.1, f"the loss did not fall: {losses}"
-    assert re.search(r"\d+ workers \(picked by the tuner\)", result.stdout), result.stdout
+    assert re.search(r"num_workers=\d+ \(picked by the tuner\)", result.stdout), result.stdout
 
 
 def test_every_example_is_tested():

@@ -1,0 +1,107 @@
+"""Why the paper strategy picked what it did: Algorithm 1's decisions replayed from its trials.
+
+Algorithm 1 is greedy: it takes a worker count only when that count's time for 100 iterations
+beats the last count it took by more than ``alpha``. Its pick is therefore the last count taken,
+which can be well short of the fastest count it measured; a bare "pick: 4" next to a faster 6 reads
+like a bug. The paper search measures every count once, in order, so the result alone is enough to
+replay each accept/reject decision and show them beside the exhaustive best.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from .report import table
+from .units import plural
+
+if TYPE_CHECKING:
+    from .tuner import TuneResult
+
+WIDTH = 100  # the prose is wrapped: it is printed, and kept in a Markdown code block by reproduce
+
+
+@dataclass(frozen=True)
+class PaperDecision:
+    """One step of Algorithm 1: a count's time on the paper's scale, the bar it had to beat, the verdict.
+
+    ``gain`` is how much faster than the last accepted count it was (seconds per 100 iterations;
+    negative: slower); None for the first count, which is always taken.
+    """
+
+    workers: int
+    seconds_per_100: float
+    accepted_before: int | None
+    gain: float | None
+    accepted: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def paper_decisions(result: TuneResult) -> tuple[PaperDecision, ...]:
+    """Replay ``normalized < best - alpha`` over the counts in the order the search ran them."""
+    from .tuner import PAPER_TIME_SCALE  # noqa: PLC0415 - tuner imports heavy modules
+
+    if result.strategy != "paper":
+        raise ValueError(f"only the paper strategy follows Algorithm 1, this result is {result.strategy!r}")
+    out: list[PaperDecision] = []
+    best, taken = math.inf, None
+    for t in result.trials:
+        normalized = t.seconds_per_iteration * PAPER_TIME_SCALE
+        accepted = normalized < best - result.alpha
+        out.append(PaperDecision(t.workers, normalized, taken, None if taken is None else best - normalized, accepted))
+        if accepted:
+            best, taken = normalized, t.workers
+    return tuple(out)
+
+
+def _verdict(d: PaperDecision, alpha: float) -> str:
+    if d.gain is None:
+        return "taken: the first count"
+    if d.accepted:
+        return f"taken: {d.gain:.2f} s faster than {d.accepted_before}, more than alpha"
+    if d.gain > 0:
+        return f"passed over: only {d.gain:.2f} s faster than {d.accepted_before}, not more than alpha {alpha:g}"
+    return f"passed over: {-d.gain:.2f} s slower than {d.accepted_before}"
+
+
+def explain_paper_pick(result: TuneResult) -> str:
+    """What alpha is, each decision, and the pick next to the fastest count measured ("" unless paper)."""
+    if result.strategy != "paper" or not result.trials:
+        return ""
+    from .tuner import PAPER_TIME_SCALE  # noqa: PLC0415
+
+    decisions = paper_decisions(result)
+    rows = [[d.workers, d.seconds_per_100, _verdict(d, result.alpha)] for d in decisions]
+    lines = [table(["workers", f"s per {PAPER_TIME_SCALE} iter", "Algorithm 1"], rows,
+                   title=f"why the paper's rule picked {result.best_workers}"), ""]
+    lines.append(
+        f"alpha = {result.alpha:g} s per {PAPER_TIME_SCALE} iterations: Algorithm 1 takes a worker count only when its "
+        f"time for {PAPER_TIME_SCALE} iterations beats the last count it took by more than alpha, and keeps the last "
+        "count taken; it never goes back to a faster count it passed over.")
+    by = {d.workers: d for d in decisions}
+    pick = by[result.best_workers]
+    later = [d for d in decisions if d.workers > pick.workers]
+    if later:
+        nearest = min(later, key=lambda d: (d.seconds_per_100, d.workers))
+        margin = pick.seconds_per_100 - nearest.seconds_per_100
+        lines.append(
+            f"It stopped at {plural(pick.workers, 'worker')} ({pick.seconds_per_100:.2f} s): no later count beat that "
+            f"by more than {result.alpha:g} s (the fastest later count, {nearest.workers}, was "
+            + (f"{margin:.2f} s faster)." if margin > 0 else f"{-margin:.2f} s slower)."))
+    else:
+        lines.append(f"It took the last count, {plural(pick.workers, 'worker')} ({pick.seconds_per_100:.2f} s).")
+    fastest = min(decisions, key=lambda d: (d.seconds_per_100, d.workers))
+    if fastest.workers == pick.workers:
+        lines.append(f"Exhaustive best (fastest count measured): {fastest.workers}, the same as the pick.")
+    else:
+        slower = pick.seconds_per_100 / fastest.seconds_per_100 - 1
+        lines.append(
+            f"Exhaustive best (fastest count measured): {plural(fastest.workers, 'worker')} at "
+            f"{fastest.seconds_per_100:.2f} s; the pick takes {slower:.1%} longer per iteration"
+            + (f" and runs {plural(fastest.workers - pick.workers, 'fewer worker', 'fewer workers')}."
+               if fastest.workers > pick.workers else "."))
+    return "\n".join(lines[:2] + [textwrap.fill(p, WIDTH) for p in lines[2:]])
