@@ -84,10 +84,12 @@ unpack() {
         mkdir -p "bench/results/$name"
         for f in "$dev"/*.tgz; do
             [ -f "$f" ] || continue
+            rm -rf "bench/results/$name/$(basename "$f" .tgz)"  # a step's new run replaces its old files
             tar xzf "$f" -C "bench/results/$name" && n=$((n + 1)) && echo "bench/results/$name/$(basename "$f" .tgz)/"
         done
         for f in "$dev"/*/; do
             [ -d "$f" ] || continue
+            rm -rf "bench/results/$name/$(basename "$f")"
             cp -R "${f%/}" "bench/results/$name/" && n=$((n + 1)) && echo "bench/results/$name/$(basename "$f")/ (cut off)"
         done
     done
