@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from .pcie import PcieLink, pcie_theoretical_gbps, sysfs_pcie_link
-
-__all__ = ["PcieLink", "pcie_theoretical_gbps", "sysfs_pcie_link"]  # re-exported: callers ask cuda for links
+# Re-exported: callers ask this module for links, as before they moved to pcie.py.
+from .pcie import PcieLink, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
 
 
 class NoGPUError(RuntimeError):
