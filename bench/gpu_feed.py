@@ -6,12 +6,13 @@ sync). Reported per mode: samples/s delivered to the GPU and the GPU's idle frac
 
 * ``cupy_nwt``: ``DataLoader(device="cuda", pin_memory=True)``: registered ring, the copy of batch
   n+1 in flight on a side stream while batch n is used.
-* ``cupy_nwt-noprefetch``: the same loader on the host (``zero_copy`` views), then a synchronous
-  copy of each batch before its step: the "retrieve -> copy -> train" pipeline of the seed issue.
+* ``cupy_nwt-noprefetch``: the same loader on the host (``zero_copy`` views), then a blocking
+  ``cudaMemcpy`` of each batch from that pageable memory before its step (``cuda.to_device``): the
+  "retrieve -> copy -> train" pipeline of the seed issue, with no asynchronous path in it.
 * ``torch``: ``torch.utils.data.DataLoader(pin_memory=True)`` and ``.to("cuda", non_blocking=True)``.
 * ``torch-nopin``: the same without pinning, blocking copies.
 
-Writes ``bench/results/gpu_feed-<host>.json`` and ``.png``. Needs a GPU (and a CUDA build of torch
+Writes ``bench/results/gpu_feed-<host>.json`` (or into ``--out-dir``). Needs a GPU (and a CUDA build of torch
 for the torch modes, which are skipped with the reason otherwise):
 
     PYTHONPATH=. python bench/gpu_feed.py --workers 4,8,15 --step-ms 5

@@ -99,6 +99,28 @@ def torchrun_path() -> str:
     return found
 
 
+def sharing_refusal(k: int) -> str | None:
+    """Why ``k`` ranks cannot run here, in one line: some would share a GPU that admits one process only.
+
+    Ranks take GPU ``local_rank % device_count``; a GPU in an exclusive (or prohibited) compute mode
+    refuses the second rank's context with cudaErrorDevicesUnavailable, deep inside a rank.
+    """
+    from cupy_nwt import cuda  # noqa: PLC0415
+
+    status = cuda.gpu_status()
+    if not status.available or k <= status.device_count:
+        return None
+    for device in range(min(status.device_count, k - status.device_count)):
+        mode = cuda.compute_mode(device)
+        if mode != "default":
+            return (f"{k} ranks would share GPU {device}, which is in {mode} compute mode (one process at a time): "
+                    f"skipped; 'nvidia-smi -i {device} -c DEFAULT' lets ranks share it")
+    return None
+
+
+UNAVAILABLE = ("cudaErrorDevicesUnavailable", "busy or unavailable")
+
+
 def launch(k: int, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     out.mkdir(parents=True)
     cmd = [torchrun_path(), "--standalone", f"--nproc-per-node={k}", "--monitor-interval=0.1", __file__,
@@ -106,6 +128,9 @@ def launch(k: int, args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
            "--batches", str(args.batches), "--warmup", str(args.warmup), "--workers", args.workers]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0 and any(u in proc.stdout + proc.stderr for u in UNAVAILABLE):
+        raise SystemExit(f"scaleout: {k} ranks failed: a GPU refused another process (cudaErrorDevicesUnavailable); "
+                         "is it in an exclusive compute mode? (nvidia-smi -q -d COMPUTE)")
     if proc.returncode != 0:
         raise SystemExit(f"{k} ranks failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(k)]
@@ -159,6 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     counts = [int(x) for x in args.ranks.split(",") if x.strip()]
     if not counts or min(counts) < 1:
         p.error(f"--ranks needs positive rank counts, got {args.ranks!r}")
+    skipped = {}
+    for k in counts:
+        if (why := sharing_refusal(k)) is not None:
+            skipped[str(k)] = why
+            print(f"scaleout: {why}", file=sys.stderr)
+    counts = [k for k in counts if str(k) not in skipped]
+    if not counts:
+        return 3
     runs = []
     with tempfile.TemporaryDirectory(prefix="cupy_nwt_scaleout_") as tmp:
         for repeat in range(args.repeats):
@@ -175,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
             + ("Batches go to the GPU." if status.available else f"No GPU ({status.reason}): batches stay on the host."))
     rows = summarize_runs(runs)
     result = {"format": FORMAT, "host_tag": system.host_tag(), "host": host.to_dict(), "gpu": status.to_dict(),
-              "note": note, "config": {k: v for k, v in vars(args).items() if k not in ("as_rank", "out", "output")},
+              "note": note, "skipped_ranks": skipped,
+              "config": {k: v for k, v in vars(args).items() if k not in ("as_rank", "out", "output")},
               "summary": rows, "runs": runs}
     path = report.write_json(result, args.output or RESULTS / f"scaleout-{system.host_tag()}.json")
     print(report.table(

@@ -16,6 +16,9 @@ from typing import Any
 
 import numpy as np
 
+# Re-exported: callers ask this module for links, as before they moved to pcie.py.
+from .pcie import PcieLink, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
+
 
 class NoGPUError(RuntimeError):
     """Raised by GPU-only entry points; its message is one sentence a user can act on."""
@@ -35,31 +38,6 @@ class GpuStatus:
 
 
 @dataclass(frozen=True)
-class PcieLink:
-    """A PCIe link as NVML (or sysfs) reports it; GB/s are per direction, after line coding."""
-
-    current_gen: int | None
-    current_width: int | None
-    max_gen: int | None
-    max_width: int | None
-    source: str
-
-    @property
-    def current_gbps(self) -> float | None:
-        return pcie_theoretical_gbps(self.current_gen, self.current_width)
-
-    @property
-    def max_gbps(self) -> float | None:
-        return pcie_theoretical_gbps(self.max_gen, self.max_width)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["current_gbps"] = self.current_gbps
-        d["max_gbps"] = self.max_gbps
-        return d
-
-
-@dataclass(frozen=True)
 class DeviceInfo:
     index: int
     name: str
@@ -74,25 +52,6 @@ class DeviceInfo:
         d = asdict(self)
         d["link"] = self.link.to_dict() if self.link else None
         return d
-
-
-# Per-lane payload rate in GB/s, after line coding: gen1/2 use 8b/10b, gen3..5 use 128b/130b,
-# gen6 runs PAM4 with 242B/256B FLIT framing.
-_LANE_GBPS = {
-    1: 2.5 * 8 / 10 / 8,
-    2: 5.0 * 8 / 10 / 8,
-    3: 8.0 * 128 / 130 / 8,
-    4: 16.0 * 128 / 130 / 8,
-    5: 32.0 * 128 / 130 / 8,
-    6: 64.0 * 242 / 256 / 8,
-}
-
-
-def pcie_theoretical_gbps(gen: int | None, width: int | None) -> float | None:
-    """Theoretical one-direction bandwidth of a PCIe link (Gen5 x16 -> ~63.0 GB/s)."""
-    if gen is None or width is None or gen not in _LANE_GBPS or width <= 0:
-        return None
-    return _LANE_GBPS[gen] * width
 
 
 def _cupy():
@@ -150,14 +109,19 @@ def require_gpu() -> None:
 
 
 def pcie_link(device: int = 0) -> PcieLink | None:
-    """The device's PCIe link from NVML, or from Linux sysfs when NVML is unavailable.
+    """The device's PCIe link from NVML, or from Linux sysfs when NVML is unavailable; never raises.
 
     NVML numbers devices in PCI order and CUDA (by default) fastest first, and
-    CUDA_VISIBLE_DEVICES renumbers only CUDA's view: the device is matched by PCI bus id.
+    CUDA_VISIBLE_DEVICES renumbers only CUDA's view: the device is matched by PCI bus id. Inside a
+    VM NVML may refuse the link queries and sysfs may have no such device: then None, which every
+    report shows as "link limit unknown".
     """
     if not gpu_status().available:
         return None
-    bus_id = _cupy().cuda.runtime.deviceGetPCIBusId(device)
+    try:
+        bus_id = str(_cupy().cuda.runtime.deviceGetPCIBusId(device))
+    except Exception:  # noqa: BLE001 - no bus id, no way to find the link
+        return None
     try:
         import pynvml  # noqa: PLC0415
 
@@ -173,34 +137,22 @@ def pcie_link(device: int = 0) -> PcieLink | None:
             )
         finally:
             pynvml.nvmlShutdown()
-    except Exception:  # noqa: BLE001 - no NVML library or no such call: fall back to sysfs below
+    except Exception:  # noqa: BLE001, S110 - no NVML library or no such call: fall back to sysfs below
         pass
-    return sysfs_pcie_link(Path("/sys/bus/pci/devices") / bus_id.lower())
-
-
-def sysfs_pcie_link(dev_dir: Path) -> PcieLink | None:
-    """Read a link from sysfs files such as ``current_link_speed = '32.0 GT/s PCIe'``."""
-    gts_to_gen = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
-
-    def read(name: str) -> str | None:
-        try:
-            return (dev_dir / name).read_text().strip()
-        except OSError:
-            return None
-
-    def gen(text: str | None) -> int | None:
-        try:
-            return gts_to_gen.get(float(text.split()[0])) if text else None
-        except ValueError:
-            return None
-
-    def width(text: str | None) -> int | None:
-        return int(text) if text and text.isdigit() else None
-
-    cur_s, max_s = read("current_link_speed"), read("max_link_speed")
-    if cur_s is None and max_s is None:
+    try:
+        return sysfs_pcie_link(Path("/sys/bus/pci/devices") / bus_id.lower())
+    except (OSError, ValueError):
         return None
-    return PcieLink(gen(cur_s), width(read("current_link_width")), gen(max_s), width(read("max_link_width")), "sysfs")
+
+
+COMPUTE_MODES = {0: "default", 1: "exclusive-thread", 2: "prohibited", 3: "exclusive-process"}
+
+
+def compute_mode(device: int = 0) -> str:
+    """The device's compute mode: "default" lets several processes share it, the others do not."""
+    require_gpu()
+    props = _cupy().cuda.runtime.getDeviceProperties(device)
+    return COMPUTE_MODES.get(int(props.get("computeMode", 0)), f"mode {props.get('computeMode')}")
 
 
 def device_info(device: int = 0) -> DeviceInfo:
@@ -263,7 +215,9 @@ def pinned_empty(shape: int | tuple[int, ...], dtype: Any = np.uint8) -> np.ndar
 class HostRegistration:
     """Page-locks existing host memory (cudaHostRegister) until ``close()``.
 
-    Used for the loader's shared-memory ring so the H2D copy starts straight from it.
+    Used for the loader's shared-memory ring so the H2D copy starts straight from it. The device
+    current at registration is the one the memory is registered with: ``close()`` unregisters with
+    that device current again, whichever device the caller has current by then.
     """
 
     def __init__(self, array: np.ndarray, portable: bool = True) -> None:
@@ -273,6 +227,7 @@ class HostRegistration:
         rt = _cupy().cuda.runtime
         self.ptr = int(array.ctypes.data)
         self.nbytes = int(array.nbytes)
+        self.device = int(rt.getDevice())
         flags = 1 if portable else 0  # cudaHostRegisterPortable: pinned for every context
         rt.hostRegister(self.ptr, self.nbytes, flags)
         self._array = array
@@ -281,12 +236,14 @@ class HostRegistration:
     def close(self) -> None:
         if self._open:
             self._open = False
+            cupy = _cupy()
             try:
-                _cupy().cuda.runtime.hostUnregister(self.ptr)
+                with cupy.cuda.Device(self.device):
+                    cupy.cuda.runtime.hostUnregister(self.ptr)
             finally:
                 self._array = None
 
-    def __enter__(self) -> "HostRegistration":
+    def __enter__(self) -> HostRegistration:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -425,36 +382,45 @@ def empty_on_stream(shape: int | tuple[int, ...], dtype: Any, stream):
         return _cupy().empty(shape, dtype=dtype)
 
 
+# %globaltimer is the GPU's nanosecond wall clock: unlike clock64() (SM cycles), a spin on it lasts
+# the same time whether the SM clock idles at a few hundred MHz or boosts to ~2 GHz.
 _SPIN_SOURCE = r"""
-extern "C" __global__ void cupy_nwt_spin(const unsigned char* touch, long long cycles, unsigned char* sink) {
-    long long start = clock64();
+extern "C" __global__ void cupy_nwt_spin(const unsigned char* touch, long long ns, unsigned char* sink) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
     unsigned char acc = touch[0];
-    while (clock64() - start < cycles) {
+    do {
         acc = (unsigned char)(acc * 3 + 1);
-    }
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while ((long long)(now - start) < ns);
     sink[0] = acc;
 }
 """
 
 
 class SpinKernel:
-    """A one-thread kernel that reads one byte of its input, then spins for a number of SM cycles.
+    """A one-thread kernel that reads one byte of its input, then spins for a number of nanoseconds.
 
     It stands in for a training step of known duration: reading the batch orders it after the
-    batch's copy, and its length does not depend on the batch's size or content.
+    batch's copy, and its length does not depend on the batch's size, content or the SM clock. It
+    runs on the device that holds ``touch``, with a sink byte of that device's own.
     """
 
     def __init__(self) -> None:
         require_gpu()
-        cupy = _cupy()
-        self._kernel = cupy.RawKernel(_SPIN_SOURCE, "cupy_nwt_spin")
-        self._sink = cupy.zeros(1, dtype=cupy.uint8)
+        self._kernel = _cupy().RawKernel(_SPIN_SOURCE, "cupy_nwt_spin")
+        self._sinks: dict[int, Any] = {}
 
-    def __call__(self, touch: Any, cycles: int, stream=None) -> None:
+    def __call__(self, touch: Any, nanoseconds: int, stream=None) -> None:
         cupy = _cupy()
         arr = cupy.asarray(touch)  # zero-copy for anything with __cuda_array_interface__ (torch too)
-        with stream if stream is not None else contextlib.nullcontext():
-            self._kernel((1,), (1,), (arr, np.int64(cycles), self._sink))
+        device = int(arr.device.id)
+        with cupy.cuda.Device(device):
+            sink = self._sinks.get(device)
+            if sink is None:
+                sink = self._sinks[device] = cupy.zeros(1, dtype=cupy.uint8)
+            with stream if stream is not None else contextlib.nullcontext():
+                self._kernel((1,), (1,), (arr, np.int64(nanoseconds), sink))
 
 
 def as_device_array(obj: Any):
@@ -463,6 +429,17 @@ def as_device_array(obj: Any):
 
 
 def to_device(host: np.ndarray):
-    """A synchronous host -> device copy into a new CuPy array (the no-prefetch baseline)."""
+    """A blocking host -> device copy into a new CuPy array: the no-prefetch baseline.
+
+    ``cudaMemcpy`` from pageable memory returns only once the bytes are on the device (and it runs on
+    the legacy default stream, after the work queued there). ``cupy.asarray`` would instead stage
+    through CuPy's pinned pool and copy asynchronously: a second prefetch path, not a baseline.
+    """
     require_gpu()
-    return _cupy().asarray(host)
+    cupy = _cupy()
+    src = np.ascontiguousarray(host)
+    dst = cupy.empty(src.shape, dtype=src.dtype)
+    if src.nbytes:
+        rt = cupy.cuda.runtime
+        rt.memcpy(int(dst.data.ptr), int(src.ctypes.data), int(src.nbytes), rt.memcpyHostToDevice)
+    return dst

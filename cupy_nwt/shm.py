@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .collate import BatchLayoutError, Treedef, as_leaf, flatten, leaf_paths
+from .errors import LoaderError
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "cupy_nwt_"
@@ -110,8 +111,8 @@ class SlotLayout:
         return {"rows": self.rows, "slot_bytes": self.slot_bytes, "fields": [f.to_dict() for f in self.fields]}
 
 
-class ShmSpaceError(MemoryError):
-    """/dev/shm cannot hold the ring; the message says how much is needed and what to change."""
+class ShmSpaceError(LoaderError, MemoryError):
+    """/dev/shm is missing or cannot hold the ring; the message names it, its free and the needed bytes."""
 
 
 class Ring:
@@ -196,7 +197,12 @@ class Ring:
 
 def _map(path: str, nbytes: int, *, create: bool) -> mmap.mmap:
     flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
-    fd = os.open(path, flags, 0o600)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if create:  # a VM or a minimal container without a /dev/shm mount, or one we may not write to
+            raise _space_error(nbytes, exc) from None
+        raise
     try:
         if create:
             # Reserve the pages now: on a full /dev/shm (Docker's default is 64 MiB) a worker would
@@ -206,15 +212,23 @@ def _map(path: str, nbytes: int, *, create: bool) -> mmap.mmap:
     except OSError as exc:
         if create:
             os.unlink(path)
-            free = _shm_free()
-            raise ShmSpaceError(
-                f"the loader's ring needs {nbytes / 2**20:.1f} MiB of {SHM_DIR} but only "
-                f"{free / 2**20:.1f} MiB are free ({exc.strerror}); lower batch_size, num_workers or "
-                "prefetch_factor, or give the container a larger /dev/shm (docker --shm-size)"
-            ) from None
+            raise _space_error(nbytes, exc) from None
         raise
     finally:
         os.close(fd)
+
+
+def _space_error(nbytes: int, exc: OSError) -> ShmSpaceError:
+    """One line: /dev/shm, its free bytes, the bytes the ring needs, and what to change."""
+    need = f"the loader's ring needs {nbytes / 2**20:.1f} MiB of {SHM_DIR} ({nbytes} bytes)"
+    if not os.path.isdir(SHM_DIR):
+        return ShmSpaceError(
+            f"{need}, but {SHM_DIR} does not exist (0 bytes free): mount a tmpfs there "
+            f"(mount -t tmpfs -o size=1g tmpfs {SHM_DIR}) or use num_workers=0")
+    free = _shm_free()
+    return ShmSpaceError(
+        f"{need} but only {free / 2**20:.1f} MiB ({free} bytes) are free ({exc.strerror}); lower batch_size, "
+        "num_workers or prefetch_factor, or give the container a larger /dev/shm (docker --shm-size)")
 
 
 def _shm_free() -> int:

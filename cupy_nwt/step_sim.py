@@ -52,36 +52,32 @@ class FeedResult:
 
 
 class SimulatedStep:
-    """A kernel that takes ``seconds`` on the device, then a host sync; returns its device seconds."""
+    """A kernel that takes ``seconds`` on the device, then a host sync; returns its device seconds.
+
+    The kernel spins on the GPU's nanosecond timer (``%globaltimer``), not on SM cycles: the SM
+    clock ramps from a few hundred MHz idle to ~2 GHz boosted, so a cycle count calibrated at one
+    clock would be off by up to 5x at the other.
+    """
 
     def __init__(self, seconds: float) -> None:
         if seconds <= 0:
             raise ValueError(f"step seconds must be positive, got {seconds!r}")
         self.seconds = seconds
+        self.nanoseconds = max(1, round(seconds * 1e9))
         self._spin = cuda.SpinKernel()
-        self._cycles = self._calibrate(seconds)
+        self._timed(cuda.device_empty(1), 1)  # the first launch compiles the kernel: keep that out of the steps
 
-    def _calibrate(self, seconds: float) -> int:
-        """SM cycles for ``seconds``: clocks boost and throttle, so measure rather than trust the spec."""
-        probe = cuda.device_empty(1)
-        self._timed(probe, 1)  # the first launch compiles the kernel: keep that out of the calibration
-        cycles = 1_000_000
-        for _ in range(3):
-            took = self._timed(probe, cycles)
-            cycles = max(1, int(cycles * seconds / took)) if took > 0 else cycles * 10
-        return cycles
-
-    def _timed(self, batch: Any, cycles: int) -> float:
+    def _timed(self, batch: Any, nanoseconds: int) -> float:
         stream = cuda.current_stream()
         start, end = cuda.event(), cuda.event()
         start.record(stream)
-        self._spin(batch, cycles)
+        self._spin(batch, nanoseconds)
         end.record(stream)
         return cuda.elapsed_ms(start, end) / 1e3
 
     def __call__(self, batch: Any) -> float:
         leaves, _ = flatten(batch)
-        return self._timed(leaves[0], self._cycles)
+        return self._timed(leaves[0], self.nanoseconds)
 
 
 def feed(batches: Iterable[Any], step: Callable[[Any], float], *, steps: int, warmup: int, batch_size: int,

@@ -18,15 +18,21 @@ CACHE_ENV = "CUPY_NWT_CACHE_DIR"
 def cache_dir(path: str | os.PathLike[str] | None = None) -> Path:
     """Where cupy_nwt keeps what it builds or learns on this machine (synthetic data, tuned picks).
 
-    ``path`` if given, else ``$CUPY_NWT_CACHE_DIR``, else the user cache dir (platformdirs).
+    ``path`` if given, else ``$CUPY_NWT_CACHE_DIR``, else the user cache dir (platformdirs). Without
+    platformdirs (the lent GPU machines' image lacks it) the XDG rule it follows on Linux stands in:
+    ``$XDG_CACHE_HOME/cupy_nwt``, else ``~/.cache/cupy_nwt``.
     """
     if path is not None:
         return Path(path)
     env = os.environ.get(CACHE_ENV)
     if env:
         return Path(env)
-    import platformdirs  # noqa: PLC0415 - only needed when a cache is used
-
+    try:
+        import platformdirs  # noqa: PLC0415 - optional, and only needed when a cache is used
+    except ImportError:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+        return base / "cupy_nwt"
     return Path(platformdirs.user_cache_dir("cupy_nwt"))
 
 

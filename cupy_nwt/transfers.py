@@ -221,9 +221,9 @@ class BandwidthResult:
         """Human description of the link figure used, e.g. 'Gen5 x16 (max, nvml): 63.0 GB/s'."""
         basis, link, rate = self.link_basis, self.link, self.link_gbps
         if link is None:
-            return "unknown (no NVML, no sysfs entry)"
+            return "link limit unknown (neither NVML nor sysfs reports the link, as inside some VMs)"
         if rate is None:
-            return f"unknown (the {link.source} reading has no usable generation and width)"
+            return f"link limit unknown (the {link.source} reading has no usable generation and width)"
         gen, width = (link.max_gen, link.max_width) if basis == "max" else (link.current_gen, link.current_width)
         return f"Gen{gen} x{width} ({basis}, {link.source}): {rate:.1f} GB/s per direction"
 

@@ -27,11 +27,8 @@ import numpy as np
 
 from . import cuda
 from .collate import BatchLayoutError, collate_into, default_collate, flatten
+from .errors import LoaderError
 from .shm import Ring, SlotLayout
-
-
-class LoaderError(RuntimeError):
-    """Base class of the loader's own errors."""
 
 
 class WorkerError(LoaderError):

@@ -81,3 +81,14 @@ def test_simulated_step_lasts_what_it_was_asked():
     batch = cuda.device_empty((4, 4))
     took = sorted(step(batch) for _ in range(9))[4]
     assert took == pytest.approx(0.002, rel=0.25)
+
+
+@pytest.mark.gpu
+def test_a_5ms_step_lasts_5ms_by_cuda_events_even_from_idle_clocks():
+    """No warm-up of the GPU first: a cycle-counted spin would run long or short while clocks ramp."""
+    from cupy_nwt import cuda
+
+    step = SimulatedStep(0.005)
+    batch = cuda.device_empty(16)
+    took = [step(batch) for _ in range(5)]
+    assert all(0.0045 <= t <= 0.0055 for t in took), took

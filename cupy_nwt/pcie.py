@@ -1,0 +1,80 @@
+"""PCIe link arithmetic and the Linux sysfs reading of a link: host-side facts that need no GPU.
+
+``cuda.pcie_link`` asks NVML first and falls back to :func:`sysfs_pcie_link`; inside a VM both may
+have nothing to say, and every caller then reports the link limit as unknown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """A PCIe link as NVML (or sysfs) reports it; GB/s are per direction, after line coding."""
+
+    current_gen: int | None
+    current_width: int | None
+    max_gen: int | None
+    max_width: int | None
+    source: str
+
+    @property
+    def current_gbps(self) -> float | None:
+        return pcie_theoretical_gbps(self.current_gen, self.current_width)
+
+    @property
+    def max_gbps(self) -> float | None:
+        return pcie_theoretical_gbps(self.max_gen, self.max_width)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["current_gbps"] = self.current_gbps
+        d["max_gbps"] = self.max_gbps
+        return d
+
+
+# Per-lane payload rate in GB/s, after line coding: gen1/2 use 8b/10b, gen3..5 use 128b/130b,
+# gen6 runs PAM4 with 242B/256B FLIT framing.
+_LANE_GBPS = {
+    1: 2.5 * 8 / 10 / 8,
+    2: 5.0 * 8 / 10 / 8,
+    3: 8.0 * 128 / 130 / 8,
+    4: 16.0 * 128 / 130 / 8,
+    5: 32.0 * 128 / 130 / 8,
+    6: 64.0 * 242 / 256 / 8,
+}
+
+
+def pcie_theoretical_gbps(gen: int | None, width: int | None) -> float | None:
+    """Theoretical one-direction bandwidth of a PCIe link (Gen5 x16 -> ~63.0 GB/s)."""
+    if gen is None or width is None or gen not in _LANE_GBPS or width <= 0:
+        return None
+    return _LANE_GBPS[gen] * width
+
+
+def sysfs_pcie_link(dev_dir: Path) -> PcieLink | None:
+    """Read a link from sysfs files such as ``current_link_speed = '32.0 GT/s PCIe'``."""
+    gts_to_gen = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+
+    def read(name: str) -> str | None:
+        try:
+            return (dev_dir / name).read_text().strip()
+        except OSError:
+            return None
+
+    def gen(text: str | None) -> int | None:
+        try:
+            return gts_to_gen.get(float(text.split()[0])) if text else None
+        except ValueError:
+            return None
+
+    def width(text: str | None) -> int | None:
+        return int(text) if text and text.isdigit() else None
+
+    cur_s, max_s = read("current_link_speed"), read("max_link_speed")
+    if cur_s is None and max_s is None:
+        return None
+    return PcieLink(gen(cur_s), width(read("current_link_width")), gen(max_s), width(read("max_link_width")), "sysfs")
