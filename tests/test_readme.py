@@ -19,6 +19,8 @@ first on ``PATH`` (so ``cupy-nwt`` and ``python`` are this installation's) and a
     the block reads ``shards.tar``: a small shard of the synthetic set is written first.
 ``<!-- test: setup-main -->``
     the main set-up command, run literally (a fresh venv and an install) in a copy of the tree.
+``<!-- test: repo-root ... -->``
+    the commands run in the repository root (with ``gpu``: they must refuse before writing anything).
 
 A block without a comment simply runs and must exit 0.
 """
@@ -40,7 +42,7 @@ from cupy_nwt import cuda
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 FENCE = re.compile(r"(?:<!-- test: (?P<how>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
-KNOWN = {"gpu", "file", "ci", "first-line", "shards.tar", "setup-main"}
+KNOWN = {"gpu", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root"}
 
 
 @dataclass(frozen=True)
@@ -113,9 +115,16 @@ def prepare(block: Block, workdir: Path) -> None:
         write_tar_shard(workdir / "shards.tar", list(images), list(labels))
 
 
-def run(argv: list[str], workdir: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, cwd=workdir, env=environment(workdir), capture_output=True, text=True,
+def run(argv: list[str], workdir: Path, timeout: float = 600, cwd: Path | None = None,
+        ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, cwd=cwd or workdir, env=environment(workdir), capture_output=True, text=True,
                           timeout=timeout)
+
+
+def tracked_state() -> str:
+    """What ``git status`` says of the tree, untracked files included: a refused command adds nothing."""
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
 
 
 def check_gpu_refusal(proc: subprocess.CompletedProcess[str], what: str) -> None:
@@ -175,12 +184,16 @@ def test_readme_block(block: Block, workdir: Path):
         if shutil.which(program, path=environment(workdir)["PATH"]) is None:
             pytest.skip(f"{program} is not installed here")
     gpu = "gpu" in block.how and not cuda.gpu_status().available
+    where = ROOT if "repo-root" in block.how else workdir
+    before = tracked_state() if where == ROOT else None
     for cmd in lines:
-        proc = run(["bash", "-c", cmd], workdir)
+        proc = run(["bash", "-c", cmd], workdir, cwd=where)
         if gpu:
             check_gpu_refusal(proc, cmd)
         else:
             assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    if before is not None and gpu:
+        assert tracked_state() == before, "a refused GPU command changed the repository"
     if gpu:
         pytest.skip(f"GPU path not run: {cuda.gpu_status().reason}")
     if "first-line" in block.how:
