@@ -1,7 +1,8 @@
 """``cupy-nwt`` and ``python -m cupy_nwt``: one sub-command per experiment.
 
-Every failure a user can cause or meet (bad input, no GPU) ends as one line on stderr and a
-non-zero exit, never a traceback.
+Every failure a user can cause or meet (bad input, no GPU, bad data, a dead worker) ends as one
+line on stderr and its own exit code (``EXIT_CODES``), never a traceback unless ``--debug`` (or
+``CUPY_NWT_DEBUG=1``) asks for one.
 """
 
 from __future__ import annotations
@@ -9,14 +10,31 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
 from . import __version__, cuda, report, system
 from .units import fmt_bytes, parse_size, size_sweep
 
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NO_GPU = 3
+EXIT_BAD_DATA = 4
+EXIT_WORKER = 5
+EXIT_INTERRUPTED = 130
+DEBUG_ENV = "CUPY_NWT_DEBUG"
+
+EXIT_CODES = f"""exit codes:
+  0    done
+  1    a run's own check failed, or an unexpected error
+  2    bad input: options, paths, arguments
+  3    no usable GPU for a command that needs one
+  4    bad data: a file, archive member or sample that cannot be read or does not fit
+  5    a loader worker died or stopped delivering
+  130  interrupted
+
+Errors are one line on stderr; --debug (or {DEBUG_ENV}=1) adds the full traceback."""
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -179,7 +197,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _check_writable(args.plot, "--plot")
     dataset = (datasets.open_dataset(args.dataset) if args.dataset
                else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1)))
+    args.opened_dataset = dataset  # lets an error name the file behind a failing sample index
     transform = None if args.no_transform else transforms.CifarTrainTransform()
+    if transform is not None and args.dataset:
+        datasets.check_images(dataset, args.dataset, "the tune's CIFAR augmentation (--no-transform turns it off)")
     try:
         alpha, tolerance = float(args.alpha), float(args.tolerance)
     except ValueError:
@@ -236,8 +257,10 @@ def _workload_options(s: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cupy-nwt", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cupy-nwt", description=__doc__.splitlines()[0], epilog=EXIT_CODES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"cupy-nwt {__version__}")
+    p.add_argument("--debug", action="store_true", help=f"print the traceback of an error (or {DEBUG_ENV}=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("info", help="host facts, and the GPU with its PCIe link (or why there is none)")
@@ -290,7 +313,59 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the JSON report instead of the summary")
     s.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
     s.set_defaults(func=cmd_reproduce)
+    for s in sub.choices.values():  # --debug before or after the command; SUPPRESS keeps the global value
+        s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _loading_failure(exc: BaseException, args: argparse.Namespace) -> str:
+    """One line for a batch that failed to load: the file, member or sample, and what is wrong."""
+    from .collate import BatchLayoutError  # noqa: PLC0415 - only on the error path
+    from .datasets import DataError, sample_source  # noqa: PLC0415
+
+    cause = exc.__cause__
+    index = getattr(cause, "sample_index", None)
+    index = getattr(exc, "sample_index", None) if index is None else index
+    where = getattr(args, "dataset", None) or "the dataset"
+    if isinstance(cause, DataError):
+        what = _first_line(cause)
+    elif isinstance(cause, BatchLayoutError):
+        if index is not None:
+            where = sample_source(getattr(args, "opened_dataset", None), index)
+        what = f"{where}: {_first_line(cause)}"
+    else:
+        at = f"sample {index}" if index is not None else f"batch {getattr(exc, 'batch_index', '?')}"
+        kind = getattr(exc, "exc_type", None) or type(cause).__name__
+        detail = _first_line(cause) if cause is not None else _first_line(exc).partition(f"{kind}: ")[2]
+        what = f"{where}, {at}: {kind}: {detail or _first_line(exc)}"
+    if index is not None and "sample" not in what:
+        what += f" (sample {index})"
+    return what
+
+
+def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
+    """The exit code and the one line for the error a command ended with."""
+    from .datasets import DataError  # noqa: PLC0415 - only on the error path
+    from .worker import LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: PLC0415
+
+    if isinstance(exc, cuda.NoGPUError):
+        return EXIT_NO_GPU, str(exc)
+    if isinstance(exc, DataError):
+        return EXIT_BAD_DATA, f"bad data: {_first_line(exc)}"
+    if isinstance(exc, WorkerError):
+        return EXIT_BAD_DATA, f"bad data: {_loading_failure(exc, args)}"
+    if isinstance(exc, (WorkerDiedError, LoaderTimeoutError)):
+        return EXIT_WORKER, f"loader worker failed: {_first_line(exc)}"
+    if isinstance(exc, (ValueError, FileNotFoundError)):
+        return EXIT_USAGE, str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted"
+    return EXIT_FAILED, f"unexpected error: {type(exc).__name__}: {_first_line(exc)} (--debug shows where)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -298,12 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except cuda.NoGPUError as exc:
-        print(f"cupy-nwt {args.command}: {exc}", file=sys.stderr)
-        return EXIT_NO_GPU
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"cupy-nwt {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"cupy-nwt {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - every error ends as one line and a code
+        code, line = _failure(exc, args)
+        if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            traceback.print_exception(exc)
+        print(f"cupy-nwt {args.command}: {line}", file=sys.stderr)
+        return code
