@@ -209,7 +209,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         dataset, batch_size=_int_option(args.batch_size, "--batch-size", 1),
         max_workers=None if args.max_workers is None else _int_option(args.max_workers, "--max-workers", 1),
         iterations=_int_option(args.iterations, "--iterations", 1), alpha=alpha, tolerance=tolerance,
-        strategy=args.strategy, device=args.device, pin_memory=not args.no_pin_memory,
+        strategy=args.strategy, device=args.device, pin_memory=args.pin_memory,
         prefetch_factor=_int_option(args.prefetch_factor, "--prefetch-factor", 1), batch_transform=transform,
         progress=not args.no_progress)
     saved = None if args.no_save else result.save()
@@ -295,7 +295,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tolerance", default="0.02", help="fast: counts within this fraction of the best are equal")
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="where batches go; auto = cuda when a GPU is usable")
-    s.add_argument("--no-pin-memory", action="store_true", help="pageable host memory for the H2D copy")
+    s.add_argument("--pin-memory", action="store_true", help="page-locked host memory for the H2D copy, as "
+                   "DataLoader(pin_memory=True); off by default, as in the DataLoader")
     s.add_argument("--no-save", action="store_true", help="do not record the pick in the machine-wide store")
     s.add_argument("--plot", metavar="FILE.png", help="also draw time and memory against workers (paper Fig. 2/3)")
     s.add_argument("--json", action="store_true", help="print JSON instead of the table")

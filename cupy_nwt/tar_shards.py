@@ -112,7 +112,7 @@ def scan_tar(tar_path: Path, shown: str | os.PathLike) -> list[TarMember]:
     members: list[TarMember] = []
     with open(tar_path, "rb") as f:
         try:
-            tf = tarfile.open(fileobj=f, mode="r:")
+            tf = tarfile.open(fileobj=f, mode="r:")  # noqa: SIM115 - entered just below, once open succeeded
         except tarfile.TarError as exc:
             raise DamagedArchiveError(shown, 0, f"not a readable tar archive ({exc})") from exc
         with tf:
