@@ -344,9 +344,13 @@ def _loading_failure(exc: BaseException, args: argparse.Namespace) -> str:
         kind = getattr(exc, "exc_type", None) or type(cause).__name__
         detail = _first_line(cause) if cause is not None else _first_line(exc).partition(f"{kind}: ")[2]
         what = f"{where}, {at}: {kind}: {detail or _first_line(exc)}"
-    if index is not None and "sample" not in what:
-        what += f" (sample {index})"
-    return what
+    return _with_index(what, index)
+
+
+def _with_index(what: str, index: int | None) -> str:
+    if index is None or f"sample {index}" in what or f"sample index {index}" in what:
+        return what
+    return f"{what} (sample {index})"
 
 
 def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
@@ -357,7 +361,7 @@ def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
     if isinstance(exc, cuda.NoGPUError):
         return EXIT_NO_GPU, str(exc)
     if isinstance(exc, DataError):
-        return EXIT_BAD_DATA, f"bad data: {_first_line(exc)}"
+        return EXIT_BAD_DATA, f"bad data: {_with_index(_first_line(exc), getattr(exc, 'sample_index', None))}"
     if isinstance(exc, WorkerError):
         return EXIT_BAD_DATA, f"bad data: {_loading_failure(exc, args)}"
     if isinstance(exc, (WorkerDiedError, LoaderTimeoutError)):

@@ -216,9 +216,9 @@ def _load_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         data = np.asarray(d[b"data"], dtype=np.uint8)
         labels = np.asarray(d[b"labels"], dtype=np.int64)
     except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path} is not a CIFAR-10 python batch: {exc}") from exc
+        raise DataError(f"{path} is not a CIFAR-10 python batch: {exc}") from exc
     if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
-        raise ValueError(f"{path} is not a CIFAR-10 python batch: data {data.shape}, {len(labels)} labels")
+        raise DataError(f"{path} is not a CIFAR-10 python batch: data {data.shape}, {len(labels)} labels")
     return data, labels
 
 
@@ -241,7 +241,7 @@ class CIFAR10(ArrayDataset):
         images = np.ascontiguousarray(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
         labels = np.concatenate([p[1] for p in parts])
         if labels.size and (labels.min() < 0 or labels.max() > 9):
-            raise ValueError(f"CIFAR-10 labels in {base} fall outside 0..9")
+            raise DataError(f"CIFAR-10 labels in {base} fall outside 0..9")
         super().__init__(images, labels, transform=transform)
         self.images, self.labels = self.arrays
         self.train = train

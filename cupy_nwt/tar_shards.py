@@ -167,7 +167,7 @@ class TarImageDataset(ImageDataset):
                 continue
             parts = m.name.strip("/").split("/")
             if len(parts) < 2:
-                raise ValueError(f"TarImageDataset: member {m.name!r} of {self.path} is not inside a "
+                raise DataError(f"TarImageDataset: member {m.name!r} of {self.path} is not inside a "
                                  "class directory, so it has no label (expected <class>/<file>)")
             names.append(m.name.encode())
             offsets.append(m.offset)
