@@ -1,7 +1,8 @@
 """cupy-nwt (or python -m cupy_nwt): one sub-command per experiment.
 
-Every failure a user can cause or meet (bad input, no GPU) ends as one line on stderr and a
-non-zero exit, never a traceback.
+Every failure a user can cause or meet (bad input, no GPU, bad data, a dead worker) ends as one
+line on stderr and its own exit code (``EXIT_CODES``), never a traceback unless ``--debug`` (or
+``CUPY_NWT_DEBUG=1``) asks for one.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import traceback
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,8 +18,24 @@ from . import __version__, cuda, report, system
 from .progress import Progress
 from .units import fmt_bytes, parse_size, size_sweep
 
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_NO_GPU = 3
+EXIT_BAD_DATA = 4
+EXIT_WORKER = 5
+EXIT_INTERRUPTED = 130
+DEBUG_ENV = "CUPY_NWT_DEBUG"
+
+EXIT_CODES = f"""exit codes:
+  0    done
+  1    a run's own check failed, or an unexpected error
+  2    bad input: options, paths, arguments
+  3    no usable GPU for a command that needs one
+  4    bad data: a file, archive member or sample that cannot be read or does not fit
+  5    a loader worker died or stopped delivering
+  130  interrupted
+
+Errors are one line on stderr; --debug (or {DEBUG_ENV}=1) adds the full traceback."""
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -169,7 +187,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
     dataset = (datasets.open_dataset(args.dataset) if args.dataset
                else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1),
                                               progress=not args.no_progress))
+    args.opened_dataset = dataset  # lets an error name the file behind a failing sample index
     transform = None if args.no_transform else transforms.CifarTrainTransform()
+    if transform is not None and args.dataset:
+        datasets.check_images(dataset, args.dataset, "the tune's CIFAR augmentation (--no-transform turns it off)")
     try:
         alpha, tolerance = float(args.alpha), float(args.tolerance)
     except ValueError:
@@ -178,7 +199,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         dataset, batch_size=_int_option(args.batch_size, "--batch-size", 1),
         max_workers=None if args.max_workers is None else _int_option(args.max_workers, "--max-workers", 1),
         iterations=_int_option(args.iterations, "--iterations", 1), alpha=alpha, tolerance=tolerance,
-        strategy=args.strategy, device=args.device, pin_memory=not args.no_pin_memory,
+        strategy=args.strategy, device=args.device, pin_memory=args.pin_memory,
         prefetch_factor=_int_option(args.prefetch_factor, "--prefetch-factor", 1), batch_transform=transform,
         progress=not args.no_progress)
     saved = None if args.no_save else result.save()
@@ -228,8 +249,10 @@ def _workload_options(s: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cupy-nwt", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cupy-nwt", description=__doc__.splitlines()[0], epilog=EXIT_CODES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"cupy-nwt {__version__}")
+    p.add_argument("--debug", action="store_true", help=f"print the traceback of an error (or {DEBUG_ENV}=1)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("info", help="host facts, and the GPU with its PCIe link (or why there is none)")
@@ -264,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--tolerance", default="0.02", help="fast: counts within this fraction of the best are equal")
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="where batches go; auto = cuda when a GPU is usable")
-    s.add_argument("--no-pin-memory", action="store_true", help="pageable host memory for the H2D copy")
+    s.add_argument("--pin-memory", action="store_true", help="page-locked host memory for the H2D copy, as "
+                   "DataLoader(pin_memory=True); off by default, as in the DataLoader")
     s.add_argument("--no-save", action="store_true", help="do not record the pick in the machine-wide store")
     s.add_argument("--plot", metavar="FILE.png", help="also draw time and memory against workers (paper Fig. 2/3)")
     s.add_argument("--json", action="store_true", help="print JSON instead of the table")
@@ -282,7 +306,63 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the JSON report instead of the summary")
     s.add_argument("--no-progress", action="store_true", help="no progress output on stderr")
     s.set_defaults(func=cmd_reproduce)
+    for s in sub.choices.values():  # --debug before or after the command; SUPPRESS keeps the global value
+        s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _loading_failure(exc: BaseException, args: argparse.Namespace) -> str:
+    """One line for a batch that failed to load: the file, member or sample, and what is wrong."""
+    from .collate import BatchLayoutError  # noqa: PLC0415 - only on the error path
+    from .datasets import DataError, sample_source  # noqa: PLC0415
+
+    cause = exc.__cause__
+    index = getattr(cause, "sample_index", None)
+    index = getattr(exc, "sample_index", None) if index is None else index
+    where = getattr(args, "dataset", None) or "the dataset"
+    if isinstance(cause, DataError):
+        what = _first_line(cause)
+    elif isinstance(cause, BatchLayoutError):
+        if index is not None:
+            where = sample_source(getattr(args, "opened_dataset", None), index)
+        what = f"{where}: {_first_line(cause)}"
+    else:
+        at = f"sample {index}" if index is not None else f"batch {getattr(exc, 'batch_index', '?')}"
+        kind = getattr(exc, "exc_type", None) or type(cause).__name__
+        detail = _first_line(cause) if cause is not None else _first_line(exc).partition(f"{kind}: ")[2]
+        what = f"{where}, {at}: {kind}: {detail or _first_line(exc)}"
+    return _with_index(what, index)
+
+
+def _with_index(what: str, index: int | None) -> str:
+    if index is None or f"sample {index}" in what or f"sample index {index}" in what:
+        return what
+    return f"{what} (sample {index})"
+
+
+def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
+    """The exit code and the one line for the error a command ended with."""
+    from .datasets import DataError  # noqa: PLC0415 - only on the error path
+    from .worker import LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: PLC0415
+
+    if isinstance(exc, cuda.NoGPUError):
+        return EXIT_NO_GPU, str(exc)
+    if isinstance(exc, DataError):
+        return EXIT_BAD_DATA, f"bad data: {_with_index(_first_line(exc), getattr(exc, 'sample_index', None))}"
+    if isinstance(exc, WorkerError):
+        return EXIT_BAD_DATA, f"bad data: {_loading_failure(exc, args)}"
+    if isinstance(exc, (WorkerDiedError, LoaderTimeoutError)):
+        return EXIT_WORKER, f"loader worker failed: {_first_line(exc)}"
+    if isinstance(exc, (ValueError, FileNotFoundError)):
+        return EXIT_USAGE, str(exc)
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted"
+    return EXIT_FAILED, f"unexpected error: {type(exc).__name__}: {_first_line(exc)} (--debug shows where)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -290,12 +370,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except cuda.NoGPUError as exc:
-        print(f"cupy-nwt {args.command}: {exc}", file=sys.stderr)
-        return EXIT_NO_GPU
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"cupy-nwt {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print(f"cupy-nwt {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - every error ends as one line and a code
+        code, line = _failure(exc, args)
+        if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
+            traceback.print_exception(exc)
+        print(f"cupy-nwt {args.command}: {line}", file=sys.stderr)
+        return code

@@ -7,90 +7,52 @@ memmaps are read without writes, so worker memory stays flat.
 
 Samples are ``(image, label)`` with ``image`` a uint8 HWC RGB array and ``label`` an int
 (``ArrayDataset``: a tuple of one row per array). An optional ``transform`` is applied to the image.
+
+Tar shards live in ``tar_shards`` and image decoding/encoding in ``images``; their names are
+importable from here too. Bad data raises :class:`DataError` (a ``ValueError``) naming the file,
+archive member or sample, whether it is found when a dataset is opened or when a sample is read.
 """
 
 from __future__ import annotations
 
-import gzip
-import hashlib
-import io
 import mmap
 import operator
 import os
 import pickle
 import shutil
-import struct
-import tarfile
 import tempfile
-import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from .images import (
+    IMAGE_EXTENSIONS,
+    CorruptImageError,
+    DataError,
+    ImageDataset,
+    Transform,
+    decode_image,
+    encode_image,
+    encode_png,
+    encode_png_batch,
+    index_in,
+)
 from .progress import Progress
-from .report import atomic_open
-from .system import usable_cpus
 from .system import cache_dir as default_cache_dir
+from .system import usable_cpus
+from .tar_shards import DamagedArchiveError, TarImageDataset, scan_tar, write_tar_shard
 
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
+__all__ = [
+    "CIFAR10", "CIFAR10_CLASSES", "IMAGE_EXTENSIONS", "ArrayDataset", "CorruptImageError", "DamagedArchiveError",
+    "DataError", "ImageFolder", "SyntheticCIFAR10", "TarImageDataset", "check_images", "decode_image",
+    "encode_image", "encode_png", "encode_png_batch", "open_dataset", "sample_source", "scan_tar",
+    "synthetic_pixels", "write_tar_shard",
+]
+
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
-
-Transform = Callable[[np.ndarray], Any]
-
-
-class CorruptImageError(ValueError):
-    """An image that Pillow cannot decode; the message names the file or archive member."""
-
-
-def decode_image(data: bytes | memoryview, name: str) -> np.ndarray:
-    """Decode PNG/JPEG/... bytes to a writable uint8 HWC RGB array; ``name`` goes into the error."""
-    from PIL import Image, UnidentifiedImageError  # noqa: PLC0415 - Pillow import is slow-ish
-
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
-            rgb = img if img.mode == "RGB" else img.convert("RGB")
-            return np.array(rgb, dtype=np.uint8)
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise CorruptImageError(f"cannot decode image {name}: {exc}") from exc
-
-
-def _index(i: Any, n: int) -> int:
-    i = operator.index(i)
-    if i < 0:
-        i += n
-    if not 0 <= i < n:
-        raise IndexError(f"index {i} out of range for a dataset of {n} samples")
-    return i
-
-
-class _ImageDataset:
-    """Shared by the image-decoding datasets: ``__getitems__`` is a loop over ``__getitem__``."""
-
-    transform: Transform | None
-
-    def _image(self, i: int) -> np.ndarray:
-        raise NotImplementedError
-
-    def _label(self, i: int) -> int:
-        raise NotImplementedError
-
-    def __len__(self) -> int:
-        raise NotImplementedError
-
-    def __getitem__(self, i: int) -> tuple[Any, int]:
-        i = _index(i, len(self))
-        img = self._image(i)
-        if self.transform is not None:
-            img = self.transform(img)
-        return img, self._label(i)
-
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
-        return [self[i] for i in indices]
-
 
 # --- arrays ------------------------------------------------------------------------------------
 
@@ -134,7 +96,7 @@ class ArrayDataset:
         return len(self.arrays[0])
 
     def __getitem__(self, i: int) -> tuple[Any, ...]:
-        i = _index(i, len(self))
+        i = index_in(i, len(self))
         row = [a[i] for a in self.arrays]
         if self.transform is not None:
             row[0] = self.transform(row[0])
@@ -151,6 +113,12 @@ class ArrayDataset:
             cols[0] = [self.transform(x) for x in cols[0]]
         return list(zip(*cols))
 
+    def sample_source(self, i: int) -> str:
+        """Sample ``i`` as errors name it: with its file when the first array is a memmap."""
+        i = index_in(i, len(self))
+        a = self.arrays[0]
+        return f"{a.filename} row {i}" if isinstance(a, np.memmap) and a.filename else f"sample {i}"
+
     def __getstate__(self) -> dict[str, Any]:
         return {"arrays": tuple(_array_state(a) for a in self.arrays), "transform": self.transform}
 
@@ -166,7 +134,7 @@ class ArrayDataset:
 # --- image folder ------------------------------------------------------------------------------
 
 
-class ImageFolder(_ImageDataset):
+class ImageFolder(ImageDataset):
     """``root/<class>/**/<image>``: class names sorted alphabetically give labels 0, 1, ...
 
     Images are decoded with Pillow to uint8 HWC RGB. Paths live in one fixed-width bytes array.
@@ -201,248 +169,20 @@ class ImageFolder(_ImageDataset):
         return len(self.labels)
 
     def path(self, i: int) -> Path:
-        return self.root / os.fsdecode(self._paths[_index(i, len(self))])
+        return self.root / os.fsdecode(self._paths[index_in(i, len(self))])
+
+    def sample_source(self, i: int) -> str:
+        return str(self.path(i))
 
     def _image(self, i: int) -> np.ndarray:
         p = self.path(i)
-        return decode_image(p.read_bytes(), str(p))
+        return decode_image(p.read_bytes(), str(p), i)
 
     def _label(self, i: int) -> int:
         return int(self.labels[i])
 
     def __repr__(self) -> str:
         return f"ImageFolder({str(self.root)!r}, {len(self)} images, {len(self.classes)} classes)"
-
-
-# --- tar shards --------------------------------------------------------------------------------
-
-
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
-def _gunzip_cached(path: Path, cache_dir: Path) -> Path:
-    """Decompress a .tar.gz once into the cache (keyed by path, size and mtime); reuse it afterwards.
-
-    A gzip stream has no random access, so reading member k would mean inflating everything
-    before it, per sample. One sequential pass into an uncompressed cache file makes every later
-    read a single pread.
-    """
-    from filelock import FileLock  # noqa: PLC0415
-
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    out_dir = cache_dir / "tar"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = path.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
-    target = out_dir / f"{stem}-{key}.tar"
-    with FileLock(str(target) + ".lock"):
-        if target.exists():
-            return target
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".tar")
-        try:
-            with os.fdopen(fd, "wb") as dst, gzip.open(path, "rb") as src:
-                shutil.copyfileobj(src, dst, 1 << 20)
-            os.replace(tmp, target)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    return target
-
-
-class TarImageDataset(_ImageDataset):
-    """Labeled images inside a .tar (or .tar.gz / .tgz) archive, read by offset without extracting.
-
-    Label convention: the name of the member's parent directory (``cat/0001.png`` -> class "cat").
-    If every class name is a decimal integer the label is that integer (``3/x.png`` -> 3, what
-    ``write_tar_shard`` writes); otherwise class names sorted alphabetically give 0, 1, ...
-    Members that are not images (by extension) are ignored.
-
-    Gzip archives are decompressed once into ``cache_dir`` (see ``default_cache_dir``), because a
-    gzip stream cannot be read at an offset. The archive is indexed once at construction; every
-    process (each forked or spawned worker) opens its own file descriptor on first read and
-    reads with ``os.pread``, so no file position is shared.
-    """
-
-    def __init__(self, path: str | os.PathLike, transform: Transform | None = None,
-                 cache_dir: str | os.PathLike | None = None) -> None:
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"TarImageDataset: no such file: {self.path}")
-        self.tar_path = (_gunzip_cached(self.path, default_cache_dir(cache_dir))
-                         if _is_gzip(self.path) else self.path)
-        names, offsets, sizes, parents = [], [], [], []
-        try:
-            with tarfile.open(self.tar_path, "r:") as tf:
-                for m in tf:
-                    if not m.isfile() or not m.name.lower().endswith(IMAGE_EXTENSIONS):
-                        continue
-                    parts = m.name.strip("/").split("/")
-                    if len(parts) < 2:
-                        raise ValueError(f"TarImageDataset: member {m.name!r} of {self.path} is not inside a "
-                                         "class directory, so it has no label (expected <class>/<file>)")
-                    names.append(m.name.encode())
-                    offsets.append(m.offset_data)
-                    sizes.append(m.size)
-                    parents.append(parts[-2])
-        except tarfile.TarError as exc:
-            raise ValueError(f"TarImageDataset: {self.path} is not a readable tar archive: {exc}") from exc
-        if not names:
-            raise ValueError(f"TarImageDataset: {self.path} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
-        unique = set(parents)
-        if all(p.isdecimal() for p in unique):
-            self.classes = sorted(unique, key=int)
-            labels = [int(p) for p in parents]
-        else:
-            self.classes = sorted(unique)
-            idx = {c: i for i, c in enumerate(self.classes)}
-            labels = [idx[p] for p in parents]
-        self._names = np.array(names, dtype=bytes)
-        self._offsets = np.array(offsets, dtype=np.int64)
-        self._sizes = np.array(sizes, dtype=np.int64)
-        self.labels = np.array(labels, dtype=np.int64)
-        self.transform = transform
-        self._fd: int | None = None
-        self._fd_pid: int | None = None
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def member_name(self, i: int) -> str:
-        return self._names[_index(i, len(self))].decode()
-
-    def _file(self) -> int:
-        pid = os.getpid()
-        if self._fd is None or self._fd_pid != pid:
-            self._fd = os.open(self.tar_path, os.O_RDONLY)
-            self._fd_pid = pid
-        return self._fd
-
-    def read_bytes(self, i: int) -> bytes:
-        """The encoded bytes of sample ``i``, exactly as stored in the archive."""
-        i = _index(i, len(self))
-        size = int(self._sizes[i])
-        data = os.pread(self._file(), size, int(self._offsets[i]))
-        if len(data) != size:
-            raise CorruptImageError(f"cannot decode image member {self.member_name(i)!r} of {self.path}: "
-                                    f"archive truncated ({len(data)} of {size} bytes)")
-        return data
-
-    def _image(self, i: int) -> np.ndarray:
-        return decode_image(self.read_bytes(i), f"member {self.member_name(i)!r} of {self.path}")
-
-    def _label(self, i: int) -> int:
-        return int(self.labels[i])
-
-    def close(self) -> None:
-        """Close this process's descriptor (a descriptor inherited from another process is left alone)."""
-        if self._fd is not None and self._fd_pid == os.getpid():
-            os.close(self._fd)
-        self._fd = self._fd_pid = None
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown may have torn down os
-            pass
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_fd"] = state["_fd_pid"] = None
-        return state
-
-    def __repr__(self) -> str:
-        return f"TarImageDataset({str(self.path)!r}, {len(self)} images, {len(self.classes)} classes)"
-
-
-def encode_png_batch(images: np.ndarray) -> list[bytes]:
-    """Valid PNGs of N same-shaped uint8 images (N x H x W, or N x H x W x C with C in 1, 3, 4).
-
-    Pillow spends most of a 32x32 encode in per-call overhead and filter search, which would make
-    building 50 000 images take tens of seconds. Here the PNG "Sub" filter runs vectorised over the
-    whole batch (so a decoder still has to un-filter), and each image is deflated with Huffman
-    coding only (no LZ77 match search: several times faster to encode, about as small for noisy
-    pixels, and a decoder still has to inflate it).
-    """
-    a = np.asarray(images)
-    if a.dtype != np.uint8:
-        raise ValueError(f"PNG encoding needs uint8 pixels, got {a.dtype}")
-    if a.ndim == 3:
-        a = a[..., None]
-    if a.ndim != 4 or a.shape[3] not in (1, 3, 4) or 0 in a.shape[1:3]:
-        raise ValueError(f"PNG encoding needs N x H x W [x C] images with 1, 3 or 4 channels, got shape {a.shape}")
-    n, h, w, c = a.shape
-    rows = a.reshape(n, h, w * c)
-    filtered = np.empty((n, h, w * c + 1), dtype=np.uint8)
-    filtered[:, :, 0] = 1
-    filtered[:, :, 1:c + 1] = rows[:, :, :c]
-    np.subtract(rows[:, :, c:], rows[:, :, :-c], out=filtered[:, :, c + 1:])
-    head = b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, {1: 0, 3: 2, 4: 6}[c], 0, 0, 0))
-    tail = _png_chunk(b"IEND", b"")
-    out = []
-    for f in filtered:
-        z = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_HUFFMAN_ONLY)
-        out.append(head + _png_chunk(b"IDAT", z.compress(f) + z.flush()) + tail)
-    return out
-
-
-def encode_png(image: np.ndarray) -> bytes:
-    """A valid PNG of one uint8 HW / HWC image (see ``encode_png_batch``)."""
-    a = np.asarray(image)
-    if a.ndim not in (2, 3):
-        raise ValueError(f"PNG encoding needs an HW or HWC image, got shape {a.shape}")
-    return encode_png_batch(a[None])[0]
-
-
-def _png_chunk(tag: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(data, zlib.crc32(tag)))
-
-
-def encode_image(image: np.ndarray, fmt: str = "png", quality: int = 90) -> bytes:
-    """PNG (the fast encoder above) or JPEG (Pillow) bytes of a uint8 HWC image."""
-    fmt = fmt.lower()
-    if fmt == "png":
-        return encode_png(image)
-    if fmt in ("jpeg", "jpg"):
-        from PIL import Image  # noqa: PLC0415
-
-        buf = io.BytesIO()
-        Image.fromarray(np.ascontiguousarray(image)).save(buf, format="JPEG", quality=quality)
-        return buf.getvalue()
-    raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
-
-
-def write_tar_shard(path: str | os.PathLike, images: Sequence[np.ndarray] | np.ndarray,
-                    labels: Sequence[int] | np.ndarray, fmt: str = "png",
-                    class_names: Sequence[str] | None = None) -> Path:
-    """Write images as ``<label or class name>/<index>.<ext>`` members of a tar (gzip if the name ends .gz/.tgz).
-
-    The archive is reproducible (fixed mtimes and owners) and appears atomically.
-    """
-    path = Path(path)
-    labels = np.asarray(labels).reshape(-1)
-    if len(images) != len(labels):
-        raise ValueError(f"write_tar_shard: {len(images)} images but {len(labels)} labels")
-    if class_names is not None and labels.size and (labels.min() < 0 or labels.max() >= len(class_names)):
-        raise ValueError(f"write_tar_shard: labels span {labels.min()}..{labels.max()} but there are "
-                         f"{len(class_names)} class names")
-    ext = {"png": "png", "jpeg": "jpg", "jpg": "jpg"}.get(fmt.lower())
-    if ext is None:
-        raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
-    gz = path.name.endswith((".gz", ".tgz"))
-    with atomic_open(path) as raw:  # the umask's mode, not mkstemp's 0600
-        zf = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if gz else None
-        with tarfile.open(fileobj=zf or raw, mode="w", format=tarfile.PAX_FORMAT) as tf:
-            for i, (img, label) in enumerate(zip(images, labels)):
-                cls = class_names[int(label)] if class_names is not None else str(int(label))
-                data = encode_image(img, fmt)
-                info = tarfile.TarInfo(f"{cls}/{i:06d}.{ext}")
-                info.size, info.mtime, info.mode = len(data), 0, 0o644
-                tf.addfile(info, io.BytesIO(data))
-        if zf is not None:
-            zf.close()
-    return path
 
 
 # --- CIFAR-10 ----------------------------------------------------------------------------------
@@ -477,9 +217,9 @@ def _load_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
         data = np.asarray(d[b"data"], dtype=np.uint8)
         labels = np.asarray(d[b"labels"], dtype=np.int64)
     except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{path} is not a CIFAR-10 python batch: {exc}") from exc
+        raise DataError(f"{path} is not a CIFAR-10 python batch: {exc}") from exc
     if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
-        raise ValueError(f"{path} is not a CIFAR-10 python batch: data {data.shape}, {len(labels)} labels")
+        raise DataError(f"{path} is not a CIFAR-10 python batch: data {data.shape}, {len(labels)} labels")
     return data, labels
 
 
@@ -502,7 +242,7 @@ class CIFAR10(ArrayDataset):
         images = np.ascontiguousarray(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
         labels = np.concatenate([p[1] for p in parts])
         if labels.size and (labels.min() < 0 or labels.max() > 9):
-            raise ValueError(f"CIFAR-10 labels in {base} fall outside 0..9")
+            raise DataError(f"CIFAR-10 labels in {base} fall outside 0..9")
         super().__init__(images, labels, transform=transform)
         self.images, self.labels = self.arrays
         self.train = train
@@ -514,6 +254,9 @@ class CIFAR10(ArrayDataset):
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
         return [(img, int(label)) for img, label in super().__getitems__(indices)]
+
+    def sample_source(self, i: int) -> str:
+        return f"sample {index_in(i, len(self))} of the CIFAR-10 batches in {_cifar_dir(self.root)}"
 
     def __repr__(self) -> str:
         return f"CIFAR10({str(self.root)!r}, train={self.train}, {len(self)} images)"
@@ -571,7 +314,7 @@ def _synthetic_chunk(seed: int, k: int, labels: np.ndarray, fmt: str) -> list[by
     return encode_png_batch(pixels) if fmt == "png" else [encode_image(p, fmt) for p in pixels]
 
 
-class SyntheticCIFAR10(_ImageDataset):
+class SyntheticCIFAR10(ImageDataset):
     """The embedded default dataset: n CIFAR-shaped 32x32x3 images with labels 0..9, no download.
 
     Built deterministically from ``seed`` on first use (a few seconds for 50 000 PNGs) and cached
@@ -655,14 +398,14 @@ class SyntheticCIFAR10(_ImageDataset):
     def encoded(self, i: int) -> bytes:
         """The stored PNG/JPEG bytes of sample ``i``."""
         data, offsets, _ = self._mapped()
-        i = _index(i, self.n)
+        i = index_in(i, self.n)
         return data[offsets[i]:offsets[i + 1]].tobytes()
 
     def __len__(self) -> int:
         return self.n
 
     def _image(self, i: int) -> np.ndarray:
-        return decode_image(self.encoded(i), f"{i} of {self.cache_path}")
+        return decode_image(self.encoded(i), f"{self.cache_path} sample {i}", i)
 
     def _label(self, i: int) -> int:
         return int(self._mapped()[2][i])
@@ -706,3 +449,31 @@ def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
         return ArrayDataset(*arrays, **kwargs)
     raise ValueError(f"cannot tell what dataset {p} is: expected a folder (ImageFolder or CIFAR-10 batches), "
                      ".tar/.tar.gz/.tgz, .npy or .npz")
+
+
+def sample_source(dataset: Any, i: int) -> str:
+    """Where sample ``i`` of any dataset comes from, for error messages: its file or member if known."""
+    describe = getattr(dataset, "sample_source", None)
+    if describe is not None:
+        try:
+            return str(describe(i))
+        except (IndexError, TypeError, ValueError, OSError):
+            pass
+    return f"sample {i}"
+
+
+def check_images(dataset: Any, name: str | os.PathLike, needed_by: str) -> None:
+    """Raise :class:`DataError` unless sample 0 leads with a uint8 H x W x C image, as ``needed_by`` needs.
+
+    For a path that opens as a dataset of other things (a 1-D ``.npy`` is a dataset of scalars):
+    checked before a run that would otherwise fail on its first batch with a shape error.
+    """
+    if len(dataset) == 0:
+        raise DataError(f"{name}: the dataset is empty")
+    sample = dataset[0]
+    first = sample[0] if isinstance(sample, (tuple, list)) and sample else sample
+    a = np.asarray(first)
+    if a.dtype == np.uint8 and a.ndim == 3:
+        return
+    what = f"a {a.dtype} scalar" if a.ndim == 0 else f"a {a.dtype} array of shape {a.shape}"
+    raise DataError(f"{name}: sample 0 is {what}; {needed_by} needs uint8 H x W x C images")

@@ -267,3 +267,21 @@ class ResultStore:
                 if best_gap is None or gap < best_gap:
                     best, best_gap = rec, gap
         return best
+
+    def why_missing(self, fp: Fingerprint) -> str:
+        """Why ``find(fp)`` has nothing: an empty store, only other machines, or which work settings differ."""
+        saved = []
+        for rec in self.records().values():
+            try:
+                saved.append(Fingerprint.from_dict(rec.get("fingerprint") or {}))
+            except ValueError:
+                continue
+        if not saved:
+            return f"nothing saved in {self.path}"
+        works = [other.work.to_dict() for other in saved if other.machine == fp.machine]
+        if not works:
+            return f"{len(saved)} saved pick(s), none for this machine"
+        mine = fp.work.to_dict()
+        closest = min(([f"{k} {v!r} saved, {mine[k]!r} here" for k, v in w.items() if v != mine[k]] for w in works),
+                      key=len)
+        return f"the closest saved work differs in {'; '.join(closest)}"

@@ -500,7 +500,7 @@ class LoaderMeasure:
     """
 
     def __init__(self, dataset: Any, *, batch_size: int = 128, prefetch_factor: int = 2,
-                 pin_memory: bool | str = True, device: str = "auto", batch_transform: Any = None,
+                 pin_memory: bool | str = False, device: str = "auto", batch_transform: Any = None,
                  seed: int = 0, start_method: str | None = None,
                  memory_interval: float = DEFAULT_INTERVAL_S) -> None:
         self.dataset = dataset
@@ -624,14 +624,16 @@ def _check_int(name: str, value: Any, lo: int) -> int:
 
 def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: int | None = None,
                      iterations: int = 100, alpha: float = 0.5, strategy: str = "paper", device: str = "auto",
-                     pin_memory: bool | str = True, prefetch_factor: int = 2, measure: Measure | None = None,
+                     pin_memory: bool | str = False, prefetch_factor: int = 2, measure: Measure | None = None,
                      progress: bool = True, *, tolerance: float = DEFAULT_TOLERANCE,
                      batch_transform: Any = None) -> TuneResult:
     """Search worker counts 0 .. max_workers-1 for the loader of ``dataset`` (see the module doc).
 
     ``alpha`` is the paper's threshold in seconds per 100 iterations (strategy "paper");
     ``tolerance`` is the fast strategy's relative one. ``measure(workers, iterations, warmup)``
-    replaces the real loader trial.
+    replaces the real loader trial. ``pin_memory`` defaults to the DataLoader's own default
+    (False): it is part of the saved result's key, so tune with the loader's settings for
+    ``num_workers="auto"`` to find the pick.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
@@ -674,7 +676,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
 TUNE_LOCK_SUFFIX = ".tune.lock"
 
 
-def auto_num_workers(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_memory: bool | str = True,
+def auto_num_workers(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_memory: bool | str = False,
                      device: str = "auto", batch_transform: Any = None,
                      cache_dir: str | Path | None = None, layout: RankLayout | None = None) -> int:
     """``DataLoader(num_workers="auto")``: a saved pick for this machine and work, else tune (fast) once and save.
@@ -696,9 +698,15 @@ def auto_num_workers(dataset: Any, *, batch_size: int, prefetch_factor: int = 2,
         dataset, batch_size=batch_size, batch_transform=batch_transform, prefetch_factor=prefetch_factor,
         pin_memory=pin_memory, device=resolved, local_world_size=layout.local_world_size))
     saved = lookup(fp, cache_dir)
-    pick = saved.best_workers if saved is not None else _tune_once(
-        fp, dataset, cache_dir, batch_size=batch_size, device=device, pin_memory=pin_memory,
-        prefetch_factor=prefetch_factor, batch_transform=batch_transform, max_workers=worker_budget(layout))
+    if saved is not None:
+        _log_saved(saved, fp)
+        pick = saved.best_workers
+    else:
+        _log.info("num_workers='auto': no saved pick for this machine and work (%s): searching (fast strategy)",
+                  ResultStore(cache_dir).why_missing(fp))
+        pick = _tune_once(fp, dataset, cache_dir, batch_size=batch_size, device=device, pin_memory=pin_memory,
+                          prefetch_factor=prefetch_factor, batch_transform=batch_transform,
+                          max_workers=worker_budget(layout))
     agreed, via = agree(pick, layout)
     if via is not None and agreed != pick:
         _log.info("num_workers='auto': this rank's saved pick is %d, rank 0's (via %s) is %d; using rank 0's",
@@ -719,13 +727,22 @@ def _tune_once(fp: Fingerprint, dataset: Any, cache_dir: str | Path | None, **kw
     try:
         saved = lookup(fp, cache_dir)
         if saved is not None:
+            _log_saved(saved, fp)
             return saved.best_workers
-        _log.info("num_workers='auto': no saved pick for this machine and work, tuning once (fast strategy)")
         result = tune_num_workers(dataset, strategy="fast", progress=False, **kw)
         replace(result, fingerprint=fp).save(cache_dir=cache_dir)
         return result.best_workers
     finally:
         lock.release()
+
+
+def _log_saved(saved: TuneResult, fp: Fingerprint) -> None:
+    key = saved.fingerprint.key if saved.fingerprint is not None else "?"
+    similar = ""
+    if saved.fingerprint is not None and key != fp.key:
+        similar = (f", similar work: {saved.fingerprint.work.sample_bytes} bytes per sample saved, "
+                   f"{fp.work.sample_bytes} here")
+    _log.info("num_workers='auto': using saved pick %d (key %s%s)", saved.best_workers, key, similar)
 
 
 def summary_text(result: TuneResult, saved_to: Path | None = None) -> str:

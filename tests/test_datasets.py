@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import pickle
@@ -44,7 +45,7 @@ def test_encode_png_round_trips_through_pillow(tmp_path, shape):
     a = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
     data = encode_png(a)
     assert data.startswith(b"\x89PNG\r\n\x1a\n")
-    with Image.open(ds.io.BytesIO(data)) as img:
+    with Image.open(io.BytesIO(data)) as img:
         back = np.array(img)
     np.testing.assert_array_equal(back.reshape(a.shape), a)
 
@@ -203,7 +204,7 @@ def test_tar_corrupt_member_error_names_the_member(tmp_path, images, labels):
         for name, data in (("3/ok.png", good), ("4/broken.png", good[:40])):
             info = tarfile.TarInfo(name)
             info.size = len(data)
-            tf.addfile(info, ds.io.BytesIO(data))
+            tf.addfile(info, io.BytesIO(data))
     d = TarImageDataset(path)
     np.testing.assert_array_equal(d[0][0], images[0])
     with pytest.raises(CorruptImageError, match=r"4/broken\.png"):
@@ -221,7 +222,7 @@ def test_tar_dataset_errors(tmp_path, images):
         data = encode_png(images[0])
         info = tarfile.TarInfo("top.png")
         info.size = len(data)
-        tf.addfile(info, ds.io.BytesIO(data))
+        tf.addfile(info, io.BytesIO(data))
     with pytest.raises(ValueError, match="top.png.*class directory"):
         TarImageDataset(flat)
 
@@ -409,7 +410,7 @@ def test_corrupt_member_read_by_loader_workers_is_named(tmp_path, images, labels
                 data = data[:60]
             info = tarfile.TarInfo(f"{i % 3}/{i:04d}.png")
             info.size = len(data)
-            tf.addfile(info, ds.io.BytesIO(data))
+            tf.addfile(info, io.BytesIO(data))
     d = TarImageDataset(path)
     with DataLoader(d, batch_size=4, num_workers=2, device="cpu", start_method="fork") as loader:
         with pytest.raises(WorkerError, match=r"member '2/0017\.png'"):

@@ -1,0 +1,159 @@
+"""Images: decoding (with errors that name the file), fast PNG encoding, and the base of image datasets.
+
+Also the errors that mean "the data is bad" (a file, archive member or sample that cannot be read
+or does not fit), as opposed to bad arguments: ``cupy-nwt`` gives them their own exit code.
+"""
+
+from __future__ import annotations
+
+import io
+import operator
+import re
+import struct
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
+
+Transform = Callable[[np.ndarray], Any]
+
+
+class DataError(ValueError):
+    """The data itself is bad: the message names the file, archive member or sample and what is wrong."""
+
+
+class CorruptImageError(DataError):
+    """An image that Pillow cannot decode; the message names the file or archive member.
+
+    ``sample_index`` is the dataset index of that image when the dataset knows it.
+    """
+
+    def __init__(self, message: str, sample_index: int | None = None) -> None:
+        super().__init__(message)
+        self.sample_index = sample_index
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.sample_index))
+
+
+_ADDRESS = re.compile(r" <[^<>]* at 0x[0-9a-fA-F]+>")
+
+
+def decode_image(data: bytes | memoryview, name: str, sample_index: int | None = None) -> np.ndarray:
+    """Decode PNG/JPEG/... bytes to a writable uint8 HWC RGB array; ``name`` goes into the error."""
+    from PIL import Image, UnidentifiedImageError  # noqa: PLC0415 - Pillow import is slow-ish
+
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            img.load()
+            rgb = img if img.mode == "RGB" else img.convert("RGB")
+            return np.array(rgb, dtype=np.uint8)
+    except UnidentifiedImageError as exc:
+        raise CorruptImageError(f"{name}: not a decodable image (no known image format in its "
+                                f"{len(data)} bytes)", sample_index) from exc
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        # Pillow's messages may name its in-memory buffer ("<_io.BytesIO object at 0x...>"): noise here
+        reason = _ADDRESS.sub("", str(exc)) or type(exc).__name__
+        raise CorruptImageError(f"{name}: not a decodable image ({reason})", sample_index) from exc
+
+
+def index_in(i: Any, n: int) -> int:
+    """``i`` as an index into ``n`` samples (negative counts from the end), or IndexError."""
+    i = operator.index(i)
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise IndexError(f"index {i} out of range for a dataset of {n} samples")
+    return i
+
+
+class ImageDataset:
+    """Shared by the image-decoding datasets: ``__getitems__`` is a loop over ``__getitem__``."""
+
+    transform: Transform | None
+
+    def _image(self, i: int) -> np.ndarray:
+        raise NotImplementedError
+
+    def _label(self, i: int) -> int:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def sample_source(self, i: int) -> str:
+        """Where sample ``i`` comes from, for error messages (a file, an archive member)."""
+        return f"sample {index_in(i, len(self))}"
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        i = index_in(i, len(self))
+        img = self._image(i)
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, self._label(i)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
+        return [self[i] for i in indices]
+
+
+# --- encoding ----------------------------------------------------------------------------------
+
+
+def encode_png_batch(images: np.ndarray) -> list[bytes]:
+    """Valid PNGs of N same-shaped uint8 images (N x H x W, or N x H x W x C with C in 1, 3, 4).
+
+    Pillow spends most of a 32x32 encode in per-call overhead and filter search, which would make
+    building 50 000 images take tens of seconds. Here the PNG "Sub" filter runs vectorised over the
+    whole batch (so a decoder still has to un-filter), and each image is deflated with Huffman
+    coding only (no LZ77 match search: several times faster to encode, about as small for noisy
+    pixels, and a decoder still has to inflate it).
+    """
+    a = np.asarray(images)
+    if a.dtype != np.uint8:
+        raise ValueError(f"PNG encoding needs uint8 pixels, got {a.dtype}")
+    if a.ndim == 3:
+        a = a[..., None]
+    if a.ndim != 4 or a.shape[3] not in (1, 3, 4) or 0 in a.shape[1:3]:
+        raise ValueError(f"PNG encoding needs N x H x W [x C] images with 1, 3 or 4 channels, got shape {a.shape}")
+    n, h, w, c = a.shape
+    rows = a.reshape(n, h, w * c)
+    filtered = np.empty((n, h, w * c + 1), dtype=np.uint8)
+    filtered[:, :, 0] = 1
+    filtered[:, :, 1:c + 1] = rows[:, :, :c]
+    np.subtract(rows[:, :, c:], rows[:, :, :-c], out=filtered[:, :, c + 1:])
+    head = b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, {1: 0, 3: 2, 4: 6}[c], 0, 0, 0))
+    tail = _png_chunk(b"IEND", b"")
+    out = []
+    for f in filtered:
+        z = zlib.compressobj(1, zlib.DEFLATED, 15, 8, zlib.Z_HUFFMAN_ONLY)
+        out.append(head + _png_chunk(b"IDAT", z.compress(f) + z.flush()) + tail)
+    return out
+
+
+def encode_png(image: np.ndarray) -> bytes:
+    """A valid PNG of one uint8 HW / HWC image (see ``encode_png_batch``)."""
+    a = np.asarray(image)
+    if a.ndim not in (2, 3):
+        raise ValueError(f"PNG encoding needs an HW or HWC image, got shape {a.shape}")
+    return encode_png_batch(a[None])[0]
+
+
+def _png_chunk(tag: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(data, zlib.crc32(tag)))
+
+
+def encode_image(image: np.ndarray, fmt: str = "png", quality: int = 90) -> bytes:
+    """PNG (the fast encoder above) or JPEG (Pillow) bytes of a uint8 HWC image."""
+    fmt = fmt.lower()
+    if fmt == "png":
+        return encode_png(image)
+    if fmt in ("jpeg", "jpg"):
+        from PIL import Image  # noqa: PLC0415
+
+        buf = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(image)).save(buf, format="JPEG", quality=quality)
+        return buf.getvalue()
+    raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")

@@ -1,0 +1,278 @@
+"""Tar shards: an index of the images in a .tar (.tar.gz, .tgz) that refuses damaged archives, the
+dataset that reads members by offset, and the writer.
+
+A partial download is the usual damage, and Python's ``tarfile`` reads past it without a word: it
+stops at the first header it cannot read (cut, zeroed or garbled) as if the archive ended there, and
+it yields a member whose data the file no longer holds. So the index checks what ``tarfile`` leaves
+unchecked: every member's data lies inside the file, and where the members end the file holds the
+end-of-archive marker (two zero 512-byte blocks, as POSIX requires and every tar writer writes).
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import os
+import shutil
+import tarfile
+import tempfile
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .images import (
+    IMAGE_EXTENSIONS,
+    DataError,
+    ImageDataset,
+    Transform,
+    decode_image,
+    encode_image,
+    index_in,
+)
+from .report import atomic_open
+from .system import cache_dir as default_cache_dir
+
+BLOCK = tarfile.BLOCKSIZE
+END_OF_ARCHIVE = 2 * BLOCK
+
+
+class DamagedArchiveError(DataError):
+    """A truncated or garbled archive: names the file and the byte offset where the damage starts.
+
+    For a gzip archive ``offset`` counts bytes of the decompressed tar (or, for a truncated gzip
+    stream, of the compressed file).
+    """
+
+    def __init__(self, path: str | os.PathLike, offset: int, problem: str) -> None:
+        super().__init__(f"{path}: damaged archive at byte offset {offset}: {problem}")
+        self.path, self.offset, self.problem = str(path), offset, problem
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.offset, self.problem))
+
+
+def is_gzip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def gunzip_cached(path: Path, cache_dir: Path) -> Path:
+    """Decompress a .tar.gz once into the cache (keyed by path, size and mtime); reuse it afterwards.
+
+    A gzip stream has no random access, so reading member k would mean inflating everything
+    before it, per sample. One sequential pass into an uncompressed cache file makes every later
+    read a single pread. A truncated or corrupt stream leaves nothing in the cache.
+    """
+    from filelock import FileLock  # noqa: PLC0415
+
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    out_dir = cache_dir / "tar"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = path.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
+    target = out_dir / f"{stem}-{key}.tar"
+    with FileLock(str(target) + ".lock"):
+        if target.exists():
+            return target
+        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".tar")
+        try:
+            with os.fdopen(fd, "wb") as dst, open(path, "rb") as raw, gzip.open(raw, "rb") as src:
+                try:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+                except EOFError:
+                    raise DamagedArchiveError(path, st.st_size, "the gzip stream ends before its end marker "
+                                              "(a truncated file?)") from None
+                except (gzip.BadGzipFile, zlib.error) as exc:
+                    raise DamagedArchiveError(path, raw.tell(), f"corrupt gzip data ({exc})") from exc
+            os.replace(tmp, target)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    return target
+
+
+@dataclass(frozen=True)
+class TarMember:
+    name: str
+    offset: int
+    size: int
+
+
+def scan_tar(tar_path: Path, shown: str | os.PathLike) -> list[TarMember]:
+    """Every regular member of an uncompressed tar, after checking the archive is whole.
+
+    ``shown`` is the name errors give (the .tar.gz the user named, not our decompressed copy).
+    Raises :class:`DamagedArchiveError` naming the byte offset where the archive stops being whole.
+    """
+    length = tar_path.stat().st_size
+    members: list[TarMember] = []
+    with open(tar_path, "rb") as f:
+        try:
+            tf = tarfile.open(fileobj=f, mode="r:")  # noqa: SIM115 - entered just below, once open succeeded
+        except tarfile.TarError as exc:
+            raise DamagedArchiveError(shown, 0, f"not a readable tar archive ({exc})") from exc
+        with tf:
+            try:
+                for m in tf:
+                    padded_end = m.offset_data + -(-m.size // BLOCK) * BLOCK
+                    if padded_end > length:
+                        raise DamagedArchiveError(shown, length, f"the file ends inside member {m.name!r}, "
+                                                  f"which spans bytes {m.offset}..{padded_end}")
+                    if m.isfile():
+                        members.append(TarMember(m.name, m.offset_data, m.size))
+            except tarfile.TarError as exc:
+                raise DamagedArchiveError(shown, tf.offset, f"unreadable member header ({exc})") from exc
+            end = tf.offset  # the block tarfile stopped at: must be the end-of-archive marker
+        f.seek(end)
+        tail = f.read(END_OF_ARCHIVE)
+    if len(tail) == END_OF_ARCHIVE and not any(tail):
+        return members
+    if any(tail):
+        what = "a cut member header" if len(tail) < BLOCK else "a member header that cannot be read"
+        raise DamagedArchiveError(shown, end, f"{what} where the next member or the end-of-archive marker "
+                                  f"should be (the file is {length} bytes)")
+    raise DamagedArchiveError(shown, end, f"the file ends there ({length} bytes) without the end-of-archive "
+                              f"marker (two zero {BLOCK}-byte blocks): a truncated file?")
+
+
+class TarImageDataset(ImageDataset):
+    """Labeled images inside a .tar (or .tar.gz / .tgz) archive, read by offset without extracting.
+
+    Label convention: the name of the member's parent directory (``cat/0001.png`` -> class "cat").
+    If every class name is a decimal integer the label is that integer (``3/x.png`` -> 3, what
+    ``write_tar_shard`` writes); otherwise class names sorted alphabetically give 0, 1, ...
+    Members that are not images (by extension) are ignored. A damaged archive (see ``scan_tar``)
+    is refused at construction.
+
+    Gzip archives are decompressed once into ``cache_dir`` (see ``default_cache_dir``), because a
+    gzip stream cannot be read at an offset. The archive is indexed once at construction; every
+    process (each forked or spawned worker) opens its own file descriptor on first read and
+    reads with ``os.pread``, so no file position is shared.
+    """
+
+    def __init__(self, path: str | os.PathLike, transform: Transform | None = None,
+                 cache_dir: str | os.PathLike | None = None) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"TarImageDataset: no such file: {self.path}")
+        self.tar_path = (gunzip_cached(self.path, default_cache_dir(cache_dir))
+                         if is_gzip(self.path) else self.path)
+        names, offsets, sizes, parents = [], [], [], []
+        for m in scan_tar(self.tar_path, self.path):
+            if not m.name.lower().endswith(IMAGE_EXTENSIONS):
+                continue
+            parts = m.name.strip("/").split("/")
+            if len(parts) < 2:
+                raise DataError(f"TarImageDataset: member {m.name!r} of {self.path} is not inside a "
+                                 "class directory, so it has no label (expected <class>/<file>)")
+            names.append(m.name.encode())
+            offsets.append(m.offset)
+            sizes.append(m.size)
+            parents.append(parts[-2])
+        if not names:
+            raise ValueError(f"TarImageDataset: {self.path} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+        unique = set(parents)
+        if all(p.isdecimal() for p in unique):
+            self.classes = sorted(unique, key=int)
+            labels = [int(p) for p in parents]
+        else:
+            self.classes = sorted(unique)
+            idx = {c: i for i, c in enumerate(self.classes)}
+            labels = [idx[p] for p in parents]
+        self._names = np.array(names, dtype=bytes)
+        self._offsets = np.array(offsets, dtype=np.int64)
+        self._sizes = np.array(sizes, dtype=np.int64)
+        self.labels = np.array(labels, dtype=np.int64)
+        self.transform = transform
+        self._fd: int | None = None
+        self._fd_pid: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def member_name(self, i: int) -> str:
+        return self._names[index_in(i, len(self))].decode()
+
+    def sample_source(self, i: int) -> str:
+        return f"{self.path} member {self.member_name(i)!r}"
+
+    def _file(self) -> int:
+        pid = os.getpid()
+        if self._fd is None or self._fd_pid != pid:
+            self._fd = os.open(self.tar_path, os.O_RDONLY)
+            self._fd_pid = pid
+        return self._fd
+
+    def read_bytes(self, i: int) -> bytes:
+        """The encoded bytes of sample ``i``, exactly as stored in the archive."""
+        i = index_in(i, len(self))
+        size = int(self._sizes[i])
+        data = os.pread(self._file(), size, int(self._offsets[i]))
+        if len(data) != size:
+            raise DamagedArchiveError(self.path, int(self._offsets[i]) + len(data),
+                                      f"member {self.member_name(i)!r} (sample {i}) is cut: "
+                                      f"{len(data)} of {size} bytes (the file shrank after it was indexed?)")
+        return data
+
+    def _image(self, i: int) -> np.ndarray:
+        return decode_image(self.read_bytes(i), self.sample_source(i), i)
+
+    def _label(self, i: int) -> int:
+        return int(self.labels[i])
+
+    def close(self) -> None:
+        """Close this process's descriptor (a descriptor inherited from another process is left alone)."""
+        if self._fd is not None and self._fd_pid == os.getpid():
+            os.close(self._fd)
+        self._fd = self._fd_pid = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown may have torn down os
+            pass
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fd"] = state["_fd_pid"] = None
+        return state
+
+    def __repr__(self) -> str:
+        return f"TarImageDataset({str(self.path)!r}, {len(self)} images, {len(self.classes)} classes)"
+
+
+def write_tar_shard(path: str | os.PathLike, images: Sequence[np.ndarray] | np.ndarray,
+                    labels: Sequence[int] | np.ndarray, fmt: str = "png",
+                    class_names: Sequence[str] | None = None) -> Path:
+    """Write images as ``<label or class name>/<index>.<ext>`` members of a tar (gzip if the name ends .gz/.tgz).
+
+    The archive is reproducible (fixed mtimes and owners) and appears atomically.
+    """
+    path = Path(path)
+    labels = np.asarray(labels).reshape(-1)
+    if len(images) != len(labels):
+        raise ValueError(f"write_tar_shard: {len(images)} images but {len(labels)} labels")
+    if class_names is not None and labels.size and (labels.min() < 0 or labels.max() >= len(class_names)):
+        raise ValueError(f"write_tar_shard: labels span {labels.min()}..{labels.max()} but there are "
+                         f"{len(class_names)} class names")
+    ext = {"png": "png", "jpeg": "jpg", "jpg": "jpg"}.get(fmt.lower())
+    if ext is None:
+        raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
+    gz = path.name.endswith((".gz", ".tgz"))
+    with atomic_open(path) as raw:  # the umask's mode, not mkstemp's 0600
+        zf = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if gz else None
+        with tarfile.open(fileobj=zf or raw, mode="w", format=tarfile.PAX_FORMAT) as tf:
+            for i, (img, label) in enumerate(zip(images, labels)):
+                cls = class_names[int(label)] if class_names is not None else str(int(label))
+                data = encode_image(img, fmt)
+                info = tarfile.TarInfo(f"{cls}/{i:06d}.{ext}")
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tf.addfile(info, io.BytesIO(data))
+        if zf is not None:
+            zf.close()
+    return path
