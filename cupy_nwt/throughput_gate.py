@@ -10,8 +10,12 @@ rounds (see :func:`judge`):
 * a run's **spread** is the ratio of the upper to the lower quartile of its rounds (inclusive
   quartiles: with 5 rounds the 2nd and 4th fastest, so the extremes never count); a run with fewer
   than :data:`MIN_ROUNDS` rounds has none;
-* the **noise** is the drop both runs' spreads together could make by chance,
-  ``1 - (q1/q3 of the baseline) * (q1/q3 of this run)``, in percent;
+* the **noise** is the drop that twice both runs' spreads together could make,
+  ``1 - (q1/q3 of the baseline * q1/q3 of this run) ** 2``, in percent. Twice, because the rounds
+  of one run are consecutive and share the machine's state of the moment, so their spread
+  understates how far two runs apart in time can differ (on a small machine shared with other
+  jobs, whole unchanged reruns moved by far more than their rounds spread, and once the spreads
+  still failed some of them);
 * **regressed** (the run fails) when the median fell by more than the limit *and* by more than the
   noise; **inconclusive** (reported, never a failure) when not regressed but the noise exceeds the
   limit, so that a drop of the limit's size could hide in it; **ok** otherwise.
@@ -40,6 +44,8 @@ THROUGHPUT_KEYS: dict[str, str] = {"gbps": "GB/s", "samples_per_s": "samples/s"}
 ROUNDS_SUFFIX = "_rounds"
 #: fewer rounds than this give no spread (the quartiles of two figures say nothing).
 MIN_ROUNDS = 3
+#: how many times both runs' spreads a drop must exceed to count (the module docstring says why 2).
+NOISE_SPREADS = 2
 
 
 # ---------------------------------------------------------------- the rule
@@ -79,7 +85,7 @@ def judge(old: Sequence[float], new: Sequence[float], max_drop_pct: float | None
     m_old, m_new = statistics.median(old), statistics.median(new)
     change = (m_new - m_old) / m_old * 100.0
     spreads = [s for s in (spread(old), spread(new)) if s is not None]
-    noise = (1.0 - 1.0 / math.prod(spreads)) * 100.0 if spreads else None
+    noise = (1.0 - math.prod(spreads) ** -NOISE_SPREADS) * 100.0 if spreads else None
     if max_drop_pct is None:
         verdict = "compared"
     elif -change > max(max_drop_pct, noise or 0.0):
