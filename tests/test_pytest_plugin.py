@@ -181,11 +181,11 @@ class _FakeCopyTimer:
 
 
 class _SteadyCopyTimer(_FakeCopyTimer):
-    TIMES = [0.004, 0.003, 0.00200, 0.00201, 0.00199, 0.00202]
+    TIMES = (0.004, 0.003, 0.00200, 0.00201, 0.00199, 0.00202)
 
 
 class _SlowCopyTimer(_FakeCopyTimer):
-    TIMES = [2 * t for t in _SteadyCopyTimer.TIMES]
+    TIMES = tuple(2 * t for t in _SteadyCopyTimer.TIMES)
 
 
 def test_copy_benchmarks_are_gated_on_their_repeats(project, monkeypatch):
@@ -318,8 +318,8 @@ def test_gate_says_inconclusive_when_the_rounds_are_noisier_than_the_limit(proje
     unsure = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=20")
     assert unsure.ret == 0
     unsure.stdout.fnmatch_lines([
-        "*test_gate.py::test_pipeline: samples/s inconclusive, the noise exceeds the 20% limit: "
-        "1,000.00 -> 700.00 (-30.0%) (medians of 5|5 rounds, noise *%) [[]baseline base.json]",
+        ("*test_gate.py::test_pipeline: samples/s inconclusive, the noise exceeds the 20% limit: "
+         "1,000.00 -> 700.00 (-30.0%) (medians of 5|5 rounds, noise *%) [[]baseline base.json]"),
         "*cupy_nwt throughput gate INCONCLUSIVE for 1 benchmark(s)*not a failure*",
     ])
     unsure.stdout.no_fnmatch_line("*FAILED*")
