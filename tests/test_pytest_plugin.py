@@ -180,6 +180,28 @@ class _FakeCopyTimer:
         pass
 
 
+class _SteadyCopyTimer(_FakeCopyTimer):
+    TIMES = (0.004, 0.003, 0.00200, 0.00201, 0.00199, 0.00202)
+
+
+class _SlowCopyTimer(_FakeCopyTimer):
+    TIMES = tuple(2 * t for t in _SteadyCopyTimer.TIMES)
+
+
+def test_copy_benchmarks_are_gated_on_their_repeats(project, monkeypatch):
+    """The GPU fixture's gate path without a GPU: known device times, halved GB/s, caught."""
+    monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(True, None, 1))
+    project.makepyfile(TRANSFER_TEST)
+    monkeypatch.setattr(pytest_plugin, "_CopyTimer", _SteadyCopyTimer)
+    project.runpytest_inprocess("--benchmark-json=base.json").assert_outcomes(passed=1)
+    info = json.loads((project.path / "base.json").read_text())["benchmarks"][0]["extra_info"]
+    assert info["gbps_rounds"] == pytest.approx([1024**2 / t / 1e9 for t in _SteadyCopyTimer.TIMES[2:]])
+    monkeypatch.setattr(pytest_plugin, "_CopyTimer", _SlowCopyTimer)
+    bad = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=20")
+    assert bad.ret == pytest.ExitCode.TESTS_FAILED
+    bad.stdout.fnmatch_lines(["*test_h2d: GB/s fell 50.0% (more than 20%): * (medians of 4|4 rounds, noise *%)*"])
+
+
 def test_pytest_benchmark_records_the_device_time_not_the_wall_time(project, monkeypatch):
     """Pins the timer route: the saved stats are exactly the CUDA-event times the copies reported."""
     monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(True, None, 1))
@@ -275,6 +297,39 @@ def test_gate_against_an_explicit_baseline_file(project, monkeypatch):
     info.stdout.fnmatch_lines(["*samples/s 50.00 -> 10.00 (-80.0%)*"])
 
 
+ROUNDS_TEST = """
+import json
+import os
+
+def test_pipeline(benchmark):
+    rounds = json.loads(os.environ["ROUNDS"])
+    benchmark.extra_info["samples_per_s"] = sum(rounds) / len(rounds)
+    benchmark.extra_info["samples_per_s_rounds"] = rounds
+    benchmark.pedantic(lambda: None, rounds=3)
+"""
+
+
+def test_gate_says_inconclusive_when_the_rounds_are_noisier_than_the_limit(project, monkeypatch):
+    project.makepyfile(test_gate=ROUNDS_TEST)
+    noisy = [1000.0, 600.0, 1400.0, 800.0, 1200.0]
+    monkeypatch.setenv("ROUNDS", json.dumps(noisy))
+    project.runpytest_inprocess("--benchmark-json=base.json").assert_outcomes(passed=1)
+    monkeypatch.setenv("ROUNDS", json.dumps([0.7 * x for x in noisy]))
+    unsure = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=20")
+    assert unsure.ret == 0
+    unsure.stdout.fnmatch_lines([
+        ("*test_gate.py::test_pipeline: samples/s inconclusive, the noise exceeds the 20% limit: "
+         "1,000.00 -> 700.00 (-30.0%) (medians of 5|5 rounds, noise *%) [[]baseline base.json]"),
+        "*cupy_nwt throughput gate INCONCLUSIVE for 1 benchmark(s)*not a failure*",
+    ])
+    unsure.stdout.no_fnmatch_line("*FAILED*")
+    monkeypatch.setenv("ROUNDS", json.dumps([0.05 * x for x in noisy]))  # a drop far beyond the noise
+    bad = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=20")
+    assert bad.ret == pytest.ExitCode.TESTS_FAILED
+    bad.stdout.fnmatch_lines(["*samples/s fell 95.0% (more than 20%): 1,000.00 -> 50.00*",
+                              "*cupy_nwt throughput gate FAILED: 1 benchmark(s)*"])
+
+
 @pytest.mark.filterwarnings("ignore:Can't compare. No benchmark files")
 def test_gate_with_no_saved_run_yet_says_so_and_passes(project, monkeypatch):
     project.makepyfile(test_gate=GATED_TEST)
@@ -359,6 +414,8 @@ def test_loader_benchmark_records_batches_samples_per_second_and_memory(project)
     assert info["samples_per_s"] == pytest.approx(96 / info["seconds"])
     assert info["device"] == "cpu" and info["num_workers"] == 0 and info["pin_path"] == "none"
     assert info["peak_memory_bytes"] > 1024**2  # at least this Python process
+    assert info["rounds"] == 5 and len(info["samples_per_s_rounds"]) == 5  # 12 batches: 3, 3, 2, 2, 2
+    assert all(r > 0 for r in info["samples_per_s_rounds"])
 
 
 def test_planted_slowdown_is_caught_by_the_gate_on_the_second_run(project, monkeypatch):
@@ -375,6 +432,23 @@ def test_planted_slowdown_is_caught_by_the_gate_on_the_second_run(project, monke
         "*test_input_pipeline.py::test_pipeline: samples/s fell *% (more than 50%): * -> *0001_*",
         "*cupy_nwt throughput gate FAILED*",
     ])
+
+
+def test_an_unchanged_rerun_never_fails_the_gate_in_20_tries(project, monkeypatch):
+    """A/A: the planted-slowdown pipeline, unchanged, saved and compared 20 times at the same 50% limit.
+
+    On this shared machine a rerun may come out inconclusive; it must never fail.
+    """
+    project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test())
+    project.syspathinsert()
+    monkeypatch.setenv("SLOW_S", "0")
+    for _ in range(20):
+        project.runpytest_inprocess("--benchmark-autosave").assert_outcomes(passed=1)
+        rerun = project.runpytest_inprocess("--benchmark-compare", "--nwt-throughput-drop=50")
+        lines = [x for x in rerun.outlines if x.startswith("test_input_pipeline.py::test_pipeline: samples/s ")]
+        assert rerun.ret == pytest.ExitCode.OK, lines
+        assert len(lines) == 1 and " fell " not in lines[0]  # compared against the run just saved, not failed
+        assert "(medians of 5|5 rounds, noise " in lines[0]
 
 
 def test_a_project_using_both_fixtures_passes_in_a_fresh_interpreter(project):

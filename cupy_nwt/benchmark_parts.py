@@ -1,0 +1,266 @@
+"""What the plugin's benchmark fixtures are built from: the device clock, the copy timer, the results.
+
+Kept apart from :mod:`cupy_nwt.pytest_plugin` (options, hooks and the fixtures themselves) and
+:mod:`cupy_nwt.throughput_gate` (the comparison). Nothing here imports CuPy at import time: all CUDA
+goes through :mod:`cupy_nwt.cuda`, lazily.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+class DeviceClock:
+    """A clock that only moves by device time handed to it.
+
+    pytest-benchmark times a round as ``timer()`` after minus ``timer()`` before. With this clock
+    as the timer (the documented ``@pytest.mark.benchmark(timer=...)`` route) and a round that
+    advances it by the CUDA-event time of its copy, pytest-benchmark records device time, not the
+    wall time of a call that may return before (or long after) the copy itself ran.
+    """
+
+    __name__ = "device_clock"  # what pytest-benchmark writes as the timer in its JSON
+
+    def __init__(self) -> None:
+        self._now = 0.0
+
+    def __call__(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        if not seconds >= 0:
+            raise ValueError(f"device time must be >= 0 s, got {seconds!r}")
+        self._now += seconds
+
+
+DEVICE_CLOCK = DeviceClock()
+
+
+# ---------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class TransferBenchmarkResult:
+    """One copy size and direction, timed with CUDA events; GB/s are decimal, per direction.
+
+    ``gbps_rounds`` holds the GB/s of each timed repeat: the rounds the throughput gate judges.
+    """
+
+    nbytes: int
+    direction: str
+    pinned: bool
+    repeats: int
+    median_s: float
+    min_s: float
+    gbps: float
+    best_gbps: float
+    link_gbps: float | None
+    link_fraction: float | None
+    gbps_rounds: tuple[float, ...]
+    timing: str = "cuda-events"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LoaderBenchmarkResult:
+    """Timed batches of one DataLoader configuration (warm-up batches excluded).
+
+    ``samples_per_s`` is over all timed batches; ``samples_per_s_rounds`` splits them into
+    ``rounds`` consecutive groups, the rounds the throughput gate judges.
+    """
+
+    batches: int
+    samples: int
+    seconds: float
+    samples_per_s: float
+    median_batch_s: float
+    peak_memory_bytes: int | None
+    num_workers: int
+    device: str
+    pin_path: str
+    epochs: int
+    rounds: int
+    samples_per_s_rounds: tuple[float, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _rate(amount: float, seconds: float) -> float:
+    return amount / seconds if seconds > 0 else math.inf
+
+
+def round_rates(counts: Sequence[int], seconds: Sequence[float], rounds: int) -> tuple[float, ...]:
+    """Samples per second of ``rounds`` consecutive, near-equal groups of the timed batches.
+
+    Rounds of several batches, not single batches: with workers, batches arrive in bursts (some
+    were prefetched, the next is waited for), so one batch's rate says little.
+    """
+    if len(counts) != len(seconds) or not 1 <= rounds <= len(seconds):
+        raise ValueError(f"cannot split {len(seconds)} timed batches into {rounds} rounds")
+    size, extra = divmod(len(seconds), rounds)
+    out, start = [], 0
+    for r in range(rounds):
+        stop = start + size + (r < extra)
+        out.append(_rate(sum(counts[start:stop]), sum(seconds[start:stop])))
+        start = stop
+    return tuple(out)
+
+
+def transfer_result(nbytes: int, direction: str, pinned: bool, times: list[float],
+                    link_gbps: float | None) -> TransferBenchmarkResult:
+    med, best = statistics.median(times), min(times)
+    gbps = _rate(nbytes / 1e9, med)
+    return TransferBenchmarkResult(
+        nbytes=nbytes, direction=direction, pinned=pinned, repeats=len(times), median_s=med, min_s=best,
+        gbps=gbps, best_gbps=_rate(nbytes / 1e9, best),
+        link_gbps=link_gbps, link_fraction=gbps / link_gbps if link_gbps else None,
+        gbps_rounds=tuple(_rate(nbytes / 1e9, t) for t in times),
+    )
+
+
+# ---------------------------------------------------------------- arguments
+
+
+def _count(name: str, value: Any, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+    return value
+
+
+def transfer_args(nbytes: int | str, direction: str, pinned: bool, repeats: int, warmup: int) -> tuple[int, str]:
+    from .units import parse_size  # noqa: PLC0415
+
+    size = parse_size(nbytes)
+    d = str(direction).lower()
+    if d not in ("h2d", "d2h"):
+        raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
+    if not isinstance(pinned, bool):
+        raise ValueError(f"pinned must be True or False, got {pinned!r}")
+    _count("repeats", repeats, 1)
+    _count("warmup", warmup, 0)
+    return size, d
+
+
+def loader_args(batches: int, warmup: int, rounds: int) -> None:
+    _count("batches", batches, 1)
+    _count("warmup", warmup, 0)
+    _count("rounds", rounds, 1)
+    if rounds > batches:
+        raise ValueError(f"rounds ({rounds}) must not exceed batches ({batches}): each round times whole "
+                         "batches; time more batches or ask for fewer rounds")
+
+
+# ---------------------------------------------------------------- the copy timer
+
+
+class CopyTimer:
+    """Buffers for one copy size and direction; ``once()`` returns device seconds per copy.
+
+    Small copies are issued back to back within one event pair (as the transfer experiments do)
+    so the events' resolution does not swamp them; the result is divided back to one copy.
+    """
+
+    def __init__(self, nbytes: int, direction: str, pinned: bool) -> None:
+        import numpy as np  # noqa: PLC0415
+
+        from . import cuda  # noqa: PLC0415
+        from .transfers import copies_per_sample  # noqa: PLC0415
+
+        self.nbytes, self.direction = nbytes, direction
+        self.k = copies_per_sample(nbytes)
+        self.pattern = np.frombuffer(np.random.default_rng(0).bytes(nbytes), dtype=np.uint8)
+        self.host: Any = cuda.pinned_empty(nbytes, np.uint8) if pinned else np.empty(nbytes, np.uint8)
+        self.host[:] = self.pattern if direction == "h2d" else 0  # touch every page before timing
+        self.dev: Any = cuda.device_empty(nbytes, np.uint8)
+        self.stream = cuda.stream()
+        if direction == "d2h":
+            cuda.memcpy_h2d(self.dev, self.pattern, self.stream)
+            self.stream.synchronize()
+
+    def _copies(self, st: Any) -> None:
+        from . import cuda  # noqa: PLC0415
+
+        copy = cuda.memcpy_h2d if self.direction == "h2d" else cuda.memcpy_d2h
+        a, b = (self.dev, self.host) if self.direction == "h2d" else (self.host, self.dev)
+        for _ in range(self.k):
+            copy(a, b, st)
+
+    def once(self) -> float:
+        from .timing import device_time  # noqa: PLC0415
+
+        return device_time(self._copies, repeats=1, warmup=0, stream=self.stream)[0] / self.k
+
+    def verified(self) -> bool:
+        """Whether the bytes arrived intact (a fast copy of the wrong bytes is not a result)."""
+        import numpy as np  # noqa: PLC0415
+
+        from . import cuda  # noqa: PLC0415
+
+        self.stream.synchronize()
+        if self.direction == "h2d":
+            back = np.zeros(self.nbytes, np.uint8)
+            cuda.memcpy_d2h(back, self.dev, self.stream)
+            self.stream.synchronize()
+            return bool(np.array_equal(back, self.pattern))
+        return bool(np.array_equal(self.host, self.pattern))
+
+    def link_gbps(self) -> float | None:
+        from . import cuda  # noqa: PLC0415
+        from .transfers import link_rate  # noqa: PLC0415
+
+        return link_rate(cuda.pcie_link(cuda.current_device()))[0]  # the copies ran on the current GPU
+
+    def close(self) -> None:
+        from . import cuda  # noqa: PLC0415
+
+        self.stream.synchronize()
+        self.host = self.dev = None
+        cuda.release_memory_pools()
+
+
+# ---------------------------------------------------------------- batches
+
+
+def batch_len(batch: Any) -> int | None:
+    """Samples in a collated batch: the leading dimension of its first array-like leaf."""
+    if hasattr(batch, "shape") and len(batch.shape) > 0:
+        return int(batch.shape[0])
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for leaf in batch:
+            n = batch_len(leaf)
+            if n is not None:
+                return n
+    return None
+
+
+def leaves(batch: Any) -> Iterator[Any]:
+    if isinstance(batch, Mapping):
+        batch = list(batch.values())
+    if isinstance(batch, (list, tuple)):
+        for b in batch:
+            yield from leaves(b)
+    else:
+        yield batch
+
+
+def epochs(loader: Any) -> Generator[tuple[int, Any], None, None]:
+    """(epoch, batch) forever: a benchmark longer than one epoch runs on, as training would."""
+    epoch = 0
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield epoch, batch
+        if empty:
+            raise ValueError("the loader yields no batches (empty dataset, or drop_last with fewer samples "
+                             "than batch_size)")
+        epoch += 1
