@@ -33,12 +33,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
-import os
 import re
-import time
 import weakref
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -51,6 +48,7 @@ from .sampler import BatchSampler, EpochPlan, fresh_seed
 from .shm import Ring, SlotLayout
 from .slots import HostBatch, SlotPool
 from .sources import BatchSource, InlineSource, WorkerSource, inline_error
+from .stage import Resources, Stage
 from .worker import (BatchMaker, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError, WorkerPool,
                      default_start_method, get_worker_info)
 
@@ -62,74 +60,6 @@ _log = logging.getLogger(__name__)
 
 
 _InlineSource = InlineSource  # the name tests/test_prefetch.py builds its eager-reuse source on
-
-
-@dataclass
-class _Stage:
-    """What an epoch runs on: the ring with its slot pool, and the workers that fill it.
-
-    Built in one go once the layout is known, the ring exists and the workers are attached to it;
-    dropped in one go. ``slots`` is None only for ``num_workers=0`` on the CPU (no ring), ``workers``
-    whenever ``num_workers=0``.
-    """
-
-    slots: SlotPool | None
-    workers: WorkerPool | None
-
-    @property
-    def ring(self) -> Ring | None:
-        return self.slots.ring if self.slots is not None else None
-
-    def hold(self, index: int, leaves: list[np.ndarray]) -> HostBatch:
-        """A batch the main process made, ready to hand out: in a ring slot when there is a ring."""
-        if self.slots is None:
-            return HostBatch(index, None, len(leaves[0]), leaves)
-        return self.slots.hold(index, leaves)
-
-
-class _Resources:
-    """What must be released: the stage (workers, ring) and the prefetcher. Apart so a finalizer can own it."""
-
-    def __init__(self, prefetcher: DevicePrefetcher | None) -> None:
-        self.stage: _Stage | None = None
-        self.prefetcher = prefetcher
-
-    @property
-    def ring(self) -> Ring | None:
-        return self.stage.ring if self.stage is not None else None
-
-    def end_epoch(self) -> None:
-        """Stop the workers and drop their shared ring (the main process's own ring stays)."""
-        if self.stage is not None and self.stage.workers is not None:
-            self._drop_stage()
-
-    def _drop_stage(self) -> None:
-        stage, self.stage = self.stage, None
-        if stage is None:
-            self.discard(None, None, self.prefetcher)
-        else:
-            self.discard(stage.workers, stage.ring, self.prefetcher)
-
-    @staticmethod
-    def discard(workers: WorkerPool | None, ring: Ring | None, prefetcher: DevicePrefetcher | None) -> None:
-        """Stop the workers, then unregister and unmap the ring they wrote into, whatever fails."""
-        try:
-            if workers is not None:
-                workers.shutdown()
-        finally:
-            try:
-                if prefetcher is not None:
-                    prefetcher.detach()
-            finally:
-                if ring is not None:
-                    ring.close()
-
-    def close(self) -> None:
-        try:
-            self._drop_stage()
-        finally:
-            if self.prefetcher is not None:
-                self.prefetcher.close()
 
 
 class DataLoader:
@@ -215,7 +145,7 @@ class DataLoader:
         self.in_order = bool(in_order)
         self.zero_copy = bool(zero_copy)
         self.start_method = start_method or default_start_method(self.device)
-        self._res = _Resources(DevicePrefetcher(pin_memory) if self.device == "cuda" else None)
+        self._res = Resources(DevicePrefetcher(pin_memory) if self.device == "cuda" else None)
         self._finalizer = weakref.finalize(self, self._res.close)
         self._epoch = 0
         self._active: weakref.ref | None = None
@@ -376,9 +306,9 @@ class DataLoader:
                 if workers is not None:
                     workers.attach(slots)
         except BaseException:
-            _Resources.discard(workers, ring, self._res.prefetcher)
+            Resources.discard(workers, ring, self._res.prefetcher)
             raise
-        self._res.stage = _Stage(slots, workers)
+        self._res.stage = Stage(slots, workers)
         return first
 
     def _first_batch(self, maker: BatchMaker, plan: EpochPlan) -> list[np.ndarray]:
@@ -423,7 +353,7 @@ def _device_scope(device_id: int | None) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if device_id is None else cuda.device_scope(device_id)
 
 
-def _on_device(batches: Iterator[Any], device_id: int | None) -> Iterator[Any]:
+def _on_device(batches: Generator[Any, None, None], device_id: int | None) -> Iterator[Any]:
     """Run each step of ``batches`` with this loader's GPU current; hand each batch out outside it.
 
     So a rank's streams, events, copies and batch allocations all live on its device, while the

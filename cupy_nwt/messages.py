@@ -14,7 +14,7 @@ from __future__ import annotations
 import pickle
 import traceback
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +25,8 @@ class _Record:
     __slots__ = ()
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return type(self), tuple(getattr(self, name) for name in self.__slots__)
+        fields: tuple[str, ...] = self.__slots__  # a dataclass's slots are its fields, in order
+        return type(self), tuple(getattr(self, name) for name in fields)
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +123,5 @@ class InitFailed(_Record):
     report: ErrorReport
 
 
-ToWorker = Union[RingMsg, Task, Stop]
-FromWorker = Union[Ok, Skipped, BatchFailed, InitFailed]
-TaskResult = Union[Ok, Skipped, BatchFailed]
+ToWorker = RingMsg | Task | Stop
+FromWorker = Ok | Skipped | BatchFailed | InitFailed

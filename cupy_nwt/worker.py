@@ -299,8 +299,10 @@ class WorkerPool:
 
     def attach(self, slots: SlotPool) -> None:
         """Hand the workers a (new) ring; its pool says which slots they may fill, for which generation."""
-        self.slots = slots
         ring = slots.ring
+        if ring.name is None:
+            raise LoaderError("internal error: workers can only attach to a ring in /dev/shm")
+        self.slots = slots
         for w in self._workers:
             self._send(w, RingMsg(ring.name, ring.layout, ring.slots))
 
