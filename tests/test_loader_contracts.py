@@ -121,7 +121,7 @@ def test_a_result_message_pickles_about_as_small_as_a_tagged_tuple():
 # ---------------------------------------------------------------- protocols
 
 
-def test_both_sources_and_both_ops_meet_their_protocols():
+def test_both_sources_and_both_ops_meet_their_protocols() -> None:
     ops: PrefetchOps = LazyCuda()  # mypy checks the fake against the protocol too
     assert isinstance(ops, PrefetchOps) and isinstance(CudaOps(), PrefetchOps)
     assert issubclass(InlineSource, BatchSource) and issubclass(WorkerSource, BatchSource)
