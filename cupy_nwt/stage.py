@@ -17,7 +17,7 @@ from .slots import HostBatch, SlotPool
 from .worker import WorkerPool
 
 
-@dataclass
+@dataclass(frozen=True)
 class Stage:
     """What an epoch runs on: the ring with its slot pool, and the workers that fill it.
 
