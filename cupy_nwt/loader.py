@@ -33,13 +33,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing as mp
-import os
 import re
-import time
 import weakref
-from collections import deque
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import numpy as np
@@ -50,8 +46,11 @@ from .distributed import RankLayout, agree, device_for_rank, rank_layout
 from .prefetch import DevicePrefetcher
 from .sampler import BatchSampler, EpochPlan, fresh_seed
 from .shm import Ring, SlotLayout
-from .worker import (BatchMaker, Done, Failed, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError,
-                     WorkerPool, default_start_method, error_report, get_worker_info, make_worker_error)
+from .slots import HostBatch, SlotPool
+from .sources import BatchSource, InlineSource, WorkerSource, inline_error
+from .stage import Resources, Stage
+from .worker import (BatchMaker, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError, WorkerPool,
+                     default_start_method, get_worker_info)
 
 __all__ = ["DataLoader", "HostBatch", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError",
            "get_worker_info"]
@@ -60,192 +59,7 @@ _DEVICES = ("auto", "cuda", "cpu", "cuda:N")
 _log = logging.getLogger(__name__)
 
 
-@dataclass
-class HostBatch:
-    """A batch on the host: ``leaves`` are views into ring ``slot`` (or fresh arrays when slot is None)."""
-
-    index: int
-    slot: int | None
-    rows: int
-    leaves: list[np.ndarray]
-
-
-def _inline_error(exc: Exception, maker: BatchMaker, batch_index: int) -> LoaderError:
-    report = error_report(exc, maker.failed_index(exc))
-    report["pickled"] = None  # the original is chained directly below
-    err = make_worker_error(report, worker_id=None, pid=os.getpid(), batch_index=batch_index)
-    err.__cause__ = exc
-    return err
-
-
-class _InlineSource:
-    """``num_workers=0``: batches made in the main process, into the ring when there is one."""
-
-    def __init__(self, maker: BatchMaker, plan: EpochPlan, layout: SlotLayout,
-                 ring: Ring | None, first: list[np.ndarray] | None) -> None:
-        self.maker, self.plan = maker, plan
-        self.layout, self.ring, self.first = layout, ring, first
-        self.free = deque(range(ring.slots)) if ring is not None else deque()
-        self.b = 0
-
-    def next(self, block: bool) -> HostBatch | None:
-        b = self.b
-        if b >= len(self.plan):
-            return None
-        indices = self.plan.indices(b)
-        rows = len(indices)
-        if self.ring is None:
-            leaves = self.first if (b == 0 and self.first is not None) else self._make(b, indices)
-            self.b += 1
-            return HostBatch(b, None, rows, leaves)
-        if not self.free:
-            if block:
-                raise LoaderError("internal error: no free ring slot for the main process to fill")
-            return None
-        slot = self.free.popleft()
-        views = self.ring.slot_views(slot, rows)
-        try:
-            if b == 0 and self.first is not None:
-                for dst, src in zip(views, self.first):
-                    np.copyto(dst, src)
-            else:
-                try:
-                    self.maker.fill(indices, self.plan.transform_seed(b), self.layout, views, b)
-                except Exception as exc:  # noqa: BLE001 - rewrapped with the batch and sample index
-                    raise _inline_error(exc, self.maker, b) from exc
-        except BaseException:
-            self.free.appendleft(slot)
-            raise
-        self.b += 1
-        return HostBatch(b, slot, rows, views)
-
-    def _make(self, b: int, indices: np.ndarray) -> list[np.ndarray]:
-        try:
-            return self.maker.make_checked(indices, self.plan.transform_seed(b), self.layout, b)
-        except Exception as exc:  # noqa: BLE001
-            raise _inline_error(exc, self.maker, b) from exc
-
-    def release(self, hb: HostBatch) -> None:
-        if hb.slot is not None:
-            self.free.append(hb.slot)
-
-    def close(self) -> None:
-        self.first = None
-
-
-class _WorkerSource:
-    """``num_workers>0``: keeps every worker busy, and hands batches out in order (or as they come)."""
-
-    def __init__(self, pool: WorkerPool, ring: Ring, plan: EpochPlan,
-                 in_order: bool, timeout: float | None, preloaded: Done | None) -> None:
-        self.pool, self.ring, self.plan, self.epoch = pool, ring, plan, plan.epoch
-        self.in_order, self.timeout = in_order, timeout
-        pool.new_generation()
-        self.ready: dict[int, Done | Failed] = {}
-        self.next_submit = 0
-        self.next_deliver = 0
-        self.delivered = 0
-        if preloaded is not None:
-            self.ready[preloaded.batch_index] = preloaded
-            self.next_submit = 1
-
-    def _submit(self) -> None:
-        n = len(self.plan)
-        while self.next_submit < n:
-            b = self.next_submit
-            if not self.pool.submit(b, self.plan.indices(b), self.plan.transform_seed(b)):
-                return
-            self.next_submit += 1
-
-    def _pick(self) -> int | None:
-        if self.in_order:
-            return self.next_deliver if self.next_deliver in self.ready else None
-        return min(self.ready) if self.ready else None
-
-    def _absorb(self, items: list[Done | Failed]) -> None:
-        for item in items:
-            self.ready[item.batch_index] = item
-
-    def next(self, block: bool) -> HostBatch | None:
-        deadline = None
-        while True:
-            self._submit()
-            b = self._pick()
-            if b is not None:
-                item = self.ready.pop(b)
-                if isinstance(item, Failed):
-                    raise item.error
-                self.delivered += 1
-                self.next_deliver += self.in_order
-                return HostBatch(b, item.slot, item.rows, self.ring.slot_views(item.slot, item.rows))
-            if self.delivered >= len(self.plan):
-                return None
-            if not block:
-                items = self.pool.collect(0)
-                self._absorb(items)
-                if not items:
-                    return None
-                continue
-            if self.timeout is None:
-                self._absorb(self.pool.collect(None))
-                continue
-            now = time.monotonic()
-            deadline = deadline if deadline is not None else now + self.timeout
-            if now >= deadline:
-                want = f"batch {self.next_deliver}" if self.in_order else "any batch"
-                raise LoaderTimeoutError(
-                    f"no batch from the workers within timeout={self.timeout} s (waiting for {want} of "
-                    f"epoch {self.epoch}); the dataset may be too slow or blocked"
-                )
-            self._absorb(self.pool.collect(deadline - now))
-
-    def release(self, hb: HostBatch) -> None:
-        if hb.slot is not None:
-            self.pool.release(hb.slot)
-
-    def close(self) -> None:
-        """Return the slots of finished but undelivered batches; queued tasks are dropped by generation."""
-        for item in self.ready.values():
-            if isinstance(item, Done):
-                self.pool.release(item.slot)
-        self.ready.clear()
-
-
-class _Resources:
-    """What must be released: workers, ring, registration. Held apart so a finalizer can own it."""
-
-    def __init__(self, prefetcher: DevicePrefetcher | None) -> None:
-        self.pool: WorkerPool | None = None
-        self.ring: Ring | None = None
-        self.layout: SlotLayout | None = None
-        self.prefetcher = prefetcher
-
-    def end_epoch(self) -> None:
-        """Stop the workers and drop their shared ring (the main process's own ring stays)."""
-        if self.pool is None:
-            return
-        pool, self.pool = self.pool, None
-        try:
-            pool.shutdown()
-        finally:
-            self._drop_ring()
-
-    def _drop_ring(self) -> None:
-        ring, self.ring = self.ring, None
-        try:
-            if self.prefetcher is not None:
-                self.prefetcher.detach()
-        finally:
-            if ring is not None:
-                ring.close()
-
-    def close(self) -> None:
-        try:
-            self.end_epoch()
-        finally:
-            self._drop_ring()
-            if self.prefetcher is not None:
-                self.prefetcher.close()
+_InlineSource = InlineSource  # the name tests/test_prefetch.py builds its eager-reuse source on
 
 
 class DataLoader:
@@ -331,10 +145,11 @@ class DataLoader:
         self.in_order = bool(in_order)
         self.zero_copy = bool(zero_copy)
         self.start_method = start_method or default_start_method(self.device)
-        self._res = _Resources(DevicePrefetcher(pin_memory) if self.device == "cuda" else None)
+        self._res = Resources(DevicePrefetcher(pin_memory) if self.device == "cuda" else None)
         self._finalizer = weakref.finalize(self, self._res.close)
         self._epoch = 0
         self._active: weakref.ref | None = None
+        self._layout: SlotLayout | None = None
 
     def _agreed_seed(self) -> int:
         """A fresh seed, the same on every rank: rank 0's through the program's communicator, else 0."""
@@ -388,11 +203,12 @@ class DataLoader:
     @property
     def layout(self) -> SlotLayout | None:
         """The slot layout (fields, shapes, dtypes) once the first batch has been made."""
-        return self._res.layout
+        return self._layout
 
     def worker_pids(self) -> list[int]:
         """PIDs of the live worker processes (empty with num_workers=0 or between epochs)."""
-        return self._res.pool.pids() if self._res.pool is not None else []
+        stage = self._res.stage
+        return stage.workers.pids() if stage is not None and stage.workers is not None else []
 
     def __len__(self) -> int:
         return len(self._sampler)
@@ -437,38 +253,21 @@ class DataLoader:
         if len(plan) == 0:
             return
         maker = BatchMaker(self.dataset, self.collate_fn, self.batch_transform)
-        source = None
+        source: BatchSource | None = None
         graceful = False
         try:
-            if self.num_workers > 0 and res.pool is None:
-                res.pool = WorkerPool(
-                    dataset=self.dataset, num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
-                    seed=self.seed, collate_fn=self.collate_fn, batch_transform=self.batch_transform,
-                    worker_init_fn=self.worker_init_fn, start_method=self.start_method,
-                )
-            first = self._first_batch(maker, plan) if res.layout is None else None
-            if res.ring is None and (self.num_workers > 0 or self.device == "cuda"):
-                slots = max(2, self.num_workers * self.prefetch_factor) if self.num_workers > 0 else 2
-                res.ring = Ring(res.layout, slots, shared=self.num_workers > 0)
-                if res.prefetcher is not None:
-                    with _device_scope(self.device_id):
-                        res.prefetcher.attach(res.ring)
-                if res.pool is not None:
-                    res.pool.set_ring(res.ring)
-            if self.num_workers > 0:
-                preloaded = None
-                if first is not None:
-                    slot = res.pool.take_slot()
-                    for dst, src in zip(res.ring.slot_views(slot, len(plan.indices(0))), first):
-                        np.copyto(dst, src)
-                    preloaded = Done(0, slot, len(plan.indices(0)), -1)
-                source = _WorkerSource(res.pool, res.ring, plan, self.in_order, self.timeout, preloaded)
+            first = self._build_stage(maker, plan) if res.stage is None else None
+            stage = res.stage
+            assert stage is not None and self._layout is not None  # built above, or kept from an earlier epoch
+            ready = stage.hold(0, first) if first is not None else None
+            if stage.workers is not None:
+                source = WorkerSource(stage.workers, plan, self.in_order, self.timeout, first=ready)
             else:
-                source = _InlineSource(maker, plan, res.layout, res.ring, first)
+                source = InlineSource(maker, plan, self._layout, stage.ring, stage.slots, first=ready)
             if res.prefetcher is not None:
-                yield from _on_device(res.prefetcher.batches(source, res.layout), self.device_id)
+                yield from _on_device(res.prefetcher.batches(source, self._layout), self.device_id)
             else:
-                yield from self._host_batches(source, res.layout)
+                yield from self._host_batches(source, self._layout)
             graceful = True
         except GeneratorExit:
             graceful = True  # a break or a dropped iterator: persistent workers may stay
@@ -479,20 +278,53 @@ class DataLoader:
             if not (graceful and self.persistent_workers):
                 res.end_epoch()
 
+    def _build_stage(self, maker: BatchMaker, plan: EpochPlan) -> list[np.ndarray] | None:
+        """Start the workers, make batch 0 here while they start if the layout is not known yet, then
+        make the ring and its slot pool and attach the prefetcher and the workers to it.
+
+        Returns batch 0 when it was made here (it is delivered, not thrown away), else None.
+        """
+        workers = None
+        ring = None
+        try:
+            if self.num_workers > 0:
+                workers = WorkerPool(
+                    dataset=self.dataset, num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
+                    seed=self.seed, collate_fn=self.collate_fn, batch_transform=self.batch_transform,
+                    worker_init_fn=self.worker_init_fn, start_method=self.start_method,
+                )
+            first = self._first_batch(maker, plan) if self._layout is None else None
+            assert self._layout is not None
+            slots = None
+            if self.num_workers > 0 or self.device == "cuda":
+                n = max(2, self.num_workers * self.prefetch_factor) if self.num_workers > 0 else 2
+                ring = Ring(self._layout, n, shared=self.num_workers > 0)
+                slots = SlotPool(ring)
+                if self._res.prefetcher is not None:
+                    with _device_scope(self.device_id):
+                        self._res.prefetcher.attach(ring)
+                if workers is not None:
+                    workers.attach(slots)
+        except BaseException:
+            Resources.discard(workers, ring, self._res.prefetcher)
+            raise
+        self._res.stage = Stage(slots, workers)
+        return first
+
     def _first_batch(self, maker: BatchMaker, plan: EpochPlan) -> list[np.ndarray]:
         """Make batch 0 here; its shapes and dtypes become the ring's slot layout."""
         indices = plan.indices(0)
         try:
             batch = maker.make(indices, plan.transform_seed(0))
         except Exception as exc:  # noqa: BLE001
-            raise _inline_error(exc, maker, 0) from exc
+            raise inline_error(exc, maker, 0) from exc
         layout = SlotLayout.for_batch(batch, self._sampler.max_rows)
         leaves, treedef = flatten(batch)
         arrays = layout.check(leaves, treedef, len(indices), 0)
-        self._res.layout = layout
+        self._layout = layout
         return arrays
 
-    def _host_batches(self, source: Any, layout: SlotLayout) -> Iterator[Any]:
+    def _host_batches(self, source: BatchSource, layout: SlotLayout) -> Iterator[Any]:
         held = None
         try:
             while True:
@@ -521,7 +353,7 @@ def _device_scope(device_id: int | None) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext() if device_id is None else cuda.device_scope(device_id)
 
 
-def _on_device(batches: Iterator[Any], device_id: int | None) -> Iterator[Any]:
+def _on_device(batches: Generator[Any, None, None], device_id: int | None) -> Iterator[Any]:
     """Run each step of ``batches`` with this loader's GPU current; hand each batch out outside it.
 
     So a rank's streams, events, copies and batch allocations all live on its device, while the

@@ -22,47 +22,72 @@ on it is never overwritten early.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from . import cuda
 from .collate import unflatten
 from .shm import Ring, SlotLayout
+from .slots import HostBatch
+from .sources import BatchSource
 
 STAGING_BUFFERS = 3
 
 
-class CudaOps:
-    """The few CUDA operations the prefetcher needs, all through ``cupy_nwt.cuda``."""
+class Registration(Protocol):
+    def close(self) -> None: ...
 
-    def current_stream(self):
+
+@runtime_checkable
+class PrefetchOps(Protocol):
+    """Exactly the CUDA operations the prefetcher uses; streams, events and device arrays are opaque.
+
+    ``CudaOps`` is the real one; the tests put a fake in its place that runs copies late.
+    """
+
+    def current_stream(self) -> Any: ...
+    def new_stream(self) -> Any: ...
+    def record(self, stream: Any) -> Any: ...
+    def wait(self, stream: Any, event: Any) -> None: ...
+    def done(self, event: Any) -> bool: ...
+    def sync(self, event: Any) -> None: ...
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any: ...
+    def h2d(self, dst: Any, src: np.ndarray, stream: Any) -> None: ...
+    def register(self, buffer: np.ndarray) -> Registration: ...
+    def pinned(self, nbytes: int) -> np.ndarray: ...
+
+
+class CudaOps(PrefetchOps):
+    """The prefetcher's CUDA operations, all through ``cupy_nwt.cuda``."""
+
+    def current_stream(self) -> Any:
         return cuda.current_stream()
 
-    def new_stream(self):
+    def new_stream(self) -> Any:
         return cuda.stream(non_blocking=True)
 
-    def record(self, stream):
+    def record(self, stream: Any) -> Any:
         return stream.record()
 
-    def wait(self, stream, event) -> None:
+    def wait(self, stream: Any, event: Any) -> None:
         stream.wait_event(event)
 
-    def done(self, event) -> bool:
+    def done(self, event: Any) -> bool:
         return bool(event.done)
 
-    def sync(self, event) -> None:
+    def sync(self, event: Any) -> None:
         event.synchronize()
 
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype, stream):
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any:
         return cuda.empty_on_stream(shape, dtype, stream)
 
-    def h2d(self, dst, src: np.ndarray, stream) -> None:
+    def h2d(self, dst: Any, src: np.ndarray, stream: Any) -> None:
         cuda.memcpy_h2d(dst, src, stream)
 
-    def register(self, buffer: np.ndarray):
+    def register(self, buffer: np.ndarray) -> Registration:
         return cuda.HostRegistration(buffer)
 
     def pinned(self, nbytes: int) -> np.ndarray:
@@ -73,20 +98,20 @@ class CudaOps:
 class _Copy:
     batch: Any
     event: Any
-    host: Any  # the HostBatch whose slot to release, or None
+    host: HostBatch | None  # whose slot to release once the copy is done (None: staged, released already)
     staging: np.ndarray | None
 
 
 class DevicePrefetcher:
     """Owns the side stream, the ring's registration and the staging buffers of one loader."""
 
-    def __init__(self, pin_memory: bool | str, ops: Any = None) -> None:
-        self.ops = ops if ops is not None else CudaOps()
+    def __init__(self, pin_memory: bool | str, ops: PrefetchOps | None = None) -> None:
+        self.ops: PrefetchOps = ops if ops is not None else CudaOps()
         self.pin_memory = pin_memory
         self.pin_path = "none" if not pin_memory else ("staging" if pin_memory == "staging" else "registered")
         self.pin_error: str | None = None
-        self._registration = None
-        self._side = None
+        self._registration: Registration | None = None
+        self._side: Any = None
         self._staging_free: list[np.ndarray] = []
         self._staging_count = 0
         self._layout: SlotLayout | None = None
@@ -118,7 +143,7 @@ class DevicePrefetcher:
 
     # -- the pipeline
 
-    def batches(self, source: Any, layout: SlotLayout) -> Iterator[Any]:
+    def batches(self, source: BatchSource, layout: SlotLayout) -> Generator[Any, None, None]:
         """Device batches from ``source`` (a host-batch source), one copy ahead of the consumer."""
         if self._side is None:
             self._side = self.ops.new_stream()
@@ -131,39 +156,52 @@ class DevicePrefetcher:
                     self._reclaim(source, pending, block=True)  # give the source every slot before waiting on it
                     if not self._issue(source, layout, inflight, pending, block=True):
                         return
-                cur = inflight.popleft()
+                cur = inflight[0]  # stays in inflight (released in the finally) if the next issue raises
                 self._issue(source, layout, inflight, pending, block=False)  # keep batch n+1 in flight
+                pending.append(inflight.popleft())
                 self.ops.wait(self.ops.current_stream(), cur.event)
-                pending.append(cur)
                 yield cur.batch
         finally:
             for c in list(inflight) + list(pending):
                 self.ops.sync(c.event)
                 self._release(source, c)
 
-    def _issue(self, source: Any, layout: SlotLayout, inflight: deque, pending: deque, block: bool) -> bool:
+    def _issue(self, source: BatchSource, layout: SlotLayout, inflight: deque, pending: deque, block: bool) -> bool:
         hb = source.next(block)
         if hb is None:
             return False
-        consumer = self.ops.current_stream()
-        dev = [self.ops.empty(a.shape, a.dtype, consumer) for a in hb.leaves]
-        self.ops.wait(self._side, self.ops.record(consumer))
-        staging = None
-        src = hb.leaves
-        host = hb
-        if self.pin_path == "staging":
-            staging = self._staging_buffer(source, layout, pending)
-            src = layout.views(staging, 0, hb.rows)
-            for d, s in zip(src, hb.leaves):
-                np.copyto(d, s)
-            source.release(hb)
-            host = None
-        for d, s in zip(dev, src):
-            self.ops.h2d(d, s, self._side)
-        inflight.append(_Copy(unflatten(layout.treedef, dev), self.ops.record(self._side), host, staging))
+        c = _Copy(None, None, hb, None)
+        try:
+            consumer = self.ops.current_stream()
+            dev = [self.ops.empty(a.shape, a.dtype, consumer) for a in hb.leaves]
+            self.ops.wait(self._side, self.ops.record(consumer))
+            src = hb.leaves
+            if self.pin_path == "staging":
+                c.staging = self._staging_buffer(source, layout, pending)
+                src = layout.views(c.staging, 0, hb.rows)
+                for d, s in zip(src, hb.leaves):
+                    np.copyto(d, s)
+                source.release(hb)
+                c.host = None
+            for d, s in zip(dev, src):
+                self.ops.h2d(d, s, self._side)
+            c.batch = unflatten(layout.treedef, dev)
+            c.event = self.ops.record(self._side)
+        except BaseException:
+            self._abandon(source, c)
+            raise
+        inflight.append(c)
         return True
 
-    def _staging_buffer(self, source: Any, layout: SlotLayout, pending: deque) -> np.ndarray:
+    def _abandon(self, source: BatchSource, c: _Copy) -> None:
+        """A copy that failed half-way: give its slot and staging buffer back once no queued copy reads them."""
+        try:
+            self.ops.sync(self.ops.record(self._side))
+        except Exception:  # noqa: BLE001 - the first error is the one to report; keeping the memory is safe
+            return
+        self._release(source, c)
+
+    def _staging_buffer(self, source: BatchSource, layout: SlotLayout, pending: deque) -> np.ndarray:
         if not self._staging_free and self._staging_count >= STAGING_BUFFERS and pending:
             self.ops.sync(pending[0].event)
             self._release(source, pending.popleft())
@@ -172,14 +210,14 @@ class DevicePrefetcher:
         self._staging_count += 1
         return self.ops.pinned(layout.slot_bytes)
 
-    def _reclaim(self, source: Any, pending: deque, block: bool) -> None:
+    def _reclaim(self, source: BatchSource, pending: deque, block: bool) -> None:
         # Copies on one stream complete in order: the head is always the oldest.
         while pending and (block or self.ops.done(pending[0].event)):
             if block:
                 self.ops.sync(pending[0].event)
             self._release(source, pending.popleft())
 
-    def _release(self, source: Any, c: _Copy) -> None:
+    def _release(self, source: BatchSource, c: _Copy) -> None:
         if c.host is not None:
             source.release(c.host)
             c.host = None

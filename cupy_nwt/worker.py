@@ -3,8 +3,9 @@
 Each worker has its own task pipe and result pipe (no lock shared between workers, so a worker
 killed mid-message cannot wedge the others). The main process waits on the result pipes and the
 workers' sentinels together, which is what turns a SIGKILLed worker into an error within one
-wake-up rather than a hang. Only small messages travel: ``(batch, slot, rows)`` one way, indices and
-a seed the other; batch payloads are written into the shared ring (see ``shm``).
+wake-up rather than a hang. Only small messages travel (see ``messages``): a task with indices and a
+seed one way, ``(batch, slot, rows)`` the other; batch payloads are written into the shared ring
+(see ``shm``), whose slots and generations the main process keeps in a ``slots.SlotPool``.
 
 Workers never touch CUDA: they import neither CuPy nor anything that does.
 """
@@ -16,8 +17,6 @@ import pickle
 import random
 import signal
 import time
-import traceback
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -28,7 +27,9 @@ import numpy as np
 from . import cuda
 from .collate import BatchLayoutError, collate_into, default_collate, flatten
 from .errors import LoaderError
+from .messages import BatchFailed, ErrorReport, FromWorker, InitFailed, Ok, RingMsg, Skipped, Stop, Task, ToWorker
 from .shm import Ring, SlotLayout
+from .slots import HostBatch, SlotPool
 
 
 class WorkerError(LoaderError):
@@ -145,33 +146,18 @@ class BatchMaker:
         return self.current
 
 
-def error_report(exc: BaseException, sample_index: int | None) -> dict[str, Any]:
-    """What travels back for an exception: type, message, traceback text, the exception if it pickles."""
-    try:
-        blob = pickle.dumps(exc)
-    except Exception:  # noqa: BLE001 - an unpicklable exception still reports its text
-        blob = None
-    return {
-        "exc_type": type(exc).__qualname__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        "sample_index": sample_index,
-        "pickled": blob,
-    }
-
-
-def make_worker_error(report: dict[str, Any], *, worker_id: int | None, pid: int, batch_index: int | None) -> WorkerError:
+def make_worker_error(report: ErrorReport, *, worker_id: int | None, pid: int, batch_index: int | None) -> WorkerError:
     where = "the main process" if worker_id is None else f"loader worker {worker_id} (pid {pid})"
     what = f"batch {batch_index}" if batch_index is not None else "worker_init_fn"
-    at = f" at sample index {report['sample_index']}" if report["sample_index"] is not None else ""
-    msg = (f"{where} failed on {what}{at}: {report['exc_type']}: {report['message']}\n\n"
-           f"Original traceback:\n{report['traceback']}")
+    at = f" at sample index {report.sample_index}" if report.sample_index is not None else ""
+    msg = (f"{where} failed on {what}{at}: {report.exc_type}: {report.message}\n\n"
+           f"Original traceback:\n{report.traceback}")
     err = WorkerError(msg, worker_id=worker_id, pid=pid, batch_index=batch_index,
-                      sample_index=report["sample_index"], exc_type=report["exc_type"],
-                      traceback_text=report["traceback"])
-    if report.get("pickled") is not None:
+                      sample_index=report.sample_index, exc_type=report.exc_type,
+                      traceback_text=report.traceback)
+    if report.pickled is not None:
         try:
-            err.__cause__ = pickle.loads(report["pickled"])
+            err.__cause__ = pickle.loads(report.pickled)
         except Exception:  # noqa: BLE001 - the text above is the contract, the object a bonus
             pass
     return err
@@ -196,7 +182,7 @@ def worker_seed(seed: int, worker_id: int) -> int:
 
 
 def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
-    """Serve tasks until told to stop (``None``), the task pipe closes or the parent dies."""
+    """Serve tasks until told to ``Stop``, the task pipe closes or the parent dies."""
     global _worker_info
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     seed = worker_seed(spec.seed, spec.worker_id)
@@ -212,35 +198,38 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             try:
                 spec.worker_init_fn(spec.worker_id)
             except Exception as exc:  # noqa: BLE001 - reported to the main process
-                results.send(("init_error", error_report(exc, None)))
+                results.send(InitFailed(ErrorReport.from_exception(exc, None)))
                 return
         while True:
             if tasks not in wait(watch):
                 return  # the parent is gone
-            msg = tasks.recv()
-            if msg is None:
+            msg: ToWorker = tasks.recv()
+            if isinstance(msg, Stop):
                 return
-            if msg[0] == "ring":
+            if isinstance(msg, RingMsg):
                 if ring is not None:
                     ring.close()
-                _, name, layout, slots = msg
-                ring = Ring.attach(name, layout, slots)
+                ring = Ring.attach(msg.name, msg.layout, msg.slots)
                 continue
-            _, gen, batch_index, slot, indices, tseed = msg
-            if ring is None or ring.generation != gen:
-                results.send(("skip", gen, batch_index, slot))
-                continue
-            try:
-                maker.fill(indices, tseed, ring.layout, ring.slot_views(slot, len(indices)), batch_index)
-            except Exception as exc:  # noqa: BLE001 - reported to the main process
-                results.send(("error", gen, batch_index, slot, error_report(exc, maker.failed_index(exc))))
-                continue
-            results.send(("ok", gen, batch_index, slot, len(indices)))
+            results.send(_serve(maker, ring, msg))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the main process went away
     finally:
         if ring is not None:
             ring.close()
+
+
+def _serve(maker: BatchMaker, ring: Ring | None, task: Task) -> Ok | Skipped | BatchFailed:
+    """Fill the task's slot, unless its generation is no longer the ring's current one."""
+    if ring is None or ring.generation != task.generation:
+        return Skipped(task.generation, task.batch_index, task.slot)
+    rows = len(task.indices)
+    try:
+        maker.fill(task.indices, task.transform_seed, ring.layout, ring.slot_views(task.slot, rows), task.batch_index)
+    except Exception as exc:  # noqa: BLE001 - reported to the main process
+        report = ErrorReport.from_exception(exc, maker.failed_index(exc))
+        return BatchFailed(task.generation, task.batch_index, task.slot, report)
+    return Ok(task.generation, task.batch_index, task.slot, rows)
 
 
 # ---------------------------------------------------------------- the pool, seen from the main process
@@ -256,35 +245,24 @@ class _Worker:
 
 
 @dataclass(frozen=True)
-class Done:
-    """A batch a worker finished: it sits in ``slot`` with ``rows`` rows."""
-
-    batch_index: int
-    slot: int
-    rows: int
-    worker_id: int
-
-
-@dataclass(frozen=True)
 class Failed:
+    """A batch a worker could not make: raise ``error`` when its turn to be delivered comes."""
+
     batch_index: int
     error: WorkerError
 
 
-_CLOSING = np.iinfo(np.int64).max
 SHUTDOWN_GRACE_S = 1.0
 
 
 class WorkerPool:
-    """``num_workers`` processes, the ring they write into and the bookkeeping of its slots."""
+    """``num_workers`` processes and the slot pool of the ring they write into."""
 
     def __init__(self, *, dataset: Any, num_workers: int, prefetch_factor: int, seed: int,
                  collate_fn: Callable | None, batch_transform: Callable | None,
                  worker_init_fn: Callable | None, start_method: str) -> None:
         self.prefetch_factor = prefetch_factor
-        self.ring: Ring | None = None
-        self._free: deque[int] = deque()
-        self._generation = 0
+        self.slots: SlotPool | None = None
         self._rr = 0
         self._closed = False
         self._workers: list[_Worker] = []
@@ -314,28 +292,16 @@ class WorkerPool:
             self.shutdown()
             raise
 
-    # -- ring and slots
+    # -- the ring
 
-    def set_ring(self, ring: Ring) -> None:
-        """Hand the workers a (new) ring; all its slots start free."""
-        self.ring = ring
-        ring.generation = self._generation
-        self._free = deque(range(ring.slots))
+    def attach(self, slots: SlotPool) -> None:
+        """Hand the workers a (new) ring; its pool says which slots they may fill, for which generation."""
+        ring = slots.ring
+        if ring.name is None:
+            raise LoaderError("internal error: workers can only attach to a ring in /dev/shm")
+        self.slots = slots
         for w in self._workers:
-            self._send(w, ("ring", ring.name, ring.layout, ring.slots))
-
-    def take_slot(self) -> int:
-        return self._free.popleft()
-
-    def release(self, slot: int) -> None:
-        self._free.append(slot)
-
-    def new_generation(self) -> int:
-        """Start a new epoch: tasks still queued from an abandoned one are skipped by the workers."""
-        self._generation += 1
-        if self.ring is not None:
-            self.ring.generation = self._generation
-        return self._generation
+            self._send(w, RingMsg(ring.name, ring.layout, ring.slots))
 
     # -- tasks and results
 
@@ -344,7 +310,7 @@ class WorkerPool:
 
     def submit(self, batch_index: int, indices: np.ndarray, tseed: int) -> bool:
         """Queue a batch on the least busy worker; False when no slot or worker capacity is free."""
-        if not self._free or not self._workers:
+        if self.slots is None or not self.slots.free or not self._workers:
             return False
         n = len(self._workers)
         order = [self._workers[(self._rr + k) % n] for k in range(n)]
@@ -352,28 +318,29 @@ class WorkerPool:
         if w.outstanding >= self.prefetch_factor:
             return False
         self._rr = (w.id + 1) % n
-        slot = self._free.popleft()
+        slot = self.slots.take()
+        assert slot is not None  # checked free above
         try:
-            self._send(w, ("task", self._generation, batch_index, slot, indices, tseed))
+            self._send(w, Task(self.slots.generation, batch_index, slot, indices, tseed))
         except LoaderError:
-            self._free.appendleft(slot)
+            self.slots.give_back(slot)
             raise
         w.outstanding += 1
         return True
 
-    def _send(self, w: _Worker, msg: Any) -> None:
+    def _send(self, w: _Worker, msg: ToWorker) -> None:
         try:
             w.tasks.send(msg)
         except (BrokenPipeError, ConnectionResetError, OSError):
             self._raise_if_dead(timeout=1.0)
             raise LoaderError(f"could not reach loader worker {w.id} (pid {w.process.pid})") from None
 
-    def collect(self, timeout: float | None) -> list[Done | Failed]:
+    def collect(self, timeout: float | None) -> list[HostBatch | Failed]:
         """Wait up to ``timeout`` s for results; raise at once if a worker died or failed to start."""
         conns = [w.results for w in self._workers]
         sentinels = [w.process.sentinel for w in self._workers]
         wait(conns + sentinels, timeout)
-        out: list[Done | Failed] = []
+        out: list[HostBatch | Failed] = []
         for w in self._workers:
             while True:
                 try:
@@ -388,18 +355,20 @@ class WorkerPool:
         self._raise_if_dead(timeout=0.0)
         return out
 
-    def _absorb(self, w: _Worker, msg: tuple) -> Done | Failed | None:
-        kind = msg[0]
-        if kind == "init_error":
-            raise make_worker_error(msg[1], worker_id=w.id, pid=w.process.pid, batch_index=None)
-        gen, batch_index, slot = msg[1], msg[2], msg[3]
+    def _absorb(self, w: _Worker, msg: FromWorker) -> HostBatch | Failed | None:
+        """A worker's answer: a batch to deliver, a failure to raise in turn, or nothing (stale, skipped)."""
+        if isinstance(msg, InitFailed):
+            raise make_worker_error(msg.report, worker_id=w.id, pid=w.process.pid, batch_index=None)
+        assert self.slots is not None  # tasks went out, so a ring was attached
         w.outstanding -= 1
-        current = gen == self._generation
-        if kind == "ok" and current:
-            return Done(batch_index, slot, msg[4], w.id)
-        self._free.append(slot)
-        if kind == "error" and current:
-            return Failed(batch_index, make_worker_error(msg[4], worker_id=w.id, pid=w.process.pid, batch_index=batch_index))
+        if isinstance(msg, Ok):
+            if not self.slots.accept(msg.generation, msg.slot):
+                return None  # made for an abandoned epoch: its slot is free again
+            return self.slots.batch(msg.batch_index, msg.slot, msg.rows)
+        self.slots.release(msg.slot)
+        if isinstance(msg, BatchFailed) and self.slots.is_current(msg.generation):
+            error = make_worker_error(msg.report, worker_id=w.id, pid=w.process.pid, batch_index=msg.batch_index)
+            return Failed(msg.batch_index, error)
         return None
 
     def _raise_if_dead(self, timeout: float) -> None:
@@ -425,8 +394,8 @@ class WorkerPool:
         try:
             while w.results.poll():
                 msg = w.results.recv()
-                if msg[0] == "init_error":
-                    raise make_worker_error(msg[1], worker_id=w.id, pid=w.process.pid, batch_index=None)
+                if isinstance(msg, InitFailed):
+                    raise make_worker_error(msg.report, worker_id=w.id, pid=w.process.pid, batch_index=None)
         except (EOFError, OSError):
             pass
 
@@ -437,11 +406,11 @@ class WorkerPool:
         if self._closed:
             return
         self._closed = True
-        if self.ring is not None and not self.ring.closed:
-            self.ring.generation = _CLOSING  # queued tasks are skipped, not computed
+        if self.slots is not None:
+            self.slots.retire()  # queued tasks are skipped, not computed
         for w in self._workers:
             try:
-                w.tasks.send(None)
+                w.tasks.send(Stop())
             except (OSError, ValueError):
                 pass
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
@@ -460,7 +429,7 @@ class WorkerPool:
             w.results.close()
             w.process.close()
         self._workers = []
-        self.ring = None
+        self.slots = None
 
     @property
     def closed(self) -> bool:

@@ -1,0 +1,127 @@
+"""What travels between the main process and its loader workers: one small frozen record per kind.
+
+Main process -> worker: ``RingMsg`` (once per ring), ``Task`` (once per batch), ``Stop``.
+Worker -> main process: ``Ok``, ``Skipped`` or ``BatchFailed`` (once per task), ``InitFailed`` (at
+most once, then the worker exits). Batch payloads never travel: they are written into the ring.
+
+A task and its answer cross a pipe per batch, so every record pickles as its class and the tuple of
+its fields (``__reduce__``), not as a state dict: about the size of the tagged tuple it replaces,
+and the same on every Python this package supports.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .shm import SlotLayout
+
+
+class _Record:
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        fields: tuple[str, ...] = self.__slots__  # a dataclass's slots are its fields, in order
+        return type(self), tuple(getattr(self, name) for name in fields)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReport(_Record):
+    """An exception, made portable: its type, text and traceback, and the exception if it pickles."""
+
+    exc_type: str
+    message: str
+    traceback: str
+    sample_index: int | None
+    pickled: bytes | None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, sample_index: int | None, *, keep_object: bool = True) -> ErrorReport:
+        """``keep_object=False`` when the caller chains ``exc`` itself (no need to pickle it)."""
+        blob = None
+        if keep_object:
+            try:
+                blob = pickle.dumps(exc)
+            except Exception:  # noqa: BLE001 - an unpicklable exception still reports its text
+                blob = None
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(type(exc).__qualname__, str(exc), text, sample_index, blob)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"exc_type": self.exc_type, "message": self.message, "traceback": self.traceback,
+                "sample_index": self.sample_index, "pickled": self.pickled}
+
+
+# ---------------------------------------------------------------- main process -> worker
+
+
+@dataclass(frozen=True, slots=True)
+class RingMsg(_Record):
+    """Attach to this ring (closing the previous one); its header holds the current generation."""
+
+    name: str
+    layout: SlotLayout
+    slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class Task(_Record):
+    """Fill ``slot`` with the batch of these dataset ``indices``, unless ``generation`` is stale."""
+
+    generation: int
+    batch_index: int
+    slot: int
+    indices: np.ndarray
+    transform_seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Stop(_Record):
+    """Exit the worker loop."""
+
+
+# ---------------------------------------------------------------- worker -> main process
+
+
+@dataclass(frozen=True, slots=True)
+class Ok(_Record):
+    """``slot`` now holds batch ``batch_index``: its first ``rows`` rows."""
+
+    generation: int
+    batch_index: int
+    slot: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped(_Record):
+    """The task's generation was no longer current when the worker got to it; ``slot`` is untouched."""
+
+    generation: int
+    batch_index: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFailed(_Record):
+    """Making batch ``batch_index`` raised; ``slot`` holds nothing of use."""
+
+    generation: int
+    batch_index: int
+    slot: int
+    report: ErrorReport
+
+
+@dataclass(frozen=True, slots=True)
+class InitFailed(_Record):
+    """``worker_init_fn`` raised; the worker exits right after sending this."""
+
+    report: ErrorReport
+
+
+ToWorker = RingMsg | Task | Stop
+FromWorker = Ok | Skipped | BatchFailed | InitFailed
