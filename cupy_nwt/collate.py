@@ -14,17 +14,7 @@ from typing import Any
 
 import numpy as np
 
-
-class BatchLayoutError(ValueError):
-    """A sample or batch does not fit the batch layout; ``sample_index`` names the sample if known."""
-
-    def __init__(self, message: str, sample_index: int | None = None) -> None:
-        super().__init__(message)
-        self.sample_index = sample_index
-
-    def __reduce__(self):
-        return (type(self), (self.args[0], self.sample_index))
-
+from .errors import BatchLayoutError
 
 # A treedef is a small picklable nest: ("leaf",), ("tuple", children), ("list", children),
 # ("dict", keys, children) or ("namedtuple", cls, children).

@@ -16,12 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from .errors import NoGPUError
+
 # Re-exported: callers ask this module for links, as before they moved to pcie.py.
 from .pcie import PcieLink, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
-
-
-class NoGPUError(RuntimeError):
-    """Raised by GPU-only entry points; its message is one sentence a user can act on."""
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from .errors import LayoutError
 from .system import usable_cpus
 
 _log = logging.getLogger(__name__)
-
-class LayoutError(ValueError):
-    """A half-set or contradictory rank layout; the message names the variables involved."""
-
 
 @dataclass(frozen=True)
 class RankLayout:

@@ -16,27 +16,11 @@ from typing import Any
 
 import numpy as np
 
+from .errors import CorruptImageError, DataError  # noqa: F401 - DataError's old import path
+
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 
 Transform = Callable[[np.ndarray], Any]
-
-
-class DataError(ValueError):
-    """The data itself is bad: the message names the file, archive member or sample and what is wrong."""
-
-
-class CorruptImageError(DataError):
-    """An image that Pillow cannot decode; the message names the file or archive member.
-
-    ``sample_index`` is the dataset index of that image when the dataset knows it.
-    """
-
-    def __init__(self, message: str, sample_index: int | None = None) -> None:
-        super().__init__(message)
-        self.sample_index = sample_index
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.args[0], self.sample_index))
 
 
 _ADDRESS = re.compile(r" <[^<>]* at 0x[0-9a-fA-F]+>")

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from . import cuda
+from ._checks import check_int, check_number
 from .collate import flatten, unflatten
 from .distributed import RankLayout, agree, device_for_rank, rank_layout
 from .prefetch import DevicePrefetcher
@@ -101,17 +102,13 @@ class DataLoader:
             raise ValueError(f"the dataset must have a length (map-style), got {type(dataset).__name__}") from None
         if not (hasattr(dataset, "__getitem__") or hasattr(dataset, "__getitems__")):
             raise ValueError(f"the dataset must support indexing, {type(dataset).__name__} does not")
-        if seed is not None and (not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0):
-            raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
-        if not isinstance(prefetch_factor, (int, np.integer)) or isinstance(prefetch_factor, bool) or prefetch_factor < 1:
-            raise ValueError(f"prefetch_factor must be a positive integer, got {prefetch_factor!r}")
+        seed = check_int("seed", seed, ge=0, optional=True)
+        prefetch_factor = check_int("prefetch_factor", prefetch_factor, ge=1)
         if pin_memory not in (True, False, "staging"):
             raise ValueError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
-        for name, value in (("rank", rank), ("world_size", world_size)):
-            if value is not None and (not isinstance(value, (int, np.integer)) or isinstance(value, bool)):
-                raise ValueError(f"{name} must be an integer or None, got {value!r}")
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
+        rank = check_int("rank", rank, optional=True)
+        world_size = check_int("world_size", world_size, optional=True)
+        timeout = check_number("timeout", timeout, gt=0, optional=True, unit="seconds")
         for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
@@ -132,8 +129,7 @@ class DataLoader:
                 dataset, batch_size=batch_size, prefetch_factor=prefetch_factor, pin_memory=pin_memory,
                 device=self.device if self.device_id is None else f"cuda:{self.device_id}",
                 batch_transform=batch_transform, layout=self.rank_layout)
-        if not isinstance(num_workers, (int, np.integer)) or isinstance(num_workers, bool) or num_workers < 0:
-            raise ValueError(f"num_workers must be a non-negative integer or 'auto', got {num_workers!r}")
+        num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
         self.num_workers = int(num_workers)
         self.prefetch_factor = int(prefetch_factor)
         self.pin_memory = pin_memory
@@ -187,9 +183,7 @@ class DataLoader:
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch of the next iteration (its shuffle order and transform seeds)."""
-        if not isinstance(epoch, (int, np.integer)) or epoch < 0:
-            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
-        self._epoch = int(epoch)
+        self._epoch = check_int("epoch", epoch, ge=0)
 
     @property
     def pin_path(self) -> str:

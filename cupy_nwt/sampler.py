@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_int
 from .distributed import samples_per_rank, shard
 
 _TRANSFORM_TAG = 0x6E7774  # keeps transform seeds apart from the shuffle stream of the same seed
@@ -62,14 +63,11 @@ class BatchSampler:
     world_size: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, (int, np.integer)) or self.n < 0:
-            raise ValueError(f"the dataset length must be a non-negative integer, got {self.n!r}")
-        if not isinstance(self.batch_size, (int, np.integer)) or isinstance(self.batch_size, bool) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {self.batch_size!r}")
-        if self.seed < 0:
-            raise ValueError(f"seed must be a non-negative integer, got {self.seed}")
-        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} of world_size {self.world_size}: need 0 <= rank < world_size")
+        check_int("the dataset length", self.n, ge=0)
+        check_int("batch_size", self.batch_size, ge=1)
+        check_int("seed", self.seed, ge=0)
+        world_size = check_int("world_size", self.world_size, ge=1)
+        check_int(f"rank (of world_size {world_size})", self.rank, ge=0, le=world_size - 1)
 
     @property
     def samples(self) -> int:

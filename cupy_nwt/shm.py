@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_int
 from .collate import BatchLayoutError, Treedef, as_leaf, flatten, leaf_paths
-from .errors import LoaderError
+from .errors import ShmSpaceError
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "cupy_nwt_"
@@ -111,10 +112,6 @@ class SlotLayout:
         return {"rows": self.rows, "slot_bytes": self.slot_bytes, "fields": [f.to_dict() for f in self.fields]}
 
 
-class ShmSpaceError(LoaderError, MemoryError):
-    """/dev/shm is missing or cannot hold the ring; the message names it, its free and the needed bytes."""
-
-
 class Ring:
     """``slots`` slots of ``layout`` in one mapping: a named /dev/shm segment or anonymous memory.
 
@@ -122,10 +119,8 @@ class Ring:
     """
 
     def __init__(self, layout: SlotLayout, slots: int, *, shared: bool = True, _attach_name: str | None = None) -> None:
-        if slots < 1:
-            raise ValueError(f"a ring needs at least one slot, got {slots}")
         self.layout = layout
-        self.slots = int(slots)
+        self.slots = check_int("the ring's slot count", slots, ge=1)
         self.nbytes = HEADER_BYTES + self.slots * layout.slot_bytes
         self.owner = _attach_name is None
         self.name: str | None = None

@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from .errors import DamagedArchiveError, DataError
 from .images import (
     IMAGE_EXTENSIONS,
-    DataError,
     ImageDataset,
     Transform,
     decode_image,
@@ -39,21 +39,6 @@ from .system import cache_dir as default_cache_dir
 
 BLOCK = tarfile.BLOCKSIZE
 END_OF_ARCHIVE = 2 * BLOCK
-
-
-class DamagedArchiveError(DataError):
-    """A truncated or garbled archive: names the file and the byte offset where the damage starts.
-
-    For a gzip archive ``offset`` counts bytes of the decompressed tar (or, for a truncated gzip
-    stream, of the compressed file).
-    """
-
-    def __init__(self, path: str | os.PathLike, offset: int, problem: str) -> None:
-        super().__init__(f"{path}: damaged archive at byte offset {offset}: {problem}")
-        self.path, self.offset, self.problem = str(path), offset, problem
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.path, self.offset, self.problem))
 
 
 def is_gzip(path: Path) -> bool:

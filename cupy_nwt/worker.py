@@ -26,53 +26,10 @@ import numpy as np
 
 from . import cuda
 from .collate import BatchLayoutError, collate_into, default_collate, flatten
-from .errors import LoaderError
+from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old import paths
 from .messages import BatchFailed, ErrorReport, FromWorker, InitFailed, Ok, RingMsg, Skipped, Stop, Task, ToWorker
 from .shm import Ring, SlotLayout
 from .slots import HostBatch, SlotPool
-
-
-class WorkerError(LoaderError):
-    """Loading a batch raised: in a worker (``worker_id`` >= 0) or in the main process (``None``).
-
-    Carries the batch, the dataset index being fetched when it happened (``None`` when the error
-    came from collate / transform or ``__getitems__``), the original exception type and the full
-    traceback text from where it was raised. ``__cause__`` is the original exception when it could
-    be pickled back.
-    """
-
-    def __init__(self, message: str, *, worker_id: int | None, pid: int, batch_index: int | None,
-                 sample_index: int | None, exc_type: str, traceback_text: str) -> None:
-        super().__init__(message)
-        self.worker_id = worker_id
-        self.pid = pid
-        self.batch_index = batch_index
-        self.sample_index = sample_index
-        self.exc_type = exc_type
-        self.traceback_text = traceback_text
-
-
-class WorkerDiedError(LoaderError):
-    """A worker process ended without being asked to (a signal, ``os._exit``, a native crash)."""
-
-    def __init__(self, message: str, *, worker_id: int, pid: int, exitcode: int | None) -> None:
-        super().__init__(message)
-        self.worker_id = worker_id
-        self.pid = pid
-        self.exitcode = exitcode
-
-    @property
-    def signal_name(self) -> str | None:
-        if self.exitcode is not None and self.exitcode < 0:
-            try:
-                return signal.Signals(-self.exitcode).name
-            except ValueError:
-                return f"signal {-self.exitcode}"
-        return None
-
-
-class LoaderTimeoutError(LoaderError, TimeoutError):
-    """No batch arrived from the workers within ``timeout`` seconds."""
 
 
 @dataclass(frozen=True)
