@@ -32,7 +32,7 @@ EXIT_CODES = f"""exit codes:
   2    bad input: options, paths, arguments
   3    no usable GPU for a command that needs one
   4    bad data: a file, archive member or sample that cannot be read or does not fit
-  5    a loader worker died or stopped delivering
+  5    the loader failed: a worker died or stopped delivering, or /dev/shm has no room for its ring
   130  interrupted
 
 Errors are one line on stderr; --debug (or {DEBUG_ENV}=1) adds the full traceback."""
@@ -348,7 +348,7 @@ def _with_index(what: str, index: int | None) -> str:
 def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
     """The exit code and the one line for the error a command ended with."""
     from .datasets import DataError  # noqa: PLC0415 - only on the error path
-    from .worker import LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: PLC0415
+    from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: PLC0415
 
     if isinstance(exc, cuda.NoGPUError):
         return EXIT_NO_GPU, str(exc)
@@ -358,6 +358,8 @@ def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
         return EXIT_BAD_DATA, f"bad data: {_loading_failure(exc, args)}"
     if isinstance(exc, (WorkerDiedError, LoaderTimeoutError)):
         return EXIT_WORKER, f"loader worker failed: {_first_line(exc)}"
+    if isinstance(exc, LoaderError):  # e.g. ShmSpaceError: no room in /dev/shm for the ring
+        return EXIT_WORKER, f"loader failed: {_first_line(exc)}"
     if isinstance(exc, (ValueError, FileNotFoundError)):
         return EXIT_USAGE, str(exc)
     if isinstance(exc, KeyboardInterrupt):

@@ -19,6 +19,10 @@ first on ``PATH`` (so ``cupy-nwt`` and ``python`` are this installation's) and a
     the block reads ``shards.tar``: a small shard of the synthetic set is written first.
 ``<!-- test: setup-main -->``
     the main set-up command, run literally (a fresh venv and an install) in a copy of the tree.
+``<!-- test: gate -->``
+    commands with ``--nwt-throughput-drop``: an unchanged rerun on a shared machine may really run
+    slower than its baseline, so such a command may exit 1, but only with the gate's own verdict
+    (``throughput gate FAILED``, each benchmark's ``fell`` line); any other failure fails the test.
 ``<!-- test: repo-root ... -->``
     the commands run in the repository root (with ``gpu``: they must refuse before writing anything).
 
@@ -42,7 +46,7 @@ from cupy_nwt import cuda
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 FENCE = re.compile(r"(?:<!-- test: (?P<how>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
-KNOWN = {"gpu", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root"}
+KNOWN = {"gpu", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root", "gate"}
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,13 @@ def check_gpu_refusal(proc: subprocess.CompletedProcess[str], what: str) -> None
     assert "Traceback" not in proc.stderr
 
 
+def check_gate_verdict(proc: subprocess.CompletedProcess[str], cmd: str) -> None:
+    """Exit 1 from the gate itself: its verdict line, a ``fell`` line, and no test failed for another reason."""
+    out = proc.stdout + proc.stderr
+    assert "cupy_nwt throughput gate FAILED" in out and " fell " in out, f"{cmd}\n{out[-4000:]}"
+    assert not re.search(r"^(FAILED|ERROR) ", out, re.M), f"{cmd}\n{out[-4000:]}"
+
+
 def test_every_block_says_how_it_is_tested():
     assert len(BLOCKS) >= 8
     text = README.read_text(encoding="utf-8")
@@ -190,6 +201,8 @@ def test_readme_block(block: Block, workdir: Path):
         proc = run(["bash", "-c", cmd], workdir, cwd=where)
         if gpu:
             check_gpu_refusal(proc, cmd)
+        elif "gate" in block.how and "--nwt-throughput-drop" in cmd and proc.returncode == 1:
+            check_gate_verdict(proc, cmd)
         else:
             assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     if before is not None and gpu:
