@@ -379,7 +379,7 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
 
     Iterates a cupy_nwt ``DataLoader`` and records seconds per batch in pytest-benchmark (warm-up
     batches, which include worker start-up, are not recorded), plus ``samples_per_s`` and the peak
-    memory of the main process and its workers (PSS, see :mod:`cupy_nwt.memory`) in
+    memory of the main process and its workers (PSS, see :mod:`cupy_nwt.nwt.memory`) in
     ``benchmark.extra_info``. Batches on the GPU are waited for (current stream) before the clock
     stops. Works on the host without a GPU (``device="cpu"``, or ``"auto"`` there).
     """
@@ -391,7 +391,7 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
             raise ValueError(f"warmup must be an int >= 0, got {warmup!r}")
         from . import cuda  # noqa: PLC0415
         from .loader import DataLoader  # noqa: PLC0415
-        from .memory import MemorySampler  # noqa: PLC0415
+        from .nwt.memory import MemorySampler  # noqa: PLC0415
 
         loader = DataLoader(dataset, **loader_kwargs)
         # the batches arrive on the loader's GPU's current stream, whichever GPU is current here
