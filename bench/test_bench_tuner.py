@@ -23,10 +23,10 @@ import os
 
 import pytest
 
-from cupy_nwt import system
+from cupy_nwt import system, tune_num_workers
 from cupy_nwt.datasets import SyntheticCIFAR10
+from cupy_nwt.nwt.measure import LoaderMeasure, steady_rates
 from cupy_nwt.transforms import CifarTrainTransform
-from cupy_nwt.tuner import LoaderMeasure, steady_rates, tune_num_workers
 from cupy_nwt.units import plural
 
 BATCH_SIZE = 128

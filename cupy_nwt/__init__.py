@@ -4,7 +4,9 @@ from .cuda import NoGPUError, gpu_status
 from .errors import (ArgumentError, BatchLayoutError, CorruptImageError, CupyNwtError, DamagedArchiveError, DataError,
                      LayoutError, ShmSpaceError)
 from .loader import DataLoader, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
-from .tuner import TuneResult, tune_num_workers
+from .nwt import auto as _auto  # noqa: F401 - registers the tuner that num_workers="auto" runs
+from .nwt.store import TuneResult
+from .nwt.tune import tune_num_workers
 
 __version__ = "0.1.0"
 

@@ -1,4 +1,4 @@
-"""Why the paper strategy picked what it did: Algorithm 1's decisions replayed from its trials.
+"""A tuning's result as text: the trials and the pick, and why the paper strategy picked what it did.
 
 Algorithm 1 is greedy: it takes a worker count only when that count's time for 100 iterations
 beats the last count it took by more than ``alpha``. Its pick is therefore the last count taken,
@@ -12,13 +12,15 @@ from __future__ import annotations
 import math
 import textwrap
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .nwt.paper import PAPER_TIME_SCALE
 from .report import table
-from .units import plural
+from .units import fmt_bytes, plural
 
 if TYPE_CHECKING:
-    from .tuner import TuneResult
+    from .nwt.store import TuneResult
 
 WIDTH = 100  # the prose is wrapped: it is printed, and kept in a Markdown code block by reproduce
 
@@ -43,8 +45,6 @@ class PaperDecision:
 
 def paper_decisions(result: TuneResult) -> tuple[PaperDecision, ...]:
     """Replay ``normalized < best - alpha`` over the counts in the order the search ran them."""
-    from .tuner import PAPER_TIME_SCALE  # noqa: PLC0415 - tuner imports heavy modules
-
     if result.strategy != "paper":
         raise ValueError(f"only the paper strategy follows Algorithm 1, this result is {result.strategy!r}")
     out: list[PaperDecision] = []
@@ -72,8 +72,6 @@ def explain_paper_pick(result: TuneResult) -> str:
     """What alpha is, each decision, and the pick next to the fastest count measured ("" unless paper)."""
     if result.strategy != "paper" or not result.trials:
         return ""
-    from .tuner import PAPER_TIME_SCALE  # noqa: PLC0415
-
     decisions = paper_decisions(result)
     rows = [[d.workers, d.seconds_per_100, _verdict(d, result.alpha)] for d in decisions]
     lines = [table(["workers", f"s per {PAPER_TIME_SCALE} iter", "Algorithm 1"], rows,
@@ -105,3 +103,27 @@ def explain_paper_pick(result: TuneResult) -> str:
             + (f" and runs {plural(fastest.workers - pick.workers, 'fewer worker', 'fewer workers')}."
                if fastest.workers > pick.workers else "."))
     return "\n".join(lines[:2] + [textwrap.fill(p, WIDTH) for p in lines[2:]])
+
+
+def summary_text(result: TuneResult, saved_to: Path | None = None) -> str:
+    """The trials as a table, the pick, and what the search cost."""
+    trials = result.trials
+    fastest = min(trials, key=lambda t: (t.seconds_per_iteration, t.workers)).workers if trials else None
+    rows = []
+    for t in trials:
+        notes = [n for n, hit in (("pick", t.workers == result.best_workers), ("fastest", t.workers == fastest)) if hit]
+        rows.append([t.workers, t.seconds_per_iteration * 1e3, round(t.samples_per_second),
+                     fmt_bytes(t.peak_memory_bytes) if t.peak_memory_bytes is not None else None,
+                     fmt_bytes(t.peak_uss_bytes) if t.peak_uss_bytes is not None else None,
+                     t.iterations, ", ".join(notes)])
+    title = (f"NWT ({result.strategy}): {plural(len(trials), 'worker count')} measured in "
+             f"{plural(len(result.runs), 'run')}, "
+             f"device {result.device}, batch {result.batch_size}")
+    lines = [table(["workers", "ms/iter", "samples/s", "peak PSS", "peak USS", "timed iters", "note"], rows, title=title)]
+    rule = (f"alpha {result.alpha:g} s per {PAPER_TIME_SCALE} iterations" if result.strategy == "paper"
+            else f"tolerance {result.tolerance:.0%}")
+    lines.append("")
+    lines.append(f"pick: {plural(result.best_workers, 'worker')} ({rule}); search took {result.search_seconds:.1f} s")
+    if saved_to is not None:
+        lines.append(f"saved to {saved_to}")
+    return "\n".join(lines)

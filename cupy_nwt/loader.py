@@ -19,7 +19,7 @@ Several ranks (torchrun, SLURM, MPI): each rank builds its own loader; ``rank`` 
 come from the launcher's variables unless given, each rank takes its shard of every epoch (see
 ``sampler.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
 unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
-share of the CPUs (see ``tuner.auto_num_workers``).
+share of the CPUs (see ``nwt.pick.auto_num_workers``).
 
 Worker start method (``start_method=None``): ``forkserver`` when CUDA is in use in this process
 (the loader targets the GPU, or CuPy is imported and a GPU is usable), because a forked child of a
@@ -123,7 +123,7 @@ class DataLoader:
         self._sampler = BatchSampler(n, batch_size, bool(shuffle), self.seed, bool(drop_last),
                                      self.rank_layout.rank, self.rank_layout.world_size)
         if num_workers == "auto":
-            from .tuner import auto_num_workers  # noqa: PLC0415 - the tuner builds loaders itself
+            from .nwt.pick import auto_num_workers  # noqa: PLC0415 - below the loader; never the tuner itself
 
             num_workers = auto_num_workers(
                 dataset, batch_size=batch_size, prefetch_factor=prefetch_factor, pin_memory=pin_memory,

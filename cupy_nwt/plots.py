@@ -20,7 +20,7 @@ from .units import fmt_bytes
 
 if TYPE_CHECKING:
     from .transfers import BandwidthResult
-    from .tuner import TuneResult
+    from .nwt.store import TuneResult
 
 _COLORS = {"h2d": "tab:blue", "d2h": "tab:orange"}
 _STYLES = {"pinned": "-", "pageable": "--"}

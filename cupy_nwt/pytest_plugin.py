@@ -201,7 +201,7 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
     batches, which include worker start-up, are not recorded), plus ``samples_per_s``, the same
     per round of consecutive timed batches (``samples_per_s_rounds``, what the throughput gate
     judges, so one stalled batch cannot decide it) and the peak memory of the main process and its
-    workers (PSS, see :mod:`cupy_nwt.memory`) in ``benchmark.extra_info``. Batches on the GPU are
+    workers (PSS, see :mod:`cupy_nwt.nwt.memory`) in ``benchmark.extra_info``. Batches on the GPU are
     waited for (current stream) before the clock stops. Works on the host without a GPU (``device="cpu"``, or ``"auto"`` there).
     """
 
@@ -210,7 +210,7 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
         loader_args(batches, warmup, rounds)
         from . import cuda  # noqa: PLC0415
         from .loader import DataLoader  # noqa: PLC0415
-        from .memory import MemorySampler  # noqa: PLC0415
+        from .nwt.memory import MemorySampler  # noqa: PLC0415
 
         loader = DataLoader(dataset, **loader_kwargs)
         # the batches arrive on the loader's GPU's current stream, whichever GPU is current here

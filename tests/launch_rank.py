@@ -42,10 +42,10 @@ def tag_seed(batch, seed: int):
 
 
 def _tiny_tuning(out: Path) -> None:
-    from cupy_nwt import tuner
     from cupy_nwt.distributed import rank_layout
+    from cupy_nwt.nwt import tune
 
-    real = tuner.tune_num_workers
+    real = tune.tune_num_workers
 
     def tiny(dataset, **kw):
         with open(out / "tunings.log", "a", encoding="utf-8") as f:
@@ -53,7 +53,7 @@ def _tiny_tuning(out: Path) -> None:
         kw.update(iterations=8, max_workers=min(2, kw.get("max_workers") or 2))
         return real(dataset, **kw)
 
-    tuner.tune_num_workers = tiny
+    tune.tune_num_workers = tiny
 
 
 def _wait_for_every_rank(out: Path, world: int, limit_s: float = 60.0) -> None:

@@ -30,7 +30,7 @@ def _no_more_searching(monkeypatch) -> None:
     def search(*args, **kwargs):
         raise AssertionError("num_workers='auto' searched again instead of using the saved pick")
 
-    monkeypatch.setattr(tuner, "tune_num_workers", search)
+    monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", search)
 
 
 def _auto_lines(caplog) -> list[str]:
@@ -88,7 +88,7 @@ def test_a_search_says_why_in_one_line(cache, monkeypatch, caplog):
         searches.append(kw)
         return tune_num_workers(dataset, **{**kw, "max_workers": 2, "iterations": 8})
 
-    monkeypatch.setattr(tuner, "tune_num_workers", fake_tune)
+    monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", fake_tune)
     with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
         DataLoader(data, batch_size=BATCH, num_workers="auto", device="cpu").close()
     expected = (f"num_workers='auto': no saved pick for this machine and work (nothing saved in "

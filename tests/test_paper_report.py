@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cupy_nwt import cli, cuda, tuner
+from cupy_nwt import cli, cuda
 from cupy_nwt.explain import PaperDecision, explain_paper_pick, paper_decisions
 from cupy_nwt.reproduce import PickComparison, ReproduceConfig, ReproduceReport, summary_markdown, summary_text
 from cupy_nwt.system import HostInfo
@@ -98,7 +98,7 @@ def test_cli_tune_paper_prints_the_explanation(tmp_path, monkeypatch, capsys):
         def __call__(self, workers, iterations, warmup):
             return Measurement(CURVE[workers] / 100, CURVE[workers] / 100 * iterations)
 
-    monkeypatch.setattr(tuner, "LoaderMeasure", FakeMeasure)
+    monkeypatch.setattr("cupy_nwt.nwt.measure.LoaderMeasure", FakeMeasure)
     data = tmp_path / "d.npz"
     np.savez(data, images=np.zeros((16, 8, 8, 3), np.uint8), labels=np.arange(16) % 10)
     base = ["tune", "--dataset", str(data), "--max-workers", "7", "--iterations", "10", "--batch-size", "8",

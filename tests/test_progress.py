@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from cupy_nwt import cli, tuner
+from cupy_nwt import cli
 from cupy_nwt.datasets import SyntheticCIFAR10
 from cupy_nwt.progress import Progress, is_terminal
 from cupy_nwt.tuner import Measurement, summary_text, tune_num_workers
@@ -100,7 +100,7 @@ def test_reproduce_shows_every_stage_and_the_comparison(tmp_path, monkeypatch, c
             return Measurement(curve[workers], curve[workers] * (iterations + warmup))
 
     monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(tuner, "LoaderMeasure", FakeMeasure)
+    monkeypatch.setattr("cupy_nwt.nwt.measure.LoaderMeasure", FakeMeasure)
     run_reproduce(ReproduceConfig(out_dir=tmp_path / "out", synthetic_n=64, batch_size=16, max_workers=4,
                                   iterations=8, compare_iterations=8, compare_repeats=2, gpu_experiments=False))
     err = capsys.readouterr().err

@@ -252,7 +252,7 @@ def _fake_tune(calls: list):
 
 def test_auto_tunes_within_the_rank_budget_and_keys_by_local_world_size(tmp_path, monkeypatch):
     calls: list = []
-    monkeypatch.setattr(tuner, "tune_num_workers", _fake_tune(calls))
+    monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", _fake_tune(calls))
     monkeypatch.setattr("cupy_nwt.distributed.usable_cpus", lambda: 8)
     kw = dict(batch_size=8, pin_memory=False, device="cpu", cache_dir=tmp_path)
     four = RankLayout(1, 8, 1, 4, "torchrun")
@@ -268,7 +268,7 @@ def test_auto_tunes_within_the_rank_budget_and_keys_by_local_world_size(tmp_path
 
 def test_a_rank_that_waits_for_the_tuning_lock_reuses_what_the_tuner_saved(tmp_path, monkeypatch, caplog):
     calls: list = []
-    monkeypatch.setattr(tuner, "tune_num_workers", _fake_tune(calls))
+    monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", _fake_tune(calls))
     kw = dict(batch_size=8, pin_memory=False, device="cpu", cache_dir=tmp_path,
               layout=RankLayout(0, 2, 0, 2, "torchrun"))
     store = ResultStore(tmp_path)

@@ -109,7 +109,7 @@ def test_paper_flat_and_small_n():
 
 
 def test_default_n_is_usable_cpus(monkeypatch):
-    monkeypatch.setattr(tuner.system, "usable_cpus", lambda: 5)
+    monkeypatch.setattr("cupy_nwt.system.usable_cpus", lambda: 5)
     r = tune_num_workers(strategy="paper", measure=lambda w, i, u: 1.0 / (w + 1), progress=False)
     assert r.max_workers == 5 and len(r.runs) == 5
 
@@ -361,7 +361,7 @@ def test_auto_num_workers_reuses_a_saved_pick(tmp_path, monkeypatch):
         return tune_num_workers(dataset, **{**kw, "max_workers": 4},
                                 measure=CostModel(lambda w: [1.0, 0.5, 0.335, 0.33][w]))
 
-    monkeypatch.setattr(tuner, "tune_num_workers", fake_tune)
+    monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", fake_tune)
     kw = dict(batch_size=8, prefetch_factor=2, pin_memory=False, device="cpu", batch_transform=None,
               cache_dir=tmp_path)
     assert auto_num_workers(data, **kw) == 2  # 0.335 is within 2% of 0.33

@@ -1,0 +1,212 @@
+"""The fast search (``strategy="fast"``): near the exhaustive best for a fraction of its cost.
+
+``strategy="fast"`` (the default of ``DataLoader(num_workers="auto")`` and ``cupy-nwt tune``) aims
+at a count whose throughput is within 5% of the exhaustive best, for at most 30% of the paper
+search's cost, with the least memory among counts that fast:
+
+1. Each trial first takes ``workers + 1`` untimed batches (start-up and the first round of every
+   worker, which arrive as one burst), then times ``iterations / 10`` batches in the coarse pass
+   and ``iterations / 5`` later; repeated runs of a count are combined (inverse-variance).
+2. Coarse: 0, 2, 4, 8, ... and N-1 (1 is left to step 4), stopping early once throughput falls
+   by more than ``tolerance`` from the best, or two steps in a row bring no gain beyond it.
+3. Local: halve the wider gap beside the fastest measured count until both its neighbours are
+   measured (one valley assumed), since the true minimum may hide between coarse points.
+4. Bisect for the fewest workers within ``tolerance`` (relative, plus half the best's error) of
+   the best measured time, between the largest measured count that is slower and the smallest
+   that is within; then re-measure the counts that decide this (while their error is above
+   ``tolerance / 2`` and the budget allows) and repeat 3-4 if the picture changed.
+   Every trial after the coarse pass must fit a budget: 25% of the paper search's cost as
+   estimated from the trials so far (throughput and start-up interpolated between counts).
+5. Pick, among measured counts within tolerance, the one with the least peak memory (the fewest
+   workers when memory was not measured).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .trials import Trial, _Runner
+
+DEFAULT_TOLERANCE = 0.02
+FAST_FRACTION = 0.2
+MIN_FAST_ITERATIONS = 8
+FAST_BUDGET = 0.25
+STEADY_FRACTION = 0.5
+
+
+def _ladder(n: int) -> list[int]:
+    """0, 2, 4, 8, ... below n, and n - 1 (1 is left to the bisection: it is rarely the answer)."""
+    out, w = [0], 2
+    while w < n:
+        out.append(w)
+        w *= 2
+    if n - 1 not in out:
+        out.append(n - 1)
+    return out
+
+
+class _OverBudget(Exception):
+    """The next optional trial would take the fast search past its share of the exhaustive cost."""
+
+
+class _FastSearch:
+    """The coarse-to-fine search of the module docstring, on a shared :class:`_Runner`."""
+
+    def __init__(self, runner: _Runner, n: int, iterations: int, tolerance: float, budget: float) -> None:
+        self.r = runner
+        self.n = n
+        self.max_iterations = iterations
+        self.k_coarse = min(iterations, max(MIN_FAST_ITERATIONS, round(iterations * FAST_FRACTION / 2)))
+        self.k_fine = min(iterations, max(MIN_FAST_ITERATIONS, round(iterations * FAST_FRACTION)))
+        self.tol = tolerance
+        self.budget = budget
+
+    def search(self) -> int:
+        if self.n == 1:
+            return 0
+        self.coarse()
+        try:
+            for _ in range(self.n):  # each round either measures something new or ends
+                self.local()
+                self.bisect()
+                if not self.steady():
+                    break
+        except _OverBudget:
+            pass
+        return self.pick()
+
+    # -- measuring
+
+    def t(self, w: int, phase: str) -> float:
+        """Seconds per iteration of ``w`` workers, measured once when first asked for."""
+        est = self.r.estimate(w)
+        if est is None:
+            if phase == "coarse":
+                est = self.r.run(w, self.k_coarse, w + 1, phase)
+            else:
+                est = self.run_within_budget(w, self.k_fine, phase)
+        return est.seconds_per_iteration
+
+    def run_within_budget(self, w: int, iterations: int, phase: str) -> Trial:
+        spi, overhead = self.predict(w)
+        expected = overhead + (w + 1 + iterations) * spi
+        if self.r.spent() + expected > self.budget * self.exhaustive_cost():
+            raise _OverBudget
+        self.r.run(w, iterations, w + 1, phase)
+        return self.r.estimate(w)
+
+    def predict(self, w: int) -> tuple[float, float]:
+        """Seconds per iteration and per-trial overhead (start-up, shutdown) of ``w`` workers,
+        interpolated between measured counts (throughput, not time, is interpolated: it grows about
+        linearly with workers until the loader saturates, where time per iteration goes as 1/w)."""
+        m = self.r.measured()
+        ws = sorted(m)
+        rates = [1.0 / m[k].seconds_per_iteration for k in ws]
+        overheads = []
+        for k in ws:
+            runs = self.r.runs_of(k)
+            overheads.append(sum(max(0.0, r.wall_seconds - (r.warmup + r.iterations) * r.seconds_per_iteration)
+                                 for r in runs) / len(runs))
+        return 1.0 / float(np.interp(w, ws, rates)), float(np.interp(w, ws, overheads))
+
+    def exhaustive_cost(self) -> float:
+        """What the paper's search over 0..N-1 at ``iterations`` each would cost, as far as we can tell."""
+        total = 0.0
+        for w in range(self.n):
+            spi, overhead = self.predict(w)
+            total += overhead + self.max_iterations * spi
+        return total
+
+    # -- the steps
+
+    def best(self) -> tuple[int, float]:
+        m = self.r.measured()
+        w = min(m, key=lambda k: (m[k].seconds_per_iteration, k))
+        return w, m[w].seconds_per_iteration
+
+    def within(self) -> tuple[float, int, int | None]:
+        """The time limit, the fewest workers within it, and the largest measured count below that.
+
+        The limit is the best time x (1 + tol + half its relative error, at most tol): the minimum
+        of several noisy times is biased low, and without the correction a count that is truly as
+        fast would be rejected (more workers, more memory) whenever it drew the unlucky side of the
+        noise; the cap keeps a very noisy best from admitting clearly slower counts.
+        """
+        b, tb = self.best()
+        m = self.r.measured()
+        limit = tb * (1 + self.tol + min(self.tol, 0.5 * (m[b].rel_error or 0.0)))
+        g = min(w for w, t in m.items() if t.seconds_per_iteration <= limit)
+        return limit, g, max((w for w in m if w < g), default=None)
+
+    def coarse(self) -> None:
+        best = math.inf
+        stale = 0
+        for w in _ladder(self.n):
+            tw = self.t(w, "coarse")
+            if tw < best * (1 - self.tol):
+                stale = 0
+            else:
+                stale += 1
+                if tw > best * (1 + self.tol) or stale >= 2:
+                    return
+            best = min(best, tw)
+
+    def local(self) -> None:
+        """Shrink the bracket around the fastest count until its neighbours are measured.
+
+        Assumes one valley (falling then rising), so the minimum may hide in either gap beside the
+        best measured count; each probe halves the wider gap.
+        """
+        while True:
+            b, _ = self.best()
+            seen = sorted(self.r.measured())
+            lo = max((w for w in seen if w < b), default=None)
+            hi = min((w for w in seen if w > b), default=None)
+            gaps = [(b - lo, (lo + b) // 2)] if lo is not None and b - lo > 1 else []
+            if hi is not None and hi - b > 1:
+                gaps.append((hi - b, (b + hi) // 2))
+            if not gaps:
+                return
+            self.t(max(gaps)[1], "local")
+
+    def bisect(self) -> None:
+        """Narrow the gap between the fewest workers within the limit and the next count below."""
+        while True:
+            _, g, lo = self.within()
+            if lo is None or g - lo <= 1:
+                return
+            self.t((lo + g) // 2, "bisect")
+
+    def steady(self) -> bool:
+        """Re-measure the counts the pick hinges on while their error is above ``STEADY_FRACTION`` x tolerance.
+
+        Those are the slower count just below the pick candidate (first: re-measuring it is what
+        can save workers), the candidate, and the fastest count; each only if it fits the budget.
+        Returns whether anything was re-measured (the search then runs local and bisect again).
+        """
+        b, _ = self.best()
+        _, g, lo = self.within()
+        again = False
+        for w in dict.fromkeys(x for x in (lo, g, b) if x is not None):
+            est = self.r.estimate(w)
+            if est.rel_error is None or est.rel_error <= STEADY_FRACTION * self.tol:
+                continue
+            more = max(self.k_fine, est.iterations)
+            if est.iterations + more > self.max_iterations:
+                continue
+            try:
+                self.run_within_budget(w, more, "steady")
+            except _OverBudget:
+                continue
+            again = True
+        return again
+
+    def pick(self) -> int:
+        limit, g, _ = self.within()
+        within = [t for t in self.r.measured().values() if t.seconds_per_iteration <= limit]
+        if all(t.peak_memory_bytes is not None for t in within):
+            return min(within, key=lambda t: (t.peak_memory_bytes, t.workers)).workers
+        return g
+

@@ -1,0 +1,149 @@
+"""Measuring the real loader: a trial as ``measure(workers, iterations, warmup)``, and steady rates.
+
+The only module of the tuner that imports :class:`~cupy_nwt.loader.DataLoader`; the searches and
+the store work on any measure callable (see ``trials.py``).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .. import cuda
+from ..distributed import device_for_rank, rank_layout
+from ..loader import DataLoader
+from .fingerprint import resolve_device
+from .memory import DEFAULT_INTERVAL_S, MemorySampler
+from .trials import Measure, Measurement
+
+
+class LoaderMeasure:
+    """A trial on the real loader, as ``measure(workers, iterations, warmup)``.
+
+    Builds a :class:`~cupy_nwt.loader.DataLoader` with that many workers (shuffled, seeded,
+    ``drop_last`` so every batch is full, persistent workers so a short dataset wraps into the
+    next epoch without a restart), takes ``warmup + iterations`` batches and closes it. On the GPU
+    each batch counts as arrived once the consumer's stream has its H2D copy (we synchronise it).
+    Memory is sampled over the main process and the live workers for the whole trial.
+
+    With ``warmup == 0`` (the paper) the clock starts before the loader is built, so start-up
+    counts; otherwise it runs from the last warm-up batch to the last timed one.
+
+    Before the first trial, one untimed batch is made in this process (``preflight``): it compiles
+    Numba transforms and pages in a memory-mapped dataset, one-off costs that would otherwise land
+    on whichever trial runs first. It counts in neither strategy's cost.
+    """
+
+    def __init__(self, dataset: Any, *, batch_size: int = 128, prefetch_factor: int = 2,
+                 pin_memory: bool | str = False, device: str = "auto", batch_transform: Any = None,
+                 seed: int = 0, start_method: str | None = None,
+                 memory_interval: float = DEFAULT_INTERVAL_S) -> None:
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.prefetch_factor = prefetch_factor
+        self.pin_memory = pin_memory
+        self.device = resolve_device(device)
+        self.loader_device = _trial_device(device, self.device)
+        self.batch_transform = batch_transform
+        self.seed = seed
+        self.start_method = start_method
+        self.memory_interval = memory_interval
+        self._ready = False
+        if len(dataset) < batch_size:
+            raise ValueError(f"the dataset has {len(dataset)} samples, fewer than one batch of {batch_size}")
+
+    def _loader(self, workers: int) -> DataLoader:
+        # rank 0 of 1 explicitly: under a launcher a trial measures one loader, not a shard of the data
+        return DataLoader(
+            self.dataset, batch_size=self.batch_size, shuffle=True, seed=self.seed, drop_last=True,
+            num_workers=workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,
+            device=self.loader_device, batch_transform=self.batch_transform, persistent_workers=True,
+            start_method=self.start_method, rank=0, world_size=1,
+        )
+
+    def preflight(self) -> None:
+        with self._loader(0) as loader:
+            next(iter(loader))
+        self._ready = True
+
+    def __call__(self, workers: int, iterations: int, warmup: int) -> Measurement:
+        if not self._ready:
+            self.preflight()
+        stamps: list[float] = []
+        t_begin = time.perf_counter()
+        loader = self._loader(workers)
+        sync = None
+        if loader.device_id is not None:
+            sync = cuda.stream_synchronizer(loader.device_id)
+        try:
+            with MemorySampler(loader.worker_pids, interval=self.memory_interval) as sampler:
+                for _ in _endless(loader, warmup + iterations):
+                    if sync is not None:
+                        sync()
+                    stamps.append(time.perf_counter())
+        finally:
+            loader.close()
+        wall = time.perf_counter() - t_begin
+        start = t_begin if warmup == 0 else stamps[warmup - 1]
+        spi = (stamps[-1] - start) / iterations
+        peak = sampler.peak
+        return Measurement(spi, wall, peak.bytes if peak.samples else None, peak.uss_bytes,
+                           _batch_means_error(stamps[max(warmup, 1) - 1:]))
+
+
+def _trial_device(device: str, resolved: str) -> str:
+    """The device trial loaders use: "cuda:N" as given, else this rank's GPU (trials run as rank 0 of 1)."""
+    if resolved != "cuda" or device.startswith("cuda:"):
+        return device if resolved == "cuda" else resolved
+    cuda.require_gpu()
+    return f"cuda:{device_for_rank(rank_layout(), cuda.device_count())}"
+
+
+def steady_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
+                 repeats: int = 3) -> dict[int, float]:
+    """Median samples/s of each worker count, start-up excluded, the counts interleaved per round.
+
+    For judging picks after a search on equal footing: interleaving makes drift on a shared machine
+    (another job, thermal throttling) hit every count alike instead of whichever ran last.
+    """
+    if repeats < 1 or iterations < 1:
+        raise ValueError(f"repeats and iterations must be >= 1, got {repeats}, {iterations}")
+    rates: dict[int, list[float]] = {int(w): [] for w in counts}
+    for _ in range(repeats):
+        for w in rates:
+            m = measure(w, iterations, w + 1)
+            spi = m.seconds_per_iteration if isinstance(m, Measurement) else float(m)
+            rates[w].append(batch_size / spi)
+    return {w: statistics.median(r) for w, r in rates.items()}
+
+
+def _endless(loader: Any, count: int) -> Iterator[Any]:
+    """``count`` batches, starting new epochs as needed."""
+    while count > 0:
+        for batch in loader:
+            yield batch
+            count -= 1
+            if count == 0:
+                return
+
+
+def _batch_means_error(stamps: Sequence[float], groups: int = 4) -> float | None:
+    """Relative standard error of the mean interval, from the means of consecutive groups.
+
+    Batches arrive in bursts (one per worker round), so single intervals are far from independent;
+    the means of a few long consecutive groups are close to it, which is what makes this estimate
+    honest for a pipelined loader.
+    """
+    intervals = [b - a for a, b in zip(stamps, stamps[1:])]
+    size = len(intervals) // groups
+    if size < 2:
+        return None
+    means = [sum(intervals[i * size:(i + 1) * size]) / size for i in range(groups)]
+    mean = sum(means) / groups
+    if mean <= 0:
+        return None
+    var = sum((m - mean) ** 2 for m in means) / (groups - 1)
+    return math.sqrt(var / groups) / mean

@@ -1,0 +1,92 @@
+"""``DataLoader(num_workers="auto")``: the saved pick for this machine and work, else one tuning.
+
+This is the part of the tuner the loader calls, so it imports only what sits below the loader
+(the store, fingerprints, the rank layout). The tuning itself builds loaders, so the loader cannot
+import it without a circle; it reaches it through a slot instead: ``cupy_nwt.nwt.auto`` registers
+its tuner here when imported, and ``import cupy_nwt`` imports it. A saved pick needs no tuner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..distributed import RankLayout, agree, rank_layout, worker_budget
+from .fingerprint import Fingerprint, ResultStore, machine_fingerprint, resolve_device, work_fingerprint
+from .store import TuneResult, lookup
+from .trials import MeasureFactory
+
+# The name these lines have always had (the README documents it), kept when the tuner was split up.
+LOGGER_NAME = "cupy_nwt.tuner"
+_log = logging.getLogger(LOGGER_NAME)
+
+# (fp, dataset, cache_dir, *, measure_factory, batch_size, device, pin_memory, prefetch_factor,
+#  batch_transform, max_workers) -> the pick, saved under fp
+Tuner = Callable[..., int]
+_tuner: Tuner | None = None
+
+
+def register_tuner(tuner: Tuner) -> None:
+    """Set what ``num_workers="auto"`` runs when nothing is saved (``cupy_nwt.nwt.auto`` does, at import)."""
+    global _tuner  # noqa: PLW0603 - one slot per process, filled once by the tuner's import
+    _tuner = tuner
+
+
+def registered_tuner() -> Tuner:
+    if _tuner is None:
+        raise RuntimeError("num_workers='auto' found no saved pick and no tuner is registered: "
+                           "import cupy_nwt (it registers cupy_nwt.nwt.auto) before building the loader")
+    return _tuner
+
+
+def auto_num_workers(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_memory: bool | str = False,
+                     device: str = "auto", batch_transform: Any = None,
+                     cache_dir: str | Path | None = None, layout: RankLayout | None = None,
+                     measure_factory: MeasureFactory | None = None) -> int:
+    """A saved pick for this machine and work, else tune (fast) once and save.
+
+    Several ranks (``layout``; by default the launcher's variables): a rank may use its share of the
+    node's CPUs (``distributed.worker_budget``: counts 0 .. budget-1 are searched) and the
+    fingerprint records how many ranks share the node. Tuning happens only under a machine-wide
+    lock beside the store, and whoever holds it looks in the store again before tuning, so when all
+    ranks of a node start at once exactly one tunes while the others wait and then reuse its result
+    (the lock also keeps unrelated tunings on one machine from measuring each other). The tuning
+    rank measures while the others wait, so its trials see less contention than training will.
+    Where the program has a communicator (``torch.distributed`` initialised, or mpi4py under an MPI
+    launcher), every rank then takes rank 0's pick, so all nodes use one count. Every rank must call
+    this at the same point, as the DataLoader constructor does.
+
+    ``measure_factory`` builds the trials' measure, called like
+    :class:`~cupy_nwt.nwt.measure.LoaderMeasure` (the default): for another loader, or a test.
+    """
+    layout = rank_layout() if layout is None else layout
+    resolved = resolve_device(device)
+    fp = Fingerprint(machine_fingerprint(), work_fingerprint(
+        dataset, batch_size=batch_size, batch_transform=batch_transform, prefetch_factor=prefetch_factor,
+        pin_memory=pin_memory, device=resolved, local_world_size=layout.local_world_size))
+    saved = lookup(fp, cache_dir)
+    if saved is not None:
+        _log_saved(saved, fp)
+        pick = saved.best_workers
+    else:
+        _log.info("num_workers='auto': no saved pick for this machine and work (%s): searching (fast strategy)",
+                  ResultStore(cache_dir).why_missing(fp))
+        pick = registered_tuner()(fp, dataset, cache_dir, measure_factory=measure_factory, batch_size=batch_size,
+                                  device=device, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
+                                  batch_transform=batch_transform, max_workers=worker_budget(layout))
+    agreed, via = agree(pick, layout)
+    if via is not None and agreed != pick:
+        _log.info("num_workers='auto': this rank's saved pick is %d, rank 0's (via %s) is %d; using rank 0's",
+                  pick, via, agreed)
+    return int(agreed)
+
+
+def _log_saved(saved: TuneResult, fp: Fingerprint) -> None:
+    key = saved.fingerprint.key if saved.fingerprint is not None else "?"
+    similar = ""
+    if saved.fingerprint is not None and key != fp.key:
+        similar = (f", similar work: {saved.fingerprint.work.sample_bytes} bytes per sample saved, "
+                   f"{fp.work.sample_bytes} here")
+    _log.info("num_workers='auto': using saved pick %d (key %s%s)", saved.best_workers, key, similar)

@@ -1,0 +1,79 @@
+"""``tune_num_workers``: check the search's arguments, run one strategy, return its :class:`TuneResult`.
+
+Two strategies over the same measurements: ``"paper"`` (``paper.py``, Algorithm 1 of the NWT paper:
+every count 0..N-1 in order, greedy) and ``"fast"`` (``fast.py``: near the exhaustive best for a
+fraction of its cost). Without a ``measure`` a trial runs the real loader (``measure.py``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+from .. import system
+from ..progress import Progress
+from . import measure as _measure
+from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch
+from .fingerprint import Fingerprint, machine_fingerprint, resolve_device, work_fingerprint
+from .paper import _algorithm1
+from .store import TuneResult
+from .trials import Measure, _Runner
+
+STRATEGIES = ("paper", "fast")
+
+
+def _check_int(name: str, value: Any, lo: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+    return value
+
+
+def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: int | None = None,
+                     iterations: int = 100, alpha: float = 0.5, strategy: str = "paper", device: str = "auto",
+                     pin_memory: bool | str = False, prefetch_factor: int = 2, measure: Measure | None = None,
+                     progress: bool = True, *, tolerance: float = DEFAULT_TOLERANCE,
+                     batch_transform: Any = None) -> TuneResult:
+    """Search worker counts 0 .. max_workers-1 for the loader of ``dataset`` (``paper.py``, ``fast.py``).
+
+    ``alpha`` is the paper's threshold in seconds per 100 iterations (strategy "paper");
+    ``tolerance`` is the fast strategy's relative one. ``measure(workers, iterations, warmup)``
+    replaces the real loader trial. ``pin_memory`` defaults to the DataLoader's own default
+    (False): it is part of the saved result's key, so tune with the loader's settings for
+    ``num_workers="auto"`` to find the pick.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    _check_int("batch_size", batch_size, 1)
+    _check_int("iterations", iterations, 1)
+    _check_int("prefetch_factor", prefetch_factor, 1)
+    n = system.usable_cpus() if max_workers is None else _check_int("max_workers", max_workers, 1)
+    if not (isinstance(alpha, (int, float)) and alpha >= 0):
+        raise ValueError(f"alpha must be a number >= 0 (seconds per 100 iterations), got {alpha!r}")
+    if not (isinstance(tolerance, (int, float)) and 0 <= tolerance < 0.5):
+        raise ValueError(f"tolerance must be a fraction in [0, 0.5), got {tolerance!r}")
+    if strategy == "fast" and iterations < MIN_FAST_ITERATIONS:
+        raise ValueError(f"the fast strategy needs iterations >= {MIN_FAST_ITERATIONS}, got {iterations}")
+    resolved = resolve_device(device)
+    fp = None
+    if dataset is not None:
+        fp = Fingerprint(machine_fingerprint(), work_fingerprint(
+            dataset, batch_size=batch_size, batch_transform=batch_transform, prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory, device=resolved))
+    if measure is None:
+        if dataset is None:
+            raise ValueError("give a dataset to tune the loader on, or a measure callable")
+        measure = _measure.LoaderMeasure(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor,
+                                         pin_memory=pin_memory, device=device, batch_transform=batch_transform)
+
+    with Progress(n if strategy == "paper" else None, f"NWT ({strategy})", unit="trial", enabled=progress) as bar:
+        runner = _Runner(measure, batch_size, bar)
+        if strategy == "paper":
+            best = _algorithm1(runner, n, iterations, float(alpha))
+        else:
+            best = _FastSearch(runner, n, iterations, float(tolerance), FAST_BUDGET).search()
+    return TuneResult(
+        best_workers=best, strategy=strategy, runs=tuple(runner.runs), max_workers=n, iterations=iterations,
+        alpha=float(alpha), tolerance=float(tolerance), batch_size=batch_size, prefetch_factor=prefetch_factor,
+        pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory), device=resolved, fingerprint=fp,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    )
