@@ -11,6 +11,7 @@ import datetime as _dt
 from typing import Any
 
 from .. import system
+from .._checks import check_int, check_number
 from ..progress import Progress
 from . import measure as _measure
 from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch
@@ -20,12 +21,6 @@ from .store import TuneResult
 from .trials import Measure, _Runner
 
 STRATEGIES = ("paper", "fast")
-
-
-def _check_int(name: str, value: Any, lo: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
-    return value
 
 
 def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: int | None = None,
@@ -43,14 +38,12 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    _check_int("batch_size", batch_size, 1)
-    _check_int("iterations", iterations, 1)
-    _check_int("prefetch_factor", prefetch_factor, 1)
-    n = system.usable_cpus() if max_workers is None else _check_int("max_workers", max_workers, 1)
-    if not (isinstance(alpha, (int, float)) and alpha >= 0):
-        raise ValueError(f"alpha must be a number >= 0 (seconds per 100 iterations), got {alpha!r}")
-    if not (isinstance(tolerance, (int, float)) and 0 <= tolerance < 0.5):
-        raise ValueError(f"tolerance must be a fraction in [0, 0.5), got {tolerance!r}")
+    batch_size = check_int("batch_size", batch_size, ge=1)
+    iterations = check_int("iterations", iterations, ge=1)
+    prefetch_factor = check_int("prefetch_factor", prefetch_factor, ge=1)
+    n = system.usable_cpus() if max_workers is None else check_int("max_workers", max_workers, ge=1)
+    alpha = check_number("alpha", alpha, ge=0, unit="seconds per 100 iterations")
+    tolerance = check_number("tolerance", tolerance, ge=0, lt=0.5)
     if strategy == "fast" and iterations < MIN_FAST_ITERATIONS:
         raise ValueError(f"the fast strategy needs iterations >= {MIN_FAST_ITERATIONS}, got {iterations}")
     resolved = resolve_device(device)
