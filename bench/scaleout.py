@@ -45,7 +45,7 @@ def run_rank(args: argparse.Namespace) -> None:
 
     from cupy_nwt import DataLoader, cuda  # noqa: PLC0415
     from cupy_nwt.datasets import SyntheticCIFAR10  # noqa: PLC0415
-    from cupy_nwt.distributed import rank_layout, worker_budget  # noqa: PLC0415
+    from cupy_nwt.ranks import rank_layout, worker_budget  # noqa: PLC0415
     from cupy_nwt.transforms import CifarTrainTransform  # noqa: PLC0415
 
     dist.init_process_group("gloo")

@@ -1,17 +1,28 @@
-"""cupy_nwt: measure host-to-device transfer, feed GPUs with a shared-memory loader, tune its workers."""
+"""cupy_nwt: measure host-to-device transfer, feed GPUs with a shared-memory loader, tune its workers.
 
-from .cuda import NoGPUError, gpu_status
+Users import from here. The parts: ``loader`` (the DataLoader and its machinery), ``nwt`` (the Num
+Worker Tuner), ``experiments`` (NVIDIA's transfer and overlap experiments, the simulated training
+step), ``datasets`` and ``transforms`` (data sources and Numba batch transforms), ``cuda`` (the one
+gateway to CUDA) and ``errors``.
+"""
+
+from . import _moved
+from .cuda import gpu_status
 from .errors import (ArgumentError, BatchLayoutError, CorruptImageError, CupyNwtError, DamagedArchiveError, DataError,
-                     LayoutError, ShmSpaceError)
-from .loader import DataLoader, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
+                     LayoutError, LoaderError, LoaderTimeoutError, NoGPUError, ShmSpaceError, WorkerDiedError,
+                     WorkerError)
+from .loader import DataLoader, WorkerInfo, get_worker_info
 from .nwt import auto as _auto  # noqa: F401 - registers the tuner that num_workers="auto" runs
-from .nwt.store import TuneResult
+from .nwt.store import TuneResult, lookup
 from .nwt.tune import tune_num_workers
 
 __version__ = "0.1.0"
 
-__all__ = ["NoGPUError", "gpu_status", "__version__",
+_moved.install()
+
+__all__ = ["__version__", "gpu_status",
            "ArgumentError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError", "DataError",
-           "LayoutError", "ShmSpaceError",
-           "DataLoader", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError",
-           "TuneResult", "tune_num_workers"]
+           "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError", "WorkerDiedError",
+           "WorkerError",
+           "DataLoader", "WorkerInfo", "get_worker_info",
+           "TuneResult", "lookup", "tune_num_workers"]

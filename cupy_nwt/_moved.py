@@ -16,7 +16,14 @@ import sys
 import warnings
 from types import ModuleType
 
-MOVED: dict[str, str] = {}
+MOVED: dict[str, str] = {
+    "cupy_nwt.worker": "cupy_nwt.loader._workers",
+    "cupy_nwt.shm": "cupy_nwt.loader._ring",
+    "cupy_nwt.prefetch": "cupy_nwt.loader._prefetch",
+    "cupy_nwt.collate": "cupy_nwt.loader._collate",
+    "cupy_nwt.sampler": "cupy_nwt.loader._sampler",
+    "cupy_nwt.distributed": "cupy_nwt.ranks",
+}
 
 
 class _Alias(importlib.abc.Loader):

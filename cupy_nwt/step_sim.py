@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from . import cuda
-from .collate import flatten
+from .loader._collate import flatten
 
 
 def idle_fraction(kernel_seconds: float, wall_seconds: float) -> float:

@@ -42,7 +42,7 @@ def tag_seed(batch, seed: int):
 
 
 def _tiny_tuning(out: Path) -> None:
-    from cupy_nwt.distributed import rank_layout
+    from cupy_nwt.ranks import rank_layout
     from cupy_nwt.nwt import tune
 
     real = tune.tune_num_workers
@@ -88,7 +88,7 @@ def main() -> int:
         _tiny_tuning(args.out)
     from cupy_nwt import DataLoader
 
-    from cupy_nwt.distributed import rank_layout
+    from cupy_nwt.ranks import rank_layout
 
     rank = rank_layout().rank  # torchrun's RANK or mpiexec's OMPI_COMM_WORLD_RANK / PMI_RANK
     workers = args.workers if args.workers == "auto" else int(args.workers)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cuda, transfers
-from cupy_nwt.prefetch import CudaOps, DevicePrefetcher
-from cupy_nwt.shm import Ring, SlotLayout
+from cupy_nwt.loader._prefetch import CudaOps, DevicePrefetcher
+from cupy_nwt.loader._ring import Ring, SlotLayout
 from test_transfers import _constant_result
 
 

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cupy_nwt import datasets as ds
 from cupy_nwt.datasets import (
     CIFAR10,
     ArrayDataset,

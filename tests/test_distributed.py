@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cupy_nwt.distributed import (
+from cupy_nwt.ranks import (
     LayoutError, RankLayout, device_for_rank, rank_layout, samples_per_rank, shard, worker_budget,
 )
 

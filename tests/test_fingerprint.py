@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cupy_nwt import cuda, fingerprint as fpm
+from cupy_nwt import cuda
 from cupy_nwt.fingerprint import (
     Fingerprint, MachineFingerprint, ResultStore, WorkFingerprint, cache_dir, machine_fingerprint,
     read_json, sample_nbytes, transform_name, work_fingerprint, write_json_atomic,

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 
 from cupy_nwt import DataLoader, WorkerError
-from cupy_nwt.messages import BatchFailed, ErrorReport, InitFailed, Ok, RingMsg, Skipped, Stop, Task
-from cupy_nwt.prefetch import CudaOps, DevicePrefetcher, PrefetchOps
-from cupy_nwt.sampler import BatchSampler
-from cupy_nwt.shm import Ring, SlotLayout
-from cupy_nwt.slots import RETIRED, SlotPool
-from cupy_nwt.sources import BatchSource, InlineSource, WorkerSource
-from cupy_nwt.worker import BatchMaker
+from cupy_nwt.loader._messages import BatchFailed, ErrorReport, InitFailed, Ok, RingMsg, Skipped, Stop, Task
+from cupy_nwt.loader._prefetch import CudaOps, DevicePrefetcher, PrefetchOps
+from cupy_nwt.loader._sampler import BatchSampler
+from cupy_nwt.loader._ring import Ring, SlotLayout
+from cupy_nwt.loader._slots import RETIRED, SlotPool
+from cupy_nwt.loader._sources import BatchSource, InlineSource, WorkerSource
+from cupy_nwt.loader._workers import BatchMaker
 from test_prefetch import LazyCuda
 from toy_data import Squares
 

@@ -22,7 +22,7 @@ import pytest
 
 import cupy_nwt
 from cupy_nwt.datasets import ArrayDataset
-from cupy_nwt.distributed import RankLayout
+from cupy_nwt.ranks import RankLayout
 from cupy_nwt.nwt import auto, pick, store
 from cupy_nwt.nwt.fingerprint import ResultStore
 
@@ -90,7 +90,7 @@ def _closure(name: str) -> set[str]:
 def test_the_scan_sees_imports_at_every_level():
     """The checks below prove something only if the scan finds lazy and relative imports."""
     assert "cupy_nwt.loader" in _imports("cupy_nwt.nwt.measure")  # from ..loader import DataLoader
-    assert "cupy_nwt.nwt.pick" in _imports("cupy_nwt.loader")  # inside DataLoader.__init__
+    assert "cupy_nwt.nwt.pick" in _imports("cupy_nwt.loader._dataloader")  # inside DataLoader.__init__
     assert "cupy_nwt.nwt.tune" in _imports("cupy_nwt.nwt.auto")  # from . import tune as _tune
     assert TUNER_SIDE - {"cupy_nwt.tuner"} <= _closure("cupy_nwt.nwt.auto")
 
@@ -159,7 +159,7 @@ def test_auto_takes_a_measure_factory(tmp_path, monkeypatch):
         built.append(settings)
         return lambda workers, iterations, warmup: [1.0, 0.5, 0.335, 0.33][workers]
 
-    monkeypatch.setattr("cupy_nwt.distributed.usable_cpus", lambda: 4)
+    monkeypatch.setattr("cupy_nwt.ranks.usable_cpus", lambda: 4)
     data = ArrayDataset(np.zeros((64, 4, 4, 3), np.uint8), np.arange(64) % 10)
     kw = {"batch_size": 8, "device": "cpu", "cache_dir": tmp_path, "measure_factory": factory,
           "layout": RankLayout(0, 1, 0, 1, "single")}

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from cupy_nwt import DataLoader, cuda
-from cupy_nwt.loader import _InlineSource
-from cupy_nwt.prefetch import STAGING_BUFFERS, DevicePrefetcher
-from cupy_nwt.sampler import BatchSampler
-from cupy_nwt.shm import Ring, SlotLayout
-from cupy_nwt.worker import BatchMaker
+from cupy_nwt.loader._dataloader import _InlineSource
+from cupy_nwt.loader._prefetch import STAGING_BUFFERS, DevicePrefetcher
+from cupy_nwt.loader._sampler import BatchSampler
+from cupy_nwt.loader._ring import Ring, SlotLayout
+from cupy_nwt.loader._workers import BatchMaker
 from toy_data import Squares
 
 GARBAGE = 0xEE

@@ -25,11 +25,12 @@ import psutil
 import pytest
 from filelock import FileLock
 
-from cupy_nwt import DataLoader, cuda, loader as loader_mod, tuner
-from cupy_nwt.distributed import LayoutError, RankLayout, agree, find_communicator
+from cupy_nwt import DataLoader, cuda, tuner
+from cupy_nwt.loader import _dataloader as loader_mod
+from cupy_nwt.ranks import LayoutError, RankLayout, agree, find_communicator
 from cupy_nwt.fingerprint import Fingerprint, ResultStore, machine_fingerprint, work_fingerprint
-from cupy_nwt.prefetch import DevicePrefetcher
-from cupy_nwt.shm import live_segments
+from cupy_nwt.loader._prefetch import DevicePrefetcher
+from cupy_nwt.loader._ring import live_segments
 from launch_rank import Indexed, tag_seed
 
 HERE = Path(__file__).resolve().parent
@@ -253,7 +254,7 @@ def _fake_tune(calls: list):
 def test_auto_tunes_within_the_rank_budget_and_keys_by_local_world_size(tmp_path, monkeypatch):
     calls: list = []
     monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", _fake_tune(calls))
-    monkeypatch.setattr("cupy_nwt.distributed.usable_cpus", lambda: 8)
+    monkeypatch.setattr("cupy_nwt.ranks.usable_cpus", lambda: 8)
     kw = dict(batch_size=8, pin_memory=False, device="cpu", cache_dir=tmp_path)
     four = RankLayout(1, 8, 1, 4, "torchrun")
     assert tuner.auto_num_workers(Indexed(64), layout=four, **kw) == 1

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..distributed import RankLayout, agree, rank_layout, worker_budget
+from ..ranks import RankLayout, agree, rank_layout, worker_budget
 from .fingerprint import Fingerprint, ResultStore, machine_fingerprint, resolve_device, work_fingerprint
 from .store import TuneResult, lookup
 from .trials import MeasureFactory

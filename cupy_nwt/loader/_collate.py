@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BatchLayoutError
+from ..errors import BatchLayoutError
 
 # A treedef is a small picklable nest: ("leaf",), ("tuple", children), ("list", children),
 # ("dict", keys, children) or ("namedtuple", cls, children).

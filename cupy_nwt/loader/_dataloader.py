@@ -40,17 +40,17 @@ from typing import Any
 
 import numpy as np
 
-from . import cuda
-from ._checks import check_int, check_number
-from .collate import flatten, unflatten
-from .distributed import RankLayout, agree, device_for_rank, rank_layout
-from .prefetch import DevicePrefetcher
-from .sampler import BatchSampler, EpochPlan, fresh_seed
-from .shm import Ring, SlotLayout
-from .slots import HostBatch, SlotPool
-from .sources import BatchSource, InlineSource, WorkerSource, inline_error
-from .stage import Resources, Stage
-from .worker import (BatchMaker, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError, WorkerPool,
+from .. import cuda
+from .._checks import check_int, check_number
+from ._collate import flatten, unflatten
+from ..ranks import RankLayout, agree, device_for_rank, rank_layout
+from ._prefetch import DevicePrefetcher
+from ._sampler import BatchSampler, EpochPlan, fresh_seed
+from ._ring import Ring, SlotLayout
+from ._slots import HostBatch, SlotPool
+from ._sources import BatchSource, InlineSource, WorkerSource, inline_error
+from ._stage import Resources, Stage
+from ._workers import (BatchMaker, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError, WorkerPool,
                      default_start_method, get_worker_info)
 
 __all__ = ["DataLoader", "HostBatch", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError",
@@ -123,7 +123,7 @@ class DataLoader:
         self._sampler = BatchSampler(n, batch_size, bool(shuffle), self.seed, bool(drop_last),
                                      self.rank_layout.rank, self.rank_layout.world_size)
         if num_workers == "auto":
-            from .nwt.pick import auto_num_workers  # noqa: PLC0415 - below the loader; never the tuner itself
+            from ..nwt.pick import auto_num_workers  # noqa: PLC0415 - below the loader; never the tuner itself
 
             num_workers = auto_num_workers(
                 dataset, batch_size=batch_size, prefetch_factor=prefetch_factor, pin_memory=pin_memory,

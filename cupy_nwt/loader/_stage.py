@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .prefetch import DevicePrefetcher
-from .shm import Ring
-from .slots import HostBatch, SlotPool
-from .worker import WorkerPool
+from ._prefetch import DevicePrefetcher
+from ._ring import Ring
+from ._slots import HostBatch, SlotPool
+from ._workers import WorkerPool
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .shm import Ring
+from ._ring import Ring
 
 RETIRED = np.iinfo(np.int64).max  # no epoch will have this generation: workers skip all that is queued
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .shm import SlotLayout
+from ._ring import SlotLayout
 
 
 class _Record:

@@ -28,11 +28,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from . import cuda
-from .collate import unflatten
-from .shm import Ring, SlotLayout
-from .slots import HostBatch
-from .sources import BatchSource
+from .. import cuda
+from ._collate import unflatten
+from ._ring import Ring, SlotLayout
+from ._slots import HostBatch
+from ._sources import BatchSource
 
 STAGING_BUFFERS = 3
 

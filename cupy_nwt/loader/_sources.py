@@ -16,11 +16,11 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from .messages import ErrorReport
-from .sampler import EpochPlan
-from .shm import Ring, SlotLayout
-from .slots import HostBatch, SlotPool
-from .worker import BatchMaker, Failed, LoaderError, LoaderTimeoutError, WorkerPool, make_worker_error
+from ._messages import ErrorReport
+from ._sampler import EpochPlan
+from ._ring import Ring, SlotLayout
+from ._slots import HostBatch, SlotPool
+from ._workers import BatchMaker, Failed, LoaderError, LoaderTimeoutError, WorkerPool, make_worker_error
 
 
 @runtime_checkable

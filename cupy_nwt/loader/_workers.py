@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from . import cuda
-from .collate import BatchLayoutError, collate_into, default_collate, flatten
-from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old import paths
-from .messages import BatchFailed, ErrorReport, FromWorker, InitFailed, Ok, RingMsg, Skipped, Stop, Task, ToWorker
-from .shm import Ring, SlotLayout
-from .slots import HostBatch, SlotPool
+from .. import cuda
+from ._collate import BatchLayoutError, collate_into, default_collate, flatten
+from ..errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old import paths
+from ._messages import BatchFailed, ErrorReport, FromWorker, InitFailed, Ok, RingMsg, Skipped, Stop, Task, ToWorker
+from ._ring import Ring, SlotLayout
+from ._slots import HostBatch, SlotPool
 
 
 @dataclass(frozen=True)
@@ -225,7 +225,7 @@ class WorkerPool:
         self._workers: list[_Worker] = []
         ctx = mp.get_context(start_method)
         if start_method == "forkserver":
-            ctx.set_forkserver_preload(["__main__", "cupy_nwt.worker"])
+            ctx.set_forkserver_preload(["__main__", "cupy_nwt.loader._workers"])
         try:
             for w in range(num_workers):
                 spec = WorkerSpec(w, num_workers, seed, dataset, collate_fn, batch_transform, worker_init_fn)

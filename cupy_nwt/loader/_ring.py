@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_int
-from .collate import BatchLayoutError, Treedef, as_leaf, flatten, leaf_paths
-from .errors import ShmSpaceError
+from .._checks import check_int
+from ._collate import BatchLayoutError, Treedef, as_leaf, flatten, leaf_paths
+from ..errors import ShmSpaceError
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "cupy_nwt_"

@@ -1,0 +1,18 @@
+"""The data loader: batches made by workers into a shared-memory ring, delivered in order, on the host
+or on the GPU. How a batch travels and how a slot lives: ``README.md`` beside this file.
+
+Everything a user needs is here (and in ``cupy_nwt``); the modules with a leading underscore are the
+machinery behind it.
+"""
+
+from ..errors import LoaderError, LoaderTimeoutError, ShmSpaceError, WorkerDiedError, WorkerError
+from ._collate import default_collate
+from ._dataloader import DataLoader
+from ..ranks import RankLayout, rank_layout
+from ._sampler import BatchSampler
+from ._slots import HostBatch
+from ._workers import WorkerInfo, get_worker_info
+
+__all__ = ["BatchSampler", "DataLoader", "HostBatch", "LoaderError", "LoaderTimeoutError", "RankLayout",
+           "ShmSpaceError", "WorkerDiedError", "WorkerError", "WorkerInfo", "default_collate", "get_worker_info",
+           "rank_layout"]
