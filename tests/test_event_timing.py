@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_cuda_fake import FakeArray, FakeCupy
 
 from cupy_nwt import cuda, overlap, timing
 from cupy_nwt.step_sim import SimulatedStep
-from test_cuda_fake import FakeArray, FakeCupy
 
 
 class FakeStream:
@@ -72,7 +72,7 @@ class TimedFakeCupy(FakeCupy):
 
         return run
 
-    def RawKernel(self, source, name):  # noqa: N802 - CuPy's name
+    def RawKernel(self, source, name):
         def launch(grid, block, args):
             self.log.append(("spin", int(args[1])))
             self.now_ms += int(args[1]) / 1e6
