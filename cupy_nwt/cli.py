@@ -42,7 +42,7 @@ Errors are one line on stderr; --debug (or {DEBUG_ENV}=1) adds the full tracebac
 def cmd_info(args: argparse.Namespace) -> int:
     host = system.host_info()
     status = cuda.gpu_status()
-    devices = [cuda.device_info(i) for i in range(status.device_count)] if status.available else []
+    devices = cuda.all_device_info()
     if args.json:
         print(report.to_json({"host": host, "gpu": status, "devices": devices}))
         return 0

@@ -178,6 +178,12 @@ def device_count() -> int:
     return gpu_status().device_count
 
 
+def all_device_info() -> list[DeviceInfo]:
+    """``device_info`` of every usable device: what ``info`` and ``reproduce`` describe; empty without a GPU."""
+    status = gpu_status()
+    return [device_info(i) for i in range(status.device_count)] if status.available else []
+
+
 def use_device(device: int) -> None:
     """Make ``device`` current for this thread."""
     require_gpu()

@@ -1,4 +1,4 @@
-"""What the GPU experiments share, without a GPU: the copy burst of one timed sample, and running on a device."""
+"""What the GPU commands share, without a GPU: the copy burst of one timed sample, running on a device, the devices described."""
 
 from __future__ import annotations
 
@@ -67,3 +67,11 @@ def test_an_experiment_on_a_missing_device_is_refused_before_any_gpu_work(gpus):
     with pytest.raises(ValueError, match="there is no GPU 2: this machine has 2"):
         transfers.run_on_device(2, lambda tick: pytest.fail("ran"))
     assert gpus == []
+
+
+def test_the_devices_described_are_every_usable_one_or_none(monkeypatch):
+    monkeypatch.setattr(cuda, "device_info", lambda i: f"GPU {i}")
+    monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(True, None, 3))
+    assert cuda.all_device_info() == ["GPU 0", "GPU 1", "GPU 2"]
+    monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(False, "no usable GPU: test", 3))
+    assert cuda.all_device_info() == []
