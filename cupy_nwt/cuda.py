@@ -179,9 +179,8 @@ def device_count() -> int:
 
 
 def all_device_info() -> list[DeviceInfo]:
-    """``device_info`` of every usable device: what ``info`` and ``reproduce`` describe; empty without a GPU."""
-    status = gpu_status()
-    return [device_info(i) for i in range(status.device_count)] if status.available else []
+    """``device_info`` of every usable device (none without a GPU): what ``info`` and ``reproduce`` describe."""
+    return [device_info(i) for i in range(device_count())] if gpu_status().available else []
 
 
 def use_device(device: int) -> None:
