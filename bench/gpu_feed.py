@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from loader_compare import RESULTS, make_loader, make_workloads, parse_workers
+from loader_compare import RESULTS, endless, make_loader, make_workloads, parse_workers
 
 from cupy_nwt import DataLoader, cuda, report, system
 from cupy_nwt.step_sim import FeedResult, SimulatedStep, feed
@@ -52,13 +52,8 @@ def batches(mode: str, workload: Any, workers: int, batch_size: int, seed: int) 
 
 
 def _epochs(loader: Any, to_gpu) -> Iterator[Any]:
-    epoch = 0
-    while True:
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        for b in loader:
-            yield to_gpu(b)
-        epoch += 1
+    for b in endless(loader):
+        yield to_gpu(b)
 
 
 def torch_cuda_reason() -> str | None:

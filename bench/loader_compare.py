@@ -124,23 +124,28 @@ def make_loader(kind: str, workload: Workload, num_workers: int, batch_size: int
     raise ValueError(f"unknown loader {kind!r}: use one of {', '.join(LOADERS)}")
 
 
-def batch_stream(loader: Any, kind: str, device: str) -> Iterator[int]:
-    """Batch sizes forever, epoch after epoch; each batch is on ``device`` and finished when yielded."""
+def endless(loader: Any) -> Iterator[Any]:
+    """Batches forever, epoch after epoch, as training takes them: ``set_epoch`` first where the loader has it."""
     epoch = 0
     while True:
         if hasattr(loader, "set_epoch"):
             loader.set_epoch(epoch)
-        for x, _ in loader:
-            if device == "cuda":
-                if kind == "torch":
-                    import torch  # noqa: PLC0415
-
-                    x = x.to("cuda", non_blocking=True)
-                    torch.cuda.current_stream().synchronize()
-                else:
-                    cuda.current_stream().synchronize()
-            yield int(x.shape[0])
+        yield from loader
         epoch += 1
+
+
+def batch_stream(loader: Any, kind: str, device: str) -> Iterator[int]:
+    """Batch sizes forever, epoch after epoch; each batch is on ``device`` and finished when yielded."""
+    for x, _ in endless(loader):
+        if device == "cuda":
+            if kind == "torch":
+                import torch  # noqa: PLC0415
+
+                x = x.to("cuda", non_blocking=True)
+                torch.cuda.current_stream().synchronize()
+            else:
+                cuda.current_stream().synchronize()
+        yield int(x.shape[0])
 
 
 def close_loader(loader: Any) -> None:

@@ -13,6 +13,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from . import __version__, cuda, report, system
 from .progress import Progress
@@ -41,7 +42,7 @@ Errors are one line on stderr; --debug (or {DEBUG_ENV}=1) adds the full tracebac
 def cmd_info(args: argparse.Namespace) -> int:
     host = system.host_info()
     status = cuda.gpu_status()
-    devices = [cuda.device_info(i) for i in range(status.device_count)] if status.available else []
+    devices = cuda.all_device_info()
     if args.json:
         print(report.to_json({"host": host, "gpu": status, "devices": devices}))
         return 0
@@ -115,15 +116,48 @@ def _check_writable(path: str | None, name: str) -> None:
         raise ValueError(f"{name} {path}: {existing} is not writable")
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """The command's ``--output`` and ``--plot`` (where it has one), checked before its long run."""
+    plot = getattr(args, "plot", None)
+    if plot:
+        from . import plots  # noqa: PLC0415
+
+        if not plots.matplotlib_available():
+            raise ValueError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
+    _check_writable(args.output, "--output")
+    _check_writable(plot, "--plot")
+
+
 def _run_with_progress(args: argparse.Namespace, total: int, desc: str, run):
     with Progress(total, desc, enabled=not args.no_progress) as bar:
         return run(bar.step)
+
+
+def _run_on_gpu(args: argparse.Namespace, config, run):
+    """``run(config, step)`` under a progress bar, which a machine without a GPU never gets to see."""
+    cuda.require_gpu()
+    return _run_with_progress(args, config.steps, args.command, lambda step: run(config, step))
 
 
 def _emit(args: argparse.Namespace, result, text: str) -> None:
     if args.output:
         report.write_json(result, args.output)
     print(report.to_json(result) if args.json else text)
+
+
+def _finish(args: argparse.Namespace, result, text: str, failed_check: str | None) -> int:
+    """Print (and write) the result; exit 1 with one line when the run's own check failed."""
+    _emit(args, result, text)
+    if failed_check:
+        print(f"cupy-nwt {args.command}: {failed_check}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_options(args: argparse.Namespace) -> dict[str, int]:
+    """The parsed ``_experiment_options`` every GPU experiment's config takes."""
+    return {"repeats": _int_option(args.repeats, "--repeats", 1), "warmup": _int_option(args.warmup, "--warmup", 0),
+            "device": _int_option(args.device, "--device", 0)}
 
 
 def cmd_bandwidth(args: argparse.Namespace) -> int:
@@ -134,24 +168,15 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
         raise ValueError(f"--min ({fmt_bytes(lo)}) is larger than --max ({fmt_bytes(hi)})")
     sizes = size_sweep(lo, hi, _int_option(args.factor, "--factor", 2))
     config = transfers.BandwidthConfig(
-        sizes=tuple(sizes), repeats=_int_option(args.repeats, "--repeats", 1),
-        warmup=_int_option(args.warmup, "--warmup", 0), device=_int_option(args.device, "--device", 0),
+        sizes=tuple(sizes), **_run_options(args),
         batch_total=_size_option(args.batch_total, "--batch-total"),
         batch_chunk=_size_option(args.batch_chunk, "--batch-chunk"))
-    if args.plot and not plots.matplotlib_available():
-        raise ValueError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
-    _check_writable(args.output, "--output")
-    _check_writable(args.plot, "--plot")
-    cuda.require_gpu()
-    result = _run_with_progress(args, config.steps, "bandwidth",
-                                lambda step: transfers.run_bandwidth(config, step))
+    _check_outputs(args)
+    result = _run_on_gpu(args, config, transfers.run_bandwidth)
     if args.plot:
         plots.plot_bandwidth(result, args.plot)
-    _emit(args, result, transfers.summary_text(result))
-    if not result.verified:
-        print("cupy-nwt bandwidth: copied bytes differ from the source (see 'verified')", file=sys.stderr)
-        return 1
-    return 0
+    return _finish(args, result, transfers.summary_text(result),
+                   None if result.verified else "copied bytes differ from the source (see 'verified')")
 
 
 def cmd_overlap(args: argparse.Namespace) -> int:
@@ -160,30 +185,17 @@ def cmd_overlap(args: argparse.Namespace) -> int:
     config = overlap.OverlapConfig(
         streams=_int_option(args.streams, "--streams", 1),
         elements=None if args.elements is None else _int_option(args.elements, "--elements", 1),
-        repeats=_int_option(args.repeats, "--repeats", 1), warmup=_int_option(args.warmup, "--warmup", 0),
-        device=_int_option(args.device, "--device", 0))
-    _check_writable(args.output, "--output")
-    cuda.require_gpu()
-    result = _run_with_progress(args, config.steps, "overlap",
-                                lambda step: overlap.run_overlap(config, step))
-    _emit(args, result, overlap.summary_text(result))
-    if not result.correct:
-        print(f"cupy-nwt overlap: max error {result.max_error:.3g} exceeds {overlap.MAX_ERROR_TOLERANCE:g}",
-              file=sys.stderr)
-        return 1
-    return 0
+        **_run_options(args))
+    _check_outputs(args)
+    result = _run_on_gpu(args, config, overlap.run_overlap)
+    return _finish(args, result, overlap.summary_text(result), None if result.correct else
+                   f"max error {result.max_error:.3g} exceeds {overlap.MAX_ERROR_TOLERANCE:g}")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from . import datasets, transforms, tuner  # noqa: PLC0415
 
-    if args.plot:
-        from . import plots  # noqa: PLC0415
-
-        if not plots.matplotlib_available():
-            raise ValueError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
-    _check_writable(args.output, "--output")
-    _check_writable(args.plot, "--plot")
+    _check_outputs(args)
     dataset = (datasets.open_dataset(args.dataset) if args.dataset
                else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1),
                                               progress=not args.no_progress))
@@ -196,9 +208,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except ValueError:
         raise ValueError(f"--alpha and --tolerance must be numbers, got {args.alpha!r}, {args.tolerance!r}") from None
     result = tuner.tune_num_workers(
-        dataset, batch_size=_int_option(args.batch_size, "--batch-size", 1),
-        max_workers=None if args.max_workers is None else _int_option(args.max_workers, "--max-workers", 1),
-        iterations=_int_option(args.iterations, "--iterations", 1), alpha=alpha, tolerance=tolerance,
+        dataset, **_workload(args), alpha=alpha, tolerance=tolerance,
         strategy=args.strategy, device=args.device, pin_memory=args.pin_memory,
         prefetch_factor=_int_option(args.prefetch_factor, "--prefetch-factor", 1), batch_transform=transform,
         progress=not args.no_progress)
@@ -217,10 +227,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     from . import reproduce  # noqa: PLC0415
 
     config = reproduce.ReproduceConfig(
-        out_dir=Path(args.out), synthetic_n=_int_option(args.synthetic_n, "--synthetic-n", 1),
-        batch_size=_int_option(args.batch_size, "--batch-size", 1),
-        max_workers=None if args.max_workers is None else _int_option(args.max_workers, "--max-workers", 1),
-        iterations=_int_option(args.iterations, "--iterations", 1),
+        out_dir=Path(args.out), synthetic_n=_int_option(args.synthetic_n, "--synthetic-n", 1), **_workload(args),
         compare_iterations=_int_option(args.compare_iterations, "--compare-iterations", 1),
         compare_repeats=_int_option(args.compare_repeats, "--compare-repeats", 1),
         gpu_experiments=not args.no_gpu, progress=not args.no_progress)
@@ -232,10 +239,16 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def _experiment_options(s: argparse.ArgumentParser) -> None:
+    """The GPU experiments' shared options; ``_run_options`` parses the first three."""
     s.add_argument("--repeats", default="20", help="timed repeats; the median is reported (default 20)")
     s.add_argument("--warmup", default="3", help="untimed runs first (default 3)")
     s.add_argument("--device", default="0", help="GPU index (default 0)")
-    s.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    _output_options(s, "tables")
+
+
+def _output_options(s: argparse.ArgumentParser, printed: str) -> None:
+    """What a measuring command prints, where it also writes its JSON, and its progress bar."""
+    s.add_argument("--json", action="store_true", help=f"print JSON instead of {printed}")
     s.add_argument("--output", metavar="FILE.json", help="also write the JSON result to this file")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
@@ -246,6 +259,13 @@ def _workload_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--batch-size", default="128", help="samples per batch (default 128)")
     s.add_argument("--max-workers", default=None, help="the paper's N: counts 0..N-1 (default: usable CPUs)")
     s.add_argument("--iterations", default="100", help="batches per trial of the paper's search (default 100)")
+
+
+def _workload(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed ``_workload_options`` but ``--synthetic-n`` (``tune`` reads it only without ``--dataset``)."""
+    return {"batch_size": _int_option(args.batch_size, "--batch-size", 1),
+            "max_workers": None if args.max_workers is None else _int_option(args.max_workers, "--max-workers", 1),
+            "iterations": _int_option(args.iterations, "--iterations", 1)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,9 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "DataLoader(pin_memory=True); off by default, as in the DataLoader")
     s.add_argument("--no-save", action="store_true", help="do not record the pick in the machine-wide store")
     s.add_argument("--plot", metavar="FILE.png", help="also draw time and memory against workers (paper Fig. 2/3)")
-    s.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    s.add_argument("--output", metavar="FILE.json", help="also write the JSON result to this file")
-    s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    _output_options(s, "the table")
     s.set_defaults(func=cmd_tune)
 
     s = sub.add_parser("reproduce", help="everything: info, transfer experiments (GPU), the tuner both ways, "

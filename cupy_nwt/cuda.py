@@ -176,6 +176,11 @@ def device_count() -> int:
     return gpu_status().device_count
 
 
+def all_device_info() -> list[DeviceInfo]:
+    """``device_info`` of every usable device (none without a GPU): what ``info`` and ``reproduce`` describe."""
+    return [device_info(i) for i in range(device_count())] if gpu_status().available else []
+
+
 def use_device(device: int) -> None:
     """Make ``device`` current for this thread."""
     require_gpu()

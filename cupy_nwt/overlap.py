@@ -17,7 +17,7 @@ import numpy as np
 
 from . import cuda, report, timing
 from .timing import Stats
-from .transfers import check_device_index
+from .transfers import Progress, check_run_options, run_on_device
 from .units import fmt_bytes
 
 BLOCK_SIZE = 256
@@ -28,8 +28,6 @@ VERSIONS = ("sequential", "async_v1", "async_v2")
 KERNEL_OPERATION = (
     "float x = (float)(i + offset); float s = sinf(x); float c = cosf(x); a += sqrtf(s * s + c * c);"
 )
-
-Progress = Callable[[str], None]
 
 
 def ideal_pipeline_seconds(h2d: float, kernel: float, d2h: float, streams: int) -> float:
@@ -63,12 +61,7 @@ class OverlapConfig:
             raise ValueError(f"--elements must be positive, got {self.elements}")
         if self.elements % self.streams:
             raise ValueError(f"--elements ({self.elements}) must be a multiple of --streams ({self.streams})")
-        if self.repeats < 1:
-            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
-        if self.warmup < 0:
-            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.device < 0:
-            raise ValueError(f"--device must be >= 0, got {self.device}")
+        check_run_options(self.repeats, self.warmup, self.device)
 
     @property
     def chunk_elements(self) -> int:
@@ -171,13 +164,7 @@ class OverlapResult:
 def run_overlap(config: OverlapConfig | None = None, progress: Progress | None = None) -> OverlapResult:
     """Measure stage times and the three versions on ``config.device``; raises NoGPUError without one."""
     config = config or OverlapConfig()
-    cuda.require_gpu()
-    check_device_index(config.device)
-    cuda.use_device(config.device)
-    try:
-        return _run(config, progress or (lambda _label: None))
-    finally:
-        cuda.release_memory_pools()
+    return run_on_device(config.device, lambda tick: _run(config, tick), progress)
 
 
 def _run(config: OverlapConfig, tick: Progress) -> OverlapResult:
@@ -245,23 +232,10 @@ def _run(config: OverlapConfig, tick: Progress) -> OverlapResult:
 def _timed_run(work: Callable[[], None], host: np.ndarray, main, used: list) -> float:
     """Device seconds of ``work`` over all streams in ``used``, starting from zeros in ``host``.
 
-    The start event fans out to every stream and every stream's end fans back in, so the
-    measurement holds for non-blocking streams that never sync with the legacy default stream.
+    The window is opened and closed on ``main`` and joins every other stream in ``used``.
     """
     host.fill(0)
-    start, end = cuda.event(), cuda.event()
-    start.record(main)
-    for s in used:
-        if s is not main:
-            s.wait_event(start)
-    work()
-    for s in used:
-        if s is not main:
-            done = cuda.event(timing=False)
-            done.record(s)
-            main.wait_event(done)
-    end.record(main)
-    return cuda.elapsed_ms(start, end) / 1e3
+    return timing.event_seconds(work, main, used)
 
 
 def summary_text(result: OverlapResult) -> str:

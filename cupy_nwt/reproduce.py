@@ -17,6 +17,7 @@ Files: ``report.json`` (everything), ``summary.md`` (what is printed, as Markdow
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,6 +129,12 @@ def _steps(config: ReproduceConfig, total: int, name: str) -> Progress:
     return Progress(total, name, enabled=config.progress)
 
 
+def _experiment(config: ReproduceConfig, name: str, settings: Any, run: Callable[[Any, Any], Any]) -> Any:
+    """A GPU experiment at its default settings, under a progress bar of its steps."""
+    with _steps(config, settings.steps, name) as bar:
+        return run(settings, bar.step)
+
+
 def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     """Run everything; the caller gets the report, the folder gets the files (see the module doc)."""
     from .datasets import SyntheticCIFAR10  # noqa: PLC0415 - heavy imports only for this command
@@ -143,8 +150,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
         skipped.append("plots: matplotlib is not installed (pip install 'cupy-nwt[plot]')")
 
     host, status = system.host_info(), cuda.gpu_status()
-    devices = [cuda.device_info(i) for i in range(status.device_count)] if status.available else []
-    files.append(report.write_json({"host": host, "gpu": status, "devices": devices}, out / "info.json"))
+    files.append(report.write_json({"host": host, "gpu": status, "devices": cuda.all_device_info()}, out / "info.json"))
 
     bandwidth = overlap_result = None
     if not config.gpu_experiments:
@@ -154,17 +160,13 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     else:
         from . import overlap, transfers  # noqa: PLC0415
 
-        bw_config = transfers.BandwidthConfig()
-        with _steps(config, bw_config.steps, "bandwidth") as bar:
-            bandwidth = transfers.run_bandwidth(bw_config, bar.step)
+        bandwidth = _experiment(config, "bandwidth", transfers.BandwidthConfig(), transfers.run_bandwidth)
         files.append(report.write_json(bandwidth, out / "bandwidth.json"))
         if plots:
             from .plots import plot_bandwidth  # noqa: PLC0415
 
             files.append(plot_bandwidth(bandwidth, out / "bandwidth.png"))
-        ov_config = overlap.OverlapConfig()
-        with _steps(config, ov_config.steps, "overlap") as bar:
-            overlap_result = overlap.run_overlap(ov_config, bar.step)
+        overlap_result = _experiment(config, "overlap", overlap.OverlapConfig(), overlap.run_overlap)
         files.append(report.write_json(overlap_result, out / "overlap.json"))
 
     _stage(config, "data", f"synthetic CIFAR-10, {plural(config.synthetic_n, 'image')}")

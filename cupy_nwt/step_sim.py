@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import cuda
+from . import cuda, timing
 from .loader._collate import flatten
 
 
@@ -68,12 +68,7 @@ class SimulatedStep:
         self._timed(cuda.device_empty(1), 1)  # the first launch compiles the kernel: keep that out of the steps
 
     def _timed(self, batch: Any, nanoseconds: int) -> float:
-        stream = cuda.current_stream()
-        start, end = cuda.event(), cuda.event()
-        start.record(stream)
-        self._spin(batch, nanoseconds)
-        end.record(stream)
-        return cuda.elapsed_ms(start, end) / 1e3
+        return timing.event_seconds(lambda: self._spin(batch, nanoseconds), cuda.current_stream())
 
     def __call__(self, batch: Any) -> float:
         leaves, _ = flatten(batch)

@@ -90,11 +90,28 @@ def device_time(fn: Callable[[Any], object], repeats: int = 10, warmup: int = 2,
     for _ in range(warmup):
         fn(s)
     s.synchronize()
-    out = []
-    for _ in range(repeats):
-        start, end = cuda.event(), cuda.event()
-        start.record(s)
-        fn(s)
-        end.record(s)
-        out.append(cuda.elapsed_ms(start, end) / 1e3)
-    return out
+    return [event_seconds(lambda: fn(s), s) for _ in range(repeats)]
+
+
+def event_seconds(work: Callable[[], object], stream: Any, joined: Sequence[Any] = ()) -> float:
+    """Device seconds of what ``work()`` enqueues, between a start and an end CUDA event on ``stream``.
+
+    The one event window of cupy_nwt. Work on other streams is inside it only for the streams in
+    ``joined``: each waits for the start event before ``work`` and ``stream`` waits for each one's
+    last work before the end event, so the window holds for non-blocking streams that never sync
+    with ``stream`` on their own. Returns once the end event has completed.
+    """
+    from . import cuda  # noqa: PLC0415 - keep host-only users free of CUDA
+
+    others = [s for s in joined if s is not stream]
+    start, end = cuda.event(), cuda.event()
+    start.record(stream)
+    for s in others:
+        s.wait_event(start)
+    work()
+    for s in others:
+        done = cuda.event(timing=False)
+        done.record(s)
+        stream.wait_event(done)
+    end.record(stream)
+    return cuda.elapsed_ms(start, end) / 1e3

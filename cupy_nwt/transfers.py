@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -28,6 +28,17 @@ SAMPLE_TARGET_BYTES = 8 * 1024**2
 MAX_COPIES_PER_SAMPLE = 256
 
 Progress = Callable[[str], None]
+R = TypeVar("R")
+
+
+def check_run_options(repeats: int, warmup: int, device: int) -> None:
+    """The options every GPU experiment shares, checked alike before any GPU work."""
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+    if warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {warmup}")
+    if device < 0:
+        raise ValueError(f"--device must be >= 0, got {device}")
 
 
 def copies_per_sample(nbytes: int, target: int = SAMPLE_TARGET_BYTES, cap: int = MAX_COPIES_PER_SAMPLE) -> int:
@@ -54,12 +65,7 @@ class BandwidthConfig:
             raise ValueError("the size sweep is empty")
         if any(int(n) <= 0 for n in self.sizes):
             raise ValueError(f"sizes must be positive, got {list(self.sizes)}")
-        if self.repeats < 1:
-            raise ValueError(f"--repeats must be >= 1, got {self.repeats}")
-        if self.warmup < 0:
-            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.device < 0:
-            raise ValueError(f"--device must be >= 0, got {self.device}")
+        check_run_options(self.repeats, self.warmup, self.device)
         if self.batch_chunk <= 0 or self.batch_total <= 0:
             raise ValueError("batched-copy total and chunk must be positive")
         if self.batch_chunk > self.batch_total or self.batch_total % self.batch_chunk:
@@ -270,11 +276,19 @@ class BandwidthResult:
 def run_bandwidth(config: BandwidthConfig | None = None, progress: Progress | None = None) -> BandwidthResult:
     """Measure the sweep and the batching comparison on ``config.device``; raises NoGPUError without one."""
     config = config or BandwidthConfig()
+    return run_on_device(config.device, lambda tick: _run(config, tick), progress)
+
+
+def run_on_device(device: int, experiment: Callable[[Progress], R], progress: Progress | None = None) -> R:
+    """Run ``experiment(tick)`` with ``device`` current; the memory pools go back to the driver after.
+
+    Raises NoGPUError without a usable GPU, ValueError for a device index this machine lacks.
+    """
     cuda.require_gpu()
-    check_device_index(config.device)
-    cuda.use_device(config.device)
+    check_device_index(device)
+    cuda.use_device(device)
     try:
-        return _run(config, progress or (lambda _label: None))
+        return experiment(progress or (lambda _label: None))
     finally:
         cuda.release_memory_pools()
 
@@ -325,20 +339,28 @@ def _round_trip(dev, src: np.ndarray, dst: np.ndarray, memory: str, config: Band
         dev.fill(0)
     dst.fill(0)
 
-    def up(st) -> None:
-        for _ in range(k):
-            cuda.memcpy_h2d(dev, src, st)
-
-    def down(st) -> None:
-        for _ in range(k):
-            cuda.memcpy_d2h(dst, dev, st)
-
-    up_t = [t / k for t in timing.device_time(up, config.repeats, config.warmup, s)]
-    down_t = [t / k for t in timing.device_time(down, config.repeats, config.warmup, s)]
+    up_t = [t / k for t in timing.device_time(repeated_copy("h2d", dev, src, k), config.repeats, config.warmup, s)]
+    down_t = [t / k for t in timing.device_time(repeated_copy("d2h", dev, dst, k), config.repeats, config.warmup, s)]
     s.synchronize()
     ok = bool(np.array_equal(dst, src))
     return [_point(direction, memory, nbytes, k, times, ok)
             for direction, times in (("h2d", up_t), ("d2h", down_t))]
+
+
+def repeated_copy(direction: str, dev: Any, host: np.ndarray, count: int) -> Callable[[Any], None]:
+    """``issue(stream)``: ``count`` back-to-back copies host -> ``dev`` ("h2d") or ``dev`` -> host ("d2h").
+
+    One timed sample of a copy size: a lone small copy lasts about as long as the events' resolution.
+    """
+    if direction not in DIRECTIONS:
+        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+    copy, dst, src = (cuda.memcpy_h2d, dev, host) if direction == "h2d" else (cuda.memcpy_d2h, host, dev)
+
+    def issue(stream: Any) -> None:
+        for _ in range(count):
+            copy(dst, src, stream)
+
+    return issue
 
 
 def _point(direction: str, memory: str, nbytes: int, k: int, times: list[float], ok: bool) -> BandwidthPoint:
