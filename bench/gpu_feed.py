@@ -1,7 +1,7 @@
 """Does the GPU wait for data? cupy_nwt (prefetcher on and off) beside torch's DataLoader, one run.
 
 Each mode feeds the same dataset, batch transform, batch size and worker count to a simulated
-training step (``cupy_nwt.step_sim``: a kernel of known duration that reads the batch, then a host
+training step (``cupy_nwt.experiments.step_sim``: a kernel of known duration that reads the batch, then a host
 sync). Reported per mode: samples/s delivered to the GPU and the GPU's idle fraction.
 
 * ``cupy_nwt``: ``DataLoader(device="cuda", pin_memory=True)``: registered ring, the copy of batch
@@ -29,8 +29,10 @@ from typing import Any
 
 from loader_compare import RESULTS, endless, make_loader, make_workloads, parse_workers
 
-from cupy_nwt import DataLoader, cuda, report, system
-from cupy_nwt.step_sim import FeedResult, SimulatedStep, feed
+from cupy_nwt import DataLoader, cuda, system
+
+from cupy_nwt._reporting import tables as report
+from cupy_nwt.experiments.step_sim import FeedResult, SimulatedStep, feed
 
 MODES = ("cupy_nwt", "cupy_nwt-noprefetch", "torch", "torch-nopin")
 

@@ -178,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
         run_rank(args)
         return 0
 
-    from cupy_nwt import cuda, report, system  # noqa: PLC0415
-    from cupy_nwt.units import plural  # noqa: PLC0415
+    from cupy_nwt import cuda, system  # noqa: PLC0415
+
+    from cupy_nwt._reporting import tables as report
+    from cupy_nwt._reporting.units import plural  # noqa: PLC0415
 
     counts = [int(x) for x in args.ranks.split(",") if x.strip()]
     if not counts or min(counts) < 1:

@@ -29,7 +29,7 @@ def workload(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def step():
-    from cupy_nwt.step_sim import SimulatedStep
+    from cupy_nwt.experiments.step_sim import SimulatedStep
 
     return SimulatedStep(STEP_S)
 

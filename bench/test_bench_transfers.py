@@ -9,7 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cupy_nwt import cuda, timing
+from cupy_nwt import cuda
+
+from cupy_nwt.experiments import timing
 
 SIZE = 64 * 1024**2
 

@@ -23,6 +23,15 @@ MOVED: dict[str, str] = {
     "cupy_nwt.collate": "cupy_nwt.loader._collate",
     "cupy_nwt.sampler": "cupy_nwt.loader._sampler",
     "cupy_nwt.distributed": "cupy_nwt.ranks",
+    "cupy_nwt.memory": "cupy_nwt.nwt.memory",
+    "cupy_nwt.fingerprint": "cupy_nwt.nwt.fingerprint",
+    "cupy_nwt.transfers": "cupy_nwt.experiments.transfers",
+    "cupy_nwt.overlap": "cupy_nwt.experiments.overlap",
+    "cupy_nwt.step_sim": "cupy_nwt.experiments.step_sim",
+    "cupy_nwt.timing": "cupy_nwt.experiments.timing",
+    "cupy_nwt.units": "cupy_nwt._reporting.units",
+    "cupy_nwt.report": "cupy_nwt._reporting.tables",
+    "cupy_nwt.plots": "cupy_nwt._reporting.plots",
 }
 
 

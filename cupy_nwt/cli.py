@@ -15,9 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__, cuda, report, system
-from .progress import Progress
-from .units import fmt_bytes, parse_size, size_sweep
+from . import __version__, cuda, system
+
+from ._reporting import tables as report
+from ._reporting.progress import Progress
+from ._reporting.units import fmt_bytes, parse_size, size_sweep
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -120,7 +122,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """The command's ``--output`` and ``--plot`` (where it has one), checked before its long run."""
     plot = getattr(args, "plot", None)
     if plot:
-        from . import plots  # noqa: PLC0415
+        from ._reporting import plots as plots
 
         if not plots.matplotlib_available():
             raise ValueError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
@@ -161,7 +163,8 @@ def _run_options(args: argparse.Namespace) -> dict[str, int]:
 
 
 def cmd_bandwidth(args: argparse.Namespace) -> int:
-    from . import plots, transfers  # noqa: PLC0415
+    from ._reporting import plots as plots
+    from .experiments import transfers as transfers
 
     lo, hi = _size_option(args.min, "--min"), _size_option(args.max, "--max")
     if lo > hi:
@@ -180,7 +183,7 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
 
 
 def cmd_overlap(args: argparse.Namespace) -> int:
-    from . import overlap  # noqa: PLC0415
+    from .experiments import overlap as overlap
 
     config = overlap.OverlapConfig(
         streams=_int_option(args.streams, "--streams", 1),
@@ -214,10 +217,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         progress=not args.no_progress)
     saved = None if args.no_save else result.save()
     if args.plot:
-        from .plots import plot_tune  # noqa: PLC0415
+        from ._reporting.plots import plot_tune  # noqa: PLC0415
 
         plot_tune(result, args.plot)
-    from .explain import explain_paper_pick  # noqa: PLC0415
+    from ._reporting.explain import explain_paper_pick  # noqa: PLC0415
 
     _emit(args, result, "\n\n".join(filter(None, [tuner.summary_text(result, saved), explain_paper_pick(result)])))
     return 0

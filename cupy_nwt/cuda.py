@@ -19,7 +19,7 @@ import numpy as np
 from .errors import NoGPUError
 
 # Re-exported: callers ask this module for links, as before they moved to pcie.py.
-from .pcie import PcieLink, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
+from ._pcie import PcieLink, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
 
 
 @dataclass(frozen=True)

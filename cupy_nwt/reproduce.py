@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import cuda, report, system, tuner
-from .explain import explain_paper_pick, paper_decisions
-from .progress import Progress
-from .units import plural
+from . import cuda, system, tuner
+
+from ._reporting import tables as report
+from ._reporting.explain import explain_paper_pick, paper_decisions
+from ._reporting.progress import Progress
+from ._reporting.units import plural
 
 
 
@@ -138,7 +140,7 @@ def _experiment(config: ReproduceConfig, name: str, settings: Any, run: Callable
 def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     """Run everything; the caller gets the report, the folder gets the files (see the module doc)."""
     from .datasets import SyntheticCIFAR10  # noqa: PLC0415 - heavy imports only for this command
-    from .plots import matplotlib_available  # noqa: PLC0415
+    from ._reporting.plots import matplotlib_available  # noqa: PLC0415
     from .transforms import CifarTrainTransform  # noqa: PLC0415
 
     out = Path(config.out_dir)
@@ -158,12 +160,13 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     elif not status.available:
         skipped.append(f"transfer experiments: {status.reason}")
     else:
-        from . import overlap, transfers  # noqa: PLC0415
+        from .experiments import overlap as overlap
+        from .experiments import transfers as transfers
 
         bandwidth = _experiment(config, "bandwidth", transfers.BandwidthConfig(), transfers.run_bandwidth)
         files.append(report.write_json(bandwidth, out / "bandwidth.json"))
         if plots:
-            from .plots import plot_bandwidth  # noqa: PLC0415
+            from ._reporting.plots import plot_bandwidth  # noqa: PLC0415
 
             files.append(plot_bandwidth(bandwidth, out / "bandwidth.png"))
         overlap_result = _experiment(config, "overlap", overlap.OverlapConfig(), overlap.run_overlap)
@@ -181,7 +184,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
         results[strategy] = r
         files.append(r.save(out / f"tune-{strategy}.json"))
         if plots:
-            from .plots import plot_tune  # noqa: PLC0415
+            from ._reporting.plots import plot_tune  # noqa: PLC0415
 
             files.append(plot_tune(r, out / f"tune-{strategy}.png"))
     results["fast"].save()
@@ -231,7 +234,7 @@ def summary_text(rep: ReproduceReport) -> str:
 
 
 def _summary_parts(rep: ReproduceReport) -> list[str]:
-    from .transfers import summary_text as bandwidth_text  # noqa: PLC0415
+    from .experiments.transfers import summary_text as bandwidth_text  # noqa: PLC0415
 
     parts = [report.key_values([
         ("CPU", f"{rep.host.cpu_model} ({rep.host.usable_cpus} usable)"),
@@ -241,7 +244,7 @@ def _summary_parts(rep: ReproduceReport) -> list[str]:
     if rep.bandwidth is not None:
         parts.append(bandwidth_text(rep.bandwidth))
     if rep.overlap is not None:
-        from .overlap import summary_text as overlap_text  # noqa: PLC0415
+        from .experiments.overlap import summary_text as overlap_text  # noqa: PLC0415
 
         parts.append(overlap_text(rep.overlap))
     parts.append(tuner.summary_text(rep.paper))

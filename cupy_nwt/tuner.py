@@ -21,7 +21,7 @@ _HOMES = {
     "LoaderMeasure": "cupy_nwt.nwt.measure", "steady_rates": "cupy_nwt.nwt.measure",
     "auto_num_workers": "cupy_nwt.nwt.pick",
     "TUNE_LOCK_SUFFIX": "cupy_nwt.nwt.auto",
-    "summary_text": "cupy_nwt.explain",
+    "summary_text": "cupy_nwt._reporting.explain",
 }
 
 __all__ = sorted(_HOMES)

@@ -110,7 +110,7 @@ def test_a_search_says_why_in_one_line(cache, monkeypatch, caplog):
 def test_why_missing_names_another_machine(cache):
     from dataclasses import replace  # noqa: PLC0415
 
-    from cupy_nwt.fingerprint import (  # noqa: PLC0415
+    from cupy_nwt.nwt.fingerprint import (  # noqa: PLC0415
         Fingerprint,
         ResultStore,
         machine_fingerprint,

@@ -10,7 +10,9 @@ import sys
 
 import pytest
 
-from cupy_nwt import cli, cuda, plots
+from cupy_nwt import cli, cuda
+
+from cupy_nwt._reporting import plots
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

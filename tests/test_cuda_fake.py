@@ -14,7 +14,9 @@ import types
 import numpy as np
 import pytest
 
-from cupy_nwt import cuda, transfers
+from cupy_nwt import cuda
+
+from cupy_nwt.experiments import transfers
 from cupy_nwt.loader._prefetch import CudaOps, DevicePrefetcher
 from cupy_nwt.loader._ring import Ring, SlotLayout
 from test_transfers import _constant_result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 import subprocess
 import sys
 
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 import cupy_nwt
-from cupy_nwt import cli, errors, shm
+from cupy_nwt import cli, errors
+from cupy_nwt.loader import _ring as shm
 from cupy_nwt._checks import check_int, check_number
 from cupy_nwt.errors import (
     ArgumentError,
@@ -77,7 +79,13 @@ def test_every_error_is_exported_from_the_package():
 
 
 def test_the_old_import_paths_name_the_same_classes():
-    from cupy_nwt import collate, cuda, datasets, distributed, images, loader, tar_shards, worker
+    from cupy_nwt import _images as images  # noqa: PLC0415
+    from cupy_nwt import _tar_shards as tar_shards  # noqa: PLC0415
+    from cupy_nwt import cuda, datasets, loader  # noqa: PLC0415
+
+    with warnings.catch_warnings():  # the flat layout's paths, kept for one release
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from cupy_nwt import collate, distributed, shm, worker  # noqa: PLC0415
 
     assert collate.BatchLayoutError is BatchLayoutError
     assert cuda.NoGPUError is NoGPUError

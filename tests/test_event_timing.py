@@ -12,8 +12,12 @@ import numpy as np
 import pytest
 from test_cuda_fake import FakeArray, FakeCupy
 
-from cupy_nwt import cuda, overlap, timing
-from cupy_nwt.step_sim import SimulatedStep
+from cupy_nwt import cuda
+
+from cupy_nwt.experiments import overlap
+
+from cupy_nwt.experiments import timing
+from cupy_nwt.experiments.step_sim import SimulatedStep
 
 
 class FakeStream:

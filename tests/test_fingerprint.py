@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cuda
-from cupy_nwt.fingerprint import (
+from cupy_nwt.nwt.fingerprint import (
     Fingerprint, MachineFingerprint, ResultStore, WorkFingerprint, cache_dir, machine_fingerprint,
     read_json, sample_nbytes, transform_name, work_fingerprint, write_json_atomic,
 )
@@ -141,7 +141,7 @@ def test_single_file_roundtrip_and_missing(tmp_path):
 
 _WRITER = """
 import sys
-from cupy_nwt.fingerprint import ResultStore
+from cupy_nwt.nwt.fingerprint import ResultStore
 store = ResultStore(sys.argv[1])
 for i in range(int(sys.argv[3])):
     store.put(f"{sys.argv[2]}-{i}", {"writer": sys.argv[2], "i": i})

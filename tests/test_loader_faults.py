@@ -208,7 +208,7 @@ def test_unpicklable_dataset_with_spawn_is_a_clear_error(clean):
 def test_full_dev_shm_fails_up_front_with_the_size_needed(clean, monkeypatch):
     import errno
 
-    from cupy_nwt import shm
+    from cupy_nwt.loader import _ring as shm
 
     def no_space(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -10,6 +10,7 @@ too, which a run may never reach), and by a fresh interpreter that imports the l
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 import os
 import subprocess
@@ -186,7 +187,8 @@ OLD_TUNER_NAMES = {
 def test_the_old_tuner_path_hands_out_each_name_from_its_new_home():
     import importlib  # noqa: PLC0415
 
-    from cupy_nwt import explain, tuner  # noqa: PLC0415
+    from cupy_nwt import tuner  # noqa: PLC0415
+    from cupy_nwt._reporting import explain  # noqa: PLC0415
 
     for name, home in OLD_TUNER_NAMES.items():
         assert getattr(tuner, name) is getattr(importlib.import_module(f"cupy_nwt.nwt.{home}"), name), name
@@ -197,11 +199,12 @@ def test_the_old_tuner_path_hands_out_each_name_from_its_new_home():
 
 
 def test_the_old_memory_and_fingerprint_paths_are_the_same_modules():
-    import cupy_nwt.fingerprint  # noqa: PLC0415
-    import cupy_nwt.memory  # noqa: PLC0415
     from cupy_nwt.nwt import fingerprint, memory  # noqa: PLC0415
 
-    assert cupy_nwt.fingerprint is fingerprint and cupy_nwt.memory is memory
+    for old, new in (("cupy_nwt.fingerprint", fingerprint), ("cupy_nwt.memory", memory)):
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=f"{old} moved to {new.__name__}"):
+            assert importlib.import_module(old) is new
     from cupy_nwt.fingerprint import ResultStore  # noqa: PLC0415
 
     assert ResultStore is fingerprint.ResultStore

@@ -9,9 +9,11 @@ import stat
 import numpy as np
 import pytest
 
-from cupy_nwt import cli, cuda, report
+from cupy_nwt import cli, cuda
+
+from cupy_nwt._reporting import tables as report
 from cupy_nwt.datasets import write_tar_shard
-from cupy_nwt.fingerprint import ResultStore
+from cupy_nwt.nwt.fingerprint import ResultStore
 from cupy_nwt.tuner import TuneResult, tune_num_workers
 
 
@@ -101,7 +103,7 @@ def _tuned() -> TuneResult:
 
 def test_every_writer_gives_the_umask_mode(tmp_path, umask):
     pytest.importorskip("matplotlib")
-    from cupy_nwt import plots
+    from cupy_nwt._reporting import plots
 
     want = 0o666 & ~umask
     r = _tuned()

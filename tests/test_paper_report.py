@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cupy_nwt import cli, cuda
-from cupy_nwt.explain import PaperDecision, explain_paper_pick, paper_decisions
+from cupy_nwt._reporting.explain import PaperDecision, explain_paper_pick, paper_decisions
 from cupy_nwt.reproduce import PickComparison, ReproduceConfig, ReproduceReport, summary_markdown, summary_text
 from cupy_nwt.system import HostInfo
 from cupy_nwt.tuner import Measurement, tune_num_workers

@@ -472,9 +472,9 @@ def test_fixtures_are_listed_from_a_fresh_install(project):
     assert result.ret == 0
     result.stdout.fnmatch_lines([
         "*fixtures defined from cupy_nwt.pytest_plugin*",
-        "transfer_benchmark -- *pytest_plugin.py:*",
+        "transfer_benchmark -- *pytest_plugin/__init__.py:*",
         "*Factory: ``transfer_benchmark(nbytes, direction=\"h2d\"*",
-        "loader_benchmark -- *pytest_plugin.py:*",
+        "loader_benchmark -- *pytest_plugin/__init__.py:*",
         "*Factory: ``loader_benchmark(dataset, batches=20*",
     ])
 

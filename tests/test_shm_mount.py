@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-from cupy_nwt import DataLoader, LoaderError, shm
+from cupy_nwt import DataLoader, LoaderError
+
+from cupy_nwt.loader import _ring as shm
 from toy_data import Squares
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from cupy_nwt.step_sim import FeedResult, SimulatedStep, feed, idle_fraction
+from cupy_nwt.experiments.step_sim import FeedResult, SimulatedStep, feed, idle_fraction
 
 
 def test_idle_fraction():

@@ -9,8 +9,8 @@ import math
 
 import pytest
 
-from cupy_nwt.benchmark_parts import loader_args, round_rates, transfer_result
-from cupy_nwt.throughput_gate import (
+from cupy_nwt.pytest_plugin._parts import loader_args, round_rates, transfer_result
+from cupy_nwt.pytest_plugin._gate import (
     MIN_ROUNDS,
     Comparison,
     compare_throughput,

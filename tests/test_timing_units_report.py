@@ -9,8 +9,12 @@ from dataclasses import dataclass
 
 import pytest
 
-from cupy_nwt import report, timing, units
-from cupy_nwt.timing import summarize
+from cupy_nwt._reporting import tables as report
+
+from cupy_nwt.experiments import timing
+
+from cupy_nwt._reporting import units
+from cupy_nwt.experiments.timing import summarize
 
 # ---------------------------------------------------------------------------- timing
 

@@ -7,7 +7,9 @@ import types
 import numpy as np
 import pytest
 
-from cupy_nwt import cuda, transfers
+from cupy_nwt import cuda
+
+from cupy_nwt.experiments import transfers
 
 
 @pytest.fixture

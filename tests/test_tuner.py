@@ -14,7 +14,7 @@ import pytest
 
 from cupy_nwt import tuner
 from cupy_nwt.datasets import ArrayDataset
-from cupy_nwt.fingerprint import Fingerprint, MachineFingerprint, WorkFingerprint
+from cupy_nwt.nwt.fingerprint import Fingerprint, MachineFingerprint, WorkFingerprint
 from cupy_nwt.tuner import (
     LoaderMeasure, Measurement, TuneResult, auto_num_workers, lookup, tune_num_workers,
 )

@@ -35,7 +35,7 @@ import psutil
 from filelock import FileLock
 
 from .. import cuda, system
-from ..report import atomic_open
+from .._reporting.tables import atomic_open
 from ..system import cache_dir
 
 STORE_NAME = "num_workers.json"

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from ..progress import Progress
-from ..units import plural
+from .._reporting.progress import Progress
+from .._reporting.units import plural
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 from .. import system
 from .._checks import check_int, check_number
-from ..progress import Progress
+from .._reporting.progress import Progress
 from . import measure as _measure
 from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch
 from .fingerprint import Fingerprint, machine_fingerprint, resolve_device, work_fingerprint

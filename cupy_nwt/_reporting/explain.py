@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .nwt.paper import PAPER_TIME_SCALE
-from .report import table
+from ..nwt.paper import PAPER_TIME_SCALE
+from .tables import table
 from .units import fmt_bytes, plural
 
 if TYPE_CHECKING:
-    from .nwt.store import TuneResult
+    from ..nwt.store import TuneResult
 
 WIDTH = 100  # the prose is wrapped: it is printed, and kept in a Markdown code block by reproduce
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DamagedArchiveError, DataError
-from .images import (
+from ._images import (
     IMAGE_EXTENSIONS,
     ImageDataset,
     Transform,
@@ -34,7 +34,7 @@ from .images import (
     encode_image,
     index_in,
 )
-from .report import atomic_open
+from ._reporting.tables import atomic_open
 from .system import cache_dir as default_cache_dir
 
 BLOCK = tarfile.BLOCKSIZE

@@ -14,8 +14,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from . import cuda, timing
-from .loader._collate import flatten
+from .. import cuda
+
+from . import timing
+from ..loader._collate import flatten
 
 
 def idle_fraction(kernel_seconds: float, wall_seconds: float) -> float:

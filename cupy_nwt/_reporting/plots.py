@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .report import atomic_open
+from .tables import atomic_open
 from .units import fmt_bytes
 
 if TYPE_CHECKING:
-    from .transfers import BandwidthResult
-    from .nwt.store import TuneResult
+    from ..experiments.transfers import BandwidthResult
+    from ..nwt.store import TuneResult
 
 _COLORS = {"h2d": "tab:blue", "d2h": "tab:orange"}
 _STYLES = {"pinned": "-", "pageable": "--"}

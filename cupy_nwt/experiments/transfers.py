@@ -14,9 +14,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from . import cuda, report, system, timing
+from .. import cuda, system
+
+from .._reporting import tables as report
+
+from . import timing
 from .timing import Stats
-from .units import fmt_bytes, size_sweep
+from .._reporting.units import fmt_bytes, size_sweep
 
 DIRECTIONS = ("h2d", "d2h")
 MEMORIES = ("pageable", "pinned")

@@ -1,7 +1,7 @@
 """What the plugin's benchmark fixtures are built from: the device clock, the copy timer, the results.
 
 Kept apart from :mod:`cupy_nwt.pytest_plugin` (options, hooks and the fixtures themselves) and
-:mod:`cupy_nwt.throughput_gate` (the comparison). Nothing here imports CuPy at import time: all CUDA
+:mod:`cupy_nwt.pytest_plugin._gate` (the comparison). Nothing here imports CuPy at import time: all CUDA
 goes through :mod:`cupy_nwt.cuda`, lazily.
 """
 
@@ -135,7 +135,7 @@ def _count(name: str, value: Any, least: int) -> int:
 
 
 def transfer_args(nbytes: int | str, direction: str, pinned: bool, repeats: int, warmup: int) -> tuple[int, str]:
-    from .units import parse_size  # noqa: PLC0415
+    from .._reporting.units import parse_size  # noqa: PLC0415
 
     size = parse_size(nbytes)
     d = str(direction).lower()
@@ -170,8 +170,8 @@ class CopyTimer:
     def __init__(self, nbytes: int, direction: str, pinned: bool) -> None:
         import numpy as np  # noqa: PLC0415
 
-        from . import cuda  # noqa: PLC0415
-        from .transfers import copies_per_sample  # noqa: PLC0415
+        from .. import cuda  # noqa: PLC0415
+        from ..experiments.transfers import copies_per_sample  # noqa: PLC0415
 
         self.nbytes, self.direction = nbytes, direction
         self.k = copies_per_sample(nbytes)
@@ -185,7 +185,7 @@ class CopyTimer:
             self.stream.synchronize()
 
     def _copies(self, st: Any) -> None:
-        from . import cuda  # noqa: PLC0415
+        from .. import cuda  # noqa: PLC0415
 
         copy = cuda.memcpy_h2d if self.direction == "h2d" else cuda.memcpy_d2h
         a, b = (self.dev, self.host) if self.direction == "h2d" else (self.host, self.dev)
@@ -193,7 +193,7 @@ class CopyTimer:
             copy(a, b, st)
 
     def once(self) -> float:
-        from .timing import device_time  # noqa: PLC0415
+        from ..experiments.timing import device_time  # noqa: PLC0415
 
         return device_time(self._copies, repeats=1, warmup=0, stream=self.stream)[0] / self.k
 
@@ -201,7 +201,7 @@ class CopyTimer:
         """Whether the bytes arrived intact (a fast copy of the wrong bytes is not a result)."""
         import numpy as np  # noqa: PLC0415
 
-        from . import cuda  # noqa: PLC0415
+        from .. import cuda  # noqa: PLC0415
 
         self.stream.synchronize()
         if self.direction == "h2d":
@@ -212,13 +212,13 @@ class CopyTimer:
         return bool(np.array_equal(self.host, self.pattern))
 
     def link_gbps(self) -> float | None:
-        from . import cuda  # noqa: PLC0415
-        from .transfers import link_rate  # noqa: PLC0415
+        from .. import cuda  # noqa: PLC0415
+        from ..experiments.transfers import link_rate  # noqa: PLC0415
 
         return link_rate(cuda.pcie_link(cuda.current_device()))[0]  # the copies ran on the current GPU
 
     def close(self) -> None:
-        from . import cuda  # noqa: PLC0415
+        from .. import cuda  # noqa: PLC0415
 
         self.stream.synchronize()
         self.host = self.dev = None

@@ -82,7 +82,7 @@ def device_time(fn: Callable[[Any], object], repeats: int = 10, warmup: int = 2,
 
     Events time what the GPU did, not how long a call that returns before its copy ends took.
     """
-    from . import cuda  # noqa: PLC0415 - keep host-only users free of CUDA
+    from .. import cuda  # noqa: PLC0415 - keep host-only users free of CUDA
 
     if repeats < 1 or warmup < 0:
         raise ValueError("repeats must be >= 1 and warmup >= 0")
@@ -101,7 +101,7 @@ def event_seconds(work: Callable[[], object], stream: Any, joined: Sequence[Any]
     last work before the end event, so the window holds for non-blocking streams that never sync
     with ``stream`` on their own. Returns once the end event has completed.
     """
-    from . import cuda  # noqa: PLC0415 - keep host-only users free of CUDA
+    from .. import cuda  # noqa: PLC0415 - keep host-only users free of CUDA
 
     others = [s for s in joined if s is not stream]
     start, end = cuda.event(), cuda.event()

@@ -15,10 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from . import cuda, report, timing
+from .. import cuda
+
+from .._reporting import tables as report
+
+from . import timing
 from .timing import Stats
 from .transfers import Progress, check_run_options, run_on_device
-from .units import fmt_bytes
+from .._reporting.units import fmt_bytes
 
 BLOCK_SIZE = 256
 CHUNK_ELEMENTS = 4 * 1024 * BLOCK_SIZE  # floats per stream, as in async.cu

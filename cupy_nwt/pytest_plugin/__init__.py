@@ -7,11 +7,11 @@ them as on any benchmark. pytest-benchmark compares times; a pipeline is judged 
 ``--nwt-throughput-drop=PCT`` fails the run when ``gbps`` or ``samples_per_s`` in a benchmark's
 ``extra_info`` fell by more than PCT percent against the saved baseline *and* by more than the
 noise of the benchmark's rounds, and reports "inconclusive" instead of failing when that noise is
-larger than PCT (the rule: :mod:`cupy_nwt.throughput_gate`). Any benchmark that puts those keys
+larger than PCT (the rule: :mod:`cupy_nwt.pytest_plugin._gate`). Any benchmark that puts those keys
 (and, for the noise, ``<key>_rounds``) in its ``extra_info`` is gated, not only ours.
 
 This module holds the options, the hooks and the fixtures; their parts live in
-:mod:`cupy_nwt.benchmark_parts`. Nothing here imports CuPy: all CUDA goes through
+:mod:`cupy_nwt.pytest_plugin._parts`. Nothing here imports CuPy: all CUDA goes through
 :mod:`cupy_nwt.cuda`, lazily, so loading the plugin costs every pytest run next to nothing.
 """
 
@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from .benchmark_parts import (
+from ._parts import (
     DEVICE_CLOCK,
     DeviceClock,
     LoaderBenchmarkResult,
@@ -34,13 +34,13 @@ from .benchmark_parts import (
     loader_args,
     round_rates,
 )
-from .benchmark_parts import CopyTimer as _CopyTimer
-from .benchmark_parts import batch_len as _batch_len
-from .benchmark_parts import epochs as _epochs
-from .benchmark_parts import leaves as _leaves
-from .benchmark_parts import transfer_args as _transfer_args
-from .benchmark_parts import transfer_result as _transfer_result
-from .throughput_gate import (
+from ._parts import CopyTimer as _CopyTimer
+from ._parts import batch_len as _batch_len
+from ._parts import epochs as _epochs
+from ._parts import leaves as _leaves
+from ._parts import transfer_args as _transfer_args
+from ._parts import transfer_result as _transfer_result
+from ._gate import (
     THROUGHPUT_KEYS,
     Comparison,
     ThroughputGate,
@@ -149,7 +149,7 @@ def transfer_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callab
     ``benchmark.extra_info``. Skips, with the probe's reason, when no
     GPU is usable. Like ``benchmark``, call it once per test (parametrize for a size sweep).
     """
-    from . import cuda  # noqa: PLC0415
+    from .. import cuda  # noqa: PLC0415
 
     status = cuda.gpu_status()
     if not status.available:
@@ -208,9 +208,9 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
     def run(dataset: Any, batches: int = 20, warmup: int = 2, rounds: int = 5,
             **loader_kwargs: Any) -> LoaderBenchmarkResult:
         loader_args(batches, warmup, rounds)
-        from . import cuda  # noqa: PLC0415
-        from .loader._dataloader import DataLoader  # noqa: PLC0415
-        from .nwt.memory import MemorySampler  # noqa: PLC0415
+        from .. import cuda  # noqa: PLC0415
+        from ..loader._dataloader import DataLoader  # noqa: PLC0415
+        from ..nwt.memory import MemorySampler  # noqa: PLC0415
 
         loader = DataLoader(dataset, **loader_kwargs)
         # the batches arrive on the loader's GPU's current stream, whichever GPU is current here

@@ -1,0 +1,10 @@
+"""NVIDIA's two transfer experiments and the simulated training step, on CuPy through ``cupy_nwt.cuda``.
+
+* ``transfers``: pageable vs pinned H2D/D2H over a size sweep, one copy vs many small ones, GB/s
+  against the PCIe link ("How to Optimize Data Transfers in CUDA").
+* ``overlap``: sequential vs async v1/v2 over N streams, the result checked ("How to Overlap Data
+  Transfers in CUDA").
+* ``step_sim``: a kernel of known duration standing in for a training step, to measure how long
+  the GPU waits for the loader.
+* ``timing``: CUDA-event timing that all three share.
+"""

@@ -1,0 +1,122 @@
+"""The package's shape holds: one idea a module, no import circles, one gateway to CUDA, old paths kept.
+
+Static checks over the source, so they cost nothing at run time and fail as soon as a change breaks
+the layout that ``DESIGN.md`` draws (cli -> nwt -> loader -> datasets, cuda).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cupy_nwt
+from cupy_nwt._moved import MOVED
+
+PKG = Path(cupy_nwt.__file__).resolve().parent
+MAX_LINES = 460
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def eager_imports(name: str, path: Path) -> set[str]:
+    """cupy_nwt modules imported when ``name`` runs: module level only (not inside functions)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    known = modules()
+    found = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+            continue
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for cand in [f"{base}.{a.name}" for a in node.names] + [base]:
+                if cand in known:
+                    found.add(cand)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in known)
+    return found - {name}
+
+
+def test_no_module_is_over_about_450_lines():
+    long = {n: len(p.read_text().splitlines()) for n, p in modules().items()}
+    assert {n: k for n, k in long.items() if k > MAX_LINES} == {}
+
+
+def test_module_level_imports_have_no_circle():
+    graph = {n: eager_imports(n, p) for n, p in modules().items()}
+    # a package's __init__ importing its own modules is how a package exports; only cross edges count
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(n: str) -> None:
+        state[n] = 1
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            if m.startswith(n + "."):
+                continue
+            if state.get(m) == 1:
+                cycle = stack[stack.index(m):] + [m]
+                if not all(b.startswith(a + ".") or a.startswith(b + ".") for a, b in zip(cycle, cycle[1:])):
+                    pytest.fail("import circle: " + " -> ".join(cycle))
+            elif m not in state:
+                visit(m)
+        stack.pop()
+        state[n] = 2
+
+    for n in sorted(graph):
+        if n not in state:
+            visit(n)
+
+
+def test_only_cuda_imports_cupy():
+    users = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "cupy" for a in node.names):
+                users.add(name)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "cupy" and not node.level:
+                users.add(name)
+    assert users == {"cupy_nwt.cuda"}
+
+
+def test_arrows_point_one_way():
+    """The loader never imports the tuner, the experiments or the commands; nothing imports the CLI."""
+    graph = {n: eager_imports(n, p) for n, p in modules().items()}
+    for name, deps in graph.items():
+        if name.startswith("cupy_nwt.loader"):
+            assert not {d for d in deps if d.startswith(("cupy_nwt.experiments", "cupy_nwt.cli",
+                                                          "cupy_nwt.reproduce", "cupy_nwt.tuner"))}, name
+        if name != "cupy_nwt.__main__":
+            assert "cupy_nwt.cli" not in deps, name
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_old_paths_still_import_with_a_warning(old):
+    code = (f"import warnings, importlib; warnings.simplefilter('error', DeprecationWarning)\n"
+            f"import cupy_nwt\n"
+            f"try:\n    importlib.import_module({old!r})\nexcept DeprecationWarning as w:\n    print(w)\n"
+            f"warnings.simplefilter('ignore')\n"
+            f"assert importlib.import_module({old!r}) is importlib.import_module({MOVED[old]!r})\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{old} moved to {MOVED[old]}" in proc.stdout
+
+
+def test_every_moved_target_exists():
+    for new in MOVED.values():
+        assert importlib.util.find_spec(new) is not None, new
