@@ -30,7 +30,6 @@ from typing import Any
 from loader_compare import RESULTS, endless, make_loader, make_workloads, parse_workers
 
 from cupy_nwt import DataLoader, cuda, system
-
 from cupy_nwt._reporting import tables as report
 from cupy_nwt.experiments.step_sim import FeedResult, SimulatedStep, feed
 

@@ -30,12 +30,11 @@ from typing import Any
 import numpy as np
 
 from cupy_nwt import cuda, system
-
 from cupy_nwt._reporting import tables as report
-from cupy_nwt.datasets import ArrayDataset, TarImageDataset, synthetic_pixels, write_tar_shard
-from cupy_nwt.nwt.memory import MemorySampler
 from cupy_nwt._reporting.progress import Progress
+from cupy_nwt.datasets import ArrayDataset, TarImageDataset, synthetic_pixels, write_tar_shard
 from cupy_nwt.experiments.timing import summarize
+from cupy_nwt.nwt.memory import MemorySampler
 from cupy_nwt.transforms import CifarTrainTransform
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -179,7 +179,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from cupy_nwt import cuda, system  # noqa: PLC0415
-
     from cupy_nwt._reporting import tables as report
     from cupy_nwt._reporting.units import plural  # noqa: PLC0415
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 import gpu_feed
 import loader_compare as lc
+import pytest
 
 STEP_S = 0.005
 WORKERS = 4

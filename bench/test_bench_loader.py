@@ -9,9 +9,8 @@ Worker counts: 0, 1, 2, 4, ... up to the usable CPUs, or $CUPY_NWT_BENCH_WORKERS
 
 from __future__ import annotations
 
-import pytest
-
 import loader_compare as lc
+import pytest
 
 BATCH_SIZE = 128
 BATCHES = 25

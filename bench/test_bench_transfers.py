@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cuda
-
 from cupy_nwt.experiments import timing
 
 SIZE = 64 * 1024**2

@@ -8,9 +8,21 @@ gateway to CUDA) and ``errors``.
 
 from . import _moved
 from .cuda import gpu_status
-from .errors import (ArgumentError, BatchLayoutError, CorruptImageError, CupyNwtError, DamagedArchiveError, DataError,
-                     LayoutError, LoaderError, LoaderTimeoutError, NoGPUError, ShmSpaceError, WorkerDiedError,
-                     WorkerError)
+from .errors import (
+                     ArgumentError,
+                     BatchLayoutError,
+                     CorruptImageError,
+                     CupyNwtError,
+                     DamagedArchiveError,
+                     DataError,
+                     LayoutError,
+                     LoaderError,
+                     LoaderTimeoutError,
+                     NoGPUError,
+                     ShmSpaceError,
+                     WorkerDiedError,
+                     WorkerError,
+)
 from .loader import DataLoader, WorkerInfo, get_worker_info
 from .nwt import auto as _auto  # noqa: F401 - registers the tuner that num_workers="auto" runs
 from .nwt.store import TuneResult, lookup

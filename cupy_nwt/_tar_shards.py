@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DamagedArchiveError, DataError
 from ._images import (
     IMAGE_EXTENSIONS,
     ImageDataset,
@@ -35,6 +34,7 @@ from ._images import (
     index_in,
 )
 from ._reporting.tables import atomic_open
+from .errors import DamagedArchiveError, DataError
 from .system import cache_dir as default_cache_dir
 
 BLOCK = tarfile.BLOCKSIZE

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, cuda, system
-
 from ._reporting import tables as report
 from ._reporting.progress import Progress
 from ._reporting.units import fmt_bytes, parse_size, size_sweep
@@ -57,7 +56,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     ], title="host"))
     print()
     if not status.available:
-        print(f"GPU: none usable: {status.reason.removeprefix('no usable GPU: ')}")
+        print(f"GPU: none usable: {(status.reason or '').removeprefix('no usable GPU: ')}")
         return 0
     for d in devices:
         link = d.link
@@ -122,7 +121,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """The command's ``--output`` and ``--plot`` (where it has one), checked before its long run."""
     plot = getattr(args, "plot", None)
     if plot:
-        from ._reporting import plots as plots
+        from ._reporting import plots  # noqa: PLC0415 - only this command needs it
 
         if not plots.matplotlib_available():
             raise ValueError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
@@ -163,8 +162,8 @@ def _run_options(args: argparse.Namespace) -> dict[str, int]:
 
 
 def cmd_bandwidth(args: argparse.Namespace) -> int:
-    from ._reporting import plots as plots
-    from .experiments import transfers as transfers
+    from ._reporting import plots  # noqa: PLC0415 - only this command needs it
+    from .experiments import transfers  # noqa: PLC0415 - only this command needs it
 
     lo, hi = _size_option(args.min, "--min"), _size_option(args.max, "--max")
     if lo > hi:
@@ -183,7 +182,7 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
 
 
 def cmd_overlap(args: argparse.Namespace) -> int:
-    from .experiments import overlap as overlap
+    from .experiments import overlap  # noqa: PLC0415 - only this command needs it
 
     config = overlap.OverlapConfig(
         streams=_int_option(args.streams, "--streams", 1),
@@ -196,7 +195,9 @@ def cmd_overlap(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from . import datasets, transforms, tuner  # noqa: PLC0415
+    from . import datasets, transforms  # noqa: PLC0415 - only this command needs them
+    from ._reporting.explain import summary_text  # noqa: PLC0415
+    from .nwt import tune as nwt_tune  # noqa: PLC0415
 
     _check_outputs(args)
     dataset = (datasets.open_dataset(args.dataset) if args.dataset
@@ -210,7 +211,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         alpha, tolerance = float(args.alpha), float(args.tolerance)
     except ValueError:
         raise ValueError(f"--alpha and --tolerance must be numbers, got {args.alpha!r}, {args.tolerance!r}") from None
-    result = tuner.tune_num_workers(
+    result = nwt_tune.tune_num_workers(
         dataset, **_workload(args), alpha=alpha, tolerance=tolerance,
         strategy=args.strategy, device=args.device, pin_memory=args.pin_memory,
         prefetch_factor=_int_option(args.prefetch_factor, "--prefetch-factor", 1), batch_transform=transform,
@@ -222,7 +223,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         plot_tune(result, args.plot)
     from ._reporting.explain import explain_paper_pick  # noqa: PLC0415
 
-    _emit(args, result, "\n\n".join(filter(None, [tuner.summary_text(result, saved), explain_paper_pick(result)])))
+    _emit(args, result, "\n\n".join(filter(None, [summary_text(result, saved), explain_paper_pick(result)])))
     return 0
 
 
@@ -339,8 +340,8 @@ def _first_line(exc: BaseException) -> str:
 
 def _loading_failure(exc: BaseException, args: argparse.Namespace) -> str:
     """One line for a batch that failed to load: the file, member or sample, and what is wrong."""
-    from .loader._collate import BatchLayoutError  # noqa: PLC0415 - only on the error path
     from .datasets import DataError, sample_source  # noqa: PLC0415
+    from .loader._collate import BatchLayoutError  # noqa: PLC0415 - only on the error path
 
     cause = exc.__cause__
     index = getattr(cause, "sample_index", None)

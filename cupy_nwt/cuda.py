@@ -7,7 +7,6 @@ CuPy is imported lazily: the package imports and runs its host-only parts withou
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 from dataclasses import asdict, dataclass
@@ -16,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import NoGPUError
-
 # Re-exported: callers ask this module for links, as before they moved to pcie.py.
 from ._pcie import PcieLink, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
+from .errors import NoGPUError
 
 
 @dataclass(frozen=True)
@@ -233,7 +231,7 @@ class HostRegistration:
         self.device = int(rt.getDevice())
         flags = 1 if portable else 0  # cudaHostRegisterPortable: pinned for every context
         rt.hostRegister(self.ptr, self.nbytes, flags)
-        self._array = array
+        self._array: np.ndarray | None = array  # kept alive while registered
         self._open = True
 
     def close(self) -> None:
@@ -385,45 +383,22 @@ def empty_on_stream(shape: int | tuple[int, ...], dtype: Any, stream):
         return _cupy().empty(shape, dtype=dtype)
 
 
-# %globaltimer is the GPU's nanosecond wall clock: unlike clock64() (SM cycles), a spin on it lasts
-# the same time whether the SM clock idles at a few hundred MHz or boosts to ~2 GHz.
-_SPIN_SOURCE = r"""
-extern "C" __global__ void cupy_nwt_spin(const unsigned char* touch, long long ns, unsigned char* sink) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    unsigned char acc = touch[0];
-    do {
-        acc = (unsigned char)(acc * 3 + 1);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while ((long long)(now - start) < ns);
-    sink[0] = acc;
-}
-"""
+def compile_kernel(source: str, name: str) -> Any:
+    """A CUDA C kernel compiled at run time (NVRTC, through CuPy's RawKernel), called as
+    ``kernel(grid, block, args)`` on the current device and stream."""
+    require_gpu()
+    return _cupy().RawKernel(source, name)
 
 
-class SpinKernel:
-    """A one-thread kernel that reads one byte of its input, then spins for a number of nanoseconds.
+def device_zeros(shape: int | tuple[int, ...], dtype: Any = np.uint8):
+    """A zeroed CuPy array on the current device."""
+    require_gpu()
+    return _cupy().zeros(shape, dtype=dtype)
 
-    It stands in for a training step of known duration: reading the batch orders it after the
-    batch's copy, and its length does not depend on the batch's size, content or the SM clock. It
-    runs on the device that holds ``touch``, with a sink byte of that device's own.
-    """
 
-    def __init__(self) -> None:
-        require_gpu()
-        self._kernel = _cupy().RawKernel(_SPIN_SOURCE, "cupy_nwt_spin")
-        self._sinks: dict[int, Any] = {}
-
-    def __call__(self, touch: Any, nanoseconds: int, stream=None) -> None:
-        cupy = _cupy()
-        arr = cupy.asarray(touch)  # zero-copy for anything with __cuda_array_interface__ (torch too)
-        device = int(arr.device.id)
-        with cupy.cuda.Device(device):
-            sink = self._sinks.get(device)
-            if sink is None:
-                sink = self._sinks[device] = cupy.zeros(1, dtype=cupy.uint8)
-            with stream if stream is not None else contextlib.nullcontext():
-                self._kernel((1,), (1,), (arr, np.int64(nanoseconds), sink))
+def device_of(array: Any) -> int:
+    """The index of the device that holds ``array`` (CuPy, or anything with ``__cuda_array_interface__``)."""
+    return int(_cupy().asarray(array).device.id)
 
 
 def as_device_array(obj: Any):

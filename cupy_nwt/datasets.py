@@ -101,7 +101,7 @@ class ArrayDataset:
         n = len(self)
         if idx.size and (idx.min() < -n or idx.max() >= n):
             raise IndexError(f"indices out of range for a dataset of {n} samples")
-        cols = [a[idx] for a in self.arrays]
+        cols: list[Any] = [a[idx] for a in self.arrays]
         if self.transform is not None:
             cols[0] = [self.transform(x) for x in cols[0]]
         return list(zip(*cols))

@@ -50,8 +50,8 @@ _LAUNCHERS = (
 )
 
 
-def _int(env: Mapping[str, str], name: str) -> int | None:
-    raw = env.get(name)
+def _int(env: Mapping[str, str], name: str | None) -> int | None:
+    raw = env.get(name) if name is not None else None
     if raw is None or raw.strip() == "":
         return None
     try:
@@ -90,7 +90,7 @@ def rank_layout(rank: int | None = None, world_size: int | None = None,
     env = os.environ if env is None else env
     if (rank is None) != (world_size is None):
         raise LayoutError("give both rank= and world_size=, or neither (then the launcher's environment is used)")
-    if rank is not None:
+    if rank is not None and world_size is not None:
         return _checked(RankLayout(rank, world_size, rank, world_size, "explicit"), "rank", "world_size")
     for launcher, r_name, w_name, lr_name, lw_name in _LAUNCHERS:
         if launcher == "slurm" and not (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")):

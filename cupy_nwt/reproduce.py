@@ -22,13 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import cuda, system, tuner
-
+from . import cuda, system
 from ._reporting import tables as report
 from ._reporting.explain import explain_paper_pick, paper_decisions
+from ._reporting.explain import summary_text as tune_summary
 from ._reporting.progress import Progress
 from ._reporting.units import plural
-
+from .nwt import measure as nwt_measure
+from .nwt import tune as nwt_tune
+from .nwt.store import TuneResult
 
 
 @dataclass(frozen=True)
@@ -82,8 +84,8 @@ class ReproduceReport:
     config: ReproduceConfig
     host: Any
     gpu: Any
-    paper: tuner.TuneResult
-    fast: tuner.TuneResult
+    paper: TuneResult
+    fast: TuneResult
     comparison: PickComparison
     bandwidth: Any = None
     overlap: Any = None
@@ -139,8 +141,8 @@ def _experiment(config: ReproduceConfig, name: str, settings: Any, run: Callable
 
 def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     """Run everything; the caller gets the report, the folder gets the files (see the module doc)."""
-    from .datasets import SyntheticCIFAR10  # noqa: PLC0415 - heavy imports only for this command
     from ._reporting.plots import matplotlib_available  # noqa: PLC0415
+    from .datasets import SyntheticCIFAR10  # noqa: PLC0415 - heavy imports only for this command
     from .transforms import CifarTrainTransform  # noqa: PLC0415
 
     out = Path(config.out_dir)
@@ -160,8 +162,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     elif not status.available:
         skipped.append(f"transfer experiments: {status.reason}")
     else:
-        from .experiments import overlap as overlap
-        from .experiments import transfers as transfers
+        from .experiments import overlap, transfers  # noqa: PLC0415 - only on a GPU
 
         bandwidth = _experiment(config, "bandwidth", transfers.BandwidthConfig(), transfers.run_bandwidth)
         files.append(report.write_json(bandwidth, out / "bandwidth.json"))
@@ -178,7 +179,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     results = {}
     for strategy in ("paper", "fast"):
         _stage(config, "tune", f"strategy {strategy}")
-        r = tuner.tune_num_workers(dataset, batch_size=config.batch_size, max_workers=config.max_workers,
+        r = nwt_tune.tune_num_workers(dataset, batch_size=config.batch_size, max_workers=config.max_workers,
                                    iterations=config.iterations, strategy=strategy, batch_transform=transform,
                                    progress=config.progress)
         results[strategy] = r
@@ -192,7 +193,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     paper, fast = results["paper"], results["fast"]
     _stage(config, "compare", f"every count 0..{paper.max_workers - 1} again, "
            f"{plural(config.compare_repeats, 'round')}")
-    measure = tuner.LoaderMeasure(dataset, batch_size=config.batch_size, device=paper.device,
+    measure = nwt_measure.LoaderMeasure(dataset, batch_size=config.batch_size, device=paper.device,
                                   batch_transform=transform)
     with _steps(config, paper.max_workers * config.compare_repeats, "compare") as bar:
         def stepped(workers: int, iterations: int, warmup: int) -> Any:
@@ -200,7 +201,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
             bar.step(plural(workers, "worker"))
             return m
 
-        rates = tuner.steady_rates(stepped, range(paper.max_workers), batch_size=config.batch_size,
+        rates = nwt_measure.steady_rates(stepped, range(paper.max_workers), batch_size=config.batch_size,
                                    iterations=config.compare_iterations, repeats=config.compare_repeats)
     best = max(rates, key=lambda w: (rates[w], -w))
     comparison = PickComparison(rates, best, paper.best_workers, fast.best_workers)
@@ -247,11 +248,11 @@ def _summary_parts(rep: ReproduceReport) -> list[str]:
         from .experiments.overlap import summary_text as overlap_text  # noqa: PLC0415
 
         parts.append(overlap_text(rep.overlap))
-    parts.append(tuner.summary_text(rep.paper))
+    parts.append(tune_summary(rep.paper))
     explanation = explain_paper_pick(rep.paper)
     if explanation:
         parts.append(explanation)
-    parts.append(tuner.summary_text(rep.fast))
+    parts.append(tune_summary(rep.fast))
     c = rep.comparison
     rows = [[w, r, f"{c.ratio(w):.1%}", ", ".join(n for n, hit in (
         ("steady best", w == c.steady_best), ("paper pick", w == c.paper_pick), ("fast pick", w == c.fast_pick)) if hit)]

@@ -198,7 +198,7 @@ def crop_flip_normalize(images: np.ndarray, oy: np.ndarray, ox: np.ndarray, flip
     if a.dtype != np.uint8 or a.ndim != 4:
         raise ValueError(f"need uint8 images shaped N x H x W x C, got {a.dtype} {a.shape}")
     n, h, w, c = a.shape
-    oh, ow = (size, size) if np.isscalar(size) else size
+    oh, ow = (size, size) if isinstance(size, (int, np.integer)) else size
     oh, ow, pad = int(oh), int(ow), int(padding)
     if oh <= 0 or ow <= 0 or pad < 0:
         raise ValueError(f"need a positive crop size and padding >= 0, got size={size}, padding={padding}")

@@ -42,8 +42,8 @@ def tag_seed(batch, seed: int):
 
 
 def _tiny_tuning(out: Path) -> None:
-    from cupy_nwt.ranks import rank_layout
     from cupy_nwt.nwt import tune
+    from cupy_nwt.ranks import rank_layout
 
     real = tune.tune_num_workers
 
@@ -87,7 +87,6 @@ def main() -> int:
     if args.tiny_tune:
         _tiny_tuning(args.out)
     from cupy_nwt import DataLoader
-
     from cupy_nwt.ranks import rank_layout
 
     rank = rank_layout().rank  # torchrun's RANK or mpiexec's OMPI_COMM_WORLD_RANK / PMI_RANK

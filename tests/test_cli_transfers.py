@@ -11,7 +11,6 @@ import sys
 import pytest
 
 from cupy_nwt import cli, cuda
-
 from cupy_nwt._reporting import plots
 
 

@@ -13,13 +13,13 @@ import types
 
 import numpy as np
 import pytest
+from test_transfers import _constant_result
 
 from cupy_nwt import cuda
-
 from cupy_nwt.experiments import transfers
+from cupy_nwt.experiments.step_sim import SpinKernel
 from cupy_nwt.loader._prefetch import CudaOps, DevicePrefetcher
 from cupy_nwt.loader._ring import Ring, SlotLayout
-from test_transfers import _constant_result
 
 
 class FakeArray:
@@ -130,7 +130,7 @@ def test_the_prefetcher_detaches_its_ring_on_the_loader_device(fake):
 
 
 def test_spin_kernel_runs_on_the_batch_device_with_a_sink_there(fake):
-    spin = cuda.SpinKernel()  # built with GPU 0 current
+    spin = SpinKernel()  # built with GPU 0 current
     spin(FakeArray(4, np.uint8, 1), 5_000_000)
     spin(FakeArray(4, np.uint8, 0), 7)
     spin(FakeArray(4, np.uint8, 1), 9)

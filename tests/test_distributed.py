@@ -8,7 +8,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cupy_nwt.ranks import (
-    LayoutError, RankLayout, device_for_rank, rank_layout, samples_per_rank, shard, worker_budget,
+    LayoutError,
+    RankLayout,
+    device_for_rank,
+    rank_layout,
+    samples_per_rank,
+    shard,
+    worker_budget,
 )
 
 

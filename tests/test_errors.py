@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import pickle
-import warnings
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
+from toy_data import Squares
 
 import cupy_nwt
 from cupy_nwt import cli, errors
-from cupy_nwt.loader import _ring as shm
 from cupy_nwt._checks import check_int, check_number
 from cupy_nwt.errors import (
     ArgumentError,
@@ -29,7 +29,7 @@ from cupy_nwt.errors import (
     WorkerDiedError,
     WorkerError,
 )
-from toy_data import Squares
+from cupy_nwt.loader import _ring as shm
 
 # Each error, one instance of it, the builtin bases callers catch it by, and the cupy-nwt exit code.
 CASES = {

@@ -13,10 +13,7 @@ import pytest
 from test_cuda_fake import FakeArray, FakeCupy
 
 from cupy_nwt import cuda
-
-from cupy_nwt.experiments import overlap
-
-from cupy_nwt.experiments import timing
+from cupy_nwt.experiments import overlap, timing
 from cupy_nwt.experiments.step_sim import SimulatedStep
 
 

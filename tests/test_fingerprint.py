@@ -12,8 +12,17 @@ import pytest
 
 from cupy_nwt import cuda
 from cupy_nwt.nwt.fingerprint import (
-    Fingerprint, MachineFingerprint, ResultStore, WorkFingerprint, cache_dir, machine_fingerprint,
-    read_json, sample_nbytes, transform_name, work_fingerprint, write_json_atomic,
+    Fingerprint,
+    MachineFingerprint,
+    ResultStore,
+    WorkFingerprint,
+    cache_dir,
+    machine_fingerprint,
+    read_json,
+    sample_nbytes,
+    transform_name,
+    work_fingerprint,
+    write_json_atomic,
 )
 
 MACHINE = MachineFingerprint("Some CPU", 16, 128, "NVIDIA H100", "Gen5 x16")

@@ -8,12 +8,12 @@ from collections import namedtuple
 
 import numpy as np
 import pytest
+from toy_data import Squares
 
 from cupy_nwt import NoGPUError, cuda
 from cupy_nwt.loader import DataLoader, LoaderError, WorkerError
 from cupy_nwt.loader._ring import SHM_DIR, live_segments
 from cupy_nwt.loader._workers import get_worker_info
-from toy_data import Squares
 
 
 class DictSamples(Squares):

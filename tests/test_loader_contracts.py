@@ -7,17 +7,17 @@ import pickle
 
 import numpy as np
 import pytest
+from test_prefetch import LazyCuda
+from toy_data import Squares
 
 from cupy_nwt import DataLoader, WorkerError
 from cupy_nwt.loader._messages import BatchFailed, ErrorReport, InitFailed, Ok, RingMsg, Skipped, Stop, Task
 from cupy_nwt.loader._prefetch import CudaOps, DevicePrefetcher, PrefetchOps
-from cupy_nwt.loader._sampler import BatchSampler
 from cupy_nwt.loader._ring import Ring, SlotLayout
+from cupy_nwt.loader._sampler import BatchSampler
 from cupy_nwt.loader._slots import RETIRED, SlotPool
 from cupy_nwt.loader._sources import BatchSource, InlineSource, WorkerSource
 from cupy_nwt.loader._workers import BatchMaker
-from test_prefetch import LazyCuda
-from toy_data import Squares
 
 
 def small_ring(slots: int = 3) -> Ring:

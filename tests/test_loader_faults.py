@@ -10,10 +10,10 @@ import time
 import numpy as np
 import psutil
 import pytest
+from toy_data import Squares
 
 from cupy_nwt import DataLoader, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from cupy_nwt.loader._ring import live_segments
-from toy_data import Squares
 
 NO_HANG_S = 15.0  # generous on a loaded 2-core machine; a hang would be unbounded
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cli, cuda
-
 from cupy_nwt._reporting import tables as report
 from cupy_nwt.datasets import write_tar_shard
 from cupy_nwt.nwt.fingerprint import ResultStore

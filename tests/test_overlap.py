@@ -8,10 +8,8 @@ import json
 import pytest
 
 from cupy_nwt import cuda
-
-from cupy_nwt.experiments import overlap
-
 from cupy_nwt._reporting import tables as report
+from cupy_nwt.experiments import overlap
 from cupy_nwt.experiments.overlap import OverlapConfig, OverlapResult, StageTimes, VersionTiming
 from cupy_nwt.experiments.timing import summarize
 

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from toy_data import Squares
 
 from cupy_nwt import DataLoader, cuda
 from cupy_nwt.loader._dataloader import _InlineSource
 from cupy_nwt.loader._prefetch import STAGING_BUFFERS, DevicePrefetcher
-from cupy_nwt.loader._sampler import BatchSampler
 from cupy_nwt.loader._ring import Ring, SlotLayout
+from cupy_nwt.loader._sampler import BatchSampler
 from cupy_nwt.loader._workers import BatchMaker
-from toy_data import Squares
 
 GARBAGE = 0xEE
 

@@ -10,10 +10,10 @@ import io
 import pytest
 
 from cupy_nwt import cli
-from cupy_nwt.datasets import SyntheticCIFAR10
 from cupy_nwt._reporting.progress import Progress, is_terminal
-from cupy_nwt.tuner import Measurement, summary_text, tune_num_workers
 from cupy_nwt._reporting.units import plural
+from cupy_nwt.datasets import SyntheticCIFAR10
+from cupy_nwt.tuner import Measurement, summary_text, tune_num_workers
 
 
 class _Terminal(io.StringIO):

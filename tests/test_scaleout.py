@@ -24,14 +24,14 @@ from pathlib import Path
 import psutil
 import pytest
 from filelock import FileLock
+from launch_rank import Indexed, tag_seed
 
 from cupy_nwt import DataLoader, cuda, tuner
 from cupy_nwt.loader import _dataloader as loader_mod
-from cupy_nwt.ranks import LayoutError, RankLayout, agree, find_communicator
-from cupy_nwt.nwt.fingerprint import Fingerprint, ResultStore, machine_fingerprint, work_fingerprint
 from cupy_nwt.loader._prefetch import DevicePrefetcher
 from cupy_nwt.loader._ring import live_segments
-from launch_rank import Indexed, tag_seed
+from cupy_nwt.nwt.fingerprint import Fingerprint, ResultStore, machine_fingerprint, work_fingerprint
+from cupy_nwt.ranks import LayoutError, RankLayout, agree, find_communicator
 
 HERE = Path(__file__).resolve().parent
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from toy_data import Squares
 
 from cupy_nwt import DataLoader, LoaderError
-
 from cupy_nwt.loader import _ring as shm
-from toy_data import Squares
 
 
 def test_missing_dev_shm_is_a_loader_error_naming_it_and_the_bytes(monkeypatch, tmp_path):

@@ -9,7 +9,6 @@ import math
 
 import pytest
 
-from cupy_nwt.pytest_plugin._parts import loader_args, round_rates, transfer_result
 from cupy_nwt.pytest_plugin._gate import (
     MIN_ROUNDS,
     Comparison,
@@ -17,6 +16,7 @@ from cupy_nwt.pytest_plugin._gate import (
     judge,
     spread,
 )
+from cupy_nwt.pytest_plugin._parts import loader_args, round_rates, transfer_result
 
 STEADY = [1000.0, 1010.0, 990.0, 1005.0, 995.0]  # q1 995, q3 1005: about 1% apart
 

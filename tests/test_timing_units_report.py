@@ -10,10 +10,8 @@ from dataclasses import dataclass
 import pytest
 
 from cupy_nwt._reporting import tables as report
-
-from cupy_nwt.experiments import timing
-
 from cupy_nwt._reporting import units
+from cupy_nwt.experiments import timing
 from cupy_nwt.experiments.timing import summarize
 
 # ---------------------------------------------------------------------------- timing

@@ -9,13 +9,11 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cuda
-
 from cupy_nwt._reporting import tables as report
-
 from cupy_nwt.experiments import transfers
-from cupy_nwt.system import HostInfo
 from cupy_nwt.experiments.timing import summarize
 from cupy_nwt.experiments.transfers import BandwidthConfig, BandwidthPoint, BandwidthResult, BatchingPoint
+from cupy_nwt.system import HostInfo
 
 MiB = 1024**2
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cuda
-
 from cupy_nwt.experiments import transfers
 
 

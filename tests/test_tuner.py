@@ -16,7 +16,12 @@ from cupy_nwt import tuner
 from cupy_nwt.datasets import ArrayDataset
 from cupy_nwt.nwt.fingerprint import Fingerprint, MachineFingerprint, WorkFingerprint
 from cupy_nwt.tuner import (
-    LoaderMeasure, Measurement, TuneResult, auto_num_workers, lookup, tune_num_workers,
+    LoaderMeasure,
+    Measurement,
+    TuneResult,
+    auto_num_workers,
+    lookup,
+    tune_num_workers,
 )
 
 # ---------------------------------------------------------------- Algorithm 1 on Table 2

@@ -16,13 +16,11 @@ from typing import Any
 import numpy as np
 
 from .. import cuda
-
 from .._reporting import tables as report
-
+from .._reporting.units import fmt_bytes
 from . import timing
 from .timing import Stats
 from .transfers import Progress, check_run_options, run_on_device
-from .._reporting.units import fmt_bytes
 
 BLOCK_SIZE = 256
 CHUNK_ELEMENTS = 4 * 1024 * BLOCK_SIZE  # floats per stream, as in async.cu
@@ -59,21 +57,27 @@ class OverlapConfig:
     def __post_init__(self) -> None:
         if self.streams < 1:
             raise ValueError(f"--streams must be >= 1, got {self.streams}")
-        if self.elements is None:
-            object.__setattr__(self, "elements", CHUNK_ELEMENTS * self.streams)
-        if self.elements <= 0:
-            raise ValueError(f"--elements must be positive, got {self.elements}")
-        if self.elements % self.streams:
-            raise ValueError(f"--elements ({self.elements}) must be a multiple of --streams ({self.streams})")
+        elements = CHUNK_ELEMENTS * self.streams if self.elements is None else self.elements
+        object.__setattr__(self, "elements", elements)
+        if elements <= 0:
+            raise ValueError(f"--elements must be positive, got {elements}")
+        if elements % self.streams:
+            raise ValueError(f"--elements ({elements}) must be a multiple of --streams ({self.streams})")
         check_run_options(self.repeats, self.warmup, self.device)
 
     @property
+    def total_elements(self) -> int:
+        """``elements`` as ``__post_init__`` settled it (never None after construction)."""
+        assert self.elements is not None
+        return self.elements
+
+    @property
     def chunk_elements(self) -> int:
-        return self.elements // self.streams
+        return self.total_elements // self.streams
 
     @property
     def nbytes(self) -> int:
-        return self.elements * 4
+        return self.total_elements * 4
 
     @property
     def steps(self) -> int:
@@ -173,7 +177,7 @@ def run_overlap(config: OverlapConfig | None = None, progress: Progress | None =
 
 def _run(config: OverlapConfig, tick: Progress) -> OverlapResult:
     device = cuda.device_info(config.device)
-    n, chunk = config.elements, config.chunk_elements
+    n, chunk = config.total_elements, config.chunk_elements
     host = cuda.pinned_empty(n, np.float32)
     dev = cuda.device_empty(n, np.float32)
     kernel = cuda.elementwise_kernel("int64 offset", "float32 a", KERNEL_OPERATION, "cupy_nwt_overlap_kernel")

@@ -15,12 +15,10 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import cuda, system
-
 from .._reporting import tables as report
-
+from .._reporting.units import fmt_bytes, size_sweep
 from . import timing
 from .timing import Stats
-from .._reporting.units import fmt_bytes, size_sweep
 
 DIRECTIONS = ("h2d", "d2h")
 MEMORIES = ("pageable", "pinned")

@@ -6,9 +6,9 @@ machinery behind it.
 """
 
 from ..errors import LoaderError, LoaderTimeoutError, ShmSpaceError, WorkerDiedError, WorkerError
+from ..ranks import RankLayout, rank_layout
 from ._collate import default_collate
 from ._dataloader import DataLoader
-from ..ranks import RankLayout, rank_layout
 from ._sampler import BatchSampler
 from ._slots import HostBatch
 from ._workers import WorkerInfo, get_worker_info

@@ -119,7 +119,7 @@ def _describe(td: Treedef) -> str:
     return f"({inner})"
 
 
-def collate_into(samples: Sequence[Any], indices: Sequence[int], treedef: Treedef, out: Sequence[np.ndarray]) -> None:
+def collate_into(samples: Sequence[Any], indices: Sequence[int] | np.ndarray, treedef: Treedef, out: Sequence[np.ndarray]) -> None:
     """Write sample ``i`` into row ``i`` of every field array in ``out``, checking shape and dtype.
 
     ``indices`` are the dataset indices of ``samples`` and only serve the error messages. Common
@@ -177,7 +177,7 @@ def _collate_columns(samples: Sequence[Any], treedef: Treedef, out: Sequence[np.
     return True
 
 
-def _collate_rows(samples: Sequence[Any], indices: Sequence[int], treedef: Treedef, out: Sequence[np.ndarray]) -> None:
+def _collate_rows(samples: Sequence[Any], indices: Sequence[int] | np.ndarray, treedef: Treedef, out: Sequence[np.ndarray]) -> None:
     paths: list[str] | None = None
     for row, sample in enumerate(samples):
         leaves, td = flatten(sample)
@@ -202,7 +202,7 @@ def _collate_rows(samples: Sequence[Any], indices: Sequence[int], treedef: Treed
             dst[row] = arr
 
 
-def default_collate(samples: Sequence[Any], indices: Sequence[int] | None = None) -> Any:
+def default_collate(samples: Sequence[Any], indices: Sequence[int] | np.ndarray | None = None) -> Any:
     """Stack each field of the samples into a new array; the structure of the samples is kept."""
     if len(samples) == 0:
         raise ValueError("cannot collate an empty list of samples")

@@ -42,16 +42,24 @@ import numpy as np
 
 from .. import cuda
 from .._checks import check_int, check_number
-from ._collate import flatten, unflatten
 from ..ranks import RankLayout, agree, device_for_rank, rank_layout
+from ._collate import flatten, unflatten
 from ._prefetch import DevicePrefetcher
-from ._sampler import BatchSampler, EpochPlan, fresh_seed
 from ._ring import Ring, SlotLayout
+from ._sampler import BatchSampler, EpochPlan, fresh_seed
 from ._slots import HostBatch, SlotPool
 from ._sources import BatchSource, InlineSource, WorkerSource, inline_error
 from ._stage import Resources, Stage
-from ._workers import (BatchMaker, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError, WorkerPool,
-                     default_start_method, get_worker_info)
+from ._workers import (
+    BatchMaker,
+    LoaderError,
+    LoaderTimeoutError,
+    WorkerDiedError,
+    WorkerError,
+    WorkerPool,
+    default_start_method,
+    get_worker_info,
+)
 
 __all__ = ["DataLoader", "HostBatch", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError",
            "get_worker_info"]

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_int
-from ._collate import BatchLayoutError, Treedef, as_leaf, flatten, leaf_paths
 from ..errors import ShmSpaceError
+from ._collate import BatchLayoutError, Treedef, as_leaf, flatten, leaf_paths
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "cupy_nwt_"
@@ -170,8 +170,7 @@ class Ring:
         if self._closed:
             return
         self._closed = True
-        self.buffer = None
-        self._generation = None
+        del self.buffer, self._generation  # views into the mapping must not outlive it here
         try:
             self._mmap.close()
         except BufferError:

@@ -21,7 +21,9 @@ _TRANSFORM_TAG = 0x6E7774  # keeps transform seeds apart from the shuffle stream
 
 def fresh_seed() -> int:
     """A new random base seed, for loaders built with ``seed=None``."""
-    return int(np.random.SeedSequence().entropy % (1 << 63))
+    entropy = np.random.SeedSequence().entropy  # a fresh SeedSequence draws one int from the OS
+    assert isinstance(entropy, int)
+    return entropy % (1 << 63)
 
 
 def epoch_order(n: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:

@@ -17,8 +17,8 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from ._messages import ErrorReport
-from ._sampler import EpochPlan
 from ._ring import Ring, SlotLayout
+from ._sampler import EpochPlan
 from ._slots import HostBatch, SlotPool
 from ._workers import BatchMaker, Failed, LoaderError, LoaderTimeoutError, WorkerPool, make_worker_error
 

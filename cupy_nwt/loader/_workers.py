@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from .. import cuda
-from ._collate import BatchLayoutError, collate_into, default_collate, flatten
 from ..errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old import paths
+from ._collate import BatchLayoutError, collate_into, default_collate, flatten
 from ._messages import BatchFailed, ErrorReport, FromWorker, InitFailed, Ok, RingMsg, Skipped, Stop, Task, ToWorker
 from ._ring import Ring, SlotLayout
 from ._slots import HostBatch, SlotPool
@@ -223,7 +223,7 @@ class WorkerPool:
         self._rr = 0
         self._closed = False
         self._workers: list[_Worker] = []
-        ctx = mp.get_context(start_method)
+        ctx: Any = mp.get_context(start_method)  # a concrete context: it has Process and Pipe
         if start_method == "forkserver":
             ctx.set_forkserver_preload(["__main__", "cupy_nwt.loader._workers"])
         try:

@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .. import cuda
-from ..ranks import device_for_rank, rank_layout
 from ..loader._dataloader import DataLoader
+from ..ranks import device_for_rank, rank_layout
 from .fingerprint import resolve_device
 from .memory import DEFAULT_INTERVAL_S, MemorySampler
 from .trials import Measure, Measurement

@@ -26,6 +26,14 @@ from typing import Any
 
 import pytest
 
+from ._gate import (
+    THROUGHPUT_KEYS,
+    Comparison,
+    ThroughputGate,
+    compare_throughput,
+    judge,
+    load_baseline,
+)
 from ._parts import (
     DEVICE_CLOCK,
     DeviceClock,
@@ -40,14 +48,6 @@ from ._parts import epochs as _epochs
 from ._parts import leaves as _leaves
 from ._parts import transfer_args as _transfer_args
 from ._parts import transfer_result as _transfer_result
-from ._gate import (
-    THROUGHPUT_KEYS,
-    Comparison,
-    ThroughputGate,
-    compare_throughput,
-    judge,
-    load_baseline,
-)
 
 __all__ = [
     "DEVICE_CLOCK", "THROUGHPUT_KEYS", "Comparison", "DeviceClock", "LoaderBenchmarkResult", "ThroughputGate",
