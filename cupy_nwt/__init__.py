@@ -27,6 +27,7 @@ from .loader import DataLoader, WorkerInfo, get_worker_info
 from .nwt import auto as _auto  # noqa: F401 - registers the tuner that num_workers="auto" runs
 from .nwt.store import TuneResult, lookup
 from .nwt.tune import tune_num_workers
+from .streaming import ReaderSlot, ShardedTarStream, current_reader
 
 __version__ = "0.1.0"
 
@@ -37,4 +38,5 @@ __all__ = ["__version__", "gpu_status",
            "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError", "WorkerDiedError",
            "WorkerError",
            "DataLoader", "WorkerInfo", "get_worker_info",
-           "TuneResult", "lookup", "tune_num_workers"]
+           "TuneResult", "lookup", "tune_num_workers",
+           "ReaderSlot", "ShardedTarStream", "current_reader"]
