@@ -23,7 +23,7 @@ from .errors import (
                      WorkerDiedError,
                      WorkerError,
 )
-from .loader import DataLoader, WorkerInfo, get_worker_info
+from .loader import DataLoader, IterableDataset, WorkerInfo, default_collate, get_worker_info
 from .nwt import auto as _auto  # noqa: F401 - registers the tuner that num_workers="auto" runs
 from .nwt.store import TuneResult, lookup
 from .nwt.tune import tune_num_workers
@@ -37,6 +37,6 @@ __all__ = ["__version__", "gpu_status",
            "ArgumentError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError", "DataError",
            "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError", "WorkerDiedError",
            "WorkerError",
-           "DataLoader", "WorkerInfo", "get_worker_info",
+           "DataLoader", "IterableDataset", "WorkerInfo", "default_collate", "get_worker_info",
            "TuneResult", "lookup", "tune_num_workers",
            "ReaderSlot", "ShardedTarStream", "current_reader"]

@@ -64,6 +64,11 @@ class Strings(Squares):
         return f"file{i}.png", i
 
 
+class Nones(Squares):
+    def __getitem__(self, i: int):
+        return None, i
+
+
 _INIT: dict[str, int] = {}
 
 
@@ -181,8 +186,8 @@ def test_batch_transform_results_do_not_depend_on_worker_count():
 def test_worker_init_fn_and_worker_info():
     with DataLoader(WorkerIds(24), batch_size=2, num_workers=2, worker_init_fn=remember_worker, device="cpu") as dl:
         tags = set(np.concatenate([y for _, y in dl]).tolist())
-    # batch 0 comes from the main process (-1); the rest from workers whose init saw their own id
-    assert -1 in tags and tags - {-1} <= {0, 101} and tags - {-1}
+    # every batch, the first included, is made in a worker (never -1: the main process) whose init saw its own id
+    assert tags == {0, 101}
 
 
 def test_persistent_workers_survive_epochs_and_others_end_with_them():
@@ -249,9 +254,13 @@ def test_layout_mismatch_names_the_sample_and_both_shapes():
             collect(dl)
 
 
-def test_unbatchable_fields_are_a_clear_error():
-    with pytest.raises(WorkerError, match="str field"):
-        collect(DataLoader(Strings(4), batch_size=2, device="cpu"))
+def test_str_fields_become_lists_and_unbatchable_fields_are_a_clear_error():
+    for nw in (0, 2):
+        with DataLoader(Strings(4), batch_size=2, num_workers=nw, device="cpu") as dl:
+            names, labels = next(iter(dl))
+        assert names == ["file0.png", "file1.png"] and labels.tolist() == [0, 1]
+        with pytest.raises(WorkerError, match="sample index 0: a NoneType field"):
+            collect(DataLoader(Nones(4), batch_size=2, num_workers=nw, device="cpu"))
 
 
 def test_forkserver_and_spawn_workers_match_and_never_import_cupy():
@@ -275,12 +284,18 @@ def test_empty_dataset_gives_no_batches():
         assert len(dl) == 0 and list(dl) == []
 
 
-def test_new_iteration_ends_the_previous_one_and_close_is_final():
+def test_live_iterators_each_get_the_whole_epoch_and_close_is_final():
+    ref = collect(DataLoader(Squares(40), batch_size=4, device="cpu"))
     dl = DataLoader(Squares(40), batch_size=4, num_workers=2, device="cpu")
     first = iter(dl)
-    next(first)
-    assert_same(collect(dl), collect(DataLoader(Squares(40), batch_size=4, device="cpu")))
-    assert list(first) == []
+    head = collect([next(first)])
+    assert_same(collect(dl), ref)  # a second live iterator: its own workers, the whole epoch
+    assert_same(head + collect(first), ref)  # the first one goes on where it was
+    with DataLoader(Squares(40), batch_size=4, num_workers=2, persistent_workers=True, device="cpu") as kept:
+        first = iter(kept)
+        next(first)
+        assert_same(collect(kept), ref)
+        assert list(first) == []  # one set of persistent workers: a new iteration ends the previous one
     dl.close()
     dl.close()
     with pytest.raises(LoaderError, match="closed"):
@@ -299,7 +314,7 @@ def test_cpu_loader_reports_no_pin_path():
         (dict(num_workers="many"), "num_workers"),
         (dict(prefetch_factor=0), "prefetch_factor"),
         (dict(device="tpu"), "device"),
-        (dict(timeout=0), "timeout"),
+        (dict(timeout=-1), "timeout"),
         (dict(pin_memory="yes"), "pin_memory"),
         (dict(start_method="teleport"), "start_method"),
         (dict(seed=-1), "seed"),

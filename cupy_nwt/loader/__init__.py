@@ -9,10 +9,11 @@ from ..errors import LoaderError, LoaderTimeoutError, ShmSpaceError, WorkerDiedE
 from ..ranks import RankLayout, rank_layout
 from ._collate import default_collate
 from ._dataloader import DataLoader
+from ._iterable import IterableDataset
 from ._sampler import BatchSampler
 from ._slots import HostBatch
-from ._workers import WorkerInfo, get_worker_info
+from ._worker import WorkerInfo, get_worker_info
 
-__all__ = ["BatchSampler", "DataLoader", "HostBatch", "LoaderError", "LoaderTimeoutError", "RankLayout",
-           "ShmSpaceError", "WorkerDiedError", "WorkerError", "WorkerInfo", "default_collate", "get_worker_info",
-           "rank_layout"]
+__all__ = ["BatchSampler", "DataLoader", "HostBatch", "IterableDataset", "LoaderError", "LoaderTimeoutError",
+           "RankLayout", "ShmSpaceError", "WorkerDiedError", "WorkerError", "WorkerInfo", "default_collate",
+           "get_worker_info", "rank_layout"]

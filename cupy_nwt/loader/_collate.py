@@ -1,91 +1,35 @@
-"""Turning a list of samples into a batch of arrays, straight into preallocated memory.
+"""Turning a list of samples into a batch: NumPy arrays for numbers, lists for str and bytes.
 
-A sample is a nest of tuples / lists / dicts whose leaves are arrays or Python scalars. The nest's
-shape (its "treedef") is flattened once; every leaf then becomes one array field of the batch with a
-leading row axis. Collating into given views (a ring slot) means workers never build a batch twice
-and never pickle its payload. The rules are strict on purpose: a sample whose shape or dtype differs
-from the first one is an error naming that sample, never a silent upcast.
+``default_collate`` follows PyTorch's rules on NumPy: arrays and numbers are stacked into arrays with
+a leading row axis, str and bytes become lists, and dicts, lists, tuples and namedtuples are recursed
+and keep their type. The arrays can be written straight into preallocated memory (a ring slot), so
+workers never build a batch twice and never pickle its arrays. The rules are strict on purpose: a
+sample whose structure, shape or dtype differs from the first one is an error naming that sample,
+never a silent upcast.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import BatchLayoutError
+from ._tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: their old import path
+    LEAF,
+    OBJ,
+    Treedef,
+    as_sample_treedef,
+    describe,
+    flatten,
+    join,
+    leaf_kinds,
+    leaf_paths,
+    unflatten,
+)
 
-# A treedef is a small picklable nest: ("leaf",), ("tuple", children), ("list", children),
-# ("dict", keys, children) or ("namedtuple", cls, children).
-Treedef = tuple
-
-
-def flatten(obj: Any) -> tuple[list[Any], Treedef]:
-    """The leaves of a sample or batch, depth first, and the structure to rebuild it."""
-    leaves: list[Any] = []
-    return leaves, _flatten(obj, leaves)
-
-
-def _flatten(obj: Any, leaves: list[Any]) -> Treedef:
-    if isinstance(obj, tuple):
-        children = tuple(_flatten(x, leaves) for x in obj)
-        if hasattr(obj, "_fields"):
-            return ("namedtuple", type(obj), children)
-        return ("tuple", children)
-    if isinstance(obj, list):
-        return ("list", tuple(_flatten(x, leaves) for x in obj))
-    if isinstance(obj, dict):
-        keys = tuple(obj.keys())
-        return ("dict", keys, tuple(_flatten(obj[k], leaves) for k in keys))
-    leaves.append(obj)
-    return ("leaf",)
-
-
-def unflatten(treedef: Treedef, leaves: Sequence[Any]) -> Any:
-    """Rebuild the nest described by ``treedef`` from ``leaves`` (inverse of ``flatten``)."""
-    it = iter(leaves)
-    out = _unflatten(treedef, it)
-    if next(it, None) is not None:
-        raise ValueError("more leaves than the structure holds")
-    return out
-
-
-def _unflatten(td: Treedef, it) -> Any:
-    kind = td[0]
-    if kind == "leaf":
-        return next(it)
-    if kind == "tuple":
-        return tuple(_unflatten(c, it) for c in td[1])
-    if kind == "list":
-        return [_unflatten(c, it) for c in td[1]]
-    if kind == "dict":
-        return {k: _unflatten(c, it) for k, c in zip(td[1], td[2])}
-    if kind == "namedtuple":
-        return td[1](*(_unflatten(c, it) for c in td[2]))
-    raise ValueError(f"unknown structure node {kind!r}")
-
-
-def leaf_paths(treedef: Treedef) -> list[str]:
-    """Human-readable paths of the leaves, e.g. ``[0]`` or ``['image']``, for error messages."""
-    out: list[str] = []
-    _paths(treedef, "", out)
-    return out
-
-
-def _paths(td: Treedef, prefix: str, out: list[str]) -> None:
-    kind = td[0]
-    if kind == "leaf":
-        out.append(prefix or "<sample>")
-    elif kind in ("tuple", "list"):
-        for i, c in enumerate(td[1]):
-            _paths(c, f"{prefix}[{i}]", out)
-    elif kind == "dict":
-        for k, c in zip(td[1], td[2]):
-            _paths(c, f"{prefix}[{k!r}]", out)
-    elif kind == "namedtuple":
-        for name, c in zip(td[1]._fields, td[2]):
-            _paths(c, f"{prefix}.{name}", out)
+Indices = Sequence[int] | np.ndarray | None  # the samples' dataset indices, for messages; None: a stream's
 
 
 def as_leaf(value: Any) -> np.ndarray:
@@ -105,34 +49,34 @@ def as_leaf(value: Any) -> np.ndarray:
     return arr
 
 
-def _describe(td: Treedef) -> str:
-    kind = td[0]
-    if kind == "leaf":
-        return "array"
-    if kind == "dict":
-        return "{" + ", ".join(f"{k!r}: {_describe(c)}" for k, c in zip(td[1], td[2])) + "}"
-    inner = ", ".join(_describe(c) for c in td[-1])
-    if kind == "list":
-        return f"[{inner}]"
-    if kind == "namedtuple":
-        return f"{td[1].__name__}({inner})"
-    return f"({inner})"
+def _is_text(value: Any) -> bool:
+    return isinstance(value, (str, bytes))
 
 
-def collate_into(samples: Sequence[Any], indices: Sequence[int] | np.ndarray, treedef: Treedef, out: Sequence[np.ndarray]) -> None:
-    """Write sample ``i`` into row ``i`` of every field array in ``out``, checking shape and dtype.
+def _where(indices: Indices, row: int) -> tuple[str, int | None]:
+    """How a message names sample ``row`` of a batch, and its dataset index if it has one."""
+    if indices is None:
+        return f"sample {row} of the batch", None
+    index = int(indices[row])
+    return f"sample index {index}", index
 
+
+def collate_into(samples: Sequence[Any], indices: Indices, treedef: Treedef, out: Sequence[np.ndarray]) -> list[list[Any]]:
+    """Write sample ``i`` into row ``i`` of every array field in ``out``; return the str/bytes columns.
+
+    ``treedef`` is the batch's structure (``("obj",)`` where the samples hold str or bytes).
     ``indices`` are the dataset indices of ``samples`` and only serve the error messages. Common
-    structures (one flat tuple / list / dict of arrays and Python scalars) take a column-wise fast
-    path that is exactly as strict; anything it does not accept is redone sample by sample, which
-    either succeeds or names the offending sample.
+    structures (one flat tuple / list / dict of leaves) take a column-wise fast path that is exactly
+    as strict; anything it does not accept is redone sample by sample, which either succeeds or
+    names the offending sample.
     """
     try:
-        if _collate_columns(samples, treedef, out):
-            return
+        objects = _collate_columns(samples, treedef, out)
+        if objects is not None:
+            return objects
     except (ValueError, TypeError, OverflowError):
         pass
-    _collate_rows(samples, indices, treedef, out)
+    return _collate_rows(samples, indices, treedef, out)
 
 
 _SCALAR_DTYPES = {int: np.dtype(np.int64), float: np.dtype(np.float64), bool: np.dtype(np.bool_)}
@@ -140,9 +84,9 @@ _SCALAR_DTYPES = {int: np.dtype(np.int64), float: np.dtype(np.float64), bool: np
 
 def _columns(samples: Sequence[Any], treedef: Treedef) -> list[list[Any]] | None:
     kind = treedef[0]
-    if kind == "leaf":
+    if kind in ("leaf", "obj"):
         return [list(samples)]
-    if kind not in ("tuple", "list", "dict") or any(c[0] != "leaf" for c in treedef[-1]):
+    if kind not in ("tuple", "list", "dict") or any(c[0] not in ("leaf", "obj") for c in treedef[-1]):
         return None
     k = len(treedef[-1])
     if kind == "dict":
@@ -159,60 +103,116 @@ def _columns(samples: Sequence[Any], treedef: Treedef) -> list[list[Any]] | None
     return [list(c) for c in zip(*samples)]
 
 
-def _collate_columns(samples: Sequence[Any], treedef: Treedef, out: Sequence[np.ndarray]) -> bool:
+def _collate_columns(samples: Sequence[Any], treedef: Treedef, out: Sequence[np.ndarray]) -> list[list[Any]] | None:
     cols = _columns(samples, treedef)
     if cols is None:
-        return False
-    for col, dst in zip(cols, out):
+        return None
+    dsts: Iterator[np.ndarray] = iter(out)
+    objects = []
+    for col, kind in zip(cols, leaf_kinds(treedef)):
+        if kind == "obj":
+            if not all(_is_text(v) for v in col):
+                return None
+            objects.append(col)
+            continue
+        dst = next(dsts)
         t = type(col[0])
         if not all(type(v) is t for v in col):
-            return False
+            return None
         if t is np.ndarray:
             np.stack(col, out=dst, casting="no")
         elif dst.ndim == 1 and (_SCALAR_DTYPES.get(t) == dst.dtype
                                 or (issubclass(t, np.generic) and np.dtype(t) == dst.dtype)):
             dst[:] = col
         else:
-            return False
-    return True
+            return None
+    return objects
 
 
-def _collate_rows(samples: Sequence[Any], indices: Sequence[int] | np.ndarray, treedef: Treedef, out: Sequence[np.ndarray]) -> None:
+def _collate_rows(samples: Sequence[Any], indices: Indices, treedef: Treedef, out: Sequence[np.ndarray]) -> list[list[Any]]:
     paths: list[str] | None = None
+    sample_td = as_sample_treedef(treedef)
+    kinds = leaf_kinds(treedef)
+    objects: list[list[Any]] = [[] for k in kinds if k == "obj"]
     for row, sample in enumerate(samples):
         leaves, td = flatten(sample)
-        index = int(indices[row])
-        if td != treedef:
-            raise BatchLayoutError(
-                f"sample index {index} has the structure {_describe(td)}, expected {_describe(treedef)}", index
-            )
-        for j, (leaf, dst) in enumerate(zip(leaves, out)):
+        if td != sample_td:
+            what, index = _where(indices, row)
+            raise BatchLayoutError(f"{what} has the structure {describe(td)}, expected {describe(sample_td)}", index)
+        dsts, cols = iter(out), iter(objects)
+        for j, (leaf, kind) in enumerate(zip(leaves, kinds)):
+            if kind == "obj":
+                if not _is_text(leaf):
+                    paths = paths or leaf_paths(treedef)
+                    what, index = _where(indices, row)
+                    raise BatchLayoutError(f"{what}, field {paths[j]}: expected str or bytes like the first sample, "
+                                           f"got {type(leaf).__name__}", index)
+                next(cols).append(leaf)
+                continue
+            dst = next(dsts)
             try:
                 arr = as_leaf(leaf)
             except (TypeError, OverflowError) as exc:
                 paths = paths or leaf_paths(treedef)
-                raise BatchLayoutError(f"sample index {index}, field {paths[j]}: {exc}", index) from None
+                what, index = _where(indices, row)
+                raise BatchLayoutError(f"{what}, field {paths[j]}: {exc}", index) from None
             if arr.shape != dst.shape[1:] or arr.dtype != dst.dtype:
                 paths = paths or leaf_paths(treedef)
+                what, index = _where(indices, row)
                 raise BatchLayoutError(
-                    f"sample index {index}, field {paths[j]}: expected shape {dst.shape[1:]} dtype {dst.dtype}, "
+                    f"{what}, field {paths[j]}: expected shape {dst.shape[1:]} dtype {dst.dtype}, "
                     f"got shape {arr.shape} dtype {arr.dtype}",
                     index,
                 )
             dst[row] = arr
+    return objects
 
 
-def default_collate(samples: Sequence[Any], indices: Sequence[int] | np.ndarray | None = None) -> Any:
-    """Stack each field of the samples into a new array; the structure of the samples is kept."""
+def batch_structure(sample: Any, index_text: str = "the first sample", index: int | None = None
+                    ) -> tuple[Treedef, list[np.ndarray]]:
+    """The batch structure ``default_collate`` makes from samples like ``sample``, and its array leaves."""
+    leaves, td = flatten(sample)
+    kinds = iter(["obj" if _is_text(x) else "leaf" for x in leaves])
+    firsts = []
+    for x in leaves:
+        if _is_text(x):
+            continue
+        try:
+            firsts.append(as_leaf(x))
+        except TypeError as exc:
+            raise BatchLayoutError(f"{index_text}: {exc}", index) from None
+    return _mark(td, kinds), firsts
+
+
+def _mark(td: Treedef, kinds: Iterator[str]) -> Treedef:
+    kind = td[0]
+    if kind == "leaf":
+        return OBJ if next(kinds) == "obj" else LEAF
+    if kind == "dict":
+        return ("dict", td[1], tuple(_mark(c, kinds) for c in td[2]))
+    if kind == "namedtuple":
+        return ("namedtuple", td[1], tuple(_mark(c, kinds) for c in td[2]))
+    return (kind, tuple(_mark(c, kinds) for c in td[1]))
+
+
+def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:
+    """A batch from samples, as PyTorch's ``default_collate`` makes it, in NumPy.
+
+    Arrays and Python or NumPy numbers are stacked along a new first axis (int -> int64, float ->
+    float64, bool -> bool); str and bytes fields become lists; dicts, lists, tuples and
+    namedtuples are recursed and keep their type. Every sample must have the first one's
+    structure, shapes and dtypes: the first that does not is named in a ``BatchLayoutError``
+    (by its dataset index when ``indices`` are given, else by its position).
+    """
+    return collate(samples, range(len(samples)) if indices is None else indices)
+
+
+def collate(samples: Sequence[Any], indices: Indices) -> Any:
+    """``default_collate`` for the loader: ``indices=None`` for a stream's samples (no dataset index)."""
     if len(samples) == 0:
         raise ValueError("cannot collate an empty list of samples")
-    if indices is None:
-        indices = range(len(samples))
-    leaves, treedef = flatten(samples[0])
-    try:
-        firsts = [as_leaf(x) for x in leaves]
-    except TypeError as exc:
-        raise BatchLayoutError(f"sample index {int(indices[0])}: {exc}", int(indices[0])) from None
+    what, index = _where(indices, 0)
+    treedef, firsts = batch_structure(samples[0], what, index)
     out = [np.empty((len(samples), *a.shape), dtype=a.dtype) for a in firsts]
-    collate_into(samples, indices, treedef, out)
-    return unflatten(treedef, out)
+    objects = collate_into(samples, indices, treedef, out)
+    return join(treedef, out, objects)

@@ -1,12 +1,17 @@
-"""``DataLoader``: batches from a map-style dataset, made by worker processes, delivered in order.
+"""``DataLoader``: batches from a map-style or iterable-style dataset, made by worker processes,
+delivered in order.
 
-The path of a batch: the sampler picks its indices; a worker fetches the samples and collates them
-straight into a slot of one shared-memory ring; the main process hands batches out in sampler order
-(or as they come, with ``in_order=False``); on the GPU a prefetcher copies batch n+1 on a side
-stream while batch n is in use (see ``prefetch``).
+The path of a batch: the sampler picks its indices (or, for an iterable-style dataset, a worker
+reads its stream's next samples); a worker fetches the samples and collates them straight into a
+slot of one shared-memory ring; the main process hands batches out in order (or as they come, with
+``in_order=False``); on the GPU a prefetcher copies batch n+1 on a side stream while batch n is in
+use (see ``_prefetch``).
 
-The first batch of the first epoch is made in the main process while the workers start: its shapes
-and dtypes fix the ring's slot layout, and it is delivered as batch 0, so no work is thrown away.
+With workers, every batch is made in a worker, the first included: the ring's slot layout (shapes
+and dtypes) is learned from the first batch a worker sends, which travels pickled (so do the few
+made before the ring exists); the batch is delivered, not thrown away. A later batch that does not
+fit the layout travels pickled too; samples of one batch that disagree with each other are an error
+naming the sample.
 
 Lifetime of what you get:
 
@@ -17,41 +22,38 @@ Lifetime of what you get:
 
 Several ranks (torchrun, SLURM, MPI): each rank builds its own loader; ``rank`` and ``world_size``
 come from the launcher's variables unless given, each rank takes its shard of every epoch (see
-``sampler.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
+``_sampler.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
 unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
 share of the CPUs (see ``nwt.pick.auto_num_workers``).
 
-Worker start method (``start_method=None``): ``forkserver`` when CUDA is in use in this process
-(the loader targets the GPU, or CuPy is imported and a GPU is usable), because a forked child of a
-CUDA process must not touch CUDA and page-locked memory is not inherited across fork; ``fork``
+Worker start method (``multiprocessing_context=None``): ``forkserver`` when CUDA is in use in this
+process (the loader targets the GPU, or CuPy is imported and a GPU is usable), because a forked child
+of a CUDA process must not touch CUDA and page-locked memory is not inherited across fork; ``fork``
 otherwise, which starts fastest and shares the dataset copy-on-write. With forkserver or spawn the
 dataset and the callables are pickled to each worker, so they must be defined at module level.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import multiprocessing as mp
-import re
 import weakref
-from collections.abc import Callable, Generator, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
 
-import numpy as np
-
-from .. import cuda
-from .._checks import check_int, check_number
-from ..ranks import RankLayout, agree, device_for_rank, rank_layout
-from ._collate import flatten, unflatten
+from .._checks import check_int
+from ..ranks import agree, rank_layout
+from ._device import device_scope, on_device, readonly, resolve_device
+from ._maker import BatchMaker
+from ._options import resolve_context, resolve_timeout, seed_from, warn_if_too_many_workers
 from ._prefetch import DevicePrefetcher
 from ._ring import Ring, SlotLayout
-from ._sampler import BatchSampler, EpochPlan, fresh_seed
+from ._sampler import Plan, fresh_seed
+from ._sampling import Sampling
 from ._slots import HostBatch, SlotPool
-from ._sources import BatchSource, InlineSource, WorkerSource, inline_error
+from ._sources import BatchSource, FailedBatch, InlineSource, WorkerSource
 from ._stage import Resources, Stage
+from ._tree import join
 from ._workers import (
-    BatchMaker,
     LoaderError,
     LoaderTimeoutError,
     WorkerDiedError,
@@ -64,80 +66,85 @@ from ._workers import (
 __all__ = ["DataLoader", "HostBatch", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError",
            "get_worker_info"]
 
-_DEVICES = ("auto", "cuda", "cpu", "cuda:N")
+_FIXED = frozenset({"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"})
 _log = logging.getLogger(__name__)
-
+T_co = TypeVar("T_co", covariant=True)
 
 _InlineSource = InlineSource  # the name tests/test_prefetch.py builds its eager-reuse source on
+_resolve_device = resolve_device  # and the name tests/test_scaleout.py checks the device choice through
 
 
-class DataLoader:
-    """Batches of a map-style dataset (``len`` + ``__getitem__``, optionally ``__getitems__``).
+class DataLoader(Generic[T_co]):
+    """Batches of a map-style (``__getitem__``) or iterable-style (``__iter__``) dataset.
 
-    Same meaning as PyTorch's DataLoader where they overlap. Beyond it: ``device`` ("cuda", "cuda:N",
-    "cpu" or "auto") picks where batches land; ``batch_transform(batch, seed)`` runs in the worker after
-    collation with a seed fixed by (seed, epoch, global batch index), so results do not depend on the
-    worker count; ``seed`` makes shuffling and transforms reproducible (``set_epoch`` or the automatic
-    epoch counter picks the epoch); ``pin_memory=True`` page-locks the ring ("staging" forces the pinned
-    staging copy); ``zero_copy`` (CPU only) hands out views, see the module docstring.
+    The arguments up to ``generator`` are PyTorch's, in its order and with its defaults, rules and
+    error types: ``batch_size=None`` turns batching off; ``sampler`` (any iterable of indices) and
+    ``batch_sampler`` (any iterable of index lists) replace the loader's own order; ``generator`` (an
+    int or a NumPy Generator) seeds the shuffle; ``timeout=0`` waits without limit;
+    ``multiprocessing_context`` is a start method's name or a context. Beyond PyTorch: ``device``
+    ("cuda", "cuda:N", "cpu" or "auto") picks where batches land; ``batch_transform(batch, seed)``
+    runs in the worker after collation with a seed fixed by (seed, epoch, global batch index), so
+    results do not depend on the worker count; ``seed`` makes shuffling and transforms reproducible
+    (``set_epoch`` or the automatic epoch counter picks the epoch); ``pin_memory=True`` page-locks
+    the ring ("staging" forces the pinned staging copy); ``zero_copy`` (CPU only) hands out views,
+    see the module docstring.
+
+    An iterable-style dataset is read by every worker from its own copy (``get_worker_info()`` says
+    which share to read); batches are taken from the workers round-robin, and the epoch ends when
+    every worker's stream is exhausted. Its batches depend on how the dataset shards itself, so
+    unlike map-style ones they are not independent of the worker count.
 
     Distributed: ``rank`` and ``world_size`` (both or neither; neither means the launcher's variables,
-    see ``distributed.rank_layout``) make this loader serve one rank's shard, DistributedSampler-style:
-    with ``drop_last=False`` the epoch's order is padded by wrapping around to its start so every rank
-    gets ``ceil(n / world_size)`` samples (the padded ones are real samples another rank also gets this
-    epoch); with ``drop_last=True`` the ``n % world_size`` tail of the order is left out instead, and
-    each rank's short last batch is dropped. ``seed=None`` with several ranks uses rank 0's fresh seed
-    when ``torch.distributed`` or mpi4py can broadcast it, else 0, so that all ranks shuffle alike. On
-    the GPU the device is ``local_rank % device_count`` unless ``device="cuda:N"``; ``device_id``
-    says which, and every CUDA call of the loader runs on it.
+    see ``ranks.rank_layout``) make the loader's own sampler serve one rank's shard,
+    DistributedSampler-style: with ``drop_last=False`` the epoch's order is padded by wrapping
+    around to its start so every rank gets ``ceil(n / world_size)`` samples; with ``drop_last=True``
+    the ``n % world_size`` tail of the order is left out instead, and each rank's short last batch
+    is dropped. A user's ``sampler`` or ``batch_sampler`` is used as given (shard it yourself), and
+    an iterable-style dataset reads ``rank`` and ``world_size`` from ``get_worker_info()``.
+    ``seed=None`` with several ranks uses rank 0's fresh seed when ``torch.distributed`` or mpi4py can
+    broadcast it, else 0. On the GPU the device is ``local_rank % device_count`` unless
+    ``device="cuda:N"``; ``device_id`` says which.
 
     ``timeout`` bounds each wait for the next batch from the workers (the first waits include worker
-    start-up, which is slower with forkserver/spawn). One iteration is active at a time: starting a
-    new one ends the previous. Use ``close()`` or a
-    ``with`` block to stop persistent workers; a loader that is garbage-collected cleans up too.
+    start-up, which is slower with forkserver/spawn). Each iterator has its own workers and gets the
+    whole epoch, except with persistent workers or on the GPU, where starting a new iteration ends
+    the previous one. Use ``close()`` or a ``with`` block to stop persistent workers; a loader that
+    is garbage-collected cleans up too.
     """
 
-    def __init__(self, dataset: Any, batch_size: int = 128, shuffle: bool = False, seed: int | None = None,
-                 drop_last: bool = False, num_workers: int | str = 0, prefetch_factor: int = 2,
-                 pin_memory: bool | str = False, device: str = "auto", collate_fn: Callable | None = None,
-                 persistent_workers: bool = False, timeout: float | None = None, in_order: bool = True,
-                 worker_init_fn: Callable | None = None, start_method: str | None = None,
-                 batch_transform: Callable | None = None, *, zero_copy: bool = False,
+    def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None, sampler: Any = None,
+                 batch_sampler: Any = None, num_workers: int | str = 0, collate_fn: Callable | None = None,
+                 pin_memory: bool | str = False, drop_last: bool = False, timeout: float | None = 0,
+                 worker_init_fn: Callable | None = None, multiprocessing_context: Any = None, generator: Any = None,
+                 *, prefetch_factor: int | None = None, persistent_workers: bool = False, in_order: bool = True,
+                 seed: int | None = None, device: str = "auto", start_method: str | None = None,
+                 batch_transform: Callable | None = None, zero_copy: bool = False,
                  rank: int | None = None, world_size: int | None = None) -> None:
-        try:
-            n = len(dataset)
-        except TypeError:
-            raise ValueError(f"the dataset must have a length (map-style), got {type(dataset).__name__}") from None
-        if not (hasattr(dataset, "__getitem__") or hasattr(dataset, "__getitems__")):
-            raise ValueError(f"the dataset must support indexing, {type(dataset).__name__} does not")
-        seed = check_int("seed", seed, ge=0, optional=True)
-        prefetch_factor = check_int("prefetch_factor", prefetch_factor, ge=1)
+        seed = seed_from(seed, generator)
+        prefetch_factor = check_int("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor, ge=1)
         if pin_memory not in (True, False, "staging"):
             raise ValueError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
         rank = check_int("rank", rank, optional=True)
         world_size = check_int("world_size", world_size, optional=True)
-        timeout = check_number("timeout", timeout, gt=0, optional=True, unit="seconds")
+        timeout = resolve_timeout(timeout)
         for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
-        if start_method is not None and start_method not in mp.get_all_start_methods():
-            raise ValueError(f"start_method must be one of {mp.get_all_start_methods()}, got {start_method!r}")
+        if num_workers != "auto":
+            num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
+        context = resolve_context(multiprocessing_context, start_method,
+                                  num_workers if isinstance(num_workers, int) else 1)
 
-        self.rank_layout = rank_layout(None if rank is None else int(rank),
-                                       None if world_size is None else int(world_size))
-        self.device, self.device_id = _resolve_device(device, self.rank_layout)
+        self.rank_layout = rank_layout(rank, world_size)
+        self.device, self.device_id = resolve_device(device, self.rank_layout)
         self.dataset = dataset
-        self.seed = self._agreed_seed() if seed is None else int(seed)
-        self._sampler = BatchSampler(n, batch_size, bool(shuffle), self.seed, bool(drop_last),
-                                     self.rank_layout.rank, self.rank_layout.world_size)
-        if num_workers == "auto":
-            from ..nwt.pick import auto_num_workers  # noqa: PLC0415 - below the loader; never the tuner itself
-
-            num_workers = auto_num_workers(
-                dataset, batch_size=batch_size, prefetch_factor=prefetch_factor, pin_memory=pin_memory,
-                device=self.device if self.device_id is None else f"cuda:{self.device_id}",
-                batch_transform=batch_transform, layout=self.rank_layout)
-        num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
+        self.seed = self._agreed_seed() if seed is None else seed
+        self._sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, self.seed,
+                                          self.rank_layout.rank, self.rank_layout.world_size)
+        if isinstance(num_workers, int):
+            warn_if_too_many_workers(num_workers)
+        else:
+            num_workers = self._auto_workers(prefetch_factor, pin_memory, batch_transform)
         self.num_workers = int(num_workers)
         self.prefetch_factor = int(prefetch_factor)
         self.pin_memory = pin_memory
@@ -145,15 +152,28 @@ class DataLoader:
         self.batch_transform = batch_transform
         self.worker_init_fn = worker_init_fn
         self.persistent_workers = bool(persistent_workers)
-        self.timeout = None if timeout is None else float(timeout)
+        self.timeout = timeout
         self.in_order = bool(in_order)
         self.zero_copy = bool(zero_copy)
-        self.start_method = start_method or default_start_method(self.device)
+        self._context = context
+        self._mp_context_arg = multiprocessing_context
         self._res = Resources(DevicePrefetcher(pin_memory) if self.device == "cuda" else None)
         self._finalizer = weakref.finalize(self, self._res.close)
         self._epoch = 0
         self._active: weakref.ref | None = None
         self._layout: SlotLayout | None = None
+        self._initialized = True
+
+    def _auto_workers(self, prefetch_factor: int, pin_memory: bool | str, batch_transform: Callable | None) -> int:
+        if not self._sampling.own or self._sampling.batch_size is None:
+            raise ValueError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
+                             "(no sampler, batch_sampler or batch_size=None); give a number")
+        from ..nwt.pick import auto_num_workers  # noqa: PLC0415 - below the loader; never the tuner itself
+
+        return auto_num_workers(
+            self.dataset, batch_size=self._sampling.batch_size, prefetch_factor=prefetch_factor,
+            pin_memory=pin_memory, device=self.device if self.device_id is None else f"cuda:{self.device_id}",
+            batch_transform=batch_transform, layout=self.rank_layout)
 
     def _agreed_seed(self) -> int:
         """A fresh seed, the same on every rank: rank 0's through the program's communicator, else 0."""
@@ -166,6 +186,11 @@ class DataLoader:
             return 0
         return int(seed)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIXED and getattr(self, "_initialized", False):
+            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+        super().__setattr__(name, value)
+
     # -- the public surface
 
     @property
@@ -177,12 +202,40 @@ class DataLoader:
         return self.rank_layout.world_size
 
     @property
-    def batch_size(self) -> int:
-        return self._sampler.batch_size
+    def batch_size(self) -> int | None:
+        return self._sampling.batch_size
 
     @property
-    def sampler(self) -> BatchSampler:
-        return self._sampler
+    def drop_last(self) -> bool:
+        return self._sampling.drop_last
+
+    @property
+    def sampler(self) -> Any:
+        """The user's ``sampler``, else the loader's own ``BatchSampler`` (map-style; None for a stream)."""
+        if self._sampling.sampler is not None or self._sampling.kind == "iterable":
+            return self._sampling.sampler
+        return self._sampling.batch_sampler_for(self.dataset)
+
+    @property
+    def batch_sampler(self) -> Any:
+        """The user's ``batch_sampler``, else the loader's own ``BatchSampler`` when it batches a map-style dataset."""
+        if self._sampling.batch_sampler is not None:
+            return self._sampling.batch_sampler
+        return self.sampler if self._sampling.own and self._sampling.batched else None
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        return self._mp_context_arg
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, value: Any) -> None:
+        self._context = resolve_context(value, None, self.num_workers)
+        self._mp_context_arg = value
+
+    @property
+    def start_method(self) -> str:
+        """How the workers start: the given context's method, else the default (see the module docstring)."""
+        return self._context.get_start_method() if self._context is not None else default_start_method(self.device)
 
     @property
     def epoch(self) -> int:
@@ -204,32 +257,34 @@ class DataLoader:
 
     @property
     def layout(self) -> SlotLayout | None:
-        """The slot layout (fields, shapes, dtypes) once the first batch has been made."""
+        """The slot layout (fields, shapes, dtypes) once the first batch has been made with a ring."""
         return self._layout
 
     def worker_pids(self) -> list[int]:
-        """PIDs of the live worker processes (empty with num_workers=0 or between epochs)."""
-        stage = self._res.stage
-        return stage.workers.pids() if stage is not None and stage.workers is not None else []
+        """PIDs of the live worker processes, of every live iteration (empty with num_workers=0 or between epochs)."""
+        return [pid for stage in self._res.stages() if stage.workers is not None for pid in stage.workers.pids()]
 
     def __len__(self) -> int:
-        return len(self._sampler)
+        return self._sampling.length(self.dataset)
 
-    def __iter__(self) -> Iterator[Any]:
+    def __iter__(self) -> Iterator[T_co]:
         if not self._finalizer.alive:
             raise LoaderError("this DataLoader is closed")
-        self._close_active()
-        gen = self._run_epoch(self._epoch)
+        shared = (self.persistent_workers and self.num_workers > 0) or self._res.prefetcher is not None
+        if shared:
+            self._close_active()
+        it: EpochIterator[T_co] = EpochIterator(self._run_epoch(self._epoch, shared), self)
         self._epoch += 1
-        self._active = weakref.ref(gen)
-        return gen
+        if shared:
+            self._active = weakref.ref(it)
+        return it
 
     def close(self) -> None:
-        """End the current iteration, stop the workers, unlink the ring. Idempotent."""
+        """End the current iterations, stop the workers, unlink the rings. Idempotent."""
         self._close_active()
         self._finalizer()
 
-    def __enter__(self) -> "DataLoader":
+    def __enter__(self) -> DataLoader[T_co]:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -238,7 +293,7 @@ class DataLoader:
     def __repr__(self) -> str:
         where = self.device if self.device_id is None else f"cuda:{self.device_id}"
         ranks = f", rank={self.rank}/{self.world_size}" if self.rank_layout.is_distributed else ""
-        return (f"DataLoader(n={self._sampler.n}, batch_size={self.batch_size}, num_workers={self.num_workers}, "
+        return (f"DataLoader({type(self.dataset).__name__}, batch_size={self.batch_size}, num_workers={self.num_workers}, "
                 f"device={where!r}{ranks}, start_method={self.start_method!r}, pin_path={self.pin_path!r})")
 
     # -- one epoch
@@ -249,27 +304,31 @@ class DataLoader:
         if gen is not None:
             gen.close()
 
-    def _run_epoch(self, epoch: int) -> Iterator[Any]:
+    def _maker(self) -> BatchMaker:
+        s = self._sampling
+        return BatchMaker(self.dataset, self.collate_fn, self.batch_transform, batched=s.batched,
+                          batch_size=s.batch_size, drop_last=s.drop_last)
+
+    def _run_epoch(self, epoch: int, shared: bool) -> Iterator[Any]:
         res = self._res
-        plan = self._sampler.plan(epoch)
-        if len(plan) == 0:
-            return
-        maker = BatchMaker(self.dataset, self.collate_fn, self.batch_transform)
+        plan = self._sampling.plan(self.dataset, epoch)
+        stage: Stage | None = None
         source: BatchSource | None = None
         graceful = False
         try:
-            first = self._build_stage(maker, plan) if res.stage is None else None
-            stage = res.stage
-            assert stage is not None and self._layout is not None  # built above, or kept from an earlier epoch
-            ready = stage.hold(0, first) if first is not None else None
-            if stage.workers is not None:
-                source = WorkerSource(stage.workers, plan, self.in_order, self.timeout, first=ready)
+            stage = res.stage if shared else None
+            if stage is None and (self.num_workers > 0 or res.prefetcher is not None):
+                stage = self._new_stage(epoch, shared)
+            learn = (lambda hb: self._learn(stage, plan, hb)) if stage is not None else None
+            if stage is not None and stage.workers is not None:
+                source = WorkerSource(stage.workers, plan, self.in_order, self.timeout, learn=learn)
             else:
-                source = InlineSource(maker, plan, self._layout, stage.ring, stage.slots, first=ready)
+                source = InlineSource(self._maker(), plan, self._layout, None,
+                                      stage.slots if stage is not None else None, learn=learn)
             if res.prefetcher is not None:
-                yield from _on_device(res.prefetcher.batches(source, self._layout), self.device_id)
+                yield from on_device(res.prefetcher.batches(source), self.device_id)
             else:
-                yield from self._host_batches(source, self._layout)
+                yield from self._host_batches(source)
             graceful = True
         except GeneratorExit:
             graceful = True  # a break or a dropped iterator: persistent workers may stay
@@ -277,122 +336,113 @@ class DataLoader:
         finally:
             if source is not None:
                 source.close()
-            if not (graceful and self.persistent_workers):
-                res.end_epoch()
+            if stage is not None and stage.workers is not None and not (graceful and self.persistent_workers):
+                res.drop(stage)
 
-    def _build_stage(self, maker: BatchMaker, plan: EpochPlan) -> list[np.ndarray] | None:
-        """Start the workers, make batch 0 here while they start if the layout is not known yet, then
-        make the ring and its slot pool and attach the prefetcher and the workers to it.
-
-        Returns batch 0 when it was made here (it is delivered, not thrown away), else None.
-        """
+    def _new_stage(self, epoch: int, shared: bool) -> Stage:
+        """Start the workers (if any) and, when the layout is already known, make their ring."""
         workers = None
-        ring = None
+        if self.num_workers > 0:
+            workers = WorkerPool(
+                maker=self._maker(), num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
+                seed=self.seed, worker_init_fn=self.worker_init_fn,
+                start_method=self._context if self._context is not None else self.start_method,
+                epoch=epoch, rank=self.rank, world_size=self.world_size)
+        stage = Stage(workers.slots if workers is not None else SlotPool(None), workers)
+        if shared:
+            self._res.stage = stage
+        else:
+            self._res.loose.append(stage)
+        if self._layout is not None:
+            self._attach_ring(stage, self._layout)
+        return stage
+
+    def _learn(self, stage: Stage | None, plan: Plan, hb: HostBatch) -> None:
+        """The first batch made fixes the layout (unless an earlier stage learned it): build the ring."""
+        if stage is None or stage.ring is not None:
+            return
+        if self._layout is None:
+            assert hb.treedef is not None
+            rows = self._sampling.max_rows(self.dataset)
+            self._layout = SlotLayout.from_parts(hb.treedef, hb.leaves, rows, hb.rows if self._sampling.batched else None)
+        self._attach_ring(stage, self._layout)
+
+    def _attach_ring(self, stage: Stage, layout: SlotLayout) -> None:
+        n = max(2, self.num_workers * self.prefetch_factor) if self.num_workers > 0 else 2
+        ring = Ring(layout, n, shared=self.num_workers > 0)
         try:
-            if self.num_workers > 0:
-                workers = WorkerPool(
-                    dataset=self.dataset, num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
-                    seed=self.seed, collate_fn=self.collate_fn, batch_transform=self.batch_transform,
-                    worker_init_fn=self.worker_init_fn, start_method=self.start_method,
-                )
-            first = self._first_batch(maker, plan) if self._layout is None else None
-            assert self._layout is not None
-            slots = None
-            if self.num_workers > 0 or self.device == "cuda":
-                n = max(2, self.num_workers * self.prefetch_factor) if self.num_workers > 0 else 2
-                ring = Ring(self._layout, n, shared=self.num_workers > 0)
-                slots = SlotPool(ring)
-                if self._res.prefetcher is not None:
-                    with _device_scope(self.device_id):
-                        self._res.prefetcher.attach(ring)
-                if workers is not None:
-                    workers.attach(slots)
+            if stage.workers is not None:
+                stage.workers.attach(ring)
+            else:
+                stage.slots.attach(ring)
+            if self._res.prefetcher is not None and stage is self._res.stage:
+                with device_scope(self.device_id):
+                    self._res.prefetcher.attach(ring)
         except BaseException:
-            Resources.discard(workers, ring, self._res.prefetcher)
+            if stage.slots.ring is not ring:
+                ring.close()
             raise
-        self._res.stage = Stage(slots, workers)
-        return first
 
-    def _first_batch(self, maker: BatchMaker, plan: EpochPlan) -> list[np.ndarray]:
-        """Make batch 0 here; its shapes and dtypes become the ring's slot layout."""
-        indices = plan.indices(0)
-        try:
-            batch = maker.make(indices, plan.transform_seed(0))
-        except Exception as exc:  # noqa: BLE001
-            raise inline_error(exc, maker, 0) from exc
-        layout = SlotLayout.for_batch(batch, self._sampler.max_rows)
-        leaves, treedef = flatten(batch)
-        arrays = layout.check(leaves, treedef, len(indices), 0)
-        self._layout = layout
-        return arrays
-
-    def _host_batches(self, source: BatchSource, layout: SlotLayout) -> Iterator[Any]:
+    def _host_batches(self, source: BatchSource) -> Iterator[Any]:
         held = None
         try:
             while True:
                 if held is not None:
                     source.release(held)
                     held = None
-                hb = source.next(True)
+                try:
+                    hb = source.next(True)
+                except FailedBatch as failed:
+                    yield failed  # raised by the iterator, which goes on after it
+                    continue
                 if hb is None:
                     return
-                if hb.slot is None:
-                    leaves = hb.leaves
+                if hb.slot is None:  # made outside the ring: the caller's already
+                    leaves = [readonly(a) for a in hb.leaves] if self.zero_copy else hb.leaves
                 elif self.zero_copy:
-                    leaves = [_readonly(a) for a in hb.leaves]
+                    leaves = [readonly(a) for a in hb.leaves]
                     held = hb
                 else:
                     leaves = [a.copy() for a in hb.leaves]
                     source.release(hb)
-                yield unflatten(layout.treedef, leaves)
+                treedef = hb.treedef if hb.treedef is not None else _layout_treedef(self._layout)
+                yield join(treedef, leaves, hb.objects)
         finally:
             if held is not None:
                 source.release(held)
 
 
-def _device_scope(device_id: int | None) -> contextlib.AbstractContextManager:
-    """``device_id`` current inside the block; nothing to switch for a loader without a GPU of its own."""
-    return contextlib.nullcontext() if device_id is None else cuda.device_scope(device_id)
-
-
-def _on_device(batches: Generator[Any, None, None], device_id: int | None) -> Iterator[Any]:
-    """Run each step of ``batches`` with this loader's GPU current; hand each batch out outside it.
-
-    So a rank's streams, events, copies and batch allocations all live on its device, while the
-    caller's code between batches runs on whatever device the caller made current.
+class EpochIterator(Iterator[T_co]):
+    """One epoch's batches. A batch that failed raises its ``WorkerError`` in its turn and the next
+    ``next()`` goes on with the following batch, as PyTorch's iterator does; any other error ends it.
     """
-    try:
-        while True:
-            with _device_scope(device_id):
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    return
-            yield batch
-    finally:
-        with _device_scope(device_id):
-            batches.close()
+
+    def __init__(self, steps: Iterator[Any], loader: DataLoader) -> None:
+        self._steps = steps
+        self._loader = weakref.ref(loader)
+
+    def __next__(self) -> T_co:
+        item = next(self._steps)
+        if isinstance(item, FailedBatch):
+            error = item.error
+            del self, item  # the traceback must not keep the epoch alive: a dropped iterator frees its slots
+            raise error
+        return item
+
+    def __len__(self) -> int:
+        loader = self._loader()
+        if loader is None:
+            raise TypeError("the DataLoader of this iterator is gone")
+        return len(loader)
+
+    def close(self) -> None:
+        """End this epoch now: its workers stop (unless persistent) and its slots are given back."""
+        close = getattr(self._steps, "close", None)
+        if close is not None:
+            close()
 
 
-def _resolve_device(device: Any, layout: RankLayout) -> tuple[str, int | None]:
-    """``("cuda", index)`` or ``("cpu", None)`` from "auto", "cuda", "cuda:N" or "cpu"."""
-    m = re.fullmatch(r"cuda:(\d+)", device) if isinstance(device, str) else None
-    if not (m or device in ("auto", "cuda", "cpu")):
-        raise ValueError(f"device must be one of {', '.join(_DEVICES)}; got {device!r}")
-    if device == "cpu" or (device == "auto" and not cuda.gpu_status().available):
-        return "cpu", None
-    cuda.require_gpu()
-    count = cuda.device_count()
-    if m is None:
-        return "cuda", device_for_rank(layout, count)
-    index = int(m.group(1))
-    if index >= count:
-        raise ValueError(f"device={device!r}, but this process sees {count} CUDA device(s): 0..{count - 1} "
-                         "(CUDA_VISIBLE_DEVICES renumbers them)")
-    return "cuda", index
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    v = a.view()
-    v.flags.writeable = False
-    return v
+def _layout_treedef(layout: SlotLayout | None) -> Any:
+    if layout is None:
+        raise LoaderError("internal error: a ring batch before the layout was known")
+    return layout.treedef

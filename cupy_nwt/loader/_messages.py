@@ -1,8 +1,10 @@
 """What travels between the main process and its loader workers: one small frozen record per kind.
 
 Main process -> worker: ``RingMsg`` (once per ring), ``Task`` (once per batch), ``Stop``.
-Worker -> main process: ``Ok``, ``Skipped`` or ``BatchFailed`` (once per task), ``InitFailed`` (at
-most once, then the worker exits). Batch payloads never travel: they are written into the ring.
+Worker -> main process: ``Ok``, ``Whole``, ``Exhausted``, ``Skipped`` or ``BatchFailed`` (once per
+task), ``InitFailed`` (at most once, then the worker exits). A batch's arrays are written into the
+ring; only its other leaves travel, in ``Ok``. ``Whole`` carries a batch pickled: the first ones,
+made before the ring exists, and any later one that does not fit the ring's layout.
 
 A task and its answer cross a pipe per batch, so every record pickles as its class and the tuple of
 its fields (``__reduce__``), not as a state dict: about the size of the tagged tuple it replaces,
@@ -68,14 +70,21 @@ class RingMsg(_Record):
     slots: int
 
 
+NO_SLOT = -1  # a task's slot when there is no ring yet: the batch comes back ``Whole``
+
+
 @dataclass(frozen=True, slots=True)
 class Task(_Record):
-    """Fill ``slot`` with the batch of these dataset ``indices``, unless ``generation`` is stale."""
+    """Make batch ``batch_index`` into ``slot`` (or ``NO_SLOT``), unless ``generation`` is stale.
+
+    ``indices``: the dataset indices of its samples (one index when batching is off); None: the
+    next batch of the worker's own stream (an iterable-style dataset).
+    """
 
     generation: int
     batch_index: int
     slot: int
-    indices: np.ndarray
+    indices: np.ndarray | None
     transform_seed: int
 
 
@@ -89,12 +98,37 @@ class Stop(_Record):
 
 @dataclass(frozen=True, slots=True)
 class Ok(_Record):
-    """``slot`` now holds batch ``batch_index``: its first ``rows`` rows."""
+    """``slot`` now holds batch ``batch_index``: its first ``rows`` rows; ``objects``, its non-array leaves."""
 
     generation: int
     batch_index: int
     slot: int
     rows: int
+    objects: list | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        fields = (self.generation, self.batch_index, self.slot, self.rows)  # the common case stays as small
+        return type(self), fields if self.objects is None else (*fields, self.objects)
+
+
+@dataclass(frozen=True, slots=True)
+class Whole(_Record):
+    """Batch ``batch_index`` itself (``rows`` rows), pickled; ``slot`` (or ``NO_SLOT``) is untouched."""
+
+    generation: int
+    batch_index: int
+    slot: int
+    rows: int
+    batch: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Exhausted(_Record):
+    """The worker's stream has no batch left this epoch: task ``batch_index`` has none; ``slot`` is untouched."""
+
+    generation: int
+    batch_index: int
+    slot: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,4 +158,4 @@ class InitFailed(_Record):
 
 
 ToWorker = RingMsg | Task | Stop
-FromWorker = Ok | Skipped | BatchFailed | InitFailed
+FromWorker = Ok | Whole | Exhausted | Skipped | BatchFailed | InitFailed

@@ -14,6 +14,9 @@ Where the bytes come from (``pin_path``):
 * ``"none"``: ``pin_memory=False``; the copy reads pageable memory, which the driver stages itself and
   which is therefore synchronous with respect to the host.
 
+A batch outside the ring (one made before the ring existed, or one that did not fit its layout) is
+copied from its own pageable arrays; its leaves that are not arrays are handed out as they are.
+
 Device arrays are allocated from the pool of the consumer's stream, and the side stream waits on that
 stream before writing them: memory a previous batch freed while the consumer still had kernels queued
 on it is never overwritten early.
@@ -29,10 +32,10 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .. import cuda
-from ._collate import unflatten
 from ._ring import Ring, SlotLayout
 from ._slots import HostBatch
-from ._sources import BatchSource
+from ._sources import BatchSource, FailedBatch
+from ._tree import join
 
 STAGING_BUFFERS = 3
 
@@ -143,8 +146,12 @@ class DevicePrefetcher:
 
     # -- the pipeline
 
-    def batches(self, source: BatchSource, layout: SlotLayout) -> Generator[Any, None, None]:
-        """Device batches from ``source`` (a host-batch source), one copy ahead of the consumer."""
+    def batches(self, source: BatchSource, layout: SlotLayout | None = None) -> Generator[Any, None, None]:
+        """Device batches from ``source`` (a host-batch source), one copy ahead of the consumer.
+
+        ``layout`` is the ring's (the staging buffers are cut by it); by default, the attached ring's.
+        A batch the source could not make is yielded in its turn as the ``FailedBatch`` it raised.
+        """
         if self._side is None:
             self._side = self.ops.new_stream()
         inflight: deque[_Copy] = deque()
@@ -159,15 +166,21 @@ class DevicePrefetcher:
                 cur = inflight[0]  # stays in inflight (released in the finally) if the next issue raises
                 self._issue(source, layout, inflight, pending, block=False)  # keep batch n+1 in flight
                 pending.append(inflight.popleft())
-                self.ops.wait(self.ops.current_stream(), cur.event)
+                if cur.event is not None:  # else a failed batch, handed out in its turn
+                    self.ops.wait(self.ops.current_stream(), cur.event)
                 yield cur.batch
         finally:
             for c in list(inflight) + list(pending):
-                self.ops.sync(c.event)
+                if c.event is not None:
+                    self.ops.sync(c.event)
                 self._release(source, c)
 
-    def _issue(self, source: BatchSource, layout: SlotLayout, inflight: deque, pending: deque, block: bool) -> bool:
-        hb = source.next(block)
+    def _issue(self, source: BatchSource, layout: SlotLayout | None, inflight: deque, pending: deque, block: bool) -> bool:
+        try:
+            hb = source.next(block)
+        except FailedBatch as failed:
+            inflight.append(_Copy(failed, None, None, None))
+            return True
         if hb is None:
             return False
         c = _Copy(None, None, hb, None)
@@ -175,8 +188,9 @@ class DevicePrefetcher:
             consumer = self.ops.current_stream()
             dev = [self.ops.empty(a.shape, a.dtype, consumer) for a in hb.leaves]
             self.ops.wait(self._side, self.ops.record(consumer))
-            src = hb.leaves
-            if self.pin_path == "staging":
+            src = hb.leaves if hb.slot is not None else [np.ascontiguousarray(a) for a in hb.leaves]
+            layout = layout if layout is not None else self._layout
+            if self.pin_path == "staging" and hb.slot is not None and layout is not None:
                 c.staging = self._staging_buffer(source, layout, pending)
                 src = layout.views(c.staging, 0, hb.rows)
                 for d, s in zip(src, hb.leaves):
@@ -185,7 +199,7 @@ class DevicePrefetcher:
                 c.host = None
             for d, s in zip(dev, src):
                 self.ops.h2d(d, s, self._side)
-            c.batch = unflatten(layout.treedef, dev)
+            c.batch = join(hb.treedef if hb.treedef is not None else _treedef(layout), dev, hb.objects)
             c.event = self.ops.record(self._side)
         except BaseException:
             self._abandon(source, c)
@@ -203,7 +217,8 @@ class DevicePrefetcher:
 
     def _staging_buffer(self, source: BatchSource, layout: SlotLayout, pending: deque) -> np.ndarray:
         if not self._staging_free and self._staging_count >= STAGING_BUFFERS and pending:
-            self.ops.sync(pending[0].event)
+            if pending[0].event is not None:
+                self.ops.sync(pending[0].event)
             self._release(source, pending.popleft())
         if self._staging_free:
             return self._staging_free.pop()
@@ -212,8 +227,8 @@ class DevicePrefetcher:
 
     def _reclaim(self, source: BatchSource, pending: deque, block: bool) -> None:
         # Copies on one stream complete in order: the head is always the oldest.
-        while pending and (block or self.ops.done(pending[0].event)):
-            if block:
+        while pending and (block or pending[0].event is None or self.ops.done(pending[0].event)):
+            if block and pending[0].event is not None:
                 self.ops.sync(pending[0].event)
             self._release(source, pending.popleft())
 
@@ -224,3 +239,9 @@ class DevicePrefetcher:
         if c.staging is not None:
             self._staging_free.append(c.staging)
             c.staging = None
+
+
+def _treedef(layout: SlotLayout | None) -> Any:
+    if layout is None:
+        raise RuntimeError("internal error: a ring batch without a ring layout")
+    return layout.treedef

@@ -24,7 +24,7 @@ import numpy as np
 
 from .._checks import check_int
 from ..errors import ShmSpaceError
-from ._collate import BatchLayoutError, Treedef, as_leaf, flatten, leaf_paths
+from ._tree import Treedef, leaf_kinds, leaf_paths, split
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "cupy_nwt_"
@@ -39,21 +39,32 @@ def _align(n: int, to: int) -> int:
 
 @dataclass(frozen=True)
 class FieldSpec:
-    """One array field of a batch: per-row shape, dtype and its byte offset inside a slot."""
+    """One array field of a batch: its shape, dtype and byte offset inside a slot.
+
+    A ``batched`` field has a leading row axis that scales with the batch (``shape`` is then the
+    shape of one row, ``row_bytes`` its size); any other field has a fixed ``shape`` (``row_bytes``
+    is then its whole size).
+    """
 
     path: str
     shape: tuple[int, ...]
     dtype: str
     offset: int
     row_bytes: int
+    batched: bool = True
 
     def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "shape": list(self.shape), "dtype": self.dtype, "offset": self.offset, "row_bytes": self.row_bytes}
+        return {"path": self.path, "shape": list(self.shape), "dtype": self.dtype, "offset": self.offset,
+                "row_bytes": self.row_bytes, "batched": self.batched}
 
 
 @dataclass(frozen=True)
 class SlotLayout:
-    """Where each field of a batch lives inside a slot; derived from the first batch."""
+    """Where each array of a batch lives inside a slot; learned from the first batch made.
+
+    ``treedef`` is the batch's structure (``_tree.split``): its arrays are the fields, its other
+    leaves travel pickled beside the slot. ``rows`` is the row capacity of the batched fields.
+    """
 
     treedef: Treedef
     fields: tuple[FieldSpec, ...]
@@ -61,28 +72,30 @@ class SlotLayout:
     slot_bytes: int
 
     @classmethod
-    def for_batch(cls, batch: Any, rows: int) -> "SlotLayout":
-        """The layout of ``batch`` (every field has one leading row axis) at ``rows`` rows per slot."""
-        leaves, treedef = flatten(batch)
-        paths = leaf_paths(treedef)
-        arrays = [as_leaf(x) for x in leaves]
-        n = None
+    def for_batch(cls, batch: Any, rows: int, batch_rows: int | None = None, *, unbatched: bool = False) -> SlotLayout:
+        """The layout of ``batch`` (which has ``batch_rows`` rows) in slots of ``rows`` rows.
+
+        An array whose leading axis has ``batch_rows`` entries is a batched field; ``batch_rows=None``
+        takes the first array's leading axis; ``unbatched`` (``batch_size=None``) makes every field fixed.
+        """
+        treedef, arrays, _ = split(batch)
+        if batch_rows is None and not unbatched:
+            batch_rows = next((a.shape[0] for a in arrays if a.ndim), 0)
+        return cls.from_parts(treedef, arrays, rows, None if unbatched else batch_rows)
+
+    @classmethod
+    def from_parts(cls, treedef: Treedef, arrays: list[np.ndarray], rows: int, batch_rows: int | None) -> SlotLayout:
+        """The layout of a batch already split: ``batch_rows`` None when it has no row axis."""
+        paths = [p for p, k in zip(leaf_paths(treedef), leaf_kinds(treedef)) if k == "leaf"]
+        rows = max(rows, batch_rows or 0)
         fields = []
         offset = 0
         for path, arr in zip(paths, arrays):
-            if arr.ndim == 0:
-                raise BatchLayoutError(f"batch field {path} is a scalar; every field needs a leading row axis")
-            if n is None:
-                n = arr.shape[0]
-            if arr.shape[0] != n:
-                raise BatchLayoutError(f"batch field {path} has {arr.shape[0]} rows, the first field has {n}")
-            row_bytes = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
-            fields.append(FieldSpec(path, tuple(int(s) for s in arr.shape[1:]), arr.dtype.str, offset, row_bytes))
-            offset = _align(offset + row_bytes * rows, FIELD_ALIGN)
-        if not fields:
-            raise BatchLayoutError("a batch needs at least one array field")
-        if n is not None and n > rows:
-            raise BatchLayoutError(f"the batch has {n} rows, more than the {rows} a slot holds")
+            batched = batch_rows is not None and arr.ndim > 0 and arr.shape[0] == batch_rows
+            shape = tuple(int(s) for s in (arr.shape[1:] if batched else arr.shape))
+            size = int(np.prod(shape, dtype=np.int64)) * arr.dtype.itemsize
+            fields.append(FieldSpec(path, shape, arr.dtype.str, offset, size, batched))
+            offset = _align(offset + size * (rows if batched else 1), FIELD_ALIGN)
         return cls(treedef, tuple(fields), int(rows), _align(max(offset, 1), PAGE))
 
     def views(self, buf: np.ndarray, start: int, rows: int | None = None) -> list[np.ndarray]:
@@ -90,23 +103,19 @@ class SlotLayout:
         rows = self.rows if rows is None else rows
         out = []
         for f in self.fields:
-            a = buf[start + f.offset : start + f.offset + f.row_bytes * rows].view(np.dtype(f.dtype))
-            out.append(a.reshape((rows, *f.shape)))
+            n = rows if f.batched else 1
+            a = buf[start + f.offset : start + f.offset + f.row_bytes * n].view(np.dtype(f.dtype))
+            out.append(a.reshape((rows, *f.shape) if f.batched else f.shape))
         return out
 
-    def check(self, leaves: list[Any], treedef: Treedef, rows: int, batch_index: int) -> list[np.ndarray]:
-        """Validate a collated (or transformed) batch against the layout; return its leaves as arrays."""
-        if treedef != self.treedef:
-            raise BatchLayoutError(f"batch {batch_index} has a different structure than the first batch")
-        arrays = [as_leaf(x) for x in leaves]
+    def fits(self, treedef: Treedef, arrays: list[np.ndarray], rows: int) -> bool:
+        """Whether a batch of ``rows`` rows split into ``treedef`` and ``arrays`` goes into a slot."""
+        if treedef != self.treedef or len(arrays) != len(self.fields) or rows > self.rows:
+            return False
         for f, a in zip(self.fields, arrays):
-            want = (rows, *f.shape)
-            if a.shape != want or a.dtype != np.dtype(f.dtype):
-                raise BatchLayoutError(
-                    f"batch {batch_index}, field {f.path}: expected shape {want} dtype {np.dtype(f.dtype)}, "
-                    f"got shape {a.shape} dtype {a.dtype}"
-                )
-        return arrays
+            if a.dtype != np.dtype(f.dtype) or a.shape != ((rows, *f.shape) if f.batched else f.shape):
+                return False
+        return True
 
     def to_dict(self) -> dict[str, Any]:
         return {"rows": self.rows, "slot_bytes": self.slot_bytes, "fields": [f.to_dict() for f in self.fields]}
@@ -153,6 +162,7 @@ class Ring:
         self._generation[0] = value
 
     def slot_views(self, slot: int, rows: int | None = None) -> list[np.ndarray]:
+        """The field views of ``slot``, first ``rows`` rows of the batched fields."""
         if not 0 <= slot < self.slots:
             raise IndexError(f"slot {slot} is outside the ring's {self.slots} slots")
         return self.layout.views(self.buffer, HEADER_BYTES + slot * self.layout.slot_bytes, rows)

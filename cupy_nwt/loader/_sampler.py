@@ -1,13 +1,19 @@
-"""Which sample indices go into which batch, for one epoch.
+"""Which sample indices go into which batch, for one epoch: the plans a batch source works through.
 
-Everything here is a pure function of ``(n, batch_size, shuffle, seed, epoch)``: the main process and
-any worker compute the same order without talking to each other, an epoch can be replayed exactly,
-and every rank of a distributed job computes the same epoch order and takes its own shard of it
-(``distributed.shard``: DistributedSampler semantics) before batching.
+The loader's own plan (``EpochPlan``) is a pure function of ``(n, batch_size, shuffle, seed, epoch)``:
+the main process and any worker compute the same order without talking to each other, an epoch can
+be replayed exactly, and every rank of a distributed job computes the same epoch order and takes
+its own shard of it (``ranks.shard``: DistributedSampler semantics) before batching. A user's
+``sampler`` or ``batch_sampler`` is read lazily instead (``SamplerPlan``), and an iterable-style
+dataset has no indices at all (``StreamPlan``: each task asks a worker for its stream's next batch).
+
+Every plan yields tasks ``(b, indices or None, transform seed)``; the seed is fixed by
+``(seed, epoch, b * world_size + rank)``, never by the worker that makes the batch.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -124,5 +130,74 @@ class EpochPlan:
         so ranks augment differently and a single process keeps the seeds it always had."""
         return batch_seed(self.seed, self.epoch, b * self.world_size + self.rank)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[np.ndarray]:
         return (self.indices(b) for b in range(self.batches))
+
+    stream = False
+
+    def tasks(self) -> Iterator[PlanTask]:
+        for b in range(self.batches):
+            yield b, self.indices(b), self.transform_seed(b)
+
+
+PlanTask = tuple[int, np.ndarray | None, int]  # (batch index, its dataset indices or None, transform seed)
+
+
+@dataclass(frozen=True, eq=False)
+class SamplerPlan:
+    """One epoch of a user's ``batch_sampler`` (or ``sampler`` cut into batches), read as it is consumed."""
+
+    batches: Iterable[Sequence[Any]]
+    seed: int = 0
+    epoch: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+    stream = False
+
+    def transform_seed(self, b: int) -> int:
+        return batch_seed(self.seed, self.epoch, b * self.world_size + self.rank)
+
+    def tasks(self) -> Iterator[PlanTask]:
+        for b, indices in enumerate(self.batches):
+            yield b, np.asarray(indices).reshape(-1), self.transform_seed(b)
+
+
+@dataclass(frozen=True, eq=False)
+class StreamPlan:
+    """One epoch of an iterable-style dataset: task b asks for a stream's next batch, until all are exhausted."""
+
+    seed: int = 0
+    epoch: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+    stream = True
+
+    def transform_seed(self, b: int) -> int:
+        return batch_seed(self.seed, self.epoch, b * self.world_size + self.rank)
+
+    def tasks(self) -> Iterator[PlanTask]:
+        b = 0
+        while True:
+            yield b, None, self.transform_seed(b)
+            b += 1
+
+
+Plan = EpochPlan | SamplerPlan | StreamPlan
+
+
+def grouped(indices: Iterable[Any], batch_size: int | None, drop_last: bool) -> Iterator[list[Any]]:
+    """A sampler's indices cut into lists of ``batch_size`` (of one index each when not batching)."""
+    if batch_size is None:
+        for i in indices:
+            yield [i]
+        return
+    batch: list[Any] = []
+    for i in indices:
+        batch.append(i)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch and not drop_last:
+        yield batch

@@ -5,39 +5,60 @@ be filled (by a worker or the main process), handed out as a ``HostBatch``, and 
 bytes are no longer needed. A new epoch bumps the generation, published in the ring's header:
 workers skip tasks of an older one, and a result that comes back for one frees its slot instead of
 being delivered. So an abandoned epoch costs no slot and never leaks a batch into the next.
+
+The pool exists before its ring: the first batches of a loader are made before the layout is known
+(they travel pickled), and the ring is attached once the first one has arrived.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ._ring import Ring
+from ._tree import Treedef
 
 RETIRED = np.iinfo(np.int64).max  # no epoch will have this generation: workers skip all that is queued
 
 
 @dataclass
 class HostBatch:
-    """A batch on the host: ``leaves`` are views into ring ``slot`` (or fresh arrays when slot is None)."""
+    """A batch on the host: ``leaves`` are views into ring ``slot`` (or fresh arrays when slot is None).
+
+    ``treedef`` and ``objects`` (the leaves that are not ring arrays) rebuild it with ``_tree.join``;
+    a None ``treedef`` means the ring layout's.
+    """
 
     index: int
     slot: int | None
     rows: int
     leaves: list[np.ndarray]
+    treedef: Treedef | None = None
+    objects: list[Any] = field(default_factory=list)
 
 
 class SlotPool:
-    """The free slots of ``ring`` (taken oldest-released first) and the current generation."""
+    """The free slots of ``ring`` (taken oldest-released first) and the current generation.
 
-    def __init__(self, ring: Ring) -> None:
-        self.ring = ring
-        self.free: deque[int] = deque(range(ring.slots))
+    ``ring=None``: no slot yet (``attach`` gives the ring once the layout is known).
+    """
+
+    def __init__(self, ring: Ring | None) -> None:
+        self.ring: Ring | None = None
+        self.free: deque[int] = deque()
         self._generation = 0
-        ring.generation = 0
+        if ring is not None:
+            self.attach(ring)
+
+    def attach(self, ring: Ring) -> None:
+        """Take ``ring``'s slots (all free) and publish the current generation in its header."""
+        self.ring = ring
+        self.free = deque(range(ring.slots))
+        ring.generation = self._generation
 
     # -- generations
 
@@ -48,12 +69,13 @@ class SlotPool:
     def new_generation(self) -> int:
         """Start a new epoch: what is still queued or in flight for an older one will not be delivered."""
         self._generation += 1
-        self.ring.generation = self._generation
+        if self.ring is not None:
+            self.ring.generation = self._generation
         return self._generation
 
     def retire(self) -> None:
         """No generation is current any more (the workers are stopping): queued tasks are skipped."""
-        if not self.ring.closed:
+        if self.ring is not None and not self.ring.closed:
             self.ring.generation = RETIRED
 
     def is_current(self, generation: int) -> bool:
@@ -81,9 +103,15 @@ class SlotPool:
         self.release(slot)
         return False
 
-    def batch(self, index: int, slot: int, rows: int) -> HostBatch:
-        """The batch that ``slot`` holds, as views of its first ``rows`` rows."""
-        return HostBatch(index, slot, rows, self.ring.slot_views(slot, rows))
+    def batch(self, index: int, slot: int, rows: int, objects: list[Any] | None = None) -> HostBatch:
+        """The batch that ``slot`` holds, as views of its first ``rows`` rows, with its other leaves."""
+        ring = self._ring()
+        return HostBatch(index, slot, rows, ring.slot_views(slot, rows), ring.layout.treedef, objects or [])
+
+    def _ring(self) -> Ring:
+        if self.ring is None:
+            raise RuntimeError("internal error: a slot was used before the ring was attached")
+        return self.ring
 
     def hold(self, index: int, leaves: Sequence[np.ndarray]) -> HostBatch:
         """Copy a batch made outside the ring (the main process's first batch) into a free slot."""

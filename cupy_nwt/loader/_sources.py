@@ -3,8 +3,9 @@
 Both meet the ``BatchSource`` contract that the loader's host path and the device prefetcher drive:
 ``next`` hands out the next batch (or None when the epoch is over, or when nothing is ready and
 ``block`` is False), ``release`` gives its ring slot back once its bytes are no longer needed, and
-``close`` returns whatever the source still holds. A batch the main process already made (the
-first one, which fixed the layout) comes in as ``first`` and is handed out like any other.
+``close`` returns whatever the source still holds. A batch that could not be made raises
+``FailedBatch`` in its turn; the source stays usable, and the next call goes on with the next batch. Both work through a plan's tasks (``_sampler``)
+and, when the ring does not exist yet, call ``learn`` with the first batch made, which builds it.
 """
 
 from __future__ import annotations
@@ -12,15 +13,27 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
-import numpy as np
-
+from ._maker import BatchMaker, InSlot, StreamEnd, make_worker_error
 from ._messages import ErrorReport
 from ._ring import Ring, SlotLayout
-from ._sampler import EpochPlan
+from ._sampler import Plan, PlanTask
 from ._slots import HostBatch, SlotPool
-from ._workers import BatchMaker, Failed, LoaderError, LoaderTimeoutError, WorkerPool, make_worker_error
+from ._tree import split
+from ._workers import Ended, Failed, LoaderError, LoaderTimeoutError, Result, WorkerPool
+
+
+class FailedBatch(Exception):
+    """A batch could not be made: ``error`` says why; the epoch goes on after it (PyTorch's contract)."""
+
+    def __init__(self, error: LoaderError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+Learn = Callable[[HostBatch], None]  # builds the ring from the first batch made (when there is none yet)
 
 
 @runtime_checkable
@@ -52,14 +65,20 @@ class InlineSource(BatchSource):
     """``num_workers=0``: batches made in the main process, into the ring when there is one.
 
     ``slots`` is the ring's pool; alone (no pool given), the source makes its own over ``ring``.
+    A batch made before the ring exists (or that does not fit it) is handed out as it is.
     """
 
-    def __init__(self, maker: BatchMaker, plan: EpochPlan, layout: SlotLayout, ring: Ring | None,
-                 slots: SlotPool | None = None, *, first: HostBatch | None = None) -> None:
-        self.maker, self.plan, self.layout = maker, plan, layout
+    def __init__(self, maker: BatchMaker, plan: Plan, layout: SlotLayout | None, ring: Ring | None,
+                 slots: SlotPool | None = None, *, first: HostBatch | None = None, learn: Learn | None = None) -> None:
+        self.maker, self.plan = maker, plan
         self.slots = slots if slots is not None or ring is None else SlotPool(ring)
         self.first = first
-        self.b = 0
+        self.learn = learn
+        self.tasks: Iterator[PlanTask] = plan.tasks()
+        self.pending: PlanTask | None = None
+        self.done = False
+        if plan.stream:
+            maker.begin_stream()
 
     @property
     def free(self) -> deque[int]:
@@ -67,41 +86,53 @@ class InlineSource(BatchSource):
         return self.slots.free if self.slots is not None else deque()
 
     def next(self, block: bool) -> HostBatch | None:
-        b = self.b
-        if b >= len(self.plan):
+        if self.first is not None:
+            held, self.first = self.first, None
+            next(self.tasks, None)  # its task is done
+            return held
+        if self.pending is None and not self.done:
+            self.pending = next(self.tasks, None)
+        if self.pending is None:
+            self.done = True
             return None
-        if self.first is not None and self.first.index == b:
-            hb, self.first = self.first, None
-            self.b += 1
-            return hb
-        indices = self.plan.indices(b)
-        rows = len(indices)
-        if self.slots is None:
-            leaves = self._make(b, indices)
-            self.b += 1
-            return HostBatch(b, None, rows, leaves)
-        slot = self.slots.take()
-        if slot is None:
-            if block:
-                raise LoaderError("internal error: no free ring slot for the main process to fill")
-            return None
+        ring = self.slots.ring if self.slots is not None else None
+        slot = None
+        if ring is not None:
+            assert self.slots is not None
+            slot = self.slots.take()
+            if slot is None:
+                if block:
+                    raise LoaderError("internal error: no free ring slot for the main process to fill")
+                return None
+        task, self.pending = self.pending, None
         try:
-            hb = self.slots.batch(b, slot, rows)
-            try:
-                self.maker.fill(indices, self.plan.transform_seed(b), self.layout, hb.leaves, b)
-            except Exception as exc:  # noqa: BLE001 - rewrapped with the batch and sample index
-                raise inline_error(exc, self.maker, b) from exc
+            hb = self._make(task, ring, slot)
         except BaseException:
-            self.slots.give_back(slot)
+            if slot is not None and self.slots is not None:
+                self.slots.give_back(slot)
             raise
-        self.b += 1
+        if (hb is None or hb.slot is None) and slot is not None and self.slots is not None:
+            self.slots.give_back(slot)
         return hb
 
-    def _make(self, b: int, indices: np.ndarray) -> list[np.ndarray]:
+    def _make(self, task: PlanTask, ring: Ring | None, slot: int | None) -> HostBatch | None:
+        b, indices, seed = task
+        views = (lambda rows: ring.slot_views(slot, rows)) if ring is not None and slot is not None else None
         try:
-            return self.maker.make_checked(indices, self.plan.transform_seed(b), self.layout, b)
-        except Exception as exc:  # noqa: BLE001
-            raise inline_error(exc, self.maker, b) from exc
+            made = self.maker.produce(indices, seed, ring.layout if ring is not None else None, views)
+        except StreamEnd:
+            self.done = True
+            return None
+        except Exception as exc:  # noqa: BLE001 - rewrapped with the batch and sample index
+            raise FailedBatch(inline_error(exc, self.maker, b)) from None
+        if isinstance(made, InSlot):
+            assert self.slots is not None and slot is not None
+            return self.slots.batch(b, slot, made.rows, made.objects)
+        treedef, arrays, objects = split(made.batch)
+        hb = HostBatch(b, None, made.rows, arrays, treedef, objects)
+        if ring is None and self.learn is not None:
+            self.learn(hb)
+        return hb
 
     def release(self, hb: HostBatch) -> None:
         if hb.slot is not None and self.slots is not None:
@@ -114,38 +145,66 @@ class InlineSource(BatchSource):
 
 
 class WorkerSource(BatchSource):
-    """``num_workers>0``: keeps every worker busy, and hands batches out in order (or as they come)."""
+    """``num_workers>0``: keeps every worker busy, and hands batches out in order (or as they come).
 
-    def __init__(self, workers: WorkerPool, plan: EpochPlan, in_order: bool, timeout: float | None,
-                 *, first: HostBatch | None = None) -> None:
-        if workers.slots is None:
-            raise LoaderError("internal error: the workers have no ring to fill")
+    Map-style tasks go to the least busy worker. A stream's tasks go to the workers round-robin, as
+    PyTorch does (so which worker makes batch b is fixed); a worker whose stream ran out gets no more,
+    and the epoch ends when every worker's has.
+    """
+
+    def __init__(self, workers: WorkerPool, plan: Plan, in_order: bool, timeout: float | None,
+                 *, learn: Learn | None = None) -> None:
         self.workers, self.slots, self.plan, self.epoch = workers, workers.slots, plan, plan.epoch
-        self.in_order, self.timeout = in_order, timeout
+        self.in_order, self.timeout, self.learn = in_order, timeout, learn
         self.slots.new_generation()
+        self.tasks: Iterator[PlanTask] = plan.tasks()
+        self.pending: PlanTask | None = None
         self.ready: dict[int, HostBatch | Failed] = {}
-        self.next_submit = 0
+        self.skipped: set[int] = set()
+        self.alive = [True] * workers.size  # per worker: may its stream have batches left
+        self.cursor = 0  # a stream's next task goes to the first alive worker from here, cyclically
+        self.submitted = 0
+        self.resolved = 0  # tasks answered: delivered, failed, or without a batch
         self.next_deliver = 0
-        self.delivered = 0
-        if first is not None:
-            self.ready[first.index] = first
-            self.next_submit = first.index + 1
+        self.planned_all = False
 
     def _submit(self) -> None:
-        n = len(self.plan)
-        while self.next_submit < n:
-            b = self.next_submit
-            if not self.workers.submit(b, self.plan.indices(b), self.plan.transform_seed(b)):
+        while not self.planned_all:
+            if self.pending is None:
+                self.pending = next(self.tasks, None)
+            worker = self._next_worker() if self.plan.stream else None
+            if self.pending is None or (self.plan.stream and worker is None):
+                self.planned_all, self.pending = True, None
                 return
-            self.next_submit += 1
+            b, indices, seed = self.pending
+            if not self.workers.submit(b, indices, seed, worker):
+                return
+            self.pending = None
+            self.submitted += 1
+            if worker is not None:
+                self.cursor = worker + 1
+
+    def _next_worker(self) -> int | None:
+        n = len(self.alive)
+        return next((w % n for w in range(self.cursor, self.cursor + n) if self.alive[w % n]), None)
 
     def _pick(self) -> int | None:
-        if self.in_order:
-            return self.next_deliver if self.next_deliver in self.ready else None
-        return min(self.ready) if self.ready else None
+        if not self.in_order:
+            return min(self.ready) if self.ready else None
+        while self.next_deliver in self.skipped:
+            self.skipped.discard(self.next_deliver)
+            self.next_deliver += 1
+        return self.next_deliver if self.next_deliver in self.ready else None
 
-    def _absorb(self, items: list[HostBatch | Failed]) -> None:
+    def _absorb(self, items: list[Result]) -> None:
         for item in items:
+            if isinstance(item, Ended):
+                self.resolved += 1
+                self.skipped.add(item.batch_index)
+                self.alive[item.worker_id] = False
+                continue
+            if isinstance(item, HostBatch) and item.slot is None and self.slots.ring is None and self.learn is not None:
+                self.learn(item)
             self.ready[item.index if isinstance(item, HostBatch) else item.batch_index] = item
 
     def next(self, block: bool) -> HostBatch | None:
@@ -155,12 +214,12 @@ class WorkerSource(BatchSource):
             b = self._pick()
             if b is not None:
                 item = self.ready.pop(b)
-                if isinstance(item, Failed):
-                    raise item.error
-                self.delivered += 1
+                self.resolved += 1
                 self.next_deliver += self.in_order
+                if isinstance(item, Failed):
+                    raise FailedBatch(item.error)
                 return item
-            if self.delivered >= len(self.plan):
+            if self.planned_all and self.resolved >= self.submitted:
                 return None
             if not block:
                 items = self.workers.collect(0)
@@ -168,7 +227,7 @@ class WorkerSource(BatchSource):
                 if not items:
                     return None
                 continue
-            if self.timeout is None:
+            if not self.timeout:
                 self._absorb(self.workers.collect(None))
                 continue
             now = time.monotonic()
@@ -191,3 +250,4 @@ class WorkerSource(BatchSource):
             if isinstance(item, HostBatch):
                 self.release(item)
         self.ready.clear()
+

@@ -1,67 +1,67 @@
 """What a loader's epochs run on, and its teardown: held apart from the loader so a finalizer can own it.
 
-``Stage`` bundles the ring, its slot pool and the workers attached to it: it is built in one go once
-the layout is known (from the first batch) and dropped in one go, at the end of an epoch or, with
-persistent workers, at ``close``. The layout itself outlives a stage: the next one is built from it.
+``Stage`` bundles the slot pool (and its ring, once the layout is known) and the workers that fill
+it. A loader's shared stage lives across epochs (persistent workers, or the main process's ring on
+the GPU path); every other iteration with workers has a stage of its own, so several iterators of
+one loader can be live at once. The layout outlives a stage: the next one is built from it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ._prefetch import DevicePrefetcher
 from ._ring import Ring
-from ._slots import HostBatch, SlotPool
+from ._slots import SlotPool
 from ._workers import WorkerPool
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Stage:
-    """What an epoch runs on: the ring with its slot pool, and the workers that fill it.
+    """What an epoch runs on: the slot pool (its ring attached once the layout is known) and the workers.
 
-    Built in one go once the layout is known, the ring exists and the workers are attached to it;
-    dropped in one go. ``slots`` is None only for ``num_workers=0`` on the CPU (no ring), ``workers``
-    whenever ``num_workers=0``.
+    ``workers`` is None for ``num_workers=0`` (whose only stage is the GPU path's ring).
     """
 
-    slots: SlotPool | None
+    slots: SlotPool
     workers: WorkerPool | None
 
     @property
     def ring(self) -> Ring | None:
-        return self.slots.ring if self.slots is not None else None
-
-    def hold(self, index: int, leaves: list[np.ndarray]) -> HostBatch:
-        """A batch the main process made, ready to hand out: in a ring slot when there is a ring."""
-        if self.slots is None:
-            return HostBatch(index, None, len(leaves[0]), leaves)
-        return self.slots.hold(index, leaves)
+        return self.slots.ring
 
 
 class Resources:
-    """What must be released: the stage (workers, ring) and the prefetcher. Apart so a finalizer can own it."""
+    """What must be released: the stages (workers, rings) and the prefetcher. Apart so a finalizer can own it."""
 
     def __init__(self, prefetcher: DevicePrefetcher | None) -> None:
-        self.stage: Stage | None = None
+        self.stage: Stage | None = None  # the shared one
+        self.loose: list[Stage] = []  # one per live iteration that has its own workers
         self.prefetcher = prefetcher
 
     @property
     def ring(self) -> Ring | None:
         return self.stage.ring if self.stage is not None else None
 
-    def end_epoch(self) -> None:
-        """Stop the workers and drop their shared ring (the main process's own ring stays)."""
-        if self.stage is not None and self.stage.workers is not None:
-            self._drop_stage()
+    def stages(self) -> list[Stage]:
+        return ([self.stage] if self.stage is not None else []) + self.loose
 
-    def _drop_stage(self) -> None:
-        stage, self.stage = self.stage, None
-        if stage is None:
-            self.discard(None, None, self.prefetcher)
+    def end_epoch(self) -> None:
+        """Stop the shared stage's workers and drop their ring (the main process's own ring stays)."""
+        if self.stage is not None and self.stage.workers is not None:
+            self.drop(self.stage)
+
+    def drop(self, stage: Stage) -> None:
+        """Stop ``stage``'s workers, then release its ring. Idempotent."""
+        if stage is self.stage:
+            self.stage = None
+            prefetcher = self.prefetcher
+        elif stage in self.loose:
+            self.loose.remove(stage)
+            prefetcher = None
         else:
-            self.discard(stage.workers, stage.ring, self.prefetcher)
+            return
+        self.discard(stage.workers, stage.ring, prefetcher)
 
     @staticmethod
     def discard(workers: WorkerPool | None, ring: Ring | None, prefetcher: DevicePrefetcher | None) -> None:
@@ -79,7 +79,8 @@ class Resources:
 
     def close(self) -> None:
         try:
-            self._drop_stage()
+            for stage in self.stages():
+                self.drop(stage)
         finally:
             if self.prefetcher is not None:
                 self.prefetcher.close()

@@ -212,7 +212,7 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
         from ..loader._dataloader import DataLoader  # noqa: PLC0415
         from ..nwt.memory import MemorySampler  # noqa: PLC0415
 
-        loader = DataLoader(dataset, **loader_kwargs)
+        loader: DataLoader[Any] = DataLoader(dataset, **loader_kwargs)
         # the batches arrive on the loader's GPU's current stream, whichever GPU is current here
         sync = cuda.stream_synchronizer(loader.device_id) if loader.device_id is not None else None
         seconds: list[float] = []
@@ -229,7 +229,7 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
                     sync()
                 seconds.append(time.perf_counter() - t0)
                 n = _batch_len(batch)
-                counts.append(loader.batch_size if n is None else n)
+                counts.append((loader.batch_size or 1) if n is None else n)
 
             try:
                 for _ in range(warmup):  # outside pytest-benchmark so it never sees worker start-up

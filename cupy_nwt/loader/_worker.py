@@ -1,0 +1,150 @@
+"""The loop that runs in each loader worker process, and what ``get_worker_info()`` tells it.
+
+A worker serves tasks in the order they come: attach to a ring (``RingMsg``), make a batch
+(``Task``), stop (``Stop``). It answers each task once (see ``_messages``). It watches the parent's
+sentinel too, so it never outlives the main process. Workers never touch CUDA: they import neither
+CuPy nor anything that does.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import pickle
+import random
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from typing import Any
+
+import numpy as np
+
+from ._maker import BatchMaker, InSlot, StreamEnd
+from ._messages import (
+    NO_SLOT,
+    BatchFailed,
+    ErrorReport,
+    Exhausted,
+    FromWorker,
+    InitFailed,
+    Ok,
+    RingMsg,
+    Skipped,
+    Stop,
+    Task,
+    ToWorker,
+    Whole,
+)
+from ._ring import Ring
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What ``get_worker_info()`` returns inside a worker (``None`` in the main process).
+
+    As PyTorch's: ``id`` (0 .. ``num_workers`` - 1), ``seed`` (this worker's; Python's ``random`` and
+    NumPy's global generator are seeded from it) and ``dataset`` (this worker's copy). Beyond it,
+    ``rank`` and ``world_size`` of the loader, so an iterable-style dataset can take its share of
+    the data as ``rank * num_workers + id`` of ``world_size * num_workers`` readers.
+    """
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+    rank: int = 0
+    world_size: int = 1
+
+
+_worker_info: WorkerInfo | None = None
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """This worker's id, the number of workers, its seed, its dataset copy, rank and world size; ``None`` outside."""
+    return _worker_info
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    worker_id: int
+    num_workers: int
+    seed: int
+    maker: BatchMaker
+    worker_init_fn: Callable | None
+    rank: int = 0
+    world_size: int = 1
+
+
+def worker_seed(seed: int, worker_id: int, epoch: int = 0) -> int:
+    """A worker's seed: fixed by the loader's seed, the worker and the epoch its workers started in."""
+    return int(np.random.SeedSequence([seed, 0x776B72, worker_id, epoch]).generate_state(1)[0])
+
+
+def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
+    """Serve tasks until told to ``Stop``, the task pipe closes or the parent dies."""
+    global _worker_info
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    random.seed(spec.seed)
+    np.random.seed(spec.seed)
+    maker = spec.maker
+    _worker_info = WorkerInfo(spec.worker_id, spec.num_workers, spec.seed, maker.dataset, spec.rank, spec.world_size)
+    parent = mp.parent_process()
+    watch: list[Any] = [tasks] if parent is None else [tasks, parent.sentinel]
+    ring: Ring | None = None
+    stream_generation: int | None = None
+    try:
+        if spec.worker_init_fn is not None:
+            try:
+                spec.worker_init_fn(spec.worker_id)
+            except Exception as exc:  # noqa: BLE001 - reported to the main process
+                results.send(InitFailed(ErrorReport.from_exception(exc, None)))
+                return
+        while True:
+            if tasks not in wait(watch):
+                return  # the parent is gone
+            msg: ToWorker = tasks.recv()
+            if isinstance(msg, Stop):
+                return
+            if isinstance(msg, RingMsg):
+                if ring is not None:
+                    ring.close()
+                ring = Ring.attach(msg.name, msg.layout, msg.slots)
+                continue
+            if msg.indices is None and msg.generation != stream_generation:
+                maker.begin_stream()  # a new epoch of this worker's replica of an iterable dataset
+                stream_generation = msg.generation
+            _send(results, serve(maker, ring, msg))
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the main process went away
+    finally:
+        if ring is not None:
+            ring.close()
+
+
+def _send(results: Connection, answer: FromWorker) -> None:
+    """Send an answer; one whose objects will not pickle becomes that batch's failure instead."""
+    try:
+        results.send(answer)
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        if not isinstance(answer, (Ok, Whole)):
+            raise
+        report = ErrorReport.from_exception(exc, None)
+        results.send(BatchFailed(answer.generation, answer.batch_index, answer.slot, report))
+
+
+def serve(maker: BatchMaker, ring: Ring | None, task: Task) -> FromWorker:
+    """Make the task's batch, into its slot when it has one, unless its generation is no longer current."""
+    if ring is not None and ring.generation != task.generation:
+        return Skipped(task.generation, task.batch_index, task.slot)
+    in_ring = ring is not None and task.slot != NO_SLOT
+    try:
+        made = maker.produce(task.indices, task.transform_seed, ring.layout if ring is not None else None,
+                             (lambda rows: ring.slot_views(task.slot, rows)) if in_ring and ring is not None else None)
+    except StreamEnd:
+        return Exhausted(task.generation, task.batch_index, task.slot)
+    except Exception as exc:  # noqa: BLE001 - reported to the main process
+        report = ErrorReport.from_exception(exc, maker.failed_index(exc))
+        return BatchFailed(task.generation, task.batch_index, task.slot, report)
+    if isinstance(made, InSlot):
+        return Ok(task.generation, task.batch_index, task.slot, made.rows, made.objects or None)
+    return Whole(task.generation, task.batch_index, task.slot, made.rows, made.batch)
