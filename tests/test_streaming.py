@@ -311,3 +311,22 @@ def test_a_state_is_refused_under_other_settings_or_another_layout(shards):
     other.set_epoch(1)  # another epoch: the state is dropped and reader 0 starts from its beginning
     assert len(ids_of(other.iter_reader(ReaderSlot(0, 2, 0, 3, "explicit")))) == sum(
         SIZES[s] for s in other.shards_for(ReaderSlot(0, 2, 0, 3, "explicit")))
+
+
+# --- cupy_nwt's own DataLoader --------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # 3 workers on a 2-CPU box
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_cupy_nwt_dataloader_workers_deliver_every_sample_once(shards, world_size):
+    """The stream meets the loader's iterable support directly: each worker reads its own shards."""
+    from cupy_nwt import DataLoader
+
+    delivered = []
+    for rank in range(world_size):
+        stream = ShardedTarStream(shards, seed=11, shuffle_buffer=8, rank=rank, world_size=world_size)
+        stream.set_epoch(2)
+        with DataLoader(stream, batch_size=4, num_workers=3, device="cpu") as loader:
+            for images, labels in loader:
+                delivered += ids_of(zip(images, labels.tolist()))
+    assert sorted(delivered) == list(range(N))
