@@ -8,13 +8,26 @@ gateway to CUDA) and ``errors``.
 
 from . import _moved
 from .cuda import gpu_status
-from .errors import (ArgumentError, BatchLayoutError, CorruptImageError, CupyNwtError, DamagedArchiveError, DataError,
-                     LayoutError, LoaderError, LoaderTimeoutError, NoGPUError, ShmSpaceError, WorkerDiedError,
-                     WorkerError)
+from .errors import (
+                     ArgumentError,
+                     BatchLayoutError,
+                     CorruptImageError,
+                     CupyNwtError,
+                     DamagedArchiveError,
+                     DataError,
+                     LayoutError,
+                     LoaderError,
+                     LoaderTimeoutError,
+                     NoGPUError,
+                     ShmSpaceError,
+                     WorkerDiedError,
+                     WorkerError,
+)
 from .loader import DataLoader, WorkerInfo, get_worker_info
 from .nwt import auto as _auto  # noqa: F401 - registers the tuner that num_workers="auto" runs
 from .nwt.store import TuneResult, lookup
 from .nwt.tune import tune_num_workers
+from .records import PackedRecords, pack_records
 
 __version__ = "0.1.0"
 
@@ -25,4 +38,5 @@ __all__ = ["__version__", "gpu_status",
            "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError", "WorkerDiedError",
            "WorkerError",
            "DataLoader", "WorkerInfo", "get_worker_info",
-           "TuneResult", "lookup", "tune_num_workers"]
+           "TuneResult", "lookup", "tune_num_workers",
+           "PackedRecords", "pack_records"]
