@@ -27,6 +27,7 @@ from .loader import DataLoader, IterableDataset, WorkerInfo, default_collate, ge
 from .nwt import auto as _auto  # noqa: F401 - registers the tuner that num_workers="auto" runs
 from .nwt.store import TuneResult, lookup
 from .nwt.tune import tune_num_workers
+from .records import PackedRecords, pack_records
 from .streaming import ReaderSlot, ShardedTarStream, current_reader
 
 __version__ = "0.1.0"
@@ -39,4 +40,5 @@ __all__ = ["__version__", "gpu_status",
            "WorkerError",
            "DataLoader", "IterableDataset", "WorkerInfo", "default_collate", "get_worker_info",
            "TuneResult", "lookup", "tune_num_workers",
+           "PackedRecords", "pack_records",
            "ReaderSlot", "ShardedTarStream", "current_reader"]

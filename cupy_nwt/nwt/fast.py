@@ -6,16 +6,22 @@ search's cost, with the least memory among counts that fast:
 
 1. Each trial first takes ``workers + 1`` untimed batches (start-up and the first round of every
    worker, which arrive as one burst), then times ``iterations / 10`` batches in the coarse pass
-   and ``iterations / 5`` later; repeated runs of a count are combined (inverse-variance).
+   and ``iterations / 5`` later. Repeated runs of a count are combined robustly (``trials.py``):
+   each run's error is at least a floor pooled over the whole search, and a run slowed beyond its
+   error (interference on a shared machine only ever slows a trial) is set aside.
 2. Coarse: 0, 2, 4, 8, ... and N-1 (1 is left to step 4), stopping early once throughput falls
-   by more than ``tolerance`` from the best, or two steps in a row bring no gain beyond it.
+   by more than ``tolerance`` from the best, or two steps in a row bring no gain beyond it; a step
+   that would stop the pass is first confirmed by an independent run (one slowed trial must not
+   end it, which is how a falling curve used to be cut short).
 3. Local: halve the wider gap beside the fastest measured count until both its neighbours are
    measured (one valley assumed), since the true minimum may hide between coarse points.
 4. Bisect for the fewest workers within ``tolerance`` (relative, plus half the best's error) of
    the best measured time, between the largest measured count that is slower and the smallest
-   that is within; then re-measure the counts that decide this (while their error is above
-   ``tolerance / 2`` and the budget allows) and repeat 3-4 if the picture changed.
-   Every trial after the coarse pass must fit a budget: 25% of the paper search's cost as
+   that is within. Then re-check: give an independent run to the counts the pick hinges on that
+   rest on a single run (the count just below the candidate, the fastest count, its neighbours),
+   since one slowed trial there moves the pick; then re-measure the counts that decide it while
+   their error is above ``tolerance / 2``; repeat 3-4 while anything changed.
+   Every trial after the first coarse steps must fit a budget: 25% of the paper search's cost as
    estimated from the trials so far (throughput and start-up interpolated between counts).
 5. Pick, among measured counts within tolerance, the one with the least peak memory (the fewest
    workers when memory was not measured).
@@ -34,6 +40,7 @@ FAST_FRACTION = 0.2
 MIN_FAST_ITERATIONS = 8
 FAST_BUDGET = 0.25
 STEADY_FRACTION = 0.5
+SLOWDOWN = 1.5
 
 
 def _ladder(n: int) -> list[int]:
@@ -66,12 +73,12 @@ class _FastSearch:
     def search(self) -> int:
         if self.n == 1:
             return 0
-        self.coarse()
         try:
-            for _ in range(self.n):  # each round either measures something new or ends
+            self.coarse()
+            for _ in range(4 * self.n):  # each round either measures something new or ends
                 self.local()
                 self.bisect()
-                if not self.steady():
+                if not (self.recheck() or self.steady()):
                     break
         except _OverBudget:
             pass
@@ -81,13 +88,12 @@ class _FastSearch:
 
     def t(self, w: int, phase: str) -> float:
         """Seconds per iteration of ``w`` workers, measured once when first asked for."""
-        est = self.r.estimate(w)
-        if est is None:
+        if not self.r.runs_of(w):
             if phase == "coarse":
-                est = self.r.run(w, self.k_coarse, w + 1, phase)
+                self.r.run(w, self.k_coarse, w + 1, phase)
             else:
-                est = self.run_within_budget(w, self.k_fine, phase)
-        return est.seconds_per_iteration
+                self.run_within_budget(w, self.k_fine, phase)
+        return self.estimate(w).seconds_per_iteration
 
     def run_within_budget(self, w: int, iterations: int, phase: str) -> Trial:
         spi, overhead = self.predict(w)
@@ -95,7 +101,18 @@ class _FastSearch:
         if self.r.spent() + expected > self.budget * self.exhaustive_cost():
             raise _OverBudget
         self.r.run(w, iterations, w + 1, phase)
-        return self.r.estimate(w)
+        return self.estimate(w)
+
+    def estimate(self, w: int) -> Trial:
+        est = self.r.estimate(w)
+        assert est is not None, w
+        return est
+
+    def single(self, w: int) -> bool:
+        """Whether ``w`` rests on one run whose error is known: a hiccup there cannot be told from
+        the truth. (A measure reporting no error is trusted as exact and never re-run for this.)"""
+        runs = self.r.runs_of(w)
+        return len(runs) == 1 and runs[0].rel_error is not None
 
     def predict(self, w: int) -> tuple[float, float]:
         """Seconds per iteration and per-trial overhead (start-up, shutdown) of ``w`` workers,
@@ -143,8 +160,16 @@ class _FastSearch:
     def coarse(self) -> None:
         best = math.inf
         stale = 0
-        for w in _ladder(self.n):
+        ladder = _ladder(self.n)
+        for w in ladder:
             tw = self.t(w, "coarse")
+            stops = tw > best * (1 + self.tol) or (tw >= best * (1 - self.tol) and stale >= 1)
+            if stops and w != ladder[-1] and self.single(w):
+                # one slowed trial must not end the pass early: confirm by an independent run
+                try:
+                    tw = self.run_within_budget(w, self.k_coarse, "recheck").seconds_per_iteration
+                except _OverBudget:
+                    pass
             if tw < best * (1 - self.tol):
                 stale = 0
             else:
@@ -190,7 +215,7 @@ class _FastSearch:
         _, g, lo = self.within()
         again = False
         for w in dict.fromkeys(x for x in (lo, g, b) if x is not None):
-            est = self.r.estimate(w)
+            est = self.estimate(w)
             if est.rel_error is None or est.rel_error <= STEADY_FRACTION * self.tol:
                 continue
             more = max(self.k_fine, est.iterations)
@@ -202,6 +227,31 @@ class _FastSearch:
                 continue
             again = True
         return again
+
+    def recheck(self) -> bool:
+        """Give one independent run to the first count the pick hinges on that rests on one run.
+
+        In order: the count just below the pick candidate (a slowed trial there hides the best or
+        costs workers), the fastest count when it is not the candidate (it sets the limit), and its
+        measured neighbours (a slowed trial can hide the true best beside it). Only counts that a
+        slow-down of up to ``SLOWDOWN`` x could have pushed past the limit, and only within the
+        budget. Returns whether a run was made (the search then runs local and bisect again).
+        """
+        b, _ = self.best()
+        limit, g, lo = self.within()
+        m = self.r.measured()
+        seen = sorted(m)
+        left = max((w for w in seen if w < b), default=None)
+        right = min((w for w in seen if w > b), default=None)
+        for w in dict.fromkeys(x for x in (lo, b if g != b else None, left, right) if x is not None):
+            if not self.single(w) or m[w].seconds_per_iteration > SLOWDOWN * limit:
+                continue
+            try:
+                self.run_within_budget(w, self.k_coarse, "recheck")
+            except _OverBudget:
+                continue
+            return True
+        return False
 
     def pick(self) -> int:
         limit, g, _ = self.within()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .fingerprint import Fingerprint, ResultStore, read_json, write_json_atomic
-from .trials import Trial, _combine
+from .trials import Trial, combine_runs
 
 RESULT_FORMAT = "cupy_nwt.tune_result/1"
 
@@ -37,10 +37,7 @@ class TuneResult:
 
     @property
     def trials(self) -> tuple[Trial, ...]:
-        by: dict[int, list[Trial]] = {}
-        for r in self.runs:
-            by.setdefault(r.workers, []).append(r)
-        return tuple(_combine(by[w]) for w in sorted(by))
+        return tuple(combine_runs(self.runs).values())
 
     @property
     def best_trial(self) -> Trial | None:

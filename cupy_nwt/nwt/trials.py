@@ -10,6 +10,7 @@ real time. Nothing here builds a loader: both searches run on this module alone.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -62,18 +63,72 @@ class Trial:
         return asdict(self)
 
 
-def _combine(runs: Sequence[Trial]) -> Trial:
-    """Merge repeated runs of one count: inverse-variance weights when errors are known."""
-    if len(runs) == 1:
-        return runs[0]
-    errs = [r.rel_error for r in runs]
+OUTLIER_Z = 3.0
+MIN_PAIRS = 4
+
+
+def error_floor(runs: Sequence[Trial]) -> float:
+    """The least relative error of one timed iteration, pooled over every run of a search.
+
+    A trial's own error comes from a handful of batch groups (a few degrees of freedom), so it is
+    often several times too small; and it cannot see what slows a whole trial alike. Two figures,
+    the larger wins, each scaled to one iteration (errors fall as 1/sqrt(iterations)): the median
+    of the runs' own errors (pooled over every count, so no single lucky estimate passes), and
+    the spread between repeated runs of a count that agree (pairs set aside as outliers excluded).
+    """
+    own = [r.rel_error * math.sqrt(r.iterations) for r in runs if r.rel_error]
+    if not own:
+        return 0.0
+    floor = statistics.median(own)
+    spread = []
+    for same in _by_count(runs).values():
+        for a, b in zip(same, same[1:]):
+            d = math.log(a.seconds_per_iteration / b.seconds_per_iteration)
+            scale = math.sqrt(1 / a.iterations + 1 / b.iterations)
+            if abs(d) <= OUTLIER_Z * floor * scale:
+                spread.append(abs(d) / scale)
+    if len(spread) >= MIN_PAIRS:
+        floor = max(floor, statistics.median(spread) / 0.6745)  # the median |z| of a normal is 0.6745 sigma
+    return floor
+
+
+def _error(run: Trial, floor: float) -> float | None:
+    if run.rel_error is None:
+        return None
+    return max(run.rel_error, floor / math.sqrt(run.iterations))
+
+
+def _mean(runs: Sequence[Trial], errs: Sequence[float | None]) -> tuple[float, float | None]:
+    """Inverse-variance mean and its error when every error is known, else weighted by iterations."""
     if all(e is not None and e > 0 for e in errs):
-        weights = [1.0 / (e * e) for e in errs]
-        rel_error = 1.0 / math.sqrt(sum(weights))
+        weights = [1.0 / (e * e) for e in errs if e is not None]
+        rel_error: float | None = 1.0 / math.sqrt(sum(weights))
     else:
         weights = [float(r.iterations) for r in runs]
         rel_error = None
-    spi = sum(w * r.seconds_per_iteration for w, r in zip(weights, runs)) / sum(weights)
+    return sum(w * r.seconds_per_iteration for w, r in zip(weights, runs)) / sum(weights), rel_error
+
+
+def _combine(runs: Sequence[Trial], floor: float = 0.0) -> Trial:
+    """Merge repeated runs of one count, setting aside runs slowed beyond their error.
+
+    Each run's error is at least ``floor / sqrt(iterations)`` (:func:`error_floor`). Interference
+    on a shared machine (another job, a page-cache flush) only ever slows a trial, so the slowest
+    run is set aside while it is more than ``OUTLIER_Z`` standard errors slower than the mean of
+    the others; the rest are combined by inverse variance. Costs (iterations, wall time) count
+    every run.
+    """
+    errs = [_error(r, floor) for r in runs]
+    kept = sorted(range(len(runs)), key=lambda i: runs[i].seconds_per_iteration)
+    while len(kept) > 1 and errs[kept[-1]] is not None:
+        rest = kept[:-1]
+        m, e = _mean([runs[i] for i in rest], [errs[i] for i in rest])
+        slow = errs[kept[-1]]
+        if e is None or slow is None or runs[kept[-1]].seconds_per_iteration - m <= OUTLIER_Z * m * math.hypot(slow, e):
+            break
+        kept = rest
+    kept.sort()
+    spi, rel_error = _mean([runs[i] for i in kept], [errs[i] for i in kept])
     mems = [r.peak_memory_bytes for r in runs if r.peak_memory_bytes is not None]
     usss = [r.peak_uss_bytes for r in runs if r.peak_uss_bytes is not None]
     first = runs[0]
@@ -91,6 +146,19 @@ def _combine(runs: Sequence[Trial]) -> Trial:
     )
 
 
+def _by_count(runs: Sequence[Trial]) -> dict[int, list[Trial]]:
+    by: dict[int, list[Trial]] = {}
+    for r in runs:
+        by.setdefault(r.workers, []).append(r)
+    return dict(sorted(by.items()))
+
+
+def combine_runs(runs: Sequence[Trial]) -> dict[int, Trial]:
+    """Each count's runs combined (:func:`_combine`) under the floor that all ``runs`` give."""
+    floor = error_floor(runs)
+    return {w: _combine(same, floor) for w, same in _by_count(runs).items()}
+
+
 class _Runner:
     """Calls the measure, records each run, keeps per-count estimates, drives the progress bar."""
 
@@ -100,6 +168,7 @@ class _Runner:
         self.bar = bar
         self.runs: list[Trial] = []
         self._by: dict[int, list[Trial]] = {}
+        self._measured: dict[int, Trial] | None = None
 
     def run(self, workers: int, iterations: int, warmup: int, phase: str) -> Trial:
         m = self.measure(workers, iterations, warmup)
@@ -113,12 +182,12 @@ class _Runner:
                   m.peak_memory_bytes, m.peak_uss_bytes, m.rel_error, phase)
         self.runs.append(t)
         self._by.setdefault(workers, []).append(t)
+        self._measured = None
         self.bar.step(f"{plural(workers, 'worker')}: {t.samples_per_second:,.0f} samples/s")
         return t
 
     def estimate(self, workers: int) -> Trial | None:
-        runs = self._by.get(workers)
-        return _combine(runs) if runs else None
+        return self.measured().get(workers)
 
     def runs_of(self, workers: int) -> list[Trial]:
         return self._by.get(workers, [])
@@ -127,4 +196,7 @@ class _Runner:
         return sum(r.wall_seconds for r in self.runs)
 
     def measured(self) -> dict[int, Trial]:
-        return {w: _combine(r) for w, r in sorted(self._by.items())}
+        """Every count's runs combined (:func:`combine_runs`); computed once per new run."""
+        if self._measured is None:
+            self._measured = combine_runs(self.runs)
+        return dict(self._measured)
