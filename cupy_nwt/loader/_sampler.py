@@ -105,8 +105,22 @@ class BatchSampler:
         return asdict(self)
 
 
+class _GlobalBatchSeeds:
+    """The batch transform's seed for batch ``b`` of a plan: keyed by the global batch
+    ``b * world_size + rank``, so ranks augment differently and a single process keeps the seeds it
+    always had. Shared by every kind of plan; the fields are each plan's own."""
+
+    seed: int
+    epoch: int
+    rank: int
+    world_size: int
+
+    def transform_seed(self, b: int) -> int:
+        return batch_seed(self.seed, self.epoch, b * self.world_size + self.rank)
+
+
 @dataclass(frozen=True, eq=False)
-class EpochPlan:
+class EpochPlan(_GlobalBatchSeeds):
     """One epoch's order (this rank's shard) plus its batching; ``indices(b)`` is a view, never a list."""
 
     order: np.ndarray
@@ -125,11 +139,6 @@ class EpochPlan:
             raise IndexError(f"batch {b} is outside this epoch's {self.batches} batches")
         return self.order[b * self.batch_size : (b + 1) * self.batch_size]
 
-    def transform_seed(self, b: int) -> int:
-        """The batch transform's seed for batch ``b``: keyed by the global batch ``b * world_size + rank``,
-        so ranks augment differently and a single process keeps the seeds it always had."""
-        return batch_seed(self.seed, self.epoch, b * self.world_size + self.rank)
-
     def __iter__(self) -> Iterator[np.ndarray]:
         return (self.indices(b) for b in range(self.batches))
 
@@ -144,7 +153,7 @@ PlanTask = tuple[int, np.ndarray | None, int]  # (batch index, its dataset indic
 
 
 @dataclass(frozen=True, eq=False)
-class SamplerPlan:
+class SamplerPlan(_GlobalBatchSeeds):
     """One epoch of a user's ``batch_sampler`` (or ``sampler`` cut into batches), read as it is consumed."""
 
     batches: Iterable[Sequence[Any]]
@@ -155,16 +164,13 @@ class SamplerPlan:
 
     stream = False
 
-    def transform_seed(self, b: int) -> int:
-        return batch_seed(self.seed, self.epoch, b * self.world_size + self.rank)
-
     def tasks(self) -> Iterator[PlanTask]:
         for b, indices in enumerate(self.batches):
             yield b, np.asarray(indices).reshape(-1), self.transform_seed(b)
 
 
 @dataclass(frozen=True, eq=False)
-class StreamPlan:
+class StreamPlan(_GlobalBatchSeeds):
     """One epoch of an iterable-style dataset: task b asks for a stream's next batch, until all are exhausted."""
 
     seed: int = 0
@@ -173,9 +179,6 @@ class StreamPlan:
     world_size: int = 1
 
     stream = True
-
-    def transform_seed(self, b: int) -> int:
-        return batch_seed(self.seed, self.epoch, b * self.world_size + self.rank)
 
     def tasks(self) -> Iterator[PlanTask]:
         b = 0
