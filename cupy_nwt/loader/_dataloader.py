@@ -42,7 +42,8 @@ from typing import Any, Generic, TypeVar
 
 from .._checks import check_int
 from ..ranks import agree, rank_layout
-from ._device import device_scope, on_device, readonly, resolve_device
+from ._device import device_scope, on_device, resolve_device
+from ._epoch import EpochIterator, host_batches
 from ._maker import BatchMaker
 from ._options import resolve_context, resolve_timeout, seed_from, warn_if_too_many_workers
 from ._prefetch import DevicePrefetcher
@@ -50,9 +51,8 @@ from ._ring import Ring, SlotLayout
 from ._sampler import Plan, fresh_seed
 from ._sampling import Sampling
 from ._slots import HostBatch, SlotPool
-from ._sources import BatchSource, FailedBatch, InlineSource, WorkerSource
+from ._sources import BatchSource, InlineSource, WorkerSource
 from ._stage import Resources, Stage
-from ._tree import join
 from ._workers import (
     LoaderError,
     LoaderTimeoutError,
@@ -161,6 +161,7 @@ class DataLoader(Generic[T_co]):
         self._finalizer = weakref.finalize(self, self._res.close)
         self._epoch = 0
         self._active: weakref.ref | None = None
+        self._latest: weakref.ref | None = None  # the newest iterator: what state and figures describe
         self._layout: SlotLayout | None = None
         self._initialized = True
 
@@ -275,6 +276,7 @@ class DataLoader(Generic[T_co]):
             self._close_active()
         it: EpochIterator[T_co] = EpochIterator(self._run_epoch(self._epoch, shared), self)
         self._epoch += 1
+        self._latest = weakref.ref(it)
         if shared:
             self._active = weakref.ref(it)
         return it
@@ -328,7 +330,7 @@ class DataLoader(Generic[T_co]):
             if res.prefetcher is not None:
                 yield from on_device(res.prefetcher.batches(source), self.device_id)
             else:
-                yield from self._host_batches(source)
+                yield from host_batches(source, self.zero_copy, lambda: self._layout)
             graceful = True
         except GeneratorExit:
             graceful = True  # a break or a dropped iterator: persistent workers may stay
@@ -382,67 +384,3 @@ class DataLoader(Generic[T_co]):
             if stage.slots.ring is not ring:
                 ring.close()
             raise
-
-    def _host_batches(self, source: BatchSource) -> Iterator[Any]:
-        held = None
-        try:
-            while True:
-                if held is not None:
-                    source.release(held)
-                    held = None
-                try:
-                    hb = source.next(True)
-                except FailedBatch as failed:
-                    yield failed  # raised by the iterator, which goes on after it
-                    continue
-                if hb is None:
-                    return
-                if hb.slot is None:  # made outside the ring: the caller's already
-                    leaves = [readonly(a) for a in hb.leaves] if self.zero_copy else hb.leaves
-                elif self.zero_copy:
-                    leaves = [readonly(a) for a in hb.leaves]
-                    held = hb
-                else:
-                    leaves = [a.copy() for a in hb.leaves]
-                    source.release(hb)
-                treedef = hb.treedef if hb.treedef is not None else _layout_treedef(self._layout)
-                yield join(treedef, leaves, hb.objects)
-        finally:
-            if held is not None:
-                source.release(held)
-
-
-class EpochIterator(Iterator[T_co]):
-    """One epoch's batches. A batch that failed raises its ``WorkerError`` in its turn and the next
-    ``next()`` goes on with the following batch, as PyTorch's iterator does; any other error ends it.
-    """
-
-    def __init__(self, steps: Iterator[Any], loader: DataLoader) -> None:
-        self._steps = steps
-        self._loader = weakref.ref(loader)
-
-    def __next__(self) -> T_co:
-        item = next(self._steps)
-        if isinstance(item, FailedBatch):
-            error = item.error
-            del self, item  # the traceback must not keep the epoch alive: a dropped iterator frees its slots
-            raise error
-        return item
-
-    def __len__(self) -> int:
-        loader = self._loader()
-        if loader is None:
-            raise TypeError("the DataLoader of this iterator is gone")
-        return len(loader)
-
-    def close(self) -> None:
-        """End this epoch now: its workers stop (unless persistent) and its slots are given back."""
-        close = getattr(self._steps, "close", None)
-        if close is not None:
-            close()
-
-
-def _layout_treedef(layout: SlotLayout | None) -> Any:
-    if layout is None:
-        raise LoaderError("internal error: a ring batch before the layout was known")
-    return layout.treedef
