@@ -502,6 +502,10 @@ def test_reproduce_writes_every_file_and_judges_both_picks(tmp_path, monkeypatch
     assert set(doc["comparison"]["samples_per_s"]) == {"0", "1"}
     assert doc["skipped"] == ["transfer experiments: turned off"]
     assert rep.comparison.ratio(rep.comparison.steady_best) == 1.0
+    c = doc["comparison"]
+    assert set(c["head_to_head"]) == {str(w) for w in (c["steady_best"], c["paper_pick"], c["fast_pick"])}
+    assert c["fast_pick_vs_steady_best_fresh"] == pytest.approx(
+        c["head_to_head"][str(c["fast_pick"])] / c["head_to_head"][str(c["steady_best"])])
     paper_rates = {t.workers: t.samples_per_second for t in rep.paper.trials}
     assert doc["fast_pick_vs_exhaustive_best"] == pytest.approx(
         paper_rates[rep.fast.best_workers] / max(paper_rates.values()))
@@ -509,6 +513,7 @@ def test_reproduce_writes_every_file_and_judges_both_picks(tmp_path, monkeypatch
     text = (out / "summary.md").read_text()
     assert text.startswith("# cupy_nwt reproduce")
     assert "## NWT: fast vs paper" in text and "fast pick vs steady best" in text
+    assert "fast pick vs steady best, fresh" in text
     assert "![tune-paper.png](tune-paper.png)" in text
 
     assert main(["reproduce", "--out", str(tmp_path / "again"), "--synthetic-n", "512", "--batch-size", "32",
