@@ -2,8 +2,10 @@
 
 Kept apart from the mechanism (``_online``) so it can be tested against a simulated pipeline
 whose costs the test controls. The signals are the caller's: how long it waited inside ``next()``
-per step (starved: the workers fall behind), and how often, when it asked, every active worker
-had already finished all it was given (idle: the in-flight cap, not the workers, set the pace).
+per step (starved: the workers fall behind), and how many active workers, when it asked, had
+already finished all they were given (idle: the slot cap or the caller, not they, set the pace).
+Workers idle while the caller waits mean the buffer is too short for the batches' spread, so the
+policy adds a slot there rather than a worker.
 
 Why the hysteresis: a change takes an interval to show (a new worker starts, the buffer refills),
 so the interval after a change is not judged; adding reacts to one starved interval, because
@@ -93,24 +95,25 @@ class Limits:
 @dataclass(frozen=True)
 class Observation:
     """One interval: ``steps`` batches handed out in ``elapsed_s``, ``wait_s`` of it inside ``next()``;
-    ``asks`` times the caller asked, ``idle_asks`` of them with every active worker done with its tasks."""
+    ``asks`` times the caller asked, ``idle_workers`` summed over them: active workers done with their tasks."""
 
     steps: int
     elapsed_s: float
     wait_s: float
     asks: int
-    idle_asks: int
+    idle_workers: int
 
     @property
     def wait_share(self) -> float:
         return self.wait_s / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
-    def idle_share(self) -> float:
-        return self.idle_asks / self.asks if self.asks else 0.0
+    def mean_idle(self) -> float:
+        """Active workers with nothing to do, on average, when the caller asked."""
+        return self.idle_workers / self.asks if self.asks else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "wait_share": self.wait_share, "idle_share": self.idle_share}
+        return {**asdict(self), "wait_share": self.wait_share, "mean_idle": self.mean_idle}
 
 
 @dataclass(frozen=True)
@@ -137,12 +140,13 @@ class Policy(Protocol):
 
 class AutotunePolicy:
     """The default rules. ``starved``: the caller waited more than this share of the interval;
-    ``calm``: less than this share counts as not waiting; ``idle``: share of asks with every worker
-    done, above which workers are ahead; ``park_after``: idle intervals before a park."""
+    ``calm``: less than this share counts as not waiting; ``idle``: idle workers per ask, on average,
+    from which one can be parked (above 1, so the rest keep a margin); ``park_after``: such intervals
+    before a park; ``jitter``: idle workers per ask while starved that point to a short buffer."""
 
-    def __init__(self, *, starved: float = 0.05, calm: float = 0.01, idle: float = 0.9, park_after: int = 3,
+    def __init__(self, *, starved: float = 0.05, calm: float = 0.01, idle: float = 1.5, jitter: float = 0.5, park_after: int = 3,
                  regret_within: int = 4, max_park_after: int = 48) -> None:
-        self.starved, self.calm, self.idle = starved, calm, idle
+        self.starved, self.calm, self.idle, self.jitter = starved, calm, idle, jitter
         self.park_after, self.regret_within, self.max_park_after = park_after, regret_within, max_park_after
         self._settle = 0  # intervals not judged, after a change
         self._idle_run = 0
@@ -160,7 +164,7 @@ class AutotunePolicy:
             self._idle_run = 0
             return self._changed(self._feed(obs, now, limits, share))
         self._said_full = False
-        if share < self.calm and obs.idle_share >= self.idle and now.workers > 1:
+        if share < self.calm and obs.mean_idle >= self.idle and now.workers > 1:
             self._idle_run += 1
             if self._idle_run >= self.park_after:
                 self._idle_run = 0
@@ -168,7 +172,7 @@ class AutotunePolicy:
                 slots = max(2, now.slots - limits.prefetch_factor)
                 return self._changed(Decision(
                     "park_worker", now.workers - 1, slots,
-                    f"workers sat idle at {obs.idle_share:.0%} of the caller's asks for {self.park_after} intervals "
+                    f"{obs.mean_idle:.1f} workers sat idle per ask for {self.park_after} intervals "
                     f"and the caller waited {share:.1%} of the time"))
             return None
         self._idle_run = 0
@@ -180,7 +184,7 @@ class AutotunePolicy:
         if self._since_park is not None and self._since_park <= self.regret_within:
             self.park_after = min(self.max_park_after, self.park_after * 2)
             self._since_park = None
-        jitter = obs.idle_share > 0.25  # workers idle at times yet the caller waited: a buffer too short
+        jitter = obs.mean_idle >= self.jitter  # workers idle, yet the caller waited: a buffer too short
         if now.workers < limits.workers and not jitter:
             busy = max(obs.elapsed_s - obs.wait_s, 1e-9)  # the caller's own time: the pace to keep up with
             want = math.ceil(now.workers * obs.elapsed_s / busy)

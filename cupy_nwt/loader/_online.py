@@ -2,7 +2,7 @@
 
 A loader built with ``autotune=True`` has one ``OnlineTuner``. It follows the newest iterator
 (its ``delivered`` and ``waited_s``), and the first worker source that asks for a batch after it:
-each ask samples whether every active worker had finished its tasks; every ``interval_steps``
+each ask counts the active workers that had finished their tasks; every ``interval_steps``
 steps (and at least ``min_interval_s``) the policy sees the interval and may change the setting.
 
 A change never touches which batches are made or their order: those are fixed by the plan, and a
@@ -126,7 +126,7 @@ class OnlineTuner:
             self._mark, self._asks, self._idle = (it.delivered, it.waited_s, now), 0, 0
             return
         self._asks += 1
-        self._idle += source.workers_idle()
+        self._idle += source.idle_workers()
         steps, elapsed = it.delivered - self._mark[0], now - self._mark[2]
         if steps < self.interval_steps or elapsed < self.min_interval_s:
             return

@@ -212,9 +212,9 @@ class WorkerSource(BatchSource):
         """Take in the results that have arrived, without waiting."""
         self._absorb(self.workers.collect(0))
 
-    def workers_idle(self) -> bool:
-        """Every active worker has answered all its tasks, and the epoch has more to give them."""
-        return not self.planned_all and self.workers.in_flight() == 0
+    def idle_workers(self) -> int:
+        """Active workers that have answered all their tasks, while the epoch has more to give (else 0)."""
+        return 0 if self.planned_all else self.workers.idle_workers()
 
     def next(self, block: bool) -> HostBatch | None:
         if self.tick is not None:

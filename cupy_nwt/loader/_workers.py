@@ -130,9 +130,9 @@ class WorkerPool:
                 self._send(self._workers[-1], RingMsg(ring.name, ring.layout, ring.slots))
         self.active = max(1, n)
 
-    def in_flight(self) -> int:
-        """Tasks given to workers and not answered yet."""
-        return sum(w.outstanding for w in self._workers)
+    def idle_workers(self) -> int:
+        """Active workers with no task out."""
+        return sum(w.outstanding == 0 for w in self._workers[:self.active])
 
     @property
     def size(self) -> int:
