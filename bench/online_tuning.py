@@ -108,7 +108,7 @@ def run_epoch(dataset: PhasedDataset, batch_size: int, step_s: float, num_worker
     A phase ends when the caller's step on its last batch does; the first includes worker start-up.
     """
     online = cpu_budget is not None
-    dl = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, device="cpu", seed=0,
+    dl: DataLoader[np.ndarray] = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, device="cpu", seed=0,
                     autotune=online, cpu_budget=cpu_budget)
     marks = [0.0, 0.0, 0.0, 0.0]
     workers_at: list[int] = []
@@ -117,7 +117,7 @@ def run_epoch(dataset: PhasedDataset, batch_size: int, step_s: float, num_worker
         for batch in dl:
             time.sleep(step_s)
             marks[dataset.phase(int(batch[-1, 0])) + 1] = time.perf_counter() - t0
-            if online:
+            if dl._online is not None:
                 workers_at.append(dl._online.workers)
         total = time.perf_counter() - t0
     finally:
@@ -145,7 +145,7 @@ def compare(workers: list[int], batches: int, batch_size: int, step_s: float, io
     pick = one_shot_pick(fixed)
     online = run_epoch(dataset, batch_size, step_s, pick.num_workers, f"online from {pick.num_workers}",
                        cpu_budget=max(workers))  # the same range the fixed runs cover
-    best = [min(fixed, key=lambda r, p=p: r.phase_s[p]) for p in range(3)]
+    best = [min(fixed, key=lambda r: r.phase_s[p]) for p in range(3)]  # noqa: B023 - used at once
     config = {"batches_per_phase": batches, "batch_size": batch_size, "step_s": step_s, "io_s_per_sample": io_s,
               "decode_cpu_s_per_sample": decode_s, "workers": workers, "phases": list(PHASES)}
     return Result(system.host_info().to_dict(), config, fixed, online, pick.num_workers, pick.total_s,
@@ -175,7 +175,7 @@ def plot(result: Result, path: Path) -> Path:
     per = result.config["batches_per_phase"]
     for p, n in enumerate(result.hindsight_workers):
         ax.hlines(n, p * per, (p + 1) * per, colors="tab:gray", linestyles="--",
-                  label="best fixed per phase" if p == 0 else None)
+                  label="best fixed per phase" if p == 0 else "_")
     ax.set_xlabel("batch")
     ax.set_ylabel("workers")
     ax.set_ylim(bottom=0)
