@@ -45,6 +45,7 @@ from ..ranks import agree, rank_layout
 from ._device import device_scope, on_device, resolve_device
 from ._epoch import EpochIterator, host_batches
 from ._maker import BatchMaker
+from ._online import make_online
 from ._options import resolve_context, resolve_timeout, seed_from, warn_if_too_many_workers
 from ._prefetch import DevicePrefetcher
 from ._ring import Ring, SlotLayout
@@ -105,6 +106,12 @@ class DataLoader(Generic[T_co]):
     broadcast it, else 0. On the GPU the device is ``local_rank % device_count`` unless
     ``device="cuda:N"``; ``device_id`` says which.
 
+    ``autotune=True`` (map-style, ``num_workers`` >= 1 or "auto", the start) retunes the active
+    workers and the ring slots in use while the caller iterates, within ``cpu_budget`` workers
+    (default: usable CPUs less one) and ``memory_budget`` ring bytes (default: a share of available
+    RAM and of /dev/shm), without changing the batches; see ``_online``. A policy object with
+    ``decide`` may stand in for ``True``.
+
     ``timeout`` bounds each wait for the next batch from the workers (the first waits include worker
     start-up, which is slower with forkserver/spawn). Each iterator has its own workers and gets the
     whole epoch, except with persistent workers or on the GPU, where starting a new iteration ends
@@ -119,7 +126,8 @@ class DataLoader(Generic[T_co]):
                  *, prefetch_factor: int | None = None, persistent_workers: bool = False, in_order: bool = True,
                  seed: int | None = None, device: str = "auto", start_method: str | None = None,
                  batch_transform: Callable | None = None, zero_copy: bool = False,
-                 rank: int | None = None, world_size: int | None = None) -> None:
+                 rank: int | None = None, world_size: int | None = None, autotune: Any = False,
+                 cpu_budget: int | None = None, memory_budget: int | None = None) -> None:
         seed = seed_from(seed, generator)
         prefetch_factor = check_int("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor, ge=1)
         if pin_memory not in (True, False, "staging"):
@@ -141,10 +149,15 @@ class DataLoader(Generic[T_co]):
         self.seed = self._agreed_seed() if seed is None else seed
         self._sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, self.seed,
                                           self.rank_layout.rank, self.rank_layout.world_size)
+        self._online = make_online(autotune, cpu_budget, memory_budget, num_workers=num_workers,
+                                   iterable=self._sampling.kind == "iterable")
         if isinstance(num_workers, int):
             warn_if_too_many_workers(num_workers)
         else:
             num_workers = self._auto_workers(prefetch_factor, pin_memory, batch_transform)
+        if self._online is not None:
+            num_workers = self._online.start(num_workers, prefetch_factor)
+        self._decisions = self._online.decisions if self._online is not None else []  # online tuning's changes
         self.num_workers = int(num_workers)
         self.prefetch_factor = int(prefetch_factor)
         self.pin_memory = pin_memory
@@ -277,6 +290,8 @@ class DataLoader(Generic[T_co]):
         it: EpochIterator[T_co] = EpochIterator(self._run_epoch(self._epoch, shared), self)
         self._epoch += 1
         self._latest = weakref.ref(it)
+        if self._online is not None:
+            self._online.follow(it, self._epoch - 1)
         if shared:
             self._active = weakref.ref(it)
         return it
@@ -323,7 +338,8 @@ class DataLoader(Generic[T_co]):
                 stage = self._new_stage(epoch, shared)
             learn = (lambda hb: self._learn(stage, plan, hb)) if stage is not None else None
             if stage is not None and stage.workers is not None:
-                source = WorkerSource(stage.workers, plan, self.in_order, self.timeout, learn=learn)
+                source = WorkerSource(stage.workers, plan, self.in_order, self.timeout, learn=learn,
+                                      tick=self._online.tick if self._online is not None else None)
             else:
                 source = InlineSource(self._maker(), plan, self._layout, None,
                                       stage.slots if stage is not None else None, learn=learn)
@@ -346,10 +362,13 @@ class DataLoader(Generic[T_co]):
         workers = None
         if self.num_workers > 0:
             workers = WorkerPool(
-                maker=self._maker(), num_workers=self.num_workers, prefetch_factor=self.prefetch_factor,
+                maker=self._maker(), prefetch_factor=self.prefetch_factor,
+                num_workers=self._online.workers if self._online is not None else self.num_workers,
                 seed=self.seed, worker_init_fn=self.worker_init_fn,
                 start_method=self._context if self._context is not None else self.start_method,
                 epoch=epoch, rank=self.rank, world_size=self.world_size)
+            if self._online is not None:
+                self._online.configure(workers)
         stage = Stage(workers.slots if workers is not None else SlotPool(None), workers)
         if shared:
             self._res.stage = stage
@@ -371,10 +390,14 @@ class DataLoader(Generic[T_co]):
 
     def _attach_ring(self, stage: Stage, layout: SlotLayout) -> None:
         n = max(2, self.num_workers * self.prefetch_factor) if self.num_workers > 0 else 2
+        if self._online is not None:
+            n = self._online.ring_slots(layout.slot_bytes, self.prefetch_factor)
         ring = Ring(layout, n, shared=self.num_workers > 0)
         try:
             if stage.workers is not None:
                 stage.workers.attach(ring)
+                if self._online is not None:
+                    self._online.configure(stage.workers)
             else:
                 stage.slots.attach(ring)
             if self._res.prefetcher is not None and stage is self._res.stage:

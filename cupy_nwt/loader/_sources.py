@@ -153,9 +153,10 @@ class WorkerSource(BatchSource):
     """
 
     def __init__(self, workers: WorkerPool, plan: Plan, in_order: bool, timeout: float | None,
-                 *, learn: Learn | None = None) -> None:
+                 *, learn: Learn | None = None, tick: Callable[[WorkerSource], None] | None = None) -> None:
         self.workers, self.slots, self.plan, self.epoch = workers, workers.slots, plan, plan.epoch
         self.in_order, self.timeout, self.learn = in_order, timeout, learn
+        self.tick = tick  # online tuning's look at each ask (``_online``)
         self.slots.new_generation()
         self.tasks: Iterator[PlanTask] = plan.tasks()
         self.pending: PlanTask | None = None
@@ -207,7 +208,17 @@ class WorkerSource(BatchSource):
                 self.learn(item)
             self.ready[item.index if isinstance(item, HostBatch) else item.batch_index] = item
 
+    def poll(self) -> None:
+        """Take in the results that have arrived, without waiting."""
+        self._absorb(self.workers.collect(0))
+
+    def idle_workers(self) -> int:
+        """Active workers that have answered all their tasks, while the epoch has more to give (else 0)."""
+        return 0 if self.planned_all else self.workers.idle_workers()
+
     def next(self, block: bool) -> HostBatch | None:
+        if self.tick is not None:
+            self.tick(self)
         deadline = None
         while True:
             self._submit()

@@ -83,35 +83,56 @@ class WorkerPool:
                  rank: int = 0, world_size: int = 1) -> None:
         self.prefetch_factor = prefetch_factor
         self.slots = SlotPool(None)
+        self.slot_cap: int | None = None  # at most this many slots taken at once (None: the whole ring)
         self._rr = 0
         self._closed = False
         self._workers: list[_Worker] = []
-        ctx = context_of(start_method)
-        method = ctx.get_start_method()
-        if method == "forkserver":
-            ctx.set_forkserver_preload(["__main__", "cupy_nwt.loader._workers"])
+        self._ctx = context_of(start_method)
+        self._spec = (num_workers, seed, epoch, maker, worker_init_fn, rank, world_size)
+        if self._ctx.get_start_method() == "forkserver":
+            self._ctx.set_forkserver_preload(["__main__", "cupy_nwt.loader._workers"])
         try:
             for w in range(num_workers):
-                spec = WorkerSpec(w, num_workers, worker_seed(seed, w, epoch), maker, worker_init_fn, rank, world_size)
-                task_r, task_w = ctx.Pipe(duplex=False)
-                res_r, res_w = ctx.Pipe(duplex=False)
-                proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w), name=f"cupy_nwt-worker-{w}", daemon=True)
-                try:
-                    proc.start()
-                except (pickle.PicklingError, AttributeError, TypeError) as exc:
-                    for c in (task_r, task_w, res_r, res_w):
-                        c.close()
-                    raise LoaderError(
-                        f"start_method={method!r} sends the dataset, collate_fn, batch_transform and "
-                        f"worker_init_fn to each worker by pickling, and that failed: {exc}. Define them at module "
-                        "level, or use start_method='fork' where CUDA is not initialised in this process"
-                    ) from exc
-                task_r.close()
-                res_w.close()
-                self._workers.append(_Worker(w, proc, task_w, res_r))
+                self._start(w)
         except BaseException:
             self.shutdown()
             raise
+        self.active = num_workers  # workers given tasks; the others are parked (alive, idle)
+
+    def _start(self, w: int) -> None:
+        num_workers, seed, epoch, maker, worker_init_fn, rank, world_size = self._spec
+        ctx, method = self._ctx, self._ctx.get_start_method()
+        spec = WorkerSpec(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), maker, worker_init_fn, rank,
+                          world_size)
+        task_r, task_w = ctx.Pipe(duplex=False)
+        res_r, res_w = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w), name=f"cupy_nwt-worker-{w}", daemon=True)
+        try:
+            proc.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            for c in (task_r, task_w, res_r, res_w):
+                c.close()
+            raise LoaderError(
+                f"start_method={method!r} sends the dataset, collate_fn, batch_transform and "
+                f"worker_init_fn to each worker by pickling, and that failed: {exc}. Define them at module "
+                "level, or use start_method='fork' where CUDA is not initialised in this process"
+            ) from exc
+        task_r.close()
+        res_w.close()
+        self._workers.append(_Worker(w, proc, task_w, res_r))
+
+    def set_active(self, n: int) -> None:
+        """Give tasks to the first ``n`` workers: un-park parked ones, start more processes if needed."""
+        while self.size < n:
+            self._start(self.size)
+            ring = self.slots.ring
+            if ring is not None and ring.name is not None:
+                self._send(self._workers[-1], RingMsg(ring.name, ring.layout, ring.slots))
+        self.active = max(1, n)
+
+    def idle_workers(self) -> int:
+        """Active workers with no task out."""
+        return sum(w.outstanding == 0 for w in self._workers[:self.active])
 
     @property
     def size(self) -> int:
@@ -139,17 +160,18 @@ class WorkerPool:
         """
         if not self._workers:
             return False
-        ring = self.slots.ring
-        if ring is not None and not self.slots.free:
+        ring, cap = self.slots.ring, self.slot_cap
+        if ring is not None and (not self.slots.free or (cap is not None and ring.slots - len(self.slots.free) >= cap)):
             return False
+        n = min(self.active, len(self._workers))
         if worker is None:
-            n = len(self._workers)
             w = min((self._workers[(self._rr + k) % n] for k in range(n)), key=lambda x: x.outstanding)
         else:
             w = self._workers[worker]
-        if w.outstanding >= (self.prefetch_factor if ring is not None else 1):
+        per_worker = max(self.prefetch_factor, -(-cap // n)) if cap is not None else self.prefetch_factor
+        if w.outstanding >= (per_worker if ring is not None else 1):
             return False
-        self._rr = (w.id + 1) % len(self._workers)
+        self._rr = (w.id + 1) % n
         slot = self.slots.take() if ring is not None else NO_SLOT
         assert slot is not None  # checked free above
         try:
