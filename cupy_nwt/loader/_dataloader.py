@@ -127,8 +127,6 @@ class DataLoader(Generic[T_co]):
         seed = seed_from(seed, generator)
         if worker_type is not None:
             worker_type = check_worker_type(worker_type)
-        if worker_type == "thread" and (multiprocessing_context is not None or start_method is not None):
-            raise ValueError("multiprocessing_context and start_method apply to process workers, not worker_type='thread'")
         prefetch_factor = check_int("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor, ge=1)
         if pin_memory not in (True, False, "staging"):
             raise ValueError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
@@ -142,6 +140,8 @@ class DataLoader(Generic[T_co]):
             num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
         context = resolve_context(multiprocessing_context, start_method,
                                   num_workers if isinstance(num_workers, int) else 1)
+        if worker_type == "thread" and context is not None:
+            raise ValueError("multiprocessing_context and start_method apply to process workers, not worker_type='thread'")
 
         self.rank_layout = rank_layout(rank, world_size)
         self.device, self.device_id = resolve_device(device, self.rank_layout)

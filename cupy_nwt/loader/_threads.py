@@ -14,7 +14,8 @@ back through one queue. What differs from processes, and why:
 * ``get_worker_info().seed`` is what a process worker would get, but Python's and NumPy's global
   generators belong to the whole process and are left alone;
 * a thread cannot be killed: shutdown asks, then waits at most ``SHUTDOWN_GRACE_S`` for the pool; a
-  thread stuck in user code is a daemon and ends when that code returns, its answer dropped.
+  thread stuck in user code is a daemon (renamed "... (stuck)", with a warning) and ends when that
+  code returns, its answer dropped.
   An exception that escapes the worker loop (``SystemExit`` in a dataset) is this pool's
   ``WorkerDiedError``, the analogue of a process that died.
 """
@@ -22,6 +23,7 @@ back through one queue. What differs from processes, and why:
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import queue
 import threading
@@ -42,6 +44,8 @@ from ._tree import split
 from ._workers import SHUTDOWN_GRACE_S, Ended, Failed, Result
 
 WORKER_TYPES = ("process", "thread")
+STUCK_SUFFIX = " (stuck)"  # appended to the name of a thread still busy after shutdown
+_log = logging.getLogger(__name__)
 
 
 class Workers(Protocol):
@@ -252,4 +256,11 @@ class ThreadPool:
         for t in self._workers:
             if t.thread is not threading.current_thread():
                 t.thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t for t in self._workers if t.thread.is_alive() and t.thread is not threading.current_thread()]
+        for t in stuck:
+            t.thread.name += STUCK_SUFFIX
+        if stuck:
+            _log.warning("loader worker thread(s) %s still in user code %.1f s after shutdown: a thread cannot be "
+                         "killed; each ends when that code returns, its batch dropped",
+                         ", ".join(str(t.id) for t in stuck), SHUTDOWN_GRACE_S)
         self._workers = []
