@@ -80,8 +80,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
             else:
                 best = _FastSearch(runner, n, iterations, float(tolerance), FAST_BUDGET).search()
         searched.append((kind, best, tuple(runner.runs)))
-    bests = [TypeBest(kind, best, combine_runs(runs)[best].samples_per_second, sum(r.wall_seconds for r in runs))
-             for kind, best, runs in searched]
+    bests = [TypeBest(kind, best, _rate(runs, best), sum(r.wall_seconds for r in runs)) for kind, best, runs in searched]
     win = max(range(len(bests)), key=lambda i: bests[i].samples_per_second)
     kind, best, runs = searched[win]
     return TuneResult(
@@ -91,3 +90,9 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         worker_type=kind, other_types=tuple(b for i, b in enumerate(bests) if i != win),
     )
+
+
+def _rate(runs: tuple[Trial, ...], best: int) -> float:
+    """The best count's combined samples/s; 0.0 when the search picked it unmeasured (one count to search)."""
+    trial = combine_runs(runs).get(best)
+    return trial.samples_per_second if trial is not None else 0.0
