@@ -95,6 +95,7 @@ def test_persistent_threads_survive_epochs_and_end_on_close():
 
 def test_a_stuck_thread_times_out_and_is_left_to_finish_with_a_warning(caplog):
     data = Blocks(8)
+    earlier = {t for t in threading.enumerate() if t.name.endswith(STUCK_SUFFIX)}  # other tests' stuck threads
     dl = DataLoader(data, batch_size=2, num_workers=1, timeout=0.5, worker_type="thread", device="cpu")
     t0 = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="cupy_nwt.loader._threads"):
@@ -103,7 +104,7 @@ def test_a_stuck_thread_times_out_and_is_left_to_finish_with_a_warning(caplog):
         dl.close()
     assert time.monotonic() - t0 < NO_HANG_S  # a hang guard: shutdown's wait is bounded
     assert any("still in user code" in r.getMessage() for r in caplog.records)
-    stuck = [t for t in threading.enumerate() if t.name.endswith(STUCK_SUFFIX)]
+    stuck = [t for t in threading.enumerate() if t.name.endswith(STUCK_SUFFIX) and t not in earlier]
     assert stuck
     data.release.set()
     for t in stuck:
