@@ -7,8 +7,12 @@ transform runs in its ``collate_fn``, the place a torch user would put a batch t
 workloads: PNG/JPEG decode from a tar shard (Pillow bound), and an in-memory uint8 array (the Numba
 batch path; the loader's own overhead shows here).
 
-Each point is the median of ``--repeats`` fresh loaders, loaders interleaved within a repeat so a
-neighbour's load hits both alike; the first ``--warmup`` batches (worker start-up) are not timed.
+Three loaders: cupy_nwt with process workers, cupy_nwt with thread workers (``worker_type="thread"``)
+and torch, at equal worker counts. Each point is the median of ``--repeats`` fresh loaders, loaders
+interleaved within a repeat so a neighbour's load hits all alike; the first ``--warmup`` batches
+(worker start-up) are not timed for samples/s. Each run also records the time from building the
+loader to its first batch, and the CPU seconds (user + system, the main process and its workers)
+spent per 1,000 timed samples.
 Writes ``bench/results/loader_compare-<host>.json`` and ``.png``:
 
     .venv/bin/python bench/loader_compare.py --workers 0,1,2
@@ -19,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -38,7 +43,7 @@ from cupy_nwt.nwt.memory import MemorySampler
 from cupy_nwt.transforms import CifarTrainTransform
 
 RESULTS = Path(__file__).resolve().parent / "results"
-LOADERS = ("cupy_nwt", "torch")
+LOADERS = ("cupy_nwt", "cupy_nwt-thread", "torch")
 
 
 @dataclass(frozen=True)
@@ -107,13 +112,15 @@ class TorchCollate:
 
 
 def make_loader(kind: str, workload: Workload, num_workers: int, batch_size: int, device: str, seed: int) -> Any:
-    """A loader of ``kind`` ('cupy_nwt' or 'torch') over the workload, both forking their workers."""
-    if kind == "cupy_nwt":
+    """A loader of ``kind`` (one of ``LOADERS``) over the workload; process workers are forked."""
+    if kind in ("cupy_nwt", "cupy_nwt-thread"):
         from cupy_nwt import DataLoader  # noqa: PLC0415
 
+        threads = kind == "cupy_nwt-thread"
         return DataLoader(workload.dataset, batch_size=batch_size, shuffle=True, seed=seed, num_workers=num_workers,
                           device=device, pin_memory=device == "cuda", batch_transform=workload.batch_transform,
-                          start_method=None if device == "cuda" else "fork")
+                          start_method=None if device == "cuda" or threads else "fork",
+                          worker_type="thread" if threads else "process")
     if kind == "torch":
         import torch  # noqa: PLC0415
 
@@ -173,28 +180,59 @@ class Run:
     samples: int
     seconds: float
     peak_memory_bytes: int | None
+    first_batch_s: float = math.nan
+    cpu_s: float = math.nan  # CPU seconds of the main process and its workers over the timed batches
 
     @property
     def samples_per_s(self) -> float:
         return self.samples / self.seconds if self.seconds > 0 else math.inf
 
+    @property
+    def cpu_s_per_1000(self) -> float:
+        return 1000 * self.cpu_s / self.samples if self.samples else math.nan
+
+
+def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
+    """User + system CPU seconds of this process (all its threads) and of ``pids``, per pid."""
+    import psutil  # noqa: PLC0415
+
+    out = {}
+    for pid in (os.getpid(), *pids):
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        out[pid] = t.user + t.system
+    return out
+
+
+def cpu_between(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds spent between two ``cpu_seconds`` snapshots by the processes in both."""
+    return sum(after[p] - before[p] for p in before.keys() & after.keys())
+
 
 def measure(kind: str, workload: Workload, num_workers: int, batch_size: int = 128, batches: int = 30,
             warmup: int = 3, device: str = "cpu", seed: int = 0) -> Run:
+    t_build = time.perf_counter()
     loader = make_loader(kind, workload, num_workers, batch_size, device, seed)
     stream = batch_stream(loader, kind, device)
+    pids = worker_pids(loader)
     try:
-        for _ in range(warmup):
+        next(stream)
+        first = time.perf_counter() - t_build
+        for _ in range(warmup - 1):
             next(stream)
-        with MemorySampler(worker_pids(loader)) as sampler:
+        with MemorySampler(pids) as sampler:
+            cpu0 = cpu_seconds(pids())
             t0 = time.perf_counter()
             samples = sum(next(stream) for _ in range(batches))
             seconds = time.perf_counter() - t0
+            cpu = cpu_between(cpu0, cpu_seconds(pids()))
         peak = sampler.peak
     finally:
         stream.close()
         close_loader(loader)
-    return Run(samples, seconds, peak.bytes if peak.samples else None)
+    return Run(samples, seconds, peak.bytes if peak.samples else None, first, cpu)
 
 
 @dataclass(frozen=True)
@@ -205,6 +243,8 @@ class Point:
     samples_per_s: dict[str, Any]
     peak_memory_bytes: int | None
     runs: int
+    first_batch_s: float = math.nan  # median over the runs
+    cpu_s_per_1000: float = math.nan  # median over the runs
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -223,20 +263,31 @@ class Comparison:
     points: list[Point] = field(default_factory=list)
     note: str = ""
 
-    def speedups(self) -> dict[str, dict[int, float]]:
-        """cupy_nwt's median samples/s over torch's, per workload and worker count."""
-        med = {(p.workload, p.loader, p.num_workers): p.samples_per_s["median"] for p in self.points}
+    def speedups(self, loader: str = "cupy_nwt", first_batch: bool = False) -> dict[str, dict[int, float]]:
+        """``loader``'s median samples/s over torch's (``first_batch``: torch's time to the first batch
+        over ``loader``'s), per workload and worker count."""
+        if first_batch:
+            med = {(p.workload, p.loader, p.num_workers): 1 / p.first_batch_s for p in self.points if p.first_batch_s > 0}
+        else:
+            med = {(p.workload, p.loader, p.num_workers): p.samples_per_s["median"] for p in self.points}
         out: dict[str, dict[int, float]] = {}
         for (w, kind, n), v in med.items():
             other = med.get((w, "torch", n))
-            if kind == "cupy_nwt" and other:
+            if kind == loader and other:
                 out.setdefault(w, {})[n] = v / other
         return out
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["points"] = [p.to_dict() for p in self.points]
-        d["speedup_vs_torch"] = {w: {str(n): s for n, s in v.items()} for w, v in self.speedups().items()}
+
+        def table(x: dict[str, dict[int, float]]) -> dict[str, dict[str, float]]:
+            return {w: {str(n): s for n, s in v.items()} for w, v in x.items()}
+
+        d["speedup_vs_torch"] = table(self.speedups())
+        d["thread_speedup_vs_torch"] = table(self.speedups("cupy_nwt-thread"))
+        d["first_batch_speedup_vs_torch"] = {k: table(self.speedups(k, first_batch=True))
+                                             for k in ("cupy_nwt", "cupy_nwt-thread")}
         return d
 
 
@@ -257,7 +308,8 @@ def compare(workloads: Sequence[Workload], workers: Sequence[int], loaders: Sequ
     for (w, kind, n), rs in runs.items():
         mem = [x.peak_memory_bytes for x in rs if x.peak_memory_bytes is not None]
         points.append(Point(w, kind, n, summarize([x.samples_per_s for x in rs]).to_dict(),
-                            max(mem) if mem else None, len(rs)))
+                            max(mem) if mem else None, len(rs), statistics.median(x.first_batch_s for x in rs),
+                            statistics.median(x.cpu_s_per_1000 for x in rs)))
     torch_version = None
     if "torch" in loaders:
         import torch  # noqa: PLC0415
@@ -274,7 +326,7 @@ def plot(result: Comparison, path: Path) -> Path:
 
     names = list(result.workloads)
     fig = Figure(figsize=(6 * len(names), 4.5), layout="constrained")
-    styles = {"cupy_nwt": ("tab:green", "-"), "torch": ("tab:red", "--")}
+    styles = {"cupy_nwt": ("tab:green", "-"), "cupy_nwt-thread": ("tab:blue", "-."), "torch": ("tab:red", "--")}
     for i, w in enumerate(names):
         ax = fig.add_subplot(1, len(names), i + 1)
         for kind in LOADERS:
@@ -306,14 +358,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=parse_workers, default=None, help="comma-separated counts (default 0,1,2,4,..,CPUs)")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--batches", type=int, default=30, help="timed batches per run")
-    p.add_argument("--warmup", type=int, default=3, help="untimed batches per run (worker start-up)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed batches per run (worker start-up; the first is timed as time to first batch)")
     p.add_argument("--repeats", type=int, default=3, help="fresh loaders per point; the median is reported")
     p.add_argument("--decode-images", type=int, default=5000)
     p.add_argument("--array-images", type=int, default=8192)
     p.add_argument("--fmt", choices=("png", "jpeg"), default="png")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: batches to the GPU (cupy_nwt pinned ring; torch needs a CUDA build)")
-    p.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated subset of cupy_nwt,torch")
+    p.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated subset of " + ",".join(LOADERS))
     p.add_argument("--out-dir", type=Path, default=RESULTS)
     p.add_argument("--note", default="", help="free text kept in the JSON (e.g. what else ran on the host)")
     return p
@@ -324,9 +376,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     loaders = [x.strip() for x in args.loaders.split(",") if x.strip()]
     bad = [x for x in loaders if x not in LOADERS]
     if bad or not loaders:
-        print(f"loader_compare: unknown loaders {bad or loaders}; use cupy_nwt and/or torch", file=sys.stderr)
+        print(f"loader_compare: unknown loaders {bad or loaders}; use some of {', '.join(LOADERS)}", file=sys.stderr)
         return 2
-    for name in ("batch_size", "batches", "repeats", "decode_images", "array_images"):
+    for name in ("batch_size", "batches", "warmup", "repeats", "decode_images", "array_images"):
         if getattr(args, name) < 1:
             print(f"loader_compare: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
             return 2
@@ -362,11 +414,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     report.write_json(result, stem.with_suffix(".json"))
     rows = []
     for p in sorted(result.points, key=lambda p: (p.workload, p.num_workers, p.loader)):
-        s = result.speedups().get(p.workload, {}).get(p.num_workers) if p.loader == "cupy_nwt" else None
+        s = result.speedups(p.loader).get(p.workload, {}).get(p.num_workers) if p.loader != "torch" else None
+        f = result.speedups(p.loader, first_batch=True).get(p.workload, {}).get(p.num_workers)
         rows.append([p.workload, p.loader, p.num_workers, round(p.samples_per_s["median"]),
                      f"{p.samples_per_s['spread']:.1%}", f"{(p.peak_memory_bytes or 0) / 2**20:.0f}",
-                     f"{s:.2f}x" if s else ""])
-    print(report.table(["workload", "loader", "workers", "samples/s", "IQR/median", "peak MiB (PSS)", "vs torch"],
+                     f"{s:.2f}x" if s else "", f"{p.first_batch_s:.3f}", f"{f:.1f}x" if f else "",
+                     f"{p.cpu_s_per_1000:.2f}"])
+    print(report.table(["workload", "loader", "workers", "samples/s", "IQR/median", "peak MiB (PSS)", "vs torch",
+                        "first batch s", "vs torch", "CPU s/1000"],
                        rows, title=f"loader comparison, batch {result.batch_size}, device {result.device}"))
     try:
         print(f"wrote {stem.with_suffix('.json')} and {plot(result, stem.with_suffix('.png'))}")

@@ -42,6 +42,11 @@ def tuned(dataset, policy, **kw) -> DataLoader:
     return dl
 
 
+def pool_size(dl: DataLoader) -> int:
+    """Workers started (parked ones included), processes or threads."""
+    return max((s.workers.size for s in dl._res.stages() if s.workers is not None), default=0)
+
+
 def batches(dl: DataLoader, watch=None) -> list[tuple[np.ndarray, np.ndarray]]:
     out = []
     for img, y in dl:
@@ -51,7 +56,7 @@ def batches(dl: DataLoader, watch=None) -> list[tuple[np.ndarray, np.ndarray]]:
     return out
 
 
-@pytest.mark.usefixtures("clean")
+@pytest.mark.usefixtures("clean", "worker_type")
 @pytest.mark.parametrize("persistent", [False, True])
 def test_changing_workers_mid_epoch_gives_the_fixed_settings_batches(persistent):
     kw = dict(batch_size=4, shuffle=True, seed=7, batch_transform=noisy, persistent_workers=persistent)
@@ -61,7 +66,7 @@ def test_changing_workers_mid_epoch_gives_the_fixed_settings_batches(persistent)
     policy = Scripted((3, 6), (1, 2), (1, 3), (4, 9), (2, 4))
     dl = tuned(Squares(240), policy, num_workers=2, cpu_budget=4, **kw)
     most = []
-    got = [batches(dl, lambda d: most.append(len(d.worker_pids()))) for _ in range(2)]
+    got = [batches(dl, lambda d: most.append(pool_size(d))) for _ in range(2)]
     dl.close()
     for g, w in zip(got, want):
         assert len(g) == len(w) == 60
@@ -75,14 +80,14 @@ def test_changing_workers_mid_epoch_gives_the_fixed_settings_batches(persistent)
     assert max(most) == 4  # the fourth worker was started mid-epoch, never a fifth
 
 
-@pytest.mark.usefixtures("clean")
+@pytest.mark.usefixtures("clean", "worker_type")
 def test_budgets_hold_whatever_the_policy_proposes(caplog):
     slot = 4096
     policy = Scripted((3, 4), (2, 40), (2, 3))
     dl = tuned(Squares(120), policy, batch_size=4, num_workers=1, cpu_budget=2, memory_budget=4096 + 3 * slot)
     pids = []
     with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
-        batches(dl, lambda d: pids.append(len(d.worker_pids())))
+        batches(dl, lambda d: pids.append(pool_size(d)))
     assert max(pids) <= 2 and dl._online.limits == Limits(2, 3, 2)
     assert [(d.workers, d.slots) for d in dl._decisions] == [(1, 2), (2, 3)]
     assert caplog.text.count("beyond the budget") == 2
@@ -118,12 +123,12 @@ def test_a_waiting_caller_gets_a_worker_and_the_log_says_why(caplog):
 def test_auto_starts_from_the_saved_pick(monkeypatch):
     import cupy_nwt.nwt.pick as pick
 
-    monkeypatch.setattr(pick, "auto_num_workers", lambda *a, **k: 3)
+    monkeypatch.setattr(pick, "auto_pick", lambda *a, **k: (3, "process"))
     dl = DataLoader(Squares(16), batch_size=4, num_workers="auto", autotune=True, cpu_budget=2, device="cpu")
     assert dl.num_workers == 2 and dl._decisions[0].action == "start" and "num_workers=3" in dl._decisions[0].reason
-    monkeypatch.setattr(pick, "auto_num_workers", lambda *a, **k: 0)
+    monkeypatch.setattr(pick, "auto_pick", lambda *a, **k: (0, "thread"))
     dl = DataLoader(Squares(16), batch_size=4, num_workers="auto", autotune=True, cpu_budget=2, device="cpu")
-    assert dl.num_workers == 1  # workers are what it tunes: one to start from
+    assert dl.num_workers == 1 and dl.worker_type == "thread"  # workers are what it tunes: one to start from
     assert len(batches(dl)) == 4
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections import namedtuple
 
 import numpy as np
@@ -14,6 +15,8 @@ from cupy_nwt import NoGPUError, cuda
 from cupy_nwt.loader import DataLoader, LoaderError, WorkerError
 from cupy_nwt.loader._ring import SHM_DIR, live_segments
 from cupy_nwt.loader._workers import get_worker_info
+
+pytestmark = pytest.mark.usefixtures("worker_type")
 
 
 class DictSamples(Squares):
@@ -39,7 +42,7 @@ class BulkSamples(Squares):
 class WorkerIds(Squares):
     def __getitem__(self, i: int):
         info = get_worker_info()
-        return np.zeros(1, np.uint8), -1 if info is None else info.id * 100 + _INIT.get("id", 99)
+        return np.zeros(1, np.uint8), -1 if info is None else info.id * 100 + getattr(_INIT, "id", 99)
 
 
 class CupyImported(Squares):
@@ -69,11 +72,11 @@ class Nones(Squares):
         return None, i
 
 
-_INIT: dict[str, int] = {}
+_INIT = threading.local()  # what worker_init_fn saw, per worker (a thread worker shares the globals)
 
 
 def remember_worker(worker_id: int) -> None:
-    _INIT["id"] = worker_id
+    _INIT.id = worker_id
 
 
 def to_float(samples):
@@ -190,6 +193,7 @@ def test_worker_init_fn_and_worker_info():
     assert tags == {0, 101}
 
 
+@pytest.mark.process_only("worker_pids() are processes; test_loader_threads checks the threads")
 def test_persistent_workers_survive_epochs_and_others_end_with_them():
     with DataLoader(Squares(40), batch_size=8, num_workers=2, persistent_workers=True, device="cpu") as dl:
         collect(dl)
@@ -228,6 +232,7 @@ def test_batches_are_copies_by_default_and_views_with_zero_copy():
             assert y.tolist() == list(range(b * 8, b * 8 + 8)) and (x[:, 0, 0, 0] == y).all()
 
 
+@pytest.mark.process_only("a thread ring is anonymous memory, not a /dev/shm segment")
 def test_one_ring_segment_with_the_expected_slots_is_unlinked_after():
     before = live_segments(os.getpid())
     with DataLoader(Squares(100), batch_size=10, num_workers=3, prefetch_factor=2, device="cpu") as dl:
@@ -263,6 +268,7 @@ def test_str_fields_become_lists_and_unbatchable_fields_are_a_clear_error():
             collect(DataLoader(Nones(4), batch_size=2, num_workers=nw, device="cpu"))
 
 
+@pytest.mark.process_only("start methods are for processes")
 def test_forkserver_and_spawn_workers_match_and_never_import_cupy():
     ref = collect(DataLoader(Squares(30), batch_size=8, device="cpu"))
     for method in ("forkserver", "spawn"):
@@ -273,6 +279,7 @@ def test_forkserver_and_spawn_workers_match_and_never_import_cupy():
     assert flags.tolist() == [0] * 10
 
 
+@pytest.mark.process_only("start methods are for processes")
 def test_default_start_method_is_fork_without_cuda():
     if cuda.cuda_may_be_initialized():
         pytest.skip("CUDA is live here: the default is forkserver")

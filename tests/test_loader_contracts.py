@@ -19,6 +19,8 @@ from cupy_nwt.loader._slots import RETIRED, SlotPool
 from cupy_nwt.loader._sources import BatchSource, InlineSource, WorkerSource
 from cupy_nwt.loader._workers import BatchMaker
 
+pytestmark = pytest.mark.usefixtures("worker_type")
+
 
 def small_ring(slots: int = 3) -> Ring:
     layout = SlotLayout.for_batch((np.zeros((4, 2), np.float32), np.zeros(4, np.int64)), 4)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import threading
 import time
 
 import numpy as np
@@ -14,6 +15,9 @@ from toy_data import Squares
 
 from cupy_nwt import DataLoader, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
 from cupy_nwt.loader._ring import live_segments
+from cupy_nwt.loader._threads import STUCK_SUFFIX
+
+pytestmark = pytest.mark.usefixtures("worker_type")
 
 NO_HANG_S = 15.0  # generous on a loaded 2-core machine; a hang would be unbounded
 
@@ -75,9 +79,15 @@ def live_children() -> list[psutil.Process]:
     return out
 
 
+def live_worker_threads() -> list[str]:
+    """Thread workers still running, less those shutdown found stuck in user code (they cannot be killed)."""
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith("cupy_nwt-worker-") and not t.name.endswith(STUCK_SUFFIX)]
+
+
 @pytest.fixture
 def clean():
-    """Asserts the test left no cupy_nwt segment of this process and no live child behind.
+    """Asserts the test left no cupy_nwt segment of this process, no live child and no worker thread behind.
 
     Other test runs on the machine may own cupy_nwt segments at the same time: only names carrying
     this process id count.
@@ -89,6 +99,9 @@ def clean():
     while live_children() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert live_children() == []
+    while live_worker_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_worker_threads() == []
     assert live_segments(os.getpid()) - before == set()
 
 
@@ -112,6 +125,7 @@ def test_dataset_exception_reaches_the_caller_with_worker_sample_and_traceback(c
     dl.close()
 
 
+@pytest.mark.process_only("a thread cannot be SIGKILLed apart from its process")
 def test_killed_worker_is_reported_with_pid_and_signal_without_hanging(clean):
     dl = DataLoader(Slow(400, delay=0.005), batch_size=4, num_workers=2, device="cpu")
     it = iter(dl)
@@ -129,6 +143,7 @@ def test_killed_worker_is_reported_with_pid_and_signal_without_hanging(clean):
     assert dl.worker_pids() == []
 
 
+@pytest.mark.process_only("os._exit in a thread ends the whole process")
 def test_worker_exiting_by_itself_is_reported_with_its_exit_code(clean):
     with DataLoader(ExitsAt(64), batch_size=8, num_workers=2, device="cpu") as dl:
         with pytest.raises(WorkerDiedError, match="exit code 3"):
@@ -161,6 +176,7 @@ def test_break_ends_non_persistent_workers_at_once(clean):
     assert dl.worker_pids() == []
 
 
+@pytest.mark.process_only("worker_pids() are processes; test_loader_threads checks the threads")
 def test_break_keeps_persistent_workers_until_close(clean):
     dl = DataLoader(Squares(80), batch_size=4, shuffle=True, seed=1, num_workers=2, persistent_workers=True, device="cpu")
     for i, _ in enumerate(dl):
@@ -179,6 +195,7 @@ def test_break_keeps_persistent_workers_until_close(clean):
     assert dl.worker_pids() == []
 
 
+@pytest.mark.process_only("worker_pids() are processes; test_loader_threads checks the threads")
 def test_loader_dropped_without_close_cleans_up(clean):
     dl = DataLoader(Squares(200), batch_size=4, num_workers=2, persistent_workers=True, device="cpu")
     it = iter(dl)
@@ -196,6 +213,7 @@ def test_failing_worker_init_fn_is_reported(clean):
             list(dl)
 
 
+@pytest.mark.process_only("start methods are for processes")
 def test_unpicklable_dataset_with_spawn_is_a_clear_error(clean):
     class Local(Squares):
         pass
@@ -205,6 +223,7 @@ def test_unpicklable_dataset_with_spawn_is_a_clear_error(clean):
             list(dl)
 
 
+@pytest.mark.process_only("a thread ring is anonymous memory, not /dev/shm")
 def test_full_dev_shm_fails_up_front_with_the_size_needed(clean, monkeypatch):
     import errno
 

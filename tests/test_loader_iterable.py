@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import pytest
 
 from cupy_nwt import DataLoader, IterableDataset, WorkerError, get_worker_info
 from cupy_nwt.loader._ring import live_segments
+
+pytestmark = pytest.mark.usefixtures("worker_type")
 
 
 class Stream(IterableDataset):
@@ -50,7 +53,7 @@ class WhoAmI(IterableDataset):
         info = get_worker_info()
         assert info is not None and info.dataset is self  # the worker's own copy, the one iterating
         yield {"id": info.id, "of": info.num_workers, "rank": info.rank, "world": info.world_size,
-               "seed": info.seed, "pid": os.getpid()}
+               "seed": info.seed, "pid": os.getpid(), "thread": threading.get_ident()}
 
 
 class FailsOnce(IterableDataset):
@@ -106,6 +109,7 @@ def test_unsharded_replicas_each_yield_the_whole_stream_as_in_pytorch():
     assert flat == sorted(list(range(6)) * 2)
 
 
+@pytest.mark.process_only("counts /dev/shm segments; a thread ring is anonymous memory")
 def test_stream_batches_travel_through_the_ring_after_the_first():
     before = live_segments(os.getpid())
     with DataLoader(Stream(400), batch_size=8, num_workers=2, device="cpu") as dl:
@@ -126,7 +130,8 @@ def test_worker_info_says_who_each_worker_is_and_is_none_in_the_main_process():
         infos = list(dl)
     assert sorted(i["id"] for i in infos) == [0, 1]
     assert {(i["of"], i["rank"], i["world"]) for i in infos} == {(2, 1, 3)}
-    assert len({i["seed"] for i in infos}) == 2 and os.getpid() not in {i["pid"] for i in infos}
+    assert len({i["seed"] for i in infos}) == 2
+    assert (os.getpid(), threading.get_ident()) not in {(i["pid"], i["thread"]) for i in infos}
 
 
 def test_batch_size_none_drop_last_and_duck_typed_streams():

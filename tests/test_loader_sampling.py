@@ -11,6 +11,8 @@ from toy_data import Squares
 from cupy_nwt import DataLoader
 from cupy_nwt.loader import _options
 
+pytestmark = pytest.mark.usefixtures("worker_type")
+
 
 class Unsized:
     """A sampler with no ``len``: any iterable of indices will do."""
@@ -86,6 +88,7 @@ def test_pytorch_refusals_are_value_errors(kwargs, match):
         DataLoader(Squares(4), device="cpu", **kwargs)
 
 
+@pytest.mark.process_only("start methods are for processes; test_loader_threads checks the refusal")
 def test_a_multiprocessing_context_is_a_name_or_a_context():
     with pytest.raises(TypeError, match="valid context object"):
         DataLoader(Squares(4), num_workers=1, multiprocessing_context=object(), device="cpu")

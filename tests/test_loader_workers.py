@@ -14,6 +14,8 @@ from toy_data import Squares
 
 from cupy_nwt import DataLoader, LoaderTimeoutError, WorkerDiedError, WorkerError, default_collate
 
+pytestmark = pytest.mark.usefixtures("worker_type")
+
 Point = namedtuple("Point", "x y")
 
 
@@ -22,10 +24,10 @@ class MainForbidden(Squares):
 
     def __init__(self, n: int) -> None:
         super().__init__(n)
-        self.parent = os.getpid()
+        self.parent = os.getpid(), threading.get_ident()
 
     def __getitem__(self, i: int):
-        if os.getpid() == self.parent:
+        if (os.getpid(), threading.get_ident()) == self.parent:
             raise AssertionError(f"__getitem__({i}) ran in the main process")
         return super().__getitem__(i)
 
@@ -100,6 +102,7 @@ def test_timeout_0_means_no_limit():
 
 
 @pytest.mark.usefixtures("clean")
+@pytest.mark.process_only("os._exit in a thread ends the whole process")
 def test_a_worker_dying_before_the_first_batch_is_reported():
     with DataLoader(DiesAtOnce(8), batch_size=2, num_workers=2, device="cpu") as dl:
         with pytest.raises(WorkerDiedError, match="exit code 3"):
@@ -141,6 +144,7 @@ def test_batches_of_changing_shapes_are_delivered(num_workers):
     assert shapes == [(4, 4, 4, 3), (4, 4, 4, 3), (4, 2, 4, 3), (4, 2, 4, 3)]
 
 
+@pytest.mark.process_only("threads hand batches over unpickled; test_loader_threads checks that")
 def test_an_unpicklable_batch_is_that_batch_s_error():
     with DataLoader(Squares(8), batch_size=4, collate_fn=unpicklable, num_workers=1, device="cpu") as dl:
         with pytest.raises(WorkerError, match="failed on batch 0.*pickle"):

@@ -15,6 +15,8 @@ import pytest
 
 import cupy_nwt
 
+pytestmark = pytest.mark.usefixtures("worker_type")
+
 try:
     import torch
     import torch.utils.data as tud
@@ -209,6 +211,7 @@ def test_an_iterable_refuses_samplers_and_shuffle(backend, kwargs):
         backend(Stream(4), **kwargs)
 
 
+@pytest.mark.process_only("start methods are for processes")
 def test_multiprocessing_context_takes_a_name_or_a_context(backend):
     with pytest.raises(TypeError):
         backend(Squares(4), num_workers=1, multiprocessing_context=42)

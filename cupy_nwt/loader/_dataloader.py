@@ -54,6 +54,7 @@ from ._sampling import Sampling
 from ._slots import HostBatch, SlotPool
 from ._sources import BatchSource, InlineSource, WorkerSource
 from ._stage import Resources, Stage
+from ._threads import ThreadPool, check_worker_type
 from ._workers import (
     LoaderError,
     LoaderTimeoutError,
@@ -88,7 +89,10 @@ class DataLoader(Generic[T_co]):
     results do not depend on the worker count; ``seed`` makes shuffling and transforms reproducible
     (``set_epoch`` or the automatic epoch counter picks the epoch); ``pin_memory=True`` page-locks
     the ring ("staging" forces the pinned staging copy); ``zero_copy`` (CPU only) hands out views,
-    see the module docstring.
+    see the module docstring. ``worker_type="thread"`` makes batches in threads of this process instead
+    of worker processes: no pickling or inter-process copy, the same batches, order, seeds and errors;
+    best when the per-sample work releases the GIL (see ``_threads`` for what differs). ``None``: process
+    workers, or with ``num_workers="auto"`` the type a saved pick records.
 
     An iterable-style dataset is read by every worker from its own copy (``get_worker_info()`` says
     which share to read); batches are taken from the workers round-robin, and the epoch ends when
@@ -126,9 +130,11 @@ class DataLoader(Generic[T_co]):
                  *, prefetch_factor: int | None = None, persistent_workers: bool = False, in_order: bool = True,
                  seed: int | None = None, device: str = "auto", start_method: str | None = None,
                  batch_transform: Callable | None = None, zero_copy: bool = False,
-                 rank: int | None = None, world_size: int | None = None, autotune: Any = False,
-                 cpu_budget: int | None = None, memory_budget: int | None = None) -> None:
+                 rank: int | None = None, world_size: int | None = None, worker_type: str | None = None,
+                 autotune: Any = False, cpu_budget: int | None = None, memory_budget: int | None = None) -> None:
         seed = seed_from(seed, generator)
+        if worker_type is not None:
+            worker_type = check_worker_type(worker_type)
         prefetch_factor = check_int("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor, ge=1)
         if pin_memory not in (True, False, "staging"):
             raise ValueError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
@@ -142,6 +148,8 @@ class DataLoader(Generic[T_co]):
             num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
         context = resolve_context(multiprocessing_context, start_method,
                                   num_workers if isinstance(num_workers, int) else 1)
+        if worker_type == "thread" and context is not None:
+            raise ValueError("multiprocessing_context and start_method apply to process workers, not worker_type='thread'")
 
         self.rank_layout = rank_layout(rank, world_size)
         self.device, self.device_id = resolve_device(device, self.rank_layout)
@@ -154,11 +162,12 @@ class DataLoader(Generic[T_co]):
         if isinstance(num_workers, int):
             warn_if_too_many_workers(num_workers)
         else:
-            num_workers = self._auto_workers(prefetch_factor, pin_memory, batch_transform)
+            num_workers, worker_type = self._auto_workers(prefetch_factor, pin_memory, batch_transform, worker_type)
         if self._online is not None:
             num_workers = self._online.start(num_workers, prefetch_factor)
         self._decisions = self._online.decisions if self._online is not None else []  # online tuning's changes
         self.num_workers = int(num_workers)
+        self.worker_type = worker_type or "process"
         self.prefetch_factor = int(prefetch_factor)
         self.pin_memory = pin_memory
         self.collate_fn = collate_fn
@@ -178,16 +187,17 @@ class DataLoader(Generic[T_co]):
         self._layout: SlotLayout | None = None
         self._initialized = True
 
-    def _auto_workers(self, prefetch_factor: int, pin_memory: bool | str, batch_transform: Callable | None) -> int:
+    def _auto_workers(self, prefetch_factor: int, pin_memory: bool | str, batch_transform: Callable | None,
+                      worker_type: str | None) -> tuple[int, str]:
         if not self._sampling.own or self._sampling.batch_size is None:
             raise ValueError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
                              "(no sampler, batch_sampler or batch_size=None); give a number")
-        from ..nwt.pick import auto_num_workers  # noqa: PLC0415 - below the loader; never the tuner itself
+        from ..nwt.pick import auto_pick  # noqa: PLC0415 - below the loader; never the tuner itself
 
-        return auto_num_workers(
+        return auto_pick(
             self.dataset, batch_size=self._sampling.batch_size, prefetch_factor=prefetch_factor,
             pin_memory=pin_memory, device=self.device if self.device_id is None else f"cuda:{self.device_id}",
-            batch_transform=batch_transform, layout=self.rank_layout)
+            batch_transform=batch_transform, layout=self.rank_layout, worker_type=worker_type)
 
     def _agreed_seed(self) -> int:
         """A fresh seed, the same on every rank: rank 0's through the program's communicator, else 0."""
@@ -248,7 +258,10 @@ class DataLoader(Generic[T_co]):
 
     @property
     def start_method(self) -> str:
-        """How the workers start: the given context's method, else the default (see the module docstring)."""
+        """How the workers start: the given context's method, else the default (see the module docstring);
+        "thread" for thread workers."""
+        if self.worker_type == "thread":
+            return "thread"
         return self._context.get_start_method() if self._context is not None else default_start_method(self.device)
 
     @property
@@ -275,7 +288,8 @@ class DataLoader(Generic[T_co]):
         return self._layout
 
     def worker_pids(self) -> list[int]:
-        """PIDs of the live worker processes, of every live iteration (empty with num_workers=0 or between epochs)."""
+        """PIDs of the live worker processes, of every live iteration (empty with num_workers=0, thread
+        workers, or between epochs)."""
         return [pid for stage in self._res.stages() if stage.workers is not None for pid in stage.workers.pids()]
 
     def __len__(self) -> int:
@@ -311,7 +325,7 @@ class DataLoader(Generic[T_co]):
         where = self.device if self.device_id is None else f"cuda:{self.device_id}"
         ranks = f", rank={self.rank}/{self.world_size}" if self.rank_layout.is_distributed else ""
         return (f"DataLoader({type(self.dataset).__name__}, batch_size={self.batch_size}, num_workers={self.num_workers}, "
-                f"device={where!r}{ranks}, start_method={self.start_method!r}, pin_path={self.pin_path!r})")
+                f"device={where!r}{ranks}, worker_type={self.worker_type!r}, start_method={self.start_method!r}, pin_path={self.pin_path!r})")
 
     # -- one epoch
 
@@ -359,16 +373,19 @@ class DataLoader(Generic[T_co]):
 
     def _new_stage(self, epoch: int, shared: bool) -> Stage:
         """Start the workers (if any) and, when the layout is already known, make their ring."""
-        workers = None
-        if self.num_workers > 0:
-            workers = WorkerPool(
-                maker=self._maker(), prefetch_factor=self.prefetch_factor,
-                num_workers=self._online.workers if self._online is not None else self.num_workers,
-                seed=self.seed, worker_init_fn=self.worker_init_fn,
-                start_method=self._context if self._context is not None else self.start_method,
-                epoch=epoch, rank=self.rank, world_size=self.world_size)
-            if self._online is not None:
-                self._online.configure(workers)
+        workers: ThreadPool | WorkerPool | None = None
+        count = self._online.workers if self._online is not None else self.num_workers
+        if self.num_workers > 0 and self.worker_type == "thread":
+            workers = ThreadPool(maker=self._maker(), num_workers=count, prefetch_factor=self.prefetch_factor,
+                                 seed=self.seed, worker_init_fn=self.worker_init_fn, epoch=epoch, rank=self.rank,
+                                 world_size=self.world_size)
+        elif self.num_workers > 0:
+            workers = WorkerPool(maker=self._maker(), num_workers=count, prefetch_factor=self.prefetch_factor,
+                                 seed=self.seed, worker_init_fn=self.worker_init_fn,
+                                 start_method=self._context if self._context is not None else self.start_method,
+                                 epoch=epoch, rank=self.rank, world_size=self.world_size)
+        if workers is not None and self._online is not None:
+            self._online.configure(workers)
         stage = Stage(workers.slots if workers is not None else SlotPool(None), workers)
         if shared:
             self._res.stage = stage
@@ -392,7 +409,7 @@ class DataLoader(Generic[T_co]):
         n = max(2, self.num_workers * self.prefetch_factor) if self.num_workers > 0 else 2
         if self._online is not None:
             n = self._online.ring_slots(layout.slot_bytes, self.prefetch_factor)
-        ring = Ring(layout, n, shared=self.num_workers > 0)
+        ring = Ring(layout, n, shared=self.num_workers > 0 and self.worker_type == "process")
         try:
             if stage.workers is not None:
                 stage.workers.attach(ring)

@@ -28,7 +28,7 @@ from ._ring import HEADER_BYTES
 if TYPE_CHECKING:
     from ._epoch import EpochIterator
     from ._sources import WorkerSource
-    from ._workers import WorkerPool
+    from ._threads import Workers
 
 _log = logging.getLogger("cupy_nwt.tuner")  # nwt.pick's logger: the auto lines and these go together
 
@@ -100,7 +100,7 @@ class OnlineTuner:
             self._record("start", f"clamped into the memory budget: at most {limits.slots} slots of {slot_bytes} bytes")
         return limits.slots
 
-    def configure(self, pool: WorkerPool) -> None:
+    def configure(self, pool: Workers) -> None:
         """Give ``pool`` the current setting (a new stage, or the ring just made)."""
         if self.setting is not None:
             pool.set_active(self.setting.workers)

@@ -21,8 +21,9 @@ from ._messages import ErrorReport
 from ._ring import Ring, SlotLayout
 from ._sampler import Plan, PlanTask
 from ._slots import HostBatch, SlotPool
+from ._threads import Workers
 from ._tree import split
-from ._workers import Ended, Failed, LoaderError, LoaderTimeoutError, Result, WorkerPool
+from ._workers import Ended, Failed, LoaderError, LoaderTimeoutError, Result
 
 
 class FailedBatch(Exception):
@@ -152,7 +153,7 @@ class WorkerSource(BatchSource):
     and the epoch ends when every worker's has.
     """
 
-    def __init__(self, workers: WorkerPool, plan: Plan, in_order: bool, timeout: float | None,
+    def __init__(self, workers: Workers, plan: Plan, in_order: bool, timeout: float | None,
                  *, learn: Learn | None = None, tick: Callable[[WorkerSource], None] | None = None) -> None:
         self.workers, self.slots, self.plan, self.epoch = workers, workers.slots, plan, plan.epoch
         self.in_order, self.timeout, self.learn = in_order, timeout, learn

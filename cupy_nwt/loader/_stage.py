@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ._prefetch import DevicePrefetcher
 from ._ring import Ring
 from ._slots import SlotPool
-from ._workers import WorkerPool
+from ._threads import Workers
 
 
 @dataclass(frozen=True, eq=False)
@@ -24,7 +24,7 @@ class Stage:
     """
 
     slots: SlotPool
-    workers: WorkerPool | None
+    workers: Workers | None
 
     @property
     def ring(self) -> Ring | None:
@@ -64,7 +64,7 @@ class Resources:
         self.discard(stage.workers, stage.ring, prefetcher)
 
     @staticmethod
-    def discard(workers: WorkerPool | None, ring: Ring | None, prefetcher: DevicePrefetcher | None) -> None:
+    def discard(workers: Workers | None, ring: Ring | None, prefetcher: DevicePrefetcher | None) -> None:
         """Stop the workers, then unregister and unmap the ring they wrote into, whatever fails."""
         try:
             if workers is not None:

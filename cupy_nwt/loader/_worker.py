@@ -12,6 +12,7 @@ import multiprocessing as mp
 import pickle
 import random
 import signal
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -46,6 +47,10 @@ class WorkerInfo:
     NumPy's global generator are seeded from it) and ``dataset`` (this worker's copy). Beyond it,
     ``rank`` and ``world_size`` of the loader, so an iterable-style dataset can take its share of
     the data as ``rank * num_workers + id`` of ``world_size * num_workers`` readers.
+
+    Thread workers (``worker_type="thread"``) get the same ``seed`` a process worker would, but the
+    global generators are the whole process's, so they are left alone: draw from
+    ``np.random.default_rng(seed)`` instead. ``dataset`` is then the one object all threads share.
     """
 
     id: int
@@ -56,12 +61,17 @@ class WorkerInfo:
     world_size: int = 1
 
 
-_worker_info: WorkerInfo | None = None
+_worker_info: WorkerInfo | None = None  # a worker process's
+_thread_info = threading.local()  # a worker thread's (``_threads``): the main thread has none
 
 
 def get_worker_info() -> WorkerInfo | None:
-    """This worker's id, the number of workers, its seed, its dataset copy, rank and world size; ``None`` outside."""
-    return _worker_info
+    """This worker's id, the number of workers, its seed, its dataset copy, rank and world size; ``None`` outside.
+
+    Per thread: a thread worker sees its own, the main thread of the main process sees None.
+    """
+    info: WorkerInfo | None = getattr(_thread_info, "info", None)
+    return info if info is not None else _worker_info
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,48 @@ def context_of(start_method: str | BaseContext) -> Any:
     return mp.get_context(start_method) if isinstance(start_method, str) else start_method
 
 
-class WorkerPool:
+class Dispatch:
+    """Which worker gets the next task, shared by the process and the thread pool.
+
+    Only the first ``active`` workers get tasks (online tuning parks the others, alive and idle);
+    ``slot_cap`` bounds the ring slots taken at once (None: the whole ring); before the ring exists
+    a worker takes one task at a time, without a slot. Subclasses keep ``_workers`` (each with
+    ``id`` and ``outstanding``), ``slots`` and ``prefetch_factor``.
+    """
+
+    slots: SlotPool
+    prefetch_factor: int
+    _workers: list[Any]
+    _rr = 0
+    active = 0
+    slot_cap: int | None = None
+
+    @property
+    def size(self) -> int:
+        return len(self._workers)
+
+    def idle_workers(self) -> int:
+        """Active workers with no task out."""
+        return sum(w.outstanding == 0 for w in self._workers[:self.active])
+
+    def _choose(self, worker: int | None) -> Any:
+        """The worker to take the next task (``worker`` if given), or None when no slot or capacity is free."""
+        ring, cap = self.slots.ring, self.slot_cap
+        if ring is not None and (not self.slots.free or (cap is not None and ring.slots - len(self.slots.free) >= cap)):
+            return None
+        n = min(self.active, len(self._workers))
+        if worker is None:
+            w = min((self._workers[(self._rr + k) % n] for k in range(n)), key=lambda x: x.outstanding)
+        else:
+            w = self._workers[worker]
+        per_worker = max(self.prefetch_factor, -(-cap // n)) if cap is not None else self.prefetch_factor
+        if w.outstanding >= (per_worker if ring is not None else 1):
+            return None
+        self._rr = (w.id + 1) % n
+        return w
+
+
+class WorkerPool(Dispatch):
     """``num_workers`` processes, and the slot pool of the ring they write into once it exists.
 
     ``maker`` (pickled to each worker with forkserver or spawn) makes the batches; ``seed`` is the
@@ -83,8 +124,6 @@ class WorkerPool:
                  rank: int = 0, world_size: int = 1) -> None:
         self.prefetch_factor = prefetch_factor
         self.slots = SlotPool(None)
-        self.slot_cap: int | None = None  # at most this many slots taken at once (None: the whole ring)
-        self._rr = 0
         self._closed = False
         self._workers: list[_Worker] = []
         self._ctx = context_of(start_method)
@@ -130,14 +169,6 @@ class WorkerPool:
                 self._send(self._workers[-1], RingMsg(ring.name, ring.layout, ring.slots))
         self.active = max(1, n)
 
-    def idle_workers(self) -> int:
-        """Active workers with no task out."""
-        return sum(w.outstanding == 0 for w in self._workers[:self.active])
-
-    @property
-    def size(self) -> int:
-        return len(self._workers)
-
     # -- the ring
 
     def attach(self, ring: Ring) -> None:
@@ -160,18 +191,10 @@ class WorkerPool:
         """
         if not self._workers:
             return False
-        ring, cap = self.slots.ring, self.slot_cap
-        if ring is not None and (not self.slots.free or (cap is not None and ring.slots - len(self.slots.free) >= cap)):
+        w = self._choose(worker)
+        if w is None:
             return False
-        n = min(self.active, len(self._workers))
-        if worker is None:
-            w = min((self._workers[(self._rr + k) % n] for k in range(n)), key=lambda x: x.outstanding)
-        else:
-            w = self._workers[worker]
-        per_worker = max(self.prefetch_factor, -(-cap // n)) if cap is not None else self.prefetch_factor
-        if w.outstanding >= (per_worker if ring is not None else 1):
-            return False
-        self._rr = (w.id + 1) % n
+        ring = self.slots.ring
         slot = self.slots.take() if ring is not None else NO_SLOT
         assert slot is not None  # checked free above
         try:

@@ -28,6 +28,7 @@ class LoaderMeasure:
     next epoch without a restart), takes ``warmup + iterations`` batches and closes it. On the GPU
     each batch counts as arrived once the consumer's stream has its H2D copy (we synchronise it).
     Memory is sampled over the main process and the live workers for the whole trial.
+    ``worker_type`` ("process" or "thread") is the loader's.
 
     With ``warmup == 0`` (the paper) the clock starts before the loader is built, so start-up
     counts; otherwise it runs from the last warm-up batch to the last timed one.
@@ -40,7 +41,7 @@ class LoaderMeasure:
     def __init__(self, dataset: Any, *, batch_size: int = 128, prefetch_factor: int = 2,
                  pin_memory: bool | str = False, device: str = "auto", batch_transform: Any = None,
                  seed: int = 0, start_method: str | None = None,
-                 memory_interval: float = DEFAULT_INTERVAL_S) -> None:
+                 memory_interval: float = DEFAULT_INTERVAL_S, worker_type: str = "process") -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.prefetch_factor = prefetch_factor
@@ -50,6 +51,7 @@ class LoaderMeasure:
         self.batch_transform = batch_transform
         self.seed = seed
         self.start_method = start_method
+        self.worker_type = worker_type
         self.memory_interval = memory_interval
         self._ready = False
         if len(dataset) < batch_size:
@@ -61,7 +63,7 @@ class LoaderMeasure:
             self.dataset, batch_size=self.batch_size, shuffle=True, seed=self.seed, drop_last=True,
             num_workers=workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,
             device=self.loader_device, batch_transform=self.batch_transform, persistent_workers=True,
-            start_method=self.start_method, rank=0, world_size=1,
+            start_method=self.start_method, rank=0, world_size=1, worker_type=self.worker_type,
         )
 
     def preflight(self) -> None:

@@ -45,6 +45,16 @@ def auto_num_workers(dataset: Any, *, batch_size: int, prefetch_factor: int = 2,
                      device: str = "auto", batch_transform: Any = None,
                      cache_dir: str | Path | None = None, layout: RankLayout | None = None,
                      measure_factory: MeasureFactory | None = None) -> int:
+    """The worker count of :func:`auto_pick` (the worker type left to the loader)."""
+    return auto_pick(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor, pin_memory=pin_memory,
+                     device=device, batch_transform=batch_transform, cache_dir=cache_dir, layout=layout,
+                     measure_factory=measure_factory)[0]
+
+
+def auto_pick(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_memory: bool | str = False,
+              device: str = "auto", batch_transform: Any = None, cache_dir: str | Path | None = None,
+              layout: RankLayout | None = None, measure_factory: MeasureFactory | None = None,
+              worker_type: str | None = None) -> tuple[int, str]:
     """A saved pick for this machine and work, else tune (fast) once and save.
 
     Several ranks (``layout``; by default the launcher's variables): a rank may use its share of the
@@ -60,6 +70,11 @@ def auto_num_workers(dataset: Any, *, batch_size: int, prefetch_factor: int = 2,
 
     ``measure_factory`` builds the trials' measure, called like
     :class:`~cupy_nwt.nwt.measure.LoaderMeasure` (the default): for another loader, or a test.
+
+    Returns the count and the worker type: ``worker_type`` if given, else the saved pick's (a pick
+    saved before worker types were searched is "process"). A search here measures one type only,
+    ``worker_type`` or "process", to keep its cost; ``tune_num_workers(worker_types=...)`` and
+    ``save()`` is how a thread pick is made.
     """
     layout = rank_layout() if layout is None else layout
     resolved = resolve_device(device)
@@ -69,18 +84,20 @@ def auto_num_workers(dataset: Any, *, batch_size: int, prefetch_factor: int = 2,
     saved = lookup(fp, cache_dir)
     if saved is not None:
         _log_saved(saved, fp)
-        pick = saved.best_workers
+        pick, kind = saved.best_workers, worker_type or saved.worker_type
     else:
+        kind = worker_type or "process"
         _log.info("num_workers='auto': no saved pick for this machine and work (%s): searching (fast strategy)",
                   ResultStore(cache_dir).why_missing(fp))
         pick = registered_tuner()(fp, dataset, cache_dir, measure_factory=measure_factory, batch_size=batch_size,
                                   device=device, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-                                  batch_transform=batch_transform, max_workers=worker_budget(layout))
+                                  batch_transform=batch_transform, max_workers=worker_budget(layout),
+                                  **({"worker_types": (kind,)} if kind != "process" else {}))
     agreed, via = agree(pick, layout)
     if via is not None and agreed != pick:
         _log.info("num_workers='auto': this rank's saved pick is %d, rank 0's (via %s) is %d; using rank 0's",
                   pick, via, agreed)
-    return int(agreed)
+    return int(agreed), kind
 
 
 def _log_saved(saved: TuneResult, fp: Fingerprint) -> None:
@@ -89,4 +106,5 @@ def _log_saved(saved: TuneResult, fp: Fingerprint) -> None:
     if saved.fingerprint is not None and key != fp.key:
         similar = (f", similar work: {saved.fingerprint.work.sample_bytes} bytes per sample saved, "
                    f"{fp.work.sample_bytes} here")
-    _log.info("num_workers='auto': using saved pick %d (key %s%s)", saved.best_workers, key, similar)
+    kind = f", {saved.worker_type} workers" if saved.worker_type != "process" else ""
+    _log.info("num_workers='auto': using saved pick %d (key %s%s%s)", saved.best_workers, key, similar, kind)

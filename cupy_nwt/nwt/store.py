@@ -7,7 +7,7 @@ saved pick through it (``pick.py``) without importing the tuner, which builds lo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +18,25 @@ RESULT_FORMAT = "cupy_nwt.tune_result/1"
 
 
 @dataclass(frozen=True)
+class TypeBest:
+    """A worker type's own best in a search over several: its count, rate and what its search cost."""
+
+    worker_type: str
+    best_workers: int
+    samples_per_second: float
+    search_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class TuneResult:
-    """The pick, every run in order (``runs``) and one combined trial per count (``trials``)."""
+    """The pick, every run in order (``runs``) and one combined trial per count (``trials``).
+
+    ``worker_type`` is the pick's kind of worker ("process" or "thread"); ``runs`` are that type's.
+    When several types were searched, ``other_types`` holds the best each of the others reached.
+    """
 
     best_workers: int
     strategy: str
@@ -34,6 +51,8 @@ class TuneResult:
     device: str
     fingerprint: Fingerprint | None = None
     created: str = ""
+    worker_type: str = "process"
+    other_types: tuple[TypeBest, ...] = ()
 
     @property
     def trials(self) -> tuple[Trial, ...]:
@@ -45,13 +64,14 @@ class TuneResult:
 
     @property
     def search_seconds(self) -> float:
-        """What the search cost: the sum of its runs' wall time."""
-        return sum(r.wall_seconds for r in self.runs)
+        """What the search cost: the sum of its runs' wall time, every worker type's."""
+        return sum(r.wall_seconds for r in self.runs) + sum(o.search_seconds for o in self.other_types)
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in (
             "best_workers", "strategy", "max_workers", "iterations", "alpha", "tolerance", "batch_size",
-            "prefetch_factor", "pin_memory", "device", "created")}
+            "prefetch_factor", "pin_memory", "device", "created", "worker_type")}
+        d["other_types"] = [o.to_dict() for o in self.other_types]
         d["format"] = RESULT_FORMAT
         d["search_seconds"] = self.search_seconds
         d["fingerprint"] = self.fingerprint.to_dict() if self.fingerprint else None
@@ -78,6 +98,8 @@ class TuneResult:
                 device=str(d["device"]),
                 fingerprint=Fingerprint.from_dict(d["fingerprint"]) if d.get("fingerprint") else None,
                 created=str(d.get("created", "")),
+                worker_type=str(d.get("worker_type", "process")),  # saved before types were searched
+                other_types=tuple(TypeBest(**o) for o in d.get("other_types", ())),
             )
         except (KeyError, TypeError) as exc:
             raise ValueError(f"malformed tune result: {exc!r}") from None

@@ -8,17 +8,19 @@ fraction of its cost). Without a ``measure`` a trial runs the real loader (``mea
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 from typing import Any
 
 from .. import system
 from .._checks import check_int, check_number
 from .._reporting.progress import Progress
+from ..loader._threads import check_worker_type
 from . import measure as _measure
 from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch
 from .fingerprint import Fingerprint, machine_fingerprint, resolve_device, work_fingerprint
 from .paper import _algorithm1
-from .store import TuneResult
-from .trials import Measure, _Runner
+from .store import TuneResult, TypeBest
+from .trials import Measure, Trial, _Runner, combine_runs
 
 STRATEGIES = ("paper", "fast")
 
@@ -27,7 +29,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
                      iterations: int = 100, alpha: float = 0.5, strategy: str = "paper", device: str = "auto",
                      pin_memory: bool | str = False, prefetch_factor: int = 2, measure: Measure | None = None,
                      progress: bool = True, *, tolerance: float = DEFAULT_TOLERANCE,
-                     batch_transform: Any = None) -> TuneResult:
+                     batch_transform: Any = None, worker_types: tuple[str, ...] = ("process",)) -> TuneResult:
     """Search worker counts 0 .. max_workers-1 for the loader of ``dataset`` (``paper.py``, ``fast.py``).
 
     ``alpha`` is the paper's threshold in seconds per 100 iterations (strategy "paper");
@@ -35,7 +37,15 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     replaces the real loader trial. ``pin_memory`` defaults to the DataLoader's own default
     (False): it is part of the saved result's key, so tune with the loader's settings for
     ``num_workers="auto"`` to find the pick.
+
+    ``worker_types`` ("process", "thread" or both) are searched one after the other, the same
+    strategy over each; the pick is the type whose best count is fastest, and the result records it
+    (``worker_type``) with the others' bests. With several types a custom ``measure`` is called
+    with a ``worker_type`` keyword too.
     """
+    types = tuple(check_worker_type(t) for t in worker_types)
+    if not types or len(set(types)) != len(types):
+        raise ValueError(f"worker_types must name 'process' and/or 'thread' once each, got {worker_types!r}")
     if strategy not in STRATEGIES:
         raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     batch_size = check_int("batch_size", batch_size, ge=1)
@@ -52,21 +62,37 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
         fp = Fingerprint(machine_fingerprint(), work_fingerprint(
             dataset, batch_size=batch_size, batch_transform=batch_transform, prefetch_factor=prefetch_factor,
             pin_memory=pin_memory, device=resolved))
-    if measure is None:
-        if dataset is None:
-            raise ValueError("give a dataset to tune the loader on, or a measure callable")
-        measure = _measure.LoaderMeasure(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor,
-                                         pin_memory=pin_memory, device=device, batch_transform=batch_transform)
-
-    with Progress(n if strategy == "paper" else None, f"NWT ({strategy})", unit="trial", enabled=progress) as bar:
-        runner = _Runner(measure, batch_size, bar)
-        if strategy == "paper":
-            best = _algorithm1(runner, n, iterations, float(alpha))
+    if measure is None and dataset is None:
+        raise ValueError("give a dataset to tune the loader on, or a measure callable")
+    searched: list[tuple[str, int, tuple[Trial, ...]]] = []
+    for kind in types:
+        if measure is None:
+            m: Measure = _measure.LoaderMeasure(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor,
+                                                pin_memory=pin_memory, device=device,
+                                                batch_transform=batch_transform, worker_type=kind)
         else:
-            best = _FastSearch(runner, n, iterations, float(tolerance), FAST_BUDGET).search()
+            m = measure if len(types) == 1 else functools.partial(measure, worker_type=kind)  # type: ignore[call-arg]
+        label = f"NWT ({strategy})" if len(types) == 1 else f"NWT ({strategy}, {kind} workers)"
+        with Progress(n if strategy == "paper" else None, label, unit="trial", enabled=progress) as bar:
+            runner = _Runner(m, batch_size, bar)
+            if strategy == "paper":
+                best = _algorithm1(runner, n, iterations, float(alpha))
+            else:
+                best = _FastSearch(runner, n, iterations, float(tolerance), FAST_BUDGET).search()
+        searched.append((kind, best, tuple(runner.runs)))
+    bests = [TypeBest(kind, best, _rate(runs, best), sum(r.wall_seconds for r in runs)) for kind, best, runs in searched]
+    win = max(range(len(bests)), key=lambda i: bests[i].samples_per_second)
+    kind, best, runs = searched[win]
     return TuneResult(
-        best_workers=best, strategy=strategy, runs=tuple(runner.runs), max_workers=n, iterations=iterations,
+        best_workers=best, strategy=strategy, runs=runs, max_workers=n, iterations=iterations,
         alpha=float(alpha), tolerance=float(tolerance), batch_size=batch_size, prefetch_factor=prefetch_factor,
         pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory), device=resolved, fingerprint=fp,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        worker_type=kind, other_types=tuple(b for i, b in enumerate(bests) if i != win),
     )
+
+
+def _rate(runs: tuple[Trial, ...], best: int) -> float:
+    """The best count's combined samples/s; 0.0 when the search picked it unmeasured (one count to search)."""
+    trial = combine_runs(runs).get(best)
+    return trial.samples_per_second if trial is not None else 0.0

@@ -1,0 +1,272 @@
+"""Thread workers (``worker_type="thread"``): the worker pool's surface, served by threads of this process.
+
+Most per-sample work releases the GIL (Pillow's decoders, NumPy, this package's Numba transforms),
+and then threads make batches in parallel without what processes cost: no pickling of tasks or
+batches, no second mapping of the ring, no start-up by fork or forkserver. A thread writes straight
+into the ring's slot (the ring is plain anonymous memory, page-locked like the shared one when
+``pin_memory``), and the batches made before the ring exists are handed over as they are.
+
+Each thread runs the process worker's own ``serve`` on its own copy of the ``BatchMaker`` (so an
+iterable-style dataset gets one iterator per worker) and has its own task queue; every answer comes
+back through one queue. What differs from processes, and why:
+
+* the dataset and the callables are one shared object, not a copy per worker;
+* ``get_worker_info().seed`` is what a process worker would get, but Python's and NumPy's global
+  generators belong to the whole process and are left alone;
+* a thread cannot be killed: shutdown asks, then waits at most ``SHUTDOWN_GRACE_S`` for the pool; a
+  thread stuck in user code is a daemon (renamed "... (stuck)", with a warning) and ends when that
+  code returns, its answer dropped.
+  An exception that escapes the worker loop (``SystemExit`` in a dataset) is this pool's
+  ``WorkerDiedError``, the analogue of a process that died.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import WorkerDiedError
+from . import _worker
+from ._maker import BatchMaker, make_worker_error
+from ._messages import NO_SLOT, BatchFailed, ErrorReport, Exhausted, FromWorker, InitFailed, Ok, Task, Whole
+from ._ring import Ring
+from ._slots import HostBatch, SlotPool
+from ._tree import split
+from ._workers import SHUTDOWN_GRACE_S, Dispatch, Ended, Failed, Result
+
+WORKER_TYPES = ("process", "thread")
+STUCK_SUFFIX = " (stuck)"  # appended to the name of a thread still busy after shutdown
+_log = logging.getLogger(__name__)
+
+
+class Workers(Protocol):
+    """What the sources and stages drive: a ``WorkerPool`` (processes) or a ``ThreadPool``."""
+
+    slots: SlotPool
+    slot_cap: int | None
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def attach(self, ring: Ring) -> None: ...
+
+    def pids(self) -> list[int]: ...
+
+    def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool: ...
+
+    def collect(self, timeout: float | None) -> list[Result]: ...
+
+    def idle_workers(self) -> int: ...
+
+    def set_active(self, n: int) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+def check_worker_type(worker_type: object) -> str:
+    """``worker_type`` as given, or a one-line ValueError."""
+    if worker_type not in WORKER_TYPES:
+        raise ValueError(f"worker_type must be 'process' or 'thread', got {worker_type!r}")
+    return str(worker_type)
+
+
+class _Stop:
+    """Leave the loop."""
+
+
+@dataclass(frozen=True)
+class _Died:
+    """An exception escaped the loop: the thread is gone."""
+
+    error: BaseException
+
+
+_Message = Task | Ring | _Stop
+
+
+@dataclass
+class _Thread:
+    id: int
+    thread: threading.Thread
+    tasks: queue.SimpleQueue[_Message]
+    outstanding: int = 0
+
+
+class ThreadPool(Dispatch):
+    """``num_workers`` threads, and the slot pool of the ring they write into once it exists.
+
+    The arguments are ``WorkerPool``'s, less the start method; ``seed``, the worker ids, ``epoch``,
+    ``rank`` and ``world_size`` give each thread the ``WorkerInfo`` a process worker would have.
+    """
+
+    def __init__(self, *, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int,
+                 worker_init_fn: Callable | None, epoch: int = 0, rank: int = 0, world_size: int = 1) -> None:
+        self.prefetch_factor = prefetch_factor
+        self.slots = SlotPool(None)
+        self._closed = False
+        self._stopping = threading.Event()
+        self._results: queue.SimpleQueue[tuple[int, FromWorker | _Died]] = queue.SimpleQueue()
+        self._workers: list[_Thread] = []
+        self._spec = (num_workers, seed, epoch, maker, worker_init_fn, rank, world_size)
+        for w in range(num_workers):
+            self._start(w)
+        self.active = num_workers  # threads given tasks; the others are parked (alive, idle)
+
+    def _start(self, w: int) -> None:
+        num_workers, seed, epoch, maker, worker_init_fn, rank, world_size = self._spec
+        info = _worker.WorkerInfo(w, max(num_workers, w + 1), _worker.worker_seed(seed, w, epoch), maker.dataset,
+                                  rank, world_size)
+        tasks: queue.SimpleQueue[_Message] = queue.SimpleQueue()
+        thread = threading.Thread(target=self._loop, args=(info, copy.copy(maker), worker_init_fn, tasks),
+                                  name=f"cupy_nwt-worker-{w}", daemon=True)
+        if self.slots.ring is not None:
+            tasks.put(self.slots.ring)
+        self._workers.append(_Thread(w, thread, tasks))
+        thread.start()
+
+    def set_active(self, n: int) -> None:
+        """Give tasks to the first ``n`` threads: un-park parked ones, start more if needed."""
+        while self.size < n:
+            self._start(self.size)
+        self.active = max(1, n)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def attach(self, ring: Ring) -> None:
+        """The pool's slots are ``ring``'s; each thread takes it before its next task."""
+        self.slots.attach(ring)
+        for t in self._workers:
+            t.tasks.put(ring)
+
+    def pids(self) -> list[int]:
+        """Empty: thread workers are no processes of their own."""
+        return []
+
+    # -- the threads
+
+    def _loop(self, info: _worker.WorkerInfo, maker: BatchMaker, worker_init_fn: Callable | None,
+              tasks: queue.SimpleQueue[_Message]) -> None:
+        _worker._thread_info.info = info
+        ring: Ring | None = None
+        stream_generation: int | None = None
+        try:
+            if worker_init_fn is not None:
+                try:
+                    worker_init_fn(info.id)
+                except Exception as exc:  # noqa: BLE001 - reported to the main thread
+                    self._results.put((info.id, InitFailed(ErrorReport.from_exception(exc, None))))
+                    return
+            while True:
+                msg = tasks.get()
+                if isinstance(msg, _Stop) or self._stopping.is_set():
+                    return
+                if isinstance(msg, Ring):
+                    ring = msg
+                    continue
+                if msg.indices is None and msg.generation != stream_generation:
+                    maker.begin_stream()
+                    stream_generation = msg.generation
+                self._results.put((info.id, _worker.serve(maker, ring, msg)))
+        except BaseException as exc:  # noqa: BLE001 - the thread's death, told to the main thread
+            if not self._stopping.is_set():
+                self._results.put((info.id, _Died(exc)))
+
+    # -- tasks and results
+
+    def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool:
+        """Queue a batch on ``worker`` (or the least busy one); False when no slot or capacity is free."""
+        if not self._workers or self._closed:
+            return False
+        t = self._choose(worker)
+        if t is None:
+            return False
+        ring = self.slots.ring
+        slot = self.slots.take() if ring is not None else NO_SLOT
+        assert slot is not None  # checked free above
+        t.tasks.put(Task(self.slots.generation, batch_index, slot, indices, tseed))
+        t.outstanding += 1
+        return True
+
+    def collect(self, timeout: float | None) -> list[Result]:
+        """Wait up to ``timeout`` s (None: no limit) for answers; raise at once if a thread failed to start or died."""
+        try:
+            first = self._results.get(timeout=timeout) if timeout is None or timeout > 0 else self._results.get_nowait()
+        except queue.Empty:
+            return []
+        answers = [first]
+        while True:
+            try:
+                answers.append(self._results.get_nowait())
+            except queue.Empty:
+                break
+        out: list[Result] = []
+        for wid, msg in answers:
+            item = self._absorb(self._workers[wid], msg)
+            if item is not None:
+                out.append(item)
+        return out
+
+    def _absorb(self, t: _Thread, msg: FromWorker | _Died) -> Result | None:
+        pid = os.getpid()
+        if isinstance(msg, InitFailed):
+            raise make_worker_error(msg.report, worker_id=t.id, pid=pid, batch_index=None)
+        if isinstance(msg, _Died):
+            raise WorkerDiedError(f"loader worker thread {t.id} ended with {type(msg.error).__name__}: {msg.error}",
+                                  worker_id=t.id, pid=pid, exitcode=None) from msg.error
+        t.outstanding -= 1
+        slots = self.slots
+        if isinstance(msg, Ok):
+            if not slots.accept(msg.generation, msg.slot):
+                return None  # made for an abandoned epoch: its slot is free again
+            return slots.batch(msg.batch_index, msg.slot, msg.rows, msg.objects)
+        if msg.slot != NO_SLOT:
+            slots.release(msg.slot)
+        if not slots.is_current(msg.generation):
+            return None
+        if isinstance(msg, Whole):
+            treedef, arrays, objects = split(msg.batch)
+            return HostBatch(msg.batch_index, None, msg.rows, arrays, treedef, objects)
+        if isinstance(msg, Exhausted):
+            return Ended(msg.batch_index, t.id)
+        if isinstance(msg, BatchFailed):
+            error = make_worker_error(msg.report, worker_id=t.id, pid=pid, batch_index=msg.batch_index)
+            return Failed(msg.batch_index, error)
+        return None
+
+    # -- shutdown
+
+    def shutdown(self) -> None:
+        """Stop every thread: what is queued is skipped; wait up to ``SHUTDOWN_GRACE_S`` in all. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.slots.retire()
+        self._stopping.set()
+        for t in self._workers:
+            t.tasks.put(_Stop())
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        for t in self._workers:
+            if t.thread is not threading.current_thread():
+                t.thread.join(max(0.0, deadline - time.monotonic()))
+        stuck = [t for t in self._workers if t.thread.is_alive() and t.thread is not threading.current_thread()]
+        for t in stuck:
+            t.thread.name += STUCK_SUFFIX
+        if stuck:
+            _log.warning("loader worker thread(s) %s still in user code %.1f s after shutdown: a thread cannot be "
+                         "killed; each ends when that code returns, its batch dropped",
+                         ", ".join(str(t.id) for t in stuck), SHUTDOWN_GRACE_S)
+        self._workers = []
