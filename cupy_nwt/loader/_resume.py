@@ -135,6 +135,7 @@ def kind_of(loader: DataLoader) -> str:
 def make_plan(loader: DataLoader, track: Track) -> Any:
     """The epoch's plan: the whole epoch, or what is left of it after ``track.start``."""
     s, start, epoch = loader._sampling, track.start, track.epoch
+    plan: SessionPlan | _SkipPlan | _StreamRest
     if track.loader_kind == "map":
         plan = _map_plan(loader, start, epoch)
     elif track.loader_kind == "sampler":
@@ -244,10 +245,10 @@ def _stream_state(loader: DataLoader, track: Track, handed: list[int]) -> dict[s
     assert track.ledger is not None
     states, counts, last = track.ledger.workers(len(handed))
     start = track.start or _fresh(loader, track.epoch)
-    per = [dict(p) if p is not None else None for p in start["workers"]]
+    per: list[dict[str, Any] | None] = [dict(p) if p is not None else None for p in start["workers"]]
     for w in set(states) | set(counts):
-        prior = per[w]["batches"] if per[w] is not None else 0
-        per[w] = {"batches": prior + counts[w], "state": states.get(w)}
+        old = per[w]
+        per[w] = {"batches": (old["batches"] if old is not None else 0) + counts[w], "state": states.get(w)}
     first = int(start["next_task"])
     nxt = first + max(handed) + 1 if handed else first
     n = len(per)
@@ -306,7 +307,7 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     missing = [r for r, p in enumerate(ranks) if p is None]
     if missing:
         raise ValueError(f"merge_states: no state for rank(s) {missing} of {world}")
-    return {**first, "rank": None, "delivered": min(p["delivered"] for p in ranks if p is not None),  # type: ignore[misc]
+    return {**first, "rank": None, "delivered": min(p["delivered"] for p in ranks if p is not None),
             "extra": [], "ranks": ranks}
 
 
