@@ -294,7 +294,7 @@ class DataLoader(Generic[T_co]):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` yields exactly the rest of the saved epoch, the
-        one after it the following epoch. Another ``num_workers``, ``prefetch_factor`` or
+        one after it the following epoch (a ``set_epoch`` to another epoch before that drops it). Another ``num_workers``, ``prefetch_factor`` or
         ``persistent_workers`` gives the same rest; another ``world_size`` re-shards it (map-style; load
         any old rank's state when the ranks delivered alike, else ``merge_states`` of all of them)."""
         self._resume = check_state(self, state)
