@@ -10,10 +10,11 @@ from ..ranks import RankLayout, rank_layout
 from ._collate import default_collate
 from ._dataloader import DataLoader
 from ._iterable import IterableDataset
+from ._resume import merge_states
 from ._sampler import BatchSampler
 from ._slots import HostBatch
 from ._worker import WorkerInfo, get_worker_info
 
 __all__ = ["BatchSampler", "DataLoader", "HostBatch", "IterableDataset", "LoaderError", "LoaderTimeoutError",
            "RankLayout", "ShmSpaceError", "WorkerDiedError", "WorkerError", "WorkerInfo", "default_collate",
-           "get_worker_info", "rank_layout"]
+           "get_worker_info", "merge_states", "rank_layout"]

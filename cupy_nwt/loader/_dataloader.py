@@ -48,8 +48,9 @@ from ._maker import BatchMaker
 from ._online import make_online
 from ._options import resolve_context, resolve_timeout, seed_from, warn_if_too_many_workers
 from ._prefetch import DevicePrefetcher
+from ._resume import Track, attach, check_state, kind_of, make_plan, state_of
 from ._ring import Ring, SlotLayout
-from ._sampler import Plan, fresh_seed
+from ._sampler import fresh_seed
 from ._sampling import Sampling
 from ._slots import HostBatch, SlotPool
 from ._sources import BatchSource, InlineSource, WorkerSource
@@ -185,6 +186,8 @@ class DataLoader(Generic[T_co]):
         self._active: weakref.ref | None = None
         self._latest: weakref.ref | None = None  # the newest iterator: what state and figures describe
         self._layout: SlotLayout | None = None
+        self._track: Track | None = None  # the newest iteration's progress (``state_dict``)
+        self._resume: dict[str, Any] | None = None  # a loaded state, for the next iteration
         self._initialized = True
 
     def _auto_workers(self, prefetch_factor: int, pin_memory: bool | str, batch_transform: Callable | None,
@@ -301,14 +304,30 @@ class DataLoader(Generic[T_co]):
         shared = (self.persistent_workers and self.num_workers > 0) or self._res.prefetcher is not None
         if shared:
             self._close_active()
-        it: EpochIterator[T_co] = EpochIterator(self._run_epoch(self._epoch, shared), self)
+        start, self._resume = self._resume, None
+        track = Track(kind_of(self), self._epoch, start if start is not None and start["epoch"] == self._epoch else None)
+        it: EpochIterator[T_co] = EpochIterator(self._run_epoch(track, shared), self)
         self._epoch += 1
-        self._latest = weakref.ref(it)
+        self._latest, self._track = weakref.ref(it), track
         if self._online is not None:
             self._online.follow(it, self._epoch - 1)
         if shared:
             self._active = weakref.ref(it)
         return it
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the newest iteration stands, counting only batches delivered to the caller; small and
+        JSON-ready. Between epochs (or before the first), the start of the epoch ``iter()`` runs next.
+        What it holds, and the elastic rules: ``cupy_nwt.loader._resume``."""
+        return state_of(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from ``state_dict()``: the next ``iter()`` yields exactly the rest of the saved epoch, the
+        one after it the following epoch (a ``set_epoch`` to another epoch before that drops it). Another ``num_workers``, ``prefetch_factor`` or
+        ``persistent_workers`` gives the same rest; another ``world_size`` re-shards it (map-style; load
+        any old rank's state when the ranks delivered alike, else ``merge_states`` of all of them)."""
+        self._resume = check_state(self, state)
+        self._epoch = int(self._resume["epoch"])
 
     def close(self) -> None:
         """End the current iterations, stop the workers, unlink the rings. Idempotent."""
@@ -340,9 +359,9 @@ class DataLoader(Generic[T_co]):
         return BatchMaker(self.dataset, self.collate_fn, self.batch_transform, batched=s.batched,
                           batch_size=s.batch_size, drop_last=s.drop_last)
 
-    def _run_epoch(self, epoch: int, shared: bool) -> Iterator[Any]:
-        res = self._res
-        plan = self._sampling.plan(self.dataset, epoch)
+    def _run_epoch(self, track: Track, shared: bool) -> Iterator[Any]:
+        res, epoch = self._res, track.epoch
+        plan = make_plan(self, track)
         stage: Stage | None = None
         source: BatchSource | None = None
         graceful = False
@@ -357,11 +376,12 @@ class DataLoader(Generic[T_co]):
             else:
                 source = InlineSource(self._maker(), plan, self._layout, None,
                                       stage.slots if stage is not None else None, learn=learn)
+            attach(track, source, self)
             if res.prefetcher is not None:
                 yield from on_device(res.prefetcher.batches(source), self.device_id)
             else:
                 yield from host_batches(source, self.zero_copy, lambda: self._layout)
-            graceful = True
+            graceful = track.finished = True
         except GeneratorExit:
             graceful = True  # a break or a dropped iterator: persistent workers may stay
             raise
@@ -395,7 +415,7 @@ class DataLoader(Generic[T_co]):
             self._attach_ring(stage, self._layout)
         return stage
 
-    def _learn(self, stage: Stage | None, plan: Plan, hb: HostBatch) -> None:
+    def _learn(self, stage: Stage | None, plan: Any, hb: HostBatch) -> None:
         """The first batch made fixes the layout (unless an earlier stage learned it): build the ring."""
         if stage is None or stage.ring is not None:
             return

@@ -62,6 +62,7 @@ class BatchMaker:
         self.current: int | None = None
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
+        self._restore: tuple[Any, int] | None = None  # (dataset state, batches to skip) for the next opening
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_stream": None, "current": None}  # a live iterator stays where it is
@@ -90,10 +91,31 @@ class BatchMaker:
         """
         self._stream, self._fresh = None, True
 
+    def restore(self, state: Any, skip: int) -> None:
+        """Resume the next opened stream: ``load_state_dict(state)`` first (if given), then skip ``skip`` batches."""
+        self._restore = (state, skip)
+
+    def stream_state(self) -> Any:
+        """The dataset's ``state_dict()`` (where its stream is), or None when it keeps none."""
+        get = getattr(self.dataset, "state_dict", None)
+        return get() if callable(get) else None
+
+    def _open(self) -> None:
+        state, skip = self._restore if self._restore is not None else (None, 0)
+        self._restore = None
+        if state is not None:
+            self.dataset.load_state_dict(state)
+        self._stream = iter(self.dataset)
+        for _ in range(skip * (self.batch_size or 1 if self.batched else 1)):
+            next(self._stream)
+
     def _pull(self) -> Any:
         if self._fresh:
             self._fresh = False
-            self._stream = iter(self.dataset)
+            try:
+                self._open()
+            except StopIteration:
+                self._stream = None
         if self._stream is None:
             raise StreamEnd
         try:

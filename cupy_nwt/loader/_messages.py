@@ -1,8 +1,9 @@
 """What travels between the main process and its loader workers: one small frozen record per kind.
 
-Main process -> worker: ``RingMsg`` (once per ring), ``Task`` (once per batch), ``Stop``.
-Worker -> main process: ``Ok``, ``Whole``, ``Exhausted``, ``Skipped`` or ``BatchFailed`` (once per
-task), ``InitFailed`` (at most once, then the worker exits). A batch's arrays are written into the
+Main process -> worker: ``RingMsg`` (once per ring), ``Task`` (once per batch), ``Restore`` (a
+resumed stream), ``Stop``. Worker -> main process: ``Ok``, ``Whole``, ``Exhausted``, ``Skipped`` or
+``BatchFailed`` (once per task; for a stream task preceded by a ``StreamState``), ``InitFailed`` (at
+most once, then the worker exits). A batch's arrays are written into the
 ring; only its other leaves travel, in ``Ok``. ``Whole`` carries a batch pickled: the first ones,
 made before the ring exists, and any later one that does not fit the ring's layout.
 
@@ -89,6 +90,15 @@ class Task(_Record):
 
 
 @dataclass(frozen=True, slots=True)
+class Restore(_Record):
+    """Before the next epoch's stream opens: load ``state`` into the dataset (if not None), then skip
+    ``skip`` batches (a resumed stream whose dataset keeps no state)."""
+
+    state: Any
+    skip: int
+
+
+@dataclass(frozen=True, slots=True)
 class Stop(_Record):
     """Exit the worker loop."""
 
@@ -132,6 +142,16 @@ class Exhausted(_Record):
 
 
 @dataclass(frozen=True, slots=True)
+class StreamState(_Record):
+    """Sent just before the answer to stream task ``batch_index``: the dataset's ``state_dict()`` after it
+    (None when it has none), so the loader can save where each worker's stream was."""
+
+    generation: int
+    batch_index: int
+    state: Any
+
+
+@dataclass(frozen=True, slots=True)
 class Skipped(_Record):
     """The task's generation was no longer current when the worker got to it; ``slot`` is untouched."""
 
@@ -157,5 +177,5 @@ class InitFailed(_Record):
     report: ErrorReport
 
 
-ToWorker = RingMsg | Task | Stop
-FromWorker = Ok | Whole | Exhausted | Skipped | BatchFailed | InitFailed
+ToWorker = RingMsg | Task | Restore | Stop
+FromWorker = Ok | Whole | Exhausted | Skipped | BatchFailed | InitFailed | StreamState

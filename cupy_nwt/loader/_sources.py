@@ -14,7 +14,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ._maker import BatchMaker, InSlot, StreamEnd, make_worker_error
 from ._messages import ErrorReport
@@ -23,7 +23,10 @@ from ._sampler import Plan, PlanTask
 from ._slots import HostBatch, SlotPool
 from ._threads import Workers
 from ._tree import split
-from ._workers import Ended, Failed, LoaderError, LoaderTimeoutError, Result
+from ._workers import Ended, Failed, LoaderError, LoaderTimeoutError, Noted, Result
+
+if TYPE_CHECKING:
+    from ._resume import Ledger
 
 
 class FailedBatch(Exception):
@@ -78,6 +81,7 @@ class InlineSource(BatchSource):
         self.tasks: Iterator[PlanTask] = plan.tasks()
         self.pending: PlanTask | None = None
         self.done = False
+        self.ledger: Ledger | None = None  # what was handed out, for the loader's state_dict
         if plan.stream:
             maker.begin_stream()
 
@@ -108,13 +112,23 @@ class InlineSource(BatchSource):
         task, self.pending = self.pending, None
         try:
             hb = self._make(task, ring, slot)
-        except BaseException:
+        except BaseException as exc:
             if slot is not None and self.slots is not None:
                 self.slots.give_back(slot)
+            if isinstance(exc, FailedBatch):
+                self._hand(task[0])
             raise
+        if hb is not None:
+            self._hand(hb.index)
         if (hb is None or hb.slot is None) and slot is not None and self.slots is not None:
             self.slots.give_back(slot)
         return hb
+
+    def _hand(self, b: int) -> None:
+        if self.ledger is not None:
+            if self.plan.stream:
+                self.ledger.note(b, 0, self.maker.stream_state())
+            self.ledger.hand(b)
 
     def _make(self, task: PlanTask, ring: Ring | None, slot: int | None) -> HostBatch | None:
         b, indices, seed = task
@@ -169,6 +183,7 @@ class WorkerSource(BatchSource):
         self.resolved = 0  # tasks answered: delivered, failed, or without a batch
         self.next_deliver = 0
         self.planned_all = False
+        self.ledger: Ledger | None = None  # what was handed out, for the loader's state_dict
 
     def _submit(self) -> None:
         while not self.planned_all:
@@ -200,6 +215,10 @@ class WorkerSource(BatchSource):
 
     def _absorb(self, items: list[Result]) -> None:
         for item in items:
+            if isinstance(item, Noted):
+                if self.ledger is not None:
+                    self.ledger.note(item.batch_index, item.worker_id, item.state)
+                continue
             if isinstance(item, Ended):
                 self.resolved += 1
                 self.skipped.add(item.batch_index)
@@ -228,6 +247,8 @@ class WorkerSource(BatchSource):
                 item = self.ready.pop(b)
                 self.resolved += 1
                 self.next_deliver += self.in_order
+                if self.ledger is not None:
+                    self.ledger.hand(b)
                 if isinstance(item, Failed):
                     raise FailedBatch(item.error)
                 return item

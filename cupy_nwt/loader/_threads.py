@@ -10,7 +10,8 @@ Each thread runs the process worker's own ``serve`` on its own copy of the ``Bat
 iterable-style dataset gets one iterator per worker) and has its own task queue; every answer comes
 back through one queue. What differs from processes, and why:
 
-* the dataset and the callables are one shared object, not a copy per worker;
+* a map-style dataset and the callables are one shared object, not a copy per worker (an
+  iterable-style dataset is deep-copied per thread: its position and state are each reader's own);
 * ``get_worker_info().seed`` is what a process worker would get, but Python's and NumPy's global
   generators belong to the whole process and are left alone;
 * a thread cannot be killed: shutdown asks, then waits at most ``SHUTDOWN_GRACE_S`` for the pool; a
@@ -30,18 +31,32 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import WorkerDiedError
 from . import _worker
+from ._iterable import dataset_kind
 from ._maker import BatchMaker, make_worker_error
-from ._messages import NO_SLOT, BatchFailed, ErrorReport, Exhausted, FromWorker, InitFailed, Ok, Task, Whole
+from ._messages import (
+    NO_SLOT,
+    BatchFailed,
+    ErrorReport,
+    Exhausted,
+    FromWorker,
+    InitFailed,
+    Ok,
+    Restore,
+    Skipped,
+    StreamState,
+    Task,
+    Whole,
+)
 from ._ring import Ring
 from ._slots import HostBatch, SlotPool
 from ._tree import split
-from ._workers import SHUTDOWN_GRACE_S, Dispatch, Ended, Failed, Result
+from ._workers import SHUTDOWN_GRACE_S, Dispatch, Ended, Failed, Noted, Result
 
 WORKER_TYPES = ("process", "thread")
 STUCK_SUFFIX = " (stuck)"  # appended to the name of a thread still busy after shutdown
@@ -72,6 +87,8 @@ class Workers(Protocol):
 
     def set_active(self, n: int) -> None: ...
 
+    def restore(self, per_worker: dict[int, tuple[Any, int]]) -> None: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -93,7 +110,7 @@ class _Died:
     error: BaseException
 
 
-_Message = Task | Ring | _Stop
+_Message = Task | Ring | Restore | _Stop
 
 
 @dataclass
@@ -126,10 +143,13 @@ class ThreadPool(Dispatch):
 
     def _start(self, w: int) -> None:
         num_workers, seed, epoch, maker, worker_init_fn, rank, world_size = self._spec
-        info = _worker.WorkerInfo(w, max(num_workers, w + 1), _worker.worker_seed(seed, w, epoch), maker.dataset,
+        mine = copy.copy(maker)
+        if dataset_kind(maker.dataset) == "iterable":  # its own copy, as a process worker has: a reader, a position
+            mine.dataset = copy.deepcopy(maker.dataset)
+        info = _worker.WorkerInfo(w, max(num_workers, w + 1), _worker.worker_seed(seed, w, epoch), mine.dataset,
                                   rank, world_size)
         tasks: queue.SimpleQueue[_Message] = queue.SimpleQueue()
-        thread = threading.Thread(target=self._loop, args=(info, copy.copy(maker), worker_init_fn, tasks),
+        thread = threading.Thread(target=self._loop, args=(info, mine, worker_init_fn, tasks),
                                   name=f"cupy_nwt-worker-{w}", daemon=True)
         if self.slots.ring is not None:
             tasks.put(self.slots.ring)
@@ -177,10 +197,16 @@ class ThreadPool(Dispatch):
                 if isinstance(msg, Ring):
                     ring = msg
                     continue
+                if isinstance(msg, Restore):
+                    maker.restore(msg.state, msg.skip)
+                    continue
                 if msg.indices is None and msg.generation != stream_generation:
                     maker.begin_stream()
                     stream_generation = msg.generation
-                self._results.put((info.id, _worker.serve(maker, ring, msg)))
+                answer = _worker.serve(maker, ring, msg)
+                if msg.indices is None and not isinstance(answer, Skipped):
+                    self._results.put((info.id, StreamState(msg.generation, msg.batch_index, maker.stream_state())))
+                self._results.put((info.id, answer))
         except BaseException as exc:  # noqa: BLE001 - the thread's death, told to the main thread
             if not self._stopping.is_set():
                 self._results.put((info.id, _Died(exc)))
@@ -200,6 +226,12 @@ class ThreadPool(Dispatch):
         t.tasks.put(Task(self.slots.generation, batch_index, slot, indices, tseed))
         t.outstanding += 1
         return True
+
+    def restore(self, per_worker: dict[int, tuple[Any, int]]) -> None:
+        """Before a resumed stream's tasks: each thread's dataset state (or batches to skip), by worker id."""
+        for t in self._workers:
+            if t.id in per_worker:
+                t.tasks.put(Restore(*per_worker[t.id]))
 
     def collect(self, timeout: float | None) -> list[Result]:
         """Wait up to ``timeout`` s (None: no limit) for answers; raise at once if a thread failed to start or died."""
@@ -227,6 +259,8 @@ class ThreadPool(Dispatch):
         if isinstance(msg, _Died):
             raise WorkerDiedError(f"loader worker thread {t.id} ended with {type(msg.error).__name__}: {msg.error}",
                                   worker_id=t.id, pid=pid, exitcode=None) from msg.error
+        if isinstance(msg, StreamState):
+            return Noted(msg.batch_index, t.id, msg.state) if self.slots.is_current(msg.generation) else None
         t.outstanding -= 1
         slots = self.slots
         if isinstance(msg, Ok):

@@ -29,9 +29,11 @@ from ._messages import (
     FromWorker,
     InitFailed,
     Ok,
+    Restore,
     RingMsg,
     Skipped,
     Stop,
+    StreamState,
     Task,
     ToWorker,
     Whole,
@@ -120,10 +122,16 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
                     ring.close()
                 ring = Ring.attach(msg.name, msg.layout, msg.slots)
                 continue
+            if isinstance(msg, Restore):
+                maker.restore(msg.state, msg.skip)
+                continue
             if msg.indices is None and msg.generation != stream_generation:
                 maker.begin_stream()  # a new epoch of this worker's replica of an iterable dataset
                 stream_generation = msg.generation
-            _send(results, serve(maker, ring, msg))
+            answer = serve(maker, ring, msg)
+            if msg.indices is None and not isinstance(answer, Skipped):
+                _send_state(results, msg, maker)
+            _send(results, answer)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the main process went away
     finally:
@@ -140,6 +148,14 @@ def _send(results: Connection, answer: FromWorker) -> None:
             raise
         report = ErrorReport.from_exception(exc, None)
         results.send(BatchFailed(answer.generation, answer.batch_index, answer.slot, report))
+
+
+def _send_state(results: Connection, task: Task, maker: BatchMaker) -> None:
+    """Where this worker's stream is now; a state that fails to be taken or pickled is sent as None."""
+    try:
+        results.send(StreamState(task.generation, task.batch_index, maker.stream_state()))
+    except (pickle.PicklingError, TypeError, AttributeError):
+        results.send(StreamState(task.generation, task.batch_index, None))
 
 
 def serve(maker: BatchMaker, ring: Ring | None, task: Task) -> FromWorker:

@@ -28,7 +28,21 @@ import numpy as np
 from .. import cuda
 from ..errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old import paths
 from ._maker import BatchMaker, make_worker_error
-from ._messages import NO_SLOT, BatchFailed, Exhausted, FromWorker, InitFailed, Ok, RingMsg, Stop, Task, ToWorker, Whole
+from ._messages import (
+    NO_SLOT,
+    BatchFailed,
+    Exhausted,
+    FromWorker,
+    InitFailed,
+    Ok,
+    Restore,
+    RingMsg,
+    Stop,
+    StreamState,
+    Task,
+    ToWorker,
+    Whole,
+)
 from ._ring import Ring
 from ._slots import HostBatch, SlotPool
 from ._tree import split
@@ -62,7 +76,16 @@ class Ended:
     worker_id: int
 
 
-Result = HostBatch | Failed | Ended
+@dataclass(frozen=True)
+class Noted:
+    """Worker ``worker_id``'s dataset state right after it made stream task ``batch_index``."""
+
+    batch_index: int
+    worker_id: int
+    state: Any
+
+
+Result = HostBatch | Failed | Ended | Noted
 SHUTDOWN_GRACE_S = 1.0
 
 
@@ -206,6 +229,12 @@ class WorkerPool(Dispatch):
         w.outstanding += 1
         return True
 
+    def restore(self, per_worker: dict[int, tuple[Any, int]]) -> None:
+        """Before a resumed stream's tasks: each worker's dataset state (or batches to skip), by worker id."""
+        for w in self._workers:
+            if w.id in per_worker:
+                self._send(w, Restore(*per_worker[w.id]))
+
     def _send(self, w: _Worker, msg: ToWorker) -> None:
         try:
             w.tasks.send(msg)
@@ -237,6 +266,8 @@ class WorkerPool(Dispatch):
         """A worker's answer: a batch to deliver, a failure to raise in turn, an ended stream, or nothing (stale)."""
         if isinstance(msg, InitFailed):
             raise make_worker_error(msg.report, worker_id=w.id, pid=w.process.pid, batch_index=None)
+        if isinstance(msg, StreamState):
+            return Noted(msg.batch_index, w.id, msg.state) if self.slots.is_current(msg.generation) else None
         w.outstanding -= 1
         slots = self.slots
         if isinstance(msg, Ok):

@@ -1,0 +1,317 @@
+"""Mid-epoch state of a loader: what ``state_dict()`` saves, what ``load_state_dict()`` resumes from.
+
+A state counts only batches *delivered to the caller* (the epoch iterator's turns, failed batches
+included): batches the workers made ahead are not consumed. It is a small JSON-ready dict, by kind:
+
+* ``"map"`` (the loader's own sampler): the epoch, the settings the order depends on, the session
+  (``_remainder``: ``world_size``, ``base``, ``excluded``), this ``rank`` and the batches it delivered
+  (``delivered``, a prefix count, plus ``extra``: the few beyond it that ``in_order=False`` gave).
+  No per-sample list. Worker count, prefetch and persistence play no part: the rest of the epoch
+  is the same with any of them.
+* ``"sampler"`` (a user's ``sampler`` or ``batch_sampler``): the batches delivered, and the
+  sampler's own ``state_dict()`` as it was when the epoch began (if it has one). On resume that
+  state is loaded, the epoch's batches are drawn again and the delivered ones skipped (a sampler
+  without state must give the same order again, e.g. seeded by epoch).
+* ``"iterable"``: per worker, the dataset copy's ``state_dict()`` as of the last batch delivered from
+  it (or, for a dataset without one, how many batches it delivered, re-read and skipped on resume).
+  It resumes with the same number of workers (0 and 1 count alike) and ranks only.
+
+Elastic resume (map kind): a loader of another ``world_size`` takes the union of what every old
+rank delivered and re-shards the rest over its own ranks (``Session.after``). Each new rank loads
+either any old rank's state, when all old ranks delivered the same batches in order (a DDP loop in
+lockstep), or the output of ``merge_states`` over every old rank's state. Each new rank plugs in
+its own ``rank`` and ``world_size``. A re-sharded rest keeps every sample exactly once and the
+ranks balanced; its transform seeds differ from the uninterrupted run's (only a same-world-size
+resume is bitwise the uninterrupted run).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ._remainder import Session, SessionPlan, join_done, split_done
+from ._sampler import Plan, PlanTask, StreamPlan
+
+if TYPE_CHECKING:
+    from ._dataloader import DataLoader
+
+STATE_VERSION = 1
+_MATCH = ("seed", "n", "batch_size", "shuffle", "drop_last")
+
+
+class Ledger:
+    """What a batch source handed out, in order: batch (task) indexes, and for a stream the worker and
+    its dataset state after each. Only the last ``keep`` entries keep their state (the prefetcher is
+    never that far ahead of the caller); older ones fold into a per-worker summary."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.handed: list[int] = []
+        self.keep = keep
+        self._notes: dict[int, tuple[int, Any]] = {}
+        self._recent: deque[tuple[int, int, Any]] = deque()
+        self._states: dict[int, Any] = {}
+        self._counts: Counter[int] = Counter()
+
+    def note(self, b: int, worker: int, state: Any) -> None:
+        """Task ``b`` was made by ``worker``, whose dataset state is now ``state``."""
+        self._notes[b] = (worker, state)
+
+    def hand(self, b: int) -> None:
+        i = len(self.handed)
+        self.handed.append(b)
+        note = self._notes.pop(b, None)
+        if note is None:
+            return
+        self._recent.append((i, *note))
+        while len(self._recent) > self.keep:
+            _, w, state = self._recent.popleft()
+            self._states[w], self._counts[w] = state, self._counts[w] + 1
+
+    def workers(self, delivered: int) -> tuple[dict[int, Any], Counter[int], int | None]:
+        """Per worker, the state after its last delivered batch and its delivered count; the last worker."""
+        states, counts, last = dict(self._states), Counter(self._counts), None
+        for i, w, state in self._recent:
+            if i < delivered:
+                states[w], counts[w], last = state, counts[w] + 1, w
+        return states, counts, last
+
+
+@dataclass(frozen=True, eq=False)
+class _SkipPlan:
+    """A user's sampler plan with the batches already delivered left out (tasks renumbered 0..)."""
+
+    inner: Plan
+    done: frozenset[int]
+    ids: list[int] = field(default_factory=list)  # task i is the epoch's batch ids[i]
+    stream = False
+
+    @property
+    def epoch(self) -> int:
+        return self.inner.epoch
+
+    def tasks(self) -> Iterator[PlanTask]:
+        for b, indices, seed in self.inner.tasks():
+            if b not in self.done:
+                self.ids.append(b)
+                yield len(self.ids) - 1, indices, seed
+
+
+@dataclass(frozen=True, eq=False)
+class _StreamRest(StreamPlan):
+    """A stream's epoch from task ``first`` on (tasks renumbered 0..; seeds those of the original tasks)."""
+
+    first: int = 0
+
+    def transform_seed(self, b: int) -> int:
+        return super().transform_seed(b + self.first)
+
+
+@dataclass
+class Track:
+    """One iteration's bookkeeping: the state it began from, its plan and its source's ledger."""
+
+    loader_kind: str
+    epoch: int
+    start: dict[str, Any] | None  # the loaded state this epoch resumes, or None
+    plan: Any = None
+    ledger: Ledger | None = None
+    sampler_state: Any = None
+    finished: bool = False
+
+
+def _sampler_of(loader: DataLoader) -> Any:
+    s = loader._sampling
+    return s.batch_sampler if s.batch_sampler is not None else s.sampler
+
+
+def kind_of(loader: DataLoader) -> str:
+    s = loader._sampling
+    return "iterable" if s.kind == "iterable" else "map" if s.own else "sampler"
+
+
+def make_plan(loader: DataLoader, track: Track) -> Any:
+    """The epoch's plan: the whole epoch, or what is left of it after ``track.start``."""
+    s, start, epoch = loader._sampling, track.start, track.epoch
+    plan: SessionPlan | _SkipPlan | _StreamRest
+    if track.loader_kind == "map":
+        plan = _map_plan(loader, start, epoch)
+    elif track.loader_kind == "sampler":
+        sampler = _sampler_of(loader)
+        if start is not None and start.get("sampler_state") is not None and hasattr(sampler, "load_state_dict"):
+            sampler.load_state_dict(start["sampler_state"])
+        track.sampler_state = sampler.state_dict() if hasattr(sampler, "state_dict") else None
+        done = frozenset(join_done(start["delivered"], start["extra"])) if start is not None else frozenset()
+        plan = _SkipPlan(s.plan(loader.dataset, epoch), done)
+    else:
+        first = int(start["next_task"]) if start is not None else 0
+        plan = _StreamRest(s.seed, epoch, s.rank, s.world_size, first)
+    track.plan = plan
+    return plan
+
+
+def _map_plan(loader: DataLoader, start: dict[str, Any] | None, epoch: int) -> SessionPlan:
+    s, rank, world = loader._sampling, loader.rank, loader.world_size
+    n = len(loader.dataset)
+    if start is None:
+        return SessionPlan.make(Session(n, s.batch_size or 1, s.shuffle, s.seed, epoch, s.drop_last, world), rank)
+    if start["n"] != n:
+        raise ValueError(f"load_state_dict: the state was saved for a dataset of {start['n']} samples; this one has {n}")
+    old = Session(n, start["batch_size"], start["shuffle"], start["seed"], epoch, start["drop_last"],
+                  start["world_size"], start["base"], tuple(start["excluded"]))
+    ranks = start.get("ranks")
+    if ranks is None:  # one rank's state: the others delivered the same batches, if it has no extras
+        if start["extra"] and (world != old.world_size or rank != start["rank"]):
+            raise ValueError("load_state_dict: this rank's state has batches delivered out of order, so the other "
+                             "ranks' progress cannot be inferred from it: pass merge_states([...every rank's state])")
+        ranks = [{"delivered": start["delivered"], "extra": start["extra"] if r == start["rank"] else []}
+                 for r in range(old.world_size)]
+    done = {r: join_done(p["delivered"], p["extra"]) for r, p in enumerate(ranks)}
+    if world == old.world_size:
+        return SessionPlan.make(old, rank, done[rank])
+    return SessionPlan.make(old.after(done, world), rank)
+
+
+def attach(track: Track, source: Any, loader: DataLoader) -> None:
+    """The source is made: give it its ledger and, for a stream, restore each reader before it begins."""
+    track.ledger = source.ledger = Ledger(keep=64 + loader.num_workers * loader.prefetch_factor)
+    start = track.start
+    if track.loader_kind != "iterable" or start is None:
+        return
+    per = start["workers"]
+    restore = {w: (p.get("state"), 0 if p.get("state") is not None else int(p.get("batches", 0)))
+               for w, p in enumerate(per) if p is not None}
+    workers = getattr(source, "workers", None)
+    if workers is None:
+        if 0 in restore:
+            source.maker.restore(*restore[0])
+        return
+    workers.restore(restore)
+    if start.get("next_worker") is not None:
+        source.cursor = int(start["next_worker"])
+
+
+def state_of(loader: DataLoader) -> dict[str, Any]:
+    """The loader's state now: the newest live iteration's progress, or the start of the next epoch."""
+    it = loader._latest() if loader._latest is not None else None
+    track = getattr(loader, "_track", None)
+    if it is None or track is None or track.finished:
+        return _fresh(loader, loader.epoch)
+    delivered = it.delivered
+    if track.plan is None:  # iterated but not begun: still where it started
+        return dict(track.start) if track.start is not None else _fresh(loader, track.epoch)
+    handed = track.ledger.handed[:delivered] if track.ledger is not None else []
+    if track.loader_kind == "map":
+        return _map_state(loader, track, handed)
+    if track.loader_kind == "sampler":
+        prior = join_done(track.start["delivered"], track.start["extra"]) if track.start is not None else []
+        k, extra = split_done([*prior, *(track.plan.ids[i] for i in handed)])
+        return {**_head(loader, "sampler", track.epoch), "delivered": k, "extra": extra,
+                "sampler_state": track.sampler_state}
+    return _stream_state(loader, track, handed)
+
+
+def _head(loader: DataLoader, kind: str, epoch: int) -> dict[str, Any]:
+    return {"version": STATE_VERSION, "kind": kind, "epoch": epoch, "seed": loader.seed,
+            "rank": loader.rank, "world_size": loader.world_size}
+
+
+def _fresh(loader: DataLoader, epoch: int) -> dict[str, Any]:
+    kind = kind_of(loader)
+    head = _head(loader, kind, epoch)
+    if kind == "map":
+        s = loader._sampling
+        return {**head, "n": len(loader.dataset), "batch_size": s.batch_size or 1, "shuffle": s.shuffle,
+                "drop_last": s.drop_last, "base": 0, "excluded": [], "delivered": 0, "extra": []}
+    if kind == "sampler":
+        return {**head, "delivered": 0, "extra": [], "sampler_state": None}
+    return {**head, "workers": [None] * max(1, loader.num_workers), "next_task": 0, "next_worker": None}
+
+
+def _map_state(loader: DataLoader, track: Track, handed: list[int]) -> dict[str, Any]:
+    plan: SessionPlan = track.plan
+    se = plan.session
+    done = set(range(plan.session.batches(plan.rank))) - set(plan.todo.tolist())
+    done.update(int(plan.todo[i]) for i in handed)
+    k, extra = split_done(done)
+    return {**_head(loader, "map", track.epoch), "world_size": se.world_size, "n": se.n,
+            "batch_size": se.batch_size, "shuffle": se.shuffle, "drop_last": se.drop_last, "seed": se.seed,
+            "base": se.base, "excluded": list(se.excluded), "delivered": k, "extra": extra}
+
+
+def _stream_state(loader: DataLoader, track: Track, handed: list[int]) -> dict[str, Any]:
+    assert track.ledger is not None
+    states, counts, last = track.ledger.workers(len(handed))
+    start = track.start or _fresh(loader, track.epoch)
+    per: list[dict[str, Any] | None] = [dict(p) if p is not None else None for p in start["workers"]]
+    for w in set(states) | set(counts):
+        old = per[w]
+        per[w] = {"batches": (old["batches"] if old is not None else 0) + counts[w], "state": states.get(w)}
+    first = int(start["next_task"])
+    nxt = first + max(handed) + 1 if handed else first
+    n = len(per)
+    return {**_head(loader, "iterable", track.epoch), "workers": per, "next_task": nxt,
+            "next_worker": (last + 1) % n if last is not None else start["next_worker"]}
+
+
+def check_state(loader: DataLoader, state: Mapping[str, Any]) -> dict[str, Any]:
+    """A state this loader can resume from (ValueError naming what differs otherwise)."""
+    if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
+        raise ValueError(f"load_state_dict: not a cupy_nwt loader state of version {STATE_VERSION}")
+    sd = dict(state)
+    kind = kind_of(loader)
+    if sd.get("kind") != kind:
+        raise ValueError(f"load_state_dict: the state is of a {sd.get('kind')!r} loader, this one is {kind!r}")
+    if kind == "map":
+        s = loader._sampling
+        mine = {"seed": loader.seed, "n": len(loader.dataset), "batch_size": s.batch_size or 1,
+                "shuffle": s.shuffle, "drop_last": s.drop_last}
+        differ = [f"{k}={sd.get(k)!r} (this loader: {mine[k]!r})" for k in _MATCH if sd.get(k) != mine[k]]
+        if differ:
+            raise ValueError("load_state_dict: the state was saved with other settings: " + ", ".join(differ))
+    elif kind == "iterable":
+        readers = max(1, loader.num_workers)
+        if any(p is not None for p in sd["workers"]) and (len(sd["workers"]) != readers
+                                                          or sd["world_size"] != loader.world_size):
+            raise ValueError(f"load_state_dict: an iterable dataset's state was saved with {len(sd['workers'])} "
+                             f"worker(s) on {sd['world_size']} rank(s); it resumes only with the same layout "
+                             f"(this loader: {readers} worker(s), {loader.world_size} rank(s))")
+    return sd
+
+
+def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One state from every rank's state of a map-style loader (its own sampler), for an elastic resume.
+
+    Needed when the ranks delivered different batches (a rank ahead of the others, ``in_order=False``);
+    every new rank then loads the merged state. All ranks of one session must be given, once each.
+    """
+    if not states:
+        raise ValueError("merge_states: no states given")
+    first = dict(states[0])
+    if first.get("kind") != "map":
+        raise ValueError("merge_states: only the states of a map-style loader with its own sampler merge")
+    keys = ("version", "epoch", "world_size", "base", "excluded", *_MATCH)
+    for sd in states[1:]:
+        differ = [k for k in keys if sd.get(k) != first.get(k)]
+        if differ:
+            raise ValueError(f"merge_states: the states are of different sessions (they differ in {', '.join(differ)})")
+    world = int(first["world_size"])
+    ranks: list[dict[str, Any] | None] = [None] * world
+    for sd in states:
+        for r, p in _progress(sd):
+            if ranks[r] is not None and ranks[r] != p:
+                raise ValueError(f"merge_states: two different states for rank {r}")
+            ranks[r] = p
+    missing = [r for r, p in enumerate(ranks) if p is None]
+    if missing:
+        raise ValueError(f"merge_states: no state for rank(s) {missing} of {world}")
+    return {**first, "rank": None, "delivered": min(p["delivered"] for p in ranks if p is not None),
+            "extra": [], "ranks": ranks}
+
+
+def _progress(sd: Mapping[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    if sd.get("ranks") is not None:
+        return [(r, dict(p)) for r, p in enumerate(sd["ranks"])]
+    return [(int(sd["rank"]), {"delivered": int(sd["delivered"]), "extra": list(sd["extra"])})]

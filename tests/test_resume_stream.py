@@ -1,0 +1,121 @@
+"""Resume of iterable-style datasets: per-worker dataset state saved as of the last delivered batch and
+restored before the stream re-opens; the sharded tar stream through the loader; refused layouts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_streaming import LAUNCHER_VARS, sample_id, write_shards
+
+from cupy_nwt import get_worker_info
+from cupy_nwt.loader import DataLoader, IterableDataset
+from cupy_nwt.streaming import ShardedTarStream
+
+pytestmark = pytest.mark.usefixtures("worker_type")  # each test once per kind of worker
+
+
+@pytest.fixture(autouse=True)
+def no_launcher(monkeypatch):
+    for name in LAUNCHER_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+class Counting(IterableDataset):
+    """Worker w of k yields w, w+k, w+2k, ... below n; its state is how far it got (a loaded state is
+    where the next ``__iter__`` starts, once; otherwise it starts from the beginning)."""
+
+    def __init__(self, n: int = 40) -> None:
+        self.n, self.pos, self.start = n, 0, 0
+
+    def __iter__(self):
+        info = get_worker_info()
+        w, k = (0, 1) if info is None else (info.id, info.num_workers)
+        self.pos, self.start = self.start, 0
+        while self.pos * k + w < self.n:
+            i = self.pos * k + w
+            self.pos += 1
+            yield np.array([i], np.int64)
+
+    def state_dict(self):
+        return {"pos": self.pos}
+
+    def load_state_dict(self, sd):
+        self.start = sd["pos"]
+
+
+class Stateless(Counting):
+    state_dict = None  # type: ignore[assignment]
+    load_state_dict = None  # type: ignore[assignment]
+
+
+def run(dl):
+    return [b.ravel().tolist() for b in dl]
+
+
+@pytest.mark.parametrize("ds,nw", [(Counting, 0), (Counting, 2), (Stateless, 2), (Stateless, 0)])
+def test_stream_resumes_exactly_where_it_was_delivered(ds, nw):
+    full = run(DataLoader(ds(), batch_size=3, num_workers=nw))
+    for k in (0, 1, 4, len(full) - 1):
+        with DataLoader(ds(), batch_size=3, num_workers=nw, prefetch_factor=4) as dl:
+            it = iter(dl)
+            got = [next(it).ravel().tolist() for _ in range(k)]
+            state = json.loads(json.dumps(dl.state_dict()))
+            it.close()
+        with DataLoader(ds(), batch_size=3, num_workers=nw, prefetch_factor=1) as again:
+            again.load_state_dict(state)
+            assert got + run(again) == full, k
+            assert run(again) == full  # the next epoch starts afresh
+
+
+def test_stream_with_another_worker_count_is_refused():
+    with DataLoader(Counting(), batch_size=3, num_workers=2) as dl:
+        it = iter(dl)
+        next(it)
+        state = dl.state_dict()
+        it.close()
+    with pytest.raises(ValueError, match="same layout"):
+        DataLoader(Counting(), batch_size=3, num_workers=1).load_state_dict(state)
+
+
+class Tars(IterableDataset):
+    """ShardedTarStream as an IterableDataset: it already keeps state per reader."""
+
+    def __init__(self, stream: ShardedTarStream) -> None:
+        self.stream = stream
+
+    def __iter__(self):
+        return iter(self.stream)
+
+    def state_dict(self):
+        return self.stream.state_dict()
+
+    def load_state_dict(self, sd):
+        self.stream.load_state_dict(sd)
+
+
+def id_batch(samples) -> np.ndarray:
+    return np.array([sample_id(img) for img, _ in samples], np.int64)
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_sharded_tar_stream_resumes_through_the_loader(tmp_path, nw):
+    shards = write_shards(tmp_path, [5, 6, 7, 8])
+
+    def make():
+        return DataLoader(Tars(ShardedTarStream(shards, seed=3, shuffle_buffer=4)), batch_size=4, num_workers=nw,
+                          collate_fn=id_batch)
+
+    with make() as dl:
+        full = [b.tolist() for b in dl]
+    with make() as dl:
+        it = iter(dl)
+        got = [next(it).tolist() for _ in range(3)]
+        state = json.loads(json.dumps(dl.state_dict()))
+        it.close()
+    with make() as again:
+        again.load_state_dict(state)
+        rest = [b.tolist() for b in again]
+    assert got + rest == full
+    assert sorted(i for b in full for i in b) == list(range(26))
