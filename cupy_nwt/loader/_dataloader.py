@@ -42,26 +42,26 @@ from typing import Any, Generic, TypeVar
 
 from .._checks import check_int
 from ..ranks import agree, rank_layout
-from ._device import device_scope, on_device, resolve_device
+from ._device import on_device, resolve_device
 from ._epoch import EpochIterator, host_batches
 from ._maker import BatchMaker
 from ._online import make_online
 from ._options import resolve_context, resolve_timeout, seed_from, warn_if_too_many_workers
 from ._prefetch import DevicePrefetcher
 from ._resume import Track, attach, check_state, kind_of, make_plan, state_of
-from ._ring import Ring, SlotLayout
+from ._ring import SlotLayout
 from ._sampler import fresh_seed
 from ._sampling import Sampling
-from ._slots import HostBatch, SlotPool
+from ._setup import learn_layout, new_stage
+from ._slots import HostBatch
 from ._sources import BatchSource, InlineSource, WorkerSource
 from ._stage import Resources, Stage
-from ._threads import ThreadPool, check_worker_type
+from ._threads import check_worker_type
 from ._workers import (
     LoaderError,
     LoaderTimeoutError,
     WorkerDiedError,
     WorkerError,
-    WorkerPool,
     default_start_method,
     get_worker_info,
 )
@@ -368,8 +368,8 @@ class DataLoader(Generic[T_co]):
         try:
             stage = res.stage if shared else None
             if stage is None and (self.num_workers > 0 or res.prefetcher is not None):
-                stage = self._new_stage(epoch, shared)
-            learn = (lambda hb: self._learn(stage, plan, hb)) if stage is not None else None
+                stage = new_stage(self, epoch, shared)
+            learn = (lambda hb: learn_layout(self, stage, hb)) if stage is not None else None
             if stage is not None and stage.workers is not None:
                 source = WorkerSource(stage.workers, plan, self.in_order, self.timeout, learn=learn,
                                       tick=self._online.tick if self._online is not None else None)
@@ -390,57 +390,3 @@ class DataLoader(Generic[T_co]):
                 source.close()
             if stage is not None and stage.workers is not None and not (graceful and self.persistent_workers):
                 res.drop(stage)
-
-    def _new_stage(self, epoch: int, shared: bool) -> Stage:
-        """Start the workers (if any) and, when the layout is already known, make their ring."""
-        workers: ThreadPool | WorkerPool | None = None
-        count = self._online.workers if self._online is not None else self.num_workers
-        if self.num_workers > 0 and self.worker_type == "thread":
-            workers = ThreadPool(maker=self._maker(), num_workers=count, prefetch_factor=self.prefetch_factor,
-                                 seed=self.seed, worker_init_fn=self.worker_init_fn, epoch=epoch, rank=self.rank,
-                                 world_size=self.world_size)
-        elif self.num_workers > 0:
-            workers = WorkerPool(maker=self._maker(), num_workers=count, prefetch_factor=self.prefetch_factor,
-                                 seed=self.seed, worker_init_fn=self.worker_init_fn,
-                                 start_method=self._context if self._context is not None else self.start_method,
-                                 epoch=epoch, rank=self.rank, world_size=self.world_size)
-        if workers is not None and self._online is not None:
-            self._online.configure(workers)
-        stage = Stage(workers.slots if workers is not None else SlotPool(None), workers)
-        if shared:
-            self._res.stage = stage
-        else:
-            self._res.loose.append(stage)
-        if self._layout is not None:
-            self._attach_ring(stage, self._layout)
-        return stage
-
-    def _learn(self, stage: Stage | None, plan: Any, hb: HostBatch) -> None:
-        """The first batch made fixes the layout (unless an earlier stage learned it): build the ring."""
-        if stage is None or stage.ring is not None:
-            return
-        if self._layout is None:
-            assert hb.treedef is not None
-            rows = self._sampling.max_rows(self.dataset)
-            self._layout = SlotLayout.from_parts(hb.treedef, hb.leaves, rows, hb.rows if self._sampling.batched else None)
-        self._attach_ring(stage, self._layout)
-
-    def _attach_ring(self, stage: Stage, layout: SlotLayout) -> None:
-        n = max(2, self.num_workers * self.prefetch_factor) if self.num_workers > 0 else 2
-        if self._online is not None:
-            n = self._online.ring_slots(layout.slot_bytes, self.prefetch_factor)
-        ring = Ring(layout, n, shared=self.num_workers > 0 and self.worker_type == "process")
-        try:
-            if stage.workers is not None:
-                stage.workers.attach(ring)
-                if self._online is not None:
-                    self._online.configure(stage.workers)
-            else:
-                stage.slots.attach(ring)
-            if self._res.prefetcher is not None and stage is self._res.stage:
-                with device_scope(self.device_id):
-                    self._res.prefetcher.attach(ring)
-        except BaseException:
-            if stage.slots.ring is not ring:
-                ring.close()
-            raise
