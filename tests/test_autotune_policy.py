@@ -154,3 +154,27 @@ def test_a_regretted_park_makes_the_next_one_wait_longer() -> None:
 def test_limits_fit_the_ring_header_and_whole_slots_in_the_memory_budget(memory: int) -> None:
     assert Limits.of(Budget(4, memory), 2, SLOT).slots == 3
     assert Limits.of(Budget(1, 10**12), 2, SLOT).slots == 3  # one worker: its prefetch and one more
+
+
+def test_a_slot_that_does_not_cut_the_wait_is_the_last_one() -> None:
+    """Workers idle and the caller waiting alike before and after a slot: the next ask is for a worker,
+    and at the CPU budget the policy holds instead of adding slot after slot."""
+    lim = limits(cpus=3, slots=40)
+    jittery = Observation(8, 1.0, 0.2, 8, 8)  # 20% waited, one idle worker per ask
+    p = AutotunePolicy()
+    first = p.decide(jittery, Setting(2, 4), lim)
+    assert first is not None and first.action == "add_prefetch" and first.slots == 5
+    assert p.decide(jittery, Setting(2, 5), lim) is None  # the interval after a change is not judged
+    second = p.decide(jittery, Setting(2, 5), lim)
+    assert second is not None and second.action == "add_workers" and second.workers == 3
+    assert p.decide(jittery, Setting(3, 7), lim) is None
+    third = p.decide(jittery, Setting(3, 7), lim)
+    assert third is not None and third.action == "add_prefetch"  # a new worker count: a slot may help again
+    p.decide(jittery, Setting(3, 8), lim)
+    held = [p.decide(jittery, Setting(3, 8), lim) for _ in range(6)]
+    assert [d.action for d in held if d is not None] == ["at_budget"]  # no slot after a slot that did not help
+    helped = AutotunePolicy()
+    helped.decide(jittery, Setting(2, 4), lim)
+    helped.decide(jittery, Setting(2, 5), lim)
+    better = helped.decide(Observation(8, 1.0, 0.1, 8, 8), Setting(2, 5), lim)  # the wait halved: keep going
+    assert better is not None and better.action == "add_prefetch" and better.slots == 6

@@ -142,7 +142,9 @@ class AutotunePolicy:
     """The default rules. ``starved``: the caller waited more than this share of the interval;
     ``calm``: less than this share counts as not waiting; ``idle``: idle workers per ask, on average,
     from which one can be parked (above 1, so the rest keep a margin); ``park_after``: such intervals
-    before a park; ``jitter``: idle workers per ask while starved that point to a short buffer."""
+    before a park; ``jitter``: idle workers per ask while starved that point to a short buffer. A slot
+    added for jitter that does not cut the wait by a quarter is the last: the next starved interval
+    asks for a worker instead (or holds, at the budget), so slots do not pile up for nothing."""
 
     def __init__(self, *, starved: float = 0.05, calm: float = 0.01, idle: float = 1.5, jitter: float = 0.5, park_after: int = 3,
                  regret_within: int = 4, max_park_after: int = 48) -> None:
@@ -152,6 +154,7 @@ class AutotunePolicy:
         self._idle_run = 0
         self._since_park: int | None = None
         self._said_full = False
+        self._slot_base: float | None = None  # the wait share when a slot was last added for jitter
 
     def decide(self, obs: Observation, now: Setting, limits: Limits) -> Decision | None:
         if self._since_park is not None:
@@ -164,6 +167,7 @@ class AutotunePolicy:
             self._idle_run = 0
             return self._changed(self._feed(obs, now, limits, share))
         self._said_full = False
+        self._slot_base = None
         if share < self.calm and obs.mean_idle >= self.idle and now.workers > 1:
             self._idle_run += 1
             if self._idle_run >= self.park_after:
@@ -185,14 +189,19 @@ class AutotunePolicy:
             self.park_after = min(self.max_park_after, self.park_after * 2)
             self._since_park = None
         jitter = obs.mean_idle >= self.jitter  # workers idle, yet the caller waited: a buffer too short
+        helped = self._slot_base is None or share < 0.75 * self._slot_base
+        if jitter and not helped:  # the last slot did not cut the wait: more hands, not more buffer
+            jitter = False
         if now.workers < limits.workers and not jitter:
             busy = max(obs.elapsed_s - obs.wait_s, 1e-9)  # the caller's own time: the pace to keep up with
             want = math.ceil(now.workers * obs.elapsed_s / busy)
             workers = min(limits.workers, max(now.workers + 1, min(want, 2 * now.workers)))
             slots = min(limits.slots, now.slots + (workers - now.workers) * limits.prefetch_factor)
             if slots > now.slots or workers > now.workers:
+                self._slot_base = None
                 return Decision("add_workers", workers, max(slots, now.slots), waited)
-        if now.slots < limits.slots:
+        if now.slots < limits.slots and helped:
+            self._slot_base = share
             why = "workers were idle at times, so the buffer is too short" if jitter else "workers at the CPU budget"
             return Decision("add_prefetch", now.workers, now.slots + 1, f"{waited}; {why}")
         if self._said_full:
