@@ -56,7 +56,7 @@ from ._setup import learn_layout, new_stage
 from ._slots import HostBatch
 from ._sources import BatchSource, InlineSource, WorkerSource
 from ._stage import Resources, Stage
-from ._threads import check_worker_type
+from ._threads import WORKER_TYPES, check_worker_type
 from ._workers import (
     LoaderError,
     LoaderTimeoutError,
@@ -200,7 +200,8 @@ class DataLoader(Generic[T_co]):
         return auto_pick(
             self.dataset, batch_size=self._sampling.batch_size, prefetch_factor=prefetch_factor,
             pin_memory=pin_memory, device=self.device if self.device_id is None else f"cuda:{self.device_id}",
-            batch_transform=batch_transform, layout=self.rank_layout, worker_type=worker_type)
+            batch_transform=batch_transform, layout=self.rank_layout, worker_type=worker_type,
+            search_types=WORKER_TYPES if self._online is not None else ("process",))
 
     def _agreed_seed(self) -> int:
         """A fresh seed, the same on every rank: rank 0's through the program's communicator, else 0."""

@@ -54,7 +54,7 @@ def auto_num_workers(dataset: Any, *, batch_size: int, prefetch_factor: int = 2,
 def auto_pick(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_memory: bool | str = False,
               device: str = "auto", batch_transform: Any = None, cache_dir: str | Path | None = None,
               layout: RankLayout | None = None, measure_factory: MeasureFactory | None = None,
-              worker_type: str | None = None) -> tuple[int, str]:
+              worker_type: str | None = None, search_types: tuple[str, ...] = ("process",)) -> tuple[int, str]:
     """A saved pick for this machine and work, else tune (fast) once and save.
 
     Several ranks (``layout``; by default the launcher's variables): a rank may use its share of the
@@ -72,9 +72,9 @@ def auto_pick(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_me
     :class:`~cupy_nwt.nwt.measure.LoaderMeasure` (the default): for another loader, or a test.
 
     Returns the count and the worker type: ``worker_type`` if given, else the saved pick's (a pick
-    saved before worker types were searched is "process"). A search here measures one type only,
-    ``worker_type`` or "process", to keep its cost; ``tune_num_workers(worker_types=...)`` and
-    ``save()`` is how a thread pick is made.
+    saved before worker types were searched is "process"). A search here measures ``worker_type``
+    only when given, else each of ``search_types`` (by default processes only, to keep its cost;
+    the online tuner asks for both) and keeps the faster type with its count.
     """
     layout = rank_layout() if layout is None else layout
     resolved = resolve_device(device)
@@ -86,13 +86,15 @@ def auto_pick(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_me
         _log_saved(saved, fp)
         pick, kind = saved.best_workers, worker_type or saved.worker_type
     else:
-        kind = worker_type or "process"
+        kinds = (worker_type,) if worker_type else tuple(search_types)
         _log.info("num_workers='auto': no saved pick for this machine and work (%s): searching (fast strategy)",
                   ResultStore(cache_dir).why_missing(fp))
         pick = registered_tuner()(fp, dataset, cache_dir, measure_factory=measure_factory, batch_size=batch_size,
                                   device=device, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
                                   batch_transform=batch_transform, max_workers=worker_budget(layout),
-                                  **({"worker_types": (kind,)} if kind != "process" else {}))
+                                  **({"worker_types": kinds} if kinds != ("process",) else {}))
+        tuned = lookup(fp, cache_dir)  # the tuner saved its result: the type it found faster
+        kind = tuned.worker_type if tuned is not None and tuned.worker_type in kinds else kinds[0]
     agreed, via = agree(pick, layout)
     if via is not None and agreed != pick:
         _log.info("num_workers='auto': this rank's saved pick is %d, rank 0's (via %s) is %d; using rank 0's",
