@@ -199,7 +199,8 @@ class BatchMaker:
                 for dst, src in zip(views(rows), arrays):
                     np.copyto(dst, src)
                 out = InSlot(rows, objects)
-        self.times = (t1 - t0, t2 - t1 + time.perf_counter() - t3, t3 - t2)
+        transform_s = t3 - t2 if self.batch_transform is not None else 0.0
+        self.times = (t1 - t0, t2 - t1 + time.perf_counter() - t3, transform_s)
         return out
 
     def failed_index(self, exc: BaseException) -> int | None:
