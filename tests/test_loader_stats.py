@@ -213,3 +213,26 @@ def test_a_list_of_dicts_grows_forked_workers_and_its_packed_form_does_not(monke
             warned = [x for x in w if x.category is MemoryGrowthWarning]
         assert len(warned) == (1 if form == "list" else 0), form
     assert growth["list"] > 4 * 2**20 > growth["packed"]
+
+
+@pytest.mark.parametrize("pin", [True, "staging", False])
+def test_the_prefetcher_adds_its_copy_time_to_the_clock(pin):
+    from test_prefetch import LazyCuda, assert_batches, run
+
+    from cupy_nwt.loader._prefetch import DevicePrefetcher
+    from cupy_nwt.loader._stats import Clock
+
+    ops, clock = LazyCuda(), Clock()
+    out, expected, _ = run(DevicePrefetcher(pin, ops, clock=clock), ops)
+    assert_batches(out, expected)
+    assert clock.copy_s > 0 and clock.made == 0  # copies timed here; the batches' making is the source's to count
+
+
+@pytest.mark.gpu
+@pytest.mark.usefixtures("clean")
+@pytest.mark.parametrize("pin", [True, False])
+def test_gpu_stats_count_the_device_copy(pin):
+    with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cuda", pin_memory=pin) as dl:
+        assert sum(1 for _ in dl) == 8
+        s = dl.stats()
+    assert s.batches == s.made == 8 and s.copy_s > 0 and s.copy.startswith("h2d")
