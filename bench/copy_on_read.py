@@ -91,11 +91,16 @@ def snapshot(pids: list[int]) -> dict[str, Any]:
             "worker_uss_bytes": [w.uss for w in workers], "worker_pss_bytes": [w.pss for w in workers]}
 
 
+def _process(pid: int) -> psutil.Process | None:
+    try:
+        return psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return None
+
+
 def run(kind: str, form: str, dataset: Any, workers: int, epochs: int, batch_size: int, seed: int) -> dict[str, Any]:
-    me = psutil.Process()
-    before = {c.pid for c in me.children(recursive=False)}
     loader, pids = make_loader(kind, dataset, workers, batch_size, seed)
-    snaps, samples = [], 0
+    snaps, samples, seen = [], 0, set()
     t0 = time.perf_counter()
     try:
         for epoch in range(epochs):
@@ -105,16 +110,19 @@ def run(kind: str, form: str, dataset: Any, workers: int, epochs: int, batch_siz
                 samples += len(batch)
                 if not snaps:
                     snaps.append(snapshot(pids()))
+            seen.update(pids())
             snaps.append(snapshot(pids()))
+        seconds = time.perf_counter() - t0  # the epochs only, not the shutdown below
     finally:
         if hasattr(loader, "close"):
             loader.close()
         del loader
         # torch's persistent workers go with the loader's last reference: wait for them, or their exit
-        # during the next run would move shared pages' PSS onto that run's main process
+        # during the next run would move shared pages' PSS onto that run's main process. Only the
+        # workers: the resource tracker the first shared-memory ring starts is a child that stays
+        # (waiting for it cost 30 s, the timeout, in the first cupy_nwt run before this was fixed)
         gc.collect()
-        psutil.wait_procs([c for c in me.children(recursive=False) if c.pid not in before], timeout=30)
-    seconds = time.perf_counter() - t0
+        psutil.wait_procs([p for p in (_process(pid) for pid in seen) if p is not None], timeout=30)
     first, last = snaps[0], snaps[-1]
     uss_growth = [b - a for a, b in zip(first["worker_uss_bytes"], last["worker_uss_bytes"])]
     return {"loader": kind, "form": form, "samples": samples, "seconds": seconds,

@@ -242,6 +242,29 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_stats(args: argparse.Namespace) -> int:
+    from . import datasets, transforms, watch  # noqa: PLC0415 - only this command needs them
+
+    config = watch.WatchConfig(batch_size=_int_option(args.batch_size, "--batch-size", 1),
+                               num_workers=_int_option(args.num_workers, "--num-workers", 0),
+                               worker_type=args.worker_type, device=args.device,
+                               batches=_int_option(args.batches, "--batches", 1), every=_int_option(args.every, "--every", 1))
+    _check_outputs(args)
+    dataset = (datasets.open_dataset(args.dataset) if args.dataset
+               else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1), progress=False))
+    args.opened_dataset = dataset
+    transform = None if args.no_transform else transforms.CifarTrainTransform()
+    if transform is not None and args.dataset:
+        datasets.check_images(dataset, args.dataset, "the CIFAR augmentation (--no-transform turns it off)")
+    on_row = None if args.json else watch.live_table()  # rows as they come; --json prints it all at the end
+    result = _run_with_progress(args, config.batches, "stats", lambda step: watch.run_watch(
+        dataset, args.dataset or "synthetic CIFAR-10", config, batch_transform=transform, step=step, on_row=on_row))
+    if args.plot:
+        watch.plot_watch(result, args.plot)
+    _emit(args, result, watch.footer(result))
+    return 0
+
+
 def _experiment_options(s: argparse.ArgumentParser) -> None:
     """The GPU experiments' shared options; ``_run_options`` parses the first three."""
     s.add_argument("--repeats", default="20", help="timed repeats; the median is reported (default 20)")
@@ -317,6 +340,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plot", metavar="FILE.png", help="also draw time and memory against workers (paper Fig. 2/3)")
     _output_options(s, "the table")
     s.set_defaults(func=cmd_tune)
+
+    s = sub.add_parser("stats", help="run the loader on a dataset and print where its time goes, stage by stage")
+    s.add_argument("--dataset", metavar="PATH", help="as for tune (default: the embedded synthetic CIFAR-10)")
+    s.add_argument("--synthetic-n", default="5000", help="images in the synthetic CIFAR-10 (default 5000)")
+    s.add_argument("--batch-size", default="128", help="samples per batch (default 128)")
+    s.add_argument("--num-workers", default="2", help="loader workers (default 2)")
+    s.add_argument("--worker-type", choices=("process", "thread"), default="process", help="(default process)")
+    s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where batches go (default auto)")
+    s.add_argument("--batches", default="200", help="batches to load in all, over epochs (default 200)")
+    s.add_argument("--every", default="20", help="a row of figures every this many batches (default 20)")
+    s.add_argument("--no-transform", action="store_true", help="no CIFAR training augmentation in the workers")
+    s.add_argument("--plot", metavar="FILE.png", help="also draw the figures over time into this PNG")
+    _output_options(s, "the table")
+    s.set_defaults(func=cmd_stats)
 
     s = sub.add_parser("reproduce", help="everything: info, transfer experiments (GPU), the tuner both ways, "
                        "picks judged against every count; files into one folder")

@@ -56,6 +56,7 @@ from ._setup import learn_layout, new_stage
 from ._slots import HostBatch
 from ._sources import BatchSource, InlineSource, WorkerSource
 from ._stage import Resources, Stage
+from ._stats import STALL_WARNING_S, LoaderStats, Recorder, check_stall
 from ._threads import WORKER_TYPES, check_worker_type
 from ._workers import (
     LoaderError,
@@ -117,6 +118,10 @@ class DataLoader(Generic[T_co]):
     RAM and of /dev/shm), without changing the batches; see ``_online``. A policy object with
     ``decide`` may stand in for ``True``.
 
+    ``stall_warning_s`` (None: off): a ``next()`` waiting this long for the workers logs a warning on
+    ``cupy_nwt.loader`` naming the batch and the worker that has it; ``stats()`` gives the per-stage
+    figures (``cupy_nwt.loader._stats``).
+
     ``timeout`` bounds each wait for the next batch from the workers (the first waits include worker
     start-up, which is slower with forkserver/spawn). Each iterator has its own workers and gets the
     whole epoch, except with persistent workers or on the GPU, where starting a new iteration ends
@@ -132,7 +137,8 @@ class DataLoader(Generic[T_co]):
                  seed: int | None = None, device: str = "auto", start_method: str | None = None,
                  batch_transform: Callable | None = None, zero_copy: bool = False,
                  rank: int | None = None, world_size: int | None = None, worker_type: str | None = None,
-                 autotune: Any = False, cpu_budget: int | None = None, memory_budget: int | None = None) -> None:
+                 autotune: Any = False, cpu_budget: int | None = None, memory_budget: int | None = None,
+                 stall_warning_s: float | None = STALL_WARNING_S) -> None:
         seed = seed_from(seed, generator)
         if worker_type is not None:
             worker_type = check_worker_type(worker_type)
@@ -142,6 +148,7 @@ class DataLoader(Generic[T_co]):
         rank = check_int("rank", rank, optional=True)
         world_size = check_int("world_size", world_size, optional=True)
         timeout = resolve_timeout(timeout)
+        self.stall_warning_s = check_stall(stall_warning_s)
         for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
             if fn is not None and not callable(fn):
                 raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
@@ -180,7 +187,8 @@ class DataLoader(Generic[T_co]):
         self.zero_copy = bool(zero_copy)
         self._context = context
         self._mp_context_arg = multiprocessing_context
-        self._res = Resources(DevicePrefetcher(pin_memory) if self.device == "cuda" else None)
+        self._stats = Recorder()  # the figures ``stats()`` reports; the stages add to its clock
+        self._res = Resources(DevicePrefetcher(pin_memory, clock=self._stats.clock) if self.device == "cuda" else None)
         self._finalizer = weakref.finalize(self, self._res.close)
         self._epoch = 0
         self._active: weakref.ref | None = None
@@ -296,6 +304,13 @@ class DataLoader(Generic[T_co]):
         workers, or between epochs)."""
         return [pid for stage in self._res.stages() if stage.workers is not None for pid in stage.workers.pids()]
 
+    def stats(self) -> LoaderStats:
+        """Where the time went since the previous call (or since the loader was made): the caller's wait,
+        the workers' busy fraction, seconds fetching, collating, transforming and copying, the live
+        workers and prefetch depth, online tuning's decisions, stalls, and each worker's private memory.
+        What each figure means, and the warnings: ``cupy_nwt.loader._stats``."""
+        return self._stats.stats(self)
+
     def __len__(self) -> int:
         return self._sampling.length(self.dataset)
 
@@ -373,16 +388,19 @@ class DataLoader(Generic[T_co]):
             learn = (lambda hb: learn_layout(self, stage, hb)) if stage is not None else None
             if stage is not None and stage.workers is not None:
                 source = WorkerSource(stage.workers, plan, self.in_order, self.timeout, learn=learn,
-                                      tick=self._online.tick if self._online is not None else None)
+                                      tick=self._online.tick if self._online is not None else None,
+                                      stall_s=self.stall_warning_s, on_stall=self._stats.stall)
             else:
                 source = InlineSource(self._maker(), plan, self._layout, None,
-                                      stage.slots if stage is not None else None, learn=learn)
+                                      stage.slots if stage is not None else None, learn=learn, clock=self._stats.clock)
             attach(track, source, self)
             if res.prefetcher is not None:
                 yield from on_device(res.prefetcher.batches(source), self.device_id)
             else:
-                yield from host_batches(source, self.zero_copy, lambda: self._layout)
+                yield from host_batches(source, self.zero_copy, lambda: self._layout, self._stats.clock)
             graceful = track.finished = True
+            if stage is not None and stage.workers is not None:
+                self._stats.epoch_end(stage.workers.pids())
         except GeneratorExit:
             graceful = True  # a break or a dropped iterator: persistent workers may stay
             raise

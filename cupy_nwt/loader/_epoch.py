@@ -17,6 +17,7 @@ from ..errors import LoaderError
 from ._device import readonly
 from ._ring import SlotLayout
 from ._sources import BatchSource, FailedBatch
+from ._stats import Clock
 from ._tree import join
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class EpochIterator(Iterator[T_co]):
     def __init__(self, steps: Iterator[Any], loader: DataLoader) -> None:
         self._steps = steps
         self._loader = weakref.ref(loader)
+        self._stats = loader._stats  # the loader's figures (``_stats``): the caller's side is counted here
         self.delivered = 0
         self.waited_s = 0.0
 
@@ -44,8 +46,15 @@ class EpochIterator(Iterator[T_co]):
         try:
             item = next(self._steps)
         finally:
-            self.waited_s += time.perf_counter() - t0
+            waited = time.perf_counter() - t0
+            self.waited_s += waited
+            self._stats.clock.waited_s += waited
         self.delivered += 1
+        self._stats.clock.delivered += 1
+        if self.delivered == 1:
+            loader = self._loader()
+            if loader is not None:
+                self._stats.first_batch(loader.worker_pids())
         if isinstance(item, FailedBatch):
             error = item.error
             del self, item  # the traceback must not keep the epoch alive: a dropped iterator frees its slots
@@ -65,9 +74,11 @@ class EpochIterator(Iterator[T_co]):
             close()
 
 
-def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], SlotLayout | None]) -> Iterator[Any]:
+def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], SlotLayout | None],
+                 clock: Clock | None = None) -> Iterator[Any]:
     """The source's host batches as the caller gets them on the CPU: copies out of the ring, or
-    (``zero_copy``) read-only views whose slot is held until the next batch is asked for.
+    (``zero_copy``) read-only views whose slot is held until the next batch is asked for. The copies'
+    seconds go to ``clock``.
 
     A failed batch is yielded as its ``FailedBatch``, for the iterator to raise in its turn.
     """
@@ -90,7 +101,10 @@ def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], Slot
                 leaves = [readonly(a) for a in hb.leaves]
                 held = hb
             else:
+                t0 = time.perf_counter()
                 leaves = [a.copy() for a in hb.leaves]
+                if clock is not None:
+                    clock.copy_s += time.perf_counter() - t0
                 source.release(hb)
             treedef = hb.treedef if hb.treedef is not None else _layout_treedef(layout())
             yield join(treedef, leaves, hb.objects)

@@ -10,6 +10,7 @@ themselves are an error naming the first one that differs, as they always were.
 from __future__ import annotations
 
 import pickle
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,7 @@ class BatchMaker:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.current: int | None = None
+        self.times: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the last batch's (fetch, collate, transform) s
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
         self._restore: tuple[Any, int] | None = None  # (dataset state, batches to skip) for the next opening
@@ -153,15 +155,15 @@ class BatchMaker:
 
     def batch_of(self, samples: Any, indices: np.ndarray | None, seed: int) -> Any:
         """Collate (or, unbatched, pass through ``collate_fn``) and transform."""
+        return self._transform(self._collate(samples, indices), seed)
+
+    def _collate(self, samples: Any, indices: np.ndarray | None) -> Any:
         if self.collate_fn is not None:
-            batch = self.collate_fn(samples)
-        elif self.batched:
-            batch = collate(samples, indices)
-        else:
-            batch = samples
-        if self.batch_transform is not None:
-            batch = self.batch_transform(batch, seed)
-        return batch
+            return self.collate_fn(samples)
+        return collate(samples, indices) if self.batched else samples
+
+    def _transform(self, batch: Any, seed: int) -> Any:
+        return self.batch_transform(batch, seed) if self.batch_transform is not None else batch
 
     def make(self, indices: np.ndarray | None, seed: int) -> Any:
         """A new batch in fresh arrays."""
@@ -169,23 +171,37 @@ class BatchMaker:
 
     def produce(self, indices: np.ndarray | None, seed: int, layout: SlotLayout | None,
                 views: Callable[[int], list[np.ndarray]] | None) -> InSlot | Loose:
-        """Make a task's batch into the slot whose field views ``views(rows)`` gives, if it fits there."""
+        """Make a task's batch into the slot whose field views ``views(rows)`` gives, if it fits there.
+
+        ``times`` then holds the seconds it spent fetching, collating (copying into the slot
+        included) and in ``batch_transform``: the per-stage figures of ``loader.stats()``.
+        """
+        t0 = time.perf_counter()
         samples = self.samples(indices)
+        t1 = time.perf_counter()
         rows = len(samples) if self.batched else 0
         if (views is not None and layout is not None and self.batched and self.collate_fn is None
                 and self.batch_transform is None and rows <= layout.rows):
             try:
-                return InSlot(rows, collate_into(samples, indices, layout.treedef, views(rows)))
+                made = InSlot(rows, collate_into(samples, indices, layout.treedef, views(rows)))
+                self.times = (t1 - t0, time.perf_counter() - t1, 0.0)
+                return made
             except BatchLayoutError:
                 pass  # the samples may agree among themselves: collated below, or named there if not
-        batch = self.batch_of(samples, indices, seed)
+        batch = self._collate(samples, indices)
+        t2 = time.perf_counter()
+        batch = self._transform(batch, seed)
+        t3 = time.perf_counter()
+        out: InSlot | Loose = Loose(rows, batch)
         if views is not None and layout is not None:
             treedef, arrays, objects = split(batch)
             if layout.fits(treedef, arrays, rows):
                 for dst, src in zip(views(rows), arrays):
                     np.copyto(dst, src)
-                return InSlot(rows, objects)
-        return Loose(rows, batch)
+                out = InSlot(rows, objects)
+        transform_s = t3 - t2 if self.batch_transform is not None else 0.0
+        self.times = (t1 - t0, t2 - t1 + time.perf_counter() - t3, transform_s)
+        return out
 
     def failed_index(self, exc: BaseException) -> int | None:
         if isinstance(exc, BatchLayoutError):

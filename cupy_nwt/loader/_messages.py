@@ -115,10 +115,11 @@ class Ok(_Record):
     slot: int
     rows: int
     objects: list | None = None
+    times: tuple[float, float, float] | None = None  # seconds fetching, collating, transforming (``loader.stats()``)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        fields = (self.generation, self.batch_index, self.slot, self.rows)  # the common case stays as small
-        return type(self), fields if self.objects is None else (*fields, self.objects)
+        fields = (self.generation, self.batch_index, self.slot, self.rows)  # the common case stays small
+        return type(self), fields if self.objects is None and self.times is None else (*fields, self.objects, self.times)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +131,7 @@ class Whole(_Record):
     slot: int
     rows: int
     batch: Any
+    times: tuple[float, float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ on it is never overwritten early.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ from .. import cuda
 from ._ring import Ring, SlotLayout
 from ._slots import HostBatch
 from ._sources import BatchSource, FailedBatch
+from ._stats import Clock
 from ._tree import join
 
 STAGING_BUFFERS = 3
@@ -108,7 +110,7 @@ class _Copy:
 class DevicePrefetcher:
     """Owns the side stream, the ring's registration and the staging buffers of one loader."""
 
-    def __init__(self, pin_memory: bool | str, ops: PrefetchOps | None = None) -> None:
+    def __init__(self, pin_memory: bool | str, ops: PrefetchOps | None = None, clock: Clock | None = None) -> None:
         self.ops: PrefetchOps = ops if ops is not None else CudaOps()
         self.pin_memory = pin_memory
         self.pin_path = "none" if not pin_memory else ("staging" if pin_memory == "staging" else "registered")
@@ -118,6 +120,7 @@ class DevicePrefetcher:
         self._staging_free: list[np.ndarray] = []
         self._staging_count = 0
         self._layout: SlotLayout | None = None
+        self.clock = clock  # host seconds spent issuing copies (staging memcpy included) go to ``clock.copy_s``
 
     def attach(self, ring: Ring) -> str:
         """Page-lock ``ring`` (once per ring) when pinning; fall back to staging if CUDA refuses."""
@@ -184,6 +187,7 @@ class DevicePrefetcher:
         if hb is None:
             return False
         c = _Copy(None, None, hb, None)
+        t0 = time.perf_counter()
         try:
             consumer = self.ops.current_stream()
             dev = [self.ops.empty(a.shape, a.dtype, consumer) for a in hb.leaves]
@@ -204,6 +208,9 @@ class DevicePrefetcher:
         except BaseException:
             self._abandon(source, c)
             raise
+        finally:
+            if self.clock is not None:
+                self.clock.copy_s += time.perf_counter() - t0
         inflight.append(c)
         return True
 

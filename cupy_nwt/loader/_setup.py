@@ -31,6 +31,8 @@ def new_stage(loader: DataLoader, epoch: int, shared: bool) -> Stage:
                              seed=loader.seed, worker_init_fn=loader.worker_init_fn,
                              start_method=loader._context if loader._context is not None else loader.start_method,
                              epoch=epoch, rank=loader.rank, world_size=loader.world_size)
+    if workers is not None:
+        workers.clock = loader._stats.clock
     if workers is not None and loader._online is not None:
         loader._online.configure(workers)
     stage = Stage(workers.slots if workers is not None else SlotPool(None), workers)

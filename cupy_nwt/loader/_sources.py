@@ -21,6 +21,7 @@ from ._messages import ErrorReport
 from ._ring import Ring, SlotLayout
 from ._sampler import Plan, PlanTask
 from ._slots import HostBatch, SlotPool
+from ._stats import Clock, Stall
 from ._threads import Workers
 from ._tree import split
 from ._workers import Ended, Failed, LoaderError, LoaderTimeoutError, Noted, Result
@@ -73,8 +74,9 @@ class InlineSource(BatchSource):
     """
 
     def __init__(self, maker: BatchMaker, plan: Plan, layout: SlotLayout | None, ring: Ring | None,
-                 slots: SlotPool | None = None, *, first: HostBatch | None = None, learn: Learn | None = None) -> None:
-        self.maker, self.plan = maker, plan
+                 slots: SlotPool | None = None, *, first: HostBatch | None = None, learn: Learn | None = None,
+                 clock: Clock | None = None) -> None:
+        self.maker, self.plan, self.clock = maker, plan, clock
         self.slots = slots if slots is not None or ring is None else SlotPool(ring)
         self.first = first
         self.learn = learn
@@ -140,6 +142,8 @@ class InlineSource(BatchSource):
             return None
         except Exception as exc:  # noqa: BLE001 - rewrapped with the batch and sample index
             raise FailedBatch(inline_error(exc, self.maker, b)) from None
+        if self.clock is not None:
+            self.clock.add(self.maker.times)
         if isinstance(made, InSlot):
             assert self.slots is not None and slot is not None
             return self.slots.batch(b, slot, made.rows, made.objects)
@@ -165,13 +169,20 @@ class WorkerSource(BatchSource):
     Map-style tasks go to the least busy worker. A stream's tasks go to the workers round-robin, as
     PyTorch does (so which worker makes batch b is fixed); a worker whose stream ran out gets no more,
     and the epoch ends when every worker's has.
+
+    A ``next()`` that has waited ``stall_s`` seconds calls ``on_stall`` once, naming the batch it waits
+    for and the worker it went to (recorded at submit), and goes on waiting.
     """
 
     def __init__(self, workers: Workers, plan: Plan, in_order: bool, timeout: float | None,
-                 *, learn: Learn | None = None, tick: Callable[[WorkerSource], None] | None = None) -> None:
+                 *, learn: Learn | None = None, tick: Callable[[WorkerSource], None] | None = None,
+                 stall_s: float | None = None, on_stall: Callable[[Stall], None] | None = None) -> None:
         self.workers, self.slots, self.plan, self.epoch = workers, workers.slots, plan, plan.epoch
         self.in_order, self.timeout, self.learn = in_order, timeout, learn
         self.tick = tick  # online tuning's look at each ask (``_online``)
+        self.stall_s: float | None = stall_s if on_stall is not None else None
+        self.on_stall = on_stall
+        self.owner: dict[int, int | None] = {}  # batch index -> the worker its task went to
         self.slots.new_generation()
         self.tasks: Iterator[PlanTask] = plan.tasks()
         self.pending: PlanTask | None = None
@@ -196,6 +207,7 @@ class WorkerSource(BatchSource):
             b, indices, seed = self.pending
             if not self.workers.submit(b, indices, seed, worker):
                 return
+            self.owner[b] = self.workers.last_worker
             self.pending = None
             self.submitted += 1
             if worker is not None:
@@ -236,15 +248,40 @@ class WorkerSource(BatchSource):
         """Active workers that have answered all their tasks, while the epoch has more to give (else 0)."""
         return 0 if self.planned_all else self.workers.idle_workers()
 
+    def _stall(self, waited: float) -> None:
+        assert self.on_stall is not None
+        b = self._pick_waited()
+        w = self.owner.get(b) if b is not None else None
+        where = (self.workers.worker_label(w) + " has" if w is not None else
+                 "no worker has yet (every ring slot or worker is taken)" if b is not None else "the workers make")
+        self.on_stall(Stall(self.epoch, b, w, where, waited))
+
+    def _pick_waited(self) -> int | None:
+        """The batch a blocked in-order ``next()`` waits for (None out of order: any will do)."""
+        return self.next_deliver if self.in_order else None
+
+    def _wait(self, deadline: float | None, started: float, stalled: bool) -> float | None:
+        """How long the next collect may block: until the deadline, or the stall threshold first."""
+        limit = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if self.stall_s is not None and not stalled:
+            until = max(0.0, started + self.stall_s - time.monotonic())
+            limit = until if limit is None else min(limit, until)
+        return limit
+
     def next(self, block: bool) -> HostBatch | None:
         if self.tick is not None:
             self.tick(self)
         deadline = None
+        started, stalled = time.monotonic(), False
         while True:
+            if block and not stalled and self.stall_s is not None and time.monotonic() - started >= self.stall_s:
+                stalled = True
+                self._stall(time.monotonic() - started)
             self._submit()
             b = self._pick()
             if b is not None:
                 item = self.ready.pop(b)
+                self.owner.pop(b, None)
                 self.resolved += 1
                 self.next_deliver += self.in_order
                 if self.ledger is not None:
@@ -261,7 +298,7 @@ class WorkerSource(BatchSource):
                     return None
                 continue
             if not self.timeout:
-                self._absorb(self.workers.collect(None))
+                self._absorb(self.workers.collect(self._wait(None, started, stalled)))
                 continue
             now = time.monotonic()
             deadline = deadline if deadline is not None else now + self.timeout
@@ -271,7 +308,7 @@ class WorkerSource(BatchSource):
                     f"no batch from the workers within timeout={self.timeout} s (waiting for {want} of "
                     f"epoch {self.epoch}); the dataset may be too slow or blocked"
                 )
-            self._absorb(self.workers.collect(deadline - now))
+            self._absorb(self.workers.collect(self._wait(deadline, started, stalled)))
 
     def release(self, hb: HostBatch) -> None:
         if hb.slot is not None:

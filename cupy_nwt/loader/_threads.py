@@ -55,6 +55,7 @@ from ._messages import (
 )
 from ._ring import Ring
 from ._slots import HostBatch, SlotPool
+from ._stats import Clock
 from ._tree import split
 from ._workers import SHUTDOWN_GRACE_S, Dispatch, Ended, Failed, Noted, Result
 
@@ -68,6 +69,10 @@ class Workers(Protocol):
 
     slots: SlotPool
     slot_cap: int | None
+    active: int
+    prefetch_factor: int
+    clock: Clock | None
+    last_worker: int | None
 
     @property
     def size(self) -> int: ...
@@ -86,6 +91,8 @@ class Workers(Protocol):
     def idle_workers(self) -> int: ...
 
     def set_active(self, n: int) -> None: ...
+
+    def worker_label(self, worker_id: int) -> str: ...
 
     def restore(self, per_worker: dict[int, tuple[Any, int]]) -> None: ...
 
@@ -176,6 +183,9 @@ class ThreadPool(Dispatch):
         """Empty: thread workers are no processes of their own."""
         return []
 
+    def worker_label(self, worker_id: int) -> str:
+        return f"loader worker thread {worker_id}"
+
     # -- the threads
 
     def _loop(self, info: _worker.WorkerInfo, maker: BatchMaker, worker_init_fn: Callable | None,
@@ -262,6 +272,7 @@ class ThreadPool(Dispatch):
         if isinstance(msg, StreamState):
             return Noted(msg.batch_index, t.id, msg.state) if self.slots.is_current(msg.generation) else None
         t.outstanding -= 1
+        self._clock(msg)
         slots = self.slots
         if isinstance(msg, Ok):
             if not slots.accept(msg.generation, msg.slot):

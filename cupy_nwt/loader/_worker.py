@@ -172,5 +172,5 @@ def serve(maker: BatchMaker, ring: Ring | None, task: Task) -> FromWorker:
         report = ErrorReport.from_exception(exc, maker.failed_index(exc))
         return BatchFailed(task.generation, task.batch_index, task.slot, report)
     if isinstance(made, InSlot):
-        return Ok(task.generation, task.batch_index, task.slot, made.rows, made.objects or None)
-    return Whole(task.generation, task.batch_index, task.slot, made.rows, made.batch)
+        return Ok(task.generation, task.batch_index, task.slot, made.rows, made.objects or None, maker.times)
+    return Whole(task.generation, task.batch_index, task.slot, made.rows, made.batch, maker.times)

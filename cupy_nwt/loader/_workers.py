@@ -45,6 +45,7 @@ from ._messages import (
 )
 from ._ring import Ring
 from ._slots import HostBatch, SlotPool
+from ._stats import Clock
 from ._tree import split
 from ._worker import WorkerInfo, WorkerSpec, get_worker_info, worker_main, worker_seed  # noqa: F401 - old import paths
 
@@ -109,6 +110,16 @@ class Dispatch:
     _rr = 0
     active = 0
     slot_cap: int | None = None
+    clock: Clock | None = None  # the loader's figures: each answer's stage seconds (``_stats``)
+    last_worker: int | None = None  # the worker ``_choose`` picked last: who has a task (stall warnings)
+
+    def worker_label(self, worker_id: int) -> str:
+        """How a stall warning names a worker."""
+        return f"loader worker {worker_id}"
+
+    def _clock(self, msg: FromWorker) -> None:
+        if self.clock is not None and isinstance(msg, (Ok, Whole)):
+            self.clock.add(msg.times)
 
     @property
     def size(self) -> int:
@@ -132,6 +143,7 @@ class Dispatch:
         if w.outstanding >= (per_worker if ring is not None else 1):
             return None
         self._rr = (w.id + 1) % n
+        self.last_worker = w.id
         return w
 
 
@@ -207,6 +219,9 @@ class WorkerPool(Dispatch):
     def pids(self) -> list[int]:
         return [w.process.pid for w in self._workers if w.process.is_alive()]
 
+    def worker_label(self, worker_id: int) -> str:
+        return f"loader worker {worker_id} (pid {self._workers[worker_id].process.pid})"
+
     def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool:
         """Queue a batch on ``worker`` (or the least busy one); False when no slot or capacity is free.
 
@@ -269,6 +284,7 @@ class WorkerPool(Dispatch):
         if isinstance(msg, StreamState):
             return Noted(msg.batch_index, w.id, msg.state) if self.slots.is_current(msg.generation) else None
         w.outstanding -= 1
+        self._clock(msg)
         slots = self.slots
         if isinstance(msg, Ok):
             if not slots.accept(msg.generation, msg.slot):

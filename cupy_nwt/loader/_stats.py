@@ -1,0 +1,252 @@
+"""``loader.stats()``: where a loader's time goes, stage by stage, and what its workers hold, since the last call.
+
+Why this shape: a slow input pipeline is slow in one stage (reading samples, collating them, the
+``batch_transform``, the copy out or to the device) or short of workers; the figures say which,
+over the interval the caller chooses by calling ``stats()`` again, without a profiler and without
+adding a sync or a lock to the hot path. Everything is counted on the main thread:
+
+* the caller's wait, by the epoch iterator (``_epoch``): the seconds spent inside ``next()``;
+* the seconds each batch spent fetching, collating and in ``batch_transform``, measured where the
+  batch is made (``BatchMaker.produce``, in a worker or the main process) and sent back with it;
+  busy fraction = those seconds / (wall seconds x workers) (x 1 with ``num_workers=0``: then it is
+  the share of the caller's time spent making batches);
+* copy seconds: on the CPU, the copy out of the ring (0 with ``zero_copy``); on the GPU, the host's
+  time issuing the H2D copies (and the staging memcpy): with ``pin_memory`` the copy itself runs
+  asynchronously and is not timed, without it the driver copies synchronously and that is the copy.
+
+Two warnings ride on the same counters. A stall (one ``next()`` waiting longer than
+``stall_warning_s``, default ``STALL_WARNING_S``) is logged on ``cupy_nwt.loader`` at WARNING, each
+time, naming the batch waited for and the worker that has it. Copy-on-read memory: at each epoch's
+end the workers' private memory (USS) is read; when it has grown since their first batch by more
+than ``MEMORY_WARN_BYTES`` a worker on average, a ``MemoryGrowthWarning`` is issued, once per loader,
+naming the remedy. Reading a Python object writes its reference count, so forked workers that read
+a list of dicts copy the pages they touch: with a shuffled order nearly all of them in the first
+epoch (``bench/results/copy_on_read-*.json``: about 140 MB a worker, then flat), so growth over
+the workers' life, not growth in every epoch, is what names the cause.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+if TYPE_CHECKING:
+    from ._dataloader import DataLoader
+    from ._stage import Stage
+
+STALL_WARNING_S = 10.0  # the default stall threshold: one next() waiting this long is worth a line
+MEMORY_WARN_BYTES = 64 << 20  # workers' private memory grown by this much a worker: the copy-on-read warning
+_log = logging.getLogger("cupy_nwt.loader")
+
+
+class MemoryGrowthWarning(UserWarning):
+    """The loader's worker processes keep private copies of the dataset's pages (copy-on-read)."""
+
+
+class Clock:
+    """Running totals a loader's stages add to, on the main thread; ``stats()`` reports their deltas."""
+
+    __slots__ = ("collate_s", "copy_s", "delivered", "fetch_s", "made", "transform_s", "waited_s")
+
+    def __init__(self) -> None:
+        self.fetch_s = self.collate_s = self.transform_s = self.copy_s = self.waited_s = 0.0
+        self.made = self.delivered = 0
+
+    def add(self, times: tuple[float, float, float] | None) -> None:
+        """A batch was made: its (fetch, collate, transform) seconds."""
+        if times is not None:
+            self.fetch_s += times[0]
+            self.collate_s += times[1]
+            self.transform_s += times[2]
+            self.made += 1
+
+    def totals(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(frozen=True)
+class Stall:
+    """One ``next()`` waited ``waited_s`` for batch ``batch_index`` (None: any, with ``in_order=False``)."""
+
+    epoch: int
+    batch_index: int | None
+    worker_id: int | None  # None: no worker has it yet (no free slot or worker capacity)
+    where: str
+    waited_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class WorkerMemory:
+    """A worker process's private memory (USS) now, and its growth since its first batch."""
+
+    pid: int
+    uss_bytes: int
+    growth_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LoaderStats:
+    """A loader's figures over ``interval_s`` (since the previous ``stats()``, or since the loader was made).
+
+    ``busy_fraction`` is None when no wall time passed; ``memory`` is None for thread workers (a
+    thread has no private memory of its own) and empty when no worker process is alive.
+    """
+
+    interval_s: float
+    batches: int
+    waited_s: float
+    made: int
+    busy_fraction: float | None
+    fetch_s: float
+    collate_s: float
+    transform_s: float
+    copy_s: float
+    copy: str
+    num_workers: int
+    prefetch_depth: int
+    worker_type: str
+    decisions: tuple[dict[str, Any], ...]
+    stalls: tuple[Stall, ...]
+    memory: tuple[WorkerMemory, ...] | None
+
+    @property
+    def worker_private_bytes(self) -> int | None:
+        """The workers' summed private memory (None for thread workers)."""
+        return None if self.memory is None else sum(m.uss_bytes for m in self.memory)
+
+    @property
+    def worker_growth_bytes(self) -> int | None:
+        """How much the workers' private memory grew since their first batch, summed."""
+        return None if self.memory is None else sum(m.growth_bytes for m in self.memory)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["stalls"] = [s.to_dict() for s in self.stalls]
+        d["memory"] = None if self.memory is None else [m.to_dict() for m in self.memory]
+        d["decisions"] = list(self.decisions)
+        d["worker_private_bytes"], d["worker_growth_bytes"] = self.worker_private_bytes, self.worker_growth_bytes
+        return d
+
+
+MemoryReader = Callable[[int], "int | None"]  # pid -> USS bytes (None: gone or not readable)
+
+
+def read_uss(pid: int) -> int | None:
+    """A process's unique set size, the memory that is its own; None when it is gone or hidden."""
+    try:
+        return int(psutil.Process(pid).memory_full_info().uss)
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, AttributeError):
+        return None
+
+
+class Recorder:
+    """A loader's figures: the clock its stages feed, stalls seen, the workers' memory, and the last mark."""
+
+    def __init__(self, reader: MemoryReader = read_uss) -> None:
+        self.clock = Clock()
+        self.reader = reader
+        self.stalls: list[Stall] = []
+        self.first: dict[int, int] = {}  # pid -> USS at its first batch
+        self.warned = False
+        self._mark = (time.perf_counter(), self.clock.totals(), 0)  # (time, totals, decisions seen)
+
+    # -- hooks on the loader's path
+
+    def stall(self, s: Stall) -> None:
+        """A ``next()`` has waited past the threshold: say so now, and keep it for ``stats()``."""
+        self.stalls.append(s)
+        what = "any batch" if s.batch_index is None else f"batch {s.batch_index}"
+        _log.warning("loader: waited %.1f s so far for %s of epoch %d, which %s", s.waited_s, what, s.epoch, s.where)
+
+    def first_batch(self, pids: Iterable[int]) -> None:
+        """An iteration delivered its first batch: the baseline of workers not seen before."""
+        for pid in pids:
+            if pid not in self.first:
+                uss = self.reader(pid)
+                if uss is not None:
+                    self.first[pid] = uss
+
+    def epoch_end(self, pids: list[int]) -> None:
+        """Workers are still up at an epoch's end: warn once if their memory grew as copy-on-read does."""
+        if self.warned or not pids:
+            return
+        grown = [uss - self.first[pid] for pid, uss in self._read(pids) if pid in self.first]
+        if grown and sum(grown) / len(grown) > MEMORY_WARN_BYTES:
+            self.warned = True
+            warnings.warn(
+                f"the loader's {len(grown)} worker process(es) grew by {sum(grown) / len(grown) / 2**20:.0f} MiB of "
+                "private memory each since their first batch: reading Python objects (a list of dicts, of strings) "
+                "writes their reference counts, so each forked worker copies the dataset's pages. Pack the records "
+                "into NumPy columns that workers share without copying: cupy_nwt.pack_records(records)",
+                MemoryGrowthWarning, stacklevel=4)
+
+    def _read(self, pids: Iterable[int]) -> list[tuple[int, int]]:
+        return [(pid, uss) for pid in pids if (uss := self.reader(pid)) is not None]
+
+    # -- the figures
+
+    def stats(self, loader: DataLoader) -> LoaderStats:
+        now, totals = time.perf_counter(), self.clock.totals()
+        then, before, seen = self._mark
+        decisions = list(loader._decisions)
+        self._mark = (now, totals, len(decisions))
+        d = {k: totals[k] - before[k] for k in totals}
+        stalls, self.stalls = tuple(self.stalls), []
+        wall = now - then
+        workers, depth = live_setting(loader)
+        busy = d["fetch_s"] + d["collate_s"] + d["transform_s"]
+        memory = None
+        if loader.worker_type != "thread" or loader.num_workers == 0:
+            memory = tuple(WorkerMemory(pid, uss, uss - self.first.get(pid, uss))
+                           for pid, uss in self._read(loader.worker_pids()))
+        return LoaderStats(
+            interval_s=wall, batches=int(d["delivered"]), waited_s=d["waited_s"], made=int(d["made"]),
+            busy_fraction=busy / (wall * max(1, workers)) if wall > 0 else None,
+            fetch_s=d["fetch_s"], collate_s=d["collate_s"], transform_s=d["transform_s"], copy_s=d["copy_s"],
+            copy=copy_kind(loader), num_workers=workers, prefetch_depth=depth, worker_type=loader.worker_type,
+            decisions=tuple(x.to_dict() for x in decisions[seen:]), stalls=stalls, memory=memory)
+
+
+def copy_kind(loader: DataLoader) -> str:
+    """What ``copy_s`` measured for this loader."""
+    if loader.device == "cuda":
+        return "h2d issue (host side; async when pinned)" if loader.pin_memory else "h2d (pageable, synchronous)"
+    if loader.num_workers == 0:
+        return "none (num_workers=0 on the CPU: batches are made in the caller's own arrays)"
+    return "none (zero_copy)" if loader.zero_copy else "host copy out of the ring"
+
+
+def live_setting(loader: DataLoader) -> tuple[int, int]:
+    """The workers given tasks now and the batches that may be in flight (ring slots in use at most)."""
+    stage: Stage | None = next((s for s in reversed(loader._res.stages()) if s.workers is not None), None)
+    if stage is not None and stage.workers is not None and not stage.workers.closed:
+        pool = stage.workers
+        ring = pool.slots.ring
+        slots = ring.slots if ring is not None else pool.size * pool.prefetch_factor
+        return pool.active, min(slots, pool.slot_cap) if pool.slot_cap is not None else slots
+    if loader._online is not None and loader._online.setting is not None:
+        return loader._online.setting.workers, loader._online.setting.slots
+    if loader.num_workers == 0:
+        return 0, 1 if loader.device == "cuda" else 0
+    return loader.num_workers, max(2, loader.num_workers * loader.prefetch_factor)
+
+
+def check_stall(value: object) -> float | None:
+    """``stall_warning_s`` as given (a positive number of seconds, or None), or a one-line ValueError."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"stall_warning_s must be a positive number of seconds or None, got {value!r}")
+    return float(value)

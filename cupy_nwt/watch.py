@@ -1,0 +1,157 @@
+"""``cupy-nwt stats``: run the loader on a dataset and watch ``loader.stats()`` interval by interval.
+
+Why a command: before tuning anything, one wants to know which stage a pipeline waits on (reading
+samples, collating, the transform, the copy) and whether its workers copy the dataset as they read
+it; this runs the real loader for a number of batches and prints the figures every few batches,
+as a table and, with ``--plot``, over time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .loader import DataLoader
+from .loader._stats import LoaderStats
+
+MIB = 1 << 20
+_STAGES = (("fetch_s", "fetch"), ("collate_s", "collate"), ("transform_s", "transform"), ("copy_s", "copy"))
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    """The loader to watch (its usual arguments) and how long: ``batches`` in all, a row every ``every``."""
+
+    batch_size: int = 128
+    num_workers: int = 2
+    worker_type: str = "process"
+    device: str = "auto"
+    batches: int = 200
+    every: int = 20
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class WatchRow:
+    """One interval: the batches delivered by its end, the seconds since the start, and its figures."""
+
+    batches: int
+    elapsed_s: float
+    stats: LoaderStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"batches": self.batches, "elapsed_s": self.elapsed_s, "stats": self.stats.to_dict()}
+
+
+@dataclass(frozen=True)
+class WatchResult:
+    dataset: str
+    config: WatchConfig
+    loader: str
+    rows: tuple[WatchRow, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"dataset": self.dataset, "config": self.config.to_dict(), "loader": self.loader,
+                "rows": [r.to_dict() for r in self.rows]}
+
+
+def run_watch(dataset: Any, name: str, config: WatchConfig, *, batch_transform: Callable | None = None,
+              step: Callable[[], None] | None = None, on_row: Callable[[WatchRow], None] | None = None) -> WatchResult:
+    """Iterate ``config.batches`` batches (as many epochs as that takes; persistent workers, so their memory
+    is followed across epochs), taking ``stats()`` every ``config.every`` batches and at the end."""
+    import time  # noqa: PLC0415 - only the run needs it
+
+    rows: list[WatchRow] = []
+    dl: DataLoader[Any]
+    with DataLoader(dataset, batch_size=config.batch_size, shuffle=True, num_workers=config.num_workers,
+                    worker_type=config.worker_type, device=config.device, seed=config.seed,
+                    batch_transform=batch_transform, persistent_workers=config.num_workers > 0) as dl:
+        described = repr(dl)
+        dl.stats()  # the start: the first interval begins with the first iteration
+        t0, done = time.perf_counter(), 0
+        while done < config.batches:
+            delivered_this_epoch = 0
+            for _ in dl:
+                done += 1
+                delivered_this_epoch += 1
+                if step is not None:
+                    step()
+                if done % config.every == 0 or done == config.batches:
+                    rows.append(WatchRow(done, time.perf_counter() - t0, dl.stats()))
+                    if on_row is not None:
+                        on_row(rows[-1])
+                if done >= config.batches:
+                    break
+            if delivered_this_epoch == 0:
+                raise ValueError(f"{name} gives no batch of {config.batch_size} samples")
+    return WatchResult(name, config, described, tuple(rows))
+
+
+HEADERS = ("batches", "s", "waited s", "busy %", "fetch s", "collate s", "transform s", "copy s", "workers",
+           "depth", "worker MiB", "growth MiB", "stalls")
+
+
+def row_cells(row: WatchRow) -> list[Any]:
+    s = row.stats
+    mem, grew = s.worker_private_bytes, s.worker_growth_bytes
+    return [row.batches, f"{row.elapsed_s:.2f}", f"{s.waited_s:.3f}",
+            "-" if s.busy_fraction is None else f"{100 * s.busy_fraction:.0f}",
+            *(f"{getattr(s, k):.3f}" for k, _ in _STAGES), s.num_workers, s.prefetch_depth,
+            "-" if mem is None else f"{mem / MIB:.1f}", "-" if grew is None else f"{grew / MIB:+.1f}", len(s.stalls)]
+
+
+def _line(cells: list[Any]) -> str:
+    return "  ".join(str(c).rjust(max(len(h), 6)) for c, h in zip(cells, HEADERS))
+
+
+def live_table() -> Callable[[WatchRow], None]:
+    """Print the header now, and each row as it is taken (fixed widths, so rows line up as they come)."""
+    print(_line(list(HEADERS)), flush=True)
+    return lambda row: print(_line(row_cells(row)), flush=True)
+
+
+def footer(result: WatchResult) -> str:
+    """The notes under the table: what 'copy' measured, where the time went, the tuner's decisions, stalls."""
+    lines = []
+    if result.rows:
+        lines.append(f"copy: {result.rows[0].stats.copy}; memory: the workers' private memory (USS), "
+                     "growth since their first batch" + (" (threads have none of their own)"
+                                                        if result.rows[0].stats.memory is None else ""))
+        totals = {k: sum(getattr(r.stats, k) for r in result.rows) for k, _ in _STAGES}
+        waited = sum(r.stats.waited_s for r in result.rows)
+        top = max(totals, key=lambda k: totals[k])
+        lines.append(f"the caller waited {waited:.2f} s in all; the stage that took longest: "
+                     f"{dict(_STAGES)[top]} ({totals[top]:.2f} s, summed over the workers)")
+    for r in result.rows:
+        for d in r.stats.decisions:
+            lines.append(f"autotune at batch {r.batches}: {d['action']} -> {d['workers']} workers, "
+                         f"{d['slots']} slots: {d['reason']}")
+        for st in r.stats.stalls:
+            lines.append(f"stall: waited {st.waited_s:.1f} s for batch {st.batch_index}, which {st.where}")
+    return "\n".join(lines)
+
+
+def plot_watch(result: WatchResult, path: str | Path) -> Path:
+    """Seconds per stage in each interval (stacked) and the workers' busy fraction, against batches."""
+    from ._reporting.plots import _figure_class, _legend_outside, _save  # noqa: PLC0415 - optional matplotlib
+
+    fig = _figure_class()(figsize=(8.5, 5.5), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+    x = [r.batches for r in result.rows]
+    top.stackplot(x, *([getattr(r.stats, k) for r in result.rows] for k, _ in _STAGES),
+                  labels=[label for _, label in _STAGES], alpha=0.8)
+    top.plot(x, [r.stats.waited_s for r in result.rows], color="black", marker=".", label="caller waited")
+    top.set_ylabel("seconds per interval\n(stages: summed over workers)")
+    top.set_title(f"{result.dataset}: {result.config.num_workers} {result.config.worker_type} workers, "
+                  f"batch {result.config.batch_size}")
+    _legend_outside(top)
+    bottom.plot(x, [100 * (r.stats.busy_fraction or 0.0) for r in result.rows], marker=".", color="tab:green")
+    bottom.set_ylabel("workers busy %")
+    bottom.set_xlabel("batches delivered")
+    bottom.set_ylim(0, 105)
+    return _save(fig, path, dpi=110)
