@@ -392,6 +392,20 @@ def test_loader_measure_times_real_batches_and_samples_worker_memory():
         LoaderMeasure(_data(4), batch_size=8, device="cpu")
 
 
+def test_loader_measure_warms_up_past_the_first_prefetch_rounds(monkeypatch):
+    """A trial with warm-up leaves untimed the batches every worker made ahead at start-up
+    (prefetch_factor rounds): timing them would favour the counts with more workers."""
+    import cupy_nwt.nwt.measure as measure
+
+    taken, real = [], measure._endless
+    monkeypatch.setattr(measure, "_endless", lambda loader, count: taken.append(count) or real(loader, count))
+    m = LoaderMeasure(_data(), batch_size=8, device="cpu", pin_memory=False, prefetch_factor=3)
+    m(2, 6, 3)
+    m(0, 6, 1)
+    m(2, 6, 0)
+    assert taken == [3 + 2 * 2 + 6, 1 + 6, 6]  # the paper's trials (no warm-up) are as they were
+
+
 def test_tune_on_the_real_loader_end_to_end(tmp_path, monkeypatch):
     monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path))
     data = _data()

@@ -8,6 +8,7 @@ CuPy nor anything that does.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import pickle
 import random
@@ -96,6 +97,10 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     """Serve tasks until told to ``Stop``, the task pipe closes or the parent dies."""
     global _worker_info
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    # What the worker inherited (a forked parent's heap: the dataset, and everything else the parent
+    # holds) is never garbage to it: keep the collector from walking it, which writes to every object
+    # it visits and so copies every page of it (copy-on-read, even of objects the worker never reads).
+    gc.freeze()
     random.seed(spec.seed)
     np.random.seed(spec.seed)
     maker = spec.maker

@@ -5,7 +5,8 @@ at a count whose throughput is within 5% of the exhaustive best, for at most 30%
 search's cost, with the least memory among counts that fast:
 
 1. Each trial first takes ``workers + 1`` untimed batches (start-up and the first round of every
-   worker, which arrive as one burst), then times ``iterations / 10`` batches in the coarse pass
+   worker, which arrive as one burst; the loader's measure adds the other prefetch rounds made at
+   start-up, see ``measure.LoaderMeasure``), then times ``iterations / 10`` batches in the coarse pass
    and ``iterations / 5`` later. Repeated runs of a count are combined robustly (``trials.py``):
    each run's error is at least a floor pooled over the whole search, and a run slowed beyond its
    error (interference on a shared machine only ever slows a trial) is set aside.

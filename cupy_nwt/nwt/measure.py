@@ -31,7 +31,11 @@ class LoaderMeasure:
     ``worker_type`` ("process" or "thread") is the loader's.
 
     With ``warmup == 0`` (the paper) the clock starts before the loader is built, so start-up
-    counts; otherwise it runs from the last warm-up batch to the last timed one.
+    counts; otherwise it runs from the last warm-up batch to the last timed one, and the warm-up
+    also takes the rest of the workers' first ``prefetch_factor`` rounds (``workers x
+    (prefetch_factor - 1)`` more batches): they are made at start-up, together, so a short trial
+    that timed them would credit a count with batches it made before the clock started, the more
+    so the more workers it has.
 
     Before the first trial, one untimed batch is made in this process (``preflight``): it compiles
     Numba transforms and pages in a memory-mapped dataset, one-off costs that would otherwise land
@@ -80,6 +84,8 @@ class LoaderMeasure:
         sync = None
         if loader.device_id is not None:
             sync = cuda.stream_synchronizer(loader.device_id)
+        if warmup > 0:
+            warmup += workers * (self.prefetch_factor - 1)
         try:
             with MemorySampler(loader.worker_pids, interval=self.memory_interval) as sampler:
                 for _ in _endless(loader, warmup + iterations):
