@@ -38,26 +38,21 @@ import numpy as np
 from ..errors import WorkerDiedError
 from . import _worker
 from ._iterable import dataset_kind
-from ._maker import BatchMaker, make_worker_error
+from ._maker import BatchMaker
 from ._messages import (
     NO_SLOT,
-    BatchFailed,
     ErrorReport,
-    Exhausted,
     FromWorker,
     InitFailed,
-    Ok,
     Restore,
     Skipped,
     StreamState,
     Task,
-    Whole,
 )
 from ._ring import Ring
-from ._slots import HostBatch, SlotPool
+from ._slots import SlotPool
 from ._stats import Clock
-from ._tree import split
-from ._workers import SHUTDOWN_GRACE_S, Dispatch, Ended, Failed, Noted, Result
+from ._workers import SHUTDOWN_GRACE_S, Dispatch, Result
 
 WORKER_TYPES = ("process", "thread")
 STUCK_SUFFIX = " (stuck)"  # appended to the name of a thread still busy after shutdown
@@ -264,33 +259,10 @@ class ThreadPool(Dispatch):
 
     def _absorb(self, t: _Thread, msg: FromWorker | _Died) -> Result | None:
         pid = os.getpid()
-        if isinstance(msg, InitFailed):
-            raise make_worker_error(msg.report, worker_id=t.id, pid=pid, batch_index=None)
         if isinstance(msg, _Died):
             raise WorkerDiedError(f"loader worker thread {t.id} ended with {type(msg.error).__name__}: {msg.error}",
                                   worker_id=t.id, pid=pid, exitcode=None) from msg.error
-        if isinstance(msg, StreamState):
-            return Noted(msg.batch_index, t.id, msg.state) if self.slots.is_current(msg.generation) else None
-        t.outstanding -= 1
-        self._clock(msg)
-        slots = self.slots
-        if isinstance(msg, Ok):
-            if not slots.accept(msg.generation, msg.slot):
-                return None  # made for an abandoned epoch: its slot is free again
-            return slots.batch(msg.batch_index, msg.slot, msg.rows, msg.objects)
-        if msg.slot != NO_SLOT:
-            slots.release(msg.slot)
-        if not slots.is_current(msg.generation):
-            return None
-        if isinstance(msg, Whole):
-            treedef, arrays, objects = split(msg.batch)
-            return HostBatch(msg.batch_index, None, msg.rows, arrays, treedef, objects)
-        if isinstance(msg, Exhausted):
-            return Ended(msg.batch_index, t.id)
-        if isinstance(msg, BatchFailed):
-            error = make_worker_error(msg.report, worker_id=t.id, pid=pid, batch_index=msg.batch_index)
-            return Failed(msg.batch_index, error)
-        return None
+        return self._answer(t, pid, msg)
 
     # -- shutdown
 

@@ -121,6 +121,34 @@ class Dispatch:
         if self.clock is not None and isinstance(msg, (Ok, Whole)):
             self.clock.add(msg.times)
 
+    def _answer(self, w: Any, pid: int, msg: FromWorker) -> Result | None:
+        """A worker's answer to a task, the same for processes and threads: a batch to deliver, a
+        failure to raise in turn, an ended stream, a stream's state, or nothing (stale)."""
+        if isinstance(msg, InitFailed):
+            raise make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=None)
+        if isinstance(msg, StreamState):
+            return Noted(msg.batch_index, w.id, msg.state) if self.slots.is_current(msg.generation) else None
+        w.outstanding -= 1
+        self._clock(msg)
+        slots = self.slots
+        if isinstance(msg, Ok):
+            if not slots.accept(msg.generation, msg.slot):
+                return None  # made for an abandoned epoch: its slot is free again
+            return slots.batch(msg.batch_index, msg.slot, msg.rows, msg.objects)
+        if msg.slot != NO_SLOT:
+            slots.release(msg.slot)
+        if not slots.is_current(msg.generation):
+            return None
+        if isinstance(msg, Whole):
+            treedef, arrays, objects = split(msg.batch)
+            return HostBatch(msg.batch_index, None, msg.rows, arrays, treedef, objects)
+        if isinstance(msg, Exhausted):
+            return Ended(msg.batch_index, w.id)
+        if isinstance(msg, BatchFailed):
+            error = make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=msg.batch_index)
+            return Failed(msg.batch_index, error)
+        return None
+
     @property
     def size(self) -> int:
         return len(self._workers)
@@ -278,31 +306,8 @@ class WorkerPool(Dispatch):
         return out
 
     def _absorb(self, w: _Worker, msg: FromWorker) -> Result | None:
-        """A worker's answer: a batch to deliver, a failure to raise in turn, an ended stream, or nothing (stale)."""
-        if isinstance(msg, InitFailed):
-            raise make_worker_error(msg.report, worker_id=w.id, pid=w.process.pid, batch_index=None)
-        if isinstance(msg, StreamState):
-            return Noted(msg.batch_index, w.id, msg.state) if self.slots.is_current(msg.generation) else None
-        w.outstanding -= 1
-        self._clock(msg)
-        slots = self.slots
-        if isinstance(msg, Ok):
-            if not slots.accept(msg.generation, msg.slot):
-                return None  # made for an abandoned epoch: its slot is free again
-            return slots.batch(msg.batch_index, msg.slot, msg.rows, msg.objects)
-        if msg.slot != NO_SLOT:
-            slots.release(msg.slot)
-        if not slots.is_current(msg.generation):
-            return None
-        if isinstance(msg, Whole):
-            treedef, arrays, objects = split(msg.batch)
-            return HostBatch(msg.batch_index, None, msg.rows, arrays, treedef, objects)
-        if isinstance(msg, Exhausted):
-            return Ended(msg.batch_index, w.id)
-        if isinstance(msg, BatchFailed):
-            error = make_worker_error(msg.report, worker_id=w.id, pid=w.process.pid, batch_index=msg.batch_index)
-            return Failed(msg.batch_index, error)
-        return None
+        """A worker's answer (see ``Dispatch._answer``)."""
+        return self._answer(w, w.process.pid, msg)
 
     def _raise_if_dead(self, timeout: float) -> None:
         for w in self._workers:
