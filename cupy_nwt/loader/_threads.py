@@ -40,7 +40,6 @@ from . import _worker
 from ._iterable import dataset_kind
 from ._maker import BatchMaker
 from ._messages import (
-    NO_SLOT,
     ErrorReport,
     FromWorker,
     InitFailed,
@@ -218,19 +217,8 @@ class ThreadPool(Dispatch):
 
     # -- tasks and results
 
-    def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool:
-        """Queue a batch on ``worker`` (or the least busy one); False when no slot or capacity is free."""
-        if not self._workers or self._closed:
-            return False
-        t = self._choose(worker)
-        if t is None:
-            return False
-        ring = self.slots.ring
-        slot = self.slots.take() if ring is not None else NO_SLOT
-        assert slot is not None  # checked free above
-        t.tasks.put(Task(self.slots.generation, batch_index, slot, indices, tseed))
-        t.outstanding += 1
-        return True
+    def _deliver(self, t: _Thread, task: Task) -> None:
+        t.tasks.put(task)
 
     def restore(self, per_worker: dict[int, tuple[Any, int]]) -> None:
         """Before a resumed stream's tasks: each thread's dataset state (or batches to skip), by worker id."""

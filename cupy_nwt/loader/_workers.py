@@ -108,6 +108,7 @@ class Dispatch:
     prefetch_factor: int
     _workers: list[Any]
     _rr = 0
+    _closed = False
     active = 0
     slot_cap: int | None = None
     clock: Clock | None = None  # the loader's figures: each answer's stage seconds (``_stats``)
@@ -156,6 +157,31 @@ class Dispatch:
     def idle_workers(self) -> int:
         """Active workers with no task out."""
         return sum(w.outstanding == 0 for w in self._workers[:self.active])
+
+    def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool:
+        """Queue a batch on ``worker`` (or the least busy one); False when no slot or capacity is free.
+
+        Before the ring exists a worker takes one task at a time, without a slot.
+        """
+        if not self._workers or self._closed:
+            return False
+        w = self._choose(worker)
+        if w is None:
+            return False
+        slot = self.slots.take() if self.slots.ring is not None else NO_SLOT
+        assert slot is not None  # checked free by _choose
+        try:
+            self._deliver(w, Task(self.slots.generation, batch_index, slot, indices, tseed))
+        except BaseException:
+            if slot != NO_SLOT:
+                self.slots.give_back(slot)
+            raise
+        w.outstanding += 1
+        return True
+
+    def _deliver(self, w: Any, task: Task) -> None:
+        """Hand ``task`` to worker ``w`` (a pipe for a process, a queue for a thread)."""
+        raise NotImplementedError
 
     def _choose(self, worker: int | None) -> Any:
         """The worker to take the next task (``worker`` if given), or None when no slot or capacity is free."""
@@ -250,27 +276,8 @@ class WorkerPool(Dispatch):
     def worker_label(self, worker_id: int) -> str:
         return f"loader worker {worker_id} (pid {self._workers[worker_id].process.pid})"
 
-    def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool:
-        """Queue a batch on ``worker`` (or the least busy one); False when no slot or capacity is free.
-
-        Before the ring exists a worker takes one task at a time, without a slot.
-        """
-        if not self._workers:
-            return False
-        w = self._choose(worker)
-        if w is None:
-            return False
-        ring = self.slots.ring
-        slot = self.slots.take() if ring is not None else NO_SLOT
-        assert slot is not None  # checked free above
-        try:
-            self._send(w, Task(self.slots.generation, batch_index, slot, indices, tseed))
-        except LoaderError:
-            if slot != NO_SLOT:
-                self.slots.give_back(slot)
-            raise
-        w.outstanding += 1
-        return True
+    def _deliver(self, w: _Worker, task: Task) -> None:
+        self._send(w, task)
 
     def restore(self, per_worker: dict[int, tuple[Any, int]]) -> None:
         """Before a resumed stream's tasks: each worker's dataset state (or batches to skip), by worker id."""
