@@ -487,7 +487,7 @@ def test_steady_rates_interleave_counts_and_take_medians():
         return next(times[workers])
 
     rates = steady_rates(measure, [0, 3], batch_size=10, iterations=7, repeats=3)
-    assert order == [(0, 7, 1), (3, 7, 4)] * 3
+    assert order == [(0, 7, 1), (3, 9, 4)] * 3  # 3 workers: whole rounds of 3 batches
     assert rates == {0: pytest.approx(50.0), 3: pytest.approx(200.0)}
     with pytest.raises(ValueError, match="repeats"):
         steady_rates(measure, [0], batch_size=10, repeats=0)

@@ -7,7 +7,8 @@ search's cost, with the least memory among counts that fast:
 1. Each trial first takes ``workers + 1`` untimed batches (start-up and the first round of every
    worker, which arrive as one burst; the loader's measure adds the other prefetch rounds made at
    start-up, see ``measure.LoaderMeasure``), then times ``iterations / 10`` batches in the coarse pass
-   and ``iterations / 5`` later. Repeated runs of a count are combined robustly (``trials.py``):
+   and ``iterations / 5`` later, rounded up to whole rounds of the workers (``trials.whole_rounds``:
+   batches arrive in waves, one per worker). Repeated runs of a count are combined robustly (``trials.py``):
    each run's error is at least a floor pooled over the whole search, and a run slowed beyond its
    error (interference on a shared machine only ever slows a trial) is set aside.
 2. Coarse: 0, 2, 4, 8, ... and N-1 (1 is left to step 4), stopping early once throughput falls
@@ -34,7 +35,7 @@ import math
 
 import numpy as np
 
-from .trials import Trial, _Runner
+from .trials import Trial, _Runner, whole_rounds
 
 DEFAULT_TOLERANCE = 0.02
 FAST_FRACTION = 0.2
@@ -91,14 +92,15 @@ class _FastSearch:
         """Seconds per iteration of ``w`` workers, measured once when first asked for."""
         if not self.r.runs_of(w):
             if phase == "coarse":
-                self.r.run(w, self.k_coarse, w + 1, phase)
+                self.r.run(w, whole_rounds(self.k_coarse, w), w + 1, phase)
             else:
                 self.run_within_budget(w, self.k_fine, phase)
         return self.estimate(w).seconds_per_iteration
 
     def run_within_budget(self, w: int, iterations: int, phase: str) -> Trial:
-        spi, overhead = self.predict(w)
-        expected = overhead + (w + 1 + iterations) * spi
+        iterations = whole_rounds(iterations, w)
+        spi, overhead, warmup = self.predict(w)
+        expected = overhead + (max(w + 1, warmup) + iterations) * spi
         if self.r.spent() + expected > self.budget * self.exhaustive_cost():
             raise _OverBudget
         self.r.run(w, iterations, w + 1, phase)
@@ -115,25 +117,28 @@ class _FastSearch:
         runs = self.r.runs_of(w)
         return len(runs) == 1 and runs[0].rel_error is not None
 
-    def predict(self, w: int) -> tuple[float, float]:
-        """Seconds per iteration and per-trial overhead (start-up, shutdown) of ``w`` workers,
-        interpolated between measured counts (throughput, not time, is interpolated: it grows about
-        linearly with workers until the loader saturates, where time per iteration goes as 1/w)."""
+    def predict(self, w: int) -> tuple[float, float, float]:
+        """Seconds per iteration, per-trial overhead (start-up, shutdown) and warm-up batches of
+        ``w`` workers, interpolated between measured counts (throughput, not time, is interpolated:
+        it grows about linearly with workers until the loader saturates, where time per iteration
+        goes as 1/w; the warm-up is the measure's, which may add start-up prefetch rounds)."""
         m = self.r.measured()
         ws = sorted(m)
         rates = [1.0 / m[k].seconds_per_iteration for k in ws]
-        overheads = []
+        overheads, warmups = [], []
         for k in ws:
             runs = self.r.runs_of(k)
             overheads.append(sum(max(0.0, r.wall_seconds - (r.warmup + r.iterations) * r.seconds_per_iteration)
                                  for r in runs) / len(runs))
-        return 1.0 / float(np.interp(w, ws, rates)), float(np.interp(w, ws, overheads))
+            warmups.append(sum(r.warmup for r in runs) / len(runs))
+        return (1.0 / float(np.interp(w, ws, rates)), float(np.interp(w, ws, overheads)),
+                float(np.interp(w, ws, warmups)))
 
     def exhaustive_cost(self) -> float:
         """What the paper's search over 0..N-1 at ``iterations`` each would cost, as far as we can tell."""
         total = 0.0
         for w in range(self.n):
-            spi, overhead = self.predict(w)
+            spi, overhead, _ = self.predict(w)
             total += overhead + self.max_iterations * spi
         return total
 
@@ -219,7 +224,7 @@ class _FastSearch:
             est = self.estimate(w)
             if est.rel_error is None or est.rel_error <= STEADY_FRACTION * self.tol:
                 continue
-            more = max(self.k_fine, est.iterations)
+            more = whole_rounds(max(self.k_fine, est.iterations), w)
             if est.iterations + more > self.max_iterations:
                 continue
             try:

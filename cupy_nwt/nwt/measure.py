@@ -17,7 +17,7 @@ from ..loader._dataloader import DataLoader
 from ..ranks import device_for_rank, rank_layout
 from .fingerprint import resolve_device
 from .memory import DEFAULT_INTERVAL_S, MemorySampler
-from .trials import Measure, Measurement
+from .trials import Measure, Measurement, whole_rounds
 
 
 class LoaderMeasure:
@@ -99,7 +99,8 @@ class LoaderMeasure:
         spi = (stamps[-1] - start) / iterations
         peak = sampler.peak
         return Measurement(spi, wall, peak.bytes if peak.samples else None, peak.uss_bytes,
-                           _batch_means_error(stamps[max(warmup, 1) - 1:]))
+                           _batch_means_error(stamps[max(warmup, 1) - 1:], round_size=max(1, workers)),
+                           warmup_batches=warmup)
 
 
 def _trial_device(device: str, resolved: str) -> str:
@@ -115,14 +116,15 @@ def steady_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, it
     """Median samples/s of each worker count, start-up excluded, the counts interleaved per round.
 
     For judging picks after a search on equal footing: interleaving makes drift on a shared machine
-    (another job, thermal throttling) hit every count alike instead of whichever ran last.
+    (another job, thermal throttling) hit every count alike instead of whichever ran last. Each
+    count times ``iterations`` rounded up to whole rounds of its workers (``trials.whole_rounds``).
     """
     if repeats < 1 or iterations < 1:
         raise ValueError(f"repeats and iterations must be >= 1, got {repeats}, {iterations}")
     rates: dict[int, list[float]] = {int(w): [] for w in counts}
     for _ in range(repeats):
         for w in rates:
-            m = measure(w, iterations, w + 1)
+            m = measure(w, whole_rounds(iterations, w), w + 1)
             spi = m.seconds_per_iteration if isinstance(m, Measurement) else float(m)
             rates[w].append(batch_size / spi)
     return {w: statistics.median(r) for w, r in rates.items()}
@@ -138,16 +140,19 @@ def _endless(loader: Any, count: int) -> Iterator[Any]:
                 return
 
 
-def _batch_means_error(stamps: Sequence[float], groups: int = 4) -> float | None:
+def _batch_means_error(stamps: Sequence[float], groups: int = 4, round_size: int = 1) -> float | None:
     """Relative standard error of the mean interval, from the means of consecutive groups.
 
     Batches arrive in bursts (one per worker round), so single intervals are far from independent;
-    the means of a few long consecutive groups are close to it, which is what makes this estimate
-    honest for a pipelined loader.
+    the means of a few consecutive groups of whole rounds (``round_size`` batches each) are close
+    to it, which is what makes this estimate honest for a pipelined loader. A group that cut a
+    round would see a burst or a wait depending on where it falls, and report that as noise.
     """
     intervals = [b - a for a, b in zip(stamps, stamps[1:])]
-    size = len(intervals) // groups
-    if size < 2:
+    rounds = len(intervals) // round_size
+    groups = min(groups, rounds)
+    size = rounds // groups * round_size if groups else 0
+    if groups < 2 or size < 2:
         return None
     means = [sum(intervals[i * size:(i + 1) * size]) / size for i in range(groups)]
     mean = sum(means) / groups

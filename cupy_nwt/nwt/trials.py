@@ -25,7 +25,10 @@ class Measurement:
 
     ``wall_seconds`` is everything the trial cost (building the loader, start-up, warm-up, the
     timed batches, shutting down); ``rel_error`` estimates the relative standard error of
-    ``seconds_per_iteration`` (None: unknown, trusted as exact).
+    ``seconds_per_iteration`` (None: unknown, trusted as exact). ``warmup_batches``: the untimed
+    batches the trial took, when the measure takes more than it was asked for (the loader's
+    takes the workers' start-up prefetch too); the fast search needs it to tell start-up cost
+    from warm-up batches when it predicts what the exhaustive search would cost.
     """
 
     seconds_per_iteration: float
@@ -33,6 +36,7 @@ class Measurement:
     peak_memory_bytes: int | None = None
     peak_uss_bytes: int | None = None
     rel_error: float | None = None
+    warmup_batches: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,6 +65,19 @@ class Trial:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def whole_rounds(iterations: int, workers: int) -> int:
+    """``iterations`` rounded up to whole rounds of ``workers`` batches (at least two rounds).
+
+    Batch i comes from worker i mod w, and workers that share the CPUs progress together, so
+    batches arrive in waves of w. A timed window that is not a whole number of waves covers one
+    wave more or less depending on where it starts: 10 batches from 7 workers time one wave or
+    two. A window of whole waves covers the same work wherever it starts.
+    """
+    if workers < 2:
+        return iterations
+    return max(2 * workers, -(-iterations // workers) * workers)
 
 
 OUTLIER_Z = 3.0
@@ -178,6 +195,8 @@ class _Runner:
         spi = float(m.seconds_per_iteration)
         if not (spi > 0 and math.isfinite(spi)):
             raise ValueError(f"measure({workers}, {iterations}, {warmup}) gave {spi!r} s/iteration; need > 0")
+        if m.warmup_batches is not None:
+            warmup = int(m.warmup_batches)
         t = Trial(workers, iterations, warmup, spi, self.batch_size / spi, float(m.wall_seconds),
                   m.peak_memory_bytes, m.peak_uss_bytes, m.rel_error, phase)
         self.runs.append(t)
