@@ -234,6 +234,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         out_dir=Path(args.out), synthetic_n=_int_option(args.synthetic_n, "--synthetic-n", 1), **_workload(args),
         compare_iterations=_int_option(args.compare_iterations, "--compare-iterations", 1),
         compare_repeats=_int_option(args.compare_repeats, "--compare-repeats", 1),
+        judge_repeats=_int_option(args.judge_repeats, "--judge-repeats", 1),
         gpu_experiments=not args.no_gpu, progress=not args.no_progress)
     if Path(args.out).exists() and not Path(args.out).is_dir():
         raise ValueError(f"--out {args.out} is a file, not a folder")
@@ -360,7 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="nwt-report", help="folder for the results (default nwt-report)")
     _workload_options(s)
     s.add_argument("--compare-iterations", default="50", help="batches per count when judging picks (default 50)")
-    s.add_argument("--compare-repeats", default="3", help="interleaved rounds when judging picks (default 3)")
+    s.add_argument("--compare-repeats", default="3", help="interleaved rounds of every count, to find the steady best (default 3)")
+    s.add_argument("--judge-repeats", default="9",
+                   help="fresh paired rounds of the best counts and the picks, to judge the picks (default 9)")
     s.add_argument("--no-gpu", action="store_true", help="skip the transfer experiments even with a GPU")
     s.add_argument("--json", action="store_true", help="print the JSON report instead of the summary")
     s.add_argument("--no-progress", action="store_true", help="no progress output on stderr")

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import cuda, system
 from ._reporting import tables as report
 from ._reporting.explain import explain_paper_pick, paper_decisions
@@ -43,11 +45,13 @@ class ReproduceConfig:
     iterations: int = 100
     compare_iterations: int = 50
     compare_repeats: int = 3
+    judge_repeats: int = 9
     gpu_experiments: bool = True
     progress: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("synthetic_n", "batch_size", "iterations", "compare_iterations", "compare_repeats"):
+        for name in ("synthetic_n", "batch_size", "iterations", "compare_iterations", "compare_repeats",
+                     "judge_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_workers is not None and self.max_workers < 1:
@@ -61,38 +65,70 @@ class ReproduceConfig:
 class PickComparison:
     """Steady samples/s of every count, and the picks against the steady best.
 
-    ``head_to_head``: the steady best and the two picks measured again, interleaved, in fresh
-    rounds. The steady best is the largest of several noisy medians, so judged on the numbers that
-    chose it every other count looks worse than it is (the winner's curse); fresh rounds judge
-    the picks against it without that bias.
+    ``fresh_rounds``: the steady best, the exhaustive search's fastest count and the two picks
+    measured again, interleaved, in fresh rounds (samples/s per round). The steady best is the
+    largest of several noisy medians, so judged on the numbers that chose it every other count
+    looks worse than it is (the winner's curse); fresh rounds judge without that bias. A pick is
+    judged by the median of its per-round ratios to the reference (the counts of one round run
+    back to back, so drift on a shared machine cancels), with a bootstrap interval over rounds.
     """
 
     samples_per_s: dict[int, float]
     steady_best: int
     paper_pick: int
     fast_pick: int
-    head_to_head: dict[int, float] | None = None
+    fresh_rounds: dict[int, list[float]] | None = None
+    exhaustive_best: int | None = None
 
     def ratio(self, workers: int) -> float:
         return self.samples_per_s[workers] / self.samples_per_s[self.steady_best]
 
-    def fresh_ratio(self, workers: int) -> float | None:
-        """``workers`` against the steady best in the fresh head-to-head rounds (None without them)."""
-        h = self.head_to_head
-        return None if h is None else h[workers] / h[self.steady_best]
+    def fresh_ratio(self, workers: int, reference: int | None = None) -> float | None:
+        """Median over fresh rounds of ``workers`` / ``reference`` (default: the steady best); None without them."""
+        ratios = self._paired(workers, reference)
+        return None if ratios is None else float(np.median(ratios))
+
+    def fresh_interval(self, workers: int, reference: int | None = None, level: float = 0.9) -> tuple[float, float] | None:
+        """A bootstrap ``level`` interval of :meth:`fresh_ratio`, resampling rounds (seeded: reproducible)."""
+        ratios = self._paired(workers, reference)
+        if ratios is None:
+            return None
+        rng = np.random.default_rng(0)
+        medians = np.median(rng.choice(ratios, size=(BOOTSTRAP, ratios.size)), axis=1)
+        lo, hi = np.quantile(medians, [(1 - level) / 2, (1 + level) / 2])
+        return float(lo), float(hi)
+
+    def _paired(self, workers: int, reference: int | None) -> np.ndarray | None:
+        if self.fresh_rounds is None:
+            return None
+        ref = self.steady_best if reference is None else reference
+        return np.asarray(self.fresh_rounds[workers]) / np.asarray(self.fresh_rounds[ref])
+
+    def _judged(self, workers: int, reference: int | None = None) -> dict[str, Any] | None:
+        r, ci = self.fresh_ratio(workers, reference), self.fresh_interval(workers, reference)
+        return None if r is None or ci is None else {"ratio": r, "interval_90": list(ci)}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        fresh = self.fresh_rounds
+        out = {
             "samples_per_s": {str(w): r for w, r in self.samples_per_s.items()},
             "steady_best": self.steady_best,
+            "exhaustive_best": self.exhaustive_best,
             "paper_pick": self.paper_pick,
             "fast_pick": self.fast_pick,
             "paper_pick_vs_steady_best": self.ratio(self.paper_pick),
             "fast_pick_vs_steady_best": self.ratio(self.fast_pick),
-            "head_to_head": None if self.head_to_head is None else {str(w): r for w, r in self.head_to_head.items()},
-            "paper_pick_vs_steady_best_fresh": self.fresh_ratio(self.paper_pick),
-            "fast_pick_vs_steady_best_fresh": self.fresh_ratio(self.fast_pick),
+            "fresh_rounds": None if fresh is None else {str(w): r for w, r in fresh.items()},
+            "head_to_head": None if fresh is None else {str(w): float(np.median(r)) for w, r in fresh.items()},
+            "paper_pick_vs_steady_best_fresh": self._judged(self.paper_pick),
+            "fast_pick_vs_steady_best_fresh": self._judged(self.fast_pick),
         }
+        if self.exhaustive_best is not None:
+            out["fast_pick_vs_exhaustive_best_fresh"] = self._judged(self.fast_pick, self.exhaustive_best)
+        return out
+
+
+BOOTSTRAP = 2000
 
 
 @dataclass(frozen=True)
@@ -117,7 +153,8 @@ class ReproduceReport:
         """The fast pick's throughput over the fastest count, both as the exhaustive (paper) search measured them.
 
         This is the bound as the issue states it ("within 5% of the best the exhaustive search
-        finds"); the interleaved re-measurement in ``comparison`` is the stricter judge.
+        finds"), judged on the single noisy trials that made that count the best (the winner's
+        curse); ``comparison`` measures the same count and the pick again in fresh paired rounds.
         """
         rates = {t.workers: t.samples_per_second for t in self.paper.trials}
         return rates[self.fast.best_workers] / max(rates.values())
@@ -212,21 +249,25 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     measure = nwt_measure.LoaderMeasure(dataset, batch_size=config.batch_size, device=paper.device,
                                   batch_transform=transform)
 
-    def rounds(counts: list[int], name: str) -> dict[int, float]:
-        with _steps(config, len(counts) * config.compare_repeats, name) as bar:
+    def rounds(counts: list[int], repeats: int, name: str) -> dict[int, list[float]]:
+        with _steps(config, len(counts) * repeats, name) as bar:
             def stepped(workers: int, iterations: int, warmup: int) -> Any:
                 m = measure(workers, iterations, warmup)
                 bar.step(plural(workers, "worker"))
                 return m
 
-            return nwt_measure.steady_rates(stepped, counts, batch_size=config.batch_size,
-                                            iterations=config.compare_iterations, repeats=config.compare_repeats)
+            return nwt_measure.interleaved_rates(stepped, counts, batch_size=config.batch_size,
+                                                 iterations=config.compare_iterations, repeats=repeats)
 
-    rates = rounds(list(range(paper.max_workers)), "compare")
+    rates = {w: float(np.median(r)) for w, r in
+             rounds(list(range(paper.max_workers)), config.compare_repeats, "compare").items()}
     best = max(rates, key=lambda w: (rates[w], -w))
-    _stage(config, "head-to-head", "the steady best and both picks again, in fresh rounds")
-    fresh = rounds(sorted({best, paper.best_workers, fast.best_workers}), "head-to-head")
-    comparison = PickComparison(rates, best, paper.best_workers, fast.best_workers, fresh)
+    exhaustive = max(paper.trials, key=lambda t: (t.samples_per_second, -t.workers)).workers
+    _stage(config, "head-to-head", f"the steady best, the exhaustive best and both picks again, "
+           f"{plural(config.judge_repeats, 'fresh round')}")
+    fresh = rounds(sorted({best, exhaustive, paper.best_workers, fast.best_workers}), config.judge_repeats,
+                   "head-to-head")
+    comparison = PickComparison(rates, best, paper.best_workers, fast.best_workers, fresh, exhaustive)
 
     files += [out / "summary.md", out / "report.json"]
     rep = ReproduceReport(config, host, status, paper, fast, comparison, bandwidth, overlap_result,
@@ -285,6 +326,7 @@ def _summary_parts(rep: ReproduceReport) -> list[str]:
         ("fast pick vs exhaustive best", f"{rep.fast_vs_exhaustive_best:.1%} (target >= 95%; the paper search's trials)"),
         ("fast pick vs steady best", f"{c.ratio(c.fast_pick):.1%} (the interleaved re-measurement above)"),
         ("paper pick vs steady best", f"{c.ratio(c.paper_pick):.1%}"),
+        ("fast pick vs exhaustive best, fresh", _fresh(c, c.fast_pick, c.exhaustive_best)),
         ("fast pick vs steady best, fresh", _fresh(c, c.fast_pick)),
         ("paper pick vs steady best, fresh", _fresh(c, c.paper_pick)),
         ("fast search cost vs paper", f"{rep.fast_cost_ratio:.0%} (target <= 30%)"),
@@ -296,9 +338,14 @@ def _summary_parts(rep: ReproduceReport) -> list[str]:
     return parts
 
 
-def _fresh(c: PickComparison, workers: int) -> str:
-    r = c.fresh_ratio(workers)
-    return "not measured" if r is None else f"{r:.1%} (fresh interleaved rounds of the best and the picks only)"
+def _fresh(c: PickComparison, workers: int, reference: int | None = None) -> str:
+    r, ci = c.fresh_ratio(workers, reference), c.fresh_interval(workers, reference)
+    if r is None or ci is None or c.fresh_rounds is None:
+        return "not measured"
+    ref = c.steady_best if reference is None else reference
+    n = len(c.fresh_rounds[ref])
+    return (f"{r:.1%} (90% interval {ci[0]:.1%} to {ci[1]:.1%}; {plural(workers, 'worker')} against "
+            f"{ref}, median of {plural(n, 'paired fresh round')})")
 
 
 def _memory_ratio(rep: ReproduceReport) -> str:

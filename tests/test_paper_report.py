@@ -136,3 +136,18 @@ def test_the_reproduce_summary_explains_the_paper_pick():
     doc = json.loads(json.dumps(rep.to_dict(), default=lambda o: o.to_dict()))
     assert [d["accepted"] for d in doc["paper_decisions"]] == [True, True, True, False, True, False, False]
     assert PaperDecision(**doc["paper_decisions"][4]).workers == 4
+
+
+def test_fresh_rounds_judge_by_paired_ratios_with_an_interval():
+    """Round 2 ran while the machine was slowed: both counts drop alike, so the paired ratio is
+    unmoved, where a ratio of medians would move with the slow round's rank."""
+    rounds = {2: [100.0, 50.0, 104.0, 98.0, 102.0], 4: [99.0, 49.5, 103.0, 96.0, 101.0]}
+    c = PickComparison({2: 100.0, 4: 98.0}, 2, 2, 4, rounds, exhaustive_best=2)
+    assert c.fresh_ratio(4) == pytest.approx(0.99)
+    lo, hi = c.fresh_interval(4)
+    assert 0.97 < lo <= 0.99 <= hi <= 1.0
+    assert c.fresh_interval(4) == (lo, hi)  # seeded: the same report gives the same interval
+    assert c.fresh_ratio(2, 4) == pytest.approx(1 / 0.99, rel=0.01)
+    d = c.to_dict()
+    assert d["fast_pick_vs_exhaustive_best_fresh"]["ratio"] == pytest.approx(0.99)
+    assert PickComparison({2: 1.0}, 2, 2, 2).fresh_ratio(2) is None

@@ -505,8 +505,8 @@ def test_reproduce_writes_every_file_and_judges_both_picks(tmp_path, monkeypatch
     monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "report"
     rep = run_reproduce(ReproduceConfig(out_dir=out, synthetic_n=512, batch_size=32, max_workers=2, iterations=8,
-                                        compare_iterations=8, compare_repeats=1, gpu_experiments=False,
-                                        progress=False))
+                                        compare_iterations=8, compare_repeats=1, judge_repeats=3,
+                                        gpu_experiments=False, progress=False))
     names = {p.name for p in out.iterdir()}
     assert {"info.json", "summary.md", "report.json", "tune-paper.json", "tune-fast.json"} <= names
     assert {"tune-paper.png", "tune-fast.png"} <= names  # matplotlib is in the test extra
@@ -517,17 +517,22 @@ def test_reproduce_writes_every_file_and_judges_both_picks(tmp_path, monkeypatch
     assert doc["skipped"] == ["transfer experiments: turned off"]
     assert rep.comparison.ratio(rep.comparison.steady_best) == 1.0
     c = doc["comparison"]
-    assert set(c["head_to_head"]) == {str(w) for w in (c["steady_best"], c["paper_pick"], c["fast_pick"])}
-    assert c["fast_pick_vs_steady_best_fresh"] == pytest.approx(
-        c["head_to_head"][str(c["fast_pick"])] / c["head_to_head"][str(c["steady_best"])])
     paper_rates = {t.workers: t.samples_per_second for t in rep.paper.trials}
+    assert c["exhaustive_best"] == max(paper_rates, key=lambda w: (paper_rates[w], -w))
+    judged = {c["steady_best"], c["exhaustive_best"], c["paper_pick"], c["fast_pick"]}
+    assert set(c["fresh_rounds"]) == {str(w) for w in judged}
+    assert all(len(r) == 3 for r in c["fresh_rounds"].values())
+    fast_rounds, best_rounds = (np.array(c["fresh_rounds"][str(c[k])]) for k in ("fast_pick", "steady_best"))
+    fresh = c["fast_pick_vs_steady_best_fresh"]
+    assert fresh["ratio"] == pytest.approx(float(np.median(fast_rounds / best_rounds)))
+    assert fresh["interval_90"][0] <= fresh["ratio"] <= fresh["interval_90"][1]
     assert doc["fast_pick_vs_exhaustive_best"] == pytest.approx(
         paper_rates[rep.fast.best_workers] / max(paper_rates.values()))
     assert lookup(rep.fast.fingerprint).best_workers == rep.fast.best_workers  # the fast pick is saved
     text = (out / "summary.md").read_text()
     assert text.startswith("# cupy_nwt reproduce")
     assert "## NWT: fast vs paper" in text and "fast pick vs steady best" in text
-    assert "fast pick vs steady best, fresh" in text
+    assert "fast pick vs steady best, fresh" in text and "fast pick vs exhaustive best, fresh" in text
     assert "![tune-paper.png](tune-paper.png)" in text
 
     assert main(["reproduce", "--out", str(tmp_path / "again"), "--synthetic-n", "512", "--batch-size", "32",

@@ -119,6 +119,13 @@ def steady_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, it
     (another job, thermal throttling) hit every count alike instead of whichever ran last. Each
     count times ``iterations`` rounded up to whole rounds of its workers (``trials.whole_rounds``).
     """
+    rounds = interleaved_rates(measure, counts, batch_size=batch_size, iterations=iterations, repeats=repeats)
+    return {w: statistics.median(r) for w, r in rounds.items()}
+
+
+def interleaved_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
+                      repeats: int = 3) -> dict[int, list[float]]:
+    """Samples/s of each count in each of ``repeats`` rounds (round r is index r of every list)."""
     if repeats < 1 or iterations < 1:
         raise ValueError(f"repeats and iterations must be >= 1, got {repeats}, {iterations}")
     rates: dict[int, list[float]] = {int(w): [] for w in counts}
@@ -127,7 +134,7 @@ def steady_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, it
             m = measure(w, whole_rounds(iterations, w), w + 1)
             spi = m.seconds_per_iteration if isinstance(m, Measurement) else float(m)
             rates[w].append(batch_size / spi)
-    return {w: statistics.median(r) for w, r in rates.items()}
+    return rates
 
 
 def _endless(loader: Any, count: int) -> Iterator[Any]:
