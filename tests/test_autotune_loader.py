@@ -158,3 +158,29 @@ def test_a_memory_budget_below_two_slots_is_refused_when_the_slot_size_is_known(
     with pytest.raises(ArgumentError, match="fewer than 2 ring slots of 4096 bytes"):
         batches(dl)
     assert dl.worker_pids() == []
+
+
+@pytest.mark.usefixtures("clean")
+def test_handing_out_ready_batches_is_not_waiting_for_workers(monkeypatch):
+    """Every batch is made long before it is asked for, but handing it out takes 20 ms in the
+    caller's process (on a busy machine: the caller waiting for a CPU). The tuner judges the time
+    ``next()`` was blocked for a batch not yet made, so it sees idle workers and parks them; it
+    used to count all of ``next()`` as waiting and kept every worker. ``stats()`` still reports
+    the caller's whole time inside ``next()``."""
+    import time
+
+    import cupy_nwt.loader._epoch as epoch
+
+    real_join = epoch.join
+
+    def slow_join(*args):
+        time.sleep(0.02)
+        return real_join(*args)
+
+    monkeypatch.setattr(epoch, "join", slow_join)
+    dl = tuned(Squares(120), True, batch_size=2, num_workers=3, cpu_budget=3)
+    assert len(batches(dl)) == 60
+    actions = [d.action for d in dl._decisions]
+    assert "park_worker" in actions and "add_workers" not in actions and "add_prefetch" not in actions
+    assert dl._decisions[-1].workers < 3
+    assert dl.stats().waited_s >= 60 * 0.02

@@ -1,8 +1,8 @@
 """Online tuning's decisions: a pure policy from what one interval of iteration showed to a change.
 
 Kept apart from the mechanism (``_online``) so it can be tested against a simulated pipeline
-whose costs the test controls. The signals are the caller's: how long it waited inside ``next()``
-per step (starved: the workers fall behind), and how many active workers, when it asked, had
+whose costs the test controls. The signals are the caller's: how long ``next()`` was blocked for a
+batch not yet made, per step (starved: the workers fall behind), and how many active workers, when it asked, had
 already finished all they were given (idle: the slot cap or the caller, not they, set the pace).
 Workers idle while the caller waits mean the buffer is too short for the batches' spread, so the
 policy adds a slot there rather than a worker.
@@ -94,7 +94,7 @@ class Limits:
 
 @dataclass(frozen=True)
 class Observation:
-    """One interval: ``steps`` batches handed out in ``elapsed_s``, ``wait_s`` of it inside ``next()``;
+    """One interval: ``steps`` batches handed out in ``elapsed_s``, ``wait_s`` of it blocked for a batch not yet made;
     ``asks`` times the caller asked, ``idle_workers`` summed over them: active workers done with their tasks."""
 
     steps: int

@@ -1,9 +1,12 @@
 """Online tuning's mechanism: watch the caller through its epoch iterator, ask the policy, apply.
 
 A loader built with ``autotune=True`` has one ``OnlineTuner``. It follows the newest iterator
-(its ``delivered`` and ``waited_s``), and the first worker source that asks for a batch after it:
-each ask counts the active workers that had finished their tasks; every ``interval_steps``
-steps (and at least ``min_interval_s``) the policy sees the interval and may change the setting.
+(its ``delivered``), and the first worker source that asks for a batch after it: each ask counts
+the active workers that had finished their tasks, and the source's ``blocked_s`` is the caller's
+wait. (Not the whole time inside ``next()``: on a busy machine handing out a ready batch takes a
+few percent of a short step, waiting for a CPU, and reading that as starvation kept every worker
+of an idle pool.) Every ``interval_steps`` steps (and at least ``min_interval_s``) the policy sees
+the interval and may change the setting.
 
 A change never touches which batches are made or their order: those are fixed by the plan, and a
 map-style task goes to whichever active worker is least busy. Adding a worker un-parks one or
@@ -68,7 +71,7 @@ class OnlineTuner:
         self._it: weakref.ref | None = None
         self._source: weakref.ref | None = None
         self._epoch = 0
-        self._mark: tuple[int, float, float] | None = None  # (delivered, waited_s, time) at the interval's start
+        self._mark: tuple[int, float, float] | None = None  # (delivered, blocked_s, time) at the interval's start
         self._asks = self._idle = 0
 
     def start(self, workers: int, prefetch_factor: int) -> int:
@@ -123,15 +126,15 @@ class OnlineTuner:
         source.poll()
         now = time.perf_counter()
         if self._mark is None:  # the epoch's first steps include start-up: start watching once the ring is up
-            self._mark, self._asks, self._idle = (it.delivered, it.waited_s, now), 0, 0
+            self._mark, self._asks, self._idle = (it.delivered, source.blocked_s, now), 0, 0
             return
         self._asks += 1
         self._idle += source.idle_workers()
         steps, elapsed = it.delivered - self._mark[0], now - self._mark[2]
         if steps < self.interval_steps or elapsed < self.min_interval_s:
             return
-        obs = Observation(steps, elapsed, it.waited_s - self._mark[1], self._asks, self._idle)
-        self._mark, self._asks, self._idle = (it.delivered, it.waited_s, now), 0, 0
+        obs = Observation(steps, elapsed, source.blocked_s - self._mark[1], self._asks, self._idle)
+        self._mark, self._asks, self._idle = (it.delivered, source.blocked_s, now), 0, 0
         assert self.setting is not None
         d = self.policy.decide(obs, self.setting, self.limits)
         if d is None:

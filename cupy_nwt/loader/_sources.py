@@ -171,7 +171,9 @@ class WorkerSource(BatchSource):
     and the epoch ends when every worker's has.
 
     A ``next()`` that has waited ``stall_s`` seconds calls ``on_stall`` once, naming the batch it waits
-    for and the worker it went to (recorded at submit), and goes on waiting.
+    for and the worker it went to (recorded at submit), and goes on waiting. ``blocked_s`` sums the
+    time ``next()`` spent blocked for a batch not yet made: the workers falling behind, as opposed
+    to the loader handling a ready batch (or the caller's process waiting for a CPU while it does).
     """
 
     def __init__(self, workers: Workers, plan: Plan, in_order: bool, timeout: float | None,
@@ -195,6 +197,7 @@ class WorkerSource(BatchSource):
         self.next_deliver = 0
         self.planned_all = False
         self.ledger: Ledger | None = None  # what was handed out, for the loader's state_dict
+        self.blocked_s = 0.0
 
     def _submit(self) -> None:
         while not self.planned_all:
@@ -298,7 +301,7 @@ class WorkerSource(BatchSource):
                     return None
                 continue
             if not self.timeout:
-                self._absorb(self.workers.collect(self._wait(None, started, stalled)))
+                self._blocking_collect(self._wait(None, started, stalled))
                 continue
             now = time.monotonic()
             deadline = deadline if deadline is not None else now + self.timeout
@@ -308,7 +311,14 @@ class WorkerSource(BatchSource):
                     f"no batch from the workers within timeout={self.timeout} s (waiting for {want} of "
                     f"epoch {self.epoch}); the dataset may be too slow or blocked"
                 )
-            self._absorb(self.workers.collect(self._wait(deadline, started, stalled)))
+            self._blocking_collect(self._wait(deadline, started, stalled))
+
+    def _blocking_collect(self, limit: float | None) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._absorb(self.workers.collect(limit))
+        finally:
+            self.blocked_s += time.perf_counter() - t0
 
     def release(self, hb: HostBatch) -> None:
         if hb.slot is not None:
