@@ -32,6 +32,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..errors import LoaderError
+from ._messages import ErrorReport
 from ._remainder import Session, SessionPlan, join_done, split_done
 from ._sampler import Plan, PlanTask, StreamPlan
 
@@ -246,6 +248,11 @@ def _stream_state(loader: DataLoader, track: Track, handed: list[int]) -> dict[s
     states, counts, last = track.ledger.workers(len(handed))
     start = track.start or _fresh(loader, track.epoch)
     per: list[dict[str, Any] | None] = [dict(p) if p is not None else None for p in start["workers"]]
+    for w, state in states.items():
+        if isinstance(state, ErrorReport):
+            raise LoaderError(f"state_dict: the dataset's state_dict() failed in worker {w}: {state.exc_type}: "
+                              f"{state.message} (iteration is unaffected; without state_dict() a resumed "
+                              f"stream is fast-forwarded instead)")
     for w in set(states) | set(counts):
         old = per[w]
         per[w] = {"batches": (old["batches"] if old is not None else 0) + counts[w], "state": states.get(w)}

@@ -209,7 +209,8 @@ class ThreadPool(Dispatch):
                     stream_generation = msg.generation
                 answer = _worker.serve(maker, ring, msg)
                 if msg.indices is None and not isinstance(answer, Skipped):
-                    self._results.put((info.id, StreamState(msg.generation, msg.batch_index, maker.stream_state())))
+                    state = _worker.stream_state_or_error(maker)
+                    self._results.put((info.id, StreamState(msg.generation, msg.batch_index, state)))
                 self._results.put((info.id, answer))
         except BaseException as exc:  # noqa: BLE001 - the thread's death, told to the main thread
             if not self._stopping.is_set():

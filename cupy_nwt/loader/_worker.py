@@ -156,11 +156,25 @@ def _send(results: Connection, answer: FromWorker) -> None:
 
 
 def _send_state(results: Connection, task: Task, maker: BatchMaker) -> None:
-    """Where this worker's stream is now; a state that fails to be taken or pickled is sent as None."""
+    """Where this worker's stream is now; a state that cannot be pickled is sent as that error."""
+    state = stream_state_or_error(maker)
     try:
-        results.send(StreamState(task.generation, task.batch_index, maker.stream_state()))
-    except (pickle.PicklingError, TypeError, AttributeError):
-        results.send(StreamState(task.generation, task.batch_index, None))
+        results.send(StreamState(task.generation, task.batch_index, state))
+    except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        report = ErrorReport.from_exception(exc, None, keep_object=False)
+        results.send(StreamState(task.generation, task.batch_index, report))
+
+
+def stream_state_or_error(maker: BatchMaker) -> Any:
+    """The dataset's ``state_dict()``, or the error it raised as an :class:`ErrorReport`.
+
+    A failing ``state_dict()`` must not cost the batch it follows, nor the worker: iteration goes
+    on, and the loader's own ``state_dict()`` raises the error, since only saving needs the state.
+    """
+    try:
+        return maker.stream_state()
+    except Exception as exc:  # noqa: BLE001 - the dataset's error, reported when a state is saved
+        return ErrorReport.from_exception(exc, None, keep_object=False)
 
 
 def serve(maker: BatchMaker, ring: Ring | None, task: Task) -> FromWorker:
