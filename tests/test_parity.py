@@ -233,3 +233,17 @@ def test_several_live_iterators_each_get_the_whole_epoch(backend):
     first = np_tree(next(a))[1].tolist()
     assert [np_tree(x)[1].tolist() for x in b] == [[0, 1], [2, 3], [4, 5]]
     assert [first] + [np_tree(x)[1].tolist() for x in a] == [[0, 1], [2, 3], [4, 5]]
+
+
+def test_worker_options_without_workers_are_the_one_relaxed_rule(backend):
+    """PyTorch refuses ``prefetch_factor`` and ``persistent_workers=True`` with ``num_workers=0``;
+    cupy_nwt accepts them (they do nothing there), so a sweep over worker counts including 0 needs no
+    special case. The README says so; this pins both sides."""
+    is_torch = tud is not None and backend is tud.DataLoader
+    for kw in ({"prefetch_factor": 4}, {"persistent_workers": True}):
+        if is_torch:
+            with pytest.raises(ValueError, match="prefetch_factor|persistent_workers"):
+                backend(Squares(4), batch_size=2, num_workers=0, **kw)
+        else:
+            labels = [np.asarray(b[1]).tolist() for b in np_tree(list(backend(Squares(4), batch_size=2, num_workers=0, **kw)))]
+            assert labels == [[0, 1], [2, 3]]
