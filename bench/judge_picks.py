@@ -248,10 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for j in result.judged], title="the runs' picks"))
     if args.json:
         print(report.to_json(result))
-    try:
-        print(f"wrote {stem.with_suffix('.json')} and {plot(result, stem.with_suffix('.png'))}")
-    except ImportError:
-        print(f"wrote {stem.with_suffix('.json')} (no plot: matplotlib is not installed)")
+    print(report.wrote(stem.with_suffix(".json"), lambda png: plot(result, png)))
     return 0
 
 

@@ -423,10 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.table(["workload", "loader", "workers", "samples/s", "IQR/median", "peak MiB (PSS)", "vs torch",
                         "first batch s", "vs torch", "CPU s/1000"],
                        rows, title=f"loader comparison, batch {result.batch_size}, device {result.device}"))
-    try:
-        print(f"wrote {stem.with_suffix('.json')} and {plot(result, stem.with_suffix('.png'))}")
-    except ImportError:
-        print(f"wrote {stem.with_suffix('.json')} (no plot: matplotlib is not installed)")
+    print(report.wrote(stem.with_suffix(".json"), lambda png: plot(result, png)))
     return 0
 
 

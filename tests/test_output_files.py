@@ -149,3 +149,16 @@ def test_cli_tune_creates_output_folders_when_it_writes(tmp_path, monkeypatch, c
     assert TuneResult.load(out).best_workers == 0
     assert _mode(out) == _mode(png) == 0o666 & ~umask
     capsys.readouterr()
+
+
+def test_the_closing_line_names_the_plot_or_says_why_there_is_none(tmp_path):
+    def drawn(png):
+        png.write_bytes(b"png")
+        return png
+
+    def no_matplotlib(png):
+        raise ImportError("No module named 'matplotlib'")
+
+    out = tmp_path / "r.json"
+    assert report.wrote(out, drawn) == f"wrote {out} and {tmp_path / 'r.png'}" and (tmp_path / "r.png").exists()
+    assert report.wrote(out, no_matplotlib) == f"wrote {out} (no plot: matplotlib is not installed)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -57,6 +57,15 @@ def write_json(obj: Any, path: str | Path) -> Path:
     with atomic_open(path) as f:
         f.write((to_json(obj) + "\n").encode("utf-8"))
     return Path(path)
+
+
+def wrote(json_path: Path, plot: Callable[[Path], Path]) -> str:
+    """The closing line of a command that wrote ``json_path``: it draws the plot beside it (a
+    ``.png``), or says there is none when matplotlib is not installed (an optional extra)."""
+    try:
+        return f"wrote {json_path} and {plot(json_path.with_suffix('.png'))}"
+    except ImportError:
+        return f"wrote {json_path} (no plot: matplotlib is not installed)"
 
 
 @contextmanager
