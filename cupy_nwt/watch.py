@@ -138,9 +138,9 @@ def footer(result: WatchResult) -> str:
 
 def plot_watch(result: WatchResult, path: str | Path) -> Path:
     """Seconds per stage in each interval (stacked) and the workers' busy fraction, against batches."""
-    from ._reporting.plots import _figure_class, _legend_outside, _save  # noqa: PLC0415 - optional matplotlib
+    from ._reporting.plots import figure_class, legend_outside, save_figure  # noqa: PLC0415 - optional matplotlib
 
-    fig = _figure_class()(figsize=(8.5, 5.5), layout="constrained")
+    fig = figure_class()(figsize=(8.5, 5.5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
     x = [r.batches for r in result.rows]
     top.stackplot(x, *([getattr(r.stats, k) for r in result.rows] for k, _ in _STAGES),
@@ -149,9 +149,9 @@ def plot_watch(result: WatchResult, path: str | Path) -> Path:
     top.set_ylabel("seconds per interval\n(stages: summed over workers)")
     top.set_title(f"{result.dataset}: {result.config.num_workers} {result.config.worker_type} workers, "
                   f"batch {result.config.batch_size}")
-    _legend_outside(top)
+    legend_outside(top)
     bottom.plot(x, [100 * (r.stats.busy_fraction or 0.0) for r in result.rows], marker=".", color="tab:green")
     bottom.set_ylabel("workers busy %")
     bottom.set_xlabel("batches delivered")
     bottom.set_ylim(0, 105)
-    return _save(fig, path, dpi=110)
+    return save_figure(fig, path, dpi=110)

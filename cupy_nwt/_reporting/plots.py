@@ -30,7 +30,8 @@ def matplotlib_available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def _figure_class():
+def figure_class():
+    """matplotlib's Figure class (no pyplot state), or an ImportError naming the extra to install."""
     try:
         from matplotlib.figure import Figure  # noqa: PLC0415 - optional dependency
     except ImportError as exc:
@@ -45,7 +46,7 @@ def bandwidth_figure(result: BandwidthResult) -> Any:
     """
     from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: PLC0415
 
-    fig = _figure_class()(figsize=(11, 5.5), layout="constrained")
+    fig = figure_class()(figsize=(11, 5.5), layout="constrained")
     ax = fig.add_subplot()
     for direction in ("h2d", "d2h"):
         for memory in ("pinned", "pageable"):
@@ -75,14 +76,14 @@ def bandwidth_figure(result: BandwidthResult) -> Any:
     ax.grid(True, which="major", alpha=0.3)
     d = result.device
     ax.set_title(f"Host <-> device bandwidth: {d.name} (GPU {d.index})")
-    _legend_outside(ax)
+    legend_outside(ax)
     ax.tick_params(axis="x", labelrotation=45)
     return fig
 
 
 def plot_bandwidth(result: BandwidthResult, path: str | Path) -> Path:
     """:func:`bandwidth_figure` as a PNG at ``path``."""
-    return _save(bandwidth_figure(result), path, dpi=120)
+    return save_figure(bandwidth_figure(result), path, dpi=120)
 
 
 MiB = 1024 * 1024
@@ -96,11 +97,11 @@ def tune_figure(result: TuneResult) -> Any:
     The pick is circled in red and the fastest measured count marked; a fast search shows only the
     counts it measured, which is the point of it.
     """
-    figure_class = _figure_class()
+    make_figure = figure_class()
     from matplotlib.ticker import MaxNLocator  # noqa: PLC0415 - importable once the figure class is
 
     trials = result.trials
-    fig = figure_class(figsize=(13, 4.8), layout="constrained")
+    fig = make_figure(figsize=(13, 4.8), layout="constrained")
     ax_t, ax_m = fig.subplots(1, 2)
     if not trials:  # N = 1: the fast search picks 0 without measuring
         for ax in (ax_t, ax_m):
@@ -143,13 +144,13 @@ def tune_figure(result: TuneResult) -> Any:
         ax.set_xlim(min(workers) - pad, max(workers) + pad)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(True, alpha=0.3)
-        _legend_outside(ax)
+        legend_outside(ax)
     return fig
 
 
 def plot_tune(result: TuneResult, path: str | Path) -> Path:
     """:func:`tune_figure` as a PNG at ``path``."""
-    return _save(tune_figure(result), path, dpi=110)
+    return save_figure(tune_figure(result), path, dpi=110)
 
 
 def _top(values: Sequence[float]) -> float:
@@ -158,13 +159,13 @@ def _top(values: Sequence[float]) -> float:
     return 1.15 * top if top > 0 else 1.0
 
 
-def _legend_outside(ax: Any) -> None:
+def legend_outside(ax: Any) -> None:
     """The legend to the right of the axes, beside the data instead of on it; none without labels."""
     if ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
 
 
-def _save(fig: Any, path: str | Path, dpi: int) -> Path:
+def save_figure(fig: Any, path: str | Path, dpi: int) -> Path:
     """Render first, then write atomically: a failed render leaves no file and no empty folder."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
