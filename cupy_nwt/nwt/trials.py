@@ -70,8 +70,8 @@ class Trial:
 def whole_rounds(iterations: int, workers: int) -> int:
     """``iterations`` rounded up to whole rounds of ``workers`` batches (at least two rounds).
 
-    Batch i comes from worker i mod w, and workers that share the CPUs progress together, so
-    batches arrive in waves of w. A timed window that is not a whole number of waves covers one
+    Each of w workers makes one batch of every w in turn, and workers that share the CPUs progress
+    together, so batches arrive in waves of w. A timed window that is not a whole number of waves covers one
     wave more or less depending on where it starts: 10 batches from 7 workers time one wave or
     two. A window of whole waves covers the same work wherever it starts.
     """
