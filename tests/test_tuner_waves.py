@@ -1,7 +1,7 @@
 """Batches arrive in waves, one per worker round: trials time whole rounds (issue 18, point 1).
 
-Each of w workers makes one batch of every w in turn, and workers sharing the CPUs progress together, so w batches
-arrive at about the same moment and then nothing for a round. On the 2-CPU VM, 10 timed batches
+Each of w workers makes one batch of every w in turn, and workers sharing the CPUs progress
+together, so w batches arrive at about the same moment and then nothing for a round. On the 2-CPU VM, 10 timed batches
 from 7 workers covered one round instead of 10/7 of one, so the fast search read 7 workers as far
 faster than they were and picked them. The model below reproduces that arrival pattern and runs
 the real stamp-to-figure code (``LoaderMeasure``'s window and ``_batch_means_error``) on it.
