@@ -92,14 +92,14 @@ def run_watch(dataset: Any, name: str, config: WatchConfig, *, batch_transform: 
     return WatchResult(name, config, described, tuple(rows))
 
 
-HEADERS = ("batches", "s", "waited s", "busy %", "fetch s", "collate s", "transform s", "copy s", "workers",
+HEADERS = ("batches", "s", "waited s", "blocked s", "busy %", "fetch s", "collate s", "transform s", "copy s", "workers",
            "depth", "worker MiB", "growth MiB", "stalls")
 
 
 def row_cells(row: WatchRow) -> list[Any]:
     s = row.stats
     mem, grew = s.worker_private_bytes, s.worker_growth_bytes
-    return [row.batches, f"{row.elapsed_s:.2f}", f"{s.waited_s:.3f}",
+    return [row.batches, f"{row.elapsed_s:.2f}", f"{s.waited_s:.3f}", f"{s.blocked_s:.3f}",
             "-" if s.busy_fraction is None else f"{100 * s.busy_fraction:.0f}",
             *(f"{getattr(s, k):.3f}" for k, _ in _STAGES), s.num_workers, s.prefetch_depth,
             "-" if mem is None else f"{mem / MIB:.1f}", "-" if grew is None else f"{grew / MIB:+.1f}", len(s.stalls)]
@@ -124,8 +124,10 @@ def footer(result: WatchResult) -> str:
                                                         if result.rows[0].stats.memory is None else ""))
         totals = {k: sum(getattr(r.stats, k) for r in result.rows) for k, _ in _STAGES}
         waited = sum(r.stats.waited_s for r in result.rows)
+        blocked = sum(r.stats.blocked_s for r in result.rows)
         top = max(totals, key=lambda k: totals[k])
-        lines.append(f"the caller waited {waited:.2f} s in all; the stage that took longest: "
+        lines.append(f"the caller waited {waited:.2f} s in all ({blocked:.2f} s of it for batches not yet made); "
+                     f"the stage that took longest: "
                      f"{dict(_STAGES)[top]} ({totals[top]:.2f} s, summed over the workers)")
     for r in result.rows:
         for d in r.stats.decisions:
@@ -146,6 +148,7 @@ def plot_watch(result: WatchResult, path: str | Path) -> Path:
     top.stackplot(x, *([getattr(r.stats, k) for r in result.rows] for k, _ in _STAGES),
                   labels=[label for _, label in _STAGES], alpha=0.8)
     top.plot(x, [r.stats.waited_s for r in result.rows], color="black", marker=".", label="caller waited")
+    top.plot(x, [r.stats.blocked_s for r in result.rows], color="black", ls="--", label="of it, blocked for workers")
     top.set_ylabel("seconds per interval\n(stages: summed over workers)")
     top.set_title(f"{result.dataset}: {result.config.num_workers} {result.config.worker_type} workers, "
                   f"batch {result.config.batch_size}")

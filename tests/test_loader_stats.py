@@ -54,12 +54,15 @@ def test_stage_seconds_cover_what_the_dataset_and_transform_spent(num_workers):
         assert s.fetch_s >= n * FETCH_S
         assert s.transform_s >= (n // bs) * TRANSFORM_S
         assert s.collate_s >= 0 and s.copy_s >= 0 and s.waited_s > 0
+        # the caller never outpaces sleeping workers: part of its wait is blocked for them; inline, none is
+        assert (0 < s.blocked_s <= s.waited_s) if num_workers else s.blocked_s == 0.0
         assert s.busy_fraction is not None and s.busy_fraction > 0
         assert s.num_workers == num_workers
         assert s.prefetch_depth == (4 if num_workers else 0)
         json.dumps(s.to_dict())
         later = dl.stats()  # since the previous call: nothing happened
-        assert (later.batches, later.made, later.fetch_s, later.transform_s, later.waited_s) == (0, 0, 0.0, 0.0, 0.0)
+        assert (later.batches, later.made, later.fetch_s, later.transform_s, later.waited_s, later.blocked_s) == (
+            0, 0, 0.0, 0.0, 0.0, 0.0)
 
 
 @pytest.mark.usefixtures("clean", "worker_type")

@@ -389,7 +389,8 @@ class DataLoader(Generic[T_co]):
             if stage is not None and stage.workers is not None:
                 source = WorkerSource(stage.workers, plan, self.in_order, self.timeout, learn=learn,
                                       tick=self._online.tick if self._online is not None else None,
-                                      stall_s=self.stall_warning_s, on_stall=self._stats.stall)
+                                      stall_s=self.stall_warning_s, on_stall=self._stats.stall,
+                                      clock=self._stats.clock)
             else:
                 source = InlineSource(self._maker(), plan, self._layout, None,
                                       stage.slots if stage is not None else None, learn=learn, clock=self._stats.clock)

@@ -178,8 +178,10 @@ class WorkerSource(BatchSource):
 
     def __init__(self, workers: Workers, plan: Plan, in_order: bool, timeout: float | None,
                  *, learn: Learn | None = None, tick: Callable[[WorkerSource], None] | None = None,
-                 stall_s: float | None = None, on_stall: Callable[[Stall], None] | None = None) -> None:
+                 stall_s: float | None = None, on_stall: Callable[[Stall], None] | None = None,
+                 clock: Clock | None = None) -> None:
         self.workers, self.slots, self.plan, self.epoch = workers, workers.slots, plan, plan.epoch
+        self.clock = clock
         self.in_order, self.timeout, self.learn = in_order, timeout, learn
         self.tick = tick  # online tuning's look at each ask (``_online``)
         self.stall_s: float | None = stall_s if on_stall is not None else None
@@ -318,7 +320,10 @@ class WorkerSource(BatchSource):
         try:
             self._absorb(self.workers.collect(limit))
         finally:
-            self.blocked_s += time.perf_counter() - t0
+            blocked = time.perf_counter() - t0
+            self.blocked_s += blocked
+            if self.clock is not None:
+                self.clock.blocked_s += blocked
 
     def release(self, hb: HostBatch) -> None:
         if hb.slot is not None:

@@ -52,10 +52,10 @@ class MemoryGrowthWarning(UserWarning):
 class Clock:
     """Running totals a loader's stages add to, on the main thread; ``stats()`` reports their deltas."""
 
-    __slots__ = ("collate_s", "copy_s", "delivered", "fetch_s", "made", "transform_s", "waited_s")
+    __slots__ = ("blocked_s", "collate_s", "copy_s", "delivered", "fetch_s", "made", "transform_s", "waited_s")
 
     def __init__(self) -> None:
-        self.fetch_s = self.collate_s = self.transform_s = self.copy_s = self.waited_s = 0.0
+        self.fetch_s = self.collate_s = self.transform_s = self.copy_s = self.waited_s = self.blocked_s = 0.0
         self.made = self.delivered = 0
 
     def add(self, times: tuple[float, float, float] | None) -> None:
@@ -100,6 +100,9 @@ class WorkerMemory:
 class LoaderStats:
     """A loader's figures over ``interval_s`` (since the previous ``stats()``, or since the loader was made).
 
+    ``waited_s`` is the caller's time inside ``next()``; ``blocked_s``, the part of it spent blocked
+    for a batch the workers had not made yet (more workers help that; the rest is the loader
+    handing batches out, and on a busy machine the caller's process waiting for a CPU).
     ``busy_fraction`` is None when no wall time passed; ``memory`` is None for thread workers (a
     thread has no private memory of its own) and empty when no worker process is alive.
     """
@@ -107,6 +110,7 @@ class LoaderStats:
     interval_s: float
     batches: int
     waited_s: float
+    blocked_s: float
     made: int
     busy_fraction: float | None
     fetch_s: float
@@ -212,7 +216,8 @@ class Recorder:
             memory = tuple(WorkerMemory(pid, uss, uss - self.first.get(pid, uss))
                            for pid, uss in self._read(loader.worker_pids()))
         return LoaderStats(
-            interval_s=wall, batches=int(d["delivered"]), waited_s=d["waited_s"], made=int(d["made"]),
+            interval_s=wall, batches=int(d["delivered"]), waited_s=d["waited_s"], blocked_s=d["blocked_s"],
+            made=int(d["made"]),
             busy_fraction=busy / (wall * max(1, workers)) if wall > 0 else None,
             fetch_s=d["fetch_s"], collate_s=d["collate_s"], transform_s=d["transform_s"], copy_s=d["copy_s"],
             copy=copy_kind(loader), num_workers=workers, prefetch_depth=depth, worker_type=loader.worker_type,
