@@ -32,9 +32,9 @@ import numpy as np
 from cupy_nwt import system
 from cupy_nwt._reporting import tables as report
 from cupy_nwt._reporting.progress import Progress
+from cupy_nwt.nwt.measure import median_interval
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BOOTSTRAP = 2000
 TARGET = 0.95
 
 
@@ -134,18 +134,14 @@ def best_count(choose: dict[int, np.ndarray]) -> int:
     return max(choose, key=lambda w: (float(np.median(choose[w])), -w))
 
 
-def share(judge: dict[int, np.ndarray], workers: int, best: int, seed: int = 0) -> Share:
-    ratios = judge[workers] / judge[best]
-    rng = np.random.default_rng(seed)
-    medians = np.median(rng.choice(ratios, size=(BOOTSTRAP, ratios.size)), axis=1)
-    lo, hi = np.quantile(medians, [0.05, 0.95])
-    return Share(workers, float(np.median(ratios)), float(lo), float(hi))
+def share(judge: dict[int, np.ndarray], workers: int, best: int) -> Share:
+    return Share(workers, *median_interval(judge[workers] / judge[best]))
 
 
 def measure_rounds(workload: dict[str, Any], rounds: int, iterations: int, progress: bool) -> dict[int, list[float]]:
     """Samples/s of every count in each round, each round in a fresh (seeded) random order."""
     from cupy_nwt.datasets import SyntheticCIFAR10  # noqa: PLC0415 - heavy imports only to measure
-    from cupy_nwt.nwt.measure import LoaderMeasure, interleaved_rates  # noqa: PLC0415
+    from cupy_nwt.nwt.measure import LoaderMeasure, interleaved_rates  # noqa: PLC0415 - with the loader
     from cupy_nwt.transforms import CifarTrainTransform  # noqa: PLC0415
 
     warnings.filterwarnings("ignore", message="this DataLoader will start")  # oversubscribing is the point here

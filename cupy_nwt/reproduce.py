@@ -93,10 +93,8 @@ class PickComparison:
         ratios = self._paired(workers, reference)
         if ratios is None:
             return None
-        rng = np.random.default_rng(0)
-        medians = np.median(rng.choice(ratios, size=(BOOTSTRAP, ratios.size)), axis=1)
-        lo, hi = np.quantile(medians, [(1 - level) / 2, (1 + level) / 2])
-        return float(lo), float(hi)
+        _, lo, hi = nwt_measure.median_interval(ratios, level)
+        return lo, hi
 
     def _paired(self, workers: int, reference: int | None) -> np.ndarray | None:
         if self.fresh_rounds is None:
@@ -126,9 +124,6 @@ class PickComparison:
         if self.exhaustive_best is not None:
             out["fast_pick_vs_exhaustive_best_fresh"] = self._judged(self.fast_pick, self.exhaustive_best)
         return out
-
-
-BOOTSTRAP = 2000
 
 
 @dataclass(frozen=True)
