@@ -322,7 +322,7 @@ class DataLoader(Generic[T_co]):
             self._close_active()
         start, self._resume = self._resume, None
         track = Track(kind_of(self), self._epoch, start if start is not None and start["epoch"] == self._epoch else None)
-        it: EpochIterator[T_co] = EpochIterator(self._run_epoch(track, shared), self)
+        it: EpochIterator[T_co] = EpochIterator(self._run_epoch(track, shared), self, track)
         self._epoch += 1
         self._latest, self._track = weakref.ref(it), track
         if self._online is not None:
@@ -344,6 +344,7 @@ class DataLoader(Generic[T_co]):
         any old rank's state when the ranks delivered alike, else ``merge_states`` of all of them)."""
         self._resume = check_state(self, state)
         self._epoch = int(self._resume["epoch"])
+        self._track = None  # the loaded state, not the previous iteration, is where the loader stands
 
     def close(self) -> None:
         """End the current iterations, stop the workers, unlink the rings. Idempotent."""

@@ -31,13 +31,16 @@ class EpochIterator(Iterator[T_co]):
     ``next()`` goes on with the following batch, as PyTorch's iterator does; any other error ends it.
 
     ``delivered`` counts the turns taken so far (batches and failed batches); ``waited_s`` is the
-    time the caller has spent inside ``next()``, that is, waiting for data.
+    time the caller has spent inside ``next()``, that is, waiting for data. The count is also kept in
+    the loader's ``track``, which outlives the iterator: a ``for`` loop left by ``break`` or an
+    exception drops its iterator, and ``state_dict()`` taken afterwards must still know where it was.
     """
 
-    def __init__(self, steps: Iterator[Any], loader: DataLoader) -> None:
+    def __init__(self, steps: Iterator[Any], loader: DataLoader, track: Any = None) -> None:
         self._steps = steps
         self._loader = weakref.ref(loader)
         self._stats = loader._stats  # the loader's figures (``_stats``): the caller's side is counted here
+        self._track = track  # the loader's record of this epoch (``_resume.Track``): outlives this iterator
         self.delivered = 0
         self.waited_s = 0.0
 
@@ -50,6 +53,8 @@ class EpochIterator(Iterator[T_co]):
             self.waited_s += waited
             self._stats.clock.waited_s += waited
         self.delivered += 1
+        if self._track is not None:
+            self._track.delivered = self.delivered
         self._stats.clock.delivered += 1
         if self.delivered == 1:
             loader = self._loader()

@@ -121,6 +121,7 @@ class Track:
     plan: Any = None
     ledger: Ledger | None = None
     sampler_state: Any = None
+    delivered: int = 0  # turns the caller has taken (``EpochIterator``), kept after the iterator is gone
     finished: bool = False
 
 
@@ -196,12 +197,16 @@ def attach(track: Track, source: Any, loader: DataLoader) -> None:
 
 
 def state_of(loader: DataLoader) -> dict[str, Any]:
-    """The loader's state now: the newest live iteration's progress, or the start of the next epoch."""
-    it = loader._latest() if loader._latest is not None else None
-    track = getattr(loader, "_track", None)
-    if it is None or track is None or track.finished:
+    """The loader's state now: a loaded state not yet begun; else the newest iteration's progress, even
+    after its loop was left (``break``, an exception, Ctrl-C: the rest of that epoch is still to come);
+    else (its epoch ran to its end, or ``set_epoch`` chose another) the start of the next epoch."""
+    pending = loader._resume
+    if pending is not None and pending["epoch"] == loader.epoch:
+        return dict(pending)
+    track = loader._track
+    if track is None or track.finished or loader.epoch != track.epoch + 1:
         return _fresh(loader, loader.epoch)
-    delivered = it.delivered
+    delivered = track.delivered
     if track.plan is None:  # iterated but not begun: still where it started
         return dict(track.start) if track.start is not None else _fresh(loader, track.epoch)
     handed = track.ledger.handed[:delivered] if track.ledger is not None else []
