@@ -20,6 +20,7 @@ from .errors import (
                      LoaderTimeoutError,
                      NoGPUError,
                      ShmSpaceError,
+                     StateError,
                      WorkerDiedError,
                      WorkerError,
 )
@@ -36,7 +37,7 @@ _moved.install()
 
 __all__ = ["__version__", "gpu_status",
            "ArgumentError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError", "DataError",
-           "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError", "WorkerDiedError",
+           "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError", "StateError", "WorkerDiedError",
            "WorkerError",
            "DataLoader", "IterableDataset", "WorkerInfo", "default_collate", "get_worker_info",
            "TuneResult", "lookup", "tune_num_workers",

@@ -36,11 +36,11 @@ from ..errors import LoaderError
 from ._messages import ErrorReport
 from ._remainder import Session, SessionPlan, join_done, split_done
 from ._sampler import Plan, PlanTask, StreamPlan
+from ._state_checks import STATE_VERSION, checked_state
 
 if TYPE_CHECKING:
     from ._dataloader import DataLoader
 
-STATE_VERSION = 1
 _MATCH = ("seed", "n", "batch_size", "shuffle", "drop_last")
 
 
@@ -165,10 +165,7 @@ def _map_plan(loader: DataLoader, start: dict[str, Any] | None, epoch: int) -> S
     old = Session(n, start["batch_size"], start["shuffle"], start["seed"], epoch, start["drop_last"],
                   start["world_size"], start["base"], tuple(start["excluded"]))
     ranks = start.get("ranks")
-    if ranks is None:  # one rank's state: the others delivered the same batches, if it has no extras
-        if start["extra"] and (world != old.world_size or rank != start["rank"]):
-            raise ValueError("load_state_dict: this rank's state has batches delivered out of order, so the other "
-                             "ranks' progress cannot be inferred from it: pass merge_states([...every rank's state])")
+    if ranks is None:  # one rank's state: the others delivered the same batches (one with extras: checked ours)
         ranks = [{"delivered": start["delivered"], "extra": start["extra"] if r == start["rank"] else []}
                  for r in range(old.world_size)]
     done = {r: join_done(p["delivered"], p["extra"]) for r, p in enumerate(ranks)}
@@ -268,29 +265,9 @@ def _stream_state(loader: DataLoader, track: Track, handed: list[int]) -> dict[s
             "next_worker": (last + 1) % n if last is not None else start["next_worker"]}
 
 
-def check_state(loader: DataLoader, state: Mapping[str, Any]) -> dict[str, Any]:
-    """A state this loader can resume from (ValueError naming what differs otherwise)."""
-    if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
-        raise ValueError(f"load_state_dict: not a cupy_nwt loader state of version {STATE_VERSION}")
-    sd = dict(state)
-    kind = kind_of(loader)
-    if sd.get("kind") != kind:
-        raise ValueError(f"load_state_dict: the state is of a {sd.get('kind')!r} loader, this one is {kind!r}")
-    if kind == "map":
-        s = loader._sampling
-        mine = {"seed": loader.seed, "n": len(loader.dataset), "batch_size": s.batch_size or 1,
-                "shuffle": s.shuffle, "drop_last": s.drop_last}
-        differ = [f"{k}={sd.get(k)!r} (this loader: {mine[k]!r})" for k in _MATCH if sd.get(k) != mine[k]]
-        if differ:
-            raise ValueError("load_state_dict: the state was saved with other settings: " + ", ".join(differ))
-    elif kind == "iterable":
-        readers = max(1, loader.num_workers)
-        if any(p is not None for p in sd["workers"]) and (len(sd["workers"]) != readers
-                                                          or sd["world_size"] != loader.world_size):
-            raise ValueError(f"load_state_dict: an iterable dataset's state was saved with {len(sd['workers'])} "
-                             f"worker(s) on {sd['world_size']} rank(s); it resumes only with the same layout "
-                             f"(this loader: {readers} worker(s), {loader.world_size} rank(s))")
-    return sd
+def check_state(loader: DataLoader, state: Any) -> dict[str, Any]:
+    """A copy of ``state`` this loader can resume from, every field checked (``_state_checks``)."""
+    return checked_state(loader, state, kind_of(loader))
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
