@@ -175,21 +175,29 @@ def _map_plan(loader: DataLoader, start: dict[str, Any] | None, epoch: int) -> S
 
 
 def attach(track: Track, source: Any, loader: DataLoader) -> None:
-    """The source is made: give it its ledger and, for a stream, restore each reader before it begins."""
+    """The source is made: give it its ledger and, for a stream, prepare each reader before it begins:
+    the epoch for a dataset with ``set_epoch`` (every worker's copy, or the main process's dataset with
+    ``num_workers=0``: persistent workers' copies reshuffle too, as WebDataset's per-epoch shuffle
+    expects), and the saved position of a resumed stream."""
     track.ledger = source.ledger = Ledger(keep=64 + loader.num_workers * loader.prefetch_factor)
     start = track.start
-    if track.loader_kind != "iterable" or start is None:
+    if track.loader_kind != "iterable":
         return
-    per = start["workers"]
-    restore = {w: (p.get("state"), 0 if p.get("state") is not None else int(p.get("batches", 0)))
-               for w, p in enumerate(per) if p is not None}
+    epoch = track.epoch if callable(getattr(loader.dataset, "set_epoch", None)) else None
+    per = start["workers"] if start is not None else []
+    restore: dict[int, tuple[Any, int, int | None]] = (
+        {w: (None, 0, epoch) for w in range(max(1, loader.num_workers))} if epoch is not None else {})
+    restore.update({w: (p.get("state"), 0 if p.get("state") is not None else int(p.get("batches", 0)), epoch)
+                    for w, p in enumerate(per) if p is not None})
+    if not restore:
+        return
     workers = getattr(source, "workers", None)
     if workers is None:
         if 0 in restore:
             source.maker.restore(*restore[0])
         return
     workers.restore(restore)
-    if start.get("next_worker") is not None:
+    if start is not None and start.get("next_worker") is not None:
         source.cursor = int(start["next_worker"])
 
 
