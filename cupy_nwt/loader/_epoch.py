@@ -18,7 +18,7 @@ from ._device import readonly
 from ._ring import SlotLayout
 from ._sources import BatchSource, FailedBatch
 from ._stats import Clock
-from ._tree import join
+from ._tree import OutputTree, join, leaf_frameworks
 
 if TYPE_CHECKING:
     from ._dataloader import DataLoader
@@ -80,13 +80,16 @@ class EpochIterator(Iterator[T_co]):
 
 
 def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], SlotLayout | None],
-                 clock: Clock | None = None) -> Iterator[Any]:
+                 clock: Clock | None = None, output: str = "auto") -> Iterator[Any]:
     """The source's host batches as the caller gets them on the CPU: copies out of the ring, or
     (``zero_copy``) read-only views whose slot is held until the next batch is asked for. The copies'
-    seconds go to ``clock``.
+    seconds go to ``clock``. Array leaves come back in the framework their samples came in, or as
+    ``output`` says (``_frameworks``); with ``zero_copy`` a torch tensor is over the slot itself
+    (writable, as torch tensors are; valid, like the views, until the next batch is asked for).
 
     A failed batch is yielded as its ``FailedBatch``, for the iterator to raise in its turn.
     """
+    as_output = OutputTree(output)
     held = None
     try:
         while True:
@@ -100,10 +103,11 @@ def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], Slot
                 continue
             if hb is None:
                 return
+            treedef = as_output(hb.treedef if hb.treedef is not None else _layout_treedef(layout()))
             if hb.slot is None:  # made outside the ring: the caller's already
-                leaves = [readonly(a) for a in hb.leaves] if zero_copy else hb.leaves
+                leaves = _views(hb.leaves, treedef) if zero_copy else hb.leaves
             elif zero_copy:
-                leaves = [readonly(a) for a in hb.leaves]
+                leaves = _views(hb.leaves, treedef)
                 held = hb
             else:
                 t0 = time.perf_counter()
@@ -111,11 +115,15 @@ def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], Slot
                 if clock is not None:
                     clock.copy_s += time.perf_counter() - t0
                 source.release(hb)
-            treedef = hb.treedef if hb.treedef is not None else _layout_treedef(layout())
             yield join(treedef, leaves, hb.objects)
     finally:
         if held is not None:
             source.release(held)
+
+
+def _views(leaves: list[Any], treedef: Any) -> list[Any]:
+    """Read-only views of a batch's arrays; writable where a torch tensor will be made over them."""
+    return [a if fw == "torch" else readonly(a) for a, fw in zip(leaves, leaf_frameworks(treedef))]
 
 
 def _layout_treedef(layout: SlotLayout | None) -> Any:
