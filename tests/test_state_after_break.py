@@ -143,3 +143,27 @@ def test_torchdata_stateful_dataloader_agrees_after_break() -> None:
         rest = [x for batch in again for x in np.asarray(batch).tolist()]
         results[name] = (len(seen), sorted(seen + rest) == data)
     assert results["torchdata"] == results["cupy_nwt"] == (73 * B, True)
+
+
+@pytest.mark.parametrize("taken", ["all-batches-no-end", "epoch-ended"])
+def test_torchdata_stateful_dataloader_agrees_at_the_epochs_end(taken: str) -> None:
+    """Every batch taken: if the loop never asked for one more, the rest is empty (then the next
+    epoch); if the epoch ended, the state is the next epoch's start. torchdata does the same."""
+    pytest.importorskip("torch", reason="torch is a test-only extra")
+    sdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is a test-only extra")
+    data = list(range(N))
+    results = {}
+    for name, cls, kw in (("torchdata", sdl.StatefulDataLoader, {}), ("cupy_nwt", cupy_nwt.DataLoader, {"seed": 0})):
+        first = cls(data, batch_size=B, **kw)
+        if taken == "epoch-ended":
+            list(first)
+        else:
+            it = iter(first)
+            for _ in range(len(first)):
+                next(it)
+        state = first.state_dict()
+        again = cls(data, batch_size=B, **kw)
+        again.load_state_dict(state)
+        results[name] = [sum(len(b) for b in again) for _ in range(2)]
+    expected = [0, N] if taken == "all-batches-no-end" else [N, N]
+    assert results["torchdata"] == results["cupy_nwt"] == expected
