@@ -87,6 +87,20 @@ class DataFileError(DataError):
         return (type(self), (self.path, self.problem))
 
 
+class StateError(CupyNwtError, ValueError):
+    """A saved loader state that cannot be resumed from: ``field`` names the first bad field, ``value`` is it.
+
+    Raised by ``DataLoader.load_state_dict`` before anything changes, so the loader keeps its state.
+    """
+
+    def __init__(self, message: str, field: str | None = None, value: Any = None) -> None:
+        super().__init__(message)
+        self.field, self.value = field, value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.field, self.value))
+
+
 class LoaderError(CupyNwtError, RuntimeError):
     """Base of the loader's own errors: raised when the loader itself is misused or cannot go on."""
 
@@ -141,5 +155,5 @@ class LoaderTimeoutError(LoaderError, TimeoutError):
 __all__ = [
     "ArgumentError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError",
     "DataError", "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError",
-    "WorkerDiedError", "WorkerError",
+    "StateError", "WorkerDiedError", "WorkerError",
 ]

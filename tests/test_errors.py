@@ -27,6 +27,7 @@ from cupy_nwt.errors import (
     LoaderTimeoutError,
     NoGPUError,
     ShmSpaceError,
+    StateError,
     WorkerDiedError,
     WorkerError,
 )
@@ -43,6 +44,7 @@ CASES = {
     CorruptImageError: (CorruptImageError("x", 3), (ValueError, DataError), 4),
     DamagedArchiveError: (DamagedArchiveError("a.tar", 512, "cut"), (ValueError, DataError), 4),
     DataFileError: (DataFileError("a.npy", "is empty (0 bytes)"), (ValueError, DataError), 4),
+    StateError: (StateError("x", "delivered", -3), (ValueError,), 2),
     LoaderError: (LoaderError("x"), (RuntimeError,), 5),
     ShmSpaceError: (ShmSpaceError("x"), (RuntimeError, MemoryError, LoaderError), 5),
     WorkerError: (WorkerError("x", worker_id=0, pid=1, batch_index=2, sample_index=3, exc_type="KeyError",

@@ -19,6 +19,9 @@ Lifetime of what you get:
 * ``device="cpu"``: NumPy arrays, copied out of the ring by default, so they are yours to keep.
   ``zero_copy=True`` hands out read-only views into the ring slot instead: no copy, but a view is
   only valid until the next batch is requested (or the iteration ends) — copy what you keep.
+* Samples holding torch tensors (JAX arrays) give batches of torch tensors (JAX arrays), on either
+  device, made over those same arrays without a copy (``torch.from_numpy``, DLPack on the GPU);
+  ``output=`` asks for one framework whatever the samples hold (``_frameworks``).
 
 Several ranks (torchrun, SLURM, MPI): each rank builds its own loader; ``rank`` and ``world_size``
 come from the launcher's variables unless given, each rank takes its shard of every epoch (see
@@ -44,9 +47,10 @@ from .._checks import check_int
 from ..ranks import agree, rank_layout
 from ._device import on_device, resolve_device
 from ._epoch import EpochIterator, host_batches
+from ._frameworks import check_output
 from ._maker import BatchMaker
 from ._online import make_online
-from ._options import resolve_context, resolve_timeout, seed_from, warn_if_too_many_workers
+from ._options import check_pin_memory, resolve_context, resolve_timeout, seed_from, warn_if_too_many_workers
 from ._prefetch import DevicePrefetcher
 from ._resume import Track, attach, check_state, kind_of, make_plan, state_of
 from ._ring import SlotLayout
@@ -133,8 +137,9 @@ class DataLoader(Generic[T_co]):
                  batch_sampler: Any = None, num_workers: int | str = 0, collate_fn: Callable | None = None,
                  pin_memory: bool | str = False, drop_last: bool = False, timeout: float | None = 0,
                  worker_init_fn: Callable | None = None, multiprocessing_context: Any = None, generator: Any = None,
-                 *, prefetch_factor: int | None = None, persistent_workers: bool = False, in_order: bool = True,
-                 seed: int | None = None, device: str = "auto", start_method: str | None = None,
+                 *, prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
+                 in_order: bool = True, seed: int | None = None, device: str = "auto", output: str = "auto",
+                 start_method: str | None = None,
                  batch_transform: Callable | None = None, zero_copy: bool = False,
                  rank: int | None = None, world_size: int | None = None, worker_type: str | None = None,
                  autotune: Any = False, cpu_budget: int | None = None, memory_budget: int | None = None,
@@ -143,8 +148,6 @@ class DataLoader(Generic[T_co]):
         if worker_type is not None:
             worker_type = check_worker_type(worker_type)
         prefetch_factor = check_int("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor, ge=1)
-        if pin_memory not in (True, False, "staging"):
-            raise ValueError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
         rank = check_int("rank", rank, optional=True)
         world_size = check_int("world_size", world_size, optional=True)
         timeout = resolve_timeout(timeout)
@@ -161,6 +164,9 @@ class DataLoader(Generic[T_co]):
 
         self.rank_layout = rank_layout(rank, world_size)
         self.device, self.device_id = resolve_device(device, self.rank_layout)
+        check_pin_memory(pin_memory, pin_memory_device, self.device)
+        self.output = check_output(output, self.device)
+        self.pin_memory_device = pin_memory_device
         self.dataset = dataset
         self.seed = self._agreed_seed() if seed is None else seed
         self._sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, self.seed,
@@ -188,7 +194,8 @@ class DataLoader(Generic[T_co]):
         self._context = context
         self._mp_context_arg = multiprocessing_context
         self._stats = Recorder()  # the figures ``stats()`` reports; the stages add to its clock
-        self._res = Resources(DevicePrefetcher(pin_memory, clock=self._stats.clock) if self.device == "cuda" else None)
+        self._res = Resources(DevicePrefetcher(pin_memory, clock=self._stats.clock, output=self.output)
+                              if self.device == "cuda" else None)
         self._finalizer = weakref.finalize(self, self._res.close)
         self._epoch = 0
         self._active: weakref.ref | None = None
@@ -322,7 +329,7 @@ class DataLoader(Generic[T_co]):
             self._close_active()
         start, self._resume = self._resume, None
         track = Track(kind_of(self), self._epoch, start if start is not None and start["epoch"] == self._epoch else None)
-        it: EpochIterator[T_co] = EpochIterator(self._run_epoch(track, shared), self)
+        it: EpochIterator[T_co] = EpochIterator(self._run_epoch(track, shared), self, track)
         self._epoch += 1
         self._latest, self._track = weakref.ref(it), track
         if self._online is not None:
@@ -344,6 +351,7 @@ class DataLoader(Generic[T_co]):
         any old rank's state when the ranks delivered alike, else ``merge_states`` of all of them)."""
         self._resume = check_state(self, state)
         self._epoch = int(self._resume["epoch"])
+        self._track = None  # the loaded state, not the previous iteration, is where the loader stands
 
     def close(self) -> None:
         """End the current iterations, stop the workers, unlink the rings. Idempotent."""
@@ -398,7 +406,7 @@ class DataLoader(Generic[T_co]):
             if res.prefetcher is not None:
                 yield from on_device(res.prefetcher.batches(source), self.device_id)
             else:
-                yield from host_batches(source, self.zero_copy, lambda: self._layout, self._stats.clock)
+                yield from host_batches(source, self.zero_copy, lambda: self._layout, self._stats.clock, self.output)
             graceful = track.finished = True
             if stage is not None and stage.workers is not None:
                 self._stats.epoch_end(stage.workers.pids())

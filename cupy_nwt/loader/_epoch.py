@@ -18,7 +18,7 @@ from ._device import readonly
 from ._ring import SlotLayout
 from ._sources import BatchSource, FailedBatch
 from ._stats import Clock
-from ._tree import join
+from ._tree import OutputTree, join, leaf_frameworks
 
 if TYPE_CHECKING:
     from ._dataloader import DataLoader
@@ -31,13 +31,16 @@ class EpochIterator(Iterator[T_co]):
     ``next()`` goes on with the following batch, as PyTorch's iterator does; any other error ends it.
 
     ``delivered`` counts the turns taken so far (batches and failed batches); ``waited_s`` is the
-    time the caller has spent inside ``next()``, that is, waiting for data.
+    time the caller has spent inside ``next()``, that is, waiting for data. The count is also kept in
+    the loader's ``track``, which outlives the iterator: a ``for`` loop left by ``break`` or an
+    exception drops its iterator, and ``state_dict()`` taken afterwards must still know where it was.
     """
 
-    def __init__(self, steps: Iterator[Any], loader: DataLoader) -> None:
+    def __init__(self, steps: Iterator[Any], loader: DataLoader, track: Any = None) -> None:
         self._steps = steps
         self._loader = weakref.ref(loader)
         self._stats = loader._stats  # the loader's figures (``_stats``): the caller's side is counted here
+        self._track = track  # the loader's record of this epoch (``_resume.Track``): outlives this iterator
         self.delivered = 0
         self.waited_s = 0.0
 
@@ -50,6 +53,8 @@ class EpochIterator(Iterator[T_co]):
             self.waited_s += waited
             self._stats.clock.waited_s += waited
         self.delivered += 1
+        if self._track is not None:
+            self._track.delivered = self.delivered
         self._stats.clock.delivered += 1
         if self.delivered == 1:
             loader = self._loader()
@@ -75,13 +80,16 @@ class EpochIterator(Iterator[T_co]):
 
 
 def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], SlotLayout | None],
-                 clock: Clock | None = None) -> Iterator[Any]:
+                 clock: Clock | None = None, output: str = "auto") -> Iterator[Any]:
     """The source's host batches as the caller gets them on the CPU: copies out of the ring, or
     (``zero_copy``) read-only views whose slot is held until the next batch is asked for. The copies'
-    seconds go to ``clock``.
+    seconds go to ``clock``. Array leaves come back in the framework their samples came in, or as
+    ``output`` says (``_frameworks``); with ``zero_copy`` a torch tensor is over the slot itself
+    (writable, as torch tensors are; valid, like the views, until the next batch is asked for).
 
     A failed batch is yielded as its ``FailedBatch``, for the iterator to raise in its turn.
     """
+    as_output = OutputTree(output)
     held = None
     try:
         while True:
@@ -95,10 +103,11 @@ def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], Slot
                 continue
             if hb is None:
                 return
+            treedef = as_output(hb.treedef if hb.treedef is not None else _layout_treedef(layout()))
             if hb.slot is None:  # made outside the ring: the caller's already
-                leaves = [readonly(a) for a in hb.leaves] if zero_copy else hb.leaves
+                leaves = _views(hb.leaves, treedef) if zero_copy else hb.leaves
             elif zero_copy:
-                leaves = [readonly(a) for a in hb.leaves]
+                leaves = _views(hb.leaves, treedef)
                 held = hb
             else:
                 t0 = time.perf_counter()
@@ -106,11 +115,15 @@ def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], Slot
                 if clock is not None:
                     clock.copy_s += time.perf_counter() - t0
                 source.release(hb)
-            treedef = hb.treedef if hb.treedef is not None else _layout_treedef(layout())
             yield join(treedef, leaves, hb.objects)
     finally:
         if held is not None:
             source.release(held)
+
+
+def _views(leaves: list[Any], treedef: Any) -> list[Any]:
+    """Read-only views of a batch's arrays; writable where a torch tensor will be made over them."""
+    return [a if fw == "torch" else readonly(a) for a, fw in zip(leaves, leaf_frameworks(treedef))]
 
 
 def _layout_treedef(layout: SlotLayout | None) -> Any:

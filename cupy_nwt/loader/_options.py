@@ -1,5 +1,5 @@
 """The loader's process options, checked as PyTorch checks them: the multiprocessing context, the
-worker count against the usable CPUs, ``timeout`` and the seed a ``generator`` gives.
+worker count against the usable CPUs, ``timeout``, the seed a ``generator`` gives and ``pin_memory``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import numpy as np
 
 from .._checks import check_int, check_number
 from ..system import usable_cpus
+from ._frameworks import generator_seed
 
 
 def resolve_context(multiprocessing_context: Any, start_method: str | None, num_workers: int) -> BaseContext | None:
@@ -60,7 +61,9 @@ def resolve_timeout(timeout: Any) -> float | None:
 
 
 def seed_from(seed: Any, generator: Any) -> int | None:
-    """The loader's seed from ``seed`` or ``generator`` (an int, or a NumPy Generator drawn from once)."""
+    """The loader's seed from ``seed`` or ``generator``: an int, or a NumPy or torch Generator drawn from
+    once, here (torch draws its base seed from it per iteration: the same generator state gives the
+    same seed, so the same epochs; the epoch order itself is this loader's, not ``torch.randperm``'s)."""
     seed = check_int("seed", seed, ge=0, optional=True)
     if generator is None:
         return seed
@@ -68,4 +71,25 @@ def seed_from(seed: Any, generator: Any) -> int | None:
         raise ValueError("give seed or generator, not both")
     if isinstance(generator, np.random.Generator):
         return int(generator.integers(0, 2**63 - 1))
-    return check_int("generator", generator, ge=0, also="a numpy.random.Generator")
+    drawn = generator_seed(generator)
+    if drawn is not None:
+        return drawn
+    return check_int("generator", generator, ge=0, also="a numpy.random.Generator or a torch.Generator")
+
+
+PIN_WITHOUT_GPU = ("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory "
+                   "won't be used.")  # torch's words, so a filter written for torch's warning catches ours
+
+
+def check_pin_memory(pin_memory: Any, pin_memory_device: Any, device: str, stacklevel: int = 3) -> None:
+    """``pin_memory`` and torch's ``pin_memory_device``, with torch's warnings: pinning without a GPU
+    does nothing; ``pin_memory_device`` is ignored (the loader pins for its ``device``)."""
+    if pin_memory not in (True, False, "staging"):
+        raise ValueError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
+    if not isinstance(pin_memory_device, str):
+        raise ValueError(f"pin_memory_device must be a str, got {type(pin_memory_device).__name__}")
+    if pin_memory and pin_memory_device:
+        warnings.warn(f"pin_memory_device is ignored (as torch now ignores it): memory is pinned for device={device!r}; "
+                      f"ignore pin_memory_device={pin_memory_device!r}.", UserWarning, stacklevel=stacklevel)
+    if pin_memory and device == "cpu":
+        warnings.warn(PIN_WITHOUT_GPU, UserWarning, stacklevel=stacklevel)

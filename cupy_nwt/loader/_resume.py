@@ -36,11 +36,11 @@ from ..errors import LoaderError
 from ._messages import ErrorReport
 from ._remainder import Session, SessionPlan, join_done, split_done
 from ._sampler import Plan, PlanTask, StreamPlan
+from ._state_checks import STATE_VERSION, checked_state
 
 if TYPE_CHECKING:
     from ._dataloader import DataLoader
 
-STATE_VERSION = 1
 _MATCH = ("seed", "n", "batch_size", "shuffle", "drop_last")
 
 
@@ -121,6 +121,7 @@ class Track:
     plan: Any = None
     ledger: Ledger | None = None
     sampler_state: Any = None
+    delivered: int = 0  # turns the caller has taken (``EpochIterator``), kept after the iterator is gone
     finished: bool = False
 
 
@@ -164,10 +165,7 @@ def _map_plan(loader: DataLoader, start: dict[str, Any] | None, epoch: int) -> S
     old = Session(n, start["batch_size"], start["shuffle"], start["seed"], epoch, start["drop_last"],
                   start["world_size"], start["base"], tuple(start["excluded"]))
     ranks = start.get("ranks")
-    if ranks is None:  # one rank's state: the others delivered the same batches, if it has no extras
-        if start["extra"] and (world != old.world_size or rank != start["rank"]):
-            raise ValueError("load_state_dict: this rank's state has batches delivered out of order, so the other "
-                             "ranks' progress cannot be inferred from it: pass merge_states([...every rank's state])")
+    if ranks is None:  # one rank's state: the others delivered the same batches (one with extras: checked ours)
         ranks = [{"delivered": start["delivered"], "extra": start["extra"] if r == start["rank"] else []}
                  for r in range(old.world_size)]
     done = {r: join_done(p["delivered"], p["extra"]) for r, p in enumerate(ranks)}
@@ -177,31 +175,43 @@ def _map_plan(loader: DataLoader, start: dict[str, Any] | None, epoch: int) -> S
 
 
 def attach(track: Track, source: Any, loader: DataLoader) -> None:
-    """The source is made: give it its ledger and, for a stream, restore each reader before it begins."""
+    """The source is made: give it its ledger and, for a stream, prepare each reader before it begins:
+    the epoch for a dataset with ``set_epoch`` (every worker's copy, or the main process's dataset with
+    ``num_workers=0``: persistent workers' copies reshuffle too, as WebDataset's per-epoch shuffle
+    expects), and the saved position of a resumed stream."""
     track.ledger = source.ledger = Ledger(keep=64 + loader.num_workers * loader.prefetch_factor)
     start = track.start
-    if track.loader_kind != "iterable" or start is None:
+    if track.loader_kind != "iterable":
         return
-    per = start["workers"]
-    restore = {w: (p.get("state"), 0 if p.get("state") is not None else int(p.get("batches", 0)))
-               for w, p in enumerate(per) if p is not None}
+    epoch = track.epoch if callable(getattr(loader.dataset, "set_epoch", None)) else None
+    per = start["workers"] if start is not None else []
+    restore: dict[int, tuple[Any, int, int | None]] = (
+        {w: (None, 0, epoch) for w in range(max(1, loader.num_workers))} if epoch is not None else {})
+    restore.update({w: (p.get("state"), 0 if p.get("state") is not None else int(p.get("batches", 0)), epoch)
+                    for w, p in enumerate(per) if p is not None})
+    if not restore:
+        return
     workers = getattr(source, "workers", None)
     if workers is None:
         if 0 in restore:
             source.maker.restore(*restore[0])
         return
     workers.restore(restore)
-    if start.get("next_worker") is not None:
+    if start is not None and start.get("next_worker") is not None:
         source.cursor = int(start["next_worker"])
 
 
 def state_of(loader: DataLoader) -> dict[str, Any]:
-    """The loader's state now: the newest live iteration's progress, or the start of the next epoch."""
-    it = loader._latest() if loader._latest is not None else None
-    track = getattr(loader, "_track", None)
-    if it is None or track is None or track.finished:
+    """The loader's state now: a loaded state not yet begun; else the newest iteration's progress, even
+    after its loop was left (``break``, an exception, Ctrl-C: the rest of that epoch is still to come);
+    else (its epoch ran to its end, or ``set_epoch`` chose another) the start of the next epoch."""
+    pending = loader._resume
+    if pending is not None and pending["epoch"] == loader.epoch:
+        return dict(pending)
+    track = loader._track
+    if track is None or track.finished or loader.epoch != track.epoch + 1:
         return _fresh(loader, loader.epoch)
-    delivered = it.delivered
+    delivered = track.delivered
     if track.plan is None:  # iterated but not begun: still where it started
         return dict(track.start) if track.start is not None else _fresh(loader, track.epoch)
     handed = track.ledger.handed[:delivered] if track.ledger is not None else []
@@ -263,29 +273,9 @@ def _stream_state(loader: DataLoader, track: Track, handed: list[int]) -> dict[s
             "next_worker": (last + 1) % n if last is not None else start["next_worker"]}
 
 
-def check_state(loader: DataLoader, state: Mapping[str, Any]) -> dict[str, Any]:
-    """A state this loader can resume from (ValueError naming what differs otherwise)."""
-    if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
-        raise ValueError(f"load_state_dict: not a cupy_nwt loader state of version {STATE_VERSION}")
-    sd = dict(state)
-    kind = kind_of(loader)
-    if sd.get("kind") != kind:
-        raise ValueError(f"load_state_dict: the state is of a {sd.get('kind')!r} loader, this one is {kind!r}")
-    if kind == "map":
-        s = loader._sampling
-        mine = {"seed": loader.seed, "n": len(loader.dataset), "batch_size": s.batch_size or 1,
-                "shuffle": s.shuffle, "drop_last": s.drop_last}
-        differ = [f"{k}={sd.get(k)!r} (this loader: {mine[k]!r})" for k in _MATCH if sd.get(k) != mine[k]]
-        if differ:
-            raise ValueError("load_state_dict: the state was saved with other settings: " + ", ".join(differ))
-    elif kind == "iterable":
-        readers = max(1, loader.num_workers)
-        if any(p is not None for p in sd["workers"]) and (len(sd["workers"]) != readers
-                                                          or sd["world_size"] != loader.world_size):
-            raise ValueError(f"load_state_dict: an iterable dataset's state was saved with {len(sd['workers'])} "
-                             f"worker(s) on {sd['world_size']} rank(s); it resumes only with the same layout "
-                             f"(this loader: {readers} worker(s), {loader.world_size} rank(s))")
-    return sd
+def check_state(loader: DataLoader, state: Any) -> dict[str, Any]:
+    """A copy of ``state`` this loader can resume from, every field checked (``_state_checks``)."""
+    return checked_state(loader, state, kind_of(loader))
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

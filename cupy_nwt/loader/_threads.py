@@ -202,7 +202,7 @@ class ThreadPool(Dispatch):
                     ring = msg
                     continue
                 if isinstance(msg, Restore):
-                    maker.restore(msg.state, msg.skip)
+                    maker.restore(msg.state, msg.skip, msg.epoch)
                     continue
                 if msg.indices is None and msg.generation != stream_generation:
                     maker.begin_stream()

@@ -128,7 +128,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
                 ring = Ring.attach(msg.name, msg.layout, msg.slots)
                 continue
             if isinstance(msg, Restore):
-                maker.restore(msg.state, msg.skip)
+                maker.restore(msg.state, msg.skip, msg.epoch)
                 continue
             if msg.indices is None and msg.generation != stream_generation:
                 maker.begin_stream()  # a new epoch of this worker's replica of an iterable dataset
