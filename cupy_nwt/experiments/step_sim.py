@@ -9,56 +9,17 @@ steps, the GPU's idle fraction is ``1 - kernel time / wall time``: everything th
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
-
 from .. import cuda
 from ..loader._collate import flatten
 from . import timing
+from .kernels import SpinKernel
 
-# %globaltimer is the GPU's nanosecond wall clock: unlike clock64() (SM cycles), a spin on it lasts
-# the same time whether the SM clock idles at a few hundred MHz or boosts to ~2 GHz.
-_SPIN_SOURCE = r"""
-extern "C" __global__ void cupy_nwt_spin(const unsigned char* touch, long long ns, unsigned char* sink) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    unsigned char acc = touch[0];
-    do {
-        acc = (unsigned char)(acc * 3 + 1);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while ((long long)(now - start) < ns);
-    sink[0] = acc;
-}
-"""
-
-
-class SpinKernel:
-    """A one-thread kernel that reads one byte of its input, then spins for a number of nanoseconds.
-
-    It stands in for a training step of known duration: reading the batch orders it after the
-    batch's copy, and its length does not depend on the batch's size, content or the SM clock. It
-    runs on the device that holds ``touch``, with a sink byte of that device's own.
-    """
-
-    def __init__(self) -> None:
-        self._kernel = cuda.compile_kernel(_SPIN_SOURCE, "cupy_nwt_spin")
-        self._sinks: dict[int, Any] = {}
-
-    def __call__(self, touch: Any, nanoseconds: int, stream=None) -> None:
-        arr = cuda.as_device_array(touch)  # zero-copy for anything with __cuda_array_interface__ (torch too)
-        device = cuda.device_of(arr)
-        with cuda.device_scope(device):
-            sink = self._sinks.get(device)
-            if sink is None:
-                sink = self._sinks[device] = cuda.device_zeros(1, np.uint8)
-            with stream if stream is not None else contextlib.nullcontext():
-                self._kernel((1,), (1,), (arr, np.int64(nanoseconds), sink))
-
+__all__ = ["FeedResult", "SimulatedStep", "SpinKernel", "feed", "idle_fraction"]
 
 def idle_fraction(kernel_seconds: float, wall_seconds: float) -> float:
     """Share of the wall time in which the simulated step was not running (0 = never idle)."""
