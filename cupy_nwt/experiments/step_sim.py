@@ -30,7 +30,11 @@ def idle_fraction(kernel_seconds: float, wall_seconds: float) -> float:
 
 @dataclass(frozen=True)
 class FeedResult:
-    """``steps`` timed steps (after ``warmup``) of ``batch_size`` samples each."""
+    """``steps`` timed steps (after ``warmup``) of ``batch_size`` samples each.
+
+    ``startup_seconds`` is the wait for the first batch (starting workers: 0.2-0.8 s each by fork or
+    forkserver), kept apart from the steady state that ``idle_fraction`` describes.
+    """
 
     label: str
     steps: int
@@ -38,6 +42,7 @@ class FeedResult:
     wall_seconds: float
     kernel_seconds: float
     step_seconds_target: float
+    startup_seconds: float = 0.0
 
     @property
     def idle_fraction(self) -> float:
@@ -83,19 +88,27 @@ def feed(batches: Iterable[Any], step: Callable[[Any], float], *, steps: int, wa
     """Run ``step`` on ``warmup + steps`` batches; time the last ``steps`` of them.
 
     ``step(batch)`` must return once the step is done on the device, with its device seconds. The
-    wall clock covers getting each batch (and whatever copy that implies) and the step.
+    wall clock covers getting each batch (and whatever copy that implies) and the step. The wait for
+    the very first batch is the loader's start-up: reported on its own, in no step's time.
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got {steps}, {warmup}")
     it = iter(batches)
+    t_start = clock()
+    pending = [_next(it, label)]
+    startup = clock() - t_start
+
+    def take() -> Any:
+        return pending.pop() if pending else _next(it, label)
+
     for _ in range(warmup):
-        step(_next(it, label))
+        step(take())
     kernel = 0.0
     t0 = clock()
     for _ in range(steps):
-        kernel += step(_next(it, label))
+        kernel += step(take())
     wall = clock() - t0
-    return FeedResult(label, steps, batch_size, wall, kernel, step_seconds)
+    return FeedResult(label, steps, batch_size, wall, kernel, step_seconds, startup)
 
 
 def _next(it: Any, label: str) -> Any:
