@@ -8,7 +8,8 @@
 //   nwt_native summarize X...           prints the statistics of the numbers X (the writer, testable anywhere)
 //
 // The method is cupy_nwt's, step for step: the same sizes and defaults, the same copies per sample,
-// every sample queued behind the same spin kernel (held twice the slowest warm-up issue + 200 us),
+// every sample but pageable copies queued behind the same spin kernel (held twice the slowest
+// warm-up issue + 200 us),
 // CUDA events on the copying stream, medians and inclusive quartiles, every copy checked. The
 // kernels are the very files cupy_nwt compiles at run time (#included from cuda_src/). The JSON on
 // stdout has the shape of `cupy-nwt bandwidth --json` / `cupy-nwt overlap --json` for every field
@@ -152,14 +153,15 @@ struct Timer {
         CHECK(cudaGetLastError());
     }
 
-    // Device seconds of what issue() enqueues, window on `s` joined by `others`, behind a hold.
+    // Device seconds of what issue() enqueues, window on `s` joined by `others`, behind a hold of
+    // `held` seconds (none when 0).
     template <class F>
     double window(F&& issue, cudaStream_t s, const std::vector<cudaStream_t>& others, double held,
                   double* issued) const {
         cudaEvent_t start, end;
         CHECK(cudaEventCreate(&start));
         CHECK(cudaEventCreate(&end));
-        hold(s, held);
+        if (held > 0) hold(s, held);
         CHECK(cudaEventRecord(start, s));
         for (cudaStream_t o : others) if (o != s) CHECK(cudaStreamWaitEvent(o, start, 0));
         double t0 = host_now();
@@ -188,8 +190,9 @@ struct Queued {
     int overran = 0;
 };
 
+// use_hold false: the window alone (pageable copies hold the host until staged; a spin would only add waiting).
 template <class F>
-Queued queued_time(const Timer& timer, F&& issue, int repeats, int warmup, cudaStream_t s) {
+Queued queued_time(const Timer& timer, F&& issue, int repeats, int warmup, cudaStream_t s, bool use_hold = true) {
     double slowest = 0;
     for (int i = 0; i < warmup; ++i) {
         double t0 = host_now();
@@ -197,7 +200,7 @@ Queued queued_time(const Timer& timer, F&& issue, int repeats, int warmup, cudaS
         slowest = std::max(slowest, host_now() - t0);
     }
     CHECK(cudaStreamSynchronize(s));
-    double held = kHoldFactor * slowest + kHoldMarginS;
+    double held = use_hold ? kHoldFactor * slowest + kHoldMarginS : 0.0;
     Queued q;
     for (int i = 0; i < repeats; ++i) {
         double issued = 0;
@@ -313,10 +316,10 @@ int bandwidth(const Args& a, const std::string& device) {
             std::memset(h.dst, 0, n);
             auto up = queued_time(timer, [&] {
                 for (long long i = 0; i < k; ++i) CHECK(cudaMemcpyAsync(dev, h.src, n, cudaMemcpyHostToDevice, s));
-            }, reps, warm, s);
+            }, reps, warm, s, m == 1);
             auto down = queued_time(timer, [&] {
                 for (long long i = 0; i < k; ++i) CHECK(cudaMemcpyAsync(h.dst, dev, n, cudaMemcpyDeviceToHost, s));
-            }, reps, warm, s);
+            }, reps, warm, s, m == 1);
             CHECK(cudaStreamSynchronize(s));
             bool ok = std::memcmp(h.dst, h.src, n) == 0;
             all_ok = all_ok && ok;
@@ -342,7 +345,7 @@ int bandwidth(const Args& a, const std::string& device) {
                         const void* from = up ? static_cast<const void*>(h.src + o) : static_cast<const void*>(dev + o);
                         CHECK(cudaMemcpyAsync(to, from, piece, kind, s));
                     }
-                }, reps, warm, s);
+                }, reps, warm, s, m == 1);
                 st[many] = summarize(q.device);
                 if (up) {
                     CHECK(cudaStreamSynchronize(s));

@@ -32,8 +32,14 @@ class RunOptions(Protocol):
 Hold = Callable[[Any, float], object]
 
 
-def queued(issue: Callable[[], object], config: RunOptions, s: Any, hold: Hold) -> tuple[float, ...]:
-    """Device seconds of each sample of ``issue()``, queued behind a hold (see ``timing.queued_time``)."""
+def queued(issue: Callable[[], object], config: RunOptions, s: Any, hold: Hold | None) -> tuple[float, ...]:
+    """Device seconds of each sample of ``issue()``, queued behind a hold (see ``timing.queued_time``).
+
+    ``hold`` None: an event window alone. For pageable memory, where each copy returns only once the
+    driver has staged (H2D) or delivered (D2H) its bytes, a hold would only make the host wait.
+    """
+    if hold is None:
+        return tuple(timing.device_time(lambda _s: issue(), config.repeats, config.warmup, s))
     return timing.queued_time(lambda _s: issue(), hold, config.repeats, config.warmup, s).device
 
 
@@ -83,7 +89,7 @@ class BatchingPoint:
 
 
 def batched_vs_many(direction: str, memory: str, dev, src: np.ndarray, dst: np.ndarray,
-                     config: RunOptions, s, hold: Hold) -> BatchingPoint:
+                     config: RunOptions, s, hold: Hold | None) -> BatchingPoint:
     """Same bytes, one copy vs ``total/chunk`` copies; each plan's destination is checked after.
 
     Both plans are bursts built before timing and queued behind a hold, so the many small copies

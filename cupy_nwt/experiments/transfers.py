@@ -1,9 +1,10 @@
 """Host <-> device bandwidth: pageable vs pinned over a size sweep, one big copy vs many small ones.
 
 After NVIDIA's "How to optimize data transfers in CUDA" samples (profile.cu, bandwidthtest.cu).
-Every figure is a median over repeats timed with CUDA events on the copying stream, each sample
-queued behind a short spin kernel so that the window holds the copies as the GPU runs them, not
-the time Python takes to issue them (4-6 us a call against 1.5-3 us for a 4 KiB copy); every
+Every figure is a median over repeats timed with CUDA events on the copying stream, each pinned
+sample queued behind a short spin kernel so that the window holds the copies as the GPU runs them,
+not the time Python takes to issue them (4-6 us a call against 1.5-3 us for a 4 KiB copy); pageable
+copies hold the host until the driver has staged them, so a spin would only add waiting. Every
 copy is checked: a fast copy of the wrong bytes is not a result. Bandwidths are compared with the
 PCIe link's theoretical rate, read after the largest copies because idle GPUs downclock the link.
 """
@@ -303,7 +304,8 @@ def _run(config: BandwidthConfig, tick: Progress) -> BandwidthResult:
     for nbytes in sorted(config.sizes):
         for memory in MEMORIES:
             src, dst = buffers[memory]
-            points += _round_trip(dev[:nbytes], src[:nbytes], dst[:nbytes], memory, config, s, hold)
+            points += _round_trip(dev[:nbytes], src[:nbytes], dst[:nbytes], memory, config, s,
+                                  hold if memory == "pinned" else None)
             tick(f"{memory} {fmt_bytes(nbytes)}")
     # Read right after the largest copies: the link is at its working speed now.
     link = cuda.pcie_link(config.device)
@@ -314,13 +316,13 @@ def _run(config: BandwidthConfig, tick: Progress) -> BandwidthResult:
         src, dst = buffers[memory]
         for direction in DIRECTIONS:
             batching.append(batched_vs_many(direction, memory, dev[:total], src[:total], dst[:total], config, s,
-                                             hold))
+                                             hold if memory == "pinned" else None))
         tick(f"{memory} batching")
     return BandwidthResult(config, device, host, link, tuple(points), tuple(batching))
 
 
 def _round_trip(dev, src: np.ndarray, dst: np.ndarray, memory: str, config: BandwidthConfig, s,
-                hold: Hold) -> list[BandwidthPoint]:
+                hold: Hold | None) -> list[BandwidthPoint]:
     """Time H2D into a zeroed device buffer, then D2H into a zeroed host buffer; check the bytes."""
     nbytes = src.nbytes
     k = copies_per_sample(nbytes)
