@@ -134,7 +134,9 @@ native_binary() {
     if [ -x "$built" ]; then echo "$PWD/$built"; return; fi
     if [ -f bench/native/Makefile ] && command -v make >/dev/null && command -v nvcc >/dev/null; then
         tmp=$(mktemp -d)
-        make -s -C bench/native BUILD="$tmp" >&2 && echo "$tmp/nwt_native" && return
+        if make -s -C bench/native BUILD="$tmp" >&2; then echo "$tmp/nwt_native"; return; fi
+        echo "gpu_session: building bench/native failed (above): the native reference is skipped" >&2
+        return
     fi
     echo "gpu_session: no nvcc and no prebuilt $built: the native reference is skipped" >&2
 }
