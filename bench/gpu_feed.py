@@ -27,9 +27,10 @@ for the torch modes, which are skipped with the reason otherwise):
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,18 @@ def batches(mode: str, workload: Any, workers: int, batch_size: int, seed: int) 
         prefetch_factor=2 if workers else None, generator=torch.Generator().manual_seed(seed),
         persistent_workers=persistent, multiprocessing_context="fork" if workers else None)
     return loader, _epochs(loader, lambda b: tuple(t.to("cuda", non_blocking=pinned) for t in b))
+
+
+def release(loader: Any, stream: Generator[Any, None, None]) -> None:
+    """Stop a mode's workers before the next mode starts, so no idle persistent worker loads the host.
+
+    cupy_nwt's loader has ``close()``; torch's persistent workers stop when their iterator is
+    collected, which the caller allows by dropping its last references (``del loader, stream``).
+    """
+    stream.close()
+    if hasattr(loader, "close"):
+        loader.close()
+    gc.collect()
 
 
 def _epochs(loader: Any, to_gpu) -> Iterator[Any]:
@@ -119,9 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                         r: FeedResult = feed(stream, step, steps=args.steps, warmup=args.warmup,
                                              batch_size=args.batch_size, label=mode, step_seconds=args.step_ms / 1e3)
                     finally:
-                        stream.close()
-                        if hasattr(loader, "close"):
-                            loader.close()
+                        release(loader, stream)
+                        del loader, stream
                     row = {"workload": wl.name, "num_workers": w, "mode": mode, "persistent_workers": w > 0,
                            **r.to_dict()}
                     results.append(row)

@@ -53,10 +53,11 @@ def test_gpu_idle_fraction(benchmark, workload, step, mode):
         t0 = time.perf_counter()
         benchmark.pedantic(lambda: kernel.append(step(next(stream))), rounds=ROUNDS, iterations=1)
         wall = time.perf_counter() - t0
+        persistent = loader.persistent_workers  # epoch boundaries in the rounds restart no worker
     finally:
-        stream.close()
-        loader.close() if hasattr(loader, "close") else None
-    assert getattr(loader, "persistent_workers", False)  # epoch boundaries in the rounds restart no worker
+        gpu_feed.release(loader, stream)
+        loader = stream = None  # torch's persistent workers stop when their loader is collected
+    assert persistent
     benchmark.extra_info["idle_fraction"] = max(0.0, 1 - sum(kernel) / wall)
     benchmark.extra_info["startup_seconds"] = startup
     benchmark.extra_info["samples_per_s"] = 128 * len(kernel) / wall
