@@ -337,7 +337,7 @@ def test_result_round_trips_through_dict_and_file(tmp_path):
     assert TuneResult.load(p) == r
     with pytest.raises(ValueError, match="tune_result"):
         TuneResult.from_dict({"format": "something else"})
-    with pytest.raises(ValueError, match="malformed"):
+    with pytest.raises(ValueError, match="best_workers must be a whole number"):
         TuneResult.from_dict({"format": tuner.RESULT_FORMAT})
 
 
