@@ -221,14 +221,14 @@ class _FastSearch:
         top = self.n - 1
         if self.cap is None:
             return False
-        if top >= self.cap:
-            self.stop_reason = f"the cap of {self.cap} workers"
-            return False
         m = self.r.measured()
         b, tb = self.best()
         below = max((w for w in m if w <= top // 2), default=None)
         if b != top or below is None or not tb < m[below].seconds_per_iteration * (1 - self.tol):
             self.stop_reason = f"the curve stopped rising by {top} workers"
+            return False
+        if top >= self.cap:
+            self.stop_reason = f"the cap of {self.cap} workers (still rising there)"
             return False
         nxt = self.memory_fit(top, min(self.cap, 2 * top))
         if nxt <= top:
