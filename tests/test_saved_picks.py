@@ -211,3 +211,29 @@ def test_another_machine_or_pipeline_is_saved_beside_the_pick(tmp_path):
     moved = dataclasses.replace(slower, fingerprint=dataclasses.replace(slower.fingerprint, machine=machine))
     assert moved.save_pick(tmp_path).replaced
     assert lookup(first.fingerprint, tmp_path) == first and lookup(moved.fingerprint, tmp_path) == moved
+
+
+def test_cli_tune_twice_keeps_the_first_pick_and_says_so(tmp_path, monkeypatch, capsys):
+    from cupy_nwt import cli  # noqa: PLC0415
+
+    scale = [1.0]
+
+    class Loader:  # stands in for the real loader's trials: the second run measures 1% faster, within noise
+        def __init__(self, dataset, **kwargs):
+            pass
+
+        def __call__(self, workers, iterations, warmup):
+            return _measure(scale[0])(workers, iterations, warmup)
+
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("cupy_nwt.nwt.measure.LoaderMeasure", Loader)
+    path = tmp_path / "d.npy"
+    np.save(path, np.zeros((64, 4), np.float32))
+    argv = ["tune", "--dataset", str(path), "--batch-size", "8", "--iterations", "8", "--device", "cpu",
+            "--no-progress", "--max-workers", "3"]
+    assert cli.main(argv) == 0
+    assert "saved to" in capsys.readouterr().out
+    scale[0] = 0.99
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "kept the saved pick 2 (" in out and "not faster beyond the uncertainty" in out
