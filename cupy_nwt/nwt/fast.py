@@ -28,7 +28,7 @@ search's cost, with the least memory among counts that fast:
 5. Pick, among measured counts within tolerance, the one with the least peak memory (the fewest
    workers when memory was not measured).
 
-Where the range ends (``open_range``). Given ``max_workers``, counts 0..max_workers-1 and no
+Where the range ends. Given ``max_workers``, counts 0..max_workers-1 and no
 further. Without it (the default) the search is open: the best count need not follow the core count
 (the paper's machine was fastest at 16 workers of 32 cores; on a 2-CPU machine 2 workers are), so
 the coarse pass measures every ladder step up to the usable CPUs, with no early stop, and then,

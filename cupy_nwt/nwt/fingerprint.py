@@ -273,7 +273,11 @@ class ResultStore:
         """Rename the store to ``<name>.bad-<UTC time>`` and say so once; the next write starts a new one."""
         stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
         aside = self.path.with_name(f"{self.path.name}.bad-{stamp}")
-        os.replace(self.path, aside)
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:
+            raise SavedPickError(f"{self.path} {why}, and it cannot be set aside ({exc.strerror or exc}): "
+                                 "remove it by hand") from None
         _log.warning("saved picks %s %s: set aside as %s; a fresh search will run", self.path, why, aside.name)
         return aside
 
