@@ -88,6 +88,8 @@ def test_dataset_runs_untransformed_unless_asked(user, tmp_path, capsys):
     assert cli.main(["tune", "--dataset", str(user), *TINY, "--json", "--no-save", "--batch-transform", "cifar"]) == 0
     assert json.loads(capsys.readouterr().out)["fingerprint"]["work"]["transform"] == \
         "cupy_nwt.transforms.CifarTrainTransform"
+    assert cli.main(["tune", "--dataset", str(user), *TINY, "--json", "--no-save", "--main-process", "waits"]) == 0
+    assert json.loads(capsys.readouterr().out)["main_process"] == "waits"  # a GPU step's load, asked for on the CPU
 
 
 @pytest.mark.parametrize("option, spec, message", [

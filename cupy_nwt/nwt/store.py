@@ -143,7 +143,7 @@ class TuneResult:
         """Record this pick in the machine-wide store under its fingerprint, unless a saved one holds.
 
         A pick saved for the same fingerprint (same machine, same work) stays unless this one is
-        faster beyond the two measurements' uncertainty (:func:`replaces`): two searches on an
+        faster beyond the measurements' uncertainty (:func:`replaces`): two searches on an
         unchanged machine draw different noise, and the second must not undo the first for a
         difference the measurements cannot tell from none. A changed machine or pipeline is
         another fingerprint, so it is searched and saved afresh.
@@ -160,13 +160,14 @@ class TuneResult:
         path = pick_store(cache_dir).put(self.fingerprint.key, self.to_dict(), keep=keep)
         saved = decided.get("saved")
         if saved is None:
-            return SaveOutcome(path, True, self, "nothing was saved for this machine and work")
+            return SaveOutcome(path, True, self, "the first pick for this machine and work")
         if replaces(self, saved):
             return SaveOutcome(path, True, self, f"faster than the saved pick {saved.best_workers} "
-                               f"({saved.samples_per_second:,.0f} samples/s) beyond their uncertainty")
-        return SaveOutcome(path, False, saved, f"kept the saved pick {saved.best_workers} "
-                           f"({saved.samples_per_second:,.0f} samples/s): this search's "
-                           f"{self.samples_per_second:,.0f} samples/s is not faster beyond the uncertainty")
+                               "beyond the uncertainty")
+        if saved.best_workers == self.best_workers:
+            return SaveOutcome(path, False, saved, f"the saved pick is the same count ({saved.best_workers})")
+        return SaveOutcome(path, False, saved, f"kept the saved pick {saved.best_workers}: this search's "
+                           f"{self.best_workers} is not faster than it beyond the uncertainty")
 
     @classmethod
     def load(cls, path: str | Path) -> "TuneResult":
@@ -189,17 +190,32 @@ class SaveOutcome:
 
 
 def replaces(new: TuneResult, saved: TuneResult) -> bool:
-    """Whether ``new`` is faster than ``saved`` beyond ``REPLACE_Z`` combined standard errors.
+    """Whether ``new``'s pick is faster than ``saved``'s beyond ``REPLACE_Z`` combined standard errors.
 
-    The margin is at least the search's own tolerance: counts that close are equal to it. A saved
-    pick with no measured throughput (picked unmeasured, or saved before throughputs were kept)
-    gives way to any measured one.
+    Where the new search measured the saved count itself (same worker type), the two are compared
+    within that search: same conditions, so a saved figure that was measured on a lucky (or an
+    unlucky) day neither locks the pick in nor loses it. Otherwise the new pick's throughput is
+    compared with the saved one. The margin is at least the search's own tolerance: counts that
+    close are equal to it. The same count never replaces itself; a saved pick with no measured
+    throughput (picked unmeasured, or saved before throughputs were kept) gives way to a measured one.
     """
+    if new.best_workers == saved.best_workers and new.worker_type == saved.worker_type:
+        return False
+    if new.samples_per_second <= 0:
+        return False
+    if new.worker_type == saved.worker_type:
+        again = next((t for t in new.trials if t.workers == saved.best_workers), None)
+        if again is not None:
+            return _beyond(new.samples_per_second, new.rel_error, again.samples_per_second, again.rel_error,
+                           new.tolerance)
     if saved.samples_per_second <= 0:
-        return new.samples_per_second > 0
-    err = math.hypot(new.rel_error or 0.0, saved.rel_error or 0.0)
-    margin = max(new.tolerance, REPLACE_Z * err)
-    return new.samples_per_second > saved.samples_per_second * (1 + margin)
+        return True
+    return _beyond(new.samples_per_second, new.rel_error, saved.samples_per_second, saved.rel_error, new.tolerance)
+
+
+def _beyond(rate: float, err: float | None, other: float, other_err: float | None, tolerance: float) -> bool:
+    margin = max(tolerance, REPLACE_Z * math.hypot(err or 0.0, other_err or 0.0))
+    return rate > other * (1 + margin)
 
 
 def lookup(fp: Fingerprint, cache_dir: str | Path | None = None, similar: bool = True, *,
