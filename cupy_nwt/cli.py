@@ -196,12 +196,14 @@ def cmd_overlap(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from . import datasets  # noqa: PLC0415 - only this command needs them
-    from ._pipeline import check_pipeline, pipeline  # noqa: PLC0415
+    from ._pipeline import build_synthetic_apart, check_pipeline, pipeline  # noqa: PLC0415
     from ._reporting.explain import summary_text  # noqa: PLC0415
     from .nwt import tune as nwt_tune  # noqa: PLC0415
 
     _check_outputs(args)
     sample_transform, transform = pipeline(args, synthetic_default=not args.dataset)
+    if not args.dataset:  # its first build in another process: the trials' memory is the tuner's alone
+        build_synthetic_apart(_int_option(args.synthetic_n, "--synthetic-n", 1), not args.no_progress)
     dataset = (datasets.open_dataset(args.dataset, transform=sample_transform) if args.dataset
                else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1),
                                               transform=sample_transform, progress=not args.no_progress))

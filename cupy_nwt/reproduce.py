@@ -22,7 +22,6 @@ Files: ``report.json`` (everything), ``summary.md`` (what is printed, as Markdow
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from . import cuda, system
+from ._pipeline import build_synthetic_apart
 from ._reporting import tables as report
 from ._reporting.explain import explain_paper_pick, paper_decisions
 from ._reporting.explain import summary_text as tune_summary
@@ -230,7 +230,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
         files.append(report.write_json(overlap_result, out / "overlap.json"))
 
     _stage(config, "data", f"synthetic CIFAR-10, {plural(config.synthetic_n, 'image')}")
-    build = _build_apart(config)
+    build = build_synthetic_apart(config.synthetic_n, config.progress)
     dataset = SyntheticCIFAR10(n=config.synthetic_n, progress=config.progress)
     transform = CifarTrainTransform()
     results: dict[str, TuneResult] = {}
@@ -281,29 +281,6 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     (out / "summary.md").write_text(summary_markdown(rep), encoding="utf-8")
     report.write_json(rep, out / "report.json")
     return rep
-
-
-_BUILD = """
-import sys
-from cupy_nwt.datasets import SyntheticCIFAR10
-print("built" if SyntheticCIFAR10(n=int(sys.argv[1]), progress=sys.argv[2] == "1").built_now else "cached")
-"""
-
-
-def _build_apart(config: ReproduceConfig) -> str:
-    """Build the synthetic dataset's cache in a child process (its progress forwarded to our stderr)
-    so that its memory never enters the trials' figures; says what happened, for the report."""
-    proc = subprocess.Popen([sys.executable, "-c", _BUILD, str(config.synthetic_n), "1" if config.progress else "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        sys.stderr.write(line)
-    out = proc.communicate()[0].strip()
-    if proc.returncode != 0:
-        raise RuntimeError(f"building the synthetic CIFAR-10 failed in its own process (exit {proc.returncode})")
-    if out == "built":
-        return "built by a separate process before the trials: its memory is in no trial's figures"
-    return "already built (opened from the cache)"
 
 
 def summary_markdown(rep: ReproduceReport) -> str:

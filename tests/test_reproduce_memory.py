@@ -33,3 +33,24 @@ def test_the_synthetic_dataset_is_built_outside_the_process_that_measures(tmp_pa
     assert "separate process" in first.dataset_build and "separate process" in first.to_dict()["dataset_build"]
     again = run_reproduce(config)
     assert again.dataset_build.startswith("already built")
+
+
+def test_cli_tune_builds_the_synthetic_dataset_apart_too(tmp_path, monkeypatch, capsys):
+    from cupy_nwt import cli  # noqa: PLC0415
+
+    def no_build_here(self, out, progress):
+        raise AssertionError("the synthetic dataset was built in the process whose memory the trials measure")
+
+    class Loader:
+        def __init__(self, dataset, **kwargs):
+            pass
+
+        def __call__(self, workers, iterations, warmup):
+            return Measurement(0.01, 0.01 * (iterations + warmup), 10**9)
+
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr("cupy_nwt._synthetic.SyntheticCIFAR10._build_into", no_build_here)
+    monkeypatch.setattr("cupy_nwt.nwt.measure.LoaderMeasure", Loader)
+    assert cli.main(["tune", "--synthetic-n", "64", "--batch-size", "16", "--iterations", "8", "--max-workers", "2",
+                     "--device", "cpu", "--no-progress", "--no-save"]) == 0
+    assert "pick:" in capsys.readouterr().out
