@@ -1,0 +1,88 @@
+"""What a worker does for PyTorch when the user's code uses it, as ``torch.utils.data.DataLoader`` does.
+
+Never imports torch: each step runs only when ``torch`` is already in ``sys.modules`` (the dataset or
+the script imported it), so a loader without torch never pays for it.
+
+* One intra-op thread per worker (``torch.set_num_threads(1)``): a worker forked from a process whose
+  OpenMP pool had run would otherwise hang in its first parallel torch op (fork copies the pool's
+  state, not its threads), and N workers x N threads oversubscribe the CPUs anyway.
+* torch's global generator seeded with the worker's seed, so ``torch.rand`` in ``__getitem__`` draws
+  differently in each worker and each epoch (every torchvision random transform draws there).
+* ``torch.utils.data.get_worker_info()`` answers, so a torch ``IterableDataset`` that shards itself
+  by it, as torch's documentation shows, reads its own share. torch keeps that answer in a private
+  module global (``torch.utils.data._utils.worker._worker_info``); setting it is wrapped, and a torch
+  that moved it leaves the worker as it was, with a debug line.
+
+Thread workers cannot do the last two: torch's generator and its worker info are one per process.
+``refuse_for_threads`` turns the silent duplication that would follow into an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from ..errors import LoaderError
+from ._iterable import dataset_kind
+
+_log = logging.getLogger("cupy_nwt.loader")
+
+
+def adopt_in_worker(worker_id: int, num_workers: int, seed: int, dataset: Any) -> bool:
+    """In a worker process: torch's threads, seed and worker info, if torch is imported. True if it was."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "manual_seed"):
+        return False  # absent, or only half imported (an import in progress elsewhere)
+    try:
+        torch.set_num_threads(1)
+        torch.manual_seed(seed)
+    except Exception as exc:  # noqa: BLE001 - a broken torch must not cost the worker
+        _log.debug("loader worker %d: could not set torch's threads or seed: %s", worker_id, exc)
+    try:
+        from torch.utils.data._utils import worker as torch_worker  # noqa: PLC0415 - torch is imported already
+
+        torch_worker._worker_info = torch_worker.WorkerInfo(id=worker_id, num_workers=num_workers, seed=seed,
+                                                            dataset=dataset)
+    except Exception as exc:  # noqa: BLE001 - a private API: a torch without it keeps get_worker_info() None
+        _log.debug("loader worker %d: could not set torch.utils.data.get_worker_info(): %s", worker_id, exc)
+    return True
+
+
+def is_torch_iterable(dataset: Any) -> bool:
+    """A ``torch.utils.data.IterableDataset`` (known by its class's name, without importing torch)."""
+    return any(c.__name__ == "IterableDataset" and c.__module__.startswith("torch.utils.data")
+               for c in type(dataset).__mro__)
+
+
+def reads_torch_worker_info(dataset: Any) -> bool:
+    """Does the dataset's ``__iter__`` call ``get_worker_info`` with torch in reach? (By its code's names:
+    ``get_worker_info`` among them, and one of them a global that is torch, a torch module or torch's function.)"""
+    fn = getattr(type(dataset), "__iter__", None)
+    code = getattr(fn, "__code__", None)
+    if code is None or "get_worker_info" not in code.co_names:
+        return False
+    scope = getattr(fn, "__globals__", {})
+    return any(_is_torch(scope.get(name)) for name in code.co_names)
+
+
+def _is_torch(obj: Any) -> bool:
+    where = obj.__name__ if isinstance(obj, type(sys)) else getattr(obj, "__module__", None)
+    return isinstance(where, str) and (where == "torch" or where.startswith("torch."))
+
+
+def refuse_for_threads(dataset: Any, num_workers: int) -> None:
+    """With several thread workers, refuse a stream that shards itself by torch's worker info.
+
+    torch's ``get_worker_info()`` is one value for the whole process: every thread would see None
+    and read the whole stream, so each sample would come ``num_workers`` times. The rule: an
+    iterable-style dataset that is a ``torch.utils.data.IterableDataset``, or whose ``__iter__``
+    calls torch's ``get_worker_info``, is refused with more than one thread worker.
+    """
+    if num_workers < 2 or dataset_kind(dataset) != "iterable":
+        return
+    if is_torch_iterable(dataset) or reads_torch_worker_info(dataset):
+        raise LoaderError(
+            f"{type(dataset).__name__} is a torch IterableDataset (it may shard by torch.utils.data.get_worker_info(), "
+            f"which is one value per process), so {num_workers} thread workers would each read all of it: use "
+            "worker_type='process', or shard by cupy_nwt.get_worker_info(), which thread workers answer")
