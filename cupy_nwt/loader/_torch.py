@@ -49,21 +49,26 @@ def adopt_in_worker(worker_id: int, num_workers: int, seed: int, dataset: Any) -
     return True
 
 
-def is_torch_iterable(dataset: Any) -> bool:
-    """A ``torch.utils.data.IterableDataset`` (known by its class's name, without importing torch)."""
-    return any(c.__name__ == "IterableDataset" and c.__module__.startswith("torch.utils.data")
-               for c in type(dataset).__mro__)
-
-
 def reads_torch_worker_info(dataset: Any) -> bool:
-    """Does the dataset's ``__iter__`` call ``get_worker_info`` with torch in reach? (By its code's names:
-    ``get_worker_info`` among them, and one of them a global that is torch, a torch module or torch's function.)"""
-    fn = getattr(type(dataset), "__iter__", None)
-    code = getattr(fn, "__code__", None)
-    if code is None or "get_worker_info" not in code.co_names:
-        return False
-    scope = getattr(fn, "__globals__", {})
-    return any(_is_torch(scope.get(name)) for name in code.co_names)
+    """Does a method of the dataset's class call ``get_worker_info`` with torch in reach? By its code's names:
+    ``get_worker_info`` among them (nested functions included), and one of them a global that is torch, a
+    torch module or torch's function, so that ``cupy_nwt.get_worker_info()`` is never mistaken for it."""
+    for klass in type(dataset).__mro__:
+        if klass is object:
+            continue
+        for fn in vars(klass).values():
+            fn = getattr(fn, "__func__", fn)
+            code = getattr(fn, "__code__", None)
+            if code is not None and _calls_torch_info(code, getattr(fn, "__globals__", {})):
+                return True
+    return False
+
+
+def _calls_torch_info(code: Any, scope: dict[str, Any]) -> bool:
+    names = set(code.co_names)
+    if "get_worker_info" in names and any(_is_torch(scope.get(name)) for name in names):
+        return True
+    return any(_calls_torch_info(c, scope) for c in code.co_consts if hasattr(c, "co_names"))
 
 
 def _is_torch(obj: Any) -> bool:
@@ -76,13 +81,14 @@ def refuse_for_threads(dataset: Any, num_workers: int) -> None:
 
     torch's ``get_worker_info()`` is one value for the whole process: every thread would see None
     and read the whole stream, so each sample would come ``num_workers`` times. The rule: an
-    iterable-style dataset that is a ``torch.utils.data.IterableDataset``, or whose ``__iter__``
-    calls torch's ``get_worker_info``, is refused with more than one thread worker.
+    iterable-style dataset whose class's methods call torch's ``get_worker_info`` themselves
+    (``reads_torch_worker_info``; a call hidden in a helper outside the class is not seen) is
+    refused with more than one thread worker. One that shards by ``cupy_nwt.get_worker_info()``,
+    torch ``IterableDataset`` or not, is served.
     """
-    if num_workers < 2 or dataset_kind(dataset) != "iterable":
+    if num_workers < 2 or dataset_kind(dataset) != "iterable" or not reads_torch_worker_info(dataset):
         return
-    if is_torch_iterable(dataset) or reads_torch_worker_info(dataset):
-        raise LoaderError(
-            f"{type(dataset).__name__} is a torch IterableDataset (it may shard by torch.utils.data.get_worker_info(), "
-            f"which is one value per process), so {num_workers} thread workers would each read all of it: use "
-            "worker_type='process', or shard by cupy_nwt.get_worker_info(), which thread workers answer")
+    raise LoaderError(
+        f"{type(dataset).__name__} shards itself by torch.utils.data.get_worker_info(), which is one value for the "
+        f"whole process, so each of {num_workers} thread workers would read all of it: use worker_type='process', "
+        "or shard by cupy_nwt.get_worker_info(), which thread workers answer")
