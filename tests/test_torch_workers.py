@@ -3,8 +3,7 @@
 A torch model trained in the loop does not hang the next epoch's workers (fork after threads),
 ``torch.rand`` in ``__getitem__`` draws differently in each worker and epoch, and
 ``torch.utils.data.get_worker_info()`` answers, so a torch ``IterableDataset`` sharding itself as
-torch's documentation shows yields each sample once. Thread workers refuse what they cannot honour.
-The JAX cases (start method, its log line, the timeout's named cause) skip where JAX does not import.
+torch's documentation shows yields each sample once. Thread workers refuse what they cannot honour. The JAX cases are in test_start_method.py.
 """
 
 from __future__ import annotations
@@ -171,75 +170,3 @@ def test_thread_workers_serve_a_torch_stream_sharded_by_cupy_nwts_worker_info():
         got = [int(x) for b in cupy_nwt.DataLoader(Range(0, 8) if workers == 1 else CupyNwtSharded(), batch_size=2,
                                                    num_workers=workers, worker_type="thread", device="cpu") for x in b]
         assert sorted(got) == list(range(8))
-
-
-# ------------------------------------------------------------ JAX in the parent: forkserver, said once; named when stuck
-
-JAX_START = """
-import logging, sys
-logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
-import jax.numpy as jnp
-import numpy as np
-import cupy_nwt
-
-class Squares:
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        return np.full(2, i * i)
-
-if __name__ == "__main__":
-    print("imported", cupy_nwt.DataLoader(Squares(), num_workers=2, device="cpu").start_method, flush=True)
-    jnp.ones(3).block_until_ready()  # JAX's runtime (its threads) starts
-    for _ in range(2):
-        loader = cupy_nwt.DataLoader(Squares(), batch_size=4, num_workers=2, device="cpu")
-        print("started", loader.start_method, sorted(int(x) for b in loader for x in b[:, 0]), flush=True)
-    explicit = cupy_nwt.DataLoader(Squares(), num_workers=2, device="cpu", multiprocessing_context="fork")
-    print("explicit", explicit.start_method, flush=True)
-"""
-
-
-def test_jax_running_in_the_parent_makes_workers_start_by_forkserver_said_once(tmp_path):
-    pytest.importorskip("jax", reason="the JAX case needs jax")
-    proc = run_script(tmp_path, JAX_START)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    squares = sorted(i * i for i in range(8))
-    assert proc.stdout.splitlines() == ["imported fork", f"started forkserver {squares}",
-                                        f"started forkserver {squares}", "explicit fork"]
-    said = [line for line in proc.stderr.splitlines() if line.startswith("cupy_nwt.loader INFO")]
-    assert len(said) == 1 and "forkserver" in said[0] and "JAX" in said[0] and "__main__" in said[0]
-
-
-JAX_STUCK = """
-import logging, time
-logging.basicConfig(level=logging.WARNING, format="%(name)s %(levelname)s %(message)s")
-import jax.numpy as jnp
-import numpy as np
-import cupy_nwt
-
-class Stuck:
-    def __len__(self):
-        return 8
-
-    def __getitem__(self, i):
-        time.sleep(60)
-        return np.zeros(2)
-
-jnp.ones(3).block_until_ready()
-loader = cupy_nwt.DataLoader(Stuck(), batch_size=4, num_workers=2, device="cpu", timeout=3, stall_warning_s=1,
-                             multiprocessing_context="fork")
-try:
-    next(iter(loader))
-except cupy_nwt.LoaderTimeoutError as exc:
-    print(exc)
-"""
-
-
-def test_a_stuck_workers_timeout_and_stall_name_fork_after_jaxs_threads(tmp_path):
-    pytest.importorskip("jax", reason="the JAX case needs jax")
-    proc = run_script(tmp_path, JAX_STUCK)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "fork after threads" in proc.stdout and "JAX" in proc.stdout and "forkserver" in proc.stdout
-    stall = [line for line in proc.stderr.splitlines() if "waited" in line]
-    assert stall and "fork after threads" in stall[0] and "JAX" in stall[0]
