@@ -38,19 +38,26 @@ class Stuck:
             time.sleep(600)  # stuck, as a worker deadlocked in a sample would be
         return np.full(4, i)
 
-{prelude}
-loader = cupy_nwt.DataLoader(Stuck(), batch_size=4, num_workers=2, device="cpu")
-for batch in loader:
-    print("pids", *loader.worker_pids(), flush=True)
+if __name__ == "__main__":
+    {prelude}
+    loader = cupy_nwt.DataLoader(Stuck(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context=sys.argv[2])
+    for batch in loader:
+        print("pids", *loader.worker_pids(), flush=True)
 """
 
 
-def start(tmp_path: Path, script: str) -> tuple[subprocess.Popen[str], Path]:
+@pytest.fixture(params=["fork", "forkserver"])
+def method(request: pytest.FixtureRequest) -> str:
+    """The start method the script asks for: fork (the default here) and forkserver (JAX's, CUDA's)."""
+    return str(request.param)
+
+
+def start(tmp_path: Path, script: str, method: str) -> tuple[subprocess.Popen[str], Path]:
     path, log = tmp_path / "train.py", tmp_path / "started.txt"
     path.write_text(script)
     log.write_text("")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(path), str(log)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, str(path), str(log), method], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env, cwd=tmp_path)
     return proc, log
 
@@ -90,9 +97,9 @@ def started(log: Path) -> list[int]:
     return [int(x) for x in log.read_text().split()]
 
 
-def stuck_setup(tmp_path: Path, prelude: str = "") -> tuple[subprocess.Popen[str], list[int], set[str], Path]:
+def stuck_setup(tmp_path: Path, method: str, prelude: str = "") -> tuple[subprocess.Popen[str], list[int], set[str], Path]:
     """The script is running, both workers are inside a sample that never returns, the ring exists."""
-    proc, log = start(tmp_path, STUCK.replace("{prelude}", prelude))
+    proc, log = start(tmp_path, STUCK.replace("{prelude}", prelude), method)
     pids = worker_pids(proc)
     wait_for(lambda: len([i for i in started(log) if i >= 8]) >= 2, "both workers stuck in a sample", 60)
     rings = set().union(*(segments_of(p) for p in pids))
@@ -114,8 +121,8 @@ def assert_nothing_left(pids: list[int], rings: set[str]) -> None:
     wait_for(lambda: not any(os.path.exists(r) for r in rings), f"ring segment(s) {rings} removed")
 
 
-def test_sigterm_ends_stuck_workers_and_removes_the_ring(tmp_path):
-    proc, pids, rings, _ = stuck_setup(tmp_path)
+def test_sigterm_ends_stuck_workers_and_removes_the_ring(tmp_path, method):
+    proc, pids, rings, _ = stuck_setup(tmp_path, method)
     try:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(GONE_WITHIN_S) == -signal.SIGTERM  # it still dies of SIGTERM, as without the loader
@@ -124,8 +131,8 @@ def test_sigterm_ends_stuck_workers_and_removes_the_ring(tmp_path):
         cleanup(proc, pids)
 
 
-def test_ctrl_c_raises_keyboard_interrupt_and_cleans_up(tmp_path):
-    proc, pids, rings, _ = stuck_setup(tmp_path)
+def test_ctrl_c_raises_keyboard_interrupt_and_cleans_up(tmp_path, method):
+    proc, pids, rings, _ = stuck_setup(tmp_path, method)
     try:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(GONE_WITHIN_S) == -signal.SIGINT  # Python's exit for an uncaught KeyboardInterrupt
@@ -136,8 +143,8 @@ def test_ctrl_c_raises_keyboard_interrupt_and_cleans_up(tmp_path):
 
 
 def test_a_users_sigterm_handler_stays_in_charge(tmp_path):
-    prelude = "import signal\nsignal.signal(signal.SIGTERM, lambda *a: sys.exit(3))"
-    proc, pids, rings, _ = stuck_setup(tmp_path, prelude)
+    prelude = "import signal; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))"
+    proc, pids, rings, _ = stuck_setup(tmp_path, "fork", prelude)
     try:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(GONE_WITHIN_S) == 3  # the user's handler ran, and its exit unwound the loader
@@ -163,16 +170,18 @@ class Slow:
         time.sleep(0.2)
         return np.full(4, i)
 
-loader = cupy_nwt.DataLoader(Slow(), batch_size=4, num_workers=2, prefetch_factor=4, device="cpu")
-for n, batch in enumerate(loader):
-    if n == 0:
-        print("pids", *loader.worker_pids(), flush=True)
-    time.sleep(1.0)  # the training step: the workers run ahead, their queues fill
+if __name__ == "__main__":
+    loader = cupy_nwt.DataLoader(Slow(), batch_size=4, num_workers=2, prefetch_factor=4, device="cpu",
+                                 multiprocessing_context=sys.argv[2])
+    for n, batch in enumerate(loader):
+        if n == 0:
+            print("pids", *loader.worker_pids(), flush=True)
+        time.sleep(1.0)  # the training step: the workers run ahead, their queues fill
 """
 
 
-def test_workers_of_a_killed_parent_start_no_more_samples(tmp_path):
-    proc, log = start(tmp_path, QUEUED)
+def test_workers_of_a_killed_parent_start_no_more_samples(tmp_path, method):
+    proc, log = start(tmp_path, QUEUED, method)
     pids = worker_pids(proc)
     try:
         wait_for(lambda: len(started(log)) >= 16, "the workers ran ahead", 60)
@@ -187,8 +196,8 @@ def test_workers_of_a_killed_parent_start_no_more_samples(tmp_path):
         cleanup(proc, pids)
 
 
-def test_a_worker_stuck_in_a_sample_ends_when_its_parent_is_killed(tmp_path):
-    proc, pids, rings, _ = stuck_setup(tmp_path)
+def test_a_worker_stuck_in_a_sample_ends_when_its_parent_is_killed(tmp_path, method):
+    proc, pids, rings, _ = stuck_setup(tmp_path, method)
     try:
         proc.kill()
         proc.wait()

@@ -10,14 +10,16 @@ the default action: a handler of the user's own (or ``SIG_IGN``) stays in charge
 ``KeyboardInterrupt`` is left alone (unwinding already stops the workers). The handler is removed
 when the last pool is shut down, if it is still the one installed.
 
-Worker. ``ParentWatch`` notices the main process died: between samples (``check``, one ``getppid``
-call) the worker stops taking queued work, and a daemon thread ends a worker stuck inside a sample
+Worker. ``ParentWatch`` notices the main process died: between samples (``check``: ``getppid`` and a
+zero-timeout poll of the parent's sentinel) the worker stops taking queued work, and a daemon thread ends a worker stuck inside a sample
 as soon as that sample lets Python run.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import select
 import signal
 import threading
 import time
@@ -86,24 +88,33 @@ class ParentGone(BaseException):
 
 
 class ParentWatch:
-    """In a worker: is the process that started us still there? (Reparenting changes ``getppid``.)
+    """In a worker: is the main process that started us still there?
 
-    With forkserver the parent is the server, which exits as soon as the main process is gone.
+    Two signs, each the only reliable one for one start method. fork: the parent is the main process,
+    and its death reparents us (``getppid`` changes); its sentinel pipe is no sign, since siblings
+    forked later hold its write end too. forkserver and spawn: the sentinel pipe, whose write end only
+    the main process holds; the forkserver itself outlives the main process until its last worker
+    exits, so ``getppid`` stays the same.
     """
 
     def __init__(self) -> None:
         self.ppid = os.getppid()
+        parent = mp.parent_process()
+        self._poll: Any = None
+        if parent is not None and parent.sentinel is not None:
+            self._poll = select.poll()
+            self._poll.register(parent.sentinel, select.POLLIN | select.POLLHUP)
 
     def alive(self) -> bool:
-        return os.getppid() == self.ppid
+        return os.getppid() == self.ppid and not (self._poll is not None and self._poll.poll(0))
 
     def check(self) -> None:
-        """Between samples: raise ``ParentGone`` if the parent died."""
-        if os.getppid() != self.ppid:
+        """Between samples: raise ``ParentGone`` if the main process died."""
+        if not self.alive():
             raise ParentGone
 
     def start_watchdog(self) -> None:
-        """A daemon thread that ends this process when the parent is gone, even mid-sample."""
+        """A daemon thread that ends this process when the main process is gone, even mid-sample."""
         threading.Thread(target=self._watch, name="cupy_nwt-parent-watch", daemon=True).start()
 
     def _watch(self) -> None:
