@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import cupy_nwt
@@ -103,6 +105,28 @@ class Draws(tud.Dataset):
 @pytest.mark.parametrize("which", LOADERS)
 def test_torch_rand_in_getitem_differs_across_workers_and_epochs(which, persistent):
     loader = make_loader(which, Draws(), batch_size=8, num_workers=2, persistent_workers=persistent)
+    epochs = [[float(x) for batch in loader for x in batch] for _ in range(2)]
+    assert [len(set(e)) for e in epochs] == [64, 64]
+    assert not set(epochs[0]) & set(epochs[1])
+
+
+class GlobalDraws(tud.Dataset):
+    """Python's and NumPy's global generators, which both loaders seed per worker too."""
+
+    def __init__(self, draw) -> None:
+        self.draw = draw
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return self.draw()
+
+
+@pytest.mark.parametrize("draw", [random.random, np.random.random], ids=["random", "numpy"])
+@pytest.mark.parametrize("which", LOADERS)
+def test_python_and_numpy_global_draws_differ_across_workers_and_epochs_as_torchs_do(which, draw):
+    loader = make_loader(which, GlobalDraws(draw), batch_size=8, num_workers=2)
     epochs = [[float(x) for batch in loader for x in batch] for _ in range(2)]
     assert [len(set(e)) for e in epochs] == [64, 64]
     assert not set(epochs[0]) & set(epochs[1])
