@@ -184,9 +184,12 @@ def test_thread_workers_refuse_a_stream_sharded_by_torchs_worker_info():
 
 
 class CupyNwtSharded(tud.IterableDataset):
+    """Shards by cupy_nwt's worker info, and uses torch in the same method: served by threads."""
+
     def __iter__(self):
         info = cupy_nwt.get_worker_info()
-        return iter(range(info.id, 8, info.num_workers) if info is not None else range(8))
+        for i in range(info.id, 8, info.num_workers) if info is not None else range(8):
+            yield int(torch.tensor(i))
 
 
 def test_thread_workers_serve_a_torch_stream_sharded_by_cupy_nwts_worker_info():

@@ -19,6 +19,7 @@ Thread workers cannot do the last two: torch's generator and its worker info are
 
 from __future__ import annotations
 
+import dis
 import logging
 import sys
 from typing import Any
@@ -50,9 +51,10 @@ def adopt_in_worker(worker_id: int, num_workers: int, seed: int, dataset: Any) -
 
 
 def reads_torch_worker_info(dataset: Any) -> bool:
-    """Does a method of the dataset's class call ``get_worker_info`` with torch in reach? By its code's names:
-    ``get_worker_info`` among them (nested functions included), and one of them a global that is torch, a
-    torch module or torch's function, so that ``cupy_nwt.get_worker_info()`` is never mistaken for it."""
+    """Does a method of the dataset's class call torch's ``get_worker_info`` itself? Read from its bytecode:
+    a global that is torch's function, or ``get_worker_info`` looked up on a chain of attributes rooted at a
+    global that is torch or one of its modules (nested functions and generators included). A call to
+    ``cupy_nwt.get_worker_info()`` is never mistaken for it, whatever else of torch the method uses."""
     for klass in type(dataset).__mro__:
         if klass is object:
             continue
@@ -65,9 +67,18 @@ def reads_torch_worker_info(dataset: Any) -> bool:
 
 
 def _calls_torch_info(code: Any, scope: dict[str, Any]) -> bool:
-    names = set(code.co_names)
-    if "get_worker_info" in names and any(_is_torch(scope.get(name)) for name in names):
-        return True
+    if "get_worker_info" in code.co_names:
+        root: Any = None  # what the attribute chain being looked up started from
+        for ins in dis.get_instructions(code):
+            if ins.opname == "LOAD_GLOBAL":
+                root = scope.get(str(ins.argval))
+                if ins.argval == "get_worker_info" and _is_torch(root):
+                    return True
+            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
+                if ins.argval == "get_worker_info" and _is_torch(root):
+                    return True
+            elif ins.opname not in ("CACHE", "EXTENDED_ARG"):
+                root = None
     return any(_calls_torch_info(c, scope) for c in code.co_consts if hasattr(c, "co_names"))
 
 
