@@ -10,8 +10,9 @@ cupy_nwt's DataLoader (device="cpu"), for each start method this platform has:
 * ``restart_s``: per later epoch, ``iter()`` to first batch, with and without persistent workers
   (without, each epoch starts its workers again).
 
-``--import-torch`` imports torch in the main process first (the case a PyTorch user meets: spawned
-and forkserver workers then import it too, through the main module). The dataset is small NumPy
+``--import-torch`` makes this script import torch at its top, as a PyTorch user's script does: the
+main process has it, forkserver's server imports it once (it preloads the main module) and each
+spawned worker imports it again (it re-imports the main module). The dataset is small NumPy
 arrays, so start-up, not batch making, is what is timed. Writes
 ``bench/results/worker_start-<host>.json``:
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import time
@@ -34,6 +36,9 @@ from cupy_nwt import DataLoader, system
 from cupy_nwt._reporting import tables as report
 
 RESULTS = Path(__file__).resolve().parent / "results"
+IMPORT_TORCH = "CUPY_NWT_BENCH_IMPORT_TORCH"  # set by --import-torch; read again by re-imports in workers
+if os.environ.get(IMPORT_TORCH):
+    import torch  # noqa: F401
 METHODS = ("fork", "forkserver", "spawn")
 
 
@@ -112,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     torch_version = None
     if args.import_torch:
-        import torch  # noqa: PLC0415
+        os.environ[IMPORT_TORCH] = "1"
+        import torch as imported  # noqa: PLC0415
 
-        torch_version = torch.__version__
+        torch_version = imported.__version__
     dataset = Arrays(args.samples, args.sample_size)
     runs = []
     for method in methods:

@@ -100,13 +100,19 @@ class ParentWatch:
     def __init__(self) -> None:
         self.ppid = os.getppid()
         parent = mp.parent_process()
-        self._poll: Any = None
-        if parent is not None and parent.sentinel is not None:
-            self._poll = select.poll()
-            self._poll.register(parent.sentinel, select.POLLIN | select.POLLHUP)
+        self._fd = parent.sentinel if parent is not None else None
+        self._poll = self._poller()  # the worker loop's; the watchdog has its own (a poll object is one thread's)
 
-    def alive(self) -> bool:
-        return os.getppid() == self.ppid and not (self._poll is not None and self._poll.poll(0))
+    def _poller(self) -> Any:
+        if self._fd is None:
+            return None
+        p = select.poll()
+        p.register(self._fd, select.POLLIN | select.POLLHUP)
+        return p
+
+    def alive(self, poller: Any = None) -> bool:
+        poller = poller if poller is not None else self._poll
+        return os.getppid() == self.ppid and not (poller is not None and poller.poll(0))
 
     def check(self) -> None:
         """Between samples: raise ``ParentGone`` if the main process died."""
@@ -115,9 +121,9 @@ class ParentWatch:
 
     def start_watchdog(self) -> None:
         """A daemon thread that ends this process when the main process is gone, even mid-sample."""
-        threading.Thread(target=self._watch, name="cupy_nwt-parent-watch", daemon=True).start()
+        threading.Thread(target=self._watch, args=(self._poller(),), name="cupy_nwt-parent-watch", daemon=True).start()
 
-    def _watch(self) -> None:
-        while self.alive():
+    def _watch(self, poller: Any) -> None:
+        while self.alive(poller):
             time.sleep(WATCH_INTERVAL_S)
         os._exit(1)

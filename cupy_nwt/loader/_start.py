@@ -13,14 +13,13 @@ thread pool's, a runtime's) stays locked in the child forever. Two answers, by w
 
 ``stuck_hint`` is what a timeout or a stall says about a worker that does not answer: with fork,
 the threads and runtimes the parent had when it forked; with forkserver or spawn, the re-import of
-the main module.
+the main module. ``forkserver_preload`` keeps forkserver's per-worker cost down for torch users.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
-import os
 import sys
 import threading
 from typing import Any
@@ -77,12 +76,19 @@ def choose(cuda_live: bool) -> str:
     return "forkserver"
 
 
-def parent_threads() -> int:
-    """Threads of this process (the kernel's count: native pools included), or Python's count off Linux."""
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
+def forkserver_preload() -> list[str]:
+    """What forkserver's server imports once, before forking any worker: the worker loop, and torch when
+    this process has it, so a worker forks with torch loaded instead of importing it again (each
+    re-run of a main module that imports torch would). torch's import starts no thread; its pool
+    starts with its first parallel op. Nothing else of the user's: a module may start a runtime."""
+    return ["__main__", "cupy_nwt.loader._workers", *(["torch"] if "torch" in sys.modules else [])]
+
+
+def other_threads() -> list[str]:
+    """The Python threads of this process other than the calling one (native pools such as BLAS's, which
+    guard fork themselves, are not counted)."""
+    me = threading.current_thread()
+    return [t.name for t in threading.enumerate() if t is not me]
 
 
 def stuck_hint(method: str) -> str:
@@ -95,11 +101,11 @@ def stuck_hint(method: str) -> str:
     if hazards:
         return (f"likely fork after threads: the workers were forked while {', '.join(hazards)} ran in this "
                 f"process, which can leave a worker deadlocked; use multiprocessing_context='forkserver' ({slow})")
-    n = parent_threads()
-    if n > 1:
-        return (f"possibly fork after threads: this process ran {n} threads when the workers were forked, and a "
-                f"lock one of them held stays locked in a worker; multiprocessing_context='forkserver' avoids "
-                f"that ({slow})")
+    threads = other_threads()
+    if threads:
+        return (f"possibly fork after threads: {len(threads)} other thread(s) ran in this process when the workers "
+                f"were forked ({', '.join(threads[:3])}), and a lock one held stays locked in a worker; "
+                f"multiprocessing_context='forkserver' avoids that ({slow})")
     return slow.removeprefix("or ")
 
 

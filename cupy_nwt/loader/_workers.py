@@ -48,7 +48,7 @@ from ._messages import (
 )
 from ._ring import Ring
 from ._slots import HostBatch, SlotPool
-from ._start import check_importable, choose, stuck_hint
+from ._start import check_importable, choose, forkserver_preload, stuck_hint
 from ._stats import Clock
 from ._tree import split
 from ._worker import WorkerInfo, WorkerSpec, get_worker_info, worker_main, worker_seed  # noqa: F401 - old import paths
@@ -229,7 +229,7 @@ class WorkerPool(Dispatch):
         check_importable(method, not isinstance(start_method, str),
                          [maker.dataset, maker.collate_fn, maker.batch_transform, worker_init_fn])
         if method == "forkserver":
-            self._ctx.set_forkserver_preload(["__main__", "cupy_nwt.loader._workers"])
+            self._ctx.set_forkserver_preload(forkserver_preload())
         self._hint = stuck_hint(method)  # what the parent is like as the workers start: why one might hang
         lifeline.track(self)
         try:
