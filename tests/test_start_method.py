@@ -11,11 +11,14 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-pytest.importorskip("jax", reason="these cases are about JAX running in the main process")
+import cupy_nwt
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,6 +61,7 @@ if __name__ == "__main__":
 
 
 def test_jax_running_in_the_parent_makes_workers_start_by_forkserver_said_once(tmp_path):
+    pytest.importorskip("jax", reason="a JAX case")
     proc = run_script(tmp_path, JAX_START)
     assert proc.returncode == 0, proc.stderr[-2000:]
     squares = sorted(i * i for i in range(8))
@@ -93,6 +97,7 @@ except cupy_nwt.LoaderTimeoutError as exc:
 
 
 def test_a_stuck_workers_timeout_and_stall_name_fork_after_jaxs_threads(tmp_path):
+    pytest.importorskip("jax", reason="a JAX case")
     proc = run_script(tmp_path, JAX_STUCK)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "fork after threads" in proc.stdout and "JAX" in proc.stdout and "forkserver" in proc.stdout
@@ -121,7 +126,31 @@ except cupy_nwt.CupyNwtError as exc:
 
 
 def test_a_dataset_typed_interactively_is_refused_in_one_line_when_forkserver_cannot_send_it(tmp_path):
+    pytest.importorskip("jax", reason="a JAX case")
     proc = run_script(tmp_path, INTERACTIVE, inline=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (line,) = proc.stdout.splitlines()
     assert line.startswith("LoaderError") and "'Typed'" in line and "JAX" in line and "module" in line
+
+
+class Stuck:
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        time.sleep(60)
+        return np.zeros(2)
+
+
+def test_a_fork_workers_timeout_names_the_threads_that_ran_at_fork():
+    stop = threading.Event()
+    feeder = threading.Thread(target=stop.wait, name="my-feeder", daemon=True)
+    feeder.start()
+    try:
+        loader = cupy_nwt.DataLoader(Stuck(), batch_size=2, num_workers=1, device="cpu", timeout=1,
+                                     multiprocessing_context="fork")
+        with pytest.raises(cupy_nwt.LoaderTimeoutError, match="fork after threads"):
+            next(iter(loader))
+        loader.close()
+    finally:
+        stop.set()
