@@ -3,8 +3,8 @@
 A worker serves tasks in the order they come: attach to a ring (``RingMsg``), make a batch
 (``Task``), stop (``Stop``). It answers each task once (see ``_messages``). It watches the parent's
 sentinel, and between samples its parent (``_lifeline``), so it never outlives the main process nor
-starts a sample for a dead one. Workers never touch CUDA: they import neither
-CuPy nor anything that does.
+starts a sample for a dead one. Workers never touch CUDA: they import neither CuPy nor anything
+that does.
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ class WorkerInfo:
     """What ``get_worker_info()`` returns inside a worker (``None`` in the main process).
 
     As PyTorch's: ``id`` (0 .. ``num_workers`` - 1), ``seed`` (this worker's: a base seed + ``id``;
-    Python's ``random``, NumPy's global generator and, when torch is imported, torch's are seeded from
-    it, and ``torch.utils.data.get_worker_info()`` answers too, see ``_torch``) and ``dataset`` (this worker's copy). Beyond it,
-    ``rank`` and ``world_size`` of the loader, so an iterable-style dataset can take its share of
+    Python's ``random``, NumPy's global generator and, when torch is imported, torch's are seeded
+    from it, and ``torch.utils.data.get_worker_info()`` answers too, see ``_torch``) and ``dataset``
+    (this worker's copy). Beyond it, ``rank`` and ``world_size`` of the loader, so an iterable-style dataset can take its share of
     the data as ``rank * num_workers + id`` of ``world_size * num_workers`` readers.
 
     Thread workers (``worker_type="thread"``) get the same ``seed`` a process worker would, but the

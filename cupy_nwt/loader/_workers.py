@@ -394,7 +394,7 @@ class WorkerPool(Dispatch):
     def kill_now(self) -> None:
         """From a signal handler, the process about to die: SIGKILL every worker, reap it, unlink the ring.
 
-        Only raw steps (no message to a worker, no join of a stuck one); ``shutdown`` is the orderly path.
+        Only raw steps (no message to a worker, no grace period); ``shutdown`` is the orderly path.
         """
         procs = [w.process for w in self._workers]
         for p in procs:
