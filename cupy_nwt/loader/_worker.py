@@ -52,8 +52,9 @@ class WorkerInfo:
     As PyTorch's: ``id`` (0 .. ``num_workers`` - 1), ``seed`` (this worker's: a base seed + ``id``;
     Python's ``random``, NumPy's global generator and, when torch is imported, torch's are seeded
     from it, and ``torch.utils.data.get_worker_info()`` answers too, see ``_torch``) and ``dataset``
-    (this worker's copy). Beyond it, ``rank`` and ``world_size`` of the loader, so an iterable-style dataset can take its share of
-    the data as ``rank * num_workers + id`` of ``world_size * num_workers`` readers.
+    (this worker's copy). Beyond it, ``rank`` and ``world_size`` of the loader, so an iterable-style
+    dataset can take its share of the data as ``rank * num_workers + id`` of ``world_size *
+    num_workers`` readers.
 
     Thread workers (``worker_type="thread"``) get the same ``seed`` a process worker would, but the
     global generators are the whole process's, so they are left alone: draw from
