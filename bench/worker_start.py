@@ -14,9 +14,10 @@ cupy_nwt's DataLoader (device="cpu"), for each start method this platform has:
 main process has it, forkserver's server imports it once (it preloads the main module) and each
 spawned worker imports it again (it re-imports the main module). The dataset is small NumPy
 arrays, so start-up, not batch making, is what is timed. Writes
-``bench/results/worker_start-<host>.json``:
+``bench/results/worker_start-<host>.json`` (``worker_start-torch-<host>.json`` with ``--import-torch``):
 
     .venv/bin/python bench/worker_start.py
+    .venv/bin/python bench/worker_start.py --import-torch
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"workers": args.workers, "rounds": args.rounds, "epochs": args.epochs, "samples": args.samples,
               "sample_size": args.sample_size, "batch_size": args.batch_size, "torch_imported": torch_version,
               "host": system.host_info(), "note": args.note, "runs": runs}
-    path = report.write_json(result, args.output or RESULTS / f"worker_start-{system.host_tag()}.json")
+    name = f"worker_start{'-torch' if args.import_torch else ''}-{system.host_tag()}.json"
+    path = report.write_json(result, args.output or RESULTS / name)
     print(f"wrote {path}")
     return 0
 
