@@ -2,8 +2,9 @@
 
 A worker serves tasks in the order they come: attach to a ring (``RingMsg``), make a batch
 (``Task``), stop (``Stop``). It answers each task once (see ``_messages``). It watches the parent's
-sentinel too, so it never outlives the main process. Workers never touch CUDA: they import neither
-CuPy nor anything that does.
+sentinel, and between samples its parent (``_lifeline``), so it never outlives the main process nor
+starts a sample for a dead one. Workers never touch CUDA: they import neither CuPy nor anything
+that does.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ._lifeline import ParentGone, ParentWatch
 from ._maker import BatchMaker, InSlot, StreamEnd
 from ._messages import (
     NO_SLOT,
@@ -40,16 +42,19 @@ from ._messages import (
     Whole,
 )
 from ._ring import Ring
+from ._torch import adopt_in_worker
 
 
 @dataclass(frozen=True)
 class WorkerInfo:
     """What ``get_worker_info()`` returns inside a worker (``None`` in the main process).
 
-    As PyTorch's: ``id`` (0 .. ``num_workers`` - 1), ``seed`` (this worker's; Python's ``random`` and
-    NumPy's global generator are seeded from it) and ``dataset`` (this worker's copy). Beyond it,
-    ``rank`` and ``world_size`` of the loader, so an iterable-style dataset can take its share of
-    the data as ``rank * num_workers + id`` of ``world_size * num_workers`` readers.
+    As PyTorch's: ``id`` (0 .. ``num_workers`` - 1), ``seed`` (this worker's: a base seed + ``id``;
+    Python's ``random``, NumPy's global generator and, when torch is imported, torch's are seeded
+    from it, and ``torch.utils.data.get_worker_info()`` answers too, see ``_torch``) and ``dataset``
+    (this worker's copy). Beyond it, ``rank`` and ``world_size`` of the loader, so an iterable-style
+    dataset can take its share of the data as ``rank * num_workers + id`` of ``world_size *
+    num_workers`` readers.
 
     Thread workers (``worker_type="thread"``) get the same ``seed`` a process worker would, but the
     global generators are the whole process's, so they are left alone: draw from
@@ -89,24 +94,39 @@ class WorkerSpec:
 
 
 def worker_seed(seed: int, worker_id: int, epoch: int = 0) -> int:
-    """A worker's seed: fixed by the loader's seed, the worker and the epoch its workers started in."""
-    return int(np.random.SeedSequence([seed, 0x776B72, worker_id, epoch]).generate_state(1)[0])
+    """A worker's seed, as PyTorch's: a base seed + the worker id, so the workers of one start never share one.
+
+    The base (62 bits) is fixed by the loader's seed and the epoch the workers started in, so each
+    epoch's workers draw differently (persistent workers keep their first epoch's, as in PyTorch).
+    """
+    a, b = np.random.SeedSequence([seed, 0x776B72, epoch]).generate_state(2, np.uint64)
+    return int((int(a) ^ (int(b) << 7)) & ((1 << 62) - 1)) + worker_id
+
+
+def seed_globals(seed: int) -> None:
+    """Python's ``random`` and NumPy's global generator, from a worker's seed (NumPy's takes 32-bit words)."""
+    random.seed(seed)
+    np.random.seed(np.random.SeedSequence(seed).generate_state(4))
 
 
 def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
     """Serve tasks until told to ``Stop``, the task pipe closes or the parent dies."""
     global _worker_info
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the main process's handler (``_lifeline``), if forked
+    watch = ParentWatch()
+    watch.start_watchdog()
     # What the worker inherited (a forked parent's heap: the dataset, and everything else the parent
     # holds) is never garbage to it: keep the collector from walking it, which writes to every object
     # it visits and so copies every page of it (copy-on-read, even of objects the worker never reads).
     gc.freeze()
-    random.seed(spec.seed)
-    np.random.seed(spec.seed)
+    seed_globals(spec.seed)
     maker = spec.maker
+    maker.before_sample = watch.check
     _worker_info = WorkerInfo(spec.worker_id, spec.num_workers, spec.seed, maker.dataset, spec.rank, spec.world_size)
+    torch_ready = adopt_in_worker(spec.worker_id, spec.num_workers, spec.seed, maker.dataset)
     parent = mp.parent_process()
-    watch: list[Any] = [tasks] if parent is None else [tasks, parent.sentinel]
+    waits: list[Any] = [tasks] if parent is None else [tasks, parent.sentinel]
     ring: Ring | None = None
     stream_generation: int | None = None
     try:
@@ -117,8 +137,8 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
                 results.send(InitFailed(ErrorReport.from_exception(exc, None)))
                 return
         while True:
-            if tasks not in wait(watch):
-                return  # the parent is gone
+            if tasks not in wait(waits) or not watch.alive():
+                return  # the parent is gone: queued tasks are nobody's
             msg: ToWorker = tasks.recv()
             if isinstance(msg, Stop):
                 return
@@ -130,6 +150,8 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             if isinstance(msg, Restore):
                 maker.restore(msg.state, msg.skip, msg.epoch)
                 continue
+            if not torch_ready:  # the dataset imported torch since: from now on, as if it had at the start
+                torch_ready = adopt_in_worker(spec.worker_id, spec.num_workers, spec.seed, maker.dataset)
             if msg.indices is None and msg.generation != stream_generation:
                 maker.begin_stream()  # a new epoch of this worker's replica of an iterable dataset
                 stream_generation = msg.generation
@@ -137,7 +159,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
             if msg.indices is None and not isinstance(answer, Skipped):
                 _send_state(results, msg, maker)
             _send(results, answer)
-    except (EOFError, BrokenPipeError, ConnectionResetError):
+    except (EOFError, BrokenPipeError, ConnectionResetError, ParentGone):
         return  # the main process went away
     finally:
         if ring is not None:

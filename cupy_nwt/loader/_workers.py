@@ -13,7 +13,9 @@ at most one task out, without a slot; those few batches come back pickled.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import os
 import pickle
 import signal
 import time
@@ -27,6 +29,7 @@ import numpy as np
 
 from .. import cuda
 from ..errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old import paths
+from . import _lifeline as lifeline
 from ._maker import BatchMaker, make_worker_error
 from ._messages import (
     NO_SLOT,
@@ -45,6 +48,7 @@ from ._messages import (
 )
 from ._ring import Ring
 from ._slots import HostBatch, SlotPool
+from ._start import check_importable, choose, forkserver_preload, stuck_hint
 from ._stats import Clock
 from ._tree import split
 from ._worker import WorkerInfo, WorkerSpec, get_worker_info, worker_main, worker_seed  # noqa: F401 - old import paths
@@ -117,6 +121,10 @@ class Dispatch:
     def worker_label(self, worker_id: int) -> str:
         """How a stall warning names a worker."""
         return f"loader worker {worker_id}"
+
+    def stuck_hint(self) -> str:
+        """The likely cause of a worker that does not answer, for a timeout or a stall."""
+        return "the dataset is slow or blocked in __getitem__/__iter__"
 
     def _clock(self, msg: FromWorker) -> None:
         if self.clock is not None and isinstance(msg, (Ok, Whole)):
@@ -217,8 +225,13 @@ class WorkerPool(Dispatch):
         self._workers: list[_Worker] = []
         self._ctx = context_of(start_method)
         self._spec = (num_workers, seed, epoch, maker, worker_init_fn, rank, world_size)
-        if self._ctx.get_start_method() == "forkserver":
-            self._ctx.set_forkserver_preload(["__main__", "cupy_nwt.loader._workers"])
+        method = self._ctx.get_start_method()
+        check_importable(method, not isinstance(start_method, str),
+                         [maker.dataset, maker.collate_fn, maker.batch_transform, worker_init_fn])
+        if method == "forkserver":
+            self._ctx.set_forkserver_preload(forkserver_preload())
+        self._hint = stuck_hint(method)  # what the parent is like as the workers start: why one might hang
+        lifeline.track(self)
         try:
             for w in range(num_workers):
                 self._start(w)
@@ -275,6 +288,9 @@ class WorkerPool(Dispatch):
 
     def worker_label(self, worker_id: int) -> str:
         return f"loader worker {worker_id} (pid {self._workers[worker_id].process.pid})"
+
+    def stuck_hint(self) -> str:
+        return self._hint
 
     def _deliver(self, w: _Worker, task: Task) -> None:
         self._send(w, task)
@@ -373,6 +389,24 @@ class WorkerPool(Dispatch):
             w.results.close()
             w.process.close()
         self._workers = []
+        lifeline.untrack(self)
+
+    def kill_now(self) -> None:
+        """From a signal handler, the process about to die: SIGKILL every worker, reap it, unlink the ring.
+
+        Only raw steps (no message to a worker, no grace period); ``shutdown`` is the orderly path.
+        """
+        procs = [w.process for w in self._workers]
+        for p in procs:
+            if p.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, signal.SIGKILL)
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.join(1.0)
+        ring = self.slots.ring
+        if ring is not None:
+            ring.unlink()
 
     @property
     def closed(self) -> bool:
@@ -380,14 +414,12 @@ class WorkerPool(Dispatch):
 
 
 def default_start_method(device: str) -> str:
-    """``forkserver`` when CUDA is (or will be) live in this process, else ``fork``.
+    """``forkserver`` when CUDA is (or will be) live in this process or a threaded runtime runs (``_start``), else ``fork``.
 
     A forked child of a process with a CUDA context must not use CUDA, and page-locked memory is
     mapped don't-fork; forkserver children come from a clean server process instead. The price is
-    that the dataset and callables are pickled to each worker. Without CUDA, fork is the fastest to
+    that the dataset and callables are pickled to each worker. Otherwise fork is the fastest to
     start and shares the dataset copy-on-write.
     """
-    if device == "cuda" or cuda.cuda_may_be_initialized():
-        return "forkserver"
-    return "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    return choose(device == "cuda" or cuda.cuda_may_be_initialized())
 
