@@ -21,8 +21,9 @@ better); ``cpu_s_per_1k`` (CPU seconds of the pipeline per 1,000 samples) and
 
 * CPU per sample barely moves with the neighbours, so a slowdown in it fails on any machine load;
 * samples/s of a pipeline that keeps the CPU busy moves with how many cores other processes left it.
-  When they took more than in the baseline, a drop up to the share of the machine they took away is
-  theirs: such a drop is ``inconclusive`` and says so; a drop beyond that share plus the limit fails;
+  When they left less room than the pipeline used in the baseline (:meth:`Context.capacity_ratio`),
+  that share of a drop is theirs: a drop that is within the limit once their share is taken out is
+  ``inconclusive`` and says so; one beyond it fails;
 * an **I/O-bound** pipeline (under ``IO_BOUND_CORES`` cores in both runs) is judged by wall clock
   alone (its CPU is reported), and the line says so;
 * a baseline from **another machine** (the recorded machine fingerprints differ) is compared and
@@ -140,13 +141,17 @@ class Context:
         return (self.old_cores is not None and self.new_cores is not None
                 and max(self.old_cores, self.new_cores) < IO_BOUND_CORES)
 
-    def lost_share_pct(self) -> float:
-        """The share of this machine's cores that other processes took beyond the baseline's, percent."""
-        if self.old_others is None or self.new_others is None or not self.cpus:
-            return 0.0
-        room_old = max(self.cpus - self.old_others, 1e-3)
-        room_new = max(self.cpus - self.new_others, 1e-3)
-        return max(0.0, (1.0 - room_new / room_old) * 100.0)
+    def capacity_ratio(self) -> float:
+        """How much of the CPU the pipeline used in the baseline was still free for it here (<= 1).
+
+        The room other processes left is ``cpus - others``; the pipeline needed ``old_cores`` of it. 1
+        when it still had that room (or nothing is known), less when others crowded it out.
+        """
+        if None in (self.old_others, self.new_others, self.old_cores) or not self.cpus:
+            return 1.0
+        assert self.old_others is not None and self.new_others is not None and self.old_cores is not None
+        needed = min(max(self.cpus - self.old_others, 1e-3), max(self.old_cores, 1e-3))
+        return min(1.0, max(self.cpus - self.new_others, 0.0) / needed)
 
 
 def _differences(old: Any, new: Any) -> str:
@@ -212,11 +217,12 @@ class Comparison:
         elif ctx.io_bound and self.key == "samples_per_s":
             reason = f"I/O-bound ({max(ctx.old_cores or 0, ctx.new_cores or 0):.2f} cores): judged by wall clock"
         elif self.key == "samples_per_s" and verdict == "regressed":
-            lost = ctx.lost_share_pct()
-            if lost > 0 and j.worse_pct <= lost + max_drop_pct:
+            room = ctx.capacity_ratio()
+            left = (1.0 - (1.0 - j.worse_pct / 100.0) / room) * 100.0 if room > 0 else -math.inf
+            if left <= max_drop_pct:
                 verdict = "inconclusive"
                 reason = (f"other processes took {ctx.new_others:.2f} cores here, {ctx.old_others:.2f} in the "
-                          f"baseline ({lost:.0f}% of this machine's room): wall clock not judged")
+                          f"baseline, leaving {room:.0%} of the room this pipeline used: wall clock not judged")
         return Judgement(verdict, j.old, j.new, j.change_pct, j.low_pct, j.high_pct, j.worse_pct,
                          j.old_rounds, j.new_rounds, reason)
 

@@ -89,9 +89,10 @@ def deciding(rounds: list[Round]) -> tuple[str, tuple[float, ...]]:
 class RoundRunner:
     """Takes batches from ``next_batch`` (which returns the samples in the batch) and times rounds."""
 
-    def __init__(self, next_batch: Callable[[], int], clock: PipelineClock) -> None:
+    def __init__(self, next_batch: Callable[[], int], clock: PipelineClock, round_s: float = ROUND_S) -> None:
         self.next_batch = next_batch
         self.clock = clock
+        self.round_s = round_s
         self.rounds: list[Round] = []
         self.batch_seconds: list[float] = []
 
@@ -113,8 +114,8 @@ class RoundRunner:
         return r
 
     def first_round(self, least_batches: int) -> int:
-        """One round of batches until ROUND_S has passed; its batch count is every round's."""
-        return self._batches(lambda n, s: n >= least_batches and s >= ROUND_S).batches
+        """One round of batches until ``round_s`` has passed; its batch count is every round's."""
+        return self._batches(lambda n, s: n >= least_batches and s >= self.round_s).batches
 
     def round(self, batches: int) -> Round:
         return self._batches(lambda n, s: n >= batches)
