@@ -230,7 +230,7 @@ def loader_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callable
     the CPU seconds per 1,000 samples of the main process and every process it started (and
     instructions per sample where the kernel allows counting): ``<figure>`` and ``<figure>_rounds``
     in ``benchmark.extra_info``, with peak memory (PSS), the machine and the pipeline. With
-    ``batches=None`` the run sizes itself: rounds of at least 0.4 s, added until the 95% interval of
+    ``batches=None`` the run sizes itself: rounds of at least 1 s, added until the 95% interval of
     the deciding figure's median is within +-``target_noise`` percent (``--nwt-target-noise``, 1)
     or ``max_seconds`` (``--nwt-max-seconds``, 15) have passed. ``batches`` (and ``rounds``,
     default 5) fix the run instead. pytest-benchmark records each round's wall seconds per 1,000

@@ -27,10 +27,14 @@ from typing import Any
 from ._cpu import PipelineClock, Reading, window
 from ._interval import median_halfwidth, rounds_for
 
-#: a round lasts at least this long (readings at its ends cost ~1 ms; CPU clocks are read to 1 us).
-ROUND_S = 0.4
-#: rounds before the noise is first judged (6 is the fewest with a finite 95% interval of a median).
-PILOT_ROUNDS = 8
+#: a round lasts at least this long. The CPU of a round is the pipeline's over its window, but the
+#: batches counted are those handed out, and workers run up to ``prefetch_factor`` batches ahead:
+#: a round gains or loses the batches in flight at its edges, an error that telescopes away over a
+#: run but is ~1/(batches per round) in each round (README example, 2 workers on 2 busy vCPUs: per-round
+#: spread 10% at 0.4 s, 5% at 1 s). Readings at a round's ends cost ~1 ms.
+ROUND_S = 1.0
+#: rounds before the noise is first judged: the fewest with a finite 95% interval of a median.
+PILOT_ROUNDS = 6
 MAX_ROUNDS = 400
 #: a pipeline using fewer cores than this (CPU seconds per wall second) is I/O-bound.
 IO_BOUND_CORES = 0.25
