@@ -8,6 +8,7 @@ of CPU per sample) or sleep, far beyond the limits used, and no assertion is abo
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from plugin_projects import TINY_DATA, loader_test, make_project
@@ -42,7 +43,8 @@ def test_loader_benchmark_records_rounds_of_samples_per_second_cpu_and_memory(pr
     assert info["rounds"] == 5 and len(info["samples_per_s_rounds"]) == 5  # 12 batches: 3, 3, 2, 2, 2
     assert len(info["cpu_s_per_1k_rounds"]) == 5 and info["cpu_s_per_1k"] > 0 and info["cpu_cores"] > 0
     assert info["pipeline"]["batch_size"] == 8 and info["pipeline"]["dataset"] == "tinydata.TinyImages"
-    assert info["machine"]["usable_cpus"] >= 1
+    assert info["machine"]["usable_cpus"] >= 1 and 1 <= info["cpus_watched"] <= os.cpu_count()
+    assert info["others_cores"] >= 0
     # where the kernel refuses to count instructions, the figure is absent and the reason given, never faked
     assert (info["instructions_per_sample"] is None) == bool(info["instructions_note"])
     result.stdout.fnmatch_lines(["*cupy_nwt benchmarks*", "benchmark * samples/s * CPU s/1k samples * verdict",

@@ -135,6 +135,7 @@ def test_load_baseline_explains_what_is_wrong(tmp_path):
     ({"cpu_s_per_1k_rounds": "0.3"}, "cpu_s_per_1k_rounds is not a list"),
     ({"others_cores": -1}, "others_cores is -1, not a number of cores"),
     ({"machine": {"usable_cpus": 2.5}}, "machine.usable_cpus is not a whole number"),
+    ({"cpus_watched": 0}, "cpus_watched is 0, not a whole number of CPUs"),
     ({"machine": {"cpu_model": 7}}, "machine.cpu_model is not text"),
     ({"pipeline": {"batch_size": [1, 2]}}, "'pipeline' is not an object of plain values"),
 ])

@@ -233,6 +233,14 @@ def test_a_changed_pipeline_is_named_and_still_judged():
     assert c.regressed(5) and "(pipeline changed: batch_size 128 in the baseline, 64 here)" in c.message(5)
 
 
+def test_other_load_is_weighed_against_the_cpus_it_was_read_on():
+    info = _info(RATE, CPU, 1.0, 1.0, cpus=64)
+    info["cpus_watched"] = 2  # a container pinned to 2 CPUs of a 64-CPU host
+    old = _info(RATE, CPU, 1.6, 0.2, cpus=64)
+    assert _judged(old, {**info, "samples_per_s_rounds": scaled(RATE, 0.6)})["samples_per_s"].judgement(5).verdict \
+        == "inconclusive"
+
+
 def test_capacity_ratio_is_the_room_left_for_what_the_pipeline_used():
     assert Context(1.0, 1.0, 0.2, 1.5, 2).capacity_ratio() == pytest.approx(0.5)
     assert Context(0.5, 0.5, 0.2, 1.5, 2).capacity_ratio() == 1.0  # it still had its half core

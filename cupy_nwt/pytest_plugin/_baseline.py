@@ -69,6 +69,9 @@ def _check_info(path: Path, name: str, info: Any) -> None:
         v = info.get(key)
         if v is not None and not (_is_num(v) and 0 <= v <= MAX_CORES):
             raise _bad(path, f"{name}: {key} is {v!r}, not a number of cores between 0 and {MAX_CORES:g}")
+    v = info.get("cpus_watched")
+    if v is not None and not (_is_num(v) and float(v).is_integer() and 1 <= v <= MAX_CORES):
+        raise _bad(path, f"{name}: cpus_watched is {v!r}, not a whole number of CPUs")
     _check_machine(path, name, info.get("machine"))
     pipeline = info.get("pipeline")
     if pipeline is not None and not (isinstance(pipeline, Mapping) and all(

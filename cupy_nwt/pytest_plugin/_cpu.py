@@ -58,7 +58,7 @@ class Window:
 
     cpu_s: float
     wall_s: float
-    others_cores: float  # other processes' (and the hypervisor's steal) mean cores during the window
+    others_cores: float  # other processes' (and the hypervisor's steal) mean cores during the window, on our CPUs
     instructions: int | None
 
 
@@ -117,6 +117,12 @@ class PipelineClock:
         self._extra = extra_pids
         self._me = psutil.Process()
         self.instructions = instructions
+        # the machine's load is read on the CPUs this process may run on: in a container pinned to a
+        # few CPUs of a big host, /proc/stat's total is the host's, not what competes with us
+        try:
+            self.cpus: list[int] = sorted(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            self.cpus = list(range(os.cpu_count() or 1))
 
     def _descendants(self) -> set[int]:
         try:
@@ -139,8 +145,8 @@ class PipelineClock:
 
     def read(self) -> Reading:
         cpu = self.cpu_s()
-        machine = psutil.cpu_times()
-        busy = sum(getattr(machine, f, 0.0) for f in _BUSY)
+        per_cpu = psutil.cpu_times(percpu=True)
+        busy = sum(getattr(per_cpu[i], f, 0.0) for i in self.cpus if i < len(per_cpu) for f in _BUSY)
         ins = self.instructions.read() if self.instructions is not None else None
         return Reading(cpu, busy, time.perf_counter(), ins)
 

@@ -132,7 +132,7 @@ class Context:
     new_cores: float | None = None
     old_others: float | None = None  # cores other processes took meanwhile
     new_others: float | None = None
-    cpus: int | None = None  # usable cores of this machine
+    cpus: int | None = None  # the CPUs other processes' load was read on (else this machine's usable CPUs)
     other_machine: str = ""  # how the baseline's machine differs, "" when the same (or unknown)
     pipeline_change: str = ""  # how the pipeline differs from the baseline's, "" when the same
 
@@ -168,7 +168,9 @@ def context_of(old_info: Mapping[str, Any], new_info: Mapping[str, Any]) -> Cont
         return float(v) if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) else None
 
     machine = new_info.get("machine")
-    cpus = machine.get("usable_cpus") if isinstance(machine, Mapping) else None
+    cpus = new_info.get("cpus_watched")
+    if cpus is None and isinstance(machine, Mapping):
+        cpus = machine.get("usable_cpus")
     return Context(
         num(old_info, "cpu_cores"), num(new_info, "cpu_cores"), num(old_info, "others_cores"),
         num(new_info, "others_cores"), cpus if isinstance(cpus, int) and not isinstance(cpus, bool) else None,

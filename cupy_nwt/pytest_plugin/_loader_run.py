@@ -215,7 +215,8 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
                 n = batch_len(batch)
                 return (loader.batch_size or 1) if n is None else n
 
-            runner = RoundRunner(next_batch, PipelineClock(loader.worker_pids, counter))
+            clock = PipelineClock(loader.worker_pids, counter)
+            runner = RoundRunner(next_batch, clock)
             try:
                 for _ in range(warmup):  # worker start-up and first-touch costs stay out of the rounds
                     next_batch()
@@ -248,6 +249,7 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
         cpu_s_per_1k=1000.0 * sum(r.cpu_s for r in done) / samples if samples else None,
         cpu_s_per_1k_rounds=cpu_rounds, cpu_cores=cores(done),
         others_cores=sum(r.others_cores * r.wall_s for r in done) / wall if wall > 0 else None,
+        cpus_watched=len(clock.cpus),
         instructions_per_sample=(sum(r.instructions or 0 for r in done) / samples) if ins_rounds else None,
         instructions_per_sample_rounds=ins_rounds, instructions_note=ins_note,
         batches_per_round=sizing.batches_per_round, stopped=sizing.stopped,

@@ -75,7 +75,8 @@ class LoaderBenchmarkResult:
     throughput gate judges. ``cpu_s_per_1k`` is CPU seconds per 1,000 samples of the main process
     and every process it started; ``instructions_per_sample`` is None, and ``instructions_note``
     says why, where the kernel refuses to count. ``cpu_cores`` is the pipeline's CPU seconds per wall
-    second, ``others_cores`` the same for everything else on the machine meanwhile.
+    second, ``others_cores`` the same for everything else on the ``cpus_watched`` CPUs this process may
+    run on, meanwhile.
     """
 
     batches: int
@@ -94,6 +95,7 @@ class LoaderBenchmarkResult:
     cpu_s_per_1k_rounds: tuple[float, ...] = ()
     cpu_cores: float | None = None
     others_cores: float | None = None
+    cpus_watched: int | None = None
     instructions_per_sample: float | None = None
     instructions_per_sample_rounds: tuple[float, ...] = ()
     instructions_note: str = ""
