@@ -381,7 +381,7 @@ def _first_line(exc: BaseException) -> str:
 def _loading_failure(exc: BaseException, args: argparse.Namespace) -> str:
     """One line for a batch that failed to load: the file, member or sample, and what is wrong."""
     from .datasets import DataError, sample_source  # noqa: PLC0415
-    from .loader._collate import BatchLayoutError  # noqa: PLC0415 - only on the error path
+    from .loader.ring.collate import BatchLayoutError  # noqa: PLC0415 - only on the error path
 
     cause = exc.__cause__
     index = getattr(cause, "sample_index", None)

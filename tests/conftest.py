@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from cupy_nwt.loader._dataloader import DataLoader
-from cupy_nwt.loader._threads import WORKER_TYPES
+from cupy_nwt.loader.workers.thread import WORKER_TYPES
 
 
 def pytest_configure(config: pytest.Config) -> None:

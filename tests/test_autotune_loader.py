@@ -12,7 +12,7 @@ from toy_data import Squares
 
 from cupy_nwt import DataLoader, IterableDataset
 from cupy_nwt.errors import ArgumentError
-from cupy_nwt.loader._autotune import Decision, Limits, Observation, Setting
+from cupy_nwt.loader.tuning.policy import Decision, Limits, Observation, Setting
 
 
 def noisy(batch, seed):
@@ -169,7 +169,7 @@ def test_handing_out_ready_batches_is_not_waiting_for_workers(monkeypatch):
     the caller's whole time inside ``next()``."""
     import time
 
-    import cupy_nwt.loader._epoch as epoch
+    import cupy_nwt.loader.epoch.epoch as epoch
 
     real_join = epoch.join
 

@@ -14,8 +14,8 @@ import pytest
 from toy_data import Squares
 
 from cupy_nwt import DataLoader, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
-from cupy_nwt.loader._ring import live_segments
-from cupy_nwt.loader._threads import STUCK_SUFFIX
+from cupy_nwt.loader.ring.ring import live_segments
+from cupy_nwt.loader.workers.thread import STUCK_SUFFIX
 
 pytestmark = pytest.mark.usefixtures("worker_type")
 
@@ -227,7 +227,7 @@ def test_unpicklable_dataset_with_spawn_is_a_clear_error(clean):
 def test_full_dev_shm_fails_up_front_with_the_size_needed(clean, monkeypatch):
     import errno
 
-    from cupy_nwt.loader import _ring as shm
+    import cupy_nwt.loader.ring.ring as shm
 
     def no_space(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import cuda
-from ..loader._collate import flatten
+from ..loader.ring.collate import flatten
 from . import timing
 
 # %globaltimer is the GPU's nanosecond wall clock: unlike clock64() (SM cycles), a spin on it lasts

@@ -7,13 +7,13 @@ machinery behind it.
 
 from ..errors import LoaderError, LoaderTimeoutError, ShmSpaceError, WorkerDiedError, WorkerError
 from ..ranks import RankLayout, rank_layout
-from ._collate import default_collate
+from .ring.collate import default_collate
 from ._dataloader import DataLoader
 from ._iterable import IterableDataset
-from ._resume import merge_states
-from ._sampler import BatchSampler
-from ._slots import HostBatch
-from ._worker import WorkerInfo, get_worker_info
+from .epoch.resume import merge_states
+from .epoch.sampler import BatchSampler
+from .ring.slots import HostBatch
+from .workers.serve import WorkerInfo, get_worker_info
 
 __all__ = ["BatchSampler", "DataLoader", "HostBatch", "IterableDataset", "LoaderError", "LoaderTimeoutError",
            "RankLayout", "ShmSpaceError", "WorkerDiedError", "WorkerError", "WorkerInfo", "default_collate",

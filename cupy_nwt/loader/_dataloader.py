@@ -42,23 +42,23 @@ from typing import Any, Generic, TypeVar
 
 from .._checks import check_int
 from ..ranks import agree, rank_layout
-from ._device import on_device, resolve_device
-from ._epoch import EpochIterator, host_batches
-from ._maker import BatchMaker
-from ._online import make_online
+from .device.place import on_device, resolve_device
+from .epoch.epoch import EpochIterator, host_batches
+from .workers.maker import BatchMaker
+from .tuning.online import make_online
 from ._options import resolve_context, resolve_timeout, seed_from, warn_if_too_many_workers
-from ._prefetch import DevicePrefetcher
-from ._resume import Track, attach, check_state, kind_of, make_plan, state_of
-from ._ring import SlotLayout
-from ._sampler import fresh_seed
-from ._sampling import Sampling
+from .device.prefetch import DevicePrefetcher
+from .epoch.resume import Track, attach, check_state, kind_of, make_plan, state_of
+from .ring.ring import SlotLayout
+from .epoch.sampler import fresh_seed
+from .epoch.sampling import Sampling
 from ._setup import learn_layout, new_stage
-from ._slots import HostBatch
-from ._sources import BatchSource, InlineSource, WorkerSource
-from ._stage import Resources, Stage
+from .ring.slots import HostBatch
+from .epoch.sources import BatchSource, InlineSource, WorkerSource
+from ._runtime import Resources, Stage
 from ._stats import STALL_WARNING_S, LoaderStats, Recorder, check_stall
-from ._threads import WORKER_TYPES, check_worker_type
-from ._workers import (
+from .workers.thread import WORKER_TYPES, check_worker_type
+from .workers.process import (
     LoaderError,
     LoaderTimeoutError,
     WorkerDiedError,
@@ -334,7 +334,7 @@ class DataLoader(Generic[T_co]):
     def state_dict(self) -> dict[str, Any]:
         """Where the newest iteration stands, counting only batches delivered to the caller; small and
         JSON-ready. Between epochs (or before the first), the start of the epoch ``iter()`` runs next.
-        What it holds, and the elastic rules: ``cupy_nwt.loader._resume``."""
+        What it holds, and the elastic rules: ``cupy_nwt.loader.epoch.resume``."""
         return state_of(self)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

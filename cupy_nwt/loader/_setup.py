@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._device import device_scope
-from ._ring import Ring, SlotLayout
-from ._slots import HostBatch, SlotPool
-from ._stage import Stage
-from ._threads import ThreadPool
-from ._workers import WorkerPool
+from .device.place import device_scope
+from .ring.ring import Ring, SlotLayout
+from .ring.slots import HostBatch, SlotPool
+from ._runtime import Stage
+from .workers.thread import ThreadPool
+from .workers.process import WorkerPool
 
 if TYPE_CHECKING:
     from ._dataloader import DataLoader

@@ -38,7 +38,7 @@ import psutil
 
 if TYPE_CHECKING:
     from ._dataloader import DataLoader
-    from ._stage import Stage
+    from ._runtime import Stage
 
 STALL_WARNING_S = 10.0  # the default stall threshold: one next() waiting this long is worth a line
 MEMORY_WARN_BYTES = 64 << 20  # workers' private memory grown by this much a worker: the copy-on-read warning

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import cuda
-from ..errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old import paths
-from ._maker import BatchMaker, make_worker_error
-from ._messages import (
+from ... import cuda
+from ...errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old import paths
+from .maker import BatchMaker, make_worker_error
+from .messages import (
     NO_SLOT,
     BatchFailed,
     Exhausted,
@@ -43,11 +43,11 @@ from ._messages import (
     ToWorker,
     Whole,
 )
-from ._ring import Ring
-from ._slots import HostBatch, SlotPool
-from ._stats import Clock
-from ._tree import split
-from ._worker import WorkerInfo, WorkerSpec, get_worker_info, worker_main, worker_seed  # noqa: F401 - old import paths
+from ..ring.ring import Ring
+from ..ring.slots import HostBatch, SlotPool
+from .._stats import Clock
+from ..ring.tree import split
+from .serve import WorkerInfo, WorkerSpec, get_worker_info, worker_main, worker_seed  # noqa: F401 - old import paths
 
 # ---------------------------------------------------------------- the pool, seen from the main process
 
@@ -218,7 +218,7 @@ class WorkerPool(Dispatch):
         self._ctx = context_of(start_method)
         self._spec = (num_workers, seed, epoch, maker, worker_init_fn, rank, world_size)
         if self._ctx.get_start_method() == "forkserver":
-            self._ctx.set_forkserver_preload(["__main__", "cupy_nwt.loader._workers"])
+            self._ctx.set_forkserver_preload(["__main__", "cupy_nwt.loader.workers.process"])
         try:
             for w in range(num_workers):
                 self._start(w)

@@ -21,8 +21,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from ..system import usable_cpus
-from ._ring import HEADER_BYTES, SHM_DIR
+from ...system import usable_cpus
+from ..ring.ring import HEADER_BYTES, SHM_DIR
 
 RAM_SHARE = 0.25  # of the available RAM, by default, for the ring
 SHM_SHARE = 0.5  # of /dev/shm's free space, by default

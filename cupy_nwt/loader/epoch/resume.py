@@ -32,13 +32,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import LoaderError
-from ._messages import ErrorReport
-from ._remainder import Session, SessionPlan, join_done, split_done
-from ._sampler import Plan, PlanTask, StreamPlan
+from ...errors import LoaderError
+from ..workers.messages import ErrorReport
+from .remainder import Session, SessionPlan, join_done, split_done
+from .sampler import Plan, PlanTask, StreamPlan
 
 if TYPE_CHECKING:
-    from ._dataloader import DataLoader
+    from .._dataloader import DataLoader
 
 STATE_VERSION = 1
 _MATCH = ("seed", "n", "batch_size", "shuffle", "drop_last")

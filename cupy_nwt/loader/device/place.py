@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import cuda
-from ..ranks import RankLayout, device_for_rank
+from ... import cuda
+from ...ranks import RankLayout, device_for_rank
 
 _DEVICES = ("auto", "cuda", "cpu", "cuda:N")
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from ._ring import Ring
-from ._tree import Treedef
+from .ring import Ring
+from .tree import Treedef
 
 RETIRED = np.iinfo(np.int64).max  # no epoch will have this generation: workers skip all that is queued
 

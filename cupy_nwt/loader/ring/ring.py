@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_int
-from ..errors import ShmSpaceError
-from ._tree import Treedef, leaf_kinds, leaf_paths, split
+from ..._checks import check_int
+from ...errors import ShmSpaceError
+from .tree import Treedef, leaf_kinds, leaf_paths, split
 
 SHM_DIR = "/dev/shm"
 NAME_PREFIX = "cupy_nwt_"

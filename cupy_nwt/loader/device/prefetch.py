@@ -32,12 +32,12 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .. import cuda
-from ._ring import Ring, SlotLayout
-from ._slots import HostBatch
-from ._sources import BatchSource, FailedBatch
-from ._stats import Clock
-from ._tree import join
+from ... import cuda
+from ..ring.ring import Ring, SlotLayout
+from ..ring.slots import HostBatch
+from ..epoch.sources import BatchSource, FailedBatch
+from .._stats import Clock
+from ..ring.tree import join
 
 STAGING_BUFFERS = 3
 

@@ -35,11 +35,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import WorkerDiedError
-from . import _worker
-from ._iterable import dataset_kind
-from ._maker import BatchMaker
-from ._messages import (
+from ...errors import WorkerDiedError
+from . import serve as _worker
+from .._iterable import dataset_kind
+from .maker import BatchMaker
+from .messages import (
     ErrorReport,
     FromWorker,
     InitFailed,
@@ -48,10 +48,10 @@ from ._messages import (
     StreamState,
     Task,
 )
-from ._ring import Ring
-from ._slots import SlotPool
-from ._stats import Clock
-from ._workers import SHUTDOWN_GRACE_S, Dispatch, Result
+from ..ring.ring import Ring
+from ..ring.slots import SlotPool
+from .._stats import Clock
+from .process import SHUTDOWN_GRACE_S, Dispatch, Result
 
 WORKER_TYPES = ("process", "thread")
 STUCK_SUFFIX = " (stuck)"  # appended to the name of a thread still busy after shutdown

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BatchLayoutError, WorkerError
-from ._collate import collate, collate_into
-from ._messages import ErrorReport
-from ._ring import SlotLayout
-from ._tree import split
+from ...errors import BatchLayoutError, WorkerError
+from ..ring.collate import collate, collate_into
+from .messages import ErrorReport
+from ..ring.ring import SlotLayout
+from ..ring.tree import split
 
 
 class StreamEnd(Exception):

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ._ring import SlotLayout
+from ..ring.ring import SlotLayout
 
 
 class _Record:

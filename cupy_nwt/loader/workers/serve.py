@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ._maker import BatchMaker, InSlot, StreamEnd
-from ._messages import (
+from .maker import BatchMaker, InSlot, StreamEnd
+from .messages import (
     NO_SLOT,
     BatchFailed,
     ErrorReport,
@@ -39,7 +39,7 @@ from ._messages import (
     ToWorker,
     Whole,
 )
-from ._ring import Ring
+from ..ring.ring import Ring
 
 
 @dataclass(frozen=True)

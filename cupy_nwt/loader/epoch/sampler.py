@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_int
-from ..ranks import samples_per_rank, shard
+from ..._checks import check_int
+from ...ranks import samples_per_rank, shard
 
 _TRANSFORM_TAG = 0x6E7774  # keeps transform seeds apart from the shuffle stream of the same seed
 

@@ -23,15 +23,15 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from .._checks import check_int
-from ..errors import ArgumentError
-from ._autotune import AutotunePolicy, Budget, Decision, Limits, Observation, Policy, Setting, default_budget
-from ._ring import HEADER_BYTES
+from ..._checks import check_int
+from ...errors import ArgumentError
+from .policy import AutotunePolicy, Budget, Decision, Limits, Observation, Policy, Setting, default_budget
+from ..ring.ring import HEADER_BYTES
 
 if TYPE_CHECKING:
-    from ._epoch import EpochIterator
-    from ._sources import WorkerSource
-    from ._threads import Workers
+    from ..epoch.epoch import EpochIterator
+    from ..epoch.sources import WorkerSource
+    from ..workers.thread import Workers
 
 _log = logging.getLogger("cupy_nwt.tuner")  # nwt.pick's logger: the auto lines and these go together
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ._prefetch import DevicePrefetcher
-from ._ring import Ring
-from ._slots import SlotPool
-from ._threads import Workers
+from .device.prefetch import DevicePrefetcher
+from .ring.ring import Ring
+from .ring.slots import SlotPool
+from .workers.thread import Workers
 
 
 @dataclass(frozen=True, eq=False)

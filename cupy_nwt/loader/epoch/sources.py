@@ -16,18 +16,18 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from ._maker import BatchMaker, InSlot, StreamEnd, make_worker_error
-from ._messages import ErrorReport
-from ._ring import Ring, SlotLayout
-from ._sampler import Plan, PlanTask
-from ._slots import HostBatch, SlotPool
-from ._stats import Clock, Stall
-from ._threads import Workers
-from ._tree import split
-from ._workers import Ended, Failed, LoaderError, LoaderTimeoutError, Noted, Result
+from ..workers.maker import BatchMaker, InSlot, StreamEnd, make_worker_error
+from ..workers.messages import ErrorReport
+from ..ring.ring import Ring, SlotLayout
+from .sampler import Plan, PlanTask
+from ..ring.slots import HostBatch, SlotPool
+from .._stats import Clock, Stall
+from ..workers.thread import Workers
+from ..ring.tree import split
+from ..workers.process import Ended, Failed, LoaderError, LoaderTimeoutError, Noted, Result
 
 if TYPE_CHECKING:
-    from ._resume import Ledger
+    from .resume import Ledger
 
 
 class FailedBatch(Exception):

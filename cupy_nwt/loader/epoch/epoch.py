@@ -13,15 +13,15 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import LoaderError
-from ._device import readonly
-from ._ring import SlotLayout
-from ._sources import BatchSource, FailedBatch
-from ._stats import Clock
-from ._tree import join
+from ...errors import LoaderError
+from ..device.place import readonly
+from ..ring.ring import SlotLayout
+from .sources import BatchSource, FailedBatch
+from .._stats import Clock
+from ..ring.tree import join
 
 if TYPE_CHECKING:
-    from ._dataloader import DataLoader
+    from .._dataloader import DataLoader
 
 T_co = TypeVar("T_co", covariant=True)
 

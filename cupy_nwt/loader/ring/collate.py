@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BatchLayoutError
-from ._tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: their old import path
+from ...errors import BatchLayoutError
+from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: their old import path
     LEAF,
     OBJ,
     Treedef,

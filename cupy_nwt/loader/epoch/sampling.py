@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .._checks import check_int
-from ._iterable import dataset_kind
-from ._sampler import BatchSampler, Plan, SamplerPlan, StreamPlan, grouped
+from ..._checks import check_int
+from .._iterable import dataset_kind
+from .sampler import BatchSampler, Plan, SamplerPlan, StreamPlan, grouped
 
 
 @dataclass(frozen=True)
