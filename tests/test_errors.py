@@ -12,6 +12,7 @@ import pytest
 from toy_data import Squares
 
 import cupy_nwt
+import cupy_nwt.loader.ring.ring as shm
 from cupy_nwt import cli, errors
 from cupy_nwt._checks import check_int, check_number
 from cupy_nwt.errors import (
@@ -29,7 +30,6 @@ from cupy_nwt.errors import (
     WorkerDiedError,
     WorkerError,
 )
-import cupy_nwt.loader.ring.ring as shm
 
 # Each error, one instance of it, the builtin bases callers catch it by, and the cupy-nwt exit code.
 CASES = {

@@ -11,12 +11,12 @@ from test_prefetch import LazyCuda
 from toy_data import Squares
 
 from cupy_nwt import DataLoader, WorkerError
-from cupy_nwt.loader.workers.messages import BatchFailed, ErrorReport, InitFailed, Ok, RingMsg, Skipped, Stop, Task
 from cupy_nwt.loader.device.prefetch import CudaOps, DevicePrefetcher, PrefetchOps
-from cupy_nwt.loader.ring.ring import Ring, SlotLayout
 from cupy_nwt.loader.epoch.sampler import BatchSampler
-from cupy_nwt.loader.ring.slots import RETIRED, SlotPool
 from cupy_nwt.loader.epoch.sources import BatchSource, InlineSource, WorkerSource
+from cupy_nwt.loader.ring.ring import Ring, SlotLayout
+from cupy_nwt.loader.ring.slots import RETIRED, SlotPool
+from cupy_nwt.loader.workers.messages import BatchFailed, ErrorReport, InitFailed, Ok, RingMsg, Skipped, Stop, Task
 from cupy_nwt.loader.workers.process import BatchMaker
 
 pytestmark = pytest.mark.usefixtures("worker_type")

@@ -248,8 +248,8 @@ def test_a_list_of_dicts_grows_forked_workers_and_its_packed_form_does_not(monke
 def test_the_prefetcher_adds_its_copy_time_to_the_clock(pin):
     from test_prefetch import LazyCuda, assert_batches, run
 
-    from cupy_nwt.loader.device.prefetch import DevicePrefetcher
     from cupy_nwt.loader._stats import Clock
+    from cupy_nwt.loader.device.prefetch import DevicePrefetcher
 
     ops, clock = LazyCuda(), Clock()
     out, expected, _ = run(DevicePrefetcher(pin, ops, clock=clock), ops)

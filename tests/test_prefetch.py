@@ -15,8 +15,8 @@ from toy_data import Squares
 from cupy_nwt import DataLoader, cuda
 from cupy_nwt.loader._dataloader import _InlineSource
 from cupy_nwt.loader.device.prefetch import STAGING_BUFFERS, DevicePrefetcher
-from cupy_nwt.loader.ring.ring import Ring, SlotLayout
 from cupy_nwt.loader.epoch.sampler import BatchSampler
+from cupy_nwt.loader.ring.ring import Ring, SlotLayout
 from cupy_nwt.loader.workers.process import BatchMaker
 
 GARBAGE = 0xEE

@@ -26,8 +26,8 @@ import pytest
 from filelock import FileLock
 from launch_rank import Indexed, tag_seed
 
-from cupy_nwt import DataLoader, cuda, tuner
 import cupy_nwt.loader._dataloader as loader_mod
+from cupy_nwt import DataLoader, cuda, tuner
 from cupy_nwt.loader.device.prefetch import DevicePrefetcher
 from cupy_nwt.loader.ring.ring import live_segments
 from cupy_nwt.nwt.fingerprint import Fingerprint, ResultStore, machine_fingerprint, work_fingerprint

@@ -209,7 +209,7 @@ def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
             **loader_kwargs: Any) -> LoaderBenchmarkResult:
         loader_args(batches, warmup, rounds)
         from .. import cuda  # noqa: PLC0415
-        from ..loader._dataloader import DataLoader  # noqa: PLC0415
+        from ..loader import DataLoader  # noqa: PLC0415
         from ..nwt.memory import MemorySampler  # noqa: PLC0415
 
         loader: DataLoader[Any] = DataLoader(dataset, **loader_kwargs)

@@ -26,17 +26,18 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ... import cuda
+from .._events import Listener
+from ..epoch.sources import BatchSource, FailedBatch
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import HostBatch
-from ..epoch.sources import BatchSource, FailedBatch
-from .._stats import Clock
 from ..ring.tree import join
 
 STAGING_BUFFERS = 3
@@ -50,8 +51,13 @@ class Registration(Protocol):
 class PrefetchOps(Protocol):
     """Exactly the CUDA operations the prefetcher uses; streams, events and device arrays are opaque.
 
-    ``CudaOps`` is the real one; the tests put a fake in its place that runs copies late.
+    ``CudaOps`` is the real one; a loader takes another through ``LoaderParts(ops=...)`` (the tests
+    give it a fake that runs copies late). ``device_count`` and ``device_scope`` stand for the GPUs
+    the loader may pick from and make current.
     """
+
+    def device_count(self) -> int: ...
+    def device_scope(self, device_id: int) -> AbstractContextManager[Any]: ...
 
     def current_stream(self) -> Any: ...
     def new_stream(self) -> Any: ...
@@ -67,6 +73,13 @@ class PrefetchOps(Protocol):
 
 class CudaOps(PrefetchOps):
     """The prefetcher's CUDA operations, all through ``cupy_nwt.cuda``."""
+
+    def device_count(self) -> int:
+        cuda.require_gpu()
+        return cuda.device_count()
+
+    def device_scope(self, device_id: int) -> AbstractContextManager[Any]:
+        return cuda.device_scope(device_id)
 
     def current_stream(self) -> Any:
         return cuda.current_stream()
@@ -110,7 +123,8 @@ class _Copy:
 class DevicePrefetcher:
     """Owns the side stream, the ring's registration and the staging buffers of one loader."""
 
-    def __init__(self, pin_memory: bool | str, ops: PrefetchOps | None = None, clock: Clock | None = None) -> None:
+    def __init__(self, pin_memory: bool | str, ops: PrefetchOps | None = None, events: Listener | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.ops: PrefetchOps = ops if ops is not None else CudaOps()
         self.pin_memory = pin_memory
         self.pin_path = "none" if not pin_memory else ("staging" if pin_memory == "staging" else "registered")
@@ -120,7 +134,7 @@ class DevicePrefetcher:
         self._staging_free: list[np.ndarray] = []
         self._staging_count = 0
         self._layout: SlotLayout | None = None
-        self.clock = clock  # host seconds spent issuing copies (staging memcpy included) go to ``clock.copy_s``
+        self.events, self.clock = events, clock  # each batch's host seconds issuing copies (staging memcpy included)
 
     def attach(self, ring: Ring) -> str:
         """Page-lock ``ring`` (once per ring) when pinning; fall back to staging if CUDA refuses."""
@@ -187,7 +201,7 @@ class DevicePrefetcher:
         if hb is None:
             return False
         c = _Copy(None, None, hb, None)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             consumer = self.ops.current_stream()
             dev = [self.ops.empty(a.shape, a.dtype, consumer) for a in hb.leaves]
@@ -209,8 +223,8 @@ class DevicePrefetcher:
             self._abandon(source, c)
             raise
         finally:
-            if self.clock is not None:
-                self.clock.copy_s += time.perf_counter() - t0
+            if self.events is not None:
+                self.events.copied(self.clock() - t0)
         inflight.append(c)
         return True
 

@@ -1,84 +1,162 @@
-"""One epoch as the caller sees it: the iterator ``iter(loader)`` returns, and host batches turned
-into what it yields.
+"""One epoch as the caller sees it: the iterator ``iter(loader)`` returns, the steps that run it, and
+host batches turned into what it yields.
 
-The iterator is where the caller's side of the pipeline is observed: it counts the batches handed
+``Epoch`` is the only writer of its plan, its source's ledger and its counters: the turns handed
 out (a failed batch counts too: its turn has passed) and the seconds the caller spent inside
-``next()`` waiting for them. Resume and the per-stage figures are built on those two numbers.
+``next()``. ``progress()`` gives them as a frozen record; resume and the figures read that, and the
+counters reach stats and online tuning as events (``waited``, ``first_batch``, ``ended``).
+The steps run on the runtime (``_runtime``): the shared stage or one of their own, the ring once
+the first batch fixes the layout, the prefetcher on the GPU.
 """
 
 from __future__ import annotations
 
-import time
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import LoaderError
-from ..device.place import readonly
+from .._events import Listener
+from ..device.place import on_device, readonly
 from ..ring.ring import SlotLayout
-from .sources import BatchSource, FailedBatch
-from .._stats import Clock
 from ..ring.tree import join
+from .progress import Ledger, Progress
+from .resume import kind_of, ledger_for, make_plan, stream_restore
+from .sources import BatchSource, FailedBatch, InlineSource, WorkerSource
 
 if TYPE_CHECKING:
-    from .._dataloader import DataLoader
+    from .._options import Options
+    from .._runtime import Runtime, Stage
 
 T_co = TypeVar("T_co", covariant=True)
 
 
-class EpochIterator(Iterator[T_co]):
+@dataclass(eq=False)
+class _State:
+    """An epoch's own bookkeeping; written here only (by the iterator and its steps)."""
+
+    kind: str
+    epoch: int
+    start: Mapping[str, Any] | None
+    plan: Any = None
+    ledger: Ledger | None = None
+    sampler_state: Any = None
+    finished: bool = False
+    delivered: int = 0
+    waited_s: float = 0.0
+
+
+class Epoch(Iterator[T_co]):
     """One epoch's batches. A batch that failed raises its ``WorkerError`` in its turn and the next
     ``next()`` goes on with the following batch, as PyTorch's iterator does; any other error ends it.
 
-    ``delivered`` counts the turns taken so far (batches and failed batches); ``waited_s`` is the
-    time the caller has spent inside ``next()``, that is, waiting for data.
+    ``start`` is a loaded state this epoch resumes from; ``shared``: it runs on the runtime's shared
+    stage (persistent workers, or the GPU path), else on a stage of its own.
     """
 
-    def __init__(self, steps: Iterator[Any], loader: DataLoader) -> None:
-        self._steps = steps
-        self._loader = weakref.ref(loader)
-        self._stats = loader._stats  # the loader's figures (``_stats``): the caller's side is counted here
-        self.delivered = 0
-        self.waited_s = 0.0
+    def __init__(self, options: Options, runtime: Runtime, epoch: int, start: Mapping[str, Any] | None,
+                 shared: bool) -> None:
+        self._options = options
+        self._state = _State(kind_of(options), epoch, start)
+        self._events, self._clock, self._pids = runtime.events, runtime.clock, runtime.worker_pids
+        self._steps = _steps(options, runtime, self._state, shared)  # holds the state, never this iterator
+
+    @property
+    def delivered(self) -> int:
+        """Turns taken so far (batches and failed batches)."""
+        return self._state.delivered
+
+    @property
+    def waited_s(self) -> float:
+        """The time the caller has spent inside ``next()``, that is, waiting for data."""
+        return self._state.waited_s
+
+    def progress(self) -> Progress:
+        """Where this epoch stands, as a frozen record (what ``state_dict()`` saves is made from it)."""
+        st = self._state
+        handed = tuple(st.ledger.handed[:st.delivered]) if st.ledger is not None else ()
+        streams = st.ledger.workers(len(handed)) if st.ledger is not None and st.kind == "iterable" else None
+        return Progress(st.kind, st.epoch, st.start, st.plan, handed, st.sampler_state, streams, st.delivered,
+                        st.waited_s, st.finished)
 
     def __next__(self) -> T_co:
-        t0 = time.perf_counter()
+        st = self._state
+        t0 = self._clock()
         try:
             item = next(self._steps)
-        finally:
-            waited = time.perf_counter() - t0
-            self.waited_s += waited
-            self._stats.clock.waited_s += waited
-        self.delivered += 1
-        self._stats.clock.delivered += 1
-        if self.delivered == 1:
-            loader = self._loader()
-            if loader is not None:
-                self._stats.first_batch(loader.worker_pids())
+        except BaseException:
+            waited = self._clock() - t0
+            st.waited_s += waited
+            self._events.waited(st.epoch, waited, False)
+            raise
+        waited = self._clock() - t0
+        st.waited_s += waited
+        st.delivered += 1
+        self._events.waited(st.epoch, waited, True)
+        if st.delivered == 1:
+            self._events.first_batch(self._pids())
         if isinstance(item, FailedBatch):
             error = item.error
-            del self, item  # the traceback must not keep the epoch alive: a dropped iterator frees its slots
+            del self, item, st  # the traceback must not keep the epoch alive: a dropped iterator frees its slots
             raise error
         return item
 
     def __len__(self) -> int:
-        loader = self._loader()
-        if loader is None:
-            raise TypeError("the DataLoader of this iterator is gone")
-        return len(loader)
+        return self._options.sampling.length(self._options.dataset)
 
     def close(self) -> None:
         """End this epoch now: its workers stop (unless persistent) and its slots are given back."""
-        close = getattr(self._steps, "close", None)
-        if close is not None:
-            close()
+        self._steps.close()
+
+
+def _steps(options: Options, runtime: Runtime, state: _State, shared: bool) -> Generator[Any, None, None]:
+    """The epoch's batches: its plan, the stage it runs on, its source, the host path or the prefetcher."""
+    plan, state.sampler_state = make_plan(options, state.epoch, state.start)
+    state.plan = plan
+    stage: Stage | None = None
+    source: BatchSource | None = None
+    graceful = False
+    try:
+        stage = runtime.stage if shared else None
+        if stage is None and (options.num_workers > 0 or runtime.prefetcher is not None):
+            stage = runtime.new_stage(options, state.epoch, shared)
+        on_stage = stage
+        learn = (lambda hb: runtime.learn_layout(options, on_stage, hb)) if on_stage is not None else None
+        state.ledger = ledger_for(options)
+        restore, cursor = stream_restore(state.start if state.kind == "iterable" else None)
+        if stage is not None and stage.workers is not None:
+            stage.workers.restore(restore)
+            source = WorkerSource(stage.workers, plan, options.in_order, options.timeout, learn=learn,
+                                  events=runtime.events, stall_s=options.stall_warning_s, clock=runtime.clock,
+                                  ledger=state.ledger, cursor=cursor or 0)
+        else:
+            maker = options.maker()
+            if 0 in restore:
+                maker.restore(*restore[0])
+            source = InlineSource(maker, plan, runtime.layout, None, stage.slots if stage is not None else None,
+                                  learn=learn, events=runtime.events, ledger=state.ledger)
+        if runtime.prefetcher is not None:
+            yield from on_device(runtime.prefetcher.batches(source), options.device_id, runtime.ops)
+        else:
+            yield from host_batches(source, options.zero_copy, lambda: runtime.layout, runtime.events, runtime.clock)
+        graceful = state.finished = True
+        if stage is not None and stage.workers is not None:
+            runtime.events.ended(stage.workers.pids())
+    except GeneratorExit:
+        graceful = True  # a break or a dropped iterator: persistent workers may stay
+        raise
+    finally:
+        if source is not None:
+            source.close()
+        if stage is not None and stage.workers is not None and not (graceful and options.persistent_workers):
+            runtime.drop(stage)
 
 
 def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], SlotLayout | None],
-                 clock: Clock | None = None) -> Iterator[Any]:
+                 events: Listener | None = None, clock: Callable[[], float] | None = None) -> Iterator[Any]:
     """The source's host batches as the caller gets them on the CPU: copies out of the ring, or
-    (``zero_copy``) read-only views whose slot is held until the next batch is asked for. The copies'
-    seconds go to ``clock``.
+    (``zero_copy``) read-only views whose slot is held until the next batch is asked for. Each copy's
+    seconds are a ``copied`` event.
 
     A failed batch is yielded as its ``FailedBatch``, for the iterator to raise in its turn.
     """
@@ -101,10 +179,10 @@ def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], Slot
                 leaves = [readonly(a) for a in hb.leaves]
                 held = hb
             else:
-                t0 = time.perf_counter()
+                t0 = clock() if clock is not None else 0.0
                 leaves = [a.copy() for a in hb.leaves]
-                if clock is not None:
-                    clock.copy_s += time.perf_counter() - t0
+                if events is not None and clock is not None:
+                    events.copied(clock() - t0)
                 source.release(hb)
             treedef = hb.treedef if hb.treedef is not None else _layout_treedef(layout())
             yield join(treedef, leaves, hb.objects)

@@ -27,58 +27,21 @@ resume is bitwise the uninterrupted run).
 
 from __future__ import annotations
 
-from collections import Counter, deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...errors import LoaderError
 from ..workers.messages import ErrorReport
+from .progress import Ledger, Progress
 from .remainder import Session, SessionPlan, join_done, split_done
 from .sampler import Plan, PlanTask, StreamPlan
 
 if TYPE_CHECKING:
-    from .._dataloader import DataLoader
+    from .._options import Options
 
 STATE_VERSION = 1
 _MATCH = ("seed", "n", "batch_size", "shuffle", "drop_last")
-
-
-class Ledger:
-    """What a batch source handed out, in order: batch (task) indexes, and for a stream the worker and
-    its dataset state after each. Only the last ``keep`` entries keep their state (the prefetcher is
-    never that far ahead of the caller); older ones fold into a per-worker summary."""
-
-    def __init__(self, keep: int = 64) -> None:
-        self.handed: list[int] = []
-        self.keep = keep
-        self._notes: dict[int, tuple[int, Any]] = {}
-        self._recent: deque[tuple[int, int, Any]] = deque()
-        self._states: dict[int, Any] = {}
-        self._counts: Counter[int] = Counter()
-
-    def note(self, b: int, worker: int, state: Any) -> None:
-        """Task ``b`` was made by ``worker``, whose dataset state is now ``state``."""
-        self._notes[b] = (worker, state)
-
-    def hand(self, b: int) -> None:
-        i = len(self.handed)
-        self.handed.append(b)
-        note = self._notes.pop(b, None)
-        if note is None:
-            return
-        self._recent.append((i, *note))
-        while len(self._recent) > self.keep:
-            _, w, state = self._recent.popleft()
-            self._states[w], self._counts[w] = state, self._counts[w] + 1
-
-    def workers(self, delivered: int) -> tuple[dict[int, Any], Counter[int], int | None]:
-        """Per worker, the state after its last delivered batch and its delivered count; the last worker."""
-        states, counts, last = dict(self._states), Counter(self._counts), None
-        for i, w, state in self._recent:
-            if i < delivered:
-                states[w], counts[w], last = state, counts[w] + 1, w
-        return states, counts, last
 
 
 @dataclass(frozen=True, eq=False)
@@ -111,52 +74,41 @@ class _StreamRest(StreamPlan):
         return super().transform_seed(b + self.first)
 
 
-@dataclass
-class Track:
-    """One iteration's bookkeeping: the state it began from, its plan and its source's ledger."""
-
-    loader_kind: str
-    epoch: int
-    start: dict[str, Any] | None  # the loaded state this epoch resumes, or None
-    plan: Any = None
-    ledger: Ledger | None = None
-    sampler_state: Any = None
-    finished: bool = False
-
-
-def _sampler_of(loader: DataLoader) -> Any:
-    s = loader._sampling
+def _sampler_of(options: Options) -> Any:
+    s = options.sampling
     return s.batch_sampler if s.batch_sampler is not None else s.sampler
 
 
-def kind_of(loader: DataLoader) -> str:
-    s = loader._sampling
+def kind_of(options: Options) -> str:
+    """What a state of this loader holds: "map" (its own sampler), "sampler" (a user's) or "iterable"."""
+    s = options.sampling
     return "iterable" if s.kind == "iterable" else "map" if s.own else "sampler"
 
 
-def make_plan(loader: DataLoader, track: Track) -> Any:
-    """The epoch's plan: the whole epoch, or what is left of it after ``track.start``."""
-    s, start, epoch = loader._sampling, track.start, track.epoch
+def make_plan(options: Options, epoch: int, start: Mapping[str, Any] | None) -> tuple[Any, Any]:
+    """The epoch's plan (the whole epoch, or what is left of it after ``start``) and a user sampler's state
+    as the epoch begins (what a ``"sampler"`` state saves)."""
+    s, kind = options.sampling, kind_of(options)
     plan: SessionPlan | _SkipPlan | _StreamRest
-    if track.loader_kind == "map":
-        plan = _map_plan(loader, start, epoch)
-    elif track.loader_kind == "sampler":
-        sampler = _sampler_of(loader)
+    sampler_state = None
+    if kind == "map":
+        plan = _map_plan(options, start, epoch)
+    elif kind == "sampler":
+        sampler = _sampler_of(options)
         if start is not None and start.get("sampler_state") is not None and hasattr(sampler, "load_state_dict"):
             sampler.load_state_dict(start["sampler_state"])
-        track.sampler_state = sampler.state_dict() if hasattr(sampler, "state_dict") else None
+        sampler_state = sampler.state_dict() if hasattr(sampler, "state_dict") else None
         done = frozenset(join_done(start["delivered"], start["extra"])) if start is not None else frozenset()
-        plan = _SkipPlan(s.plan(loader.dataset, epoch), done)
+        plan = _SkipPlan(s.plan(options.dataset, epoch), done)
     else:
         first = int(start["next_task"]) if start is not None else 0
         plan = _StreamRest(s.seed, epoch, s.rank, s.world_size, first)
-    track.plan = plan
-    return plan
+    return plan, sampler_state
 
 
-def _map_plan(loader: DataLoader, start: dict[str, Any] | None, epoch: int) -> SessionPlan:
-    s, rank, world = loader._sampling, loader.rank, loader.world_size
-    n = len(loader.dataset)
+def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> SessionPlan:
+    s, rank, world = options.sampling, options.rank, options.world_size
+    n = len(options.dataset)
     if start is None:
         return SessionPlan.make(Session(n, s.batch_size or 1, s.shuffle, s.seed, epoch, s.drop_last, world), rank)
     if start["n"] != n:
@@ -176,77 +128,70 @@ def _map_plan(loader: DataLoader, start: dict[str, Any] | None, epoch: int) -> S
     return SessionPlan.make(old.after(done, world), rank)
 
 
-def attach(track: Track, source: Any, loader: DataLoader) -> None:
-    """The source is made: give it its ledger and, for a stream, restore each reader before it begins."""
-    track.ledger = source.ledger = Ledger(keep=64 + loader.num_workers * loader.prefetch_factor)
-    start = track.start
-    if track.loader_kind != "iterable" or start is None:
-        return
-    per = start["workers"]
+def ledger_for(options: Options) -> Ledger:
+    """An epoch's ledger, keeping states as far back as the prefetch can be ahead of the caller."""
+    return Ledger(keep=64 + options.num_workers * options.prefetch_factor)
+
+
+def stream_restore(start: Mapping[str, Any] | None) -> tuple[dict[int, tuple[Any, int]], int | None]:
+    """A resumed stream: per worker, its dataset state (or batches to skip), and the worker the next task goes to."""
+    if start is None:
+        return {}, None
     restore = {w: (p.get("state"), 0 if p.get("state") is not None else int(p.get("batches", 0)))
-               for w, p in enumerate(per) if p is not None}
-    workers = getattr(source, "workers", None)
-    if workers is None:
-        if 0 in restore:
-            source.maker.restore(*restore[0])
-        return
-    workers.restore(restore)
-    if start.get("next_worker") is not None:
-        source.cursor = int(start["next_worker"])
+               for w, p in enumerate(start["workers"]) if p is not None}
+    nxt = start.get("next_worker")
+    return restore, int(nxt) if nxt is not None else None
 
 
-def state_of(loader: DataLoader) -> dict[str, Any]:
-    """The loader's state now: the newest live iteration's progress, or the start of the next epoch."""
-    it = loader._latest() if loader._latest is not None else None
-    track = getattr(loader, "_track", None)
-    if it is None or track is None or track.finished:
-        return _fresh(loader, loader.epoch)
-    delivered = it.delivered
-    if track.plan is None:  # iterated but not begun: still where it started
-        return dict(track.start) if track.start is not None else _fresh(loader, track.epoch)
-    handed = track.ledger.handed[:delivered] if track.ledger is not None else []
-    if track.loader_kind == "map":
-        return _map_state(loader, track, handed)
-    if track.loader_kind == "sampler":
-        prior = join_done(track.start["delivered"], track.start["extra"]) if track.start is not None else []
-        k, extra = split_done([*prior, *(track.plan.ids[i] for i in handed)])
-        return {**_head(loader, "sampler", track.epoch), "delivered": k, "extra": extra,
-                "sampler_state": track.sampler_state}
-    return _stream_state(loader, track, handed)
+def state_of(options: Options, progress: Progress) -> dict[str, Any]:
+    """The state of an epoch that has not finished: where its caller stands."""
+    if progress.plan is None:  # iterated but not begun: still where it started
+        return dict(progress.start) if progress.start is not None else fresh(options, progress.epoch)
+    if progress.kind == "map":
+        return _map_state(options, progress)
+    if progress.kind == "sampler":
+        start = progress.start
+        prior = join_done(start["delivered"], start["extra"]) if start is not None else []
+        k, extra = split_done([*prior, *(progress.plan.ids[i] for i in progress.handed)])
+        return {**_head(options, "sampler", progress.epoch), "delivered": k, "extra": extra,
+                "sampler_state": progress.sampler_state}
+    return _stream_state(options, progress)
 
 
-def _head(loader: DataLoader, kind: str, epoch: int) -> dict[str, Any]:
-    return {"version": STATE_VERSION, "kind": kind, "epoch": epoch, "seed": loader.seed,
-            "rank": loader.rank, "world_size": loader.world_size}
+def _head(options: Options, kind: str, epoch: int) -> dict[str, Any]:
+    return {"version": STATE_VERSION, "kind": kind, "epoch": epoch, "seed": options.seed,
+            "rank": options.rank, "world_size": options.world_size}
 
 
-def _fresh(loader: DataLoader, epoch: int) -> dict[str, Any]:
-    kind = kind_of(loader)
-    head = _head(loader, kind, epoch)
+def fresh(options: Options, epoch: int) -> dict[str, Any]:
+    """The state at the start of epoch ``epoch``."""
+    kind = kind_of(options)
+    head = _head(options, kind, epoch)
     if kind == "map":
-        s = loader._sampling
-        return {**head, "n": len(loader.dataset), "batch_size": s.batch_size or 1, "shuffle": s.shuffle,
+        s = options.sampling
+        return {**head, "n": len(options.dataset), "batch_size": s.batch_size or 1, "shuffle": s.shuffle,
                 "drop_last": s.drop_last, "base": 0, "excluded": [], "delivered": 0, "extra": []}
     if kind == "sampler":
         return {**head, "delivered": 0, "extra": [], "sampler_state": None}
-    return {**head, "workers": [None] * max(1, loader.num_workers), "next_task": 0, "next_worker": None}
+    return {**head, "workers": [None] * max(1, options.num_workers), "next_task": 0, "next_worker": None}
 
 
-def _map_state(loader: DataLoader, track: Track, handed: list[int]) -> dict[str, Any]:
-    plan: SessionPlan = track.plan
+def _map_state(options: Options, progress: Progress) -> dict[str, Any]:
+    plan: SessionPlan = progress.plan
     se = plan.session
     done = set(range(plan.session.batches(plan.rank))) - set(plan.todo.tolist())
-    done.update(int(plan.todo[i]) for i in handed)
+    done.update(int(plan.todo[i]) for i in progress.handed)
     k, extra = split_done(done)
-    return {**_head(loader, "map", track.epoch), "world_size": se.world_size, "n": se.n,
+    return {**_head(options, "map", progress.epoch), "world_size": se.world_size, "n": se.n,
             "batch_size": se.batch_size, "shuffle": se.shuffle, "drop_last": se.drop_last, "seed": se.seed,
             "base": se.base, "excluded": list(se.excluded), "delivered": k, "extra": extra}
 
 
-def _stream_state(loader: DataLoader, track: Track, handed: list[int]) -> dict[str, Any]:
-    assert track.ledger is not None
-    states, counts, last = track.ledger.workers(len(handed))
-    start = track.start or _fresh(loader, track.epoch)
+def _stream_state(options: Options, progress: Progress) -> dict[str, Any]:
+    assert progress.streams is not None
+    states, counts, last = progress.streams
+    handed = progress.handed
+    start = progress.start or fresh(options, progress.epoch)
     per: list[dict[str, Any] | None] = [dict(p) if p is not None else None for p in start["workers"]]
     for w, state in states.items():
         if isinstance(state, ErrorReport):
@@ -259,32 +204,32 @@ def _stream_state(loader: DataLoader, track: Track, handed: list[int]) -> dict[s
     first = int(start["next_task"])
     nxt = first + max(handed) + 1 if handed else first
     n = len(per)
-    return {**_head(loader, "iterable", track.epoch), "workers": per, "next_task": nxt,
+    return {**_head(options, "iterable", progress.epoch), "workers": per, "next_task": nxt,
             "next_worker": (last + 1) % n if last is not None else start["next_worker"]}
 
 
-def check_state(loader: DataLoader, state: Mapping[str, Any]) -> dict[str, Any]:
+def check_state(options: Options, state: Mapping[str, Any]) -> dict[str, Any]:
     """A state this loader can resume from (ValueError naming what differs otherwise)."""
     if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
         raise ValueError(f"load_state_dict: not a cupy_nwt loader state of version {STATE_VERSION}")
     sd = dict(state)
-    kind = kind_of(loader)
+    kind = kind_of(options)
     if sd.get("kind") != kind:
         raise ValueError(f"load_state_dict: the state is of a {sd.get('kind')!r} loader, this one is {kind!r}")
     if kind == "map":
-        s = loader._sampling
-        mine = {"seed": loader.seed, "n": len(loader.dataset), "batch_size": s.batch_size or 1,
+        s = options.sampling
+        mine = {"seed": options.seed, "n": len(options.dataset), "batch_size": s.batch_size or 1,
                 "shuffle": s.shuffle, "drop_last": s.drop_last}
         differ = [f"{k}={sd.get(k)!r} (this loader: {mine[k]!r})" for k in _MATCH if sd.get(k) != mine[k]]
         if differ:
             raise ValueError("load_state_dict: the state was saved with other settings: " + ", ".join(differ))
     elif kind == "iterable":
-        readers = max(1, loader.num_workers)
+        readers = max(1, options.num_workers)
         if any(p is not None for p in sd["workers"]) and (len(sd["workers"]) != readers
-                                                          or sd["world_size"] != loader.world_size):
+                                                          or sd["world_size"] != options.world_size):
             raise ValueError(f"load_state_dict: an iterable dataset's state was saved with {len(sd['workers'])} "
                              f"worker(s) on {sd['world_size']} rank(s); it resumes only with the same layout "
-                             f"(this loader: {readers} worker(s), {loader.world_size} rank(s))")
+                             f"(this loader: {readers} worker(s), {options.world_size} rank(s))")
     return sd
 
 

@@ -14,20 +14,18 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
+from ...errors import LoaderError, LoaderTimeoutError
+from .._events import Events, Listener, Stall
+from ..ring.ring import Ring, SlotLayout
+from ..ring.slots import HostBatch, SlotPool
+from ..ring.tree import split
 from ..workers.maker import BatchMaker, InSlot, StreamEnd, make_worker_error
 from ..workers.messages import ErrorReport
-from ..ring.ring import Ring, SlotLayout
+from ..workers.pool import Ended, Failed, Noted, Result, Workers
+from .progress import Ledger
 from .sampler import Plan, PlanTask
-from ..ring.slots import HostBatch, SlotPool
-from .._stats import Clock, Stall
-from ..workers.thread import Workers
-from ..ring.tree import split
-from ..workers.process import Ended, Failed, LoaderError, LoaderTimeoutError, Noted, Result
-
-if TYPE_CHECKING:
-    from .resume import Ledger
 
 
 class FailedBatch(Exception):
@@ -75,15 +73,15 @@ class InlineSource(BatchSource):
 
     def __init__(self, maker: BatchMaker, plan: Plan, layout: SlotLayout | None, ring: Ring | None,
                  slots: SlotPool | None = None, *, first: HostBatch | None = None, learn: Learn | None = None,
-                 clock: Clock | None = None) -> None:
-        self.maker, self.plan, self.clock = maker, plan, clock
+                 events: Listener | None = None, ledger: Ledger | None = None) -> None:
+        self.maker, self.plan, self.events = maker, plan, events
         self.slots = slots if slots is not None or ring is None else SlotPool(ring)
         self.first = first
         self.learn = learn
         self.tasks: Iterator[PlanTask] = plan.tasks()
         self.pending: PlanTask | None = None
         self.done = False
-        self.ledger: Ledger | None = None  # what was handed out, for the loader's state_dict
+        self.ledger = ledger  # what was handed out, for the epoch's progress
         if plan.stream:
             maker.begin_stream()
 
@@ -142,8 +140,8 @@ class InlineSource(BatchSource):
             return None
         except Exception as exc:  # noqa: BLE001 - rewrapped with the batch and sample index
             raise FailedBatch(inline_error(exc, self.maker, b)) from None
-        if self.clock is not None:
-            self.clock.add(self.maker.times)
+        if self.events is not None:
+            self.events.made(self.maker.times)
         if isinstance(made, InSlot):
             assert self.slots is not None and slot is not None
             return self.slots.batch(b, slot, made.rows, made.objects)
@@ -170,22 +168,23 @@ class WorkerSource(BatchSource):
     PyTorch does (so which worker makes batch b is fixed); a worker whose stream ran out gets no more,
     and the epoch ends when every worker's has.
 
-    A ``next()`` that has waited ``stall_s`` seconds calls ``on_stall`` once, naming the batch it waits
-    for and the worker it went to (recorded at submit), and goes on waiting. ``blocked_s`` sums the
-    time ``next()`` spent blocked for a batch not yet made: the workers falling behind, as opposed
-    to the loader handling a ready batch (or the caller's process waiting for a CPU while it does).
+    Each ``next()`` is an ``asked`` event first (online tuning samples the workers there). One that
+    has waited ``stall_s`` seconds is a ``stalled`` event, once, naming the batch it waits for and the
+    worker it went to (recorded at submit), and goes on waiting. ``blocked_s`` sums the time
+    ``next()`` spent blocked for a batch not yet made (each stretch a ``blocked`` event): the workers
+    falling behind, as opposed to the loader handling a ready batch (or the caller's process waiting
+    for a CPU while it does).
     """
 
     def __init__(self, workers: Workers, plan: Plan, in_order: bool, timeout: float | None,
-                 *, learn: Learn | None = None, tick: Callable[[WorkerSource], None] | None = None,
-                 stall_s: float | None = None, on_stall: Callable[[Stall], None] | None = None,
-                 clock: Clock | None = None) -> None:
+                 *, learn: Learn | None = None, events: Events | None = None, stall_s: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter, ledger: Ledger | None = None,
+                 cursor: int = 0) -> None:
         self.workers, self.slots, self.plan, self.epoch = workers, workers.slots, plan, plan.epoch
-        self.clock = clock
+        self.events, self.clock = events, clock
         self.in_order, self.timeout, self.learn = in_order, timeout, learn
-        self.tick = tick  # online tuning's look at each ask (``_online``)
-        self.stall_s: float | None = stall_s if on_stall is not None else None
-        self.on_stall = on_stall
+        self.asking = events is not None and events.hears_asked
+        self.stall_s: float | None = stall_s if events is not None else None
         self.owner: dict[int, int | None] = {}  # batch index -> the worker its task went to
         self.slots.new_generation()
         self.tasks: Iterator[PlanTask] = plan.tasks()
@@ -193,12 +192,12 @@ class WorkerSource(BatchSource):
         self.ready: dict[int, HostBatch | Failed] = {}
         self.skipped: set[int] = set()
         self.alive = [True] * workers.size  # per worker: may its stream have batches left
-        self.cursor = 0  # a stream's next task goes to the first alive worker from here, cyclically
+        self.cursor = cursor  # a stream's next task goes to the first alive worker from here, cyclically
         self.submitted = 0
         self.resolved = 0  # tasks answered: delivered, failed, or without a batch
         self.next_deliver = 0
         self.planned_all = False
-        self.ledger: Ledger | None = None  # what was handed out, for the loader's state_dict
+        self.ledger = ledger  # what was handed out, for the epoch's progress
         self.blocked_s = 0.0
 
     def _submit(self) -> None:
@@ -254,12 +253,12 @@ class WorkerSource(BatchSource):
         return 0 if self.planned_all else self.workers.idle_workers()
 
     def _stall(self, waited: float) -> None:
-        assert self.on_stall is not None
+        assert self.events is not None
         b = self._pick_waited()
         w = self.owner.get(b) if b is not None else None
         where = (self.workers.worker_label(w) + " has" if w is not None else
                  "no worker has yet (every ring slot or worker is taken)" if b is not None else "the workers make")
-        self.on_stall(Stall(self.epoch, b, w, where, waited))
+        self.events.stalled(Stall(self.epoch, b, w, where, waited))
 
     def _pick_waited(self) -> int | None:
         """The batch a blocked in-order ``next()`` waits for (None out of order: any will do)."""
@@ -274,8 +273,9 @@ class WorkerSource(BatchSource):
         return limit
 
     def next(self, block: bool) -> HostBatch | None:
-        if self.tick is not None:
-            self.tick(self)
+        if self.asking:
+            assert self.events is not None
+            self.events.asked(self.epoch, self)
         deadline = None
         started, stalled = time.monotonic(), False
         while True:
@@ -316,14 +316,14 @@ class WorkerSource(BatchSource):
             self._blocking_collect(self._wait(deadline, started, stalled))
 
     def _blocking_collect(self, limit: float | None) -> None:
-        t0 = time.perf_counter()
+        t0 = self.clock()
         try:
             self._absorb(self.workers.collect(limit))
         finally:
-            blocked = time.perf_counter() - t0
+            blocked = self.clock() - t0
             self.blocked_s += blocked
-            if self.clock is not None:
-                self.clock.blocked_s += blocked
+            if self.events is not None:
+                self.events.blocked(blocked)
 
     def release(self, hb: HostBatch) -> None:
         if hb.slot is not None:

@@ -18,10 +18,11 @@ from typing import Any
 import numpy as np
 
 from ...errors import BatchLayoutError, WorkerError
+from .._events import StageTimes
 from ..ring.collate import collate, collate_into
-from .messages import ErrorReport
 from ..ring.ring import SlotLayout
 from ..ring.tree import split
+from .messages import ErrorReport
 
 
 class StreamEnd(Exception):
@@ -61,7 +62,7 @@ class BatchMaker:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.current: int | None = None
-        self.times: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the last batch's (fetch, collate, transform) s
+        self.times = StageTimes()  # the last batch's seconds in each stage
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
         self._restore: tuple[Any, int] | None = None  # (dataset state, batches to skip) for the next opening
@@ -184,7 +185,7 @@ class BatchMaker:
                 and self.batch_transform is None and rows <= layout.rows):
             try:
                 made = InSlot(rows, collate_into(samples, indices, layout.treedef, views(rows)))
-                self.times = (t1 - t0, time.perf_counter() - t1, 0.0)
+                self.times = StageTimes(fetch_s=t1 - t0, collate_s=time.perf_counter() - t1)
                 return made
             except BatchLayoutError:
                 pass  # the samples may agree among themselves: collated below, or named there if not
@@ -200,7 +201,7 @@ class BatchMaker:
                     np.copyto(dst, src)
                 out = InSlot(rows, objects)
         transform_s = t3 - t2 if self.batch_transform is not None else 0.0
-        self.times = (t1 - t0, t2 - t1 + time.perf_counter() - t3, transform_s)
+        self.times = StageTimes(fetch_s=t1 - t0, collate_s=t2 - t1 + time.perf_counter() - t3, transform_s=transform_s)
         return out
 
     def failed_index(self, exc: BaseException) -> int | None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .._events import StageTimes
 from ..ring.ring import SlotLayout
 
 
@@ -115,7 +116,7 @@ class Ok(_Record):
     slot: int
     rows: int
     objects: list | None = None
-    times: tuple[float, float, float] | None = None  # seconds fetching, collating, transforming (``loader.stats()``)
+    times: StageTimes | None = None  # seconds in each stage where it was made (``loader.stats()``)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         fields = (self.generation, self.batch_index, self.slot, self.rows)  # the common case stays small
@@ -131,7 +132,7 @@ class Whole(_Record):
     slot: int
     rows: int
     batch: Any
-    times: tuple[float, float, float] | None = None
+    times: StageTimes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,11 +1,13 @@
-"""The pool of loader worker processes, seen from the main process (their loop: ``_worker``).
+"""Process workers (``worker_type="process"``): the pool seen from the main process, and the loop's
+channel in each worker process.
 
 Each worker has its own task pipe and result pipe (no lock shared between workers, so a worker
 killed mid-message cannot wedge the others). The main process waits on the result pipes and the
 workers' sentinels together, which is what turns a SIGKILLed worker into an error within one
-wake-up rather than a hang. Small messages travel (see ``_messages``): a task with indices and a
+wake-up rather than a hang. Small messages travel (see ``messages``): a task with indices and a
 seed one way, ``(batch, slot, rows)`` and the batch's non-array leaves the other; arrays are
-written into the shared ring (``_ring``), whose slots and generations a ``SlotPool`` keeps.
+written into the shared ring, whose slots and generations a ``SlotPool`` keeps. A worker watches
+the parent's sentinel too, so it never outlives the main process.
 
 Until the ring exists (its layout is learned from the first batch a worker makes) each worker has
 at most one task out, without a slot; those few batches come back pickled.
@@ -13,8 +15,10 @@ at most one task out, without a slot; those few batches come back pickled.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import pickle
+import random
 import signal
 import time
 from collections.abc import Callable
@@ -26,12 +30,15 @@ from typing import Any
 import numpy as np
 
 from ... import cuda
-from ...errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old import paths
+from ...errors import LoaderError, WorkerDiedError
+from .._events import Listener
+from ..ring.ring import Ring
+from ..ring.slots import SlotPool
+from .info import WorkerInfo, enter_process, get_worker_info, worker_seed  # noqa: F401 - get_worker_info: old path
 from .maker import BatchMaker, make_worker_error
 from .messages import (
-    NO_SLOT,
     BatchFailed,
-    Exhausted,
+    ErrorReport,
     FromWorker,
     InitFailed,
     Ok,
@@ -43,11 +50,74 @@ from .messages import (
     ToWorker,
     Whole,
 )
-from ..ring.ring import Ring
-from ..ring.slots import HostBatch, SlotPool
-from .._stats import Clock
-from ..ring.tree import split
-from .serve import WorkerInfo, WorkerSpec, get_worker_info, worker_main, worker_seed  # noqa: F401 - old import paths
+from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
+from .serve import serve_loop
+
+# ---------------------------------------------------------------- in the worker process
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    worker_id: int
+    num_workers: int
+    seed: int
+    maker: BatchMaker
+    worker_init_fn: Callable | None
+    rank: int = 0
+    world_size: int = 1
+
+
+class _PipeChannel:
+    """A worker process's ends: the task pipe watched with the parent's sentinel, the result pipe."""
+
+    def __init__(self, tasks: Connection, results: Connection) -> None:
+        self.tasks, self.results = tasks, results
+        parent = mp.parent_process()
+        self.watch: list[Any] = [tasks] if parent is None else [tasks, parent.sentinel]
+
+    def receive(self) -> ToWorker | None:
+        if self.tasks not in wait(self.watch):
+            return None  # the parent is gone
+        msg: ToWorker = self.tasks.recv()
+        return msg
+
+    def send(self, answer: FromWorker) -> None:
+        """An answer whose objects will not pickle becomes that batch's failure (a state: that error)."""
+        try:
+            self.results.send(answer)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            if isinstance(answer, StreamState):
+                report = ErrorReport.from_exception(exc, None, keep_object=False)
+                self.results.send(StreamState(answer.generation, answer.batch_index, report))
+            elif isinstance(answer, (Ok, Whole)):
+                report = ErrorReport.from_exception(exc, None)
+                self.results.send(BatchFailed(answer.generation, answer.batch_index, answer.slot, report))
+            else:
+                raise
+
+    def open_ring(self, msg: RingMsg) -> Ring:
+        return Ring.attach(msg.name, msg.layout, msg.slots)
+
+    def close_ring(self, ring: Ring) -> None:
+        ring.close()
+
+
+def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
+    """A worker process: serve tasks until told to ``Stop``, the task pipe closes or the parent dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    # What the worker inherited (a forked parent's heap: the dataset, and everything else the parent
+    # holds) is never garbage to it: keep the collector from walking it, which writes to every object
+    # it visits and so copies every page of it (copy-on-read, even of objects the worker never reads).
+    gc.freeze()
+    random.seed(spec.seed)
+    np.random.seed(spec.seed)
+    maker = spec.maker
+    enter_process(WorkerInfo(spec.worker_id, spec.num_workers, spec.seed, maker.dataset, spec.rank, spec.world_size))
+    try:
+        serve_loop(_PipeChannel(tasks, results), maker, spec.worker_id, spec.worker_init_fn)
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the main process went away
+
 
 # ---------------------------------------------------------------- the pool, seen from the main process
 
@@ -61,144 +131,9 @@ class _Worker:
     outstanding: int = 0
 
 
-@dataclass(frozen=True)
-class Failed:
-    """A batch a worker could not make: raise ``error`` when its turn to be delivered comes."""
-
-    batch_index: int
-    error: WorkerError
-
-
-@dataclass(frozen=True)
-class Ended:
-    """Worker ``worker_id``'s stream ran out: task ``batch_index`` has no batch, and no later task of it will."""
-
-    batch_index: int
-    worker_id: int
-
-
-@dataclass(frozen=True)
-class Noted:
-    """Worker ``worker_id``'s dataset state right after it made stream task ``batch_index``."""
-
-    batch_index: int
-    worker_id: int
-    state: Any
-
-
-Result = HostBatch | Failed | Ended | Noted
-SHUTDOWN_GRACE_S = 1.0
-
-
 def context_of(start_method: str | BaseContext) -> Any:
     """A concrete multiprocessing context (it has Process and Pipe) from a start method or a context."""
     return mp.get_context(start_method) if isinstance(start_method, str) else start_method
-
-
-class Dispatch:
-    """Which worker gets the next task, shared by the process and the thread pool.
-
-    Only the first ``active`` workers get tasks (online tuning parks the others, alive and idle);
-    ``slot_cap`` bounds the ring slots taken at once (None: the whole ring); before the ring exists
-    a worker takes one task at a time, without a slot. Subclasses keep ``_workers`` (each with
-    ``id`` and ``outstanding``), ``slots`` and ``prefetch_factor``.
-    """
-
-    slots: SlotPool
-    prefetch_factor: int
-    _workers: list[Any]
-    _rr = 0
-    _closed = False
-    active = 0
-    slot_cap: int | None = None
-    clock: Clock | None = None  # the loader's figures: each answer's stage seconds (``_stats``)
-    last_worker: int | None = None  # the worker ``_choose`` picked last: who has a task (stall warnings)
-
-    def worker_label(self, worker_id: int) -> str:
-        """How a stall warning names a worker."""
-        return f"loader worker {worker_id}"
-
-    def _clock(self, msg: FromWorker) -> None:
-        if self.clock is not None and isinstance(msg, (Ok, Whole)):
-            self.clock.add(msg.times)
-
-    def _answer(self, w: Any, pid: int, msg: FromWorker) -> Result | None:
-        """A worker's answer to a task, the same for processes and threads: a batch to deliver, a
-        failure to raise in turn, an ended stream, a stream's state, or nothing (stale)."""
-        if isinstance(msg, InitFailed):
-            raise make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=None)
-        if isinstance(msg, StreamState):
-            return Noted(msg.batch_index, w.id, msg.state) if self.slots.is_current(msg.generation) else None
-        w.outstanding -= 1
-        self._clock(msg)
-        slots = self.slots
-        if isinstance(msg, Ok):
-            if not slots.accept(msg.generation, msg.slot):
-                return None  # made for an abandoned epoch: its slot is free again
-            return slots.batch(msg.batch_index, msg.slot, msg.rows, msg.objects)
-        if msg.slot != NO_SLOT:
-            slots.release(msg.slot)
-        if not slots.is_current(msg.generation):
-            return None
-        if isinstance(msg, Whole):
-            treedef, arrays, objects = split(msg.batch)
-            return HostBatch(msg.batch_index, None, msg.rows, arrays, treedef, objects)
-        if isinstance(msg, Exhausted):
-            return Ended(msg.batch_index, w.id)
-        if isinstance(msg, BatchFailed):
-            error = make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=msg.batch_index)
-            return Failed(msg.batch_index, error)
-        return None
-
-    @property
-    def size(self) -> int:
-        return len(self._workers)
-
-    def idle_workers(self) -> int:
-        """Active workers with no task out."""
-        return sum(w.outstanding == 0 for w in self._workers[:self.active])
-
-    def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool:
-        """Queue a batch on ``worker`` (or the least busy one); False when no slot or capacity is free.
-
-        Before the ring exists a worker takes one task at a time, without a slot.
-        """
-        if not self._workers or self._closed:
-            return False
-        w = self._choose(worker)
-        if w is None:
-            return False
-        slot = self.slots.take() if self.slots.ring is not None else NO_SLOT
-        assert slot is not None  # checked free by _choose
-        try:
-            self._deliver(w, Task(self.slots.generation, batch_index, slot, indices, tseed))
-        except BaseException:
-            if slot != NO_SLOT:
-                self.slots.give_back(slot)
-            raise
-        w.outstanding += 1
-        return True
-
-    def _deliver(self, w: Any, task: Task) -> None:
-        """Hand ``task`` to worker ``w`` (a pipe for a process, a queue for a thread)."""
-        raise NotImplementedError
-
-    def _choose(self, worker: int | None) -> Any:
-        """The worker to take the next task (``worker`` if given), or None when no slot or capacity is free."""
-        ring, cap = self.slots.ring, self.slot_cap
-        if ring is not None and (not self.slots.free or (cap is not None and ring.slots - len(self.slots.free) >= cap)):
-            return None
-        n = min(self.active, len(self._workers))
-        if worker is None:
-            w = min((self._workers[(self._rr + k) % n] for k in range(n)), key=lambda x: x.outstanding)
-        else:
-            w = self._workers[worker]
-        per_worker = max(self.prefetch_factor, -(-cap // n)) if cap is not None else self.prefetch_factor
-        if w.outstanding >= (per_worker if ring is not None else 1):
-            return None
-        self._rr = (w.id + 1) % n
-        self.last_worker = w.id
-        return w
 
 
 class WorkerPool(Dispatch):
@@ -210,8 +145,9 @@ class WorkerPool(Dispatch):
 
     def __init__(self, *, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int,
                  worker_init_fn: Callable | None, start_method: str | BaseContext, epoch: int = 0,
-                 rank: int = 0, world_size: int = 1) -> None:
+                 rank: int = 0, world_size: int = 1, events: Listener | None = None) -> None:
         self.prefetch_factor = prefetch_factor
+        self.events = events
         self.slots = SlotPool(None)
         self._closed = False
         self._workers: list[_Worker] = []
@@ -390,4 +326,19 @@ def default_start_method(device: str) -> str:
     if device == "cuda" or cuda.cuda_may_be_initialized():
         return "forkserver"
     return "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+
+
+def _start_method(context: BaseContext | None, device: str) -> str:
+    return context.get_start_method() if context is not None else default_start_method(device)
+
+
+def _start(*, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int, worker_init_fn: Callable | None,
+           context: BaseContext | None, device: str, epoch: int, rank: int, world_size: int,
+           events: Listener | None) -> WorkerPool:
+    return WorkerPool(maker=maker, num_workers=num_workers, prefetch_factor=prefetch_factor, seed=seed,
+                      worker_init_fn=worker_init_fn, start_method=context if context is not None else
+                      default_start_method(device), epoch=epoch, rank=rank, world_size=world_size, events=events)
+
+
+KIND = WorkerKind("process", _start, processes=True, start_method=_start_method)
 

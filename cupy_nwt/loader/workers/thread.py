@@ -6,7 +6,7 @@ batches, no second mapping of the ring, no start-up by fork or forkserver. A thr
 into the ring's slot (the ring is plain anonymous memory, page-locked like the shared one when
 ``pin_memory``), and the batches made before the ring exists are handed over as they are.
 
-Each thread runs the process worker's own ``serve`` on its own copy of the ``BatchMaker`` (so an
+Each thread runs the one serve loop (``serve``) on its own copy of the ``BatchMaker`` (so an
 iterable-style dataset gets one iterator per worker) and has its own task queue; every answer comes
 back through one queue. What differs from processes, and why:
 
@@ -31,77 +31,22 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
-
-import numpy as np
+from multiprocessing.context import BaseContext
+from typing import Any
 
 from ...errors import WorkerDiedError
-from . import serve as _worker
+from .._events import Listener
 from .._iterable import dataset_kind
-from .maker import BatchMaker
-from .messages import (
-    ErrorReport,
-    FromWorker,
-    InitFailed,
-    Restore,
-    Skipped,
-    StreamState,
-    Task,
-)
 from ..ring.ring import Ring
 from ..ring.slots import SlotPool
-from .._stats import Clock
-from .process import SHUTDOWN_GRACE_S, Dispatch, Result
+from .info import WorkerInfo, enter_thread, worker_seed
+from .maker import BatchMaker
+from .messages import FromWorker, Restore, Stop, Task
+from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
+from .serve import serve_loop
 
-WORKER_TYPES = ("process", "thread")
 STUCK_SUFFIX = " (stuck)"  # appended to the name of a thread still busy after shutdown
 _log = logging.getLogger(__name__)
-
-
-class Workers(Protocol):
-    """What the sources and stages drive: a ``WorkerPool`` (processes) or a ``ThreadPool``."""
-
-    slots: SlotPool
-    slot_cap: int | None
-    active: int
-    prefetch_factor: int
-    clock: Clock | None
-    last_worker: int | None
-
-    @property
-    def size(self) -> int: ...
-
-    @property
-    def closed(self) -> bool: ...
-
-    def attach(self, ring: Ring) -> None: ...
-
-    def pids(self) -> list[int]: ...
-
-    def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool: ...
-
-    def collect(self, timeout: float | None) -> list[Result]: ...
-
-    def idle_workers(self) -> int: ...
-
-    def set_active(self, n: int) -> None: ...
-
-    def worker_label(self, worker_id: int) -> str: ...
-
-    def restore(self, per_worker: dict[int, tuple[Any, int]]) -> None: ...
-
-    def shutdown(self) -> None: ...
-
-
-def check_worker_type(worker_type: object) -> str:
-    """``worker_type`` as given, or a one-line ValueError."""
-    if worker_type not in WORKER_TYPES:
-        raise ValueError(f"worker_type must be 'process' or 'thread', got {worker_type!r}")
-    return str(worker_type)
-
-
-class _Stop:
-    """Leave the loop."""
 
 
 @dataclass(frozen=True)
@@ -111,7 +56,7 @@ class _Died:
     error: BaseException
 
 
-_Message = Task | Ring | Restore | _Stop
+_Message = Task | Ring | Restore | Stop
 
 
 @dataclass
@@ -130,8 +75,10 @@ class ThreadPool(Dispatch):
     """
 
     def __init__(self, *, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int,
-                 worker_init_fn: Callable | None, epoch: int = 0, rank: int = 0, world_size: int = 1) -> None:
+                 worker_init_fn: Callable | None, epoch: int = 0, rank: int = 0, world_size: int = 1,
+                 events: Listener | None = None) -> None:
         self.prefetch_factor = prefetch_factor
+        self.events = events
         self.slots = SlotPool(None)
         self._closed = False
         self._stopping = threading.Event()
@@ -147,8 +94,7 @@ class ThreadPool(Dispatch):
         mine = copy.copy(maker)
         if dataset_kind(maker.dataset) == "iterable":  # its own copy, as a process worker has: a reader, a position
             mine.dataset = copy.deepcopy(maker.dataset)
-        info = _worker.WorkerInfo(w, max(num_workers, w + 1), _worker.worker_seed(seed, w, epoch), mine.dataset,
-                                  rank, world_size)
+        info = WorkerInfo(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), mine.dataset, rank, world_size)
         tasks: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         thread = threading.Thread(target=self._loop, args=(info, mine, worker_init_fn, tasks),
                                   name=f"cupy_nwt-worker-{w}", daemon=True)
@@ -182,36 +128,11 @@ class ThreadPool(Dispatch):
 
     # -- the threads
 
-    def _loop(self, info: _worker.WorkerInfo, maker: BatchMaker, worker_init_fn: Callable | None,
+    def _loop(self, info: WorkerInfo, maker: BatchMaker, worker_init_fn: Callable | None,
               tasks: queue.SimpleQueue[_Message]) -> None:
-        _worker._thread_info.info = info
-        ring: Ring | None = None
-        stream_generation: int | None = None
+        enter_thread(info)
         try:
-            if worker_init_fn is not None:
-                try:
-                    worker_init_fn(info.id)
-                except Exception as exc:  # noqa: BLE001 - reported to the main thread
-                    self._results.put((info.id, InitFailed(ErrorReport.from_exception(exc, None))))
-                    return
-            while True:
-                msg = tasks.get()
-                if isinstance(msg, _Stop) or self._stopping.is_set():
-                    return
-                if isinstance(msg, Ring):
-                    ring = msg
-                    continue
-                if isinstance(msg, Restore):
-                    maker.restore(msg.state, msg.skip)
-                    continue
-                if msg.indices is None and msg.generation != stream_generation:
-                    maker.begin_stream()
-                    stream_generation = msg.generation
-                answer = _worker.serve(maker, ring, msg)
-                if msg.indices is None and not isinstance(answer, Skipped):
-                    state = _worker.stream_state_or_error(maker)
-                    self._results.put((info.id, StreamState(msg.generation, msg.batch_index, state)))
-                self._results.put((info.id, answer))
+            serve_loop(_QueueChannel(info.id, tasks, self._results, self._stopping), maker, info.id, worker_init_fn)
         except BaseException as exc:  # noqa: BLE001 - the thread's death, told to the main thread
             if not self._stopping.is_set():
                 self._results.put((info.id, _Died(exc)))
@@ -263,7 +184,7 @@ class ThreadPool(Dispatch):
         self.slots.retire()
         self._stopping.set()
         for t in self._workers:
-            t.tasks.put(_Stop())
+            t.tasks.put(Stop())
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         for t in self._workers:
             if t.thread is not threading.current_thread():
@@ -276,3 +197,34 @@ class ThreadPool(Dispatch):
                          "killed; each ends when that code returns, its batch dropped",
                          ", ".join(str(t.id) for t in stuck), SHUTDOWN_GRACE_S)
         self._workers = []
+
+
+class _QueueChannel:
+    """A worker thread's ends: its own task queue, the pool's one answer queue; rings are shared objects."""
+
+    def __init__(self, worker_id: int, tasks: queue.SimpleQueue[_Message],
+                 results: queue.SimpleQueue[tuple[int, FromWorker | _Died]], stopping: threading.Event) -> None:
+        self.worker_id, self.tasks, self.results, self.stopping = worker_id, tasks, results, stopping
+
+    def receive(self) -> _Message:
+        msg = self.tasks.get()
+        return Stop() if self.stopping.is_set() else msg
+
+    def send(self, answer: FromWorker) -> None:
+        self.results.put((self.worker_id, answer))
+
+    def open_ring(self, msg: Ring) -> Ring:
+        return msg
+
+    def close_ring(self, ring: Ring) -> None:
+        """The main process's ring: it closes it."""
+
+
+def _start(*, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int, worker_init_fn: Callable | None,
+           context: BaseContext | None, device: str, epoch: int, rank: int, world_size: int,
+           events: Listener | None) -> ThreadPool:
+    return ThreadPool(maker=maker, num_workers=num_workers, prefetch_factor=prefetch_factor, seed=seed,
+                      worker_init_fn=worker_init_fn, epoch=epoch, rank=rank, world_size=world_size, events=events)
+
+
+KIND = WorkerKind("thread", _start, processes=False, start_method=lambda context, device: "thread")
