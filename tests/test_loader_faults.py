@@ -232,7 +232,7 @@ def test_full_dev_shm_fails_up_front_with_the_size_needed(clean, monkeypatch):
     def no_space(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(shm.os, "posix_fallocate", no_space)
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
     with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu") as dl:
         with pytest.raises(shm.ShmSpaceError, match=r"ring needs .* MiB of /dev/shm.*--shm-size"):
             list(dl)

@@ -11,7 +11,7 @@ from ._dataloader import DataLoader
 from ._events import Listener, StageTimes, Stall
 from ._iterable import IterableDataset
 from ._runtime import LoaderParts
-from ._stats import LoaderStats
+from ._stats import LoaderStats, MemoryGrowthWarning
 from .epoch.resume import merge_states
 from .epoch.sampler import BatchSampler
 from .ring.collate import default_collate
@@ -20,6 +20,6 @@ from .tuning.online import Autotune
 from .workers.info import WorkerInfo, get_worker_info
 
 __all__ = ["Autotune", "BatchSampler", "DataLoader", "HostBatch", "IterableDataset", "Listener", "LoaderError",
-           "LoaderParts", "LoaderStats", "LoaderTimeoutError", "RankLayout", "ShmSpaceError", "StageTimes", "Stall",
+           "LoaderParts", "LoaderStats", "LoaderTimeoutError", "MemoryGrowthWarning", "RankLayout", "ShmSpaceError", "StageTimes", "Stall",
            "WorkerDiedError", "WorkerError", "WorkerInfo", "default_collate", "get_worker_info", "merge_states",
            "rank_layout"]

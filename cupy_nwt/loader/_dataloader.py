@@ -309,6 +309,11 @@ class DataLoader(Generic[T_co]):
         """Online tuning's decisions so far, the start first (empty without ``autotune``)."""
         return self._runtime.decisions
 
+    def slots_in_use(self) -> int:
+        """Ring slots holding a batch not yet given back, over every live iteration: the batches made ahead,
+        plus a ``zero_copy`` view held; 0 when no iteration is live (anything else is a leak)."""
+        return self._runtime.slots_in_use()
+
     def worker_pids(self) -> list[int]:
         """PIDs of the live worker processes, of every live iteration (empty with num_workers=0, thread
         workers, or between epochs)."""

@@ -17,7 +17,7 @@ import numpy as np
 
 from .._checks import check_int, check_number
 from ..ranks import RankLayout, agree, rank_layout
-from ..system import usable_cpus
+from .. import system
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
@@ -189,7 +189,7 @@ def resolve_context(multiprocessing_context: Any, start_method: str | None, num_
 
 def warn_if_too_many_workers(num_workers: int, stacklevel: int = 3) -> None:
     """A UserWarning, as PyTorch gives, when there are more workers than CPUs this process may use."""
-    cpus = usable_cpus()
+    cpus = system.usable_cpus()
     if num_workers > cpus:
         warnings.warn(f"this DataLoader will start {num_workers} worker processes, more than the {cpus} CPUs this "
                       "process may use: the workers will share them, which is slower and may even stall; "

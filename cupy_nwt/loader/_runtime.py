@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._events import Events, Listener
-from ._stats import LoaderStats, MemoryReader, Recorder, copy_kind, read_uss
+from ._stats import MEMORY_WARN_BYTES, LoaderStats, MemoryReader, Recorder, copy_kind, read_uss
 from .device.place import device_scope
 from .device.prefetch import DevicePrefetcher, PrefetchOps
 from .ring.ring import Ring, SlotLayout
@@ -39,12 +39,14 @@ if TYPE_CHECKING:
 class LoaderParts:
     """A loader's collaborators, each replaceable: ``ops`` the CUDA operations of the prefetcher (and the
     GPUs it may use; None: ``cupy_nwt.cuda``'s), ``reader`` a worker process's private memory by pid,
-    ``clock`` the seconds the figures count, ``listeners`` more listeners on the loader's events."""
+    ``clock`` the seconds the figures count, ``listeners`` more listeners on the loader's events,
+    ``memory_warn_bytes`` the copy-on-read warning's threshold (``_stats``)."""
 
     ops: PrefetchOps | None = None
     reader: MemoryReader = read_uss
     clock: Callable[[], float] = time.perf_counter
     listeners: tuple[Listener, ...] = ()
+    memory_warn_bytes: int = MEMORY_WARN_BYTES
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,9 +69,10 @@ class Runtime:
     and ``tuning`` fix the prefetcher and the tuner; each stage reads the options it is given)."""
 
     def __init__(self, options: Options, *, ops: PrefetchOps | None = None, reader: MemoryReader = read_uss,
-                 clock: Callable[[], float] = time.perf_counter, listeners: tuple[Listener, ...] = ()) -> None:
+                 clock: Callable[[], float] = time.perf_counter, listeners: tuple[Listener, ...] = (),
+                 memory_warn_bytes: int = MEMORY_WARN_BYTES) -> None:
         self.ops, self.clock = ops, clock
-        self.recorder = Recorder(reader, clock)
+        self.recorder = Recorder(reader, clock, memory_warn_bytes)
         self.tuner = OnlineTuner(options.tuning, clock) if options.tuning is not None else None
         self.events = Events((self.recorder, *((self.tuner,) if self.tuner is not None else ()), *listeners))
         self.prefetcher = (DevicePrefetcher(options.pin_memory, ops, self.events, clock)
@@ -81,7 +84,8 @@ class Runtime:
     @classmethod
     def of(cls, options: Options, parts: LoaderParts | None) -> Runtime:
         parts = parts if parts is not None else LoaderParts()
-        return cls(options, ops=parts.ops, reader=parts.reader, clock=parts.clock, listeners=parts.listeners)
+        return cls(options, ops=parts.ops, reader=parts.reader, clock=parts.clock, listeners=parts.listeners,
+                   memory_warn_bytes=parts.memory_warn_bytes)
 
     # -- what a loader reports
 
@@ -95,6 +99,10 @@ class Runtime:
 
     def stages(self) -> list[Stage]:
         return ([self.stage] if self.stage is not None else []) + self.loose
+
+    def slots_in_use(self) -> int:
+        """Ring slots taken and not yet given back, over every live stage."""
+        return sum(s.ring.slots - len(s.slots.free) for s in self.stages() if s.ring is not None)
 
     def worker_pids(self) -> list[int]:
         return [pid for stage in self.stages() if stage.workers is not None for pid in stage.workers.pids()]

@@ -135,10 +135,12 @@ def read_uss(pid: int) -> int | None:
 
 class Recorder(Listener):
     """A loader's figures: running totals of what its stages announce, stalls seen, the workers'
-    memory, and the last mark. ``reader`` reads a worker's memory, ``clock`` the time."""
+    memory, and the last mark. ``reader`` reads a worker's memory, ``clock`` the time; ``warn_bytes``
+    is the average growth a worker that warns of copy-on-read."""
 
-    def __init__(self, reader: MemoryReader = read_uss, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.reader, self.clock = reader, clock
+    def __init__(self, reader: MemoryReader = read_uss, clock: Callable[[], float] = time.perf_counter,
+                 warn_bytes: int = MEMORY_WARN_BYTES) -> None:
+        self.reader, self.clock, self.warn_bytes = reader, clock, warn_bytes
         self.totals: dict[str, float] = dict.fromkeys((*_COUNTS, *StageTimes.names()), 0.0)
         self.stalls: list[Stall] = []
         self.first: dict[int, int] = {}  # pid -> USS at its first batch
@@ -184,7 +186,7 @@ class Recorder(Listener):
         if self.warned or not pids:
             return
         grown = [uss - self.first[pid] for pid, uss in self._read(pids) if pid in self.first]
-        if grown and sum(grown) / len(grown) > MEMORY_WARN_BYTES:
+        if grown and sum(grown) / len(grown) > self.warn_bytes:
             self.warned = True
             warnings.warn(
                 f"the loader's {len(grown)} worker process(es) grew by {sum(grown) / len(grown) / 2**20:.0f} MiB of "

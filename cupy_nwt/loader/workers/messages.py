@@ -182,3 +182,10 @@ class InitFailed(_Record):
 
 ToWorker = RingMsg | Task | Restore | Stop
 FromWorker = Ok | Whole | Exhausted | Skipped | BatchFailed | InitFailed | StreamState
+
+
+# Each record pickles with its module's name, once per message: the package's shorter name keeps a
+# batch's answer about the size of a tagged tuple (the package re-exports them, so unpickling finds them).
+for _cls in (ErrorReport, RingMsg, Task, Restore, Stop, Ok, Whole, Exhausted, StreamState, Skipped, BatchFailed,
+             InitFailed):
+    _cls.__module__ = __package__
