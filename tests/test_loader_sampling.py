@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from toy_data import Squares
 
-from cupy_nwt import DataLoader
-from cupy_nwt import system
+from cupy_nwt import DataLoader, system
 
 pytestmark = pytest.mark.usefixtures("worker_type")
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import system
 from .._checks import check_int, check_number
 from ..ranks import RankLayout, agree, rank_layout
-from .. import system
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
