@@ -5,7 +5,7 @@ The path of a batch: the sampler picks its indices (or, for an iterable-style da
 reads its stream's next samples); a worker fetches the samples and collates them straight into a
 slot of one shared-memory ring; the main process hands batches out in order (or as they come, with
 ``in_order=False``); on the GPU a prefetcher copies batch n+1 on a side stream while batch n is in
-use (see ``_prefetch``).
+use (see ``device.prefetch``).
 
 With workers, every batch is made in a worker, the first included: the ring's slot layout (shapes
 and dtypes) is learned from the first batch a worker sends, which travels pickled (so do the few
@@ -22,7 +22,7 @@ Lifetime of what you get:
 
 Several ranks (torchrun, SLURM, MPI): each rank builds its own loader; ``rank`` and ``world_size``
 come from the launcher's variables unless given, each rank takes its shard of every epoch (see
-``_sampler.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
+``epoch.sampler.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
 unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
 share of the CPUs (see ``nwt.pick.auto_num_workers``).
 
@@ -78,7 +78,7 @@ class DataLoader(Generic[T_co]):
     the ring ("staging" forces the pinned staging copy); ``zero_copy`` (CPU only) hands out views,
     see the module docstring. ``worker_type="thread"`` makes batches in threads of this process instead
     of worker processes: no pickling or inter-process copy, the same batches, order, seeds and errors;
-    best when the per-sample work releases the GIL (see ``_threads`` for what differs). ``None``: process
+    best when the per-sample work releases the GIL (see ``workers.thread`` for what differs). ``None``: process
     workers, or with ``num_workers="auto"`` the type a saved pick records.
 
     An iterable-style dataset is read by every worker from its own copy (``get_worker_info()`` says
@@ -100,7 +100,7 @@ class DataLoader(Generic[T_co]):
     ``autotune=True`` (map-style, ``num_workers`` >= 1 or "auto", the start) retunes the active
     workers and the ring slots in use while the caller iterates, within ``cpu_budget`` workers
     (default: usable CPUs less one) and ``memory_budget`` ring bytes (default: a share of available
-    RAM and of /dev/shm), without changing the batches; see ``_online``. A policy object with
+    RAM and of /dev/shm), without changing the batches; see ``tuning.online``. A policy object with
     ``decide`` may stand in for ``True``.
 
     ``stall_warning_s`` (None: off): a ``next()`` waiting this long for the workers logs a warning on

@@ -4,7 +4,7 @@ A state counts only batches *delivered to the caller* (the epoch iterator's turn
 included): batches the workers made ahead are not consumed. It is a small JSON-ready dict, by kind:
 
 * ``"map"`` (the loader's own sampler): the epoch, the settings the order depends on, the session
-  (``_remainder``: ``world_size``, ``base``, ``excluded``), this ``rank`` and the batches it delivered
+  (``remainder``: ``world_size``, ``base``, ``excluded``), this ``rank`` and the batches it delivered
   (``delivered``, a prefix count, plus ``extra``: the few beyond it that ``in_order=False`` gave).
   No per-sample list. Worker count, prefetch and persistence play no part: the rest of the epoch
   is the same with any of them.

@@ -4,7 +4,7 @@ Both meet the ``BatchSource`` contract that the loader's host path and the devic
 ``next`` hands out the next batch (or None when the epoch is over, or when nothing is ready and
 ``block`` is False), ``release`` gives its ring slot back once its bytes are no longer needed, and
 ``close`` returns whatever the source still holds. A batch that could not be made raises
-``FailedBatch`` in its turn; the source stays usable, and the next call goes on with the next batch. Both work through a plan's tasks (``_sampler``)
+``FailedBatch`` in its turn; the source stays usable, and the next call goes on with the next batch. Both work through a plan's tasks (``sampler``)
 and, when the ring does not exist yet, call ``learn`` with the first batch made, which builds it.
 """
 

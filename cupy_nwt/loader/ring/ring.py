@@ -62,7 +62,7 @@ class FieldSpec:
 class SlotLayout:
     """Where each array of a batch lives inside a slot; learned from the first batch made.
 
-    ``treedef`` is the batch's structure (``_tree.split``): its arrays are the fields, its other
+    ``treedef`` is the batch's structure (``tree.split``): its arrays are the fields, its other
     leaves travel pickled beside the slot. ``rows`` is the row capacity of the batched fields.
     """
 

@@ -29,7 +29,7 @@ RETIRED = np.iinfo(np.int64).max  # no epoch will have this generation: workers 
 class HostBatch:
     """A batch on the host: ``leaves`` are views into ring ``slot`` (or fresh arrays when slot is None).
 
-    ``treedef`` and ``objects`` (the leaves that are not ring arrays) rebuild it with ``_tree.join``;
+    ``treedef`` and ``objects`` (the leaves that are not ring arrays) rebuild it with ``tree.join``;
     a None ``treedef`` means the ring layout's.
     """
 

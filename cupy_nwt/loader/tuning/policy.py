@@ -1,6 +1,6 @@
 """Online tuning's decisions: a pure policy from what one interval of iteration showed to a change.
 
-Kept apart from the mechanism (``_online``) so it can be tested against a simulated pipeline
+Kept apart from the mechanism (``online``) so it can be tested against a simulated pipeline
 whose costs the test controls. The signals are the caller's: how long ``next()`` was blocked for a
 batch not yet made, per step (starved: the workers fall behind), and how many active workers, when it asked, had
 already finished all they were given (idle: the slot cap or the caller, not they, set the pace).

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ... import cuda
-from ...errors import LoaderError, WorkerDiedError
+from ...errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old paths (cupy_nwt.worker)
 from .._events import Listener
 from ..ring.ring import Ring
 from ..ring.slots import SlotPool
