@@ -41,7 +41,7 @@ from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 from .._checks import check_int
-from ..errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
+from ..errors import ArgumentError, LoaderError
 from ..ranks import RankLayout
 from ._options import Options, resolve
 from ._runtime import LoaderParts, Runtime
@@ -49,12 +49,9 @@ from ._stats import STALL_WARNING_S, LoaderStats
 from .epoch.epoch import Epoch
 from .epoch.resume import check_state, fresh, state_of
 from .ring.ring import SlotLayout
-from .ring.slots import HostBatch
 from .tuning.policy import Decision
-from .workers.info import get_worker_info
 
-__all__ = ["DataLoader", "HostBatch", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError",
-           "get_worker_info"]
+__all__ = ["DataLoader"]
 
 _FIXED = frozenset({"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"})
 _SETTABLE = frozenset({"num_workers", "worker_type", "prefetch_factor", "pin_memory", "collate_fn", "batch_transform",
@@ -133,7 +130,7 @@ class DataLoader(Generic[T_co]):
                  autotune: Any = False, cpu_budget: int | None = None, memory_budget: int | None = None,
                  stall_warning_s: float | None = STALL_WARNING_S, parts: LoaderParts | None = None) -> None:
         if parts is not None and not isinstance(parts, LoaderParts):
-            raise TypeError(f"parts must be a LoaderParts, got {type(parts).__name__}")
+            raise ArgumentError(f"parts must be a LoaderParts, got {type(parts).__name__}")
         options = resolve(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, drop_last,
             timeout, worker_init_fn, multiprocessing_context, generator, prefetch_factor=prefetch_factor,
@@ -162,7 +159,7 @@ class DataLoader(Generic[T_co]):
 
     @property
     def options(self) -> Options:
-        """The resolved settings, frozen (``_options``)."""
+        """The settings as resolved and checked at construction (frozen; setting an attribute replaces them)."""
         return self._options
 
     @property
