@@ -110,6 +110,8 @@ class Events(Listener):
             base = getattr(Listener, name)
             hears = tuple(getattr(x, name) for x in self.listeners if getattr(type(x), name) is not base)
             setattr(self, f"_{name}", hears)
+            if len(hears) == 1:  # the usual case on the hot path: call the one listener directly
+                setattr(self, name, hears[0])
 
     def began(self, epoch: int) -> None:
         for f in self._began:
