@@ -84,7 +84,7 @@ def current_reader(rank: int | None = None, world_size: int | None = None) -> Re
     """
     if (rank is None) != (world_size is None):
         raise LayoutError("give both rank= and world_size=, or neither (then they are looked up)")
-    from .loader.workers.info import get_worker_info  # noqa: PLC0415 - datasets sit below the loader: asked late
+    from . import get_worker_info  # noqa: PLC0415 - the package imports the loader; datasets sit below it
 
     info, source = get_worker_info(), "cupy_nwt worker"
     if info is None:
