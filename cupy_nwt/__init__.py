@@ -15,11 +15,13 @@ from .errors import (
                      CupyNwtError,
                      DamagedArchiveError,
                      DataError,
+                     DataFileError,
                      LayoutError,
                      LoaderError,
                      LoaderTimeoutError,
                      NoGPUError,
                      ShmSpaceError,
+                     StateError,
                      WorkerDiedError,
                      WorkerError,
 )
@@ -36,7 +38,8 @@ _moved.install()
 
 __all__ = ["__version__", "gpu_status",
            "ArgumentError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError", "DataError",
-           "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError", "WorkerDiedError",
+           "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError", "StateError",
+           "WorkerDiedError",
            "WorkerError",
            "DataLoader", "IterableDataset", "WorkerInfo", "default_collate", "get_worker_info",
            "TuneResult", "lookup", "tune_num_workers",

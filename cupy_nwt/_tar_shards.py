@@ -11,13 +11,9 @@ end-of-archive marker (two zero 512-byte blocks, as POSIX requires and every tar
 from __future__ import annotations
 
 import gzip
-import hashlib
 import io
 import os
-import shutil
 import tarfile
-import tempfile
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +30,7 @@ from ._images import (
     index_in,
 )
 from ._reporting.tables import atomic_open
+from ._tar_cache import gunzip_cached
 from .errors import DamagedArchiveError, DataError
 from .system import cache_dir as default_cache_dir
 
@@ -44,41 +41,6 @@ END_OF_ARCHIVE = 2 * BLOCK
 def is_gzip(path: Path) -> bool:
     with open(path, "rb") as f:
         return f.read(2) == b"\x1f\x8b"
-
-
-def gunzip_cached(path: Path, cache_dir: Path) -> Path:
-    """Decompress a .tar.gz once into the cache (keyed by path, size and mtime); reuse it afterwards.
-
-    A gzip stream has no random access, so reading member k would mean inflating everything
-    before it, per sample. One sequential pass into an uncompressed cache file makes every later
-    read a single pread. A truncated or corrupt stream leaves nothing in the cache.
-    """
-    from filelock import FileLock  # noqa: PLC0415
-
-    st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    out_dir = cache_dir / "tar"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = path.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
-    target = out_dir / f"{stem}-{key}.tar"
-    with FileLock(str(target) + ".lock"):
-        if target.exists():
-            return target
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=".tmp-", suffix=".tar")
-        try:
-            with os.fdopen(fd, "wb") as dst, open(path, "rb") as raw, gzip.open(raw, "rb") as src:
-                try:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-                except EOFError:
-                    raise DamagedArchiveError(path, st.st_size, "the gzip stream ends before its end marker "
-                                              "(a truncated file?)") from None
-                except (gzip.BadGzipFile, zlib.error) as exc:
-                    raise DamagedArchiveError(path, raw.tell(), f"corrupt gzip data ({exc})") from exc
-            os.replace(tmp, target)
-        except BaseException:
-            os.unlink(tmp)
-            raise
-    return target
 
 
 @dataclass(frozen=True)
@@ -135,7 +97,8 @@ class TarImageDataset(ImageDataset):
     is refused at construction.
 
     Gzip archives are decompressed once into ``cache_dir`` (see ``default_cache_dir``), because a
-    gzip stream cannot be read at an offset. The archive is indexed once at construction; every
+    gzip stream cannot be read at an offset; that copy is checked against its record before it is
+    used (see ``_tar_cache``). The archive is indexed once at construction; every
     process (each forked or spawned worker) opens its own file descriptor on first read and
     reads with ``os.pread``, so no file position is shared.
     """
@@ -199,9 +162,10 @@ class TarImageDataset(ImageDataset):
         size = int(self._sizes[i])
         data = os.pread(self._file(), size, int(self._offsets[i]))
         if len(data) != size:
-            raise DamagedArchiveError(self.path, int(self._offsets[i]) + len(data),
-                                      f"member {self.member_name(i)!r} (sample {i}) is cut: "
-                                      f"{len(data)} of {size} bytes (the file shrank after it was indexed?)")
+            copy = "" if self.tar_path == self.path else f", the decompressed copy of {self.path},"
+            raise DamagedArchiveError(self.tar_path, int(self._offsets[i]) + len(data),
+                                      f"member {self.member_name(i)!r} (sample {i}) is cut: {len(data)} of "
+                                      f"{size} bytes (the file{copy} shrank after it was indexed?)")
         return data
 
     def _image(self, i: int) -> np.ndarray:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from ._array_files import as_columns, load_npy, load_npz
 from ._images import (
     IMAGE_EXTENSIONS,
     CorruptImageError,
@@ -37,10 +38,13 @@ from ._images import (
     index_in,
 )
 from ._synthetic import CIFAR10_CLASSES, SyntheticCIFAR10, synthetic_pixels
+from ._tar_cache import CacheRebuiltWarning
 from ._tar_shards import DamagedArchiveError, TarImageDataset, scan_tar, write_tar_shard
+from .errors import DataFileError
 
 __all__ = [
-    "CIFAR10", "CIFAR10_CLASSES", "IMAGE_EXTENSIONS", "ArrayDataset", "CorruptImageError", "DamagedArchiveError",
+    "CIFAR10", "CIFAR10_CLASSES", "IMAGE_EXTENSIONS", "ArrayDataset", "CacheRebuiltWarning", "CorruptImageError",
+    "DamagedArchiveError", "DataFileError",
     "DataError", "ImageFolder", "SyntheticCIFAR10", "TarImageDataset", "check_images", "decode_image",
     "encode_image", "encode_png", "encode_png_batch", "open_dataset", "sample_source", "scan_tar",
     "synthetic_pixels", "write_tar_shard",
@@ -264,7 +268,8 @@ def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
     .tar / .tar.gz / .tgz -> TarImageDataset; a folder with ``cifar-10-batches-py`` or
     ``data_batch_1`` -> CIFAR10; any other folder -> ImageFolder; .npy -> ArrayDataset over a
     read-only memmap; .npz -> ArrayDataset of its arrays (``images`` then ``labels`` when both are
-    there, otherwise in file order).
+    there, otherwise in file order). A .npy or .npz that is empty, cut short, not of that format or
+    holds Python objects raises :class:`DataFileError` naming it (see ``_array_files``).
     """
     p = Path(path)
     if not p.exists():
@@ -277,12 +282,12 @@ def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
     if name.endswith((".tar", ".tar.gz", ".tgz")):
         return TarImageDataset(p, **kwargs)
     if name.endswith(".npy"):
-        return ArrayDataset(np.load(p, mmap_mode="r", allow_pickle=False), **kwargs)
+        return ArrayDataset(load_npy(p), **kwargs)
     if name.endswith(".npz"):
-        with np.load(p, allow_pickle=False) as z:
-            keys = ["images", "labels"] if {"images", "labels"} <= set(z.files) else list(z.files)
-            arrays = [z[k] for k in keys]
-        return ArrayDataset(*arrays, **kwargs)
+        arrays = load_npz(p)
+        if {"images", "labels"} <= arrays.keys():
+            arrays = {k: arrays[k] for k in ("images", "labels")}
+        return ArrayDataset(*as_columns(arrays, p), **kwargs)
     raise ValueError(f"cannot tell what dataset {p} is: expected a folder (ImageFolder or CIFAR-10 batches), "
                      ".tar/.tar.gz/.tgz, .npy or .npz")
 

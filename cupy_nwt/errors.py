@@ -75,6 +75,32 @@ class DamagedArchiveError(DataError):
         return (type(self), (self.path, self.offset, self.problem))
 
 
+class DataFileError(DataError):
+    """A data file that cannot be read as what its name says: empty, cut short, not that format, or
+    holding Python objects (which only unpickling could read). Names the file and what is wrong."""
+
+    def __init__(self, path: str | os.PathLike, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem = str(path), problem
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.problem))
+
+
+class StateError(CupyNwtError, ValueError):
+    """A saved loader state that cannot be resumed from: ``field`` names the first bad field, ``value`` is it.
+
+    Raised by ``DataLoader.load_state_dict`` before anything changes, so the loader keeps its state.
+    """
+
+    def __init__(self, message: str, field: str | None = None, value: Any = None) -> None:
+        super().__init__(message)
+        self.field, self.value = field, value
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.args[0], self.field, self.value))
+
+
 class LoaderError(CupyNwtError, RuntimeError):
     """Base of the loader's own errors: raised when the loader itself is misused or cannot go on."""
 
@@ -128,6 +154,6 @@ class LoaderTimeoutError(LoaderError, TimeoutError):
 
 __all__ = [
     "ArgumentError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError",
-    "DataError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError",
-    "WorkerDiedError", "WorkerError",
+    "DataError", "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError",
+    "StateError", "WorkerDiedError", "WorkerError",
 ]

@@ -249,9 +249,12 @@ class ShardedTarStream:
     decompressed once into ``cache_dir``. The sample count per rank differs by up to one shard when
     the shards do not divide evenly among readers.
 
-    ``rank``/``world_size`` override the launcher's layout. For torch's ``DataLoader``, wrap it in a
-    ``torch.utils.data.IterableDataset`` whose ``__iter__`` returns ``iter(stream)``; with
-    ``persistent_workers`` a ``set_epoch`` in the main process does not reach the workers' copies.
+    ``rank``/``world_size`` override the launcher's layout. cupy_nwt's ``DataLoader`` calls
+    ``set_epoch`` with its own epoch on every worker's copy (persistent workers included) before
+    each epoch, so epochs reshuffle without a call of yours (``loader.set_epoch`` picks one). For
+    torch's ``DataLoader``, wrap it in a ``torch.utils.data.IterableDataset`` whose ``__iter__``
+    returns ``iter(stream)``; torch never calls ``set_epoch``, and with ``persistent_workers`` a
+    ``set_epoch`` in the main process does not reach the workers' copies.
     """
 
     def __init__(self, shards: Sequence[str | os.PathLike[str]], *, shuffle: bool = True, seed: int = 0,

@@ -9,10 +9,12 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import tarfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -223,3 +225,149 @@ def test_bad_data_through_the_console_entry_point(tmp_path):
                           capture_output=True, text=True, env=env, timeout=120, check=False)
     assert proc.returncode == cli.EXIT_BAD_DATA
     assert proc.stderr.count("\n") == 1 and str(root / "c2" / "0002.png") in proc.stderr
+
+
+# --- .npy / .npz files that are empty, cut, garbled, lying or hold Python objects -----------------
+
+
+def _npy_header(shape: tuple[int, ...], descr: str = "|u1") -> bytes:
+    """A well-formed version 1.0 .npy header declaring ``shape`` (the data is up to the caller)."""
+    f = io.BytesIO()
+    np.lib.format.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": shape})
+    return f.getvalue()
+
+
+def _npz(path: Path, members: dict[str, bytes]) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return path
+
+
+def _saved(array: np.ndarray) -> bytes:
+    f = io.BytesIO()
+    np.save(f, array, allow_pickle=True)
+    return f.getvalue()
+
+
+IMAGES = np.zeros((600, 32, 32, 3), dtype=np.uint8)
+OBJECTS = np.array([1, "a", None], dtype=object)
+
+# name -> (file name, its bytes, words the one line must hold after "<path>: ")
+BAD_FILES: dict[str, tuple[str, bytes, str]] = {
+    "zero-byte .npy": ("empty.npy", b"", "is empty (0 bytes), not a .npy array"),
+    "zero-byte .npz": ("empty.npz", b"", "is empty (0 bytes), not a .npz archive"),
+    "truncated .npy": ("cut.npy", _saved(IMAGES)[:1000], "is cut short (or its header lies): it declares "
+                       "shape (600, 32, 32, 3) of uint8, 1843200 bytes of data, but 872 bytes follow the header"),
+    "garbage .npy": ("noise.npy", bytes(range(256)) * 20, "is not a .npy array (it does not start with NumPy's "
+                     "magic string"),
+    "garbled .npy header": ("garbled.npy", _npy_header((4,))[:10] + b"{'descr': 'u1', oops" + bytes(100),
+                            "has an unreadable .npy header"),
+    "object-dtype .npy": ("objects.npy", _saved(OBJECTS), "holds Python objects (dtype object): reading them "
+                          "means unpickling"),
+    "a header claiming a huge shape": ("huge.npy", _npy_header((10**12, 32, 32, 3)) + bytes(100),
+                                       "is cut short (or its header lies): it declares shape "
+                                       "(1000000000000, 32, 32, 3) of uint8, "
+                                       "3072000000000000 bytes of data, but 100 bytes follow the header"),
+    "a header claiming a huge object shape": ("huge-objects.npy", _npy_header((10**30,), "|O") + bytes(8),
+                                              "holds Python objects"),
+    "a .npy of one value": ("scalar.npy", _saved(np.float32(3)), "holds one float32 value (shape ()), not rows"),
+    ".npz with an object array": ("objects.npz", b"", "member 'images.npy' holds Python objects (dtype object)"),
+    ".npz that is a zip of nothing": ("nothing.npz", b"", "holds no arrays (a zip archive with nothing in it)"),
+    ".npz member claiming a huge shape": ("huge.npz", b"", "member 'images.npy' is cut short (or its header lies)"),
+    ".npz member that is not .npy": ("text.npz", b"", "member 'notes.txt' is not a .npy array"),
+    ".npz cut short": ("cut.npz", b"", "is not a .npz archive (not a readable zip file"),
+    ".npz of arrays that disagree": ("uneven.npz", b"", "its arrays differ in their number of samples (first "
+                                     "dimension): images 600, labels 599"),
+}
+
+
+def _bad_file(tmp_path: Path, case: str) -> tuple[Path, str]:
+    name, data, words = BAD_FILES[case]
+    path = tmp_path / "data" / name
+    path.parent.mkdir(exist_ok=True)
+    if case == ".npz with an object array":
+        _npz(path, {"images.npy": _saved(OBJECTS), "labels.npy": _saved(np.arange(3))})
+    elif case == ".npz that is a zip of nothing":
+        _npz(path, {})
+    elif case == ".npz member claiming a huge shape":
+        _npz(path, {"images.npy": _npy_header((10**12, 32, 32, 3)) + bytes(100)})
+    elif case == ".npz member that is not .npy":
+        _npz(path, {"images.npy": _saved(IMAGES[:4]), "notes.txt": b"hello"})
+    elif case == ".npz cut short":
+        whole = tmp_path / "whole.npz"
+        np.savez(whole, images=IMAGES, labels=np.arange(600))
+        path.write_bytes(whole.read_bytes()[:5000])
+        whole.unlink()
+    elif case == ".npz of arrays that disagree":
+        np.savez(path, images=IMAGES, labels=np.arange(599))
+    else:
+        path.write_bytes(data)
+    return path, words
+
+
+def _files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("command", ["tune", "stats"])
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_a_bad_array_file_is_named_in_one_line_exit_4(tmp_path, capsys, case, command):
+    path, words = _bad_file(tmp_path, case)
+    before = _files_under(tmp_path)
+    out = tmp_path / "results" / "out.json"
+    options = TINY if command == "tune" else ["--batch-size", "4", "--batches", "2", "--no-progress", "--device",
+                                              "cpu"]
+    code = cli.main([command, "--dataset", str(path), *options, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_BAD_DATA, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert err.startswith(f"cupy-nwt {command}: bad data: {path}: {words}"), err
+    assert _files_under(tmp_path) == before, "a refused data file must leave nothing behind"
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_open_dataset_refuses_a_bad_array_file_naming_it(tmp_path, case):
+    from cupy_nwt.datasets import DataFileError, open_dataset  # noqa: PLC0415
+    from cupy_nwt.errors import CupyNwtError  # noqa: PLC0415
+
+    path, words = _bad_file(tmp_path, case)
+    with pytest.raises(DataFileError) as info:
+        open_dataset(path)
+    err = info.value
+    assert isinstance(err, CupyNwtError) and isinstance(err, ValueError)
+    assert str(err).startswith(f"{path}: {words}") and "\n" not in str(err), str(err)
+    assert err.path == str(path)
+    again = pickle.loads(pickle.dumps(err))  # it crosses from a worker process intact
+    assert type(again) is DataFileError and str(again) == str(err)
+
+
+def test_good_array_files_still_open(tmp_path):
+    from cupy_nwt.datasets import ArrayDataset, open_dataset  # noqa: PLC0415
+
+    images = np.random.default_rng(0).integers(0, 256, (10, 8, 8, 3), dtype=np.uint8)
+    np.save(tmp_path / "a.npy", images)
+    np.save(tmp_path / "f.npy", np.asfortranarray(images))
+    np.savez_compressed(tmp_path / "c.npz", labels=np.arange(10), images=images, extra=np.zeros(3))
+    np.savez(tmp_path / "two.npz", np.arange(10), images.astype(np.float32))
+    np.save(tmp_path / "none.npy", images[:0])
+    for name in ("a.npy", "f.npy"):
+        d = open_dataset(tmp_path / name)
+        assert isinstance(d, ArrayDataset) and isinstance(d.arrays[0], np.memmap)
+        np.testing.assert_array_equal(d.arrays[0], images)
+    c = open_dataset(tmp_path / "c.npz")
+    np.testing.assert_array_equal(c[3][0], images[3])
+    assert c[3][1] == 3
+    two = open_dataset(tmp_path / "two.npz")
+    assert two[2][0] == 2 and two[2][1].dtype == np.float32
+    assert len(open_dataset(tmp_path / "none.npy")) == 0
+
+
+@pytest.mark.parametrize("name", ["empty.tar", "empty.tar.gz", "empty.tgz"])
+def test_a_zero_byte_archive_is_named_exit_4(tmp_path, capsys, name):
+    path = tmp_path / name
+    path.write_bytes(b"")
+    code, err = _tune(path, capsys)
+    assert code == cli.EXIT_BAD_DATA
+    assert _one_line(err).startswith(f"cupy-nwt tune: bad data: {path}: damaged archive at byte offset 0: ")
+    assert not (tmp_path / "cache" / "tar").exists() or not list((tmp_path / "cache" / "tar").glob("*.tar"))

@@ -19,6 +19,9 @@ Lifetime of what you get:
 * ``device="cpu"``: NumPy arrays, copied out of the ring by default, so they are yours to keep.
   ``zero_copy=True`` hands out read-only views into the ring slot instead: no copy, but a view is
   only valid until the next batch is requested (or the iteration ends) — copy what you keep.
+* Samples holding torch tensors (JAX arrays) give batches of torch tensors (JAX arrays), on either
+  device, made over those same arrays without a copy (``torch.from_numpy``, DLPack on the GPU);
+  ``output=`` asks for one framework whatever the samples hold (``ring.frameworks``).
 
 Several ranks (torchrun, SLURM, MPI): each rank builds its own loader; ``rank`` and ``world_size``
 come from the launcher's variables unless given, each rank takes its shard of every epoch (see
@@ -46,7 +49,7 @@ from ..ranks import RankLayout
 from ._options import Options, resolve
 from ._runtime import LoaderParts, Runtime
 from ._stats import STALL_WARNING_S, LoaderStats
-from .epoch.epoch import Epoch
+from .epoch.epoch import Epoch, EpochState
 from .epoch.resume import check_state, fresh, state_of
 from .ring.ring import SlotLayout
 from .tuning.policy import Decision
@@ -56,7 +59,7 @@ __all__ = ["DataLoader"]
 _FIXED = frozenset({"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"})
 _SETTABLE = frozenset({"num_workers", "worker_type", "prefetch_factor", "pin_memory", "collate_fn", "batch_transform",
                        "worker_init_fn", "timeout", "in_order", "zero_copy", "device", "device_id", "seed",
-                       "stall_warning_s", "rank_layout"})
+                       "stall_warning_s", "rank_layout", "output", "pin_memory_device"})
 T_co = TypeVar("T_co", covariant=True)
 
 
@@ -123,8 +126,9 @@ class DataLoader(Generic[T_co]):
                  batch_sampler: Any = None, num_workers: int | str = 0, collate_fn: Callable | None = None,
                  pin_memory: bool | str = False, drop_last: bool = False, timeout: float | None = 0,
                  worker_init_fn: Callable | None = None, multiprocessing_context: Any = None, generator: Any = None,
-                 *, prefetch_factor: int | None = None, persistent_workers: bool = False, in_order: bool = True,
-                 seed: int | None = None, device: str = "auto", start_method: str | None = None,
+                 *, prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
+                 in_order: bool = True, seed: int | None = None, device: str = "auto", output: str = "auto",
+                 start_method: str | None = None,
                  batch_transform: Callable | None = None, zero_copy: bool = False,
                  rank: int | None = None, world_size: int | None = None, worker_type: str | None = None,
                  autotune: Any = False, cpu_budget: int | None = None, memory_budget: int | None = None,
@@ -137,14 +141,15 @@ class DataLoader(Generic[T_co]):
             persistent_workers=persistent_workers, in_order=in_order, seed=seed, device=device,
             start_method=start_method, batch_transform=batch_transform, zero_copy=zero_copy, rank=rank,
             world_size=world_size, worker_type=worker_type, autotune=autotune, cpu_budget=cpu_budget,
-            memory_budget=memory_budget, stall_warning_s=stall_warning_s, gpus=parts.ops if parts is not None else None)
+            memory_budget=memory_budget, stall_warning_s=stall_warning_s, pin_memory_device=pin_memory_device,
+            output=output, gpus=parts.ops if parts is not None else None)
         object.__setattr__(self, "_options", options)
         self._runtime = Runtime.of(options, parts)
         self._finalizer = weakref.finalize(self, self._runtime.close)
         self._epoch = 0
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iteration
         self._active: weakref.ref | None = None  # the shared stage's epoch (a new one ends it)
-        self._latest: weakref.ref | None = None  # the newest epoch: what state_dict() describes
+        self._last: EpochState | None = None  # the newest epoch's bookkeeping: what state_dict() describes
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -213,6 +218,14 @@ class DataLoader(Generic[T_co]):
     @property
     def device(self) -> str:
         return self._options.device
+
+    @property
+    def output(self) -> str:
+        return self._options.output
+
+    @property
+    def pin_memory_device(self) -> str:
+        return self._options.pin_memory_device
 
     @property
     def device_id(self) -> int | None:
@@ -337,7 +350,7 @@ class DataLoader(Generic[T_co]):
         it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch,
                                 start if start is not None and start["epoch"] == self._epoch else None, shared)
         self._epoch += 1
-        self._latest = weakref.ref(it)
+        self._last = it.state
         self._runtime.events.began(self._epoch - 1)
         if shared:
             self._active = weakref.ref(it)
@@ -347,10 +360,12 @@ class DataLoader(Generic[T_co]):
         """Where the newest iteration stands, counting only batches delivered to the caller; small and
         JSON-ready. Between epochs (or before the first), the start of the epoch ``iter()`` runs next.
         What it holds, and the elastic rules: ``cupy_nwt.loader.epoch.resume``."""
-        it = self._latest() if self._latest is not None else None
-        progress = it.progress() if it is not None else None
-        if progress is None or progress.finished:
-            return fresh(self._options, self._epoch)
+        pending = self._resume
+        if pending is not None and pending["epoch"] == self._epoch:  # loaded, not begun yet
+            return dict(pending)
+        progress = self._last.progress() if self._last is not None else None
+        if progress is None or progress.finished or self._epoch != progress.epoch + 1:
+            return fresh(self._options, self._epoch)  # its epoch ran to its end, or set_epoch chose another
         return state_of(self._options, progress)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -360,6 +375,8 @@ class DataLoader(Generic[T_co]):
         any old rank's state when the ranks delivered alike, else ``merge_states`` of all of them)."""
         self._resume = check_state(self._options, state)
         self._epoch = int(self._resume["epoch"])
+        self._last = None  # the loaded state, not the previous iteration, is where the loader stands
+        self._track = None  # the loaded state, not the previous iteration, is where the loader stands
 
     def close(self) -> None:
         """End the current iterations, stop the workers, unlink the rings. Idempotent."""

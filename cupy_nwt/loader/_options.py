@@ -23,6 +23,7 @@ from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
 from .epoch.sampler import fresh_seed
 from .epoch.sampling import Sampling
+from .ring.frameworks import check_output, generator_seed
 from .tuning.online import Tuning, check_tuning
 from .workers.kinds import WORKER_TYPES, check_worker_type, kind
 from .workers.maker import BatchMaker
@@ -50,6 +51,8 @@ class Options:
     zero_copy: bool
     context: BaseContext | None  # the workers' start context (None: the kind's default)
     multiprocessing_context: Any  # as given
+    pin_memory_device: str  # torch's, accepted and ignored (with its warning)
+    output: str  # the framework batches come out in ("auto": the samples')
     device: str
     device_id: int | None
     rank_layout: RankLayout
@@ -89,6 +92,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
             collate_fn: Any, pin_memory: Any, drop_last: Any, timeout: Any, worker_init_fn: Any,
             multiprocessing_context: Any, generator: Any, *, prefetch_factor: Any, persistent_workers: Any,
             in_order: Any, seed: Any, device: Any, start_method: Any, batch_transform: Any, zero_copy: Any,
+            pin_memory_device: Any = "", output: Any = "auto",
             rank: Any, world_size: Any, worker_type: Any, autotune: Any, cpu_budget: Any, memory_budget: Any,
             stall_warning_s: Any = STALL_WARNING_S, gpus: PrefetchOps | None = None) -> Options:
     """``DataLoader``'s arguments, checked in PyTorch's order and resolved; ``gpus``: a loader's own CUDA ops."""
@@ -96,8 +100,6 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     if worker_type is not None:
         worker_type = check_worker_type(worker_type)
     prefetch_factor = check_int("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor, ge=1)
-    if pin_memory not in (True, False, "staging"):
-        raise ValueError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
     rank = check_int("rank", rank, optional=True)
     world_size = check_int("world_size", world_size, optional=True)
     timeout = resolve_timeout(timeout)
@@ -113,6 +115,8 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
                          f"worker_type={worker_type!r}")
     layout = rank_layout(rank, world_size)
     device, device_id = resolve_device(device, layout, gpus)
+    check_pin_memory(pin_memory, pin_memory_device, device, stacklevel=4)
+    output = check_output(output, device)
     seed = agreed_seed(layout) if seed is None else seed
     sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, seed, layout.rank,
                                 layout.world_size)
@@ -129,8 +133,8 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
         num_workers = tuning.workers
     return Options(dataset, sampling, int(num_workers), worker_type or "process", int(prefetch_factor), pin_memory,
                    collate_fn, batch_transform, worker_init_fn, bool(persistent_workers), timeout, bool(in_order),
-                   bool(zero_copy), context, multiprocessing_context, device, device_id, layout, seed,
-                   stall_warning_s, tuning)
+                   bool(zero_copy), context, multiprocessing_context, pin_memory_device, output, device, device_id, layout,
+                   seed, stall_warning_s, tuning)
 
 
 def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_memory: bool | str,
@@ -203,7 +207,9 @@ def resolve_timeout(timeout: Any) -> float | None:
 
 
 def seed_from(seed: Any, generator: Any) -> int | None:
-    """The loader's seed from ``seed`` or ``generator`` (an int, or a NumPy Generator drawn from once)."""
+    """The loader's seed from ``seed`` or ``generator``: an int, or a NumPy or torch Generator drawn from
+    once, here (torch draws its base seed from it per iteration: the same generator state gives the
+    same seed, so the same epochs; the epoch order itself is this loader's, not ``torch.randperm``'s)."""
     seed = check_int("seed", seed, ge=0, optional=True)
     if generator is None:
         return seed
@@ -211,4 +217,25 @@ def seed_from(seed: Any, generator: Any) -> int | None:
         raise ValueError("give seed or generator, not both")
     if isinstance(generator, np.random.Generator):
         return int(generator.integers(0, 2**63 - 1))
-    return check_int("generator", generator, ge=0, also="a numpy.random.Generator")
+    drawn = generator_seed(generator)
+    if drawn is not None:
+        return drawn
+    return check_int("generator", generator, ge=0, also="a numpy.random.Generator or a torch.Generator")
+
+
+PIN_WITHOUT_GPU = ("'pin_memory' argument is set as true but no accelerator is found, then device pinned memory "
+                   "won't be used.")  # torch's words, so a filter written for torch's warning catches ours
+
+
+def check_pin_memory(pin_memory: Any, pin_memory_device: Any, device: str, stacklevel: int = 3) -> None:
+    """``pin_memory`` and torch's ``pin_memory_device``, with torch's warnings: pinning without a GPU
+    does nothing; ``pin_memory_device`` is ignored (the loader pins for its ``device``)."""
+    if pin_memory not in (True, False, "staging"):
+        raise ValueError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
+    if not isinstance(pin_memory_device, str):
+        raise ValueError(f"pin_memory_device must be a str, got {type(pin_memory_device).__name__}")
+    if pin_memory and pin_memory_device:
+        warnings.warn(f"pin_memory_device is ignored (as torch now ignores it): memory is pinned for device={device!r}; "
+                      f"ignore pin_memory_device={pin_memory_device!r}.", UserWarning, stacklevel=stacklevel)
+    if pin_memory and device == "cpu":
+        warnings.warn(PIN_WITHOUT_GPU, UserWarning, stacklevel=stacklevel)

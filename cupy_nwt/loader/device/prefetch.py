@@ -17,6 +17,11 @@ Where the bytes come from (``pin_path``):
 A batch outside the ring (one made before the ring existed, or one that did not fit its layout) is
 copied from its own pageable arrays; its leaves that are not arrays are handed out as they are.
 
+The device arrays are CuPy's; a batch whose samples held torch tensors (or JAX arrays), or an
+``output`` that asks for them, is handed over through DLPack, without a copy. That happens only
+after the consumer's stream was told to wait on the copy, so a consumer on another stream of its
+framework is ordered after the copy by DLPack's own stream handshake.
+
 Device arrays are allocated from the pool of the consumer's stream, and the side stream waits on that
 stream before writing them: memory a previous batch freed while the consumer still had kernels queued
 on it is never overwritten early.
@@ -38,7 +43,7 @@ from .._events import Listener
 from ..epoch.sources import BatchSource, FailedBatch
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import HostBatch
-from ..ring.tree import join
+from ..ring.tree import OutputTree, join
 
 STAGING_BUFFERS = 3
 
@@ -114,7 +119,7 @@ class CudaOps(PrefetchOps):
 
 @dataclass
 class _Copy:
-    batch: Any
+    batch: Any  # (treedef, device arrays, objects) to join when handed out; a FailedBatch as it is
     event: Any
     host: HostBatch | None  # whose slot to release once the copy is done (None: staged, released already)
     staging: np.ndarray | None
@@ -124,8 +129,9 @@ class DevicePrefetcher:
     """Owns the side stream, the ring's registration and the staging buffers of one loader."""
 
     def __init__(self, pin_memory: bool | str, ops: PrefetchOps | None = None, events: Listener | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, output: str = "auto") -> None:
         self.ops: PrefetchOps = ops if ops is not None else CudaOps()
+        self.as_output = OutputTree(output)  # the framework batches are handed out in (``ring.frameworks``)
         self.pin_memory = pin_memory
         self.pin_path = "none" if not pin_memory else ("staging" if pin_memory == "staging" else "registered")
         self.pin_error: str | None = None
@@ -183,9 +189,12 @@ class DevicePrefetcher:
                 cur = inflight[0]  # stays in inflight (released in the finally) if the next issue raises
                 self._issue(source, layout, inflight, pending, block=False)  # keep batch n+1 in flight
                 pending.append(inflight.popleft())
-                if cur.event is not None:  # else a failed batch, handed out in its turn
-                    self.ops.wait(self.ops.current_stream(), cur.event)
-                yield cur.batch
+                if cur.event is None:  # a failed batch, handed out in its turn
+                    yield cur.batch
+                    continue
+                self.ops.wait(self.ops.current_stream(), cur.event)
+                treedef, dev, objects = cur.batch
+                yield join(self.as_output(treedef), dev, objects)
         finally:
             for c in list(inflight) + list(pending):
                 if c.event is not None:
@@ -217,7 +226,7 @@ class DevicePrefetcher:
                 c.host = None
             for d, s in zip(dev, src):
                 self.ops.h2d(d, s, self._side)
-            c.batch = join(hb.treedef if hb.treedef is not None else _treedef(layout), dev, hb.objects)
+            c.batch = (hb.treedef if hb.treedef is not None else _treedef(layout), dev, hb.objects)
             c.event = self.ops.record(self._side)
         except BaseException:
             self._abandon(source, c)

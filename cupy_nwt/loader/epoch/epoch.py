@@ -19,7 +19,7 @@ from ...errors import LoaderError
 from .._events import Listener
 from ..device.place import on_device, readonly
 from ..ring.ring import SlotLayout
-from ..ring.tree import join
+from ..ring.tree import OutputTree, join, leaf_frameworks
 from .progress import Ledger, Progress
 from .resume import kind_of, ledger_for, make_plan, stream_restore
 from .sources import BatchSource, FailedBatch, InlineSource, WorkerSource
@@ -32,8 +32,10 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 @dataclass(eq=False)
-class _State:
-    """An epoch's own bookkeeping; written here only (by the iterator and its steps)."""
+class EpochState:
+    """An epoch's own bookkeeping, written here only (by the iterator and its steps). It outlives the
+    iterator: a ``for`` loop left by ``break``, an exception or Ctrl-C drops its iterator, and
+    ``state_dict()`` taken afterwards must still know where the caller stood."""
 
     kind: str
     epoch: int
@@ -44,6 +46,13 @@ class _State:
     finished: bool = False
     delivered: int = 0
     waited_s: float = 0.0
+
+    def progress(self) -> Progress:
+        """Where this epoch stands, as a frozen record (what ``state_dict()`` saves is made from it)."""
+        handed = tuple(self.ledger.handed[:self.delivered]) if self.ledger is not None else ()
+        streams = self.ledger.workers(len(handed)) if self.ledger is not None and self.kind == "iterable" else None
+        return Progress(self.kind, self.epoch, self.start, self.plan, handed, self.sampler_state, streams,
+                        self.delivered, self.waited_s, self.finished)
 
 
 class Epoch(Iterator[T_co]):
@@ -57,7 +66,7 @@ class Epoch(Iterator[T_co]):
     def __init__(self, options: Options, runtime: Runtime, epoch: int, start: Mapping[str, Any] | None,
                  shared: bool) -> None:
         self._options = options
-        self._state = _State(kind_of(options), epoch, start)
+        self._state = EpochState(kind_of(options), epoch, start)
         self._events, self._clock, self._pids = runtime.events, runtime.clock, runtime.worker_pids
         self._steps = _steps(options, runtime, self._state, shared)  # holds the state, never this iterator
 
@@ -71,13 +80,14 @@ class Epoch(Iterator[T_co]):
         """The time the caller has spent inside ``next()``, that is, waiting for data."""
         return self._state.waited_s
 
+    @property
+    def state(self) -> EpochState:
+        """This epoch's bookkeeping, which the loader keeps after the iterator is gone."""
+        return self._state
+
     def progress(self) -> Progress:
         """Where this epoch stands, as a frozen record (what ``state_dict()`` saves is made from it)."""
-        st = self._state
-        handed = tuple(st.ledger.handed[:st.delivered]) if st.ledger is not None else ()
-        streams = st.ledger.workers(len(handed)) if st.ledger is not None and st.kind == "iterable" else None
-        return Progress(st.kind, st.epoch, st.start, st.plan, handed, st.sampler_state, streams, st.delivered,
-                        st.waited_s, st.finished)
+        return self._state.progress()
 
     def __next__(self) -> T_co:
         st = self._state
@@ -109,7 +119,7 @@ class Epoch(Iterator[T_co]):
         self._steps.close()
 
 
-def _steps(options: Options, runtime: Runtime, state: _State, shared: bool) -> Generator[Any, None, None]:
+def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) -> Generator[Any, None, None]:
     """The epoch's batches: its plan, the stage it runs on, its source, the host path or the prefetcher."""
     plan, state.sampler_state = make_plan(options, state.epoch, state.start)
     state.plan = plan
@@ -123,9 +133,10 @@ def _steps(options: Options, runtime: Runtime, state: _State, shared: bool) -> G
         on_stage = stage
         learn = (lambda hb: runtime.learn_layout(options, on_stage, hb)) if on_stage is not None else None
         state.ledger = ledger_for(options)
-        restore, cursor = stream_restore(state.start if state.kind == "iterable" else None)
+        restore, cursor = stream_restore(options, state.epoch, state.start)
         if stage is not None and stage.workers is not None:
-            stage.workers.restore(restore)
+            if restore:
+                stage.workers.restore(restore)
             source = WorkerSource(stage.workers, plan, options.in_order, options.timeout, learn=learn,
                                   events=runtime.events, stall_s=options.stall_warning_s, clock=runtime.clock,
                                   ledger=state.ledger, cursor=cursor or 0)
@@ -138,7 +149,8 @@ def _steps(options: Options, runtime: Runtime, state: _State, shared: bool) -> G
         if runtime.prefetcher is not None:
             yield from on_device(runtime.prefetcher.batches(source), options.device_id, runtime.ops)
         else:
-            yield from host_batches(source, options.zero_copy, lambda: runtime.layout, runtime.events, runtime.clock)
+            yield from host_batches(source, options.zero_copy, lambda: runtime.layout, runtime.events, runtime.clock,
+                                    options.output)
         graceful = state.finished = True
         if stage is not None and stage.workers is not None:
             runtime.events.ended(stage.workers.pids())
@@ -153,13 +165,17 @@ def _steps(options: Options, runtime: Runtime, state: _State, shared: bool) -> G
 
 
 def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], SlotLayout | None],
-                 events: Listener | None = None, clock: Callable[[], float] | None = None) -> Iterator[Any]:
+                 events: Listener | None = None, clock: Callable[[], float] | None = None,
+                 output: str = "auto") -> Iterator[Any]:
     """The source's host batches as the caller gets them on the CPU: copies out of the ring, or
     (``zero_copy``) read-only views whose slot is held until the next batch is asked for. Each copy's
-    seconds are a ``copied`` event.
+    seconds are a ``copied`` event. Array leaves come back in the framework their samples came in, or
+    as ``output`` says (``ring.frameworks``); with ``zero_copy`` a torch tensor is over the slot itself
+    (writable, as torch tensors are; valid, like the views, until the next batch is asked for).
 
     A failed batch is yielded as its ``FailedBatch``, for the iterator to raise in its turn.
     """
+    as_output = OutputTree(output)
     held = None
     try:
         while True:
@@ -173,10 +189,11 @@ def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], Slot
                 continue
             if hb is None:
                 return
+            treedef = as_output(hb.treedef if hb.treedef is not None else _layout_treedef(layout()))
             if hb.slot is None:  # made outside the ring: the caller's already
-                leaves = [readonly(a) for a in hb.leaves] if zero_copy else hb.leaves
+                leaves = _views(hb.leaves, treedef) if zero_copy else hb.leaves
             elif zero_copy:
-                leaves = [readonly(a) for a in hb.leaves]
+                leaves = _views(hb.leaves, treedef)
                 held = hb
             else:
                 t0 = clock() if clock is not None else 0.0
@@ -184,11 +201,15 @@ def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], Slot
                 if events is not None and clock is not None:
                     events.copied(clock() - t0)
                 source.release(hb)
-            treedef = hb.treedef if hb.treedef is not None else _layout_treedef(layout())
             yield join(treedef, leaves, hb.objects)
     finally:
         if held is not None:
             source.release(held)
+
+
+def _views(leaves: list[Any], treedef: Any) -> list[Any]:
+    """Read-only views of a batch's arrays; writable where a torch tensor will be made over them."""
+    return [a if fw == "torch" else readonly(a) for a, fw in zip(leaves, leaf_frameworks(treedef))]
 
 
 def _layout_treedef(layout: SlotLayout | None) -> Any:

@@ -36,11 +36,11 @@ from ..workers.messages import ErrorReport
 from .progress import Ledger, Progress
 from .remainder import Session, SessionPlan, join_done, split_done
 from .sampler import Plan, PlanTask, StreamPlan
+from .state_checks import STATE_VERSION, checked_state
 
 if TYPE_CHECKING:
     from .._options import Options
 
-STATE_VERSION = 1
 _MATCH = ("seed", "n", "batch_size", "shuffle", "drop_last")
 
 
@@ -116,10 +116,7 @@ def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> 
     old = Session(n, start["batch_size"], start["shuffle"], start["seed"], epoch, start["drop_last"],
                   start["world_size"], start["base"], tuple(start["excluded"]))
     ranks = start.get("ranks")
-    if ranks is None:  # one rank's state: the others delivered the same batches, if it has no extras
-        if start["extra"] and (world != old.world_size or rank != start["rank"]):
-            raise ValueError("load_state_dict: this rank's state has batches delivered out of order, so the other "
-                             "ranks' progress cannot be inferred from it: pass merge_states([...every rank's state])")
+    if ranks is None:  # one rank's state: the others delivered the same batches (one with extras: checked ours)
         ranks = [{"delivered": start["delivered"], "extra": start["extra"] if r == start["rank"] else []}
                  for r in range(old.world_size)]
     done = {r: join_done(p["delivered"], p["extra"]) for r, p in enumerate(ranks)}
@@ -133,18 +130,27 @@ def ledger_for(options: Options) -> Ledger:
     return Ledger(keep=64 + options.num_workers * options.prefetch_factor)
 
 
-def stream_restore(start: Mapping[str, Any] | None) -> tuple[dict[int, tuple[Any, int]], int | None]:
-    """A resumed stream: per worker, its dataset state (or batches to skip), and the worker the next task goes to."""
-    if start is None:
+def stream_restore(options: Options, epoch: int, start: Mapping[str, Any] | None,
+                   ) -> tuple[dict[int, tuple[Any, int, int | None]], int | None]:
+    """How each reader of a stream is prepared before it begins, by worker (the main process is worker 0):
+    the epoch for a dataset with ``set_epoch`` (every worker's copy: persistent workers' copies reshuffle
+    too, as WebDataset's per-epoch shuffle expects), and the saved position of a resumed stream (its
+    dataset state, or batches to skip); and the worker a resumed stream's next task goes to."""
+    if kind_of(options) != "iterable":
         return {}, None
-    restore = {w: (p.get("state"), 0 if p.get("state") is not None else int(p.get("batches", 0)))
-               for w, p in enumerate(start["workers"]) if p is not None}
-    nxt = start.get("next_worker")
+    tell = epoch if callable(getattr(options.dataset, "set_epoch", None)) else None
+    per = start["workers"] if start is not None else []
+    restore: dict[int, tuple[Any, int, int | None]] = (
+        {w: (None, 0, tell) for w in range(max(1, options.num_workers))} if tell is not None else {})
+    restore.update({w: (p.get("state"), 0 if p.get("state") is not None else int(p.get("batches", 0)), tell)
+                    for w, p in enumerate(per) if p is not None})
+    nxt = start.get("next_worker") if start is not None else None
     return restore, int(nxt) if nxt is not None else None
 
 
 def state_of(options: Options, progress: Progress) -> dict[str, Any]:
-    """The state of an epoch that has not finished: where its caller stands."""
+    """The state of an epoch that has not finished: where its caller stands (after a loop left by
+    ``break``, an exception or Ctrl-C too: the rest of that epoch is still to come)."""
     if progress.plan is None:  # iterated but not begun: still where it started
         return dict(progress.start) if progress.start is not None else fresh(options, progress.epoch)
     if progress.kind == "map":
@@ -208,29 +214,9 @@ def _stream_state(options: Options, progress: Progress) -> dict[str, Any]:
             "next_worker": (last + 1) % n if last is not None else start["next_worker"]}
 
 
-def check_state(options: Options, state: Mapping[str, Any]) -> dict[str, Any]:
-    """A state this loader can resume from (ValueError naming what differs otherwise)."""
-    if not isinstance(state, Mapping) or state.get("version") != STATE_VERSION:
-        raise ValueError(f"load_state_dict: not a cupy_nwt loader state of version {STATE_VERSION}")
-    sd = dict(state)
-    kind = kind_of(options)
-    if sd.get("kind") != kind:
-        raise ValueError(f"load_state_dict: the state is of a {sd.get('kind')!r} loader, this one is {kind!r}")
-    if kind == "map":
-        s = options.sampling
-        mine = {"seed": options.seed, "n": len(options.dataset), "batch_size": s.batch_size or 1,
-                "shuffle": s.shuffle, "drop_last": s.drop_last}
-        differ = [f"{k}={sd.get(k)!r} (this loader: {mine[k]!r})" for k in _MATCH if sd.get(k) != mine[k]]
-        if differ:
-            raise ValueError("load_state_dict: the state was saved with other settings: " + ", ".join(differ))
-    elif kind == "iterable":
-        readers = max(1, options.num_workers)
-        if any(p is not None for p in sd["workers"]) and (len(sd["workers"]) != readers
-                                                          or sd["world_size"] != options.world_size):
-            raise ValueError(f"load_state_dict: an iterable dataset's state was saved with {len(sd['workers'])} "
-                             f"worker(s) on {sd['world_size']} rank(s); it resumes only with the same layout "
-                             f"(this loader: {readers} worker(s), {options.world_size} rank(s))")
-    return sd
+def check_state(options: Options, state: Any) -> dict[str, Any]:
+    """A copy of ``state`` this loader can resume from, every field checked (``state_checks``)."""
+    return checked_state(options, state, kind_of(options))
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

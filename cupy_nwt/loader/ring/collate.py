@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import BatchLayoutError
+from .frameworks import framework_of
 from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: their old import path
     LEAF,
     OBJ,
@@ -25,6 +26,7 @@ from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: the
     flatten,
     join,
     leaf_kinds,
+    leaf_of,
     leaf_paths,
     unflatten,
 )
@@ -170,8 +172,13 @@ def _collate_rows(samples: Sequence[Any], indices: Indices, treedef: Treedef, ou
 
 def batch_structure(sample: Any, index_text: str = "the first sample", index: int | None = None
                     ) -> tuple[Treedef, list[np.ndarray]]:
-    """The batch structure ``default_collate`` makes from samples like ``sample``, and its array leaves."""
+    """The batch structure ``default_collate`` makes from samples like ``sample``, and its array leaves.
+
+    A sample holding torch tensors (or JAX arrays) makes every array field of the batch one of that
+    framework's, numbers included, as torch's ``default_collate`` does (``_frameworks``).
+    """
     leaves, td = flatten(sample)
+    framework = next((f for f in map(framework_of, leaves) if f is not None), None)
     kinds = iter(["obj" if _is_text(x) else "leaf" for x in leaves])
     firsts = []
     for x in leaves:
@@ -181,18 +188,18 @@ def batch_structure(sample: Any, index_text: str = "the first sample", index: in
             firsts.append(as_leaf(x))
         except TypeError as exc:
             raise BatchLayoutError(f"{index_text}: {exc}", index) from None
-    return _mark(td, kinds), firsts
+    return _mark(td, kinds, leaf_of(framework)), firsts
 
 
-def _mark(td: Treedef, kinds: Iterator[str]) -> Treedef:
+def _mark(td: Treedef, kinds: Iterator[str], leaf: Treedef = LEAF) -> Treedef:
     kind = td[0]
     if kind == "leaf":
-        return OBJ if next(kinds) == "obj" else LEAF
+        return OBJ if next(kinds) == "obj" else leaf
     if kind == "dict":
-        return ("dict", td[1], tuple(_mark(c, kinds) for c in td[2]))
+        return ("dict", td[1], tuple(_mark(c, kinds, leaf) for c in td[2]))
     if kind == "namedtuple":
-        return ("namedtuple", td[1], tuple(_mark(c, kinds) for c in td[2]))
-    return (kind, tuple(_mark(c, kinds) for c in td[1]))
+        return ("namedtuple", td[1], tuple(_mark(c, kinds, leaf) for c in td[2]))
+    return (kind, tuple(_mark(c, kinds, leaf) for c in td[1]))
 
 
 def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:

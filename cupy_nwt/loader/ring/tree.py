@@ -4,7 +4,9 @@ Two views of one idea. ``flatten`` / ``unflatten`` treat every non-container as 
 *sample* is read by the collation. ``split`` / ``join`` cut a *batch* for transport: its NumPy
 arrays go through the shared-memory ring, every other leaf (a str list, None, any object a custom
 ``collate_fn`` returns) travels pickled beside it. ``split`` recurses only into the exact container
-types it can rebuild, so a custom container comes back as itself, pickled whole.
+types it can rebuild, so a custom container comes back as itself, pickled whole. A torch tensor or
+JAX array leaf travels as NumPy bytes too, its framework kept as a tag on its leaf
+(``("leaf", "torch")``): ``join`` gives it back in that framework (``_frameworks``).
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any
 
 import numpy as np
 
-# A treedef is a small picklable nest: ("leaf",) an array (or, for samples, any leaf), ("obj",) a
-# leaf that travels pickled, ("tuple", children), ("list", children), ("dict", keys, children) or
+from .frameworks import FRAMEWORKS, framework_of, host_view, to_framework
+
+# A treedef is a small picklable nest: ("leaf",) an array (or, for samples, any leaf), ("leaf", fw)
+# an array joined back as framework fw's ("torch", "jax"), ("obj",) a leaf that travels pickled, ("tuple", children), ("list", children), ("dict", keys, children) or
 # ("namedtuple", cls, children).
 Treedef = tuple
 
@@ -80,8 +84,62 @@ def _split(obj: Any, arrays: list[np.ndarray], objects: list[Any]) -> Treedef:
     if is_ring_array(obj):
         arrays.append(obj)
         return LEAF
+    framework = framework_of(obj)
+    if framework is not None:
+        host = host_view(obj, framework)
+        if host is not None and is_ring_array(host):
+            arrays.append(host)
+            return leaf_of(framework)
     objects.append(obj)
     return OBJ
+
+
+def leaf_of(framework: str | None) -> Treedef:
+    """The leaf of an array that ``join`` gives back as ``framework``'s (None: as it is)."""
+    return LEAF if framework is None else ("leaf", framework)
+
+
+def retag(td: Treedef, framework: str | None) -> Treedef:
+    """``td`` with every array leaf joined as ``framework``'s (None: as it is, NumPy or CuPy)."""
+    kind = td[0]
+    if kind == "leaf":
+        return leaf_of(framework)
+    if kind == "obj":
+        return td
+    if kind in ("dict", "namedtuple"):
+        return (kind, td[1], tuple(retag(c, framework) for c in td[2]))
+    return (kind, tuple(retag(c, framework) for c in td[1]))
+
+
+class OutputTree:
+    """A batch structure as ``output`` wants it joined: as it is ("auto"), else every array leaf in
+    one framework (None for "numpy" and "cupy"). Remembers the last structure: it rarely changes."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+        self._last: tuple[Any, Any] = (None, None)
+
+    def __call__(self, treedef: Any) -> Any:
+        if self.output == "auto":
+            return treedef
+        if self._last[0] is not treedef:
+            self._last = (treedef, retag(treedef, self.output if self.output in FRAMEWORKS else None))
+        return self._last[1]
+
+
+def leaf_frameworks(td: Treedef) -> list[str | None]:
+    """The framework of every array leaf of ``td``, depth first (None: NumPy, or CuPy on the GPU)."""
+    out: list[str | None] = []
+    _frameworks(td, out)
+    return out
+
+
+def _frameworks(td: Treedef, out: list[str | None]) -> None:
+    if td[0] == "leaf":
+        out.append(td[1] if len(td) > 1 else None)
+    elif td[0] != "obj":
+        for c in td[-1]:
+            _frameworks(c, out)
 
 
 def join(treedef: Treedef, arrays: Sequence[Any], objects: Sequence[Any] = ()) -> Any:
@@ -96,7 +154,7 @@ def join(treedef: Treedef, arrays: Sequence[Any], objects: Sequence[Any] = ()) -
 def _build(td: Treedef, arrays: Iterator[Any], objects: Iterator[Any]) -> Any:
     kind = td[0]
     if kind == "leaf":
-        return next(arrays)
+        return next(arrays) if len(td) == 1 else to_framework(next(arrays), td[1])
     if kind == "obj":
         return next(objects)
     if kind == "tuple":

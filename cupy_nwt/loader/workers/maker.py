@@ -65,7 +65,7 @@ class BatchMaker:
         self.times = StageTimes()  # the last batch's seconds in each stage
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
-        self._restore: tuple[Any, int] | None = None  # (dataset state, batches to skip) for the next opening
+        self._restore: tuple[Any, int, int | None] | None = None  # (state, batches to skip, epoch): next opening
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_stream": None, "current": None}  # a live iterator stays where it is
@@ -94,9 +94,11 @@ class BatchMaker:
         """
         self._stream, self._fresh = None, True
 
-    def restore(self, state: Any, skip: int) -> None:
-        """Resume the next opened stream: ``load_state_dict(state)`` first (if given), then skip ``skip`` batches."""
-        self._restore = (state, skip)
+    def restore(self, state: Any, skip: int, epoch: int | None = None) -> None:
+        """Prepare the next opened stream: the dataset's ``set_epoch(epoch)`` (if given and it has one: this
+        worker's copy reshuffles as the loader's epoch says), ``load_state_dict(state)`` (if given), then
+        skip ``skip`` batches."""
+        self._restore = (state, skip, epoch)
 
     def stream_state(self) -> Any:
         """The dataset's ``state_dict()`` (where its stream is), or None when it keeps none."""
@@ -104,8 +106,11 @@ class BatchMaker:
         return get() if callable(get) else None
 
     def _open(self) -> None:
-        state, skip = self._restore if self._restore is not None else (None, 0)
+        state, skip, epoch = self._restore if self._restore is not None else (None, 0, None)
         self._restore = None
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if epoch is not None and callable(set_epoch):
+            set_epoch(epoch)
         if state is not None:
             self.dataset.load_state_dict(state)
         self._stream = iter(self.dataset)

@@ -92,11 +92,13 @@ class Task(_Record):
 
 @dataclass(frozen=True, slots=True)
 class Restore(_Record):
-    """Before the next epoch's stream opens: load ``state`` into the dataset (if not None), then skip
-    ``skip`` batches (a resumed stream whose dataset keeps no state)."""
+    """Before the next epoch's stream opens: ``set_epoch(epoch)`` on the dataset (if not None and it has
+    one), load ``state`` into it (if not None), then skip ``skip`` batches (a resumed stream whose
+    dataset keeps no state)."""
 
     state: Any
     skip: int
+    epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

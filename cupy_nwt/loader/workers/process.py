@@ -215,7 +215,7 @@ class WorkerPool(Dispatch):
     def _deliver(self, w: _Worker, task: Task) -> None:
         self._send(w, task)
 
-    def restore(self, per_worker: dict[int, tuple[Any, int]]) -> None:
+    def restore(self, per_worker: dict[int, tuple[Any, int, int | None]]) -> None:
         """Before a resumed stream's tasks: each worker's dataset state (or batches to skip), by worker id."""
         for w in self._workers:
             if w.id in per_worker:

@@ -142,7 +142,7 @@ class ThreadPool(Dispatch):
     def _deliver(self, t: _Thread, task: Task) -> None:
         t.tasks.put(task)
 
-    def restore(self, per_worker: dict[int, tuple[Any, int]]) -> None:
+    def restore(self, per_worker: dict[int, tuple[Any, int, int | None]]) -> None:
         """Before a resumed stream's tasks: each thread's dataset state (or batches to skip), by worker id."""
         for t in self._workers:
             if t.id in per_worker:

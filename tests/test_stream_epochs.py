@@ -1,0 +1,114 @@
+"""The loader's epoch reaches every worker's copy of an iterable dataset that has ``set_epoch``.
+
+``ShardedTarStream`` (and WebDataset's deterministic shuffle, and any stream seeded by the epoch)
+reshuffles per epoch only if its copy in each worker learns the epoch. Persistent workers keep
+their copies across epochs, so a ``set_epoch`` in the main process cannot reach them: the loader
+calls ``set_epoch`` itself, in each worker (and in the main process with ``num_workers=0``), at the
+start of every epoch. Epoch 2 then differs from epoch 1, deterministically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cupy_nwt
+from cupy_nwt.datasets import write_tar_shard
+from cupy_nwt.streaming import ShardedTarStream
+
+SIZES = [6, 7, 8, 9]
+N = sum(SIZES)
+LAYOUTS = [pytest.param({"num_workers": 0}, id="inline"),
+           pytest.param({"num_workers": 2, "persistent_workers": True}, id="persistent-processes"),
+           pytest.param({"num_workers": 2}, id="processes"),
+           pytest.param({"num_workers": 2, "persistent_workers": True, "worker_type": "thread"},
+                        id="persistent-threads")]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    folder, paths, start = tmp_path_factory.mktemp("shards"), [], 0
+    for k, n in enumerate(SIZES):
+        ids = np.arange(start, start + n)
+        img = np.zeros((n, 2, 2, 3), np.uint8)
+        img[:, 0, 0, 0] = ids
+        paths.append(write_tar_shard(folder / f"shard-{k}.tar", img, ids % 3))
+        start += n
+    return paths
+
+
+@pytest.fixture(autouse=True)
+def one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK",
+                 "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def epochs(shards: list[Path], layout: dict, count: int = 3) -> list[list[int]]:
+    stream = ShardedTarStream(shards, seed=11, shuffle_buffer=8)
+    with cupy_nwt.DataLoader(stream, batch_size=4, **layout) as loader:
+        return [[int(x) for img, _ in loader for x in img[:, 0, 0, 0]] for _ in range(count)]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_each_epoch_reshuffles_deterministically(shards: list[Path], layout: dict) -> None:
+    runs = epochs(shards, layout)
+    for order in runs:
+        assert sorted(order) == list(range(N))  # every sample once per epoch
+    assert runs[0] != runs[1] != runs[2]
+    assert epochs(shards, layout) == runs  # the same seed gives the same epochs
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[:2])
+def test_set_epoch_on_the_loader_chooses_the_streams_epoch(shards: list[Path], layout: dict) -> None:
+    runs = epochs(shards, layout)
+    stream = ShardedTarStream(shards, seed=11, shuffle_buffer=8)
+    with cupy_nwt.DataLoader(stream, batch_size=4, **layout) as loader:
+        loader.set_epoch(2)
+        assert [int(x) for img, _ in loader for x in img[:, 0, 0, 0]] == runs[2]
+
+
+class EpochTagged(cupy_nwt.IterableDataset):
+    """A stream that says which epoch its copy was told, per worker."""
+
+    def __init__(self) -> None:
+        self.epoch = -1
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        info = cupy_nwt.get_worker_info()
+        w = 0 if info is None else info.id
+        return iter([(self.epoch, w)] * 3)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_every_worker_copy_is_told_the_epoch(layout: dict) -> None:
+    with cupy_nwt.DataLoader(EpochTagged(), batch_size=None, **layout) as loader:
+        for epoch in range(3):
+            told = {tuple(sample) for sample in loader}
+            workers = max(1, layout["num_workers"])
+            assert told == {(epoch, w) for w in range(workers)}
+
+
+def test_a_resumed_stream_keeps_the_saved_epoch(shards: list[Path]) -> None:
+    layout = {"num_workers": 2, "persistent_workers": True}
+    runs = epochs(shards, layout, 2)
+    stream = ShardedTarStream(shards, seed=11, shuffle_buffer=8)
+    with cupy_nwt.DataLoader(stream, batch_size=4, **layout) as loader:
+        list(loader)
+        got = []
+        for i, (img, _) in enumerate(loader):
+            got += [int(x) for x in img[:, 0, 0, 0]]
+            if i == 2:
+                break
+        state = loader.state_dict()
+    assert state["epoch"] == 1
+    with cupy_nwt.DataLoader(ShardedTarStream(shards, seed=11, shuffle_buffer=8), batch_size=4, **layout) as again:
+        again.load_state_dict(state)
+        rest = [int(x) for img, _ in again for x in img[:, 0, 0, 0]]
+    assert sorted(got + rest) == list(range(N))
+    assert got == runs[1][: len(got)]
