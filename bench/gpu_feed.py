@@ -2,7 +2,13 @@
 
 Each mode feeds the same dataset, batch transform, batch size and worker count to a simulated
 training step (``cupy_nwt.experiments.step_sim``: a kernel of known duration that reads the batch, then a host
-sync). Reported per mode: samples/s delivered to the GPU and the GPU's idle fraction.
+sync). Reported per mode: samples/s delivered to the GPU and the GPU's idle fraction in the steady
+state, and apart from it the start-up (the wait for the first batch).
+
+Every loader keeps its workers between epochs (``persistent_workers=True``, both libraries): with CUDA
+in use cupy_nwt starts workers by forkserver, 0.76-0.84 s a restart on the 2-core VM (fork 0.17 s,
+persistent under 0.01 s), so the 3-5 epoch boundaries of a 200-step window would otherwise make the
+idle fraction a measure of restarts, not of prefetching.
 
 * ``cupy_nwt``: ``DataLoader(device="cuda", pin_memory=True)``: registered ring, the copy of batch
   n+1 in flight on a side stream while batch n is used.
@@ -21,13 +27,14 @@ for the torch modes, which are skipped with the reason otherwise):
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
-from loader_compare import RESULTS, endless, make_loader, make_workloads, parse_workers
+from loader_compare import RESULTS, TorchCollate, endless, make_workloads, parse_workers
 
 from cupy_nwt import DataLoader, cuda, system
 from cupy_nwt._reporting import tables as report
@@ -37,19 +44,39 @@ MODES = ("cupy_nwt", "cupy_nwt-noprefetch", "torch", "torch-nopin")
 
 
 def batches(mode: str, workload: Any, workers: int, batch_size: int, seed: int) -> tuple[Any, Iterator[Any]]:
-    """(loader, endless device batches) for ``mode``; the loader is closed by the caller."""
-    if mode == "cupy_nwt":
-        loader = make_loader("cupy_nwt", workload, workers, batch_size, "cuda", seed)
-        return loader, _epochs(loader, lambda b: b)
-    if mode == "cupy_nwt-noprefetch":
+    """(loader, endless device batches) for ``mode``; workers persist across epochs; the caller closes the loader."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: use {', '.join(MODES)}")
+    persistent = workers > 0
+    if mode.startswith("cupy_nwt"):
+        on_gpu = mode == "cupy_nwt"
         loader = DataLoader(workload.dataset, batch_size=batch_size, shuffle=True, seed=seed, num_workers=workers,
-                            device="cpu", zero_copy=True, batch_transform=workload.batch_transform)
+                            device="cuda" if on_gpu else "cpu", pin_memory=on_gpu, zero_copy=not on_gpu,
+                            batch_transform=workload.batch_transform, persistent_workers=persistent)
+        if on_gpu:
+            return loader, _epochs(loader, lambda b: b)
         return loader, _epochs(loader, lambda b: tuple(cuda.to_device(a) for a in b))
-    if mode in ("torch", "torch-nopin"):
-        pinned = mode == "torch"
-        loader = make_loader("torch", workload, workers, batch_size, "cuda" if pinned else "cpu", seed)
-        return loader, _epochs(loader, lambda b: tuple(t.to("cuda", non_blocking=pinned) for t in b))
-    raise ValueError(f"unknown mode {mode!r}: use {', '.join(MODES)}")
+    import torch
+
+    pinned = mode == "torch"
+    loader = torch.utils.data.DataLoader(
+        workload.dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+        collate_fn=TorchCollate(workload.batch_transform), pin_memory=pinned,
+        prefetch_factor=2 if workers else None, generator=torch.Generator().manual_seed(seed),
+        persistent_workers=persistent, multiprocessing_context="fork" if workers else None)
+    return loader, _epochs(loader, lambda b: tuple(t.to("cuda", non_blocking=pinned) for t in b))
+
+
+def release(loader: Any, stream: Generator[Any, None, None]) -> None:
+    """Stop a mode's workers before the next mode starts, so no idle persistent worker loads the host.
+
+    cupy_nwt's loader has ``close()``; torch's persistent workers stop when their iterator is
+    collected, which the caller allows by dropping its last references (``del loader, stream``).
+    """
+    stream.close()
+    if hasattr(loader, "close"):
+        loader.close()
+    gc.collect()
 
 
 def _epochs(loader: Any, to_gpu) -> Iterator[Any]:
@@ -105,20 +132,20 @@ def main(argv: list[str] | None = None) -> int:
                         r: FeedResult = feed(stream, step, steps=args.steps, warmup=args.warmup,
                                              batch_size=args.batch_size, label=mode, step_seconds=args.step_ms / 1e3)
                     finally:
-                        stream.close()
-                        if hasattr(loader, "close"):
-                            loader.close()
-                    row = {"workload": wl.name, "num_workers": w, "mode": mode, **r.to_dict()}
+                        release(loader, stream)
+                        del loader, stream
+                    row = {"workload": wl.name, "num_workers": w, "mode": mode, "persistent_workers": w > 0,
+                           **r.to_dict()}
                     results.append(row)
                     print(f"{wl.name:12} workers={w:<3} {mode:20} {r.samples_per_second:9.0f} samples/s  "
-                          f"GPU idle {r.idle_fraction:6.1%}", file=sys.stderr)
+                          f"GPU idle {r.idle_fraction:6.1%}  start-up {r.startup_seconds:.2f} s", file=sys.stderr)
     doc = {"host": system.host_info(), "device": cuda.device_info(cuda.current_device()),
            "config": vars(args), "skipped": skipped, "results": results}
     out = Path(args.out_dir) / f"gpu_feed-{system.host_tag()}.json"
     report.write_json(doc, out)
-    print(report.table(["workload", "workers", "mode", "samples/s", "GPU idle"],
+    print(report.table(["workload", "workers", "mode", "samples/s", "GPU idle", "start-up s"],
                        [[r["workload"], r["num_workers"], r["mode"], round(r["samples_per_second"]),
-                         f"{r['idle_fraction']:.1%}"] for r in results]))
+                         f"{r['idle_fraction']:.1%}", round(r["startup_seconds"], 3)] for r in results]))
     print(f"wrote {out}")
     return 0
 

@@ -41,11 +41,10 @@ def test_copy_64mib(benchmark, memory, direction):
         s.synchronize()
         host.fill(0)
 
+    burst = cuda.CopyBurst(direction, [(dev, host) if direction == "h2d" else (host, dev)], s)  # checks done here
+
     def copy() -> None:
-        if direction == "h2d":
-            cuda.memcpy_h2d(dev, host, s)
-        else:
-            cuda.memcpy_d2h(host, dev, s)
+        burst()
         s.synchronize()
 
     benchmark.group = f"{direction} 64 MiB"

@@ -2,6 +2,11 @@
 
 ``cuda.pcie_link`` asks NVML first and falls back to :func:`sysfs_pcie_link`; inside a VM both may
 have nothing to say, and every caller then reports the link limit as unknown.
+
+Two maxima are kept. NVML's ``max_gen``/``max_width`` are "the most possible with this device and
+system", which behind a VM's virtual root port can read below what the link really runs at (then a
+copy measures over 100% of it). ``gpu_max_gen``/``gpu_max_width`` are the GPU's own capability
+(NVML's GPU maximum generation; the width from the GPU's own PCIe capability in sysfs).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ class PcieLink:
     max_gen: int | None
     max_width: int | None
     source: str
+    gpu_max_gen: int | None = None
+    gpu_max_width: int | None = None
 
     @property
     def current_gbps(self) -> float | None:
@@ -29,10 +36,16 @@ class PcieLink:
     def max_gbps(self) -> float | None:
         return pcie_theoretical_gbps(self.max_gen, self.max_width)
 
+    @property
+    def gpu_max_gbps(self) -> float | None:
+        """The GPU's own top rate: what the link would run at in a slot that limits nothing."""
+        return pcie_theoretical_gbps(self.gpu_max_gen, self.gpu_max_width)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["current_gbps"] = self.current_gbps
         d["max_gbps"] = self.max_gbps
+        d["gpu_max_gbps"] = self.gpu_max_gbps
         return d
 
 
@@ -77,4 +90,13 @@ def sysfs_pcie_link(dev_dir: Path) -> PcieLink | None:
     cur_s, max_s = read("current_link_speed"), read("max_link_speed")
     if cur_s is None and max_s is None:
         return None
-    return PcieLink(gen(cur_s), width(read("current_link_width")), gen(max_s), width(read("max_link_width")), "sysfs")
+    # sysfs's max_* read the device's own link capability: they are the GPU's maximum too.
+    max_gen, max_width = gen(max_s), width(read("max_link_width"))
+    return PcieLink(gen(cur_s), width(read("current_link_width")), max_gen, max_width, "sysfs", max_gen, max_width)
+
+
+def gpu_own_max(sysfs_dir: Path, nvml_gen: int | None) -> tuple[int | None, int | None]:
+    """(generation, width) the GPU itself supports: NVML's GPU maximum generation when it gave one,
+    else sysfs's; the width from sysfs (NVML has no GPU-only width). Missing pieces are None."""
+    link = sysfs_pcie_link(sysfs_dir)
+    return (nvml_gen if nvml_gen is not None else (link.max_gen if link else None)), (link.max_width if link else None)

@@ -196,18 +196,20 @@ def cmd_overlap(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from . import datasets, transforms  # noqa: PLC0415 - only this command needs them
+    from . import datasets  # noqa: PLC0415 - only this command needs them
+    from ._pipeline import build_synthetic_apart, check_pipeline, pipeline  # noqa: PLC0415
     from ._reporting.explain import summary_text  # noqa: PLC0415
     from .nwt import tune as nwt_tune  # noqa: PLC0415
 
     _check_outputs(args)
-    dataset = (datasets.open_dataset(args.dataset) if args.dataset
+    sample_transform, transform = pipeline(args, synthetic_default=not args.dataset)
+    if not args.dataset:  # its first build in another process: the trials' memory is the tuner's alone
+        build_synthetic_apart(_int_option(args.synthetic_n, "--synthetic-n", 1), not args.no_progress)
+    dataset = (datasets.open_dataset(args.dataset, transform=sample_transform) if args.dataset
                else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1),
-                                              progress=not args.no_progress))
+                                              transform=sample_transform, progress=not args.no_progress))
     args.opened_dataset = dataset  # lets an error name the file behind a failing sample index
-    transform = None if args.no_transform else transforms.CifarTrainTransform()
-    if transform is not None and args.dataset:
-        datasets.check_images(dataset, args.dataset, "the tune's CIFAR augmentation (--no-transform turns it off)")
+    check_pipeline(dataset, args, transform)
     try:
         alpha, tolerance = float(args.alpha), float(args.tolerance)
     except ValueError:
@@ -216,15 +218,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
         dataset, **_workload(args), alpha=alpha, tolerance=tolerance,
         strategy=args.strategy, device=args.device, pin_memory=args.pin_memory,
         prefetch_factor=_int_option(args.prefetch_factor, "--prefetch-factor", 1), batch_transform=transform,
-        progress=not args.no_progress)
-    saved = None if args.no_save else result.save()
+        progress=not args.no_progress, main_process=args.main_process)
+    outcome = None if args.no_save else result.save_pick()
     if args.plot:
         from ._reporting.plots import plot_tune  # noqa: PLC0415
 
         plot_tune(result, args.plot)
     from ._reporting.explain import explain_paper_pick  # noqa: PLC0415
 
-    _emit(args, result, "\n\n".join(filter(None, [summary_text(result, saved), explain_paper_pick(result)])))
+    _emit(args, result, "\n\n".join(filter(None, [summary_text(result, outcome=outcome),
+                                                     explain_paper_pick(result)])))
     return 0
 
 
@@ -245,19 +248,20 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from . import datasets, transforms, watch  # noqa: PLC0415 - only this command needs them
+    from . import datasets, watch  # noqa: PLC0415 - only this command needs them
+    from ._pipeline import check_pipeline, pipeline  # noqa: PLC0415
 
     config = watch.WatchConfig(batch_size=_int_option(args.batch_size, "--batch-size", 1),
                                num_workers=_int_option(args.num_workers, "--num-workers", 0),
                                worker_type=args.worker_type, device=args.device,
                                batches=_int_option(args.batches, "--batches", 1), every=_int_option(args.every, "--every", 1))
     _check_outputs(args)
-    dataset = (datasets.open_dataset(args.dataset) if args.dataset
-               else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1), progress=False))
+    sample_transform, transform = pipeline(args, synthetic_default=not args.dataset)
+    dataset = (datasets.open_dataset(args.dataset, transform=sample_transform) if args.dataset
+               else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1),
+                                              transform=sample_transform, progress=False))
     args.opened_dataset = dataset
-    transform = None if args.no_transform else transforms.CifarTrainTransform()
-    if transform is not None and args.dataset:
-        datasets.check_images(dataset, args.dataset, "the CIFAR augmentation (--no-transform turns it off)")
+    check_pipeline(dataset, args, transform)
     on_row = None if args.json else watch.live_table()  # rows as they come; --json prints it all at the end
     result = _run_with_progress(args, config.batches, "stats", lambda step: watch.run_watch(
         dataset, args.dataset or "synthetic CIFAR-10", config, batch_transform=transform, step=step, on_row=on_row))
@@ -280,6 +284,16 @@ def _output_options(s: argparse.ArgumentParser, printed: str) -> None:
     s.add_argument("--json", action="store_true", help=f"print JSON instead of {printed}")
     s.add_argument("--output", metavar="FILE.json", help="also write the JSON result to this file")
     s.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _pipeline_options(s: argparse.ArgumentParser) -> None:
+    """The user's pipeline for ``tune`` and ``stats`` (``_pipeline.py``): no transform unless named."""
+    s.add_argument("--transform", metavar="MODULE:ATTR", help="per-sample transform of --dataset, as the "
+                   "dataset's transform= (a class is instantiated); none by default")
+    s.add_argument("--batch-transform", metavar="MODULE:ATTR", help="the loader's batch_transform (a class is "
+                   "instantiated; 'cifar' = the CIFAR training augmentation); none by default with --dataset")
+    s.add_argument("--no-transform", action="store_true", help="without --dataset: no CIFAR augmentation on the "
+                   "synthetic CIFAR-10 (its default); with --dataset there is none unless asked")
 
 
 def _workload_options(s: argparse.ArgumentParser) -> None:
@@ -327,7 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("tune", help="Num Worker Tuner: measure the loader over worker counts and pick one")
     s.add_argument("--dataset", metavar="PATH", help="image folder, .tar(.gz) shard, CIFAR-10 batches, .npy/.npz "
                    "(default: the embedded synthetic CIFAR-10)")
-    s.add_argument("--no-transform", action="store_true", help="no CIFAR training augmentation in the workers")
+    _pipeline_options(s)
     s.add_argument("--strategy", choices=("fast", "paper"), default="fast",
                    help="fast: coarse-to-fine within a cost budget (default); paper: Algorithm 1 over 0..N-1")
     _workload_options(s)
@@ -338,6 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where batches go; auto = cuda when a GPU is usable")
     s.add_argument("--pin-memory", action="store_true", help="page-locked host memory for the H2D copy, as "
                    "DataLoader(pin_memory=True); off by default, as in the DataLoader")
+    s.add_argument("--main-process", choices=("auto", "waits", "busy"), default="auto",
+                   help="the main process during training: waits (a GPU step) or busy (a CPU step, one CPU kept "
+                   "busy in every trial); auto: waits with a GPU, busy without")
     s.add_argument("--no-save", action="store_true", help="do not record the pick in the machine-wide store")
     s.add_argument("--plot", metavar="FILE.png", help="also draw time and memory against workers (paper Fig. 2/3)")
     _output_options(s, "the table")
@@ -352,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where batches go (default auto)")
     s.add_argument("--batches", default="200", help="batches to load in all, over epochs (default 200)")
     s.add_argument("--every", default="20", help="a row of figures every this many batches (default 20)")
-    s.add_argument("--no-transform", action="store_true", help="no CIFAR training augmentation in the workers")
+    _pipeline_options(s)
     s.add_argument("--plot", metavar="FILE.png", help="also draw the figures over time into this PNG")
     _output_options(s, "the table")
     s.set_defaults(func=cmd_stats)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 # Re-exported: callers ask this module for links, as before they moved to pcie.py.
-from ._pcie import PcieLink, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
+from ._pcie import PcieLink, gpu_own_max, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
 from .errors import NoGPUError
 
 
@@ -104,8 +105,11 @@ def require_gpu() -> None:
         raise NoGPUError(status.reason or "no usable GPU")
 
 
-def pcie_link(device: int = 0) -> PcieLink | None:
+def pcie_link(device: int = 0, sysfs_root: str = "/sys/bus/pci/devices") -> PcieLink | None:
     """The device's PCIe link from NVML, or from Linux sysfs when NVML is unavailable; never raises.
+
+    Besides NVML's maxima for this device in this system, the GPU's own maximum generation and
+    width are read (see ``PcieLink``): inside a VM the system's can read low.
 
     NVML numbers devices in PCI order and CUDA (by default) fastest first, and
     CUDA_VISIBLE_DEVICES renumbers only CUDA's view: the device is matched by PCI bus id. Inside a
@@ -118,25 +122,29 @@ def pcie_link(device: int = 0) -> PcieLink | None:
         bus_id = str(_cupy().cuda.runtime.deviceGetPCIBusId(device))
     except Exception:  # noqa: BLE001 - no bus id, no way to find the link
         return None
+    sysfs_dir = Path(sysfs_root) / bus_id.lower()
     try:
         import pynvml  # noqa: PLC0415
 
         pynvml.nvmlInit()
         try:
             h = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
-            return PcieLink(
-                current_gen=int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)),
-                current_width=int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)),
-                max_gen=int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-                max_width=int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(h)),
-                source="nvml",
-            )
+            current_gen = int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h))
+            current_width = int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(h))
+            max_gen = int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h))
+            max_width = int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(h))
+            try:
+                nvml_gpu_gen: int | None = int(pynvml.nvmlDeviceGetGpuMaxPcieLinkGeneration(h))
+            except Exception:  # noqa: BLE001 - older NVML: sysfs may still say
+                nvml_gpu_gen = None
         finally:
             pynvml.nvmlShutdown()
+        gpu_gen, gpu_width = gpu_own_max(sysfs_dir, nvml_gpu_gen)
+        return PcieLink(current_gen, current_width, max_gen, max_width, "nvml", gpu_gen, gpu_width)
     except Exception:  # noqa: BLE001, S110 - no NVML library or no such call: fall back to sysfs below
         pass
     try:
-        return sysfs_pcie_link(Path("/sys/bus/pci/devices") / bus_id.lower())
+        return sysfs_pcie_link(sysfs_dir)
     except (OSError, ValueError):
         return None
 
@@ -325,11 +333,6 @@ def is_device_array(obj: object) -> bool:
     return hasattr(obj, "__cuda_array_interface__")
 
 
-def elementwise_kernel(in_params: str, out_params: str, operation: str, name: str):
-    """Compile (lazily, on first call) a CuPy ElementwiseKernel."""
-    require_gpu()
-    return _cupy().ElementwiseKernel(in_params, out_params, operation, name)
-
 
 def _check_copy(dst: Any, src: Any) -> int:
     if dst.nbytes != src.nbytes:
@@ -359,6 +362,35 @@ def memcpy_d2h(dst: np.ndarray, src, stream=None) -> None:
     """
     n = _check_copy(dst, src)
     src.data.copy_to_host_async(int(dst.ctypes.data), n, stream)
+
+
+def _address(array: Any) -> int:
+    return int(array.ctypes.data) if isinstance(array, np.ndarray) else int(array.data.ptr)
+
+
+class CopyBurst:
+    """A no-argument call that enqueues every ``(dst, src)`` copy of ``pairs`` on ``stream``.
+
+    Sizes, layouts and addresses are checked and worked out on construction, once: a call is one
+    ``cudaMemcpyAsync`` per pair and nothing else, so that a timed burst of small copies measures
+    the driver and the link, not Python. ``direction``: "h2d" (host ``src``) or "d2h" (host ``dst``).
+    """
+
+    def __init__(self, direction: str, pairs: Sequence[tuple[Any, Any]], stream: Any) -> None:
+        if direction not in ("h2d", "d2h"):
+            raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
+        require_gpu()
+        rt = _cupy().cuda.runtime
+        self.pairs = tuple(pairs)
+        self.plan = tuple((_address(dst), _address(src), _check_copy(dst, src)) for dst, src in self.pairs)
+        self._kind = rt.memcpyHostToDevice if direction == "h2d" else rt.memcpyDeviceToHost
+        self._stream = int(stream.ptr) if stream is not None else 0
+        self._memcpy = rt.memcpyAsync
+
+    def __call__(self) -> None:
+        memcpy, kind, stream = self._memcpy, self._kind, self._stream
+        for dst, src, n in self.plan:
+            memcpy(dst, src, n, kind, stream)
 
 
 def release_memory_pools() -> None:
@@ -396,14 +428,18 @@ def device_zeros(shape: int | tuple[int, ...], dtype: Any = np.uint8):
     return _cupy().zeros(shape, dtype=dtype)
 
 
-def device_of(array: Any) -> int:
-    """The index of the device that holds ``array`` (CuPy, or anything with ``__cuda_array_interface__``)."""
-    return int(_cupy().asarray(array).device.id)
+def device_address(array: Any) -> tuple[int, int]:
+    """(first byte's address, device index) of a CuPy array or anything with ``__cuda_array_interface__``.
 
-
-def as_device_array(obj: Any):
-    """A CuPy view of any device array (CuPy, or anything with ``__cuda_array_interface__``)."""
-    return _cupy().asarray(obj)
+    Read from the interface itself, never through ``cupy.asarray``: building a CuPy view of a
+    producer's array synchronises the producer's stream when the interface names one (version 3),
+    a host sync per call in a training loop. The device comes from the pointer's attributes.
+    """
+    cupy = _cupy()
+    if isinstance(array, cupy.ndarray):
+        return int(array.data.ptr), int(array.device.id)
+    ptr = int(array.__cuda_array_interface__["data"][0])
+    return ptr, int(cupy.cuda.runtime.pointerGetAttributes(ptr).device)
 
 
 def to_device(host: np.ndarray):
@@ -421,3 +457,4 @@ def to_device(host: np.ndarray):
         rt = cupy.cuda.runtime
         rt.memcpy(int(dst.data.ptr), int(src.ctypes.data), int(src.nbytes), rt.memcpyHostToDevice)
     return dst
+

@@ -4,6 +4,11 @@ Why a command: before tuning anything, one wants to know which stage a pipeline 
 samples, collating, the transform, the copy) and whether its workers copy the dataset as they read
 it; this runs the real loader for a number of batches and prints the figures every few batches,
 as a table and, with ``--plot``, over time.
+
+The first row is the warm-up: the first batch of every worker (one batch with no workers), which
+carries one-time costs (imports, a JIT compile of the transform, the first reads of a file). A
+0.57 s Numba compile in a 4 s run would otherwise be "the stage that took longest"; the footer
+reports the warm-up apart and names the longest stage of the steady state after it.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ._reporting.units import plural
 from .loader import DataLoader, LoaderStats
 
 MIB = 1 << 20
@@ -37,14 +43,19 @@ class WatchConfig:
 
 @dataclass(frozen=True)
 class WatchRow:
-    """One interval: the batches delivered by its end, the seconds since the start, and its figures."""
+    """One interval: the batches delivered by its end, the seconds since the start, and its figures.
+
+    ``warmup``: the interval of the first batch of every worker, one-time costs included.
+    """
 
     batches: int
     elapsed_s: float
     stats: LoaderStats
+    warmup: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"batches": self.batches, "elapsed_s": self.elapsed_s, "stats": self.stats.to_dict()}
+        return {"batches": self.batches, "elapsed_s": self.elapsed_s, "warmup": self.warmup,
+                "stats": self.stats.to_dict()}
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,8 @@ class WatchResult:
 def run_watch(dataset: Any, name: str, config: WatchConfig, *, batch_transform: Callable | None = None,
               step: Callable[[], None] | None = None, on_row: Callable[[WatchRow], None] | None = None) -> WatchResult:
     """Iterate ``config.batches`` batches (as many epochs as that takes; persistent workers, so their memory
-    is followed across epochs), taking ``stats()`` every ``config.every`` batches and at the end."""
+    is followed across epochs), taking ``stats()`` after the warm-up (``warmup_batches``), every
+    ``config.every`` batches and at the end."""
     import time  # noqa: PLC0415 - only the run needs it
 
     rows: list[WatchRow] = []
@@ -73,6 +85,7 @@ def run_watch(dataset: Any, name: str, config: WatchConfig, *, batch_transform: 
         described = repr(dl)
         dl.stats()  # the start: the first interval begins with the first iteration
         t0, done = time.perf_counter(), 0
+        warmup = warmup_batches(config)
         while done < config.batches:
             delivered_this_epoch = 0
             for _ in dl:
@@ -80,8 +93,8 @@ def run_watch(dataset: Any, name: str, config: WatchConfig, *, batch_transform: 
                 delivered_this_epoch += 1
                 if step is not None:
                     step()
-                if done % config.every == 0 or done == config.batches:
-                    rows.append(WatchRow(done, time.perf_counter() - t0, dl.stats()))
+                if done == warmup or done % config.every == 0 or done == config.batches:
+                    rows.append(WatchRow(done, time.perf_counter() - t0, dl.stats(), warmup=done == warmup))
                     if on_row is not None:
                         on_row(rows[-1])
                 if done >= config.batches:
@@ -91,6 +104,11 @@ def run_watch(dataset: Any, name: str, config: WatchConfig, *, batch_transform: 
     return WatchResult(name, config, described, tuple(rows))
 
 
+def warmup_batches(config: WatchConfig) -> int:
+    """The batches of the warm-up: one from every worker (one with no workers), at most all of them."""
+    return min(config.batches, max(1, config.num_workers))
+
+
 HEADERS = ("batches", "s", "waited s", "blocked s", "busy %", "fetch s", "collate s", "transform s", "copy s", "workers",
            "depth", "worker MiB", "growth MiB", "stalls")
 
@@ -98,7 +116,7 @@ HEADERS = ("batches", "s", "waited s", "blocked s", "busy %", "fetch s", "collat
 def row_cells(row: WatchRow) -> list[Any]:
     s = row.stats
     mem, grew = s.worker_private_bytes, s.worker_growth_bytes
-    return [row.batches, f"{row.elapsed_s:.2f}", f"{s.waited_s:.3f}", f"{s.blocked_s:.3f}",
+    return [f"{row.batches}*" if row.warmup else row.batches, f"{row.elapsed_s:.2f}", f"{s.waited_s:.3f}", f"{s.blocked_s:.3f}",
             "-" if s.busy_fraction is None else f"{100 * s.busy_fraction:.0f}",
             *(f"{getattr(s, k):.3f}" for k, _ in _STAGES), s.num_workers, s.prefetch_depth,
             "-" if mem is None else f"{mem / MIB:.1f}", "-" if grew is None else f"{grew / MIB:+.1f}", len(s.stalls)]
@@ -121,13 +139,21 @@ def footer(result: WatchResult) -> str:
         lines.append(f"copy: {result.rows[0].stats.copy}; memory: the workers' private memory (USS), "
                      "growth since their first batch" + (" (threads have none of their own)"
                                                         if result.rows[0].stats.memory is None else ""))
-        totals = {k: sum(getattr(r.stats, k) for r in result.rows) for k, _ in _STAGES}
-        waited = sum(r.stats.waited_s for r in result.rows)
-        blocked = sum(r.stats.blocked_s for r in result.rows)
-        top = max(totals, key=lambda k: totals[k])
-        lines.append(f"the caller waited {waited:.2f} s in all ({blocked:.2f} s of it for batches not yet made); "
-                     f"the stage that took longest: "
-                     f"{dict(_STAGES)[top]} ({totals[top]:.2f} s, summed over the workers)")
+        warm = [r for r in result.rows if r.warmup]
+        steady = [r for r in result.rows if not r.warmup]
+        if warm:
+            w = warm[0]
+            top, secs = _longest(warm)
+            lines.append(f"* warm-up: the first {plural(w.batches, 'batch', 'batches')} (one from each worker; "
+                         f"one-time costs: imports, JIT compiles, first reads) took {w.elapsed_s:.2f} s; "
+                         f"its longest stage: {top} ({secs:.2f} s)")
+        if steady:
+            waited = sum(r.stats.waited_s for r in steady)
+            blocked = sum(r.stats.blocked_s for r in steady)
+            top, secs = _longest(steady)
+            after = f" after the warm-up (batches {warm[0].batches + 1}..{steady[-1].batches})" if warm else ""
+            lines.append(f"steady state{after}: the caller waited {waited:.2f} s ({blocked:.2f} s of it for batches "
+                         f"not yet made); the stage that took longest: {top} ({secs:.2f} s, summed over the workers)")
     for r in result.rows:
         for d in r.stats.decisions:
             lines.append(f"autotune at batch {r.batches}: {d['action']} -> {d['workers']} workers, "
@@ -135,6 +161,13 @@ def footer(result: WatchResult) -> str:
         for st in r.stats.stalls:
             lines.append(f"stall: waited {st.waited_s:.1f} s for batch {st.batch_index}, which {st.where}")
     return "\n".join(lines)
+
+
+def _longest(rows: list[WatchRow]) -> tuple[str, float]:
+    """The stage with the most seconds over ``rows`` (summed over the workers), and those seconds."""
+    totals = {k: sum(getattr(r.stats, k) for r in rows) for k, _ in _STAGES}
+    top = max(totals, key=lambda k: totals[k])
+    return dict(_STAGES)[top], totals[top]
 
 
 def plot_watch(result: WatchResult, path: str | Path) -> Path:

@@ -130,10 +130,10 @@ def test_images_of_mixed_sizes(tmp_path, capsys):
 def test_one_dimensional_npy(tmp_path, capsys):
     path = tmp_path / "values.npy"
     np.save(path, np.arange(100, dtype=np.float32))
-    code, err = _tune(path, capsys)
+    code, err = _tune(path, capsys, "--batch-transform", "cifar")
     assert code == cli.EXIT_BAD_DATA
     line = _one_line(err)
-    assert f"{path}: sample 0 is a float32 scalar" in line and "--no-transform" in line
+    assert f"{path}: sample 0 is a float32 scalar" in line and "--batch-transform cifar" in line
 
 
 def test_one_dimensional_npy_loads_without_the_image_transform(tmp_path, capsys):

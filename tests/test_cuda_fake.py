@@ -29,6 +29,7 @@ class FakeArray:
         self.host = np.zeros(shape, dtype)
         self.device = types.SimpleNamespace(id=device)
         self.data = types.SimpleNamespace(ptr=int(self.host.ctypes.data))
+        self.nbytes, self.size, self.flags = self.host.nbytes, self.host.size, self.host.flags
 
 
 class FakeCupy:
@@ -39,6 +40,7 @@ class FakeCupy:
     def __init__(self, devices: int = 2, current: int = 0, compute_mode: int = 0) -> None:
         self.current = current
         self.calls: list[tuple] = []
+        self.devices_at: dict[int, int] = {}
         fake = self
 
         class Device:
@@ -73,16 +75,24 @@ class FakeCupy:
             memcpyAsync=lambda *a: record("memcpyAsync"),
             getDeviceProperties=lambda d: {"computeMode": compute_mode, "name": b"Fake GPU"},
             deviceGetPCIBusId=lambda d: "0000:FE:1F.7",
+            pointerGetAttributes=lambda ptr: record("pointerGetAttributes", ptr) or types.SimpleNamespace(
+                device=fake.devices_at[ptr]),
         )
         self.cuda = types.SimpleNamespace(Device=Device, runtime=runtime)
 
+    ndarray = FakeArray
+
+    def _made(self, array: FakeArray) -> FakeArray:
+        self.devices_at[array.data.ptr] = array.device.id  # what cudaPointerGetAttributes would answer
+        return array
+
     def zeros(self, n, dtype):
         self.calls.append(("alloc", self.current, None))
-        return FakeArray(n, dtype, self.current)
+        return self._made(FakeArray(n, dtype, self.current))
 
     def empty(self, shape, dtype):
         self.calls.append(("alloc", self.current, None))
-        return FakeArray(shape, dtype, self.current)
+        return self._made(FakeArray(shape, dtype, self.current))
 
     def asarray(self, obj):
         if isinstance(obj, np.ndarray):
@@ -93,8 +103,9 @@ class FakeCupy:
         fake = self
 
         def launch(grid, block, args):
-            touch, ns, sink = args
-            fake.calls.append(("launch", fake.current, (touch.device.id, sink.device.id, int(ns))))
+            touch, ns, sink = args  # the batch comes as its address: no view of it was made
+            assert isinstance(touch, np.uint64), type(touch)
+            fake.calls.append(("launch", fake.current, (fake.devices_at[int(touch)], sink.device.id, int(ns))))
 
         return launch
 
@@ -131,9 +142,11 @@ def test_the_prefetcher_detaches_its_ring_on_the_loader_device(fake):
 
 def test_spin_kernel_runs_on_the_batch_device_with_a_sink_there(fake):
     spin = SpinKernel()  # built with GPU 0 current
-    spin(FakeArray(4, np.uint8, 1), 5_000_000)
-    spin(FakeArray(4, np.uint8, 0), 7)
-    spin(FakeArray(4, np.uint8, 1), 9)
+    batches = [FakeArray(4, np.uint8, d) for d in (1, 0, 1)]
+    fake.devices_at.update({b.data.ptr: b.device.id for b in batches})
+    spin(batches[0], 5_000_000)
+    spin(batches[1], 7)
+    spin(batches[2], 9)
     launches = [c for c in fake.calls if c[0] == "launch"]
     assert launches == [("launch", 1, (1, 1, 5_000_000)), ("launch", 0, (0, 0, 7)), ("launch", 1, (1, 1, 9))]
     assert [c[1] for c in fake.calls if c[0] == "alloc"] == [1, 0]  # one sink per device, made there
@@ -186,3 +199,79 @@ def test_link_probe_survives_a_failing_bus_id_query(fake, monkeypatch):
 
     monkeypatch.setattr(fake.cuda.runtime, "deviceGetPCIBusId", broken)
     assert cuda.pcie_link(0) is None
+
+
+class TorchLikeTensor:
+    """A device array that only speaks ``__cuda_array_interface__`` and names the stream it was made on."""
+
+    def __init__(self, ptr: int) -> None:
+        self.__cuda_array_interface__ = {"shape": (4,), "typestr": "|u1", "data": (ptr, False), "version": 3,
+                                         "stream": 7}
+
+
+def test_spin_kernel_takes_a_torch_tensor_by_address_without_a_cupy_view(fake, monkeypatch):
+    """cupy.asarray on an interface that names a stream synchronises that stream: a host sync per step."""
+
+    def no_view(obj):
+        raise AssertionError("cupy.asarray(tensor): a CuPy view syncs the producer's stream")
+
+    monkeypatch.setattr(fake, "asarray", no_view)
+    spin = SpinKernel()
+    tensor = TorchLikeTensor(0x7F00_0000_1000)
+    fake.devices_at[0x7F00_0000_1000] = 1
+    spin(tensor, 1000)
+    assert [c for c in fake.calls if c[0] == "launch"] == [("launch", 1, (1, 1, 1000))]
+    assert cuda.device_address(tensor) == (0x7F00_0000_1000, 1)
+
+
+def _pynvml_behind_a_virtual_port(gpu_gen: int | None) -> types.ModuleType:
+    """NVML inside a VM: the link runs at Gen5 x16, but "the most possible with this system" reads Gen3."""
+    m = types.ModuleType("pynvml")
+    m.nvmlInit = m.nvmlShutdown = lambda: None
+    m.nvmlDeviceGetHandleByPciBusId = lambda bus: object()
+    m.nvmlDeviceGetCurrPcieLinkGeneration = lambda h: 5
+    m.nvmlDeviceGetCurrPcieLinkWidth = m.nvmlDeviceGetMaxPcieLinkWidth = lambda h: 16
+    m.nvmlDeviceGetMaxPcieLinkGeneration = lambda h: 3
+    if gpu_gen is not None:
+        m.nvmlDeviceGetGpuMaxPcieLinkGeneration = lambda h: gpu_gen
+    return m
+
+
+def _sysfs_gpu(root, width: str = "16\n", speed: str = "32.0 GT/s PCIe\n"):
+    dev = root / "0000:fe:1f.7"  # the fake's bus id, as sysfs spells it
+    dev.mkdir(parents=True)
+    (dev / "max_link_width").write_text(width)
+    (dev / "max_link_speed").write_text(speed)
+    return root
+
+
+def test_link_reads_the_gpus_own_maximum_beside_the_systems(fake, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", _pynvml_behind_a_virtual_port(gpu_gen=5))
+    link = cuda.pcie_link(0, sysfs_root=str(_sysfs_gpu(tmp_path, speed="8.0 GT/s PCIe\n")))
+    assert (link.max_gen, link.max_width, link.gpu_max_gen, link.gpu_max_width) == (3, 16, 5, 16)
+    assert link.source == "nvml" and link.to_dict()["gpu_max_gbps"] == pytest.approx(63.0, rel=5e-3)
+
+
+def test_without_nvmls_gpu_maximum_the_generation_comes_from_sysfs(fake, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "pynvml", _pynvml_behind_a_virtual_port(gpu_gen=None))
+    link = cuda.pcie_link(0, sysfs_root=str(_sysfs_gpu(tmp_path)))
+    assert (link.max_gen, link.gpu_max_gen, link.gpu_max_width) == (3, 5, 16)
+    assert cuda.pcie_link(0, sysfs_root=str(tmp_path / "none")).gpu_max_width is None
+
+
+def test_a_copy_over_the_systems_maximum_switches_to_the_gpus_own_and_says_why():
+    behind_vm = cuda.PcieLink(5, 16, 3, 16, "nvml", 5, 16)  # system max 15.75 GB/s; the pinned copies do 50
+    result = _constant_result(behind_vm)
+    assert result.link_basis == "gpu-max" and result.link_gbps == pytest.approx(63.0, rel=5e-3)
+    assert result.over_link == () and "the GPU's own max" in result.link_label
+    assert "virtual port" in transfers.summary_text(result)
+
+
+def test_any_share_over_100_percent_is_flagged():
+    result = _constant_result(cuda.PcieLink(5, 16, 3, 16, "nvml"))  # no GPU maximum to fall back to
+    assert result.link_basis == "max"
+    over = result.to_dict()["over_link"]
+    assert over and all(p["memory"] == "pinned" and p["link_fraction"] > 1.0 for p in over)
+    text = transfers.summary_text(result)
+    assert "WARNING" in text and "317%!" in text
+    assert _constant_result(cuda.PcieLink(5, 16, 5, 16, "nvml")).to_dict()["over_link"] == []

@@ -142,10 +142,10 @@ def test_overlap_run_starts_from_zeros_and_joins_only_the_async_streams(fake):
         seen.append(host.copy())
         fake.now_ms += 2.0
 
-    assert overlap._timed_run(work, host, main, [main]) == pytest.approx(0.002)  # sequential: one stream
+    assert overlap._timed_run(work, host, main, [main])[0] == pytest.approx(0.002)  # sequential: one stream
     assert not any(e[0] == "wait" for e in fake.log)
     fake.log.clear()
-    assert overlap._timed_run(work, host, main, [a, b]) == pytest.approx(0.002)  # async: one stream per chunk
+    assert overlap._timed_run(work, host, main, [a, b])[0] == pytest.approx(0.002)  # async: one stream per chunk
     assert [e for e in fake.log if e[0] == "wait"] == [("wait", "a", "e2"), ("wait", "b", "e2"),
                                                        ("wait", "main", "e4"), ("wait", "main", "e5")]
     assert all(not x.any() for x in seen)
@@ -158,3 +158,44 @@ def test_simulated_step_times_its_spin_on_the_current_stream(fake):
     assert step(batch) == pytest.approx(0.002)
     assert fake.log == [("record", "e2", "current"), ("spin", 2_000_000), ("record", "e3", "current"),
                         ("sync event", "e3"), ("elapsed", "e2", "e3")]
+
+
+def test_queued_samples_start_after_a_hold_longer_than_their_issue_and_report_issue_apart(fake):
+    """Launching from Python takes about as long as a short kernel runs: each sample is queued behind a
+    spin first, so its window holds the GPU's time only, and the host's issue time comes back on its own."""
+    s = FakeStream(fake, "s")
+    held = []
+
+    def hold(stream, seconds):
+        held.append(seconds)
+        fake.log.append(("hold", stream.name))
+        fake.now_ms += 1e3 * seconds  # the GPU spins: none of it may reach the window
+
+    q = timing.queued_time(fake.work("stage", 0.25), hold, repeats=2, warmup=1, stream=s)
+    assert q.device == pytest.approx((0.00025, 0.00025))
+    assert len(q.issue) == 2 and all(t >= 0 for t in q.issue)
+    assert held == [q.held_seconds] * 2 and q.held_seconds >= timing.HOLD_MARGIN_S
+    assert q.overran == 0
+    assert fake.log == [("work", "stage"), ("sync stream", "s"),
+                        ("hold", "s"), ("record", "e0", "s"), ("work", "stage"), ("record", "e1", "s"),
+                        ("sync event", "e1"), ("elapsed", "e0", "e1"),
+                        ("hold", "s"), ("record", "e2", "s"), ("work", "stage"), ("record", "e3", "s"),
+                        ("sync event", "e3"), ("elapsed", "e2", "e3")]
+
+
+def test_an_overlap_run_behind_a_hold_opens_its_window_after_the_hold_on_every_stream(fake):
+    main, a, b = (FakeStream(fake, n) for n in ("main", "a", "b"))
+    host = np.zeros(8, np.float32)
+
+    def hold() -> None:
+        fake.log.append(("hold", "main"))
+        fake.now_ms += 5.0
+
+    seconds, issued = overlap._timed_run(fake.work("chunks", 2.0), host, main, [a, b], hold)
+    assert seconds == pytest.approx(0.002) and issued >= 0
+    assert fake.log[:4] == [("hold", "main"), ("record", "e0", "main"), ("wait", "a", "e0"), ("wait", "b", "e0")]
+
+
+def test_queued_samples_that_outlast_the_hold_are_counted():
+    q = timing.QueuedTimes(device=(1e-3, 1e-3, 1e-3), issue=(1e-4, 3e-3, 5e-4), held_seconds=1e-3)
+    assert q.overran == 1

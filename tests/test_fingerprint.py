@@ -130,14 +130,16 @@ def test_store_put_get_find_remove(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))
 
 
-def test_store_rejects_a_foreign_or_broken_file(tmp_path):
+def test_store_sets_a_foreign_or_broken_file_aside(tmp_path, caplog):
     store = ResultStore(tmp_path)
     store.path.write_text("{not json")
-    with pytest.raises(ValueError, match="not valid JSON"):
-        store.records()
+    assert store.records() == {} and not store.path.exists()
+    assert "not valid JSON" in caplog.text and len(list(tmp_path.glob("num_workers.json.bad-*"))) == 1
     store.path.write_text('{"some": "thing"}')
-    with pytest.raises(ValueError, match="delete it"):
-        store.put("k", {})
+    with pytest.raises(ValueError, match="not a cupy_nwt.num_workers/1 file; set aside as num_workers.json.bad-"):
+        store.records(strict=True)
+    store.put("k", {})
+    assert store.records() == {"k": {}}
 
 
 def test_single_file_roundtrip_and_missing(tmp_path):

@@ -20,8 +20,8 @@ def test_prints_a_row_every_n_batches_across_epochs(capsys):
     assert cli.main(["stats", *TINY, "--batches", "40", "--every", "10"]) == 0  # 16 batches an epoch: 3 epochs
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:2] == ["batches", "s"] and out[0].rstrip().endswith(HEADERS[-1])
-    rows = [line.split() for line in out[1:5]]
-    assert [int(r[0]) for r in rows] == [10, 20, 30, 40]
+    rows = [line.split() for line in out[1:6]]
+    assert [r[0] for r in rows] == ["2*", "10", "20", "30", "40"]  # 2*: the warm-up, one batch from each worker
     assert all(len(r) == len(HEADERS) for r in rows)
     assert any(line.startswith("copy: host copy out of the ring") for line in out)
 
@@ -36,7 +36,7 @@ def test_json_result_holds_every_interval(tmp_path, capsys, worker_type):
     printed = json.loads(capsys.readouterr().out)
     assert printed == json.loads(path.read_text())
     rows = printed["rows"]
-    assert [r["batches"] for r in rows] == [5, 10, 12]
+    assert [(r["batches"], r["warmup"]) for r in rows] == [(2, True), (5, False), (10, False), (12, False)]
     assert sum(r["stats"]["batches"] for r in rows) == 12
     assert all(r["stats"]["transform_s"] == 0.0 for r in rows)
     assert all((r["stats"]["memory"] is None) == (worker_type == "thread") for r in rows)
@@ -57,7 +57,7 @@ def test_a_dataset_file(tmp_path, capsys):
     np.save(path, np.zeros((64, 32, 32, 3), np.uint8))
     assert cli.main(["stats", "--dataset", str(path), *TINY[2:], "--batches", "4", "--every", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert [int(line.split()[0]) for line in out[1:3]] == [2, 4]
+    assert [line.split()[0] for line in out[1:3]] == ["2*", "4"]
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -119,3 +119,14 @@ def test_every_version_computes_ones(gpu_result):
 def test_async_versions_beat_sequential(gpu_result):
     assert gpu_result.speedup("async_v1") > 1.0
     assert gpu_result.speedup("async_v2") > 1.0
+
+
+def test_launch_time_is_reported_apart_from_the_device_stage_times():
+    r = _constant_result()
+    launch = overlap.LaunchTimes(summarize([12e-6]), summarize([15e-6]), summarize([11e-6]))
+    with_launch = OverlapResult(r.config, r.device, r.stages, r.versions, launch, overran=1)
+    d = json.loads(report.to_json(with_launch))
+    assert d["launch_seconds"]["kernel"]["median"] == pytest.approx(15e-6)
+    assert d["overran_samples"] == 1 and "spin" in d["timing"]
+    assert d["ideal_seconds"] == pytest.approx(r.ideal_seconds)  # launches never enter the ideal
+    assert "kernel 15.0 us" in overlap.summary_text(with_launch)

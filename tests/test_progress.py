@@ -10,6 +10,7 @@ import io
 import pytest
 
 from cupy_nwt import cli
+from cupy_nwt._reporting import progress
 from cupy_nwt._reporting.progress import Progress, is_terminal
 from cupy_nwt._reporting.units import plural
 from cupy_nwt.datasets import SyntheticCIFAR10
@@ -21,7 +22,28 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_a_log_gets_one_plain_line_per_step():
+@pytest.fixture
+def every_step(monkeypatch):
+    """A line for every step: no minimum interval between lines (what these tests read line by line)."""
+    monkeypatch.setattr(progress, "LINE_INTERVAL_S", 0.0)
+
+
+def test_a_log_gets_at_most_one_line_every_few_seconds():
+    """200 steps in 4 s (``cupy-nwt stats`` on a small dataset) give 2 lines, not 200."""
+    now = [0.0]
+    log = io.StringIO()
+    with Progress(200, "stats", stream=log, clock=lambda: now[0]) as bar:
+        for _ in range(200):
+            bar.step()
+            now[0] += 0.02
+        bar.note("a note is always its own line")
+    lines = log.getvalue().splitlines()
+    assert lines == ["stats 1/200", f"stats {int(progress.LINE_INTERVAL_S / 0.02) + 1}/200",
+                     "a note is always its own line"]
+    assert 2 <= progress.LINE_INTERVAL_S <= 10
+
+
+def test_a_log_gets_one_plain_line_per_step(every_step):
     log = io.StringIO()
     with Progress(3, "sweep", stream=log) as bar:
         bar.step("4 KiB")
@@ -30,7 +52,7 @@ def test_a_log_gets_one_plain_line_per_step():
     assert log.getvalue() == "sweep 1/3: 4 KiB\nsweep 2/3\nsweep 3/3: 1 MiB\n"
 
 
-def test_an_unknown_total_counts_up():
+def test_an_unknown_total_counts_up(every_step):
     log = io.StringIO()
     with Progress(None, "NWT (fast)", stream=log) as bar:
         bar.step("0 workers")
@@ -60,7 +82,7 @@ def test_a_closed_stream_is_no_terminal():
     assert not is_terminal(s) and not is_terminal(object())
 
 
-def test_the_search_logs_a_line_per_trial_with_singular_counts(capsys):
+def test_the_search_logs_a_line_per_trial_with_singular_counts(capsys, every_step):
     tune_num_workers(max_workers=3, strategy="paper", measure=lambda w, i, u: 0.1, batch_size=10, progress=True)
     out, err = capsys.readouterr()
     assert out == "" and "\r" not in err
@@ -68,7 +90,7 @@ def test_the_search_logs_a_line_per_trial_with_singular_counts(capsys):
     assert "1 worker:" in err and "1 workers" not in err
 
 
-def test_cli_steps_are_lines_in_a_log(capsys):
+def test_cli_steps_are_lines_in_a_log(capsys, every_step):
     args = argparse.Namespace(no_progress=False)
     assert cli._run_with_progress(args, 2, "bandwidth", lambda step: [step("a"), step("b")] and 7) == 7
     assert capsys.readouterr().err == "bandwidth 1/2: a\nbandwidth 2/2: b\n"
@@ -76,7 +98,7 @@ def test_cli_steps_are_lines_in_a_log(capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_building_the_synthetic_dataset_shows_progress_once(tmp_path, capsys):
+def test_building_the_synthetic_dataset_shows_progress_once(tmp_path, capsys, every_step):
     data = SyntheticCIFAR10(n=1100, cache_dir=tmp_path, progress=True)
     assert data.built_now
     err = capsys.readouterr().err
@@ -87,7 +109,7 @@ def test_building_the_synthetic_dataset_shows_progress_once(tmp_path, capsys):
     assert capsys.readouterr().err == ""
 
 
-def test_reproduce_shows_every_stage_and_the_comparison(tmp_path, monkeypatch, capsys):
+def test_reproduce_shows_every_stage_and_the_comparison(tmp_path, monkeypatch, capsys, every_step):
     from cupy_nwt.reproduce import ReproduceConfig, run_reproduce
 
     curve = [0.04, 0.02, 0.018, 0.03]

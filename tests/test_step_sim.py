@@ -92,3 +92,53 @@ def test_a_5ms_step_lasts_5ms_by_cuda_events_even_from_idle_clocks():
     batch = cuda.device_empty(16)
     took = [step(batch) for _ in range(5)]
     assert all(0.0045 <= t <= 0.0055 for t in took), took
+
+
+def test_feed_keeps_the_loaders_start_up_out_of_the_steady_state():
+    """Workers started by forkserver take most of a second: that wait is start-up, not GPU idle a step."""
+    clock = FakeClock()
+
+    def loader():
+        clock.now += 0.8  # the workers start
+        for i in itertools.count():
+            clock.now += 0.0005
+            yield i
+
+    def step(batch):
+        clock.now += 0.005
+        return 0.005
+
+    for warmup in (0, 2):
+        r = feed(loader(), step, steps=20, warmup=warmup, batch_size=8, label="slow start", step_seconds=0.005,
+                 clock=clock)
+        assert r.startup_seconds == pytest.approx(0.8005)
+        assert r.idle_fraction < 0.1  # 0.5 ms waits around 5 ms steps, whatever the start-up took
+        assert r.to_dict()["startup_seconds"] == pytest.approx(0.8005)
+
+
+@pytest.mark.parametrize("mode", ["cupy_nwt", "cupy_nwt-noprefetch", "torch", "torch-nopin"])
+def test_gpu_feed_loaders_keep_their_workers_across_epochs(mode, tmp_path, monkeypatch):
+    """Restarting workers at each epoch boundary (0.8 s by forkserver) would read as GPU idle time."""
+    bench = Path(__file__).resolve().parent.parent / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    if mode.startswith("torch"):
+        pytest.importorskip("torch", reason="the torch modes need torch")
+    from cupy_nwt import cuda
+
+    if mode == "cupy_nwt" and not cuda.gpu_status().available:
+        pytest.skip(f"a loader with device='cuda' needs a GPU: {cuda.gpu_status().reason}")
+    import gpu_feed
+    import loader_compare
+
+    workload = next(w for w in loader_compare.make_workloads(tmp_path, decode_images=8, array_images=64)
+                    if w.name == "numba-array")
+    loader, stream = gpu_feed.batches(mode, workload, 2, 16, seed=0)
+    try:
+        assert loader.persistent_workers is True and loader.num_workers == 2
+    finally:
+        stream.close()
+        if hasattr(loader, "close"):
+            loader.close()
+    loader, stream = gpu_feed.batches(mode, workload, 0, 16, seed=0)  # no workers: nothing to keep
+    stream.close()
+    assert loader.persistent_workers is False

@@ -20,7 +20,12 @@ from .tables import table
 from .units import fmt_bytes, plural
 
 if TYPE_CHECKING:
-    from ..nwt.store import TuneResult
+    from ..nwt.store import SaveOutcome, TuneResult
+
+MAIN_PROCESS_TEXT = {
+    "waits": "main process: waits in every trial, as in a GPU step (it mostly waits for the device)",
+    "busy": "main process: busy in every trial, as in a CPU step (one CPU kept busy beside the workers)",
+}
 
 WIDTH = 100  # the prose is wrapped: it is printed, and kept in a Markdown code block by reproduce
 
@@ -105,8 +110,8 @@ def explain_paper_pick(result: TuneResult) -> str:
     return "\n".join(lines[:2] + [textwrap.fill(p, WIDTH) for p in lines[2:]])
 
 
-def summary_text(result: TuneResult, saved_to: Path | None = None) -> str:
-    """The trials as a table, the pick, and what the search cost."""
+def summary_text(result: TuneResult, saved_to: Path | None = None, *, outcome: SaveOutcome | None = None) -> str:
+    """The trials as a table, the pick, what the search cost, how far it looked, and what was saved."""
     trials = result.trials
     fastest = min(trials, key=lambda t: (t.seconds_per_iteration, t.workers)).workers if trials else None
     rows = []
@@ -124,6 +129,14 @@ def summary_text(result: TuneResult, saved_to: Path | None = None) -> str:
             else f"tolerance {result.tolerance:.0%}")
     lines.append("")
     lines.append(f"pick: {plural(result.best_workers, 'worker')} ({rule}); search took {result.search_seconds:.1f} s")
-    if saved_to is not None:
+    if result.search_end and result.strategy == "fast":
+        cpus = f", {plural(result.usable_cpus, 'usable CPU')}" if result.usable_cpus else ""
+        lines.append(f"searched counts 0..{result.max_workers - 1}{cpus}; it looked no further: {result.search_end}")
+    if result.main_process in MAIN_PROCESS_TEXT:
+        lines.append(MAIN_PROCESS_TEXT[result.main_process])
+    if outcome is not None:
+        lines.append(f"saved to {outcome.path}: {outcome.reason}" if outcome.replaced
+                     else f"{outcome.reason} ({outcome.path})")
+    elif saved_to is not None:
         lines.append(f"saved to {saved_to}")
     return "\n".join(lines)

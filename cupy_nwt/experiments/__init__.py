@@ -6,5 +6,10 @@
   Transfers in CUDA").
 * ``step_sim``: a kernel of known duration standing in for a training step, to measure how long
   the GPU waits for the loader.
-* ``timing``: CUDA-event timing that all three share.
+* ``timing``: CUDA-event timing that all three share, and ``queued_time``: work queued behind a spin
+  kernel so a window holds what the GPU ran, with Python's time to issue it apart.
+* ``batching``: one big copy vs many small ones, for ``transfers``.
+* ``kernels``: the CUDA C kernels (``cuda_src/*.cu``) compiled at run time; ``kernel_check`` compiles
+  them for sm_90 with nvcc in CI (no GPU needed), and ``bench/native/`` builds them into the native
+  reference.
 """

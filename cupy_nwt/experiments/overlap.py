@@ -5,10 +5,16 @@ stream, whole array), async v1 (per stream: copy in, kernel, copy out) and async
 in, then all kernels, then all copies out). Each run starts from zeros in pinned host memory and
 must come back as 1.0 everywhere; the per-chunk stage times give the ideal pipelined time that
 the async versions are judged against.
+
+Every stage and version is timed as the GPU runs it: the stream is first held by a short spin
+kernel while Python issues the work, so the window holds the copies and kernels back to back and
+none of the 10-20 us that a launch from Python takes. That launch time is reported on its own.
 """
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -18,18 +24,16 @@ import numpy as np
 from .. import cuda
 from .._reporting import tables as report
 from .._reporting.units import fmt_bytes
-from . import timing
+from . import kernels, timing
 from .timing import Stats
 from .transfers import Progress, check_run_options, run_on_device
 
-BLOCK_SIZE = 256
+BLOCK_SIZE = kernels.BLOCK_SIZE
 CHUNK_ELEMENTS = 4 * 1024 * BLOCK_SIZE  # floats per stream, as in async.cu
 MAX_ERROR_TOLERANCE = 1e-5
 VERSIONS = ("sequential", "async_v1", "async_v2")
-# The blog's kernel: sin^2 + cos^2 of the global index, so every element gains exactly ~1.0.
-KERNEL_OPERATION = (
-    "float x = (float)(i + offset); float s = sinf(x); float c = cosf(x); a += sqrtf(s * s + c * c);"
-)
+# Back-to-back repeats of one stage in a timed sample: a lone 5-15 us kernel is near the events' resolution.
+STAGE_REPEATS = 8
 
 
 def ideal_pipeline_seconds(h2d: float, kernel: float, d2h: float, streams: int) -> float:
@@ -103,6 +107,22 @@ class StageTimes:
 
 
 @dataclass(frozen=True)
+class LaunchTimes:
+    """Host seconds Python takes to issue one H2D copy, one kernel and one D2H copy of a chunk.
+
+    Not part of any device time above: what a caller pays per launch on the CPU, and what would
+    leave the GPU idle if the work were issued to an idle stream one piece at a time.
+    """
+
+    h2d: Stats
+    kernel: Stats
+    d2h: Stats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"h2d": self.h2d.to_dict(), "kernel": self.kernel.to_dict(), "d2h": self.d2h.to_dict()}
+
+
+@dataclass(frozen=True)
 class VersionTiming:
     """One version's device seconds over the repeats, and its worst |result - 1| over all runs."""
 
@@ -120,6 +140,8 @@ class OverlapResult:
     device: cuda.DeviceInfo
     stages: StageTimes
     versions: tuple[VersionTiming, ...]
+    launch: LaunchTimes | None = None
+    overran: int = 0
 
     @property
     def ideal_seconds(self) -> float:
@@ -160,6 +182,9 @@ class OverlapResult:
             "config": self.config.to_dict(),
             "device": self.device.to_dict(),
             "stages": self.stages.to_dict(),
+            "timing": "device time with the work queued behind a spin kernel: no Python launch time inside",
+            "launch_seconds": self.launch.to_dict() if self.launch else None,
+            "overran_samples": self.overran,
             "ideal_seconds": self.ideal_seconds,
             "ideal_formula": "(h2d + kernel + d2h) + (streams - 1) * max(h2d, kernel, d2h)",
             "max_error": self.max_error,
@@ -180,70 +205,91 @@ def _run(config: OverlapConfig, tick: Progress) -> OverlapResult:
     n, chunk = config.total_elements, config.chunk_elements
     host = cuda.pinned_empty(n, np.float32)
     dev = cuda.device_empty(n, np.float32)
-    kernel = cuda.elementwise_kernel("int64 offset", "float32 a", KERNEL_OPERATION, "cupy_nwt_overlap_kernel")
+    kernel, spin = kernels.OverlapKernel(), kernels.SpinKernel()
     main = cuda.stream()
     streams = [cuda.stream() for _ in range(config.streams)]
     chunks = [(o, host[o:o + chunk], dev[o:o + chunk]) for o in range(0, n, chunk)]
+    # Every copy's checks and addresses are worked out here, out of the timed windows.
+    ups = [cuda.CopyBurst("h2d", [(d, h)], s) for (_, h, d), s in zip(chunks, streams)]
+    downs = [cuda.CopyBurst("d2h", [(h, d)], s) for (_, h, d), s in zip(chunks, streams)]
+    whole_up, whole_down = cuda.CopyBurst("h2d", [(dev, host)], main), cuda.CopyBurst("d2h", [(host, dev)], main)
 
-    def launch(offset: int, d, s) -> None:
-        with s:
-            kernel(offset, d, block_size=BLOCK_SIZE)
-
-    off0, h0, d0 = chunks[0]
+    off0, _, d0 = chunks[0]
     host.fill(0)
     reps, warm, s0 = config.repeats, config.warmup, streams[0]
-    launch(off0, d0, s0)  # compile now: a first call inside a timed window would count the compile
+    kernel(d0, off0, s0)  # compile now: a first call inside a timed window would count the compile
     s0.synchronize()
-    stage = []
-    for name, fn in (("h2d", lambda st: cuda.memcpy_h2d(d0, h0, st)),
-                     ("kernel", lambda st: launch(off0, d0, st)),
-                     ("d2h", lambda st: cuda.memcpy_d2h(h0, d0, st))):
-        stage.append(timing.summarize(timing.device_time(fn, reps, warm, s0)))
+
+    def kernel0() -> None:
+        kernel(d0, off0, s0)
+
+    stage, launch, overran = [], [], 0
+    one: Callable[[], object]
+    for name, one in (("h2d", ups[0]), ("kernel", kernel0), ("d2h", downs[0])):
+        def repeated(_stream: Any, one: Callable[[], object] = one) -> None:
+            for _ in range(STAGE_REPEATS):
+                one()
+
+        q = timing.queued_time(repeated, spin.hold, reps, max(warm, 1), s0)
+        stage.append(timing.summarize([t / STAGE_REPEATS for t in q.device]))
+        launch.append(timing.summarize([t / STAGE_REPEATS for t in q.issue]))
+        overran += q.overran
         tick(f"stage {name}")
     stages = StageTimes(*stage)
 
     def sequential() -> None:
-        cuda.memcpy_h2d(dev, host, main)
-        launch(0, dev, main)
-        cuda.memcpy_d2h(host, dev, main)
+        whole_up()
+        kernel(dev, 0, main)
+        whole_down()
 
     def async_v1() -> None:
-        for (o, h, d), s in zip(chunks, streams):
-            cuda.memcpy_h2d(d, h, s)
-            launch(o, d, s)
-            cuda.memcpy_d2h(h, d, s)
+        for (o, _, d), s, up, down in zip(chunks, streams, ups, downs):
+            up()
+            kernel(d, o, s)
+            down()
 
     def async_v2() -> None:
-        pairs = list(zip(chunks, streams))
-        for (_, h, d), s in pairs:
-            cuda.memcpy_h2d(d, h, s)
-        for (o, _, d), s in pairs:
-            launch(o, d, s)
-        for (_, h, d), s in pairs:
-            cuda.memcpy_d2h(h, d, s)
+        for up in ups:
+            up()
+        for (o, _, d), s in zip(chunks, streams):
+            kernel(d, o, s)
+        for down in downs:
+            down()
 
     versions = []
     for name, work, used in (("sequential", sequential, [main]),
                              ("async_v1", async_v1, streams),
                              ("async_v2", async_v2, streams)):
-        times, worst = [], 0.0
+        times, worst, slowest = [], 0.0, 0.0
         for i in range(warm + reps):
-            seconds = _timed_run(work, host, main, used)
+            held = timing.HOLD_FACTOR * slowest + timing.HOLD_MARGIN_S
+            seconds, issued = _timed_run(work, host, main, used, functools.partial(spin.hold, main, held))
             worst = max(worst, float(np.max(np.abs(host - np.float32(1.0)))))
             if i >= warm:
                 times.append(seconds)
+                overran += issued > held
+            slowest = max(slowest, issued)
         versions.append(VersionTiming(name, timing.summarize(times), worst))
         tick(name)
-    return OverlapResult(config, device, stages, tuple(versions))
+    return OverlapResult(config, device, stages, tuple(versions), LaunchTimes(*launch), overran)
 
 
-def _timed_run(work: Callable[[], None], host: np.ndarray, main, used: list) -> float:
-    """Device seconds of ``work`` over all streams in ``used``, starting from zeros in ``host``.
+def _timed_run(work: Callable[[], None], host: np.ndarray, main, used: list,
+               hold: Callable[[], object] | None = None) -> tuple[float, float]:
+    """(device seconds of ``work`` over all streams in ``used``, host seconds to issue it), from zeros in ``host``.
 
-    The window is opened and closed on ``main`` and joins every other stream in ``used``.
+    The window is opened and closed on ``main`` and joins every other stream in ``used``; ``hold``,
+    when given, keeps ``main`` busy before the window opens so that the whole run is queued first.
     """
     host.fill(0)
-    return timing.event_seconds(work, main, used)
+    issued = [0.0]
+
+    def timed_work() -> None:
+        t0 = time.perf_counter()
+        work()
+        issued[0] = time.perf_counter() - t0
+
+    return timing.event_seconds(timed_work, main, used, lead=hold), issued[0]
 
 
 def summary_text(result: OverlapResult) -> str:
@@ -254,6 +300,7 @@ def summary_text(result: OverlapResult) -> str:
         ("array", f"{c.elements} float32 ({fmt_bytes(c.nbytes)}), {c.streams} streams x {c.chunk_elements}"),
         ("per-chunk stages", f"H2D {1e3 * st.h2d.median:.3f} ms, kernel {1e3 * st.kernel.median:.3f} ms, "
                              f"D2H {1e3 * st.d2h.median:.3f} ms"),
+        ("launch from Python", _launch_line(result.launch)),
         ("ideal pipelined", f"{1e3 * result.ideal_seconds:.3f} ms = (h+k+d) + (streams-1) * max(h,k,d)"),
         ("max error", f"{result.max_error:.3g} ({'ok' if result.correct else 'WRONG'}: tolerance "
                       f"{MAX_ERROR_TOLERANCE:g})"),
@@ -262,3 +309,10 @@ def summary_text(result: OverlapResult) -> str:
              result.vs_ideal(v.name), f"{v.max_error:.3g}"] for v in result.versions]
     body = report.table(["version", "ms", "spread", "speed-up", "vs ideal", "max error"], rows)
     return f"{head}\n\n{body}"
+
+
+def _launch_line(launch: LaunchTimes | None) -> str:
+    if launch is None:
+        return "not measured"
+    return (f"H2D {1e6 * launch.h2d.median:.1f} us, kernel {1e6 * launch.kernel.median:.1f} us, "
+            f"D2H {1e6 * launch.d2h.median:.1f} us of host time a call (not in the device times)")

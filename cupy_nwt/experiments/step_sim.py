@@ -9,56 +9,17 @@ steps, the GPU's idle fraction is ``1 - kernel time / wall time``: everything th
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
-
 from .. import cuda
 from ..loader.ring.collate import flatten
 from . import timing
+from .kernels import SpinKernel
 
-# %globaltimer is the GPU's nanosecond wall clock: unlike clock64() (SM cycles), a spin on it lasts
-# the same time whether the SM clock idles at a few hundred MHz or boosts to ~2 GHz.
-_SPIN_SOURCE = r"""
-extern "C" __global__ void cupy_nwt_spin(const unsigned char* touch, long long ns, unsigned char* sink) {
-    unsigned long long start, now;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
-    unsigned char acc = touch[0];
-    do {
-        acc = (unsigned char)(acc * 3 + 1);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-    } while ((long long)(now - start) < ns);
-    sink[0] = acc;
-}
-"""
-
-
-class SpinKernel:
-    """A one-thread kernel that reads one byte of its input, then spins for a number of nanoseconds.
-
-    It stands in for a training step of known duration: reading the batch orders it after the
-    batch's copy, and its length does not depend on the batch's size, content or the SM clock. It
-    runs on the device that holds ``touch``, with a sink byte of that device's own.
-    """
-
-    def __init__(self) -> None:
-        self._kernel = cuda.compile_kernel(_SPIN_SOURCE, "cupy_nwt_spin")
-        self._sinks: dict[int, Any] = {}
-
-    def __call__(self, touch: Any, nanoseconds: int, stream=None) -> None:
-        arr = cuda.as_device_array(touch)  # zero-copy for anything with __cuda_array_interface__ (torch too)
-        device = cuda.device_of(arr)
-        with cuda.device_scope(device):
-            sink = self._sinks.get(device)
-            if sink is None:
-                sink = self._sinks[device] = cuda.device_zeros(1, np.uint8)
-            with stream if stream is not None else contextlib.nullcontext():
-                self._kernel((1,), (1,), (arr, np.int64(nanoseconds), sink))
-
+__all__ = ["FeedResult", "SimulatedStep", "SpinKernel", "feed", "idle_fraction"]
 
 def idle_fraction(kernel_seconds: float, wall_seconds: float) -> float:
     """Share of the wall time in which the simulated step was not running (0 = never idle)."""
@@ -69,7 +30,11 @@ def idle_fraction(kernel_seconds: float, wall_seconds: float) -> float:
 
 @dataclass(frozen=True)
 class FeedResult:
-    """``steps`` timed steps (after ``warmup``) of ``batch_size`` samples each."""
+    """``steps`` timed steps (after ``warmup``) of ``batch_size`` samples each.
+
+    ``startup_seconds`` is the wait for the first batch (starting workers: 0.2-0.8 s each by fork or
+    forkserver), kept apart from the steady state that ``idle_fraction`` describes.
+    """
 
     label: str
     steps: int
@@ -77,6 +42,7 @@ class FeedResult:
     wall_seconds: float
     kernel_seconds: float
     step_seconds_target: float
+    startup_seconds: float = 0.0
 
     @property
     def idle_fraction(self) -> float:
@@ -122,19 +88,27 @@ def feed(batches: Iterable[Any], step: Callable[[Any], float], *, steps: int, wa
     """Run ``step`` on ``warmup + steps`` batches; time the last ``steps`` of them.
 
     ``step(batch)`` must return once the step is done on the device, with its device seconds. The
-    wall clock covers getting each batch (and whatever copy that implies) and the step.
+    wall clock covers getting each batch (and whatever copy that implies) and the step. The wait for
+    the very first batch is the loader's start-up: reported on its own, in no step's time.
     """
     if steps < 1 or warmup < 0:
         raise ValueError(f"need steps >= 1 and warmup >= 0, got {steps}, {warmup}")
     it = iter(batches)
+    t_start = clock()
+    pending = [_next(it, label)]
+    startup = clock() - t_start
+
+    def take() -> Any:
+        return pending.pop() if pending else _next(it, label)
+
     for _ in range(warmup):
-        step(_next(it, label))
+        step(take())
     kernel = 0.0
     t0 = clock()
     for _ in range(steps):
-        kernel += step(_next(it, label))
+        kernel += step(take())
     wall = clock() - t0
-    return FeedResult(label, steps, batch_size, wall, kernel, step_seconds)
+    return FeedResult(label, steps, batch_size, wall, kernel, step_seconds, startup)
 
 
 def _next(it: Any, label: str) -> Any:

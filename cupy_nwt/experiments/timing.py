@@ -93,18 +93,22 @@ def device_time(fn: Callable[[Any], object], repeats: int = 10, warmup: int = 2,
     return [event_seconds(lambda: fn(s), s) for _ in range(repeats)]
 
 
-def event_seconds(work: Callable[[], object], stream: Any, joined: Sequence[Any] = ()) -> float:
+def event_seconds(work: Callable[[], object], stream: Any, joined: Sequence[Any] = (),
+                  lead: Callable[[], object] | None = None) -> float:
     """Device seconds of what ``work()`` enqueues, between a start and an end CUDA event on ``stream``.
 
     The one event window of cupy_nwt. Work on other streams is inside it only for the streams in
     ``joined``: each waits for the start event before ``work`` and ``stream`` waits for each one's
     last work before the end event, so the window holds for non-blocking streams that never sync
-    with ``stream`` on their own. Returns once the end event has completed.
+    with ``stream`` on their own. ``lead()``, when given, is enqueued on ``stream`` before the start
+    event and stays out of the window. Returns once the end event has completed.
     """
     from .. import cuda  # noqa: PLC0415 - keep host-only users free of CUDA
 
     others = [s for s in joined if s is not stream]
     start, end = cuda.event(), cuda.event()
+    if lead is not None:
+        lead()
     start.record(stream)
     for s in others:
         s.wait_event(start)
@@ -115,3 +119,58 @@ def event_seconds(work: Callable[[], object], stream: Any, joined: Sequence[Any]
         stream.wait_event(done)
     end.record(stream)
     return cuda.elapsed_ms(start, end) / 1e3
+
+
+# How much longer than the slowest warm-up issue a stream is held, and the margin on top.
+HOLD_FACTOR = 2.0
+HOLD_MARGIN_S = 200e-6
+
+
+@dataclass(frozen=True)
+class QueuedTimes:
+    """Samples of work queued behind a hold: device seconds as the GPU ran it, host seconds to issue it.
+
+    ``overran`` counts the samples whose issue outlasted the hold: their device time includes gaps
+    in which the GPU waited for the host, so they read slow.
+    """
+
+    device: tuple[float, ...]
+    issue: tuple[float, ...]
+    held_seconds: float
+
+    @property
+    def overran(self) -> int:
+        return sum(1 for t in self.issue if t > self.held_seconds)
+
+
+def queued_time(fn: Callable[[Any], object], hold: Callable[[Any, float], object], repeats: int = 10,
+                warmup: int = 2, stream: Any = None, joined: Sequence[Any] = ()) -> QueuedTimes:
+    """``fn(stream)`` timed as the GPU runs it, with the host's time to issue it apart.
+
+    From Python, launching a kernel or a copy takes about as long as a short one runs, so an event
+    window around work issued from an idle stream measures the launches. Here each sample first
+    holds ``stream`` busy (``hold(stream, seconds)``, a spin kernel) for longer than the warm-up
+    calls took to issue, so all of the sample is queued before the GPU reaches its start event.
+    """
+    from .. import cuda  # noqa: PLC0415 - keep host-only users free of CUDA
+
+    if repeats < 1 or warmup < 0:
+        raise ValueError("repeats must be >= 1 and warmup >= 0")
+    s = stream if stream is not None else cuda.current_stream()
+    slowest = 0.0
+    for _ in range(warmup):
+        t0 = time.perf_counter()
+        fn(s)
+        slowest = max(slowest, time.perf_counter() - t0)
+    s.synchronize()
+    held = HOLD_FACTOR * slowest + HOLD_MARGIN_S
+    device, issue = [], []
+
+    def work() -> None:
+        t0 = time.perf_counter()
+        fn(s)
+        issue.append(time.perf_counter() - t0)
+
+    for _ in range(repeats):
+        device.append(event_seconds(work, s, joined, lead=lambda: hold(s, held)))
+    return QueuedTimes(tuple(device), tuple(issue), held)

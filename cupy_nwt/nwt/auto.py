@@ -15,9 +15,9 @@ from filelock import FileLock, Timeout
 
 from . import pick
 from . import tune as _tune
-from .fingerprint import Fingerprint, ResultStore
+from .fingerprint import Fingerprint
 from .pick import _log, _log_saved, auto_num_workers
-from .store import lookup
+from .store import lookup, pick_store
 from .trials import MeasureFactory
 
 __all__ = ["TUNE_LOCK_SUFFIX", "auto_num_workers"]
@@ -32,7 +32,7 @@ def _tune_once(fp: Fingerprint, dataset: Any, cache_dir: str | Path | None, *,
     ``kw`` are ``tune_num_workers``'s loader settings and ``max_workers``; without a
     ``measure_factory`` the search measures the real loader.
     """
-    store_path = ResultStore(cache_dir).path
+    store_path = pick_store(cache_dir).path
     store_path.parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(store_path) + TUNE_LOCK_SUFFIX)
     try:
@@ -50,8 +50,7 @@ def _tune_once(fp: Fingerprint, dataset: Any, cache_dir: str | Path | None, *,
                 dataset, batch_size=kw["batch_size"], prefetch_factor=kw["prefetch_factor"],
                 pin_memory=kw["pin_memory"], device=kw["device"], batch_transform=kw["batch_transform"])
         result = _tune.tune_num_workers(dataset, strategy="fast", progress=False, **kw)
-        replace(result, fingerprint=fp).save(cache_dir=cache_dir)
-        return result.best_workers
+        return replace(result, fingerprint=fp).save_pick(cache_dir).in_force.best_workers
     finally:
         lock.release()
 

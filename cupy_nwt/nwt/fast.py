@@ -27,6 +27,15 @@ search's cost, with the least memory among counts that fast:
    estimated from the trials so far (throughput and start-up interpolated between counts).
 5. Pick, among measured counts within tolerance, the one with the least peak memory (the fewest
    workers when memory was not measured).
+
+Where the range ends. Given ``max_workers``, counts 0..max_workers-1 and no
+further. Without it (the default) the search is open: the best count need not follow the core count
+(the paper's machine was fastest at 16 workers of 32 cores; on a 2-CPU machine 2 workers are), so
+the coarse pass measures every ladder step up to the usable CPUs, with no early stop, and then,
+while the highest count measured is the fastest and beats the ladder step below it by more than
+``tolerance``, the range doubles (one coarse trial at the new top, then steps 3-4 again), up to a
+cap and while the peak memory, extrapolated from the counts measured, stays within a limit.
+``stop_reason`` says which of these ended it.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ MIN_FAST_ITERATIONS = 8
 FAST_BUDGET = 0.25
 STEADY_FRACTION = 0.5
 SLOWDOWN = 1.5
+OPEN_CAP_MAX = 256
 
 
 def _ladder(n: int) -> list[int]:
@@ -60,12 +70,25 @@ class _OverBudget(Exception):
     """The next optional trial would take the fast search past its share of the exhaustive cost."""
 
 
-class _FastSearch:
-    """The coarse-to-fine search of the module docstring, on a shared :class:`_Runner`."""
+def open_cap(cpus: int) -> int:
+    """The most workers an open search may reach: 4 per usable CPU, at least 8, at most ``OPEN_CAP_MAX``."""
+    return min(OPEN_CAP_MAX, max(8, 4 * cpus))
 
-    def __init__(self, runner: _Runner, n: int, iterations: int, tolerance: float, budget: float) -> None:
+
+class _FastSearch:
+    """The coarse-to-fine search of the module docstring, on a shared :class:`_Runner`.
+
+    ``cap`` (an open search) lets the range grow past counts 0..n-1 up to ``cap`` workers while the
+    curve still rises; ``memory_limit`` (bytes of peak PSS) bounds that growth.
+    """
+
+    def __init__(self, runner: _Runner, n: int, iterations: int, tolerance: float, budget: float, *,
+                 cap: int | None = None, memory_limit: int | None = None) -> None:
         self.r = runner
         self.n = n
+        self.cap = cap
+        self.memory_limit = memory_limit
+        self.stop_reason = f"counts 0..{n - 1} asked for"
         self.max_iterations = iterations
         self.k_coarse = min(iterations, max(MIN_FAST_ITERATIONS, round(iterations * FAST_FRACTION / 2)))
         self.k_fine = min(iterations, max(MIN_FAST_ITERATIONS, round(iterations * FAST_FRACTION)))
@@ -75,15 +98,18 @@ class _FastSearch:
     def search(self) -> int:
         if self.n == 1:
             return 0
-        try:
-            self.coarse()
-            for _ in range(4 * self.n):  # each round either measures something new or ends
-                self.local()
-                self.bisect()
-                if not (self.recheck() or self.steady()):
-                    break
-        except _OverBudget:
-            pass
+        self.coarse()
+        while True:
+            try:
+                for _ in range(4 * self.n):  # each round either measures something new or ends
+                    self.local()
+                    self.bisect()
+                    if not (self.recheck() or self.steady()):
+                        break
+            except _OverBudget:
+                pass
+            if not self.extend():
+                break
         return self.pick()
 
     # -- measuring
@@ -169,6 +195,8 @@ class _FastSearch:
         ladder = _ladder(self.n)
         for w in ladder:
             tw = self.t(w, "coarse")
+            if self.cap is not None:
+                continue  # open: every step up to the usable CPUs, whatever the curve did so far
             stops = tw > best * (1 + self.tol) or (tw >= best * (1 - self.tol) and stale >= 1)
             if stops and w != ladder[-1] and self.single(w):
                 # one slowed trial must not end the pass early: confirm by an independent run
@@ -183,6 +211,46 @@ class _FastSearch:
                 if tw > best * (1 + self.tol) or stale >= 2:
                     return
             best = min(best, tw)
+
+    def extend(self) -> bool:
+        """Open search: double the range while its top is the fastest count and still gaining.
+
+        Gaining: faster by more than ``tolerance`` than the highest measured count at or below half
+        the top (the ladder step before it). Returns whether a new top was measured.
+        """
+        top = self.n - 1
+        if self.cap is None:
+            return False
+        m = self.r.measured()
+        b, tb = self.best()
+        below = max((w for w in m if w <= top // 2), default=None)
+        if b != top or below is None or not tb < m[below].seconds_per_iteration * (1 - self.tol):
+            self.stop_reason = f"the curve stopped rising by {top} workers"
+            return False
+        if top >= self.cap:
+            self.stop_reason = f"the cap of {self.cap} workers (still rising there)"
+            return False
+        nxt = self.memory_fit(top, min(self.cap, 2 * top))
+        if nxt <= top:
+            self.stop_reason = f"memory: more than {top} workers would pass the limit"
+            return False
+        self.n = nxt + 1
+        self.t(nxt, "coarse")
+        return True
+
+    def memory_fit(self, top: int, want: int) -> int:
+        """The largest count up to ``want`` whose peak memory, extrapolated linearly from the measured
+        counts with workers, stays within ``memory_limit`` (``want`` itself without a limit or figures)."""
+        if self.memory_limit is None:
+            return want
+        mem = {w: t.peak_memory_bytes for w, t in self.r.measured().items() if w > 0 and t.peak_memory_bytes}
+        if top not in mem:
+            return want
+        lows = [w for w in mem if w < top]
+        slope = max(0.0, (mem[top] - mem[min(lows)]) / (top - min(lows))) if lows else mem[top] / top
+        if slope <= 0:
+            return want if mem[top] <= self.memory_limit else top
+        return min(want, top + int((self.memory_limit - mem[top]) // slope))
 
     def local(self) -> None:
         """Shrink the bracket around the fastest count until its neighbours are measured.

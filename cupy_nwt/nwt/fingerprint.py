@@ -16,16 +16,20 @@ the same machine and the same work except a sample size within ``SIMILAR_RATIO``
 The store is one JSON file in ``platformdirs.user_cache_dir("cupy_nwt")`` (or ``CUPY_NWT_CACHE_DIR``,
 or an explicit directory). Every update is read-modify-write under a ``filelock`` lock and lands by
 ``os.replace`` of a fully written temporary file, so concurrent tuners never lose each other's
-results and a reader never sees half a file.
+results and a reader never sees half a file. What is read back is checked before it is used
+(``schema.py``): a file that cannot be read or does not validate is set aside, renamed
+``num_workers.json.bad-<UTC time>``, with one warning naming it and why, and the store starts empty.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import hashlib
 import inspect
 import json
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -37,11 +41,13 @@ from filelock import FileLock
 from .. import cuda, system
 from .._reporting.tables import atomic_open
 from ..system import cache_dir
+from .schema import MAX_STORE_BYTES, SavedPickError, check_fingerprint, parse_document
 
 STORE_NAME = "num_workers.json"
 STORE_FORMAT = "cupy_nwt.num_workers/1"
 SIMILAR_RATIO = 1.25
 LOCK_TIMEOUT_S = 60.0
+_log = logging.getLogger("cupy_nwt.tuner")
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class WorkFingerprint:
     pin_memory: bool | str
     device: str
     local_world_size: int = 1
+    sample_transform: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,12 +104,16 @@ class Fingerprint:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Fingerprint":
         try:
+            check_fingerprint(d)
             return cls(MachineFingerprint(**d["machine"]), WorkFingerprint(**d["work"]))
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"not a cupy_nwt fingerprint: {exc}") from None
+        except (KeyError, TypeError, SavedPickError) as exc:
+            raise SavedPickError(f"not a cupy_nwt fingerprint: {exc}") from None
 
 
 def _digest(obj: Any) -> str:
+    if isinstance(obj, dict) and isinstance(obj.get("work"), dict) and obj["work"].get("sample_transform") is None:
+        # keys made before sample transforms were recorded stay the same for work without one
+        obj = {**obj, "work": {k: v for k, v in obj["work"].items() if k != "sample_transform"}}
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -157,7 +168,12 @@ def transform_name(transform: Any) -> str | None:
 def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = None, prefetch_factor: int = 2,
                      pin_memory: bool | str = True, device: str = "auto",
                      local_world_size: int = 1) -> WorkFingerprint:
-    """The work a worker count is tuned for; reads ``dataset[0]`` once to size a sample."""
+    """The work a worker count is tuned for; reads ``dataset[0]`` once to size a sample.
+
+    A dataset that applies a per-sample transform says so by a ``transform`` attribute (the
+    datasets of ``cupy_nwt.datasets`` and torchvision's do): its qualified name is recorded, so a
+    pick tuned on raw samples is not reused for a decoded-and-augmented pipeline, or the reverse.
+    """
     if len(dataset) == 0:
         raise ValueError("cannot fingerprint an empty dataset")
     return WorkFingerprint(
@@ -168,6 +184,7 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
         pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory),
         device=resolve_device(device),
         local_world_size=int(local_world_size),
+        sample_transform=transform_name(getattr(dataset, "transform", None)),
     )
 
 
@@ -181,11 +198,12 @@ def _write_atomic(path: Path, obj: Any) -> None:
 
 
 def _read_json(path: Path) -> Any:
+    with open(path, "rb") as f:
+        data = f.read(MAX_STORE_BYTES + 1)
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON ({exc}); delete it to start afresh") from None
+        return parse_document(data)
+    except SavedPickError as exc:
+        raise SavedPickError(f"{path}: {exc}") from None
 
 
 def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
@@ -207,34 +225,83 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 
 
 class ResultStore:
-    """The machine-wide file of tuned results, one record (a JSON object) per fingerprint key."""
+    """The machine-wide file of tuned results, one record (a JSON object) per fingerprint key.
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None) -> None:
+    ``check(record)`` validates each record when the file is read (raising ``SavedPickError``);
+    the tuner's store checks them as tuning results (``store.pick_store``). A file that cannot be
+    read, is not a store, or holds a record that fails the check is set aside (:meth:`set_aside`).
+    """
+
+    def __init__(self, directory: str | os.PathLike[str] | None = None,
+                 check: Callable[[Any], Any] | None = None) -> None:
         self.path = cache_dir(directory) / STORE_NAME
+        self.check = check
 
-    def _load(self) -> dict[str, dict[str, Any]]:
-        if not self.path.is_file():
+    def _validated(self) -> dict[str, dict[str, Any]]:
+        """The records, or ``SavedPickError`` saying why the file is unusable (call under the lock)."""
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read(MAX_STORE_BYTES + 1)
+        except FileNotFoundError:
             return {}
-        doc = _read_json(self.path)
+        except OSError as exc:
+            raise SavedPickError(f"cannot be read ({exc.strerror or exc})") from None
+        doc = parse_document(data)
         if not isinstance(doc, dict) or doc.get("format") != STORE_FORMAT or not isinstance(doc.get("results"), dict):
-            raise ValueError(f"{self.path} is not a {STORE_FORMAT} file; delete it to start afresh")
+            raise SavedPickError(f"not a {STORE_FORMAT} file")
+        for key, rec in doc["results"].items():
+            if not isinstance(rec, dict):
+                raise SavedPickError(f"record {key[:40]!r} is a {type(rec).__name__}, not an object")
+            if self.check is not None:
+                try:
+                    self.check(rec)
+                except SavedPickError as exc:
+                    raise SavedPickError(f"record {key[:40]!r}: {exc}") from None
         return doc["results"]
 
-    def records(self) -> dict[str, dict[str, Any]]:
-        """Every saved record by key (a consistent snapshot)."""
+    def _load(self, strict: bool = False) -> dict[str, dict[str, Any]]:
+        """The records (call under the lock); an unusable file is set aside and counts as empty."""
+        try:
+            return self._validated()
+        except SavedPickError as exc:
+            aside = self.set_aside(str(exc))
+            if strict:
+                raise SavedPickError(f"{self.path} {exc}; set aside as {aside.name}") from None
+            return {}
+
+    def set_aside(self, why: str) -> Path:
+        """Rename the store to ``<name>.bad-<UTC time>`` and say so once; the next write starts a new one."""
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
+        aside = self.path.with_name(f"{self.path.name}.bad-{stamp}")
+        try:
+            os.replace(self.path, aside)
+        except OSError as exc:
+            raise SavedPickError(f"{self.path} {why}, and it cannot be set aside ({exc.strerror or exc}): "
+                                 "remove it by hand") from None
+        _log.warning("saved picks %s %s: set aside as %s; a fresh search will run", self.path, why, aside.name)
+        return aside
+
+    def records(self, strict: bool = False) -> dict[str, dict[str, Any]]:
+        """Every saved record by key (a consistent snapshot); ``strict``: a bad file raises after it is set aside."""
         if not self.path.is_file():
             return {}
         with _lock(self.path):
-            return self._load()
+            return self._load(strict)
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self.records().get(key)
 
-    def put(self, key: str, record: Mapping[str, Any]) -> Path:
-        """Add or replace one record; other processes' concurrent puts are kept."""
+    def put(self, key: str, record: Mapping[str, Any], keep: Callable[[dict[str, Any]], bool] | None = None) -> Path:
+        """Add or replace one record; other processes' concurrent puts are kept.
+
+        ``keep(saved_record)``, asked under the lock when ``key`` already has a record, may keep that
+        record instead (nothing is written then).
+        """
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with _lock(self.path):
             results = self._load()
+            if key in results and keep is not None and keep(results[key]):
+                return self.path
             results[key] = dict(record)
             _write_atomic(self.path, {"format": STORE_FORMAT, "results": results})
         return self.path
@@ -249,9 +316,9 @@ class ResultStore:
             _write_atomic(self.path, {"format": STORE_FORMAT, "results": results})
         return True
 
-    def find(self, fp: Fingerprint, similar: bool = True) -> dict[str, Any] | None:
+    def find(self, fp: Fingerprint, similar: bool = True, strict: bool = False) -> dict[str, Any] | None:
         """The record for ``fp`` exactly, else (``similar``) the one with the nearest sample size."""
-        records = self.records()
+        records = self.records(strict)
         if fp.key in records:
             return records[fp.key]
         if not similar:

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import math
 import statistics
+import subprocess
+import sys
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -39,6 +42,13 @@ class LoaderMeasure:
     that timed them would credit a count with batches it made before the clock started, the more
     so the more workers it has.
 
+    ``main_process`` is the main process's load during training: "waits" (a GPU step; nothing
+    added) or "busy" (a CPU step: a spinning process keeps one CPU busy for the whole trial, as the
+    training step keeps the main process busy while workers make the next batches).
+
+    The loader's warning that a count has more workers than CPUs is silenced in trials: a search
+    past the CPU count means it, and the runner says so once (``trials._Runner``).
+
     Before the first trial, one untimed batch is made in this process (``preflight``): it compiles
     Numba transforms and pages in a memory-mapped dataset, one-off costs that would otherwise land
     on whichever trial runs first. It counts in neither strategy's cost.
@@ -47,7 +57,8 @@ class LoaderMeasure:
     def __init__(self, dataset: Any, *, batch_size: int = 128, prefetch_factor: int = 2,
                  pin_memory: bool | str = False, device: str = "auto", batch_transform: Any = None,
                  seed: int = 0, start_method: str | None = None,
-                 memory_interval: float = DEFAULT_INTERVAL_S, worker_type: str = "process") -> None:
+                 memory_interval: float = DEFAULT_INTERVAL_S, worker_type: str = "process",
+                 main_process: str = "waits") -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.prefetch_factor = prefetch_factor
@@ -59,18 +70,23 @@ class LoaderMeasure:
         self.start_method = start_method
         self.worker_type = worker_type
         self.memory_interval = memory_interval
+        if main_process not in ("waits", "busy"):
+            raise ValueError(f"main_process must be 'waits' or 'busy', got {main_process!r}")
+        self.main_process = main_process
         self._ready = False
         if len(dataset) < batch_size:
             raise ValueError(f"the dataset has {len(dataset)} samples, fewer than one batch of {batch_size}")
 
     def _loader(self, workers: int) -> DataLoader:
         # rank 0 of 1 explicitly: under a launcher a trial measures one loader, not a shard of the data
-        return DataLoader(
-            self.dataset, batch_size=self.batch_size, shuffle=True, seed=self.seed, drop_last=True,
-            num_workers=workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,
-            device=self.loader_device, batch_transform=self.batch_transform, persistent_workers=True,
-            start_method=self.start_method, rank=0, world_size=1, worker_type=self.worker_type,
-        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="this DataLoader will start", category=UserWarning)
+            return DataLoader(
+                self.dataset, batch_size=self.batch_size, shuffle=True, seed=self.seed, drop_last=True,
+                num_workers=workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,
+                device=self.loader_device, batch_transform=self.batch_transform, persistent_workers=True,
+                start_method=self.start_method, rank=0, world_size=1, worker_type=self.worker_type,
+            )
 
     def preflight(self) -> None:
         with self._loader(0) as loader:
@@ -81,6 +97,15 @@ class LoaderMeasure:
         if not self._ready:
             self.preflight()
         stamps: list[float] = []
+        spinner = _busy_cpu() if self.main_process == "busy" else None
+        try:
+            return self._trial(workers, iterations, warmup, stamps)
+        finally:
+            if spinner is not None:
+                spinner.kill()
+                spinner.wait()
+
+    def _trial(self, workers: int, iterations: int, warmup: int, stamps: list[float]) -> Measurement:
         t_begin = time.perf_counter()
         loader = self._loader(workers)
         sync = None
@@ -103,6 +128,15 @@ class LoaderMeasure:
         return Measurement(spi, wall, peak.bytes if peak.samples else None, peak.uss_bytes,
                            _batch_means_error(stamps[max(warmup, 1) - 1:], round_size=max(1, workers)),
                            warmup_batches=warmup)
+
+
+# Spins until killed, or until its parent is gone (a killed tuner leaves no busy CPU behind).
+_SPIN = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    for _ in range(200000):\n        pass\n"
+
+
+def _busy_cpu() -> subprocess.Popen[bytes]:
+    """A process that keeps one CPU busy: the main process's own CPU training step, during a trial."""
+    return subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
 
 
 def _trial_device(device: str, resolved: str) -> str:

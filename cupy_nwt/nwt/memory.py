@@ -69,6 +69,17 @@ class MemoryPeak:
 
 
 _Pids = Callable[[], Iterable[int]]
+SEARCH_MEMORY_SHARE = 0.5
+
+
+def search_memory_limit() -> int:
+    """The peak footprint (PSS of main process + workers) an open search may grow a loader to.
+
+    This process's own memory plus half of what the machine has available now: the rest is left
+    to the training the pick is for (a model, its optimiser, the framework's caches).
+    """
+    own = psutil.Process().memory_info().rss
+    return int(own + SEARCH_MEMORY_SHARE * psutil.virtual_memory().available)
 
 
 class _ProcessCache:

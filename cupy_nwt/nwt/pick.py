@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..ranks import RankLayout, agree, rank_layout, worker_budget
-from .fingerprint import Fingerprint, ResultStore, machine_fingerprint, resolve_device, work_fingerprint
-from .store import TuneResult, lookup
+from .fingerprint import Fingerprint, machine_fingerprint, resolve_device, work_fingerprint
+from .store import TuneResult, lookup, pick_store
 from .trials import MeasureFactory
 
 # The name these lines have always had (the README documents it), kept when the tuner was split up.
@@ -57,8 +57,10 @@ def auto_pick(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_me
               worker_type: str | None = None, search_types: tuple[str, ...] = ("process",)) -> tuple[int, str]:
     """A saved pick for this machine and work, else tune (fast) once and save.
 
-    Several ranks (``layout``; by default the launcher's variables): a rank may use its share of the
-    node's CPUs (``distributed.worker_budget``: counts 0 .. budget-1 are searched) and the
+    One rank on the node: the search is open (at least up to the usable CPUs, further while
+    throughput rises; ``fast.py``). Several ranks (``layout``; by default the launcher's variables):
+    a rank may use its share of the node's CPUs (``distributed.worker_budget``: counts 0 .. budget-1
+    are searched) and the
     fingerprint records how many ranks share the node. Tuning happens only under a machine-wide
     lock beside the store, and whoever holds it looks in the store again before tuning, so when all
     ranks of a node start at once exactly one tunes while the others wait and then reuse its result
@@ -88,10 +90,11 @@ def auto_pick(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_me
     else:
         kinds = (worker_type,) if worker_type else tuple(search_types)
         _log.info("num_workers='auto': no saved pick for this machine and work (%s): searching (fast strategy)",
-                  ResultStore(cache_dir).why_missing(fp))
+                  pick_store(cache_dir).why_missing(fp))
         pick = registered_tuner()(fp, dataset, cache_dir, measure_factory=measure_factory, batch_size=batch_size,
                                   device=device, pin_memory=pin_memory, prefetch_factor=prefetch_factor,
-                                  batch_transform=batch_transform, max_workers=worker_budget(layout),
+                                  batch_transform=batch_transform,
+                                  max_workers=worker_budget(layout) if layout.local_world_size > 1 else None,
                                   **({"worker_types": kinds} if kinds != ("process",) else {}))
         tuned = lookup(fp, cache_dir)  # the tuner saved its result: the type it found faster
         kind = tuned.worker_type if tuned is not None and tuned.worker_type in kinds else kinds[0]

@@ -7,14 +7,22 @@ saved pick through it (``pick.py``) without importing the tuner, which builds lo
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .fingerprint import Fingerprint, ResultStore, read_json, write_json_atomic
+from .schema import SavedPickError, check_record
 from .trials import Trial, combine_runs
 
 RESULT_FORMAT = "cupy_nwt.tune_result/1"
+REPLACE_Z = 2.0  # a new pick replaces a saved one only when faster by this many standard errors
+
+
+def pick_store(cache_dir: str | Path | None = None) -> ResultStore:
+    """The machine-wide store of picks, every record checked (``schema.check_record``) when read."""
+    return ResultStore(cache_dir, check=lambda rec: check_record(rec, RESULT_FORMAT))
 
 
 @dataclass(frozen=True)
@@ -36,6 +44,8 @@ class TuneResult:
 
     ``worker_type`` is the pick's kind of worker ("process" or "thread"); ``runs`` are that type's.
     When several types were searched, ``other_types`` holds the best each of the others reached.
+    ``main_process``: the main process's load the trials represented ("waits": a GPU step, "busy":
+    a CPU step; "" when a custom measure ran them); ``search_end``: why the search looked no further.
     """
 
     best_workers: int
@@ -53,6 +63,21 @@ class TuneResult:
     created: str = ""
     worker_type: str = "process"
     other_types: tuple[TypeBest, ...] = ()
+    main_process: str = ""
+    usable_cpus: int | None = None
+    search_end: str = ""
+
+    @property
+    def samples_per_second(self) -> float:
+        """The pick's measured throughput (its runs combined); 0.0 when it was picked unmeasured."""
+        best = self.best_trial
+        return best.samples_per_second if best is not None else 0.0
+
+    @property
+    def rel_error(self) -> float | None:
+        """The relative standard error of that throughput (None: the measure reported none)."""
+        best = self.best_trial
+        return best.rel_error if best is not None else None
 
     @property
     def trials(self) -> tuple[Trial, ...]:
@@ -70,7 +95,8 @@ class TuneResult:
     def to_dict(self) -> dict[str, Any]:
         d = {k: getattr(self, k) for k in (
             "best_workers", "strategy", "max_workers", "iterations", "alpha", "tolerance", "batch_size",
-            "prefetch_factor", "pin_memory", "device", "created", "worker_type")}
+            "prefetch_factor", "pin_memory", "device", "created", "worker_type", "main_process", "usable_cpus",
+            "search_end", "samples_per_second", "rel_error")}
         d["other_types"] = [o.to_dict() for o in self.other_types]
         d["format"] = RESULT_FORMAT
         d["search_seconds"] = self.search_seconds
@@ -81,8 +107,8 @@ class TuneResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TuneResult":
-        if not isinstance(d, dict) or d.get("format") != RESULT_FORMAT:
-            raise ValueError(f"not a {RESULT_FORMAT} document")
+        """The result a stored document describes, every field checked first (``schema.check_record``)."""
+        check_record(d, RESULT_FORMAT)
         try:
             return cls(
                 best_workers=int(d["best_workers"]),
@@ -100,24 +126,105 @@ class TuneResult:
                 created=str(d.get("created", "")),
                 worker_type=str(d.get("worker_type", "process")),  # saved before types were searched
                 other_types=tuple(TypeBest(**o) for o in d.get("other_types", ())),
+                main_process=str(d.get("main_process", "")),
+                usable_cpus=d.get("usable_cpus"),
+                search_end=str(d.get("search_end", "")),
             )
         except (KeyError, TypeError) as exc:
-            raise ValueError(f"malformed tune result: {exc!r}") from None
+            raise SavedPickError(f"malformed tune result: {exc!r}") from None
 
     def save(self, path: str | Path | None = None, cache_dir: str | Path | None = None) -> Path:
-        """Write to ``path``; without one, into the machine-wide store under this result's fingerprint."""
+        """Write to ``path``; without one, into the machine-wide store (see :meth:`save_pick`)."""
         if path is not None:
             return write_json_atomic(path, self.to_dict())
+        return self.save_pick(cache_dir).path
+
+    def save_pick(self, cache_dir: str | Path | None = None) -> "SaveOutcome":
+        """Record this pick in the machine-wide store under its fingerprint, unless a saved one holds.
+
+        A pick saved for the same fingerprint (same machine, same work) stays unless this one is
+        faster beyond the measurements' uncertainty (:func:`replaces`): two searches on an
+        unchanged machine draw different noise, and the second must not undo the first for a
+        difference the measurements cannot tell from none. A changed machine or pipeline is
+        another fingerprint, so it is searched and saved afresh.
+        """
         if self.fingerprint is None:
             raise ValueError("this result has no fingerprint (tuned without a dataset): give save() a path")
-        return ResultStore(cache_dir).put(self.fingerprint.key, self.to_dict())
+        decided: dict[str, Any] = {}
+
+        def keep(old: dict[str, Any]) -> bool:
+            saved = TuneResult.from_dict(old)
+            decided["saved"] = saved
+            return not replaces(self, saved)
+
+        path = pick_store(cache_dir).put(self.fingerprint.key, self.to_dict(), keep=keep)
+        saved = decided.get("saved")
+        if saved is None:
+            return SaveOutcome(path, True, self, "the first pick for this machine and work")
+        if replaces(self, saved):
+            return SaveOutcome(path, True, self, f"faster than the saved pick {saved.best_workers} "
+                               "beyond the uncertainty")
+        if saved.best_workers == self.best_workers:
+            return SaveOutcome(path, False, saved, f"the saved pick is the same count ({saved.best_workers})")
+        return SaveOutcome(path, False, saved, f"kept the saved pick {saved.best_workers}: this search's "
+                           f"{self.best_workers} is not faster than it beyond the uncertainty")
 
     @classmethod
     def load(cls, path: str | Path) -> "TuneResult":
-        return cls.from_dict(read_json(path))
+        """A result saved with ``save(path)``; :class:`SavedPickError` (a ``CupyNwtError``) naming the file if bad."""
+        doc = read_json(path)
+        try:
+            return cls.from_dict(doc)
+        except SavedPickError as exc:
+            raise SavedPickError(f"{path}: {exc}") from None
 
 
-def lookup(fp: Fingerprint, cache_dir: str | Path | None = None, similar: bool = True) -> TuneResult | None:
-    """The saved result for this machine and work (or similar work), if any."""
-    rec = ResultStore(cache_dir).find(fp, similar=similar)
+@dataclass(frozen=True)
+class SaveOutcome:
+    """What saving a pick did: the store, whether this pick is now the saved one, the pick in force, and why."""
+
+    path: Path
+    replaced: bool
+    in_force: TuneResult
+    reason: str
+
+
+def replaces(new: TuneResult, saved: TuneResult) -> bool:
+    """Whether ``new``'s pick is faster than ``saved``'s beyond ``REPLACE_Z`` combined standard errors.
+
+    Where the new search measured the saved count itself (same worker type), the two are compared
+    within that search: same conditions, so a saved figure that was measured on a lucky (or an
+    unlucky) day neither locks the pick in nor loses it. Otherwise the new pick's throughput is
+    compared with the saved one. The margin is at least the search's own tolerance: counts that
+    close are equal to it. The same count never replaces itself; a saved pick with no measured
+    throughput (picked unmeasured, or saved before throughputs were kept) gives way to a measured one.
+    """
+    if new.best_workers == saved.best_workers and new.worker_type == saved.worker_type:
+        return False
+    if new.samples_per_second <= 0:
+        return False
+    if new.worker_type == saved.worker_type:
+        again = next((t for t in new.trials if t.workers == saved.best_workers), None)
+        if again is not None:
+            return _beyond(new.samples_per_second, new.rel_error, again.samples_per_second, again.rel_error,
+                           new.tolerance)
+    if saved.samples_per_second <= 0:
+        return True
+    return _beyond(new.samples_per_second, new.rel_error, saved.samples_per_second, saved.rel_error, new.tolerance)
+
+
+def _beyond(rate: float, err: float | None, other: float, other_err: float | None, tolerance: float) -> bool:
+    margin = max(tolerance, REPLACE_Z * math.hypot(err or 0.0, other_err or 0.0))
+    return rate > other * (1 + margin)
+
+
+def lookup(fp: Fingerprint, cache_dir: str | Path | None = None, similar: bool = True, *,
+           strict: bool = False) -> TuneResult | None:
+    """The saved result for this machine and work (or similar work), if any.
+
+    A store that cannot be read or does not validate is set aside (renamed ``*.bad-<time>``) with
+    one warning naming it and why; then this returns None, so the caller searches afresh, or, with
+    ``strict`` (a caller that will not search), raises one :class:`SavedPickError`.
+    """
+    rec = pick_store(cache_dir).find(fp, similar=similar, strict=strict)
     return TuneResult.from_dict(rec) if rec is not None else None

@@ -179,15 +179,21 @@ def combine_runs(runs: Sequence[Trial]) -> dict[int, Trial]:
 class _Runner:
     """Calls the measure, records each run, keeps per-count estimates, drives the progress bar."""
 
-    def __init__(self, measure: Measure, batch_size: int, bar: Progress) -> None:
+    def __init__(self, measure: Measure, batch_size: int, bar: Progress, cpus: int | None = None) -> None:
         self.measure = measure
         self.batch_size = batch_size
         self.bar = bar
+        self.cpus = cpus
+        self._noted = False
         self.runs: list[Trial] = []
         self._by: dict[int, list[Trial]] = {}
         self._measured: dict[int, Trial] | None = None
 
     def run(self, workers: int, iterations: int, warmup: int, phase: str) -> Trial:
+        if self.cpus is not None and workers > self.cpus and not self._noted:
+            self._noted = True  # once per search, one line: the loader's own warning is silenced in trials
+            self.bar.note(f"{self.bar.desc}: measuring counts above the {plural(self.cpus, 'usable CPU')} too "
+                          "(workers share the CPUs; the best count need not follow the core count)")
         m = self.measure(workers, iterations, warmup)
         if not isinstance(m, Measurement):
             spi = float(m)

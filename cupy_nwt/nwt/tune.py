@@ -16,21 +16,48 @@ from .._checks import check_int, check_number
 from .._reporting.progress import Progress
 from ..loader.workers.kinds import check_worker_type
 from . import measure as _measure
-from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch
+from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch, open_cap
 from .fingerprint import Fingerprint, machine_fingerprint, resolve_device, work_fingerprint
+from .memory import search_memory_limit
 from .paper import _algorithm1
 from .store import TuneResult, TypeBest
 from .trials import Measure, Trial, _Runner, combine_runs
 
 STRATEGIES = ("paper", "fast")
+MAIN_PROCESS = ("auto", "waits", "busy")
+
+
+def resolve_main_process(main_process: str, device: str) -> str:
+    """What the main process does during training: "waits" on the GPU's step, or is "busy" with a CPU one.
+
+    "auto" follows the device batches go to (``resolve_device``'s answer): a GPU step leaves the
+    main process mostly waiting for the device, a CPU step keeps it computing on one of the CPUs the
+    workers share.
+    """
+    if main_process not in MAIN_PROCESS:
+        raise ValueError(f"main_process must be one of {', '.join(MAIN_PROCESS)}, got {main_process!r}")
+    if main_process == "auto":
+        return "waits" if device == "cuda" else "busy"
+    return main_process
 
 
 def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: int | None = None,
                      iterations: int = 100, alpha: float = 0.5, strategy: str = "paper", device: str = "auto",
                      pin_memory: bool | str = False, prefetch_factor: int = 2, measure: Measure | None = None,
                      progress: bool = True, *, tolerance: float = DEFAULT_TOLERANCE,
-                     batch_transform: Any = None, worker_types: tuple[str, ...] = ("process",)) -> TuneResult:
-    """Search worker counts 0 .. max_workers-1 for the loader of ``dataset`` (``paper.py``, ``fast.py``).
+                     batch_transform: Any = None, worker_types: tuple[str, ...] = ("process",),
+                     main_process: str = "auto", memory_limit: int | None = None) -> TuneResult:
+    """Search worker counts for the loader of ``dataset`` (``paper.py``, ``fast.py``).
+
+    ``max_workers`` bounds the counts to 0 .. max_workers-1 (the paper's N). Without it the paper
+    strategy searches 0 .. usable CPUs - 1, as Algorithm 1 does; the fast one is open (``fast.py``):
+    at least up to the usable CPUs, further while throughput still rises, up to ``fast.open_cap``
+    and while the extrapolated peak memory stays within ``memory_limit`` bytes (default: half the
+    memory available now, ``memory.search_memory_limit``).
+
+    ``main_process`` is the main process's load during training, represented in every trial of
+    the real loader: "waits" (a GPU step: the main process waits for the device) or "busy" (a CPU
+    step: one CPU is kept busy beside the loader); "auto" picks by the device.
 
     ``alpha`` is the paper's threshold in seconds per 100 iterations (strategy "paper");
     ``tolerance`` is the fast strategy's relative one. ``measure(workers, iterations, warmup)``
@@ -51,12 +78,19 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     batch_size = check_int("batch_size", batch_size, ge=1)
     iterations = check_int("iterations", iterations, ge=1)
     prefetch_factor = check_int("prefetch_factor", prefetch_factor, ge=1)
-    n = system.usable_cpus() if max_workers is None else check_int("max_workers", max_workers, ge=1)
+    cpus = system.usable_cpus()
+    n = cpus if max_workers is None else check_int("max_workers", max_workers, ge=1)
+    open_search = max_workers is None and strategy == "fast"
+    if open_search:
+        n = cpus + 1  # counts 0..cpus at least: one worker per CPU is often the best
     alpha = check_number("alpha", alpha, ge=0, unit="seconds per 100 iterations")
     tolerance = check_number("tolerance", tolerance, ge=0, lt=0.5)
     if strategy == "fast" and iterations < MIN_FAST_ITERATIONS:
         raise ValueError(f"the fast strategy needs iterations >= {MIN_FAST_ITERATIONS}, got {iterations}")
     resolved = resolve_device(device)
+    load = resolve_main_process(main_process, resolved)
+    if open_search and memory_limit is None and measure is None:
+        memory_limit = search_memory_limit()
     fp = None
     if dataset is not None:
         fp = Fingerprint(machine_fingerprint(), work_fingerprint(
@@ -64,31 +98,38 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
             pin_memory=pin_memory, device=resolved))
     if measure is None and dataset is None:
         raise ValueError("give a dataset to tune the loader on, or a measure callable")
-    searched: list[tuple[str, int, tuple[Trial, ...]]] = []
+    searched: list[tuple[str, int, tuple[Trial, ...], int, str]] = []
     for kind in types:
         if measure is None:
             m: Measure = _measure.LoaderMeasure(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor,
                                                 pin_memory=pin_memory, device=device,
-                                                batch_transform=batch_transform, worker_type=kind)
+                                                batch_transform=batch_transform, worker_type=kind,
+                                                main_process=load)
         else:
             m = measure if len(types) == 1 else functools.partial(measure, worker_type=kind)  # type: ignore[call-arg]
         label = f"NWT ({strategy})" if len(types) == 1 else f"NWT ({strategy}, {kind} workers)"
         with Progress(n if strategy == "paper" else None, label, unit="trial", enabled=progress) as bar:
-            runner = _Runner(m, batch_size, bar)
+            runner = _Runner(m, batch_size, bar, cpus=cpus)
             if strategy == "paper":
                 best = _algorithm1(runner, n, iterations, float(alpha))
+                top, why = n, f"counts 0..{n - 1} (Algorithm 1)"
             else:
-                best = _FastSearch(runner, n, iterations, float(tolerance), FAST_BUDGET).search()
-        searched.append((kind, best, tuple(runner.runs)))
-    bests = [TypeBest(kind, best, _rate(runs, best), sum(r.wall_seconds for r in runs)) for kind, best, runs in searched]
+                search = _FastSearch(runner, n, iterations, float(tolerance), FAST_BUDGET,
+                                     cap=open_cap(cpus) if open_search else None, memory_limit=memory_limit)
+                best = search.search()
+                top, why = search.n, search.stop_reason
+        searched.append((kind, best, tuple(runner.runs), top, why))
+    bests = [TypeBest(kind, best, _rate(runs, best), sum(r.wall_seconds for r in runs))
+             for kind, best, runs, _, _ in searched]
     win = max(range(len(bests)), key=lambda i: bests[i].samples_per_second)
-    kind, best, runs = searched[win]
+    kind, best, runs, n, why = searched[win]
     return TuneResult(
         best_workers=best, strategy=strategy, runs=runs, max_workers=n, iterations=iterations,
         alpha=float(alpha), tolerance=float(tolerance), batch_size=batch_size, prefetch_factor=prefetch_factor,
         pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory), device=resolved, fingerprint=fp,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         worker_type=kind, other_types=tuple(b for i, b in enumerate(bests) if i != win),
+        main_process=load if measure is None else "", usable_cpus=cpus, search_end=why,
     )
 
 

@@ -1,0 +1,530 @@
+// nwt_native: cupy_nwt's bandwidth and overlap experiments written directly in CUDA C, as the
+// reference for what the driver and the link give without Python in the way.
+//
+//   nwt_native bandwidth [--repeats N] [--warmup N] [--min BYTES] [--max BYTES]
+//                        [--batch-total BYTES] [--batch-chunk BYTES] [--device N]
+//   nwt_native overlap   [--streams N] [--repeats N] [--warmup N] [--device N]
+//   nwt_native EXPERIMENT --dry-run     prints the error document and exits 3 without any CUDA call
+//   nwt_native summarize X...           prints the statistics of the numbers X (the writer, testable anywhere)
+//
+// The method is cupy_nwt's, step for step: the same sizes and defaults, the same copies per sample,
+// every sample but pageable copies queued behind the same spin kernel (held twice the slowest
+// warm-up issue + 200 us),
+// CUDA events on the copying stream, medians and inclusive quartiles, every copy checked. The
+// kernels are the very files cupy_nwt compiles at run time (#included from cuda_src/). The JSON on
+// stdout has the shape of `cupy-nwt bandwidth --json` / `cupy-nwt overlap --json` for every field
+// bench/native_report.py compares, plus "source": "native".
+//
+// Exit: 0 done and every result checked; 1 a CUDA error or a wrong result; 2 bad arguments;
+// 3 no usable GPU (or --dry-run). On any exit but 0 stdout holds {"experiment", "source", "error"}.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "overlap.cu"
+#include "spin.cu"
+
+namespace {
+
+const char* g_experiment = "none";
+
+// ------------------------------------------------------------------ JSON, by hand and small
+
+std::string quoted(const std::string& s) {
+    std::string out = "\"";
+    for (unsigned char c : s) {
+        if (c == '"' || c == '\\') {
+            out += '\\';
+            out += static_cast<char>(c);
+        } else if (c < 0x20) {
+            char buf[8];
+            std::snprintf(buf, sizeof buf, "\\u%04x", c);
+            out += buf;
+        } else {
+            out += static_cast<char>(c);
+        }
+    }
+    return out + "\"";
+}
+
+std::string num(double x) {  // JSON has no inf or nan
+    if (!std::isfinite(x)) return "null";
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.9g", x);
+    return buf;
+}
+
+std::string integer(long long x) { return std::to_string(x); }
+
+std::string boolean(bool b) { return b ? "true" : "false"; }
+
+// {"k": v, ...} from pairs whose values are already JSON.
+std::string object(const std::vector<std::pair<std::string, std::string>>& fields) {
+    std::string out = "{";
+    for (size_t i = 0; i < fields.size(); ++i) {
+        out += (i ? ", " : "") + quoted(fields[i].first) + ": " + fields[i].second;
+    }
+    return out + "}";
+}
+
+std::string array(const std::vector<std::string>& items) {
+    std::string out = "[";
+    for (size_t i = 0; i < items.size(); ++i) out += (i ? ",\n  " : "\n  ") + items[i];
+    return out + (items.empty() ? "]" : "\n]");
+}
+
+[[noreturn]] void fail(int code, const std::string& why) {
+    std::printf("%s\n", object({{"experiment", quoted(g_experiment)}, {"source", quoted("native")},
+                                {"error", quoted(why)}}).c_str());
+    std::fprintf(stderr, "nwt_native: %s\n", why.c_str());
+    std::exit(code);
+}
+
+#define CHECK(call)                                                                   \
+    do {                                                                              \
+        cudaError_t err_ = (call);                                                    \
+        if (err_ != cudaSuccess) fail(1, std::string(#call) + ": " + cudaGetErrorString(err_)); \
+    } while (0)
+
+// ------------------------------------------------------------------ statistics, as timing.summarize
+
+struct Stats {
+    double median = 0, mean = 0, min = 0, max = 0, stdev = 0, p25 = 0, p75 = 0;
+    int n = 0;
+};
+
+double interpolated(const std::vector<double>& sorted, double q) {  // Python's "inclusive" method
+    double pos = q * static_cast<double>(sorted.size() - 1);
+    size_t lo = static_cast<size_t>(pos);
+    if (lo + 1 >= sorted.size()) return sorted.back();
+    return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[lo + 1] - sorted[lo]);
+}
+
+Stats summarize(std::vector<double> xs) {
+    Stats s;
+    std::sort(xs.begin(), xs.end());
+    s.n = static_cast<int>(xs.size());
+    s.min = xs.front();
+    s.max = xs.back();
+    for (double x : xs) s.mean += x / s.n;
+    double ss = 0;
+    for (double x : xs) ss += (x - s.mean) * (x - s.mean);
+    s.stdev = s.n > 1 ? std::sqrt(ss / (s.n - 1)) : 0.0;
+    s.median = interpolated(xs, 0.5);
+    s.p25 = interpolated(xs, 0.25);
+    s.p75 = interpolated(xs, 0.75);
+    return s;
+}
+
+std::string stats_json(const Stats& s) {
+    return object({{"median", num(s.median)}, {"mean", num(s.mean)}, {"min", num(s.min)}, {"max", num(s.max)},
+                   {"stdev", num(s.stdev)}, {"p25", num(s.p25)}, {"p75", num(s.p75)}, {"n", integer(s.n)}});
+}
+
+std::vector<double> scaled(const std::vector<double>& xs, double by) {
+    std::vector<double> out;
+    for (double x : xs) out.push_back(x * by);
+    return out;
+}
+
+// ------------------------------------------------------------------ queued timing, as timing.queued_time
+
+double host_now() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+const double kHoldFactor = 2.0, kHoldMarginS = 200e-6;
+
+struct Timer {
+    unsigned char* sink = nullptr;
+    Timer() { CHECK(cudaMalloc(&sink, 1)); CHECK(cudaMemset(sink, 0, 1)); }
+    ~Timer() { cudaFree(sink); }
+
+    void hold(cudaStream_t s, double seconds) const {
+        long long ns = std::max(1LL, static_cast<long long>(std::llround(seconds * 1e9)));
+        cupy_nwt_spin<<<1, 1, 0, s>>>(reinterpret_cast<unsigned long long>(sink), ns, sink);
+        CHECK(cudaGetLastError());
+    }
+
+    // Device seconds of what issue() enqueues, window on `s` joined by `others`, behind a hold of
+    // `held` seconds (none when 0).
+    template <class F>
+    double window(F&& issue, cudaStream_t s, const std::vector<cudaStream_t>& others, double held,
+                  double* issued) const {
+        cudaEvent_t start, end;
+        CHECK(cudaEventCreate(&start));
+        CHECK(cudaEventCreate(&end));
+        if (held > 0) hold(s, held);
+        CHECK(cudaEventRecord(start, s));
+        for (cudaStream_t o : others) if (o != s) CHECK(cudaStreamWaitEvent(o, start, 0));
+        double t0 = host_now();
+        issue();
+        *issued = host_now() - t0;
+        for (cudaStream_t o : others) {
+            if (o == s) continue;
+            cudaEvent_t done;
+            CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+            CHECK(cudaEventRecord(done, o));
+            CHECK(cudaStreamWaitEvent(s, done, 0));
+            CHECK(cudaEventDestroy(done));
+        }
+        CHECK(cudaEventRecord(end, s));
+        CHECK(cudaEventSynchronize(end));
+        float ms = 0;
+        CHECK(cudaEventElapsedTime(&ms, start, end));
+        CHECK(cudaEventDestroy(start));
+        CHECK(cudaEventDestroy(end));
+        return ms / 1e3;
+    }
+};
+
+struct Queued {
+    std::vector<double> device, issue;
+    int overran = 0;
+};
+
+// use_hold false: the window alone (pageable copies hold the host until staged; a spin would only add waiting).
+template <class F>
+Queued queued_time(const Timer& timer, F&& issue, int repeats, int warmup, cudaStream_t s, bool use_hold = true) {
+    double slowest = 0;
+    for (int i = 0; i < warmup; ++i) {
+        double t0 = host_now();
+        issue();
+        slowest = std::max(slowest, host_now() - t0);
+    }
+    CHECK(cudaStreamSynchronize(s));
+    double held = use_hold ? kHoldFactor * slowest + kHoldMarginS : 0.0;
+    Queued q;
+    for (int i = 0; i < repeats; ++i) {
+        double issued = 0;
+        q.device.push_back(timer.window(issue, s, {}, held, &issued));
+        q.issue.push_back(issued);
+        q.overran += issued > held;
+    }
+    return q;
+}
+
+// ------------------------------------------------------------------ arguments and the device
+
+struct Args {
+    long long repeats = 20, warmup = 3, min = 4 * 1024, max = 256LL * 1024 * 1024;
+    long long batch_total = 64LL * 1024 * 1024, batch_chunk = 64 * 1024, streams = 4, device = 0;
+};
+
+Args parse(int argc, char** argv) {
+    Args a;
+    for (int i = 2; i < argc; ++i) {
+        std::string k = argv[i];
+        if (k == "--dry-run") fail(3, "dry run: no CUDA call was made");
+        if (i + 1 >= argc) fail(2, "option " + k + " needs a value");
+        char* end = nullptr;
+        long long v = std::strtoll(argv[++i], &end, 10);
+        if (!end || *end || v < 0) fail(2, "option " + k + " needs a whole number >= 0, got '" + argv[i] + "'");
+        if (k == "--repeats") a.repeats = v;
+        else if (k == "--warmup") a.warmup = v;
+        else if (k == "--min") a.min = v;
+        else if (k == "--max") a.max = v;
+        else if (k == "--batch-total") a.batch_total = v;
+        else if (k == "--batch-chunk") a.batch_chunk = v;
+        else if (k == "--streams") a.streams = v;
+        else if (k == "--device") a.device = v;
+        else fail(2, "unknown option " + k);
+    }
+    if (a.repeats < 1 || a.min < 1 || a.max < a.min || a.streams < 1 || a.batch_chunk < 1 ||
+        a.batch_total < a.batch_chunk || a.batch_total % a.batch_chunk)
+        fail(2, "need repeats >= 1, 0 < min <= max, streams >= 1, batch-total a whole multiple of batch-chunk");
+    return a;
+}
+
+std::string use_device(int device) {
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess) fail(3, std::string("no usable GPU: ") + cudaGetErrorString(err));
+    if (count == 0) fail(3, "no usable GPU: the driver found no CUDA device");
+    if (device >= count) fail(2, "there is no GPU " + std::to_string(device));
+    CHECK(cudaSetDevice(device));
+    cudaDeviceProp p;
+    CHECK(cudaGetDeviceProperties(&p, device));
+    char bus[32] = {0};
+    CHECK(cudaDeviceGetPCIBusId(bus, sizeof bus, device));
+    return object({{"index", integer(device)}, {"name", quoted(p.name)},
+                   {"compute_capability", quoted(std::to_string(p.major) + "." + std::to_string(p.minor))},
+                   {"total_memory_bytes", integer(static_cast<long long>(p.totalGlobalMem))},
+                   {"copy_engines", integer(p.asyncEngineCount)}, {"multiprocessors", integer(p.multiProcessorCount)},
+                   {"pci_bus_id", quoted(bus)}});
+}
+
+// ------------------------------------------------------------------ bandwidth
+
+const long long kSampleTargetBytes = 8LL * 1024 * 1024, kMaxCopiesPerSample = 256;
+
+long long copies_per_sample(long long nbytes) {
+    return std::max(1LL, std::min(kMaxCopiesPerSample, (kSampleTargetBytes + nbytes - 1) / nbytes));
+}
+
+struct Host {
+    unsigned char *src, *dst;
+};
+
+std::string point(const char* dir, const char* memory, long long n, long long k, const std::vector<double>& per_copy,
+                  bool ok) {
+    std::vector<double> gbps;
+    for (double t : per_copy) gbps.push_back(t > 0 ? n / t / 1e9 : INFINITY);
+    return object({{"direction", quoted(dir)}, {"memory", quoted(memory)}, {"nbytes", integer(n)},
+                   {"copies_per_sample", integer(k)}, {"seconds", stats_json(summarize(per_copy))},
+                   {"gbps", stats_json(summarize(gbps))}, {"verified", boolean(ok)}});
+}
+
+int bandwidth(const Args& a, const std::string& device) {
+    std::vector<long long> sizes;
+    for (long long n = a.min; n < a.max; n *= 2) sizes.push_back(n);
+    sizes.push_back(a.max);
+    size_t cap = static_cast<size_t>(std::max(a.max, a.batch_total));
+    const int reps = static_cast<int>(a.repeats), warm = static_cast<int>(a.warmup);
+    unsigned char* dev = nullptr;
+    CHECK(cudaMalloc(&dev, cap));
+    Host page{static_cast<unsigned char*>(std::malloc(cap)), static_cast<unsigned char*>(std::malloc(cap))}, pin{};
+    if (!page.src || !page.dst) fail(1, "out of host memory");
+    CHECK(cudaMallocHost(&pin.src, cap));
+    CHECK(cudaMallocHost(&pin.dst, cap));
+    unsigned long long x = 88172645463325252ULL;  // xorshift: bytes a copy cannot fake
+    for (size_t i = 0; i < cap; ++i) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        page.src[i] = pin.src[i] = static_cast<unsigned char>(x);
+    }
+    std::memset(page.dst, 0, cap);  // every page touched now, not inside a timed copy
+    std::memset(pin.dst, 0, cap);
+    cudaStream_t s;
+    CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    Timer timer;
+    const char* memories[2] = {"pageable", "pinned"};
+    Host hosts[2] = {page, pin};
+    bool all_ok = true;
+    std::vector<std::string> points, batching;
+    for (long long n : sizes) {
+        for (int m = 0; m < 2; ++m) {
+            Host h = hosts[m];
+            long long k = copies_per_sample(n);
+            CHECK(cudaMemsetAsync(dev, 0, n, s));
+            std::memset(h.dst, 0, n);
+            auto up = queued_time(timer, [&] {
+                for (long long i = 0; i < k; ++i) CHECK(cudaMemcpyAsync(dev, h.src, n, cudaMemcpyHostToDevice, s));
+            }, reps, warm, s, m == 1);
+            auto down = queued_time(timer, [&] {
+                for (long long i = 0; i < k; ++i) CHECK(cudaMemcpyAsync(h.dst, dev, n, cudaMemcpyDeviceToHost, s));
+            }, reps, warm, s, m == 1);
+            CHECK(cudaStreamSynchronize(s));
+            bool ok = std::memcmp(h.dst, h.src, n) == 0;
+            all_ok = all_ok && ok;
+            points.push_back(point("h2d", memories[m], n, k, scaled(up.device, 1.0 / k), ok));
+            points.push_back(point("d2h", memories[m], n, k, scaled(down.device, 1.0 / k), ok));
+        }
+    }
+    const long long total = a.batch_total, chunk = a.batch_chunk;
+    for (int m = 0; m < 2; ++m) {
+        Host h = hosts[m];
+        for (int up = 1; up >= 0; --up) {
+            cudaMemcpyKind kind = up ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+            if (!up) CHECK(cudaMemcpyAsync(dev, h.src, total, cudaMemcpyHostToDevice, s));  // the pattern to copy back
+            Stats st[2];
+            bool ok = true;
+            for (int many = 0; many < 2; ++many) {
+                long long piece = many ? chunk : total;
+                CHECK(cudaStreamSynchronize(s));
+                if (up) CHECK(cudaMemsetAsync(dev, 0, total, s)); else std::memset(h.dst, 0, total);
+                auto q = queued_time(timer, [&] {
+                    for (long long o = 0; o < total; o += piece) {
+                        void* to = up ? static_cast<void*>(dev + o) : static_cast<void*>(h.dst + o);
+                        const void* from = up ? static_cast<const void*>(h.src + o) : static_cast<const void*>(dev + o);
+                        CHECK(cudaMemcpyAsync(to, from, piece, kind, s));
+                    }
+                }, reps, warm, s, m == 1);
+                st[many] = summarize(q.device);
+                if (up) {
+                    CHECK(cudaStreamSynchronize(s));
+                    std::memset(h.dst, 0, total);
+                    CHECK(cudaMemcpyAsync(h.dst, dev, total, cudaMemcpyDeviceToHost, s));
+                }
+                CHECK(cudaStreamSynchronize(s));
+                ok = ok && std::memcmp(h.dst, h.src, total) == 0;
+            }
+            all_ok = all_ok && ok;
+            batching.push_back(object({
+                {"direction", quoted(up ? "h2d" : "d2h")}, {"memory", quoted(memories[m])},
+                {"total_bytes", integer(total)}, {"chunk_bytes", integer(chunk)}, {"chunks", integer(total / chunk)},
+                {"one_copy_seconds", stats_json(st[0])}, {"many_copies_seconds", stats_json(st[1])},
+                {"one_copy_gbps", num(total / st[0].median / 1e9)}, {"many_copies_gbps", num(total / st[1].median / 1e9)},
+                {"slowdown", num(st[1].median / st[0].median)}, {"verified", boolean(ok)}}));
+        }
+    }
+    std::vector<std::string> size_list;
+    for (long long n : sizes) size_list.push_back(integer(n));
+    std::string sizes_json = "[";
+    for (size_t i = 0; i < size_list.size(); ++i) sizes_json += (i ? ", " : "") + size_list[i];
+    sizes_json += "]";
+    std::printf("%s\n", object({
+        {"experiment", quoted("bandwidth")}, {"source", quoted("native")},
+        {"config", object({{"sizes", sizes_json}, {"repeats", integer(a.repeats)}, {"warmup", integer(a.warmup)},
+                           {"device", integer(a.device)}, {"batch_total", integer(total)},
+                           {"batch_chunk", integer(chunk)}})},
+        {"device", device}, {"verified", boolean(all_ok)}, {"points", array(points)},
+        {"batching", array(batching)}}).c_str());
+    CHECK(cudaStreamDestroy(s));
+    CHECK(cudaFreeHost(pin.src));
+    CHECK(cudaFreeHost(pin.dst));
+    std::free(page.src);
+    std::free(page.dst);
+    CHECK(cudaFree(dev));
+    if (!all_ok) std::fprintf(stderr, "nwt_native: MISMATCH: copied bytes differ\n");
+    return all_ok ? 0 : 1;
+}
+
+// ------------------------------------------------------------------ overlap
+
+const long long kChunkElements = 4 * 1024 * 256;
+const int kBlock = 256, kStageRepeats = 8;
+const double kMaxError = 1e-5;
+
+void launch(float* chunk, long long offset, long long n, cudaStream_t s) {
+    cupy_nwt_overlap<<<static_cast<unsigned>((n + kBlock - 1) / kBlock), kBlock, 0, s>>>(chunk, offset, n);
+    CHECK(cudaGetLastError());
+}
+
+int overlap(const Args& a, const std::string& device) {
+    const int S = static_cast<int>(a.streams), reps = static_cast<int>(a.repeats), warm = static_cast<int>(a.warmup);
+    const long long chunk = kChunkElements, n = chunk * S;
+    const size_t cb = chunk * sizeof(float), nb = n * sizeof(float);
+    float *host = nullptr, *dev = nullptr;
+    CHECK(cudaMallocHost(&host, nb));
+    CHECK(cudaMalloc(&dev, nb));
+    std::memset(host, 0, nb);
+    cudaStream_t main_s;
+    CHECK(cudaStreamCreateWithFlags(&main_s, cudaStreamNonBlocking));
+    std::vector<cudaStream_t> streams(S);
+    for (auto& st : streams) CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    Timer timer;
+    cudaStream_t s0 = streams[0];
+
+    auto h2d0 = [&] { CHECK(cudaMemcpyAsync(dev, host, cb, cudaMemcpyHostToDevice, s0)); };
+    auto k0 = [&] { launch(dev, 0, chunk, s0); };
+    auto d2h0 = [&] { CHECK(cudaMemcpyAsync(host, dev, cb, cudaMemcpyDeviceToHost, s0)); };
+    Stats stage[3], launch_s[3];
+    int overran = 0, which = 0;
+    auto time_stage = [&](auto one) {
+        auto q = queued_time(timer, [&] { for (int i = 0; i < kStageRepeats; ++i) one(); }, reps, std::max(warm, 1), s0);
+        stage[which] = summarize(scaled(q.device, 1.0 / kStageRepeats));
+        launch_s[which] = summarize(scaled(q.issue, 1.0 / kStageRepeats));
+        overran += q.overran;
+        ++which;
+    };
+    time_stage(h2d0);
+    time_stage(k0);
+    time_stage(d2h0);
+
+    auto sequential = [&] {
+        CHECK(cudaMemcpyAsync(dev, host, nb, cudaMemcpyHostToDevice, main_s));
+        launch(dev, 0, n, main_s);
+        CHECK(cudaMemcpyAsync(host, dev, nb, cudaMemcpyDeviceToHost, main_s));
+    };
+    auto async_v1 = [&] {
+        for (int i = 0; i < S; ++i) {
+            CHECK(cudaMemcpyAsync(dev + i * chunk, host + i * chunk, cb, cudaMemcpyHostToDevice, streams[i]));
+            launch(dev + i * chunk, i * chunk, chunk, streams[i]);
+            CHECK(cudaMemcpyAsync(host + i * chunk, dev + i * chunk, cb, cudaMemcpyDeviceToHost, streams[i]));
+        }
+    };
+    auto async_v2 = [&] {
+        for (int i = 0; i < S; ++i)
+            CHECK(cudaMemcpyAsync(dev + i * chunk, host + i * chunk, cb, cudaMemcpyHostToDevice, streams[i]));
+        for (int i = 0; i < S; ++i) launch(dev + i * chunk, i * chunk, chunk, streams[i]);
+        for (int i = 0; i < S; ++i)
+            CHECK(cudaMemcpyAsync(host + i * chunk, dev + i * chunk, cb, cudaMemcpyDeviceToHost, streams[i]));
+    };
+    struct Version { const char* name; Stats seconds; double max_error; };
+    std::vector<Version> versions;
+    auto time_version = [&](const char* name, auto work, const std::vector<cudaStream_t>& used) {
+        std::vector<double> times;
+        double worst = 0, slowest = 0;
+        for (int i = 0; i < warm + reps; ++i) {
+            std::memset(host, 0, nb);
+            double held = kHoldFactor * slowest + kHoldMarginS, issued = 0;
+            double t = timer.window(work, main_s, used, held, &issued);
+            for (long long j = 0; j < n; ++j) worst = std::max(worst, static_cast<double>(std::fabs(host[j] - 1.0f)));
+            if (i >= warm) {
+                times.push_back(t);
+                overran += issued > held;
+            }
+            slowest = std::max(slowest, issued);
+        }
+        versions.push_back({name, summarize(times), worst});
+    };
+    time_version("sequential", sequential, {main_s});
+    time_version("async_v1", async_v1, streams);
+    time_version("async_v2", async_v2, streams);
+
+    double h = stage[0].median, k = stage[1].median, d = stage[2].median;
+    double ideal = (h + k + d) + (S - 1) * std::max(h, std::max(k, d));
+    double worst = 0;
+    std::vector<std::string> vj;
+    for (const auto& v : versions) {
+        worst = std::max(worst, v.max_error);
+        vj.push_back(object({{"name", quoted(v.name)}, {"seconds", stats_json(v.seconds)},
+                             {"max_error", num(v.max_error)},
+                             {"speedup_vs_sequential", num(versions[0].seconds.median / v.seconds.median)},
+                             {"vs_ideal", num(v.seconds.median / ideal)}}));
+    }
+    const char* names[3] = {"h2d", "kernel", "d2h"};
+    std::vector<std::pair<std::string, std::string>> stages, launches;
+    for (int i = 0; i < 3; ++i) {
+        stages.push_back({names[i], stats_json(stage[i])});
+        launches.push_back({names[i], stats_json(launch_s[i])});
+    }
+    bool correct = worst < kMaxError;
+    std::printf("%s\n", object({
+        {"experiment", quoted("overlap")}, {"source", quoted("native")},
+        {"config", object({{"streams", integer(S)}, {"elements", integer(n)}, {"repeats", integer(reps)},
+                           {"warmup", integer(warm)}, {"device", integer(a.device)},
+                           {"chunk_elements", integer(chunk)}, {"nbytes", integer(static_cast<long long>(nb))}})},
+        {"device", device}, {"stages", object(stages)},
+        {"timing", quoted("device time with the work queued behind a spin kernel: no launch time inside")},
+        {"launch_seconds", object(launches)}, {"overran_samples", integer(overran)},
+        {"ideal_seconds", num(ideal)}, {"max_error", num(worst)}, {"max_error_tolerance", num(kMaxError)},
+        {"correct", boolean(correct)}, {"versions", array(vj)}}).c_str());
+    for (auto st : streams) CHECK(cudaStreamDestroy(st));
+    CHECK(cudaStreamDestroy(main_s));
+    CHECK(cudaFreeHost(host));
+    CHECK(cudaFree(dev));
+    if (!correct) std::fprintf(stderr, "nwt_native: WRONG result: max error %g\n", worst);
+    return correct ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string what = argc > 1 ? argv[1] : "";
+    if (what == "summarize" && argc > 2) {
+        std::vector<double> xs;
+        for (int i = 2; i < argc; ++i) {
+            char* end = nullptr;
+            xs.push_back(std::strtod(argv[i], &end));
+            if (!end || *end) fail(2, std::string("not a number: '") + argv[i] + "'");
+        }
+        std::printf("%s\n", stats_json(summarize(xs)).c_str());
+        return 0;
+    }
+    if (what != "bandwidth" && what != "overlap") {
+        std::fprintf(stderr, "usage: nwt_native bandwidth|overlap [options] [--dry-run]\n");
+        fail(2, "the first argument must be 'bandwidth' or 'overlap'");
+    }
+    g_experiment = what == "bandwidth" ? "bandwidth" : "overlap";
+    Args a = parse(argc, argv);
+    std::string device = use_device(static_cast<int>(a.device));
+    return what == "bandwidth" ? bandwidth(a, device) : overlap(a, device);
+}

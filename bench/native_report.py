@@ -1,0 +1,137 @@
+"""cupy_nwt against the native CUDA C reference (bench/native/), figure by figure, from one run's JSON.
+
+Reads, from one folder (what ``bench/gpu_session.sh transfers`` writes):
+
+* ``bandwidth.json`` and ``overlap.json``: ``cupy-nwt bandwidth`` / ``cupy-nwt overlap`` output;
+* ``native-bandwidth.json`` and ``native-overlap.json``: ``nwt_native bandwidth`` / ``overlap``.
+
+Every figure becomes one row: cupy_nwt's speed as a share of native's (GB/s over GB/s, or native's
+seconds over cupy_nwt's), so 1.00 is "as fast as CUDA C" whatever the unit. Rows where the copy, not
+the issuing code, sets the time (pinned copies from 1 MiB, whole batched copies, the overlap stages
+and versions) are marked ``copy-bound``: the goal is >= 0.97 on each of them. Writes
+``native_vs_cupy_nwt.json`` into the folder and prints the table:
+
+    PYTHONPATH=. python bench/native_report.py bench/results/<device>/transfers
+
+Exit 0 (a report, whatever the shares); 2 a file missing, unreadable, or not the experiment it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+GOAL = 0.97
+COPY_BOUND_FROM = 1024**2  # pinned copies from this size are set by the link, not by the call
+FILES = {("bandwidth", "cupy_nwt"): "bandwidth.json", ("overlap", "cupy_nwt"): "overlap.json",
+         ("bandwidth", "native"): "native-bandwidth.json", ("overlap", "native"): "native-overlap.json"}
+
+
+class ReportError(ValueError):
+    """An input that cannot be compared; one line for the user."""
+
+
+def load(folder: Path, experiment: str, source: str) -> dict[str, Any]:
+    path = folder / FILES[(experiment, source)]
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"{path}: cannot read it as JSON ({exc})") from None
+    if not isinstance(doc, dict) or doc.get("experiment") != experiment:
+        raise ReportError(f"{path}: not a {experiment} result")
+    if "error" in doc:
+        raise ReportError(f"{path}: the {source} run failed: {doc['error']}")
+    return doc
+
+
+def _median(stats: Any) -> float | None:
+    value = stats.get("median") if isinstance(stats, dict) else None
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def _row(figure: str, cupy_nwt: float | None, native: float | None, unit: str, copy_bound: bool,
+         higher_is_faster: bool) -> dict[str, Any]:
+    share = None
+    if cupy_nwt and native:
+        share = cupy_nwt / native if higher_is_faster else native / cupy_nwt
+    return {"figure": figure, "unit": unit, "cupy_nwt": cupy_nwt, "native": native, "share": share,
+            "copy_bound": copy_bound, "meets_goal": None if share is None or not copy_bound else share >= GOAL}
+
+
+def bandwidth_rows(ours: dict[str, Any], native: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    theirs = {(p["direction"], p["memory"], p["nbytes"]): p for p in native.get("points", [])}
+    for p in ours.get("points", []):
+        key = (p["direction"], p["memory"], p["nbytes"])
+        other = theirs.get(key)
+        bound = p["memory"] == "pinned" and p["nbytes"] >= COPY_BOUND_FROM
+        rows.append(_row(f"{p['direction']} {p['memory']} {p['nbytes']} B", _median(p.get("gbps")),
+                         _median(other.get("gbps")) if other else None, "GB/s", bound, True))
+    theirs_b = {(b["direction"], b["memory"]): b for b in native.get("batching", [])}
+    for b in ours.get("batching", []):
+        other = theirs_b.get((b["direction"], b["memory"]), {})
+        name = f"{b['direction']} {b['memory']} {b['total_bytes']} B"
+        rows.append(_row(f"{name} as one copy", b.get("one_copy_gbps"), other.get("one_copy_gbps"), "GB/s",
+                         True, True))
+        rows.append(_row(f"{name} as {b['chunks']} copies", b.get("many_copies_gbps"),
+                         other.get("many_copies_gbps"), "GB/s", b["memory"] == "pinned", True))
+    return rows
+
+
+def overlap_rows(ours: dict[str, Any], native: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for stage in ("h2d", "kernel", "d2h"):
+        rows.append(_row(f"overlap stage {stage}", _median(ours.get("stages", {}).get(stage)),
+                         _median(native.get("stages", {}).get(stage)), "s", True, False))
+    theirs = {v["name"]: v for v in native.get("versions", [])}
+    for v in ours.get("versions", []):
+        other = theirs.get(v["name"], {})
+        rows.append(_row(f"overlap {v['name']}", _median(v.get("seconds")), _median(other.get("seconds")), "s",
+                         True, False))
+    return rows
+
+
+def compare(folder: Path) -> dict[str, Any]:
+    docs = {key: load(folder, *key) for key in FILES}
+    rows = (bandwidth_rows(docs[("bandwidth", "cupy_nwt")], docs[("bandwidth", "native")])
+            + overlap_rows(docs[("overlap", "cupy_nwt")], docs[("overlap", "native")]))
+    bound = [r for r in rows if r["copy_bound"] and r["share"] is not None]
+    return {"goal": GOAL, "rows": rows, "unmatched": [r["figure"] for r in rows if r["share"] is None],
+            "copy_bound_min_share": min((r["share"] for r in bound), default=None),
+            "copy_bound_below_goal": [r["figure"] for r in bound if r["share"] < GOAL]}
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = [f"{'figure':48} {'cupy_nwt':>11} {'native':>11} {'share':>6}  copy-bound"]
+    for r in report["rows"]:
+        def fmt(x: float | None, unit: str = r["unit"]) -> str:
+            return "-" if x is None else (f"{x:.2f}" if unit == "GB/s" else f"{1e6 * x:.1f} us")
+
+        share = "-" if r["share"] is None else f"{r['share']:.3f}"
+        mark = {True: "ok", False: "BELOW", None: ""}[r["meets_goal"]]
+        lines.append(f"{r['figure']:48} {fmt(r['cupy_nwt']):>11} {fmt(r['native']):>11} {share:>6}  {mark}")
+    low = report["copy_bound_min_share"]
+    lines.append(f"share = cupy_nwt's speed / native's; goal >= {GOAL} where the copy sets the time; "
+                 f"lowest there: {'-' if low is None else f'{low:.3f}'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path, help="the folder with the four JSON files")
+    args = p.parse_args(argv)
+    try:
+        report = compare(args.folder)
+    except ReportError as exc:
+        print(f"native_report: {exc}", file=sys.stderr)
+        return 2
+    (args.folder / "native_vs_cupy_nwt.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    print(table(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

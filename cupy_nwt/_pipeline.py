@@ -1,0 +1,108 @@
+"""The user's own pipeline for ``cupy-nwt tune`` and ``stats``: transforms named as ``module:attribute``.
+
+A worker count tuned on a pipeline the user does not run describes nothing: decoding plus CIFAR
+augmentation costs several times what decoding alone does, so the two have different best counts,
+and their fingerprints differ, so ``DataLoader(num_workers="auto")`` on the user's pipeline would
+not even find the pick. So the commands run the data as the loader would run it: no transform
+unless one is named. ``--transform`` is the dataset's per-sample transform (``transform=`` of the
+datasets in ``cupy_nwt.datasets``) and ``--batch-transform`` the loader's ``batch_transform``, each
+an importable ``module:attribute`` (a class is instantiated without arguments; ``cifar`` names
+``cupy_nwt.transforms.CifarTrainTransform``). Both end up in the fingerprint under the callable's
+qualified name, as they do when the user's script builds the loader.
+
+Only the embedded synthetic CIFAR-10 (no ``--dataset``) keeps the CIFAR training augmentation by
+default: it stands for the paper's workload, and ``--no-transform`` turns it off. Its first use on
+a machine builds it, in a process of its own (:func:`build_synthetic_apart`): built in the process
+that then measures, its buffers would sit in every trial's memory figure on the first run only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+SHORTCUTS = {"cifar": "cupy_nwt.transforms:CifarTrainTransform"}
+
+
+def load_callable(spec: str, option: str) -> Callable[..., Any]:
+    """Import ``module:attribute`` (dotted attributes allowed) and return it, a class instantiated.
+
+    The current folder is searched first, as ``python -m`` does, so a module beside the user's data
+    or script is found from the ``cupy-nwt`` command too. Every failure is one ``ValueError`` line.
+    """
+    target = SHORTCUTS.get(spec, spec)
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{option} must be module:attribute (for example mypipeline:decode), got {spec!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise ValueError(f"{option} {spec}: no module named {exc.name!r}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module failed on import: one line, not a traceback
+        raise ValueError(f"{option} {spec}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{option} {spec}: {module_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if isinstance(obj, type):
+        try:
+            obj = obj()
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise ValueError(f"{option} {spec}: {attr}() failed: {type(exc).__name__}: {exc}") from None
+    if not callable(obj):
+        raise ValueError(f"{option} {spec}: {attr} is a {type(obj).__name__}, not a callable")
+    return obj
+
+
+def check_pipeline(dataset: Any, args: Any, batch_transform: Any) -> None:
+    """Before a run: the CIFAR augmentation named on a ``--dataset`` needs images (one-line ``DataError`` if not)."""
+    from .datasets import check_images  # noqa: PLC0415 - datasets import the loader; only this check needs them
+    from .transforms import CifarTrainTransform  # noqa: PLC0415
+
+    if args.dataset and isinstance(batch_transform, CifarTrainTransform):
+        check_images(dataset, args.dataset, f"--batch-transform {args.batch_transform} (the CIFAR augmentation)")
+
+
+def pipeline(args: Any, *, synthetic_default: bool) -> tuple[Callable[..., Any] | None, Callable[..., Any] | None]:
+    """The (per-sample transform, batch transform) that ``tune``/``stats`` options name.
+
+    ``synthetic_default``: no ``--dataset``, so the synthetic CIFAR-10 keeps its CIFAR augmentation
+    unless ``--no-transform`` or a ``--batch-transform`` says otherwise.
+    """
+    sample = load_callable(args.transform, "--transform") if args.transform else None
+    if args.batch_transform:
+        if args.no_transform:
+            raise ValueError("--no-transform and --batch-transform contradict each other")
+        return sample, load_callable(args.batch_transform, "--batch-transform")
+    if synthetic_default and not args.no_transform:
+        return sample, load_callable("cifar", "--batch-transform")
+    return sample, None
+
+
+_BUILD = """
+import sys
+from cupy_nwt.datasets import SyntheticCIFAR10
+print("built" if SyntheticCIFAR10(n=int(sys.argv[1]), progress=sys.argv[2] == "1").built_now else "cached")
+"""
+
+
+def build_synthetic_apart(n: int, progress: bool) -> str:
+    """Build the synthetic CIFAR-10's cache in a child process (its progress forwarded to our stderr)
+    so that its memory never enters the trials' figures; says what happened, for a report."""
+    proc = subprocess.Popen([sys.executable, "-c", _BUILD, str(n), "1" if progress else "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        sys.stderr.write(line)
+    out = proc.communicate()[0].strip()
+    if proc.returncode != 0:
+        raise RuntimeError(f"building the synthetic CIFAR-10 failed in its own process (exit {proc.returncode})")
+    if out == "built":
+        return "built by a separate process before the trials: its memory is in no trial's figures"
+    return "already built (opened from the cache)"
