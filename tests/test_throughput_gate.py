@@ -1,28 +1,106 @@
-"""The throughput gate's rule on hand-made rounds, and the rounds the fixtures hand it.
+"""The throughput gate's statistics and rule on made-up rounds, and how the fixture sizes its runs.
 
-No timing here: every figure is made up, so each verdict is exact.
+No timing here: rounds are hand-made or drawn from a seeded generator, so every verdict is exact.
 """
 
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
-from cupy_nwt.pytest_plugin._gate import (
-    MIN_ROUNDS,
-    Comparison,
-    compare_throughput,
-    judge,
-    spread,
+from cupy_nwt.pytest_plugin._cpu import Reading
+from cupy_nwt.pytest_plugin._gate import Comparison, Context, compare_throughput, judge
+from cupy_nwt.pytest_plugin._interval import (
+    _u_counts,
+    median_halfwidth,
+    rounds_for,
+    shift_interval,
+    sign_rank,
+    u_rank,
 )
-from cupy_nwt.pytest_plugin._parts import loader_args, round_rates, transfer_result
+from cupy_nwt.pytest_plugin._loader_run import PILOT_ROUNDS, Round, RoundRunner, deciding, sized_run
+from cupy_nwt.pytest_plugin._parts import loader_args, sizing_args, transfer_result
 
-STEADY = [1000.0, 1010.0, 990.0, 1005.0, 995.0]  # q1 995, q3 1005: about 1% apart
+STEADY = [1000.0, 1010.0, 990.0, 1005.0, 995.0]
+NOISY = [1000.0, 600.0, 1400.0, 800.0, 1200.0]
 
 
 def scaled(rounds: list[float], factor: float) -> list[float]:
     return [x * factor for x in rounds]
+
+
+def lognormal(rng: random.Random, n: int, median: float, sigma: float) -> list[float]:
+    return [median * math.exp(rng.gauss(0.0, sigma)) for _ in range(n)]
+
+
+# ---------------------------------------------------------------- the intervals
+
+
+@pytest.mark.parametrize(("n", "m", "k"), [(3, 3, 0), (4, 4, 1), (5, 5, 3), (6, 6, 6), (10, 10, 24), (8, 12, 23)])
+def test_mann_whitney_rank_matches_the_published_critical_values(n, m, k):
+    """k - 1 is the two-sided 5% critical value of U in the standard tables (none for 3|3)."""
+    assert u_rank(n, m) == k
+
+
+def test_u_counts_are_the_whole_symmetric_distribution():
+    counts = _u_counts(6, 9)
+    assert sum(counts) == math.comb(15, 6) and len(counts) == 6 * 9 + 1
+    assert counts == counts[::-1]
+
+
+def test_normal_approximation_takes_over_for_many_rounds_and_agrees():
+    import cupy_nwt.pytest_plugin._interval as interval
+
+    exact = u_rank(50, 50)
+    assert 50 * 50 <= interval.EXACT_PAIRS
+    assert u_rank(60, 60) > 0  # beyond EXACT_PAIRS: the approximation, still a finite interval
+    assert abs(exact - (50 * 50 / 2 - 1.96 * math.sqrt(50 * 50 * 101 / 12))) < 2
+
+
+def test_the_shift_of_a_pure_scaling_is_exact():
+    s = shift_interval(STEADY, scaled(STEADY, 0.5))
+    assert s.estimate == pytest.approx(math.log(0.5))
+    assert s.low <= math.log(0.5) <= s.high and s.bounded
+
+
+def test_too_few_rounds_give_no_finite_interval():
+    s = shift_interval([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    assert not s.bounded and s.estimate == pytest.approx(0.0)
+    assert median_halfwidth([1.0] * 5) == math.inf
+    assert median_halfwidth([1.0] * 6) == 0.0
+
+
+def test_the_shift_interval_covers_the_true_change_95_times_in_100():
+    """Simulated rounds (lognormal, 5% per-round noise, a true +10% change): the coverage is as promised."""
+    rng = random.Random(1234)
+    truth = math.log(1.10)
+    trials = 400
+    covered = 0
+    for _ in range(trials):
+        s = shift_interval(lognormal(rng, 12, 1.0, 0.05), lognormal(rng, 12, 1.10, 0.05))
+        covered += s.low <= truth <= s.high
+    assert 0.93 <= covered / trials <= 0.99
+
+
+def test_sign_rank_and_median_halfwidth():
+    assert [sign_rank(n) for n in (5, 6, 10, 20)] == [0, 1, 2, 6]
+    xs = [math.exp(v) for v in (0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09)]
+    assert median_halfwidth(xs) == pytest.approx((0.08 - 0.01) / 2)  # X(2) to X(9) of 10
+
+
+def test_median_halfwidth_shrinks_like_one_over_root_n():
+    rng = random.Random(7)
+    wide = sum(median_halfwidth(lognormal(rng, 16, 1.0, 0.05)) for _ in range(20))
+    narrow = sum(median_halfwidth(lognormal(rng, 256, 1.0, 0.05)) for _ in range(20))
+    assert 0.15 < narrow / wide < 0.35  # 16x the rounds: about a quarter of the width
+
+
+def test_rounds_for_plans_from_the_square_law():
+    assert rounds_for(0.02, 8, 0.01) == 32
+    assert rounds_for(0.005, 8, 0.01) == 8
+    assert rounds_for(math.inf, 8, 0.01) == 16
 
 
 # ---------------------------------------------------------------- the rule
@@ -31,65 +109,60 @@ def scaled(rounds: list[float], factor: float) -> list[float]:
 def test_a_clear_regression_fails():
     j = judge(STEADY, scaled(STEADY, 0.5), max_drop_pct=20)
     assert j.verdict == "regressed"
-    assert j.change_pct == pytest.approx(-50.0)
-    assert j.noise_pct == pytest.approx((1 - (995 / 1005) ** 4) * 100)
-    assert (j.old, j.new, j.old_rounds, j.new_rounds) == (1000.0, 500.0, 5, 5)
+    assert j.change_pct == pytest.approx(-50.0) and j.worse_pct == pytest.approx(50.0)
+    assert j.high_pct < 0 and (j.old, j.new, j.old_rounds, j.new_rounds) == (1000.0, 500.0, 5, 5)
+
+
+def test_cost_figures_regress_when_they_rise():
+    cpu = [0.100, 0.101, 0.099, 0.1005, 0.0995, 0.1002]
+    j = judge(cpu, scaled(cpu, 1.10), max_drop_pct=5, higher_is_better=False)
+    assert j.verdict == "regressed" and j.worse_pct == pytest.approx(10.0) and j.low_pct > 0
+    assert judge(cpu, scaled(cpu, 0.8), max_drop_pct=5, higher_is_better=False).verdict == "ok"  # faster
 
 
 def test_an_unchanged_rerun_passes():
-    rerun = [1003.0, 998.0, 1012.0, 987.0, 1001.0]
-    j = judge(STEADY, rerun, max_drop_pct=10)
-    assert j.verdict == "ok"
-    assert abs(j.change_pct) < 1
+    assert judge(STEADY, [1003.0, 998.0, 1012.0, 987.0, 1001.0], max_drop_pct=10).verdict == "ok"
 
 
-def test_a_drop_within_the_limit_passes():
+def test_a_drop_within_the_limit_passes_and_a_noisy_one_is_inconclusive():
     assert judge(STEADY, scaled(STEADY, 0.85), max_drop_pct=20).verdict == "ok"
-
-
-def test_noise_larger_than_the_limit_is_inconclusive_not_a_failure():
-    noisy_old = [1000.0, 600.0, 1400.0, 800.0, 1200.0]  # q3/q1 = 1.5
-    noisy_new = scaled(noisy_old, 0.7)  # a 30% drop, beyond the 20% limit, but inside the noise
-    j = judge(noisy_old, noisy_new, max_drop_pct=20)
-    assert j.noise_pct is not None and j.noise_pct > 30
-    assert j.verdict == "inconclusive"
-    # no drop at all, but a drop of the limit's size could hide in this noise: inconclusive too
-    assert judge(noisy_old, noisy_old, max_drop_pct=20).verdict == "inconclusive"
-
-
-def test_a_drop_beyond_limit_and_noise_fails_even_on_a_noisy_machine():
-    noisy = [1000.0, 600.0, 1400.0, 800.0, 1200.0]
-    j = judge(noisy, scaled(noisy, 0.05), max_drop_pct=20)
-    assert j.noise_pct > 20  # the noise alone would make a small drop inconclusive ...
-    assert j.verdict == "regressed"  # ... but not a 95% one
+    j = judge(NOISY, scaled(NOISY, 0.7), max_drop_pct=20)  # beyond the limit, but inside the noise
+    assert j.verdict == "inconclusive" and j.low_pct < -20 and j.high_pct > 0
+    assert judge(NOISY, NOISY, max_drop_pct=20).verdict == "inconclusive"  # a 20% drop could hide here
+    assert judge(NOISY, scaled(NOISY, 0.05), max_drop_pct=20).verdict == "regressed"
 
 
 def test_a_single_outlier_round_does_not_decide():
-    hiccup = [1000.0, 1010.0, 20.0, 1005.0, 995.0]  # one round stalled 50x
-    assert judge(STEADY, hiccup, max_drop_pct=10).verdict == "ok"
-    assert judge(hiccup, STEADY, max_drop_pct=10).verdict == "ok"
-    burst = [500.0, 505.0, 495.0, 502.0, 9000.0]  # a regression with one lucky round is still one
-    assert judge(STEADY, burst, max_drop_pct=20).verdict == "regressed"
+    steady = STEADY + [1002.0, 998.0]
+    hiccup = [1000.0, 1010.0, 20.0, 1005.0, 995.0, 1001.0, 999.0]  # one round stalled 50x
+    assert judge(steady, hiccup, max_drop_pct=10).verdict == "ok"
+    assert judge(hiccup, steady, max_drop_pct=10).verdict == "ok"
+    burst = [500.0, 505.0, 495.0, 502.0, 9000.0, 498.0, 501.0]  # a regression with one lucky round
+    assert judge(steady, burst, max_drop_pct=20).verdict == "regressed"
+
+
+def test_simulated_runs_catch_ten_percent_and_never_cry_wolf():
+    """The gate's targets on simulated CPU rounds (2% noise per round, 16 rounds a run, limit 5%)."""
+    rng = random.Random(2026)
+    verdicts: dict[float, list[str]] = {1.0: [], 1.1: [], 1.5: []}
+    for factor in verdicts:
+        for _ in range(20):
+            base, now = lognormal(rng, 16, 0.3, 0.02), lognormal(rng, 16, 0.3 * factor, 0.02)
+            verdicts[factor].append(judge(base, now, 5, higher_is_better=False).verdict)
+    assert verdicts[1.0].count("regressed") == 0
+    assert verdicts[1.1].count("regressed") >= 18
+    assert verdicts[1.5].count("regressed") == 20
 
 
 def test_without_a_limit_nothing_is_judged():
-    j = judge(STEADY, scaled(STEADY, 0.1), max_drop_pct=None)
-    assert j.verdict == "compared" and j.change_pct == pytest.approx(-90.0)
+    assert judge(STEADY, scaled(STEADY, 0.1), max_drop_pct=None).verdict == "compared"
 
 
 def test_single_figures_fall_back_to_the_plain_drop_rule():
     j = judge([1000.0], [700.0], max_drop_pct=20)
-    assert j.verdict == "regressed" and j.noise_pct is None
+    assert j.verdict == "regressed" and j.low_pct is None
     assert judge([1000.0], [850.0], max_drop_pct=20).verdict == "ok"
-    # rounds on one side only: that side's spread is the noise
-    noisy = [1000.0, 600.0, 1400.0, 800.0, 1200.0]
-    assert judge([1000.0], scaled(noisy, 0.7), max_drop_pct=20).verdict == "inconclusive"
-
-
-def test_spread_is_upper_over_lower_quartile_and_needs_enough_rounds():
-    assert spread([1.0, 2.0, 3.0, 4.0, 100.0]) == pytest.approx(4.0 / 2.0)  # the extremes never count
-    assert spread([5.0] * MIN_ROUNDS) == 1.0
-    assert spread([1.0, 2.0]) is None
+    assert judge([1000.0], scaled(NOISY, 0.7), max_drop_pct=20).verdict == "inconclusive"  # no finite interval
 
 
 @pytest.mark.parametrize(("old", "new"), [([], [1.0]), ([1.0], []), ([0.0], [1.0]), ([1.0], [math.nan]),
@@ -99,26 +172,79 @@ def test_judge_refuses_figures_that_are_not_positive(old, new):
         judge(old, new, 10)
 
 
-# ---------------------------------------------------------------- rounds through compare_throughput
+# ---------------------------------------------------------------- a benchmark's circumstances
 
 
-def test_compare_judges_the_rounds_medians_and_carries_the_rounds():
-    baseline = {"t::a": {"fullname": "t::a", "extra_info": {"samples_per_s": 1.0, "samples_per_s_rounds": STEADY}}}
-    current = {"t::a": {"samples_per_s": 999.0, "samples_per_s_rounds": scaled(STEADY, 0.5)}}
-    (c,) = compare_throughput(current, baseline, "base.json")
-    assert (c.old, c.new) == (1000.0, 500.0)  # medians of the rounds, not the headline figures
-    assert c.old_rounds == tuple(STEADY) and c.regressed(20)
-    msg = c.message(20)
-    assert "samples/s fell 50.0% (more than 20%): 1,000.00 -> 500.00 (medians of 5|5 rounds, noise " in msg
-    assert msg.endswith("[baseline base.json]")
-    assert c.to_dict()["new_rounds"] == tuple(scaled(STEADY, 0.5))
+def _info(rate: list[float], cpu: list[float], cores: float, others: float, cpus: int = 2, **extra) -> dict:
+    return {"samples_per_s_rounds": rate, "cpu_s_per_1k_rounds": cpu, "cpu_cores": cores, "others_cores": others,
+            "machine": {"cpu_model": "X", "usable_cpus": cpus}, **extra}
 
 
-def test_an_inconclusive_comparison_says_so_and_does_not_regress():
-    noisy = [1000.0, 600.0, 1400.0, 800.0, 1200.0]
-    c = Comparison("t::a", "gbps", 1000.0, 700.0, "b", tuple(noisy), tuple(scaled(noisy, 0.7)))
-    assert not c.regressed(20)
-    assert "t::a: GB/s inconclusive, the noise exceeds the 20% limit: 1,000.00 -> 700.00 (-30.0%)" in c.message(20)
+def _judged(old: dict, new: dict, limit: float = 5) -> dict[str, Comparison]:
+    cs = compare_throughput({"t::a": new}, {"t::a": {"fullname": "t::a", "extra_info": old}}, "b")
+    return {c.key: c for c in cs}
+
+
+CPU = [0.300, 0.301, 0.299, 0.302, 0.298, 0.300, 0.301, 0.299]
+RATE = [4000.0, 4010.0, 3990.0, 4005.0, 3995.0, 4002.0, 3998.0, 4001.0]
+
+
+def test_a_cpu_slowdown_fails_while_the_wall_clock_is_too_noisy_to_say():
+    noisy_wall = [4000.0, 2000.0, 6000.0, 3000.0, 5000.0, 2500.0, 5500.0, 3500.0]
+    got = _judged(_info(RATE, CPU, 1.5, 0.2), _info(noisy_wall, scaled(CPU, 1.1), 1.5, 0.2))
+    assert got["cpu_s_per_1k"].regressed(5)
+    assert got["samples_per_s"].judgement(5).verdict == "inconclusive"
+    assert "CPU s/1k samples rose 10.0% (more than 5%): 0.3 -> 0.33 (medians of 8|8 rounds, 95% interval +9." in got["cpu_s_per_1k"].message(5)
+
+
+def test_a_wall_drop_that_other_processes_explain_is_inconclusive_and_says_so():
+    got = _judged(_info(RATE, CPU, 1.6, 0.2), _info(scaled(RATE, 0.6), CPU, 1.0, 1.0))
+    j = got["samples_per_s"].judgement(5)
+    assert j.verdict == "inconclusive" and "other processes took 1.00 cores here, 0.20 in the baseline" in j.reason
+    assert not got["cpu_s_per_1k"].regressed(5)
+    # the same drop on an equally loaded machine is the pipeline's own
+    same_load = _judged(_info(RATE, CPU, 1.6, 0.2), _info(scaled(RATE, 0.6), CPU, 1.0, 0.2))
+    assert same_load["samples_per_s"].regressed(5)
+    # and a drop far beyond what the others took is still a regression
+    assert _judged(_info(RATE, CPU, 1.6, 0.2), _info(scaled(RATE, 0.2), CPU, 1.0, 1.0))["samples_per_s"].regressed(5)
+
+
+def test_an_io_bound_pipeline_is_judged_by_wall_clock_and_says_so():
+    got = _judged(_info(RATE, CPU, 0.05, 1.5), _info(scaled(RATE, 0.5), scaled(CPU, 2.0), 0.05, 0.2))
+    assert got["samples_per_s"].regressed(5)
+    assert "I/O-bound (0.05 cores): judged by wall clock" in got["samples_per_s"].message(5)
+    assert got["cpu_s_per_1k"].judgement(5).verdict == "reported"
+
+
+def test_a_baseline_from_another_machine_is_compared_never_failed():
+    other = _info(RATE, CPU, 1.5, 0.2)
+    other["machine"] = {"cpu_model": "Y", "usable_cpus": 16}
+    got = _judged(other, _info(scaled(RATE, 0.3), scaled(CPU, 3.0), 1.5, 0.2))
+    for c in got.values():
+        assert c.judgement(5).verdict == "other-machine" and not c.regressed(5)
+    assert "baseline from another machine (cpu_model 'Y' in the baseline, 'X' here; usable_cpus 16 in the " \
+           "baseline, 2 here): not judged" in got["cpu_s_per_1k"].message(5)
+
+
+def test_a_changed_pipeline_is_named_and_still_judged():
+    old = _info(RATE, CPU, 1.5, 0.2, pipeline={"batch_size": 128, "num_workers": 2})
+    new = _info(RATE, scaled(CPU, 1.5), 1.5, 0.2, pipeline={"batch_size": 64, "num_workers": 2})
+    c = _judged(old, new)["cpu_s_per_1k"]
+    assert c.regressed(5) and "(pipeline changed: batch_size 128 in the baseline, 64 here)" in c.message(5)
+
+
+def test_other_load_is_weighed_against_the_cpus_it_was_read_on():
+    info = _info(RATE, CPU, 1.0, 1.0, cpus=64)
+    info["cpus_watched"] = 2  # a container pinned to 2 CPUs of a 64-CPU host
+    old = _info(RATE, CPU, 1.6, 0.2, cpus=64)
+    assert _judged(old, {**info, "samples_per_s_rounds": scaled(RATE, 0.6)})["samples_per_s"].judgement(5).verdict \
+        == "inconclusive"
+
+
+def test_capacity_ratio_is_the_room_left_for_what_the_pipeline_used():
+    assert Context(1.0, 1.0, 0.2, 1.5, 2).capacity_ratio() == pytest.approx(0.5)
+    assert Context(0.5, 0.5, 0.2, 1.5, 2).capacity_ratio() == 1.0  # it still had its half core
+    assert Context(None, 1.0, 0.2, 1.5, 2).capacity_ratio() == 1.0  # nothing known: nothing explained
 
 
 @pytest.mark.parametrize("rounds", ["12", [], [1.0, "x"], [1.0, 0.0], [1.0, math.nan], {"a": 1.0}])
@@ -129,17 +255,63 @@ def test_rounds_that_are_not_a_list_of_positive_numbers_leave_the_headline_figur
     assert c.regressed(20)
 
 
-# ---------------------------------------------------------------- the rounds the fixtures record
+def test_a_copy_benchmark_is_gated_on_its_repeats():
+    mib = 1024**2
+    times = [1e-4, 1.01e-4, 0.99e-4, 1.02e-4, 0.98e-4, 1.0e-4, 1.005e-4, 0.995e-4, 1.015e-4, 0.985e-4]
+    fast = transfer_result(mib, "h2d", True, times, link_gbps=None)
+    slow = transfer_result(mib, "h2d", True, scaled(times, 2.0), link_gbps=None)
+    hiccup = transfer_result(mib, "h2d", True, [*times[:2], 50e-4, *times[3:]], link_gbps=None)
+    baseline = {"t::copy": {"fullname": "t::copy", "extra_info": fast.to_dict()}}
+    (bad,) = compare_throughput({"t::copy": slow.to_dict()}, baseline, "b")
+    assert bad.key == "gbps" and bad.regressed(20)
+    (ok,) = compare_throughput({"t::copy": hiccup.to_dict()}, baseline, "b")
+    assert ok.judgement(20).verdict == "ok"
 
 
-def test_loader_rounds_are_consecutive_near_equal_groups_of_batches():
-    counts = [8] * 12
-    seconds = [0.01] * 4 + [0.02] * 8
-    rates = round_rates(counts, seconds, 5)  # 12 batches: rounds of 3, 3, 2, 2, 2
-    assert rates == pytest.approx([800.0, 24 / 0.05, 400.0, 400.0, 400.0])
-    assert round_rates([8, 4], [0.01, 0.01], 1) == pytest.approx([600.0])
-    with pytest.raises(ValueError, match="cannot split 2 timed batches into 3 rounds"):
-        round_rates([8, 8], [0.1, 0.1], 3)
+# ---------------------------------------------------------------- sizing a run
+
+
+class FakeClock:
+    """Readings whose CPU per round comes from a seeded generator: made-up figures, no timing."""
+
+    def __init__(self, sigma: float, seed: int = 0) -> None:
+        self.rng = random.Random(seed)
+        self.sigma = sigma
+        self.cpu = self.wall = 0.0
+        self.reads = 0
+
+    def read(self) -> Reading:
+        self.reads += 1
+        if self.reads % 2 == 0:  # the end of a round: 1 s of wall, ~1 core of CPU
+            self.wall += 1.0
+            self.cpu += math.exp(self.rng.gauss(0.0, self.sigma))
+        return Reading(self.cpu, 2 * self.wall, self.wall, None)
+
+
+def test_a_run_adds_rounds_until_the_target_noise():
+    runner = RoundRunner(lambda: 8, FakeClock(sigma=0.05), round_s=0.0)
+    sizing = sized_run(runner, 2, target_pct=1.0, max_seconds=3600)
+    assert sizing.stopped == "target noise" and sizing.noise_pct <= 1.0
+    assert sizing.decided_by == "cpu_s_per_1k" and sizing.batches_per_round == 2
+    assert len(runner.rounds) > PILOT_ROUNDS  # 5% per round needs far more than the pilot
+
+
+def test_a_steady_run_stops_after_the_pilot():
+    runner = RoundRunner(lambda: 8, FakeClock(sigma=0.001), round_s=0.0)
+    assert sized_run(runner, 1, target_pct=1.0, max_seconds=3600).stopped == "target noise"
+    assert len(runner.rounds) == PILOT_ROUNDS
+
+
+def test_a_run_stops_at_the_time_cap_and_says_so():
+    runner = RoundRunner(lambda: 8, FakeClock(sigma=0.5), round_s=0.0)
+    sizing = sized_run(runner, 1, target_pct=0.1, max_seconds=1e-9)
+    assert sizing.stopped == "time cap" and len(runner.rounds) == PILOT_ROUNDS and sizing.noise_pct > 0.1
+
+
+def test_an_io_bound_run_is_decided_by_wall_clock():
+    rounds = [Round(100, 1, 1.0, 0.01, 0.0, None) for _ in range(8)]
+    assert deciding(rounds)[0] == "samples_per_s"
+    assert deciding([Round(100, 1, 1.0, 0.9, 0.0, None)])[0] == "cpu_s_per_1k"
 
 
 @pytest.mark.parametrize(("args", "match"), [
@@ -148,22 +320,15 @@ def test_loader_rounds_are_consecutive_near_equal_groups_of_batches():
     ((5, 1, True), "rounds must be an int >= 1"),
     ((0, 1, 1), "batches must be an int >= 1"),
     ((5, -1, 1), "warmup must be an int >= 0"),
+    ((None, 1, 3), "rounds needs batches"),
 ])
 def test_loader_arguments_are_checked(args, match):
     with pytest.raises(ValueError, match=match):
         loader_args(*args)
 
 
-def test_a_copy_benchmark_is_gated_on_its_repeats_like_a_loader_on_its_rounds():
-    """The GPU's path without a GPU: transfer_result's extra_info through the same comparison."""
-    mib = 1024**2
-    fast = transfer_result(mib, "h2d", True, [1e-4, 1.01e-4, 0.99e-4, 1.02e-4, 0.98e-4], link_gbps=None)
-    assert fast.gbps_rounds == pytest.approx([mib / t / 1e9 for t in (1e-4, 1.01e-4, 0.99e-4, 1.02e-4, 0.98e-4)])
-    slow = transfer_result(mib, "h2d", True, [2e-4, 2.02e-4, 1.98e-4, 2.01e-4, 1.99e-4], link_gbps=None)
-    hiccup = transfer_result(mib, "h2d", True, [1e-4, 1.01e-4, 50e-4, 1.02e-4, 0.98e-4], link_gbps=None)
-    baseline = {"t::copy": {"fullname": "t::copy", "extra_info": fast.to_dict()}}
-    (bad,) = compare_throughput({"t::copy": slow.to_dict()}, baseline, "b")
-    assert bad.key == "gbps" and bad.regressed(20)
-    assert bad.judgement(20).change_pct == pytest.approx(-50.0, abs=1.0)
-    (ok,) = compare_throughput({"t::copy": hiccup.to_dict()}, baseline, "b")
-    assert ok.judgement(20).verdict == "ok"  # one copy stalled 50x: not a regression
+@pytest.mark.parametrize(("target", "cap", "match"), [(0, 5, "target_noise"), (100, 5, "target_noise"),
+                                                      (1, 0, "max_seconds"), (1, True, "max_seconds")])
+def test_sizing_arguments_are_checked(target, cap, match):
+    with pytest.raises(ValueError, match=match):
+        sizing_args(target, cap)

@@ -1,63 +1,63 @@
-"""pytest plugin: transfer and loader benchmarks that pytest-benchmark saves, compares and gates.
+"""pytest plugin: transfer and loader benchmarks that pytest-benchmark saves, and a gate CI can trust.
 
 Registered through the ``pytest11`` entry point, so installing cupy-nwt is enough. Two factory
 fixtures, ``transfer_benchmark`` and ``loader_benchmark``, run on pytest-benchmark's ``benchmark``
-fixture, so ``--benchmark-autosave`` / ``--benchmark-compare`` / ``--benchmark-compare-fail`` work on
-them as on any benchmark. pytest-benchmark compares times; a pipeline is judged by throughput, so
-``--nwt-throughput-drop=PCT`` fails the run when ``gbps`` or ``samples_per_s`` in a benchmark's
-``extra_info`` fell by more than PCT percent against the saved baseline *and* by more than the
-noise of the benchmark's rounds, and reports "inconclusive" instead of failing when that noise is
-larger than PCT (the rule: :mod:`cupy_nwt.pytest_plugin._gate`). Any benchmark that puts those keys
-(and, for the noise, ``<key>_rounds``) in its ``extra_info`` is gated, not only ours.
+fixture, so ``--benchmark-autosave`` / ``--benchmark-compare`` work on them as on any benchmark.
+pytest-benchmark compares times; a pipeline is judged by throughput and by the CPU it burns per
+sample, so ``--nwt-throughput-drop=PCT`` fails the run when a benchmark's samples/s or GB/s fell, or
+its CPU (or instructions) per sample rose, by more than PCT percent against the baseline *and* beyond
+the 95% interval of the change (the rule: :mod:`cupy_nwt.pytest_plugin._gate`). Baselines are files
+the user commits (``--nwt-save-baseline``, ``--nwt-baseline``, ``--nwt-require-baseline`` for CI:
+:mod:`cupy_nwt.pytest_plugin._session`). Any benchmark that puts those keys (and ``<key>_rounds``)
+in its ``extra_info`` is gated, not only ours.
 
-This module holds the options, the hooks and the fixtures; their parts live in
-:mod:`cupy_nwt.pytest_plugin._parts`. Nothing here imports CuPy: all CUDA goes through
-:mod:`cupy_nwt.cuda`, lazily, so loading the plugin costs every pytest run next to nothing.
+This module holds the options, the hooks and the fixtures; their parts live in the private modules
+beside it. Nothing here imports CuPy: all CUDA goes through :mod:`cupy_nwt.cuda`, lazily, so loading
+the plugin costs every pytest run next to nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from ._baseline import load_baseline, save_baseline
 from ._gate import (
+    MEASURES,
     THROUGHPUT_KEYS,
     Comparison,
-    ThroughputGate,
+    Judgement,
     compare_throughput,
     judge,
-    load_baseline,
 )
+from ._loader_run import DEFAULT_MAX_SECONDS, DEFAULT_TARGET_NOISE_PCT, run_loader_benchmark
 from ._parts import (
     DEVICE_CLOCK,
+    ROUND_CLOCK,
     DeviceClock,
     LoaderBenchmarkResult,
     TransferBenchmarkResult,
     loader_args,
-    round_rates,
+    sizing_args,
 )
 from ._parts import CopyTimer as _CopyTimer
-from ._parts import batch_len as _batch_len
-from ._parts import epochs as _epochs
-from ._parts import leaves as _leaves
 from ._parts import transfer_args as _transfer_args
 from ._parts import transfer_result as _transfer_result
+from ._session import ThroughputGate, start_gate
 
 __all__ = [
-    "DEVICE_CLOCK", "THROUGHPUT_KEYS", "Comparison", "DeviceClock", "LoaderBenchmarkResult", "ThroughputGate",
-    "TransferBenchmarkResult", "compare_throughput", "judge", "load_baseline", "loader_benchmark",
-    "transfer_benchmark",
+    "DEVICE_CLOCK", "MEASURES", "ROUND_CLOCK", "THROUGHPUT_KEYS", "Comparison", "DeviceClock", "Judgement",
+    "LoaderBenchmarkResult", "ThroughputGate", "TransferBenchmarkResult", "compare_throughput", "judge",
+    "load_baseline", "loader_benchmark", "save_baseline", "transfer_benchmark",
 ]
 
 _GATE_KEY = pytest.StashKey[ThroughputGate]()
-_MARKUP = {"regressed": {"red": True}, "inconclusive": {"yellow": True}}
-
+_MARKUP = {"regressed": {"red": True}, "inconclusive": {"yellow": True}, "no baseline": {"yellow": True}}
+#: the fixtures whose pytest-benchmark timer the plugin sets, and to what
+_TIMERS = {"transfer_benchmark": DEVICE_CLOCK, "loader_benchmark": ROUND_CLOCK}
 
 
 def _percent(text: str) -> float:
@@ -66,52 +66,68 @@ def _percent(text: str) -> float:
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a percentage: {text!r} (example: 20 for 20%)") from None
     if not 0 < value < 100:
-        raise argparse.ArgumentTypeError(f"a drop must be between 0 and 100 percent, got {text!r}")
+        raise argparse.ArgumentTypeError(f"a percentage between 0 and 100 is needed, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"seconds must be > 0 and at most a day, got {text!r}")
     return value
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("cupy_nwt", "cupy_nwt throughput gate")
     group.addoption(
-        "--nwt-throughput-drop",
-        type=_percent,
-        default=None,
-        metavar="PCT",
-        help="fail the run when a benchmark's gbps or samples_per_s (extra_info) fell by more than "
-        "PCT percent against the baseline (--benchmark-compare's selection or --nwt-baseline)",
+        "--nwt-throughput-drop", type=_percent, default=None, metavar="PCT",
+        help="fail the run when a benchmark's samples/s or GB/s fell, or its CPU or instructions per sample "
+        "rose, by more than PCT percent against the baseline and beyond the 95%% interval of the change",
     )
     group.addoption(
-        "--nwt-baseline",
-        default=None,
-        metavar="FILE.json",
-        help="a pytest-benchmark JSON file (--benchmark-autosave/--benchmark-json output) to compare "
-        "throughput against, instead of or besides --benchmark-compare's selection",
+        "--nwt-baseline", default=None, metavar="FILE.json",
+        help="the baseline to compare with: a file written by --nwt-save-baseline (or pytest-benchmark's "
+        "--benchmark-json); a missing file is a note, or an error with --nwt-require-baseline",
+    )
+    group.addoption(
+        "--nwt-save-baseline", default=None, metavar="FILE.json",
+        help="write this run's figures, machine and pipeline to FILE.json, to commit and compare with later",
+    )
+    group.addoption(
+        "--nwt-require-baseline", action="store_true", default=False,
+        help="CI mode: fail when the --nwt-baseline file, or a benchmark's entry in it, is missing",
+    )
+    group.addoption(
+        "--nwt-target-noise", type=_percent, default=DEFAULT_TARGET_NOISE_PCT, metavar="PCT",
+        help="loader_benchmark runs rounds until the 95%% interval of its deciding figure's median is within "
+        "+-PCT percent (default %(default)s) ...",
+    )
+    group.addoption(
+        "--nwt-max-seconds", type=_seconds, default=DEFAULT_MAX_SECONDS, metavar="S",
+        help="... or until S seconds of rounds have passed (default %(default)s)",
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    drop = config.getoption("nwt_throughput_drop", None)
-    baseline_opt = config.getoption("nwt_baseline", None)
-    explicit = load_baseline(baseline_opt) if baseline_opt else None
-    if drop is not None and explicit is None and not config.getoption("benchmark_compare", None):
-        raise pytest.UsageError(
-            "--nwt-throughput-drop needs a baseline: add --benchmark-compare[=NUM|ID] (after a run with "
-            "--benchmark-autosave) or --nwt-baseline FILE.json"
-        )
-    config.stash[_GATE_KEY] = ThroughputGate(drop, explicit)
+    config.stash[_GATE_KEY] = start_gate(config)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Make the device clock the benchmark timer of every test that uses ``transfer_benchmark``.
+    """Make the plugin's clock the benchmark timer of every test that uses one of its fixtures.
 
     The user's own ``benchmark`` mark (group, ...) is kept; only its timer is replaced.
     """
     for item in items:
-        if "transfer_benchmark" not in getattr(item, "fixturenames", ()):
+        names = getattr(item, "fixturenames", ())
+        clock = next((c for f, c in _TIMERS.items() if f in names), None)
+        if clock is None:
             continue
         mark = item.get_closest_marker("benchmark")
         kwargs = dict(mark.kwargs) if mark else {}
-        kwargs["timer"] = DEVICE_CLOCK
+        kwargs["timer"] = clock
         item.add_marker(pytest.mark.benchmark(**kwargs), append=False)
 
 
@@ -127,13 +143,30 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     gate = config.stash.get(_GATE_KEY, None)
-    if gate is None or not gate.evaluated or not gate.lines:
+    if gate is None or not gate.evaluated:
         return
-    terminalreporter.section("cupy_nwt throughput")
-    for line, verdict in gate.lines:
-        terminalreporter.write_line(line, **_MARKUP.get(verdict, {}))
+    table = gate.table()
+    if table:
+        terminalreporter.section("cupy_nwt benchmarks")
+        for line, verdict in table:
+            terminalreporter.write_line(line, **_MARKUP.get(verdict, {}))
+    if gate.lines:
+        terminalreporter.section("cupy_nwt throughput")
+        for line, verdict in gate.lines:
+            terminalreporter.write_line(line, **_MARKUP.get(verdict, {}))
     for line, verdict in gate.summary():
         terminalreporter.write_line(line, bold=True, **_MARKUP[verdict])
+
+
+def _check_timer(benchmark: Any, request: pytest.FixtureRequest, name: str) -> None:
+    mark = request.node.get_closest_marker("benchmark")
+    if mark is None or mark.kwargs.get("timer") is not _TIMERS[name]:
+        benchmark.skipped = True
+        pytest.fail(
+            f"{name} must be named as a test argument or fixture dependency (not fetched with "
+            f"request.getfixturevalue) so that cupy_nwt can set its benchmark timer",
+            pytrace=False,
+        )
 
 
 # ---------------------------------------------------------------- transfer_benchmark
@@ -155,13 +188,7 @@ def transfer_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callab
     if not status.available:
         benchmark.skipped = True  # pytest-benchmark would otherwise warn that it went unused
         pytest.skip(f"needs a GPU: {status.reason}")
-    mark = request.node.get_closest_marker("benchmark")
-    if mark is None or mark.kwargs.get("timer") is not DEVICE_CLOCK:
-        pytest.fail(
-            "transfer_benchmark must be named as a test argument or fixture dependency (not fetched with "
-            "request.getfixturevalue) so that cupy_nwt can make CUDA-event device time its benchmark timer",
-            pytrace=False,
-        )
+    _check_timer(benchmark, request, "transfer_benchmark")
 
     def run(nbytes: int | str, direction: str = "h2d", pinned: bool = True, repeats: int = 20,
             warmup: int = 3) -> TransferBenchmarkResult:
@@ -194,65 +221,34 @@ def transfer_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callab
 
 
 @pytest.fixture
-def loader_benchmark(benchmark: Any) -> Callable[..., LoaderBenchmarkResult]:
-    """Factory: ``loader_benchmark(dataset, batches=20, warmup=2, rounds=5, **DataLoader_kwargs)``.
+def loader_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callable[..., LoaderBenchmarkResult]:
+    """Factory: ``loader_benchmark(dataset, batches=None, warmup=2, rounds=None, target_noise=None,
+    max_seconds=None, **DataLoader_kwargs)``.
 
-    Iterates a cupy_nwt ``DataLoader`` and records seconds per batch in pytest-benchmark (warm-up
-    batches, which include worker start-up, are not recorded), plus ``samples_per_s``, the same
-    per round of consecutive timed batches (``samples_per_s_rounds``, what the throughput gate
-    judges, so one stalled batch cannot decide it) and the peak memory of the main process and its
-    workers (PSS, see :mod:`cupy_nwt.nwt.memory`) in ``benchmark.extra_info``. Batches on the GPU are
-    waited for (current stream) before the clock stops. Works on the host without a GPU (``device="cpu"``, or ``"auto"`` there).
+    Iterates a cupy_nwt ``DataLoader`` in rounds of consecutive batches (warm-up batches, which
+    include worker start-up, are not timed) and records per round its samples/s (wall clock) and
+    the CPU seconds per 1,000 samples of the main process and every process it started (and
+    instructions per sample where the kernel allows counting): ``<figure>`` and ``<figure>_rounds``
+    in ``benchmark.extra_info``, with peak memory (PSS), the machine and the pipeline. With
+    ``batches=None`` the run sizes itself: rounds of at least 1 s, added until the 95% interval of
+    the deciding figure's median is within +-``target_noise`` percent (``--nwt-target-noise``, 1)
+    or ``max_seconds`` (``--nwt-max-seconds``, 15) have passed. ``batches`` (and ``rounds``,
+    default 5) fix the run instead. pytest-benchmark records each round's wall seconds per 1,000
+    samples. Batches on the GPU are waited for (current stream) before a round ends; it runs on the
+    host without a GPU (``device="cpu"``, or ``"auto"`` there).
     """
+    _check_timer(benchmark, request, "loader_benchmark")
 
-    def run(dataset: Any, batches: int = 20, warmup: int = 2, rounds: int = 5,
+    def run(dataset: Any, batches: int | None = None, warmup: int = 2, rounds: int | None = None,
+            target_noise: float | None = None, max_seconds: float | None = None,
             **loader_kwargs: Any) -> LoaderBenchmarkResult:
         loader_args(batches, warmup, rounds)
-        from .. import cuda  # noqa: PLC0415
-        from ..loader import DataLoader  # noqa: PLC0415
-        from ..nwt.memory import MemorySampler  # noqa: PLC0415
-
-        loader: DataLoader[Any] = DataLoader(dataset, **loader_kwargs)
-        # the batches arrive on the loader's GPU's current stream, whichever GPU is current here
-        sync = cuda.stream_synchronizer(loader.device_id) if loader.device_id is not None else None
-        seconds: list[float] = []
-        counts: list[int] = []
-        last_epoch = 0
-        with loader:
-            stream = _epochs(loader)
-
-            def one_batch() -> None:
-                nonlocal last_epoch
-                t0 = time.perf_counter()
-                last_epoch, batch = next(stream)
-                if sync is not None and any(cuda.is_device_array(x) for x in _leaves(batch)):
-                    sync()
-                seconds.append(time.perf_counter() - t0)
-                n = _batch_len(batch)
-                counts.append((loader.batch_size or 1) if n is None else n)
-
-            try:
-                for _ in range(warmup):  # outside pytest-benchmark so it never sees worker start-up
-                    one_batch()
-                del seconds[:], counts[:]
-                with MemorySampler(loader.worker_pids) as sampler:
-                    benchmark.pedantic(one_batch, rounds=batches, warmup_rounds=0, iterations=1)
-            finally:
-                stream.close()  # end the epoch's iterator before the loader closes
-            peak = sampler.peak
-            result = LoaderBenchmarkResult(
-                batches=len(seconds), samples=sum(counts), seconds=sum(seconds),
-                samples_per_s=sum(counts) / sum(seconds) if sum(seconds) > 0 else math.inf,
-                median_batch_s=statistics.median(seconds),
-                peak_memory_bytes=peak.bytes if peak.samples else None,
-                num_workers=int(loader.num_workers),
-                device=str(loader.device),
-                pin_path=str(loader.pin_path),
-                epochs=last_epoch + 1,
-                # a disabled benchmark (--benchmark-disable) times one batch only
-                rounds=min(rounds, len(seconds)),
-                samples_per_s_rounds=round_rates(counts, seconds, min(rounds, len(seconds))),
-            )
+        target = request.config.getoption("nwt_target_noise") if target_noise is None else target_noise
+        cap = request.config.getoption("nwt_max_seconds") if max_seconds is None else max_seconds
+        sizing_args(target, cap)
+        result: LoaderBenchmarkResult = run_loader_benchmark(
+            benchmark, dataset, batches=batches, warmup=warmup, rounds=rounds, target_noise_pct=float(target),
+            max_seconds=float(cap), loader_kwargs=loader_kwargs)
         benchmark.extra_info.update(result.to_dict())
         return result
 

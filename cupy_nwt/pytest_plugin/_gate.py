@@ -1,51 +1,64 @@
-"""The throughput gate: this run's throughput against a baseline's, judged against the noise.
+"""The throughput gate's rule: this run's rounds against a baseline's, judged against their own noise.
 
 pytest-benchmark's ``--benchmark-compare-fail=median:10%`` compares one statistic of two runs with a
-fixed percentage, whatever the spread of the rounds behind it; on a shared machine one slow stretch
-then fails an unchanged rerun. Here a benchmark records its throughput in repeated rounds
-(``<key>_rounds`` in ``extra_info``, beside the headline ``<key>``) and the gate reads both runs'
-rounds (see :func:`judge`):
+fixed percentage, whatever the spread behind it; on a shared machine one slow stretch then fails an
+unchanged rerun. Here a benchmark records each figure per round (``<key>_rounds`` in ``extra_info``,
+beside the headline ``<key>``) and each figure is judged on its own (:func:`judge`):
 
-* the figures compared are the **medians** of the rounds, so one slow round cannot move them;
-* a run's **spread** is the ratio of the upper to the lower quartile of its rounds (inclusive
-  quartiles: with 5 rounds the 2nd and 4th fastest, so the extremes never count); a run with fewer
-  than :data:`MIN_ROUNDS` rounds has none;
-* the **noise** is the drop that twice both runs' spreads together could make,
-  ``1 - (q1/q3 of the baseline * q1/q3 of this run) ** 2``, in percent. Twice, because the rounds
-  of one run are consecutive and share the machine's state of the moment, so their spread
-  understates how far two runs apart in time can differ (on a small machine shared with other
-  jobs, whole unchanged reruns moved by far more than their rounds spread, and once the spreads
-  still failed some of them);
-* **regressed** (the run fails) when the median fell by more than the limit *and* by more than the
-  noise; **inconclusive** (reported, never a failure) when not regressed but the noise exceeds the
-  limit, so that a drop of the limit's size could hide in it; **ok** otherwise.
+* the **change** is the Hodges-Lehmann estimate of the ratio of this run's rounds to the baseline's,
+  with its 95% Mann-Whitney interval (:mod:`cupy_nwt.pytest_plugin._interval`): distribution-free,
+  so a stalled round moves it little;
+* **regressed** (the run fails) when the change is worse than the limit *and* its interval excludes
+  no change, so the slowdown is both larger than allowed and real; **inconclusive** (reported, never
+  a failure) when not regressed but the interval reaches past the limit, so a slowdown of the limit's
+  size could hide in the noise; **ok** otherwise. With one figure on each side (a benchmark of yours
+  that sets only ``samples_per_s``) there is no interval and the rule is "worse than the limit".
 
-A figure without rounds (a benchmark of yours that sets only ``samples_per_s``, a baseline saved
-before rounds existed) is one round with no spread; with no spread on either side the rule is the
-plain "fell by more than the limit".
+The interval knows only the rounds of the two runs; what moves between runs the limit absorbs. The
+figures (:data:`MEASURES`): ``samples_per_s`` (wall clock) and ``gbps`` (device time, higher is
+better); ``cpu_s_per_1k`` (CPU seconds of the pipeline per 1,000 samples) and
+``instructions_per_sample`` (lower is better). Per benchmark (:class:`Context`):
+
+* CPU per sample barely moves with the neighbours, so a slowdown in it fails on any machine load;
+* samples/s of a pipeline that keeps the CPU busy moves with how many cores other processes left it.
+  When they left less room than the pipeline used in the baseline (:meth:`Context.capacity_ratio`),
+  that share of a drop is theirs: a drop that is within the limit once their share is taken out is
+  ``inconclusive`` and says so; one beyond it fails;
+* an **I/O-bound** pipeline (under ``IO_BOUND_CORES`` cores in both runs) is judged by wall clock
+  alone (its CPU is reported), and the line says so;
+* a baseline from **another machine** (the recorded machine fingerprints differ) is compared and
+  reported, never failed: the line names the difference.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import pytest
+from ._interval import shift_interval
+from ._loader_run import IO_BOUND_CORES
 
-#: extra_info keys the gate watches (higher is better), with the unit printed next to them.
-THROUGHPUT_KEYS: dict[str, str] = {"gbps": "GB/s", "samples_per_s": "samples/s"}
+
+@dataclass(frozen=True)
+class Measure:
+    unit: str
+    higher_is_better: bool
+    worse: str  # the verb of a regression: "fell" or "rose"
+
+
+#: extra_info keys the gate watches, in the order lines are printed.
+MEASURES: dict[str, Measure] = {
+    "gbps": Measure("GB/s", True, "fell"),
+    "samples_per_s": Measure("samples/s", True, "fell"),
+    "cpu_s_per_1k": Measure("CPU s/1k samples", False, "rose"),
+    "instructions_per_sample": Measure("instructions/sample", False, "rose"),
+}
+THROUGHPUT_KEYS: dict[str, str] = {k: m.unit for k, m in MEASURES.items()}
 #: ``<key>_rounds`` in extra_info holds the key's figure per round.
 ROUNDS_SUFFIX = "_rounds"
-#: fewer rounds than this give no spread (the quartiles of two figures say nothing).
-MIN_ROUNDS = 3
-#: how many times both runs' spreads a drop must exceed to count (the module docstring says why 2).
-NOISE_SPREADS = 2
 
 
 # ---------------------------------------------------------------- the rule
@@ -53,48 +66,116 @@ NOISE_SPREADS = 2
 
 @dataclass(frozen=True)
 class Judgement:
-    """The gate's verdict on one figure: ``ok``, ``regressed``, ``inconclusive``, or ``compared`` (no limit)."""
+    """One figure's verdict: ``ok``, ``regressed``, ``inconclusive``, ``reported`` (not judged) or ``compared``
+    (no limit). Percentages are changes of the figure (+ up, - down); ``worse_pct`` is signed so that
+    positive is worse whichever way the figure points."""
 
     verdict: str
     old: float
     new: float
     change_pct: float
-    noise_pct: float | None  # None: neither run had MIN_ROUNDS rounds
+    low_pct: float | None  # the 95% interval of the change; None: one figure on a side
+    high_pct: float | None
+    worse_pct: float
     old_rounds: int
     new_rounds: int
+    reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def spread(rounds: Sequence[float]) -> float | None:
-    """Upper over lower quartile of the rounds (>= 1), or None with fewer than MIN_ROUNDS rounds."""
-    if len(rounds) < MIN_ROUNDS:
-        return None
-    q1, _, q3 = statistics.quantiles(rounds, n=4, method="inclusive")
-    return q3 / q1
+def _pct(log_ratio: float) -> float:
+    if log_ratio == math.inf:
+        return math.inf
+    if log_ratio == -math.inf:
+        return -100.0
+    return (math.exp(log_ratio) - 1.0) * 100.0
 
 
-def judge(old: Sequence[float], new: Sequence[float], max_drop_pct: float | None) -> Judgement:
-    """Judge the rounds of this run (``new``) against the baseline's (``old``); higher is better.
-
-    The rule is the module docstring's. All figures must be positive and finite, one round at least.
-    """
+def judge(old: Sequence[float], new: Sequence[float], max_drop_pct: float | None,
+          higher_is_better: bool = True) -> Judgement:
+    """Judge this run's rounds (``new``) against the baseline's (``old``); the rule is the module's."""
     if not old or not new or not all(_positive(x) is not None for x in (*old, *new)):
         raise ValueError("judge needs at least one round on each side, all positive and finite")
+    sign = -1.0 if higher_is_better else 1.0  # worse = sign * change
     m_old, m_new = statistics.median(old), statistics.median(new)
-    change = (m_new - m_old) / m_old * 100.0
-    spreads = [s for s in (spread(old), spread(new)) if s is not None]
-    noise = (1.0 - math.prod(spreads) ** -NOISE_SPREADS) * 100.0 if spreads else None
+    if len(old) == 1 and len(new) == 1:
+        change = (m_new / m_old - 1.0) * 100.0
+        low = high = None
+        worse, significant, worst_end = sign * change, True, sign * change
+    else:
+        s = shift_interval(old, new)
+        change, low, high = _pct(s.estimate), _pct(s.low), _pct(s.high)
+        worse = sign * change
+        significant = (high < 0) if higher_is_better else (low > 0)
+        worst_end = sign * (low if higher_is_better else high)
     if max_drop_pct is None:
         verdict = "compared"
-    elif -change > max(max_drop_pct, noise or 0.0):
+    elif worse > max_drop_pct and significant:
         verdict = "regressed"
-    elif noise is not None and noise > max_drop_pct:
+    elif worst_end > max_drop_pct:
         verdict = "inconclusive"
     else:
         verdict = "ok"
-    return Judgement(verdict, m_old, m_new, change, noise, len(old), len(new))
+    return Judgement(verdict, m_old, m_new, change, low, high, worse, len(old), len(new))
+
+
+# ---------------------------------------------------------------- a benchmark's circumstances
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a benchmark's figures are read with: its CPU use, the machine's other load, the machines."""
+
+    old_cores: float | None = None  # the pipeline's CPU seconds per wall second
+    new_cores: float | None = None
+    old_others: float | None = None  # cores other processes took meanwhile
+    new_others: float | None = None
+    cpus: int | None = None  # the CPUs other processes' load was read on (else this machine's usable CPUs)
+    other_machine: str = ""  # how the baseline's machine differs, "" when the same (or unknown)
+    pipeline_change: str = ""  # how the pipeline differs from the baseline's, "" when the same
+
+    @property
+    def io_bound(self) -> bool:
+        return (self.old_cores is not None and self.new_cores is not None
+                and max(self.old_cores, self.new_cores) < IO_BOUND_CORES)
+
+    def capacity_ratio(self) -> float:
+        """How much of the CPU the pipeline used in the baseline was still free for it here (<= 1).
+
+        The room other processes left is ``cpus - others``; the pipeline needed ``old_cores`` of it. 1
+        when it still had that room (or nothing is known), less when others crowded it out.
+        """
+        if None in (self.old_others, self.new_others, self.old_cores) or not self.cpus:
+            return 1.0
+        assert self.old_others is not None and self.new_others is not None and self.old_cores is not None
+        needed = min(max(self.cpus - self.old_others, 1e-3), max(self.old_cores, 1e-3))
+        return min(1.0, max(self.cpus - self.new_others, 0.0) / needed)
+
+
+def _differences(old: Any, new: Any) -> str:
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping) or not old or not new:
+        return ""
+    diff = [f"{k} {old.get(k)!r} in the baseline, {new.get(k)!r} here" for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k)]
+    return "; ".join(diff)
+
+
+def context_of(old_info: Mapping[str, Any], new_info: Mapping[str, Any]) -> Context:
+    def num(info: Mapping[str, Any], key: str) -> float | None:
+        v = info.get(key)
+        return float(v) if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) else None
+
+    machine = new_info.get("machine")
+    cpus = new_info.get("cpus_watched")
+    if cpus is None and isinstance(machine, Mapping):
+        cpus = machine.get("usable_cpus")
+    return Context(
+        num(old_info, "cpu_cores"), num(new_info, "cpu_cores"), num(old_info, "others_cores"),
+        num(new_info, "others_cores"), cpus if isinstance(cpus, int) and not isinstance(cpus, bool) else None,
+        _differences(old_info.get("machine"), machine), _differences(old_info.get("pipeline"), new_info.get("pipeline")),
+    )
 
 
 # ---------------------------------------------------------------- comparisons of benchmarks
@@ -102,10 +183,10 @@ def judge(old: Sequence[float], new: Sequence[float], max_drop_pct: float | None
 
 @dataclass(frozen=True)
 class Comparison:
-    """One throughput figure now against the same benchmark's figure in a baseline.
+    """One figure of one benchmark now against the same in a baseline.
 
-    ``old``/``new`` are the medians of the rounds where there are rounds (the rounds themselves
-    ride along), else the headline figures.
+    ``old``/``new`` are the medians of the rounds where there are rounds (the rounds ride along), else
+    the headline figures.
     """
 
     fullname: str
@@ -115,32 +196,61 @@ class Comparison:
     source: str
     old_rounds: tuple[float, ...] = ()
     new_rounds: tuple[float, ...] = ()
+    context: Context = field(default_factory=Context)
+
+    @property
+    def measure(self) -> Measure:
+        return MEASURES.get(self.key, Measure(self.key, True, "fell"))
 
     @property
     def change_pct(self) -> float:
         return (self.new - self.old) / self.old * 100.0
 
     def judgement(self, max_drop_pct: float | None) -> Judgement:
-        return judge(self.old_rounds or (self.old,), self.new_rounds or (self.new,), max_drop_pct)
+        m, ctx = self.measure, self.context
+        j = judge(self.old_rounds or (self.old,), self.new_rounds or (self.new,), max_drop_pct, m.higher_is_better)
+        if max_drop_pct is None:
+            return j
+        reason, verdict = "", j.verdict
+        if ctx.other_machine:
+            verdict, reason = "other-machine", f"baseline from another machine ({ctx.other_machine}): not judged"
+        elif ctx.io_bound and self.key in ("cpu_s_per_1k", "instructions_per_sample"):
+            verdict, reason = "reported", "I/O-bound, judged by wall clock"
+        elif ctx.io_bound and self.key == "samples_per_s":
+            reason = f"I/O-bound ({max(ctx.old_cores or 0, ctx.new_cores or 0):.2f} cores): judged by wall clock"
+        elif self.key == "samples_per_s" and verdict == "regressed":
+            room = ctx.capacity_ratio()
+            left = (1.0 - (1.0 - j.worse_pct / 100.0) / room) * 100.0 if room > 0 else -math.inf
+            if left <= max_drop_pct:
+                verdict = "inconclusive"
+                reason = (f"other processes took {ctx.new_others:.2f} cores here, {ctx.old_others:.2f} in the "
+                          f"baseline, leaving {room:.0%} of the room this pipeline used: wall clock not judged")
+        return Judgement(verdict, j.old, j.new, j.change_pct, j.low_pct, j.high_pct, j.worse_pct,
+                         j.old_rounds, j.new_rounds, reason)
 
     def regressed(self, max_drop_pct: float | None) -> bool:
         return self.judgement(max_drop_pct).verdict == "regressed"
 
     def message(self, max_drop_pct: float | None) -> str:
         j = self.judgement(max_drop_pct)
-        unit = THROUGHPUT_KEYS.get(self.key, self.key)
+        m = self.measure
         figures = f"{_num(j.old)} -> {_num(j.new)}"
         detail = ""
-        if j.noise_pct is not None:
-            detail = f" (medians of {j.old_rounds}|{j.new_rounds} rounds, noise {j.noise_pct:.1f}%)"
+        if j.low_pct is not None and j.high_pct is not None:
+            interval = ("no finite interval" if not (math.isfinite(j.low_pct) and math.isfinite(j.high_pct))
+                        else f"95% interval {j.low_pct:+.1f}% to {j.high_pct:+.1f}%")
+            detail = f" (medians of {j.old_rounds}|{j.new_rounds} rounds, {interval})"
         if j.verdict == "regressed":
-            head = f"{unit} fell {-j.change_pct:.1f}% (more than {max_drop_pct:g}%): {figures}"
+            head = f"{m.unit} {m.worse} {j.worse_pct:.1f}% (more than {max_drop_pct:g}%): {figures}"
         elif j.verdict == "inconclusive":
-            head = (f"{unit} inconclusive, the noise exceeds the {max_drop_pct:g}% limit: "
-                    f"{figures} ({j.change_pct:+.1f}%)")
+            head = f"{m.unit} inconclusive, the noise reaches past the {max_drop_pct:g}% limit: {figures} ({j.change_pct:+.1f}%)"
+            if j.reason:
+                head = f"{m.unit} inconclusive: {figures} ({j.change_pct:+.1f}%)"
         else:
-            head = f"{unit} {figures} ({j.change_pct:+.1f}%)"
-        return f"{self.fullname}: {head}{detail} [baseline {self.source}]"
+            head = f"{m.unit} {figures} ({j.change_pct:+.1f}%)"
+        why = f"; {j.reason}" if j.reason else ""
+        changed = f" (pipeline changed: {self.context.pipeline_change})" if self.context.pipeline_change else ""
+        return f"{self.fullname}: {head}{detail}{why}{changed} [baseline {self.source}]"
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -168,7 +278,8 @@ def _rounds(info: Mapping[str, Any], key: str) -> tuple[float, ...]:
     return tuple(v for v in values if v is not None) if all(v is not None for v in values) else ()
 
 
-def _figure(info: Mapping[str, Any], key: str) -> tuple[float | None, tuple[float, ...]]:
+def figure(info: Mapping[str, Any], key: str) -> tuple[float | None, tuple[float, ...]]:
+    """A key's figure (the median of its rounds, else the headline) and its rounds."""
     rounds = _rounds(info, key)
     return (statistics.median(rounds) if rounds else _positive(info.get(key))), rounds
 
@@ -178,11 +289,11 @@ def compare_throughput(
     baseline: Mapping[str, Mapping[str, Any]],
     source: str,
 ) -> list[Comparison]:
-    """Pair each throughput key in ``current[fullname]`` (an extra_info) with the baseline's.
+    """Pair each watched key in ``current[fullname]`` (an extra_info) with the baseline's.
 
-    ``baseline`` maps fullname -> a benchmark entry of pytest-benchmark's JSON (with ``extra_info``).
-    Benchmarks or keys missing on either side, and figures that are not positive numbers, are not
-    compared.
+    ``baseline`` maps fullname -> a benchmark entry (with ``extra_info``) of pytest-benchmark's JSON or
+    of a ``--nwt-save-baseline`` file. Benchmarks or keys missing on either side, and figures that are
+    not positive numbers, are not compared.
     """
     out = []
     for fullname, info in current.items():
@@ -190,123 +301,9 @@ def compare_throughput(
         if not entry:
             continue
         old_info = entry.get("extra_info") or {}
-        for key in THROUGHPUT_KEYS:
-            (old, old_rounds), (new, new_rounds) = _figure(old_info, key), _figure(info, key)
+        ctx = context_of(old_info, info)
+        for key in MEASURES:
+            (old, old_rounds), (new, new_rounds) = figure(old_info, key), figure(info, key)
             if old is not None and new is not None:
-                out.append(Comparison(fullname, key, old, new, source, old_rounds, new_rounds))
-    return out
-
-
-def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
-    """Read a pytest-benchmark JSON file into fullname -> benchmark entry; clear errors if it is not one."""
-    p = Path(path)
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise pytest.UsageError(f"--nwt-baseline: no such file: {p}") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise pytest.UsageError(f"--nwt-baseline: {p} is not readable JSON ({exc})") from None
-    benches = data.get("benchmarks") if isinstance(data, dict) else None
-    if not isinstance(benches, list) or not all(isinstance(b, dict) and "fullname" in b for b in benches):
-        raise pytest.UsageError(
-            f"--nwt-baseline: {p} is not a pytest-benchmark result (expected a 'benchmarks' list of "
-            "entries with 'fullname'; write one with --benchmark-json or --benchmark-autosave)"
-        )
-    return {b["fullname"]: b for b in benches}
-
-
-# ---------------------------------------------------------------- the session's gate
-
-
-class ThroughputGate:
-    """Collects this run's throughput figures and compares them with the baselines at session end."""
-
-    def __init__(self, max_drop_pct: float | None, explicit: dict[str, dict[str, Any]] | None) -> None:
-        self.max_drop_pct = max_drop_pct
-        self.explicit = explicit
-        self.comparisons: list[Comparison] = []
-        self.lines: list[tuple[str, str]] = []  # (text, verdict)
-        self.evaluated = False
-
-    def _with(self, verdict: str) -> list[Comparison]:
-        return [c for c in self.comparisons if c.judgement(self.max_drop_pct).verdict == verdict]
-
-    @property
-    def regressions(self) -> list[Comparison]:
-        return self._with("regressed")
-
-    @property
-    def inconclusive(self) -> list[Comparison]:
-        return self._with("inconclusive")
-
-    @property
-    def failed(self) -> bool:
-        return bool(self.regressions)
-
-    def evaluate(self, config: pytest.Config) -> None:
-        self.evaluated = True
-        baselines = self._baselines(config)
-        if not baselines:
-            return
-        current = _current_throughput(config)
-        for source, mapping in baselines:
-            self.comparisons += compare_throughput(current, mapping, source)
-        for c in self.comparisons:
-            self.lines.append((c.message(self.max_drop_pct), c.judgement(self.max_drop_pct).verdict))
-        if self.max_drop_pct is not None and not self.comparisons:
-            text = ("no throughput compared: no benchmark of this run has gbps/samples_per_s both now and in "
-                    f"the baseline ({', '.join(s for s, _ in baselines)})")
-            self.lines.append((text, "note"))
-
-    def summary(self) -> list[tuple[str, str]]:
-        """The closing lines, (text, verdict): one for the failures, one for the inconclusive."""
-        out = []
-        if self.failed:
-            text = (f"cupy_nwt throughput gate FAILED: {len(self.regressions)} benchmark(s) fell by more than "
-                    f"{self.max_drop_pct:g}% and by more than the noise of their rounds")
-            out.append((text, "regressed"))
-        if self.inconclusive:
-            text = (f"cupy_nwt throughput gate INCONCLUSIVE for {len(self.inconclusive)} benchmark(s): the noise "
-                    f"of their rounds exceeds the {self.max_drop_pct:g}% limit (not a failure; rerun on a quieter "
-                    "machine, or time more batches)")
-            out.append((text, "inconclusive"))
-        return out
-
-    def _baselines(self, config: pytest.Config) -> list[tuple[str, Mapping[str, Mapping[str, Any]]]]:
-        out: list[tuple[str, Mapping[str, Mapping[str, Any]]]] = []
-        if self.explicit is not None:
-            out.append((str(config.getoption("nwt_baseline")), self.explicit))
-        if config.getoption("benchmark_compare", None):
-            # pytest-benchmark has no public accessor for the runs --benchmark-compare selected;
-            # its session keeps them as {path: {fullname: entry}} (tests/test_pytest_plugin.py pins it).
-            mapping = getattr(getattr(config, "_benchmarksession", None), "compared_mapping", None)
-            if mapping is None:
-                raise pytest.UsageError(
-                    "cupy_nwt cannot read the runs --benchmark-compare selected from this pytest-benchmark "
-                    "version; pass --nwt-baseline FILE.json instead"
-                )
-            if not mapping and self.max_drop_pct is not None:
-                text = ("--benchmark-compare found no saved run: throughput not gated this time "
-                        "(save one with --benchmark-autosave)")
-                self.lines.append((text, "note"))
-            out += [(_short(path), m) for path, m in mapping.items()]
-        return out
-
-
-def _short(path: Any) -> str:
-    try:
-        return os.path.relpath(path)
-    except (TypeError, ValueError):
-        return str(path)
-
-
-def _current_throughput(config: pytest.Config) -> dict[str, dict[str, Any]]:
-    """fullname -> extra_info of this run's benchmarks that finished without error."""
-    bs = getattr(config, "_benchmarksession", None)
-    out: dict[str, dict[str, Any]] = {}
-    for bench in getattr(bs, "benchmarks", None) or []:
-        if bench.has_error or not bench:
-            continue
-        if any(k in bench.extra_info or k + ROUNDS_SUFFIX in bench.extra_info for k in THROUGHPUT_KEYS):
-            out[bench.fullname] = bench.extra_info
+                out.append(Comparison(fullname, key, old, new, source, old_rounds, new_rounds, ctx))
     return out

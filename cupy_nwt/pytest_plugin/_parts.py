@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Generator, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Generator, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -69,10 +69,14 @@ class TransferBenchmarkResult:
 
 @dataclass(frozen=True)
 class LoaderBenchmarkResult:
-    """Timed batches of one DataLoader configuration (warm-up batches excluded).
+    """Timed rounds of one DataLoader configuration (warm-up batches excluded).
 
-    ``samples_per_s`` is over all timed batches; ``samples_per_s_rounds`` splits them into
-    ``rounds`` consecutive groups, the rounds the throughput gate judges.
+    Headline figures are over all timed rounds; ``<figure>_rounds`` hold them per round, what the
+    throughput gate judges. ``cpu_s_per_1k`` is CPU seconds per 1,000 samples of the main process
+    and every process it started; ``instructions_per_sample`` is None, and ``instructions_note``
+    says why, where the kernel refuses to count. ``cpu_cores`` is the pipeline's CPU seconds per wall
+    second, ``others_cores`` the same for everything else on the ``cpus_watched`` CPUs this process may
+    run on, meanwhile.
     """
 
     batches: int
@@ -87,30 +91,42 @@ class LoaderBenchmarkResult:
     epochs: int
     rounds: int
     samples_per_s_rounds: tuple[float, ...]
+    cpu_s_per_1k: float | None = None
+    cpu_s_per_1k_rounds: tuple[float, ...] = ()
+    cpu_cores: float | None = None
+    others_cores: float | None = None
+    cpus_watched: int | None = None
+    instructions_per_sample: float | None = None
+    instructions_per_sample_rounds: tuple[float, ...] = ()
+    instructions_note: str = ""
+    batches_per_round: int = 0
+    stopped: str = "fixed"
+    target_noise_pct: float | None = None
+    noise_pct: float | None = None
+    decided_by: str = "samples_per_s"
+    pipeline: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+class RoundClock(DeviceClock):
+    """The loader's benchmark timer: moves by each timed round's wall seconds per 1,000 samples.
+
+    The rounds are sized while they run, and pytest-benchmark's ``pedantic`` needs its round count
+    up front, so the rounds are replayed to it afterwards; rounds of different batch counts stay
+    comparable because each is per 1,000 samples.
+    """
+
+    __name__ = "wall_s_per_1k_samples"
+
+
+ROUND_CLOCK = RoundClock()
+
+
 def _rate(amount: float, seconds: float) -> float:
     return amount / seconds if seconds > 0 else math.inf
-
-
-def round_rates(counts: Sequence[int], seconds: Sequence[float], rounds: int) -> tuple[float, ...]:
-    """Samples per second of ``rounds`` consecutive, near-equal groups of the timed batches.
-
-    Rounds of several batches, not single batches: with workers, batches arrive in bursts (some
-    were prefetched, the next is waited for), so one batch's rate says little.
-    """
-    if len(counts) != len(seconds) or not 1 <= rounds <= len(seconds):
-        raise ValueError(f"cannot split {len(seconds)} timed batches into {rounds} rounds")
-    size, extra = divmod(len(seconds), rounds)
-    out, start = [], 0
-    for r in range(rounds):
-        stop = start + size + (r < extra)
-        out.append(_rate(sum(counts[start:stop]), sum(seconds[start:stop])))
-        start = stop
-    return tuple(out)
 
 
 def transfer_result(nbytes: int, direction: str, pinned: bool, times: list[float],
@@ -148,13 +164,25 @@ def transfer_args(nbytes: int | str, direction: str, pinned: bool, repeats: int,
     return size, d
 
 
-def loader_args(batches: int, warmup: int, rounds: int) -> None:
-    _count("batches", batches, 1)
+def loader_args(batches: int | None, warmup: int, rounds: int | None) -> None:
+    if batches is not None:
+        _count("batches", batches, 1)
     _count("warmup", warmup, 0)
-    _count("rounds", rounds, 1)
-    if rounds > batches:
-        raise ValueError(f"rounds ({rounds}) must not exceed batches ({batches}): each round times whole "
-                         "batches; time more batches or ask for fewer rounds")
+    if rounds is not None:
+        _count("rounds", rounds, 1)
+        if batches is None:
+            raise ValueError("rounds needs batches: give both for a fixed run, or neither to let the "
+                             "benchmark size itself")
+        if rounds > batches:
+            raise ValueError(f"rounds ({rounds}) must not exceed batches ({batches}): each round times whole "
+                             "batches; time more batches or ask for fewer rounds")
+
+
+def sizing_args(target_noise: float, max_seconds: float) -> None:
+    if isinstance(target_noise, bool) or not isinstance(target_noise, (int, float)) or not 0 < target_noise < 100:
+        raise ValueError(f"target_noise must be a percentage between 0 and 100, got {target_noise!r}")
+    if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)) or not 0 < max_seconds <= 86400:
+        raise ValueError(f"max_seconds must be a number of seconds > 0 (at most a day), got {max_seconds!r}")
 
 
 # ---------------------------------------------------------------- the copy timer

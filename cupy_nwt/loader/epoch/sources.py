@@ -258,6 +258,7 @@ class WorkerSource(BatchSource):
         w = self.owner.get(b) if b is not None else None
         where = (self.workers.worker_label(w) + " has" if w is not None else
                  "no worker has yet (every ring slot or worker is taken)" if b is not None else "the workers make")
+        where += f" ({self.workers.stuck_hint()})"
         self.events.stalled(Stall(self.epoch, b, w, where, waited))
 
     def _pick_waited(self) -> int | None:
@@ -311,7 +312,7 @@ class WorkerSource(BatchSource):
                 want = f"batch {self.next_deliver}" if self.in_order else "any batch"
                 raise LoaderTimeoutError(
                     f"no batch from the workers within timeout={self.timeout} s (waiting for {want} of "
-                    f"epoch {self.epoch}); the dataset may be too slow or blocked"
+                    f"epoch {self.epoch}): {self.workers.stuck_hint()}"
                 )
             self._blocking_collect(self._wait(deadline, started, stalled))
 

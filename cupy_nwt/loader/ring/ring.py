@@ -145,6 +145,7 @@ class Ring:
         self.buffer = np.frombuffer(self._mmap, dtype=np.uint8)
         self._generation = self.buffer[:8].view(np.int64)
         self._closed = False
+        self._unlinked = False
 
     @classmethod
     def attach(cls, name: str, layout: SlotLayout, slots: int) -> "Ring":
@@ -185,12 +186,18 @@ class Ring:
             self._mmap.close()
         except BufferError:
             pass  # views are still alive; the mapping goes with the last of them
-        if self.owner and self.name is not None:
-            try:
-                os.unlink(os.path.join(SHM_DIR, self.name))
-            except FileNotFoundError:
-                pass
-            resource_tracker.unregister("/" + self.name, "shared_memory")
+        self.unlink()
+
+    def unlink(self) -> None:
+        """Remove the segment's name (the owner's, exactly once); mappings stay valid until closed."""
+        if not self.owner or self.name is None or self._unlinked:
+            return
+        self._unlinked = True
+        try:
+            os.unlink(os.path.join(SHM_DIR, self.name))
+        except FileNotFoundError:
+            pass
+        resource_tracker.unregister("/" + self.name, "shared_memory")
 
     def __enter__(self) -> "Ring":
         return self

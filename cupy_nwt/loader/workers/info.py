@@ -17,10 +17,12 @@ import numpy as np
 class WorkerInfo:
     """What ``get_worker_info()`` returns inside a worker (``None`` in the main process).
 
-    As PyTorch's: ``id`` (0 .. ``num_workers`` - 1), ``seed`` (this worker's; Python's ``random`` and
-    NumPy's global generator are seeded from it) and ``dataset`` (this worker's copy). Beyond it,
-    ``rank`` and ``world_size`` of the loader, so an iterable-style dataset can take its share of
-    the data as ``rank * num_workers + id`` of ``world_size * num_workers`` readers.
+    As PyTorch's: ``id`` (0 .. ``num_workers`` - 1), ``seed`` (this worker's: a base seed + ``id``;
+    Python's ``random``, NumPy's global generator and, when torch is imported, torch's are seeded
+    from it, and ``torch.utils.data.get_worker_info()`` answers too, see ``torch_workers``) and ``dataset``
+    (this worker's copy). Beyond it, ``rank`` and ``world_size`` of the loader, so an iterable-style
+    dataset can take its share of the data as ``rank * num_workers + id`` of ``world_size *
+    num_workers`` readers.
 
     Thread workers (``worker_type="thread"``) get the same ``seed`` a process worker would, but the
     global generators are the whole process's, so they are left alone: draw from
@@ -60,5 +62,10 @@ def enter_thread(info: WorkerInfo) -> None:
 
 
 def worker_seed(seed: int, worker_id: int, epoch: int = 0) -> int:
-    """A worker's seed: fixed by the loader's seed, the worker and the epoch its workers started in."""
-    return int(np.random.SeedSequence([seed, 0x776B72, worker_id, epoch]).generate_state(1)[0])
+    """A worker's seed, as PyTorch's: a base seed + the worker id, so the workers of one start never share one.
+
+    The base (62 bits) is fixed by the loader's seed and the epoch the workers started in, so each
+    epoch's workers draw differently (persistent workers keep their first epoch's, as in PyTorch).
+    """
+    a, b = np.random.SeedSequence([seed, 0x776B72, epoch]).generate_state(2, np.uint64)
+    return int((int(a) ^ (int(b) << 7)) & ((1 << 62) - 1)) + worker_id

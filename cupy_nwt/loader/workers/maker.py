@@ -66,6 +66,7 @@ class BatchMaker:
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
         self._restore: tuple[Any, int, int | None] | None = None  # (state, batches to skip, epoch): next opening
+        self.before_sample: Callable[[], None] | None = None  # a process worker's parent check (``_lifeline``)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_stream": None, "current": None}  # a live iterator stays where it is
@@ -82,6 +83,8 @@ class BatchMaker:
             return list(samples)
         out = []
         for i in indices.tolist():
+            if self.before_sample is not None:
+                self.before_sample()
             self.current = i
             out.append(self.dataset[i])
         self.current = None
@@ -126,6 +129,8 @@ class BatchMaker:
                 self._stream = None
         if self._stream is None:
             raise StreamEnd
+        if self.before_sample is not None:
+            self.before_sample()
         try:
             return next(self._stream)
         except StopIteration:

@@ -98,6 +98,8 @@ class Workers(Protocol):
 
     def worker_label(self, worker_id: int) -> str: ...
 
+    def stuck_hint(self) -> str: ...
+
     def restore(self, per_worker: dict[int, tuple[Any, int, int | None]]) -> None: ...
 
     def shutdown(self) -> None: ...
@@ -125,6 +127,10 @@ class Dispatch:
     def worker_label(self, worker_id: int) -> str:
         """How a stall warning names a worker."""
         return f"loader worker {worker_id}"
+
+    def stuck_hint(self) -> str:
+        """The likely cause of a worker that does not answer, for a timeout or a stall."""
+        return "the dataset is slow or blocked in __getitem__/__iter__"
 
     def _made(self, msg: FromWorker) -> None:
         if self.events is not None and isinstance(msg, (Ok, Whole)) and msg.times is not None:

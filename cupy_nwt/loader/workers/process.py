@@ -15,8 +15,10 @@ at most one task out, without a slot; those few batches come back pickled.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing as mp
+import os
 import pickle
 import random
 import signal
@@ -34,7 +36,9 @@ from ...errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerEr
 from .._events import Listener
 from ..ring.ring import Ring
 from ..ring.slots import SlotPool
+from . import lifeline
 from .info import WorkerInfo, enter_process, get_worker_info, worker_seed  # noqa: F401 - get_worker_info: old path
+from .lifeline import ParentGone, ParentWatch
 from .maker import BatchMaker, make_worker_error
 from .messages import (
     BatchFailed,
@@ -52,6 +56,8 @@ from .messages import (
 )
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
 from .serve import serve_loop
+from .start import check_importable, choose, forkserver_preload, stuck_hint
+from .torch_workers import adopt_in_worker
 
 # ---------------------------------------------------------------- in the worker process
 
@@ -68,17 +74,22 @@ class WorkerSpec:
 
 
 class _PipeChannel:
-    """A worker process's ends: the task pipe watched with the parent's sentinel, the result pipe."""
+    """A worker process's ends: the task pipe watched with the parent's sentinel (and, between samples,
+    ``lifeline``'s check), the result pipe. Before each task, torch is adopted once it is imported."""
 
-    def __init__(self, tasks: Connection, results: Connection) -> None:
-        self.tasks, self.results = tasks, results
+    def __init__(self, tasks: Connection, results: Connection, spec: WorkerSpec, watch: ParentWatch) -> None:
+        self.tasks, self.results, self.spec, self.watch = tasks, results, spec, watch
         parent = mp.parent_process()
-        self.watch: list[Any] = [tasks] if parent is None else [tasks, parent.sentinel]
+        self.waits: list[Any] = [tasks] if parent is None else [tasks, parent.sentinel]
+        self.torch_ready = adopt_in_worker(spec.worker_id, spec.num_workers, spec.seed, spec.maker.dataset)
 
     def receive(self) -> ToWorker | None:
-        if self.tasks not in wait(self.watch):
-            return None  # the parent is gone
+        if self.tasks not in wait(self.waits) or not self.watch.alive():
+            return None  # the parent is gone: queued tasks are nobody's
         msg: ToWorker = self.tasks.recv()
+        if isinstance(msg, Task) and not self.torch_ready:  # the dataset imported torch since: as if at the start
+            spec = self.spec
+            self.torch_ready = adopt_in_worker(spec.worker_id, spec.num_workers, spec.seed, spec.maker.dataset)
         return msg
 
     def send(self, answer: FromWorker) -> None:
@@ -102,20 +113,29 @@ class _PipeChannel:
         ring.close()
 
 
+def seed_globals(seed: int) -> None:
+    """Python's ``random`` and NumPy's global generator, from a worker's seed (NumPy's takes 32-bit words)."""
+    random.seed(seed)
+    np.random.seed(np.random.SeedSequence(seed).generate_state(4))
+
+
 def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
     """A worker process: serve tasks until told to ``Stop``, the task pipe closes or the parent dies."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the main process's handler (``lifeline``), if forked
+    watch = ParentWatch()
+    watch.start_watchdog()
     # What the worker inherited (a forked parent's heap: the dataset, and everything else the parent
     # holds) is never garbage to it: keep the collector from walking it, which writes to every object
     # it visits and so copies every page of it (copy-on-read, even of objects the worker never reads).
     gc.freeze()
-    random.seed(spec.seed)
-    np.random.seed(spec.seed)
+    seed_globals(spec.seed)
     maker = spec.maker
+    maker.before_sample = watch.check
     enter_process(WorkerInfo(spec.worker_id, spec.num_workers, spec.seed, maker.dataset, spec.rank, spec.world_size))
     try:
-        serve_loop(_PipeChannel(tasks, results), maker, spec.worker_id, spec.worker_init_fn)
-    except (EOFError, BrokenPipeError, ConnectionResetError):
+        serve_loop(_PipeChannel(tasks, results, spec, watch), maker, spec.worker_id, spec.worker_init_fn)
+    except (EOFError, BrokenPipeError, ConnectionResetError, ParentGone):
         return  # the main process went away
 
 
@@ -153,8 +173,13 @@ class WorkerPool(Dispatch):
         self._workers: list[_Worker] = []
         self._ctx = context_of(start_method)
         self._spec = (num_workers, seed, epoch, maker, worker_init_fn, rank, world_size)
-        if self._ctx.get_start_method() == "forkserver":
-            self._ctx.set_forkserver_preload(["__main__", "cupy_nwt.loader.workers.process"])
+        method = self._ctx.get_start_method()
+        check_importable(method, not isinstance(start_method, str),
+                         [maker.dataset, maker.collate_fn, maker.batch_transform, worker_init_fn])
+        if method == "forkserver":
+            self._ctx.set_forkserver_preload(forkserver_preload())
+        self._hint = stuck_hint(method)  # what the parent is like as the workers start: why one might hang
+        lifeline.track(self)
         try:
             for w in range(num_workers):
                 self._start(w)
@@ -211,6 +236,9 @@ class WorkerPool(Dispatch):
 
     def worker_label(self, worker_id: int) -> str:
         return f"loader worker {worker_id} (pid {self._workers[worker_id].process.pid})"
+
+    def stuck_hint(self) -> str:
+        return self._hint
 
     def _deliver(self, w: _Worker, task: Task) -> None:
         self._send(w, task)
@@ -309,6 +337,24 @@ class WorkerPool(Dispatch):
             w.results.close()
             w.process.close()
         self._workers = []
+        lifeline.untrack(self)
+
+    def kill_now(self) -> None:
+        """From a signal handler, the process about to die: SIGKILL every worker, reap it, unlink the ring.
+
+        Only raw steps (no message to a worker, no grace period); ``shutdown`` is the orderly path.
+        """
+        procs = [w.process for w in self._workers]
+        for p in procs:
+            if p.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, signal.SIGKILL)
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.join(1.0)
+        ring = self.slots.ring
+        if ring is not None:
+            ring.unlink()
 
     @property
     def closed(self) -> bool:
@@ -316,16 +362,14 @@ class WorkerPool(Dispatch):
 
 
 def default_start_method(device: str) -> str:
-    """``forkserver`` when CUDA is (or will be) live in this process, else ``fork``.
+    """``forkserver`` when CUDA is (or will be) live in this process or a threaded runtime runs (``start``), else ``fork``.
 
     A forked child of a process with a CUDA context must not use CUDA, and page-locked memory is
     mapped don't-fork; forkserver children come from a clean server process instead. The price is
-    that the dataset and callables are pickled to each worker. Without CUDA, fork is the fastest to
+    that the dataset and callables are pickled to each worker. Otherwise fork is the fastest to
     start and shares the dataset copy-on-write.
     """
-    if device == "cuda" or cuda.cuda_may_be_initialized():
-        return "forkserver"
-    return "fork" if "fork" in mp.get_all_start_methods() else "spawn"
+    return choose(device == "cuda" or cuda.cuda_may_be_initialized())
 
 
 def _start_method(context: BaseContext | None, device: str) -> str:

@@ -12,8 +12,11 @@ back through one queue. What differs from processes, and why:
 
 * a map-style dataset and the callables are one shared object, not a copy per worker (an
   iterable-style dataset is deep-copied per thread: its position and state are each reader's own);
-* ``get_worker_info().seed`` is what a process worker would get, but Python's and NumPy's global
-  generators belong to the whole process and are left alone;
+* ``get_worker_info().seed`` is what a process worker would get, but Python's, NumPy's and torch's
+  global generators belong to the whole process and are left alone; so does torch's
+  ``get_worker_info()``, which therefore stays None: a torch ``IterableDataset`` (or one whose
+  ``__iter__`` calls torch's ``get_worker_info``) is refused with more than one thread, rather than
+  read whole by each (``torch_workers.refuse_for_threads``);
 * a thread cannot be killed: shutdown asks, then waits at most ``SHUTDOWN_GRACE_S`` for the pool; a
   thread stuck in user code is a daemon (renamed "... (stuck)", with a warning) and ends when that
   code returns, its answer dropped.
@@ -44,6 +47,7 @@ from .maker import BatchMaker
 from .messages import FromWorker, Restore, Stop, Task
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
 from .serve import serve_loop
+from .torch_workers import refuse_for_threads
 
 STUCK_SUFFIX = " (stuck)"  # appended to the name of a thread still busy after shutdown
 _log = logging.getLogger(__name__)
@@ -77,6 +81,7 @@ class ThreadPool(Dispatch):
     def __init__(self, *, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int,
                  worker_init_fn: Callable | None, epoch: int = 0, rank: int = 0, world_size: int = 1,
                  events: Listener | None = None) -> None:
+        refuse_for_threads(maker.dataset, num_workers)
         self.prefetch_factor = prefetch_factor
         self.events = events
         self.slots = SlotPool(None)

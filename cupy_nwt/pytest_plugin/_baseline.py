@@ -1,0 +1,140 @@
+"""Baseline files: written where the user commits them (``--nwt-save-baseline``), read back checked.
+
+A baseline is one JSON document, ``{"format": "cupy_nwt.baseline/1", "saved", "machine",
+"benchmarks": [{"fullname", "extra_info"}, ...]}``: the same ``benchmarks`` list pytest-benchmark's own
+JSON has, so ``--nwt-baseline`` reads either. Each loader benchmark's ``extra_info`` carries the
+machine and pipeline it ran on; the gate compares them before it judges anything.
+
+A file read back is data from outside, so every field the gate uses is checked (type and range)
+before it is believed, and a bad one is a one-line error that names the file, the benchmark and the
+field: a hand-edited or truncated baseline must never decide a CI run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ._gate import MEASURES, ROUNDS_SUFFIX
+
+FORMAT = "cupy_nwt.baseline/1"
+MAX_ROUNDS = 100_000
+MAX_CORES = 100_000.0
+
+
+def _bad(path: Path, what: str) -> pytest.UsageError:
+    return pytest.UsageError(f"--nwt-baseline: {path}: {what} (re-create it with --nwt-save-baseline {path})")
+
+
+def _is_num(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+
+
+def _check_machine(path: Path, where: str, machine: Any) -> None:
+    if machine is None:
+        return
+    if not isinstance(machine, Mapping):
+        raise _bad(path, f"{where}: 'machine' is not an object")
+    for key in ("cpu_model", "gpu_name", "pcie"):
+        if key in machine and machine[key] is not None and not isinstance(machine[key], str):
+            raise _bad(path, f"{where}: machine.{key} is not text")
+    for key, top in (("usable_cpus", MAX_CORES), ("memory_gib", 1e7)):
+        v: Any = machine.get(key)
+        if key in machine and not (_is_num(v) and float(v).is_integer() and 0 <= v <= top):
+            raise _bad(path, f"{where}: machine.{key} is not a whole number between 0 and {top:g}")
+
+
+def _check_info(path: Path, name: str, info: Any) -> None:
+    if not isinstance(info, Mapping):
+        raise _bad(path, f"{name}: 'extra_info' is not an object")
+    for key in MEASURES:
+        v = info.get(key)
+        if v is not None and not (_is_num(v) and v > 0):
+            raise _bad(path, f"{name}: {key} is {v!r}, not a positive number")
+        rounds = info.get(key + ROUNDS_SUFFIX)
+        if rounds is None:
+            continue
+        if not isinstance(rounds, list) or len(rounds) > MAX_ROUNDS:
+            raise _bad(path, f"{name}: {key}{ROUNDS_SUFFIX} is not a list of at most {MAX_ROUNDS:,} figures")
+        if not all(_is_num(x) and x > 0 for x in rounds):
+            raise _bad(path, f"{name}: {key}{ROUNDS_SUFFIX} holds a figure that is not a positive number")
+    for key in ("cpu_cores", "others_cores"):
+        v = info.get(key)
+        if v is not None and not (_is_num(v) and 0 <= v <= MAX_CORES):
+            raise _bad(path, f"{name}: {key} is {v!r}, not a number of cores between 0 and {MAX_CORES:g}")
+    v = info.get("cpus_watched")
+    if v is not None and not (_is_num(v) and float(v).is_integer() and 1 <= v <= MAX_CORES):
+        raise _bad(path, f"{name}: cpus_watched is {v!r}, not a whole number of CPUs")
+    _check_machine(path, name, info.get("machine"))
+    pipeline = info.get("pipeline")
+    if pipeline is not None and not (isinstance(pipeline, Mapping) and all(
+            v is None or isinstance(v, (str, int, float, bool)) for v in pipeline.values())):
+        raise _bad(path, f"{name}: 'pipeline' is not an object of plain values")
+
+
+def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    """fullname -> benchmark entry of a baseline file (ours or pytest-benchmark's JSON), checked.
+
+    A missing file raises FileNotFoundError (the caller decides whether that fails); anything else
+    wrong is a ``pytest.UsageError`` naming the file and the field.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise
+    except (OSError, UnicodeDecodeError) as exc:
+        raise pytest.UsageError(f"--nwt-baseline: {p} is not readable ({exc})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise pytest.UsageError(f"--nwt-baseline: {p} is not readable JSON ({exc})") from None
+    benches = data.get("benchmarks") if isinstance(data, dict) else None
+    if not isinstance(benches, list) or not all(
+            isinstance(b, dict) and isinstance(b.get("fullname"), str) for b in benches):
+        raise pytest.UsageError(
+            f"--nwt-baseline: {p} is not a baseline (expected a 'benchmarks' list of entries with 'fullname'; "
+            "write one with --nwt-save-baseline, --benchmark-json or --benchmark-autosave)"
+        )
+    fmt = data.get("format")
+    if fmt is not None and fmt != FORMAT:
+        raise pytest.UsageError(f"--nwt-baseline: {p} is a {fmt!r} file; this cupy_nwt reads {FORMAT!r}")
+    _check_machine(p, "the file", data.get("machine"))
+    out: dict[str, dict[str, Any]] = {}
+    for b in benches:
+        _check_info(p, b["fullname"], b.get("extra_info") or {})
+        out[b["fullname"]] = b
+    return out
+
+
+def save_baseline(path: str | os.PathLike[str], current: Mapping[str, Mapping[str, Any]]) -> Path:
+    """Write this run's benchmarks (fullname -> extra_info) as a baseline file, atomically."""
+    from ..nwt.fingerprint import machine_fingerprint, write_json_atomic  # noqa: PLC0415
+
+    doc = {
+        "format": FORMAT,
+        "saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine_fingerprint().to_dict(),
+        "benchmarks": [{"fullname": name, "extra_info": dict(info)} for name, info in sorted(current.items())],
+    }
+    return write_json_atomic(path, _plain(doc))
+
+
+def _plain(value: Any) -> Any:
+    """JSON's own types; a non-finite figure becomes null (it would not pass the checks read back)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)

@@ -1,0 +1,255 @@
+"""The session's gate: which baselines apply, the comparisons at session end, saving, and the table.
+
+The rule for one figure lives in :mod:`cupy_nwt.pytest_plugin._gate`; files in
+:mod:`cupy_nwt.pytest_plugin._baseline`. This module only decides what to compare with what, which
+lines to print, and whether the run fails: a regression, or (``--nwt-require-baseline``) a benchmark
+with nothing to compare against.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from ._baseline import load_baseline, save_baseline
+from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_throughput, figure
+
+#: verdicts from worst to best, for a benchmark's overall verdict in the table
+_RANK = ("regressed", "no baseline", "inconclusive", "other-machine", "ok", "reported", "compared")
+#: options left out of the command suggested for making a baseline: those taking a value, then flags
+_GATE_VALUED = ("--nwt-baseline", "--nwt-save-baseline", "--nwt-throughput-drop")
+_GATE_FLAGS = ("--nwt-require-baseline", "--benchmark-compare")
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    max_drop_pct: float | None
+    baseline_path: str | None
+    save_path: str | None
+    require: bool
+    compare: bool  # --benchmark-compare given
+
+
+def create_command(config: pytest.Config, path: str) -> str:
+    """The command that makes the missing baseline: this run's, minus the gate's options, plus saving."""
+    args, skip = [], False
+    for a in config.invocation_params.args:
+        a = str(a)
+        if skip:
+            skip = False
+            continue
+        name = a.split("=", 1)[0]
+        if name in _GATE_VALUED or name in _GATE_FLAGS:
+            skip = "=" not in a and name in _GATE_VALUED
+            continue
+        args.append(a)
+    return shlex.join(["pytest", *args, "--nwt-save-baseline", path])
+
+
+class ThroughputGate:
+    """Collects this run's figures at session end, compares them with the baselines, saves a baseline."""
+
+    def __init__(self, options: GateOptions, explicit: dict[str, dict[str, Any]] | None) -> None:
+        self.options = options
+        self.max_drop_pct = options.max_drop_pct
+        self.explicit = explicit
+        self.comparisons: list[Comparison] = []
+        self.current: dict[str, dict[str, Any]] = {}
+        self.lines: list[tuple[str, str]] = []  # (text, verdict)
+        self.missing: list[str] = []  # benchmarks without a baseline entry, under --nwt-require-baseline
+        self.evaluated = False
+
+    def _with(self, verdict: str) -> list[Comparison]:
+        return [c for c in self.comparisons if c.judgement(self.max_drop_pct).verdict == verdict]
+
+    @property
+    def regressions(self) -> list[Comparison]:
+        return self._with("regressed")
+
+    @property
+    def inconclusive(self) -> list[Comparison]:
+        return self._with("inconclusive")
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.regressions or self.missing)
+
+    def evaluate(self, config: pytest.Config) -> None:
+        self.evaluated = True
+        self.current = current_figures(config)
+        baselines = self._baselines(config)
+        for source, mapping in baselines:
+            self.comparisons += compare_throughput(self.current, mapping, source)
+        for c in self.comparisons:
+            self.lines.append((c.message(self.max_drop_pct), c.judgement(self.max_drop_pct).verdict))
+        path = self.options.baseline_path
+        if self.options.require and path is not None and self.explicit is not None:
+            self.missing = [name for name in self.current if name not in self.explicit]
+            for name in self.missing:
+                self.lines.append((f"{name}: no entry in the baseline {path} (--nwt-require-baseline); add it with: "
+                                   f"{create_command(config, path)}", "regressed"))
+        if self.max_drop_pct is not None and baselines and not self.comparisons and not self.missing:
+            text = ("no throughput compared: no benchmark of this run has a watched figure both now and in "
+                    f"the baseline ({', '.join(s for s, _ in baselines)})")
+            self.lines.append((text, "note"))
+        if self.options.save_path is not None:
+            self._save(self.options.save_path)
+
+    def _save(self, path: str) -> None:
+        if not self.current:
+            self.lines.append((f"no benchmark figures in this run: baseline {path} not written", "note"))
+            return
+        written = save_baseline(path, self.current)
+        self.lines.append((f"baseline saved: {written} ({len(self.current)} benchmark(s)); commit it and gate "
+                           f"with --nwt-baseline={path} --nwt-require-baseline", "note"))
+
+    def summary(self) -> list[tuple[str, str]]:
+        """The closing lines, (text, verdict): one for the failures, one for the inconclusive."""
+        out = []
+        if self.regressions:
+            text = (f"cupy_nwt throughput gate FAILED: {len(self.regressions)} figure(s) fell or rose by more than "
+                    f"{self.max_drop_pct:g}% and beyond their 95% interval")
+            out.append((text, "regressed"))
+        if self.missing:
+            text = f"cupy_nwt throughput gate FAILED: {len(self.missing)} benchmark(s) have no baseline entry"
+            out.append((text, "regressed"))
+        if self.inconclusive:
+            text = (f"cupy_nwt throughput gate INCONCLUSIVE for {len(self.inconclusive)} figure(s): the noise "
+                    f"reaches past the {self.max_drop_pct:g}% limit (not a failure; rerun on a quieter "
+                    "machine, or give the benchmark more time: --nwt-max-seconds)")
+            out.append((text, "inconclusive"))
+        return out
+
+    def _baselines(self, config: pytest.Config) -> list[tuple[str, Mapping[str, Mapping[str, Any]]]]:
+        out: list[tuple[str, Mapping[str, Mapping[str, Any]]]] = []
+        if self.explicit is not None:
+            out.append((str(self.options.baseline_path), self.explicit))
+        elif self.options.baseline_path is not None and self.current:
+            self.lines.append((f"no baseline at {self.options.baseline_path}: throughput not gated this time; "
+                               f"create it with: {create_command(config, self.options.baseline_path)}", "note"))
+        if self.options.compare:
+            # pytest-benchmark has no public accessor for the runs --benchmark-compare selected;
+            # its session keeps them as {path: {fullname: entry}} (tests/test_pytest_plugin.py pins it).
+            mapping = getattr(getattr(config, "_benchmarksession", None), "compared_mapping", None)
+            if mapping is None:
+                raise pytest.UsageError(
+                    "cupy_nwt cannot read the runs --benchmark-compare selected from this pytest-benchmark "
+                    "version; pass --nwt-baseline FILE.json instead"
+                )
+            if not mapping and self.max_drop_pct is not None:
+                text = ("--benchmark-compare found no saved run: throughput not gated this time "
+                        "(save one with --benchmark-autosave, or use --nwt-save-baseline)")
+                self.lines.append((text, "note"))
+            out += [(_short(path), m) for path, m in mapping.items()]
+        return out
+
+    # ------------------------------------------------------------ the table
+
+    def table(self) -> list[tuple[str, str]]:
+        """One row per benchmark of this run: samples/s and CPU per 1,000 samples, with the baseline's."""
+        if not self.current:
+            return []
+        by_bench: dict[str, dict[str, Comparison]] = {}
+        for c in self.comparisons:
+            by_bench.setdefault(c.fullname, {}).setdefault(c.key, c)
+        keys = [k for k in ("samples_per_s", "gbps", "cpu_s_per_1k", "instructions_per_sample")
+                if any(figure(info, k)[0] is not None for info in self.current.values())]
+        head = ["benchmark"]
+        for k in keys:
+            head += [MEASURES[k].unit, "baseline", "change"]
+        head.append("verdict")
+        rows: list[list[str]] = []
+        verdicts = []
+        for name, info in self.current.items():
+            row = [name]
+            mine = by_bench.get(name, {})
+            for k in keys:
+                found = mine.get(k)
+                now = figure(info, k)[0]
+                if found is not None:
+                    j = found.judgement(self.max_drop_pct)
+                    row += [_fmt(j.new), _fmt(j.old), f"{j.change_pct:+.1f}%"]
+                else:
+                    row += [_fmt(now) if now is not None else "-", "-", ""]
+            judged = [c.judgement(self.max_drop_pct).verdict for c in mine.values()]
+            if name in self.missing or not mine:
+                judged.append("no baseline")
+            verdict = min(judged, key=_RANK.index)
+            row.append(verdict)
+            rows.append(row)
+            verdicts.append(verdict)
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+
+        def line(cells: list[str]) -> str:
+            return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+        out = [(line(head), "note")]
+        out += [(line(r), v) for r, v in zip(rows, verdicts)]
+        notes = sorted({str(info.get("instructions_note")) for info in self.current.values()
+                        if info.get("instructions_note")})
+        out += [(f"instructions not counted: {n}", "note") for n in notes]
+        return out
+
+
+def _fmt(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.1f}" if abs(x) >= 100 else f"{x:.4g}"
+
+
+def _short(path: Any) -> str:
+    try:
+        return os.path.relpath(path)
+    except (TypeError, ValueError):
+        return str(path)
+
+
+def current_figures(config: pytest.Config) -> dict[str, dict[str, Any]]:
+    """fullname -> extra_info of this run's benchmarks that finished without error and carry a watched figure."""
+    bs = getattr(config, "_benchmarksession", None)
+    out: dict[str, dict[str, Any]] = {}
+    for bench in getattr(bs, "benchmarks", None) or []:
+        if bench.has_error or not bench:
+            continue
+        if any(k in bench.extra_info or k + ROUNDS_SUFFIX in bench.extra_info for k in MEASURES):
+            out[bench.fullname] = bench.extra_info
+    return out
+
+
+def options_of(config: pytest.Config) -> GateOptions:
+    return GateOptions(
+        max_drop_pct=config.getoption("nwt_throughput_drop", None),
+        baseline_path=config.getoption("nwt_baseline", None),
+        save_path=config.getoption("nwt_save_baseline", None),
+        require=bool(config.getoption("nwt_require_baseline", False)),
+        compare=bool(config.getoption("benchmark_compare", None)),
+    )
+
+
+def start_gate(config: pytest.Config) -> ThroughputGate:
+    """The session's gate from the command line; a usage error (one line) where the options cannot work."""
+    o = options_of(config)
+    if o.require and o.baseline_path is None:
+        raise pytest.UsageError("--nwt-require-baseline needs --nwt-baseline FILE (a file made with "
+                                "--nwt-save-baseline FILE and committed)")
+    if o.max_drop_pct is not None and o.baseline_path is None and not o.compare:
+        raise pytest.UsageError(
+            "--nwt-throughput-drop needs a baseline: --nwt-baseline FILE (made with --nwt-save-baseline FILE), "
+            "or --benchmark-compare[=NUM|ID] after a run with --benchmark-autosave"
+        )
+    explicit = None
+    if o.baseline_path is not None:
+        try:
+            explicit = load_baseline(o.baseline_path)
+        except FileNotFoundError:
+            if o.require:
+                raise pytest.UsageError(
+                    f"no baseline at {o.baseline_path} (--nwt-require-baseline): create it on this machine "
+                    f"with: {create_command(config, o.baseline_path)} and commit it"
+                ) from None
+    return ThroughputGate(o, explicit)
