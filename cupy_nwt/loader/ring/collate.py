@@ -175,7 +175,7 @@ def batch_structure(sample: Any, index_text: str = "the first sample", index: in
     """The batch structure ``default_collate`` makes from samples like ``sample``, and its array leaves.
 
     A sample holding torch tensors (or JAX arrays) makes every array field of the batch one of that
-    framework's, numbers included, as torch's ``default_collate`` does (``_frameworks``).
+    framework's, numbers included, as torch's ``default_collate`` does (``frameworks``).
     """
     leaves, td = flatten(sample)
     framework = next((f for f in map(framework_of, leaves) if f is not None), None)

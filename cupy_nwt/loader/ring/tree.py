@@ -6,7 +6,7 @@ arrays go through the shared-memory ring, every other leaf (a str list, None, an
 ``collate_fn`` returns) travels pickled beside it. ``split`` recurses only into the exact container
 types it can rebuild, so a custom container comes back as itself, pickled whole. A torch tensor or
 JAX array leaf travels as NumPy bytes too, its framework kept as a tag on its leaf
-(``("leaf", "torch")``): ``join`` gives it back in that framework (``_frameworks``).
+(``("leaf", "torch")``): ``join`` gives it back in that framework (``frameworks``).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ class BatchMaker:
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
         self._restore: tuple[Any, int, int | None] | None = None  # (state, batches to skip, epoch): next opening
-        self.before_sample: Callable[[], None] | None = None  # a process worker's parent check (``_lifeline``)
+        self.before_sample: Callable[[], None] | None = None  # a process worker's parent check (``lifeline``)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_stream": None, "current": None}  # a live iterator stays where it is
