@@ -125,10 +125,16 @@ def test_output_option_converts_whatever_the_samples_hold(layout: dict) -> None:
 
 
 def test_output_jax_gives_jax_arrays() -> None:
-    jax = pytest.importorskip("jax", reason="JAX is a test-only extra")
-    images, labels = next(iter(cupy_nwt.DataLoader(Arrays(), batch_size=B, output="jax")))
-    assert isinstance(images, jax.Array) and isinstance(labels, jax.Array)
-    assert np.asarray(images)[:, 0].tolist() == list(range(B))
+    """In a child process: JAX's runtime, once started, makes every later loader of this process start
+    its workers by forkserver (``loader._start``), which would change the tests that run after this one."""
+    pytest.importorskip("jax", reason="JAX is a test-only extra")
+    code = ("import jax, numpy as np, cupy_nwt\n"
+            "class Arrays:\n    def __len__(self): return 16\n"
+            "    def __getitem__(self, i): return np.full(4, i, np.float32), i\n"
+            "images, labels = next(iter(cupy_nwt.DataLoader(Arrays(), batch_size=8, output='jax')))\n"
+            "assert isinstance(images, jax.Array) and isinstance(labels, jax.Array), (type(images), type(labels))\n"
+            "assert np.asarray(images)[:, 0].tolist() == list(range(8))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 @pytest.mark.parametrize(("output", "device", "match"), [("tensorflow", "cpu", "output must be"),
