@@ -126,7 +126,7 @@ def test_output_option_converts_whatever_the_samples_hold(layout: dict) -> None:
 
 def test_output_jax_gives_jax_arrays() -> None:
     """In a child process: JAX's runtime, once started, makes every later loader of this process start
-    its workers by forkserver (``loader._start``), which would change the tests that run after this one."""
+    its workers by forkserver (``loader.workers.start``), which would change the tests that run after this one."""
     pytest.importorskip("jax", reason="JAX is a test-only extra")
     code = ("import jax, numpy as np, cupy_nwt\n"
             "class Arrays:\n    def __len__(self): return 16\n"
