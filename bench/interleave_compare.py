@@ -8,7 +8,8 @@ own ``loader_compare.py`` with the same arguments, its package imported from its
 
 Per cell (workload, loader, workers) the result holds each round's median samples/s of both
 revisions, the ratio of their medians over the rounds (after / before), and the noise: the largest
-relative spread between rounds of one revision. A ratio within 1 +- noise is "within noise".
+relative spread between rounds of one revision. A ratio within 1 +- noise is "within noise" (with one
+round there is no noise to judge by: the verdict is left out).
 Writes one JSON and its PNG, by default ``bench/results/<host>/interleave_compare.json``:
 
     .venv/bin/python bench/interleave_compare.py --before <rev> --after HEAD --rounds 3 \\
@@ -63,8 +64,9 @@ def summarize(runs: dict[str, list[dict[Cell, float]]]) -> list[dict[str, Any]]:
         mb, ma = statistics.median(before), statistics.median(after)
         noise = max((max(v) - min(v)) / statistics.median(v) if len(v) > 1 else 0.0 for v in (before, after))
         ratio = ma / mb if mb > 0 else float("nan")
+        within = abs(ratio - 1) <= noise if len(before) > 1 and len(after) > 1 else None  # one round: no noise known
         rows.append({"workload": cell[0], "loader": cell[1], "num_workers": cell[2], "before": before,
-                     "after": after, "ratio": ratio, "noise": noise, "within_noise": abs(ratio - 1) <= noise})
+                     "after": after, "ratio": ratio, "noise": noise, "within_noise": within})
     return rows
 
 
@@ -87,7 +89,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     fig = Figure(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.5), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     for i, r in enumerate(rows):
-        ax.bar(i, r["ratio"], color="tab:green" if r["within_noise"] else "tab:red", alpha=0.6)
+        ax.bar(i, r["ratio"], color={True: "tab:green", False: "tab:red", None: "tab:grey"}[r["within_noise"]], alpha=0.6)
         ax.fill_between([i - 0.4, i + 0.4], 1 - r["noise"], 1 + r["noise"], color="grey", alpha=0.2, linewidth=0)
         ax.plot([i] * len(r["after"]), [a / b for a, b in zip(r["after"], r["before"])], "k.", markersize=4)
     ax.axhline(1.0, color="black", linewidth=0.8)
@@ -145,12 +147,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = summarize(runs)
     result = {"host": system.host_tag(), "before": revs["before"], "after": revs["after"], "rounds": args.rounds,
               "loader_compare_args": passthrough, "wall_s": time.perf_counter() - started, "note": args.note,
-              "cells": cells, "all_within_noise": all(c["within_noise"] for c in cells)}
+              "cells": cells, "all_within_noise": all(c["within_noise"] is True for c in cells)}
     report.write_json(result, out)
     print(report.table(["workload", "loader", "workers", "before", "after", "after/before", "noise", "within"],
                        [[c["workload"], c["loader"], c["num_workers"], round(statistics.median(c["before"])),
                          round(statistics.median(c["after"])), f"{c['ratio']:.3f}", f"{c['noise']:.1%}",
-                         "yes" if c["within_noise"] else "NO"] for c in cells],
+                         {True: "yes", False: "NO", None: "n/a"}[c["within_noise"]]] for c in cells],
                        title=f"{revs['before'][:10]} -> {revs['after'][:10]}, {args.rounds} interleaved rounds"))
     print(report.wrote(out, lambda png: plot(result, png)))
     return 0

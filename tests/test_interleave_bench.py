@@ -28,9 +28,10 @@ def test_a_ratio_within_the_rounds_spread_is_noise_and_one_beyond_it_is_not():
     assert slower["before"] == [200.0, 200.0] and slower["after"] == [150.0, 152.0]
 
 
-def test_cells_missing_from_a_run_are_left_out():
+def test_cells_missing_from_a_run_are_left_out_and_one_round_gives_no_verdict():
     rows = ic.summarize({"before": [ic.medians(result(png_0=1.0, png_1=1.0))], "after": [ic.medians(result(png_0=1.0))]})
     assert [(r["workload"], r["num_workers"]) for r in rows] == [("png", 0)]
+    assert rows[0]["within_noise"] is None
 
 
 @pytest.mark.parametrize(("argv", "words"), [
