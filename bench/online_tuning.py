@@ -117,15 +117,15 @@ def run_epoch(dataset: PhasedDataset, batch_size: int, step_s: float, num_worker
         for batch in dl:
             time.sleep(step_s)
             marks[dataset.phase(int(batch[-1, 0])) + 1] = time.perf_counter() - t0
-            if dl._online is not None:
-                workers_at.append(dl._online.workers)
+            if dl.decisions:  # each decision holds the setting it left: the last one is the setting now
+                workers_at.append(dl.decisions[-1].workers)
         total = time.perf_counter() - t0
     finally:
         dl.close()
     for p in range(1, 4):
         marks[p] = max(marks[p], marks[p - 1])
     phase_s = [marks[p + 1] - marks[p] for p in range(3)]
-    return Run(label, num_workers, phase_s, total, [d.to_dict() for d in dl._decisions], workers_at)
+    return Run(label, num_workers, phase_s, total, [d.to_dict() for d in dl.decisions], workers_at)
 
 
 def one_shot_pick(fixed: list[Run]) -> Run:

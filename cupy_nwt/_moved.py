@@ -17,11 +17,11 @@ import warnings
 from types import ModuleType
 
 MOVED: dict[str, str] = {
-    "cupy_nwt.worker": "cupy_nwt.loader._workers",
-    "cupy_nwt.shm": "cupy_nwt.loader._ring",
-    "cupy_nwt.prefetch": "cupy_nwt.loader._prefetch",
-    "cupy_nwt.collate": "cupy_nwt.loader._collate",
-    "cupy_nwt.sampler": "cupy_nwt.loader._sampler",
+    "cupy_nwt.worker": "cupy_nwt.loader.workers.process",
+    "cupy_nwt.shm": "cupy_nwt.loader.ring.ring",
+    "cupy_nwt.prefetch": "cupy_nwt.loader.device.prefetch",
+    "cupy_nwt.collate": "cupy_nwt.loader.ring.collate",
+    "cupy_nwt.sampler": "cupy_nwt.loader.epoch.sampler",
     "cupy_nwt.distributed": "cupy_nwt.ranks",
     "cupy_nwt.memory": "cupy_nwt.nwt.memory",
     "cupy_nwt.fingerprint": "cupy_nwt.nwt.fingerprint",
@@ -32,6 +32,8 @@ MOVED: dict[str, str] = {
     "cupy_nwt.units": "cupy_nwt._reporting.units",
     "cupy_nwt.report": "cupy_nwt._reporting.tables",
     "cupy_nwt.plots": "cupy_nwt._reporting.plots",
+    "cupy_nwt.loader._sampler": "cupy_nwt.loader.epoch.sampler",
+    "cupy_nwt.loader._remainder": "cupy_nwt.loader.epoch.remainder",
 }
 
 

@@ -19,6 +19,7 @@ from . import __version__, cuda, system
 from ._reporting import tables as report
 from ._reporting.progress import Progress
 from ._reporting.units import fmt_bytes, parse_size, size_sweep
+from .loader.workers.kinds import WORKER_TYPES
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -364,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--synthetic-n", default="5000", help="images in the synthetic CIFAR-10 (default 5000)")
     s.add_argument("--batch-size", default="128", help="samples per batch (default 128)")
     s.add_argument("--num-workers", default="2", help="loader workers (default 2)")
-    s.add_argument("--worker-type", choices=("process", "thread"), default="process", help="(default process)")
+    s.add_argument("--worker-type", choices=WORKER_TYPES, default="process", help="(default process)")
     s.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto", help="where batches go (default auto)")
     s.add_argument("--batches", default="200", help="batches to load in all, over epochs (default 200)")
     s.add_argument("--every", default="20", help="a row of figures every this many batches (default 20)")
@@ -398,7 +399,7 @@ def _first_line(exc: BaseException) -> str:
 def _loading_failure(exc: BaseException, args: argparse.Namespace) -> str:
     """One line for a batch that failed to load: the file, member or sample, and what is wrong."""
     from .datasets import DataError, sample_source  # noqa: PLC0415
-    from .loader._collate import BatchLayoutError  # noqa: PLC0415 - only on the error path
+    from .loader.ring.collate import BatchLayoutError  # noqa: PLC0415 - only on the error path
 
     cause = exc.__cause__
     index = getattr(cause, "sample_index", None)

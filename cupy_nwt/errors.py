@@ -3,7 +3,7 @@
 Each class also keeps the builtin base it always had (``ValueError``, ``RuntimeError``,
 ``MemoryError``, ``TimeoutError``), so a caller's ``except ValueError`` still catches bad data and
 ``except CupyNwtError`` catches everything of ours. The modules that raise them import them from
-here (and keep the old names importable: ``cupy_nwt.loader._collate.BatchLayoutError`` and so on).
+here (and keep the old names importable: ``cupy_nwt.loader.ring.collate.BatchLayoutError`` and so on).
 
 This module imports nothing heavy: ``cuda`` and the worker processes import it.
 """

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ._reporting.units import plural
-from .loader import DataLoader
-from .loader._stats import LoaderStats
+from .loader import DataLoader, LoaderStats
 
 MIB = 1 << 20
 _STAGES = (("fetch_s", "fetch"), ("collate_s", "collate"), ("transform_s", "transform"), ("copy_s", "copy"))

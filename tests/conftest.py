@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from cupy_nwt.loader._dataloader import DataLoader
-from cupy_nwt.loader._threads import WORKER_TYPES
+from cupy_nwt.loader import DataLoader
+from cupy_nwt.loader.workers.kinds import WORKER_TYPES
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -4,6 +4,9 @@ the budgets hold, each change is logged with its reason, and bad arguments get o
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +15,10 @@ from toy_data import Squares
 
 from cupy_nwt import DataLoader, IterableDataset
 from cupy_nwt.errors import ArgumentError
-from cupy_nwt.loader._autotune import Decision, Limits, Observation, Setting
+from cupy_nwt.loader import Autotune, Listener, LoaderParts
+from cupy_nwt.loader.ring.ring import SHM_DIR, live_segments
+from cupy_nwt.loader.tuning.policy import Decision, Limits, Observation, Setting
+from cupy_nwt.loader.workers.thread import STUCK_SUFFIX
 
 
 def noisy(batch, seed):
@@ -26,9 +32,11 @@ class Scripted:
     def __init__(self, *plan: tuple[int, int]) -> None:
         self.plan = list(plan)
         self.seen: list[Observation] = []
+        self.limits: Limits | None = None
 
     def decide(self, obs: Observation, now: Setting, limits: Limits) -> Decision | None:
         self.seen.append(obs)
+        self.limits = limits
         if not self.plan:
             return None
         workers, slots = self.plan.pop(0)
@@ -37,14 +45,17 @@ class Scripted:
 
 
 def tuned(dataset, policy, **kw) -> DataLoader:
-    dl = DataLoader(dataset, autotune=policy, device="cpu", **kw)
-    dl._online.interval_steps, dl._online.min_interval_s = 2, 0.0  # an interval every other step
-    return dl
+    """A loader whose policy is asked every other step."""
+    spec = Autotune(None if policy is True else policy, interval_steps=2, min_interval_s=0.0)
+    return DataLoader(dataset, autotune=spec, device="cpu", **kw)
 
 
 def pool_size(dl: DataLoader) -> int:
     """Workers started (parked ones included), processes or threads."""
-    return max((s.workers.size for s in dl._res.stages() if s.workers is not None), default=0)
+    if dl.worker_type == "process":
+        return len(dl.worker_pids())
+    return sum(t.name.startswith("cupy_nwt-worker-") and not t.name.endswith(STUCK_SUFFIX)
+               for t in threading.enumerate())
 
 
 def batches(dl: DataLoader, watch=None) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -73,10 +84,10 @@ def test_changing_workers_mid_epoch_gives_the_fixed_settings_batches(persistent)
         for (gi, gy), (wi, wy) in zip(g, w):
             np.testing.assert_array_equal(gi, wi)
             np.testing.assert_array_equal(gy, wy)
-    assert [(d.action, d.workers, d.slots) for d in dl._decisions] == [
+    assert [(d.action, d.workers, d.slots) for d in dl.decisions] == [
         ("start", 2, 4), ("add_workers", 3, 6), ("park_worker", 1, 2), ("add_prefetch", 1, 3),
         ("add_workers", 4, 9), ("park_worker", 2, 4)]
-    assert all(d.step > 0 and d.reason.startswith("scripted") for d in dl._decisions[1:])
+    assert all(d.step > 0 and d.reason.startswith("scripted") for d in dl.decisions[1:])
     assert max(most) == 4  # the fourth worker was started mid-epoch, never a fifth
 
 
@@ -88,8 +99,8 @@ def test_budgets_hold_whatever_the_policy_proposes(caplog):
     pids = []
     with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
         batches(dl, lambda d: pids.append(pool_size(d)))
-    assert max(pids) <= 2 and dl._online.limits == Limits(2, 3, 2)
-    assert [(d.workers, d.slots) for d in dl._decisions] == [(1, 2), (2, 3)]
+    assert max(pids) <= 2 and policy.limits == Limits(2, 3, 2)
+    assert [(d.workers, d.slots) for d in dl.decisions] == [(1, 2), (2, 3)]
     assert caplog.text.count("beyond the budget") == 2
     assert "autotune: add_workers -> 2 workers, 3 slots (epoch 0, step " in caplog.text
     assert "scripted 2/3" in caplog.text
@@ -102,19 +113,20 @@ def test_the_ring_is_made_once_within_the_memory_budget():
     it = iter(dl)
     next(it)
     next(it)
-    ring = dl._res.loose[0].ring
-    assert ring.layout.slot_bytes == slot and ring.slots == 5 and ring.nbytes <= 4096 + 5 * slot
+    (segment,) = live_segments(os.getpid())
+    assert dl.layout is not None and dl.layout.slot_bytes == slot
+    assert os.path.getsize(os.path.join(SHM_DIR, segment)) == 4096 + 5 * slot  # the header and 5 slots
     it.close()
 
 
 @pytest.mark.usefixtures("clean")
 def test_a_waiting_caller_gets_a_worker_and_the_log_says_why(caplog):
-    dl = DataLoader(Slow(96, 0.01), batch_size=2, num_workers=1, autotune=True, cpu_budget=2, device="cpu")
-    dl._online.min_interval_s = 0.0
+    dl = DataLoader(Slow(96, 0.01), batch_size=2, num_workers=1, autotune=Autotune(min_interval_s=0.0), cpu_budget=2,
+                    device="cpu")
     with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
         n = len(batches(dl))
     assert n == 48
-    adds = [d for d in dl._decisions if d.action == "add_workers"]
+    adds = [d for d in dl.decisions if d.action == "add_workers"]
     assert adds and adds[0].workers == 2 and "the caller waited" in adds[0].reason
     assert "autotune: add_workers -> 2 workers" in caplog.text
 
@@ -125,7 +137,7 @@ def test_auto_starts_from_the_saved_pick(monkeypatch):
 
     monkeypatch.setattr(pick, "auto_pick", lambda *a, **k: (3, "process"))
     dl = DataLoader(Squares(16), batch_size=4, num_workers="auto", autotune=True, cpu_budget=2, device="cpu")
-    assert dl.num_workers == 2 and dl._decisions[0].action == "start" and "num_workers=3" in dl._decisions[0].reason
+    assert dl.num_workers == 2 and dl.decisions[0].action == "start" and "num_workers=3" in dl.decisions[0].reason
     monkeypatch.setattr(pick, "auto_pick", lambda *a, **k: (0, "thread"))
     dl = DataLoader(Squares(16), batch_size=4, num_workers="auto", autotune=True, cpu_budget=2, device="cpu")
     assert dl.num_workers == 1 and dl.worker_type == "thread"  # workers are what it tunes: one to start from
@@ -160,27 +172,24 @@ def test_a_memory_budget_below_two_slots_is_refused_when_the_slot_size_is_known(
     assert dl.worker_pids() == []
 
 
+class BusyCaller(Listener):
+    """Each ask takes 20 ms in the caller's process before the loader looks for the batch."""
+
+    def asked(self, epoch, source):
+        time.sleep(0.02)
+
+
 @pytest.mark.usefixtures("clean")
-def test_handing_out_ready_batches_is_not_waiting_for_workers(monkeypatch):
-    """Every batch is made long before it is asked for, but handing it out takes 20 ms in the
+def test_handing_out_ready_batches_is_not_waiting_for_workers():
+    """Every batch is made long before it is asked for, but each ``next()`` spends 20 ms in the
     caller's process (on a busy machine: the caller waiting for a CPU). The tuner judges the time
     ``next()`` was blocked for a batch not yet made, so it sees idle workers and parks them; it
     used to count all of ``next()`` as waiting and kept every worker. ``stats()`` still reports
     the caller's whole time inside ``next()``."""
-    import time
-
-    import cupy_nwt.loader._epoch as epoch
-
-    real_join = epoch.join
-
-    def slow_join(*args):
-        time.sleep(0.02)
-        return real_join(*args)
-
-    monkeypatch.setattr(epoch, "join", slow_join)
-    dl = tuned(Squares(120), True, batch_size=2, num_workers=3, cpu_budget=3)
+    dl = DataLoader(Squares(120), batch_size=2, num_workers=3, cpu_budget=3, device="cpu",
+                    autotune=Autotune(interval_steps=2, min_interval_s=0.0), parts=LoaderParts(listeners=(BusyCaller(),)))
     assert len(batches(dl)) == 60
-    actions = [d.action for d in dl._decisions]
+    actions = [d.action for d in dl.decisions]
     assert "park_worker" in actions and "add_workers" not in actions and "add_prefetch" not in actions
-    assert dl._decisions[-1].workers < 3
+    assert dl.decisions[-1].workers < 3
     assert dl.stats().waited_s >= 60 * 0.02

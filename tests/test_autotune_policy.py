@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 
-from cupy_nwt.loader._autotune import AutotunePolicy, Budget, Decision, Limits, Observation, Setting
+from cupy_nwt.loader.tuning.policy import AutotunePolicy, Budget, Decision, Limits, Observation, Setting
 
 SLOT = 1 << 20
 

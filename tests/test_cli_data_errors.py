@@ -22,8 +22,8 @@ import pytest
 
 from cupy_nwt import cli
 from cupy_nwt.datasets import encode_png, write_tar_shard
-from cupy_nwt.loader._sampler import BatchSampler
-from cupy_nwt.loader._workers import WorkerDiedError
+from cupy_nwt.loader.epoch.sampler import BatchSampler
+from cupy_nwt.loader.workers.process import WorkerDiedError
 
 BATCH = 4
 TINY = ["--batch-size", str(BATCH), "--max-workers", "3", "--iterations", "8", "--no-progress", "--no-save",

@@ -12,6 +12,7 @@ import pytest
 from toy_data import Squares
 
 import cupy_nwt
+import cupy_nwt.loader.ring.ring as shm
 from cupy_nwt import cli, errors
 from cupy_nwt._checks import check_int, check_number
 from cupy_nwt.errors import (
@@ -31,7 +32,6 @@ from cupy_nwt.errors import (
     WorkerDiedError,
     WorkerError,
 )
-from cupy_nwt.loader import _ring as shm
 
 # Each error, one instance of it, the builtin bases callers catch it by, and the cupy-nwt exit code.
 CASES = {
@@ -210,7 +210,7 @@ def test_check_number_lets_none_through_only_when_optional():
     ({"rank": 3, "world_size": 3}, "rank (of world_size 3) must be an integer from 0 to 2, got 3"),
 ])
 def test_the_sampler_refuses_through_the_checks(kwargs, message):
-    from cupy_nwt.loader._sampler import BatchSampler
+    from cupy_nwt.loader.epoch.sampler import BatchSampler
 
     with pytest.raises(ArgumentError) as info:
         BatchSampler(**{"n": 10, "batch_size": 2, **kwargs})

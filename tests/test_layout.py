@@ -120,3 +120,62 @@ def test_old_paths_still_import_with_a_warning(old):
 def test_every_moved_target_exists():
     for new in MOVED.values():
         assert importlib.util.find_spec(new) is not None, new
+
+
+def all_imports(name: str, path: Path) -> set[str]:
+    """cupy_nwt modules ``name`` imports anywhere: module level, inside functions and for type checking."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    known = modules()
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            for cand in [f"{base}.{a.name}" for a in node.names] + [base]:
+                if cand in known:
+                    found.add(cand)
+                    break
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name in known)
+    return found - {name}
+
+
+def test_the_loader_has_no_import_circle_even_counting_type_only_and_lazy_imports():
+    """One owner per thing: the loader's modules import one way, TYPE_CHECKING and function-level imports included."""
+    graph = {n: {m for m in all_imports(n, p) if m.startswith("cupy_nwt.loader")}
+             for n, p in modules().items() if n.startswith("cupy_nwt.loader")}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                circles.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert circles == []
+
+
+def test_only_the_loader_package_imports_the_dataloader_module():
+    users = {n for n, p in modules().items() if "cupy_nwt.loader._dataloader" in all_imports(n, p)}
+    assert users == {"cupy_nwt.loader"}

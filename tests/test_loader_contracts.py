@@ -11,13 +11,14 @@ from test_prefetch import LazyCuda
 from toy_data import Squares
 
 from cupy_nwt import DataLoader, WorkerError
-from cupy_nwt.loader._messages import BatchFailed, ErrorReport, InitFailed, Ok, RingMsg, Skipped, Stop, Task
-from cupy_nwt.loader._prefetch import CudaOps, DevicePrefetcher, PrefetchOps
-from cupy_nwt.loader._ring import Ring, SlotLayout
-from cupy_nwt.loader._sampler import BatchSampler
-from cupy_nwt.loader._slots import RETIRED, SlotPool
-from cupy_nwt.loader._sources import BatchSource, InlineSource, WorkerSource
-from cupy_nwt.loader._workers import BatchMaker
+from cupy_nwt.loader import LoaderParts
+from cupy_nwt.loader.device.prefetch import STAGING_BUFFERS, CudaOps, PrefetchOps
+from cupy_nwt.loader.epoch.sampler import BatchSampler
+from cupy_nwt.loader.epoch.sources import BatchSource, InlineSource, WorkerSource
+from cupy_nwt.loader.ring.ring import Ring, SlotLayout
+from cupy_nwt.loader.ring.slots import RETIRED, SlotPool
+from cupy_nwt.loader.workers.maker import BatchMaker
+from cupy_nwt.loader.workers.messages import BatchFailed, ErrorReport, InitFailed, Ok, RingMsg, Skipped, Stop, Task
 
 pytestmark = pytest.mark.usefixtures("worker_type")
 
@@ -141,18 +142,16 @@ def test_a_failed_batch_on_the_inline_device_path_leaves_every_slot_free_for_the
                 raise OSError("disk hiccup")
             return super().__getitem__(i)
 
-    dl = DataLoader(FailsOnce(40, modulo=200), batch_size=4, device="cpu")
-    dl.device = "cuda"  # as if on a GPU: the main process's ring and the prefetcher, run by the fake
-    ops = LazyCuda()
-    dl._res.prefetcher = DevicePrefetcher(True, ops)
+    ops = LazyCuda()  # as if on a GPU: the main process's ring and the prefetcher, run by the fake
+    dl = DataLoader(FailsOnce(40, modulo=200), batch_size=4, device="cuda", pin_memory=True, parts=LoaderParts(ops=ops))
     with dl:
         with pytest.raises(WorkerError, match="disk hiccup"):
             for b in dl:
                 ops.consume(b)
-        assert len(dl._res.stage.slots.free) == dl._res.ring.slots
+        assert dl.slots_in_use() == 0 and dl.layout is not None
         got = [ops.consume(b)[1].tolist() for b in dl]
         assert got == [list(range(i, min(i + 4, 40))) for i in range(0, 40, 4)]
-        assert len(dl._res.stage.slots.free) == dl._res.ring.slots
+        assert dl.slots_in_use() == 0
 
 
 def test_inline_source_alone_makes_its_own_pool_and_delivers_a_held_first_batch():
@@ -187,14 +186,18 @@ def test_a_copy_failing_half_way_gives_its_slot_and_staging_buffer_back(pin, fai
                     raise MemoryError(f"{failing} failed")
             return super().__getattribute__(name)
 
-    dl = DataLoader(Squares(40, modulo=200), batch_size=4, device="cpu")
-    dl.device = "cuda"  # as if on a GPU: the main process's ring and the prefetcher, run by the fake
+    def loader(ops):  # as if on a GPU: the main process's ring and the prefetcher, run by the fake
+        return DataLoader(Squares(40, modulo=200), batch_size=4, device="cuda", pin_memory=pin, parts=LoaderParts(ops=ops))
+
+    whole = LazyCuda()
+    with loader(whole) as dl:
+        assert len([whole.consume(b) for b in dl]) == 10
+    assert whole.pinned_count < STAGING_BUFFERS  # so a staging buffer kept back would show as one more made
     ops = FailsOnce()
-    dl._res.prefetcher = p = DevicePrefetcher(pin, ops)
-    with dl:
+    with loader(ops) as dl:
         with pytest.raises(MemoryError):
             for b in dl:
                 ops.consume(b)
-        assert len(dl._res.stage.slots.free) == dl._res.ring.slots
-        assert len(p._staging_free) == p._staging_count
+        assert dl.slots_in_use() == 0 and dl.layout is not None
         assert len([ops.consume(b) for b in dl]) == 10
+        assert ops.pinned_count == whole.pinned_count  # every staging buffer came back

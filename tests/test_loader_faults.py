@@ -14,8 +14,8 @@ import pytest
 from toy_data import Squares
 
 from cupy_nwt import DataLoader, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
-from cupy_nwt.loader._ring import live_segments
-from cupy_nwt.loader._threads import STUCK_SUFFIX
+from cupy_nwt.loader.ring.ring import live_segments
+from cupy_nwt.loader.workers.thread import STUCK_SUFFIX
 
 pytestmark = pytest.mark.usefixtures("worker_type")
 
@@ -227,12 +227,12 @@ def test_unpicklable_dataset_with_spawn_is_a_clear_error(clean):
 def test_full_dev_shm_fails_up_front_with_the_size_needed(clean, monkeypatch):
     import errno
 
-    from cupy_nwt.loader import _ring as shm
+    import cupy_nwt.loader.ring.ring as shm
 
     def no_space(fd, offset, length):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(shm.os, "posix_fallocate", no_space)
+    monkeypatch.setattr(os, "posix_fallocate", no_space)
     with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu") as dl:
         with pytest.raises(shm.ShmSpaceError, match=r"ring needs .* MiB of /dev/shm.*--shm-size"):
             list(dl)

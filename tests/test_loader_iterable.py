@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cupy_nwt import DataLoader, IterableDataset, WorkerError, get_worker_info
-from cupy_nwt.loader._ring import live_segments
+from cupy_nwt.loader.ring.ring import live_segments
 
 pytestmark = pytest.mark.usefixtures("worker_type")
 

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 from toy_data import Squares
 
-from cupy_nwt import DataLoader
-from cupy_nwt.loader import _options
+from cupy_nwt import DataLoader, system
 
 pytestmark = pytest.mark.usefixtures("worker_type")
 
@@ -133,7 +132,7 @@ def test_pytorch_defaults_and_type_hints():
 
 
 def test_more_workers_than_cpus_warns(monkeypatch):
-    monkeypatch.setattr(_options, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(system, "usable_cpus", lambda: 1)
     with pytest.warns(UserWarning, match="start 2 worker processes, more than the 1 CPUs"):
         DataLoader(Squares(4), num_workers=2, device="cpu")
     import warnings

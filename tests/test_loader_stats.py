@@ -21,9 +21,10 @@ from test_autotune_loader import Scripted, tuned
 from test_loader_faults import clean  # noqa: F401 - the fixture used below
 from toy_data import Squares
 
-import cupy_nwt.loader._stats as stats_mod
 from cupy_nwt import DataLoader, get_worker_info, pack_records
-from cupy_nwt.loader._stats import LoaderStats, MemoryGrowthWarning
+from cupy_nwt.loader import Listener, LoaderParts, LoaderStats, MemoryGrowthWarning
+
+MEMORY_WARN_BYTES = LoaderParts().memory_warn_bytes  # the default threshold
 
 FETCH_S, TRANSFORM_S = 0.002, 0.005
 
@@ -168,8 +169,8 @@ class Growing:
 @pytest.mark.usefixtures("clean")
 @pytest.mark.parametrize("persistent", [True, False])
 def test_memory_growth_warns_once_naming_the_remedy(persistent):
-    dl = DataLoader(Squares(16), batch_size=4, num_workers=2, device="cpu", persistent_workers=persistent)
-    dl._stats.reader = Growing(2 * stats_mod.MEMORY_WARN_BYTES)
+    dl = DataLoader(Squares(16), batch_size=4, num_workers=2, device="cpu", persistent_workers=persistent,
+                    parts=LoaderParts(reader=Growing(2 * MEMORY_WARN_BYTES)))
     with dl, pytest.warns(MemoryGrowthWarning, match=r"cupy_nwt\.pack_records") as caught:
         for _ in range(3):
             list(dl)
@@ -178,8 +179,8 @@ def test_memory_growth_warns_once_naming_the_remedy(persistent):
 
 @pytest.mark.usefixtures("clean")
 def test_flat_memory_does_not_warn():
-    dl = DataLoader(Squares(16), batch_size=4, num_workers=2, device="cpu", persistent_workers=True)
-    dl._stats.reader = Growing(0)
+    dl = DataLoader(Squares(16), batch_size=4, num_workers=2, device="cpu", persistent_workers=True,
+                    parts=LoaderParts(reader=Growing(0)))
     with dl, warnings.catch_warnings():
         warnings.simplefilter("error", MemoryGrowthWarning)
         for _ in range(3):
@@ -229,13 +230,13 @@ def test_the_collector_in_a_worker_does_not_copy_the_inherited_heap():
 
 
 @pytest.mark.usefixtures("clean")
-def test_a_list_of_dicts_grows_forked_workers_and_its_packed_form_does_not(monkeypatch):
+def test_a_list_of_dicts_grows_forked_workers_and_its_packed_form_does_not():
     records = [{"id": i, "name": f"item-{i}", "tags": [i % 7, i % 11]} for i in range(40_000)]
-    monkeypatch.setattr(stats_mod, "MEMORY_WARN_BYTES", 2 * 2**20)
     growth = {}
     for form, ds in (("list", Records(records)), ("packed", pack_records(records))):
         with DataLoader(ds, batch_size=256, shuffle=True, seed=0, num_workers=2, device="cpu", collate_fn=record_ids,
-                        persistent_workers=True, start_method="fork") as dl, warnings.catch_warnings(record=True) as w:
+                        persistent_workers=True, start_method="fork", parts=LoaderParts(memory_warn_bytes=2 * 2**20),
+                        ) as dl, warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             list(dl)
             growth[form] = dl.stats().worker_growth_bytes
@@ -245,16 +246,24 @@ def test_a_list_of_dicts_grows_forked_workers_and_its_packed_form_does_not(monke
 
 
 @pytest.mark.parametrize("pin", [True, "staging", False])
-def test_the_prefetcher_adds_its_copy_time_to_the_clock(pin):
+def test_the_prefetcher_announces_its_copy_time(pin):
     from test_prefetch import LazyCuda, assert_batches, run
 
-    from cupy_nwt.loader._prefetch import DevicePrefetcher
-    from cupy_nwt.loader._stats import Clock
+    from cupy_nwt.loader.device.prefetch import DevicePrefetcher
 
-    ops, clock = LazyCuda(), Clock()
-    out, expected, _ = run(DevicePrefetcher(pin, ops, clock=clock), ops)
+    class Heard(Listener):
+        copy_s, made_n = 0.0, 0
+
+        def copied(self, seconds):
+            self.copy_s += seconds
+
+        def made(self, times):
+            self.made_n += 1
+
+    ops, heard = LazyCuda(), Heard()
+    out, expected, _ = run(DevicePrefetcher(pin, ops, events=heard), ops)
     assert_batches(out, expected)
-    assert clock.copy_s > 0 and clock.made == 0  # copies timed here; the batches' making is the source's to count
+    assert heard.copy_s > 0 and heard.made_n == 0  # copies timed here; the batches' making is the source's to count
 
 
 @pytest.mark.gpu

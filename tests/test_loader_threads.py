@@ -14,9 +14,9 @@ from test_loader_faults import NO_HANG_S, clean, live_worker_threads  # noqa: F4
 from toy_data import Squares
 
 from cupy_nwt import DataLoader, LoaderTimeoutError, WorkerDiedError, get_worker_info, tune_num_workers
-from cupy_nwt.loader._ring import live_segments
-from cupy_nwt.loader._threads import STUCK_SUFFIX
-from cupy_nwt.loader._worker import worker_seed
+from cupy_nwt.loader.ring.ring import live_segments
+from cupy_nwt.loader.workers.info import worker_seed
+from cupy_nwt.loader.workers.thread import STUCK_SUFFIX
 from cupy_nwt.nwt.store import TuneResult
 
 
@@ -98,7 +98,7 @@ def test_a_stuck_thread_times_out_and_is_left_to_finish_with_a_warning(caplog):
     earlier = {t for t in threading.enumerate() if t.name.endswith(STUCK_SUFFIX)}  # other tests' stuck threads
     dl = DataLoader(data, batch_size=2, num_workers=1, timeout=0.5, worker_type="thread", device="cpu")
     t0 = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="cupy_nwt.loader._threads"):
+    with caplog.at_level(logging.WARNING, logger="cupy_nwt.loader.workers.thread"):
         with pytest.raises(LoaderTimeoutError, match="waiting for batch 0"):
             next(iter(dl))
         dl.close()

@@ -91,7 +91,7 @@ def _closure(name: str) -> set[str]:
 def test_the_scan_sees_imports_at_every_level():
     """The checks below prove something only if the scan finds lazy and relative imports."""
     assert "cupy_nwt.loader" in _imports("cupy_nwt.nwt.measure")  # from ..loader import DataLoader
-    assert "cupy_nwt.nwt.pick" in _imports("cupy_nwt.loader._dataloader")  # inside DataLoader.__init__
+    assert "cupy_nwt.nwt.pick" in _imports("cupy_nwt.loader._options")  # inside the options' resolve
     assert "cupy_nwt.nwt.tune" in _imports("cupy_nwt.nwt.auto")  # from . import tune as _tune
     assert TUNER_SIDE - {"cupy_nwt.tuner"} <= _closure("cupy_nwt.nwt.auto")
 

@@ -8,16 +8,19 @@ told to wait for, then shows up as wrong data. The ``gpu`` tests run the real th
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from toy_data import Squares
 
 from cupy_nwt import DataLoader, cuda
-from cupy_nwt.loader._dataloader import _InlineSource
-from cupy_nwt.loader._prefetch import STAGING_BUFFERS, DevicePrefetcher
-from cupy_nwt.loader._ring import Ring, SlotLayout
-from cupy_nwt.loader._sampler import BatchSampler
-from cupy_nwt.loader._workers import BatchMaker
+from cupy_nwt.loader import LoaderParts
+from cupy_nwt.loader.device.prefetch import STAGING_BUFFERS, CudaOps, DevicePrefetcher
+from cupy_nwt.loader.epoch.sampler import BatchSampler
+from cupy_nwt.loader.epoch.sources import InlineSource
+from cupy_nwt.loader.ring.ring import Ring, SlotLayout
+from cupy_nwt.loader.workers.maker import BatchMaker
 
 GARBAGE = 0xEE
 
@@ -97,6 +100,12 @@ class LazyCuda:
         self.pinned_count += 1
         return np.full(nbytes, GARBAGE, np.uint8)
 
+    def device_count(self) -> int:
+        return 2  # stand-in GPUs 0 and 1
+
+    def device_scope(self, device_id: int):
+        return contextlib.nullcontext()
+
     def consume(self, batch):
         """What a kernel on the consumer stream would read: run what the consumer waited on first."""
         for kind, stream, ev in [e for e in self.log if e[0] == "wait" and e[1] == "consumer"]:
@@ -105,7 +114,7 @@ class LazyCuda:
         return tuple(np.array(a, copy=True) for a in batch)
 
 
-class EagerReuse(_InlineSource):
+class EagerReuse(InlineSource):
     """Refills the most recently released slot first: the harshest order for a premature release."""
 
     def release(self, hb) -> None:
@@ -197,8 +206,9 @@ def test_loader_with_workers_feeds_the_prefetcher_across_epochs_and_breaks():
     kw = dict(batch_size=4, shuffle=True, seed=8, device="cpu")
     ref = list(DataLoader(Squares(50, modulo=200), **kw))
     ops = LazyCuda()
-    dl = DataLoader(Squares(50, modulo=200), num_workers=2, prefetch_factor=1, persistent_workers=True, **kw)
-    dl._res.prefetcher = DevicePrefetcher(True, ops)
+    dl = DataLoader(Squares(50, modulo=200), num_workers=2, prefetch_factor=1, persistent_workers=True,
+                    multiprocessing_context="fork", pin_memory=True, parts=LoaderParts(ops=ops),
+                    **{**kw, "device": "cuda"})
     with dl:
         for i, b in enumerate(dl):
             if i == 3:
@@ -245,11 +255,20 @@ def test_gpu_batches_equal_host_batches_in_order(pin, path):
 
 @pytest.mark.gpu
 def test_gpu_registered_ring_is_page_locked_and_batches_are_device_arrays():
-    with DataLoader(Images(64), batch_size=16, device="cuda", num_workers=1, pin_memory=True) as dl:
+    class Registering(CudaOps):
+        buffers: list = []
+
+        def register(self, buffer):
+            self.buffers.append(buffer)
+            return super().register(buffer)
+
+    ops = Registering()
+    with DataLoader(Images(64), batch_size=16, device="cuda", num_workers=1, pin_memory=True,
+                    parts=LoaderParts(ops=ops)) as dl:
         it = iter(dl)
         x, y = next(it)
         assert dl.pin_path == "registered"
-        assert cuda.is_pinned(dl._res.ring.slot_views(0)[0])
+        assert len(ops.buffers) == 1 and cuda.is_pinned(ops.buffers[0])  # the ring itself
         assert cuda.is_device_array(x) and cuda.is_device_array(y)
         assert x.shape == (16, 32, 32, 3) and str(x.dtype) == "uint8"
         assert hasattr(x, "__dlpack__")

@@ -27,9 +27,9 @@ from filelock import FileLock
 from launch_rank import Indexed, tag_seed
 
 from cupy_nwt import DataLoader, cuda, tuner
-from cupy_nwt.loader import _dataloader as loader_mod
-from cupy_nwt.loader._prefetch import DevicePrefetcher
-from cupy_nwt.loader._ring import live_segments
+from cupy_nwt.loader import LoaderParts
+from cupy_nwt.loader.device.place import resolve_device
+from cupy_nwt.loader.ring.ring import live_segments
 from cupy_nwt.nwt.fingerprint import Fingerprint, ResultStore, machine_fingerprint, work_fingerprint
 from cupy_nwt.ranks import LayoutError, RankLayout, agree, find_communicator
 
@@ -161,12 +161,12 @@ def test_device_per_rank_and_device_argument(monkeypatch):
         DataLoader(Indexed(8), device="gpu1")
     monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(True, None, 2))
     layout = RankLayout(5, 8, 3, 4, "torchrun")
-    assert loader_mod._resolve_device("cuda", layout) == ("cuda", 1)  # local rank 3 % 2 GPUs
-    assert loader_mod._resolve_device("auto", layout) == ("cuda", 1)
-    assert loader_mod._resolve_device("cuda:0", layout) == ("cuda", 0)
-    assert loader_mod._resolve_device("cpu", layout) == ("cpu", None)
+    assert resolve_device("cuda", layout) == ("cuda", 1)  # local rank 3 % 2 GPUs
+    assert resolve_device("auto", layout) == ("cuda", 1)
+    assert resolve_device("cuda:0", layout) == ("cuda", 0)
+    assert resolve_device("cpu", layout) == ("cpu", None)
     with pytest.raises(ValueError, match="sees 2 CUDA device"):
-        loader_mod._resolve_device("cuda:2", layout)
+        resolve_device("cuda:2", layout)
 
 
 def test_cuda_index_without_a_gpu_says_why(monkeypatch):
@@ -176,20 +176,12 @@ def test_cuda_index_without_a_gpu_says_why(monkeypatch):
     assert DataLoader(Indexed(8), device="auto", rank=1, world_size=2).device_id is None
 
 
-def test_every_cuda_call_of_a_rank_loader_runs_on_its_device(monkeypatch):
-    """Stand-in CUDA (test_prefetch's lazy streams) that notes the current device at every call."""
+def test_every_cuda_call_of_a_rank_loader_runs_on_its_device():
+    """Stand-in CUDA (test_prefetch's lazy streams, two GPUs) that notes the current device at every call."""
     from test_prefetch import LazyCuda
 
     current = [0]
     calls: list[tuple[str, int]] = []
-
-    @contextlib.contextmanager
-    def device_scope(device):
-        before, current[0] = current[0], device
-        try:
-            yield
-        finally:
-            current[0] = before
 
     class Noting(LazyCuda):
         def __getattribute__(self, name):
@@ -197,13 +189,20 @@ def test_every_cuda_call_of_a_rank_loader_runs_on_its_device(monkeypatch):
                 calls.append((name, current[0]))
             return super().__getattribute__(name)
 
-    monkeypatch.setattr(cuda, "device_scope", device_scope)
+        @contextlib.contextmanager
+        def device_scope(self, device):
+            before, current[0] = current[0], device
+            try:
+                yield
+            finally:
+                current[0] = before
+
     ops = Noting()
     kw = dict(batch_size=8, shuffle=True, seed=3, rank=1, world_size=2)
     ref = [y.tolist() for _, y in DataLoader(Indexed(40), device="cpu", **kw)]
-    dl = DataLoader(Indexed(40), num_workers=1, device="cpu", **kw)
-    dl.device_id = 1  # as if this rank had been given GPU 1
-    dl._res.prefetcher = DevicePrefetcher(True, ops)
+    dl = DataLoader(Indexed(40), num_workers=1, device="cuda", pin_memory=True, multiprocessing_context="fork",
+                    parts=LoaderParts(ops=ops), **kw)
+    assert dl.device_id == 1  # local rank 1 of 2 stand-in GPUs
     got = []
     with dl:
         for batch in dl:

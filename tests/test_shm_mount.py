@@ -7,8 +7,8 @@ import os
 import pytest
 from toy_data import Squares
 
+import cupy_nwt.loader.ring.ring as shm
 from cupy_nwt import DataLoader, LoaderError
-from cupy_nwt.loader import _ring as shm
 
 
 def test_missing_dev_shm_is_a_loader_error_naming_it_and_the_bytes(monkeypatch, tmp_path):

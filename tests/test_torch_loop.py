@@ -126,7 +126,7 @@ def test_output_option_converts_whatever_the_samples_hold(layout: dict) -> None:
 
 def test_output_jax_gives_jax_arrays() -> None:
     """In a child process: JAX's runtime, once started, makes every later loader of this process start
-    its workers by forkserver (``loader._start``), which would change the tests that run after this one."""
+    its workers by forkserver (``loader.workers.start``), which would change the tests that run after this one."""
     pytest.importorskip("jax", reason="JAX is a test-only extra")
     code = ("import jax, numpy as np, cupy_nwt\n"
             "class Arrays:\n    def __len__(self): return 16\n"
@@ -224,7 +224,7 @@ def test_on_the_gpu_path_tensors_come_through_dlpack_after_the_stream_waits(data
     batch is handed to torch through DLPack only after the consumer stream was told to wait on its copy."""
     from test_prefetch import LazyCuda
 
-    from cupy_nwt.loader._prefetch import DevicePrefetcher
+    from cupy_nwt.loader import LoaderParts
 
     class DLPackCuda(LazyCuda):
         def empty(self, shape, dtype, stream):
@@ -234,10 +234,9 @@ def test_on_the_gpu_path_tensors_come_through_dlpack_after_the_stream_waits(data
             super().h2d(dst.a, src, stream)
 
     output = "torch" if isinstance(dataset, Arrays) else "auto"
-    dl = cupy_nwt.DataLoader(dataset, batch_size=B, device="cpu", output=output)
-    dl.device = "cuda"  # as if on a GPU: the main process's ring and the prefetcher, run by the fake
-    ops = DLPackCuda()
-    dl._res.prefetcher = DevicePrefetcher(True, ops, output=output)
+    ops = DLPackCuda()  # as if on a GPU: the main process's ring and the prefetcher, run by the fake
+    dl = cupy_nwt.DataLoader(dataset, batch_size=B, device="cuda", pin_memory=True, output=output,
+                             parts=LoaderParts(ops=ops))
     with dl:
         got = []
         for images, labels in dl:

@@ -7,14 +7,19 @@ machinery behind it.
 
 from ..errors import LoaderError, LoaderTimeoutError, ShmSpaceError, WorkerDiedError, WorkerError
 from ..ranks import RankLayout, rank_layout
-from ._collate import default_collate
 from ._dataloader import DataLoader
+from ._events import Listener, StageTimes, Stall
 from ._iterable import IterableDataset
-from ._resume import merge_states
-from ._sampler import BatchSampler
-from ._slots import HostBatch
-from ._worker import WorkerInfo, get_worker_info
+from ._runtime import LoaderParts
+from ._stats import LoaderStats, MemoryGrowthWarning
+from .epoch.resume import merge_states
+from .epoch.sampler import BatchSampler
+from .ring.collate import default_collate
+from .ring.slots import HostBatch
+from .tuning.online import Autotune
+from .workers.info import WorkerInfo, get_worker_info
 
-__all__ = ["BatchSampler", "DataLoader", "HostBatch", "IterableDataset", "LoaderError", "LoaderTimeoutError",
-           "RankLayout", "ShmSpaceError", "WorkerDiedError", "WorkerError", "WorkerInfo", "default_collate",
-           "get_worker_info", "merge_states", "rank_layout"]
+__all__ = ["Autotune", "BatchSampler", "DataLoader", "HostBatch", "IterableDataset", "Listener", "LoaderError",
+           "LoaderParts", "LoaderStats", "LoaderTimeoutError", "MemoryGrowthWarning", "RankLayout", "ShmSpaceError", "StageTimes", "Stall",
+           "WorkerDiedError", "WorkerError", "WorkerInfo", "default_collate", "get_worker_info", "merge_states",
+           "rank_layout"]

@@ -5,7 +5,7 @@ The path of a batch: the sampler picks its indices (or, for an iterable-style da
 reads its stream's next samples); a worker fetches the samples and collates them straight into a
 slot of one shared-memory ring; the main process hands batches out in order (or as they come, with
 ``in_order=False``); on the GPU a prefetcher copies batch n+1 on a side stream while batch n is in
-use (see ``_prefetch``).
+use (see ``device.prefetch``).
 
 With workers, every batch is made in a worker, the first included: the ring's slot layout (shapes
 and dtypes) is learned from the first batch a worker sends, which travels pickled (so do the few
@@ -21,11 +21,11 @@ Lifetime of what you get:
   only valid until the next batch is requested (or the iteration ends) — copy what you keep.
 * Samples holding torch tensors (JAX arrays) give batches of torch tensors (JAX arrays), on either
   device, made over those same arrays without a copy (``torch.from_numpy``, DLPack on the GPU);
-  ``output=`` asks for one framework whatever the samples hold (``_frameworks``).
+  ``output=`` asks for one framework whatever the samples hold (``ring.frameworks``).
 
 Several ranks (torchrun, SLURM, MPI): each rank builds its own loader; ``rank`` and ``world_size``
 come from the launcher's variables unless given, each rank takes its shard of every epoch (see
-``_sampler.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
+``epoch.sampler.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
 unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
 share of the CPUs (see ``nwt.pick.auto_num_workers``).
 
@@ -38,48 +38,29 @@ dataset and the callables are pickled to each worker, so they must be defined at
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 from .._checks import check_int
-from ..ranks import agree, rank_layout
-from ._device import on_device, resolve_device
-from ._epoch import EpochIterator, host_batches
-from ._frameworks import check_output
-from ._maker import BatchMaker
-from ._online import make_online
-from ._options import check_pin_memory, resolve_context, resolve_timeout, seed_from, warn_if_too_many_workers
-from ._prefetch import DevicePrefetcher
-from ._resume import Track, attach, check_state, kind_of, make_plan, state_of
-from ._ring import SlotLayout
-from ._sampler import fresh_seed
-from ._sampling import Sampling
-from ._setup import learn_layout, new_stage
-from ._slots import HostBatch
-from ._sources import BatchSource, InlineSource, WorkerSource
-from ._stage import Resources, Stage
-from ._stats import STALL_WARNING_S, LoaderStats, Recorder, check_stall
-from ._threads import WORKER_TYPES, check_worker_type
-from ._workers import (
-    LoaderError,
-    LoaderTimeoutError,
-    WorkerDiedError,
-    WorkerError,
-    default_start_method,
-    get_worker_info,
-)
+from ..errors import ArgumentError, LoaderError
+from ..ranks import RankLayout
+from ._options import Options, resolve
+from ._runtime import LoaderParts, Runtime
+from ._stats import STALL_WARNING_S, LoaderStats
+from .epoch.epoch import Epoch, EpochState
+from .epoch.resume import check_state, fresh, state_of
+from .ring.ring import SlotLayout
+from .tuning.policy import Decision
 
-__all__ = ["DataLoader", "HostBatch", "LoaderError", "LoaderTimeoutError", "WorkerDiedError", "WorkerError",
-           "get_worker_info"]
+__all__ = ["DataLoader"]
 
 _FIXED = frozenset({"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"})
-_log = logging.getLogger(__name__)
+_SETTABLE = frozenset({"num_workers", "worker_type", "prefetch_factor", "pin_memory", "collate_fn", "batch_transform",
+                       "worker_init_fn", "timeout", "in_order", "zero_copy", "device", "device_id", "seed",
+                       "stall_warning_s", "rank_layout", "output", "pin_memory_device"})
 T_co = TypeVar("T_co", covariant=True)
-
-_InlineSource = InlineSource  # the name tests/test_prefetch.py builds its eager-reuse source on
-_resolve_device = resolve_device  # and the name tests/test_scaleout.py checks the device choice through
 
 
 class DataLoader(Generic[T_co]):
@@ -97,7 +78,7 @@ class DataLoader(Generic[T_co]):
     the ring ("staging" forces the pinned staging copy); ``zero_copy`` (CPU only) hands out views,
     see the module docstring. ``worker_type="thread"`` makes batches in threads of this process instead
     of worker processes: no pickling or inter-process copy, the same batches, order, seeds and errors;
-    best when the per-sample work releases the GIL (see ``_threads`` for what differs). ``None``: process
+    best when the per-sample work releases the GIL (see ``workers.thread`` for what differs). ``None``: process
     workers, or with ``num_workers="auto"`` the type a saved pick records.
 
     An iterable-style dataset is read by every worker from its own copy (``get_worker_info()`` says
@@ -119,12 +100,18 @@ class DataLoader(Generic[T_co]):
     ``autotune=True`` (map-style, ``num_workers`` >= 1 or "auto", the start) retunes the active
     workers and the ring slots in use while the caller iterates, within ``cpu_budget`` workers
     (default: usable CPUs less one) and ``memory_budget`` ring bytes (default: a share of available
-    RAM and of /dev/shm), without changing the batches; see ``_online``. A policy object with
+    RAM and of /dev/shm), without changing the batches; see ``tuning.online``. A policy object with
     ``decide`` may stand in for ``True``.
 
     ``stall_warning_s`` (None: off): a ``next()`` waiting this long for the workers logs a warning on
     ``cupy_nwt.loader`` naming the batch and the worker that has it; ``stats()`` gives the per-stage
     figures (``cupy_nwt.loader._stats``).
+
+    ``autotune=Autotune(policy, interval_steps=, min_interval_s=)`` is ``autotune``'s long form (how
+    often the policy is asked). ``parts=LoaderParts(ops=, reader=, clock=, listeners=)`` replaces the
+    loader's collaborators: the CUDA operations (and GPUs) of the prefetcher, the reader of a worker's
+    memory, the clock of the figures, and more listeners on its events (``_events``); tests hand it
+    fakes this way, a program may listen to the pipeline.
 
     ``timeout`` bounds each wait for the next batch from the workers (the first waits include worker
     start-up, which is slower with forkserver/spawn). Each iterator has its own workers and gets the
@@ -132,6 +119,8 @@ class DataLoader(Generic[T_co]):
     the previous one. Use ``close()`` or a ``with`` block to stop persistent workers; a loader that
     is garbage-collected cleans up too.
     """
+
+    _options: Options
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None, sampler: Any = None,
                  batch_sampler: Any = None, num_workers: int | str = 0, collate_fn: Callable | None = None,
@@ -143,145 +132,164 @@ class DataLoader(Generic[T_co]):
                  batch_transform: Callable | None = None, zero_copy: bool = False,
                  rank: int | None = None, world_size: int | None = None, worker_type: str | None = None,
                  autotune: Any = False, cpu_budget: int | None = None, memory_budget: int | None = None,
-                 stall_warning_s: float | None = STALL_WARNING_S) -> None:
-        seed = seed_from(seed, generator)
-        if worker_type is not None:
-            worker_type = check_worker_type(worker_type)
-        prefetch_factor = check_int("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor, ge=1)
-        rank = check_int("rank", rank, optional=True)
-        world_size = check_int("world_size", world_size, optional=True)
-        timeout = resolve_timeout(timeout)
-        self.stall_warning_s = check_stall(stall_warning_s)
-        for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
-            if fn is not None and not callable(fn):
-                raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
-        if num_workers != "auto":
-            num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
-        context = resolve_context(multiprocessing_context, start_method,
-                                  num_workers if isinstance(num_workers, int) else 1)
-        if worker_type == "thread" and context is not None:
-            raise ValueError("multiprocessing_context and start_method apply to process workers, not worker_type='thread'")
-
-        self.rank_layout = rank_layout(rank, world_size)
-        self.device, self.device_id = resolve_device(device, self.rank_layout)
-        check_pin_memory(pin_memory, pin_memory_device, self.device)
-        self.output = check_output(output, self.device)
-        self.pin_memory_device = pin_memory_device
-        self.dataset = dataset
-        self.seed = self._agreed_seed() if seed is None else seed
-        self._sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, self.seed,
-                                          self.rank_layout.rank, self.rank_layout.world_size)
-        self._online = make_online(autotune, cpu_budget, memory_budget, num_workers=num_workers,
-                                   iterable=self._sampling.kind == "iterable")
-        if isinstance(num_workers, int):
-            warn_if_too_many_workers(num_workers)
-        else:
-            num_workers, worker_type = self._auto_workers(prefetch_factor, pin_memory, batch_transform, worker_type)
-        if self._online is not None:
-            num_workers = self._online.start(num_workers, prefetch_factor)
-        self._decisions = self._online.decisions if self._online is not None else []  # online tuning's changes
-        self.num_workers = int(num_workers)
-        self.worker_type = worker_type or "process"
-        self.prefetch_factor = int(prefetch_factor)
-        self.pin_memory = pin_memory
-        self.collate_fn = collate_fn
-        self.batch_transform = batch_transform
-        self.worker_init_fn = worker_init_fn
-        self.persistent_workers = bool(persistent_workers)
-        self.timeout = timeout
-        self.in_order = bool(in_order)
-        self.zero_copy = bool(zero_copy)
-        self._context = context
-        self._mp_context_arg = multiprocessing_context
-        self._stats = Recorder()  # the figures ``stats()`` reports; the stages add to its clock
-        self._res = Resources(DevicePrefetcher(pin_memory, clock=self._stats.clock, output=self.output)
-                              if self.device == "cuda" else None)
-        self._finalizer = weakref.finalize(self, self._res.close)
+                 stall_warning_s: float | None = STALL_WARNING_S, parts: LoaderParts | None = None) -> None:
+        if parts is not None and not isinstance(parts, LoaderParts):
+            raise ArgumentError(f"parts must be a LoaderParts, got {type(parts).__name__}")
+        options = resolve(
+            dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, drop_last,
+            timeout, worker_init_fn, multiprocessing_context, generator, prefetch_factor=prefetch_factor,
+            persistent_workers=persistent_workers, in_order=in_order, seed=seed, device=device,
+            start_method=start_method, batch_transform=batch_transform, zero_copy=zero_copy, rank=rank,
+            world_size=world_size, worker_type=worker_type, autotune=autotune, cpu_budget=cpu_budget,
+            memory_budget=memory_budget, stall_warning_s=stall_warning_s, pin_memory_device=pin_memory_device,
+            output=output, gpus=parts.ops if parts is not None else None)
+        object.__setattr__(self, "_options", options)
+        self._runtime = Runtime.of(options, parts)
+        self._finalizer = weakref.finalize(self, self._runtime.close)
         self._epoch = 0
-        self._active: weakref.ref | None = None
-        self._latest: weakref.ref | None = None  # the newest iterator: what state and figures describe
-        self._layout: SlotLayout | None = None
-        self._track: Track | None = None  # the newest iteration's progress (``state_dict``)
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iteration
+        self._active: weakref.ref | None = None  # the shared stage's epoch (a new one ends it)
+        self._last: EpochState | None = None  # the newest epoch's bookkeeping: what state_dict() describes
         self._initialized = True
-
-    def _auto_workers(self, prefetch_factor: int, pin_memory: bool | str, batch_transform: Callable | None,
-                      worker_type: str | None) -> tuple[int, str]:
-        if not self._sampling.own or self._sampling.batch_size is None:
-            raise ValueError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
-                             "(no sampler, batch_sampler or batch_size=None); give a number")
-        from ..nwt.pick import auto_pick  # noqa: PLC0415 - below the loader; never the tuner itself
-
-        return auto_pick(
-            self.dataset, batch_size=self._sampling.batch_size, prefetch_factor=prefetch_factor,
-            pin_memory=pin_memory, device=self.device if self.device_id is None else f"cuda:{self.device_id}",
-            batch_transform=batch_transform, layout=self.rank_layout, worker_type=worker_type,
-            search_types=WORKER_TYPES if self._online is not None else ("process",))
-
-    def _agreed_seed(self) -> int:
-        """A fresh seed, the same on every rank: rank 0's through the program's communicator, else 0."""
-        if not self.rank_layout.is_distributed:
-            return fresh_seed()
-        seed, via = agree(fresh_seed(), self.rank_layout)
-        if via is None:
-            _log.info("seed=None on %d ranks with no torch.distributed or mpi4py to agree on a fresh one: "
-                      "using seed 0 on every rank, as DistributedSampler does", self.rank_layout.world_size)
-            return 0
-        return int(seed)
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED and getattr(self, "_initialized", False):
             raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+        if name in _SETTABLE:  # as PyTorch allows; the next iteration uses it
+            object.__setattr__(self, "_options", replace(self._options, **{name: value}))
+            return
         super().__setattr__(name, value)
 
-    # -- the public surface
+    # -- the settings
+
+    @property
+    def options(self) -> Options:
+        """The settings as resolved and checked at construction (frozen; setting an attribute replaces them)."""
+        return self._options
+
+    @property
+    def dataset(self) -> Any:
+        return self._options.dataset
+
+    @property
+    def num_workers(self) -> int:
+        return self._options.num_workers
+
+    @property
+    def worker_type(self) -> str:
+        return self._options.worker_type
+
+    @property
+    def prefetch_factor(self) -> int:
+        return self._options.prefetch_factor
+
+    @property
+    def pin_memory(self) -> bool | str:
+        return self._options.pin_memory
+
+    @property
+    def collate_fn(self) -> Callable | None:
+        return self._options.collate_fn
+
+    @property
+    def batch_transform(self) -> Callable | None:
+        return self._options.batch_transform
+
+    @property
+    def worker_init_fn(self) -> Callable | None:
+        return self._options.worker_init_fn
+
+    @property
+    def persistent_workers(self) -> bool:
+        return self._options.persistent_workers
+
+    @property
+    def timeout(self) -> float | None:
+        return self._options.timeout
+
+    @property
+    def in_order(self) -> bool:
+        return self._options.in_order
+
+    @property
+    def zero_copy(self) -> bool:
+        return self._options.zero_copy
+
+    @property
+    def device(self) -> str:
+        return self._options.device
+
+    @property
+    def output(self) -> str:
+        return self._options.output
+
+    @property
+    def pin_memory_device(self) -> str:
+        return self._options.pin_memory_device
+
+    @property
+    def device_id(self) -> int | None:
+        return self._options.device_id
+
+    @property
+    def seed(self) -> int:
+        return self._options.seed
+
+    @property
+    def stall_warning_s(self) -> float | None:
+        return self._options.stall_warning_s
+
+    @property
+    def rank_layout(self) -> RankLayout:
+        return self._options.rank_layout
 
     @property
     def rank(self) -> int:
-        return self.rank_layout.rank
+        return self._options.rank
 
     @property
     def world_size(self) -> int:
-        return self.rank_layout.world_size
+        return self._options.world_size
 
     @property
     def batch_size(self) -> int | None:
-        return self._sampling.batch_size
+        return self._options.sampling.batch_size
 
     @property
     def drop_last(self) -> bool:
-        return self._sampling.drop_last
+        return self._options.sampling.drop_last
 
     @property
     def sampler(self) -> Any:
         """The user's ``sampler``, else the loader's own ``BatchSampler`` (map-style; None for a stream)."""
-        if self._sampling.sampler is not None or self._sampling.kind == "iterable":
-            return self._sampling.sampler
-        return self._sampling.batch_sampler_for(self.dataset)
+        s = self._options.sampling
+        if s.sampler is not None or s.kind == "iterable":
+            return s.sampler
+        return s.batch_sampler_for(self.dataset)
 
     @property
     def batch_sampler(self) -> Any:
         """The user's ``batch_sampler``, else the loader's own ``BatchSampler`` when it batches a map-style dataset."""
-        if self._sampling.batch_sampler is not None:
-            return self._sampling.batch_sampler
-        return self.sampler if self._sampling.own and self._sampling.batched else None
+        s = self._options.sampling
+        if s.batch_sampler is not None:
+            return s.batch_sampler
+        return self.sampler if s.own and s.batched else None
 
     @property
     def multiprocessing_context(self) -> Any:
-        return self._mp_context_arg
+        return self._options.multiprocessing_context
 
     @multiprocessing_context.setter
     def multiprocessing_context(self, value: Any) -> None:
-        self._context = resolve_context(value, None, self.num_workers)
-        self._mp_context_arg = value
+        object.__setattr__(self, "_options", self._options.with_context(value))
 
     @property
     def start_method(self) -> str:
         """How the workers start: the given context's method, else the default (see the module docstring);
         "thread" for thread workers."""
-        if self.worker_type == "thread":
-            return "thread"
-        return self._context.get_start_method() if self._context is not None else default_start_method(self.device)
+        return self._options.start_method
+
+    # -- the public surface
 
     @property
     def epoch(self) -> int:
@@ -299,41 +307,51 @@ class DataLoader(Generic[T_co]):
         Before the first batch this is the path the loader will try; a refused registration turns
         'registered' into 'staging' when the ring is made.
         """
-        return self._res.prefetcher.pin_path if self._res.prefetcher is not None else "none"
+        return self._runtime.pin_path
 
     @property
     def layout(self) -> SlotLayout | None:
         """The slot layout (fields, shapes, dtypes) once the first batch has been made with a ring."""
-        return self._layout
+        return self._runtime.layout
+
+    @property
+    def decisions(self) -> tuple[Decision, ...]:
+        """Online tuning's decisions so far, the start first (empty without ``autotune``)."""
+        return self._runtime.decisions
+
+    def slots_in_use(self) -> int:
+        """Ring slots holding a batch not yet given back, over every live iteration: the batches made ahead,
+        plus a ``zero_copy`` view held; 0 when no iteration is live (anything else is a leak)."""
+        return self._runtime.slots_in_use()
 
     def worker_pids(self) -> list[int]:
         """PIDs of the live worker processes, of every live iteration (empty with num_workers=0, thread
         workers, or between epochs)."""
-        return [pid for stage in self._res.stages() if stage.workers is not None for pid in stage.workers.pids()]
+        return self._runtime.worker_pids()
 
     def stats(self) -> LoaderStats:
         """Where the time went since the previous call (or since the loader was made): the caller's wait,
         the workers' busy fraction, seconds fetching, collating, transforming and copying, the live
         workers and prefetch depth, online tuning's decisions, stalls, and each worker's private memory.
         What each figure means, and the warnings: ``cupy_nwt.loader._stats``."""
-        return self._stats.stats(self)
+        return self._runtime.stats(self._options)
 
     def __len__(self) -> int:
-        return self._sampling.length(self.dataset)
+        return self._options.sampling.length(self.dataset)
 
     def __iter__(self) -> Iterator[T_co]:
         if not self._finalizer.alive:
             raise LoaderError("this DataLoader is closed")
-        shared = (self.persistent_workers and self.num_workers > 0) or self._res.prefetcher is not None
+        options = self._options
+        shared = (options.persistent_workers and options.num_workers > 0) or self._runtime.prefetcher is not None
         if shared:
             self._close_active()
         start, self._resume = self._resume, None
-        track = Track(kind_of(self), self._epoch, start if start is not None and start["epoch"] == self._epoch else None)
-        it: EpochIterator[T_co] = EpochIterator(self._run_epoch(track, shared), self, track)
+        it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch,
+                                start if start is not None and start["epoch"] == self._epoch else None, shared)
         self._epoch += 1
-        self._latest, self._track = weakref.ref(it), track
-        if self._online is not None:
-            self._online.follow(it, self._epoch - 1)
+        self._last = it.state
+        self._runtime.events.began(self._epoch - 1)
         if shared:
             self._active = weakref.ref(it)
         return it
@@ -341,16 +359,23 @@ class DataLoader(Generic[T_co]):
     def state_dict(self) -> dict[str, Any]:
         """Where the newest iteration stands, counting only batches delivered to the caller; small and
         JSON-ready. Between epochs (or before the first), the start of the epoch ``iter()`` runs next.
-        What it holds, and the elastic rules: ``cupy_nwt.loader._resume``."""
-        return state_of(self)
+        What it holds, and the elastic rules: ``cupy_nwt.loader.epoch.resume``."""
+        pending = self._resume
+        if pending is not None and pending["epoch"] == self._epoch:  # loaded, not begun yet
+            return dict(pending)
+        progress = self._last.progress() if self._last is not None else None
+        if progress is None or progress.finished or self._epoch != progress.epoch + 1:
+            return fresh(self._options, self._epoch)  # its epoch ran to its end, or set_epoch chose another
+        return state_of(self._options, progress)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` yields exactly the rest of the saved epoch, the
         one after it the following epoch (a ``set_epoch`` to another epoch before that drops it). Another ``num_workers``, ``prefetch_factor`` or
         ``persistent_workers`` gives the same rest; another ``world_size`` re-shards it (map-style; load
         any old rank's state when the ranks delivered alike, else ``merge_states`` of all of them)."""
-        self._resume = check_state(self, state)
+        self._resume = check_state(self._options, state)
         self._epoch = int(self._resume["epoch"])
+        self._last = None  # the loaded state, not the previous iteration, is where the loader stands
         self._track = None  # the loaded state, not the previous iteration, is where the loader stands
 
     def close(self) -> None:
@@ -370,51 +395,8 @@ class DataLoader(Generic[T_co]):
         return (f"DataLoader({type(self.dataset).__name__}, batch_size={self.batch_size}, num_workers={self.num_workers}, "
                 f"device={where!r}{ranks}, worker_type={self.worker_type!r}, start_method={self.start_method!r}, pin_path={self.pin_path!r})")
 
-    # -- one epoch
-
     def _close_active(self) -> None:
-        gen = self._active() if self._active is not None else None
+        it = self._active() if self._active is not None else None
         self._active = None
-        if gen is not None:
-            gen.close()
-
-    def _maker(self) -> BatchMaker:
-        s = self._sampling
-        return BatchMaker(self.dataset, self.collate_fn, self.batch_transform, batched=s.batched,
-                          batch_size=s.batch_size, drop_last=s.drop_last)
-
-    def _run_epoch(self, track: Track, shared: bool) -> Iterator[Any]:
-        res, epoch = self._res, track.epoch
-        plan = make_plan(self, track)
-        stage: Stage | None = None
-        source: BatchSource | None = None
-        graceful = False
-        try:
-            stage = res.stage if shared else None
-            if stage is None and (self.num_workers > 0 or res.prefetcher is not None):
-                stage = new_stage(self, epoch, shared)
-            learn = (lambda hb: learn_layout(self, stage, hb)) if stage is not None else None
-            if stage is not None and stage.workers is not None:
-                source = WorkerSource(stage.workers, plan, self.in_order, self.timeout, learn=learn,
-                                      tick=self._online.tick if self._online is not None else None,
-                                      stall_s=self.stall_warning_s, on_stall=self._stats.stall,
-                                      clock=self._stats.clock)
-            else:
-                source = InlineSource(self._maker(), plan, self._layout, None,
-                                      stage.slots if stage is not None else None, learn=learn, clock=self._stats.clock)
-            attach(track, source, self)
-            if res.prefetcher is not None:
-                yield from on_device(res.prefetcher.batches(source), self.device_id)
-            else:
-                yield from host_batches(source, self.zero_copy, lambda: self._layout, self._stats.clock, self.output)
-            graceful = track.finished = True
-            if stage is not None and stage.workers is not None:
-                self._stats.epoch_end(stage.workers.pids())
-        except GeneratorExit:
-            graceful = True  # a break or a dropped iterator: persistent workers may stay
-            raise
-        finally:
-            if source is not None:
-                source.close()
-            if stage is not None and stage.workers is not None and not (graceful and self.persistent_workers):
-                res.drop(stage)
+        if it is not None:
+            it.close()

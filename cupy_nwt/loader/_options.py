@@ -1,19 +1,165 @@
-"""The loader's process options, checked as PyTorch checks them: the multiprocessing context, the
-worker count against the usable CPUs, ``timeout``, the seed a ``generator`` gives and ``pin_memory``.
+"""A loader's settings: its arguments turned into one frozen ``Options``, checked in one place (with
+PyTorch's rules and error types where PyTorch has them), as Grain's ``options`` does. Everything
+below the ``DataLoader`` reads these, never the loader.
 """
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from multiprocessing.context import BaseContext
 from typing import Any
 
 import numpy as np
 
+from .. import system
 from .._checks import check_int, check_number
-from ..system import usable_cpus
-from ._frameworks import generator_seed
+from ..ranks import RankLayout, agree, rank_layout
+from ._stats import STALL_WARNING_S, check_stall
+from .device.place import resolve_device
+from .device.prefetch import PrefetchOps
+from .epoch.sampler import fresh_seed
+from .epoch.sampling import Sampling
+from .ring.frameworks import check_output, generator_seed
+from .tuning.online import Tuning, check_tuning
+from .workers.kinds import WORKER_TYPES, check_worker_type, kind
+from .workers.maker import BatchMaker
+from .workers.pool import WorkerKind
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Options:
+    """A loader's resolved settings (``DataLoader``'s docstring says what each means)."""
+
+    dataset: Any
+    sampling: Sampling
+    num_workers: int
+    worker_type: str
+    prefetch_factor: int
+    pin_memory: bool | str
+    collate_fn: Callable | None
+    batch_transform: Callable | None
+    worker_init_fn: Callable | None
+    persistent_workers: bool
+    timeout: float | None
+    in_order: bool
+    zero_copy: bool
+    context: BaseContext | None  # the workers' start context (None: the kind's default)
+    multiprocessing_context: Any  # as given
+    pin_memory_device: str  # torch's, accepted and ignored (with its warning)
+    output: str  # the framework batches come out in ("auto": the samples')
+    device: str
+    device_id: int | None
+    rank_layout: RankLayout
+    seed: int
+    stall_warning_s: float | None
+    tuning: Tuning | None
+
+    @property
+    def rank(self) -> int:
+        return self.rank_layout.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.rank_layout.world_size
+
+    @property
+    def kind(self) -> WorkerKind:
+        return kind(self.worker_type)
+
+    @property
+    def start_method(self) -> str:
+        return self.kind.start_method(self.context, self.device)
+
+    def maker(self) -> BatchMaker:
+        """What makes this loader's batches (in a worker, or in the main process)."""
+        s = self.sampling
+        return BatchMaker(self.dataset, self.collate_fn, self.batch_transform, batched=s.batched,
+                          batch_size=s.batch_size, drop_last=s.drop_last)
+
+    def with_context(self, multiprocessing_context: Any) -> Options:
+        """These options with another ``multiprocessing_context`` (checked as at construction)."""
+        context = resolve_context(multiprocessing_context, None, self.num_workers)
+        return replace(self, context=context, multiprocessing_context=multiprocessing_context)
+
+
+def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any, num_workers: Any,
+            collate_fn: Any, pin_memory: Any, drop_last: Any, timeout: Any, worker_init_fn: Any,
+            multiprocessing_context: Any, generator: Any, *, prefetch_factor: Any, persistent_workers: Any,
+            in_order: Any, seed: Any, device: Any, start_method: Any, batch_transform: Any, zero_copy: Any,
+            pin_memory_device: Any = "", output: Any = "auto",
+            rank: Any, world_size: Any, worker_type: Any, autotune: Any, cpu_budget: Any, memory_budget: Any,
+            stall_warning_s: Any = STALL_WARNING_S, gpus: PrefetchOps | None = None) -> Options:
+    """``DataLoader``'s arguments, checked in PyTorch's order and resolved; ``gpus``: a loader's own CUDA ops."""
+    seed = seed_from(seed, generator)
+    if worker_type is not None:
+        worker_type = check_worker_type(worker_type)
+    prefetch_factor = check_int("prefetch_factor", 2 if prefetch_factor is None else prefetch_factor, ge=1)
+    rank = check_int("rank", rank, optional=True)
+    world_size = check_int("world_size", world_size, optional=True)
+    timeout = resolve_timeout(timeout)
+    stall_warning_s = check_stall(stall_warning_s)
+    for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
+        if fn is not None and not callable(fn):
+            raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
+    if num_workers != "auto":
+        num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
+    context = resolve_context(multiprocessing_context, start_method, num_workers if isinstance(num_workers, int) else 1)
+    if worker_type is not None and not kind(worker_type).processes and context is not None:
+        raise ValueError(f"multiprocessing_context and start_method apply to process workers, not "
+                         f"worker_type={worker_type!r}")
+    layout = rank_layout(rank, world_size)
+    device, device_id = resolve_device(device, layout, gpus)
+    check_pin_memory(pin_memory, pin_memory_device, device, stacklevel=4)
+    output = check_output(output, device)
+    seed = agreed_seed(layout) if seed is None else seed
+    sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, seed, layout.rank,
+                                layout.world_size)
+    tuning = check_tuning(autotune, cpu_budget, memory_budget, num_workers=num_workers,
+                          iterable=sampling.kind == "iterable")
+    if isinstance(num_workers, int):
+        warn_if_too_many_workers(num_workers, stacklevel=4)
+    else:
+        num_workers, worker_type = _auto_workers(dataset, sampling, prefetch_factor, pin_memory, batch_transform,
+                                                 worker_type, device if device_id is None else f"cuda:{device_id}",
+                                                 layout, tuning is not None)
+    if tuning is not None:
+        tuning = tuning.starting(num_workers, prefetch_factor)
+        num_workers = tuning.workers
+    return Options(dataset, sampling, int(num_workers), worker_type or "process", int(prefetch_factor), pin_memory,
+                   collate_fn, batch_transform, worker_init_fn, bool(persistent_workers), timeout, bool(in_order),
+                   bool(zero_copy), context, multiprocessing_context, pin_memory_device, output, device, device_id, layout,
+                   seed, stall_warning_s, tuning)
+
+
+def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_memory: bool | str,
+                  batch_transform: Callable | None, worker_type: str | None, device: str, layout: RankLayout,
+                  tuning: bool) -> tuple[int, str]:
+    if not sampling.own or sampling.batch_size is None:
+        raise ValueError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
+                         "(no sampler, batch_sampler or batch_size=None); give a number")
+    from ..nwt.pick import auto_pick  # noqa: PLC0415 - below the loader; never the tuner itself
+
+    return auto_pick(dataset, batch_size=sampling.batch_size, prefetch_factor=prefetch_factor, pin_memory=pin_memory,
+                     device=device, batch_transform=batch_transform, layout=layout, worker_type=worker_type,
+                     search_types=WORKER_TYPES if tuning else ("process",))
+
+
+def agreed_seed(layout: RankLayout) -> int:
+    """A fresh seed, the same on every rank: rank 0's through the program's communicator, else 0."""
+    if not layout.is_distributed:
+        return fresh_seed()
+    seed, via = agree(fresh_seed(), layout)
+    if via is None:
+        _log.info("seed=None on %d ranks with no torch.distributed or mpi4py to agree on a fresh one: "
+                  "using seed 0 on every rank, as DistributedSampler does", layout.world_size)
+        return 0
+    return int(seed)
 
 
 def resolve_context(multiprocessing_context: Any, start_method: str | None, num_workers: int) -> BaseContext | None:
@@ -47,7 +193,7 @@ def resolve_context(multiprocessing_context: Any, start_method: str | None, num_
 
 def warn_if_too_many_workers(num_workers: int, stacklevel: int = 3) -> None:
     """A UserWarning, as PyTorch gives, when there are more workers than CPUs this process may use."""
-    cpus = usable_cpus()
+    cpus = system.usable_cpus()
     if num_workers > cpus:
         warnings.warn(f"this DataLoader will start {num_workers} worker processes, more than the {cpus} CPUs this "
                       "process may use: the workers will share them, which is slower and may even stall; "

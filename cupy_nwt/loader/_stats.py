@@ -5,7 +5,7 @@ Why this shape: a slow input pipeline is slow in one stage (reading samples, col
 over the interval the caller chooses by calling ``stats()`` again, without a profiler and without
 adding a sync or a lock to the hot path. Everything is counted on the main thread:
 
-* the caller's wait, by the epoch iterator (``_epoch``): the seconds spent inside ``next()``;
+* the caller's wait, by the epoch iterator (``epoch.epoch``): the seconds spent inside ``next()``;
 * the seconds each batch spent fetching, collating and in ``batch_transform``, measured where the
   batch is made (``BatchMaker.produce``, in a worker or the main process) and sent back with it;
   busy fraction = those seconds / (wall seconds x workers) (x 1 with ``num_workers=0``: then it is
@@ -14,7 +14,9 @@ adding a sync or a lock to the hot path. Everything is counted on the main threa
   time issuing the H2D copies (and the staging memcpy): with ``pin_memory`` the copy itself runs
   asynchronously and is not timed, without it the driver copies synchronously and that is the copy.
 
-Two warnings ride on the same counters. A stall (one ``next()`` waiting longer than
+The figures are a listener (``_events``): the stages announce what happened and ``Recorder`` adds it
+up, so a new per-stage timer (a field of ``StageTimes``) shows in ``stages`` and ``to_dict()`` with
+no change here. Two warnings ride on the same counters. A stall (one ``next()`` waiting longer than
 ``stall_warning_s``, default ``STALL_WARNING_S``) is logged on ``cupy_nwt.loader`` at WARNING, each
 time, naming the batch waited for and the worker that has it. Copy-on-read memory: at each epoch's
 end the workers' private memory (USS) is read; when it has grown since their first batch by more
@@ -30,58 +32,22 @@ from __future__ import annotations
 import logging
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psutil
 
-if TYPE_CHECKING:
-    from ._dataloader import DataLoader
-    from ._stage import Stage
+from ._events import Listener, StageTimes, Stall
 
 STALL_WARNING_S = 10.0  # the default stall threshold: one next() waiting this long is worth a line
 MEMORY_WARN_BYTES = 64 << 20  # workers' private memory grown by this much a worker: the copy-on-read warning
 _log = logging.getLogger("cupy_nwt.loader")
+_COUNTS = ("delivered", "made", "waited_s", "blocked_s", "copy_s")
 
 
 class MemoryGrowthWarning(UserWarning):
     """The loader's worker processes keep private copies of the dataset's pages (copy-on-read)."""
-
-
-class Clock:
-    """Running totals a loader's stages add to, on the main thread; ``stats()`` reports their deltas."""
-
-    __slots__ = ("blocked_s", "collate_s", "copy_s", "delivered", "fetch_s", "made", "transform_s", "waited_s")
-
-    def __init__(self) -> None:
-        self.fetch_s = self.collate_s = self.transform_s = self.copy_s = self.waited_s = self.blocked_s = 0.0
-        self.made = self.delivered = 0
-
-    def add(self, times: tuple[float, float, float] | None) -> None:
-        """A batch was made: its (fetch, collate, transform) seconds."""
-        if times is not None:
-            self.fetch_s += times[0]
-            self.collate_s += times[1]
-            self.transform_s += times[2]
-            self.made += 1
-
-    def totals(self) -> dict[str, float]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
-@dataclass(frozen=True)
-class Stall:
-    """One ``next()`` waited ``waited_s`` for batch ``batch_index`` (None: any, with ``in_order=False``)."""
-
-    epoch: int
-    batch_index: int | None
-    worker_id: int | None  # None: no worker has it yet (no free slot or worker capacity)
-    where: str
-    waited_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -103,8 +69,9 @@ class LoaderStats:
     ``waited_s`` is the caller's time inside ``next()``; ``blocked_s``, the part of it spent blocked
     for a batch the workers had not made yet (more workers help that; the rest is the loader
     handing batches out, and on a busy machine the caller's process waiting for a CPU).
-    ``busy_fraction`` is None when no wall time passed; ``memory`` is None for thread workers (a
-    thread has no private memory of its own) and empty when no worker process is alive.
+    ``stages`` sums each batch's ``StageTimes`` (``fetch_s``, ``collate_s``, ``transform_s`` read
+    them). ``busy_fraction`` is None when no wall time passed; ``memory`` is None for thread workers
+    (a thread has no private memory of its own) and empty when no worker process is alive.
     """
 
     interval_s: float
@@ -113,9 +80,7 @@ class LoaderStats:
     blocked_s: float
     made: int
     busy_fraction: float | None
-    fetch_s: float
-    collate_s: float
-    transform_s: float
+    stages: StageTimes
     copy_s: float
     copy: str
     num_workers: int
@@ -124,6 +89,18 @@ class LoaderStats:
     decisions: tuple[dict[str, Any], ...]
     stalls: tuple[Stall, ...]
     memory: tuple[WorkerMemory, ...] | None
+
+    @property
+    def fetch_s(self) -> float:
+        return self.stages.fetch_s
+
+    @property
+    def collate_s(self) -> float:
+        return self.stages.collate_s
+
+    @property
+    def transform_s(self) -> float:
+        return self.stages.transform_s
 
     @property
     def worker_private_bytes(self) -> int | None:
@@ -136,7 +113,8 @@ class LoaderStats:
         return None if self.memory is None else sum(m.growth_bytes for m in self.memory)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = {k: v for k, v in asdict(self).items() if k != "stages"}
+        d.update(self.stages.to_dict())
         d["stalls"] = [s.to_dict() for s in self.stalls]
         d["memory"] = None if self.memory is None else [m.to_dict() for m in self.memory]
         d["decisions"] = list(self.decisions)
@@ -155,26 +133,47 @@ def read_uss(pid: int) -> int | None:
         return None
 
 
-class Recorder:
-    """A loader's figures: the clock its stages feed, stalls seen, the workers' memory, and the last mark."""
+class Recorder(Listener):
+    """A loader's figures: running totals of what its stages announce, stalls seen, the workers'
+    memory, and the last mark. ``reader`` reads a worker's memory, ``clock`` the time; ``warn_bytes``
+    is the average growth a worker that warns of copy-on-read."""
 
-    def __init__(self, reader: MemoryReader = read_uss) -> None:
-        self.clock = Clock()
-        self.reader = reader
+    def __init__(self, reader: MemoryReader = read_uss, clock: Callable[[], float] = time.perf_counter,
+                 warn_bytes: int = MEMORY_WARN_BYTES) -> None:
+        self.reader, self.clock, self.warn_bytes = reader, clock, warn_bytes
+        self.totals: dict[str, float] = dict.fromkeys((*_COUNTS, *StageTimes.names()), 0.0)
         self.stalls: list[Stall] = []
         self.first: dict[int, int] = {}  # pid -> USS at its first batch
         self.warned = False
-        self._mark = (time.perf_counter(), self.clock.totals(), 0)  # (time, totals, decisions seen)
+        self._mark = (clock(), dict(self.totals), 0)  # (time, totals, decisions seen)
 
-    # -- hooks on the loader's path
+    # -- events
 
-    def stall(self, s: Stall) -> None:
+    def waited(self, epoch: int, seconds: float, delivered: bool) -> None:
+        self.totals["waited_s"] += seconds
+        if delivered:
+            self.totals["delivered"] += 1
+
+    def blocked(self, seconds: float) -> None:
+        self.totals["blocked_s"] += seconds
+
+    def made(self, times: StageTimes) -> None:
+        t = self.totals
+        t["made"] += 1
+        for name in times.__slots__:
+            t[name] += getattr(times, name)
+
+    def copied(self, seconds: float) -> None:
+        self.totals["copy_s"] += seconds
+
+    def stalled(self, stall: Stall) -> None:
         """A ``next()`` has waited past the threshold: say so now, and keep it for ``stats()``."""
-        self.stalls.append(s)
-        what = "any batch" if s.batch_index is None else f"batch {s.batch_index}"
-        _log.warning("loader: waited %.1f s so far for %s of epoch %d, which %s", s.waited_s, what, s.epoch, s.where)
+        self.stalls.append(stall)
+        what = "any batch" if stall.batch_index is None else f"batch {stall.batch_index}"
+        _log.warning("loader: waited %.1f s so far for %s of epoch %d, which %s", stall.waited_s, what, stall.epoch,
+                     stall.where)
 
-    def first_batch(self, pids: Iterable[int]) -> None:
+    def first_batch(self, pids: Sequence[int]) -> None:
         """An iteration delivered its first batch: the baseline of workers not seen before."""
         for pid in pids:
             if pid not in self.first:
@@ -182,70 +181,53 @@ class Recorder:
                 if uss is not None:
                     self.first[pid] = uss
 
-    def epoch_end(self, pids: list[int]) -> None:
+    def ended(self, pids: Sequence[int]) -> None:
         """Workers are still up at an epoch's end: warn once if their memory grew as copy-on-read does."""
         if self.warned or not pids:
             return
         grown = [uss - self.first[pid] for pid, uss in self._read(pids) if pid in self.first]
-        if grown and sum(grown) / len(grown) > MEMORY_WARN_BYTES:
+        if grown and sum(grown) / len(grown) > self.warn_bytes:
             self.warned = True
             warnings.warn(
                 f"the loader's {len(grown)} worker process(es) grew by {sum(grown) / len(grown) / 2**20:.0f} MiB of "
                 "private memory each since their first batch: reading Python objects (a list of dicts, of strings) "
                 "writes their reference counts, so each forked worker copies the dataset's pages. Pack the records "
                 "into NumPy columns that workers share without copying: cupy_nwt.pack_records(records)",
-                MemoryGrowthWarning, stacklevel=4)
+                MemoryGrowthWarning, stacklevel=5)
 
     def _read(self, pids: Iterable[int]) -> list[tuple[int, int]]:
         return [(pid, uss) for pid in pids if (uss := self.reader(pid)) is not None]
 
     # -- the figures
 
-    def stats(self, loader: DataLoader) -> LoaderStats:
-        now, totals = time.perf_counter(), self.clock.totals()
+    def stats(self, *, decisions: Sequence[Any], workers: int, depth: int, copy: str, worker_type: str,
+              pids: Sequence[int] | None) -> LoaderStats:
+        """The figures since the last call; ``pids`` the worker processes to read (None: threads, no memory)."""
+        now, totals = self.clock(), dict(self.totals)
         then, before, seen = self._mark
-        decisions = list(loader._decisions)
         self._mark = (now, totals, len(decisions))
         d = {k: totals[k] - before[k] for k in totals}
         stalls, self.stalls = tuple(self.stalls), []
         wall = now - then
-        workers, depth = live_setting(loader)
-        busy = d["fetch_s"] + d["collate_s"] + d["transform_s"]
+        stages = StageTimes(**{name: d[name] for name in StageTimes.names()})
         memory = None
-        if loader.worker_type != "thread" or loader.num_workers == 0:
-            memory = tuple(WorkerMemory(pid, uss, uss - self.first.get(pid, uss))
-                           for pid, uss in self._read(loader.worker_pids()))
+        if pids is not None:
+            memory = tuple(WorkerMemory(pid, uss, uss - self.first.get(pid, uss)) for pid, uss in self._read(pids))
         return LoaderStats(
             interval_s=wall, batches=int(d["delivered"]), waited_s=d["waited_s"], blocked_s=d["blocked_s"],
-            made=int(d["made"]),
-            busy_fraction=busy / (wall * max(1, workers)) if wall > 0 else None,
-            fetch_s=d["fetch_s"], collate_s=d["collate_s"], transform_s=d["transform_s"], copy_s=d["copy_s"],
-            copy=copy_kind(loader), num_workers=workers, prefetch_depth=depth, worker_type=loader.worker_type,
-            decisions=tuple(x.to_dict() for x in decisions[seen:]), stalls=stalls, memory=memory)
+            made=int(d["made"]), busy_fraction=stages.total() / (wall * max(1, workers)) if wall > 0 else None,
+            stages=stages, copy_s=d["copy_s"], copy=copy, num_workers=workers, prefetch_depth=depth,
+            worker_type=worker_type, decisions=tuple(x.to_dict() for x in decisions[seen:]), stalls=stalls,
+            memory=memory)
 
 
-def copy_kind(loader: DataLoader) -> str:
-    """What ``copy_s`` measured for this loader."""
-    if loader.device == "cuda":
-        return "h2d issue (host side; async when pinned)" if loader.pin_memory else "h2d (pageable, synchronous)"
-    if loader.num_workers == 0:
+def copy_kind(device: str, pin_memory: bool | str, num_workers: int, zero_copy: bool) -> str:
+    """What ``copy_s`` measured for a loader of these settings."""
+    if device == "cuda":
+        return "h2d issue (host side; async when pinned)" if pin_memory else "h2d (pageable, synchronous)"
+    if num_workers == 0:
         return "none (num_workers=0 on the CPU: batches are made in the caller's own arrays)"
-    return "none (zero_copy)" if loader.zero_copy else "host copy out of the ring"
-
-
-def live_setting(loader: DataLoader) -> tuple[int, int]:
-    """The workers given tasks now and the batches that may be in flight (ring slots in use at most)."""
-    stage: Stage | None = next((s for s in reversed(loader._res.stages()) if s.workers is not None), None)
-    if stage is not None and stage.workers is not None and not stage.workers.closed:
-        pool = stage.workers
-        ring = pool.slots.ring
-        slots = ring.slots if ring is not None else pool.size * pool.prefetch_factor
-        return pool.active, min(slots, pool.slot_cap) if pool.slot_cap is not None else slots
-    if loader._online is not None and loader._online.setting is not None:
-        return loader._online.setting.workers, loader._online.setting.slots
-    if loader.num_workers == 0:
-        return 0, 1 if loader.device == "cuda" else 0
-    return loader.num_workers, max(2, loader.num_workers * loader.prefetch_factor)
+    return "none (zero_copy)" if zero_copy else "host copy out of the ring"
 
 
 def check_stall(value: object) -> float | None:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import cuda
-from ..loader._dataloader import DataLoader
+from ..loader import DataLoader
 from ..ranks import device_for_rank, rank_layout
 from .fingerprint import resolve_device
 from .memory import DEFAULT_INTERVAL_S, MemorySampler

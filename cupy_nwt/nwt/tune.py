@@ -14,7 +14,7 @@ from typing import Any
 from .. import system
 from .._checks import check_int, check_number
 from .._reporting.progress import Progress
-from ..loader._threads import check_worker_type
+from ..loader.workers.kinds import check_worker_type
 from . import measure as _measure
 from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch, open_cap
 from .fingerprint import Fingerprint, machine_fingerprint, resolve_device, work_fingerprint

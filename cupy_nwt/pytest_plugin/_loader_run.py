@@ -191,7 +191,7 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
                          target_noise_pct: float, max_seconds: float, loader_kwargs: dict[str, Any]) -> Any:
     """The body of the ``loader_benchmark`` fixture (see its docstring); returns a LoaderBenchmarkResult."""
     from .. import cuda  # noqa: PLC0415
-    from ..loader._dataloader import DataLoader  # noqa: PLC0415
+    from ..loader import DataLoader  # noqa: PLC0415
     from ..nwt.fingerprint import machine_fingerprint  # noqa: PLC0415
     from ..nwt.memory import MemorySampler  # noqa: PLC0415
     from ._cpu import open_instruction_counter  # noqa: PLC0415

@@ -1,0 +1,220 @@
+"""What a loader holds across epochs and must free: its stages (workers and rings), the slot layout,
+the GPU prefetcher, online tuning and the figures. ``Runtime`` is their one owner and writer, and
+the target of the loader's finalizer (it holds no reference to the loader, so a dropped loader is
+collected and cleaned up).
+
+A ``Stage`` bundles the slot pool (and its ring, once the layout is known) and the workers that
+fill it. A loader's shared stage lives across epochs (persistent workers, or the main process's
+ring on the GPU path); every other iteration with workers has a stage of its own, so several
+iterators of one loader can be live at once. The layout outlives a stage: the next one is built
+from it.
+
+The collaborators (the CUDA operations, the reader of a worker's memory, the clock, more event
+listeners) come in through the constructor: ``LoaderParts`` carries them from a ``DataLoader``'s
+``parts=``, which is also how tests hand it fakes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from ._events import Events, Listener
+from ._stats import MEMORY_WARN_BYTES, LoaderStats, MemoryReader, Recorder, copy_kind, read_uss
+from .device.place import device_scope
+from .device.prefetch import DevicePrefetcher, PrefetchOps
+from .ring.ring import Ring, SlotLayout
+from .ring.slots import HostBatch, SlotPool
+from .tuning.online import OnlineTuner
+from .tuning.policy import Decision
+from .workers.pool import Workers
+
+if TYPE_CHECKING:
+    from ._options import Options
+
+
+@dataclass(frozen=True)
+class LoaderParts:
+    """A loader's collaborators, each replaceable: ``ops`` the CUDA operations of the prefetcher (and the
+    GPUs it may use; None: ``cupy_nwt.cuda``'s), ``reader`` a worker process's private memory by pid,
+    ``clock`` the seconds the figures count, ``listeners`` more listeners on the loader's events,
+    ``memory_warn_bytes`` the copy-on-read warning's threshold (``_stats``)."""
+
+    ops: PrefetchOps | None = None
+    reader: MemoryReader = read_uss
+    clock: Callable[[], float] = time.perf_counter
+    listeners: tuple[Listener, ...] = ()
+    memory_warn_bytes: int = MEMORY_WARN_BYTES
+
+
+@dataclass(frozen=True, eq=False)
+class Stage:
+    """What an epoch runs on: the slot pool (its ring attached once the layout is known) and the workers.
+
+    ``workers`` is None for ``num_workers=0`` (whose only stage is the GPU path's ring).
+    """
+
+    slots: SlotPool
+    workers: Workers | None
+
+    @property
+    def ring(self) -> Ring | None:
+        return self.slots.ring
+
+
+class Runtime:
+    """The machinery of one loader, for the options it was made with (``options.device``, ``pin_memory``
+    and ``tuning`` fix the prefetcher and the tuner; each stage reads the options it is given)."""
+
+    def __init__(self, options: Options, *, ops: PrefetchOps | None = None, reader: MemoryReader = read_uss,
+                 clock: Callable[[], float] = time.perf_counter, listeners: tuple[Listener, ...] = (),
+                 memory_warn_bytes: int = MEMORY_WARN_BYTES) -> None:
+        self.ops, self.clock = ops, clock
+        self.recorder = Recorder(reader, clock, memory_warn_bytes)
+        self.tuner = OnlineTuner(options.tuning, clock) if options.tuning is not None else None
+        self.events = Events((self.recorder, *((self.tuner,) if self.tuner is not None else ()), *listeners))
+        self.prefetcher = (DevicePrefetcher(options.pin_memory, ops, self.events, clock, options.output)
+                           if options.device == "cuda" else None)
+        self.stage: Stage | None = None  # the shared one
+        self.loose: list[Stage] = []  # one per live iteration that has its own workers
+        self.layout: SlotLayout | None = None
+
+    @classmethod
+    def of(cls, options: Options, parts: LoaderParts | None) -> Runtime:
+        parts = parts if parts is not None else LoaderParts()
+        return cls(options, ops=parts.ops, reader=parts.reader, clock=parts.clock, listeners=parts.listeners,
+                   memory_warn_bytes=parts.memory_warn_bytes)
+
+    # -- what a loader reports
+
+    @property
+    def decisions(self) -> tuple[Decision, ...]:
+        return tuple(self.tuner.decisions) if self.tuner is not None else ()
+
+    @property
+    def pin_path(self) -> str:
+        return self.prefetcher.pin_path if self.prefetcher is not None else "none"
+
+    def stages(self) -> list[Stage]:
+        return ([self.stage] if self.stage is not None else []) + self.loose
+
+    def slots_in_use(self) -> int:
+        """Ring slots taken and not yet given back, over every live stage."""
+        return sum(s.ring.slots - len(s.slots.free) for s in self.stages() if s.ring is not None)
+
+    def worker_pids(self) -> list[int]:
+        return [pid for stage in self.stages() if stage.workers is not None for pid in stage.workers.pids()]
+
+    def live_setting(self, options: Options) -> tuple[int, int]:
+        """The workers given tasks now and the batches that may be in flight (ring slots in use at most)."""
+        stage = next((s for s in reversed(self.stages()) if s.workers is not None), None)
+        if stage is not None and stage.workers is not None and not stage.workers.closed:
+            pool = stage.workers
+            ring = pool.slots.ring
+            slots = ring.slots if ring is not None else pool.size * pool.prefetch_factor
+            return pool.active, min(slots, pool.slot_cap) if pool.slot_cap is not None else slots
+        if self.tuner is not None:
+            return self.tuner.setting.workers, self.tuner.setting.slots
+        if options.num_workers == 0:
+            return 0, 1 if options.device == "cuda" else 0
+        return options.num_workers, max(2, options.num_workers * options.prefetch_factor)
+
+    def stats(self, options: Options) -> LoaderStats:
+        workers, depth = self.live_setting(options)
+        processes = options.kind.processes or options.num_workers == 0
+        return self.recorder.stats(
+            decisions=self.decisions, workers=workers, depth=depth,
+            copy=copy_kind(options.device, options.pin_memory, options.num_workers, options.zero_copy),
+            worker_type=options.worker_type, pids=self.worker_pids() if processes else None)
+
+    # -- stages
+
+    def new_stage(self, options: Options, epoch: int, shared: bool) -> Stage:
+        """Start the workers (if any) and, when the layout is already known, make their ring."""
+        workers: Workers | None = None
+        if options.num_workers > 0:
+            workers = options.kind.start(
+                maker=options.maker(), num_workers=self.tuner.workers if self.tuner is not None else options.num_workers,
+                prefetch_factor=options.prefetch_factor, seed=options.seed, worker_init_fn=options.worker_init_fn,
+                context=options.context, device=options.device, epoch=epoch, rank=options.rank,
+                world_size=options.world_size, events=self.events)
+            if self.tuner is not None:
+                self.tuner.configure(workers)
+        stage = Stage(workers.slots if workers is not None else SlotPool(None), workers)
+        if shared:
+            self.stage = stage
+        else:
+            self.loose.append(stage)
+        if self.layout is not None:
+            self._attach_ring(options, stage, self.layout)
+        return stage
+
+    def learn_layout(self, options: Options, stage: Stage, hb: HostBatch) -> None:
+        """The first batch made fixes the layout (unless an earlier stage learned it): build the ring."""
+        if stage.ring is not None:
+            return
+        if self.layout is None:
+            assert hb.treedef is not None
+            s = options.sampling
+            self.layout = SlotLayout.from_parts(hb.treedef, hb.leaves, s.max_rows(options.dataset),
+                                                hb.rows if s.batched else None)
+        self._attach_ring(options, stage, self.layout)
+
+    def _attach_ring(self, options: Options, stage: Stage, layout: SlotLayout) -> None:
+        """Make the ring for ``layout`` (sized for the workers and prefetch, or online tuning's budget) and hand it
+        to the stage's workers (or the main process's slot pool) and, on the shared stage, to the GPU prefetcher."""
+        n = max(2, options.num_workers * options.prefetch_factor) if options.num_workers > 0 else 2
+        if self.tuner is not None:
+            n = self.tuner.ring_slots(layout.slot_bytes, options.prefetch_factor)
+        ring = Ring(layout, n, shared=options.num_workers > 0 and options.kind.processes)
+        try:
+            if stage.workers is not None:
+                stage.workers.attach(ring)
+                if self.tuner is not None:
+                    self.tuner.configure(stage.workers)
+            else:
+                stage.slots.attach(ring)
+            if self.prefetcher is not None and stage is self.stage:
+                with device_scope(options.device_id, self.ops):
+                    self.prefetcher.attach(ring)
+        except BaseException:
+            if stage.slots.ring is not ring:
+                ring.close()
+            raise
+
+    def drop(self, stage: Stage) -> None:
+        """Stop ``stage``'s workers, then release its ring. Idempotent."""
+        if stage is self.stage:
+            self.stage = None
+            prefetcher = self.prefetcher
+        elif stage in self.loose:
+            self.loose.remove(stage)
+            prefetcher = None
+        else:
+            return
+        self._discard(stage.workers, stage.ring, prefetcher)
+
+    @staticmethod
+    def _discard(workers: Workers | None, ring: Ring | None, prefetcher: DevicePrefetcher | None) -> None:
+        """Stop the workers, then unregister and unmap the ring they wrote into, whatever fails."""
+        try:
+            if workers is not None:
+                workers.shutdown()
+        finally:
+            try:
+                if prefetcher is not None:
+                    prefetcher.detach()
+            finally:
+                if ring is not None:
+                    ring.close()
+
+    def close(self) -> None:
+        """Free everything (the loader's finalizer). Idempotent."""
+        try:
+            for stage in self.stages():
+                self.drop(stage)
+        finally:
+            if self.prefetcher is not None:
+                self.prefetcher.close()

@@ -1,0 +1,277 @@
+"""Host batches -> device batches, with the copy of batch n+1 in flight while batch n is used.
+
+The copies run on a side stream. A batch is handed out only after the consumer's current stream has
+been told to wait on the copy's event, so the consumer's kernels are ordered after the copy without
+blocking the host. The ring slot a copy reads from goes back to the workers only once that copy's
+event has completed.
+
+Where the bytes come from (``pin_path``):
+
+* ``"registered"``: the whole ring was page-locked once with cudaHostRegister; copies start straight
+  from the slot, truly asynchronously. No extra host copy.
+* ``"staging"``: registration was refused (or asked for); each batch is first copied into one of a few
+  pinned staging buffers (one host memcpy), the slot is released at once, and the H2D copy is async.
+* ``"none"``: ``pin_memory=False``; the copy reads pageable memory, which the driver stages itself and
+  which is therefore synchronous with respect to the host.
+
+A batch outside the ring (one made before the ring existed, or one that did not fit its layout) is
+copied from its own pageable arrays; its leaves that are not arrays are handed out as they are.
+
+The device arrays are CuPy's; a batch whose samples held torch tensors (or JAX arrays), or an
+``output`` that asks for them, is handed over through DLPack, without a copy. That happens only
+after the consumer's stream was told to wait on the copy, so a consumer on another stream of its
+framework is ordered after the copy by DLPack's own stream handshake.
+
+Device arrays are allocated from the pool of the consumer's stream, and the side stream waits on that
+stream before writing them: memory a previous batch freed while the consumer still had kernels queued
+on it is never overwritten early.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Generator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from ... import cuda
+from .._events import Listener
+from ..epoch.sources import BatchSource, FailedBatch
+from ..ring.ring import Ring, SlotLayout
+from ..ring.slots import HostBatch
+from ..ring.tree import OutputTree, join
+
+STAGING_BUFFERS = 3
+
+
+class Registration(Protocol):
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class PrefetchOps(Protocol):
+    """Exactly the CUDA operations the prefetcher uses; streams, events and device arrays are opaque.
+
+    ``CudaOps`` is the real one; a loader takes another through ``LoaderParts(ops=...)`` (the tests
+    give it a fake that runs copies late). ``device_count`` and ``device_scope`` stand for the GPUs
+    the loader may pick from and make current.
+    """
+
+    def device_count(self) -> int: ...
+    def device_scope(self, device_id: int) -> AbstractContextManager[Any]: ...
+
+    def current_stream(self) -> Any: ...
+    def new_stream(self) -> Any: ...
+    def record(self, stream: Any) -> Any: ...
+    def wait(self, stream: Any, event: Any) -> None: ...
+    def done(self, event: Any) -> bool: ...
+    def sync(self, event: Any) -> None: ...
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any: ...
+    def h2d(self, dst: Any, src: np.ndarray, stream: Any) -> None: ...
+    def register(self, buffer: np.ndarray) -> Registration: ...
+    def pinned(self, nbytes: int) -> np.ndarray: ...
+
+
+class CudaOps(PrefetchOps):
+    """The prefetcher's CUDA operations, all through ``cupy_nwt.cuda``."""
+
+    def device_count(self) -> int:
+        cuda.require_gpu()
+        return cuda.device_count()
+
+    def device_scope(self, device_id: int) -> AbstractContextManager[Any]:
+        return cuda.device_scope(device_id)
+
+    def current_stream(self) -> Any:
+        return cuda.current_stream()
+
+    def new_stream(self) -> Any:
+        return cuda.stream(non_blocking=True)
+
+    def record(self, stream: Any) -> Any:
+        return stream.record()
+
+    def wait(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+    def done(self, event: Any) -> bool:
+        return bool(event.done)
+
+    def sync(self, event: Any) -> None:
+        event.synchronize()
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any:
+        return cuda.empty_on_stream(shape, dtype, stream)
+
+    def h2d(self, dst: Any, src: np.ndarray, stream: Any) -> None:
+        cuda.memcpy_h2d(dst, src, stream)
+
+    def register(self, buffer: np.ndarray) -> Registration:
+        return cuda.HostRegistration(buffer)
+
+    def pinned(self, nbytes: int) -> np.ndarray:
+        return cuda.pinned_empty(nbytes, np.uint8)
+
+
+@dataclass
+class _Copy:
+    batch: Any  # (treedef, device arrays, objects) to join when handed out; a FailedBatch as it is
+    event: Any
+    host: HostBatch | None  # whose slot to release once the copy is done (None: staged, released already)
+    staging: np.ndarray | None
+
+
+class DevicePrefetcher:
+    """Owns the side stream, the ring's registration and the staging buffers of one loader."""
+
+    def __init__(self, pin_memory: bool | str, ops: PrefetchOps | None = None, events: Listener | None = None,
+                 clock: Callable[[], float] = time.perf_counter, output: str = "auto") -> None:
+        self.ops: PrefetchOps = ops if ops is not None else CudaOps()
+        self.as_output = OutputTree(output)  # the framework batches are handed out in (``ring.frameworks``)
+        self.pin_memory = pin_memory
+        self.pin_path = "none" if not pin_memory else ("staging" if pin_memory == "staging" else "registered")
+        self.pin_error: str | None = None
+        self._registration: Registration | None = None
+        self._side: Any = None
+        self._staging_free: list[np.ndarray] = []
+        self._staging_count = 0
+        self._layout: SlotLayout | None = None
+        self.events, self.clock = events, clock  # each batch's host seconds issuing copies (staging memcpy included)
+
+    def attach(self, ring: Ring) -> str:
+        """Page-lock ``ring`` (once per ring) when pinning; fall back to staging if CUDA refuses."""
+        self.detach()
+        self._layout = ring.layout
+        if self.pin_memory is True:
+            try:
+                self._registration = self.ops.register(ring.buffer)
+                self.pin_path = "registered"
+            except Exception as exc:  # noqa: BLE001 - any refusal means: use the staging path
+                self.pin_error = f"{type(exc).__name__}: {exc}"
+                self.pin_path = "staging"
+        return self.pin_path
+
+    def detach(self) -> None:
+        """Undo the registration (before the ring is unmapped). Idempotent."""
+        reg, self._registration = self._registration, None
+        if reg is not None:
+            reg.close()
+
+    def close(self) -> None:
+        self.detach()
+        self._staging_free = []
+        self._staging_count = 0
+        self._side = None
+
+    # -- the pipeline
+
+    def batches(self, source: BatchSource, layout: SlotLayout | None = None) -> Generator[Any, None, None]:
+        """Device batches from ``source`` (a host-batch source), one copy ahead of the consumer.
+
+        ``layout`` is the ring's (the staging buffers are cut by it); by default, the attached ring's.
+        A batch the source could not make is yielded in its turn as the ``FailedBatch`` it raised.
+        """
+        if self._side is None:
+            self._side = self.ops.new_stream()
+        inflight: deque[_Copy] = deque()
+        pending: deque[_Copy] = deque()
+        try:
+            while True:
+                self._reclaim(source, pending, block=False)
+                if not inflight:
+                    self._reclaim(source, pending, block=True)  # give the source every slot before waiting on it
+                    if not self._issue(source, layout, inflight, pending, block=True):
+                        return
+                cur = inflight[0]  # stays in inflight (released in the finally) if the next issue raises
+                self._issue(source, layout, inflight, pending, block=False)  # keep batch n+1 in flight
+                pending.append(inflight.popleft())
+                if cur.event is None:  # a failed batch, handed out in its turn
+                    yield cur.batch
+                    continue
+                self.ops.wait(self.ops.current_stream(), cur.event)
+                treedef, dev, objects = cur.batch
+                yield join(self.as_output(treedef), dev, objects)
+        finally:
+            for c in list(inflight) + list(pending):
+                if c.event is not None:
+                    self.ops.sync(c.event)
+                self._release(source, c)
+
+    def _issue(self, source: BatchSource, layout: SlotLayout | None, inflight: deque, pending: deque, block: bool) -> bool:
+        try:
+            hb = source.next(block)
+        except FailedBatch as failed:
+            inflight.append(_Copy(failed, None, None, None))
+            return True
+        if hb is None:
+            return False
+        c = _Copy(None, None, hb, None)
+        t0 = self.clock()
+        try:
+            consumer = self.ops.current_stream()
+            dev = [self.ops.empty(a.shape, a.dtype, consumer) for a in hb.leaves]
+            self.ops.wait(self._side, self.ops.record(consumer))
+            src = hb.leaves if hb.slot is not None else [np.ascontiguousarray(a) for a in hb.leaves]
+            layout = layout if layout is not None else self._layout
+            if self.pin_path == "staging" and hb.slot is not None and layout is not None:
+                c.staging = self._staging_buffer(source, layout, pending)
+                src = layout.views(c.staging, 0, hb.rows)
+                for d, s in zip(src, hb.leaves):
+                    np.copyto(d, s)
+                source.release(hb)
+                c.host = None
+            for d, s in zip(dev, src):
+                self.ops.h2d(d, s, self._side)
+            c.batch = (hb.treedef if hb.treedef is not None else _treedef(layout), dev, hb.objects)
+            c.event = self.ops.record(self._side)
+        except BaseException:
+            self._abandon(source, c)
+            raise
+        finally:
+            if self.events is not None:
+                self.events.copied(self.clock() - t0)
+        inflight.append(c)
+        return True
+
+    def _abandon(self, source: BatchSource, c: _Copy) -> None:
+        """A copy that failed half-way: give its slot and staging buffer back once no queued copy reads them."""
+        try:
+            self.ops.sync(self.ops.record(self._side))
+        except Exception:  # noqa: BLE001 - the first error is the one to report; keeping the memory is safe
+            return
+        self._release(source, c)
+
+    def _staging_buffer(self, source: BatchSource, layout: SlotLayout, pending: deque) -> np.ndarray:
+        if not self._staging_free and self._staging_count >= STAGING_BUFFERS and pending:
+            if pending[0].event is not None:
+                self.ops.sync(pending[0].event)
+            self._release(source, pending.popleft())
+        if self._staging_free:
+            return self._staging_free.pop()
+        self._staging_count += 1
+        return self.ops.pinned(layout.slot_bytes)
+
+    def _reclaim(self, source: BatchSource, pending: deque, block: bool) -> None:
+        # Copies on one stream complete in order: the head is always the oldest.
+        while pending and (block or pending[0].event is None or self.ops.done(pending[0].event)):
+            if block and pending[0].event is not None:
+                self.ops.sync(pending[0].event)
+            self._release(source, pending.popleft())
+
+    def _release(self, source: BatchSource, c: _Copy) -> None:
+        if c.host is not None:
+            source.release(c.host)
+            c.host = None
+        if c.staging is not None:
+            self._staging_free.append(c.staging)
+            c.staging = None
+
+
+def _treedef(layout: SlotLayout | None) -> Any:
+    if layout is None:
+        raise RuntimeError("internal error: a ring batch without a ring layout")
+    return layout.treedef

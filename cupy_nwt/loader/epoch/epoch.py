@@ -1,0 +1,218 @@
+"""One epoch as the caller sees it: the iterator ``iter(loader)`` returns, the steps that run it, and
+host batches turned into what it yields.
+
+``Epoch`` is the only writer of its plan, its source's ledger and its counters: the turns handed
+out (a failed batch counts too: its turn has passed) and the seconds the caller spent inside
+``next()``. ``progress()`` gives them as a frozen record; resume and the figures read that, and the
+counters reach stats and online tuning as events (``waited``, ``first_batch``, ``ended``).
+The steps run on the runtime (``_runtime``): the shared stage or one of their own, the ring once
+the first batch fixes the layout, the prefetcher on the GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ...errors import LoaderError
+from .._events import Listener
+from ..device.place import on_device, readonly
+from ..ring.ring import SlotLayout
+from ..ring.tree import OutputTree, join, leaf_frameworks
+from .progress import Ledger, Progress
+from .resume import kind_of, ledger_for, make_plan, stream_restore
+from .sources import BatchSource, FailedBatch, InlineSource, WorkerSource
+
+if TYPE_CHECKING:
+    from .._options import Options
+    from .._runtime import Runtime, Stage
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+@dataclass(eq=False)
+class EpochState:
+    """An epoch's own bookkeeping, written here only (by the iterator and its steps). It outlives the
+    iterator: a ``for`` loop left by ``break``, an exception or Ctrl-C drops its iterator, and
+    ``state_dict()`` taken afterwards must still know where the caller stood."""
+
+    kind: str
+    epoch: int
+    start: Mapping[str, Any] | None
+    plan: Any = None
+    ledger: Ledger | None = None
+    sampler_state: Any = None
+    finished: bool = False
+    delivered: int = 0
+    waited_s: float = 0.0
+
+    def progress(self) -> Progress:
+        """Where this epoch stands, as a frozen record (what ``state_dict()`` saves is made from it)."""
+        handed = tuple(self.ledger.handed[:self.delivered]) if self.ledger is not None else ()
+        streams = self.ledger.workers(len(handed)) if self.ledger is not None and self.kind == "iterable" else None
+        return Progress(self.kind, self.epoch, self.start, self.plan, handed, self.sampler_state, streams,
+                        self.delivered, self.waited_s, self.finished)
+
+
+class Epoch(Iterator[T_co]):
+    """One epoch's batches. A batch that failed raises its ``WorkerError`` in its turn and the next
+    ``next()`` goes on with the following batch, as PyTorch's iterator does; any other error ends it.
+
+    ``start`` is a loaded state this epoch resumes from; ``shared``: it runs on the runtime's shared
+    stage (persistent workers, or the GPU path), else on a stage of its own.
+    """
+
+    def __init__(self, options: Options, runtime: Runtime, epoch: int, start: Mapping[str, Any] | None,
+                 shared: bool) -> None:
+        self._options = options
+        self._state = EpochState(kind_of(options), epoch, start)
+        self._events, self._clock, self._pids = runtime.events, runtime.clock, runtime.worker_pids
+        self._steps = _steps(options, runtime, self._state, shared)  # holds the state, never this iterator
+
+    @property
+    def delivered(self) -> int:
+        """Turns taken so far (batches and failed batches)."""
+        return self._state.delivered
+
+    @property
+    def waited_s(self) -> float:
+        """The time the caller has spent inside ``next()``, that is, waiting for data."""
+        return self._state.waited_s
+
+    @property
+    def state(self) -> EpochState:
+        """This epoch's bookkeeping, which the loader keeps after the iterator is gone."""
+        return self._state
+
+    def progress(self) -> Progress:
+        """Where this epoch stands, as a frozen record (what ``state_dict()`` saves is made from it)."""
+        return self._state.progress()
+
+    def __next__(self) -> T_co:
+        st = self._state
+        t0 = self._clock()
+        try:
+            item = next(self._steps)
+        except BaseException:
+            waited = self._clock() - t0
+            st.waited_s += waited
+            self._events.waited(st.epoch, waited, False)
+            raise
+        waited = self._clock() - t0
+        st.waited_s += waited
+        st.delivered += 1
+        self._events.waited(st.epoch, waited, True)
+        if st.delivered == 1:
+            self._events.first_batch(self._pids())
+        if isinstance(item, FailedBatch):
+            error = item.error
+            del self, item, st  # the traceback must not keep the epoch alive: a dropped iterator frees its slots
+            raise error
+        return item
+
+    def __len__(self) -> int:
+        return self._options.sampling.length(self._options.dataset)
+
+    def close(self) -> None:
+        """End this epoch now: its workers stop (unless persistent) and its slots are given back."""
+        self._steps.close()
+
+
+def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) -> Generator[Any, None, None]:
+    """The epoch's batches: its plan, the stage it runs on, its source, the host path or the prefetcher."""
+    plan, state.sampler_state = make_plan(options, state.epoch, state.start)
+    state.plan = plan
+    stage: Stage | None = None
+    source: BatchSource | None = None
+    graceful = False
+    try:
+        stage = runtime.stage if shared else None
+        if stage is None and (options.num_workers > 0 or runtime.prefetcher is not None):
+            stage = runtime.new_stage(options, state.epoch, shared)
+        on_stage = stage
+        learn = (lambda hb: runtime.learn_layout(options, on_stage, hb)) if on_stage is not None else None
+        state.ledger = ledger_for(options)
+        restore, cursor = stream_restore(options, state.epoch, state.start)
+        if stage is not None and stage.workers is not None:
+            if restore:
+                stage.workers.restore(restore)
+            source = WorkerSource(stage.workers, plan, options.in_order, options.timeout, learn=learn,
+                                  events=runtime.events, stall_s=options.stall_warning_s, clock=runtime.clock,
+                                  ledger=state.ledger, cursor=cursor or 0)
+        else:
+            maker = options.maker()
+            if 0 in restore:
+                maker.restore(*restore[0])
+            source = InlineSource(maker, plan, runtime.layout, None, stage.slots if stage is not None else None,
+                                  learn=learn, events=runtime.events, ledger=state.ledger)
+        if runtime.prefetcher is not None:
+            yield from on_device(runtime.prefetcher.batches(source), options.device_id, runtime.ops)
+        else:
+            yield from host_batches(source, options.zero_copy, lambda: runtime.layout, runtime.events, runtime.clock,
+                                    options.output)
+        graceful = state.finished = True
+        if stage is not None and stage.workers is not None:
+            runtime.events.ended(stage.workers.pids())
+    except GeneratorExit:
+        graceful = True  # a break or a dropped iterator: persistent workers may stay
+        raise
+    finally:
+        if source is not None:
+            source.close()
+        if stage is not None and stage.workers is not None and not (graceful and options.persistent_workers):
+            runtime.drop(stage)
+
+
+def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], SlotLayout | None],
+                 events: Listener | None = None, clock: Callable[[], float] | None = None,
+                 output: str = "auto") -> Iterator[Any]:
+    """The source's host batches as the caller gets them on the CPU: copies out of the ring, or
+    (``zero_copy``) read-only views whose slot is held until the next batch is asked for. Each copy's
+    seconds are a ``copied`` event. Array leaves come back in the framework their samples came in, or
+    as ``output`` says (``ring.frameworks``); with ``zero_copy`` a torch tensor is over the slot itself
+    (writable, as torch tensors are; valid, like the views, until the next batch is asked for).
+
+    A failed batch is yielded as its ``FailedBatch``, for the iterator to raise in its turn.
+    """
+    as_output = OutputTree(output)
+    held = None
+    try:
+        while True:
+            if held is not None:
+                source.release(held)
+                held = None
+            try:
+                hb = source.next(True)
+            except FailedBatch as failed:
+                yield failed
+                continue
+            if hb is None:
+                return
+            treedef = as_output(hb.treedef if hb.treedef is not None else _layout_treedef(layout()))
+            if hb.slot is None:  # made outside the ring: the caller's already
+                leaves = _views(hb.leaves, treedef) if zero_copy else hb.leaves
+            elif zero_copy:
+                leaves = _views(hb.leaves, treedef)
+                held = hb
+            else:
+                t0 = clock() if clock is not None else 0.0
+                leaves = [a.copy() for a in hb.leaves]
+                if events is not None and clock is not None:
+                    events.copied(clock() - t0)
+                source.release(hb)
+            yield join(treedef, leaves, hb.objects)
+    finally:
+        if held is not None:
+            source.release(held)
+
+
+def _views(leaves: list[Any], treedef: Any) -> list[Any]:
+    """Read-only views of a batch's arrays; writable where a torch tensor will be made over them."""
+    return [a if fw == "torch" else readonly(a) for a, fw in zip(leaves, leaf_frameworks(treedef))]
+
+
+def _layout_treedef(layout: SlotLayout | None) -> Any:
+    if layout is None:
+        raise LoaderError("internal error: a ring batch before the layout was known")
+    return layout.treedef

@@ -1,0 +1,147 @@
+"""The rest of an epoch after a stop: which samples are left, and how a rank's share of them is batched.
+
+Pure functions of a few integers, so the main process, every rank and the exhaustive tests compute
+the same thing. The base is the loader's own epoch order ``O`` (``sampler.epoch_order``). A
+*session* is one run of (part of) an epoch with one world size ``W``: its remainder is ``O`` from
+position ``base`` on, less the ``excluded`` positions already consumed, and rank r's shard of it
+follows DistributedSampler's rule (``ranks.shard``: padded by wrapping around the remainder's
+start, or its tail cut with ``drop_last``). A fresh epoch is the session ``base=0, excluded=()``,
+whose shards are exactly ``BatchSampler.plan``'s.
+
+Rank r's j-th sample is position ``j * W + r`` of the (padded) remainder, so when every rank has
+delivered its first k batches the consumed positions are a prefix of the remainder: a new session
+over another world size starts after it. Ranks that delivered different batches (or batches out of
+order) leave a few holes, carried as ``excluded``. Pad samples are repeats of the remainder's
+start: a consumed pad consumes nothing new, and a new session never re-delivers a consumed sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...ranks import shard
+from .sampler import PlanTask, batch_seed, num_batches
+
+_RESUMED_TAG = 0x726573  # transform seeds of a re-sharded session, kept apart from an uninterrupted run's
+
+
+@dataclass(frozen=True)
+class Session:
+    """One world size's pass over what is left of epoch ``epoch``'s order of ``n`` samples."""
+
+    n: int
+    batch_size: int
+    shuffle: bool
+    seed: int
+    epoch: int
+    drop_last: bool
+    world_size: int
+    base: int = 0
+    excluded: tuple[int, ...] = field(default=())
+
+    @property
+    def fresh(self) -> bool:
+        """Whether this is an uninterrupted epoch's own session (its transform seeds are the usual ones)."""
+        return self.base == 0 and not self.excluded
+
+    def positions(self) -> np.ndarray:
+        """The positions of ``O`` that make up the remainder, in order."""
+        pos = np.arange(self.base, self.n, dtype=np.int64)
+        if self.excluded:
+            pos = pos[~np.isin(pos, np.asarray(self.excluded, dtype=np.int64))]
+        return pos
+
+    def shard_positions(self, rank: int) -> np.ndarray:
+        """The positions of ``O`` rank ``rank`` visits this session, in order (pads included)."""
+        pos = self.positions()
+        return shard(pos, rank, self.world_size, self.drop_last) if len(pos) else pos
+
+    def batches(self, rank: int) -> int:
+        return num_batches(len(self.shard_positions(rank)), self.batch_size, self.drop_last)
+
+    def transform_seed(self, b: int, rank: int) -> int:
+        """Batch b of rank ``rank``: the uninterrupted run's seed in a fresh session; else one keyed by the session."""
+        g = b * self.world_size + rank
+        if self.fresh:
+            return batch_seed(self.seed, self.epoch, g)
+        return int(np.random.SeedSequence([self.seed, self.epoch, g, _RESUMED_TAG, self.base,
+                                           len(self.excluded)]).generate_state(1)[0])
+
+    def consumed(self, delivered: Mapping[int, Iterable[int]]) -> np.ndarray:
+        """A mask over ``O``'s positions: consumed before this session or by the batches ``delivered[rank]``."""
+        mask = np.zeros(self.n, dtype=bool)
+        mask[: self.base] = True
+        if self.excluded:
+            mask[np.asarray(self.excluded, dtype=np.int64)] = True
+        B = self.batch_size
+        for rank, batches in delivered.items():
+            pos = self.shard_positions(rank)
+            for b in batches:
+                mask[pos[b * B : (b + 1) * B]] = True
+        return mask
+
+    def after(self, delivered: Mapping[int, Iterable[int]], world_size: int) -> Session:
+        """The session over ``world_size`` ranks that takes what is left once ``delivered`` is consumed."""
+        mask = self.consumed(delivered)
+        free = np.flatnonzero(~mask)
+        base = int(free[0]) if len(free) else self.n
+        holes = np.flatnonzero(mask[base:]) + base
+        return Session(self.n, self.batch_size, self.shuffle, self.seed, self.epoch, self.drop_last, world_size,
+                       base, tuple(int(i) for i in holes))
+
+
+@dataclass(frozen=True, eq=False)
+class SessionPlan:
+    """One rank's plan for what is left of a session: its batches ``todo`` (session batch indexes), in order.
+
+    Tasks are numbered 0.. for the batch source; ``todo[i]`` says which session batch task i is, and
+    its transform seed is that batch's, so a same-settings resume repeats the uninterrupted run bitwise.
+    """
+
+    session: Session
+    rank: int
+    order: np.ndarray  # the rank's shard, as dataset indices
+    todo: np.ndarray
+
+    stream = False
+
+    @classmethod
+    def make(cls, session: Session, rank: int, done: Iterable[int] = ()) -> SessionPlan:
+        order = _epoch_order(session)[session.shard_positions(rank)]
+        batches = num_batches(len(order), session.batch_size, session.drop_last)
+        todo = np.setdiff1d(np.arange(batches, dtype=np.int64), np.fromiter(done, dtype=np.int64))
+        return cls(session, rank, order, todo)
+
+    @property
+    def epoch(self) -> int:
+        return self.session.epoch
+
+    def __len__(self) -> int:
+        return len(self.todo)
+
+    def tasks(self) -> Iterator[PlanTask]:
+        B = self.session.batch_size
+        for i, b in enumerate(self.todo.tolist()):
+            yield i, self.order[b * B : (b + 1) * B], self.session.transform_seed(b, self.rank)
+
+
+def _epoch_order(session: Session) -> np.ndarray:
+    from .sampler import epoch_order  # noqa: PLC0415 - one import site keeps the tests' patching simple
+
+    return epoch_order(session.n, shuffle=session.shuffle, seed=session.seed, epoch=session.epoch)
+
+
+def split_done(done: Iterable[int]) -> tuple[int, list[int]]:
+    """Delivered batch indexes as (the prefix 0..k-1 they cover, the few beyond it, sorted)."""
+    got = sorted(set(done))
+    k = 0
+    while k < len(got) and got[k] == k:
+        k += 1
+    return k, got[k:]
+
+
+def join_done(prefix: int, extra: Sequence[int]) -> list[int]:
+    return [*range(prefix), *extra]

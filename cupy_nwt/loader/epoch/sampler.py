@@ -1,0 +1,206 @@
+"""Which sample indices go into which batch, for one epoch: the plans a batch source works through.
+
+The loader's own plan (``EpochPlan``) is a pure function of ``(n, batch_size, shuffle, seed, epoch)``:
+the main process and any worker compute the same order without talking to each other, an epoch can
+be replayed exactly, and every rank of a distributed job computes the same epoch order and takes
+its own shard of it (``ranks.shard``: DistributedSampler semantics) before batching. A user's
+``sampler`` or ``batch_sampler`` is read lazily instead (``SamplerPlan``), and an iterable-style
+dataset has no indices at all (``StreamPlan``: each task asks a worker for its stream's next batch).
+
+Every plan yields tasks ``(b, indices or None, transform seed)``; the seed is fixed by
+``(seed, epoch, b * world_size + rank)``, never by the worker that makes the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from ..._checks import check_int
+from ...ranks import samples_per_rank, shard
+
+_TRANSFORM_TAG = 0x6E7774  # keeps transform seeds apart from the shuffle stream of the same seed
+
+
+def fresh_seed() -> int:
+    """A new random base seed, for loaders built with ``seed=None``."""
+    entropy = np.random.SeedSequence().entropy  # a fresh SeedSequence draws one int from the OS
+    assert isinstance(entropy, int)
+    return entropy % (1 << 63)
+
+
+def epoch_order(n: int, *, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    """All ``n`` indices (int64) in the order epoch ``epoch`` visits them."""
+    if shuffle:
+        return np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64, copy=False)
+    return np.arange(n, dtype=np.int64)
+
+
+def batch_seed(seed: int, epoch: int, batch_index: int) -> int:
+    """The 32-bit seed handed to a batch transform: fixed by (seed, epoch, batch), not by the worker."""
+    state = np.random.SeedSequence([seed, epoch, batch_index, _TRANSFORM_TAG]).generate_state(1)
+    return int(state[0])
+
+
+def num_batches(count: int, batch_size: int, drop_last: bool) -> int:
+    return count // batch_size if drop_last else -(-count // batch_size)
+
+
+@dataclass(frozen=True)
+class BatchSampler:
+    """Cuts this rank's share of an epoch's index order into batches of ``batch_size``.
+
+    With ``world_size > 1`` every rank computes the same epoch order (shuffled from ``[seed, epoch]``,
+    or ``arange`` without shuffle: the order is sharded either way) and keeps every world_size-th
+    index from position ``rank``. Without ``drop_last`` the order is first padded by wrapping
+    around to its start, so every rank gets ``ceil(n / world_size)`` samples and the few padded ones
+    are real samples that another rank also sees this epoch (counted twice in, say, a metric);
+    ``drop_last`` instead leaves out the ``n % world_size`` tail of the order, then drops each
+    rank's short last batch. Every rank therefore has the same number of batches.
+    """
+
+    n: int
+    batch_size: int
+    shuffle: bool = False
+    seed: int = 0
+    drop_last: bool = False
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        check_int("the dataset length", self.n, ge=0)
+        check_int("batch_size", self.batch_size, ge=1)
+        check_int("seed", self.seed, ge=0)
+        world_size = check_int("world_size", self.world_size, ge=1)
+        check_int(f"rank (of world_size {world_size})", self.rank, ge=0, le=world_size - 1)
+
+    @property
+    def samples(self) -> int:
+        """Samples this rank visits per epoch (padding included)."""
+        return samples_per_rank(self.n, self.world_size, self.drop_last)
+
+    @property
+    def padding(self) -> int:
+        """Samples per epoch, over all ranks, that are repeats added to even out the shards."""
+        return self.samples * self.world_size - self.n if not self.drop_last and self.n else 0
+
+    def __len__(self) -> int:
+        return num_batches(self.samples, self.batch_size, self.drop_last)
+
+    @property
+    def max_rows(self) -> int:
+        """Rows of the largest batch this sampler can produce (the ring's slot capacity)."""
+        return min(self.batch_size, self.samples)
+
+    def plan(self, epoch: int) -> "EpochPlan":
+        order = epoch_order(self.n, shuffle=self.shuffle, seed=self.seed, epoch=epoch)
+        if self.world_size > 1:
+            order = shard(order, self.rank, self.world_size, self.drop_last)
+        return EpochPlan(order, self.batch_size, len(self), self.seed, epoch, self.rank, self.world_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _GlobalBatchSeeds:
+    """The batch transform's seed for batch ``b`` of a plan: keyed by the global batch
+    ``b * world_size + rank``, so ranks augment differently and a single process keeps the seeds it
+    always had. Shared by every kind of plan; the fields are each plan's own."""
+
+    seed: int
+    epoch: int
+    rank: int
+    world_size: int
+
+    def transform_seed(self, b: int) -> int:
+        return batch_seed(self.seed, self.epoch, b * self.world_size + self.rank)
+
+
+@dataclass(frozen=True, eq=False)
+class EpochPlan(_GlobalBatchSeeds):
+    """One epoch's order (this rank's shard) plus its batching; ``indices(b)`` is a view, never a list."""
+
+    order: np.ndarray
+    batch_size: int
+    batches: int
+    seed: int = 0
+    epoch: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def indices(self, b: int) -> np.ndarray:
+        if not 0 <= b < self.batches:
+            raise IndexError(f"batch {b} is outside this epoch's {self.batches} batches")
+        return self.order[b * self.batch_size : (b + 1) * self.batch_size]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self.indices(b) for b in range(self.batches))
+
+    stream = False
+
+    def tasks(self) -> Iterator[PlanTask]:
+        for b in range(self.batches):
+            yield b, self.indices(b), self.transform_seed(b)
+
+
+PlanTask = tuple[int, np.ndarray | None, int]  # (batch index, its dataset indices or None, transform seed)
+
+
+@dataclass(frozen=True, eq=False)
+class SamplerPlan(_GlobalBatchSeeds):
+    """One epoch of a user's ``batch_sampler`` (or ``sampler`` cut into batches), read as it is consumed."""
+
+    batches: Iterable[Sequence[Any]]
+    seed: int = 0
+    epoch: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+    stream = False
+
+    def tasks(self) -> Iterator[PlanTask]:
+        for b, indices in enumerate(self.batches):
+            yield b, np.asarray(indices).reshape(-1), self.transform_seed(b)
+
+
+@dataclass(frozen=True, eq=False)
+class StreamPlan(_GlobalBatchSeeds):
+    """One epoch of an iterable-style dataset: task b asks for a stream's next batch, until all are exhausted."""
+
+    seed: int = 0
+    epoch: int = 0
+    rank: int = 0
+    world_size: int = 1
+
+    stream = True
+
+    def tasks(self) -> Iterator[PlanTask]:
+        b = 0
+        while True:
+            yield b, None, self.transform_seed(b)
+            b += 1
+
+
+Plan = EpochPlan | SamplerPlan | StreamPlan
+
+
+def grouped(indices: Iterable[Any], batch_size: int | None, drop_last: bool) -> Iterator[list[Any]]:
+    """A sampler's indices cut into lists of ``batch_size`` (of one index each when not batching)."""
+    if batch_size is None:
+        for i in indices:
+            yield [i]
+        return
+    batch: list[Any] = []
+    for i in indices:
+        batch.append(i)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch and not drop_last:
+        yield batch

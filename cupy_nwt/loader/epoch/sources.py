@@ -1,0 +1,339 @@
+"""Where an epoch's host batches come from: the main process (``num_workers=0``) or the workers.
+
+Both meet the ``BatchSource`` contract that the loader's host path and the device prefetcher drive:
+``next`` hands out the next batch (or None when the epoch is over, or when nothing is ready and
+``block`` is False), ``release`` gives its ring slot back once its bytes are no longer needed, and
+``close`` returns whatever the source still holds. A batch that could not be made raises
+``FailedBatch`` in its turn; the source stays usable, and the next call goes on with the next batch. Both work through a plan's tasks (``sampler``)
+and, when the ring does not exist yet, call ``learn`` with the first batch made, which builds it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Protocol, runtime_checkable
+
+from ...errors import LoaderError, LoaderTimeoutError
+from .._events import Events, Listener, Stall
+from ..ring.ring import Ring, SlotLayout
+from ..ring.slots import HostBatch, SlotPool
+from ..ring.tree import split
+from ..workers.maker import BatchMaker, InSlot, StreamEnd, make_worker_error
+from ..workers.messages import ErrorReport
+from ..workers.pool import Ended, Failed, Noted, Result, Workers
+from .progress import Ledger
+from .sampler import Plan, PlanTask
+
+
+class FailedBatch(Exception):
+    """A batch could not be made: ``error`` says why; the epoch goes on after it (PyTorch's contract)."""
+
+    def __init__(self, error: LoaderError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+Learn = Callable[[HostBatch], None]  # builds the ring from the first batch made (when there is none yet)
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """One epoch's host batches, each handed out once and released once."""
+
+    def next(self, block: bool) -> HostBatch | None:
+        """The next batch; None when the epoch is over, or (``block=False``) when none is ready yet."""
+        ...
+
+    def release(self, hb: HostBatch) -> None:
+        """``hb``'s ring slot may be filled again (nothing to do for a batch outside the ring)."""
+        ...
+
+    def close(self) -> None:
+        """Give back what the source still holds; the epoch is over or abandoned."""
+        ...
+
+
+def inline_error(exc: Exception, maker: BatchMaker, batch_index: int) -> LoaderError:
+    """A batch made in the main process failed: the same error a worker would report, chained directly."""
+    report = ErrorReport.from_exception(exc, maker.failed_index(exc), keep_object=False)
+    err = make_worker_error(report, worker_id=None, pid=os.getpid(), batch_index=batch_index)
+    err.__cause__ = exc
+    return err
+
+
+class InlineSource(BatchSource):
+    """``num_workers=0``: batches made in the main process, into the ring when there is one.
+
+    ``slots`` is the ring's pool; alone (no pool given), the source makes its own over ``ring``.
+    A batch made before the ring exists (or that does not fit it) is handed out as it is.
+    """
+
+    def __init__(self, maker: BatchMaker, plan: Plan, layout: SlotLayout | None, ring: Ring | None,
+                 slots: SlotPool | None = None, *, first: HostBatch | None = None, learn: Learn | None = None,
+                 events: Listener | None = None, ledger: Ledger | None = None) -> None:
+        self.maker, self.plan, self.events = maker, plan, events
+        self.slots = slots if slots is not None or ring is None else SlotPool(ring)
+        self.first = first
+        self.learn = learn
+        self.tasks: Iterator[PlanTask] = plan.tasks()
+        self.pending: PlanTask | None = None
+        self.done = False
+        self.ledger = ledger  # what was handed out, for the epoch's progress
+        if plan.stream:
+            maker.begin_stream()
+
+    @property
+    def free(self) -> deque[int]:
+        """The ring's free slots (none without a ring)."""
+        return self.slots.free if self.slots is not None else deque()
+
+    def next(self, block: bool) -> HostBatch | None:
+        if self.first is not None:
+            held, self.first = self.first, None
+            next(self.tasks, None)  # its task is done
+            return held
+        if self.pending is None and not self.done:
+            self.pending = next(self.tasks, None)
+        if self.pending is None:
+            self.done = True
+            return None
+        ring = self.slots.ring if self.slots is not None else None
+        slot = None
+        if ring is not None:
+            assert self.slots is not None
+            slot = self.slots.take()
+            if slot is None:
+                if block:
+                    raise LoaderError("internal error: no free ring slot for the main process to fill")
+                return None
+        task, self.pending = self.pending, None
+        try:
+            hb = self._make(task, ring, slot)
+        except BaseException as exc:
+            if slot is not None and self.slots is not None:
+                self.slots.give_back(slot)
+            if isinstance(exc, FailedBatch):
+                self._hand(task[0])
+            raise
+        if hb is not None:
+            self._hand(hb.index)
+        if (hb is None or hb.slot is None) and slot is not None and self.slots is not None:
+            self.slots.give_back(slot)
+        return hb
+
+    def _hand(self, b: int) -> None:
+        if self.ledger is not None:
+            if self.plan.stream:
+                self.ledger.note(b, 0, self.maker.stream_state())
+            self.ledger.hand(b)
+
+    def _make(self, task: PlanTask, ring: Ring | None, slot: int | None) -> HostBatch | None:
+        b, indices, seed = task
+        views = (lambda rows: ring.slot_views(slot, rows)) if ring is not None and slot is not None else None
+        try:
+            made = self.maker.produce(indices, seed, ring.layout if ring is not None else None, views)
+        except StreamEnd:
+            self.done = True
+            return None
+        except Exception as exc:  # noqa: BLE001 - rewrapped with the batch and sample index
+            raise FailedBatch(inline_error(exc, self.maker, b)) from None
+        if self.events is not None:
+            self.events.made(self.maker.times)
+        if isinstance(made, InSlot):
+            assert self.slots is not None and slot is not None
+            return self.slots.batch(b, slot, made.rows, made.objects)
+        treedef, arrays, objects = split(made.batch)
+        hb = HostBatch(b, None, made.rows, arrays, treedef, objects)
+        if ring is None and self.learn is not None:
+            self.learn(hb)
+        return hb
+
+    def release(self, hb: HostBatch) -> None:
+        if hb.slot is not None and self.slots is not None:
+            self.slots.release(hb.slot)
+
+    def close(self) -> None:
+        first, self.first = self.first, None
+        if first is not None:
+            self.release(first)
+
+
+class WorkerSource(BatchSource):
+    """``num_workers>0``: keeps every worker busy, and hands batches out in order (or as they come).
+
+    Map-style tasks go to the least busy worker. A stream's tasks go to the workers round-robin, as
+    PyTorch does (so which worker makes batch b is fixed); a worker whose stream ran out gets no more,
+    and the epoch ends when every worker's has.
+
+    Each ``next()`` is an ``asked`` event first (online tuning samples the workers there). One that
+    has waited ``stall_s`` seconds is a ``stalled`` event, once, naming the batch it waits for and the
+    worker it went to (recorded at submit), and goes on waiting. ``blocked_s`` sums the time
+    ``next()`` spent blocked for a batch not yet made (each stretch a ``blocked`` event): the workers
+    falling behind, as opposed to the loader handling a ready batch (or the caller's process waiting
+    for a CPU while it does).
+    """
+
+    def __init__(self, workers: Workers, plan: Plan, in_order: bool, timeout: float | None,
+                 *, learn: Learn | None = None, events: Events | None = None, stall_s: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter, ledger: Ledger | None = None,
+                 cursor: int = 0) -> None:
+        self.workers, self.slots, self.plan, self.epoch = workers, workers.slots, plan, plan.epoch
+        self.events, self.clock = events, clock
+        self.in_order, self.timeout, self.learn = in_order, timeout, learn
+        self.asking = events is not None and events.hears_asked
+        self.stall_s: float | None = stall_s if events is not None else None
+        self.owner: dict[int, int | None] = {}  # batch index -> the worker its task went to
+        self.slots.new_generation()
+        self.tasks: Iterator[PlanTask] = plan.tasks()
+        self.pending: PlanTask | None = None
+        self.ready: dict[int, HostBatch | Failed] = {}
+        self.skipped: set[int] = set()
+        self.alive = [True] * workers.size  # per worker: may its stream have batches left
+        self.cursor = cursor  # a stream's next task goes to the first alive worker from here, cyclically
+        self.submitted = 0
+        self.resolved = 0  # tasks answered: delivered, failed, or without a batch
+        self.next_deliver = 0
+        self.planned_all = False
+        self.ledger = ledger  # what was handed out, for the epoch's progress
+        self.blocked_s = 0.0
+
+    def _submit(self) -> None:
+        while not self.planned_all:
+            if self.pending is None:
+                self.pending = next(self.tasks, None)
+            worker = self._next_worker() if self.plan.stream else None
+            if self.pending is None or (self.plan.stream and worker is None):
+                self.planned_all, self.pending = True, None
+                return
+            b, indices, seed = self.pending
+            if not self.workers.submit(b, indices, seed, worker):
+                return
+            self.owner[b] = self.workers.last_worker
+            self.pending = None
+            self.submitted += 1
+            if worker is not None:
+                self.cursor = worker + 1
+
+    def _next_worker(self) -> int | None:
+        n = len(self.alive)
+        return next((w % n for w in range(self.cursor, self.cursor + n) if self.alive[w % n]), None)
+
+    def _pick(self) -> int | None:
+        if not self.in_order:
+            return min(self.ready) if self.ready else None
+        while self.next_deliver in self.skipped:
+            self.skipped.discard(self.next_deliver)
+            self.next_deliver += 1
+        return self.next_deliver if self.next_deliver in self.ready else None
+
+    def _absorb(self, items: list[Result]) -> None:
+        for item in items:
+            if isinstance(item, Noted):
+                if self.ledger is not None:
+                    self.ledger.note(item.batch_index, item.worker_id, item.state)
+                continue
+            if isinstance(item, Ended):
+                self.resolved += 1
+                self.skipped.add(item.batch_index)
+                self.alive[item.worker_id] = False
+                continue
+            if isinstance(item, HostBatch) and item.slot is None and self.slots.ring is None and self.learn is not None:
+                self.learn(item)
+            self.ready[item.index if isinstance(item, HostBatch) else item.batch_index] = item
+
+    def poll(self) -> None:
+        """Take in the results that have arrived, without waiting."""
+        self._absorb(self.workers.collect(0))
+
+    def idle_workers(self) -> int:
+        """Active workers that have answered all their tasks, while the epoch has more to give (else 0)."""
+        return 0 if self.planned_all else self.workers.idle_workers()
+
+    def _stall(self, waited: float) -> None:
+        assert self.events is not None
+        b = self._pick_waited()
+        w = self.owner.get(b) if b is not None else None
+        where = (self.workers.worker_label(w) + " has" if w is not None else
+                 "no worker has yet (every ring slot or worker is taken)" if b is not None else "the workers make")
+        where += f" ({self.workers.stuck_hint()})"
+        self.events.stalled(Stall(self.epoch, b, w, where, waited))
+
+    def _pick_waited(self) -> int | None:
+        """The batch a blocked in-order ``next()`` waits for (None out of order: any will do)."""
+        return self.next_deliver if self.in_order else None
+
+    def _wait(self, deadline: float | None, started: float, stalled: bool) -> float | None:
+        """How long the next collect may block: until the deadline, or the stall threshold first."""
+        limit = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if self.stall_s is not None and not stalled:
+            until = max(0.0, started + self.stall_s - time.monotonic())
+            limit = until if limit is None else min(limit, until)
+        return limit
+
+    def next(self, block: bool) -> HostBatch | None:
+        if self.asking:
+            assert self.events is not None
+            self.events.asked(self.epoch, self)
+        deadline = None
+        started, stalled = time.monotonic(), False
+        while True:
+            if block and not stalled and self.stall_s is not None and time.monotonic() - started >= self.stall_s:
+                stalled = True
+                self._stall(time.monotonic() - started)
+            self._submit()
+            b = self._pick()
+            if b is not None:
+                item = self.ready.pop(b)
+                self.owner.pop(b, None)
+                self.resolved += 1
+                self.next_deliver += self.in_order
+                if self.ledger is not None:
+                    self.ledger.hand(b)
+                if isinstance(item, Failed):
+                    raise FailedBatch(item.error)
+                return item
+            if self.planned_all and self.resolved >= self.submitted:
+                return None
+            if not block:
+                items = self.workers.collect(0)
+                self._absorb(items)
+                if not items:
+                    return None
+                continue
+            if not self.timeout:
+                self._blocking_collect(self._wait(None, started, stalled))
+                continue
+            now = time.monotonic()
+            deadline = deadline if deadline is not None else now + self.timeout
+            if now >= deadline:
+                want = f"batch {self.next_deliver}" if self.in_order else "any batch"
+                raise LoaderTimeoutError(
+                    f"no batch from the workers within timeout={self.timeout} s (waiting for {want} of "
+                    f"epoch {self.epoch}): {self.workers.stuck_hint()}"
+                )
+            self._blocking_collect(self._wait(deadline, started, stalled))
+
+    def _blocking_collect(self, limit: float | None) -> None:
+        t0 = self.clock()
+        try:
+            self._absorb(self.workers.collect(limit))
+        finally:
+            blocked = self.clock() - t0
+            self.blocked_s += blocked
+            if self.events is not None:
+                self.events.blocked(blocked)
+
+    def release(self, hb: HostBatch) -> None:
+        if hb.slot is not None:
+            self.slots.release(hb.slot)
+
+    def close(self) -> None:
+        """Return the slots of finished but undelivered batches; queued tasks are dropped by generation."""
+        for item in self.ready.values():
+            if isinstance(item, HostBatch):
+                self.release(item)
+        self.ready.clear()
+

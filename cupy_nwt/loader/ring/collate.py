@@ -1,0 +1,225 @@
+"""Turning a list of samples into a batch: NumPy arrays for numbers, lists for str and bytes.
+
+``default_collate`` follows PyTorch's rules on NumPy: arrays and numbers are stacked into arrays with
+a leading row axis, str and bytes become lists, and dicts, lists, tuples and namedtuples are recursed
+and keep their type. The arrays can be written straight into preallocated memory (a ring slot), so
+workers never build a batch twice and never pickle its arrays. The rules are strict on purpose: a
+sample whose structure, shape or dtype differs from the first one is an error naming that sample,
+never a silent upcast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...errors import BatchLayoutError
+from .frameworks import framework_of
+from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: their old import path
+    LEAF,
+    OBJ,
+    Treedef,
+    as_sample_treedef,
+    describe,
+    flatten,
+    join,
+    leaf_kinds,
+    leaf_of,
+    leaf_paths,
+    unflatten,
+)
+
+Indices = Sequence[int] | np.ndarray | None  # the samples' dataset indices, for messages; None: a stream's
+
+
+def as_leaf(value: Any) -> np.ndarray:
+    """One sample field as an array: Python int -> int64, float -> float64, bool -> bool."""
+    if isinstance(value, np.ndarray):
+        arr = value
+    elif isinstance(value, bool):
+        arr = np.asarray(value, dtype=np.bool_)
+    elif isinstance(value, int):
+        arr = np.asarray(value, dtype=np.int64)
+    elif isinstance(value, float):
+        arr = np.asarray(value, dtype=np.float64)
+    else:
+        arr = np.asarray(value)
+    if arr.dtype.kind in "OUSV" or arr.dtype.hasobject:
+        raise TypeError(f"a {type(value).__name__} field (dtype {arr.dtype}) cannot be batched into arrays")
+    return arr
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, (str, bytes))
+
+
+def _where(indices: Indices, row: int) -> tuple[str, int | None]:
+    """How a message names sample ``row`` of a batch, and its dataset index if it has one."""
+    if indices is None:
+        return f"sample {row} of the batch", None
+    index = int(indices[row])
+    return f"sample index {index}", index
+
+
+def collate_into(samples: Sequence[Any], indices: Indices, treedef: Treedef, out: Sequence[np.ndarray]) -> list[list[Any]]:
+    """Write sample ``i`` into row ``i`` of every array field in ``out``; return the str/bytes columns.
+
+    ``treedef`` is the batch's structure (``("obj",)`` where the samples hold str or bytes).
+    ``indices`` are the dataset indices of ``samples`` and only serve the error messages. Common
+    structures (one flat tuple / list / dict of leaves) take a column-wise fast path that is exactly
+    as strict; anything it does not accept is redone sample by sample, which either succeeds or
+    names the offending sample.
+    """
+    try:
+        objects = _collate_columns(samples, treedef, out)
+        if objects is not None:
+            return objects
+    except (ValueError, TypeError, OverflowError):
+        pass
+    return _collate_rows(samples, indices, treedef, out)
+
+
+_SCALAR_DTYPES = {int: np.dtype(np.int64), float: np.dtype(np.float64), bool: np.dtype(np.bool_)}
+
+
+def _columns(samples: Sequence[Any], treedef: Treedef) -> list[list[Any]] | None:
+    kind = treedef[0]
+    if kind in ("leaf", "obj"):
+        return [list(samples)]
+    if kind not in ("tuple", "list", "dict") or any(c[0] not in ("leaf", "obj") for c in treedef[-1]):
+        return None
+    k = len(treedef[-1])
+    if kind == "dict":
+        keys = treedef[1]
+        if not all(type(s) is dict and len(s) == k for s in samples):
+            return None
+        try:
+            return [[s[key] for s in samples] for key in keys]
+        except KeyError:
+            return None
+    typ = tuple if kind == "tuple" else list
+    if not all(type(s) is typ and len(s) == k for s in samples):
+        return None
+    return [list(c) for c in zip(*samples)]
+
+
+def _collate_columns(samples: Sequence[Any], treedef: Treedef, out: Sequence[np.ndarray]) -> list[list[Any]] | None:
+    cols = _columns(samples, treedef)
+    if cols is None:
+        return None
+    dsts: Iterator[np.ndarray] = iter(out)
+    objects = []
+    for col, kind in zip(cols, leaf_kinds(treedef)):
+        if kind == "obj":
+            if not all(_is_text(v) for v in col):
+                return None
+            objects.append(col)
+            continue
+        dst = next(dsts)
+        t = type(col[0])
+        if not all(type(v) is t for v in col):
+            return None
+        if t is np.ndarray:
+            np.stack(col, out=dst, casting="no")
+        elif dst.ndim == 1 and (_SCALAR_DTYPES.get(t) == dst.dtype
+                                or (issubclass(t, np.generic) and np.dtype(t) == dst.dtype)):
+            dst[:] = col
+        else:
+            return None
+    return objects
+
+
+def _collate_rows(samples: Sequence[Any], indices: Indices, treedef: Treedef, out: Sequence[np.ndarray]) -> list[list[Any]]:
+    paths: list[str] | None = None
+    sample_td = as_sample_treedef(treedef)
+    kinds = leaf_kinds(treedef)
+    objects: list[list[Any]] = [[] for k in kinds if k == "obj"]
+    for row, sample in enumerate(samples):
+        leaves, td = flatten(sample)
+        if td != sample_td:
+            what, index = _where(indices, row)
+            raise BatchLayoutError(f"{what} has the structure {describe(td)}, expected {describe(sample_td)}", index)
+        dsts, cols = iter(out), iter(objects)
+        for j, (leaf, kind) in enumerate(zip(leaves, kinds)):
+            if kind == "obj":
+                if not _is_text(leaf):
+                    paths = paths or leaf_paths(treedef)
+                    what, index = _where(indices, row)
+                    raise BatchLayoutError(f"{what}, field {paths[j]}: expected str or bytes like the first sample, "
+                                           f"got {type(leaf).__name__}", index)
+                next(cols).append(leaf)
+                continue
+            dst = next(dsts)
+            try:
+                arr = as_leaf(leaf)
+            except (TypeError, OverflowError) as exc:
+                paths = paths or leaf_paths(treedef)
+                what, index = _where(indices, row)
+                raise BatchLayoutError(f"{what}, field {paths[j]}: {exc}", index) from None
+            if arr.shape != dst.shape[1:] or arr.dtype != dst.dtype:
+                paths = paths or leaf_paths(treedef)
+                what, index = _where(indices, row)
+                raise BatchLayoutError(
+                    f"{what}, field {paths[j]}: expected shape {dst.shape[1:]} dtype {dst.dtype}, "
+                    f"got shape {arr.shape} dtype {arr.dtype}",
+                    index,
+                )
+            dst[row] = arr
+    return objects
+
+
+def batch_structure(sample: Any, index_text: str = "the first sample", index: int | None = None
+                    ) -> tuple[Treedef, list[np.ndarray]]:
+    """The batch structure ``default_collate`` makes from samples like ``sample``, and its array leaves.
+
+    A sample holding torch tensors (or JAX arrays) makes every array field of the batch one of that
+    framework's, numbers included, as torch's ``default_collate`` does (``frameworks``).
+    """
+    leaves, td = flatten(sample)
+    framework = next((f for f in map(framework_of, leaves) if f is not None), None)
+    kinds = iter(["obj" if _is_text(x) else "leaf" for x in leaves])
+    firsts = []
+    for x in leaves:
+        if _is_text(x):
+            continue
+        try:
+            firsts.append(as_leaf(x))
+        except TypeError as exc:
+            raise BatchLayoutError(f"{index_text}: {exc}", index) from None
+    return _mark(td, kinds, leaf_of(framework)), firsts
+
+
+def _mark(td: Treedef, kinds: Iterator[str], leaf: Treedef = LEAF) -> Treedef:
+    kind = td[0]
+    if kind == "leaf":
+        return OBJ if next(kinds) == "obj" else leaf
+    if kind == "dict":
+        return ("dict", td[1], tuple(_mark(c, kinds, leaf) for c in td[2]))
+    if kind == "namedtuple":
+        return ("namedtuple", td[1], tuple(_mark(c, kinds, leaf) for c in td[2]))
+    return (kind, tuple(_mark(c, kinds, leaf) for c in td[1]))
+
+
+def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:
+    """A batch from samples, as PyTorch's ``default_collate`` makes it, in NumPy.
+
+    Arrays and Python or NumPy numbers are stacked along a new first axis (int -> int64, float ->
+    float64, bool -> bool); str and bytes fields become lists; dicts, lists, tuples and
+    namedtuples are recursed and keep their type. Every sample must have the first one's
+    structure, shapes and dtypes: the first that does not is named in a ``BatchLayoutError``
+    (by its dataset index when ``indices`` are given, else by its position).
+    """
+    return collate(samples, range(len(samples)) if indices is None else indices)
+
+
+def collate(samples: Sequence[Any], indices: Indices) -> Any:
+    """``default_collate`` for the loader: ``indices=None`` for a stream's samples (no dataset index)."""
+    if len(samples) == 0:
+        raise ValueError("cannot collate an empty list of samples")
+    what, index = _where(indices, 0)
+    treedef, firsts = batch_structure(samples[0], what, index)
+    out = [np.empty((len(samples), *a.shape), dtype=a.dtype) for a in firsts]
+    objects = collate_into(samples, indices, treedef, out)
+    return join(treedef, out, objects)

@@ -1,0 +1,90 @@
+"""Batches in the framework the samples came in (NumPy, torch, JAX; CuPy on the GPU), or the one asked for.
+
+A torch training loop calls ``images.to(device)``; a JAX one hands batches to a jitted step. So a
+sample that holds torch tensors (or JAX arrays) gives a batch of torch tensors (JAX arrays), as
+torch's ``default_collate`` does: every array field of it, its numbers included. The ring carries
+NumPy bytes either way; the framework travels as a tag on the batch structure's leaves
+(``("leaf", "torch")``, see ``tree``), and the leaf is rebuilt in that framework when the batch is
+joined: ``torch.from_numpy`` over the host array (no copy: over the ring slot itself with
+``zero_copy``), DLPack over a device array, ``jax.numpy.asarray`` for JAX.
+
+torch and JAX are never imported here unless a leaf or the ``output`` option names them: a leaf is
+recognised through ``sys.modules`` (a torch tensor exists only once torch is imported).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+import numpy as np
+
+FRAMEWORKS = ("torch", "jax")
+OUTPUTS = ("auto", "numpy", "cupy", "torch", "jax")
+
+
+def framework_of(x: Any) -> str | None:
+    """"torch" for a torch tensor, "jax" for a JAX array, None for anything else."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(x, getattr(torch, "Tensor", ())):
+        return "torch"
+    jax = sys.modules.get("jax")
+    if jax is not None and isinstance(x, getattr(jax, "Array", ())):
+        return "jax"
+    return None
+
+
+def host_view(x: Any, framework: str) -> np.ndarray | None:
+    """A framework array as a NumPy array over the same host memory; None when it has none (a GPU
+    tensor, a dtype NumPy lacks such as bfloat16): it then travels pickled, as it is."""
+    try:
+        if framework == "torch":
+            if x.device.type != "cpu" or x.requires_grad:
+                return None
+            return np.asarray(x.numpy())
+        return np.asarray(x)
+    except (TypeError, RuntimeError, ValueError):
+        return None
+
+
+def to_framework(a: Any, framework: str) -> Any:
+    """``a`` (a NumPy array, or a device array with DLPack) as an array of ``framework``, without a copy
+    where the framework allows it."""
+    if framework == "torch":
+        import torch  # noqa: PLC0415 - only for batches of torch tensors, or output="torch"
+
+        if isinstance(a, np.ndarray):
+            if not a.flags.writeable or any(s < 0 for s in a.strides):
+                a = a.copy()  # torch tensors are always writable: never one over memory NumPy protects
+            return torch.from_numpy(a)
+        return torch.from_dlpack(a)
+    if framework == "jax":
+        import jax  # noqa: PLC0415 - only for batches of JAX arrays, or output="jax"
+
+        if isinstance(a, np.ndarray):
+            return jax.numpy.asarray(a)
+        return jax.dlpack.from_dlpack(a)
+    return a
+
+
+def check_output(output: Any, device: str) -> str:
+    """``output`` as given, refused in one line where it cannot be served."""
+    if output not in OUTPUTS:
+        raise ValueError(f"output must be one of {', '.join(map(repr, OUTPUTS))}; got {output!r}")
+    if output == "cupy" and device != "cuda":
+        raise ValueError("output='cupy' gives GPU arrays: it needs device='cuda' (or 'auto' on a machine with a GPU)")
+    if output == "numpy" and device == "cuda":
+        raise ValueError("output='numpy' gives host arrays: use device='cpu' for them (device='cuda' copies to the GPU)")
+    if output in FRAMEWORKS and importlib.util.find_spec(output) is None:
+        raise ValueError(f"output={output!r}, but {output} is not installed")
+    return str(output)
+
+
+def generator_seed(generator: Any) -> int | None:
+    """The loader's seed drawn from a ``torch.Generator``, as torch draws its base seed from one
+    (``torch.empty((), dtype=torch.int64).random_(generator=...)``); None if it is not one."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(generator, getattr(torch, "Generator", ())):
+        return None
+    return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())

@@ -1,0 +1,129 @@
+"""The ring's slots seen from the main process: which are free, and which epoch a filled one is for.
+
+One ``SlotPool`` per ring owns both the free list and the generation counter. A slot is taken to
+be filled (by a worker or the main process), handed out as a ``HostBatch``, and released once its
+bytes are no longer needed. A new epoch bumps the generation, published in the ring's header:
+workers skip tasks of an older one, and a result that comes back for one frees its slot instead of
+being delivered. So an abandoned epoch costs no slot and never leaks a batch into the next.
+
+The pool exists before its ring: the first batches of a loader are made before the layout is known
+(they travel pickled), and the ring is attached once the first one has arrived.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .ring import Ring
+from .tree import Treedef
+
+RETIRED = np.iinfo(np.int64).max  # no epoch will have this generation: workers skip all that is queued
+
+
+@dataclass
+class HostBatch:
+    """A batch on the host: ``leaves`` are views into ring ``slot`` (or fresh arrays when slot is None).
+
+    ``treedef`` and ``objects`` (the leaves that are not ring arrays) rebuild it with ``tree.join``;
+    a None ``treedef`` means the ring layout's.
+    """
+
+    index: int
+    slot: int | None
+    rows: int
+    leaves: list[np.ndarray]
+    treedef: Treedef | None = None
+    objects: list[Any] = field(default_factory=list)
+
+
+class SlotPool:
+    """The free slots of ``ring`` (taken oldest-released first) and the current generation.
+
+    ``ring=None``: no slot yet (``attach`` gives the ring once the layout is known).
+    """
+
+    def __init__(self, ring: Ring | None) -> None:
+        self.ring: Ring | None = None
+        self.free: deque[int] = deque()
+        self._generation = 0
+        if ring is not None:
+            self.attach(ring)
+
+    def attach(self, ring: Ring) -> None:
+        """Take ``ring``'s slots (all free) and publish the current generation in its header."""
+        self.ring = ring
+        self.free = deque(range(ring.slots))
+        ring.generation = self._generation
+
+    # -- generations
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def new_generation(self) -> int:
+        """Start a new epoch: what is still queued or in flight for an older one will not be delivered."""
+        self._generation += 1
+        if self.ring is not None:
+            self.ring.generation = self._generation
+        return self._generation
+
+    def retire(self) -> None:
+        """No generation is current any more (the workers are stopping): queued tasks are skipped."""
+        if self.ring is not None and not self.ring.closed:
+            self.ring.generation = RETIRED
+
+    def is_current(self, generation: int) -> bool:
+        return generation == self._generation
+
+    # -- slots
+
+    def take(self) -> int | None:
+        """A free slot to fill, or None when every slot is taken."""
+        return self.free.popleft() if self.free else None
+
+    def give_back(self, slot: int) -> None:
+        """Undo a ``take`` whose slot was not filled after all: it is the next one taken."""
+        self.free.appendleft(slot)
+
+    def release(self, slot: int) -> None:
+        """The batch in ``slot`` is no longer needed: the slot may be filled again."""
+        self.free.append(slot)
+
+    def accept(self, generation: int, slot: int) -> bool:
+        """A filled slot came back: True when it is for the current generation (deliver it, then
+        ``release``); a stale one is released here and must not be delivered."""
+        if self.is_current(generation):
+            return True
+        self.release(slot)
+        return False
+
+    def batch(self, index: int, slot: int, rows: int, objects: list[Any] | None = None) -> HostBatch:
+        """The batch that ``slot`` holds, as views of its first ``rows`` rows, with its other leaves."""
+        ring = self._ring()
+        return HostBatch(index, slot, rows, ring.slot_views(slot, rows), ring.layout.treedef, objects or [])
+
+    def _ring(self) -> Ring:
+        if self.ring is None:
+            raise RuntimeError("internal error: a slot was used before the ring was attached")
+        return self.ring
+
+    def hold(self, index: int, leaves: Sequence[np.ndarray]) -> HostBatch:
+        """Copy a batch made outside the ring (the main process's first batch) into a free slot."""
+        slot = self.take()
+        if slot is None:
+            raise RuntimeError(f"internal error: no free ring slot to hold batch {index}")
+        rows = len(leaves[0])
+        try:
+            hb = self.batch(index, slot, rows)
+            for dst, src in zip(hb.leaves, leaves):
+                np.copyto(dst, src)
+        except BaseException:
+            self.give_back(slot)
+            raise
+        return hb

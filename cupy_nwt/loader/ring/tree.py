@@ -1,0 +1,232 @@
+"""Nests of tuples, lists, dicts and namedtuples: flattened to leaves plus a small picklable structure.
+
+Two views of one idea. ``flatten`` / ``unflatten`` treat every non-container as a leaf: that is how a
+*sample* is read by the collation. ``split`` / ``join`` cut a *batch* for transport: its NumPy
+arrays go through the shared-memory ring, every other leaf (a str list, None, any object a custom
+``collate_fn`` returns) travels pickled beside it. ``split`` recurses only into the exact container
+types it can rebuild, so a custom container comes back as itself, pickled whole. A torch tensor or
+JAX array leaf travels as NumPy bytes too, its framework kept as a tag on its leaf
+(``("leaf", "torch")``): ``join`` gives it back in that framework (``frameworks``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .frameworks import FRAMEWORKS, framework_of, host_view, to_framework
+
+# A treedef is a small picklable nest: ("leaf",) an array (or, for samples, any leaf), ("leaf", fw)
+# an array joined back as framework fw's ("torch", "jax"), ("obj",) a leaf that travels pickled, ("tuple", children), ("list", children), ("dict", keys, children) or
+# ("namedtuple", cls, children).
+Treedef = tuple
+
+LEAF: Treedef = ("leaf",)
+OBJ: Treedef = ("obj",)
+_RING_KINDS = frozenset("biufcmM")  # dtypes with a fixed item size and no Python objects inside
+
+
+def flatten(obj: Any) -> tuple[list[Any], Treedef]:
+    """The leaves of a sample or batch, depth first, and the structure to rebuild it."""
+    leaves: list[Any] = []
+    return leaves, _flatten(obj, leaves)
+
+
+def _flatten(obj: Any, leaves: list[Any]) -> Treedef:
+    if isinstance(obj, tuple):
+        children = tuple(_flatten(x, leaves) for x in obj)
+        if hasattr(obj, "_fields"):
+            return ("namedtuple", type(obj), children)
+        return ("tuple", children)
+    if isinstance(obj, list):
+        return ("list", tuple(_flatten(x, leaves) for x in obj))
+    if isinstance(obj, dict):
+        keys = tuple(obj.keys())
+        return ("dict", keys, tuple(_flatten(obj[k], leaves) for k in keys))
+    leaves.append(obj)
+    return LEAF
+
+
+def unflatten(treedef: Treedef, leaves: Sequence[Any]) -> Any:
+    """Rebuild the nest described by ``treedef`` from ``leaves`` (inverse of ``flatten``)."""
+    it = iter(leaves)
+    out = _build(treedef, it, it)
+    if next(it, None) is not None:
+        raise ValueError("more leaves than the structure holds")
+    return out
+
+
+def is_ring_array(x: Any) -> bool:
+    """An array the ring can carry: a NumPy array of numbers, bools or datetimes (no objects, no str)."""
+    return isinstance(x, np.ndarray) and x.dtype.kind in _RING_KINDS
+
+
+def split(batch: Any) -> tuple[Treedef, list[np.ndarray], list[Any]]:
+    """A batch as (structure, its ring arrays, its other leaves), both lists depth first."""
+    arrays: list[np.ndarray] = []
+    objects: list[Any] = []
+    return _split(batch, arrays, objects), arrays, objects
+
+
+def _split(obj: Any, arrays: list[np.ndarray], objects: list[Any]) -> Treedef:
+    t = type(obj)
+    if t is tuple:
+        return ("tuple", tuple(_split(x, arrays, objects) for x in obj))
+    if t is list:
+        return ("list", tuple(_split(x, arrays, objects) for x in obj))
+    if t is dict:
+        keys = tuple(obj.keys())
+        return ("dict", keys, tuple(_split(obj[k], arrays, objects) for k in keys))
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return ("namedtuple", t, tuple(_split(x, arrays, objects) for x in obj))
+    if is_ring_array(obj):
+        arrays.append(obj)
+        return LEAF
+    framework = framework_of(obj)
+    if framework is not None:
+        host = host_view(obj, framework)
+        if host is not None and is_ring_array(host):
+            arrays.append(host)
+            return leaf_of(framework)
+    objects.append(obj)
+    return OBJ
+
+
+def leaf_of(framework: str | None) -> Treedef:
+    """The leaf of an array that ``join`` gives back as ``framework``'s (None: as it is)."""
+    return LEAF if framework is None else ("leaf", framework)
+
+
+def retag(td: Treedef, framework: str | None) -> Treedef:
+    """``td`` with every array leaf joined as ``framework``'s (None: as it is, NumPy or CuPy)."""
+    kind = td[0]
+    if kind == "leaf":
+        return leaf_of(framework)
+    if kind == "obj":
+        return td
+    if kind in ("dict", "namedtuple"):
+        return (kind, td[1], tuple(retag(c, framework) for c in td[2]))
+    return (kind, tuple(retag(c, framework) for c in td[1]))
+
+
+class OutputTree:
+    """A batch structure as ``output`` wants it joined: as it is ("auto"), else every array leaf in
+    one framework (None for "numpy" and "cupy"). Remembers the last structure: it rarely changes."""
+
+    def __init__(self, output: str) -> None:
+        self.output = output
+        self._last: tuple[Any, Any] = (None, None)
+
+    def __call__(self, treedef: Any) -> Any:
+        if self.output == "auto":
+            return treedef
+        if self._last[0] is not treedef:
+            self._last = (treedef, retag(treedef, self.output if self.output in FRAMEWORKS else None))
+        return self._last[1]
+
+
+def leaf_frameworks(td: Treedef) -> list[str | None]:
+    """The framework of every array leaf of ``td``, depth first (None: NumPy, or CuPy on the GPU)."""
+    out: list[str | None] = []
+    _frameworks(td, out)
+    return out
+
+
+def _frameworks(td: Treedef, out: list[str | None]) -> None:
+    if td[0] == "leaf":
+        out.append(td[1] if len(td) > 1 else None)
+    elif td[0] != "obj":
+        for c in td[-1]:
+            _frameworks(c, out)
+
+
+def join(treedef: Treedef, arrays: Sequence[Any], objects: Sequence[Any] = ()) -> Any:
+    """Rebuild a batch from ``split``'s parts (the arrays may have moved: copies, device arrays)."""
+    a, o = iter(arrays), iter(objects)
+    out = _build(treedef, a, o)
+    if next(a, None) is not None or next(o, None) is not None:
+        raise ValueError("more leaves than the structure holds")
+    return out
+
+
+def _build(td: Treedef, arrays: Iterator[Any], objects: Iterator[Any]) -> Any:
+    kind = td[0]
+    if kind == "leaf":
+        return next(arrays) if len(td) == 1 else to_framework(next(arrays), td[1])
+    if kind == "obj":
+        return next(objects)
+    if kind == "tuple":
+        return tuple(_build(c, arrays, objects) for c in td[1])
+    if kind == "list":
+        return [_build(c, arrays, objects) for c in td[1]]
+    if kind == "dict":
+        return {k: _build(c, arrays, objects) for k, c in zip(td[1], td[2])}
+    if kind == "namedtuple":
+        return td[1](*(_build(c, arrays, objects) for c in td[2]))
+    raise ValueError(f"unknown structure node {kind!r}")
+
+
+def as_sample_treedef(td: Treedef) -> Treedef:
+    """The structure of one sample of a batch with structure ``td`` (every leaf a plain leaf)."""
+    kind = td[0]
+    if kind in ("leaf", "obj"):
+        return LEAF
+    if kind == "dict":
+        return ("dict", td[1], tuple(as_sample_treedef(c) for c in td[2]))
+    if kind == "namedtuple":
+        return ("namedtuple", td[1], tuple(as_sample_treedef(c) for c in td[2]))
+    return (kind, tuple(as_sample_treedef(c) for c in td[1]))
+
+
+def leaf_kinds(td: Treedef) -> list[str]:
+    """"leaf" or "obj" for every leaf of ``td``, depth first."""
+    out: list[str] = []
+    _kinds(td, out)
+    return out
+
+
+def _kinds(td: Treedef, out: list[str]) -> None:
+    if td[0] in ("leaf", "obj"):
+        out.append(td[0])
+    else:
+        for c in td[-1]:
+            _kinds(c, out)
+
+
+def leaf_paths(treedef: Treedef) -> list[str]:
+    """Human-readable paths of the leaves, e.g. ``[0]`` or ``['image']``, for error messages."""
+    out: list[str] = []
+    _paths(treedef, "", out)
+    return out
+
+
+def _paths(td: Treedef, prefix: str, out: list[str]) -> None:
+    kind = td[0]
+    if kind in ("leaf", "obj"):
+        out.append(prefix or "<sample>")
+    elif kind in ("tuple", "list"):
+        for i, c in enumerate(td[1]):
+            _paths(c, f"{prefix}[{i}]", out)
+    elif kind == "dict":
+        for k, c in zip(td[1], td[2]):
+            _paths(c, f"{prefix}[{k!r}]", out)
+    elif kind == "namedtuple":
+        for name, c in zip(td[1]._fields, td[2]):
+            _paths(c, f"{prefix}.{name}", out)
+
+
+def describe(td: Treedef) -> str:
+    """A short picture of a structure for error messages, e.g. ``(array, {'y': array})``."""
+    kind = td[0]
+    if kind in ("leaf", "obj"):
+        return "array"
+    if kind == "dict":
+        return "{" + ", ".join(f"{k!r}: {describe(c)}" for k, c in zip(td[1], td[2])) + "}"
+    inner = ", ".join(describe(c) for c in td[-1])
+    if kind == "list":
+        return f"[{inner}]"
+    if kind == "namedtuple":
+        return f"{td[1].__name__}({inner})"
+    return f"({inner})"

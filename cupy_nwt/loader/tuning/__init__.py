@@ -1,0 +1,1 @@
+"""Online tuning: the pure policy and the mechanism that listens to the loader's events."""

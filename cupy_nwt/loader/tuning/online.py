@@ -1,0 +1,190 @@
+"""Online tuning's mechanism: listen to the caller's epoch, ask the policy, apply.
+
+A loader built with ``autotune=`` has one ``OnlineTuner``, a listener on its events (``_events``).
+It follows the newest epoch (``began``): its delivered turns (``waited``) and the first worker
+source that asks for a batch in it (``asked``): each ask counts the active workers that had
+finished their tasks, and the source's ``blocked_s`` is the caller's wait. (Not the whole time
+inside ``next()``: on a busy machine handing out a ready batch takes a few percent of a short step,
+waiting for a CPU, and reading that as starvation kept every worker of an idle pool.) Every
+``interval_steps`` steps (and at least ``min_interval_s``) the policy sees the interval and may
+change the setting.
+
+A change never touches which batches are made or their order: those are fixed by the plan, and a
+map-style task goes to whichever active worker is least busy. Adding a worker un-parks one or
+starts one more process; parking one stops giving it tasks (it finishes those it has and stays
+alive). The ring is made once, for the largest setting the budgets allow; the slot cap sets how
+much of it is in use. The budgets are enforced here, whatever a policy proposes. Each change is
+logged on ``cupy_nwt.tuner`` with its reason and kept in ``decisions``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..._checks import check_int, check_number
+from ...errors import ArgumentError
+from .._events import Listener
+from ..ring.ring import HEADER_BYTES
+from .policy import AutotunePolicy, Budget, Decision, Limits, Observation, Policy, Setting, default_budget
+
+_log = logging.getLogger("cupy_nwt.tuner")  # nwt.pick's logger: the auto lines and these go together
+
+
+@dataclass(frozen=True)
+class Autotune:
+    """``autotune=``'s long form: the policy (None: ``AutotunePolicy()``) and how often it is asked,
+    every ``interval_steps`` batches and at least ``min_interval_s`` seconds."""
+
+    policy: Any = None
+    interval_steps: int = 8
+    min_interval_s: float = 0.1
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """Online tuning as a loader resolved it: the policy, its budget and cadence, and where it starts."""
+
+    policy: Policy
+    budget: Budget
+    interval_steps: int
+    min_interval_s: float
+    requested: int = 1  # the worker count given (or the saved pick)
+    prefetch_factor: int = 2
+
+    @property
+    def workers(self) -> int:
+        """The workers to start with: the requested count within the CPU budget."""
+        return max(1, min(self.requested, self.budget.cpus))
+
+    def starting(self, requested: int, prefetch_factor: int) -> Tuning:
+        return Tuning(self.policy, self.budget, self.interval_steps, self.min_interval_s, requested, prefetch_factor)
+
+
+def check_tuning(autotune: Any, cpu_budget: Any, memory_budget: Any, *, num_workers: int | str,
+                 iterable: bool) -> Tuning | None:
+    """The loader's tuning, or None without ``autotune``; one-line errors for arguments that cannot work."""
+    cpu_budget = check_int("cpu_budget", cpu_budget, ge=1, optional=True)
+    memory_budget = check_int("memory_budget", memory_budget, ge=1, optional=True)
+    if autotune is False or autotune is None:
+        if cpu_budget is not None or memory_budget is not None:
+            raise ArgumentError("cpu_budget and memory_budget bound online tuning: give them with autotune=True")
+        return None
+    spec = autotune if isinstance(autotune, Autotune) else Autotune(None if autotune is True else autotune)
+    policy = AutotunePolicy() if spec.policy is None else spec.policy
+    if not callable(getattr(policy, "decide", None)):
+        raise ArgumentError(f"autotune must be True, False or a policy with decide(), got {autotune!r}")
+    steps = check_int("autotune interval_steps", spec.interval_steps, ge=1)
+    min_s = check_number("autotune min_interval_s", spec.min_interval_s, ge=0, unit="seconds")
+    if iterable:
+        raise ArgumentError("autotune=True needs a map-style dataset: an iterable-style dataset's batches depend "
+                            "on the worker count, so it cannot change it without changing the batches")
+    if num_workers == 0:
+        raise ArgumentError("autotune=True tunes worker processes: give num_workers >= 1 or 'auto'")
+    budget = default_budget(cpu_budget, memory_budget)
+    if isinstance(num_workers, int) and num_workers > budget.cpus:
+        raise ArgumentError(f"num_workers={num_workers} is more than cpu_budget={budget.cpus}")
+    return Tuning(policy, budget, steps, float(min_s))
+
+
+class Tunable(Protocol):
+    """What the tuner changes on a worker pool."""
+
+    slot_cap: int | None
+
+    def set_active(self, n: int) -> None: ...
+
+
+class OnlineTuner(Listener):
+    """The current setting of a loader tuned online, the decisions made, and the interval being watched."""
+
+    def __init__(self, tuning: Tuning, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.policy, self.budget = tuning.policy, tuning.budget
+        self.interval_steps, self.min_interval_s = tuning.interval_steps, tuning.min_interval_s
+        self.clock = clock
+        self.decisions: list[Decision] = []
+        self.limits: Limits | None = None
+        self._source: weakref.ref | None = None
+        self._epoch: int | None = None
+        self._delivered = 0  # turns the followed epoch's caller has taken
+        self._mark: tuple[int, float, float] | None = None  # (delivered, blocked_s, time) at the interval's start
+        self._asks = self._idle = 0
+        requested, n = tuning.requested, tuning.workers
+        self.setting = Setting(n, max(2, n * tuning.prefetch_factor))
+        why = f"from num_workers={requested}" if n == requested else f"num_workers={requested} within the budgets"
+        self._record("start", f"{why}; budget {self.budget.cpus} workers, {self.budget.memory_bytes} ring bytes")
+
+    @property
+    def workers(self) -> int:
+        """The active workers now (the start count before the first change)."""
+        return self.setting.workers
+
+    def ring_slots(self, slot_bytes: int, prefetch_factor: int) -> int:
+        """The ring's size: the largest setting the budgets allow; the setting is clamped into it."""
+        limits = Limits.of(self.budget, prefetch_factor, slot_bytes)
+        if limits.slots < 2:
+            raise ArgumentError(f"memory_budget={self.budget.memory_bytes} bytes holds fewer than 2 ring slots of "
+                                f"{slot_bytes} bytes (plus a {HEADER_BYTES}-byte header): give more, or autotune=False")
+        self.limits = limits
+        clamped = limits.clamp(self.setting)
+        if clamped != self.setting:
+            self.setting = clamped
+            self._record("start", f"clamped into the memory budget: at most {limits.slots} slots of {slot_bytes} bytes")
+        return limits.slots
+
+    def configure(self, pool: Tunable) -> None:
+        """Give ``pool`` the current setting (a new stage, or the ring just made)."""
+        pool.set_active(self.setting.workers)
+        if self.limits is not None:
+            pool.slot_cap = self.setting.slots
+
+    # -- events
+
+    def began(self, epoch: int) -> None:
+        """Watch the caller of this (the newest) iteration from now on."""
+        self._epoch, self._source, self._delivered, self._mark = epoch, None, 0, None
+
+    def waited(self, epoch: int, seconds: float, delivered: bool) -> None:
+        if delivered and epoch == self._epoch:
+            self._delivered += 1
+
+    def asked(self, epoch: int, source: Any) -> None:
+        """One ask of the caller (``source.next``): sample idleness; at an interval's end, decide."""
+        if epoch != self._epoch or source.workers.slots.ring is None or self.limits is None:
+            return
+        if self._source is None:
+            self._source = weakref.ref(source)
+        elif self._source() is not source:
+            return
+        source.poll()
+        now = self.clock()
+        if self._mark is None:  # the epoch's first steps include start-up: start watching once the ring is up
+            self._mark, self._asks, self._idle = (self._delivered, source.blocked_s, now), 0, 0
+            return
+        self._asks += 1
+        self._idle += source.idle_workers()
+        steps, elapsed = self._delivered - self._mark[0], now - self._mark[2]
+        if steps < self.interval_steps or elapsed < self.min_interval_s:
+            return
+        obs = Observation(steps, elapsed, source.blocked_s - self._mark[1], self._asks, self._idle)
+        self._mark, self._asks, self._idle = (self._delivered, source.blocked_s, now), 0, 0
+        d = self.policy.decide(obs, self.setting, self.limits)
+        if d is None:
+            return
+        proposed = Setting(d.workers, d.slots)
+        if self.limits.clamp(proposed) != proposed:
+            _log.warning("autotune: the policy proposed %s beyond the budget %s; ignored", proposed, self.limits)
+            return
+        self.setting = proposed
+        self._record(d.action, d.reason, step=self._delivered)
+        self.configure(source.workers)
+
+    def _record(self, action: str, reason: str, step: int = 0) -> None:
+        d = Decision(action, self.setting.workers, self.setting.slots, reason, self._epoch or 0, step)
+        self.decisions.append(d)
+        _log.info("autotune: %s -> %d workers, %d slots (epoch %d, step %d): %s",
+                  action, d.workers, d.slots, d.epoch, d.step, reason)

@@ -1,0 +1,23 @@
+"""Making batches away from the caller: the messages, the batch maker, the one serve loop, and the
+worker kinds (processes, threads) that run it, chosen from one registry (``kinds``).
+
+The messages are re-exported here because they pickle under this package's name (see ``messages``).
+"""
+
+from .messages import (
+    BatchFailed,
+    ErrorReport,
+    Exhausted,
+    InitFailed,
+    Ok,
+    Restore,
+    RingMsg,
+    Skipped,
+    Stop,
+    StreamState,
+    Task,
+    Whole,
+)
+
+__all__ = ["BatchFailed", "ErrorReport", "Exhausted", "InitFailed", "Ok", "Restore", "RingMsg", "Skipped", "Stop",
+           "StreamState", "Task", "Whole"]

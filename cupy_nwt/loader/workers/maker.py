@@ -1,0 +1,238 @@
+"""Making one batch, in a worker or in the main process: fetch -> collate -> transform -> slot or whole.
+
+A batch goes into a ring slot when it fits the ring's layout: default collation writes its samples
+straight into the slot's views, anything else (a custom ``collate_fn``, a ``batch_transform``, batching
+turned off) is made first and then copied in. A batch that does not fit (no ring yet, or its shapes
+differ from the layout's) is handed back whole, to travel pickled; samples that disagree among
+themselves are an error naming the first one that differs, as they always were.
+"""
+
+from __future__ import annotations
+
+import pickle
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...errors import BatchLayoutError, WorkerError
+from .._events import StageTimes
+from ..ring.collate import collate, collate_into
+from ..ring.ring import SlotLayout
+from ..ring.tree import split
+from .messages import ErrorReport
+
+
+class StreamEnd(Exception):
+    """The dataset's iterator has no batch left this epoch."""
+
+
+@dataclass(frozen=True)
+class InSlot:
+    """The batch is in the slot: ``rows`` rows; ``objects``, its leaves that are not ring arrays."""
+
+    rows: int
+    objects: list[Any]
+
+
+@dataclass(frozen=True)
+class Loose:
+    """The batch did not go into a slot: here it is, to travel pickled."""
+
+    rows: int
+    batch: Any
+
+
+class BatchMaker:
+    """Fetch -> collate -> transform for one batch; remembers which sample it was fetching.
+
+    ``batched=False`` (``batch_size=None``): a task has one index, its sample is the batch (passed
+    through ``collate_fn`` if one is given). An iterable-style dataset is read through ``begin_stream``
+    and tasks without indices; ``batch_size`` and ``drop_last`` then cut its stream into batches.
+    """
+
+    def __init__(self, dataset: Any, collate_fn: Callable | None, batch_transform: Callable | None, *,
+                 batched: bool = True, batch_size: int | None = None, drop_last: bool = False) -> None:
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.batch_transform = batch_transform
+        self.batched = batched
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.current: int | None = None
+        self.times = StageTimes()  # the last batch's seconds in each stage
+        self._stream: Iterator[Any] | None = None
+        self._fresh = False  # the stream is to be opened by the next pull
+        self._restore: tuple[Any, int, int | None] | None = None  # (state, batches to skip, epoch): next opening
+        self.before_sample: Callable[[], None] | None = None  # a process worker's parent check (``lifeline``)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_stream": None, "current": None}  # a live iterator stays where it is
+
+    # -- samples
+
+    def fetch(self, indices: np.ndarray) -> list[Any]:
+        getitems = getattr(self.dataset, "__getitems__", None)
+        if getitems is not None:
+            self.current = None
+            samples = getitems(indices.tolist())
+            if len(samples) != len(indices):
+                raise ValueError(f"__getitems__ returned {len(samples)} samples for {len(indices)} indices")
+            return list(samples)
+        out = []
+        for i in indices.tolist():
+            if self.before_sample is not None:
+                self.before_sample()
+            self.current = i
+            out.append(self.dataset[i])
+        self.current = None
+        return out
+
+    def begin_stream(self) -> None:
+        """An epoch of an iterable-style dataset starts: the next pull opens a fresh iterator.
+
+        Opened lazily, so an ``__iter__`` that raises fails the first batch, like any sample would.
+        """
+        self._stream, self._fresh = None, True
+
+    def restore(self, state: Any, skip: int, epoch: int | None = None) -> None:
+        """Prepare the next opened stream: the dataset's ``set_epoch(epoch)`` (if given and it has one: this
+        worker's copy reshuffles as the loader's epoch says), ``load_state_dict(state)`` (if given), then
+        skip ``skip`` batches."""
+        self._restore = (state, skip, epoch)
+
+    def stream_state(self) -> Any:
+        """The dataset's ``state_dict()`` (where its stream is), or None when it keeps none."""
+        get = getattr(self.dataset, "state_dict", None)
+        return get() if callable(get) else None
+
+    def _open(self) -> None:
+        state, skip, epoch = self._restore if self._restore is not None else (None, 0, None)
+        self._restore = None
+        set_epoch = getattr(self.dataset, "set_epoch", None)
+        if epoch is not None and callable(set_epoch):
+            set_epoch(epoch)
+        if state is not None:
+            self.dataset.load_state_dict(state)
+        self._stream = iter(self.dataset)
+        for _ in range(skip * (self.batch_size or 1 if self.batched else 1)):
+            next(self._stream)
+
+    def _pull(self) -> Any:
+        if self._fresh:
+            self._fresh = False
+            try:
+                self._open()
+            except StopIteration:
+                self._stream = None
+        if self._stream is None:
+            raise StreamEnd
+        if self.before_sample is not None:
+            self.before_sample()
+        try:
+            return next(self._stream)
+        except StopIteration:
+            self._stream = None
+            raise StreamEnd from None
+
+    def pull(self) -> list[Any] | Any:
+        """The samples of the stream's next batch (one sample when not batching); ``StreamEnd`` if none."""
+        if not self.batched:
+            return self._pull()
+        size = self.batch_size or 1
+        out: list[Any] = []
+        try:
+            while len(out) < size:
+                out.append(self._pull())
+        except StreamEnd:
+            if not out or self.drop_last:
+                raise
+        return out
+
+    def samples(self, indices: np.ndarray | None) -> Any:
+        """A task's samples: by index, or the stream's next batch when ``indices`` is None."""
+        if indices is None:
+            return self.pull()
+        if not self.batched:
+            self.current = int(indices[0])
+            sample = self.dataset[indices.tolist()[0]]
+            self.current = None
+            return sample
+        return self.fetch(indices)
+
+    # -- batches
+
+    def batch_of(self, samples: Any, indices: np.ndarray | None, seed: int) -> Any:
+        """Collate (or, unbatched, pass through ``collate_fn``) and transform."""
+        return self._transform(self._collate(samples, indices), seed)
+
+    def _collate(self, samples: Any, indices: np.ndarray | None) -> Any:
+        if self.collate_fn is not None:
+            return self.collate_fn(samples)
+        return collate(samples, indices) if self.batched else samples
+
+    def _transform(self, batch: Any, seed: int) -> Any:
+        return self.batch_transform(batch, seed) if self.batch_transform is not None else batch
+
+    def make(self, indices: np.ndarray | None, seed: int) -> Any:
+        """A new batch in fresh arrays."""
+        return self.batch_of(self.samples(indices), indices, seed)
+
+    def produce(self, indices: np.ndarray | None, seed: int, layout: SlotLayout | None,
+                views: Callable[[int], list[np.ndarray]] | None) -> InSlot | Loose:
+        """Make a task's batch into the slot whose field views ``views(rows)`` gives, if it fits there.
+
+        ``times`` then holds the seconds it spent fetching, collating (copying into the slot
+        included) and in ``batch_transform``: the per-stage figures of ``loader.stats()``.
+        """
+        t0 = time.perf_counter()
+        samples = self.samples(indices)
+        t1 = time.perf_counter()
+        rows = len(samples) if self.batched else 0
+        if (views is not None and layout is not None and self.batched and self.collate_fn is None
+                and self.batch_transform is None and rows <= layout.rows):
+            try:
+                made = InSlot(rows, collate_into(samples, indices, layout.treedef, views(rows)))
+                self.times = StageTimes(fetch_s=t1 - t0, collate_s=time.perf_counter() - t1)
+                return made
+            except BatchLayoutError:
+                pass  # the samples may agree among themselves: collated below, or named there if not
+        batch = self._collate(samples, indices)
+        t2 = time.perf_counter()
+        batch = self._transform(batch, seed)
+        t3 = time.perf_counter()
+        out: InSlot | Loose = Loose(rows, batch)
+        if views is not None and layout is not None:
+            treedef, arrays, objects = split(batch)
+            if layout.fits(treedef, arrays, rows):
+                for dst, src in zip(views(rows), arrays):
+                    np.copyto(dst, src)
+                out = InSlot(rows, objects)
+        transform_s = t3 - t2 if self.batch_transform is not None else 0.0
+        self.times = StageTimes(fetch_s=t1 - t0, collate_s=t2 - t1 + time.perf_counter() - t3, transform_s=transform_s)
+        return out
+
+    def failed_index(self, exc: BaseException) -> int | None:
+        if isinstance(exc, BatchLayoutError):
+            return exc.sample_index
+        return self.current
+
+
+def make_worker_error(report: ErrorReport, *, worker_id: int | None, pid: int, batch_index: int | None) -> WorkerError:
+    """The error the caller sees for a failed batch: where, which batch and sample, the original type and traceback."""
+    where = "the main process" if worker_id is None else f"loader worker {worker_id} (pid {pid})"
+    what = f"batch {batch_index}" if batch_index is not None else "worker_init_fn"
+    at = f" at sample index {report.sample_index}" if report.sample_index is not None else ""
+    msg = (f"{where} failed on {what}{at}: {report.exc_type}: {report.message}\n\n"
+           f"Original traceback:\n{report.traceback}")
+    err = WorkerError(msg, worker_id=worker_id, pid=pid, batch_index=batch_index,
+                      sample_index=report.sample_index, exc_type=report.exc_type,
+                      traceback_text=report.traceback)
+    if report.pickled is not None:
+        try:
+            err.__cause__ = pickle.loads(report.pickled)
+        except Exception:  # noqa: BLE001 - the text above is the contract, the object a bonus
+            pass
+    return err

@@ -1,0 +1,193 @@
+"""What travels between the main process and its loader workers: one small frozen record per kind.
+
+Main process -> worker: ``RingMsg`` (once per ring), ``Task`` (once per batch), ``Restore`` (a
+resumed stream), ``Stop``. Worker -> main process: ``Ok``, ``Whole``, ``Exhausted``, ``Skipped`` or
+``BatchFailed`` (once per task; for a stream task preceded by a ``StreamState``), ``InitFailed`` (at
+most once, then the worker exits). A batch's arrays are written into the
+ring; only its other leaves travel, in ``Ok``. ``Whole`` carries a batch pickled: the first ones,
+made before the ring exists, and any later one that does not fit the ring's layout.
+
+A task and its answer cross a pipe per batch, so every record pickles as its class and the tuple of
+its fields (``__reduce__``), not as a state dict: about the size of the tagged tuple it replaces,
+and the same on every Python this package supports.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._events import StageTimes
+from ..ring.ring import SlotLayout
+
+
+class _Record:
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        fields: tuple[str, ...] = self.__slots__  # a dataclass's slots are its fields, in order
+        return type(self), tuple(getattr(self, name) for name in fields)
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReport(_Record):
+    """An exception, made portable: its type, text and traceback, and the exception if it pickles."""
+
+    exc_type: str
+    message: str
+    traceback: str
+    sample_index: int | None
+    pickled: bytes | None
+
+    @classmethod
+    def from_exception(cls, exc: BaseException, sample_index: int | None, *, keep_object: bool = True) -> ErrorReport:
+        """``keep_object=False`` when the caller chains ``exc`` itself (no need to pickle it)."""
+        blob = None
+        if keep_object:
+            try:
+                blob = pickle.dumps(exc)
+            except Exception:  # noqa: BLE001 - an unpicklable exception still reports its text
+                blob = None
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        return cls(type(exc).__qualname__, str(exc), text, sample_index, blob)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"exc_type": self.exc_type, "message": self.message, "traceback": self.traceback,
+                "sample_index": self.sample_index, "pickled": self.pickled}
+
+
+# ---------------------------------------------------------------- main process -> worker
+
+
+@dataclass(frozen=True, slots=True)
+class RingMsg(_Record):
+    """Attach to this ring (closing the previous one); its header holds the current generation."""
+
+    name: str
+    layout: SlotLayout
+    slots: int
+
+
+NO_SLOT = -1  # a task's slot when there is no ring yet: the batch comes back ``Whole``
+
+
+@dataclass(frozen=True, slots=True)
+class Task(_Record):
+    """Make batch ``batch_index`` into ``slot`` (or ``NO_SLOT``), unless ``generation`` is stale.
+
+    ``indices``: the dataset indices of its samples (one index when batching is off); None: the
+    next batch of the worker's own stream (an iterable-style dataset).
+    """
+
+    generation: int
+    batch_index: int
+    slot: int
+    indices: np.ndarray | None
+    transform_seed: int
+
+
+@dataclass(frozen=True, slots=True)
+class Restore(_Record):
+    """Before the next epoch's stream opens: ``set_epoch(epoch)`` on the dataset (if not None and it has
+    one), load ``state`` into it (if not None), then skip ``skip`` batches (a resumed stream whose
+    dataset keeps no state)."""
+
+    state: Any
+    skip: int
+    epoch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Stop(_Record):
+    """Exit the worker loop."""
+
+
+# ---------------------------------------------------------------- worker -> main process
+
+
+@dataclass(frozen=True, slots=True)
+class Ok(_Record):
+    """``slot`` now holds batch ``batch_index``: its first ``rows`` rows; ``objects``, its non-array leaves."""
+
+    generation: int
+    batch_index: int
+    slot: int
+    rows: int
+    objects: list | None = None
+    times: StageTimes | None = None  # seconds in each stage where it was made (``loader.stats()``)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        fields = (self.generation, self.batch_index, self.slot, self.rows)  # the common case stays small
+        return type(self), fields if self.objects is None and self.times is None else (*fields, self.objects, self.times)
+
+
+@dataclass(frozen=True, slots=True)
+class Whole(_Record):
+    """Batch ``batch_index`` itself (``rows`` rows), pickled; ``slot`` (or ``NO_SLOT``) is untouched."""
+
+    generation: int
+    batch_index: int
+    slot: int
+    rows: int
+    batch: Any
+    times: StageTimes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Exhausted(_Record):
+    """The worker's stream has no batch left this epoch: task ``batch_index`` has none; ``slot`` is untouched."""
+
+    generation: int
+    batch_index: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamState(_Record):
+    """Sent just before the answer to stream task ``batch_index``: the dataset's ``state_dict()`` after it
+    (None when it has none), so the loader can save where each worker's stream was."""
+
+    generation: int
+    batch_index: int
+    state: Any
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped(_Record):
+    """The task's generation was no longer current when the worker got to it; ``slot`` is untouched."""
+
+    generation: int
+    batch_index: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True)
+class BatchFailed(_Record):
+    """Making batch ``batch_index`` raised; ``slot`` holds nothing of use."""
+
+    generation: int
+    batch_index: int
+    slot: int
+    report: ErrorReport
+
+
+@dataclass(frozen=True, slots=True)
+class InitFailed(_Record):
+    """``worker_init_fn`` raised; the worker exits right after sending this."""
+
+    report: ErrorReport
+
+
+ToWorker = RingMsg | Task | Restore | Stop
+FromWorker = Ok | Whole | Exhausted | Skipped | BatchFailed | InitFailed | StreamState
+
+
+# Each record pickles with its module's name, once per message: the package's shorter name keeps a
+# batch's answer about the size of a tagged tuple (the package re-exports them, so unpickling finds them).
+for _cls in (ErrorReport, RingMsg, Task, Restore, Stop, Ok, Whole, Exhausted, StreamState, Skipped, BatchFailed,
+             InitFailed):
+    _cls.__module__ = __package__

@@ -1,0 +1,216 @@
+"""What every worker kind shares, seen from the main process: which worker gets the next task, how an
+answer becomes a result, and the surface the epoch's source and the runtime drive (``Workers``).
+
+Each kind (``process``, ``thread``) subclasses ``Dispatch`` with how it starts a worker, hands it a
+message and collects answers; ``kinds`` registers them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.context import BaseContext
+from typing import Any, Protocol
+
+import numpy as np
+
+from ...errors import WorkerError
+from .._events import Listener
+from ..ring.ring import Ring
+from ..ring.slots import HostBatch, SlotPool
+from ..ring.tree import split
+from .maker import make_worker_error
+from .messages import NO_SLOT, BatchFailed, Exhausted, FromWorker, InitFailed, Ok, StreamState, Task, Whole
+
+SHUTDOWN_GRACE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A batch a worker could not make: raise ``error`` when its turn to be delivered comes."""
+
+    batch_index: int
+    error: WorkerError
+
+
+@dataclass(frozen=True)
+class Ended:
+    """Worker ``worker_id``'s stream ran out: task ``batch_index`` has no batch, and no later task of it will."""
+
+    batch_index: int
+    worker_id: int
+
+
+@dataclass(frozen=True)
+class Noted:
+    """Worker ``worker_id``'s dataset state right after it made stream task ``batch_index``."""
+
+    batch_index: int
+    worker_id: int
+    state: Any
+
+
+Result = HostBatch | Failed | Ended | Noted
+
+
+@dataclass(frozen=True)
+class WorkerKind:
+    """One kind of worker, as the registry (``kinds``) knows it.
+
+    ``start`` makes a pool (keywords: maker, num_workers, prefetch_factor, seed, worker_init_fn,
+    context, device, epoch, rank, world_size, events); ``processes``: its workers are processes of
+    their own (a /dev/shm ring, pids, private memory); ``start_method(context, device)`` names how
+    they start.
+    """
+
+    name: str
+    start: Callable[..., Workers]
+    processes: bool
+    start_method: Callable[[BaseContext | None, str], str]
+
+
+class Workers(Protocol):
+    """What the epoch's source, online tuning and the runtime drive: a pool of any worker kind."""
+
+    slots: SlotPool
+    slot_cap: int | None
+    active: int
+    prefetch_factor: int
+    last_worker: int | None
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def closed(self) -> bool: ...
+
+    def attach(self, ring: Ring) -> None: ...
+
+    def pids(self) -> list[int]: ...
+
+    def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool: ...
+
+    def collect(self, timeout: float | None) -> list[Result]: ...
+
+    def idle_workers(self) -> int: ...
+
+    def set_active(self, n: int) -> None: ...
+
+    def worker_label(self, worker_id: int) -> str: ...
+
+    def stuck_hint(self) -> str: ...
+
+    def restore(self, per_worker: dict[int, tuple[Any, int, int | None]]) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class Dispatch:
+    """Which worker gets the next task, shared by the process and the thread pool.
+
+    Only the first ``active`` workers get tasks (online tuning parks the others, alive and idle);
+    ``slot_cap`` bounds the ring slots taken at once (None: the whole ring); before the ring exists
+    a worker takes one task at a time, without a slot. Subclasses keep ``_workers`` (each with
+    ``id`` and ``outstanding``), ``slots`` and ``prefetch_factor``.
+    """
+
+    slots: SlotPool
+    prefetch_factor: int
+    _workers: list[Any]
+    _rr = 0
+    _closed = False
+    active = 0
+    slot_cap: int | None = None
+    events: Listener | None = None  # hears ``made`` for each answer that carries a batch's stage seconds
+    last_worker: int | None = None  # the worker ``_choose`` picked last: who has a task (stall warnings)
+
+    def worker_label(self, worker_id: int) -> str:
+        """How a stall warning names a worker."""
+        return f"loader worker {worker_id}"
+
+    def stuck_hint(self) -> str:
+        """The likely cause of a worker that does not answer, for a timeout or a stall."""
+        return "the dataset is slow or blocked in __getitem__/__iter__"
+
+    def _made(self, msg: FromWorker) -> None:
+        if self.events is not None and isinstance(msg, (Ok, Whole)) and msg.times is not None:
+            self.events.made(msg.times)
+
+    def _answer(self, w: Any, pid: int, msg: FromWorker) -> Result | None:
+        """A worker's answer to a task, the same for processes and threads: a batch to deliver, a
+        failure to raise in turn, an ended stream, a stream's state, or nothing (stale)."""
+        if isinstance(msg, InitFailed):
+            raise make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=None)
+        if isinstance(msg, StreamState):
+            return Noted(msg.batch_index, w.id, msg.state) if self.slots.is_current(msg.generation) else None
+        w.outstanding -= 1
+        self._made(msg)
+        slots = self.slots
+        if isinstance(msg, Ok):
+            if not slots.accept(msg.generation, msg.slot):
+                return None  # made for an abandoned epoch: its slot is free again
+            return slots.batch(msg.batch_index, msg.slot, msg.rows, msg.objects)
+        if msg.slot != NO_SLOT:
+            slots.release(msg.slot)
+        if not slots.is_current(msg.generation):
+            return None
+        if isinstance(msg, Whole):
+            treedef, arrays, objects = split(msg.batch)
+            return HostBatch(msg.batch_index, None, msg.rows, arrays, treedef, objects)
+        if isinstance(msg, Exhausted):
+            return Ended(msg.batch_index, w.id)
+        if isinstance(msg, BatchFailed):
+            error = make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=msg.batch_index)
+            return Failed(msg.batch_index, error)
+        return None
+
+    @property
+    def size(self) -> int:
+        return len(self._workers)
+
+    def idle_workers(self) -> int:
+        """Active workers with no task out."""
+        return sum(w.outstanding == 0 for w in self._workers[:self.active])
+
+    def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool:
+        """Queue a batch on ``worker`` (or the least busy one); False when no slot or capacity is free.
+
+        Before the ring exists a worker takes one task at a time, without a slot.
+        """
+        if not self._workers or self._closed:
+            return False
+        w = self._choose(worker)
+        if w is None:
+            return False
+        slot = self.slots.take() if self.slots.ring is not None else NO_SLOT
+        assert slot is not None  # checked free by _choose
+        try:
+            self._deliver(w, Task(self.slots.generation, batch_index, slot, indices, tseed))
+        except BaseException:
+            if slot != NO_SLOT:
+                self.slots.give_back(slot)
+            raise
+        w.outstanding += 1
+        return True
+
+    def _deliver(self, w: Any, task: Task) -> None:
+        """Hand ``task`` to worker ``w`` (a pipe for a process, a queue for a thread)."""
+        raise NotImplementedError
+
+    def _choose(self, worker: int | None) -> Any:
+        """The worker to take the next task (``worker`` if given), or None when no slot or capacity is free."""
+        ring, cap = self.slots.ring, self.slot_cap
+        if ring is not None and (not self.slots.free or (cap is not None and ring.slots - len(self.slots.free) >= cap)):
+            return None
+        n = min(self.active, len(self._workers))
+        if worker is None:
+            w = min((self._workers[(self._rr + k) % n] for k in range(n)), key=lambda x: x.outstanding)
+        else:
+            w = self._workers[worker]
+        per_worker = max(self.prefetch_factor, -(-cap // n)) if cap is not None else self.prefetch_factor
+        if w.outstanding >= (per_worker if ring is not None else 1):
+            return None
+        self._rr = (w.id + 1) % n
+        self.last_worker = w.id
+        return w
+

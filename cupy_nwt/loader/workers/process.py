@@ -1,0 +1,388 @@
+"""Process workers (``worker_type="process"``): the pool seen from the main process, and the loop's
+channel in each worker process.
+
+Each worker has its own task pipe and result pipe (no lock shared between workers, so a worker
+killed mid-message cannot wedge the others). The main process waits on the result pipes and the
+workers' sentinels together, which is what turns a SIGKILLed worker into an error within one
+wake-up rather than a hang. Small messages travel (see ``messages``): a task with indices and a
+seed one way, ``(batch, slot, rows)`` and the batch's non-array leaves the other; arrays are
+written into the shared ring, whose slots and generations a ``SlotPool`` keeps. A worker watches
+the parent's sentinel too, so it never outlives the main process.
+
+Until the ring exists (its layout is learned from the first batch a worker makes) each worker has
+at most one task out, without a slot; those few batches come back pickled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing as mp
+import os
+import pickle
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.context import BaseContext
+from typing import Any
+
+import numpy as np
+
+from ... import cuda
+from ...errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old paths (cupy_nwt.worker)
+from .._events import Listener
+from ..ring.ring import Ring
+from ..ring.slots import SlotPool
+from . import lifeline
+from .info import WorkerInfo, enter_process, get_worker_info, worker_seed  # noqa: F401 - get_worker_info: old path
+from .lifeline import ParentGone, ParentWatch
+from .maker import BatchMaker, make_worker_error
+from .messages import (
+    BatchFailed,
+    ErrorReport,
+    FromWorker,
+    InitFailed,
+    Ok,
+    Restore,
+    RingMsg,
+    Stop,
+    StreamState,
+    Task,
+    ToWorker,
+    Whole,
+)
+from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
+from .serve import serve_loop
+from .start import check_importable, choose, forkserver_preload, stuck_hint
+from .torch_workers import adopt_in_worker
+
+# ---------------------------------------------------------------- in the worker process
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    worker_id: int
+    num_workers: int
+    seed: int
+    maker: BatchMaker
+    worker_init_fn: Callable | None
+    rank: int = 0
+    world_size: int = 1
+
+
+class _PipeChannel:
+    """A worker process's ends: the task pipe watched with the parent's sentinel (and, between samples,
+    ``lifeline``'s check), the result pipe. Before each task, torch is adopted once it is imported."""
+
+    def __init__(self, tasks: Connection, results: Connection, spec: WorkerSpec, watch: ParentWatch) -> None:
+        self.tasks, self.results, self.spec, self.watch = tasks, results, spec, watch
+        parent = mp.parent_process()
+        self.waits: list[Any] = [tasks] if parent is None else [tasks, parent.sentinel]
+        self.torch_ready = adopt_in_worker(spec.worker_id, spec.num_workers, spec.seed, spec.maker.dataset)
+
+    def receive(self) -> ToWorker | None:
+        if self.tasks not in wait(self.waits) or not self.watch.alive():
+            return None  # the parent is gone: queued tasks are nobody's
+        msg: ToWorker = self.tasks.recv()
+        if isinstance(msg, Task) and not self.torch_ready:  # the dataset imported torch since: as if at the start
+            spec = self.spec
+            self.torch_ready = adopt_in_worker(spec.worker_id, spec.num_workers, spec.seed, spec.maker.dataset)
+        return msg
+
+    def send(self, answer: FromWorker) -> None:
+        """An answer whose objects will not pickle becomes that batch's failure (a state: that error)."""
+        try:
+            self.results.send(answer)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+            if isinstance(answer, StreamState):
+                report = ErrorReport.from_exception(exc, None, keep_object=False)
+                self.results.send(StreamState(answer.generation, answer.batch_index, report))
+            elif isinstance(answer, (Ok, Whole)):
+                report = ErrorReport.from_exception(exc, None)
+                self.results.send(BatchFailed(answer.generation, answer.batch_index, answer.slot, report))
+            else:
+                raise
+
+    def open_ring(self, msg: RingMsg) -> Ring:
+        return Ring.attach(msg.name, msg.layout, msg.slots)
+
+    def close_ring(self, ring: Ring) -> None:
+        ring.close()
+
+
+def seed_globals(seed: int) -> None:
+    """Python's ``random`` and NumPy's global generator, from a worker's seed (NumPy's takes 32-bit words)."""
+    random.seed(seed)
+    np.random.seed(np.random.SeedSequence(seed).generate_state(4))
+
+
+def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
+    """A worker process: serve tasks until told to ``Stop``, the task pipe closes or the parent dies."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the main process's handler (``lifeline``), if forked
+    watch = ParentWatch()
+    watch.start_watchdog()
+    # What the worker inherited (a forked parent's heap: the dataset, and everything else the parent
+    # holds) is never garbage to it: keep the collector from walking it, which writes to every object
+    # it visits and so copies every page of it (copy-on-read, even of objects the worker never reads).
+    gc.freeze()
+    seed_globals(spec.seed)
+    maker = spec.maker
+    maker.before_sample = watch.check
+    enter_process(WorkerInfo(spec.worker_id, spec.num_workers, spec.seed, maker.dataset, spec.rank, spec.world_size))
+    try:
+        serve_loop(_PipeChannel(tasks, results, spec, watch), maker, spec.worker_id, spec.worker_init_fn)
+    except (EOFError, BrokenPipeError, ConnectionResetError, ParentGone):
+        return  # the main process went away
+
+
+# ---------------------------------------------------------------- the pool, seen from the main process
+
+
+@dataclass
+class _Worker:
+    id: int
+    process: Any
+    tasks: Connection
+    results: Connection
+    outstanding: int = 0
+
+
+def context_of(start_method: str | BaseContext) -> Any:
+    """A concrete multiprocessing context (it has Process and Pipe) from a start method or a context."""
+    return mp.get_context(start_method) if isinstance(start_method, str) else start_method
+
+
+class WorkerPool(Dispatch):
+    """``num_workers`` processes, and the slot pool of the ring they write into once it exists.
+
+    ``maker`` (pickled to each worker with forkserver or spawn) makes the batches; ``seed`` is the
+    loader's, each worker's own is drawn from it, the worker id and ``epoch``.
+    """
+
+    def __init__(self, *, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int,
+                 worker_init_fn: Callable | None, start_method: str | BaseContext, epoch: int = 0,
+                 rank: int = 0, world_size: int = 1, events: Listener | None = None) -> None:
+        self.prefetch_factor = prefetch_factor
+        self.events = events
+        self.slots = SlotPool(None)
+        self._closed = False
+        self._workers: list[_Worker] = []
+        self._ctx = context_of(start_method)
+        self._spec = (num_workers, seed, epoch, maker, worker_init_fn, rank, world_size)
+        method = self._ctx.get_start_method()
+        check_importable(method, not isinstance(start_method, str),
+                         [maker.dataset, maker.collate_fn, maker.batch_transform, worker_init_fn])
+        if method == "forkserver":
+            self._ctx.set_forkserver_preload(forkserver_preload())
+        self._hint = stuck_hint(method)  # what the parent is like as the workers start: why one might hang
+        lifeline.track(self)
+        try:
+            for w in range(num_workers):
+                self._start(w)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.active = num_workers  # workers given tasks; the others are parked (alive, idle)
+
+    def _start(self, w: int) -> None:
+        num_workers, seed, epoch, maker, worker_init_fn, rank, world_size = self._spec
+        ctx, method = self._ctx, self._ctx.get_start_method()
+        spec = WorkerSpec(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), maker, worker_init_fn, rank,
+                          world_size)
+        task_r, task_w = ctx.Pipe(duplex=False)
+        res_r, res_w = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w), name=f"cupy_nwt-worker-{w}", daemon=True)
+        try:
+            proc.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            for c in (task_r, task_w, res_r, res_w):
+                c.close()
+            raise LoaderError(
+                f"start_method={method!r} sends the dataset, collate_fn, batch_transform and "
+                f"worker_init_fn to each worker by pickling, and that failed: {exc}. Define them at module "
+                "level, or use start_method='fork' where CUDA is not initialised in this process"
+            ) from exc
+        task_r.close()
+        res_w.close()
+        self._workers.append(_Worker(w, proc, task_w, res_r))
+
+    def set_active(self, n: int) -> None:
+        """Give tasks to the first ``n`` workers: un-park parked ones, start more processes if needed."""
+        while self.size < n:
+            self._start(self.size)
+            ring = self.slots.ring
+            if ring is not None and ring.name is not None:
+                self._send(self._workers[-1], RingMsg(ring.name, ring.layout, ring.slots))
+        self.active = max(1, n)
+
+    # -- the ring
+
+    def attach(self, ring: Ring) -> None:
+        """Hand the workers the ring, once its layout is known; the pool's slots are then its slots."""
+        if ring.name is None:
+            raise LoaderError("internal error: workers can only attach to a ring in /dev/shm")
+        self.slots.attach(ring)
+        for w in self._workers:
+            self._send(w, RingMsg(ring.name, ring.layout, ring.slots))
+
+    # -- tasks and results
+
+    def pids(self) -> list[int]:
+        return [w.process.pid for w in self._workers if w.process.is_alive()]
+
+    def worker_label(self, worker_id: int) -> str:
+        return f"loader worker {worker_id} (pid {self._workers[worker_id].process.pid})"
+
+    def stuck_hint(self) -> str:
+        return self._hint
+
+    def _deliver(self, w: _Worker, task: Task) -> None:
+        self._send(w, task)
+
+    def restore(self, per_worker: dict[int, tuple[Any, int, int | None]]) -> None:
+        """Before a resumed stream's tasks: each worker's dataset state (or batches to skip), by worker id."""
+        for w in self._workers:
+            if w.id in per_worker:
+                self._send(w, Restore(*per_worker[w.id]))
+
+    def _send(self, w: _Worker, msg: ToWorker) -> None:
+        try:
+            w.tasks.send(msg)
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self._raise_if_dead(timeout=1.0)
+            raise LoaderError(f"could not reach loader worker {w.id} (pid {w.process.pid})") from None
+
+    def collect(self, timeout: float | None) -> list[Result]:
+        """Wait up to ``timeout`` s for results; raise at once if a worker died or failed to start."""
+        conns = [w.results for w in self._workers]
+        sentinels = [w.process.sentinel for w in self._workers]
+        wait(conns + sentinels, timeout)
+        out: list[Result] = []
+        for w in self._workers:
+            while True:
+                try:
+                    if not w.results.poll():
+                        break
+                    msg = w.results.recv()
+                except (EOFError, OSError):
+                    break
+                item = self._absorb(w, msg)
+                if item is not None:
+                    out.append(item)
+        self._raise_if_dead(timeout=0.0)
+        return out
+
+    def _absorb(self, w: _Worker, msg: FromWorker) -> Result | None:
+        """A worker's answer (see ``Dispatch._answer``)."""
+        return self._answer(w, w.process.pid, msg)
+
+    def _raise_if_dead(self, timeout: float) -> None:
+        for w in self._workers:
+            if w.process.is_alive():
+                continue
+            w.process.join(timeout if timeout > 0 else 1.0)  # reap it so the exit code is known
+            self._raise_init_error(w)
+            code = w.process.exitcode
+            if code is not None and code < 0:
+                try:
+                    how = f"was killed by signal {signal.Signals(-code).name}"
+                except ValueError:
+                    how = f"was killed by signal {-code}"
+                hint = " (SIGKILL often means the kernel's out-of-memory killer)" if code == -signal.SIGKILL else ""
+            else:
+                how, hint = f"exited unexpectedly with exit code {code}", ""
+            raise WorkerDiedError(f"loader worker {w.id} (pid {w.process.pid}) {how}{hint}",
+                                  worker_id=w.id, pid=w.process.pid, exitcode=code)
+
+    def _raise_init_error(self, w: _Worker) -> None:
+        """A worker whose worker_init_fn failed reported why before exiting: prefer that reason."""
+        try:
+            while w.results.poll():
+                msg = w.results.recv()
+                if isinstance(msg, InitFailed):
+                    raise make_worker_error(msg.report, worker_id=w.id, pid=w.process.pid, batch_index=None)
+        except (EOFError, OSError):
+            pass
+
+    # -- shutdown
+
+    def shutdown(self) -> None:
+        """Stop every worker: ask, wait up to SHUTDOWN_GRACE_S, then SIGTERM, then SIGKILL. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self.slots.retire()  # queued tasks are skipped, not computed
+        for w in self._workers:
+            try:
+                w.tasks.send(Stop())
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        for w in self._workers:
+            w.process.join(max(0.0, deadline - time.monotonic()))
+        for w in self._workers:
+            if w.process.is_alive():
+                w.process.terminate()
+        for w in self._workers:
+            w.process.join(1.0)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join()
+        for w in self._workers:
+            w.tasks.close()
+            w.results.close()
+            w.process.close()
+        self._workers = []
+        lifeline.untrack(self)
+
+    def kill_now(self) -> None:
+        """From a signal handler, the process about to die: SIGKILL every worker, reap it, unlink the ring.
+
+        Only raw steps (no message to a worker, no grace period); ``shutdown`` is the orderly path.
+        """
+        procs = [w.process for w in self._workers]
+        for p in procs:
+            if p.pid is not None:
+                with contextlib.suppress(OSError):
+                    os.kill(p.pid, signal.SIGKILL)
+        for p in procs:
+            with contextlib.suppress(Exception):
+                p.join(1.0)
+        ring = self.slots.ring
+        if ring is not None:
+            ring.unlink()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+def default_start_method(device: str) -> str:
+    """``forkserver`` when CUDA is (or will be) live in this process or a threaded runtime runs (``start``), else ``fork``.
+
+    A forked child of a process with a CUDA context must not use CUDA, and page-locked memory is
+    mapped don't-fork; forkserver children come from a clean server process instead. The price is
+    that the dataset and callables are pickled to each worker. Otherwise fork is the fastest to
+    start and shares the dataset copy-on-write.
+    """
+    return choose(device == "cuda" or cuda.cuda_may_be_initialized())
+
+
+def _start_method(context: BaseContext | None, device: str) -> str:
+    return context.get_start_method() if context is not None else default_start_method(device)
+
+
+def _start(*, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int, worker_init_fn: Callable | None,
+           context: BaseContext | None, device: str, epoch: int, rank: int, world_size: int,
+           events: Listener | None) -> WorkerPool:
+    return WorkerPool(maker=maker, num_workers=num_workers, prefetch_factor=prefetch_factor, seed=seed,
+                      worker_init_fn=worker_init_fn, start_method=context if context is not None else
+                      default_start_method(device), epoch=epoch, rank=rank, world_size=world_size, events=events)
+
+
+KIND = WorkerKind("process", _start, processes=True, start_method=_start_method)
+

@@ -1,0 +1,130 @@
+"""How worker processes start: fork where it is safe, forkserver where it cannot be made so.
+
+fork copies the parent's memory but only the thread that forks: a lock another thread held (a native
+thread pool's, a runtime's) stays locked in the child forever. Two answers, by who owns the threads:
+
+* torch's intra-op OpenMP pool is made safe in the worker (``torch_workers``: one thread, as torch's own
+  DataLoader does), so a script that trains a torch model keeps fork: scripts without an
+  ``if __name__ == "__main__":`` guard and notebooks keep working, as they do under torch;
+* a runtime that cannot be tamed from the child (JAX's or TensorFlow's, torch's CUDA) makes the
+  default ``forkserver``, whose workers fork from a clean single-threaded server process (Python 3.14
+  made it the default start method for this reason). The reason is logged once at INFO on
+  ``cupy_nwt.loader``. A start method the user chose (``multiprocessing_context``) is always kept.
+
+``stuck_hint`` is what a timeout or a stall says about a worker that does not answer: with fork,
+the threads and runtimes the parent had when it forked; with forkserver or spawn, the re-import of
+the main module. ``forkserver_preload`` keeps forkserver's per-worker cost down for torch users.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import sys
+import threading
+from typing import Any
+
+from ...errors import LoaderError
+
+_log = logging.getLogger("cupy_nwt.loader")
+_said: set[str] = set()  # reasons already logged (once per process)
+
+
+def fork_hazards() -> list[str]:
+    """The runtimes in this process whose threads a forked worker could inherit as a deadlock."""
+    found = []
+    if "jax" in sys.modules and _jax_started():
+        found.append("JAX (its runtime is multithreaded)")
+    if "tensorflow" in sys.modules:
+        found.append("TensorFlow (its runtime is multithreaded)")
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and cuda.is_initialized():
+            found.append("torch's CUDA (initialised)")
+    except Exception:  # noqa: BLE001, S110 - a broken torch is no hazard we can name
+        pass
+    return found
+
+
+def _jax_started() -> bool:
+    """Has JAX made its backends (its threads)? Asked of a private function; if it moved, assume yes."""
+    try:
+        from jax._src import xla_bridge  # noqa: PLC0415 - jax is imported already
+
+        return bool(xla_bridge.backends_are_initialized())
+    except Exception:  # noqa: BLE001 - a JAX without it: be safe
+        return True
+
+
+def choose(cuda_live: bool) -> str:
+    """The default start method: forkserver where fork is unsafe (CUDA, a threaded runtime), else fork."""
+    if "fork" not in mp.get_all_start_methods():
+        return "spawn"
+    if cuda_live:
+        return "forkserver"
+    hazards = fork_hazards()
+    if not hazards:
+        return "fork"
+    reason = ", ".join(hazards)
+    if reason not in _said:
+        _said.add(reason)
+        _log.info("loader workers start by forkserver, not fork: %s runs in this process, and a forked worker "
+                  "could inherit its threads' locks as a deadlock. forkserver re-imports the main module and "
+                  "pickles the dataset: guard the script with if __name__ == '__main__': and define the dataset "
+                  "at module level (multiprocessing_context='fork' overrides this)", reason)
+    return "forkserver"
+
+
+def forkserver_preload() -> list[str]:
+    """What forkserver's server imports once, before forking any worker: the worker loop, and torch when
+    this process has it, so a worker forks with torch loaded instead of importing it again (each
+    re-run of a main module that imports torch would). torch's import starts no thread; its pool
+    starts with its first parallel op. Nothing else of the user's: a module may start a runtime."""
+    return ["__main__", "cupy_nwt.loader.workers.process", *(["torch"] if "torch" in sys.modules else [])]
+
+
+def other_threads() -> list[str]:
+    """The Python threads of this process other than the calling one (native pools such as BLAS's, which
+    guard fork themselves, are not counted)."""
+    me = threading.current_thread()
+    return [t.name for t in threading.enumerate() if t is not me]
+
+
+def stuck_hint(method: str) -> str:
+    """The likely causes of a worker that does not answer, as known when the workers started."""
+    slow = "or the dataset is slow or blocked in __getitem__/__iter__"
+    if method != "fork":
+        return (f"workers started by {method} re-import the main module first (a script without "
+                f"if __name__ == '__main__': runs again there), {slow}")
+    hazards = fork_hazards()
+    if hazards:
+        return (f"likely fork after threads: the workers were forked while {', '.join(hazards)} ran in this "
+                f"process, which can leave a worker deadlocked; use multiprocessing_context='forkserver' ({slow})")
+    threads = other_threads()
+    if threads:
+        return (f"possibly fork after threads: {len(threads)} other thread(s) ran in this process when the workers "
+                f"were forked ({', '.join(threads[:3])}), and a lock one held stays locked in a worker; "
+                f"multiprocessing_context='forkserver' avoids that ({slow})")
+    return slow.removeprefix("or ")
+
+
+def check_importable(method: str, chosen_by_user: bool, objects: list[Any]) -> None:
+    """forkserver chosen for the user: refuse what its workers cannot import, in one line, before starting.
+
+    A class or function defined in an interactive ``__main__`` (a notebook, the REPL) pickles by a name
+    that a forkserver or spawn worker cannot find; it would die at start with a traceback of its own.
+    """
+    if method == "fork" or chosen_by_user:
+        return
+    main = sys.modules.get("__main__")
+    if main is None or getattr(main, "__file__", None) is not None:
+        return
+    for obj in objects:
+        owner = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+        if obj is not None and getattr(owner, "__module__", None) == "__main__":
+            raise LoaderError(
+                f"workers must start by {method} here (fork is unsafe: {', '.join(fork_hazards()) or 'CUDA is in use'}), "
+                f"and their start cannot import {getattr(owner, '__qualname__', owner)!r}, defined interactively: "
+                "move it into a .py module, use worker_type='thread', or pass multiprocessing_context='fork' at your "
+                "own risk")
