@@ -26,6 +26,7 @@ import numpy as np
 from ._checks import check_int
 from ._images import IMAGE_EXTENSIONS, Transform, decode_image
 from ._tar_shards import gunzip_cached, is_gzip, scan_tar
+from ._worker_info import get_worker_info
 from .errors import DamagedArchiveError, DataError, LayoutError
 from .ranks import rank_layout
 from .system import cache_dir as default_cache_dir
@@ -84,8 +85,6 @@ def current_reader(rank: int | None = None, world_size: int | None = None) -> Re
     """
     if (rank is None) != (world_size is None):
         raise LayoutError("give both rank= and world_size=, or neither (then they are looked up)")
-    from . import get_worker_info  # noqa: PLC0415 - the package imports the loader; datasets sit below it
-
     info, source = get_worker_info(), "cupy_nwt worker"
     if info is None:
         torch_data = sys.modules.get("torch.utils.data")

@@ -14,8 +14,8 @@ from test_loader_faults import NO_HANG_S, clean, live_worker_threads  # noqa: F4
 from toy_data import Squares
 
 from cupy_nwt import DataLoader, LoaderTimeoutError, WorkerDiedError, get_worker_info, tune_num_workers
+from cupy_nwt._worker_info import worker_seed
 from cupy_nwt.loader.ring.ring import live_segments
-from cupy_nwt.loader.workers.info import worker_seed
 from cupy_nwt.loader.workers.thread import STUCK_SUFFIX
 from cupy_nwt.nwt.store import TuneResult
 

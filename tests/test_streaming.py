@@ -8,7 +8,6 @@ import os
 import pickle
 import tarfile
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -206,18 +205,6 @@ def test_current_reader_outside_any_worker_is_worker_0_of_1_on_the_launchers_ran
         current_reader(rank=1)
 
 
-def test_current_reader_reads_cupy_nwt_worker_info_with_or_without_rank(monkeypatch):
-    info = SimpleNamespace(id=2, num_workers=3, seed=7, dataset=None, rank=1, world_size=2)
-    monkeypatch.setattr(cupy_nwt, "get_worker_info", lambda: info)
-    assert current_reader() == ReaderSlot(1, 2, 2, 3, "cupy_nwt worker")
-    assert current_reader(rank=0, world_size=2) == ReaderSlot(0, 2, 2, 3, "explicit")  # explicit wins
-    older = SimpleNamespace(id=1, num_workers=3, seed=7, dataset=None)  # no rank: the launcher's
-    monkeypatch.setattr(cupy_nwt, "get_worker_info", lambda: older)
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert current_reader() == ReaderSlot(1, 2, 1, 3, "cupy_nwt worker")
-
-
 class ReaderTags(Squares):
     """Each sample's label is the reader lookup's answer where the sample was made."""
 
@@ -232,6 +219,25 @@ def test_current_reader_in_real_cupy_nwt_workers():
     workers = tags - {101}  # the main process may make the first batch itself: worker 0 of 1
     assert workers and workers <= {201, 1201}
 
+
+
+class ExplicitReader(Squares):
+    """The explicit rank and world size win over the worker's."""
+
+    def __getitem__(self, i: int):
+        s = current_reader(rank=0, world_size=2)
+        return np.zeros(1, np.uint8), s.worker * 1000 + s.num_workers * 100 + s.rank * 10 + s.world_size
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_current_reader_reads_the_workers_rank_layout_and_explicit_arguments_win(worker_type):
+    layout = {"rank": 1, "world_size": 2}  # the loader's layout reaches the reader through get_worker_info()
+    with cupy_nwt.DataLoader(ReaderTags(24), batch_size=2, num_workers=3, device="cpu", shuffle=False,
+                             worker_type=worker_type, **layout) as dl:
+        assert set(np.concatenate([y for _, y in dl]).tolist()) == {312, 1312, 2312}
+    with cupy_nwt.DataLoader(ExplicitReader(24), batch_size=2, num_workers=3, device="cpu", shuffle=False,
+                             worker_type=worker_type, **layout) as dl:
+        assert set(np.concatenate([y for _, y in dl]).tolist()) == {302, 1302, 2302}
 
 # --- torch's DataLoader --------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ Everything a user needs is here (and in ``cupy_nwt``); the modules with a leadin
 machinery behind it.
 """
 
+from .._worker_info import WorkerInfo, get_worker_info
 from ..errors import LoaderError, LoaderTimeoutError, ShmSpaceError, WorkerDiedError, WorkerError
 from ..ranks import RankLayout, rank_layout
 from ._dataloader import DataLoader
@@ -17,7 +18,6 @@ from .epoch.sampler import BatchSampler
 from .ring.collate import default_collate
 from .ring.slots import HostBatch
 from .tuning.online import Autotune
-from .workers.info import WorkerInfo, get_worker_info
 
 __all__ = ["Autotune", "BatchSampler", "DataLoader", "HostBatch", "IterableDataset", "Listener", "LoaderError",
            "LoaderParts", "LoaderStats", "LoaderTimeoutError", "MemoryGrowthWarning", "RankLayout", "ShmSpaceError", "StageTimes", "Stall",

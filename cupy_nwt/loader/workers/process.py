@@ -32,12 +32,12 @@ from typing import Any
 import numpy as np
 
 from ... import cuda
+from ..._worker_info import WorkerInfo, enter_process, get_worker_info, worker_seed  # noqa: F401 - get_worker_info: old path
 from ...errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old paths (cupy_nwt.worker)
 from .._events import Listener
 from ..ring.ring import Ring
 from ..ring.slots import SlotPool
 from . import lifeline
-from .info import WorkerInfo, enter_process, get_worker_info, worker_seed  # noqa: F401 - get_worker_info: old path
 from .lifeline import ParentGone, ParentWatch
 from .maker import BatchMaker, make_worker_error
 from .messages import (

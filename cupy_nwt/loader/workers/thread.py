@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from ..._worker_info import WorkerInfo, enter_thread, worker_seed
 from ...errors import WorkerDiedError
 from .._events import Listener
 from .._iterable import dataset_kind
 from ..ring.ring import Ring
 from ..ring.slots import SlotPool
-from .info import WorkerInfo, enter_thread, worker_seed
 from .maker import BatchMaker
 from .messages import FromWorker, Restore, Stop, Task
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind

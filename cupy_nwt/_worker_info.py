@@ -1,5 +1,8 @@
 """What ``get_worker_info()`` tells a worker, and each worker's seed.
 
+Below both the loader, which sets it, and the data sources that read it (``streaming``), so neither
+imports the other.
+
 A process worker holds its ``WorkerInfo`` in a module global (one worker per process); a thread
 worker in a thread-local, so the main thread of the main process still sees None.
 """
