@@ -274,3 +274,21 @@ def test_gpu_stats_count_the_device_copy(pin):
         assert sum(1 for _ in dl) == 8
         s = dl.stats()
     assert s.batches == s.made == 8 and s.copy_s > 0 and s.copy.startswith("h2d")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_stats_and_state_dict_read_one_progress_record_after_break(num_workers):
+    """A user's loop leaves early; stats() and state_dict() tell the same story of the epoch."""
+    loader = DataLoader(Squares(40), batch_size=4, num_workers=num_workers, device="cpu", seed=5)
+    assert loader.stats().epoch is None
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    figures = loader.stats()
+    assert (figures.epoch, figures.epoch_batches) == (0, 3)
+    state = loader.state_dict()
+    assert state["epoch"] == 0
+    rest = DataLoader(Squares(40), batch_size=4, num_workers=num_workers, device="cpu", seed=5)
+    rest.load_state_dict(state)
+    assert sum(1 for _ in rest) == 10 - figures.epoch_batches
+    loader.close()

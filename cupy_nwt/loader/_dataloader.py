@@ -334,7 +334,10 @@ class DataLoader(Generic[T_co]):
         the workers' busy fraction, seconds fetching, collating, transforming and copying, the live
         workers and prefetch depth, online tuning's decisions, stalls, and each worker's private memory.
         What each figure means, and the warnings: ``cupy_nwt.loader._stats``."""
-        return self._runtime.stats(self._options)
+        progress = self._last.progress() if self._last is not None else None
+        if progress is None:
+            return self._runtime.stats(self._options)
+        return self._runtime.stats(self._options, progress.epoch, progress.delivered)
 
     def __len__(self) -> int:
         return self._options.sampling.length(self.dataset)

@@ -121,13 +121,14 @@ class Runtime:
             return 0, 1 if options.device == "cuda" else 0
         return options.num_workers, max(2, options.num_workers * options.prefetch_factor)
 
-    def stats(self, options: Options) -> LoaderStats:
+    def stats(self, options: Options, epoch: int | None = None, epoch_batches: int | None = None) -> LoaderStats:
         workers, depth = self.live_setting(options)
         processes = options.kind.processes or options.num_workers == 0
         return self.recorder.stats(
             decisions=self.decisions, workers=workers, depth=depth,
             copy=copy_kind(options.device, options.pin_memory, options.num_workers, options.zero_copy),
-            worker_type=options.worker_type, pids=self.worker_pids() if processes else None)
+            worker_type=options.worker_type, pids=self.worker_pids() if processes else None,
+            epoch=epoch, epoch_batches=epoch_batches)
 
     # -- stages
 

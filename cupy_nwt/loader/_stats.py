@@ -72,6 +72,9 @@ class LoaderStats:
     ``stages`` sums each batch's ``StageTimes`` (``fetch_s``, ``collate_s``, ``transform_s`` read
     them). ``busy_fraction`` is None when no wall time passed; ``memory`` is None for thread workers
     (a thread has no private memory of its own) and empty when no worker process is alive.
+    ``epoch`` and ``epoch_batches`` come from the newest iteration's progress record, the one
+    ``state_dict()`` reads: its epoch and the batches this iteration handed to the caller so far (None before
+    the first ``iter()``).
     """
 
     interval_s: float
@@ -89,6 +92,8 @@ class LoaderStats:
     decisions: tuple[dict[str, Any], ...]
     stalls: tuple[Stall, ...]
     memory: tuple[WorkerMemory, ...] | None
+    epoch: int | None = None
+    epoch_batches: int | None = None
 
     @property
     def fetch_s(self) -> float:
@@ -201,7 +206,8 @@ class Recorder(Listener):
     # -- the figures
 
     def stats(self, *, decisions: Sequence[Any], workers: int, depth: int, copy: str, worker_type: str,
-              pids: Sequence[int] | None) -> LoaderStats:
+              pids: Sequence[int] | None, epoch: int | None = None,
+              epoch_batches: int | None = None) -> LoaderStats:
         """The figures since the last call; ``pids`` the worker processes to read (None: threads, no memory)."""
         now, totals = self.clock(), dict(self.totals)
         then, before, seen = self._mark
@@ -218,7 +224,7 @@ class Recorder(Listener):
             made=int(d["made"]), busy_fraction=stages.total() / (wall * max(1, workers)) if wall > 0 else None,
             stages=stages, copy_s=d["copy_s"], copy=copy, num_workers=workers, prefetch_depth=depth,
             worker_type=worker_type, decisions=tuple(x.to_dict() for x in decisions[seen:]), stalls=stalls,
-            memory=memory)
+            memory=memory, epoch=epoch, epoch_batches=epoch_batches)
 
 
 def copy_kind(device: str, pin_memory: bool | str, num_workers: int, zero_copy: bool) -> str:
