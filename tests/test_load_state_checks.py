@@ -13,8 +13,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
+from toy_data import Indices, ShardedIndices
 
 import cupy_nwt
 from cupy_nwt.loader import merge_states
@@ -22,31 +22,16 @@ from cupy_nwt.loader import merge_states
 N, B = 100, 8
 
 
-class Ids:
-    def __len__(self) -> int:
-        return N
-
-    def __getitem__(self, i: int) -> np.int64:
-        return np.int64(i)
-
-
-class Stream(cupy_nwt.IterableDataset):
-    def __iter__(self):
-        info = cupy_nwt.get_worker_info()
-        w, k = (0, 1) if info is None else (info.id, info.num_workers)
-        return iter(np.arange(w, N, k, dtype=np.int64))
-
-
 def map_loader(**kw: Any) -> cupy_nwt.DataLoader:
-    return cupy_nwt.DataLoader(Ids(), batch_size=B, shuffle=True, seed=3, **kw)
+    return cupy_nwt.DataLoader(Indices(N), batch_size=B, shuffle=True, seed=3, **kw)
 
 
 def sampler_loader() -> cupy_nwt.DataLoader:
-    return cupy_nwt.DataLoader(Ids(), batch_size=B, sampler=list(range(N)))
+    return cupy_nwt.DataLoader(Indices(N), batch_size=B, sampler=list(range(N)))
 
 
 def stream_loader() -> cupy_nwt.DataLoader:
-    return cupy_nwt.DataLoader(Stream(), batch_size=B, num_workers=2, worker_type="thread")
+    return cupy_nwt.DataLoader(ShardedIndices(N), batch_size=B, num_workers=2, worker_type="thread")
 
 
 def saved(loader: cupy_nwt.DataLoader, batches: int) -> dict[str, Any]:

@@ -22,7 +22,7 @@ first on ``PATH`` (so ``cupy-nwt`` and ``python`` are this installation's) and a
 ``<!-- test: gate -->``
     commands with ``--nwt-throughput-drop``: an unchanged rerun on a shared machine may really run
     slower than its baseline, so such a command may exit 1, but only with the gate's own verdict
-    (``throughput gate FAILED``, each benchmark's ``fell`` line); any other failure fails the test.
+    (``throughput gate FAILED``, each benchmark's ``fell`` or ``rose`` line); any other failure fails the test.
 ``<!-- test: repo-root ... -->``
     the commands run in the repository root (with ``gpu``: they must refuse before writing anything).
 

@@ -12,6 +12,7 @@ import json
 
 import numpy as np
 import pytest
+from toy_data import Indices, ShardedIndices
 
 import cupy_nwt
 
@@ -21,27 +22,8 @@ LAYOUTS = [pytest.param({"num_workers": 0}, id="inline"),
            pytest.param({"num_workers": 2, "worker_type": "thread"}, id="threads")]
 
 
-class Samples:
-    """A map-style dataset of 2,000 samples, each its own index."""
-
-    def __len__(self) -> int:
-        return N
-
-    def __getitem__(self, i: int) -> np.int64:
-        return np.int64(i)
-
-
-class Stream(cupy_nwt.IterableDataset):
-    """2,000 samples streamed, each worker reading its share as the torch documentation shows."""
-
-    def __iter__(self):
-        info = cupy_nwt.get_worker_info()
-        w, k = (0, 1) if info is None else (info.id, info.num_workers)
-        return iter(np.arange(w, N, k, dtype=np.int64))
-
-
 def make(dataset, layout: dict) -> cupy_nwt.DataLoader:
-    shuffle = {"shuffle": True} if isinstance(dataset, Samples) else {}
+    shuffle = {"shuffle": True} if isinstance(dataset, Indices) else {}
     return cupy_nwt.DataLoader(dataset, batch_size=B, seed=7, **shuffle, **layout)
 
 
@@ -64,7 +46,7 @@ def leave_early(loader: cupy_nwt.DataLoader, stop_after: int, how: str) -> list[
 @pytest.mark.parametrize("kind", ["map", "iterable"])
 @pytest.mark.parametrize("how", ["break", "exception", "ctrl-c"])
 def test_state_saved_after_leaving_the_loop_resumes_at_the_next_batch(kind: str, layout: dict, how: str) -> None:
-    dataset = Samples() if kind == "map" else Stream()
+    dataset = Indices(N) if kind == "map" else ShardedIndices(N)
     first = make(dataset, layout)
     seen = leave_early(first, 73, how)
     state = json.loads(json.dumps(first.state_dict()))
@@ -80,11 +62,11 @@ def test_state_saved_after_leaving_the_loop_resumes_at_the_next_batch(kind: str,
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_state_after_an_epoch_that_ended_is_the_next_epoch(layout: dict) -> None:
-    loader = make(Samples(), layout)
+    loader = make(Indices(N), layout)
     assert sum(len(b) for b in loader) == N
     state = loader.state_dict()
     assert (state["epoch"], state["delivered"]) == (1, 0)
-    again = make(Samples(), layout)
+    again = make(Indices(N), layout)
     again.load_state_dict(state)
     second = [x for b in again for x in b.tolist()]
     assert sorted(second) == list(range(N))
@@ -96,29 +78,29 @@ def test_state_after_an_epoch_that_ended_is_the_next_epoch(layout: dict) -> None
 def test_every_batch_taken_without_the_end_resumes_to_an_empty_rest() -> None:
     """All batches delivered but the loop never asked for one more: the rest of that epoch is empty,
     the iteration after it the next epoch (torchdata's StatefulDataLoader does the same)."""
-    loader = make(Samples(), {"num_workers": 0})
+    loader = make(Indices(N), {"num_workers": 0})
     it = iter(loader)
     for _ in range(len(loader)):
         next(it)
     state = loader.state_dict()
-    again = make(Samples(), {"num_workers": 0})
+    again = make(Indices(N), {"num_workers": 0})
     again.load_state_dict(state)
     assert list(again) == []
     assert sum(len(b) for b in again) == N
 
 
 def test_set_epoch_after_a_break_chooses_that_epoch() -> None:
-    loader = make(Samples(), {"num_workers": 0})
+    loader = make(Indices(N), {"num_workers": 0})
     leave_early(loader, 3, "break")
     loader.set_epoch(5)
     assert (loader.state_dict()["epoch"], loader.state_dict()["delivered"]) == (5, 0)
 
 
 def test_a_loaded_state_is_what_state_dict_says_until_it_runs() -> None:
-    loader = make(Samples(), {"num_workers": 0})
+    loader = make(Indices(N), {"num_workers": 0})
     leave_early(loader, 3, "break")
     state = loader.state_dict()
-    other = make(Samples(), {"num_workers": 0})
+    other = make(Indices(N), {"num_workers": 0})
     leave_early(other, 10, "break")
     other.load_state_dict(state)
     assert other.state_dict() == state
