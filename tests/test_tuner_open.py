@@ -7,6 +7,7 @@ count set through ``cupy_nwt.system.usable_cpus``; no timing is asserted.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 
@@ -191,3 +192,39 @@ class _no_warnings:
         self._cm.__exit__(*exc)
         assert not [w for w in self.seen if "worker processes" in str(w.message)], [str(w.message) for w in self.seen]
 
+
+
+
+class SeesAffinity:
+    """Appends, per sample, the pid that made it and the CPUs that process may run on."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+
+    def __len__(self):
+        return 32
+
+    def __getitem__(self, i):
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()} {sorted(os.sched_getaffinity(0))}\n")
+        return np.full(4, i, np.float32)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="reserving a CPU for the step needs two usable CPUs")
+@pytest.mark.parametrize(("workers", "start_method"), [(0, None), (2, "fork"), (2, "forkserver")])
+def test_a_cpu_step_reserves_its_cpu_and_the_loader_runs_on_the_others(tmp_path, workers, start_method):
+    """Unpinned, the spinner's CPU would go to the workers, the more of it the more workers: a count's
+    rate would rise with oversubscription that a real training step pays for."""
+    before = os.sched_getaffinity(0)
+    log = tmp_path / "affinity.txt"
+    busy = nwt_measure.LoaderMeasure(SeesAffinity(log), batch_size=4, device="cpu", main_process="busy",
+                                     start_method=start_method)
+    busy.preflight()  # its one batch is made before any trial: not part of what is checked
+    log.unlink()
+    busy(workers, 8, 1)
+    seen = [line.split(" ", 1) for line in log.read_text().splitlines()]
+    makers = {pid for pid, _ in seen}
+    assert (makers == {str(os.getpid())}) == (workers == 0)
+    timed = [cpus for _, cpus in seen[-8 * 4:]]  # the timed batches' samples: after the workers were confined
+    assert all(str(min(before)) not in cpus.strip("[]").split(", ") for cpus in timed), timed
+    assert os.sched_getaffinity(0) == before  # restored after the trial

@@ -6,7 +6,9 @@ the store work on any measure callable (see ``trials.py``).
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -43,8 +45,11 @@ class LoaderMeasure:
     so the more workers it has.
 
     ``main_process`` is the main process's load during training: "waits" (a GPU step; nothing
-    added) or "busy" (a CPU step: a spinning process keeps one CPU busy for the whole trial, as the
-    training step keeps the main process busy while workers make the next batches).
+    added) or "busy" (a CPU step: one CPU is the training step's for the whole trial). "busy"
+    reserves it: a spinning process is pinned to one CPU and the trial's own process and its
+    workers to the others (``_BusyCpu``). Unpinned, the scheduler would share out the spinner's CPU
+    among the workers, the more of it the more workers there are, so a count's rate would rise with
+    oversubscription that a real training step would pay for.
 
     The loader's warning that a count has more workers than CPUs is silenced in trials: a search
     past the CPU count means it, and the runner says so once (``trials._Runner``).
@@ -97,15 +102,15 @@ class LoaderMeasure:
         if not self._ready:
             self.preflight()
         stamps: list[float] = []
-        spinner = _busy_cpu() if self.main_process == "busy" else None
+        busy = _BusyCpu() if self.main_process == "busy" else None
         try:
-            return self._trial(workers, iterations, warmup, stamps)
+            return self._trial(workers, iterations, warmup, stamps, busy)
         finally:
-            if spinner is not None:
-                spinner.kill()
-                spinner.wait()
+            if busy is not None:
+                busy.release()
 
-    def _trial(self, workers: int, iterations: int, warmup: int, stamps: list[float]) -> Measurement:
+    def _trial(self, workers: int, iterations: int, warmup: int, stamps: list[float],
+               busy: _BusyCpu | None = None) -> Measurement:
         t_begin = time.perf_counter()
         loader = self._loader(workers)
         sync = None
@@ -118,6 +123,8 @@ class LoaderMeasure:
                 for _ in _endless(loader, warmup + iterations):
                     if sync is not None:
                         sync()
+                    if busy is not None and not stamps:
+                        busy.confine(loader.worker_pids())  # forkserver's workers do not inherit ours
                     stamps.append(time.perf_counter())
         finally:
             loader.close()
@@ -134,9 +141,41 @@ class LoaderMeasure:
 _SPIN = "import os\np = os.getppid()\nwhile os.getppid() == p:\n    for _ in range(200000):\n        pass\n"
 
 
-def _busy_cpu() -> subprocess.Popen[bytes]:
-    """A process that keeps one CPU busy: the main process's own CPU training step, during a trial."""
-    return subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+class _BusyCpu:
+    """One CPU kept busy for a trial (the main process's CPU training step), the loader on the others.
+
+    The spinner is pinned to the first usable CPU and this thread (whose new threads and forked
+    workers inherit it) to the rest; ``confine`` pins workers that did not inherit it. With one
+    usable CPU, or where affinity cannot be set, nothing is pinned and the spinner only competes.
+    """
+
+    def __init__(self) -> None:
+        self.spinner = subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL,
+                                        stdout=subprocess.DEVNULL)
+        self.saved: set[int] | None = None
+        self.rest: set[int] = set()
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if len(cpus) < 2:
+            return
+        try:
+            os.sched_setaffinity(self.spinner.pid, {cpus[0]})
+            self.saved, self.rest = set(cpus), set(cpus[1:])
+            os.sched_setaffinity(0, self.rest)
+        except OSError:
+            self.saved = None
+
+    def confine(self, pids: Sequence[int]) -> None:
+        for pid in pids if self.saved is not None else ():
+            with contextlib.suppress(OSError):  # a worker that already exited
+                os.sched_setaffinity(pid, self.rest)
+
+    def release(self) -> None:
+        try:
+            self.spinner.kill()
+            self.spinner.wait()
+        finally:
+            if self.saved is not None:
+                os.sched_setaffinity(0, self.saved)
 
 
 def _trial_device(device: str, resolved: str) -> str:
