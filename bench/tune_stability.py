@@ -75,6 +75,8 @@ def tune_args(args: argparse.Namespace) -> list[str]:
         cmd.append("--no-transform")
     if args.max_workers is not None:
         cmd += ["--max-workers", str(args.max_workers)]
+    if args.main_process != "auto":
+        cmd += ["--main-process", args.main_process]
     return cmd
 
 
@@ -181,6 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--iterations", type=int, default=100, help="tune --iterations (default 100)")
     p.add_argument("--device", default="auto")
     p.add_argument("--max-workers", type=int, default=None, help="bound the searches (default: the open search)")
+    p.add_argument("--main-process", choices=("auto", "waits", "busy"), default="auto",
+                   help="tune --main-process: the training step's load in trials and the steady curve (default auto)")
     p.add_argument("--augment", action="store_true",
                    help="the CIFAR augmentation as batch transform (default: decode only, tune --no-transform)")
     p.add_argument("--rounds", type=int, default=10, help="rounds of the steady curve (default 10)")
@@ -193,6 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.error(f"--{name.replace('_', '-')} must be >= 1")
     tag = system.host_tag()
     out = args.out or RESULTS / tag
+    name = "tune_stability" if args.main_process == "auto" else f"tune_stability-{args.main_process}"
     cache = Path(tempfile.mkdtemp(prefix="tune-stability-"))
     t0 = time.perf_counter()
     try:
@@ -207,8 +212,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc = {"config": config, "host": system.host_info(), "runs": [r.to_dict() for r in runs],
            "steady_rounds": {str(w): r for w, r in rounds.items()}, "judged": judge(runs, rounds),
            "wall_seconds": time.perf_counter() - t0}
-    path = report.write_json(doc, out / "tune_stability.json")
-    png = plot(doc, out / "tune_stability.png")
+    path = report.write_json(doc, out / f"{name}.json")
+    png = plot(doc, out / f"{name}.png")
     j = doc["judged"]
     print(f"picks in force: {[r.in_force for r in runs]}, agree to {j['in_force_agreement']:.1%} "
           f"(target >= {TARGET:.0%}); search picks {[r.search_pick for r in runs]}, agree to "
