@@ -31,13 +31,15 @@ def modules() -> dict[str, Path]:
     return out
 
 
-def eager_imports(name: str, path: Path) -> set[str]:
-    """cupy_nwt modules imported when ``name`` runs: module level only (not inside functions)."""
+def imports(name: str, path: Path, *, everywhere: bool) -> set[str]:
+    """cupy_nwt modules ``name`` imports: at module level only (what runs on import), or ``everywhere``
+    (inside functions and for type checking too, as the ownership rule counts them)."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     known = modules()
     found = set()
-    for node in ast.parse(path.read_text(encoding="utf-8")).body:
-        if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree) if everywhere else tree.body:
+        if not everywhere and isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING":
             continue
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -47,9 +49,18 @@ def eager_imports(name: str, path: Path) -> set[str]:
             for cand in [f"{base}.{a.name}" for a in node.names] + [base]:
                 if cand in known:
                     found.add(cand)
+                    break
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names if a.name in known)
     return found - {name}
+
+
+def eager_imports(name: str, path: Path) -> set[str]:
+    return imports(name, path, everywhere=False)
+
+
+def all_imports(name: str, path: Path) -> set[str]:
+    return imports(name, path, everywhere=True)
 
 
 def test_no_module_is_over_about_450_lines():
@@ -122,30 +133,9 @@ def test_every_moved_target_exists():
         assert importlib.util.find_spec(new) is not None, new
 
 
-def all_imports(name: str, path: Path) -> set[str]:
-    """cupy_nwt modules ``name`` imports anywhere: module level, inside functions and for type checking."""
-    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    known = modules()
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{anchor}.{base}" if base else anchor
-            for cand in [f"{base}.{a.name}" for a in node.names] + [base]:
-                if cand in known:
-                    found.add(cand)
-                    break
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name in known)
-    return found - {name}
-
-
-def test_the_loader_has_no_import_circle_even_counting_type_only_and_lazy_imports():
-    """One owner per thing: the loader's modules import one way, TYPE_CHECKING and function-level imports included."""
-    graph = {n: {m for m in all_imports(n, p) if m.startswith("cupy_nwt.loader")}
-             for n, p in modules().items() if n.startswith("cupy_nwt.loader")}
+def test_no_import_circle_even_counting_type_only_and_lazy_imports():
+    """One owner per thing: modules import one way, TYPE_CHECKING and function-level imports included."""
+    graph = {n: all_imports(n, p) for n, p in modules().items()}
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
