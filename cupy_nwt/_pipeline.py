@@ -85,6 +85,20 @@ def pipeline(args: Any, *, synthetic_default: bool) -> tuple[Callable[..., Any] 
     return sample, None
 
 
+
+def open_pipeline(args: Any, synthetic_n: int, progress: bool) -> tuple[Any, Callable[..., Any] | None]:
+    """The dataset (``--dataset``, else the synthetic CIFAR-10) with its per-sample transform, and the
+    batch transform, as ``tune`` and ``stats`` run them; ``args.opened_dataset`` lets an error name the
+    file behind a failing sample index."""
+    from . import datasets  # noqa: PLC0415 - datasets import the loader; only the commands need them
+
+    sample_transform, transform = pipeline(args, synthetic_default=not args.dataset)
+    dataset = (datasets.open_dataset(args.dataset, transform=sample_transform) if args.dataset
+               else datasets.SyntheticCIFAR10(n=synthetic_n, transform=sample_transform, progress=progress))
+    args.opened_dataset = dataset
+    check_pipeline(dataset, args, transform)
+    return dataset, transform
+
 _BUILD = """
 import sys
 from cupy_nwt.datasets import SyntheticCIFAR10

@@ -196,20 +196,15 @@ def cmd_overlap(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from . import datasets  # noqa: PLC0415 - only this command needs them
-    from ._pipeline import build_synthetic_apart, check_pipeline, pipeline  # noqa: PLC0415
+    from ._pipeline import build_synthetic_apart, open_pipeline  # noqa: PLC0415 - only this command needs them
     from ._reporting.explain import summary_text  # noqa: PLC0415
     from .nwt import tune as nwt_tune  # noqa: PLC0415
 
     _check_outputs(args)
-    sample_transform, transform = pipeline(args, synthetic_default=not args.dataset)
+    synthetic_n = _int_option(args.synthetic_n, "--synthetic-n", 1)
     if not args.dataset:  # its first build in another process: the trials' memory is the tuner's alone
-        build_synthetic_apart(_int_option(args.synthetic_n, "--synthetic-n", 1), not args.no_progress)
-    dataset = (datasets.open_dataset(args.dataset, transform=sample_transform) if args.dataset
-               else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1),
-                                              transform=sample_transform, progress=not args.no_progress))
-    args.opened_dataset = dataset  # lets an error name the file behind a failing sample index
-    check_pipeline(dataset, args, transform)
+        build_synthetic_apart(synthetic_n, not args.no_progress)
+    dataset, transform = open_pipeline(args, synthetic_n, progress=not args.no_progress)
     try:
         alpha, tolerance = float(args.alpha), float(args.tolerance)
     except ValueError:
@@ -248,20 +243,15 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from . import datasets, watch  # noqa: PLC0415 - only this command needs them
-    from ._pipeline import check_pipeline, pipeline  # noqa: PLC0415
+    from . import watch  # noqa: PLC0415 - only this command needs them
+    from ._pipeline import open_pipeline  # noqa: PLC0415
 
     config = watch.WatchConfig(batch_size=_int_option(args.batch_size, "--batch-size", 1),
                                num_workers=_int_option(args.num_workers, "--num-workers", 0),
                                worker_type=args.worker_type, device=args.device,
                                batches=_int_option(args.batches, "--batches", 1), every=_int_option(args.every, "--every", 1))
     _check_outputs(args)
-    sample_transform, transform = pipeline(args, synthetic_default=not args.dataset)
-    dataset = (datasets.open_dataset(args.dataset, transform=sample_transform) if args.dataset
-               else datasets.SyntheticCIFAR10(n=_int_option(args.synthetic_n, "--synthetic-n", 1),
-                                              transform=sample_transform, progress=False))
-    args.opened_dataset = dataset
-    check_pipeline(dataset, args, transform)
+    dataset, transform = open_pipeline(args, _int_option(args.synthetic_n, "--synthetic-n", 1), progress=False)
     on_row = None if args.json else watch.live_table()  # rows as they come; --json prints it all at the end
     result = _run_with_progress(args, config.batches, "stats", lambda step: watch.run_watch(
         dataset, args.dataset or "synthetic CIFAR-10", config, batch_transform=transform, step=step, on_row=on_row))
