@@ -100,3 +100,25 @@ def gpu_own_max(sysfs_dir: Path, nvml_gen: int | None) -> tuple[int | None, int 
     else sysfs's; the width from sysfs (NVML has no GPU-only width). Missing pieces are None."""
     link = sysfs_pcie_link(sysfs_dir)
     return (nvml_gen if nvml_gen is not None else (link.max_gen if link else None)), (link.max_width if link else None)
+
+
+def nvml_pcie_link(bus_id: str, sysfs_dir: Path) -> PcieLink:
+    """The link as NVML reports it for the device at ``bus_id``, with the GPU's own maximum (NVML where it
+    knows, else sysfs); raises whatever NVML raises (no library, no such call)."""
+    import pynvml  # noqa: PLC0415 - on GPU machines only
+
+    pynvml.nvmlInit()
+    try:
+        h = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
+        current_gen = int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h))
+        current_width = int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(h))
+        max_gen = int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h))
+        max_width = int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(h))
+        try:
+            nvml_gpu_gen: int | None = int(pynvml.nvmlDeviceGetGpuMaxPcieLinkGeneration(h))
+        except Exception:  # noqa: BLE001 - older NVML: sysfs may still say
+            nvml_gpu_gen = None
+    finally:
+        pynvml.nvmlShutdown()
+    gpu_gen, gpu_width = gpu_own_max(sysfs_dir, nvml_gpu_gen)
+    return PcieLink(current_gen, current_width, max_gen, max_width, "nvml", gpu_gen, gpu_width)

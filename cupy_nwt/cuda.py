@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 # Re-exported: callers ask this module for links, as before they moved to pcie.py.
-from ._pcie import PcieLink, gpu_own_max, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
+from ._pcie import PcieLink, gpu_own_max, nvml_pcie_link, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
 from .errors import NoGPUError
 
 
@@ -124,23 +124,7 @@ def pcie_link(device: int = 0, sysfs_root: str = "/sys/bus/pci/devices") -> Pcie
         return None
     sysfs_dir = Path(sysfs_root) / bus_id.lower()
     try:
-        import pynvml  # noqa: PLC0415
-
-        pynvml.nvmlInit()
-        try:
-            h = pynvml.nvmlDeviceGetHandleByPciBusId(bus_id)
-            current_gen = int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h))
-            current_width = int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(h))
-            max_gen = int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(h))
-            max_width = int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(h))
-            try:
-                nvml_gpu_gen: int | None = int(pynvml.nvmlDeviceGetGpuMaxPcieLinkGeneration(h))
-            except Exception:  # noqa: BLE001 - older NVML: sysfs may still say
-                nvml_gpu_gen = None
-        finally:
-            pynvml.nvmlShutdown()
-        gpu_gen, gpu_width = gpu_own_max(sysfs_dir, nvml_gpu_gen)
-        return PcieLink(current_gen, current_width, max_gen, max_width, "nvml", gpu_gen, gpu_width)
+        return nvml_pcie_link(bus_id, sysfs_dir)
     except Exception:  # noqa: BLE001, S110 - no NVML library or no such call: fall back to sysfs below
         pass
     try:
