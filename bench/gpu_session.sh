@@ -55,14 +55,14 @@ STEPS=(
     # 2 workloads x workers 4,8,15 x 4 modes = 24 runs, each: persistent workers started once (~1 s),
     # 210 steps of >= 5 ms (decode at 4 workers ~8 ms a batch: ~1.7 s), close ~0.3 s: ~3 s; 5,000 PNGs
     # and 8,192 arrays built ~15 s: ~90 s, 120 with margin.
-    "gpu-feed|120|bench/gpu_feed.py --workers 4,8,15: steady-state GPU idle and start-up, cupy_nwt vs no-prefetch vs torch"
+    "gpu-feed|120|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,8,15: steady-state GPU idle and start-up, cupy_nwt vs no-prefetch vs torch"
     # 2 workloads x workers 0,4,8,15 x 3 loaders x 3 repeats = 72 fresh loaders, each a start (forkserver
     # ~0.8 s, threads ~0) + 33 batches (decode at 0 workers ~1 s) + close: ~1.5 s: ~110 s; workloads and
     # plot ~20 s. ~130 s, 180 with margin.
-    "loader-compare|180|bench/loader_compare.py --device cuda --workers 0,4,8,15"
+    "loader-compare|180|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,8,15"
     # ranks 1 and 2, 3 repeats: 6 launches of Python ranks (CuPy import ~3 s), 50,000 synthetic images
     # per rank, auto workers, 85 batches each: ~15 s a launch: ~90 s, 150 with margin.
-    "scaleout|150|bench/scaleout.py --ranks 1,2 --repeats 3: two ranks sharing the GPU"
+    "scaleout|150|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3: two ranks sharing the GPU"
 )
 
 # A step's estimate: GPU_SESSION_ESTIMATES's when it names the step, else the built-in one.
@@ -109,12 +109,12 @@ step_body() {
         nwt)
             "$py" -m cupy_nwt reproduce --no-gpu --no-progress --out "$d" ;;
         gpu-feed)
-            "$py" bench/gpu_feed.py --workers 4,8,15 --out-dir "$d" ;;
+            "$py" bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,8,15 --out-dir "$d" ;;
         loader-compare)
-            "$py" bench/loader_compare.py --device cuda --workers 0,4,8,15 --out-dir "$d" \
+            "$py" bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,8,15 --out-dir "$d" \
                 --note "bench/gpu_session.sh loader-compare" ;;
         scaleout)
-            "$py" bench/scaleout.py --ranks 1,2 --repeats 3 --output "$d/scaleout.json" ;;
+            "$py" bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --output "$d/scaleout.json" ;;
     esac
 }
 

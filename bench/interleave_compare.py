@@ -1,4 +1,4 @@
-"""Two revisions of the loader measured side by side: ``bench/loader_compare.py`` of each, interleaved.
+"""Two revisions of the loader measured side by side: ``loader_compare.py`` of each, interleaved.
 
 Why interleaved: on a shared machine the load drifts over minutes, so "before" measured now and
 "after" measured later differ by the drift as much as by the change. Here each revision is checked
@@ -70,10 +70,16 @@ def summarize(runs: dict[str, list[dict[Cell, float]]]) -> list[dict[str, Any]]:
     return rows
 
 
+def loader_compare_in(tree: Path) -> Path:
+    """The checkout's ``loader_compare.py``: in its study's folder, or in ``bench/`` at older revisions."""
+    study = tree / "bench" / "studies" / "is_the_loader_faster_than_torch" / "loader_compare.py"
+    return study if study.is_file() else tree / "bench" / "loader_compare.py"
+
+
 def run_once(tree: Path, out_dir: Path, args: Sequence[str]) -> dict[Cell, float]:
     """``loader_compare.py`` of the checkout at ``tree``, importing its own package; its medians."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, str(tree / "bench" / "loader_compare.py"), "--out-dir", str(out_dir), *args]
+    cmd = [sys.executable, str(loader_compare_in(tree)), "--out-dir", str(out_dir), *args]
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"interleave_compare: loader_compare failed in {tree}:\n{proc.stderr.strip()[-2000:]}")

@@ -1,0 +1,158 @@
+"""Does the GPU wait for data? cupy_nwt (prefetcher on and off) beside torch's DataLoader, one run.
+
+Each mode feeds the same dataset, batch transform, batch size and worker count to a simulated
+training step (``cupy_nwt.experiments.step_sim``: a kernel of known duration that reads the batch, then a host
+sync). Reported per mode: samples/s delivered to the GPU and the GPU's idle fraction in the steady
+state, and apart from it the start-up (the wait for the first batch).
+
+Every loader keeps its workers between epochs (``persistent_workers=True``, both libraries): with CUDA
+in use cupy_nwt starts workers by forkserver, 0.76-0.84 s a restart on the 2-core VM (fork 0.17 s,
+persistent under 0.01 s), so the 3-5 epoch boundaries of a 200-step window would otherwise make the
+idle fraction a measure of restarts, not of prefetching.
+
+* ``cupy_nwt``: ``DataLoader(device="cuda", pin_memory=True)``: registered ring, the copy of batch
+  n+1 in flight on a side stream while batch n is used.
+* ``cupy_nwt-noprefetch``: the same loader on the host (``zero_copy`` views), then a blocking
+  ``cudaMemcpy`` of each batch from that pageable memory before its step (``cuda.to_device``): the
+  "retrieve -> copy -> train" pipeline of the seed issue, with no asynchronous path in it.
+* ``torch``: ``torch.utils.data.DataLoader(pin_memory=True)`` and ``.to("cuda", non_blocking=True)``.
+* ``torch-nopin``: the same without pinning, blocking copies.
+
+Writes ``gpu_feed-<host>.json`` beside this script (or into ``--out-dir``). Needs a GPU (and a CUDA build of torch
+for the torch modes, which are skipped with the reason otherwise):
+
+    PYTHONPATH=. python bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,8,15 --step-ms 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import tempfile
+from collections.abc import Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent  # this study's folder
+# the workloads and torch's collate are loader_compare's, the study beside this one
+sys.path.insert(0, str(RESULTS.parent / "is_the_loader_faster_than_torch"))
+
+from loader_compare import TorchCollate, endless, make_workloads, parse_workers  # noqa: E402
+
+from cupy_nwt import DataLoader, cuda, system  # noqa: E402
+from cupy_nwt._reporting import tables as report  # noqa: E402
+from cupy_nwt.experiments.step_sim import FeedResult, SimulatedStep, feed  # noqa: E402
+
+MODES = ("cupy_nwt", "cupy_nwt-noprefetch", "torch", "torch-nopin")
+
+
+def batches(mode: str, workload: Any, workers: int, batch_size: int, seed: int) -> tuple[Any, Iterator[Any]]:
+    """(loader, endless device batches) for ``mode``; workers persist across epochs; the caller closes the loader."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: use {', '.join(MODES)}")
+    persistent = workers > 0
+    if mode.startswith("cupy_nwt"):
+        on_gpu = mode == "cupy_nwt"
+        loader = DataLoader(workload.dataset, batch_size=batch_size, shuffle=True, seed=seed, num_workers=workers,
+                            device="cuda" if on_gpu else "cpu", pin_memory=on_gpu, zero_copy=not on_gpu,
+                            batch_transform=workload.batch_transform, persistent_workers=persistent)
+        if on_gpu:
+            return loader, _epochs(loader, lambda b: b)
+        return loader, _epochs(loader, lambda b: tuple(cuda.to_device(a) for a in b))
+    import torch
+
+    pinned = mode == "torch"
+    loader = torch.utils.data.DataLoader(
+        workload.dataset, batch_size=batch_size, shuffle=True, num_workers=workers,
+        collate_fn=TorchCollate(workload.batch_transform), pin_memory=pinned,
+        prefetch_factor=2 if workers else None, generator=torch.Generator().manual_seed(seed),
+        persistent_workers=persistent, multiprocessing_context="fork" if workers else None)
+    return loader, _epochs(loader, lambda b: tuple(t.to("cuda", non_blocking=pinned) for t in b))
+
+
+def release(loader: Any, stream: Generator[Any, None, None]) -> None:
+    """Stop a mode's workers before the next mode starts, so no idle persistent worker loads the host.
+
+    cupy_nwt's loader has ``close()``; torch's persistent workers stop when their iterator is
+    collected, which the caller allows by dropping its last references (``del loader, stream``).
+    """
+    stream.close()
+    if hasattr(loader, "close"):
+        loader.close()
+    gc.collect()
+
+
+def _epochs(loader: Any, to_gpu) -> Iterator[Any]:
+    for b in endless(loader):
+        yield to_gpu(b)
+
+
+def torch_cuda_reason() -> str | None:
+    """Why the torch modes cannot run here, or None."""
+    try:
+        import torch  # noqa: PLC0415
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} has no usable CUDA"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", default="4", help="comma-separated worker counts (default 4)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
+    p.add_argument("--step-ms", type=float, default=5.0, help="simulated step length (default 5 ms)")
+    p.add_argument("--steps", type=int, default=200, help="timed steps per mode (default 200)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--workloads", default="numba-array,decode-png", help="which of loader_compare's workloads")
+    p.add_argument("--out-dir", default=str(RESULTS))
+    args = p.parse_args(argv)
+    try:
+        workers = parse_workers(args.workers)
+        modes = [m for m in args.modes.split(",") if m]
+        if unknown := set(modes) - set(MODES):
+            raise ValueError(f"unknown mode(s) {sorted(unknown)}: use {', '.join(MODES)}")
+        cuda.require_gpu()
+    except (ValueError, cuda.NoGPUError) as exc:
+        print(f"gpu_feed: {exc}", file=sys.stderr)
+        return 3 if isinstance(exc, cuda.NoGPUError) else 2
+    skipped = {}
+    if (why := torch_cuda_reason()) is not None:
+        skipped = {m: why for m in modes if m.startswith("torch")}
+        modes = [m for m in modes if m not in skipped]
+
+    step = SimulatedStep(args.step_ms / 1e3)
+    results: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        chosen = [w for w in make_workloads(Path(tmp)) if w.name in args.workloads.split(",")]
+        for wl in chosen:
+            for w in workers:
+                for mode in modes:
+                    loader, stream = batches(mode, wl, w, args.batch_size, seed=0)
+                    try:
+                        r: FeedResult = feed(stream, step, steps=args.steps, warmup=args.warmup,
+                                             batch_size=args.batch_size, label=mode, step_seconds=args.step_ms / 1e3)
+                    finally:
+                        release(loader, stream)
+                        del loader, stream
+                    row = {"workload": wl.name, "num_workers": w, "mode": mode, "persistent_workers": w > 0,
+                           **r.to_dict()}
+                    results.append(row)
+                    print(f"{wl.name:12} workers={w:<3} {mode:20} {r.samples_per_second:9.0f} samples/s  "
+                          f"GPU idle {r.idle_fraction:6.1%}  start-up {r.startup_seconds:.2f} s", file=sys.stderr)
+    doc = {"host": system.host_info(), "device": cuda.device_info(cuda.current_device()),
+           "config": vars(args), "skipped": skipped, "results": results}
+    out = Path(args.out_dir) / f"gpu_feed-{system.host_tag()}.json"
+    report.write_json(doc, out)
+    print(report.table(["workload", "workers", "mode", "samples/s", "GPU idle", "start-up s"],
+                       [[r["workload"], r["num_workers"], r["mode"], round(r["samples_per_second"]),
+                         f"{r['idle_fraction']:.1%}", round(r["startup_seconds"], 3)] for r in results]))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
