@@ -17,6 +17,8 @@ import pytest
 from cupy_nwt import system
 
 ROOT = Path(__file__).resolve().parent.parent
+# the studies bench/gpu_session.sh runs on the GPU machine (gpu_feed imports loader_compare's workloads)
+STUDIES_ON_THE_GPU = ("does_the_gpu_wait_for_batches", "does_it_scale_over_ranks", "is_the_loader_faster_than_torch")
 
 # Third-party modules the lent GPU machines' image ('cuda') has, from its package list: CuPy for
 # CUDA 13, NumPy, Numba, psutil, Pillow, nvidia-ml-py, tqdm, filelock, matplotlib, PyTorch, JAX,
@@ -68,7 +70,8 @@ def test_every_module_of_the_gpu_path_imports_without_platformdirs(tmp_path):
     mods = sorted(f"cupy_nwt.{p.stem}" for p in (ROOT / "cupy_nwt").glob("*.py") if p.stem != "__main__")
     mods += ["gpu_feed", "scaleout", "loader_compare"]
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint('ok')"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_blocker(tmp_path)), str(ROOT), str(ROOT / "bench")]))
+    studies = [str(ROOT / "bench" / "studies" / s) for s in STUDIES_ON_THE_GPU]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_blocker(tmp_path)), str(ROOT), *studies]))
     proc = subprocess.run([sys.executable, "-c", code, *mods], capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr
 
@@ -94,7 +97,8 @@ def _required_imports(path: Path) -> set[str]:
 
 
 def test_required_imports_are_all_on_the_gpu_image():
-    files = [p for d in ("cupy_nwt", "bench", "tests", "examples") for p in (ROOT / d).glob("*.py")]
+    files = [p for d in ("cupy_nwt", "examples") for p in (ROOT / d).glob("*.py")]
+    files += [p for d in ("bench", "tests") for p in (ROOT / d).rglob("*.py")]
     files.append(ROOT / "conftest.py")
     local = {p.stem for p in files} | {"cupy_nwt"}
     missing = {}

@@ -1,0 +1,72 @@
+"""``cupy-nwt stats``: the per-stage table as rows come, the JSON result, the plot, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from test_faults import clean  # noqa: F401 - the fixture used below
+
+from cupy_nwt import cli
+from cupy_nwt._reporting import plots
+from cupy_nwt.watch import HEADERS
+
+TINY = ["--synthetic-n", "256", "--batch-size", "16", "--num-workers", "2", "--device", "cpu", "--no-progress"]
+
+
+@pytest.mark.usefixtures("clean")
+def test_prints_a_row_every_n_batches_across_epochs(capsys):
+    assert cli.main(["stats", *TINY, "--batches", "40", "--every", "10"]) == 0  # 16 batches an epoch: 3 epochs
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:2] == ["batches", "s"] and out[0].rstrip().endswith(HEADERS[-1])
+    rows = [line.split() for line in out[1:6]]
+    assert [r[0] for r in rows] == ["2*", "10", "20", "30", "40"]  # 2*: the warm-up, one batch from each worker
+    assert all(len(r) == len(HEADERS) for r in rows)
+    assert any(line.startswith("copy: host copy out of the ring") for line in out)
+
+
+@pytest.mark.usefixtures("clean")
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_json_result_holds_every_interval(tmp_path, capsys, worker_type):
+    path = tmp_path / "stats.json"
+    code = cli.main(["stats", *TINY, "--worker-type", worker_type, "--batches", "12", "--every", "5", "--json",
+                     "--output", str(path), "--no-transform"])
+    assert code == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == json.loads(path.read_text())
+    rows = printed["rows"]
+    assert [(r["batches"], r["warmup"]) for r in rows] == [(2, True), (5, False), (10, False), (12, False)]
+    assert sum(r["stats"]["batches"] for r in rows) == 12
+    assert all(r["stats"]["transform_s"] == 0.0 for r in rows)
+    assert all((r["stats"]["memory"] is None) == (worker_type == "thread") for r in rows)
+    assert printed["config"]["worker_type"] == worker_type
+
+
+@pytest.mark.usefixtures("clean")
+@pytest.mark.skipif(not plots.matplotlib_available(), reason="matplotlib is not installed")
+def test_plot_writes_a_png(tmp_path, capsys):
+    png = tmp_path / "stats.png"
+    assert cli.main(["stats", *TINY, "--batches", "8", "--every", "4", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_dataset_file(tmp_path, capsys):
+    path = tmp_path / "images.npy"
+    np.save(path, np.zeros((64, 32, 32, 3), np.uint8))
+    assert cli.main(["stats", "--dataset", str(path), *TINY[2:], "--batches", "4", "--every", "2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in out[1:3]] == ["2*", "4"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--batches", "0"], "--batches must be >= 1"),
+    (["--every", "x"], "--every must be a whole number"),
+    (["--num-workers", "-1"], "--num-workers must be >= 0"),
+    (["--dataset", "/no/such/path"], "no such dataset path"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
+    assert cli.main(["stats", *TINY, *argv]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]

@@ -1,0 +1,170 @@
+"""``load_state_dict`` checks every field before trusting it.
+
+Each malformed state is derived from a real one (map-style, a user's sampler, a stream with two
+workers, two ranks merged) by one edit a damaged file, a hand edit or another loader's state
+would make. Every one must be refused by one ``StateError`` (a ``ValueError`` and a
+``CupyNwtError``) that names the field and its value, and the loader keeps its previous state.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from toy_data import Indices, ShardedIndices
+
+import cupy_nwt
+from cupy_nwt.loader import merge_states
+
+N, B = 100, 8
+
+
+def map_loader(**kw: Any) -> cupy_nwt.DataLoader:
+    return cupy_nwt.DataLoader(Indices(N), batch_size=B, shuffle=True, seed=3, **kw)
+
+
+def sampler_loader() -> cupy_nwt.DataLoader:
+    return cupy_nwt.DataLoader(Indices(N), batch_size=B, sampler=list(range(N)))
+
+
+def stream_loader() -> cupy_nwt.DataLoader:
+    return cupy_nwt.DataLoader(ShardedIndices(N), batch_size=B, num_workers=2, worker_type="thread")
+
+
+def saved(loader: cupy_nwt.DataLoader, batches: int) -> dict[str, Any]:
+    """The JSON round trip of the state after ``batches`` batches and a ``break``."""
+    for i, _ in enumerate(loader):
+        if i + 1 == batches:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    loader.close()
+    return state
+
+
+def merged_state() -> dict[str, Any]:
+    return merge_states([saved(map_loader(rank=r, world_size=2), 2 + r) for r in range(2)])
+
+
+MAKERS: dict[str, tuple[Callable[[], dict[str, Any]], Callable[[], cupy_nwt.DataLoader]]] = {
+    "map": (lambda: saved(map_loader(), 3), map_loader),
+    "merged": (merged_state, map_loader),
+    "sampler": (lambda: saved(sampler_loader(), 3), sampler_loader),
+    "iterable": (lambda: saved(stream_loader(), 3), stream_loader),
+}
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], Any]:
+    def edit(sd: dict[str, Any]) -> Any:
+        *outer, last = path.split(".")
+        node: Any = sd
+        for key in outer:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+        return sd
+    return edit
+
+
+def _drop(key: str) -> Callable[[dict[str, Any]], Any]:
+    def edit(sd: dict[str, Any]) -> Any:
+        del sd[key]
+        return sd
+    return edit
+
+
+# (base state, edit, the field the error must name)
+CASES = [
+    ("map", _drop("delivered"), "delivered"),
+    ("map", _drop("epoch"), "epoch"),
+    ("map", _drop("base"), "base"),
+    ("map", _set("delivered", -3), "delivered"),
+    ("map", _set("delivered", 1000), "delivered"),
+    ("map", _set("delivered", "3"), "delivered"),
+    ("map", _set("delivered", True), "delivered"),
+    ("map", _set("delivered", 2.5), "delivered"),
+    ("map", _set("base", 10**12), "base"),
+    ("map", _set("base", -1), "base"),
+    ("map", _set("extra", [999]), "extra[0]"),
+    ("map", _set("extra", [9, 7]), "extra[1]"),
+    ("map", _set("extra", ["5"]), "extra[0]"),
+    ("map", _set("extra", "5"), "extra"),
+    ("map", _set("world_size", 0), "world_size"),
+    ("map", _set("rank", 99), "rank"),
+    ("map", _set("epoch", "1"), "epoch"),
+    ("map", _set("epoch", -1), "epoch"),
+    ("map", _set("seed", 4), "seed"),
+    ("map", _set("n", "100"), "n"),
+    ("map", _set("batch_size", 0), "batch_size"),
+    ("map", _set("shuffle", 1), "shuffle"),
+    ("map", _set("excluded", [[1, 2]]), "excluded[0]"),
+    ("map", _set("excluded", {"a": 1}), "excluded"),
+    ("map", _set("excluded", [N + 5]), "excluded[0]"),
+    ("map", _set("version", True), "version"),
+    ("map", _set("version", 2), "version"),
+    ("map", _set("kind", "torch"), "kind"),
+    ("map", _set("bogus", {"deep": [[[]]]}), "bogus"),
+    ("map", lambda sd: [sd], "state"),
+    ("map", lambda sd: None, "state"),
+    ("merged", _set("ranks", [{"delivered": 2, "extra": []}]), "ranks"),
+    ("merged", _set("ranks.1", "garbage"), "ranks[1]"),
+    ("merged", _set("ranks.0.delivered", 10**9), "ranks[0].delivered"),
+    ("merged", _set("ranks.0.extra", [-1]), "ranks[0].extra[0]"),
+    ("merged", _set("world_size", 3), "ranks"),
+    ("sampler", _set("delivered", 10**6), "delivered"),
+    ("sampler", _drop("sampler_state"), "sampler_state"),
+    ("sampler", _set("extra", [{"x": 1}]), "extra[0]"),
+    ("iterable", _set("workers", "x"), "workers"),
+    ("iterable", _set("workers", []), "workers"),
+    ("iterable", _set("workers.0.batches", -1), "workers[0].batches"),
+    ("iterable", _set("workers.0", {"batches": 1, "state": None, "junk": 1}), "workers[0].junk"),
+    ("iterable", _set("workers.1", [1, 2]), "workers[1]"),
+    ("iterable", _set("next_worker", 5), "next_worker"),
+    ("iterable", _set("next_task", -1), "next_task"),
+    ("iterable", _set("rank", 99), "rank"),
+    ("iterable", _set("world_size", 0), "world_size"),
+]
+
+
+@pytest.mark.parametrize(("base", "edit", "field"), CASES,
+                         ids=[f"{b}-{f}-{i}" for i, (b, _, f) in enumerate(CASES)])
+def test_a_malformed_state_is_refused_naming_its_field(base: str, edit: Callable, field: str) -> None:
+    make_state, make_loader = MAKERS[base]
+    good = make_state()
+    bad = edit(copy.deepcopy(good))
+    loader = make_loader()
+    before = loader.state_dict()
+    with pytest.raises(cupy_nwt.StateError) as caught:
+        loader.load_state_dict(bad)
+    err = caught.value
+    assert isinstance(err, ValueError) and isinstance(err, cupy_nwt.CupyNwtError)
+    assert err.field == field
+    assert f"{field}=" in str(err) and "\n" not in str(err)
+    assert loader.state_dict() == before  # nothing changed
+    loader.load_state_dict(good)  # and it still takes a good one
+    assert loader.state_dict() == good
+    loader.close()
+
+
+def test_enough_malformed_states() -> None:
+    assert len(CASES) >= 27
+
+
+def test_after_a_refusal_the_loader_runs_its_own_epoch() -> None:
+    loader = map_loader()
+    with pytest.raises(ValueError, match="delivered=-3"):
+        loader.load_state_dict({**saved(map_loader(), 2), "delivered": -3})
+    assert sorted(int(x) for b in loader for x in b) == list(range(N))
+    loader.close()
+
+
+def test_the_good_states_all_resume() -> None:
+    for base, (make_state, make_loader) in MAKERS.items():
+        loader = make_loader()
+        loader.load_state_dict(make_state())
+        assert sum(len(b) for b in loader) > 0, base
+        loader.close()

@@ -1,0 +1,195 @@
+"""Online tuning in a real loader: changes applied mid-epoch leave the batches as a fixed setting's,
+the budgets hold, each change is logged with its reason, and bad arguments get one line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+from test_faults import Slow, clean  # noqa: F401 - clean: the fixture used below
+from toy_data import Squares
+
+from cupy_nwt import DataLoader, IterableDataset
+from cupy_nwt.errors import ArgumentError
+from cupy_nwt.loader import Autotune, Listener, LoaderParts
+from cupy_nwt.loader.ring.ring import SHM_DIR, live_segments
+from cupy_nwt.loader.tuning.policy import Decision, Limits, Observation, Setting
+from cupy_nwt.loader.workers.thread import STUCK_SUFFIX
+
+
+def noisy(batch, seed):
+    img, y = batch
+    return img + np.random.default_rng(seed).integers(0, 3, img.shape, dtype=np.uint8), y
+
+
+class Scripted:
+    """A policy that proposes the given (workers, slots) in turn, one per interval, then nothing."""
+
+    def __init__(self, *plan: tuple[int, int]) -> None:
+        self.plan = list(plan)
+        self.seen: list[Observation] = []
+        self.limits: Limits | None = None
+
+    def decide(self, obs: Observation, now: Setting, limits: Limits) -> Decision | None:
+        self.seen.append(obs)
+        self.limits = limits
+        if not self.plan:
+            return None
+        workers, slots = self.plan.pop(0)
+        action = "add_workers" if workers > now.workers else "park_worker" if workers < now.workers else "add_prefetch"
+        return Decision(action, workers, slots, f"scripted {workers}/{slots}")
+
+
+def tuned(dataset, policy, **kw) -> DataLoader:
+    """A loader whose policy is asked every other step."""
+    spec = Autotune(None if policy is True else policy, interval_steps=2, min_interval_s=0.0)
+    return DataLoader(dataset, autotune=spec, device="cpu", **kw)
+
+
+def pool_size(dl: DataLoader) -> int:
+    """Workers started (parked ones included), processes or threads."""
+    if dl.worker_type == "process":
+        return len(dl.worker_pids())
+    return sum(t.name.startswith("cupy_nwt-worker-") and not t.name.endswith(STUCK_SUFFIX)
+               for t in threading.enumerate())
+
+
+def batches(dl: DataLoader, watch=None) -> list[tuple[np.ndarray, np.ndarray]]:
+    out = []
+    for img, y in dl:
+        out.append((img, y))
+        if watch is not None:
+            watch(dl)
+    return out
+
+
+@pytest.mark.usefixtures("clean", "worker_type")
+@pytest.mark.parametrize("persistent", [False, True])
+def test_changing_workers_mid_epoch_gives_the_fixed_settings_batches(persistent):
+    kw = dict(batch_size=4, shuffle=True, seed=7, batch_transform=noisy, persistent_workers=persistent)
+    fixed = DataLoader(Squares(240), num_workers=2, device="cpu", **kw)
+    want = [batches(fixed) for _ in range(2)]
+    fixed.close()
+    policy = Scripted((3, 6), (1, 2), (1, 3), (4, 9), (2, 4))
+    dl = tuned(Squares(240), policy, num_workers=2, cpu_budget=4, **kw)
+    most = []
+    got = [batches(dl, lambda d: most.append(pool_size(d))) for _ in range(2)]
+    dl.close()
+    for g, w in zip(got, want):
+        assert len(g) == len(w) == 60
+        for (gi, gy), (wi, wy) in zip(g, w):
+            np.testing.assert_array_equal(gi, wi)
+            np.testing.assert_array_equal(gy, wy)
+    assert [(d.action, d.workers, d.slots) for d in dl.decisions] == [
+        ("start", 2, 4), ("add_workers", 3, 6), ("park_worker", 1, 2), ("add_prefetch", 1, 3),
+        ("add_workers", 4, 9), ("park_worker", 2, 4)]
+    assert all(d.step > 0 and d.reason.startswith("scripted") for d in dl.decisions[1:])
+    assert max(most) == 4  # the fourth worker was started mid-epoch, never a fifth
+
+
+@pytest.mark.usefixtures("clean", "worker_type")
+def test_budgets_hold_whatever_the_policy_proposes(caplog):
+    slot = 4096
+    policy = Scripted((3, 4), (2, 40), (2, 3))
+    dl = tuned(Squares(120), policy, batch_size=4, num_workers=1, cpu_budget=2, memory_budget=4096 + 3 * slot)
+    pids = []
+    with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
+        batches(dl, lambda d: pids.append(pool_size(d)))
+    assert max(pids) <= 2 and policy.limits == Limits(2, 3, 2)
+    assert [(d.workers, d.slots) for d in dl.decisions] == [(1, 2), (2, 3)]
+    assert caplog.text.count("beyond the budget") == 2
+    assert "autotune: add_workers -> 2 workers, 3 slots (epoch 0, step " in caplog.text
+    assert "scripted 2/3" in caplog.text
+
+
+@pytest.mark.usefixtures("clean")
+def test_the_ring_is_made_once_within_the_memory_budget():
+    slot = 4096
+    dl = tuned(Squares(64), Scripted(), batch_size=4, num_workers=1, cpu_budget=3, memory_budget=4096 + 5 * slot)
+    it = iter(dl)
+    next(it)
+    next(it)
+    (segment,) = live_segments(os.getpid())
+    assert dl.layout is not None and dl.layout.slot_bytes == slot
+    assert os.path.getsize(os.path.join(SHM_DIR, segment)) == 4096 + 5 * slot  # the header and 5 slots
+    it.close()
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_waiting_caller_gets_a_worker_and_the_log_says_why(caplog):
+    dl = DataLoader(Slow(96, 0.01), batch_size=2, num_workers=1, autotune=Autotune(min_interval_s=0.0), cpu_budget=2,
+                    device="cpu")
+    with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
+        n = len(batches(dl))
+    assert n == 48
+    adds = [d for d in dl.decisions if d.action == "add_workers"]
+    assert adds and adds[0].workers == 2 and "the caller waited" in adds[0].reason
+    assert "autotune: add_workers -> 2 workers" in caplog.text
+
+
+@pytest.mark.usefixtures("clean")
+def test_auto_starts_from_the_saved_pick(monkeypatch):
+    import cupy_nwt.nwt.pick as pick
+
+    monkeypatch.setattr(pick, "auto_pick", lambda *a, **k: (3, "process"))
+    dl = DataLoader(Squares(16), batch_size=4, num_workers="auto", autotune=True, cpu_budget=2, device="cpu")
+    assert dl.num_workers == 2 and dl.decisions[0].action == "start" and "num_workers=3" in dl.decisions[0].reason
+    monkeypatch.setattr(pick, "auto_pick", lambda *a, **k: (0, "thread"))
+    dl = DataLoader(Squares(16), batch_size=4, num_workers="auto", autotune=True, cpu_budget=2, device="cpu")
+    assert dl.num_workers == 1 and dl.worker_type == "thread"  # workers are what it tunes: one to start from
+    assert len(batches(dl)) == 4
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter(range(8))
+
+
+@pytest.mark.parametrize(("dataset", "kw", "words"), [
+    (Stream(), dict(num_workers=2, autotune=True), "map-style"),
+    (Squares(8), dict(num_workers=0, autotune=True), "num_workers >= 1"),
+    (Squares(8), dict(num_workers=2, cpu_budget=2), "with autotune=True"),
+    (Squares(8), dict(num_workers=3, autotune=True, cpu_budget=2), "more than cpu_budget=2"),
+    (Squares(8), dict(num_workers=1, autotune=True, cpu_budget=0), "cpu_budget must be a positive integer"),
+    (Squares(8), dict(num_workers=1, autotune=True, memory_budget=1.5), "memory_budget must be"),
+    (Squares(8), dict(num_workers=1, autotune="yes"), "autotune must be True, False or a policy"),
+])
+def test_arguments_that_cannot_work_are_refused_in_one_line(dataset, kw, words):
+    with pytest.raises(ArgumentError, match=words) as ei:
+        DataLoader(dataset, device="cpu", **kw)
+    assert "\n" not in str(ei.value)
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_memory_budget_below_two_slots_is_refused_when_the_slot_size_is_known():
+    dl = DataLoader(Squares(16), batch_size=4, num_workers=1, autotune=True, memory_budget=4096 + 4095, device="cpu")
+    with pytest.raises(ArgumentError, match="fewer than 2 ring slots of 4096 bytes"):
+        batches(dl)
+    assert dl.worker_pids() == []
+
+
+class BusyCaller(Listener):
+    """Each ask takes 20 ms in the caller's process before the loader looks for the batch."""
+
+    def asked(self, epoch, source):
+        time.sleep(0.02)
+
+
+@pytest.mark.usefixtures("clean")
+def test_handing_out_ready_batches_is_not_waiting_for_workers():
+    """Every batch is made long before it is asked for, but each ``next()`` spends 20 ms in the
+    caller's process (on a busy machine: the caller waiting for a CPU). The tuner judges the time
+    ``next()`` was blocked for a batch not yet made, so it sees idle workers and parks them; it
+    used to count all of ``next()`` as waiting and kept every worker. ``stats()`` still reports
+    the caller's whole time inside ``next()``."""
+    dl = DataLoader(Squares(120), batch_size=2, num_workers=3, cpu_budget=3, device="cpu",
+                    autotune=Autotune(interval_steps=2, min_interval_s=0.0), parts=LoaderParts(listeners=(BusyCaller(),)))
+    assert len(batches(dl)) == 60
+    actions = [d.action for d in dl.decisions]
+    assert "park_worker" in actions and "add_workers" not in actions and "add_prefetch" not in actions
+    assert dl.decisions[-1].workers < 3
+    assert dl.stats().waited_s >= 60 * 0.02

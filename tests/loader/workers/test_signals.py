@@ -1,0 +1,206 @@
+"""The main process ends (SIGTERM, Ctrl-C, kill -9) while its workers are busy: nothing is left behind.
+
+Each test runs a script as a user would write it, in a subprocess, signals it while its workers are
+stuck inside ``__getitem__`` (or have a queue of work), and checks the process table and /dev/shm:
+no worker outlives it, no ring segment stays, and a worker whose parent died starts no more samples.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+GONE_WITHIN_S = 8.0  # "within seconds", generous for a loaded machine; not a timing claim
+
+STUCK = """
+import os, sys, time
+import numpy as np
+import cupy_nwt
+
+LOG = sys.argv[1]
+
+class Stuck:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        with open(LOG, "a") as f:
+            f.write(f"{i}\\n")
+        if i >= 8:
+            time.sleep(600)  # stuck, as a worker deadlocked in a sample would be
+        return np.full(4, i)
+
+if __name__ == "__main__":
+    {prelude}
+    loader = cupy_nwt.DataLoader(Stuck(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context=sys.argv[2])
+    for batch in loader:
+        print("pids", *loader.worker_pids(), flush=True)
+"""
+
+
+@pytest.fixture(params=["fork", "forkserver"])
+def method(request: pytest.FixtureRequest) -> str:
+    """The start method the script asks for: fork (the default here) and forkserver (JAX's, CUDA's)."""
+    return str(request.param)
+
+
+def start(tmp_path: Path, script: str, method: str) -> tuple[subprocess.Popen[str], Path]:
+    path, log = tmp_path / "train.py", tmp_path / "started.txt"
+    path.write_text(script)
+    log.write_text("")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(path), str(log), method], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=tmp_path)
+    return proc, log
+
+
+def worker_pids(proc: subprocess.Popen[str]) -> list[int]:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("pids"), f"the script printed {line!r}; stderr: {proc.stderr.read() if proc.stderr else ''}"
+    return [int(p) for p in line.split()[1:]]
+
+
+def segments_of(pid: int) -> set[str]:
+    """The cupy_nwt ring segments process ``pid`` has mapped."""
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+    except OSError:
+        return set()
+    return {line.split()[-1] for line in maps.splitlines() if "/dev/shm/cupy_nwt_" in line}
+
+
+def wait_for(predicate, what: str, limit: float = GONE_WITHIN_S) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {limit} s: {what}")
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def started(log: Path) -> list[int]:
+    return [int(x) for x in log.read_text().split()]
+
+
+def stuck_setup(tmp_path: Path, method: str, prelude: str = "") -> tuple[subprocess.Popen[str], list[int], set[str], Path]:
+    """The script is running, both workers are inside a sample that never returns, the ring exists."""
+    proc, log = start(tmp_path, STUCK.replace("{prelude}", prelude), method)
+    pids = worker_pids(proc)
+    wait_for(lambda: len([i for i in started(log) if i >= 8]) >= 2, "both workers stuck in a sample", 60)
+    rings = set().union(*(segments_of(p) for p in pids))
+    assert rings, "the workers have the ring mapped"
+    return proc, pids, rings, log
+
+
+def cleanup(proc: subprocess.Popen[str], pids: list[int]) -> None:
+    for pid in [proc.pid, *pids]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    proc.wait()
+
+
+def assert_nothing_left(pids: list[int], rings: set[str]) -> None:
+    wait_for(lambda: not any(alive(p) for p in pids), f"workers {pids} ended")
+    wait_for(lambda: not any(os.path.exists(r) for r in rings), f"ring segment(s) {rings} removed")
+
+
+def test_sigterm_ends_stuck_workers_and_removes_the_ring(tmp_path, method):
+    proc, pids, rings, _ = stuck_setup(tmp_path, method)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(GONE_WITHIN_S) == -signal.SIGTERM  # it still dies of SIGTERM, as without the loader
+        assert_nothing_left(pids, rings)
+    finally:
+        cleanup(proc, pids)
+
+
+def test_ctrl_c_raises_keyboard_interrupt_and_cleans_up(tmp_path, method):
+    proc, pids, rings, _ = stuck_setup(tmp_path, method)
+    try:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(GONE_WITHIN_S) == -signal.SIGINT  # Python's exit for an uncaught KeyboardInterrupt
+        assert proc.stderr is not None and "KeyboardInterrupt" in proc.stderr.read()
+        assert_nothing_left(pids, rings)
+    finally:
+        cleanup(proc, pids)
+
+
+def test_a_users_sigterm_handler_stays_in_charge(tmp_path):
+    prelude = "import signal; signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))"
+    proc, pids, rings, _ = stuck_setup(tmp_path, "fork", prelude)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(GONE_WITHIN_S) == 3  # the user's handler ran, and its exit unwound the loader
+        assert_nothing_left(pids, rings)
+    finally:
+        cleanup(proc, pids)
+
+
+QUEUED = """
+import sys, time
+import numpy as np
+import cupy_nwt
+
+LOG = sys.argv[1]
+
+class Slow:
+    def __len__(self):
+        return 400
+
+    def __getitem__(self, i):
+        with open(LOG, "a") as f:
+            f.write(f"{i}\\n")
+        time.sleep(0.2)
+        return np.full(4, i)
+
+if __name__ == "__main__":
+    loader = cupy_nwt.DataLoader(Slow(), batch_size=4, num_workers=2, prefetch_factor=4, device="cpu",
+                                 multiprocessing_context=sys.argv[2])
+    for n, batch in enumerate(loader):
+        if n == 0:
+            print("pids", *loader.worker_pids(), flush=True)
+        time.sleep(1.0)  # the training step: the workers run ahead, their queues fill
+"""
+
+
+def test_workers_of_a_killed_parent_start_no_more_samples(tmp_path, method):
+    proc, log = start(tmp_path, QUEUED, method)
+    pids = worker_pids(proc)
+    try:
+        wait_for(lambda: len(started(log)) >= 16, "the workers ran ahead", 60)
+        rings = set().union(*(segments_of(p) for p in pids))
+        proc.kill()
+        proc.wait()
+        at_kill = len(started(log))
+        assert_nothing_left(pids, rings)
+        # each worker may have been about to open one sample as the parent died; not a queue's worth
+        assert len(started(log)) <= at_kill + len(pids)
+    finally:
+        cleanup(proc, pids)
+
+
+def test_a_worker_stuck_in_a_sample_ends_when_its_parent_is_killed(tmp_path, method):
+    proc, pids, rings, _ = stuck_setup(tmp_path, method)
+    try:
+        proc.kill()
+        proc.wait()
+        assert_nothing_left(pids, rings)
+    finally:
+        cleanup(proc, pids)
