@@ -1,6 +1,6 @@
 """Judge the picks of several ``cupy-nwt reproduce`` runs against one precise steady curve.
 
-Issue 18 point 1. A single run judges its picks with a few rounds, and on a small, noisy machine
+A single run judges its picks with a few rounds, and on a small, noisy machine
 the counts near the best lie within that judge's own error, so whether a pick "reached 95%"
 depends on the draw. Here every count 0..N-1 of the runs' workload is measured warm in many
 rounds, each round in a fresh random order, and the rounds are split: the best count is chosen on

@@ -1,4 +1,4 @@
-"""Do repeated ``cupy-nwt tune`` runs on an unchanged machine agree? (issue 29, point 2)
+"""Do repeated ``cupy-nwt tune`` runs on an unchanged machine agree?
 
 Runs ``cupy-nwt tune`` ``--runs`` times in a row (default 5), each a fresh process as a user would
 run it, all sharing one pick store (a private one: the machine's own store is left alone). After

@@ -1,6 +1,6 @@
 """Copy-on-read: what forked workers' memory does over shuffled epochs of a list of dicts, and of it packed.
 
-Issue 18's experiment: 300,000 Python dicts read by 2 forked, persistent workers for 3 shuffled
+The experiment: 300,000 Python dicts read by 2 forked, persistent workers for 3 shuffled
 epochs. Reading a dict writes its reference counts (and the collector's), so every page a worker
 touches is copied: the workers' private memory grows toward a copy of the dataset each. The same
 records packed by ``cupy_nwt.pack_records`` (NumPy columns) are read without writing to their

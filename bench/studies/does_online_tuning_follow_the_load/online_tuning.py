@@ -1,6 +1,6 @@
 """Online tuning against fixed worker counts, on a workload whose per-sample cost changes mid-run.
 
-Issue 18 point 5. One epoch, read in order, in three phases of equal length: an I/O-like sleep per
+One epoch, read in order, in three phases of equal length: an I/O-like sleep per
 sample, the same sleep four times longer, then a CPU-heavy decode (a busy loop of the given CPU
 time per sample). The caller sleeps ``--step-ms`` per batch, like a training step on a GPU. Runs:
 

@@ -11,7 +11,7 @@ runs are interleaved (unchanged, 10%, 50%, rotated each time), so a change in th
 falls on all three alike.
 
 A run is *caught* when the gate fails it (exit 1); an ``inconclusive`` verdict passes and so counts as
-a miss. The targets (issue 30): 0 of 20 unchanged runs fail, the 10% slowdown fails >= 18 of 20, the
+a miss. The targets: 0 of 20 unchanged runs fail, the 10% slowdown fails >= 18 of 20, the
 50% slowdown 20 of 20. Each run's seconds, exit code and per-figure verdicts (re-judged from its
 ``--benchmark-json`` by the plugin's own rule) go to the JSON, with a plot beside it.
 

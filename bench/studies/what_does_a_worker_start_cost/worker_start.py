@@ -1,7 +1,7 @@
 """Worker start-up cost per start method: what choosing forkserver (or spawn) over fork costs a script.
 
 The loader starts workers by fork unless a threaded runtime (JAX, TensorFlow, torch's CUDA) or
-CUDA makes it unsafe; then by forkserver (issue 25). This measures the price of that choice on
+CUDA makes it unsafe; then by forkserver. This measures the price of that choice on
 cupy_nwt's DataLoader (device="cpu"), for each start method this platform has:
 
 * ``first_batch_s``: time from ``iter(loader)`` to the first batch of a fresh loader (workers start,
