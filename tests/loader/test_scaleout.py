@@ -34,6 +34,7 @@ from cupy_nwt.nwt.fingerprint import Fingerprint, ResultStore, machine_fingerpri
 from cupy_nwt.ranks import LayoutError, RankLayout, agree, find_communicator
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]  # the repository
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
                  "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_ID")
 
@@ -384,7 +385,7 @@ def test_a_failed_rank_leaves_no_segment_or_process_on_any_rank(tmp_path, how):
 @needs_torchrun
 @pytest.mark.slow  # builds the 50 000-image synthetic CIFAR-10 and tunes: about 15 s on 2 CPUs
 def test_the_readme_torchrun_recipe_runs_as_written(tmp_path):
-    readme = (HERE.parent / "README.md").read_text(encoding="utf-8")
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Several GPUs and nodes", 1)[1].split("\n## ", 1)[0]
     script = section.split("```python\n", 1)[1].split("```", 1)[0]
     commands = section.split("```bash\n", 1)[1].split("```", 1)[0]
@@ -402,7 +403,7 @@ def test_the_readme_torchrun_recipe_runs_as_written(tmp_path):
 
 
 def test_scaleout_bench_sums_rank_rates_and_spans_the_wall_clock():
-    spec = importlib.util.spec_from_file_location("bench_scaleout", HERE.parents[1] / "bench" / "studies" / "does_it_scale_over_ranks" / "scaleout.py")
+    spec = importlib.util.spec_from_file_location("bench_scaleout", ROOT / "bench" / "studies" / "does_it_scale_over_ranks" / "scaleout.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     rank = dict(budget=1, num_workers=0, samples=100)
