@@ -26,7 +26,7 @@ when ``normalized < best - alpha``. The paper leaves several things open; what w
   ``iterations`` is; trials report seconds per single iteration.
 * The greedy rule. ``best`` moves only when a count beats the last accepted one by more than
   alpha, so the pick is the last count so accepted, not "the fewest workers within alpha of the
-  fastest": which count that is depends on the whole curve, see tests/test_tuner.py.
+  fastest": which count that is depends on the whole curve, see tests/nwt/test_tuner.py.
 * "Memory usage of the entire system". The paper used tracemalloc, which sees only Python
   allocations of the main process. We record, per trial, the peak of the summed PSS (and USS) of the
   main process and every live worker (``memory.py``): the loader's whole footprint. Memory does

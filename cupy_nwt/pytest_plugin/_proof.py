@@ -1,4 +1,4 @@
-"""A planted per-sample CPU slowdown, for proving the gate (``bench/gate_proof.py``); never set it otherwise.
+"""A planted per-sample CPU slowdown, for proving the gate (``bench/studies/does_the_gate_hold/gate_proof.py``); never set it otherwise.
 
 ``CUPY_NWT_PROOF_CPU_US=N`` makes ``loader_benchmark`` wrap its dataset so that every sample costs N
 more microseconds of CPU (a busy loop on the thread's own CPU clock, so the amount is exact however

@@ -134,7 +134,7 @@ class ThroughputGate:
                                f"create it with: {create_command(config, self.options.baseline_path)}", "note"))
         if self.options.compare:
             # pytest-benchmark has no public accessor for the runs --benchmark-compare selected;
-            # its session keeps them as {path: {fullname: entry}} (tests/test_pytest_plugin.py pins it).
+            # its session keeps them as {path: {fullname: entry}} (tests/pytest_plugin/test_pytest_plugin.py pins it).
             mapping = getattr(getattr(config, "_benchmarksession", None), "compared_mapping", None)
             if mapping is None:
                 raise pytest.UsageError(

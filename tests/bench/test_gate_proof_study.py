@@ -1,5 +1,6 @@
-"""bench/gate_proof.py: it runs the README's example as written, and plants slowdowns only through the
-documented variable. The proof itself (60 CI runs) is run by hand; these are its cheap parts.
+"""bench/gate_proof.py: it runs the docs' gate example (the README's too) as written, and plants slowdowns
+only through the documented variable. The proof itself (60 CI runs) is run by hand; these are its cheap
+parts.
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from cupy_nwt.datasets import SyntheticCIFAR10
 from cupy_nwt.pytest_plugin._proof import ENV, SlowedBatchDataset, SlowedDataset, planted, planted_cpu_us
 
 
-def test_the_proof_runs_the_readmes_example_verbatim():
+def test_the_proof_runs_the_docs_example_verbatim_which_is_the_readmes():
     body = gp.example_file(None)
+    page = (gp.ROOT / "docs" / "ci-gate.md").read_text(encoding="utf-8")
     readme = (gp.ROOT / "README.md").read_text(encoding="utf-8")
-    assert body.startswith("# bench/test_pipeline.py\n") and body in readme
+    assert body.startswith("# bench/test_pipeline.py\n") and body in page and body in readme
     assert "def test_loader(loader_benchmark):" in body
     compile(body, "test_pipeline.py", "exec")
 

@@ -238,7 +238,7 @@ def test_several_live_iterators_each_get_the_whole_epoch(backend):
 def test_worker_options_without_workers_are_the_one_relaxed_rule(backend):
     """PyTorch refuses ``prefetch_factor`` and ``persistent_workers=True`` with ``num_workers=0``;
     cupy_nwt accepts them (they do nothing there), so a sweep over worker counts including 0 needs no
-    special case. The README says so; this pins both sides."""
+    special case. docs/loader.md says so; this pins both sides."""
     is_torch = tud is not None and backend is tud.DataLoader
     for kw in ({"prefetch_factor": 4}, {"persistent_workers": True}):
         if is_torch:

@@ -384,9 +384,8 @@ def test_a_failed_rank_leaves_no_segment_or_process_on_any_rank(tmp_path, how):
 
 @needs_torchrun
 @pytest.mark.slow  # builds the 50 000-image synthetic CIFAR-10 and tunes: about 15 s on 2 CPUs
-def test_the_readme_torchrun_recipe_runs_as_written(tmp_path):
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Several GPUs and nodes", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_torchrun_recipe_runs_as_written(tmp_path):
+    section = (ROOT / "docs" / "several-gpus.md").read_text(encoding="utf-8")
     script = section.split("```python\n", 1)[1].split("```", 1)[0]
     commands = section.split("```bash\n", 1)[1].split("```", 1)[0]
     line = next(c for c in commands.splitlines() if c.startswith("torchrun --standalone"))

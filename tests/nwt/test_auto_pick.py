@@ -1,4 +1,4 @@
-"""``num_workers="auto"`` reuses what the README's tune step saved, and says in one log line whether it
+"""``num_workers="auto"`` reuses what the tune step of docs/tuner.md saved, and says in one log line whether it
 uses a saved pick or searches, and why."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How often the throughput gate catches a planted slowdown, and how often it fails an unchanged rerun.
 
-Runs the README's gate example as a CI job would, on this machine as it is: the README's
-``bench/test_pipeline.py`` (its ``test_loader``) in a scratch project, one ``--nwt-save-baseline`` run,
+Runs the gate example of docs/ci-gate.md (the README's too) as a CI job would, on this machine as it is:
+its ``bench/test_pipeline.py`` (its ``test_loader``) in a scratch project, one ``--nwt-save-baseline`` run,
 then ``--runs`` CI runs (``--nwt-baseline ... --nwt-require-baseline --nwt-throughput-drop=LIMIT``) in
 each of three groups: unchanged, and with a per-sample CPU slowdown of 10% and of 50% planted. The
 slowdown is ``CUPY_NWT_PROOF_CPU_US`` (see ``cupy_nwt/pytest_plugin/_proof.py``): microseconds of CPU
@@ -38,16 +38,16 @@ TARGETS = {"unchanged": ("at most", 0), "slower 10%": ("at least", 18), "slower 
 
 
 def example_file(dataset_n: int | None) -> str:
-    """The README's ``bench/test_pipeline.py`` block, verbatim (the dataset's size swapped only if asked)."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    """The gate page's ``bench/test_pipeline.py`` block, verbatim (the dataset's size swapped only if asked)."""
+    text = (ROOT / "docs" / "ci-gate.md").read_text(encoding="utf-8")
     m = re.search(r"```python\n(# bench/test_pipeline\.py\n.*?)```", text, re.S)
     if m is None:
-        raise SystemExit("README.md has no ```python block starting with '# bench/test_pipeline.py'")
+        raise SystemExit("docs/ci-gate.md has no ```python block starting with '# bench/test_pipeline.py'")
     body = m.group(1)
     if dataset_n is not None:
         body, n = re.subn(r"SyntheticCIFAR10\(n=\d+\)", f"SyntheticCIFAR10(n={dataset_n})", body)
         if n != 1:
-            raise SystemExit("cannot find SyntheticCIFAR10(n=...) in the README's example to resize")
+            raise SystemExit("cannot find SyntheticCIFAR10(n=...) in the docs' example to resize")
     return body
 
 

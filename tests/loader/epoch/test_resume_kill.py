@@ -1,4 +1,4 @@
-"""The README's resume recipe, for real: a training loop SIGKILLed mid-epoch and restarted from its last
+"""The docs' resume recipe (docs/loader.md), for real: a training loop SIGKILLed mid-epoch and restarted from its last
 checkpoint trains on exactly the samples an uninterrupted run trains on, and leaves nothing behind."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def recipe() -> str:
-    """The ``train_resumable.py`` block of the README, as a reader would paste it."""
-    text = (ROOT / "README.md").read_text()
+    """The ``train_resumable.py`` block of docs/loader.md, as a reader would paste it."""
+    text = (ROOT / "docs" / "loader.md").read_text(encoding="utf-8")
     m = re.search(r"```python\n(# train_resumable\.py\n.*?)```", text, re.S)
-    assert m, "the README lost its resume recipe"
+    assert m, "docs/loader.md lost its resume recipe"
     return m.group(1)
 
 

@@ -1,9 +1,11 @@
-"""Every code block of the README runs here, as a reader would paste it, so the manual cannot rot.
+"""Every code block of the README and of every page in ``docs/`` runs here, as a reader would paste it,
+so the manual cannot rot.
 
-Blocks run in order in one scratch folder (a later block may use a file an earlier one wrote), each
-in a fresh subprocess with this source tree first on ``PYTHONPATH``, the test interpreter's ``bin``
-first on ``PATH`` (so ``cupy-nwt`` and ``python`` are this installation's) and a private
-``CUPY_NWT_CACHE_DIR``. A block may be preceded by an HTML comment that says how it is tested:
+Each page's blocks run in order in a scratch folder of that page's own (a later block may use a file an
+earlier one of the same page wrote), each in a fresh subprocess with this source tree first on
+``PYTHONPATH``, the test interpreter's ``bin`` first on ``PATH`` (so ``cupy-nwt`` and ``python`` are this
+installation's) and a private ``CUPY_NWT_CACHE_DIR`` that all pages share (a reader's cache is one too).
+A block may be preceded by an HTML comment that says how it is tested:
 
 ``<!-- test: gpu -->``
     needs a GPU. Without one every command must still exit 3 with one line saying why (the CPU
@@ -25,6 +27,8 @@ first on ``PATH`` (so ``cupy-nwt`` and ``python`` are this installation's) and a
     (``throughput gate FAILED``, each benchmark's ``fell`` or ``rose`` line); any other failure fails the test.
 ``<!-- test: repo-root ... -->``
     the commands run in the repository root (with ``gpu``: they must refuse before writing anything).
+``<!-- test: readme -->``
+    a copy, in a docs page, of a README block: it must be that block verbatim, which is tested there.
 
 A block without a comment simply runs and must exit 0.
 """
@@ -43,14 +47,18 @@ import pytest
 
 from cupy_nwt import cuda
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
 FENCE = re.compile(r"(?:<!-- test: (?P<how>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
-KNOWN = {"gpu", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root", "gate"}
+KNOWN = {"gpu", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root", "gate", "readme"}
+README_MAX_LINES = 200
 
 
 @dataclass(frozen=True)
 class Block:
+    page: str
     index: int
     line: int
     lang: str
@@ -60,22 +68,27 @@ class Block:
 
     @property
     def id(self) -> str:
-        return f"L{self.line}-{self.lang}"
+        return f"{self.page}:L{self.line}-{self.lang}"
+
+    @property
+    def where(self) -> str:
+        return f"{self.page} line {self.line}"
 
 
-def readme_blocks() -> list[Block]:
-    text = README.read_text(encoding="utf-8")
+def page_blocks(path: Path) -> list[Block]:
+    text = path.read_text(encoding="utf-8")
+    page = path.relative_to(ROOT).as_posix()
     blocks = []
     for i, m in enumerate(FENCE.finditer(text)):
         words = (m.group("how") or "").split()
         how = tuple(w for w in words if w in KNOWN)
         reason = " ".join(words[1:]) if how[:1] == ("first-line",) else ""
-        blocks.append(Block(i, text.count("\n", 0, m.start("body")), m.group("lang"), m.group("body"),
+        blocks.append(Block(page, i, text.count("\n", 0, m.start("body")), m.group("lang"), m.group("body"),
                             how, reason))
     return blocks
 
 
-BLOCKS = readme_blocks()
+BLOCKS = [block for path in PAGES for block in page_blocks(path)]
 
 
 def commands(body: str) -> list[str]:
@@ -85,36 +98,44 @@ def commands(body: str) -> list[str]:
 
 def file_name(block: Block) -> str:
     m = re.match(r"# ([\w./-]+\.py)\b", block.body)
-    assert m, f"README line {block.line}: a file block starts with '# name.py'"
+    assert m, f"{block.where}: a file block starts with '# name.py'"
     return m.group(1)
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("readme")
+def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("docs")
+
+
+@pytest.fixture
+def workdir(scratch: Path, block: Block) -> Path:
+    """The scratch folder of the block's page, made at its first block and kept for the page's later ones."""
+    folder = scratch / re.sub(r"\W", "-", block.page)
+    folder.mkdir(exist_ok=True)
+    return folder
 
 
 def environment(workdir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    env["CUPY_NWT_CACHE_DIR"] = str(workdir / ".cache")
+    env["CUPY_NWT_CACHE_DIR"] = str(workdir.parent / ".cache")
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
         env.pop(var, None)
     return env
 
 
 def prepare(block: Block, workdir: Path) -> None:
-    """Write the files that earlier blocks define, and the shard a block reads."""
-    for earlier in BLOCKS[: block.index]:
-        if "file" in earlier.how:
+    """Write the files that earlier blocks of the same page define, and the shard a block reads."""
+    for earlier in BLOCKS:
+        if earlier.page == block.page and earlier.index < block.index and "file" in earlier.how:
             path = workdir / file_name(earlier)
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(earlier.body, encoding="utf-8")
     if "shards.tar" in block.how and not (workdir / "shards.tar").exists():
         from cupy_nwt.datasets import SyntheticCIFAR10, write_tar_shard
 
-        data = SyntheticCIFAR10(n=512, cache_dir=workdir / ".cache")
+        data = SyntheticCIFAR10(n=512, cache_dir=workdir.parent / ".cache")
         images, labels = zip(*(data[i] for i in range(len(data))))
         write_tar_shard(workdir / "shards.tar", list(images), list(labels))
 
@@ -148,28 +169,47 @@ def check_gate_verdict(proc: subprocess.CompletedProcess[str], cmd: str) -> None
 
 
 def test_every_block_says_how_it_is_tested():
-    assert len(BLOCKS) >= 8
-    text = README.read_text(encoding="utf-8")
-    for m in re.finditer(r"<!-- test: ([^>]*?) -->", text):
-        assert m.group(1).split()[0] in KNOWN, f"unknown README test directive {m.group(0)!r}"
+    assert len(BLOCKS) >= 8 and len(PAGES) >= 12
+    for path in PAGES:
+        assert page_blocks(path) or path.name in ("results.md", "reliability.md"), f"{path.name} shows no code"
+        text = path.read_text(encoding="utf-8")
+        for m in re.finditer(r"<!-- test: ([^>]*?) -->", text):
+            assert m.group(1).split()[0] in KNOWN, f"unknown test directive {m.group(0)!r} in {path.name}"
     for block in BLOCKS:
-        assert block.lang in ("bash", "python"), f"README line {block.line}: a block's language is bash or python"
+        assert block.lang in ("bash", "python"), f"{block.where}: a block's language is bash or python"
 
 
-def test_the_examples_folder_is_listed_in_the_readme():
+def test_the_readme_is_short_and_its_links_lead_somewhere():
     text = README.read_text(encoding="utf-8")
+    assert text.count("\n") <= README_MAX_LINES, f"the README has {text.count(chr(10))} lines: move some to docs/"
+    for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text):
+        if "://" not in target:
+            assert (ROOT / target).exists(), f"the README links to {target}, which is not in the tree"
+    for page in sorted(DOCS.glob("*.md")):
+        assert f"(docs/{page.name}" in text, f"the README does not link docs/{page.name}"
+
+
+def test_the_examples_folder_is_listed_in_the_docs():
+    text = (DOCS / "index.md").read_text(encoding="utf-8")
     for example in sorted((ROOT / "examples").glob("*.py")):
-        assert f"examples/{example.name}" in text, f"{example.name} is not mentioned in the README"
+        assert f"examples/{example.name}" in text, f"{example.name} is not mentioned in docs/index.md"
 
 
 def test_no_install_line_names_a_package_no_registry_has():
-    text = README.read_text(encoding="utf-8")
-    assert not re.search(r"pip install ['\"]?cupy-nwt", text), "install from the source tree: cupy-nwt is not on PyPI"
+    for path in PAGES:
+        text = path.read_text(encoding="utf-8")
+        assert not re.search(r"pip install ['\"]?cupy-nwt", text), \
+            f"{path.name}: install from the source tree: cupy-nwt is not on PyPI"
 
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
-def test_readme_block(block: Block, workdir: Path):
+def test_code_block(block: Block, workdir: Path):
     prepare(block, workdir)
+    if "readme" in block.how:
+        assert block.page != "README.md", f"{block.where}: a README block is tested as it is, not as a copy"
+        readme = [b for b in BLOCKS if b.page == "README.md" and b.body == block.body]
+        assert readme, f"{block.where}: marked as the README's, but the README has no such block"
+        return
     if "ci" in block.how:
         ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
         assert "pip\" install -q -e '.[test]'" in ci and "-m pytest -q" in ci
@@ -185,9 +225,9 @@ def test_readme_block(block: Block, workdir: Path):
     if block.lang == "python":
         proc = run([sys.executable, "-c", block.body], workdir)
         if "gpu" in block.how and not cuda.gpu_status().available:
-            check_gpu_refusal(proc, f"README line {block.line}")
+            check_gpu_refusal(proc, block.where)
             pytest.skip(f"GPU path not run: {cuda.gpu_status().reason}")
-        assert proc.returncode == 0, f"README line {block.line}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        assert proc.returncode == 0, f"{block.where}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         return
     lines = commands(block.body)
     if "first-line" in block.how:
