@@ -44,58 +44,62 @@ reserve=$((grace + 10))  # what a cut-off step needs after its timeout: the kill
 test_timeout=60          # per GPU test: the slowest (a pytester run in a fresh interpreter) ~10 s
 nwt_scale=${GPU_SESSION_NWT_SCALE:-1}
 
-# name|estimated seconds|what it runs. Each estimate, from what the step runs on the lent image; the
+# name|estimated seconds|what it runs. Each estimate, from what the step runs on the lent image. The
 # CPU-side figures quoted are bench/session_costs.py's on the 2-vCPU VM (session_costs-vm-2cpu.json),
-# a shared machine, so upper bounds for one core of the lent machine.
+# taken as CPU seconds: that VM was shared (load average 11-29), so its wall-clock figures are 3-4x
+# its CPU ones, and a core of the lent machine is taken to be no slower than one of the VM's.
 STEPS=(
-    # 4 Python starts (0.7 s to import cupy_nwt here, + ~2 s for CuPy and the CUDA context there),
-    # nvidia-smi -q (~2 s), pip list over ~200 packages (~3 s), lscpu/df: ~13 s, 15 with margin.
+    # 4 Python starts (0.45 s of CPU to import cupy_nwt here, ~2 s more there for CuPy and the CUDA
+    # context), nvidia-smi -q (~2 s), pip list over ~200 packages (~3 s), lscpu, df: ~13 s, 15 with margin.
     "info|15|host and GPU facts: cupy-nwt info (text, JSON), nvidia-smi -q, lscpu, pip list, /dev/shm"
     # cupy-nwt bandwidth: 17 sizes 4 KiB..256 MiB x 23 samples of >= 8 MiB: ~13.6 GB per (direction,
     # memory): ~7 s pageable at >= 4 GB/s, ~1 s pinned at >= 25 GB/s; 64 MiB batched vs 1,024 x 64 KiB
     # copies x 23 x 4: ~94k small copies at <= 20 us, ~2 s; two 256 MiB pinned buffers filled and checked,
     # the spin kernel compiled (NVRTC), plot: ~8 s; Python + CuPy ~3 s: ~20 s. overlap: 16 MiB over 4
-    # streams, 3 versions x 23 runs, checked, kernels compiled: ~6 s. native: nvcc build 12.6 s here
-    # (4.7 s of CPU; one nvcc, no parallelism to gain), the same sweep and overlap ~12 s, native_report
-    # ~1 s: ~26 s. ~52 s, 75 with margin for pageable copies at 2 GB/s (+14 s over both sweeps).
+    # streams, 3 versions x 23 runs, checked, kernels compiled: ~6 s. native: nvcc's build 6.0 s of CPU
+    # here (one serial compile: 16 cores do not shorten it), the same sweep and overlap ~12 s,
+    # native_report ~1 s: ~20 s. ~46 s, 75 with margin for pageable copies at 2 GB/s (+14 s over both
+    # sweeps) and a slower nvcc.
     "transfers|75|cupy-nwt bandwidth (pageable vs pinned sweep, batched vs many) and overlap (sequential vs async v1/v2, 4 streams, checked), bench/native (nvcc there) and cupy_nwt / native per figure"
-    # collecting tests/ and bench/ (1,810 tests, 29 GPU ones selected) 7.5 to 18.7 s here; CuPy and
-    # the context ~3 s; 21 tests in tests/, each a loader or a few copies (a cold forkserver ~1.3 s,
-    # kernels compiled ~1 s), ~30 s; the pytester run in a fresh interpreter ~10 s; bench/: 4 idle-
+    # collecting tests/ and bench/ (1,818 tests, 29 GPU ones selected): 9.9 s of CPU here; CuPy and the
+    # context ~3 s; 21 tests in tests/, each a loader or a few copies (a cold forkserver ~1.3 s,
+    # kernels compiled ~1 s): ~30 s; the pytester run in a fresh interpreter ~10 s; bench/: 4 idle-
     # fraction modes (512 PNGs + 8,192 arrays built ~1 s, each 4 workers + 111 steps of 5 ms ~1.5 s)
-    # and 4 x 33 copies of 64 MiB ~2 s: ~10 s. ~70 s, 90 with margin; 60 s per test at most.
+    # and 4 x 33 copies of 64 MiB ~2 s: ~10 s. ~65 s, 90 with margin; 60 s per test at most.
     "gpu-tests|90|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
-    # cupy-nwt reproduce over counts 0..15 at batch 128 on the synthetic CIFAR-10 (50,000 PNGs,
-    # decoded per sample, CifarTrainTransform): 1,600 batches in the paper search, ~400 in the fast
-    # one, 3 x 1,112 re-measuring every count, <= 4 x 9 x ~90 judging the picks: ~7,000 batches. A
-    # batch is 16-35 ms of one core here; trials of w workers share min(w, 15) cores, so low counts
-    # dominate: per count 0..15 with ~0.5 s to start and close a trial, ~16 s paper, ~5 fast, ~39
-    # compare, <= 38 judging, at 18 ms a batch; fixed costs ~30 s (50,000 PNGs built 14.3 s on 2 CPUs
-    # here, ~3 s on 16; Numba compile ~5 s; Python, CuPy, context, forkserver ~8 s; 4 plots ~5 s):
-    # ~140 s. The same run with --max-workers 16 on the 2-vCPU VM took 209 s with ONE core for the
-    # workers (the other reserved, no GPU): an upper bound for 16 cores, + ~10 s of GPU extras (pinned
-    # rings registered per trial, ~10 GB of H2D batches). 220 s at scale 1, between the two.
+    # cupy-nwt reproduce over counts 0..15 at batch 128 on the embedded synthetic CIFAR-10 (50,000
+    # 32x32 PNGs decoded per sample, CifarTrainTransform): 1,600 batches in the paper search, ~400 in
+    # the fast one, 3 x 1,112 re-measuring every count, <= 4 counts x 9 rounds x ~90 judging the picks:
+    # ~7,000 batches of 14.2 ms of CPU each here, in ~90 trials. Trials of w workers share min(w, 15)
+    # cores (the main process waits for the GPU), so 0 and 1 worker dominate: ~15 s paper, ~4 fast,
+    # ~36 re-measuring, <= 34 judging, ~45 s of it the trials' start and close (~0.5 s each, which no
+    # scale shrinks); builds and starts ~30 s (the 50,000 PNGs: 5.7 s of CPU here; Numba compile;
+    # Python, CuPy, context, forkserver; 4 plots): ~120 s. The whole run took 200 s of CPU here (the
+    # spinner that stands for a CPU step included), so even done serially on one such core it would end
+    # by then; + ~10 s of GPU extras (pinned rings registered per trial, ~10 GB of H2D batches):
+    # 220 s at scale 1. GPU_SESSION_NWT_SCALE=s scales the batches, not the trials: 120 + 100 s.
     "nwt|220|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
     # 2 workloads x workers 4,15 x 4 modes = 16 runs, each: persistent workers started (forkserver
-    # ~1.3 s cold, ~0.1 s warm; torch forks ~0.1 s), 210 steps of >= 5 ms, or of the batch time over
-    # the workers where that is longer (PNG decode 39 ms a batch here: ~10 ms at 4 workers), close
-    # ~0.3 s: <= 3 s; workloads built 2.9 s here, torch and CuPy imports, kernels: ~12 s. ~60 s, 70
-    # with margin.
+    # ~1.3 s cold, ~0.1 s warm; torch forks ~0.1 s), 210 steps of 5 ms, step-bound since even PNG
+    # decode (12.5 ms of CPU a batch here) makes a batch every ~3 ms at 4 workers, close ~0.3 s:
+    # <= 2.6 s; workloads built (1.2 s of CPU here), torch and CuPy imports, kernels: ~12 s. ~55 s,
+    # 70 with margin.
     "gpu-feed|70|bench/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, steady state and start-up"
     # 2 workloads x workers 0,4,15 x 3 loaders x 3 repeats = 54 fresh loaders, each a start (forkserver
-    # ~0.1 s warm, threads ~0) + 33 batches (PNG decode at 0 workers 39 ms a batch here: 1.3 s) + close:
-    # <= 1.5 s: ~80 s at worst, ~55 s as the counts above 0 share the cores; workloads, torch, plot ~12 s.
-    # ~70 s, 90 with margin.
+    # ~0.1 s warm, torch's fork ~0.1 s, threads ~0) + 33 batches (PNG decode at 0 workers: 12.5 ms of CPU
+    # a batch here, 0.4 s) + close: <= 1 s; workloads, torch and CuPy imports, plot ~12 s. ~66 s, 90 with
+    # margin.
     "loader-compare|90|bench/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's"
     # ranks 1 and 2, 3 repeats: 6 torchrun launches (torch + CuPy imports per rank ~5 s, gloo, the
-    # synthetic CIFAR-10 opened from the cache the nwt step built, or ~3 s to build it), 'budget'
-    # workers (15, or 7 per rank), 85 batches of ~18 ms of CPU each over those workers: ~1 s: ~10 s a
-    # launch: ~60 s, 80 with margin.
+    # synthetic CIFAR-10 opened from the cache the nwt step built, or built in ~1 s on 16 cores),
+    # 'budget' workers (15, or 7 per rank), 85 batches of 14.2 ms of CPU over those workers: ~0.2 s:
+    # ~10 s a launch: ~60 s, 80 with margin.
     "scaleout|80|bench/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
 )
-# The NWT step at GPU_SESSION_NWT_SCALE: its fixed costs (builds, imports, plots) stay, its batches
-# per count scale; at 1 these are the paper's 100 per trial and reproduce's own defaults.
-NWT_FIXED=30 NWT_VARIABLE=190
+
+# The NWT step at GPU_SESSION_NWT_SCALE: its fixed costs (builds, imports, plots, the ~90 trials'
+# starts) stay, its batches per trial scale; at 1 these are the paper's 100 and reproduce's defaults.
+NWT_FIXED=120 NWT_VARIABLE=100
 nwt_args() {
     awk -v s="$nwt_scale" 'BEGIN { i = int(100 * s + 0.5); c = int(50 * s + 0.5);
         printf "--iterations %d --compare-iterations %d --compare-repeats 3 --judge-repeats 9", (i < 10 ? 10 : i), (c < 5 ? 5 : c) }'

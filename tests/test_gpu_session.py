@@ -325,13 +325,13 @@ def test_a_step_that_no_longer_fits_after_the_earlier_ones_is_not_started(tree, 
 def test_the_nwt_scale_scales_its_batches_and_estimate_and_is_written_beside_its_results(tree):
     script, stub = tree
     listed = run(["--list"], GPU_SESSION_NWT_SCALE="0.5").stdout
-    assert re.search(r"^nwt\s+125 s ", listed, re.M)  # 30 s fixed + 190 s of batches at half
+    assert re.search(r"^nwt\s+170 s ", listed, re.M)  # 120 s whatever the scale + 100 s of batches at half
     assert run(["nwt"], script, PYTHON=stub, GPU_SESSION_NWT_SCALE="0.5").returncode == 0
     step = script.parent / "results" / DEVICE / "nwt"
     assert "--iterations 50 --compare-iterations 25 --compare-repeats 3" in (step / "stub-calls.txt").read_text()
     scale = json.loads((step / "scale.json").read_text())
-    assert scale["scale"] == 0.5 and scale["estimate_s"] == 125
-    assert json.loads((step / "step.json").read_text())["estimate_s"] == 125
+    assert scale["scale"] == 0.5 and scale["estimate_s"] == 170
+    assert json.loads((step / "step.json").read_text())["estimate_s"] == 170
 
 
 @pytest.mark.parametrize("env", [{"GPU_SESSION_NWT_SCALE": "2"}, {"GPU_SESSION_NWT_SCALE": "0.05"},
