@@ -1,26 +1,37 @@
 #!/usr/bin/env bash
-# What a GPU machine should run for this project, as named steps that each fit one command of a lent
-# GPU machine (at most 600 s a command there, files back only from the folder $OUT names).
+# What a lent GPU machine runs for this project, as named steps, in as few commands as fit its lease:
+# 15 minutes of machine time in all (each start, command, idle wait and hand-back counted), at most
+# 600 s a command, at most 8 files back, none deeper than $OUT/a/b/file.
 #
 #     bash bench/gpu_session.sh --list          # one line per step: name, estimated seconds, what it runs
 #     bash bench/gpu_session.sh STEP...          # run these steps in order; 'all' runs every one
 #     bash bench/gpu_session.sh --unpack DIR     # files a device command returned -> bench/results/<device>/
 #
-# Each step writes into <results>/<device>/<step>/ as it goes (its output in log.txt there), where
-# <results> is $OUT when set, else bench/results. With $OUT set, a finished step is then packed into
-# $OUT/<device>/<step>.tgz, one file per step, since a device command returns at most 8 files.
-# The whole script ends by GPU_SESSION_SECONDS (default 540) after it starts, the GPU probe included,
-# well inside the device's 600-s kill. A step starts only if its estimate fits in what is left less
-# the kill grace (GPU_SESSION_KILL_GRACE, 20 s) and 10 s to pack; one that overruns anyway is
-# interrupted (SIGINT, then SIGKILL after the grace) and its files are packed; a step that does not
-# fit prints NOT STARTED, and later steps that still fit run. GPU tests get a per-test timeout
-# (pytest-timeout, on the GPU image) so one hung test cannot take the whole command.
-# GPU_SESSION_ESTIMATES="step=seconds,..." replaces built-in estimates (say, with the times a first
-# GPU run printed in its "done: STEP in N s" lines).
+# The steps are listed by what the project exists for, so whatever a lease cuts off matters least:
+# the first command is `info transfers gpu-tests nwt gpu-feed` (470 s by the estimates below), the
+# second, only where the lease has time left, `loader-compare scaleout` (170 s).
 #
-# The seconds are ESTIMATES for a 16-core H100 machine, derived from what each step runs (the
-# reasoning is written beside each step below); no step has run on a GPU yet. Exit: 0 every step
-# passed; 1 a step failed, was cut off or not started; 2 bad arguments; 3 no usable GPU (one line).
+# Each step works in <work>/<step>/ (its output in log.txt there, its timing in step.json), where
+# <work> is bench/results/<device> without $OUT and a scratch folder with it; with $OUT set, a
+# finished step is packed into $OUT/<device>/<step>.tgz, one file per step (7 at most), and nothing
+# else is written under $OUT. The whole script ends by GPU_SESSION_SECONDS (default 540) after it
+# starts, the GPU probe included, well inside the device's 600-s kill. A step starts only if its
+# estimate fits in what is left less the kill grace (GPU_SESSION_KILL_GRACE, 20 s) and 10 s to
+# pack; it runs at most twice its estimate (so one hung step cannot take the later ones) and never
+# past the deadline, then is interrupted (SIGINT, SIGKILL after the grace) and its files are packed;
+# a step that does not fit prints NOT STARTED, and later steps that still fit run. GPU tests get a
+# per-test timeout (pytest-timeout, on the GPU image).
+# GPU_SESSION_ESTIMATES="step=seconds,..." replaces built-in estimates (say, with the times a GPU
+# run printed in its "done: STEP in N s" lines, also kept in each step's step.json).
+# GPU_SESSION_NWT_SCALE (default 1) scales the NWT step's batches per count (the paper's 100) and
+# its estimate; the scale is written beside its results (scale.json).
+# PYTHON names the interpreter (default python3): a stand-in one lets tests run the script dry.
+#
+# The seconds are ESTIMATES for the lent 16-core machine (Python 3.12, CuPy 14.2 for CUDA 13, torch
+# 2.11, no platformdirs), derived from what each step runs and from bench/session_costs.py's CPU-side
+# figures (bench/results/session_costs-vm-2cpu.json); the reasoning is written beside each step
+# below. No step has run on a GPU yet. Exit: 0 every step passed; 1 a step failed, was cut off or
+# not started; 2 bad arguments; 3 no usable GPU (one line).
 set -uo pipefail
 start_dir=$PWD
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
@@ -30,47 +41,81 @@ py=${PYTHON:-python3}
 budget=${GPU_SESSION_SECONDS:-540}
 grace=${GPU_SESSION_KILL_GRACE:-20}
 reserve=$((grace + 10))  # what a cut-off step needs after its timeout: the kill grace, then packing
-test_timeout=120         # per GPU test: the slowest (two ranks sharing the GPU) is about 30 s
+test_timeout=60          # per GPU test: the slowest (a pytester run in a fresh interpreter) ~10 s
+nwt_scale=${GPU_SESSION_NWT_SCALE:-1}
 
-# name|estimated seconds|what it runs. Each estimate, from what the step runs:
+# name|estimated seconds|what it runs. Each estimate, from what the step runs on the lent image. The
+# CPU-side figures quoted are bench/session_costs.py's on the 2-vCPU VM (session_costs-vm-2cpu.json),
+# taken as CPU seconds: that VM was shared (load average 11-29), so its wall-clock figures are 3-4x
+# its CPU ones, and a core of the lent machine is taken to be no slower than one of the VM's.
 STEPS=(
-    # ~4 Python starts with CuPy imported (2-3 s each) + nvidia-smi -q and pip list (~2 s each).
-    "info|15|cupy-nwt info (text and JSON), nvidia-smi -q, pip list, /dev/shm size"
-    # collecting ~1,300 tests (torch and jax imported) ~20 s; 18 GPU tests, most a few seconds, the
-    # loader ones start forkserver workers (~0.8 s each start), two-rank scale-out ~30 s: ~60 s.
-    "gpu-tests|90|pytest -m gpu tests/ (junit.xml), --timeout per test"
-    # collection ~10 s; 64 MiB copy rounds ~5 s; gpu_feed's 4 modes: workload build ~5 s, each mode
-    # ~1 s worker start (timed apart) + 111 steps of 5 ms + close: ~12 s; 45 s with margin.
-    "gpu-bench|45|pytest -m gpu bench/: 64 MiB copies, GPU idle per mode with persistent workers (benchmark.json)"
-    # cupy_nwt bandwidth: 17 sizes x 2 memories x 2 directions x 23 samples of >= 8 MiB: ~14 GB per
-    # (direction, memory), 6 s pageable at >= 5 GB/s, 1 s pinned; batching 12 GB ~2 s; 256 MiB buffers
-    # filled and checked, kernels compiled, plot: ~25 s. overlap: 16 MiB through 3 versions x 23 runs,
-    # ~5 s. native: nvcc build ~10 s (skipped when prebuilt), the same sweep and overlap ~20 s. ~75 s.
-    "transfers|75|cupy-nwt bandwidth and overlap, then bench/native (built if needed) and cupy_nwt / native per figure"
-    # about 100 trial loaders on cuda:0 with forkserver workers (0.8 s a start: ~80 s); ~6,150 batches
-    # of 128 CIFAR augmentations over 0..15 workers (paper 16 x 100, fast ~8 x 100, steady 48 x 50,
-    # judge 27 x 50), ~8k images/s on average with the slow low counts: ~100 s; 50,000 synthetic
-    # images, plots: ~15 s. ~200 s, 250 with margin for the worker counts near the core count.
-    "nwt|250|cupy-nwt reproduce --no-gpu: NWT paper and fast strategies over 0..15 workers, picks re-measured"
-    # 2 workloads x workers 4,8,15 x 4 modes = 24 runs, each: persistent workers started once (~1 s),
-    # 210 steps of >= 5 ms (decode at 4 workers ~8 ms a batch: ~1.7 s), close ~0.3 s: ~3 s; 5,000 PNGs
-    # and 8,192 arrays built ~15 s: ~90 s, 120 with margin.
-    "gpu-feed|120|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,8,15: steady-state GPU idle and start-up, cupy_nwt vs no-prefetch vs torch"
-    # 2 workloads x workers 0,4,8,15 x 3 loaders x 3 repeats = 72 fresh loaders, each a start (forkserver
-    # ~0.8 s, threads ~0) + 33 batches (decode at 0 workers ~1 s) + close: ~1.5 s: ~110 s; workloads and
-    # plot ~20 s. ~130 s, 180 with margin.
-    "loader-compare|180|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,8,15"
-    # ranks 1 and 2, 3 repeats: 6 launches of Python ranks (CuPy import ~3 s), 50,000 synthetic images
-    # per rank, auto workers, 85 batches each: ~15 s a launch: ~90 s, 150 with margin.
-    "scaleout|150|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3: two ranks sharing the GPU"
+    # 4 Python starts (0.45 s of CPU to import cupy_nwt here, ~2 s more there for CuPy and the CUDA
+    # context), nvidia-smi -q (~2 s), pip list over ~200 packages (~3 s), lscpu, df: ~13 s, 15 with margin.
+    "info|15|host and GPU facts: cupy-nwt info (text, JSON), nvidia-smi -q, lscpu, pip list, /dev/shm"
+    # cupy-nwt bandwidth: 17 sizes 4 KiB..256 MiB x 23 samples of >= 8 MiB: ~13.6 GB per (direction,
+    # memory): ~7 s pageable at >= 4 GB/s, ~1 s pinned at >= 25 GB/s; 64 MiB batched vs 1,024 x 64 KiB
+    # copies x 23 x 4: ~94k small copies at <= 20 us, ~2 s; two 256 MiB pinned buffers filled and checked,
+    # the spin kernel compiled (NVRTC), plot: ~8 s; Python + CuPy ~3 s: ~20 s. overlap: 16 MiB over 4
+    # streams, 3 versions x 23 runs, checked, kernels compiled: ~6 s. native: nvcc's build 6.0 s of CPU
+    # here (one serial compile: 16 cores do not shorten it), the same sweep and overlap ~12 s,
+    # native_report ~1 s: ~20 s. ~46 s, 75 with margin for pageable copies at 2 GB/s (+14 s over both
+    # sweeps) and a slower nvcc.
+    "transfers|75|cupy-nwt bandwidth (pageable vs pinned sweep, batched vs many) and overlap (sequential vs async v1/v2, 4 streams, checked), bench/native (nvcc there) and cupy_nwt / native per figure"
+    # collecting tests/ and bench/ (1,818 tests, 29 GPU ones selected): 9.9 s of CPU here; CuPy and the
+    # context ~3 s; 21 tests in tests/, each a loader or a few copies (a cold forkserver ~1.3 s,
+    # kernels compiled ~1 s): ~30 s; the pytester run in a fresh interpreter ~10 s; bench/: 4 idle-
+    # fraction modes (512 PNGs + 8,192 arrays built ~1 s, each 4 workers + 111 steps of 5 ms ~1.5 s)
+    # and 4 x 33 copies of 64 MiB ~2 s: ~10 s. ~65 s, 90 with margin; 60 s per test at most.
+    "gpu-tests|90|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
+    # cupy-nwt reproduce over counts 0..15 at batch 128 on the embedded synthetic CIFAR-10 (50,000
+    # 32x32 PNGs decoded per sample, CifarTrainTransform): 1,600 batches in the paper search, ~400 in
+    # the fast one, 3 x 1,112 re-measuring every count, <= 4 counts x 9 rounds x ~90 judging the picks:
+    # ~7,000 batches of 14.2 ms of CPU each here, in ~90 trials. Trials of w workers share min(w, 15)
+    # cores (the main process waits for the GPU), so 0 and 1 worker dominate: ~15 s paper, ~4 fast,
+    # ~36 re-measuring, <= 34 judging, ~45 s of it the trials' start and close (~0.5 s each, which no
+    # scale shrinks); builds and starts ~30 s (the 50,000 PNGs: 5.7 s of CPU here; Numba compile;
+    # Python, CuPy, context, forkserver; 4 plots): ~120 s. The whole run took 200 s of CPU here (the
+    # spinner that stands for a CPU step included), so even done serially on one such core it would end
+    # by then; + ~10 s of GPU extras (pinned rings registered per trial, ~10 GB of H2D batches):
+    # 220 s at scale 1. GPU_SESSION_NWT_SCALE=s scales the batches, not the trials: 120 + 100 s.
+    "nwt|220|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
+    # 2 workloads x workers 4,15 x 4 modes = 16 runs, each: persistent workers started (forkserver
+    # ~1.3 s cold, ~0.1 s warm; torch forks ~0.1 s), 210 steps of 5 ms, step-bound since even PNG
+    # decode (12.5 ms of CPU a batch here) makes a batch every ~3 ms at 4 workers, close ~0.3 s:
+    # <= 2.6 s; workloads built (1.2 s of CPU here), torch and CuPy imports, kernels: ~12 s. ~55 s,
+    # 70 with margin.
+    "gpu-feed|70|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, steady state and start-up"
+    # 2 workloads x workers 0,4,15 x 3 loaders x 3 repeats = 54 fresh loaders, each a start (forkserver
+    # ~0.1 s warm, torch's fork ~0.1 s, threads ~0) + 33 batches (PNG decode at 0 workers: 12.5 ms of CPU
+    # a batch here, 0.4 s) + close: <= 1 s; workloads, torch and CuPy imports, plot ~12 s. ~66 s, 90 with
+    # margin.
+    "loader-compare|90|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's"
+    # ranks 1 and 2, 3 repeats: 6 torchrun launches (torch + CuPy imports per rank ~5 s, gloo, the
+    # synthetic CIFAR-10 opened from the cache the nwt step built, or built in ~1 s on 16 cores),
+    # 'budget' workers (15, or 7 per rank), 85 batches of 14.2 ms of CPU over those workers: ~0.2 s:
+    # ~10 s a launch: ~60 s, 80 with margin.
+    "scaleout|80|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
 )
 
-# A step's estimate: GPU_SESSION_ESTIMATES's when it names the step, else the built-in one.
+# The NWT step at GPU_SESSION_NWT_SCALE: its fixed costs (builds, imports, plots, the ~90 trials'
+# starts) stay, its batches per trial scale; at 1 these are the paper's 100 and reproduce's defaults.
+NWT_FIXED=120 NWT_VARIABLE=100
+nwt_args() {
+    awk -v s="$nwt_scale" 'BEGIN { i = int(100 * s + 0.5); c = int(50 * s + 0.5);
+        printf "--iterations %d --compare-iterations %d --compare-repeats 3 --judge-repeats 9", (i < 10 ? 10 : i), (c < 5 ? 5 : c) }'
+}
+
+# A step's estimate: GPU_SESSION_ESTIMATES's when it names the step, else the built-in one (the NWT
+# step's scaled by GPU_SESSION_NWT_SCALE).
 estimate_of() {
     local pair
     for pair in ${GPU_SESSION_ESTIMATES:+${GPU_SESSION_ESTIMATES//,/ }}; do
         if [ "${pair%%=*}" = "$1" ] && [[ ${pair#*=} =~ ^[0-9]+$ ]]; then echo "${pair#*=}"; return; fi
     done
+    if [ "$1" = nwt ]; then
+        awk -v s="$nwt_scale" -v f="$NWT_FIXED" -v v="$NWT_VARIABLE" 'BEGIN { e = f + v * s; printf "%d\n", (e == int(e) ? e : int(e) + 1) }'
+        return
+    fi
     printf '%s\n' "${STEPS[@]}" | grep "^$1|" | cut -d'|' -f2
 }
 
@@ -88,14 +133,10 @@ step_body() {
             "$py" -m cupy_nwt info >"$d/info.txt"
             "$py" -m cupy_nwt info --json >"$d/info.json"
             if command -v nvidia-smi >/dev/null; then nvidia-smi -q >"$d/nvidia-smi.txt"; fi
+            { nproc; lscpu; } >"$d/lscpu.txt" 2>&1 || true
             "$py" -m pip list >"$d/pip-list.txt" 2>/dev/null || true
             df -B1 /dev/shm >"$d/dev-shm.txt" 2>&1 || true
             cat "$d/info.txt" ;;
-        gpu-tests)
-            "$py" -m pytest -m gpu -q -p no:cacheprovider tests --junitxml="$d/junit.xml" $(per_test_timeout) ;;
-        gpu-bench)
-            "$py" -m pytest -m gpu -q -p no:cacheprovider bench --junitxml="$d/junit.xml" \
-                --benchmark-json="$d/benchmark.json" $(per_test_timeout) ;;
         transfers)
             "$py" -m cupy_nwt bandwidth --no-progress --output "$d/bandwidth.json" --plot "$d/bandwidth.png"
             "$py" -m cupy_nwt overlap --no-progress --output "$d/overlap.json"
@@ -106,15 +147,25 @@ step_body() {
                 "$native" overlap >"$d/native-overlap.json"
                 "$py" bench/native_report.py "$d"
             fi ;;
+        gpu-tests)
+            "$py" -m pytest -m gpu -q -p no:cacheprovider tests bench --junitxml="$d/junit.xml" \
+                --benchmark-json="$d/benchmark.json" $(per_test_timeout) ;;
         nwt)
-            "$py" -m cupy_nwt reproduce --no-gpu --no-progress --out "$d" ;;
+            # --no-gpu leaves out the transfer experiments (the transfers step's); the trials still
+            # take their batches to the GPU
+            local args
+            args=$(nwt_args)
+            printf '{"scale": %s, "arguments": "%s", "paper": "--iterations 100 --compare-iterations 50 --compare-repeats 3 --judge-repeats 9", "estimate_s": %s}\n' \
+                "$nwt_scale" "$args" "$(estimate_of nwt)" >"$d/scale.json"
+            # shellcheck disable=SC2086
+            "$py" -m cupy_nwt reproduce --no-gpu --no-progress --max-workers 16 $args --out "$d" ;;
         gpu-feed)
-            "$py" bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,8,15 --out-dir "$d" ;;
+            "$py" bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15 --out-dir "$d" ;;
         loader-compare)
-            "$py" bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,8,15 --out-dir "$d" \
+            "$py" bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15 --out-dir "$d" \
                 --note "bench/gpu_session.sh loader-compare" ;;
         scaleout)
-            "$py" bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --output "$d/scaleout.json" ;;
+            "$py" bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget --output "$d/scaleout.json" ;;
     esac
 }
 
@@ -127,22 +178,27 @@ per_test_timeout() {
     fi
 }
 
-# The native reference: bench/native/build/nwt_native when built beforehand (and carried), else built
-# now into a temporary folder with nvcc; nothing (and a note) without either.
+# The native reference: bench/native/build/nwt_native when built beforehand (and carried) and it
+# loads there (its dry run answers), else built now into a temporary folder with nvcc; nothing (and
+# a note) without either.
 native_binary() {
-    local built=bench/native/build/nwt_native tmp
-    if [ -x "$built" ]; then echo "$PWD/$built"; return; fi
+    local built=bench/native/build/nwt_native tmp rc
+    if [ -x "$built" ]; then
+        "$built" bandwidth --dry-run >/dev/null 2>&1 && rc=0 || rc=$?
+        if [ "$rc" -le 3 ]; then echo "$PWD/$built"; return; fi
+        echo "gpu_session: the prebuilt $built does not start here (exit $rc): building it again" >&2
+    fi
     if [ -f bench/native/Makefile ] && command -v make >/dev/null && command -v nvcc >/dev/null; then
         tmp=$(mktemp -d)
         if make -s -C bench/native BUILD="$tmp" >&2; then echo "$tmp/nwt_native"; return; fi
         echo "gpu_session: building bench/native failed (above): the native reference is skipped" >&2
         return
     fi
-    echo "gpu_session: no nvcc and no prebuilt $built: the native reference is skipped" >&2
+    echo "gpu_session: no nvcc (or no bench/native/) and no working prebuilt $built: the native reference is skipped" >&2
 }
 
-# Files a device command returned (DIR/<device>/<step>.tgz, or DIR/<device>/<step>/ when cut off hard)
-# into bench/results/<device>/<step>/.
+# Files a device command returned (DIR/<device>/<step>.tgz, or DIR/<device>/<step>/ from older runs)
+# into bench/results/<device>/<step>/; a step's new files replace its old ones, other steps stay.
 unpack() {
     local src=$1 n=0 dev f name
     [ -d "$src" ] || { say "--unpack: $src is not a folder"; return 2; }
@@ -153,7 +209,7 @@ unpack() {
         mkdir -p "bench/results/$name"
         for f in "$dev"/*.tgz; do
             [ -f "$f" ] || continue
-            rm -rf "bench/results/$name/$(basename "$f" .tgz)"  # a step's new run replaces its old files
+            rm -rf "bench/results/$name/$(basename "$f" .tgz)"
             tar xzf "$f" -C "bench/results/$name" && n=$((n + 1)) && echo "bench/results/$name/$(basename "$f" .tgz)/"
         done
         for f in "$dev"/*/; do
@@ -167,7 +223,10 @@ unpack() {
 
 case "${1:-}" in
     --list)
-        for s in "${STEPS[@]}"; do IFS='|' read -r name secs what <<<"$s"; printf '%-15s %4d s  %s\n' "$name" "$secs" "$what"; done
+        for s in "${STEPS[@]}"; do
+            IFS='|' read -r name secs what <<<"$s"
+            printf '%-15s %4d s  %s\n' "$name" "$(estimate_of "$name")" "$what"
+        done
         exit 0 ;;
     --unpack)
         [ $# -eq 2 ] || { say "usage: --unpack DIR"; exit 2; }
@@ -182,6 +241,13 @@ case "${1:-}" in
         usage >&2; exit 2 ;;
 esac
 
+for v in "$budget" "$grace"; do
+    [[ $v =~ ^[0-9]+$ ]] || { say "GPU_SESSION_SECONDS and GPU_SESSION_KILL_GRACE take whole seconds, got '$v'"; exit 2; }
+done
+if ! [[ $nwt_scale =~ ^(0?\.[0-9]+|1(\.0*)?)$ ]] || awk -v s="$nwt_scale" 'BEGIN { exit !(s < 0.1) }'; then
+    say "GPU_SESSION_NWT_SCALE takes a number from 0.1 to 1, got '$nwt_scale'"
+    exit 2
+fi
 want=()
 for arg in "$@"; do
     if [ "$arg" = all ]; then
@@ -215,8 +281,15 @@ sys.exit(not any(e.name == "cupy_nwt" for e in m.entry_points(group="pytest11"))
     export PYTEST_PLUGINS=cupy_nwt.pytest_plugin
 fi
 
-dest=${OUT:+$OUT/$device}
-dest=${dest:-bench/results/$device}
+# With $OUT, steps work in a scratch folder and only their packed files land under $OUT: a step's
+# many files, or its sub-folders, would break the device's 8 files, two folders down.
+if [ -n "${OUT:-}" ]; then
+    dest=$OUT/$device
+    work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_session.XXXXXX")
+else
+    dest=bench/results/$device
+    work=$dest
+fi
 mkdir -p "$dest"
 status=0
 for step in "${want[@]}"; do
@@ -227,27 +300,34 @@ for step in "${want[@]}"; do
         status=1
         continue
     fi
-    d="$dest/$step"
+    limit=$((2 * estimate < room ? 2 * estimate : room))
+    d="$work/$step"
     rm -rf "$d" "$dest/$step.tgz"
     mkdir -p "$d"
-    echo "== $step (estimate $estimate s, at most $room s here) -> $d" >&2
-    start=$SECONDS
-    GPU_SESSION_STEP_DIR=$d timeout --signal=INT --kill-after="$grace" "$room" bash "$self" --step-body "$step" "$d" 2>&1 \
+    echo "== $step (estimate $estimate s, at most $limit s; $room s left) -> $d" >&2
+    began=$SECONDS
+    GPU_SESSION_STEP_DIR=$d timeout --signal=INT --kill-after="$grace" "$limit" bash "$self" --step-body "$step" "$d" 2>&1 \
         | tee "$d/log.txt"
     rc=${PIPESTATUS[0]}
-    took=$((SECONDS - start))
+    took=$((SECONDS - began))
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-        say "CUT OFF: $step after $took s (past its estimate of $estimate s and the command's time); its files so far are kept"
+        outcome="cut off"
+        say "CUT OFF: $step after $took s (its limit was $limit s: twice its estimate of $estimate s, or the command's time left); its files so far are kept"
         status=1
     elif [ "$rc" -ne 0 ]; then
+        outcome="failed"
         say "FAILED: $step (exit $rc) after $took s"
         status=1
     else
+        outcome="done"
         say "done: $step in $took s"
     fi
+    printf '{"step": "%s", "outcome": "%s", "exit": %d, "seconds": %d, "estimate_s": %d, "limit_s": %d, "started_at_s": %d, "deadline_s": %d}\n' \
+        "$step" "$outcome" "$rc" "$took" "$estimate" "$limit" "$began" "$budget" >"$d/step.json"
     if [ -n "${OUT:-}" ]; then
-        tar czf "$dest/$step.tgz" -C "$dest" "$step" && rm -rf "$d"
+        tar czf "$dest/$step.tgz" -C "$work" "$step" && rm -rf "$d"
     fi
 done
-say "results in $dest$([ -n "${OUT:-}" ] && echo ' (bring them into bench/results/ with: bash bench/gpu_session.sh --unpack FILES_AT)')"
+[ -z "${OUT:-}" ] || rm -rf "$work"
+say "results in $dest$([ -n "${OUT:-}" ] && echo ' (bring them into bench/results/ with: bash bench/gpu_session.sh --unpack FILES_AT)') after $SECONDS s"
 exit $status

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_session.sh"
-STEPS = ["info", "gpu-tests", "gpu-bench", "transfers", "nwt", "gpu-feed", "loader-compare", "scaleout"]
+STEPS = ["info", "transfers", "gpu-tests", "nwt", "gpu-feed", "loader-compare", "scaleout"]  # by importance
 DEVICE = "Fake-GPU-80GB"
 
 STUB = f"""#!/usr/bin/env bash
@@ -40,10 +40,11 @@ exit "${{STUB_EXIT:-0}}"
 
 
 BUDGET, RESERVE = 540, 30  # the script's default seconds a command, less the kill grace and packing
+LEASE_FIRST, LEASE_BOTH = 480, 660  # a 15-minute lease less the machine's start, transfers and hand-back
 
 
 def run(args: list[str], script: Path = SCRIPT, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("GPU_SESSION_") and k != "OUT"}
+    full = {k: v for k, v in os.environ.items() if not k.startswith(("GPU_SESSION_", "STUB_")) and k != "OUT"}
     full.update({"PYTHON": sys.executable, "PYTHONPATH": str(ROOT), **env})
     return subprocess.run(["bash", str(script), *args], capture_output=True, text=True, env=full, timeout=120,
                           cwd=cwd)
@@ -75,17 +76,34 @@ def test_list_names_every_step_with_an_estimate_that_fits_one_command():
     assert all(0 < s <= BUDGET - RESERVE for s in est.values()), est
 
 
-def test_docs_gpu_commands_cover_every_step_within_the_limits():
+def readme_commands() -> list[tuple[int, list[str], int, int]]:
+    """The docs' GPU commands: (GPU_SESSION_SECONDS, steps, the ~seconds it names, the timeout_s it names)."""
     section = (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
-    lines = re.findall(r"^bash bench/gpu_session\.sh ([a-z -]+?)\s+# ~(\d+) s$", section, re.M)
+    lines = re.findall(r"^(?:GPU_SESSION_SECONDS=(\d+) )?bash bench/gpu_session\.sh ([a-z -]+?)\s+"
+                       r"# ~(\d+) s, timeout_s (\d+)$", section, re.M)
+    return [(int(budget or BUDGET), names.split(), int(secs), int(limit)) for budget, names, secs, limit in lines]
+
+
+def test_readme_gpu_commands_cover_every_step_within_the_lease():
+    commands = readme_commands()
     est = estimates()
-    commands = [(names.split(), int(secs)) for names, secs in lines]
-    assert 1 <= len(commands) <= 2  # the whole GPU script in two commands
-    assert sorted(s for names, _ in commands for s in names) == sorted(STEPS)  # each step exactly once
-    for names, secs in commands:
+    assert len(commands) == 2  # the mission in the first, the rest only where the lease has time left
+    assert sorted(s for _, names, _, _ in commands for s in names) == sorted(STEPS)  # each step exactly once
+    assert commands[0][1] == STEPS[:len(commands[0][1])]  # the first runs the most important steps, in order
+    for budget, names, secs, limit in commands:
         assert secs == sum(est[n] for n in names)  # the comment is the sum of the estimates
-        assert secs <= BUDGET - RESERVE  # every step of the command starts, by the script's own rule
-    assert sum(secs for _, secs in commands) <= 25 * 60  # 30 minutes of GPU time, less the machine's starts
+        assert secs + RESERVE < budget  # every step of the command starts, by the script's own rule
+        assert budget < limit <= 600  # the script ends before the device's kill
+    (_, _, first, _), (_, _, second, _) = commands
+    assert first <= LEASE_FIRST and first + second <= LEASE_BOTH
+
+
+def test_the_estimates_fit_the_lease_whatever_the_readme_says():
+    est = estimates()
+    first = ["info", "transfers", "gpu-tests", "nwt", "gpu-feed"]
+    assert sum(est[s] for s in first) <= LEASE_FIRST
+    assert sum(est.values()) <= LEASE_BOTH
+    assert sum(est[s] for s in STEPS if s not in first) <= 180
 
 
 def test_unknown_step_is_exit_2_in_one_line():
@@ -137,9 +155,9 @@ def test_with_out_each_step_comes_back_as_one_packed_file(tree, tmp_path):
     assert len(files) <= 8 and {f.parent for f in files} == {out / DEVICE}
     with tarfile.open(out / DEVICE / "nwt.tgz") as tar:
         names = tar.getnames()
-        assert "nwt/log.txt" in names and "nwt/stub-calls.txt" in names
+        assert "nwt/log.txt" in names and "nwt/stub-calls.txt" in names and "nwt/step.json" in names
         calls = tar.extractfile("nwt/stub-calls.txt").read().decode()
-    assert "-m cupy_nwt reproduce --no-gpu --no-progress --out" in calls
+    assert "-m cupy_nwt reproduce --no-gpu --no-progress --max-workers 16 --iterations 100" in calls
     assert not (script.parent / "results").exists()  # nothing written into the tree when $OUT is set
 
 
@@ -168,7 +186,7 @@ def test_a_step_past_its_time_is_cut_off_packed_and_the_rest_not_started(tree, t
     script, stub = tree
     out = tmp_path / "out"
     out.mkdir()
-    # gpu-tests is taken to need 1 s; with 15 s and a 1-s grace it gets 4 s, and the stub sleeps 60
+    # gpu-tests is taken to need 1 s, so it may run 2 s (twice that), and the stub sleeps 60
     proc = run(["gpu-tests", "transfers"], script, PYTHON=stub, OUT=str(out), STUB_SLEEP="60",
                GPU_SESSION_SECONDS="15", GPU_SESSION_KILL_GRACE="1", GPU_SESSION_ESTIMATES="gpu-tests=1")
     assert proc.returncode == 1
@@ -185,7 +203,7 @@ def test_a_step_whose_estimate_does_not_fit_is_not_started_and_later_ones_that_f
     out.mkdir()
     proc = run(["nwt", "info"], script, PYTHON=stub, OUT=str(out), GPU_SESSION_SECONDS="60")  # 30 s to start steps
     assert proc.returncode == 1
-    assert "NOT STARTED: nwt (estimate 250 s" in proc.stderr and "done: info" in proc.stderr
+    assert "NOT STARTED: nwt (estimate 220 s" in proc.stderr and "done: info" in proc.stderr
     assert [f.name for f in _returned(out)] == ["info.tgz"]
 
 
@@ -200,10 +218,11 @@ def test_the_deadline_counts_from_the_scripts_start_the_probe_included(tree, tmp
 
 def test_gpu_tests_get_a_per_test_timeout_where_pytest_timeout_is_installed(tree, tmp_path):
     script, stub = tree
-    assert run(["gpu-tests", "gpu-bench"], script, PYTHON=stub).returncode == 0
+    assert run(["gpu-tests"], script, PYTHON=stub).returncode == 0
     results = script.parent / "results" / DEVICE
-    for step in ("gpu-tests", "gpu-bench"):
-        assert "--timeout=120" in (results / step / "stub-calls.txt").read_text()
+    calls = (results / "gpu-tests" / "stub-calls.txt").read_text()
+    assert "-m pytest -m gpu" in calls and " tests bench " in calls and "--timeout=60" in calls
+    assert f"--benchmark-json={results.relative_to(script.parent.parent)}/gpu-tests/benchmark.json" in calls
     proc = run(["gpu-tests"], script, PYTHON=stub, STUB_NO_TIMEOUT="1")
     assert proc.returncode == 0 and "pytest-timeout is not installed" in proc.stdout  # in the step's log.txt
     assert "--timeout" not in (results / "gpu-tests" / "stub-calls.txt").read_text()
@@ -225,6 +244,7 @@ def test_transfers_runs_the_native_reference_beside_cupy_nwt_and_reports_the_sha
     step = script.parent / "results" / DEVICE / "transfers"
     calls = (step / "stub-calls.txt").read_text().splitlines()
     assert [c.split()[:3] for c in calls] == [["-m", "cupy_nwt", "bandwidth"], ["-m", "cupy_nwt", "overlap"],
+                                              ["native", "bandwidth", "--dry-run"],  # does it start here?
                                               ["native", "bandwidth"], ["native", "overlap"],
                                               ["bench/native_report.py", str(step.relative_to(script.parent.parent))]]
     assert json.loads((step / "native-overlap.json").read_text())["source"] == "native"
@@ -250,13 +270,83 @@ def test_unpack_brings_packed_and_cut_off_steps_into_bench_results(tree, tmp_pat
     script, stub = tree
     out = tmp_path / "out"
     out.mkdir()
-    assert run(["info", "gpu-bench"], script, PYTHON=stub, OUT=str(out)).returncode == 0
+    assert run(["info", "gpu-tests"], script, PYTHON=stub, OUT=str(out)).returncode == 0
     hard = out / DEVICE / "nwt"  # a command killed before it could pack: the step's folder came back
     hard.mkdir()
     (hard / "log.txt").write_text("partial\n")
     proc = run(["--unpack", str(out)], script)
     assert proc.returncode == 0, proc.stderr
     results = script.parent / "results" / DEVICE
-    assert sorted(p.name for p in results.iterdir()) == ["gpu-bench", "info", "nwt"]
+    assert sorted(p.name for p in results.iterdir()) == ["gpu-tests", "info", "nwt"]
     assert (results / "info" / "stub-calls.txt").is_file() and (results / "nwt" / "log.txt").read_text() == "partial\n"
     assert run(["--unpack", str(tmp_path / "empty")], script).returncode == 2
+
+
+def test_the_readme_first_command_runs_dry_within_the_device_limits(tree, tmp_path):
+    """The first command as docs/gpu.md names it, with a stand-in interpreter that names a GPU and
+    returns at once: every step runs, and what lands under $OUT is what the device brings back."""
+    script, stub = tree
+    out, scratch = tmp_path / "out", tmp_path / "tmp"
+    out.mkdir()
+    scratch.mkdir()
+    budget, names, _, _ = readme_commands()[0]
+    proc = run(names, script, PYTHON=stub, OUT=str(out), TMPDIR=str(scratch), GPU_SESSION_SECONDS=str(budget))
+    assert proc.returncode == 0, proc.stderr
+    assert [ln.split()[2] for ln in proc.stderr.splitlines() if ln.startswith("gpu_session: done:")] == names
+    files = _returned(out)  # plain names, at most two folders down
+    assert len(files) <= 8 and sorted(f.name for f in files) == sorted(f"{n}.tgz" for n in names)
+    assert list(scratch.iterdir()) == []  # the steps' working folders are gone once packed
+    for name in names:
+        with tarfile.open(out / DEVICE / f"{name}.tgz") as tar:
+            step = json.loads(tar.extractfile(f"{name}/step.json").read())
+            assert step["outcome"] == "done" and step["estimate_s"] == estimates()[name] and step["seconds"] >= 0
+            assert f"{name}/log.txt" in tar.getnames()
+    with tarfile.open(out / DEVICE / "nwt.tgz") as tar:
+        scale = json.loads(tar.extractfile("nwt/scale.json").read())
+    assert scale["scale"] == 1 and scale["arguments"].startswith("--iterations 100 --compare-iterations 50")
+
+
+def test_a_step_that_no_longer_fits_after_the_earlier_ones_is_not_started(tree, tmp_path):
+    """The deadline counts from the script's start: time the earlier steps took is gone for the later ones."""
+    script, stub = tree
+    out = tmp_path / "out"
+    out.mkdir()
+    # 45 s less the 11-s reserve (1-s grace + packing): 34 s, room for transfers' 30 before info's ~6
+    proc = run(["info", "transfers"], script, PYTHON=stub, OUT=str(out), STUB_SLEEP="2",
+               GPU_SESSION_SECONDS="45", GPU_SESSION_KILL_GRACE="1", GPU_SESSION_ESTIMATES="info=8,transfers=30")
+    assert proc.returncode == 1
+    assert "done: info" in proc.stderr
+    m = re.search(r"NOT STARTED: transfers \(estimate 30 s, (\d+) s left", proc.stderr)
+    assert m and int(m.group(1)) < 30, proc.stderr
+    assert [f.name for f in _returned(out)] == ["info.tgz"]
+
+
+def test_the_nwt_scale_scales_its_batches_and_estimate_and_is_written_beside_its_results(tree):
+    script, stub = tree
+    listed = run(["--list"], GPU_SESSION_NWT_SCALE="0.5").stdout
+    assert re.search(r"^nwt\s+170 s ", listed, re.M)  # 120 s whatever the scale + 100 s of batches at half
+    assert run(["nwt"], script, PYTHON=stub, GPU_SESSION_NWT_SCALE="0.5").returncode == 0
+    step = script.parent / "results" / DEVICE / "nwt"
+    assert "--iterations 50 --compare-iterations 25 --compare-repeats 3" in (step / "stub-calls.txt").read_text()
+    scale = json.loads((step / "scale.json").read_text())
+    assert scale["scale"] == 0.5 and scale["estimate_s"] == 170
+    assert json.loads((step / "step.json").read_text())["estimate_s"] == 170
+
+
+@pytest.mark.parametrize("env", [{"GPU_SESSION_NWT_SCALE": "2"}, {"GPU_SESSION_NWT_SCALE": "0.05"},
+                                 {"GPU_SESSION_NWT_SCALE": "half"}, {"GPU_SESSION_SECONDS": "9m"}])
+def test_bad_settings_are_exit_2_in_one_line(tree, env):
+    script, stub = tree
+    proc = run(["info"], script, PYTHON=stub, **env)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == ""
+
+
+def test_a_prebuilt_native_reference_that_does_not_start_is_built_again(tree):
+    script, stub = tree
+    native = script.parent / "native" / "build" / "nwt_native"
+    native.parent.mkdir(parents=True)
+    native.write_text("#!/bin/sh\nexit 127\n")  # as a binary whose libraries the machine lacks
+    native.chmod(0o755)
+    proc = run(["transfers"], script, PYTHON=stub)  # the copied tree has no bench/native/ to build it from
+    assert proc.returncode == 0
+    assert "does not start here (exit 127)" in proc.stdout and "the native reference is skipped" in proc.stdout
