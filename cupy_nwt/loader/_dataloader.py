@@ -351,7 +351,7 @@ class DataLoader(Generic[T_co]):
             self._close_active()
         start, self._resume = self._resume, None
         it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch,
-                                start if start is not None and start["epoch"] == self._epoch else None, shared)
+                                start if start is not None and start["epoch"] == self._epoch else None, shared, self)
         self._epoch += 1
         self._last = it.state
         self._runtime.events.began(self._epoch - 1)

@@ -60,11 +60,15 @@ class Epoch(Iterator[T_co]):
     ``next()`` goes on with the following batch, as PyTorch's iterator does; any other error ends it.
 
     ``start`` is a loaded state this epoch resumes from; ``shared``: it runs on the runtime's shared
-    stage (persistent workers, or the GPU path), else on a stage of its own.
+    stage (persistent workers, or the GPU path), else on a stage of its own. ``owner`` (the loader)
+    is kept alive while the iterator is, as PyTorch's iterator keeps its loader: the loader's
+    finalizer, which frees persistent workers and their ring, runs once the last of the two goes,
+    and never under a running epoch. A dropped iterator ends its epoch first (``__del__``).
     """
 
     def __init__(self, options: Options, runtime: Runtime, epoch: int, start: Mapping[str, Any] | None,
-                 shared: bool) -> None:
+                 shared: bool, owner: object = None) -> None:
+        self._owner = owner
         self._options = options
         self._state = EpochState(kind_of(options), epoch, start)
         self._events, self._clock, self._pids = runtime.events, runtime.clock, runtime.worker_pids
@@ -117,6 +121,11 @@ class Epoch(Iterator[T_co]):
     def close(self) -> None:
         """End this epoch now: its workers stop (unless persistent) and its slots are given back."""
         self._steps.close()
+
+    def __del__(self) -> None:
+        steps = getattr(self, "_steps", None)  # absent when __init__ failed
+        if steps is not None:
+            steps.close()  # before the owner goes, whose finalizer may then free the shared stage
 
 
 def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) -> Generator[Any, None, None]:

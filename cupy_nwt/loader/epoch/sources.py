@@ -59,7 +59,7 @@ class BatchSource(Protocol):
 def inline_error(exc: Exception, maker: BatchMaker, batch_index: int) -> LoaderError:
     """A batch made in the main process failed: the same error a worker would report, chained directly."""
     report = ErrorReport.from_exception(exc, maker.failed_index(exc), keep_object=False)
-    err = make_worker_error(report, worker_id=None, pid=os.getpid(), batch_index=batch_index)
+    err = make_worker_error(report, worker_id=None, pid=os.getpid(), batch_index=batch_index, original=type(exc))
     err.__cause__ = exc
     return err
 

@@ -31,7 +31,7 @@ from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: the
     unflatten,
 )
 
-Indices = Sequence[int] | np.ndarray | None  # the samples' dataset indices, for messages; None: a stream's
+Indices = Sequence[Any] | np.ndarray | None  # the samples' dataset keys, for messages; None: a stream's
 
 
 def as_leaf(value: Any) -> np.ndarray:
@@ -55,12 +55,15 @@ def _is_text(value: Any) -> bool:
     return isinstance(value, (str, bytes))
 
 
-def _where(indices: Indices, row: int) -> tuple[str, int | None]:
-    """How a message names sample ``row`` of a batch, and its dataset index if it has one."""
+def _where(indices: Indices, row: int) -> tuple[str, Any]:
+    """How a message names sample ``row`` of a batch, and its dataset key if it has one."""
     if indices is None:
         return f"sample {row} of the batch", None
-    index = int(indices[row])
-    return f"sample index {index}", index
+    index = indices[row]
+    if isinstance(index, (int, np.integer)):
+        index = int(index)
+        return f"sample index {index}", index
+    return f"sample index {index!r}", index
 
 
 def collate_into(samples: Sequence[Any], indices: Indices, treedef: Treedef, out: Sequence[np.ndarray]) -> list[list[Any]]:
