@@ -13,7 +13,6 @@ import threading
 import time
 
 import numpy as np
-import pytest
 
 import cupy_nwt
 from cupy_nwt.loader.ring.ring import NAME_PREFIX, SHM_DIR

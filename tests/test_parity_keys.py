@@ -235,3 +235,36 @@ def test_except_worker_error_still_catches_every_failure():
         except cupy_nwt.WorkerError as err:
             caught.append(type(err))
     assert caught[0] is caught[1] and issubclass(caught[0], KeyError)
+
+
+# -- an iterable dataset longer than its __len__
+
+
+class LongerThanSaid(tud.IterableDataset if tud is not None else object):  # type: ignore[misc]
+    """Says 3, yields 6 (every worker's replica yields them all)."""
+
+    def __len__(self) -> int:
+        return 3
+
+    def __iter__(self):
+        return iter(range(6))
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_an_iterable_longer_than_its_len_warns_once_after_len_was_asked(backend, num_workers):
+    import warnings  # noqa: PLC0415
+
+    loader = backend(LongerThanSaid(), batch_size=None, num_workers=num_workers)
+    with warnings.catch_warnings(record=True) as before:
+        warnings.simplefilter("always")
+        assert len(list(loader)) == 6
+    assert not [w for w in before if "was reported to be" in str(w.message)], "no warning before len(loader)"
+    assert len(loader) == 3
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert len(list(loader)) == 6
+    said = [str(w.message) for w in caught if "was reported to be" in str(w.message)]
+    assert said and said[0].startswith("Length of IterableDataset ") and "but 4 samples have been fetched" in said[0]
+    assert ("For multiprocessing data-loading" in said[0]) == (num_workers > 0)
+    if not is_torch(backend):
+        assert len(said) == 1 and "cupy_nwt: warned once per epoch" in said[0]

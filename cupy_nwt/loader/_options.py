@@ -28,6 +28,7 @@ from .tuning.online import Tuning, check_tuning
 from .workers.kinds import WORKER_TYPES, check_worker_type, kind
 from .workers.maker import BatchMaker
 from .workers.pool import WorkerKind
+from .workers.torch_workers import is_iter_datapipe, with_shuffle_settings
 
 _log = logging.getLogger(__name__)
 
@@ -79,8 +80,9 @@ class Options:
     def maker(self) -> BatchMaker:
         """What makes this loader's batches (in a worker, or in the main process)."""
         s = self.sampling
+        pipe = (self.seed, s.rank, s.world_size) if is_iter_datapipe(self.dataset) else None
         return BatchMaker(self.dataset, self.collate_fn, self.batch_transform, batched=s.batched,
-                          batch_size=s.batch_size, drop_last=s.drop_last)
+                          batch_size=s.batch_size, drop_last=s.drop_last, pipe=pipe)
 
     def with_context(self, multiprocessing_context: Any) -> Options:
         """These options with another ``multiprocessing_context`` (checked as at construction)."""
@@ -118,6 +120,8 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     check_pin_memory(pin_memory, pin_memory_device, device, stacklevel=4)
     output = check_output(output, device)
     seed = agreed_seed(layout) if seed is None else seed
+    if shuffle is not None and is_iter_datapipe(dataset):  # torch applies it to the pipe's shufflers
+        dataset, shuffle = with_shuffle_settings(dataset, shuffle), None
     sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, seed, layout.rank,
                                 layout.world_size)
     tuning = check_tuning(autotune, cpu_budget, memory_budget, num_workers=num_workers,

@@ -23,6 +23,7 @@ from ..ring.collate import collate, collate_into
 from ..ring.ring import SlotLayout
 from ..ring.tree import split
 from .messages import ErrorReport
+from .torch_workers import prepare_datapipe
 
 Keys = np.ndarray | Sequence[Any]  # a task's sample keys (``Indices`` without None)
 
@@ -56,13 +57,15 @@ class BatchMaker:
     """
 
     def __init__(self, dataset: Any, collate_fn: Callable | None, batch_transform: Callable | None, *,
-                 batched: bool = True, batch_size: int | None = None, drop_last: bool = False) -> None:
+                 batched: bool = True, batch_size: int | None = None, drop_last: bool = False,
+                 pipe: tuple[int, int, int] | None = None) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.batch_transform = batch_transform
         self.batched = batched
         self.batch_size = batch_size
         self.drop_last = drop_last
+        self.pipe = pipe  # a torch IterDataPipe's (seed, rank, world_size): sharded and seeded as each epoch opens
         self.current: Any = None  # the key being fetched
         self.times = StageTimes()  # the last batch's seconds in each stage
         self._stream: Iterator[Any] | None = None
@@ -118,6 +121,8 @@ class BatchMaker:
         set_epoch = getattr(self.dataset, "set_epoch", None)
         if epoch is not None and callable(set_epoch):
             set_epoch(epoch)
+        if epoch is not None and self.pipe is not None:
+            prepare_datapipe(self.dataset, self.pipe[0], epoch, self.pipe[1], self.pipe[2])
         if state is not None:
             self.dataset.load_state_dict(state)
         self._stream = iter(self.dataset)
