@@ -311,6 +311,7 @@ class WorkerSource(BatchSource):
             if now >= deadline:
                 want = f"batch {self.next_deliver}" if self.in_order else "any batch"
                 raise LoaderTimeoutError(
+                    f"DataLoader timed out after {self.timeout:g} seconds. cupy_nwt: "
                     f"no batch from the workers within timeout={self.timeout} s (waiting for {want} of "
                     f"epoch {self.epoch}): {self.workers.stuck_hint()}"
                 )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import BatchLayoutError
-from .frameworks import framework_of
+from .frameworks import framework_of, refuse_uncollatable
 from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: their old import path
     LEAF,
     OBJ,
@@ -182,6 +182,8 @@ def batch_structure(sample: Any, index_text: str = "the first sample", index: in
     """
     leaves, td = flatten(sample)
     framework = next((f for f in map(framework_of, leaves) if f is not None), None)
+    if framework == "torch":
+        refuse_uncollatable(leaves, index_text)
     kinds = iter(["obj" if _is_text(x) else "leaf" for x in leaves])
     firsts = []
     for x in leaves:
