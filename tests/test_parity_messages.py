@@ -118,15 +118,16 @@ except RuntimeError as exc:
 def test_a_worker_killed_by_a_signal(backend):
     if is_torch(backend):  # in a child: torch's SIGCHLD handler would raise again later in this session
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
-        text = subprocess.run([sys.executable, "-c", TORCH_KILLED], capture_output=True, text=True, env=env,
-                              timeout=120).stdout
+        run = subprocess.run([sys.executable, "-c", TORCH_KILLED], capture_output=True, text=True, env=env, timeout=120)
+        text = run.stdout + run.stderr  # torch's handler may raise outside the try: its traceback then
     else:
         with pytest.raises(RuntimeError) as ei:
             list(backend(KilledAt2(), batch_size=1, num_workers=1))
         text = str(ei.value)
     found = re.match(r"DataLoader worker \(pid (\d+)\) is killed by signal: Killed\.", text)
     if is_torch(backend):  # torch's SIGCHLD handler says it, unless its periodic check of the workers comes first
-        assert found is not None or re.match(r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly", text), text
+        assert re.search(r"DataLoader worker \(pid(\(s\))? \d+\) (is killed by signal: Killed\.|exited unexpectedly)",
+                         text), text
         return
     assert found is not None, text
     if not is_torch(backend):
