@@ -422,10 +422,10 @@ def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
 
     if isinstance(exc, cuda.NoGPUError):
         return EXIT_NO_GPU, str(exc)
+    if isinstance(exc, WorkerError):  # before DataError: it may be one too (the dataset's own type)
+        return EXIT_BAD_DATA, f"bad data: {_loading_failure(exc, args)}"
     if isinstance(exc, DataError):
         return EXIT_BAD_DATA, f"bad data: {_with_index(_first_line(exc), getattr(exc, 'sample_index', None))}"
-    if isinstance(exc, WorkerError):
-        return EXIT_BAD_DATA, f"bad data: {_loading_failure(exc, args)}"
     if isinstance(exc, (WorkerDiedError, LoaderTimeoutError)):
         return EXIT_WORKER, f"loader worker failed: {_first_line(exc)}"
     if isinstance(exc, LoaderError):  # e.g. ShmSpaceError: no room in /dev/shm for the ring

@@ -5,12 +5,17 @@ Each class also keeps the builtin base it always had (``ValueError``, ``RuntimeE
 ``except CupyNwtError`` catches everything of ours. The modules that raise them import them from
 here (and keep the old names importable: ``cupy_nwt.loader.ring.collate.BatchLayoutError`` and so on).
 
+Every class can be built from a message alone (``Cls("message")``) and survives a pickle round trip
+with its type, message and fields (the default ``(type, args, __dict__)`` reduction), so an error
+crosses a ``multiprocessing.Pool``, a Ray task or any harness that forwards exceptions as itself.
+
 This module imports nothing heavy: ``cuda`` and the worker processes import it.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 from typing import Any
 
@@ -34,12 +39,9 @@ class LayoutError(CupyNwtError, ValueError):
 class BatchLayoutError(CupyNwtError, ValueError):
     """A sample or batch does not fit the batch layout; ``sample_index`` names the sample if known."""
 
-    def __init__(self, message: str, sample_index: int | None = None) -> None:
+    def __init__(self, message: str, sample_index: Any = None) -> None:
         super().__init__(message)
         self.sample_index = sample_index
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.args[0], self.sample_index))
 
 
 class DataError(CupyNwtError, ValueError):
@@ -52,12 +54,9 @@ class CorruptImageError(DataError):
     ``sample_index`` is the dataset index of that image when the dataset knows it.
     """
 
-    def __init__(self, message: str, sample_index: int | None = None) -> None:
+    def __init__(self, message: str, sample_index: Any = None) -> None:
         super().__init__(message)
         self.sample_index = sample_index
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.args[0], self.sample_index))
 
 
 class DamagedArchiveError(DataError):
@@ -67,24 +66,26 @@ class DamagedArchiveError(DataError):
     stream, of the compressed file).
     """
 
-    def __init__(self, path: str | os.PathLike, offset: int, problem: str) -> None:
+    def __init__(self, path: str | os.PathLike, offset: int | None = None, problem: str | None = None) -> None:
+        if offset is None and problem is None:  # built from a message alone: no fields known
+            super().__init__(str(path))
+            self.path, self.offset, self.problem = None, None, None
+            return
         super().__init__(f"{path}: damaged archive at byte offset {offset}: {problem}")
         self.path, self.offset, self.problem = str(path), offset, problem
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.path, self.offset, self.problem))
 
 
 class DataFileError(DataError):
     """A data file that cannot be read as what its name says: empty, cut short, not that format, or
     holding Python objects (which only unpickling could read). Names the file and what is wrong."""
 
-    def __init__(self, path: str | os.PathLike, problem: str) -> None:
+    def __init__(self, path: str | os.PathLike, problem: str | None = None) -> None:
+        if problem is None:  # built from a message alone: no fields known
+            super().__init__(str(path))
+            self.path, self.problem = None, None
+            return
         super().__init__(f"{path}: {problem}")
         self.path, self.problem = str(path), problem
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.path, self.problem))
 
 
 class StateError(CupyNwtError, ValueError):
@@ -96,9 +97,6 @@ class StateError(CupyNwtError, ValueError):
     def __init__(self, message: str, field: str | None = None, value: Any = None) -> None:
         super().__init__(message)
         self.field, self.value = field, value
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.args[0], self.field, self.value))
 
 
 class LoaderError(CupyNwtError, RuntimeError):
@@ -115,24 +113,89 @@ class WorkerError(LoaderError):
     Carries the batch, the dataset index being fetched when it happened (``None`` when the error
     came from collate / transform or ``__getitems__``), the original exception type and the full
     traceback text from where it was raised. ``__cause__`` is the original exception when it could
-    be pickled back.
+    be pickled back. The loader raises it as the original type too where that type can be built
+    from a message (``as_worker_error``): ``except KeyError`` catches it, as with PyTorch.
     """
 
-    def __init__(self, message: str, *, worker_id: int | None, pid: int, batch_index: int | None,
-                 sample_index: int | None, exc_type: str, traceback_text: str) -> None:
+    def __init__(self, message: str, *, worker_id: int | None = None, pid: int | None = None,
+                 batch_index: int | None = None, sample_index: Any = None, exc_type: str = "",
+                 traceback_text: str = "") -> None:
         super().__init__(message)
-        self.worker_id = worker_id
-        self.pid = pid
-        self.batch_index = batch_index
-        self.sample_index = sample_index
-        self.exc_type = exc_type
-        self.traceback_text = traceback_text
+        _fill(self, worker_id=worker_id, pid=pid, batch_index=batch_index, sample_index=sample_index,
+              exc_type=exc_type, traceback_text=traceback_text)
+
+
+def _fill(err: BaseException, **fields: Any) -> None:
+    for name, value in fields.items():
+        setattr(err, name, value)
+
+
+class _KeyErrorMessage(str):
+    """A ``KeyError`` prints ``repr`` of its argument; this text prints as itself (multi-line, unquoted)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+# Raising these from ``__next__`` would end the caller's loop instead of reporting the failure.
+_NEVER_AS = (StopIteration, StopAsyncIteration)
+_DUAL: dict[type, type] = {}
+
+
+def _dual_class(original: type) -> type | None:
+    """A subclass of both ``original`` and ``WorkerError`` (one per original type), or None where
+    the two cannot be combined (an incompatible layout, or a type that must not be raised this way)."""
+    if (not isinstance(original, type) or not issubclass(original, Exception) or issubclass(original, WorkerError)
+            or issubclass(original, _NEVER_AS)):
+        return None
+    if original not in _DUAL:
+        try:
+            dual = type(original.__name__, (original, WorkerError), {"__reduce__": _reduce_dual,
+                                                                     "__module__": original.__module__})
+            dual.__qualname__ = original.__qualname__
+        except TypeError:
+            return None
+        _DUAL[original] = dual
+    return _DUAL[original]
+
+
+def as_worker_error(original: type | None, message: str, **fields: Any) -> WorkerError:
+    """A ``WorkerError`` for a failed batch that is also an instance of ``original`` (the dataset's own
+    exception type) when that type can be built from ``message`` alone, as PyTorch requires of it
+    too; a plain ``WorkerError`` otherwise. ``fields`` are ``WorkerError``'s."""
+    dual = _dual_class(original) if original is not None else None
+    if dual is not None:
+        try:
+            err = dual(_KeyErrorMessage(message) if issubclass(dual, KeyError) else message)
+        except Exception:  # noqa: BLE001 - its __init__ wants more than a message: the plain type
+            err = None
+        if err is not None:
+            _fill(err, **fields)
+            return err
+    return WorkerError(message, **fields)
+
+
+def _rebuild_worker_error(original: type | None, message: str) -> WorkerError:
+    return as_worker_error(original, message)
+
+
+def _reduce_dual(self: WorkerError) -> tuple[Any, ...]:
+    """Pickled as (original type, message) and rebuilt the same way; as a plain ``WorkerError`` where the
+    original type cannot be pickled by reference (a class defined inside a function)."""
+    original: type | None = next(c for c in type(self).__mro__[1:] if c in _DUAL)
+    try:
+        pickle.dumps(original)
+    except Exception:  # noqa: BLE001 - only a reference to an importable class travels
+        original = None
+    message = str(self.args[0]) if self.args else str(self)
+    return (_rebuild_worker_error, (original, message), dict(vars(self)))
 
 
 class WorkerDiedError(LoaderError):
     """A worker process ended without being asked to (a signal, ``os._exit``, a native crash)."""
 
-    def __init__(self, message: str, *, worker_id: int, pid: int, exitcode: int | None) -> None:
+    def __init__(self, message: str, *, worker_id: int | None = None, pid: int | None = None,
+                 exitcode: int | None = None) -> None:
         super().__init__(message)
         self.worker_id = worker_id
         self.pid = pid

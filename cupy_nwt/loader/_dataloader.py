@@ -150,6 +150,7 @@ class DataLoader(Generic[T_co]):
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iteration
         self._active: weakref.ref | None = None  # the shared stage's epoch (a new one ends it)
         self._last: EpochState | None = None  # the newest epoch's bookkeeping: what state_dict() describes
+        self._reported_len: int | None = None  # an iterable dataset's len() when len(loader) was asked
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -340,7 +341,10 @@ class DataLoader(Generic[T_co]):
         return self._runtime.stats(self._options, progress.epoch, progress.delivered)
 
     def __len__(self) -> int:
-        return self._options.sampling.length(self.dataset)
+        length = self._options.sampling.length(self.dataset)
+        if self._options.sampling.kind == "iterable":  # later iterations warn past it, as PyTorch's do
+            self._reported_len = len(self.dataset)
+        return length
 
     def __iter__(self) -> Iterator[T_co]:
         if not self._finalizer.alive:
@@ -351,7 +355,8 @@ class DataLoader(Generic[T_co]):
             self._close_active()
         start, self._resume = self._resume, None
         it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch,
-                                start if start is not None and start["epoch"] == self._epoch else None, shared)
+                                start if start is not None and start["epoch"] == self._epoch else None, shared, self,
+                                self._reported_len)
         self._epoch += 1
         self._last = it.state
         self._runtime.events.began(self._epoch - 1)

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import system
 from .._checks import check_int, check_number
+from ..errors import ArgumentError
 from ..ranks import RankLayout, agree, rank_layout
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
@@ -28,6 +29,7 @@ from .tuning.online import Tuning, check_tuning
 from .workers.kinds import WORKER_TYPES, check_worker_type, kind
 from .workers.maker import BatchMaker
 from .workers.pool import WorkerKind
+from .workers.torch_workers import is_iter_datapipe, with_shuffle_settings
 
 _log = logging.getLogger(__name__)
 
@@ -79,8 +81,9 @@ class Options:
     def maker(self) -> BatchMaker:
         """What makes this loader's batches (in a worker, or in the main process)."""
         s = self.sampling
+        pipe = (self.seed, s.rank, s.world_size) if is_iter_datapipe(self.dataset) else None
         return BatchMaker(self.dataset, self.collate_fn, self.batch_transform, batched=s.batched,
-                          batch_size=s.batch_size, drop_last=s.drop_last)
+                          batch_size=s.batch_size, drop_last=s.drop_last, pipe=pipe)
 
     def with_context(self, multiprocessing_context: Any) -> Options:
         """These options with another ``multiprocessing_context`` (checked as at construction)."""
@@ -107,6 +110,9 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
         if fn is not None and not callable(fn):
             raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
+    if isinstance(num_workers, (int, np.integer)) and not isinstance(num_workers, bool) and num_workers < 0:
+        raise ArgumentError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing. "
+                            f"cupy_nwt: got {num_workers}; num_workers='auto' picks a count for this machine")
     if num_workers != "auto":
         num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
     context = resolve_context(multiprocessing_context, start_method, num_workers if isinstance(num_workers, int) else 1)
@@ -118,6 +124,8 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     check_pin_memory(pin_memory, pin_memory_device, device, stacklevel=4)
     output = check_output(output, device)
     seed = agreed_seed(layout) if seed is None else seed
+    if shuffle is not None and is_iter_datapipe(dataset):  # torch applies it to the pipe's shufflers
+        dataset, shuffle = with_shuffle_settings(dataset, shuffle), None
     sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, seed, layout.rank,
                                 layout.world_size)
     tuning = check_tuning(autotune, cpu_budget, memory_budget, num_workers=num_workers,
@@ -195,8 +203,12 @@ def warn_if_too_many_workers(num_workers: int, stacklevel: int = 3) -> None:
     """A UserWarning, as PyTorch gives, when there are more workers than CPUs this process may use."""
     cpus = system.usable_cpus()
     if num_workers > cpus:
-        warnings.warn(f"this DataLoader will start {num_workers} worker processes, more than the {cpus} CPUs this "
-                      "process may use: the workers will share them, which is slower and may even stall; "
+        warnings.warn(f"This DataLoader will create {num_workers} worker processes in total. Our suggested max number "
+                      f"of worker in current system is {cpus}, which is smaller than what this DataLoader is going to "
+                      "create. Please be aware that excessive worker creation might get DataLoader running slow or "
+                      "even freeze, lower the worker number to avoid potential slowness/freeze if necessary. "
+                      f"cupy_nwt: this DataLoader will start {num_workers} worker processes, more than the {cpus} CPUs "
+                      "this process may use: the workers will share them, which is slower and may even stall; "
                       f"num_workers={cpus} or fewer avoids that", UserWarning, stacklevel=stacklevel)
 
 

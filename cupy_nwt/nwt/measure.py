@@ -85,7 +85,7 @@ class LoaderMeasure:
     def _loader(self, workers: int) -> DataLoader:
         # rank 0 of 1 explicitly: under a launcher a trial measures one loader, not a shard of the data
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="this DataLoader will start", category=UserWarning)
+            warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
             return DataLoader(
                 self.dataset, batch_size=self.batch_size, shuffle=True, seed=self.seed, drop_last=True,
                 num_workers=workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,

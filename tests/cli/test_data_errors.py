@@ -163,7 +163,8 @@ def test_one_corrupt_image_among_140_read_by_a_worker(tmp_path, capsys):
     line = _one_line(err)
     assert str(root / f"c{file_i % 3}" / f"{file_i:04d}.png") in line and f"(sample {target})" in line
     code, err = _tune(root, capsys, "--debug")
-    assert code == cli.EXIT_BAD_DATA and "WorkerError: loader worker" in err, "not the worker path"
+    # raised as the dataset's own type (and a WorkerError), with the worker's message
+    assert code == cli.EXIT_BAD_DATA and "CorruptImageError: loader worker" in err, "not the worker path"
     assert err.splitlines()[-1] == line.rstrip("\n")
 
 

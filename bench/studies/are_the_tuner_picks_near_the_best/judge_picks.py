@@ -144,7 +144,7 @@ def measure_rounds(workload: dict[str, Any], rounds: int, iterations: int, progr
     from cupy_nwt.nwt.measure import LoaderMeasure, interleaved_rates  # noqa: PLC0415 - with the loader
     from cupy_nwt.transforms import CifarTrainTransform  # noqa: PLC0415
 
-    warnings.filterwarnings("ignore", message="this DataLoader will start")  # oversubscribing is the point here
+    warnings.filterwarnings("ignore", message="This DataLoader will create")  # oversubscribing is the point here
     dataset = SyntheticCIFAR10(n=workload["synthetic_n"], progress=progress)
     measure = LoaderMeasure(dataset, batch_size=workload["batch_size"], device=workload["device"],
                             batch_transform=CifarTrainTransform())

@@ -11,6 +11,7 @@ the first batch fixes the layout, the prefetcher on the GPU.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -60,15 +61,22 @@ class Epoch(Iterator[T_co]):
     ``next()`` goes on with the following batch, as PyTorch's iterator does; any other error ends it.
 
     ``start`` is a loaded state this epoch resumes from; ``shared``: it runs on the runtime's shared
-    stage (persistent workers, or the GPU path), else on a stage of its own.
+    stage (persistent workers, or the GPU path), else on a stage of its own. ``owner`` (the loader)
+    is kept alive while the iterator is, as PyTorch's iterator keeps its loader: the loader's
+    finalizer, which frees persistent workers and their ring, runs once the last of the two goes,
+    and never under a running epoch. A dropped iterator ends its epoch first (``__del__``).
     """
 
     def __init__(self, options: Options, runtime: Runtime, epoch: int, start: Mapping[str, Any] | None,
-                 shared: bool) -> None:
+                 shared: bool, owner: object = None, reported_len: int | None = None) -> None:
+        self._owner = owner
         self._options = options
         self._state = EpochState(kind_of(options), epoch, start)
         self._events, self._clock, self._pids = runtime.events, runtime.clock, runtime.worker_pids
-        self._steps = _steps(options, runtime, self._state, shared)  # holds the state, never this iterator
+        steps = _steps(options, runtime, self._state, shared)  # holds the state, never this iterator
+        if reported_len is not None:
+            steps = _past_length(steps, reported_len, options)
+        self._steps = steps
 
     @property
     def delivered(self) -> int:
@@ -117,6 +125,39 @@ class Epoch(Iterator[T_co]):
     def close(self) -> None:
         """End this epoch now: its workers stop (unless persistent) and its slots are given back."""
         self._steps.close()
+
+    def __del__(self) -> None:
+        steps = getattr(self, "_steps", None)  # absent when __init__ failed
+        if steps is not None:
+            steps.close()  # before the owner goes, whose finalizer may then free the shared stage
+
+
+def length_warning(dataset: Any, reported: int, fetched: int, workers: int) -> str:
+    """PyTorch's warning for an iterable dataset that yields more than its ``__len__`` said, then ours."""
+    text = (f"Length of IterableDataset {dataset} was reported to be {reported}(when accessing len(dataloader)), "
+            f"but {fetched} samples have been fetched. ")
+    if workers > 0:
+        text += ("For multiprocessing data-loading, this could be caused by not properly configuring the "
+                 "IterableDataset replica at each worker. Please see "
+                 "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples. ")
+    return text + ("cupy_nwt: warned once per epoch; each worker's replica should read only its share of the stream "
+                   "(cupy_nwt.get_worker_info() says which), or __len__ should count what the loader yields.")
+
+
+def _past_length(steps: Generator[Any, None, None], reported: int, options: Options) -> Generator[Any, None, None]:
+    """The steps, warning once when they yield more than ``reported`` (the dataset's length when
+    ``len(loader)`` was asked): PyTorch's rule, which counts the loader's items against ``len(dataset)``."""
+    fetched = 0
+    try:
+        for item in steps:
+            if not isinstance(item, FailedBatch):
+                fetched += 1
+                if fetched == reported + 1:
+                    warnings.warn(length_warning(options.dataset, reported, fetched, options.num_workers),
+                                  UserWarning, stacklevel=3)
+            yield item
+    finally:
+        steps.close()
 
 
 def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) -> Generator[Any, None, None]:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import LoaderError
 from ..workers.messages import ErrorReport
+from ..workers.torch_workers import is_iter_datapipe
 from .progress import Ledger, Progress
 from .remainder import Session, SessionPlan, join_done, split_done
 from .sampler import Plan, PlanTask, StreamPlan
@@ -138,7 +139,7 @@ def stream_restore(options: Options, epoch: int, start: Mapping[str, Any] | None
     dataset state, or batches to skip); and the worker a resumed stream's next task goes to."""
     if kind_of(options) != "iterable":
         return {}, None
-    tell = epoch if callable(getattr(options.dataset, "set_epoch", None)) else None
+    tell = epoch if callable(getattr(options.dataset, "set_epoch", None)) or is_iter_datapipe(options.dataset) else None
     per = start["workers"] if start is not None else []
     restore: dict[int, tuple[Any, int, int | None]] = (
         {w: (None, 0, tell) for w in range(max(1, options.num_workers))} if tell is not None else {})

@@ -149,12 +149,20 @@ class EpochPlan(_GlobalBatchSeeds):
             yield b, self.indices(b), self.transform_seed(b)
 
 
-PlanTask = tuple[int, np.ndarray | None, int]  # (batch index, its dataset indices or None, transform seed)
+# (batch index, its samples' keys or None, transform seed). Keys are an int64 array (the loader's own
+# order, and a batch sampler's integer arrays: the fast path, read as Python ints) or the sampler's own
+# objects, unchanged (ints, NumPy ints, tuples, lists, strings: whatever ``__getitem__`` takes).
+PlanTask = tuple[int, np.ndarray | Sequence[Any] | None, int]
 
 
 @dataclass(frozen=True, eq=False)
 class SamplerPlan(_GlobalBatchSeeds):
-    """One epoch of a user's ``batch_sampler`` (or ``sampler`` cut into batches), read as it is consumed."""
+    """One epoch of a user's ``batch_sampler`` (or ``sampler`` cut into batches), read as it is consumed.
+
+    Each batch's keys reach ``__getitem__`` (or ``__getitems__``) as the sampler made them, as PyTorch
+    passes them: a list or tuple stays itself, an integer array stays an array, anything else iterable
+    becomes the list of its items. With batching off each task holds one key (a list of one).
+    """
 
     batches: Iterable[Sequence[Any]]
     seed: int = 0
@@ -165,8 +173,17 @@ class SamplerPlan(_GlobalBatchSeeds):
     stream = False
 
     def tasks(self) -> Iterator[PlanTask]:
-        for b, indices in enumerate(self.batches):
-            yield b, np.asarray(indices).reshape(-1), self.transform_seed(b)
+        for b, keys in enumerate(self.batches):
+            yield b, as_keys(keys), self.transform_seed(b)
+
+
+def as_keys(keys: Any) -> np.ndarray | Sequence[Any]:
+    """A batch sampler's batch as a task carries it (see ``SamplerPlan``)."""
+    if type(keys) is list or type(keys) is tuple:
+        return keys
+    if isinstance(keys, np.ndarray) and keys.dtype.kind in "iu" and keys.ndim == 1:
+        return keys
+    return list(keys)
 
 
 @dataclass(frozen=True, eq=False)

@@ -59,7 +59,7 @@ class BatchSource(Protocol):
 def inline_error(exc: Exception, maker: BatchMaker, batch_index: int) -> LoaderError:
     """A batch made in the main process failed: the same error a worker would report, chained directly."""
     report = ErrorReport.from_exception(exc, maker.failed_index(exc), keep_object=False)
-    err = make_worker_error(report, worker_id=None, pid=os.getpid(), batch_index=batch_index)
+    err = make_worker_error(report, worker_id=None, pid=os.getpid(), batch_index=batch_index, original=type(exc))
     err.__cause__ = exc
     return err
 
@@ -311,6 +311,7 @@ class WorkerSource(BatchSource):
             if now >= deadline:
                 want = f"batch {self.next_deliver}" if self.in_order else "any batch"
                 raise LoaderTimeoutError(
+                    f"DataLoader timed out after {self.timeout:g} seconds. cupy_nwt: "
                     f"no batch from the workers within timeout={self.timeout} s (waiting for {want} of "
                     f"epoch {self.epoch}): {self.workers.stuck_hint()}"
                 )

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import BatchLayoutError
-from .frameworks import framework_of
+from .frameworks import framework_of, refuse_uncollatable
 from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: their old import path
     LEAF,
     OBJ,
@@ -31,7 +31,7 @@ from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: the
     unflatten,
 )
 
-Indices = Sequence[int] | np.ndarray | None  # the samples' dataset indices, for messages; None: a stream's
+Indices = Sequence[Any] | np.ndarray | None  # the samples' dataset keys, for messages; None: a stream's
 
 
 def as_leaf(value: Any) -> np.ndarray:
@@ -55,12 +55,15 @@ def _is_text(value: Any) -> bool:
     return isinstance(value, (str, bytes))
 
 
-def _where(indices: Indices, row: int) -> tuple[str, int | None]:
-    """How a message names sample ``row`` of a batch, and its dataset index if it has one."""
+def _where(indices: Indices, row: int) -> tuple[str, Any]:
+    """How a message names sample ``row`` of a batch, and its dataset key if it has one."""
     if indices is None:
         return f"sample {row} of the batch", None
-    index = int(indices[row])
-    return f"sample index {index}", index
+    index = indices[row]
+    if isinstance(index, (int, np.integer)):
+        index = int(index)
+        return f"sample index {index}", index
+    return f"sample index {index!r}", index
 
 
 def collate_into(samples: Sequence[Any], indices: Indices, treedef: Treedef, out: Sequence[np.ndarray]) -> list[list[Any]]:
@@ -179,6 +182,8 @@ def batch_structure(sample: Any, index_text: str = "the first sample", index: in
     """
     leaves, td = flatten(sample)
     framework = next((f for f in map(framework_of, leaves) if f is not None), None)
+    if framework == "torch":
+        refuse_uncollatable(leaves, index_text)
     kinds = iter(["obj" if _is_text(x) else "leaf" for x in leaves])
     firsts = []
     for x in leaves:

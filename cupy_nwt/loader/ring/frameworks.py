@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import LoaderError
+
 FRAMEWORKS = ("torch", "jax")
 OUTPUTS = ("auto", "numpy", "cupy", "torch", "jax")
 
@@ -33,6 +35,19 @@ def framework_of(x: Any) -> str | None:
     if jax is not None and isinstance(x, getattr(jax, "Array", ())):
         return "jax"
     return None
+
+
+def refuse_uncollatable(leaves: list[Any], where: str) -> None:
+    """torch's ``default_collate`` refuses nested and sparse tensors, and so does ours, in its words first."""
+    for x in leaves:
+        if framework_of(x) != "torch":
+            continue
+        what = "nested" if x.is_nested else "sparse" if str(x.layout) != "torch.strided" else None
+        if what is not None:
+            raise LoaderError(f"Batches of {what} tensors are not currently supported by the default collate_fn; "
+                              "please provide a custom collate_fn to handle them appropriately. "
+                              f"cupy_nwt: {where} holds a {what} tensor, which cannot be stacked into one dense "
+                              "array; collate_fn=list hands the samples over as they are")
 
 
 def host_view(x: Any, framework: str) -> np.ndarray | None:

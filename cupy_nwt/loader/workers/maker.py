@@ -11,18 +11,21 @@ from __future__ import annotations
 
 import pickle
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ...errors import BatchLayoutError, WorkerError
+from ...errors import BatchLayoutError, WorkerError, as_worker_error
 from .._events import StageTimes
 from ..ring.collate import collate, collate_into
 from ..ring.ring import SlotLayout
 from ..ring.tree import split
 from .messages import ErrorReport
+from .torch_workers import prepare_datapipe
+
+Keys = np.ndarray | Sequence[Any]  # a task's sample keys (``Indices`` without None)
 
 
 class StreamEnd(Exception):
@@ -54,14 +57,16 @@ class BatchMaker:
     """
 
     def __init__(self, dataset: Any, collate_fn: Callable | None, batch_transform: Callable | None, *,
-                 batched: bool = True, batch_size: int | None = None, drop_last: bool = False) -> None:
+                 batched: bool = True, batch_size: int | None = None, drop_last: bool = False,
+                 pipe: tuple[int, int, int] | None = None) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.batch_transform = batch_transform
         self.batched = batched
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.current: int | None = None
+        self.pipe = pipe  # a torch IterDataPipe's (seed, rank, world_size): sharded and seeded as each epoch opens
+        self.current: Any = None  # the key being fetched
         self.times = StageTimes()  # the last batch's seconds in each stage
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
@@ -73,16 +78,18 @@ class BatchMaker:
 
     # -- samples
 
-    def fetch(self, indices: np.ndarray) -> list[Any]:
+    def fetch(self, indices: Keys) -> list[Any]:
+        """The samples of ``indices``: an int64 array is read as Python ints; any other keys are passed as they are."""
+        keys = indices.tolist() if isinstance(indices, np.ndarray) else indices
         getitems = getattr(self.dataset, "__getitems__", None)
         if getitems is not None:
             self.current = None
-            samples = getitems(indices.tolist())
-            if len(samples) != len(indices):
-                raise ValueError(f"__getitems__ returned {len(samples)} samples for {len(indices)} indices")
+            samples = getitems(keys)
+            if len(samples) != len(keys):
+                raise ValueError(f"__getitems__ returned {len(samples)} samples for {len(keys)} indices")
             return list(samples)
         out = []
-        for i in indices.tolist():
+        for i in keys:
             if self.before_sample is not None:
                 self.before_sample()
             self.current = i
@@ -114,6 +121,8 @@ class BatchMaker:
         set_epoch = getattr(self.dataset, "set_epoch", None)
         if epoch is not None and callable(set_epoch):
             set_epoch(epoch)
+        if epoch is not None and self.pipe is not None:
+            prepare_datapipe(self.dataset, self.pipe[0], epoch, self.pipe[1], self.pipe[2])
         if state is not None:
             self.dataset.load_state_dict(state)
         self._stream = iter(self.dataset)
@@ -151,24 +160,25 @@ class BatchMaker:
                 raise
         return out
 
-    def samples(self, indices: np.ndarray | None) -> Any:
+    def samples(self, indices: Keys | None) -> Any:
         """A task's samples: by index, or the stream's next batch when ``indices`` is None."""
         if indices is None:
             return self.pull()
         if not self.batched:
-            self.current = int(indices[0])
-            sample = self.dataset[indices.tolist()[0]]
+            key = indices.tolist()[0] if isinstance(indices, np.ndarray) else indices[0]
+            self.current = key
+            sample = self.dataset[key]
             self.current = None
             return sample
         return self.fetch(indices)
 
     # -- batches
 
-    def batch_of(self, samples: Any, indices: np.ndarray | None, seed: int) -> Any:
+    def batch_of(self, samples: Any, indices: Keys | None, seed: int) -> Any:
         """Collate (or, unbatched, pass through ``collate_fn``) and transform."""
         return self._transform(self._collate(samples, indices), seed)
 
-    def _collate(self, samples: Any, indices: np.ndarray | None) -> Any:
+    def _collate(self, samples: Any, indices: Keys | None) -> Any:
         if self.collate_fn is not None:
             return self.collate_fn(samples)
         return collate(samples, indices) if self.batched else samples
@@ -176,11 +186,11 @@ class BatchMaker:
     def _transform(self, batch: Any, seed: int) -> Any:
         return self.batch_transform(batch, seed) if self.batch_transform is not None else batch
 
-    def make(self, indices: np.ndarray | None, seed: int) -> Any:
+    def make(self, indices: Keys | None, seed: int) -> Any:
         """A new batch in fresh arrays."""
         return self.batch_of(self.samples(indices), indices, seed)
 
-    def produce(self, indices: np.ndarray | None, seed: int, layout: SlotLayout | None,
+    def produce(self, indices: Keys | None, seed: int, layout: SlotLayout | None,
                 views: Callable[[int], list[np.ndarray]] | None) -> InSlot | Loose:
         """Make a task's batch into the slot whose field views ``views(rows)`` gives, if it fits there.
 
@@ -214,22 +224,26 @@ class BatchMaker:
         self.times = StageTimes(fetch_s=t1 - t0, collate_s=t2 - t1 + time.perf_counter() - t3, transform_s=transform_s)
         return out
 
-    def failed_index(self, exc: BaseException) -> int | None:
+    def failed_index(self, exc: BaseException) -> Any:
         if isinstance(exc, BatchLayoutError):
             return exc.sample_index
         return self.current
 
 
-def make_worker_error(report: ErrorReport, *, worker_id: int | None, pid: int, batch_index: int | None) -> WorkerError:
-    """The error the caller sees for a failed batch: where, which batch and sample, the original type and traceback."""
-    where = "the main process" if worker_id is None else f"loader worker {worker_id} (pid {pid})"
+def make_worker_error(report: ErrorReport, *, worker_id: int | None, pid: int, batch_index: int | None,
+                      original: type | None = None) -> WorkerError:
+    """The error the caller sees for a failed batch: where, which batch and sample, the original type and
+    traceback. It is an instance of the original type too (``original``, else the report's class) where
+    that type can be built from a message, so ``except KeyError`` around the loop catches it, as with PyTorch."""
+    where = f"the main process (pid {pid})" if worker_id is None else f"loader worker {worker_id} (pid {pid})"
     what = f"batch {batch_index}" if batch_index is not None else "worker_init_fn"
-    at = f" at sample index {report.sample_index}" if report.sample_index is not None else ""
+    index = report.sample_index
+    at = f" at sample index {index if isinstance(index, (int, np.integer)) else repr(index)}" if index is not None else ""
     msg = (f"{where} failed on {what}{at}: {report.exc_type}: {report.message}\n\n"
            f"Original traceback:\n{report.traceback}")
-    err = WorkerError(msg, worker_id=worker_id, pid=pid, batch_index=batch_index,
-                      sample_index=report.sample_index, exc_type=report.exc_type,
-                      traceback_text=report.traceback)
+    err = as_worker_error(original if original is not None else report.exception_class(), msg,
+                          worker_id=worker_id, pid=pid, batch_index=batch_index, sample_index=report.sample_index,
+                          exc_type=report.exc_type, traceback_text=report.traceback)
     if report.pickled is not None:
         try:
             err.__cause__ = pickle.loads(report.pickled)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pickle
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,25 +36,41 @@ class _Record:
 
 @dataclass(frozen=True, slots=True)
 class ErrorReport(_Record):
-    """An exception, made portable: its type, text and traceback, and the exception if it pickles."""
+    """An exception, made portable: its type's name, text and traceback, the exception if it pickles,
+    and its class by reference if that pickles (the caller gets an error of that type)."""
 
     exc_type: str
     message: str
     traceback: str
-    sample_index: int | None
+    sample_index: Any
     pickled: bytes | None
+    exc_class: bytes | None = None
 
     @classmethod
-    def from_exception(cls, exc: BaseException, sample_index: int | None, *, keep_object: bool = True) -> ErrorReport:
+    def from_exception(cls, exc: BaseException, sample_index: Any, *, keep_object: bool = True) -> ErrorReport:
         """``keep_object=False`` when the caller chains ``exc`` itself (no need to pickle it)."""
-        blob = None
+        blob = kind = None
         if keep_object:
             try:
                 blob = pickle.dumps(exc)
             except Exception:  # noqa: BLE001 - an unpicklable exception still reports its text
                 blob = None
+            try:
+                kind = pickle.dumps(type(exc))
+            except Exception:  # noqa: BLE001 - a class defined in a function: a plain WorkerError then
+                kind = None
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(type(exc).__qualname__, str(exc), text, sample_index, blob)
+        return cls(type(exc).__qualname__, str(exc), text, sample_index, blob, kind)
+
+    def exception_class(self) -> type | None:
+        """The original exception's class, where it pickled and unpickles here."""
+        if self.exc_class is None:
+            return None
+        try:
+            kind = pickle.loads(self.exc_class)
+        except Exception:  # noqa: BLE001 - not importable here: a plain WorkerError then
+            return None
+        return kind if isinstance(kind, type) else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"exc_type": self.exc_type, "message": self.message, "traceback": self.traceback,
@@ -79,14 +96,14 @@ NO_SLOT = -1  # a task's slot when there is no ring yet: the batch comes back ``
 class Task(_Record):
     """Make batch ``batch_index`` into ``slot`` (or ``NO_SLOT``), unless ``generation`` is stale.
 
-    ``indices``: the dataset indices of its samples (one index when batching is off); None: the
-    next batch of the worker's own stream (an iterable-style dataset).
+    ``indices``: the keys of its samples (one key when batching is off), an int64 array or the
+    sampler's own objects; None: the next batch of the worker's own stream (an iterable-style dataset).
     """
 
     generation: int
     batch_index: int
     slot: int
-    indices: np.ndarray | None
+    indices: np.ndarray | Sequence[Any] | None  # any other iterable arrives as a list (``as_keys``)
     transform_seed: int
 
 

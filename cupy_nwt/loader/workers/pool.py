@@ -7,7 +7,7 @@ message and collects answers; ``kinds`` registers them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any, Protocol
@@ -88,7 +88,7 @@ class Workers(Protocol):
 
     def pids(self) -> list[int]: ...
 
-    def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool: ...
+    def submit(self, batch_index: int, indices: np.ndarray | Sequence[Any] | None, tseed: int, worker: int | None = None) -> bool: ...
 
     def collect(self, timeout: float | None) -> list[Result]: ...
 
@@ -172,7 +172,7 @@ class Dispatch:
         """Active workers with no task out."""
         return sum(w.outstanding == 0 for w in self._workers[:self.active])
 
-    def submit(self, batch_index: int, indices: np.ndarray | None, tseed: int, worker: int | None = None) -> bool:
+    def submit(self, batch_index: int, indices: np.ndarray | Sequence[Any] | None, tseed: int, worker: int | None = None) -> bool:
         """Queue a batch on ``worker`` (or the least busy one); False when no slot or capacity is free.
 
         Before the ring exists a worker takes one task at a time, without a slot.

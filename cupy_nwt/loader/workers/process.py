@@ -287,16 +287,19 @@ class WorkerPool(Dispatch):
             w.process.join(timeout if timeout > 0 else 1.0)  # reap it so the exit code is known
             self._raise_init_error(w)
             code = w.process.exitcode
+            pid = w.process.pid
             if code is not None and code < 0:
                 try:
                     how = f"was killed by signal {signal.Signals(-code).name}"
                 except ValueError:
                     how = f"was killed by signal {-code}"
+                torch_says = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(-code) or -code}. "
                 hint = " (SIGKILL often means the kernel's out-of-memory killer)" if code == -signal.SIGKILL else ""
             else:
                 how, hint = f"exited unexpectedly with exit code {code}", ""
-            raise WorkerDiedError(f"loader worker {w.id} (pid {w.process.pid}) {how}{hint}",
-                                  worker_id=w.id, pid=w.process.pid, exitcode=code)
+                torch_says = f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. "
+            raise WorkerDiedError(f"{torch_says}cupy_nwt: loader worker {w.id} (pid {pid}) {how}{hint}",
+                                  worker_id=w.id, pid=pid, exitcode=code)
 
     def _raise_init_error(self, w: _Worker) -> None:
         """A worker whose worker_init_fn failed reported why before exiting: prefer that reason."""

@@ -15,6 +15,12 @@ the script imported it), so a loader without torch never pays for it.
 
 Thread workers cannot do the last two: torch's generator and its worker info are one per process.
 ``refuse_for_threads`` turns the silent duplication that would follow into an error.
+
+A torch ``IterDataPipe`` (``torch.utils.data.datapipes``) gets what torch's loader gives it: the
+loader's ``shuffle`` applied to its shufflers at construction (``with_shuffle_settings``), and before
+each epoch's stream opens, in whichever process or thread reads it, its ``sharding_filter`` set to
+this reader's share (worker-major over ranks, as torch numbers them) and its shufflers seeded with
+one seed per epoch shared by every reader, so each element comes once (``prepare_datapipe``).
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ import logging
 import sys
 from typing import Any
 
+import numpy as np
+
+from ..._worker_info import get_worker_info
 from ...errors import LoaderError
 from .._iterable import dataset_kind
 
@@ -103,3 +112,32 @@ def refuse_for_threads(dataset: Any, num_workers: int) -> None:
         f"{type(dataset).__name__} shards itself by torch.utils.data.get_worker_info(), which is one value for the "
         f"whole process, so each of {num_workers} thread workers would read all of it: use worker_type='process', "
         "or shard by cupy_nwt.get_worker_info(), which thread workers answer")
+
+
+def is_iter_datapipe(dataset: Any) -> bool:
+    """Is the dataset a torch ``IterDataPipe``? (Only when torch's datapipes are imported: then it may be.)"""
+    module = sys.modules.get("torch.utils.data.datapipes.datapipe")
+    return module is not None and isinstance(dataset, module.IterDataPipe)
+
+
+def with_shuffle_settings(dataset: Any, shuffle: bool) -> Any:
+    """torch's ``shuffle=`` for an ``IterDataPipe``: its shufflers on or off (one added at the end where
+    ``shuffle=True`` finds none, with torch's warning); the graph to load from."""
+    from torch.utils.data import graph_settings  # noqa: PLC0415 - torch is imported: the dataset is its
+
+    return graph_settings.apply_shuffle_settings(dataset, shuffle=bool(shuffle))
+
+
+def prepare_datapipe(dataset: Any, seed: int, epoch: int, rank: int, world_size: int) -> None:
+    """Before an epoch of an ``IterDataPipe`` opens here: its share and its shufflers' seed (see above)."""
+    import torch  # noqa: PLC0415 - imported already: the dataset is torch's
+    from torch.utils.data import graph_settings  # noqa: PLC0415
+
+    info = get_worker_info()
+    shards, shard = (world_size, rank) if info is None else (info.num_workers * world_size, info.id * world_size + rank)
+    graph_settings.apply_sharding(dataset, shards, shard)
+    shared = int(np.random.SeedSequence([seed, epoch, _PIPE_TAG]).generate_state(1, np.uint64)[0] >> 1)
+    graph_settings.apply_random_seed(dataset, torch.Generator().manual_seed(shared))
+
+
+_PIPE_TAG = 0x70697065  # keeps the datapipe's shuffle seeds apart from the loader's other seeds

@@ -1,0 +1,107 @@
+"""A dropped iterator of persistent workers: workers and ring go with the last reference, whichever
+object held it (the loader, or the iterator that alone keeps the loader, as PyTorch's does).
+
+Each test records its own workers (the pids its samples report) and its own rings (``/dev/shm``
+names carrying this process's pid that appeared during the test), never anything of other runs.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import threading
+import time
+
+import numpy as np
+
+import cupy_nwt
+from cupy_nwt.loader.ring.ring import NAME_PREFIX, SHM_DIR
+
+
+class WhoMadeIt:
+    """Each sample names the process and thread that read it."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.array([os.getpid(), threading.get_ident()], np.int64)
+
+
+def my_rings() -> set[str]:
+    return set(glob.glob(os.path.join(SHM_DIR, f"{NAME_PREFIX}{os.getpid()}_*")))
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def gone_within(seconds: float, check) -> bool:
+    """The contract's one second: shutdown is synchronous, the slack is for the kernel's bookkeeping."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def makers(batches) -> set[int]:
+    return {int(p) for b in batches for p in np.asarray(b)[:, 0]}
+
+
+def persistent(worker_type: str = "process") -> cupy_nwt.DataLoader:
+    return cupy_nwt.DataLoader(WhoMadeIt(), batch_size=4, num_workers=2, persistent_workers=True, device="cpu",
+                               worker_type=worker_type)
+
+
+def test_an_iterator_of_a_loader_nobody_names_frees_its_workers_and_ring():
+    before = my_rings()
+    it = iter(persistent())
+    seen = []
+    for batch in it:
+        seen.append(batch)
+        if len(makers(seen)) == 2:
+            break
+    pids, rings = makers(seen), my_rings() - before
+    assert len(pids) == 2 and os.getpid() not in pids and len(rings) == 1 and all(map(alive, pids))
+    del it, batch
+    assert gone_within(1.0, lambda: not any(map(alive, pids)) and not any(map(os.path.exists, rings)))
+
+
+def test_a_named_loader_keeps_its_persistent_workers_until_it_goes():
+    before = my_rings()
+    loader = persistent()
+    it = iter(loader)
+    pids = makers([next(it) for _ in range(8)])
+    rings = my_rings() - before
+    del it
+    assert all(map(alive, pids)) and all(map(os.path.exists, rings)), "persistent workers stay with their loader"
+    assert makers(loader) == pids  # the next epoch on the same workers
+    del loader
+    assert gone_within(1.0, lambda: not any(map(alive, pids)) and not any(map(os.path.exists, rings)))
+
+
+def test_the_iterator_keeps_the_loader_it_came_from():
+    loader = persistent()
+    it = iter(loader)
+    first = [next(it)]
+    pids = makers(first)
+    del loader  # the iterator alone holds it now: the epoch goes on to its end
+    rest = list(it)
+    assert len(first) + len(rest) == 16
+    del it
+    assert gone_within(1.0, lambda: not any(map(alive, pids)))
+
+
+def test_thread_workers_of_a_dropped_iterator_end():
+    it = iter(persistent("thread"))
+    seen = [next(it) for _ in range(8)]
+    idents = {int(t) for b in seen for t in np.asarray(b)[:, 1]} - {threading.get_ident()}
+    assert idents
+    del it, seen
+    assert gone_within(1.0, lambda: not idents & {t.ident for t in threading.enumerate()})

@@ -1,0 +1,97 @@
+"""torch DataPipes (``torch.utils.data.datapipes``, still shipped with torch 2.x) through both loaders.
+
+torch's loader applies its ``shuffle`` to the pipe's shufflers, seeds them alike in every reader,
+and sets the pipe's ``sharding_filter`` to each worker's (and rank's) share: each element comes
+once. The same cases run on cupy_nwt's loader and on torch's, as ``test_parity.py`` does.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import cupy_nwt
+
+tud = pytest.importorskip("torch.utils.data", reason="DataPipes are torch's: torch is not installed")
+IterableWrapper = pytest.importorskip("torch.utils.data.datapipes.iter").IterableWrapper
+
+pytestmark = pytest.mark.usefixtures("worker_type")
+N = 20
+
+
+@pytest.fixture(params=["cupy_nwt", "torch"])
+def backend(request, worker_type):
+    if request.param == "torch" and worker_type != "process":
+        pytest.skip("torch's loader has no thread workers: its cases run once, beside cupy_nwt's process workers")
+    if request.param == "cupy_nwt":
+        return lambda dataset, **kw: cupy_nwt.DataLoader(dataset, device="cpu", **kw)
+    return tud.DataLoader
+
+
+def pipe(shuffler: bool = True):
+    dp = IterableWrapper(range(N))
+    return (dp.shuffle() if shuffler else dp).sharding_filter()
+
+
+def elements(loader) -> list[int]:
+    return [int(x) for b in loader for x in np.asarray(b).reshape(-1)]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_shuffle_false_turns_the_pipe_s_shuffler_off_and_each_element_comes_once(backend, num_workers):
+    assert elements(backend(pipe(), batch_size=None, num_workers=num_workers, shuffle=False)) == list(range(N))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_shuffle_true_is_applied_and_each_element_comes_once(backend, num_workers):
+    got = elements(backend(pipe(), batch_size=None, num_workers=num_workers, shuffle=True))
+    assert sorted(got) == list(range(N)) and got != list(range(N))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_pipe_s_own_shuffler_and_batches_split_over_workers(backend, num_workers):
+    batches = [np.asarray(b).tolist() for b in backend(pipe(), batch_size=3, num_workers=num_workers)]
+    assert sorted(x for b in batches for x in b) == list(range(N))
+    assert [len(b) for b in batches] == ([3] * 6 + [2] if num_workers == 0 else [3] * 6 + [1, 1])
+
+
+def test_shuffle_true_on_a_pipe_without_a_shuffler_adds_one(backend):
+    """torch 2.13 warns that it adds a shuffler, then loads from the pipe it was given (its local
+    variable gets the new graph after ``self.dataset`` was set): unshuffled. cupy_nwt loads from the
+    graph torch's ``apply_shuffle_settings`` returns, as the warning says. Each element once on both."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = backend(pipe(shuffler=False), batch_size=None, num_workers=2, shuffle=True)
+    assert any("does not contain a `Shuffler`" in str(w.message) for w in caught)
+    got = elements(loader)
+    assert sorted(got) == list(range(N))
+    assert (got == list(range(N))) == (backend is tud.DataLoader)
+
+
+def test_persistent_workers_reshuffle_each_epoch_and_a_seed_repeats_them():
+    def epochs(seed):
+        loader = cupy_nwt.DataLoader(pipe(), batch_size=None, num_workers=2, persistent_workers=True, seed=seed,
+                                     device="cpu")
+        with loader:
+            return [elements(loader) for _ in range(2)]
+
+    first, second = epochs(3)
+    assert sorted(first) == sorted(second) == list(range(N)) and first != second
+    assert epochs(3) == [first, second]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_ranks_and_workers_share_the_pipe_each_element_once(num_workers):
+    """torch numbers the readers worker-major (worker w of rank r is w * world_size + r); both ranks
+    shuffle alike (one seed), so their shares are disjoint every epoch."""
+    def rank(r):
+        loader = cupy_nwt.DataLoader(pipe(), batch_size=None, num_workers=num_workers, seed=5, rank=r, world_size=2,
+                                     device="cpu")
+        return [elements(loader) for _ in range(2)]
+
+    a, b = rank(0), rank(1)
+    for epoch in range(2):
+        assert sorted(a[epoch] + b[epoch]) == list(range(N)) and len(a[epoch]) == len(b[epoch]) == N // 2
+    assert a[0] != a[1]
