@@ -11,7 +11,7 @@ is missing, a named /dev/shm segment: workers attach by name with a plain ``mmap
 ``/dev/shm/<name>`` rather than ``multiprocessing.shared_memory`` (Python 3.10/3.11 registers even an
 attach with the resource tracker, which would then unlink or warn about a segment it does not own);
 the owner registers the segment once (so a crashed main process still gets it removed) and unlinks
-it exactly once. Thread workers and the main process alone use anonymous private-to-the-process memory.
+it exactly once. Thread workers and the main process alone use this process's own anonymous memory.
 Every kind is checked against memory (``memory.check_room``) before it is made.
 """
 
