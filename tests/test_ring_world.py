@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,84 @@ def test_the_dev_shm_fallback_is_what_such_a_kill_leaves_behind(tmp_path):
     assert got["alive"] == []
     assert got["new_in_dev_shm"] == got["rings_mid_epoch"] and got["new_in_dev_shm"][0].startswith(
         f"cupy_nwt_{got['main']}_")
+
+
+# ---------------------------------------------------------------- a real cgroup limit (v1 here, v2 where mounted)
+
+LIMITED = """
+import json, sys
+import numpy as np
+from cupy_nwt import DataLoader, RingMemoryError
+
+
+class Images:
+    def __len__(self):
+        return 64 * 4
+
+    def __getitem__(self, i):
+        return np.full((3, 64, 64), i, np.float32), i
+
+
+if __name__ == "__main__":
+    # 48 slots of 64 images of 3x64x64 float32: a 151 MB ring, over the group's whole 128 MiB
+    loader = DataLoader(Images(), batch_size=64, num_workers=2, prefetch_factor=24, device="cpu")
+    try:
+        next(iter(loader))
+        print(json.dumps({"error": None}))
+    except RingMemoryError as exc:
+        print(json.dumps({"error": str(exc), "workers": loader.worker_pids()}))
+"""
+
+
+def own_memory_cgroup() -> tuple[Path, str] | None:
+    """This process's memory cgroup folder and its limit file's name, where a child group may be made in it."""
+    if os.geteuid() != 0:
+        return None
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: the memory controller must be delegated to the children
+            folder, limit = Path("/sys/fs/cgroup") / path.lstrip("/"), "memory.max"
+            subtree = folder / "cgroup.subtree_control"
+            usable = subtree.exists() and "memory" in subtree.read_text().split()
+        elif "memory" in controllers.split(","):
+            folder, limit = Path("/sys/fs/cgroup/memory") / path.lstrip("/"), "memory.limit_in_bytes"
+            usable = (folder / limit).exists()
+        else:
+            continue
+        if usable and os.access(folder, os.W_OK):
+            return folder, limit
+    return None
+
+
+@pytest.fixture
+def limited_group():
+    found = own_memory_cgroup()
+    if found is None:
+        pytest.skip("needs root and a memory cgroup (v1, or v2 with the memory controller delegated) it may write")
+    parent, limit = found
+    group = parent / f"cupy_nwt_test_{os.getpid()}"
+    group.mkdir()
+    try:
+        (group / limit).write_text(str(128 * 2**20))
+        yield group, limit
+    finally:
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except OSError:  # its last process is still leaving
+                time.sleep(0.1)
+
+
+def test_a_ring_over_the_cgroup_limit_is_refused_in_one_line_before_any_worker_writes(tmp_path, limited_group):
+    group, limit = limited_group
+    script = tmp_path / "train.py"
+    script.write_text(LIMITED)
+    shell = f'echo $$ > {group}/cgroup.procs && exec "$0" "$@"'
+    out = subprocess.run(["sh", "-c", shell, sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.splitlines()[-1])
+    assert got["error"] is not None and got["workers"] == []
+    assert "\n" not in got["error"] and "lower batch_size, num_workers or prefetch_factor" in got["error"]
+    assert f"under the cgroup memory limit {group / limit} (128.0 MiB, " in got["error"]
