@@ -5,6 +5,7 @@ in /dev/shm, freed with its last holder; memory (and cgroup limits) checked befo
 from __future__ import annotations
 
 import errno
+import json
 import os
 import subprocess
 import sys
@@ -175,3 +176,16 @@ def test_without_memfd_the_ring_is_a_dev_shm_segment_and_a_warning_says_so_once(
     assert "AFTER" in out.stdout and out.stdout.split("AFTER")[1].split() == []  # unlinked with the loader
     said = [line for line in out.stderr.splitlines() if line.startswith("LOG ")]
     assert len(said) == 1 and "os.memfd_create is missing" in said[0] and "/dev/shm segment" in said[0]
+
+
+def test_the_ring_cost_bench_times_each_kind_of_ring(tmp_path):
+    out = tmp_path / "ring_cost.json"
+    run = subprocess.Popen([sys.executable, str(ROOT / "bench" / "ring_cost.py"), "--rounds", "3", "--output", str(out)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT)})
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    kinds = json.loads(out.read_text())["kinds"]
+    assert set(kinds) == {"named", "memfd", "room"}
+    assert all(k["wall_us_min"] > 0 and k["wall_us_median"] >= k["wall_us_min"] for k in kinds.values())
+    assert live_segments(run.pid) == set()  # each ring it made, named or anonymous, is gone
