@@ -59,7 +59,6 @@ class RingFile:
 
     def __init__(self, fd: int, name: str) -> None:
         self.fd, self.name = fd, name
-        self.nbytes = 0
 
     @classmethod
     def create(cls) -> RingFile | None:
@@ -89,7 +88,6 @@ class RingFile:
             fcntl.fcntl(self.fd, getattr(fcntl, "F_ADD_SEALS"), _SEALS)
         except (AttributeError, OSError):
             pass  # sealing is a safeguard, not a need: a kernel without it still has every page allocated
-        self.nbytes = nbytes
 
     def map(self, nbytes: int) -> mmap.mmap:
         """A shared mapping of the file's first ``nbytes`` (a worker maps what the owner reserved)."""
@@ -116,7 +114,7 @@ def _say_fallback(why: str) -> None:
     if not _fallback_said:
         _fallback_said = True
         log.warning("%s: the loader's ring is a /dev/shm segment instead of anonymous shared memory, so /dev/shm's "
-                    "free space bounds it and a killed process group leaves it behind", why)
+                    "free space bounds it and a SIGKILL to the whole process group leaves it behind", why)
 
 
 def memfd_available() -> bool:
