@@ -5,7 +5,8 @@ Each case runs a user's script in a private mount namespace (``unshare -m``) wit
 /dev/shm, so the host's /dev/shm is never touched and what the script leaves there is seen before the
 namespace goes. The pipeline is the one that fails with a /dev/shm ring: batches of 64 images of
 3x224x224 float32 (38.5 MB), 2 workers, prefetch 2 (a 154 MB ring), on the host path and through the
-GPU prefetcher (fake CUDA operations, as ``test_prefetch`` uses: registered ring and staging fallback).
+GPU prefetcher (``test_prefetch``'s fake CUDA operations, imported from this folder: registered ring and
+staging fallback).
 Needs root and ``unshare``; skipped with the reason elsewhere.
 """
 
@@ -102,9 +103,16 @@ if __name__ == "__main__":
 
 KILLER = """
 import json, os, signal, subprocess, sys, time
-sys.path.insert(0, {tests!r})
+import psutil
 from cupy_nwt.loader.ring.ring import live_segments
-from test_signals import alive
+
+
+def alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
 
 if __name__ == "__main__":
     before = set(os.listdir("/dev/shm"))
@@ -117,9 +125,9 @@ if __name__ == "__main__":
     deadline = time.monotonic() + 10
     while any(alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
-    print(json.dumps({{"rings_mid_epoch": line[line.index("rings") + 1:], "workers": workers,
+    print(json.dumps({"rings_mid_epoch": line[line.index("rings") + 1:], "workers": workers,
                       "alive": [p for p in workers if alive(p)], "rings_left": sorted(live_segments(main)),
-                      "new_in_dev_shm": sorted(set(os.listdir("/dev/shm")) - before), "main": main}}))
+                      "new_in_dev_shm": sorted(set(os.listdir("/dev/shm")) - before), "main": main}))
 """
 
 
@@ -176,7 +184,7 @@ def test_a_full_epoch_of_imagenet_batches_with_a_small_or_unusable_dev_shm(tmp_p
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_sigkill_to_the_process_group_mid_epoch_leaves_no_ring_and_no_worker(tmp_path, method):
     (tmp_path / "user.py").write_text(USER.format(prelude=""))
-    (tmp_path / "killer.py").write_text(KILLER.format(tests=str(TESTS)))
+    (tmp_path / "killer.py").write_text(KILLER)
     got = in_namespace(MOUNTS["64MiB"], tmp_path / "killer.py", str(tmp_path / "user.py"), method)
     assert len(got["workers"]) == 2 and got["alive"] == []
     assert [r for r in got["rings_mid_epoch"] if r.startswith("memfd:")], got  # the ring existed, in memory
@@ -187,7 +195,7 @@ def test_sigkill_to_the_process_group_mid_epoch_leaves_no_ring_and_no_worker(tmp
 def test_the_dev_shm_fallback_is_what_such_a_kill_leaves_behind(tmp_path):
     """Where memfd_create is missing, the segment outlives a SIGKILLed group (the resource tracker dies too)."""
     (tmp_path / "user.py").write_text(USER.format(prelude="del os.memfd_create"))
-    (tmp_path / "killer.py").write_text(KILLER.format(tests=str(TESTS)))
+    (tmp_path / "killer.py").write_text(KILLER)
     got = in_namespace("size=512m", tmp_path / "killer.py", str(tmp_path / "user.py"), "fork")
     assert got["alive"] == []
     assert got["new_in_dev_shm"] == got["rings_mid_epoch"] and got["new_in_dev_shm"][0].startswith(
