@@ -20,6 +20,7 @@ from .errors import (
                      LoaderError,
                      LoaderTimeoutError,
                      NoGPUError,
+                     RingMemoryError,
                      ShmSpaceError,
                      StateError,
                      WorkerDiedError,
@@ -38,7 +39,8 @@ _moved.install()
 
 __all__ = ["__version__", "gpu_status",
            "ArgumentError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError", "DataError",
-           "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError", "StateError",
+           "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError",
+           "StateError",
            "WorkerDiedError",
            "WorkerError",
            "DataLoader", "IterableDataset", "WorkerInfo", "default_collate", "get_worker_info",

@@ -35,7 +35,7 @@ EXIT_CODES = f"""exit codes:
   2    bad input: options, paths, arguments
   3    no usable GPU for a command that needs one
   4    bad data: a file, archive member or sample that cannot be read or does not fit
-  5    the loader failed: a worker died or stopped delivering, or /dev/shm has no room for its ring
+  5    the loader failed: a worker died or stopped delivering, or memory (or /dev/shm) has no room for its ring
   130  interrupted
 
 Errors are one line on stderr; --debug (or {DEBUG_ENV}=1) adds the full traceback."""
@@ -428,7 +428,7 @@ def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
         return EXIT_BAD_DATA, f"bad data: {_with_index(_first_line(exc), getattr(exc, 'sample_index', None))}"
     if isinstance(exc, (WorkerDiedError, LoaderTimeoutError)):
         return EXIT_WORKER, f"loader worker failed: {_first_line(exc)}"
-    if isinstance(exc, LoaderError):  # e.g. ShmSpaceError: no room in /dev/shm for the ring
+    if isinstance(exc, LoaderError):  # e.g. RingMemoryError: no room in memory for the ring
         return EXIT_WORKER, f"loader failed: {_first_line(exc)}"
     if isinstance(exc, (ValueError, FileNotFoundError)):
         return EXIT_USAGE, str(exc)

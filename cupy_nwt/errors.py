@@ -104,7 +104,15 @@ class LoaderError(CupyNwtError, RuntimeError):
 
 
 class ShmSpaceError(LoaderError, MemoryError):
-    """/dev/shm is missing or cannot hold the ring; the message names it, its free and the needed bytes."""
+    """The ring does not fit where it would live: /dev/shm is missing or too small (this class), or memory is
+    (``RingMemoryError``); the one-line message names the place, its free and the needed bytes, and what to lower."""
+
+
+class RingMemoryError(ShmSpaceError):
+    """Memory (available, or under a cgroup's limit) cannot hold the ring of anonymous shared memory.
+
+    A subclass of ``ShmSpaceError`` so that code written for the /dev/shm ring still catches it.
+    """
 
 
 class WorkerError(LoaderError):
@@ -217,6 +225,6 @@ class LoaderTimeoutError(LoaderError, TimeoutError):
 
 __all__ = [
     "ArgumentError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError",
-    "DataError", "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError",
+    "DataError", "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError",
     "StateError", "WorkerDiedError", "WorkerError",
 ]

@@ -6,7 +6,7 @@ machinery behind it.
 """
 
 from .._worker_info import WorkerInfo, get_worker_info
-from ..errors import LoaderError, LoaderTimeoutError, ShmSpaceError, WorkerDiedError, WorkerError
+from ..errors import LoaderError, LoaderTimeoutError, RingMemoryError, ShmSpaceError, WorkerDiedError, WorkerError
 from ..ranks import RankLayout, rank_layout
 from ._dataloader import DataLoader
 from ._events import Listener, StageTimes, Stall
@@ -20,6 +20,6 @@ from .ring.slots import HostBatch
 from .tuning.online import Autotune
 
 __all__ = ["Autotune", "BatchSampler", "DataLoader", "HostBatch", "IterableDataset", "Listener", "LoaderError",
-           "LoaderParts", "LoaderStats", "LoaderTimeoutError", "MemoryGrowthWarning", "RankLayout", "ShmSpaceError", "StageTimes", "Stall",
+           "LoaderParts", "LoaderStats", "LoaderTimeoutError", "MemoryGrowthWarning", "RankLayout", "RingMemoryError", "ShmSpaceError", "StageTimes", "Stall",
            "WorkerDiedError", "WorkerError", "WorkerInfo", "default_collate", "get_worker_info", "merge_states",
            "rank_layout"]

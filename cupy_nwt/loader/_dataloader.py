@@ -100,7 +100,7 @@ class DataLoader(Generic[T_co]):
     ``autotune=True`` (map-style, ``num_workers`` >= 1 or "auto", the start) retunes the active
     workers and the ring slots in use while the caller iterates, within ``cpu_budget`` workers
     (default: usable CPUs less one) and ``memory_budget`` ring bytes (default: a share of available
-    RAM and of /dev/shm), without changing the batches; see ``tuning.online``. A policy object with
+    memory, within the cgroup's limit), without changing the batches; see ``tuning.online``. A policy object with
     ``decide`` may stand in for ``True``.
 
     ``stall_warning_s`` (None: off): a ``next()`` waiting this long for the workers logs a warning on

@@ -169,7 +169,7 @@ class Runtime:
         n = max(2, options.num_workers * options.prefetch_factor) if options.num_workers > 0 else 2
         if self.tuner is not None:
             n = self.tuner.ring_slots(layout.slot_bytes, options.prefetch_factor)
-        ring = Ring(layout, n, shared=options.num_workers > 0 and options.kind.processes)
+        ring = stage.workers.new_ring(layout, n) if stage.workers is not None else Ring(layout, n, shared=False)
         try:
             if stage.workers is not None:
                 stage.workers.attach(ring)

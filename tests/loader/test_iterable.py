@@ -109,7 +109,7 @@ def test_unsharded_replicas_each_yield_the_whole_stream_as_in_pytorch():
     assert flat == sorted(list(range(6)) * 2)
 
 
-@pytest.mark.process_only("counts /dev/shm segments; a thread ring is anonymous memory")
+@pytest.mark.process_only("counts shared rings; a thread ring is this process's anonymous memory")
 def test_stream_batches_travel_through_the_ring_after_the_first():
     before = live_segments(os.getpid())
     with DataLoader(Stream(400), batch_size=8, num_workers=2, device="cpu") as dl:

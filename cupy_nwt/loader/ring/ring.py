@@ -1,14 +1,18 @@
-"""The shared-memory ring the workers collate into: one /dev/shm segment cut into equal slots.
+"""The shared-memory ring the workers collate into: one mapping cut into equal slots.
 
-One segment (not one per batch) so that the whole ring can be page-locked once with
+One mapping (not one per batch) so that the whole ring can be page-locked once with
 cudaHostRegister and every H2D copy starts straight from a slot. Each slot holds every field of a
 batch at full ``batch_size`` rows; a short last batch uses a prefix of each field. Fields start on
 256-byte boundaries and slots on 4 KiB pages.
 
-Workers attach by name with a plain ``mmap`` of ``/dev/shm/<name>`` rather than
-``multiprocessing.shared_memory``: Python 3.10/3.11 registers even an attach with the resource
-tracker, which would then unlink or warn about a segment it does not own. The owner registers the
-segment once (so a crashed main process still gets it removed) and unlinks it exactly once.
+The mapping is one of three kinds. Process workers share an anonymous file (``memory.RingFile``,
+memfd): no name in /dev/shm, no bound but memory, nothing left behind whoever dies how. Where that
+is missing, a named /dev/shm segment: workers attach by name with a plain ``mmap`` of
+``/dev/shm/<name>`` rather than ``multiprocessing.shared_memory`` (Python 3.10/3.11 registers even an
+attach with the resource tracker, which would then unlink or warn about a segment it does not own);
+the owner registers the segment once (so a crashed main process still gets it removed) and unlinks
+it exactly once. Thread workers and the main process alone use this process's own anonymous memory.
+Every kind is checked against memory (``memory.check_room``) before it is made.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ import numpy as np
 
 from ..._checks import check_int
 from ...errors import ShmSpaceError
+from .memory import NAME_PREFIX, RingFile, check_room, held_memfds
 from .tree import Treedef, leaf_kinds, leaf_paths, split
 
 SHM_DIR = "/dev/shm"
-NAME_PREFIX = "cupy_nwt_"
 PAGE = 4096
 FIELD_ALIGN = 256
 HEADER_BYTES = PAGE  # the first page holds the generation counter the workers read lock-free
@@ -122,25 +126,35 @@ class SlotLayout:
 
 
 class Ring:
-    """``slots`` slots of ``layout`` in one mapping: a named /dev/shm segment or anonymous memory.
+    """``slots`` slots of ``layout`` in one mapping: of ``file`` (anonymous shared memory), of a named
+    /dev/shm segment (``shared`` without a file), or of this process's anonymous memory.
 
-    ``Ring(...)`` creates and owns; ``Ring.attach(...)`` maps an existing named ring (workers).
+    ``Ring(...)`` creates and owns; ``Ring.attach(...)`` maps an existing ring (workers). ``name`` is
+    the /dev/shm segment's (None for the other kinds); ``file`` is not the ring's to close.
     """
 
-    def __init__(self, layout: SlotLayout, slots: int, *, shared: bool = True, _attach_name: str | None = None) -> None:
+    def __init__(self, layout: SlotLayout, slots: int, *, shared: bool = True, file: RingFile | None = None,
+                 _attach: str | RingFile | None = None) -> None:
         self.layout = layout
         self.slots = check_int("the ring's slot count", slots, ge=1)
         self.nbytes = HEADER_BYTES + self.slots * layout.slot_bytes
-        self.owner = _attach_name is None
+        self.owner = _attach is None
         self.name: str | None = None
-        if _attach_name is not None:
-            self.name = _attach_name
-            self._mmap = _map(os.path.join(SHM_DIR, _attach_name), self.nbytes, create=False)
+        self.file = file if _attach is None else _attach if isinstance(_attach, RingFile) else None
+        if isinstance(_attach, str):
+            self.name = _attach
+            self._mmap = _map(os.path.join(SHM_DIR, _attach), self.nbytes, create=False)
+        elif self.file is not None:
+            if self.owner:
+                self.file.reserve(self.nbytes)
+            self._mmap = self.file.map(self.nbytes)
         elif shared:
+            check_room(self.nbytes)  # tmpfs pages are memory too, whatever /dev/shm's size says
             self.name = f"{NAME_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
             self._mmap = _map(os.path.join(SHM_DIR, self.name), self.nbytes, create=True)
             resource_tracker.register("/" + self.name, "shared_memory")
         else:
+            check_room(self.nbytes)
             self._mmap = mmap.mmap(-1, self.nbytes)
         self.buffer = np.frombuffer(self._mmap, dtype=np.uint8)
         self._generation = self.buffer[:8].view(np.int64)
@@ -148,10 +162,11 @@ class Ring:
         self._unlinked = False
 
     @classmethod
-    def attach(cls, name: str, layout: SlotLayout, slots: int) -> "Ring":
-        if not name.startswith(NAME_PREFIX) or "/" in name:
-            raise ValueError(f"not a cupy_nwt ring name: {name!r}")
-        return cls(layout, slots, _attach_name=name)
+    def attach(cls, where: str | RingFile, layout: SlotLayout, slots: int) -> "Ring":
+        """Map the ring the owner made: by its /dev/shm name, or the anonymous file this process was given."""
+        if isinstance(where, str) and (not where.startswith(NAME_PREFIX) or "/" in where):
+            raise ValueError(f"not a cupy_nwt ring name: {where!r}")
+        return cls(layout, slots, _attach=where)
 
     @property
     def generation(self) -> int:
@@ -251,9 +266,20 @@ def _shm_free() -> int:
 
 
 def live_segments(pid: int | None = None) -> set[str]:
-    """Names of cupy_nwt ring segments in /dev/shm: all of them, or those created by process ``pid``."""
+    """The cupy_nwt rings still alive: /dev/shm segment names, and ``memfd:<name>`` for each anonymous
+    ring file some process still holds or maps; all of them, or those created by process ``pid``."""
     prefix = NAME_PREFIX if pid is None else f"{NAME_PREFIX}{pid}_"
     try:
-        return {n for n in os.listdir(SHM_DIR) if n.startswith(prefix)}
+        named = {n for n in os.listdir(SHM_DIR) if n.startswith(prefix)}
     except FileNotFoundError:
-        return set()
+        named = set()
+    return named | set(held_memfds(pid))
+
+
+def segment_bytes(name: str) -> int:
+    """The size of a ring ``live_segments`` named (0 when it is gone)."""
+    path = held_memfds().get(name) if name.startswith("memfd:") else os.path.join(SHM_DIR, name)
+    try:
+        return os.stat(path).st_size if path is not None else 0
+    except OSError:
+        return 0

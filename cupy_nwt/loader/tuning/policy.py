@@ -22,10 +22,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from ...system import usable_cpus
+from ..ring.memory import memfd_available, memory_room
 from ..ring.ring import HEADER_BYTES, SHM_DIR
 
-RAM_SHARE = 0.25  # of the available RAM, by default, for the ring
-SHM_SHARE = 0.5  # of /dev/shm's free space, by default
+RAM_SHARE = 0.25  # of the available memory (or a cgroup's headroom), by default, for the ring
+SHM_SHARE = 0.5  # of /dev/shm's free space, by default, where the ring is a /dev/shm segment
 
 
 @dataclass(frozen=True)
@@ -40,30 +41,22 @@ class Budget:
 
 
 def default_budget(cpu_budget: int | None, memory_budget: int | None) -> Budget:
-    """The usable CPUs less one (the caller's), at least 1; a share of available RAM and of /dev/shm free."""
+    """The usable CPUs less one (the caller's), at least 1; a share of the memory the ring may take (``_default_memory``)."""
     cpus = cpu_budget if cpu_budget is not None else max(1, usable_cpus() - 1)
     return Budget(cpus, memory_budget if memory_budget is not None else _default_memory())
 
 
 def _default_memory() -> int:
-    ram = _available_ram()
+    """A share of the memory a ring may take (cgroup limits included); of /dev/shm's too where the ring lives there."""
+    ram = memory_room().bytes * RAM_SHARE
+    if memfd_available():
+        return max(0, int(ram))
     try:
         st = os.statvfs(SHM_DIR)
         shm = st.f_bavail * st.f_frsize
     except OSError:
         shm = 0
-    return max(0, int(min(ram * RAM_SHARE, shm * SHM_SHARE)))
-
-
-def _available_ram() -> int:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
+    return max(0, int(min(ram, shm * SHM_SHARE)))
 
 
 @dataclass(frozen=True)

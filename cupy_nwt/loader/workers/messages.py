@@ -82,9 +82,12 @@ class ErrorReport(_Record):
 
 @dataclass(frozen=True, slots=True)
 class RingMsg(_Record):
-    """Attach to this ring (closing the previous one); its header holds the current generation."""
+    """Attach to this ring (closing the previous one); its header holds the current generation.
 
-    name: str
+    ``name``: the /dev/shm segment's; None: the anonymous ring memory the worker was started with.
+    """
+
+    name: str | None
     layout: SlotLayout
     slots: int
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from ...errors import WorkerError
 from .._events import Listener
-from ..ring.ring import Ring
+from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import HostBatch, SlotPool
 from ..ring.tree import split
 from .maker import make_worker_error
@@ -59,7 +59,7 @@ class WorkerKind:
 
     ``start`` makes a pool (keywords: maker, num_workers, prefetch_factor, seed, worker_init_fn,
     context, device, epoch, rank, world_size, events); ``processes``: its workers are processes of
-    their own (a /dev/shm ring, pids, private memory); ``start_method(context, device)`` names how
+    their own (a shared ring, pids, private memory); ``start_method(context, device)`` names how
     they start.
     """
 
@@ -83,6 +83,10 @@ class Workers(Protocol):
 
     @property
     def closed(self) -> bool: ...
+
+    def new_ring(self, layout: SlotLayout, slots: int) -> Ring:
+        """A ring in memory these workers can write into (made once the layout is known)."""
+        ...
 
     def attach(self, ring: Ring) -> None: ...
 

@@ -6,8 +6,10 @@ killed mid-message cannot wedge the others). The main process waits on the resul
 workers' sentinels together, which is what turns a SIGKILLed worker into an error within one
 wake-up rather than a hang. Small messages travel (see ``messages``): a task with indices and a
 seed one way, ``(batch, slot, rows)`` and the batch's non-array leaves the other; arrays are
-written into the shared ring, whose slots and generations a ``SlotPool`` keeps. A worker watches
-the parent's sentinel too, so it never outlives the main process.
+written into the shared ring, whose slots and generations a ``SlotPool`` keeps. The ring's memory
+(``ring.memory.RingFile``) is made with the pool, before any worker starts, so each worker gets it as
+it starts (inherited, or a descriptor in the process object) and a later ``RingMsg`` only says its
+layout. A worker watches the parent's sentinel too, so it never outlives the main process.
 
 Until the ring exists (its layout is learned from the first batch a worker makes) each worker has
 at most one task out, without a slot; those few batches come back pickled.
@@ -35,7 +37,8 @@ from ... import cuda
 from ..._worker_info import WorkerInfo, enter_process, get_worker_info, worker_seed  # noqa: F401 - get_worker_info: old path
 from ...errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old paths (cupy_nwt.worker)
 from .._events import Listener
-from ..ring.ring import Ring
+from ..ring.memory import RingFile
+from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from . import lifeline
 from .lifeline import ParentGone, ParentWatch
@@ -71,6 +74,7 @@ class WorkerSpec:
     worker_init_fn: Callable | None
     rank: int = 0
     world_size: int = 1
+    ring_file: RingFile | None = None  # the pool's anonymous ring memory; None: a named /dev/shm ring
 
 
 class _PipeChannel:
@@ -107,7 +111,10 @@ class _PipeChannel:
                 raise
 
     def open_ring(self, msg: RingMsg) -> Ring:
-        return Ring.attach(msg.name, msg.layout, msg.slots)
+        where = msg.name if msg.name is not None else self.spec.ring_file
+        if where is None:
+            raise LoaderError("internal error: a ring of anonymous memory for a worker started without it")
+        return Ring.attach(where, msg.layout, msg.slots)
 
     def close_ring(self, ring: Ring) -> None:
         ring.close()
@@ -173,6 +180,7 @@ class WorkerPool(Dispatch):
         self._workers: list[_Worker] = []
         self._ctx = context_of(start_method)
         self._spec = (num_workers, seed, epoch, maker, worker_init_fn, rank, world_size)
+        self._file: RingFile | None = None
         method = self._ctx.get_start_method()
         check_importable(method, not isinstance(start_method, str),
                          [maker.dataset, maker.collate_fn, maker.batch_transform, worker_init_fn])
@@ -181,6 +189,7 @@ class WorkerPool(Dispatch):
         self._hint = stuck_hint(method)  # what the parent is like as the workers start: why one might hang
         lifeline.track(self)
         try:
+            self._file = RingFile.create()
             for w in range(num_workers):
                 self._start(w)
         except BaseException:
@@ -192,7 +201,7 @@ class WorkerPool(Dispatch):
         num_workers, seed, epoch, maker, worker_init_fn, rank, world_size = self._spec
         ctx, method = self._ctx, self._ctx.get_start_method()
         spec = WorkerSpec(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), maker, worker_init_fn, rank,
-                          world_size)
+                          world_size, self._file)
         task_r, task_w = ctx.Pipe(duplex=False)
         res_r, res_w = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w), name=f"cupy_nwt-worker-{w}", daemon=True)
@@ -215,16 +224,20 @@ class WorkerPool(Dispatch):
         while self.size < n:
             self._start(self.size)
             ring = self.slots.ring
-            if ring is not None and ring.name is not None:
+            if ring is not None:
                 self._send(self._workers[-1], RingMsg(ring.name, ring.layout, ring.slots))
         self.active = max(1, n)
 
     # -- the ring
 
+    def new_ring(self, layout: SlotLayout, slots: int) -> Ring:
+        """A ring the workers can map: in the memory they were started with, else a named /dev/shm segment."""
+        return Ring(layout, slots, file=self._file) if self._file is not None else Ring(layout, slots, shared=True)
+
     def attach(self, ring: Ring) -> None:
         """Hand the workers the ring, once its layout is known; the pool's slots are then its slots."""
-        if ring.name is None:
-            raise LoaderError("internal error: workers can only attach to a ring in /dev/shm")
+        if ring.name is None and (ring.file is None or ring.file is not self._file):
+            raise LoaderError("internal error: workers can only attach to their pool's ring memory or /dev/shm")
         self.slots.attach(ring)
         for w in self._workers:
             self._send(w, RingMsg(ring.name, ring.layout, ring.slots))
@@ -340,6 +353,8 @@ class WorkerPool(Dispatch):
             w.results.close()
             w.process.close()
         self._workers = []
+        if self._file is not None:
+            self._file.close()  # the memory goes with the ring's mapping, or already went with the workers
         lifeline.untrack(self)
 
     def kill_now(self) -> None:

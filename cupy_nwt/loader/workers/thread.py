@@ -41,7 +41,7 @@ from ..._worker_info import WorkerInfo, enter_thread, worker_seed
 from ...errors import WorkerDiedError
 from .._events import Listener
 from .._iterable import dataset_kind
-from ..ring.ring import Ring
+from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from .maker import BatchMaker
 from .messages import FromWorker, Restore, Stop, Task
@@ -117,6 +117,10 @@ class ThreadPool(Dispatch):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    def new_ring(self, layout: SlotLayout, slots: int) -> Ring:
+        """This process's anonymous memory: the threads share it as it is."""
+        return Ring(layout, slots, shared=False)
 
     def attach(self, ring: Ring) -> None:
         """The pool's slots are ``ring``'s; each thread takes it before its next task."""

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from cupy_nwt.loader.ring.ring import live_segments
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -29,21 +31,19 @@ def start(folder: Path, step_s: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def shm_segments() -> set[str]:
-    return {n for n in os.listdir("/dev/shm") if "cupy_nwt" in n} if os.path.isdir("/dev/shm") else set()
-
-
 def test_sigkill_mid_epoch_then_resume_trains_on_the_uninterrupted_samples(tmp_path):
-    before = shm_segments()
+    runs = []  # the three runs' pids: their rings carry them (other runs on the machine may own rings too)
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     for d in (whole, cut):
         d.mkdir()
         (d / "train_resumable.py").write_text(recipe())
     p = start(whole, "0")
+    runs.append(p.pid)
     assert p.wait(120) == 0, p.stderr.read() if p.stderr else ""
     expected = json.loads((whole / "final.json").read_text())
 
     p = start(cut, "0.01")
+    runs.append(p.pid)
     ckpt = cut / "ckpt.json"
     deadline = time.monotonic() + 60
     while True:  # kill once a checkpoint is mid-way through the first epoch
@@ -60,9 +60,12 @@ def test_sigkill_mid_epoch_then_resume_trains_on_the_uninterrupted_samples(tmp_p
     assert 0 < len(saved["model"]["seen"]) < len(expected["seen"])
 
     p = start(cut, "0")
+    runs.append(p.pid)
     assert p.wait(120) == 0, p.stderr.read() if p.stderr else ""
     resumed = json.loads((cut / "final.json").read_text())
     assert resumed["seen"] == expected["seen"]
     assert resumed["w"] == expected["w"]
-    time.sleep(0.5)  # the killed run's workers notice their parent is gone
-    assert shm_segments() <= before
+    deadline = time.monotonic() + 10  # the killed run's workers notice their parent is gone
+    while any(live_segments(pid) for pid in runs) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [ring for pid in runs for ring in live_segments(pid)] == []

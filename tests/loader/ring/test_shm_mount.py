@@ -1,4 +1,5 @@
-"""A machine without a /dev/shm mount (some VMs, minimal containers): one LoaderError that says so."""
+"""A machine without a /dev/shm mount (some VMs, minimal containers): the ring is anonymous shared memory and
+needs none; where ``memfd_create`` is missing too (the /dev/shm fallback), one LoaderError that says so."""
 
 from __future__ import annotations
 
@@ -11,9 +12,19 @@ import cupy_nwt.loader.ring.ring as shm
 from cupy_nwt import DataLoader, LoaderError
 
 
+def test_missing_dev_shm_does_not_matter_to_the_anonymous_ring(monkeypatch, tmp_path):
+    missing = tmp_path / "no-shm-mount"
+    monkeypatch.setattr(shm, "SHM_DIR", str(missing))
+    with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu") as dl:
+        got = [y.tolist() for _, y in dl]
+    assert got == [list(range(b, b + 8)) for b in range(0, 64, 8)]
+    assert not missing.exists()
+
+
 def test_missing_dev_shm_is_a_loader_error_naming_it_and_the_bytes(monkeypatch, tmp_path):
     missing = tmp_path / "no-shm-mount"
     monkeypatch.setattr(shm, "SHM_DIR", str(missing))
+    monkeypatch.delattr(os, "memfd_create")  # the fallback: a /dev/shm segment
     with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu") as dl:
         with pytest.raises(LoaderError) as info:
             list(dl)

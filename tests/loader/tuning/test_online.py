@@ -16,7 +16,7 @@ from toy_data import Squares
 from cupy_nwt import DataLoader, IterableDataset
 from cupy_nwt.errors import ArgumentError
 from cupy_nwt.loader import Autotune, Listener, LoaderParts
-from cupy_nwt.loader.ring.ring import SHM_DIR, live_segments
+from cupy_nwt.loader.ring.ring import live_segments, segment_bytes
 from cupy_nwt.loader.tuning.policy import Decision, Limits, Observation, Setting
 from cupy_nwt.loader.workers.thread import STUCK_SUFFIX
 
@@ -115,7 +115,7 @@ def test_the_ring_is_made_once_within_the_memory_budget():
     next(it)
     (segment,) = live_segments(os.getpid())
     assert dl.layout is not None and dl.layout.slot_bytes == slot
-    assert os.path.getsize(os.path.join(SHM_DIR, segment)) == 4096 + 5 * slot  # the header and 5 slots
+    assert segment_bytes(segment) == 4096 + 5 * slot  # the header and 5 slots
     it.close()
 
 

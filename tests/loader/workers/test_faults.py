@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import threading
 import time
@@ -13,7 +14,7 @@ import psutil
 import pytest
 from toy_data import Squares
 
-from cupy_nwt import DataLoader, LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError
+from cupy_nwt import DataLoader, LoaderError, LoaderTimeoutError, RingMemoryError, WorkerDiedError, WorkerError
 from cupy_nwt.loader.ring.ring import live_segments
 from cupy_nwt.loader.workers.thread import STUCK_SUFFIX
 
@@ -233,7 +234,28 @@ def test_full_dev_shm_fails_up_front_with_the_size_needed(clean, monkeypatch):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "posix_fallocate", no_space)
+    monkeypatch.delattr(os, "memfd_create")  # the fallback: a /dev/shm segment
     with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu") as dl:
         with pytest.raises(shm.ShmSpaceError, match=r"ring needs .* MiB of /dev/shm.*--shm-size"):
             list(dl)
         assert dl.worker_pids() == []
+
+
+@pytest.mark.process_only("a thread ring is this process's anonymous memory, never reserved")
+def test_memory_refusing_the_ring_fails_up_front_with_the_size_needed(clean, monkeypatch):
+    import errno
+
+    import cupy_nwt.loader.ring.ring as shm
+
+    def no_memory(fd, offset, length):
+        raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+    monkeypatch.setattr(os, "posix_fallocate", no_memory)
+    with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu") as dl:
+        with pytest.raises(shm.ShmSpaceError) as info:  # code written for /dev/shm still catches it
+            list(dl)
+        assert dl.worker_pids() == []
+    assert type(info.value) is RingMemoryError
+    assert re.fullmatch(r"the loader's ring needs \d+\.\d MiB of shared memory \(\d+ bytes\) but only .* are free "
+                        r"(in available memory|under the cgroup memory limit) .*\(Cannot allocate memory\); lower batch_size, "
+                        r"num_workers or prefetch_factor, .*", str(info.value))

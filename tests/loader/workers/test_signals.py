@@ -1,8 +1,9 @@
 """The main process ends (SIGTERM, Ctrl-C, kill -9) while its workers are busy: nothing is left behind.
 
 Each test runs a script as a user would write it, in a subprocess, signals it while its workers are
-stuck inside ``__getitem__`` (or have a queue of work), and checks the process table and /dev/shm:
-no worker outlives it, no ring segment stays, and a worker whose parent died starts no more samples.
+stuck inside ``__getitem__`` (or have a queue of work), and checks the process table and the rings:
+no worker outlives it, no ring stays (in /dev/shm, or held by any process), and a worker whose parent
+died starts no more samples.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+
+from cupy_nwt.loader.ring.ring import live_segments
 
 ROOT = Path(__file__).resolve().parents[3]
 GONE_WITHIN_S = 8.0  # "within seconds", generous for a loaded machine; not a timing claim
@@ -70,12 +73,18 @@ def worker_pids(proc: subprocess.Popen[str]) -> list[int]:
 
 
 def segments_of(pid: int) -> set[str]:
-    """The cupy_nwt ring segments process ``pid`` has mapped."""
+    """The cupy_nwt rings process ``pid`` has mapped: a /dev/shm path, or ``memfd:<name>`` for anonymous memory."""
     try:
         maps = Path(f"/proc/{pid}/maps").read_text()
     except OSError:
         return set()
-    return {line.split()[-1] for line in maps.splitlines() if "/dev/shm/cupy_nwt_" in line}
+    paths = {line.split(None, 5)[-1].split(" (deleted)")[0] for line in maps.splitlines() if "cupy_nwt_" in line}
+    return {p if p.startswith("/dev/shm/") else "memfd:" + p.removeprefix("/memfd:") for p in paths}
+
+
+def ring_exists(ring: str) -> bool:
+    """A /dev/shm segment still has its name; an anonymous ring is still held or mapped by some process."""
+    return ring in live_segments() if ring.startswith("memfd:") else os.path.exists(ring)
 
 
 def wait_for(predicate, what: str, limit: float = GONE_WITHIN_S) -> None:
@@ -118,7 +127,7 @@ def cleanup(proc: subprocess.Popen[str], pids: list[int]) -> None:
 
 def assert_nothing_left(pids: list[int], rings: set[str]) -> None:
     wait_for(lambda: not any(alive(p) for p in pids), f"workers {pids} ended")
-    wait_for(lambda: not any(os.path.exists(r) for r in rings), f"ring segment(s) {rings} removed")
+    wait_for(lambda: not any(ring_exists(r) for r in rings), f"ring(s) {rings} freed")
 
 
 def test_sigterm_ends_stuck_workers_and_removes_the_ring(tmp_path, method):
