@@ -8,8 +8,8 @@
 #     bash bench/gpu_session.sh --unpack DIR     # files a device command returned -> bench/results/<device>/
 #
 # The steps are listed by what the project exists for, so whatever a lease cuts off matters least:
-# the first command is `info transfers gpu-tests nwt gpu-feed` (470 s by the estimates below), the
-# second, only where the lease has time left, `loader-compare scaleout` (170 s).
+# the first command is `info transfers gpu-tests nwt gpu-feed` (290 s as measured on the first lease,
+# below), the second, only where the lease has time left, `loader-compare scaleout` (165 s).
 #
 # Each step works in <work>/<step>/ (its output in log.txt there, its timing in step.json), where
 # <work> is bench/results/<device> without $OUT and a scratch folder with it; with $OUT set, a
@@ -27,10 +27,8 @@
 # its estimate; the scale is written beside its results (scale.json).
 # PYTHON names the interpreter (default python3): a stand-in one lets tests run the script dry.
 #
-# The seconds are ESTIMATES for the lent 16-core machine (Python 3.12, CuPy 14.2 for CUDA 13, torch
-# 2.11, no platformdirs), derived from what each step runs and from bench/session_costs.py's CPU-side
-# figures (bench/results/session_costs-vm-2cpu.json); the reasoning is written beside each step
-# below. No step has run on a GPU yet. Exit: 0 every step passed; 1 a step failed, was cut off or
+# The seconds are what each step took on the first lease (an NVIDIA H200, 16 cores, Python 3.12, CuPy
+# 14.2 for CUDA 13, torch 2.11), from its step.json under bench/results/NVIDIA-H200/. Exit: 0 every step passed; 1 a step failed, was cut off or
 # not started; 2 bad arguments; 3 no usable GPU (one line).
 set -uo pipefail
 start_dir=$PWD
@@ -44,62 +42,33 @@ reserve=$((grace + 10))  # what a cut-off step needs after its timeout: the kill
 test_timeout=60          # per GPU test: the slowest (a pytester run in a fresh interpreter) ~10 s
 nwt_scale=${GPU_SESSION_NWT_SCALE:-1}
 
-# name|estimated seconds|what it runs. Each estimate, from what the step runs on the lent image. The
-# CPU-side figures quoted are bench/session_costs.py's on the 2-vCPU VM (session_costs-vm-2cpu.json),
-# taken as CPU seconds: that VM was shared (load average 11-29), so its wall-clock figures are 3-4x
-# its CPU ones, and a core of the lent machine is taken to be no slower than one of the VM's.
+# name|seconds|what it runs. Each figure is the step's `done: STEP in N s` on the first lease (an NVIDIA
+# H200, 16 cores, Python 3.12, CuPy 14.2 for CUDA 13, torch 2.11), kept in
+# bench/results/NVIDIA-H200/<step>/step.json; the estimates derived beforehand from the CPU-side costs
+# (bench/session_costs.py) are beside them. A step may run twice its figure, so a measured one is margin
+# enough; a step whose work changed since is named.
 STEPS=(
-    # 4 Python starts (0.45 s of CPU to import cupy_nwt here, ~2 s more there for CuPy and the CUDA
-    # context), nvidia-smi -q (~2 s), pip list over ~200 packages (~3 s), lscpu, df: ~13 s, 15 with margin.
-    "info|15|host and GPU facts: cupy-nwt info (text, JSON), nvidia-smi -q, lscpu, pip list, /dev/shm"
-    # cupy-nwt bandwidth: 17 sizes 4 KiB..256 MiB x 23 samples of >= 8 MiB: ~13.6 GB per (direction,
-    # memory): ~7 s pageable at >= 4 GB/s, ~1 s pinned at >= 25 GB/s; 64 MiB batched vs 1,024 x 64 KiB
-    # copies x 23 x 4: ~94k small copies at <= 20 us, ~2 s; two 256 MiB pinned buffers filled and checked,
-    # the spin kernel compiled (NVRTC), plot: ~8 s; Python + CuPy ~3 s: ~20 s. overlap: 16 MiB over 4
-    # streams, 3 versions x 23 runs, checked, kernels compiled: ~6 s. native: nvcc's build 6.0 s of CPU
-    # here (one serial compile: 16 cores do not shorten it), the same sweep and overlap ~12 s,
-    # native_report ~1 s: ~20 s. ~46 s, 75 with margin for pageable copies at 2 GB/s (+14 s over both
-    # sweeps) and a slower nvcc.
-    "transfers|75|cupy-nwt bandwidth (pageable vs pinned sweep, batched vs many) and overlap (sequential vs async v1/v2, 4 streams, checked), bench/native (nvcc there) and cupy_nwt / native per figure"
-    # collecting tests/ and bench/ (1,818 tests, 29 GPU ones selected): 9.9 s of CPU here; CuPy and the
-    # context ~3 s; 21 tests in tests/, each a loader or a few copies (a cold forkserver ~1.3 s,
-    # kernels compiled ~1 s): ~30 s; the pytester run in a fresh interpreter ~10 s; bench/: 4 idle-
-    # fraction modes (512 PNGs + 8,192 arrays built ~1 s, each 4 workers + 111 steps of 5 ms ~1.5 s)
-    # and 4 x 33 copies of 64 MiB ~2 s: ~10 s. ~65 s, 90 with margin; 60 s per test at most.
-    "gpu-tests|90|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
-    # cupy-nwt reproduce over counts 0..15 at batch 128 on the embedded synthetic CIFAR-10 (50,000
-    # 32x32 PNGs decoded per sample, CifarTrainTransform): 1,600 batches in the paper search, ~400 in
-    # the fast one, 3 x 1,112 re-measuring every count, <= 4 counts x 9 rounds x ~90 judging the picks:
-    # ~7,000 batches of 14.2 ms of CPU each here, in ~90 trials. Trials of w workers share min(w, 15)
-    # cores (the main process waits for the GPU), so 0 and 1 worker dominate: ~15 s paper, ~4 fast,
-    # ~36 re-measuring, <= 34 judging, ~45 s of it the trials' start and close (~0.5 s each, which no
-    # scale shrinks); builds and starts ~30 s (the 50,000 PNGs: 5.7 s of CPU here; Numba compile;
-    # Python, CuPy, context, forkserver; 4 plots): ~120 s. The whole run took 200 s of CPU here (the
-    # spinner that stands for a CPU step included), so even done serially on one such core it would end
-    # by then; + ~10 s of GPU extras (pinned rings registered per trial, ~10 GB of H2D batches):
-    # 220 s at scale 1. GPU_SESSION_NWT_SCALE=s scales the batches, not the trials: 120 + 100 s.
-    "nwt|220|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
-    # 2 workloads x workers 4,15 x 4 modes = 16 runs, each: persistent workers started (forkserver
-    # ~1.3 s cold, ~0.1 s warm; torch forks ~0.1 s), 210 steps of 5 ms, step-bound since even PNG
-    # decode (12.5 ms of CPU a batch here) makes a batch every ~3 ms at 4 workers, close ~0.3 s:
-    # <= 2.6 s; workloads built (1.2 s of CPU here), torch and CuPy imports, kernels: ~12 s. ~55 s,
-    # 70 with margin.
-    "gpu-feed|70|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, steady state and start-up"
-    # 2 workloads x workers 0,4,15 x 3 loaders x 3 repeats = 54 fresh loaders, each a start (forkserver
-    # ~0.1 s warm, torch's fork ~0.1 s, threads ~0) + 33 batches (PNG decode at 0 workers: 12.5 ms of CPU
-    # a batch here, 0.4 s) + close: <= 1 s; workloads, torch and CuPy imports, plot ~12 s. ~66 s, 90 with
-    # margin.
-    "loader-compare|90|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's"
-    # ranks 1 and 2, 3 repeats: 6 torchrun launches (torch + CuPy imports per rank ~5 s, gloo, the
-    # synthetic CIFAR-10 opened from the cache the nwt step built, or built in ~1 s on 16 cores),
-    # 'budget' workers (15, or 7 per rank), 85 batches of 14.2 ms of CPU over those workers: ~0.2 s:
-    # ~10 s a launch: ~60 s, 80 with margin.
-    "scaleout|80|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
+    # 4 s measured (estimated 15)
+    "info|4|host and GPU facts: cupy-nwt info (text, JSON), nvidia-smi -q, lscpu, pip list, /dev/shm"
+    # 29 s measured (estimated 75): nvcc's build and both sweeps were faster than their CPU-side figures
+    "transfers|29|cupy-nwt bandwidth (pageable vs pinned sweep, batched vs many) and overlap (sequential vs async v1/v2, 4 streams, checked), bench/native (nvcc there) and cupy_nwt / native per figure"
+    # 36 s measured (estimated 90)
+    "gpu-tests|36|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
+    # 145 s measured at scale 1 (estimated 220); see NWT_FIXED below for the scaled figure
+    "nwt|145|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
+    # 76 s measured (estimated 70); forkserver's workers start faster since (they no longer import Numba each)
+    "gpu-feed|76|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, steady state and start-up"
+    # 81 s measured (estimated 90); since then each run also drains workers x 2 batches before timing
+    # (30 more at 15 workers, ~0.1 s) and its workers persist
+    "loader-compare|81|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's"
+    # 84 s measured (estimated 80)
+    "scaleout|84|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
 )
 
 # The NWT step at GPU_SESSION_NWT_SCALE: its fixed costs (builds, imports, plots, the ~90 trials'
 # starts) stay, its batches per trial scale; at 1 these are the paper's 100 and reproduce's defaults.
-NWT_FIXED=120 NWT_VARIABLE=100
+# The lease measured 145 s at scale 1 only: the split keeps the estimate's 120:100 (unmeasured).
+NWT_FIXED=80 NWT_VARIABLE=65
 nwt_args() {
     awk -v s="$nwt_scale" 'BEGIN { i = int(100 * s + 0.5); c = int(50 * s + 0.5);
         printf "--iterations %d --compare-iterations %d --compare-repeats 3 --judge-repeats 9", (i < 10 ? 10 : i), (c < 5 ? 5 : c) }'

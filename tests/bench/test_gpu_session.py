@@ -190,7 +190,7 @@ def test_a_step_past_its_time_is_cut_off_packed_and_the_rest_not_started(tree, t
     proc = run(["gpu-tests", "transfers"], script, PYTHON=stub, OUT=str(out), STUB_SLEEP="60",
                GPU_SESSION_SECONDS="15", GPU_SESSION_KILL_GRACE="1", GPU_SESSION_ESTIMATES="gpu-tests=1")
     assert proc.returncode == 1
-    assert "CUT OFF: gpu-tests" in proc.stderr and "NOT STARTED: transfers (estimate 75 s" in proc.stderr
+    assert "CUT OFF: gpu-tests" in proc.stderr and "NOT STARTED: transfers (estimate 29 s" in proc.stderr
     assert [f.name for f in _returned(out)] == ["gpu-tests.tgz"]
     with tarfile.open(out / DEVICE / "gpu-tests.tgz") as tar:
         calls = tar.extractfile("gpu-tests/stub-calls.txt").read().decode()
@@ -203,15 +203,16 @@ def test_a_step_whose_estimate_does_not_fit_is_not_started_and_later_ones_that_f
     out.mkdir()
     proc = run(["nwt", "info"], script, PYTHON=stub, OUT=str(out), GPU_SESSION_SECONDS="60")  # 30 s to start steps
     assert proc.returncode == 1
-    assert "NOT STARTED: nwt (estimate 220 s" in proc.stderr and "done: info" in proc.stderr
+    assert "NOT STARTED: nwt (estimate 145 s" in proc.stderr and "done: info" in proc.stderr
     assert [f.name for f in _returned(out)] == ["info.tgz"]
 
 
 def test_the_deadline_counts_from_the_scripts_start_the_probe_included(tree, tmp_path):
     """A slow probe (CuPy's import, the driver's start) eats into the command's time like any step."""
     script, stub = tree
-    # 47 s less 30 s reserve leaves 17 s for info's 15 s estimate, but not after a 3-s probe
-    proc = run(["info"], script, PYTHON=stub, GPU_SESSION_SECONDS="47", STUB_PROBE_SLEEP="3")
+    # 47 s less 30 s reserve leaves 17 s for a 15-s estimate of info, but not after a 3-s probe
+    proc = run(["info"], script, PYTHON=stub, GPU_SESSION_SECONDS="47", STUB_PROBE_SLEEP="3",
+               GPU_SESSION_ESTIMATES="info=15")
     assert proc.returncode == 1
     assert re.search(r"NOT STARTED: info \(estimate 15 s, 1[0-4] s left", proc.stderr), proc.stderr
 
@@ -324,13 +325,13 @@ def test_a_step_that_no_longer_fits_after_the_earlier_ones_is_not_started(tree, 
 def test_the_nwt_scale_scales_its_batches_and_estimate_and_is_written_beside_its_results(tree):
     script, stub = tree
     listed = run(["--list"], GPU_SESSION_NWT_SCALE="0.5").stdout
-    assert re.search(r"^nwt\s+170 s ", listed, re.M)  # 120 s whatever the scale + 100 s of batches at half
+    assert re.search(r"^nwt\s+113 s ", listed, re.M)  # 80 s whatever the scale + 65 s of batches at half
     assert run(["nwt"], script, PYTHON=stub, GPU_SESSION_NWT_SCALE="0.5").returncode == 0
     step = script.parent / "results" / DEVICE / "nwt"
     assert "--iterations 50 --compare-iterations 25 --compare-repeats 3" in (step / "stub-calls.txt").read_text()
     scale = json.loads((step / "scale.json").read_text())
-    assert scale["scale"] == 0.5 and scale["estimate_s"] == 170
-    assert json.loads((step / "step.json").read_text())["estimate_s"] == 170
+    assert scale["scale"] == 0.5 and scale["estimate_s"] == 113
+    assert json.loads((step / "step.json").read_text())["estimate_s"] == 113
 
 
 @pytest.mark.parametrize("env", [{"GPU_SESSION_NWT_SCALE": "2"}, {"GPU_SESSION_NWT_SCALE": "0.05"},

@@ -10,7 +10,8 @@ batch path; the loader's own overhead shows here).
 Three loaders: cupy_nwt with process workers, cupy_nwt with thread workers (``worker_type="thread"``)
 and torch, at equal worker counts. Each point is the median of ``--repeats`` fresh loaders, loaders
 interleaved within a repeat so a neighbour's load hits all alike; the first ``--warmup`` batches
-(worker start-up) are not timed for samples/s. Each run also records the time from building the
+(worker start-up), and then the ``workers x prefetch_factor`` batches made while the first was awaited,
+are not timed for samples/s. Each run also records the time from building the
 loader to its first batch, and the CPU seconds (user + system, the main process and its workers)
 spent per 1,000 timed samples.
 Writes ``loader_compare-<host>.json`` and ``.png`` beside this script:
@@ -44,6 +45,7 @@ from cupy_nwt.transforms import CifarTrainTransform
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
 LOADERS = ("cupy_nwt", "cupy_nwt-thread", "torch")
+PREFETCH_FACTOR = 2  # batches in flight per worker, both libraries (their default)
 
 
 @dataclass(frozen=True)
@@ -111,8 +113,26 @@ class TorchCollate:
         return torch.from_numpy(np.ascontiguousarray(batch[0])), torch.from_numpy(batch[1])
 
 
+def timed_after(warmup: int, num_workers: int, prefetch_factor: int = PREFETCH_FACTOR) -> int:
+    """Batches to take before the clock starts: ``warmup`` plus every batch the workers make during start-up.
+
+    Workers fill ``num_workers * prefetch_factor`` batches while the first one is awaited; timed,
+    those come out of the queue at once, and at 15 workers 30 of them would be a whole 30-batch
+    window (torch's 1,030,522 samples/s on the H200 was that queue, not decoding).
+    """
+    if warmup < 1 or num_workers < 0 or prefetch_factor < 1:
+        raise ValueError(f"need warmup >= 1, num_workers >= 0, prefetch_factor >= 1; got {warmup}, {num_workers}, "
+                         f"{prefetch_factor}")
+    return warmup + num_workers * prefetch_factor
+
+
 def make_loader(kind: str, workload: Workload, num_workers: int, batch_size: int, device: str, seed: int) -> Any:
-    """A loader of ``kind`` (one of ``LOADERS``) over the workload; process workers are forked."""
+    """A loader of ``kind`` (one of ``LOADERS``) over the workload; process workers are forked.
+
+    Workers persist across epochs (both libraries): the drained warm-up (``timed_after``) and the timed
+    batches can pass an epoch's end, where a restart would be timed instead of loading.
+    """
+    persistent = num_workers > 0
     if kind in ("cupy_nwt", "cupy_nwt-thread"):
         from cupy_nwt import DataLoader  # noqa: PLC0415
 
@@ -120,15 +140,16 @@ def make_loader(kind: str, workload: Workload, num_workers: int, batch_size: int
         return DataLoader(workload.dataset, batch_size=batch_size, shuffle=True, seed=seed, num_workers=num_workers,
                           device=device, pin_memory=device == "cuda", batch_transform=workload.batch_transform,
                           start_method=None if device == "cuda" or threads else "fork",
-                          worker_type="thread" if threads else "process")
+                          worker_type="thread" if threads else "process", prefetch_factor=PREFETCH_FACTOR,
+                          persistent_workers=persistent)
     if kind == "torch":
         import torch  # noqa: PLC0415
 
         return torch.utils.data.DataLoader(
             workload.dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
             collate_fn=TorchCollate(workload.batch_transform), pin_memory=device == "cuda",
-            prefetch_factor=2 if num_workers else None, generator=torch.Generator().manual_seed(seed),
-            multiprocessing_context="fork" if num_workers else None)
+            prefetch_factor=PREFETCH_FACTOR if num_workers else None, generator=torch.Generator().manual_seed(seed),
+            multiprocessing_context="fork" if num_workers else None, persistent_workers=persistent)
     raise ValueError(f"unknown loader {kind!r}: use one of {', '.join(LOADERS)}")
 
 
@@ -220,7 +241,7 @@ def measure(kind: str, workload: Workload, num_workers: int, batch_size: int = 1
     try:
         next(stream)
         first = time.perf_counter() - t_build
-        for _ in range(warmup - 1):
+        for _ in range(timed_after(warmup, num_workers) - 1):
             next(stream)
         with MemorySampler(pids) as sampler:
             cpu0 = cpu_seconds(pids())

@@ -185,7 +185,8 @@ class WorkerPool(Dispatch):
         check_importable(method, not isinstance(start_method, str),
                          [maker.dataset, maker.collate_fn, maker.batch_transform, worker_init_fn])
         if method == "forkserver":
-            self._ctx.set_forkserver_preload(forkserver_preload())
+            self._ctx.set_forkserver_preload(
+                forkserver_preload([maker.dataset, maker.collate_fn, maker.batch_transform]))
         self._hint = stuck_hint(method)  # what the parent is like as the workers start: why one might hang
         lifeline.track(self)
         try:

@@ -22,6 +22,7 @@ import logging
 import multiprocessing as mp
 import sys
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from ...errors import LoaderError
@@ -76,12 +77,16 @@ def choose(cuda_live: bool) -> str:
     return "forkserver"
 
 
-def forkserver_preload() -> list[str]:
-    """What forkserver's server imports once, before forking any worker: the worker loop, and torch when
-    this process has it, so a worker forks with torch loaded instead of importing it again (each
-    re-run of a main module that imports torch would). torch's import starts no thread; its pool
-    starts with its first parallel op. Nothing else of the user's: a module may start a runtime."""
-    return ["__main__", "cupy_nwt.loader.workers.process", *(["torch"] if "torch" in sys.modules else [])]
+def forkserver_preload(objects: Sequence[Any] = ()) -> list[str]:
+    """What forkserver's server imports once, before forking any worker: the worker loop, torch when
+    this process has it, and this package's modules that define ``objects`` (the dataset, collate_fn,
+    batch_transform a worker unpickles), so a worker forks with them loaded instead of importing them
+    again: each worker imported Numba (for ``cupy_nwt.transforms``) on its own, one after another as the
+    server forked them. torch's import starts no thread; its pool starts with its first parallel op;
+    this package's modules start none. Nothing else of the user's: a module may start a runtime."""
+    root = __name__.split(".")[0] + "."
+    own = sorted({m for o in objects if isinstance(m := getattr(o, "__module__", None), str) and m.startswith(root)})
+    return ["__main__", "cupy_nwt.loader.workers.process", *(["torch"] if "torch" in sys.modules else []), *own]
 
 
 def other_threads() -> list[str]:
