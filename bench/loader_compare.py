@@ -36,11 +36,10 @@ import numpy as np
 
 from cupy_nwt import cuda, system
 from cupy_nwt._reporting import tables as report
-from cupy_nwt._reporting.progress import Progress
-from cupy_nwt.datasets import ArrayDataset, TarImageDataset, synthetic_pixels, write_tar_shard
+from cupy_nwt._reporting.progress import ProgressBar
+from cupy_nwt.data import ArrayDataset, CifarTrainTransform, TarImageDataset, synthetic_pixels, write_tar_shard
 from cupy_nwt.experiments.timing import summarize
 from cupy_nwt.nwt.memory import MemorySampler
-from cupy_nwt.transforms import CifarTrainTransform
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LOADERS = ("cupy_nwt", "cupy_nwt-thread", "torch")
@@ -403,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="loader_compare-") as tmp:
         workloads = make_workloads(Path(tmp), args.decode_images, args.array_images, args.fmt)
         steps = args.repeats * len(workloads) * len(workers) * len(loaders)
-        with Progress(steps, "loader_compare", unit="run") as bar:
+        with ProgressBar(steps, "loader_compare", unit="run") as bar:
             result = compare(workloads, workers, loaders, args.batch_size, args.batches, args.warmup, args.repeats,
                              args.device, progress=bar.step, note=args.note)
         for wl in workloads:

@@ -23,6 +23,11 @@ class ArgumentError(CupyNwtError, ValueError):
     """An argument has the wrong type or is out of range; raised by the checks in ``cupy_nwt._checks``."""
 
 
+class ArgumentTypeError(CupyNwtError, TypeError):
+    """An argument of the wrong kind where PyTorch (or Python) raises ``TypeError``: a caller's ``except
+    TypeError`` still catches it."""
+
+
 class NoGPUError(CupyNwtError, RuntimeError):
     """Raised by GPU-only entry points; its message is one sentence a user can act on."""
 
@@ -153,7 +158,7 @@ class LoaderTimeoutError(LoaderError, TimeoutError):
 
 
 __all__ = [
-    "ArgumentError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError",
+    "ArgumentError", "ArgumentTypeError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError",
     "DataError", "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "ShmSpaceError",
     "StateError", "WorkerDiedError", "WorkerError",
 ]

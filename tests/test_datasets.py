@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cupy_nwt.datasets import (
+from cupy_nwt.data.datasets import (
     CIFAR10,
     ArrayDataset,
-    CorruptImageError,
     ImageFolder,
     SyntheticCIFAR10,
     TarImageDataset,
@@ -24,6 +23,7 @@ from cupy_nwt.datasets import (
     open_dataset,
     write_tar_shard,
 )
+from cupy_nwt.errors import CorruptImageError
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from cupy_nwt.nwt.fingerprint import (
 )
 
 MACHINE = MachineFingerprint("Some CPU", 16, 128, "NVIDIA H100", "Gen5 x16")
-WORK = WorkFingerprint(3072, 128, "cupy_nwt.transforms.CifarTrainTransform", 2, True, "cuda")
+WORK = WorkFingerprint(3072, 128, "cupy_nwt.data.transforms.CifarTrainTransform", 2, True, "cuda")
 
 
 def fp(**work) -> Fingerprint:

@@ -12,7 +12,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 import gate_proof as gp  # noqa: E402
 
-from cupy_nwt.datasets import SyntheticCIFAR10
+from cupy_nwt.data.datasets import SyntheticCIFAR10
 from cupy_nwt.pytest_plugin._proof import ENV, SlowedBatchDataset, SlowedDataset, planted, planted_cpu_us
 
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from toy_data import Squares
 
-from cupy_nwt import NoGPUError, cuda
-from cupy_nwt.loader import DataLoader, LoaderError, WorkerError
+from cupy_nwt import NoGPUError, cuda, get_worker_info
+from cupy_nwt.errors import LoaderError, WorkerError
+from cupy_nwt.loader import DataLoader
 from cupy_nwt.loader.ring.ring import SHM_DIR, live_segments
-from cupy_nwt.loader.workers.process import get_worker_info
 
 pytestmark = pytest.mark.usefixtures("worker_type")
 
@@ -347,7 +347,8 @@ def test_cuda_device_without_a_gpu_says_why():
 
 
 def test_default_collate_is_strict_on_both_paths():
-    from cupy_nwt.loader.ring.collate import BatchLayoutError, default_collate
+    from cupy_nwt.errors import BatchLayoutError
+    from cupy_nwt.loader.ring.collate import default_collate
 
     img = np.zeros((2, 2), np.uint8)
     x, y = default_collate([(img, 1), (img, np.int64(2))])  # a NumPy int64 scalar fits an int64 column

@@ -11,9 +11,10 @@ import pytest
 
 from cupy_nwt import cli, cuda
 from cupy_nwt._reporting import tables as report
-from cupy_nwt.datasets import write_tar_shard
+from cupy_nwt.data.datasets import write_tar_shard
 from cupy_nwt.nwt.fingerprint import ResultStore
-from cupy_nwt.tuner import TuneResult, tune_num_workers
+from cupy_nwt.nwt.store import TuneResult
+from cupy_nwt.nwt.tune import tune_num_workers
 
 
 @pytest.fixture(params=[0o022, 0o027, 0o077], ids=["umask022", "umask027", "umask077"])

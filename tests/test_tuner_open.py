@@ -18,10 +18,11 @@ from test_tuner import CostModel, _curve
 from test_tuner_robust import Hiccups
 from test_tuner_waves import Waves
 
-from cupy_nwt.datasets import ArrayDataset
+from cupy_nwt._reporting.explain import tune_summary
+from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.nwt import measure as nwt_measure
 from cupy_nwt.nwt.fast import open_cap
-from cupy_nwt.tuner import summary_text, tune_num_workers
+from cupy_nwt.nwt.tune import tune_num_workers
 
 CPUS = (1, 2, 3, 4, 8, 16)
 
@@ -162,7 +163,7 @@ def test_the_report_says_which_load_the_trials_represented(cpus):
     r = tune_num_workers(data, batch_size=8, max_workers=2, iterations=8, strategy="fast", device="cpu",
                          progress=False)
     assert r.main_process == "busy"
-    assert "main process: busy" in summary_text(r)
+    assert "main process: busy" in tune_summary(r)
     with pytest.raises(ValueError, match="main_process"):
         tune_num_workers(data, batch_size=8, main_process="sometimes", measure=lambda w, i, u: 1.0)
 

@@ -110,7 +110,7 @@ def explain_paper_pick(result: TuneResult) -> str:
     return "\n".join(lines[:2] + [textwrap.fill(p, WIDTH) for p in lines[2:]])
 
 
-def summary_text(result: TuneResult, saved_to: Path | None = None, *, outcome: SaveOutcome | None = None) -> str:
+def tune_summary(result: TuneResult, saved_to: Path | None = None, *, outcome: SaveOutcome | None = None) -> str:
     """The trials as a table, the pick, what the search cost, how far it looked, and what was saved."""
     trials = result.trials
     fastest = min(trials, key=lambda t: (t.seconds_per_iteration, t.workers)).workers if trials else None

@@ -26,7 +26,7 @@ from .._reporting import tables as report
 from .._reporting.units import fmt_bytes
 from . import kernels, timing
 from .timing import Stats
-from .transfers import Progress, check_run_options, run_on_device
+from .transfers import ProgressBar, check_run_options, run_on_device
 
 BLOCK_SIZE = kernels.BLOCK_SIZE
 CHUNK_ELEMENTS = 4 * 1024 * BLOCK_SIZE  # floats per stream, as in async.cu
@@ -95,7 +95,7 @@ class OverlapConfig:
 
 
 @dataclass(frozen=True)
-class StageTimes:
+class OverlapStages:
     """Seconds of one chunk's H2D copy, kernel and D2H copy, each measured alone."""
 
     h2d: Stats
@@ -138,7 +138,7 @@ class VersionTiming:
 class OverlapResult:
     config: OverlapConfig
     device: cuda.DeviceInfo
-    stages: StageTimes
+    stages: OverlapStages
     versions: tuple[VersionTiming, ...]
     launch: LaunchTimes | None = None
     overran: int = 0
@@ -194,13 +194,13 @@ class OverlapResult:
         }
 
 
-def run_overlap(config: OverlapConfig | None = None, progress: Progress | None = None) -> OverlapResult:
+def run_overlap(config: OverlapConfig | None = None, progress: ProgressBar | None = None) -> OverlapResult:
     """Measure stage times and the three versions on ``config.device``; raises NoGPUError without one."""
     config = config or OverlapConfig()
     return run_on_device(config.device, lambda tick: _run(config, tick), progress)
 
 
-def _run(config: OverlapConfig, tick: Progress) -> OverlapResult:
+def _run(config: OverlapConfig, tick: ProgressBar) -> OverlapResult:
     device = cuda.device_info(config.device)
     n, chunk = config.total_elements, config.chunk_elements
     host = cuda.pinned_empty(n, np.float32)
@@ -235,7 +235,7 @@ def _run(config: OverlapConfig, tick: Progress) -> OverlapResult:
         launch.append(timing.summarize([t / STAGE_REPEATS for t in q.issue]))
         overran += q.overran
         tick(f"stage {name}")
-    stages = StageTimes(*stage)
+    stages = OverlapStages(*stage)
 
     def sequential() -> None:
         whole_up()
@@ -292,7 +292,7 @@ def _timed_run(work: Callable[[], None], host: np.ndarray, main, used: list,
     return timing.event_seconds(timed_work, main, used, lead=hold), issued[0]
 
 
-def summary_text(result: OverlapResult) -> str:
+def overlap_summary(result: OverlapResult) -> str:
     """The readable report: set-up, stage times and the ideal, then each version."""
     c, st = result.config, result.stages
     head = report.key_values([

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .. import cuda
-from ..loader.ring.collate import flatten
+from ..loader.ring.tree import flatten
 from . import timing
 from .kernels import SpinKernel
 

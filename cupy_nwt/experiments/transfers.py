@@ -33,7 +33,7 @@ DEFAULT_MAX = 256 * 1024**2
 SAMPLE_TARGET_BYTES = 8 * 1024**2
 MAX_COPIES_PER_SAMPLE = 256
 
-Progress = Callable[[str], None]
+ProgressBar = Callable[[str], None]
 R = TypeVar("R")
 
 
@@ -86,7 +86,7 @@ class BandwidthConfig:
 
     @property
     def steps(self) -> int:
-        """Progress steps of a run: one per (size, memory), one per memory for the batching test."""
+        """ProgressBar steps of a run: one per (size, memory), one per memory for the batching test."""
         return len(self.sizes) * len(MEMORIES) + len(MEMORIES)
 
     def to_dict(self) -> dict[str, Any]:
@@ -260,13 +260,13 @@ class BandwidthResult:
         }
 
 
-def run_bandwidth(config: BandwidthConfig | None = None, progress: Progress | None = None) -> BandwidthResult:
+def run_bandwidth(config: BandwidthConfig | None = None, progress: ProgressBar | None = None) -> BandwidthResult:
     """Measure the sweep and the batching comparison on ``config.device``; raises NoGPUError without one."""
     config = config or BandwidthConfig()
     return run_on_device(config.device, lambda tick: _run(config, tick), progress)
 
 
-def run_on_device(device: int, experiment: Callable[[Progress], R], progress: Progress | None = None) -> R:
+def run_on_device(device: int, experiment: Callable[[ProgressBar], R], progress: ProgressBar | None = None) -> R:
     """Run ``experiment(tick)`` with ``device`` current; the memory pools go back to the driver after.
 
     Raises NoGPUError without a usable GPU, ValueError for a device index this machine lacks.
@@ -286,7 +286,7 @@ def check_device_index(device: int) -> None:
         raise ValueError(f"there is no GPU {device}: this machine has {count} (use --device 0..{count - 1})")
 
 
-def _run(config: BandwidthConfig, tick: Progress) -> BandwidthResult:
+def _run(config: BandwidthConfig, tick: ProgressBar) -> BandwidthResult:
     device = cuda.device_info(config.device)
     host = system.host_info()
     n = config.buffer_bytes
@@ -354,7 +354,7 @@ def _point(direction: str, memory: str, nbytes: int, k: int, times: list[float],
                           timing.summarize([timing.gbps(nbytes, t) for t in times]), ok)
 
 
-def summary_text(result: BandwidthResult) -> str:
+def bandwidth_summary(result: BandwidthResult) -> str:
     """The readable report: device and link, the sweep with speed-ups, then the batching test."""
     d = result.device
     head = report.key_values([

@@ -25,7 +25,7 @@ Lifetime of what you get:
 
 Several ranks (torchrun, SLURM, MPI): each rank builds its own loader; ``rank`` and ``world_size``
 come from the launcher's variables unless given, each rank takes its shard of every epoch (see
-``epoch.sampler.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
+``epoch.order.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
 unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
 share of the CPUs (see ``nwt.pick.auto_num_workers``).
 

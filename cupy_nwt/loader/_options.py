@@ -21,7 +21,7 @@ from ..ranks import RankLayout, agree, rank_layout
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
-from .epoch.sampler import fresh_seed
+from .epoch.order import fresh_seed
 from .epoch.sampling import Sampling
 from .ring.frameworks import check_output, generator_seed
 from .tuning.online import Tuning, check_tuning

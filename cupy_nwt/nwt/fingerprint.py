@@ -40,6 +40,7 @@ from filelock import FileLock
 
 from .. import cuda, system
 from .._reporting.tables import atomic_open
+from ..data.contract import map_length
 from ..system import cache_dir
 from .schema import MAX_STORE_BYTES, SavedPickError, check_fingerprint, parse_document
 
@@ -135,7 +136,7 @@ def machine_fingerprint() -> MachineFingerprint:
     )
 
 
-def resolve_device(device: str) -> str:
+def device_kind(device: str) -> str:
     """'auto' -> 'cuda' when a GPU is usable, else 'cpu'; 'cuda:N' -> 'cuda' (same machine, same work)."""
     if device == "auto":
         return "cuda" if cuda.gpu_status().available else "cpu"
@@ -171,10 +172,10 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
     """The work a worker count is tuned for; reads ``dataset[0]`` once to size a sample.
 
     A dataset that applies a per-sample transform says so by a ``transform`` attribute (the
-    datasets of ``cupy_nwt.datasets`` and torchvision's do): its qualified name is recorded, so a
+    datasets of ``cupy_nwt.data`` and torchvision's do): its qualified name is recorded, so a
     pick tuned on raw samples is not reused for a decoded-and-augmented pipeline, or the reverse.
     """
-    if len(dataset) == 0:
+    if map_length(dataset, "fingerprinting the work") == 0:
         raise ValueError("cannot fingerprint an empty dataset")
     return WorkFingerprint(
         sample_bytes=sample_nbytes(dataset[0]),
@@ -182,7 +183,7 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
         transform=transform_name(batch_transform),
         prefetch_factor=int(prefetch_factor),
         pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory),
-        device=resolve_device(device),
+        device=device_kind(device),
         local_world_size=int(local_world_size),
         sample_transform=transform_name(getattr(dataset, "transform", None)),
     )

@@ -20,11 +20,13 @@ from typing import Any
 import numpy as np
 
 from .. import cuda
+from ..data.contract import map_length
+from ..errors import ArgumentError
 from ..loader import DataLoader
 from ..ranks import device_for_rank, rank_layout
-from .fingerprint import resolve_device
+from .fingerprint import device_kind
 from .memory import DEFAULT_INTERVAL_S, MemorySampler
-from .trials import Measure, Measurement, whole_rounds
+from .trials import MeasureFn, Measurement, whole_rounds
 
 
 class LoaderMeasure:
@@ -68,7 +70,7 @@ class LoaderMeasure:
         self.batch_size = batch_size
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
-        self.device = resolve_device(device)
+        self.device = device_kind(device)
         self.loader_device = _trial_device(device, self.device)
         self.batch_transform = batch_transform
         self.seed = seed
@@ -79,8 +81,9 @@ class LoaderMeasure:
             raise ValueError(f"main_process must be 'waits' or 'busy', got {main_process!r}")
         self.main_process = main_process
         self._ready = False
-        if len(dataset) < batch_size:
-            raise ValueError(f"the dataset has {len(dataset)} samples, fewer than one batch of {batch_size}")
+        n = map_length(dataset, "tuning")
+        if n < batch_size:
+            raise ArgumentError(f"the dataset has {n} samples, fewer than one batch of {batch_size}")
 
     def _loader(self, workers: int) -> DataLoader:
         # rank 0 of 1 explicitly: under a launcher a trial measures one loader, not a shard of the data
@@ -186,7 +189,7 @@ def _trial_device(device: str, resolved: str) -> str:
     return f"cuda:{device_for_rank(rank_layout(), cuda.device_count())}"
 
 
-def steady_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
+def steady_rates(measure: MeasureFn, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
                  repeats: int = 3) -> dict[int, float]:
     """Median samples/s of each worker count, start-up excluded, the counts interleaved per round.
 
@@ -198,7 +201,7 @@ def steady_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, it
     return {w: statistics.median(r) for w, r in rounds.items()}
 
 
-def interleaved_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
+def interleaved_rates(measure: MeasureFn, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
                       repeats: int = 3) -> dict[int, list[float]]:
     """Samples/s of each count in each of ``repeats`` rounds (round r is index r of every list)."""
     if repeats < 1 or iterations < 1:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from .._reporting.progress import Progress
+from .._reporting.progress import ProgressBar
 from .._reporting.units import plural
 
 
@@ -42,10 +42,10 @@ class Measurement:
         return asdict(self)
 
 
-Measure = Callable[[int, int, int], "Measurement | float"]
+MeasureFn = Callable[[int, int, int], "Measurement | float"]
 # Builds a measure for one workload, called like LoaderMeasure: (dataset, batch_size=, prefetch_factor=,
 # pin_memory=, device=, batch_transform=). num_workers="auto" takes one so that it need not know the loader.
-MeasureFactory = Callable[..., Measure]
+MeasureFactory = Callable[..., MeasureFn]
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def combine_runs(runs: Sequence[Trial]) -> dict[int, Trial]:
 class _Runner:
     """Calls the measure, records each run, keeps per-count estimates, drives the progress bar."""
 
-    def __init__(self, measure: Measure, batch_size: int, bar: Progress, cpus: int | None = None) -> None:
+    def __init__(self, measure: MeasureFn, batch_size: int, bar: ProgressBar, cpus: int | None = None) -> None:
         self.measure = measure
         self.batch_size = batch_size
         self.bar = bar

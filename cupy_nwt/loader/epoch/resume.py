@@ -31,11 +31,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ...data.contract import epoch_setter, map_length
 from ...errors import LoaderError
 from ..workers.messages import ErrorReport
-from .progress import Ledger, Progress
+from .order import Plan, PlanTask, StreamPlan
+from .progress import EpochProgress, Ledger
 from .remainder import Session, SessionPlan, join_done, split_done
-from .sampler import Plan, PlanTask, StreamPlan
 from .state_checks import STATE_VERSION, checked_state
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def make_plan(options: Options, epoch: int, start: Mapping[str, Any] | None) -> 
 
 def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> SessionPlan:
     s, rank, world = options.sampling, options.rank, options.world_size
-    n = len(options.dataset)
+    n = map_length(options.dataset, "the loader's own sampler")
     if start is None:
         return SessionPlan.make(Session(n, s.batch_size or 1, s.shuffle, s.seed, epoch, s.drop_last, world), rank)
     if start["n"] != n:
@@ -138,7 +139,7 @@ def stream_restore(options: Options, epoch: int, start: Mapping[str, Any] | None
     dataset state, or batches to skip); and the worker a resumed stream's next task goes to."""
     if kind_of(options) != "iterable":
         return {}, None
-    tell = epoch if callable(getattr(options.dataset, "set_epoch", None)) else None
+    tell = epoch if epoch_setter(options.dataset) is not None else None
     per = start["workers"] if start is not None else []
     restore: dict[int, tuple[Any, int, int | None]] = (
         {w: (None, 0, tell) for w in range(max(1, options.num_workers))} if tell is not None else {})
@@ -148,7 +149,7 @@ def stream_restore(options: Options, epoch: int, start: Mapping[str, Any] | None
     return restore, int(nxt) if nxt is not None else None
 
 
-def state_of(options: Options, progress: Progress) -> dict[str, Any]:
+def state_of(options: Options, progress: EpochProgress) -> dict[str, Any]:
     """The state of an epoch that has not finished: where its caller stands (after a loop left by
     ``break``, an exception or Ctrl-C too: the rest of that epoch is still to come)."""
     if progress.plan is None:  # iterated but not begun: still where it started
@@ -175,14 +176,14 @@ def fresh(options: Options, epoch: int) -> dict[str, Any]:
     head = _head(options, kind, epoch)
     if kind == "map":
         s = options.sampling
-        return {**head, "n": len(options.dataset), "batch_size": s.batch_size or 1, "shuffle": s.shuffle,
+        return {**head, "n": map_length(options.dataset, "state_dict"), "batch_size": s.batch_size or 1, "shuffle": s.shuffle,
                 "drop_last": s.drop_last, "base": 0, "excluded": [], "delivered": 0, "extra": []}
     if kind == "sampler":
         return {**head, "delivered": 0, "extra": [], "sampler_state": None}
     return {**head, "workers": [None] * max(1, options.num_workers), "next_task": 0, "next_worker": None}
 
 
-def _map_state(options: Options, progress: Progress) -> dict[str, Any]:
+def _map_state(options: Options, progress: EpochProgress) -> dict[str, Any]:
     plan: SessionPlan = progress.plan
     se = plan.session
     done = set(range(plan.session.batches(plan.rank))) - set(plan.todo.tolist())
@@ -193,7 +194,7 @@ def _map_state(options: Options, progress: Progress) -> dict[str, Any]:
             "base": se.base, "excluded": list(se.excluded), "delivered": k, "extra": extra}
 
 
-def _stream_state(options: Options, progress: Progress) -> dict[str, Any]:
+def _stream_state(options: Options, progress: EpochProgress) -> dict[str, Any]:
     assert progress.streams is not None
     states, counts, last = progress.streams
     handed = progress.handed

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._checks import check_int
-from .._iterable import dataset_kind
-from .sampler import BatchSampler, Plan, SamplerPlan, StreamPlan, grouped
+from ...data.contract import dataset_style, map_length
+from .order import BatchSampler, Plan, SamplerPlan, StreamPlan, grouped
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Sampling:
     def resolve(cls, dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any,
                 drop_last: Any, seed: int, rank: int = 0, world_size: int = 1) -> Sampling:
         """PyTorch's rules: ValueError for what it refuses, in the order it checks."""
-        kind = dataset_kind(dataset)
+        kind = dataset_style(dataset)
         if kind == "iterable":
             if shuffle not in (False, None):
                 raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}")
@@ -73,7 +73,7 @@ class Sampling:
 
     def batch_sampler_for(self, dataset: Any) -> BatchSampler:
         """The loader's own sampler over the dataset as it is now (its length read now)."""
-        return BatchSampler(len(dataset), self.batch_size or 1, self.shuffle, self.seed,
+        return BatchSampler(map_length(dataset, "the loader's own sampler"), self.batch_size or 1, self.shuffle, self.seed,
                             self.drop_last and self.batched, self.rank, self.world_size)
 
     def length(self, dataset: Any) -> int:

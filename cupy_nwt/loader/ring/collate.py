@@ -17,7 +17,7 @@ import numpy as np
 
 from ...errors import BatchLayoutError
 from .frameworks import framework_of
-from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: their old import path
+from .tree import (
     LEAF,
     OBJ,
     Treedef,
@@ -28,7 +28,6 @@ from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: the
     leaf_kinds,
     leaf_of,
     leaf_paths,
-    unflatten,
 )
 
 Indices = Sequence[int] | np.ndarray | None  # the samples' dataset indices, for messages; None: a stream's

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ...data.contract import batch_getter, epoch_setter, stream_state_getter
 from ...errors import BatchLayoutError, WorkerError
 from .._events import StageTimes
 from ..ring.collate import collate, collate_into
@@ -74,7 +75,7 @@ class BatchMaker:
     # -- samples
 
     def fetch(self, indices: np.ndarray) -> list[Any]:
-        getitems = getattr(self.dataset, "__getitems__", None)
+        getitems = batch_getter(self.dataset)
         if getitems is not None:
             self.current = None
             samples = getitems(indices.tolist())
@@ -105,14 +106,14 @@ class BatchMaker:
 
     def stream_state(self) -> Any:
         """The dataset's ``state_dict()`` (where its stream is), or None when it keeps none."""
-        get = getattr(self.dataset, "state_dict", None)
-        return get() if callable(get) else None
+        get = stream_state_getter(self.dataset)
+        return get() if get is not None else None
 
     def _open(self) -> None:
         state, skip, epoch = self._restore if self._restore is not None else (None, 0, None)
         self._restore = None
-        set_epoch = getattr(self.dataset, "set_epoch", None)
-        if epoch is not None and callable(set_epoch):
+        set_epoch = epoch_setter(self.dataset)
+        if epoch is not None and set_epoch is not None:
             set_epoch(epoch)
         if state is not None:
             self.dataset.load_state_dict(state)

@@ -21,7 +21,7 @@ from typing import IO
 import numpy as np
 import psutil
 
-from .errors import DataFileError
+from ..errors import DataFileError
 
 _READ_ERRORS = (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError)
 

@@ -5,9 +5,9 @@ augmentation costs several times what decoding alone does, so the two have diffe
 and their fingerprints differ, so ``DataLoader(num_workers="auto")`` on the user's pipeline would
 not even find the pick. So the commands run the data as the loader would run it: no transform
 unless one is named. ``--transform`` is the dataset's per-sample transform (``transform=`` of the
-datasets in ``cupy_nwt.datasets``) and ``--batch-transform`` the loader's ``batch_transform``, each
+datasets in ``cupy_nwt.data``) and ``--batch-transform`` the loader's ``batch_transform``, each
 an importable ``module:attribute`` (a class is instantiated without arguments; ``cifar`` names
-``cupy_nwt.transforms.CifarTrainTransform``). Both end up in the fingerprint under the callable's
+``cupy_nwt.data.transforms.CifarTrainTransform``). Both end up in the fingerprint under the callable's
 qualified name, as they do when the user's script builds the loader.
 
 Only the embedded synthetic CIFAR-10 (no ``--dataset``) keeps the CIFAR training augmentation by
@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-SHORTCUTS = {"cifar": "cupy_nwt.transforms:CifarTrainTransform"}
+SHORTCUTS = {"cifar": "cupy_nwt.data.transforms:CifarTrainTransform"}
 
 
 def load_callable(spec: str, option: str) -> Callable[..., Any]:
@@ -62,8 +62,8 @@ def load_callable(spec: str, option: str) -> Callable[..., Any]:
 
 def check_pipeline(dataset: Any, args: Any, batch_transform: Any) -> None:
     """Before a run: the CIFAR augmentation named on a ``--dataset`` needs images (one-line ``DataError`` if not)."""
-    from .datasets import check_images  # noqa: PLC0415 - datasets import the loader; only this check needs them
-    from .transforms import CifarTrainTransform  # noqa: PLC0415
+    from ..data.datasets import check_images  # noqa: PLC0415 - heavy (Pillow, Numba); only this check needs them
+    from ..data.transforms import CifarTrainTransform  # noqa: PLC0415
 
     if args.dataset and isinstance(batch_transform, CifarTrainTransform):
         check_images(dataset, args.dataset, f"--batch-transform {args.batch_transform} (the CIFAR augmentation)")
@@ -90,7 +90,7 @@ def open_pipeline(args: Any, synthetic_n: int, progress: bool) -> tuple[Any, Cal
     """The dataset (``--dataset``, else the synthetic CIFAR-10) with its per-sample transform, and the
     batch transform, as ``tune`` and ``stats`` run them; ``args.opened_dataset`` lets an error name the
     file behind a failing sample index."""
-    from . import datasets  # noqa: PLC0415 - datasets import the loader; only the commands need them
+    from ..data import datasets  # noqa: PLC0415 - heavy (Pillow, Numba); only the commands need them
 
     sample_transform, transform = pipeline(args, synthetic_default=not args.dataset)
     dataset = (datasets.open_dataset(args.dataset, transform=sample_transform) if args.dataset
@@ -101,7 +101,7 @@ def open_pipeline(args: Any, synthetic_n: int, progress: bool) -> tuple[Any, Cal
 
 _BUILD = """
 import sys
-from cupy_nwt.datasets import SyntheticCIFAR10
+from cupy_nwt.data import SyntheticCIFAR10
 print("built" if SyntheticCIFAR10(n=int(sys.argv[1]), progress=sys.argv[2] == "1").built_now else "cached")
 """
 

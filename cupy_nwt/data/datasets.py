@@ -8,7 +8,7 @@ memmaps are read without writes, so worker memory stays flat.
 Samples are ``(image, label)`` with ``image`` a uint8 HWC RGB array and ``label`` an int
 (``ArrayDataset``: a tuple of one row per array). An optional ``transform`` is applied to the image.
 
-Tar shards live in ``tar_shards`` and image decoding/encoding in ``images``; their names are
+Tar shards live in ``_tar_shards`` and image decoding/encoding in ``_images``; their names are
 importable from here too. Bad data raises :class:`DataError` (a ``ValueError``) naming the file,
 archive member or sample, whether it is found when a dataset is opened or when a sample is read.
 """
@@ -24,11 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import DataError
 from ._array_files import as_columns, load_npy, load_npz
 from ._images import (
     IMAGE_EXTENSIONS,
-    CorruptImageError,
-    DataError,
     ImageDataset,
     Transform,
     decode_image,
@@ -39,13 +38,11 @@ from ._images import (
 )
 from ._synthetic import CIFAR10_CLASSES, SyntheticCIFAR10, synthetic_pixels
 from ._tar_cache import CacheRebuiltWarning
-from ._tar_shards import DamagedArchiveError, TarImageDataset, scan_tar, write_tar_shard
-from .errors import DataFileError
+from ._tar_shards import TarImageDataset, scan_tar, write_tar_shard
 
 __all__ = [
-    "CIFAR10", "CIFAR10_CLASSES", "IMAGE_EXTENSIONS", "ArrayDataset", "CacheRebuiltWarning", "CorruptImageError",
-    "DamagedArchiveError", "DataFileError",
-    "DataError", "ImageFolder", "SyntheticCIFAR10", "TarImageDataset", "check_images", "decode_image",
+    "CIFAR10", "CIFAR10_CLASSES", "IMAGE_EXTENSIONS", "ArrayDataset", "CacheRebuiltWarning",
+    "ImageFolder", "SyntheticCIFAR10", "TarImageDataset", "check_images", "decode_image",
     "encode_image", "encode_png", "encode_png_batch", "open_dataset", "sample_source", "scan_tar",
     "synthetic_pixels", "write_tar_shard",
 ]

@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_int
+from .._checks import check_int
+from .._worker_info import get_worker_info
+from ..errors import DamagedArchiveError, DataError, LayoutError
+from ..ranks import rank_layout
+from ..system import cache_dir as default_cache_dir
 from ._images import IMAGE_EXTENSIONS, Transform, decode_image
 from ._tar_shards import gunzip_cached, is_gzip, scan_tar
-from ._worker_info import get_worker_info
-from .errors import DamagedArchiveError, DataError, LayoutError
-from .ranks import rank_layout
-from .system import cache_dir as default_cache_dir
 
 __all__ = ["ReaderSlot", "ShardedTarStream", "current_reader"]
 

@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import DamagedArchiveError
+from ..errors import DamagedArchiveError
 
 RECORD_SUFFIX = ".json"
 RECORD_MAX_BYTES = 4096  # a record is ~300 bytes; anything much larger is not one of ours

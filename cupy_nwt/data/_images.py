@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptImageError, DataError  # noqa: F401 - DataError's old import path
+from ..errors import CorruptImageError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 

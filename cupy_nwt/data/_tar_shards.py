@@ -21,6 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from .._reporting.tables import atomic_open
+from ..errors import DamagedArchiveError, DataError
+from ..system import cache_dir as default_cache_dir
 from ._images import (
     IMAGE_EXTENSIONS,
     ImageDataset,
@@ -29,10 +32,7 @@ from ._images import (
     encode_image,
     index_in,
 )
-from ._reporting.tables import atomic_open
 from ._tar_cache import gunzip_cached
-from .errors import DamagedArchiveError, DataError
-from .system import cache_dir as default_cache_dir
 
 BLOCK = tarfile.BLOCKSIZE
 END_OF_ARCHIVE = 2 * BLOCK

@@ -1,0 +1,243 @@
+"""The ``cupy-nwt`` sub-commands: each parses its options, runs, prints (and writes) its result."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import cuda, system
+from .._reporting import tables as report
+from .._reporting.progress import ProgressBar
+from .._reporting.units import fmt_bytes, parse_size, size_sweep
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    host = system.host_info()
+    status = cuda.gpu_status()
+    devices = cuda.all_device_info()
+    if args.json:
+        print(report.to_json({"host": host, "gpu": status, "devices": devices}))
+        return 0
+    print(report.key_values([
+        ("CPU", host.cpu_model),
+        ("cores", f"{host.logical_cpus} logical, {host.physical_cpus} physical, {host.usable_cpus} usable"),
+        ("memory", f"{fmt_bytes(host.memory_total_bytes)} total, {fmt_bytes(host.memory_available_bytes)} available"),
+        ("python", f"{host.python} on {host.platform}"),
+        ("CuPy", status.cupy_version or "not installed"),
+    ], title="host"))
+    print()
+    if not status.available:
+        print(f"GPU: none usable: {(status.reason or '').removeprefix('no usable GPU: ')}")
+        return 0
+    for d in devices:
+        link = d.link
+        link_text = "unknown (no NVML, no sysfs entry)"
+        if link is not None:
+            link_text = (f"Gen{link.current_gen} x{link.current_width} now ({_gb(link.current_gbps)}), "
+                         f"Gen{link.max_gen} x{link.max_width} max ({_gb(link.max_gbps)}) per direction [{link.source}]")
+        print(report.key_values([
+            ("name", d.name),
+            ("compute capability", d.compute_capability),
+            ("memory", fmt_bytes(d.total_memory_bytes)),
+            ("copy engines", d.copy_engines),
+            ("SMs", d.multiprocessors),
+            ("PCI bus", d.pci_bus_id),
+            ("PCIe link", link_text),
+        ], title=f"GPU {d.index}"))
+    return 0
+
+
+def _gb(x: float | None) -> str:
+    return "?" if x is None else f"{x:.1f} GB/s"
+
+
+def _int_option(text: str, name: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, got {text!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _size_option(text: str, name: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {exc}") from None
+
+
+def _check_writable(path: str | None, name: str) -> None:
+    """Fail before a long GPU run, not after it, when a result file cannot be written.
+
+    Only checks: nothing is created here, so a command that then fails (no GPU, bad input) leaves
+    no folder behind; the writers create missing folders when they write.
+    """
+    if not path:
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise ValueError(f"{name} {path} is a directory, not a file")
+    existing = target.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{name} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{name} {path}: {existing} is not writable")
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """The command's ``--output`` and ``--plot`` (where it has one), checked before its long run."""
+    plot = getattr(args, "plot", None)
+    if plot:
+        from .._reporting import plots  # noqa: PLC0415 - only this command needs it
+
+        if not plots.matplotlib_available():
+            raise ValueError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
+    _check_writable(args.output, "--output")
+    _check_writable(plot, "--plot")
+
+
+def _run_with_progress(args: argparse.Namespace, total: int, desc: str, run):
+    with ProgressBar(total, desc, enabled=not args.no_progress) as bar:
+        return run(bar.step)
+
+
+def _run_on_gpu(args: argparse.Namespace, config, run):
+    """``run(config, step)`` under a progress bar, which a machine without a GPU never gets to see."""
+    cuda.require_gpu()
+    return _run_with_progress(args, config.steps, args.command, lambda step: run(config, step))
+
+
+def _emit(args: argparse.Namespace, result, text: str) -> None:
+    if args.output:
+        report.write_json(result, args.output)
+    print(report.to_json(result) if args.json else text)
+
+
+def _finish(args: argparse.Namespace, result, text: str, failed_check: str | None) -> int:
+    """Print (and write) the result; exit 1 with one line when the run's own check failed."""
+    _emit(args, result, text)
+    if failed_check:
+        print(f"cupy-nwt {args.command}: {failed_check}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_options(args: argparse.Namespace) -> dict[str, int]:
+    """The parsed ``_experiment_options`` every GPU experiment's config takes."""
+    return {"repeats": _int_option(args.repeats, "--repeats", 1), "warmup": _int_option(args.warmup, "--warmup", 0),
+            "device": _int_option(args.device, "--device", 0)}
+
+
+def cmd_bandwidth(args: argparse.Namespace) -> int:
+    from .._reporting import plots  # noqa: PLC0415 - only this command needs it
+    from ..experiments import transfers  # noqa: PLC0415 - only this command needs it
+
+    lo, hi = _size_option(args.min, "--min"), _size_option(args.max, "--max")
+    if lo > hi:
+        raise ValueError(f"--min ({fmt_bytes(lo)}) is larger than --max ({fmt_bytes(hi)})")
+    sizes = size_sweep(lo, hi, _int_option(args.factor, "--factor", 2))
+    config = transfers.BandwidthConfig(
+        sizes=tuple(sizes), **_run_options(args),
+        batch_total=_size_option(args.batch_total, "--batch-total"),
+        batch_chunk=_size_option(args.batch_chunk, "--batch-chunk"))
+    _check_outputs(args)
+    result = _run_on_gpu(args, config, transfers.run_bandwidth)
+    if args.plot:
+        plots.plot_bandwidth(result, args.plot)
+    return _finish(args, result, transfers.bandwidth_summary(result),
+                   None if result.verified else "copied bytes differ from the source (see 'verified')")
+
+
+def cmd_overlap(args: argparse.Namespace) -> int:
+    from ..experiments import overlap  # noqa: PLC0415 - only this command needs it
+
+    config = overlap.OverlapConfig(
+        streams=_int_option(args.streams, "--streams", 1),
+        elements=None if args.elements is None else _int_option(args.elements, "--elements", 1),
+        **_run_options(args))
+    _check_outputs(args)
+    result = _run_on_gpu(args, config, overlap.run_overlap)
+    return _finish(args, result, overlap.overlap_summary(result), None if result.correct else
+                   f"max error {result.max_error:.3g} exceeds {overlap.MAX_ERROR_TOLERANCE:g}")
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .._reporting.explain import tune_summary  # noqa: PLC0415
+    from ..nwt import tune as nwt_tune  # noqa: PLC0415
+    from ._pipeline import build_synthetic_apart, open_pipeline  # noqa: PLC0415 - only this command needs them
+
+    _check_outputs(args)
+    synthetic_n = _int_option(args.synthetic_n, "--synthetic-n", 1)
+    if not args.dataset:  # its first build in another process: the trials' memory is the tuner's alone
+        build_synthetic_apart(synthetic_n, not args.no_progress)
+    dataset, transform = open_pipeline(args, synthetic_n, progress=not args.no_progress)
+    try:
+        alpha, tolerance = float(args.alpha), float(args.tolerance)
+    except ValueError:
+        raise ValueError(f"--alpha and --tolerance must be numbers, got {args.alpha!r}, {args.tolerance!r}") from None
+    result = nwt_tune.tune_num_workers(
+        dataset, **_workload(args), alpha=alpha, tolerance=tolerance,
+        strategy=args.strategy, device=args.device, pin_memory=args.pin_memory,
+        prefetch_factor=_int_option(args.prefetch_factor, "--prefetch-factor", 1), batch_transform=transform,
+        progress=not args.no_progress, main_process=args.main_process)
+    outcome = None if args.no_save else result.save_pick()
+    if args.plot:
+        from .._reporting.plots import plot_tune  # noqa: PLC0415
+
+        plot_tune(result, args.plot)
+    from .._reporting.explain import explain_paper_pick  # noqa: PLC0415
+
+    _emit(args, result, "\n\n".join(filter(None, [tune_summary(result, outcome=outcome),
+                                                     explain_paper_pick(result)])))
+    return 0
+
+
+def cmd_reproduce(args: argparse.Namespace) -> int:
+    from . import reproduce  # noqa: PLC0415
+
+    config = reproduce.ReproduceConfig(
+        out_dir=Path(args.out), synthetic_n=_int_option(args.synthetic_n, "--synthetic-n", 1), **_workload(args),
+        compare_iterations=_int_option(args.compare_iterations, "--compare-iterations", 1),
+        compare_repeats=_int_option(args.compare_repeats, "--compare-repeats", 1),
+        judge_repeats=_int_option(args.judge_repeats, "--judge-repeats", 1),
+        gpu_experiments=not args.no_gpu, progress=not args.no_progress)
+    if Path(args.out).exists() and not Path(args.out).is_dir():
+        raise ValueError(f"--out {args.out} is a file, not a folder")
+    rep = reproduce.run_reproduce(config)
+    print(report.to_json(rep) if args.json else reproduce.reproduce_summary(rep))
+    return 0
+
+
+def cmd_stats(args: argparse.Namespace) -> int:
+    from . import stats  # noqa: PLC0415 - only this command needs them
+    from ._pipeline import open_pipeline  # noqa: PLC0415
+
+    config = stats.WatchConfig(batch_size=_int_option(args.batch_size, "--batch-size", 1),
+                               num_workers=_int_option(args.num_workers, "--num-workers", 0),
+                               worker_type=args.worker_type, device=args.device,
+                               batches=_int_option(args.batches, "--batches", 1), every=_int_option(args.every, "--every", 1))
+    _check_outputs(args)
+    dataset, transform = open_pipeline(args, _int_option(args.synthetic_n, "--synthetic-n", 1), progress=False)
+    on_row = None if args.json else stats.live_table()  # rows as they come; --json prints it all at the end
+    result = _run_with_progress(args, config.batches, "stats", lambda step: stats.run_watch(
+        dataset, args.dataset or "synthetic CIFAR-10", config, batch_transform=transform, step=step, on_row=on_row))
+    if args.plot:
+        stats.plot_watch(result, args.plot)
+    _emit(args, result, stats.footer(result))
+    return 0
+
+
+
+def _workload(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed ``_workload_options`` but ``--synthetic-n`` (``tune`` reads it only without ``--dataset``)."""
+    return {"batch_size": _int_option(args.batch_size, "--batch-size", 1),
+            "max_workers": None if args.max_workers is None else _int_option(args.max_workers, "--max-workers", 1),
+            "iterations": _int_option(args.iterations, "--iterations", 1)}
+
