@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ArgumentError
 from ..nwt.paper import PAPER_TIME_SCALE
 from .tables import table
 from .units import fmt_bytes, plural
@@ -51,7 +52,7 @@ class PaperDecision:
 def paper_decisions(result: TuneResult) -> tuple[PaperDecision, ...]:
     """Replay ``normalized < best - alpha`` over the counts in the order the search ran them."""
     if result.strategy != "paper":
-        raise ValueError(f"only the paper strategy follows Algorithm 1, this result is {result.strategy!r}")
+        raise ArgumentError(f"only the paper strategy follows Algorithm 1, this result is {result.strategy!r}")
     out: list[PaperDecision] = []
     best, taken = math.inf, None
     for t in result.trials:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import MissingExtraError
 from .tables import atomic_open
 from .units import fmt_bytes
 
@@ -35,7 +36,7 @@ def figure_class():
     try:
         from matplotlib.figure import Figure  # noqa: PLC0415 - optional dependency
     except ImportError as exc:
-        raise ImportError("plots need matplotlib: pip install 'cupy-nwt[plot]'") from exc
+        raise MissingExtraError("plots need matplotlib: pip install 'cupy-nwt[plot]'") from exc
     return Figure
 
 

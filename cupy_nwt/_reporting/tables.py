@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from ..errors import ArgumentTypeError
+
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> str:
     """A plain fixed-width table; numbers right-aligned, text left-aligned."""
@@ -103,4 +105,4 @@ def _default(o: Any) -> Any:
         return o.to_dict()
     if hasattr(o, "item"):
         return o.item()
-    raise TypeError(f"cannot serialise {type(o).__name__}")
+    raise ArgumentTypeError(f"cannot serialise {type(o).__name__}")

@@ -25,6 +25,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import ArgumentError, RunError
+
 SHORTCUTS = {"cifar": "cupy_nwt.data.transforms:CifarTrainTransform"}
 
 
@@ -37,26 +39,26 @@ def load_callable(spec: str, option: str) -> Callable[..., Any]:
     target = SHORTCUTS.get(spec, spec)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"{option} must be module:attribute (for example mypipeline:decode), got {spec!r}")
+        raise ArgumentError(f"{option} must be module:attribute (for example mypipeline:decode), got {spec!r}")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise ValueError(f"{option} {spec}: no module named {exc.name!r}") from None
+        raise ArgumentError(f"{option} {spec}: no module named {exc.name!r}") from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed on import: one line, not a traceback
-        raise ValueError(f"{option} {spec}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+        raise ArgumentError(f"{option} {spec}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"{option} {spec}: {module_name} has no attribute {attr!r}")
+            raise ArgumentError(f"{option} {spec}: {module_name} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if isinstance(obj, type):
         try:
             obj = obj()
         except Exception as exc:  # noqa: BLE001 - as above
-            raise ValueError(f"{option} {spec}: {attr}() failed: {type(exc).__name__}: {exc}") from None
+            raise ArgumentError(f"{option} {spec}: {attr}() failed: {type(exc).__name__}: {exc}") from None
     if not callable(obj):
-        raise ValueError(f"{option} {spec}: {attr} is a {type(obj).__name__}, not a callable")
+        raise ArgumentError(f"{option} {spec}: {attr} is a {type(obj).__name__}, not a callable")
     return obj
 
 
@@ -78,7 +80,7 @@ def pipeline(args: Any, *, synthetic_default: bool) -> tuple[Callable[..., Any] 
     sample = load_callable(args.transform, "--transform") if args.transform else None
     if args.batch_transform:
         if args.no_transform:
-            raise ValueError("--no-transform and --batch-transform contradict each other")
+            raise ArgumentError("--no-transform and --batch-transform contradict each other")
         return sample, load_callable(args.batch_transform, "--batch-transform")
     if synthetic_default and not args.no_transform:
         return sample, load_callable("cifar", "--batch-transform")
@@ -116,7 +118,7 @@ def build_synthetic_apart(n: int, progress: bool) -> str:
         sys.stderr.write(line)
     out = proc.communicate()[0].strip()
     if proc.returncode != 0:
-        raise RuntimeError(f"building the synthetic CIFAR-10 failed in its own process (exit {proc.returncode})")
+        raise RunError(f"building the synthetic CIFAR-10 failed in its own process (exit {proc.returncode})")
     if out == "built":
         return "built by a separate process before the trials: its memory is in no trial's figures"
     return "already built (opened from the cache)"

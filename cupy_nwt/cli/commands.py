@@ -12,6 +12,7 @@ from .. import cuda, system
 from .._reporting import tables as report
 from .._reporting.progress import ProgressBar
 from .._reporting.units import fmt_bytes, parse_size, size_sweep
+from ..errors import ArgumentError
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -58,9 +59,9 @@ def _int_option(text: str, name: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"{name} must be a whole number, got {text!r}") from None
+        raise ArgumentError(f"{name} must be a whole number, got {text!r}") from None
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise ArgumentError(f"{name} must be >= {minimum}, got {value}")
     return value
 
 
@@ -68,7 +69,7 @@ def _size_option(text: str, name: str) -> int:
     try:
         return parse_size(text)
     except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
+        raise ArgumentError(f"{name}: {exc}") from None
 
 
 def _check_writable(path: str | None, name: str) -> None:
@@ -81,14 +82,14 @@ def _check_writable(path: str | None, name: str) -> None:
         return
     target = Path(path)
     if target.is_dir():
-        raise ValueError(f"{name} {path} is a directory, not a file")
+        raise ArgumentError(f"{name} {path} is a directory, not a file")
     existing = target.absolute().parent
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise ValueError(f"{name} {path}: {existing} is a file, not a folder")
+        raise ArgumentError(f"{name} {path}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{name} {path}: {existing} is not writable")
+        raise ArgumentError(f"{name} {path}: {existing} is not writable")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -98,7 +99,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         from .._reporting import plots  # noqa: PLC0415 - only this command needs it
 
         if not plots.matplotlib_available():
-            raise ValueError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
+            raise ArgumentError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
     _check_writable(args.output, "--output")
     _check_writable(plot, "--plot")
 
@@ -141,7 +142,7 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
 
     lo, hi = _size_option(args.min, "--min"), _size_option(args.max, "--max")
     if lo > hi:
-        raise ValueError(f"--min ({fmt_bytes(lo)}) is larger than --max ({fmt_bytes(hi)})")
+        raise ArgumentError(f"--min ({fmt_bytes(lo)}) is larger than --max ({fmt_bytes(hi)})")
     sizes = size_sweep(lo, hi, _int_option(args.factor, "--factor", 2))
     config = transfers.BandwidthConfig(
         sizes=tuple(sizes), **_run_options(args),
@@ -181,7 +182,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         alpha, tolerance = float(args.alpha), float(args.tolerance)
     except ValueError:
-        raise ValueError(f"--alpha and --tolerance must be numbers, got {args.alpha!r}, {args.tolerance!r}") from None
+        raise ArgumentError(f"--alpha and --tolerance must be numbers, got {args.alpha!r}, {args.tolerance!r}") from None
     result = nwt_tune.tune_num_workers(
         dataset, **_workload(args), alpha=alpha, tolerance=tolerance,
         strategy=args.strategy, device=args.device, pin_memory=args.pin_memory,
@@ -209,7 +210,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         judge_repeats=_int_option(args.judge_repeats, "--judge-repeats", 1),
         gpu_experiments=not args.no_gpu, progress=not args.no_progress)
     if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} is a file, not a folder")
+        raise ArgumentError(f"--out {args.out} is a file, not a folder")
     rep = reproduce.run_reproduce(config)
     print(report.to_json(rep) if args.json else reproduce.reproduce_summary(rep))
     return 0

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 
 from ..errors import (
+    ArgumentTypeError,
     BatchLayoutError,
     DataError,
     LoaderError,
     LoaderTimeoutError,
+    MissingExtraError,
     NoGPUError,
     WorkerDiedError,
     WorkerError,
@@ -85,7 +87,7 @@ def failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
         return EXIT_WORKER, f"loader worker failed: {_first_line(exc)}"
     if isinstance(exc, LoaderError):  # e.g. ShmSpaceError: no room in /dev/shm for the ring
         return EXIT_WORKER, f"loader failed: {_first_line(exc)}"
-    if isinstance(exc, (ValueError, FileNotFoundError)):
+    if isinstance(exc, (ValueError, FileNotFoundError, ArgumentTypeError, MissingExtraError)):
         return EXIT_USAGE, str(exc)
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED, "interrupted"

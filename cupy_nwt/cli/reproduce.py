@@ -35,6 +35,7 @@ from .._reporting import tables as report
 from .._reporting.explain import explain_paper_pick, paper_decisions, tune_summary
 from .._reporting.progress import ProgressBar
 from .._reporting.units import plural
+from ..errors import ArgumentError
 from ..nwt import measure as nwt_measure
 from ..nwt import tune as nwt_tune
 from ..nwt.store import TuneResult
@@ -58,9 +59,9 @@ class ReproduceConfig:
         for name in ("synthetic_n", "batch_size", "iterations", "compare_iterations", "compare_repeats",
                      "judge_repeats"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise ArgumentError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_workers is not None and self.max_workers < 1:
-            raise ValueError(f"max-workers must be >= 1, got {self.max_workers}")
+            raise ArgumentError(f"max-workers must be >= 1, got {self.max_workers}")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}

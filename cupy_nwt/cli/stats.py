@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .._reporting.units import plural
+from ..errors import ArgumentError
 from ..loader import DataLoader, LoaderStats
 
 MIB = 1 << 20
@@ -100,7 +101,7 @@ def run_watch(dataset: Any, name: str, config: WatchConfig, *, batch_transform: 
                 if done >= config.batches:
                     break
             if delivered_this_epoch == 0:
-                raise ValueError(f"{name} gives no batch of {config.batch_size} samples")
+                raise ArgumentError(f"{name} gives no batch of {config.batch_size} samples")
     return WatchResult(name, config, described, tuple(rows))
 
 

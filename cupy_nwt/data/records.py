@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ArgumentTypeError, OutOfRangeError
+
 _NUMBER = {bool: np.bool_, int: np.int64, float: np.float64}
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)
 
@@ -152,7 +154,7 @@ class PackedRecords:
         if i < 0:
             i += self._n
         if not 0 <= i < self._n:
-            raise IndexError(f"record {index} out of range for {self._n} records")
+            raise OutOfRangeError(f"record {index} out of range for {self._n} records")
         out: dict[str, Any] = {}
         for key in self.keys:
             missing = self._missing.get(key)
@@ -186,7 +188,7 @@ def pack_records(records: Sequence[Mapping[str, Any]]) -> PackedRecords:
     keys: dict[str, None] = {}
     for r in records:
         if not isinstance(r, Mapping):
-            raise TypeError(f"records must be mappings (dicts), got {type(r).__name__}")
+            raise ArgumentTypeError(f"records must be mappings (dicts), got {type(r).__name__}")
         keys.update(dict.fromkeys(r))
     columns: dict[str, _Column] = {}
     nones: dict[str, np.ndarray] = {}

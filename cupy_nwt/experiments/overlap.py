@@ -24,6 +24,7 @@ import numpy as np
 from .. import cuda
 from .._reporting import tables as report
 from .._reporting.units import fmt_bytes
+from ..errors import ArgumentError, UnknownKeyError
 from . import kernels, timing
 from .timing import Stats
 from .transfers import ProgressBar, check_run_options, run_on_device
@@ -42,9 +43,9 @@ def ideal_pipeline_seconds(h2d: float, kernel: float, d2h: float, streams: int) 
     (h + k + d) + (streams - 1) * max(h, k, d). Assumes H2D and D2H run on separate copy engines.
     """
     if streams < 1:
-        raise ValueError(f"streams must be >= 1, got {streams}")
+        raise ArgumentError(f"streams must be >= 1, got {streams}")
     if min(h2d, kernel, d2h) < 0:
-        raise ValueError("stage times cannot be negative")
+        raise ArgumentError("stage times cannot be negative")
     return (h2d + kernel + d2h) + (streams - 1) * max(h2d, kernel, d2h)
 
 
@@ -60,13 +61,13 @@ class OverlapConfig:
 
     def __post_init__(self) -> None:
         if self.streams < 1:
-            raise ValueError(f"--streams must be >= 1, got {self.streams}")
+            raise ArgumentError(f"--streams must be >= 1, got {self.streams}")
         elements = CHUNK_ELEMENTS * self.streams if self.elements is None else self.elements
         object.__setattr__(self, "elements", elements)
         if elements <= 0:
-            raise ValueError(f"--elements must be positive, got {elements}")
+            raise ArgumentError(f"--elements must be positive, got {elements}")
         if elements % self.streams:
-            raise ValueError(f"--elements ({elements}) must be a multiple of --streams ({self.streams})")
+            raise ArgumentError(f"--elements ({elements}) must be a multiple of --streams ({self.streams})")
         check_run_options(self.repeats, self.warmup, self.device)
 
     @property
@@ -152,7 +153,7 @@ class OverlapResult:
         for v in self.versions:
             if v.name == name:
                 return v
-        raise KeyError(f"no version {name!r}; have {[v.name for v in self.versions]}")
+        raise UnknownKeyError(f"no version {name!r}; have {[v.name for v in self.versions]}")
 
     def speedup(self, name: str) -> float:
         """Sequential median time over this version's median time."""

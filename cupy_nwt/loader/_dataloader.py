@@ -154,7 +154,7 @@ class DataLoader(Generic[T_co]):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED and getattr(self, "_initialized", False):
-            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+            raise ArgumentError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
         if name in _SETTABLE:  # as PyTorch allows; the next iteration uses it
             object.__setattr__(self, "_options", replace(self._options, **{name: value}))
             return

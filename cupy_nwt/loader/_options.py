@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import system
 from .._checks import check_int, check_number
+from ..errors import ArgumentError, ArgumentTypeError
 from ..ranks import RankLayout, agree, rank_layout
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
@@ -106,12 +107,12 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     stall_warning_s = check_stall(stall_warning_s)
     for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
         if fn is not None and not callable(fn):
-            raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
+            raise ArgumentError(f"{name} must be callable or None, got {type(fn).__name__}")
     if num_workers != "auto":
         num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
     context = resolve_context(multiprocessing_context, start_method, num_workers if isinstance(num_workers, int) else 1)
     if worker_type is not None and not kind(worker_type).processes and context is not None:
-        raise ValueError(f"multiprocessing_context and start_method apply to process workers, not "
+        raise ArgumentError(f"multiprocessing_context and start_method apply to process workers, not "
                          f"worker_type={worker_type!r}")
     layout = rank_layout(rank, world_size)
     device, device_id = resolve_device(device, layout, gpus)
@@ -141,7 +142,7 @@ def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_me
                   batch_transform: Callable | None, worker_type: str | None, device: str, layout: RankLayout,
                   tuning: bool) -> tuple[int, str]:
     if not sampling.own or sampling.batch_size is None:
-        raise ValueError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
+        raise ArgumentError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
                          "(no sampler, batch_sampler or batch_size=None); give a number")
     from ..nwt.pick import auto_pick  # noqa: PLC0415 - below the loader; never the tuner itself
 
@@ -169,24 +170,24 @@ def resolve_context(multiprocessing_context: Any, start_method: str | None, num_
     ValueError otherwise, as in PyTorch); ``start_method`` is this package's older name for it.
     """
     if multiprocessing_context is not None and start_method is not None:
-        raise ValueError("give multiprocessing_context or start_method, not both")
+        raise ArgumentError("give multiprocessing_context or start_method, not both")
     if start_method is not None:
         if start_method not in mp.get_all_start_methods():
-            raise ValueError(f"start_method must be one of {mp.get_all_start_methods()}, got {start_method!r}")
+            raise ArgumentError(f"start_method must be one of {mp.get_all_start_methods()}, got {start_method!r}")
         return mp.get_context(start_method)
     if multiprocessing_context is None:
         return None
     if num_workers == 0:
-        raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+        raise ArgumentError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
                          f"but got num_workers={num_workers}")
     if isinstance(multiprocessing_context, str):
         methods = mp.get_all_start_methods()
         if multiprocessing_context not in methods:
-            raise ValueError(f"multiprocessing_context option should specify a valid start method in {methods!r}, "
+            raise ArgumentError(f"multiprocessing_context option should specify a valid start method in {methods!r}, "
                              f"but got multiprocessing_context={multiprocessing_context!r}")
         return mp.get_context(multiprocessing_context)
     if not isinstance(multiprocessing_context, BaseContext):
-        raise TypeError("multiprocessing_context option should be a valid context object or a string specifying "
+        raise ArgumentTypeError("multiprocessing_context option should be a valid context object or a string specifying "
                         f"the start method, but got multiprocessing_context={multiprocessing_context!r}")
     return multiprocessing_context
 
@@ -214,7 +215,7 @@ def seed_from(seed: Any, generator: Any) -> int | None:
     if generator is None:
         return seed
     if seed is not None:
-        raise ValueError("give seed or generator, not both")
+        raise ArgumentError("give seed or generator, not both")
     if isinstance(generator, np.random.Generator):
         return int(generator.integers(0, 2**63 - 1))
     drawn = generator_seed(generator)
@@ -231,9 +232,9 @@ def check_pin_memory(pin_memory: Any, pin_memory_device: Any, device: str, stack
     """``pin_memory`` and torch's ``pin_memory_device``, with torch's warnings: pinning without a GPU
     does nothing; ``pin_memory_device`` is ignored (the loader pins for its ``device``)."""
     if pin_memory not in (True, False, "staging"):
-        raise ValueError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
+        raise ArgumentError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
     if not isinstance(pin_memory_device, str):
-        raise ValueError(f"pin_memory_device must be a str, got {type(pin_memory_device).__name__}")
+        raise ArgumentError(f"pin_memory_device must be a str, got {type(pin_memory_device).__name__}")
     if pin_memory and pin_memory_device:
         warnings.warn(f"pin_memory_device is ignored (as torch now ignores it): memory is pinned for device={device!r}; "
                       f"ignore pin_memory_device={pin_memory_device!r}.", UserWarning, stacklevel=stacklevel)

@@ -41,6 +41,7 @@ from filelock import FileLock
 from .. import cuda, system
 from .._reporting.tables import atomic_open
 from ..data.contract import map_length
+from ..errors import ArgumentError, MissingPathError
 from ..system import cache_dir
 from .schema import MAX_STORE_BYTES, SavedPickError, check_fingerprint, parse_document
 
@@ -143,7 +144,7 @@ def device_kind(device: str) -> str:
     if isinstance(device, str) and device.startswith("cuda:") and device[5:].isdigit():
         return "cuda"
     if device not in ("cuda", "cpu"):
-        raise ValueError(f"device must be 'cuda', 'cuda:N', 'cpu' or 'auto', got {device!r}")
+        raise ArgumentError(f"device must be 'cuda', 'cuda:N', 'cpu' or 'auto', got {device!r}")
     return device
 
 
@@ -176,7 +177,7 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
     pick tuned on raw samples is not reused for a decoded-and-augmented pipeline, or the reverse.
     """
     if map_length(dataset, "fingerprinting the work") == 0:
-        raise ValueError("cannot fingerprint an empty dataset")
+        raise ArgumentError("cannot fingerprint an empty dataset")
     return WorkFingerprint(
         sample_bytes=sample_nbytes(dataset[0]),
         batch_size=int(batch_size),
@@ -221,7 +222,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
 def read_json(path: str | os.PathLike[str]) -> Any:
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"no saved result at {p}")
+        raise MissingPathError(f"no saved result at {p}")
     return _read_json(p)
 
 

@@ -78,7 +78,7 @@ class LoaderMeasure:
         self.worker_type = worker_type
         self.memory_interval = memory_interval
         if main_process not in ("waits", "busy"):
-            raise ValueError(f"main_process must be 'waits' or 'busy', got {main_process!r}")
+            raise ArgumentError(f"main_process must be 'waits' or 'busy', got {main_process!r}")
         self.main_process = main_process
         self._ready = False
         n = map_length(dataset, "tuning")
@@ -205,7 +205,7 @@ def interleaved_rates(measure: MeasureFn, counts: Sequence[int], *, batch_size: 
                       repeats: int = 3) -> dict[int, list[float]]:
     """Samples/s of each count in each of ``repeats`` rounds (round r is index r of every list)."""
     if repeats < 1 or iterations < 1:
-        raise ValueError(f"repeats and iterations must be >= 1, got {repeats}, {iterations}")
+        raise ArgumentError(f"repeats and iterations must be >= 1, got {repeats}, {iterations}")
     rates: dict[int, list[float]] = {int(w): [] for w in counts}
     for _ in range(repeats):
         for w in rates:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import MisuseError
 from ..ranks import RankLayout, agree, rank_layout, worker_budget
 from .fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
 from .store import TuneResult, lookup, pick_store
@@ -36,7 +37,7 @@ def register_tuner(tuner: Tuner) -> None:
 
 def registered_tuner() -> Tuner:
     if _tuner is None:
-        raise RuntimeError("num_workers='auto' found no saved pick and no tuner is registered: "
+        raise MisuseError("num_workers='auto' found no saved pick and no tuner is registered: "
                            "import cupy_nwt (it registers cupy_nwt.nwt.auto) before building the loader")
     return _tuner
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import ArgumentError
 from .fingerprint import Fingerprint, ResultStore, read_json, write_json_atomic
 from .schema import SavedPickError, check_record
 from .trials import Trial, combine_runs
@@ -149,7 +150,7 @@ class TuneResult:
         another fingerprint, so it is searched and saved afresh.
         """
         if self.fingerprint is None:
-            raise ValueError("this result has no fingerprint (tuned without a dataset): give save() a path")
+            raise ArgumentError("this result has no fingerprint (tuned without a dataset): give save() a path")
         decided: dict[str, Any] = {}
 
         def keep(old: dict[str, Any]) -> bool:

@@ -17,6 +17,7 @@ from typing import Any
 
 from .._reporting.progress import ProgressBar
 from .._reporting.units import plural
+from ..errors import ArgumentError
 
 
 @dataclass(frozen=True)
@@ -200,7 +201,7 @@ class _Runner:
             m = Measurement(spi, spi * (iterations + warmup))
         spi = float(m.seconds_per_iteration)
         if not (spi > 0 and math.isfinite(spi)):
-            raise ValueError(f"measure({workers}, {iterations}, {warmup}) gave {spi!r} s/iteration; need > 0")
+            raise ArgumentError(f"measure({workers}, {iterations}, {warmup}) gave {spi!r} s/iteration; need > 0")
         if m.warmup_batches is not None:
             warmup = int(m.warmup_batches)
         t = Trial(workers, iterations, warmup, spi, self.batch_size / spi, float(m.wall_seconds),

@@ -14,6 +14,7 @@ from typing import Any
 from .. import system
 from .._checks import check_int, check_number
 from .._reporting.progress import ProgressBar
+from ..errors import ArgumentError
 from ..loader.workers.kinds import check_worker_type
 from . import measure as _measure
 from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch, open_cap
@@ -35,7 +36,7 @@ def resolve_main_process(main_process: str, device: str) -> str:
     workers share.
     """
     if main_process not in MAIN_PROCESS:
-        raise ValueError(f"main_process must be one of {', '.join(MAIN_PROCESS)}, got {main_process!r}")
+        raise ArgumentError(f"main_process must be one of {', '.join(MAIN_PROCESS)}, got {main_process!r}")
     if main_process == "auto":
         return "waits" if device == "cuda" else "busy"
     return main_process
@@ -72,9 +73,9 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     """
     types = tuple(check_worker_type(t) for t in worker_types)
     if not types or len(set(types)) != len(types):
-        raise ValueError(f"worker_types must name 'process' and/or 'thread' once each, got {worker_types!r}")
+        raise ArgumentError(f"worker_types must name 'process' and/or 'thread' once each, got {worker_types!r}")
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        raise ArgumentError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     batch_size = check_int("batch_size", batch_size, ge=1)
     iterations = check_int("iterations", iterations, ge=1)
     prefetch_factor = check_int("prefetch_factor", prefetch_factor, ge=1)
@@ -86,7 +87,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     alpha = check_number("alpha", alpha, ge=0, unit="seconds per 100 iterations")
     tolerance = check_number("tolerance", tolerance, ge=0, lt=0.5)
     if strategy == "fast" and iterations < MIN_FAST_ITERATIONS:
-        raise ValueError(f"the fast strategy needs iterations >= {MIN_FAST_ITERATIONS}, got {iterations}")
+        raise ArgumentError(f"the fast strategy needs iterations >= {MIN_FAST_ITERATIONS}, got {iterations}")
     resolved = device_kind(device)
     load = resolve_main_process(main_process, resolved)
     if open_search and memory_limit is None and measure is None:
@@ -97,7 +98,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
             dataset, batch_size=batch_size, batch_transform=batch_transform, prefetch_factor=prefetch_factor,
             pin_memory=pin_memory, device=resolved))
     if measure is None and dataset is None:
-        raise ValueError("give a dataset to tune the loader on, or a measure callable")
+        raise ArgumentError("give a dataset to tune the loader on, or a measure callable")
     searched: list[tuple[str, int, tuple[Trial, ...], int, str]] = []
     for kind in types:
         if measure is None:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...data.contract import epoch_setter, map_length
-from ...errors import LoaderError
+from ...errors import ArgumentError, LoaderError
 from ..workers.messages import ErrorReport
 from .order import Plan, PlanTask, StreamPlan
 from .progress import EpochProgress, Ledger
@@ -113,7 +113,7 @@ def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> 
     if start is None:
         return SessionPlan.make(Session(n, s.batch_size or 1, s.shuffle, s.seed, epoch, s.drop_last, world), rank)
     if start["n"] != n:
-        raise ValueError(f"load_state_dict: the state was saved for a dataset of {start['n']} samples; this one has {n}")
+        raise ArgumentError(f"load_state_dict: the state was saved for a dataset of {start['n']} samples; this one has {n}")
     old = Session(n, start["batch_size"], start["shuffle"], start["seed"], epoch, start["drop_last"],
                   start["world_size"], start["base"], tuple(start["excluded"]))
     ranks = start.get("ranks")
@@ -227,25 +227,25 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     every new rank then loads the merged state. All ranks of one session must be given, once each.
     """
     if not states:
-        raise ValueError("merge_states: no states given")
+        raise ArgumentError("merge_states: no states given")
     first = dict(states[0])
     if first.get("kind") != "map":
-        raise ValueError("merge_states: only the states of a map-style loader with its own sampler merge")
+        raise ArgumentError("merge_states: only the states of a map-style loader with its own sampler merge")
     keys = ("version", "epoch", "world_size", "base", "excluded", *_MATCH)
     for sd in states[1:]:
         differ = [k for k in keys if sd.get(k) != first.get(k)]
         if differ:
-            raise ValueError(f"merge_states: the states are of different sessions (they differ in {', '.join(differ)})")
+            raise ArgumentError(f"merge_states: the states are of different sessions (they differ in {', '.join(differ)})")
     world = int(first["world_size"])
     ranks: list[dict[str, Any] | None] = [None] * world
     for sd in states:
         for r, p in _progress(sd):
             if ranks[r] is not None and ranks[r] != p:
-                raise ValueError(f"merge_states: two different states for rank {r}")
+                raise ArgumentError(f"merge_states: two different states for rank {r}")
             ranks[r] = p
     missing = [r for r, p in enumerate(ranks) if p is None]
     if missing:
-        raise ValueError(f"merge_states: no state for rank(s) {missing} of {world}")
+        raise ArgumentError(f"merge_states: no state for rank(s) {missing} of {world}")
     return {**first, "rank": None, "delivered": min(p["delivered"] for p in ranks if p is not None),
             "extra": [], "ranks": ranks}
 

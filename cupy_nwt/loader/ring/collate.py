@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BatchLayoutError
+from ...errors import ArgumentError, ArgumentTypeError, BatchLayoutError
 from .frameworks import framework_of
 from .tree import (
     LEAF,
@@ -46,7 +46,7 @@ def as_leaf(value: Any) -> np.ndarray:
     else:
         arr = np.asarray(value)
     if arr.dtype.kind in "OUSV" or arr.dtype.hasobject:
-        raise TypeError(f"a {type(value).__name__} field (dtype {arr.dtype}) cannot be batched into arrays")
+        raise ArgumentTypeError(f"a {type(value).__name__} field (dtype {arr.dtype}) cannot be batched into arrays")
     return arr
 
 
@@ -216,7 +216,7 @@ def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:
 def collate(samples: Sequence[Any], indices: Indices) -> Any:
     """``default_collate`` for the loader: ``indices=None`` for a stream's samples (no dataset index)."""
     if len(samples) == 0:
-        raise ValueError("cannot collate an empty list of samples")
+        raise ArgumentError("cannot collate an empty list of samples")
     what, index = _where(indices, 0)
     treedef, firsts = batch_structure(samples[0], what, index)
     out = [np.empty((len(samples), *a.shape), dtype=a.dtype) for a in firsts]

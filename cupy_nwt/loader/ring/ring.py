@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..._checks import check_int
-from ...errors import ShmSpaceError
+from ...errors import ArgumentError, OutOfRangeError, ShmSpaceError
 from .tree import Treedef, leaf_kinds, leaf_paths, split
 
 SHM_DIR = "/dev/shm"
@@ -150,7 +150,7 @@ class Ring:
     @classmethod
     def attach(cls, name: str, layout: SlotLayout, slots: int) -> "Ring":
         if not name.startswith(NAME_PREFIX) or "/" in name:
-            raise ValueError(f"not a cupy_nwt ring name: {name!r}")
+            raise ArgumentError(f"not a cupy_nwt ring name: {name!r}")
         return cls(layout, slots, _attach_name=name)
 
     @property
@@ -165,7 +165,7 @@ class Ring:
     def slot_views(self, slot: int, rows: int | None = None) -> list[np.ndarray]:
         """The field views of ``slot``, first ``rows`` rows of the batched fields."""
         if not 0 <= slot < self.slots:
-            raise IndexError(f"slot {slot} is outside the ring's {self.slots} slots")
+            raise OutOfRangeError(f"slot {slot} is outside the ring's {self.slots} slots")
         return self.layout.views(self.buffer, HEADER_BYTES + slot * self.layout.slot_bytes, rows)
 
     @property

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ...data.contract import batch_getter, epoch_setter, stream_state_getter
-from ...errors import BatchLayoutError, WorkerError
+from ...errors import ArgumentError, BatchLayoutError, WorkerError
 from .._events import StageTimes
 from ..ring.collate import collate, collate_into
 from ..ring.ring import SlotLayout
@@ -80,7 +80,7 @@ class BatchMaker:
             self.current = None
             samples = getitems(indices.tolist())
             if len(samples) != len(indices):
-                raise ValueError(f"__getitems__ returned {len(samples)} samples for {len(indices)} indices")
+                raise ArgumentError(f"__getitems__ returned {len(samples)} samples for {len(indices)} indices")
             return list(samples)
         out = []
         for i in indices.tolist():
