@@ -118,7 +118,7 @@ def make_loader(kind: str, workload: Workload, num_workers: int, batch_size: int
         threads = kind == "cupy_nwt-thread"
         return DataLoader(workload.dataset, batch_size=batch_size, shuffle=True, seed=seed, num_workers=num_workers,
                           device=device, pin_memory=device == "cuda", batch_transform=workload.batch_transform,
-                          start_method=None if device == "cuda" or threads else "fork",
+                          multiprocessing_context=None if device == "cuda" or threads or not num_workers else "fork",
                           worker_type="thread" if threads else "process")
     if kind == "torch":
         import torch  # noqa: PLC0415

@@ -212,14 +212,14 @@ class SeesAffinity:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="reserving a CPU for the step needs two usable CPUs")
-@pytest.mark.parametrize(("workers", "start_method"), [(0, None), (2, "fork"), (2, "forkserver")])
-def test_a_cpu_step_reserves_its_cpu_and_the_loader_runs_on_the_others(tmp_path, workers, start_method):
+@pytest.mark.parametrize(("workers", "method"), [(0, None), (2, "fork"), (2, "forkserver")])
+def test_a_cpu_step_reserves_its_cpu_and_the_loader_runs_on_the_others(tmp_path, workers, method):
     """Unpinned, the spinner's CPU would go to the workers, the more of it the more workers: a count's
     rate would rise with oversubscription that a real training step pays for."""
     before = os.sched_getaffinity(0)
     log = tmp_path / "affinity.txt"
     busy = nwt_measure.LoaderMeasure(SeesAffinity(log), batch_size=4, device="cpu", main_process="busy",
-                                     start_method=start_method)
+                                     multiprocessing_context=method)
     busy.preflight()  # its one batch is made before any trial: not part of what is checked
     log.unlink()
     busy(workers, 8, 1)

@@ -63,7 +63,7 @@ class LoaderMeasure:
 
     def __init__(self, dataset: Any, *, batch_size: int = 128, prefetch_factor: int = 2,
                  pin_memory: bool | str = False, device: str = "auto", batch_transform: Any = None,
-                 seed: int = 0, start_method: str | None = None,
+                 seed: int = 0, multiprocessing_context: str | None = None,
                  memory_interval: float = DEFAULT_INTERVAL_S, worker_type: str = "process",
                  main_process: str = "waits") -> None:
         self.dataset = dataset
@@ -74,7 +74,7 @@ class LoaderMeasure:
         self.loader_device = _trial_device(device, self.device)
         self.batch_transform = batch_transform
         self.seed = seed
-        self.start_method = start_method
+        self.multiprocessing_context = multiprocessing_context
         self.worker_type = worker_type
         self.memory_interval = memory_interval
         if main_process not in ("waits", "busy"):
@@ -93,7 +93,7 @@ class LoaderMeasure:
                 self.dataset, batch_size=self.batch_size, shuffle=True, seed=self.seed, drop_last=True,
                 num_workers=workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,
                 device=self.loader_device, batch_transform=self.batch_transform, persistent_workers=True,
-                start_method=self.start_method, rank=0, world_size=1, worker_type=self.worker_type,
+                multiprocessing_context=self.multiprocessing_context if workers else None, rank=0, world_size=1, worker_type=self.worker_type,
             )
 
     def preflight(self) -> None:
