@@ -23,7 +23,7 @@ import pytest
 import cupy_nwt
 from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.nwt import auto, pick, store
-from cupy_nwt.nwt.fingerprint import ResultStore
+from cupy_nwt.nwt.store import ResultStore
 from cupy_nwt.ranks import RankLayout
 
 PKG = Path(cupy_nwt.__file__).resolve().parent

@@ -21,8 +21,7 @@ import pytest
 from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.errors import CupyNwtError
 from cupy_nwt.nwt import pick
-from cupy_nwt.nwt.fingerprint import STORE_FORMAT, ResultStore
-from cupy_nwt.nwt.store import TuneResult, lookup
+from cupy_nwt.nwt.store import STORE_FORMAT, ResultStore, TuneResult, lookup
 from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import tune_num_workers
 from cupy_nwt.ranks import RankLayout

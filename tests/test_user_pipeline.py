@@ -18,7 +18,7 @@ import pytest
 
 from cupy_nwt import DataLoader, cli
 from cupy_nwt.data.datasets import open_dataset
-from cupy_nwt.nwt.fingerprint import ResultStore
+from cupy_nwt.nwt.store import ResultStore
 
 TINY = ["--max-workers", "2", "--iterations", "8", "--batch-size", "8", "--device", "cpu", "--no-progress"]
 

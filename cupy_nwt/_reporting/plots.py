@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .._files import atomic_open
 from ..errors import MissingExtraError
-from .tables import atomic_open
 from .units import fmt_bytes
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .._reporting.tables import atomic_open
+from .._files import atomic_open
 from ..errors import ArgumentError, DamagedArchiveError, DataError, MissingPathError
 from ..system import cache_dir as default_cache_dir
 from ._images import (
