@@ -273,8 +273,10 @@ def changed(options: Options, name: str, value: Any, gpus: PrefetchOps | None = 
         return replace(o, **{name: _callable_or_none(name, value)})
     if name == "timeout":
         return replace(o, timeout=resolve_timeout(value))
-    if name in ("in_order", "zero_copy"):
-        return replace(o, **{name: check_flag(name, value)})
+    if name == "in_order":
+        return replace(o, in_order=check_flag(name, value))
+    if name == "zero_copy":
+        return replace(o, zero_copy=check_flag(name, value))
     if name in ("device", "device_id"):
         given = value if name == "device" else ("cpu" if value is None else f"cuda:{check_int('device_id', value, ge=0)}")
         device, device_id = resolve_device(given, o.rank_layout, gpus)
