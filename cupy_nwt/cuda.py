@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-# Re-exported: callers ask this module for links, as before they moved to pcie.py.
+# Re-exported: the rest of the package asks this one gateway for PCIe links; _pcie.py reads them.
 from ._pcie import PcieLink, gpu_own_max, nvml_pcie_link, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
 from .errors import ArgumentError, NoGPUError
 
