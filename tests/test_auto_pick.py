@@ -116,10 +116,10 @@ def test_why_missing_names_another_machine(cache):
 
     from cupy_nwt.nwt.fingerprint import (  # noqa: PLC0415
         Fingerprint,
-        ResultStore,
         machine_fingerprint,
         work_fingerprint,
     )
+    from cupy_nwt.nwt.store import ResultStore  # noqa: PLC0415
 
     here = Fingerprint(machine_fingerprint(), work_fingerprint(SyntheticCIFAR10(n=N), batch_size=BATCH,
                                                                device="cpu"))

@@ -134,7 +134,7 @@ def test_a_stall_names_the_batch_and_the_worker_that_has_it(worker_type):
     try:
         with DataLoader(Blocking(24, release, 3, 4, seen), batch_size=4, num_workers=2, device="cpu",
                         worker_type=worker_type, stall_warning_s=0.05, timeout=60,
-                        **({"start_method": "fork"} if worker_type == "process" else {})) as dl:
+                        **({"multiprocessing_context": "fork"} if worker_type == "process" else {})) as dl:
             got = [int(y[0]) for _, y in dl]
             s = dl.stats()
     finally:
