@@ -14,6 +14,7 @@ from cupy_nwt._reporting import progress
 from cupy_nwt._reporting.explain import tune_summary
 from cupy_nwt._reporting.progress import ProgressBar, is_terminal
 from cupy_nwt._reporting.units import plural
+from cupy_nwt.cli import commands
 from cupy_nwt.data.datasets import SyntheticCIFAR10
 from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import tune_num_workers
@@ -94,9 +95,9 @@ def test_the_search_logs_a_line_per_trial_with_singular_counts(capsys, every_ste
 
 def test_cli_steps_are_lines_in_a_log(capsys, every_step):
     args = argparse.Namespace(no_progress=False)
-    assert cli._run_with_progress(args, 2, "bandwidth", lambda step: [step("a"), step("b")] and 7) == 7
+    assert commands._run_with_progress(args, 2, "bandwidth", lambda step: [step("a"), step("b")] and 7) == 7
     assert capsys.readouterr().err == "bandwidth 1/2: a\nbandwidth 2/2: b\n"
-    assert cli._run_with_progress(argparse.Namespace(no_progress=True), 2, "x", lambda step: step("a")) is None
+    assert commands._run_with_progress(argparse.Namespace(no_progress=True), 2, "x", lambda step: step("a")) is None
     assert capsys.readouterr().err == ""
 
 
