@@ -157,7 +157,7 @@ def test_the_cli_gives_each_error_its_exit_code_and_one_line(cls, monkeypatch, c
     def fails(args):
         raise exc
 
-    monkeypatch.setattr("cupy_nwt.cli.parser.cmd_info", fails)
+    monkeypatch.setattr("cupy_nwt.cli.commands.cmd_info", fails)
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
     assert cli.main(["info"]) == code
     err = capsys.readouterr().err

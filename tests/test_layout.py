@@ -132,7 +132,7 @@ def test_every_data_source_and_command_lives_in_its_room():
     top = {n for n in modules() if n.count(".") <= 1 and not (PKG / n.split(".")[-1]).is_dir()}
     assert top == TOP_LEVEL
     assert {"cupy_nwt.data.contract", "cupy_nwt.data.datasets", "cupy_nwt.data.streaming", "cupy_nwt.data.records",
-            "cupy_nwt.data.transforms", "cupy_nwt.cli.parser", "cupy_nwt.cli.reproduce", "cupy_nwt.cli.stats",
+            "cupy_nwt.data.transforms", "cupy_nwt.cli.commands", "cupy_nwt.cli.reproduce", "cupy_nwt.cli.stats",
             "cupy_nwt.cli._pipeline"} <= set(modules())
 
 

@@ -12,6 +12,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
+from .commands import build_parser
 from .exits import (
     DEBUG_ENV,
     EXIT_BAD_DATA,
@@ -23,7 +24,6 @@ from .exits import (
     EXIT_WORKER,
     failure,
 )
-from .parser import build_parser
 
 __all__ = ["DEBUG_ENV", "EXIT_BAD_DATA", "EXIT_CODES", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_NO_GPU", "EXIT_USAGE",
            "EXIT_WORKER", "build_parser", "main"]
