@@ -93,9 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from cupy_nwt import system
     from cupy_nwt._reporting import tables as report
-    from cupy_nwt.datasets import SyntheticCIFAR10
+    from cupy_nwt.data import CifarTrainTransform, SyntheticCIFAR10
     from cupy_nwt.experiments.kernel_check import find_nvcc
-    from cupy_nwt.transforms import CifarTrainTransform
 
     py = sys.executable
     out: dict[str, Any] = {"host": system.host_info(), "batch_size": BATCH, "load_average_at_start": _load()}
@@ -111,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         out["native_build"] = {"seconds": took, "cpu_s": cpu}
     with tempfile.TemporaryDirectory() as tmp:
         # a fresh machine has no cache: the build is part of the NWT step there
-        code = f"from cupy_nwt.datasets import SyntheticCIFAR10; SyntheticCIFAR10(50000, cache_dir={tmp!r})"
+        code = f"from cupy_nwt.data import SyntheticCIFAR10; SyntheticCIFAR10(50000, cache_dir={tmp!r})"
         took, cpu, _ = _timed([py, "-c", code])
         out["synthetic_cifar10_build"] = {"seconds": took, "cpu_s": cpu, "threads": system.usable_cpus()}
         transform = CifarTrainTransform()

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-# Re-exported: callers ask this module for links, as before they moved to pcie.py.
+# Re-exported: the rest of the package asks this one gateway for PCIe links; _pcie.py reads them.
 from ._pcie import PcieLink, gpu_own_max, nvml_pcie_link, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
-from .errors import NoGPUError
+from .errors import ArgumentError, NoGPUError
 
 
 @dataclass(frozen=True)
@@ -216,7 +216,7 @@ class HostRegistration:
     def __init__(self, array: np.ndarray, portable: bool = True) -> None:
         require_gpu()
         if not array.flags.c_contiguous:
-            raise ValueError("only C-contiguous host memory can be registered")
+            raise ArgumentError("only C-contiguous host memory can be registered")
         rt = _cupy().cuda.runtime
         self.ptr = int(array.ctypes.data)
         self.nbytes = int(array.nbytes)
@@ -320,9 +320,9 @@ def is_device_array(obj: object) -> bool:
 
 def _check_copy(dst: Any, src: Any) -> int:
     if dst.nbytes != src.nbytes:
-        raise ValueError(f"copy size mismatch: destination {dst.nbytes} B, source {src.nbytes} B")
+        raise ArgumentError(f"copy size mismatch: destination {dst.nbytes} B, source {src.nbytes} B")
     if not (dst.flags.c_contiguous and src.flags.c_contiguous):
-        raise ValueError("raw copies need C-contiguous source and destination")
+        raise ArgumentError("raw copies need C-contiguous source and destination")
     return int(src.nbytes)
 
 
@@ -362,7 +362,7 @@ class CopyBurst:
 
     def __init__(self, direction: str, pairs: Sequence[tuple[Any, Any]], stream: Any) -> None:
         if direction not in ("h2d", "d2h"):
-            raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
+            raise ArgumentError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
         require_gpu()
         rt = _cupy().cuda.runtime
         self.pairs = tuple(pairs)

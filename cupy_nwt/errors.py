@@ -228,3 +228,41 @@ __all__ = [
     "DataError", "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError",
     "StateError", "WorkerDiedError", "WorkerError",
 ]
+
+
+# Each keeps the builtin base Python (or PyTorch) would raise there, so a caller's ``except TypeError``
+# (``IndexError``, ``KeyError``, ``FileNotFoundError``, ``ImportError``, ``RuntimeError``) still catches it.
+
+class ArgumentTypeError(CupyNwtError, TypeError):
+    """An argument of the wrong kind: the message names it, what it must be and what it got."""
+
+
+class OutOfRangeError(CupyNwtError, IndexError):
+    """An index past the end (a sample, a batch, a slot); an ``IndexError`` so sequence iteration ends on it."""
+
+
+class UnknownKeyError(CupyNwtError, KeyError):
+    """A lookup by name that has no entry; the message lists what there is."""
+
+    def __str__(self) -> str:
+        return Exception.__str__(self)  # KeyError's own str() would quote the message like a key
+
+
+class MissingPathError(CupyNwtError, FileNotFoundError):
+    """A file or folder the caller named (or a tool the package needs) is not there; the message names it."""
+
+
+class MissingExtraError(CupyNwtError, ImportError):
+    """An optional package is not installed; the message says which ``pip install`` brings it."""
+
+
+class MisuseError(CupyNwtError, RuntimeError):
+    """An object used out of order or without what it needs (started twice; ``auto`` with no tuner registered)."""
+
+
+class RunError(CupyNwtError, RuntimeError):
+    """A step the package runs itself (a child process) or an invariant of its own failed: not the caller's input."""
+
+
+__all__ += ["ArgumentTypeError", "MissingExtraError", "MissingPathError", "MisuseError", "OutOfRangeError",
+            "RunError", "UnknownKeyError"]

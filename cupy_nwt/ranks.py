@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import LayoutError
+from .errors import ArgumentError, LayoutError
 from .system import usable_cpus
 
 _log = logging.getLogger(__name__)
@@ -126,7 +126,7 @@ def _checked(layout: RankLayout, r_name: str, w_name: str,
 def samples_per_rank(n: int, world_size: int, drop_last: bool) -> int:
     """Samples each rank gets per epoch, as DistributedSampler counts them."""
     if world_size < 1:
-        raise ValueError("world_size must be at least 1")
+        raise ArgumentError("world_size must be at least 1")
     if drop_last:
         return n // world_size
     return -(-n // world_size)
@@ -141,7 +141,7 @@ def shard(order: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.
     starting at r, so shards are disjoint apart from the padding and every rank gets the same count.
     """
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
+        raise ArgumentError(f"rank {rank} outside 0..{world_size - 1}")
     order = np.asarray(order)
     per = samples_per_rank(len(order), world_size, drop_last)
     total = per * world_size
@@ -159,7 +159,7 @@ def worker_budget(layout: RankLayout, cpus: int | None = None) -> int:
 def device_for_rank(layout: RankLayout, device_count: int) -> int:
     """The GPU a rank uses by default: its local rank modulo the GPUs on the node."""
     if device_count < 1:
-        raise ValueError("no CUDA device to assign")
+        raise ArgumentError("no CUDA device to assign")
     return layout.local_rank % device_count
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import argparse
 
 from cupy_nwt import DataLoader, cuda, gpu_status
-from cupy_nwt.datasets import SyntheticCIFAR10
-from cupy_nwt.transforms import CifarTrainTransform
+from cupy_nwt.data import CifarTrainTransform, SyntheticCIFAR10
 
 
 def sgd_step(w, x, y, lr: float):

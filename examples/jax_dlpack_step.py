@@ -21,8 +21,10 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from cupy_nwt import DataLoader, gpu_status  # noqa: E402
-from cupy_nwt.datasets import SyntheticCIFAR10  # noqa: E402
-from cupy_nwt.transforms import CifarTrainTransform  # noqa: E402
+from cupy_nwt.data import (
+    CifarTrainTransform,  # noqa: E402
+    SyntheticCIFAR10,  # noqa: E402
+)
 
 
 def loss_fn(w: jax.Array, x: jax.Array, y: jax.Array) -> jax.Array:

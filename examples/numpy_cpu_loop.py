@@ -14,8 +14,7 @@ import argparse
 import numpy as np
 
 from cupy_nwt import DataLoader
-from cupy_nwt.datasets import SyntheticCIFAR10
-from cupy_nwt.transforms import CifarTrainTransform
+from cupy_nwt.data import CifarTrainTransform, SyntheticCIFAR10
 
 
 def sgd_step(w: np.ndarray, x: np.ndarray, y: np.ndarray, lr: float) -> float:

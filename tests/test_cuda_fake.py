@@ -187,7 +187,7 @@ def test_link_unknown_in_a_vm_is_none_and_the_report_still_gives_gbps(fake, monk
     assert cuda.pcie_link(0) is None  # NVML refused, and this machine's sysfs has no such bus id
     for link in (None, cuda.PcieLink(None, None, None, None, "sysfs")):
         result = _constant_result(link)
-        text = transfers.summary_text(result)
+        text = transfers.bandwidth_summary(result)
         assert "link limit unknown" in text
         assert "50.0" in text  # the pinned GB/s are still reported
         assert result.to_dict()["link_gbps"] is None
@@ -264,7 +264,7 @@ def test_a_copy_over_the_systems_maximum_switches_to_the_gpus_own_and_says_why()
     result = _constant_result(behind_vm)
     assert result.link_basis == "gpu-max" and result.link_gbps == pytest.approx(63.0, rel=5e-3)
     assert result.over_link == () and "the GPU's own max" in result.link_label
-    assert "virtual port" in transfers.summary_text(result)
+    assert "virtual port" in transfers.bandwidth_summary(result)
 
 
 def test_any_share_over_100_percent_is_flagged():
@@ -272,6 +272,6 @@ def test_any_share_over_100_percent_is_flagged():
     assert result.link_basis == "max"
     over = result.to_dict()["over_link"]
     assert over and all(p["memory"] == "pinned" and p["link_fraction"] > 1.0 for p in over)
-    text = transfers.summary_text(result)
+    text = transfers.bandwidth_summary(result)
     assert "WARNING" in text and "317%!" in text
     assert _constant_result(cuda.PcieLink(5, 16, 5, 16, "nvml")).to_dict()["over_link"] == []

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import ast
+import builtins
 import pickle
 import subprocess
 import sys
-import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +19,7 @@ from cupy_nwt import cli, errors
 from cupy_nwt._checks import check_int, check_number
 from cupy_nwt.errors import (
     ArgumentError,
+    ArgumentTypeError,
     BatchLayoutError,
     CorruptImageError,
     CupyNwtError,
@@ -26,10 +29,16 @@ from cupy_nwt.errors import (
     LayoutError,
     LoaderError,
     LoaderTimeoutError,
+    MissingExtraError,
+    MissingPathError,
+    MisuseError,
     NoGPUError,
+    OutOfRangeError,
     RingMemoryError,
+    RunError,
     ShmSpaceError,
     StateError,
+    UnknownKeyError,
     WorkerDiedError,
     WorkerError,
 )
@@ -53,6 +62,13 @@ CASES = {
                               traceback_text=""), (RuntimeError, LoaderError), 4),
     WorkerDiedError: (WorkerDiedError("x", worker_id=0, pid=1, exitcode=-9), (RuntimeError, LoaderError), 5),
     LoaderTimeoutError: (LoaderTimeoutError("x"), (RuntimeError, TimeoutError, LoaderError), 5),
+    ArgumentTypeError: (ArgumentTypeError("x"), (TypeError,), 2),
+    OutOfRangeError: (OutOfRangeError("x"), (IndexError,), 1),
+    UnknownKeyError: (UnknownKeyError("x"), (KeyError,), 1),
+    MissingPathError: (MissingPathError("x"), (FileNotFoundError, OSError), 2),
+    MissingExtraError: (MissingExtraError("x"), (ImportError,), 2),
+    MisuseError: (MisuseError("x"), (RuntimeError,), 1),
+    RunError: (RunError("x"), (RuntimeError,), 1),
 }
 
 
@@ -84,25 +100,43 @@ def test_every_error_is_exported_from_the_package():
         assert getattr(cupy_nwt, name) is getattr(errors, name)
 
 
-def test_the_old_import_paths_name_the_same_classes():
-    from cupy_nwt import _images as images  # noqa: PLC0415
-    from cupy_nwt import _tar_shards as tar_shards  # noqa: PLC0415
-    from cupy_nwt import cuda, datasets, loader  # noqa: PLC0415
+def _package_sources():
+    root = Path(cupy_nwt.__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        yield path.relative_to(root.parent), ast.parse(path.read_text(encoding="utf-8"))
 
-    with warnings.catch_warnings():  # the flat layout's paths, kept for one release
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from cupy_nwt import collate, distributed, shm, worker  # noqa: PLC0415
 
-    assert collate.BatchLayoutError is BatchLayoutError
-    assert cuda.NoGPUError is NoGPUError
-    assert distributed.LayoutError is LayoutError
-    assert shm.ShmSpaceError is ShmSpaceError
-    for module in (images, datasets):
-        assert module.DataError is DataError and module.CorruptImageError is CorruptImageError
-    assert tar_shards.DamagedArchiveError is datasets.DamagedArchiveError is DamagedArchiveError
-    for module in (worker, loader):
-        assert module.LoaderError is LoaderError and module.WorkerError is WorkerError
-        assert module.WorkerDiedError is WorkerDiedError and module.LoaderTimeoutError is LoaderTimeoutError
+def test_errors_are_imported_only_from_the_errors_module():
+    """One home per error: a module that needs ``DataError`` (say) imports it from ``cupy_nwt.errors``."""
+    wrong = []
+    for path, tree in _package_sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module != "errors" and not (node.module or "").endswith(".errors"):
+                if node.module == "cupy_nwt" or (node.level == 1 and node.module is None and path.name == "__init__.py"):
+                    continue
+                wrong += [f"{path}:{node.lineno} {a.name}" for a in node.names if a.name in errors.__all__]
+    assert wrong == []
+
+
+# exceptions a raise may name that are not "our" errors: Python's protocols (iteration, attribute lookup,
+# abstract methods, a KeyboardInterrupt passed on) and the warnings machinery
+PROTOCOL = {"StopIteration", "AttributeError", "NotImplementedError", "KeyboardInterrupt", "SystemExit",
+            "GeneratorExit", "AssertionError"}
+
+
+def test_every_deliberate_raise_derives_from_cupy_nwt_error():
+    """``raise ValueError(...)`` (or any builtin but Python's protocol ones) is a bare error: use a class of
+    ``cupy_nwt.errors`` (``ArgumentError`` is a ValueError, ``ArgumentTypeError`` a TypeError)."""
+    builtin = {n for n in dir(builtins) if isinstance(getattr(builtins, n), type)
+               and issubclass(getattr(builtins, n), BaseException)} - PROTOCOL
+    bare = []
+    for path, tree in _package_sources():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+                if isinstance(target, ast.Name) and target.id in builtin:
+                    bare.append(f"{path}:{node.lineno} {target.id}")
+    assert bare == []
 
 
 @pytest.mark.parametrize("exc", [BatchLayoutError("bad field", 7), CorruptImageError("a.png: not an image", 7),
@@ -125,7 +159,7 @@ def test_the_cli_gives_each_error_its_exit_code_and_one_line(cls, monkeypatch, c
     def fails(args):
         raise exc
 
-    monkeypatch.setattr(cli, "cmd_info", fails)
+    monkeypatch.setattr("cupy_nwt.cli.commands.cmd_info", fails)
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
     assert cli.main(["info"]) == code
     err = capsys.readouterr().err
@@ -212,7 +246,7 @@ def test_check_number_lets_none_through_only_when_optional():
     ({"rank": 3, "world_size": 3}, "rank (of world_size 3) must be an integer from 0 to 2, got 3"),
 ])
 def test_the_sampler_refuses_through_the_checks(kwargs, message):
-    from cupy_nwt.loader.epoch.sampler import BatchSampler
+    from cupy_nwt.loader.epoch.order import BatchSampler
 
     with pytest.raises(ArgumentError) as info:
         BatchSampler(**{"n": 10, "batch_size": 2, **kwargs})

@@ -1,21 +1,17 @@
-"""The package's shape holds: one idea a module, no import circles, one gateway to CUDA, old paths kept.
+"""The package's shape holds: one idea a module, no import circles, one gateway to CUDA, one room per part.
 
 Static checks over the source, so they cost nothing at run time and fail as soon as a change breaks
-the layout that ``DESIGN.md`` draws (cli -> nwt -> loader -> datasets, cuda).
+the layout that ``DESIGN.md`` draws (cli -> nwt -> loader -> data, cuda).
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import cupy_nwt
-from cupy_nwt._moved import MOVED
 
 PKG = Path(cupy_nwt.__file__).resolve().parent
 MAX_LINES = 460
@@ -105,32 +101,54 @@ def test_only_cuda_imports_cupy():
     assert users == {"cupy_nwt.cuda"}
 
 
+def _in(name: str, *rooms: str) -> bool:
+    return any(name == f"cupy_nwt.{r}" or name.startswith(f"cupy_nwt.{r}.") for r in rooms)
+
+
 def test_arrows_point_one_way():
-    """The loader never imports the tuner, the experiments or the commands; nothing imports the CLI."""
-    graph = {n: eager_imports(n, p) for n, p in modules().items()}
-    for name, deps in graph.items():
-        if name.startswith("cupy_nwt.loader"):
-            assert not {d for d in deps if d.startswith(("cupy_nwt.experiments", "cupy_nwt.cli",
-                                                          "cupy_nwt.reproduce", "cupy_nwt.tuner"))}, name
-        if name != "cupy_nwt.__main__":
-            assert "cupy_nwt.cli" not in deps, name
+    """cli -> nwt -> loader -> data, cuda: the data sources import none of the parts above them (not even
+    lazily), the loader never imports the tuner, the experiments or the commands at import time, and nothing
+    but ``__main__`` imports the commands."""
+    eager = {n: eager_imports(n, p) for n, p in modules().items()}
+    every = {n: all_imports(n, p) for n, p in modules().items()}
+    for name in modules():
+        if _in(name, "data"):
+            assert not {d for d in every[name] if _in(d, "loader", "nwt", "cli", "experiments", "pytest_plugin")}, name
+        if _in(name, "loader"):
+            assert not {d for d in eager[name] if _in(d, "nwt", "experiments", "cli", "pytest_plugin")}, name
+        if _in(name, "nwt"):
+            assert not {d for d in every[name] if _in(d, "cli", "experiments")}, name
+        if not _in(name, "cli") and name != "cupy_nwt.__main__":
+            assert not {d for d in every[name] if _in(d, "cli")}, name
 
 
-@pytest.mark.parametrize("old", sorted(MOVED))
-def test_old_paths_still_import_with_a_warning(old):
-    code = (f"import warnings, importlib; warnings.simplefilter('error', DeprecationWarning)\n"
-            f"import cupy_nwt\n"
-            f"try:\n    importlib.import_module({old!r})\nexcept DeprecationWarning as w:\n    print(w)\n"
-            f"warnings.simplefilter('ignore')\n"
-            f"assert importlib.import_module({old!r}) is importlib.import_module({MOVED[old]!r})\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert f"{old} moved to {MOVED[old]}" in proc.stdout
+# what may sit at the package's top level: the gateway to CUDA, the errors, and the small shared pieces that
+# several rooms use (argument checks, the one atomic file writer, the rank layout, host facts, the worker info)
+TOP_LEVEL = {"cupy_nwt", "cupy_nwt.__main__", "cupy_nwt._checks", "cupy_nwt._files", "cupy_nwt._pcie", "cupy_nwt._worker_info",
+             "cupy_nwt.cuda", "cupy_nwt.errors", "cupy_nwt.ranks", "cupy_nwt.system"}
 
 
-def test_every_moved_target_exists():
-    for new in MOVED.values():
-        assert importlib.util.find_spec(new) is not None, new
+def test_every_data_source_and_command_lives_in_its_room():
+    top = {n for n in modules() if n.count(".") <= 1 and not (PKG / n.split(".")[-1]).is_dir()}
+    assert top == TOP_LEVEL
+    assert {"cupy_nwt.data.contract", "cupy_nwt.data.datasets", "cupy_nwt.data.streaming", "cupy_nwt.data.records",
+            "cupy_nwt.data.transforms", "cupy_nwt.cli.commands", "cupy_nwt.cli.reproduce", "cupy_nwt.cli.stats",
+            "cupy_nwt.cli._pipeline"} <= set(modules())
+
+
+def test_the_dataset_contract_is_asked_in_one_place():
+    """The loader and the tuner ask ``data.contract`` what a dataset provides; none probes for its methods."""
+    probes = ("__getitems__", "__getitem__", "set_epoch", "state_dict", "__iter__")
+    found = []
+    for name, path in modules().items():
+        if name == "cupy_nwt.data.contract" or not _in(name, "loader", "nwt"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("hasattr", "getattr")
+                    and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in probes
+                    and "dataset" in ast.unparse(node.args[0])):
+                found.append(f"{name}:{node.lineno} {ast.unparse(node)}")
+    assert found == []
 
 
 def test_no_import_circle_even_counting_type_only_and_lazy_imports():

@@ -25,9 +25,8 @@ import pytest
 
 from cupy_nwt import system, tune_num_workers
 from cupy_nwt._reporting.units import plural
-from cupy_nwt.datasets import SyntheticCIFAR10
+from cupy_nwt.data import CifarTrainTransform, SyntheticCIFAR10
 from cupy_nwt.nwt.measure import LoaderMeasure, steady_rates
-from cupy_nwt.transforms import CifarTrainTransform
 
 BATCH_SIZE = 128
 IMAGES = 16384

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..errors import ArgumentError
 from ..nwt.paper import PAPER_TIME_SCALE
 from .tables import table
 from .units import fmt_bytes, plural
@@ -51,7 +52,7 @@ class PaperDecision:
 def paper_decisions(result: TuneResult) -> tuple[PaperDecision, ...]:
     """Replay ``normalized < best - alpha`` over the counts in the order the search ran them."""
     if result.strategy != "paper":
-        raise ValueError(f"only the paper strategy follows Algorithm 1, this result is {result.strategy!r}")
+        raise ArgumentError(f"only the paper strategy follows Algorithm 1, this result is {result.strategy!r}")
     out: list[PaperDecision] = []
     best, taken = math.inf, None
     for t in result.trials:
@@ -110,7 +111,7 @@ def explain_paper_pick(result: TuneResult) -> str:
     return "\n".join(lines[:2] + [textwrap.fill(p, WIDTH) for p in lines[2:]])
 
 
-def summary_text(result: TuneResult, saved_to: Path | None = None, *, outcome: SaveOutcome | None = None) -> str:
+def tune_summary(result: TuneResult, saved_to: Path | None = None, *, outcome: SaveOutcome | None = None) -> str:
     """The trials as a table, the pick, what the search cost, how far it looked, and what was saved."""
     trials = result.trials
     fastest = min(trials, key=lambda t: (t.seconds_per_iteration, t.workers)).workers if trials else None

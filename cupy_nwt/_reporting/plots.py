@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .tables import atomic_open
+from .._files import atomic_open
+from ..errors import MissingExtraError
 from .units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ def figure_class():
     try:
         from matplotlib.figure import Figure  # noqa: PLC0415 - optional dependency
     except ImportError as exc:
-        raise ImportError("plots need matplotlib: pip install 'cupy-nwt[plot]'") from exc
+        raise MissingExtraError("plots need matplotlib: pip install 'cupy-nwt[plot]'") from exc
     return Figure
 
 

@@ -1,10 +1,10 @@
-"""Progress on stderr: a tqdm bar on a terminal, a plain line now and then anywhere else.
+"""ProgressBar on stderr: a tqdm bar on a terminal, a plain line now and then anywhere else.
 
 A bar redraws itself with carriage returns, which a log file or CI console keeps as one long line
 of ``\\r`` frames; so when the stream is not a terminal a step is printed as a line instead, at
 most one every ``LINE_INTERVAL_S`` seconds (the first at once): a 4-second run of 200 fast steps
 must not bury the log in 200 lines. Every command and search that shows progress goes through
-:class:`Progress`.
+:class:`ProgressBar`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def is_terminal(stream: Any) -> bool:
         return False
 
 
-class Progress:
+class ProgressBar:
     """``step(label)`` once per unit of work; ``close()`` (or a ``with`` block) at the end.
 
     ``total`` may be None when the number of steps is not known in advance (the fast search).
@@ -76,7 +76,7 @@ class Progress:
             self._bar.close()
             self._bar = None
 
-    def __enter__(self) -> Progress:
+    def __enter__(self) -> ProgressBar:
         return self
 
     def __exit__(self, *exc: object) -> None:

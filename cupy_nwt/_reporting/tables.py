@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import secrets
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from .._files import atomic_open
+from ..errors import ArgumentTypeError
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> str:
@@ -68,39 +68,9 @@ def wrote(json_path: Path, plot: Callable[[Path], Path]) -> str:
         return f"wrote {json_path} (no plot: matplotlib is not installed)"
 
 
-@contextmanager
-def atomic_open(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
-    """A binary file that replaces ``path`` atomically when the block ends, and vanishes if it fails.
-
-    A reader sees the old file or the whole new one, never half; a failed or interrupted write
-    leaves nothing. Missing folders are created here, when there is something to write. The file
-    gets the mode a plain ``open()`` would give (0666 less the umask): ``tempfile.mkstemp`` would
-    make every result 0600, unreadable to the rest of a group that shares them.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    while True:
-        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")
-        try:
-            fd = os.open(tmp, flags, 0o666)  # the kernel applies the umask
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _default(o: Any) -> Any:
     if hasattr(o, "to_dict"):
         return o.to_dict()
     if hasattr(o, "item"):
         return o.item()
-    raise TypeError(f"cannot serialise {type(o).__name__}")
+    raise ArgumentTypeError(f"cannot serialise {type(o).__name__}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+from ..errors import ArgumentError
+
 _UNITS = {
     "": 1, "b": 1,
     "k": 1024, "kb": 1000, "kib": 1024,
@@ -21,19 +23,19 @@ def parse_size(text: str | int) -> int:
         m = _SIZE.match(str(text))
         unit = m.group(2).lower() if m else ""
         if not m or unit not in _UNITS:
-            raise ValueError(f"not a size: {text!r} (examples: 4096, 4KiB, 64M, 1GB)")
+            raise ArgumentError(f"not a size: {text!r} (examples: 4096, 4KiB, 64M, 1GB)")
         value = int(float(m.group(1)) * _UNITS[unit])
     if value <= 0:
-        raise ValueError(f"size must be positive, got {text!r}")
+        raise ArgumentError(f"size must be positive, got {text!r}")
     return value
 
 
 def size_sweep(lo: int, hi: int, factor: int = 2) -> list[int]:
     """Sizes lo, lo*factor, ... up to and including hi (hi itself is always the last)."""
     if lo <= 0 or hi < lo:
-        raise ValueError(f"bad size range {lo}..{hi}: need 0 < min <= max")
+        raise ArgumentError(f"bad size range {lo}..{hi}: need 0 < min <= max")
     if factor < 2:
-        raise ValueError("sweep factor must be >= 2")
+        raise ArgumentError("sweep factor must be >= 2")
     out, n = [], lo
     while n < hi:
         out.append(n)

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import MissingPathError
 from .kernels import SOURCES
 
 
@@ -57,7 +58,7 @@ def compile_check(source: Path, arch: str = "sm_90", nvcc: str | None = None) ->
     """
     compiler = nvcc or find_nvcc()
     if compiler is None:
-        raise FileNotFoundError("nvcc was not found (PATH, $CUDA_HOME, $CUDA_PATH, /usr/local/cuda)")
+        raise MissingPathError("nvcc was not found (PATH, $CUDA_HOME, $CUDA_PATH, /usr/local/cuda)")
     with tempfile.TemporaryDirectory(prefix="cupy_nwt-nvcc-") as tmp:
         command = (compiler, "-cubin", f"-arch={arch}", "-std=c++17", "-Werror", "all-warnings",
                    "-o", str(Path(tmp) / "kernel.cubin"), str(source))

@@ -24,9 +24,10 @@ import numpy as np
 from .. import cuda
 from .._reporting import tables as report
 from .._reporting.units import fmt_bytes
+from ..errors import ArgumentError, UnknownKeyError
 from . import kernels, timing
 from .timing import Stats
-from .transfers import Progress, check_run_options, run_on_device
+from .transfers import ProgressBar, check_run_options, run_on_device
 
 BLOCK_SIZE = kernels.BLOCK_SIZE
 CHUNK_ELEMENTS = 4 * 1024 * BLOCK_SIZE  # floats per stream, as in async.cu
@@ -42,9 +43,9 @@ def ideal_pipeline_seconds(h2d: float, kernel: float, d2h: float, streams: int) 
     (h + k + d) + (streams - 1) * max(h, k, d). Assumes H2D and D2H run on separate copy engines.
     """
     if streams < 1:
-        raise ValueError(f"streams must be >= 1, got {streams}")
+        raise ArgumentError(f"streams must be >= 1, got {streams}")
     if min(h2d, kernel, d2h) < 0:
-        raise ValueError("stage times cannot be negative")
+        raise ArgumentError("stage times cannot be negative")
     return (h2d + kernel + d2h) + (streams - 1) * max(h2d, kernel, d2h)
 
 
@@ -60,13 +61,13 @@ class OverlapConfig:
 
     def __post_init__(self) -> None:
         if self.streams < 1:
-            raise ValueError(f"--streams must be >= 1, got {self.streams}")
+            raise ArgumentError(f"--streams must be >= 1, got {self.streams}")
         elements = CHUNK_ELEMENTS * self.streams if self.elements is None else self.elements
         object.__setattr__(self, "elements", elements)
         if elements <= 0:
-            raise ValueError(f"--elements must be positive, got {elements}")
+            raise ArgumentError(f"--elements must be positive, got {elements}")
         if elements % self.streams:
-            raise ValueError(f"--elements ({elements}) must be a multiple of --streams ({self.streams})")
+            raise ArgumentError(f"--elements ({elements}) must be a multiple of --streams ({self.streams})")
         check_run_options(self.repeats, self.warmup, self.device)
 
     @property
@@ -95,7 +96,7 @@ class OverlapConfig:
 
 
 @dataclass(frozen=True)
-class StageTimes:
+class OverlapStages:
     """Seconds of one chunk's H2D copy, kernel and D2H copy, each measured alone."""
 
     h2d: Stats
@@ -138,7 +139,7 @@ class VersionTiming:
 class OverlapResult:
     config: OverlapConfig
     device: cuda.DeviceInfo
-    stages: StageTimes
+    stages: OverlapStages
     versions: tuple[VersionTiming, ...]
     launch: LaunchTimes | None = None
     overran: int = 0
@@ -152,7 +153,7 @@ class OverlapResult:
         for v in self.versions:
             if v.name == name:
                 return v
-        raise KeyError(f"no version {name!r}; have {[v.name for v in self.versions]}")
+        raise UnknownKeyError(f"no version {name!r}; have {[v.name for v in self.versions]}")
 
     def speedup(self, name: str) -> float:
         """Sequential median time over this version's median time."""
@@ -194,13 +195,13 @@ class OverlapResult:
         }
 
 
-def run_overlap(config: OverlapConfig | None = None, progress: Progress | None = None) -> OverlapResult:
+def run_overlap(config: OverlapConfig | None = None, progress: ProgressBar | None = None) -> OverlapResult:
     """Measure stage times and the three versions on ``config.device``; raises NoGPUError without one."""
     config = config or OverlapConfig()
     return run_on_device(config.device, lambda tick: _run(config, tick), progress)
 
 
-def _run(config: OverlapConfig, tick: Progress) -> OverlapResult:
+def _run(config: OverlapConfig, tick: ProgressBar) -> OverlapResult:
     device = cuda.device_info(config.device)
     n, chunk = config.total_elements, config.chunk_elements
     host = cuda.pinned_empty(n, np.float32)
@@ -235,7 +236,7 @@ def _run(config: OverlapConfig, tick: Progress) -> OverlapResult:
         launch.append(timing.summarize([t / STAGE_REPEATS for t in q.issue]))
         overran += q.overran
         tick(f"stage {name}")
-    stages = StageTimes(*stage)
+    stages = OverlapStages(*stage)
 
     def sequential() -> None:
         whole_up()
@@ -292,7 +293,7 @@ def _timed_run(work: Callable[[], None], host: np.ndarray, main, used: list,
     return timing.event_seconds(timed_work, main, used, lead=hold), issued[0]
 
 
-def summary_text(result: OverlapResult) -> str:
+def overlap_summary(result: OverlapResult) -> str:
     """The readable report: set-up, stage times and the ideal, then each version."""
     c, st = result.config, result.stages
     head = report.key_values([

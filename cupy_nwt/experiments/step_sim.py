@@ -15,7 +15,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .. import cuda
-from ..loader.ring.collate import flatten
+from ..errors import ArgumentError
+from ..loader.ring.tree import flatten
 from . import timing
 from .kernels import SpinKernel
 
@@ -24,7 +25,7 @@ __all__ = ["FeedResult", "SimulatedStep", "SpinKernel", "feed", "idle_fraction"]
 def idle_fraction(kernel_seconds: float, wall_seconds: float) -> float:
     """Share of the wall time in which the simulated step was not running (0 = never idle)."""
     if wall_seconds <= 0 or kernel_seconds < 0:
-        raise ValueError(f"need wall > 0 and kernel >= 0 seconds, got {wall_seconds!r}, {kernel_seconds!r}")
+        raise ArgumentError(f"need wall > 0 and kernel >= 0 seconds, got {wall_seconds!r}, {kernel_seconds!r}")
     return max(0.0, 1.0 - kernel_seconds / wall_seconds)
 
 
@@ -69,7 +70,7 @@ class SimulatedStep:
 
     def __init__(self, seconds: float) -> None:
         if seconds <= 0:
-            raise ValueError(f"step seconds must be positive, got {seconds!r}")
+            raise ArgumentError(f"step seconds must be positive, got {seconds!r}")
         self.seconds = seconds
         self.nanoseconds = max(1, round(seconds * 1e9))
         self._spin = SpinKernel()
@@ -92,7 +93,7 @@ def feed(batches: Iterable[Any], step: Callable[[Any], float], *, steps: int, wa
     the very first batch is the loader's start-up: reported on its own, in no step's time.
     """
     if steps < 1 or warmup < 0:
-        raise ValueError(f"need steps >= 1 and warmup >= 0, got {steps}, {warmup}")
+        raise ArgumentError(f"need steps >= 1 and warmup >= 0, got {steps}, {warmup}")
     it = iter(batches)
     t_start = clock()
     pending = [_next(it, label)]
@@ -115,4 +116,4 @@ def _next(it: Any, label: str) -> Any:
     try:
         return next(it)
     except StopIteration:
-        raise ValueError(f"{label}: the loader ran out of batches; use a larger dataset or fewer steps") from None
+        raise ArgumentError(f"{label}: the loader ran out of batches; use a larger dataset or fewer steps") from None

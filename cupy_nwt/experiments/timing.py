@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..errors import ArgumentError
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -40,7 +42,7 @@ def summarize(samples: Sequence[float]) -> Stats:
     """Median, mean, extremes, standard deviation and quartiles of a non-empty sample."""
     xs = sorted(float(x) for x in samples)
     if not xs:
-        raise ValueError("summarize() needs at least one sample")
+        raise ArgumentError("summarize() needs at least one sample")
     n = len(xs)
     if n == 1:
         q25 = q75 = xs[0]
@@ -66,7 +68,7 @@ def gbps(nbytes: int, seconds: float) -> float:
 def host_time(fn: Callable[[], object], repeats: int = 10, warmup: int = 2) -> list[float]:
     """Wall-clock seconds of ``fn`` per call, after ``warmup`` untimed calls."""
     if repeats < 1 or warmup < 0:
-        raise ValueError("repeats must be >= 1 and warmup >= 0")
+        raise ArgumentError("repeats must be >= 1 and warmup >= 0")
     for _ in range(warmup):
         fn()
     out = []
@@ -85,7 +87,7 @@ def device_time(fn: Callable[[Any], object], repeats: int = 10, warmup: int = 2,
     from .. import cuda  # noqa: PLC0415 - keep host-only users free of CUDA
 
     if repeats < 1 or warmup < 0:
-        raise ValueError("repeats must be >= 1 and warmup >= 0")
+        raise ArgumentError("repeats must be >= 1 and warmup >= 0")
     s = stream if stream is not None else cuda.current_stream()
     for _ in range(warmup):
         fn(s)
@@ -155,7 +157,7 @@ def queued_time(fn: Callable[[Any], object], hold: Callable[[Any, float], object
     from .. import cuda  # noqa: PLC0415 - keep host-only users free of CUDA
 
     if repeats < 1 or warmup < 0:
-        raise ValueError("repeats must be >= 1 and warmup >= 0")
+        raise ArgumentError("repeats must be >= 1 and warmup >= 0")
     s = stream if stream is not None else cuda.current_stream()
     slowest = 0.0
     for _ in range(warmup):

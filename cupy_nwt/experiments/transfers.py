@@ -20,6 +20,7 @@ import numpy as np
 from .. import cuda, system
 from .._reporting import tables as report
 from .._reporting.units import fmt_bytes, size_sweep
+from ..errors import ArgumentError, UnknownKeyError
 from . import kernels, timing
 from .batching import BatchingPoint, Hold, batched_vs_many, queued
 from .timing import Stats
@@ -33,24 +34,24 @@ DEFAULT_MAX = 256 * 1024**2
 SAMPLE_TARGET_BYTES = 8 * 1024**2
 MAX_COPIES_PER_SAMPLE = 256
 
-Progress = Callable[[str], None]
+ProgressBar = Callable[[str], None]
 R = TypeVar("R")
 
 
 def check_run_options(repeats: int, warmup: int, device: int) -> None:
     """The options every GPU experiment shares, checked alike before any GPU work."""
     if repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, got {repeats}")
+        raise ArgumentError(f"--repeats must be >= 1, got {repeats}")
     if warmup < 0:
-        raise ValueError(f"--warmup must be >= 0, got {warmup}")
+        raise ArgumentError(f"--warmup must be >= 0, got {warmup}")
     if device < 0:
-        raise ValueError(f"--device must be >= 0, got {device}")
+        raise ArgumentError(f"--device must be >= 0, got {device}")
 
 
 def copies_per_sample(nbytes: int, target: int = SAMPLE_TARGET_BYTES, cap: int = MAX_COPIES_PER_SAMPLE) -> int:
     """How many copies of ``nbytes`` one timed sample issues (at least 1, at most ``cap``)."""
     if nbytes <= 0:
-        raise ValueError(f"copy size must be positive, got {nbytes}")
+        raise ArgumentError(f"copy size must be positive, got {nbytes}")
     return max(1, min(cap, -(-target // nbytes)))
 
 
@@ -68,14 +69,14 @@ class BandwidthConfig:
 
     def __post_init__(self) -> None:
         if not self.sizes:
-            raise ValueError("the size sweep is empty")
+            raise ArgumentError("the size sweep is empty")
         if any(int(n) <= 0 for n in self.sizes):
-            raise ValueError(f"sizes must be positive, got {list(self.sizes)}")
+            raise ArgumentError(f"sizes must be positive, got {list(self.sizes)}")
         check_run_options(self.repeats, self.warmup, self.device)
         if self.batch_chunk <= 0 or self.batch_total <= 0:
-            raise ValueError("batched-copy total and chunk must be positive")
+            raise ArgumentError("batched-copy total and chunk must be positive")
         if self.batch_chunk > self.batch_total or self.batch_total % self.batch_chunk:
-            raise ValueError(
+            raise ArgumentError(
                 f"batched-copy total ({fmt_bytes(self.batch_total)}) must be a whole multiple "
                 f"of the chunk ({fmt_bytes(self.batch_chunk)})"
             )
@@ -86,7 +87,7 @@ class BandwidthConfig:
 
     @property
     def steps(self) -> int:
-        """Progress steps of a run: one per (size, memory), one per memory for the batching test."""
+        """ProgressBar steps of a run: one per (size, memory), one per memory for the batching test."""
         return len(self.sizes) * len(MEMORIES) + len(MEMORIES)
 
     def to_dict(self) -> dict[str, Any]:
@@ -235,7 +236,7 @@ class BandwidthResult:
         for p in self.points:
             if (p.direction, p.memory, p.nbytes) == (direction, memory, nbytes):
                 return p
-        raise KeyError(f"no {direction} {memory} point at {nbytes} B")
+        raise UnknownKeyError(f"no {direction} {memory} point at {nbytes} B")
 
     def to_dict(self) -> dict[str, Any]:
         points = []
@@ -260,13 +261,13 @@ class BandwidthResult:
         }
 
 
-def run_bandwidth(config: BandwidthConfig | None = None, progress: Progress | None = None) -> BandwidthResult:
+def run_bandwidth(config: BandwidthConfig | None = None, progress: ProgressBar | None = None) -> BandwidthResult:
     """Measure the sweep and the batching comparison on ``config.device``; raises NoGPUError without one."""
     config = config or BandwidthConfig()
     return run_on_device(config.device, lambda tick: _run(config, tick), progress)
 
 
-def run_on_device(device: int, experiment: Callable[[Progress], R], progress: Progress | None = None) -> R:
+def run_on_device(device: int, experiment: Callable[[ProgressBar], R], progress: ProgressBar | None = None) -> R:
     """Run ``experiment(tick)`` with ``device`` current; the memory pools go back to the driver after.
 
     Raises NoGPUError without a usable GPU, ValueError for a device index this machine lacks.
@@ -283,10 +284,10 @@ def run_on_device(device: int, experiment: Callable[[Progress], R], progress: Pr
 def check_device_index(device: int) -> None:
     count = cuda.device_count()
     if not 0 <= device < count:
-        raise ValueError(f"there is no GPU {device}: this machine has {count} (use --device 0..{count - 1})")
+        raise ArgumentError(f"there is no GPU {device}: this machine has {count} (use --device 0..{count - 1})")
 
 
-def _run(config: BandwidthConfig, tick: Progress) -> BandwidthResult:
+def _run(config: BandwidthConfig, tick: ProgressBar) -> BandwidthResult:
     device = cuda.device_info(config.device)
     host = system.host_info()
     n = config.buffer_bytes
@@ -344,7 +345,7 @@ def repeated_copy(direction: str, dev: Any, host: np.ndarray, count: int, stream
     Everything but the copies themselves is done here, before any timing starts.
     """
     if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        raise ArgumentError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     pair = (dev, host) if direction == "h2d" else (host, dev)
     return cuda.CopyBurst(direction, [pair] * count, stream)
 
@@ -354,7 +355,7 @@ def _point(direction: str, memory: str, nbytes: int, k: int, times: list[float],
                           timing.summarize([timing.gbps(nbytes, t) for t in times]), ok)
 
 
-def summary_text(result: BandwidthResult) -> str:
+def bandwidth_summary(result: BandwidthResult) -> str:
     """The readable report: device and link, the sweep with speed-ups, then the batching test."""
     d = result.device
     head = report.key_values([

@@ -6,15 +6,15 @@ machinery behind it.
 """
 
 from .._worker_info import WorkerInfo, get_worker_info
+from ..data.contract import IterableDataset
 from ..errors import LoaderError, LoaderTimeoutError, RingMemoryError, ShmSpaceError, WorkerDiedError, WorkerError
 from ..ranks import RankLayout, rank_layout
 from ._dataloader import DataLoader
 from ._events import Listener, StageTimes, Stall
-from ._iterable import IterableDataset
 from ._runtime import LoaderParts
 from ._stats import LoaderStats, MemoryGrowthWarning
+from .epoch.order import BatchSampler
 from .epoch.resume import merge_states
-from .epoch.sampler import BatchSampler
 from .ring.collate import default_collate
 from .ring.slots import HostBatch
 from .tuning.online import Autotune

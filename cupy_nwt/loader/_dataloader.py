@@ -25,7 +25,7 @@ Lifetime of what you get:
 
 Several ranks (torchrun, SLURM, MPI): each rank builds its own loader; ``rank`` and ``world_size``
 come from the launcher's variables unless given, each rank takes its shard of every epoch (see
-``epoch.sampler.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
+``epoch.order.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
 unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
 share of the CPUs (see ``nwt.pick.auto_num_workers``).
 
@@ -40,13 +40,12 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 from .._checks import check_int
 from ..errors import ArgumentError, LoaderError
 from ..ranks import RankLayout
-from ._options import Options, resolve
+from ._options import Options, changed, resolve
 from ._runtime import LoaderParts, Runtime
 from ._stats import STALL_WARNING_S, LoaderStats
 from .epoch.epoch import Epoch, EpochState
@@ -128,7 +127,6 @@ class DataLoader(Generic[T_co]):
                  worker_init_fn: Callable | None = None, multiprocessing_context: Any = None, generator: Any = None,
                  *, prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",
                  in_order: bool = True, seed: int | None = None, device: str = "auto", output: str = "auto",
-                 start_method: str | None = None,
                  batch_transform: Callable | None = None, zero_copy: bool = False,
                  rank: int | None = None, world_size: int | None = None, worker_type: str | None = None,
                  autotune: Any = False, cpu_budget: int | None = None, memory_budget: int | None = None,
@@ -139,7 +137,7 @@ class DataLoader(Generic[T_co]):
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, drop_last,
             timeout, worker_init_fn, multiprocessing_context, generator, prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers, in_order=in_order, seed=seed, device=device,
-            start_method=start_method, batch_transform=batch_transform, zero_copy=zero_copy, rank=rank,
+            batch_transform=batch_transform, zero_copy=zero_copy, rank=rank,
             world_size=world_size, worker_type=worker_type, autotune=autotune, cpu_budget=cpu_budget,
             memory_budget=memory_budget, stall_warning_s=stall_warning_s, pin_memory_device=pin_memory_device,
             output=output, gpus=parts.ops if parts is not None else None)
@@ -155,9 +153,9 @@ class DataLoader(Generic[T_co]):
 
     def __setattr__(self, name: str, value: Any) -> None:
         if name in _FIXED and getattr(self, "_initialized", False):
-            raise ValueError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
-        if name in _SETTABLE:  # as PyTorch allows; the next iteration uses it
-            object.__setattr__(self, "_options", replace(self._options, **{name: value}))
+            raise ArgumentError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+        if name in _SETTABLE:  # as PyTorch allows; checked as the constructor checks it; the next iteration uses it
+            object.__setattr__(self, "_options", changed(self._options, name, value, self._runtime.ops))
             return
         super().__setattr__(name, value)
 
@@ -384,7 +382,6 @@ class DataLoader(Generic[T_co]):
         self._resume = check_state(self._options, state)
         self._epoch = int(self._resume["epoch"])
         self._last = None  # the loaded state, not the previous iteration, is where the loader stands
-        self._track = None  # the loaded state, not the previous iteration, is where the loader stands
 
     def close(self) -> None:
         """End the current iterations, stop the workers, unlink the rings. Idempotent."""

@@ -17,12 +17,12 @@ import numpy as np
 
 from .. import system
 from .._checks import check_int, check_number
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ArgumentTypeError
 from ..ranks import RankLayout, agree, rank_layout
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
-from .epoch.sampler import fresh_seed
+from .epoch.order import fresh_seed
 from .epoch.sampling import Sampling
 from .ring.frameworks import check_output, generator_seed
 from .tuning.online import Tuning, check_tuning
@@ -87,14 +87,14 @@ class Options:
 
     def with_context(self, multiprocessing_context: Any) -> Options:
         """These options with another ``multiprocessing_context`` (checked as at construction)."""
-        context = resolve_context(multiprocessing_context, None, self.num_workers)
+        context = resolve_context(multiprocessing_context, self.num_workers)
         return replace(self, context=context, multiprocessing_context=multiprocessing_context)
 
 
 def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any, num_workers: Any,
             collate_fn: Any, pin_memory: Any, drop_last: Any, timeout: Any, worker_init_fn: Any,
             multiprocessing_context: Any, generator: Any, *, prefetch_factor: Any, persistent_workers: Any,
-            in_order: Any, seed: Any, device: Any, start_method: Any, batch_transform: Any, zero_copy: Any,
+            in_order: Any, seed: Any, device: Any, batch_transform: Any, zero_copy: Any,
             pin_memory_device: Any = "", output: Any = "auto",
             rank: Any, world_size: Any, worker_type: Any, autotune: Any, cpu_budget: Any, memory_budget: Any,
             stall_warning_s: Any = STALL_WARNING_S, gpus: PrefetchOps | None = None) -> Options:
@@ -108,17 +108,16 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     timeout = resolve_timeout(timeout)
     stall_warning_s = check_stall(stall_warning_s)
     for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
-        if fn is not None and not callable(fn):
-            raise ValueError(f"{name} must be callable or None, got {type(fn).__name__}")
+        _callable_or_none(name, fn)
+    in_order, zero_copy = check_flag("in_order", in_order), check_flag("zero_copy", zero_copy)
     if isinstance(num_workers, (int, np.integer)) and not isinstance(num_workers, bool) and num_workers < 0:
         raise ArgumentError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing. "
                             f"cupy_nwt: got {num_workers}; num_workers='auto' picks a count for this machine")
     if num_workers != "auto":
         num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
-    context = resolve_context(multiprocessing_context, start_method, num_workers if isinstance(num_workers, int) else 1)
+    context = resolve_context(multiprocessing_context, num_workers if isinstance(num_workers, int) else 1)
     if worker_type is not None and not kind(worker_type).processes and context is not None:
-        raise ValueError(f"multiprocessing_context and start_method apply to process workers, not "
-                         f"worker_type={worker_type!r}")
+        raise ArgumentError(f"multiprocessing_context applies to process workers, not worker_type={worker_type!r}")
     layout = rank_layout(rank, world_size)
     device, device_id = resolve_device(device, layout, gpus)
     check_pin_memory(pin_memory, pin_memory_device, device, stacklevel=4)
@@ -149,7 +148,7 @@ def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_me
                   batch_transform: Callable | None, worker_type: str | None, device: str, layout: RankLayout,
                   tuning: bool) -> tuple[int, str]:
     if not sampling.own or sampling.batch_size is None:
-        raise ValueError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
+        raise ArgumentError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
                          "(no sampler, batch_sampler or batch_size=None); give a number")
     from ..nwt.pick import auto_pick  # noqa: PLC0415 - below the loader; never the tuner itself
 
@@ -170,31 +169,25 @@ def agreed_seed(layout: RankLayout) -> int:
     return int(seed)
 
 
-def resolve_context(multiprocessing_context: Any, start_method: str | None, num_workers: int) -> BaseContext | None:
+def resolve_context(multiprocessing_context: Any, num_workers: int) -> BaseContext | None:
     """The context the workers start from: None for the loader's default, else a context object.
 
     ``multiprocessing_context`` takes a start method's name or a context, and only with workers (a
-    ValueError otherwise, as in PyTorch); ``start_method`` is this package's older name for it.
+    ValueError otherwise, as in PyTorch).
     """
-    if multiprocessing_context is not None and start_method is not None:
-        raise ValueError("give multiprocessing_context or start_method, not both")
-    if start_method is not None:
-        if start_method not in mp.get_all_start_methods():
-            raise ValueError(f"start_method must be one of {mp.get_all_start_methods()}, got {start_method!r}")
-        return mp.get_context(start_method)
     if multiprocessing_context is None:
         return None
     if num_workers == 0:
-        raise ValueError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
+        raise ArgumentError("multiprocessing_context can only be used with multi-process loading (num_workers > 0), "
                          f"but got num_workers={num_workers}")
     if isinstance(multiprocessing_context, str):
         methods = mp.get_all_start_methods()
         if multiprocessing_context not in methods:
-            raise ValueError(f"multiprocessing_context option should specify a valid start method in {methods!r}, "
+            raise ArgumentError(f"multiprocessing_context option should specify a valid start method in {methods!r}, "
                              f"but got multiprocessing_context={multiprocessing_context!r}")
         return mp.get_context(multiprocessing_context)
     if not isinstance(multiprocessing_context, BaseContext):
-        raise TypeError("multiprocessing_context option should be a valid context object or a string specifying "
+        raise ArgumentTypeError("multiprocessing_context option should be a valid context object or a string specifying "
                         f"the start method, but got multiprocessing_context={multiprocessing_context!r}")
     return multiprocessing_context
 
@@ -226,7 +219,7 @@ def seed_from(seed: Any, generator: Any) -> int | None:
     if generator is None:
         return seed
     if seed is not None:
-        raise ValueError("give seed or generator, not both")
+        raise ArgumentError("give seed or generator, not both")
     if isinstance(generator, np.random.Generator):
         return int(generator.integers(0, 2**63 - 1))
     drawn = generator_seed(generator)
@@ -243,11 +236,72 @@ def check_pin_memory(pin_memory: Any, pin_memory_device: Any, device: str, stack
     """``pin_memory`` and torch's ``pin_memory_device``, with torch's warnings: pinning without a GPU
     does nothing; ``pin_memory_device`` is ignored (the loader pins for its ``device``)."""
     if pin_memory not in (True, False, "staging"):
-        raise ValueError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
+        raise ArgumentError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
     if not isinstance(pin_memory_device, str):
-        raise ValueError(f"pin_memory_device must be a str, got {type(pin_memory_device).__name__}")
+        raise ArgumentError(f"pin_memory_device must be a str, got {type(pin_memory_device).__name__}")
     if pin_memory and pin_memory_device:
         warnings.warn(f"pin_memory_device is ignored (as torch now ignores it): memory is pinned for device={device!r}; "
                       f"ignore pin_memory_device={pin_memory_device!r}.", UserWarning, stacklevel=stacklevel)
     if pin_memory and device == "cpu":
         warnings.warn(PIN_WITHOUT_GPU, UserWarning, stacklevel=stacklevel)
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """A True/False option (a NumPy bool too), or a one-line TypeError."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _callable_or_none(name: str, fn: Any) -> Any:
+    if fn is not None and not callable(fn):
+        raise ArgumentError(f"{name} must be callable or None, got {type(fn).__name__}")
+    return fn
+
+
+def changed(options: Options, name: str, value: Any, gpus: PrefetchOps | None = None) -> Options:
+    """``options`` with ``name`` set to ``value``, through the same checks the constructor runs; they raise
+    before anything is built, so a refused value leaves the caller's options as they were."""
+    o = options
+    if name == "num_workers":
+        n = check_int("num_workers", value, ge=0)
+        warn_if_too_many_workers(n, stacklevel=4)
+        return replace(o, num_workers=n)
+    if name == "worker_type":
+        worker_type = check_worker_type(value)
+        if not kind(worker_type).processes and o.context is not None:
+            raise ArgumentError(f"multiprocessing_context applies to process workers, not worker_type={worker_type!r}")
+        return replace(o, worker_type=worker_type)
+    if name == "prefetch_factor":
+        return replace(o, prefetch_factor=check_int("prefetch_factor", value, ge=1))
+    if name == "pin_memory":
+        check_pin_memory(value, o.pin_memory_device, o.device, stacklevel=4)
+        return replace(o, pin_memory=value)
+    if name == "pin_memory_device":
+        check_pin_memory(o.pin_memory, value, o.device, stacklevel=4)
+        return replace(o, pin_memory_device=value)
+    if name in ("collate_fn", "batch_transform", "worker_init_fn"):
+        return replace(o, **{name: _callable_or_none(name, value)})
+    if name == "timeout":
+        return replace(o, timeout=resolve_timeout(value))
+    if name == "in_order":
+        return replace(o, in_order=check_flag(name, value))
+    if name == "zero_copy":
+        return replace(o, zero_copy=check_flag(name, value))
+    if name in ("device", "device_id"):
+        given = value if name == "device" else ("cpu" if value is None else f"cuda:{check_int('device_id', value, ge=0)}")
+        device, device_id = resolve_device(given, o.rank_layout, gpus)
+        check_pin_memory(o.pin_memory, o.pin_memory_device, device, stacklevel=4)
+        return replace(o, device=device, device_id=device_id, output=check_output(o.output, device))
+    if name == "output":
+        return replace(o, output=check_output(value, o.device))
+    if name == "seed":
+        seed = check_int("seed", value, ge=0)
+        return replace(o, seed=seed, sampling=replace(o.sampling, seed=seed))
+    if name == "stall_warning_s":
+        return replace(o, stall_warning_s=check_stall(value))
+    if name == "rank_layout":
+        if not isinstance(value, RankLayout):
+            raise ArgumentTypeError(f"rank_layout must be a RankLayout, got {type(value).__name__}")
+        return replace(o, rank_layout=value, sampling=replace(o.sampling, rank=value.rank, world_size=value.world_size))
+    raise ArgumentError(f"{name} cannot be set after the DataLoader is made")

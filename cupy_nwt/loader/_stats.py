@@ -38,6 +38,7 @@ from typing import Any
 
 import psutil
 
+from ..errors import ArgumentError
 from ._events import Listener, StageTimes, Stall
 
 STALL_WARNING_S = 10.0  # the default stall threshold: one next() waiting this long is worth a line
@@ -241,5 +242,5 @@ def check_stall(value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"stall_warning_s must be a positive number of seconds or None, got {value!r}")
+        raise ArgumentError(f"stall_warning_s must be a positive number of seconds or None, got {value!r}")
     return float(value)

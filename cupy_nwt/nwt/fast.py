@@ -14,7 +14,7 @@ search's cost, with the least memory among counts that fast:
 2. Coarse: 0, 2, 4, 8, ... and N-1 (1 is left to step 4), stopping early once throughput falls
    by more than ``tolerance`` from the best, or two steps in a row bring no gain beyond it; a step
    that would stop the pass is first confirmed by an independent run (one slowed trial must not
-   end it, which is how a falling curve used to be cut short).
+   end it: a single noisy trial would otherwise cut a falling curve short).
 3. Local: halve the wider gap beside the fastest measured count until both its neighbours are
    measured (one valley assumed), since the true minimum may hide between coarse points.
 4. Bisect for the fewest workers within ``tolerance`` (relative, plus half the best's error) of

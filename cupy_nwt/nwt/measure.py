@@ -20,11 +20,13 @@ from typing import Any
 import numpy as np
 
 from .. import cuda
+from ..data.contract import map_length
+from ..errors import ArgumentError
 from ..loader import DataLoader
 from ..ranks import device_for_rank, rank_layout
-from .fingerprint import resolve_device
+from .fingerprint import device_kind
 from .memory import DEFAULT_INTERVAL_S, MemorySampler
-from .trials import Measure, Measurement, whole_rounds
+from .trials import MeasureFn, Measurement, whole_rounds
 
 
 class LoaderMeasure:
@@ -61,26 +63,27 @@ class LoaderMeasure:
 
     def __init__(self, dataset: Any, *, batch_size: int = 128, prefetch_factor: int = 2,
                  pin_memory: bool | str = False, device: str = "auto", batch_transform: Any = None,
-                 seed: int = 0, start_method: str | None = None,
+                 seed: int = 0, multiprocessing_context: str | None = None,
                  memory_interval: float = DEFAULT_INTERVAL_S, worker_type: str = "process",
                  main_process: str = "waits") -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.prefetch_factor = prefetch_factor
         self.pin_memory = pin_memory
-        self.device = resolve_device(device)
+        self.device = device_kind(device)
         self.loader_device = _trial_device(device, self.device)
         self.batch_transform = batch_transform
         self.seed = seed
-        self.start_method = start_method
+        self.multiprocessing_context = multiprocessing_context
         self.worker_type = worker_type
         self.memory_interval = memory_interval
         if main_process not in ("waits", "busy"):
-            raise ValueError(f"main_process must be 'waits' or 'busy', got {main_process!r}")
+            raise ArgumentError(f"main_process must be 'waits' or 'busy', got {main_process!r}")
         self.main_process = main_process
         self._ready = False
-        if len(dataset) < batch_size:
-            raise ValueError(f"the dataset has {len(dataset)} samples, fewer than one batch of {batch_size}")
+        n = map_length(dataset, "tuning")
+        if n < batch_size:
+            raise ArgumentError(f"the dataset has {n} samples, fewer than one batch of {batch_size}")
 
     def _loader(self, workers: int) -> DataLoader:
         # rank 0 of 1 explicitly: under a launcher a trial measures one loader, not a shard of the data
@@ -90,7 +93,7 @@ class LoaderMeasure:
                 self.dataset, batch_size=self.batch_size, shuffle=True, seed=self.seed, drop_last=True,
                 num_workers=workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,
                 device=self.loader_device, batch_transform=self.batch_transform, persistent_workers=True,
-                start_method=self.start_method, rank=0, world_size=1, worker_type=self.worker_type,
+                multiprocessing_context=self.multiprocessing_context if workers else None, rank=0, world_size=1, worker_type=self.worker_type,
             )
 
     def preflight(self) -> None:
@@ -186,7 +189,7 @@ def _trial_device(device: str, resolved: str) -> str:
     return f"cuda:{device_for_rank(rank_layout(), cuda.device_count())}"
 
 
-def steady_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
+def steady_rates(measure: MeasureFn, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
                  repeats: int = 3) -> dict[int, float]:
     """Median samples/s of each worker count, start-up excluded, the counts interleaved per round.
 
@@ -198,11 +201,11 @@ def steady_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, it
     return {w: statistics.median(r) for w, r in rounds.items()}
 
 
-def interleaved_rates(measure: Measure, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
+def interleaved_rates(measure: MeasureFn, counts: Sequence[int], *, batch_size: int, iterations: int = 50,
                       repeats: int = 3) -> dict[int, list[float]]:
     """Samples/s of each count in each of ``repeats`` rounds (round r is index r of every list)."""
     if repeats < 1 or iterations < 1:
-        raise ValueError(f"repeats and iterations must be >= 1, got {repeats}, {iterations}")
+        raise ArgumentError(f"repeats and iterations must be >= 1, got {repeats}, {iterations}")
     rates: dict[int, list[float]] = {int(w): [] for w in counts}
     for _ in range(repeats):
         for w in rates:

@@ -25,6 +25,8 @@ from typing import Any
 
 import psutil
 
+from ..errors import ArgumentError, MisuseError
+
 DEFAULT_INTERVAL_S = 0.025
 # Reading smaps_rollup walks the target's page tables (~0.5 ms per process): never let the sampler
 # spend more than 1/DUTY_LIMIT of its time reading, or it would slow the loader it measures.
@@ -127,7 +129,7 @@ class MemorySampler:
     def __init__(self, pids: _Pids | None = None, interval: float = DEFAULT_INTERVAL_S,
                  include_self: bool = True) -> None:
         if not interval > 0:
-            raise ValueError(f"sampling interval must be > 0 seconds, got {interval!r}")
+            raise ArgumentError(f"sampling interval must be > 0 seconds, got {interval!r}")
         self._pids = pids
         self._include_self = include_self
         self.interval = float(interval)
@@ -187,7 +189,7 @@ class MemorySampler:
 
     def start(self) -> "MemorySampler":
         if self._thread is not None:
-            raise RuntimeError("this MemorySampler is already running")
+            raise MisuseError("this MemorySampler is already running")
         self._reset()
         self._stop.clear()
         self.sample_now()

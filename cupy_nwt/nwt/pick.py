@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import MisuseError
 from ..ranks import RankLayout, agree, rank_layout, worker_budget
-from .fingerprint import Fingerprint, machine_fingerprint, resolve_device, work_fingerprint
+from .fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
 from .store import TuneResult, lookup, pick_store
 from .trials import MeasureFactory
 
@@ -36,7 +37,7 @@ def register_tuner(tuner: Tuner) -> None:
 
 def registered_tuner() -> Tuner:
     if _tuner is None:
-        raise RuntimeError("num_workers='auto' found no saved pick and no tuner is registered: "
+        raise MisuseError("num_workers='auto' found no saved pick and no tuner is registered: "
                            "import cupy_nwt (it registers cupy_nwt.nwt.auto) before building the loader")
     return _tuner
 
@@ -79,7 +80,7 @@ def auto_pick(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_me
     the online tuner asks for both) and keeps the faster type with its count.
     """
     layout = rank_layout() if layout is None else layout
-    resolved = resolve_device(device)
+    resolved = device_kind(device)
     fp = Fingerprint(machine_fingerprint(), work_fingerprint(
         dataset, batch_size=batch_size, batch_transform=batch_transform, prefetch_factor=prefetch_factor,
         pin_memory=pin_memory, device=resolved, local_world_size=layout.local_world_size))

@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from .._reporting.progress import Progress
+from .._reporting.progress import ProgressBar
 from .._reporting.units import plural
+from ..errors import ArgumentError
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,10 @@ class Measurement:
         return asdict(self)
 
 
-Measure = Callable[[int, int, int], "Measurement | float"]
+MeasureFn = Callable[[int, int, int], "Measurement | float"]
 # Builds a measure for one workload, called like LoaderMeasure: (dataset, batch_size=, prefetch_factor=,
 # pin_memory=, device=, batch_transform=). num_workers="auto" takes one so that it need not know the loader.
-MeasureFactory = Callable[..., Measure]
+MeasureFactory = Callable[..., MeasureFn]
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ def combine_runs(runs: Sequence[Trial]) -> dict[int, Trial]:
 class _Runner:
     """Calls the measure, records each run, keeps per-count estimates, drives the progress bar."""
 
-    def __init__(self, measure: Measure, batch_size: int, bar: Progress, cpus: int | None = None) -> None:
+    def __init__(self, measure: MeasureFn, batch_size: int, bar: ProgressBar, cpus: int | None = None) -> None:
         self.measure = measure
         self.batch_size = batch_size
         self.bar = bar
@@ -200,7 +201,7 @@ class _Runner:
             m = Measurement(spi, spi * (iterations + warmup))
         spi = float(m.seconds_per_iteration)
         if not (spi > 0 and math.isfinite(spi)):
-            raise ValueError(f"measure({workers}, {iterations}, {warmup}) gave {spi!r} s/iteration; need > 0")
+            raise ArgumentError(f"measure({workers}, {iterations}, {warmup}) gave {spi!r} s/iteration; need > 0")
         if m.warmup_batches is not None:
             warmup = int(m.warmup_batches)
         t = Trial(workers, iterations, warmup, spi, self.batch_size / spi, float(m.wall_seconds),

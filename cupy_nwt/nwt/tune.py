@@ -13,15 +13,16 @@ from typing import Any
 
 from .. import system
 from .._checks import check_int, check_number
-from .._reporting.progress import Progress
+from .._reporting.progress import ProgressBar
+from ..errors import ArgumentError
 from ..loader.workers.kinds import check_worker_type
 from . import measure as _measure
 from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch, open_cap
-from .fingerprint import Fingerprint, machine_fingerprint, resolve_device, work_fingerprint
+from .fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
 from .memory import search_memory_limit
 from .paper import _algorithm1
 from .store import TuneResult, TypeBest
-from .trials import Measure, Trial, _Runner, combine_runs
+from .trials import MeasureFn, Trial, _Runner, combine_runs
 
 STRATEGIES = ("paper", "fast")
 MAIN_PROCESS = ("auto", "waits", "busy")
@@ -30,12 +31,12 @@ MAIN_PROCESS = ("auto", "waits", "busy")
 def resolve_main_process(main_process: str, device: str) -> str:
     """What the main process does during training: "waits" on the GPU's step, or is "busy" with a CPU one.
 
-    "auto" follows the device batches go to (``resolve_device``'s answer): a GPU step leaves the
+    "auto" follows the device batches go to (``device_kind``'s answer): a GPU step leaves the
     main process mostly waiting for the device, a CPU step keeps it computing on one of the CPUs the
     workers share.
     """
     if main_process not in MAIN_PROCESS:
-        raise ValueError(f"main_process must be one of {', '.join(MAIN_PROCESS)}, got {main_process!r}")
+        raise ArgumentError(f"main_process must be one of {', '.join(MAIN_PROCESS)}, got {main_process!r}")
     if main_process == "auto":
         return "waits" if device == "cuda" else "busy"
     return main_process
@@ -43,7 +44,7 @@ def resolve_main_process(main_process: str, device: str) -> str:
 
 def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: int | None = None,
                      iterations: int = 100, alpha: float = 0.5, strategy: str = "paper", device: str = "auto",
-                     pin_memory: bool | str = False, prefetch_factor: int = 2, measure: Measure | None = None,
+                     pin_memory: bool | str = False, prefetch_factor: int = 2, measure: MeasureFn | None = None,
                      progress: bool = True, *, tolerance: float = DEFAULT_TOLERANCE,
                      batch_transform: Any = None, worker_types: tuple[str, ...] = ("process",),
                      main_process: str = "auto", memory_limit: int | None = None) -> TuneResult:
@@ -72,9 +73,9 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     """
     types = tuple(check_worker_type(t) for t in worker_types)
     if not types or len(set(types)) != len(types):
-        raise ValueError(f"worker_types must name 'process' and/or 'thread' once each, got {worker_types!r}")
+        raise ArgumentError(f"worker_types must name 'process' and/or 'thread' once each, got {worker_types!r}")
     if strategy not in STRATEGIES:
-        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+        raise ArgumentError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
     batch_size = check_int("batch_size", batch_size, ge=1)
     iterations = check_int("iterations", iterations, ge=1)
     prefetch_factor = check_int("prefetch_factor", prefetch_factor, ge=1)
@@ -86,8 +87,8 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     alpha = check_number("alpha", alpha, ge=0, unit="seconds per 100 iterations")
     tolerance = check_number("tolerance", tolerance, ge=0, lt=0.5)
     if strategy == "fast" and iterations < MIN_FAST_ITERATIONS:
-        raise ValueError(f"the fast strategy needs iterations >= {MIN_FAST_ITERATIONS}, got {iterations}")
-    resolved = resolve_device(device)
+        raise ArgumentError(f"the fast strategy needs iterations >= {MIN_FAST_ITERATIONS}, got {iterations}")
+    resolved = device_kind(device)
     load = resolve_main_process(main_process, resolved)
     if open_search and memory_limit is None and measure is None:
         memory_limit = search_memory_limit()
@@ -97,18 +98,18 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
             dataset, batch_size=batch_size, batch_transform=batch_transform, prefetch_factor=prefetch_factor,
             pin_memory=pin_memory, device=resolved))
     if measure is None and dataset is None:
-        raise ValueError("give a dataset to tune the loader on, or a measure callable")
+        raise ArgumentError("give a dataset to tune the loader on, or a measure callable")
     searched: list[tuple[str, int, tuple[Trial, ...], int, str]] = []
     for kind in types:
         if measure is None:
-            m: Measure = _measure.LoaderMeasure(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor,
+            m: MeasureFn = _measure.LoaderMeasure(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor,
                                                 pin_memory=pin_memory, device=device,
                                                 batch_transform=batch_transform, worker_type=kind,
                                                 main_process=load)
         else:
             m = measure if len(types) == 1 else functools.partial(measure, worker_type=kind)  # type: ignore[call-arg]
         label = f"NWT ({strategy})" if len(types) == 1 else f"NWT ({strategy}, {kind} workers)"
-        with Progress(n if strategy == "paper" else None, label, unit="trial", enabled=progress) as bar:
+        with ProgressBar(n if strategy == "paper" else None, label, unit="trial", enabled=progress) as bar:
             runner = _Runner(m, batch_size, bar, cpus=cpus)
             if strategy == "paper":
                 best = _algorithm1(runner, n, iterations, float(alpha))

@@ -38,6 +38,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import ArgumentError
 from ._interval import shift_interval
 from ._loader_run import IO_BOUND_CORES
 
@@ -97,7 +98,7 @@ def judge(old: Sequence[float], new: Sequence[float], max_drop_pct: float | None
           higher_is_better: bool = True) -> Judgement:
     """Judge this run's rounds (``new``) against the baseline's (``old``); the rule is the module's."""
     if not old or not new or not all(_positive(x) is not None for x in (*old, *new)):
-        raise ValueError("judge needs at least one round on each side, all positive and finite")
+        raise ArgumentError("judge needs at least one round on each side, all positive and finite")
     sign = -1.0 if higher_is_better else 1.0  # worse = sign * change
     m_old, m_new = statistics.median(old), statistics.median(new)
     if len(old) == 1 and len(new) == 1:

@@ -13,6 +13,8 @@ from collections.abc import Generator, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..errors import ArgumentError
+
 
 class DeviceClock:
     """A clock that only moves by device time handed to it.
@@ -33,7 +35,7 @@ class DeviceClock:
 
     def advance(self, seconds: float) -> None:
         if not seconds >= 0:
-            raise ValueError(f"device time must be >= 0 s, got {seconds!r}")
+            raise ArgumentError(f"device time must be >= 0 s, got {seconds!r}")
         self._now += seconds
 
 
@@ -146,7 +148,7 @@ def transfer_result(nbytes: int, direction: str, pinned: bool, times: list[float
 
 def _count(name: str, value: Any, least: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+        raise ArgumentError(f"{name} must be an int >= {least}, got {value!r}")
     return value
 
 
@@ -156,9 +158,9 @@ def transfer_args(nbytes: int | str, direction: str, pinned: bool, repeats: int,
     size = parse_size(nbytes)
     d = str(direction).lower()
     if d not in ("h2d", "d2h"):
-        raise ValueError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
+        raise ArgumentError(f"direction must be 'h2d' or 'd2h', got {direction!r}")
     if not isinstance(pinned, bool):
-        raise ValueError(f"pinned must be True or False, got {pinned!r}")
+        raise ArgumentError(f"pinned must be True or False, got {pinned!r}")
     _count("repeats", repeats, 1)
     _count("warmup", warmup, 0)
     return size, d
@@ -171,18 +173,18 @@ def loader_args(batches: int | None, warmup: int, rounds: int | None) -> None:
     if rounds is not None:
         _count("rounds", rounds, 1)
         if batches is None:
-            raise ValueError("rounds needs batches: give both for a fixed run, or neither to let the "
+            raise ArgumentError("rounds needs batches: give both for a fixed run, or neither to let the "
                              "benchmark size itself")
         if rounds > batches:
-            raise ValueError(f"rounds ({rounds}) must not exceed batches ({batches}): each round times whole "
+            raise ArgumentError(f"rounds ({rounds}) must not exceed batches ({batches}): each round times whole "
                              "batches; time more batches or ask for fewer rounds")
 
 
 def sizing_args(target_noise: float, max_seconds: float) -> None:
     if isinstance(target_noise, bool) or not isinstance(target_noise, (int, float)) or not 0 < target_noise < 100:
-        raise ValueError(f"target_noise must be a percentage between 0 and 100, got {target_noise!r}")
+        raise ArgumentError(f"target_noise must be a percentage between 0 and 100, got {target_noise!r}")
     if isinstance(max_seconds, bool) or not isinstance(max_seconds, (int, float)) or not 0 < max_seconds <= 86400:
-        raise ValueError(f"max_seconds must be a number of seconds > 0 (at most a day), got {max_seconds!r}")
+        raise ArgumentError(f"max_seconds must be a number of seconds > 0 (at most a day), got {max_seconds!r}")
 
 
 # ---------------------------------------------------------------- the copy timer
@@ -289,6 +291,6 @@ def epochs(loader: Any) -> Generator[tuple[int, Any], None, None]:
             empty = False
             yield epoch, batch
         if empty:
-            raise ValueError("the loader yields no batches (empty dataset, or drop_last with fewer samples "
+            raise ArgumentError("the loader yields no batches (empty dataset, or drop_last with fewer samples "
                              "than batch_size)")
         epoch += 1

@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import ArgumentError
+
 ENV = "CUPY_NWT_PROOF_CPU_US"
 
 
@@ -25,9 +27,9 @@ def planted_cpu_us() -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{ENV} must be microseconds of CPU per sample (a number >= 0), got {raw!r}") from None
+        raise ArgumentError(f"{ENV} must be microseconds of CPU per sample (a number >= 0), got {raw!r}") from None
     if not 0 <= value < 1e7:
-        raise ValueError(f"{ENV} must be between 0 and 1e7 microseconds, got {raw!r}")
+        raise ArgumentError(f"{ENV} must be between 0 and 1e7 microseconds, got {raw!r}")
     return value
 
 
@@ -68,6 +70,6 @@ def planted(dataset: Any) -> Any:
     if cpu_us is None:
         return dataset
     if not hasattr(dataset, "__getitem__"):
-        raise ValueError(f"{ENV} slows map-style datasets only (with __getitem__)")
+        raise ArgumentError(f"{ENV} slows map-style datasets only (with __getitem__)")
     cls = SlowedBatchDataset if hasattr(dataset, "__getitems__") else SlowedDataset
     return cls(dataset, cpu_us)

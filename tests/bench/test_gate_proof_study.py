@@ -13,7 +13,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "studies" / "does_the_gate_hold"))
 import gate_proof as gp  # noqa: E402
 
-from cupy_nwt.datasets import SyntheticCIFAR10
+from cupy_nwt.data.datasets import SyntheticCIFAR10
 from cupy_nwt.pytest_plugin._proof import ENV, SlowedBatchDataset, SlowedDataset, planted, planted_cpu_us
 
 

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cli
-from cupy_nwt.datasets import encode_png, write_tar_shard
-from cupy_nwt.loader.epoch.sampler import BatchSampler
-from cupy_nwt.loader.workers.process import WorkerDiedError
+from cupy_nwt.data.datasets import encode_png, write_tar_shard
+from cupy_nwt.errors import WorkerDiedError
+from cupy_nwt.loader.epoch.order import BatchSampler
 
 BATCH = 4
 TINY = ["--batch-size", str(BATCH), "--max-workers", "3", "--iterations", "8", "--no-progress", "--no-save",
@@ -184,13 +184,13 @@ def test_debug_flag_and_environment_show_the_traceback(tmp_path, capsys, monkeyp
 
 
 def test_a_dead_worker_exits_5(tmp_path, capsys, monkeypatch):
-    from cupy_nwt import tuner  # noqa: PLC0415
+    from cupy_nwt.nwt.measure import LoaderMeasure
 
     def dies(self, workers, iterations, warmup):
         raise WorkerDiedError("loader worker 1 (pid 4242) died (killed by SIGKILL) while loading batch 3\n"
                               "second line", worker_id=1, pid=4242, exitcode=-signal.SIGKILL)
 
-    monkeypatch.setattr(tuner.LoaderMeasure, "__call__", dies)
+    monkeypatch.setattr(LoaderMeasure, "__call__", dies)
     root = _folder(tmp_path / "imgs", 12)
     assert cli.main(["tune", "--dataset", str(root), *TINY]) == cli.EXIT_WORKER
     err = capsys.readouterr().err
@@ -202,14 +202,14 @@ def test_an_unexpected_error_is_one_line_exit_1(monkeypatch, capsys):
     def boom():
         raise KeyError("surprise")
 
-    monkeypatch.setattr(cli.system, "host_info", boom)
+    monkeypatch.setattr("cupy_nwt.system.host_info", boom)
     assert cli.main(["info"]) == cli.EXIT_FAILED
     assert capsys.readouterr().err == "cupy-nwt info: unexpected error: KeyError: 'surprise' (--debug shows where)\n"
 
 
 def test_help_documents_every_exit_code():
     out = subprocess.run([sys.executable, "-m", "cupy_nwt", "--help"], capture_output=True, text=True,
-                         check=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(Path(cli.__file__).parents[1])))
+                         check=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(Path(cli.__file__).parents[2])))
     for code in (cli.EXIT_FAILED, cli.EXIT_USAGE, cli.EXIT_NO_GPU, cli.EXIT_BAD_DATA, cli.EXIT_WORKER,
                  cli.EXIT_INTERRUPTED):
         assert f"\n  {code} " in out.stdout, out.stdout
@@ -220,7 +220,7 @@ def test_bad_data_through_the_console_entry_point(tmp_path):
     """The same one line and code from a real process (no pytest capture in between)."""
     root = _folder(tmp_path / "imgs", 12, bad={2: b"junk"})
     env = dict(os.environ, CUPY_NWT_CACHE_DIR=str(tmp_path / "cache"),
-               PYTHONPATH=str(Path(cli.__file__).parents[1]))
+               PYTHONPATH=str(Path(cli.__file__).parents[2]))
     env.pop(cli.DEBUG_ENV, None)
     proc = subprocess.run([sys.executable, "-m", "cupy_nwt", "tune", "--dataset", str(root), *TINY],
                           capture_output=True, text=True, env=env, timeout=120, check=False)
@@ -329,8 +329,11 @@ def test_a_bad_array_file_is_named_in_one_line_exit_4(tmp_path, capsys, case, co
 
 @pytest.mark.parametrize("case", list(BAD_FILES))
 def test_open_dataset_refuses_a_bad_array_file_naming_it(tmp_path, case):
-    from cupy_nwt.datasets import DataFileError, open_dataset  # noqa: PLC0415
-    from cupy_nwt.errors import CupyNwtError  # noqa: PLC0415
+    from cupy_nwt.data.datasets import open_dataset  # noqa: PLC0415
+    from cupy_nwt.errors import (
+        CupyNwtError,  # noqa: PLC0415
+        DataFileError,  # noqa: PLC0415
+    )
 
     path, words = _bad_file(tmp_path, case)
     with pytest.raises(DataFileError) as info:
@@ -344,7 +347,7 @@ def test_open_dataset_refuses_a_bad_array_file_naming_it(tmp_path, case):
 
 
 def test_good_array_files_still_open(tmp_path):
-    from cupy_nwt.datasets import ArrayDataset, open_dataset  # noqa: PLC0415
+    from cupy_nwt.data.datasets import ArrayDataset, open_dataset  # noqa: PLC0415
 
     images = np.random.default_rng(0).integers(0, 256, (10, 8, 8, 3), dtype=np.uint8)
     np.save(tmp_path / "a.npy", images)

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cli, cuda
+from cupy_nwt._files import atomic_open
 from cupy_nwt._reporting import tables as report
-from cupy_nwt.datasets import write_tar_shard
-from cupy_nwt.nwt.fingerprint import ResultStore
-from cupy_nwt.tuner import TuneResult, tune_num_workers
+from cupy_nwt.data.datasets import write_tar_shard
+from cupy_nwt.nwt.store import ResultStore, TuneResult
+from cupy_nwt.nwt.tune import tune_num_workers
 
 
 @pytest.fixture(params=[0o022, 0o027, 0o077], ids=["umask022", "umask027", "umask077"])
@@ -131,7 +132,7 @@ def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
     report.write_json({"v": 1}, target)
     with pytest.raises(TypeError, match="cannot serialise"):
         report.write_json({"v": object()}, target)
-    with pytest.raises(RuntimeError), report.atomic_open(tmp_path / "never.bin") as f:
+    with pytest.raises(RuntimeError), atomic_open(tmp_path / "never.bin") as f:
         f.write(b"half")
         raise RuntimeError("cut")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]

@@ -7,8 +7,8 @@ not comparable with later ones. The build now runs in a process of its own.
 
 from __future__ import annotations
 
-from cupy_nwt.reproduce import ReproduceConfig, run_reproduce
-from cupy_nwt.tuner import Measurement
+from cupy_nwt.cli.reproduce import ReproduceConfig, run_reproduce
+from cupy_nwt.nwt.trials import Measurement
 
 
 def test_the_synthetic_dataset_is_built_outside_the_process_that_measures(tmp_path, monkeypatch):
@@ -24,7 +24,7 @@ def test_the_synthetic_dataset_is_built_outside_the_process_that_measures(tmp_pa
             return Measurement(t, t * (iterations + warmup), 10**9 + workers * 10**7)
 
     monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr("cupy_nwt._synthetic.SyntheticCIFAR10._build_into", no_build_here)
+    monkeypatch.setattr("cupy_nwt.data._synthetic.SyntheticCIFAR10._build_into", no_build_here)
     monkeypatch.setattr("cupy_nwt.nwt.measure.LoaderMeasure", FakeMeasure)
     config = ReproduceConfig(out_dir=tmp_path / "out", synthetic_n=64, batch_size=16, max_workers=4, iterations=8,
                              compare_iterations=8, compare_repeats=2, judge_repeats=2, gpu_experiments=False,
@@ -49,7 +49,7 @@ def test_cli_tune_builds_the_synthetic_dataset_apart_too(tmp_path, monkeypatch, 
             return Measurement(0.01, 0.01 * (iterations + warmup), 10**9)
 
     monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr("cupy_nwt._synthetic.SyntheticCIFAR10._build_into", no_build_here)
+    monkeypatch.setattr("cupy_nwt.data._synthetic.SyntheticCIFAR10._build_into", no_build_here)
     monkeypatch.setattr("cupy_nwt.nwt.measure.LoaderMeasure", Loader)
     assert cli.main(["tune", "--synthetic-n", "64", "--batch-size", "16", "--iterations", "8", "--max-workers", "2",
                      "--device", "cpu", "--no-progress", "--no-save"]) == 0

@@ -10,7 +10,7 @@ from test_faults import clean  # noqa: F401 - the fixture used below
 
 from cupy_nwt import cli
 from cupy_nwt._reporting import plots
-from cupy_nwt.watch import HEADERS
+from cupy_nwt.cli.stats import HEADERS
 
 TINY = ["--synthetic-n", "256", "--batch-size", "16", "--num-workers", "2", "--device", "cpu", "--no-progress"]
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from cupy_nwt import DataLoader, cli
-from cupy_nwt.datasets import open_dataset
-from cupy_nwt.nwt.fingerprint import ResultStore
+from cupy_nwt.data.datasets import open_dataset
+from cupy_nwt.nwt.store import ResultStore
 
 TINY = ["--max-workers", "2", "--iterations", "8", "--batch-size", "8", "--device", "cpu", "--no-progress"]
 
@@ -87,7 +87,7 @@ def test_dataset_runs_untransformed_unless_asked(user, tmp_path, capsys):
     assert work["transform"] is None and work["sample_transform"] is None
     assert cli.main(["tune", "--dataset", str(user), *TINY, "--json", "--no-save", "--batch-transform", "cifar"]) == 0
     assert json.loads(capsys.readouterr().out)["fingerprint"]["work"]["transform"] == \
-        "cupy_nwt.transforms.CifarTrainTransform"
+        "cupy_nwt.data.transforms.CifarTrainTransform"
     assert cli.main(["tune", "--dataset", str(user), *TINY, "--json", "--no-save", "--main-process", "waits"]) == 0
     assert json.loads(capsys.readouterr().out)["main_process"] == "waits"  # a GPU step's load, asked for on the CPU
 

@@ -12,10 +12,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cupy_nwt.datasets import (
+from cupy_nwt.data.datasets import (
     CIFAR10,
     ArrayDataset,
-    CorruptImageError,
     ImageFolder,
     SyntheticCIFAR10,
     TarImageDataset,
@@ -24,6 +23,7 @@ from cupy_nwt.datasets import (
     open_dataset,
     write_tar_shard,
 )
+from cupy_nwt.errors import CorruptImageError
 
 
 @pytest.fixture
@@ -411,7 +411,7 @@ def test_corrupt_member_read_by_loader_workers_is_named(tmp_path, images, labels
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))
     d = TarImageDataset(path)
-    with DataLoader(d, batch_size=4, num_workers=2, device="cpu", start_method="fork") as loader:
+    with DataLoader(d, batch_size=4, num_workers=2, device="cpu", multiprocessing_context="fork") as loader:
         with pytest.raises(WorkerError, match=r"member '2/0017\.png'"):
             for _ in loader:
                 pass

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import cupy_nwt
-from cupy_nwt.records import PackedRecords, pack_records
+from cupy_nwt.data.records import PackedRecords, pack_records
 
 MB = 1 << 20
 

@@ -14,9 +14,9 @@ import pytest
 from toy_data import Squares
 
 import cupy_nwt
-from cupy_nwt.datasets import write_tar_shard
+from cupy_nwt.data.datasets import write_tar_shard
+from cupy_nwt.data.streaming import ReaderSlot, ShardedTarStream, current_reader
 from cupy_nwt.errors import CorruptImageError, DamagedArchiveError, LayoutError
-from cupy_nwt.streaming import ReaderSlot, ShardedTarStream, current_reader
 
 SIZES = [5, 6, 7, 8, 9, 10, 11, 12]  # 8 shards of unequal length, 68 samples
 N = sum(SIZES)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cupy_nwt.datasets import CacheRebuiltWarning, TarImageDataset, open_dataset, write_tar_shard
+from cupy_nwt.data.datasets import CacheRebuiltWarning, TarImageDataset, open_dataset, write_tar_shard
 
 N = 600
 ROOT = str(Path(__file__).parents[2])
@@ -36,7 +36,7 @@ def source(tmp_path, images) -> Path:
 
 def _open_elsewhere(source: Path, cache: Path, *, count: int = 1) -> list[tuple[Path, int, str]]:
     """Open ``source`` in ``count`` fresh processes at once; each one's cached copy, its inode, and stderr."""
-    code = ("import os, sys; from cupy_nwt.datasets import TarImageDataset; "
+    code = ("import os, sys; from cupy_nwt.data.datasets import TarImageDataset; "
             "d = TarImageDataset(sys.argv[1], cache_dir=sys.argv[2]); "
             f"assert len(d) == {N}; print(d.tar_path, os.stat(d.tar_path).st_ino)")
     env = dict(os.environ, PYTHONPATH=ROOT)

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cli
-from cupy_nwt.datasets import (
-    DamagedArchiveError,
+from cupy_nwt.data.datasets import (
     TarImageDataset,
     scan_tar,
     write_tar_shard,
 )
+from cupy_nwt.errors import DamagedArchiveError
 
 N = 24
 

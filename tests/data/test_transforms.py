@@ -8,7 +8,7 @@ import pickle
 import numpy as np
 import pytest
 
-from cupy_nwt.transforms import (
+from cupy_nwt.data.transforms import (
     CIFAR10_MEAN,
     CIFAR10_STD,
     CifarEvalTransform,

@@ -133,7 +133,7 @@ def prepare(block: Block, workdir: Path) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(earlier.body, encoding="utf-8")
     if "shards.tar" in block.how and not (workdir / "shards.tar").exists():
-        from cupy_nwt.datasets import SyntheticCIFAR10, write_tar_shard
+        from cupy_nwt.data.datasets import SyntheticCIFAR10, write_tar_shard
 
         data = SyntheticCIFAR10(n=512, cache_dir=workdir.parent / ".cache")
         images, labels = zip(*(data[i] for i in range(len(data))))

@@ -152,7 +152,7 @@ def test_bandwidth_moves_the_right_bytes_and_reports_every_point(fake):
     many = [b for b in result.batching if b.chunks == 4]
     assert len(many) == 4
     assert fake.launches and set(fake.launches) == {"cupy_nwt_spin"}  # pinned samples were held
-    assert result.to_dict()["experiment"] == "bandwidth" and transfers.summary_text(result)
+    assert result.to_dict()["experiment"] == "bandwidth" and transfers.bandwidth_summary(result)
 
 
 def test_bandwidth_catches_a_copy_of_the_wrong_bytes(fake):
@@ -179,4 +179,4 @@ def test_overlap_puts_every_chunk_through_the_kernel_once_per_run(fake, streams)
     d = result.to_dict()
     assert d["launch_seconds"]["h2d"]["n"] == 2 and d["overran_samples"] >= 0
     assert result.stages.kernel.median == pytest.approx(1e-3 / overlap.STAGE_REPEATS)  # a window over 8 repeats
-    assert "launch from Python" in overlap.summary_text(result)
+    assert "launch from Python" in overlap.overlap_summary(result)

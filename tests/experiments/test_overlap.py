@@ -10,7 +10,7 @@ import pytest
 from cupy_nwt import cuda
 from cupy_nwt._reporting import tables as report
 from cupy_nwt.experiments import overlap
-from cupy_nwt.experiments.overlap import OverlapConfig, OverlapResult, StageTimes, VersionTiming
+from cupy_nwt.experiments.overlap import OverlapConfig, OverlapResult, OverlapStages, VersionTiming
 from cupy_nwt.experiments.timing import summarize
 
 
@@ -61,7 +61,7 @@ def test_config_rejects_bad_input(kwargs, match):
 
 def _constant_result(max_error: float = 2e-7) -> OverlapResult:
     """Built from constants to exercise the arithmetic and rendering, not a measurement."""
-    stages = StageTimes(summarize([1e-4]), summarize([2e-5]), summarize([1e-4]))
+    stages = OverlapStages(summarize([1e-4]), summarize([2e-5]), summarize([1e-4]))
     versions = (VersionTiming("sequential", summarize([9e-4, 1e-3, 1.1e-3]), 0.0),
                 VersionTiming("async_v1", summarize([5e-4]), max_error),
                 VersionTiming("async_v2", summarize([4e-4]), 0.0))
@@ -91,7 +91,7 @@ def test_result_json_and_text():
     assert [v["name"] for v in d["versions"]] == list(overlap.VERSIONS)
     assert d["versions"][1]["speedup_vs_sequential"] == pytest.approx(2.0)
     assert d["config"]["chunk_elements"] == 4 * 1024 * 256
-    text = overlap.summary_text(r)
+    text = overlap.overlap_summary(r)
     assert "async_v2" in text and "0.520 ms" in text and "ok" in text
 
 
@@ -129,4 +129,4 @@ def test_launch_time_is_reported_apart_from_the_device_stage_times():
     assert d["launch_seconds"]["kernel"]["median"] == pytest.approx(15e-6)
     assert d["overran_samples"] == 1 and "spin" in d["timing"]
     assert d["ideal_seconds"] == pytest.approx(r.ideal_seconds)  # launches never enter the ideal
-    assert "kernel 15.0 us" in overlap.summary_text(with_launch)
+    assert "kernel 15.0 us" in overlap.overlap_summary(with_launch)

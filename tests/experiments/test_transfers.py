@@ -118,8 +118,8 @@ def test_result_without_link_reports_no_fraction():
     assert "unknown" in result.link_label
 
 
-def test_summary_text_lists_every_size_and_speedup():
-    text = transfers.summary_text(_constant_result(GEN5))
+def test_bandwidth_summary_lists_every_size_and_speedup():
+    text = transfers.bandwidth_summary(_constant_result(GEN5))
     for size in ("64 KiB", "1 MiB", "16 MiB"):
         assert size in text
     assert "Gen5 x16 (max, nvml)" in text

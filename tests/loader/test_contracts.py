@@ -13,7 +13,7 @@ from toy_data import Squares
 from cupy_nwt import DataLoader, WorkerError
 from cupy_nwt.loader import LoaderParts
 from cupy_nwt.loader.device.prefetch import STAGING_BUFFERS, CudaOps, PrefetchOps
-from cupy_nwt.loader.epoch.sampler import BatchSampler
+from cupy_nwt.loader.epoch.order import BatchSampler
 from cupy_nwt.loader.epoch.sources import BatchSource, InlineSource, WorkerSource
 from cupy_nwt.loader.ring.ring import Ring, SlotLayout
 from cupy_nwt.loader.ring.slots import RETIRED, SlotPool

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from toy_data import Squares
 
-from cupy_nwt import NoGPUError, cuda
-from cupy_nwt.loader import DataLoader, LoaderError, WorkerError
+from cupy_nwt import NoGPUError, cuda, get_worker_info
+from cupy_nwt.errors import LoaderError, WorkerError
+from cupy_nwt.loader import DataLoader
 from cupy_nwt.loader.ring.ring import live_segments, segment_bytes
-from cupy_nwt.loader.workers.process import get_worker_info
 
 pytestmark = pytest.mark.usefixtures("worker_type")
 
@@ -273,9 +273,9 @@ def test_str_fields_become_lists_and_unbatchable_fields_are_a_clear_error():
 def test_forkserver_and_spawn_workers_match_and_never_import_cupy():
     ref = collect(DataLoader(Squares(30), batch_size=8, device="cpu"))
     for method in ("forkserver", "spawn"):
-        with DataLoader(Squares(30), batch_size=8, num_workers=2, start_method=method, device="cpu") as dl:
+        with DataLoader(Squares(30), batch_size=8, num_workers=2, multiprocessing_context=method, device="cpu") as dl:
             assert_same(ref, collect(dl))
-    with DataLoader(CupyImported(12), batch_size=2, num_workers=2, start_method="forkserver", device="cpu") as dl:
+    with DataLoader(CupyImported(12), batch_size=2, num_workers=2, multiprocessing_context="forkserver", device="cpu") as dl:
         flags = np.concatenate([y for _, y in dl])[2:]  # batch 0 (2 samples) is made in the main process
     assert flags.tolist() == [0] * 10
 
@@ -324,7 +324,7 @@ def test_cpu_loader_reports_no_pin_path():
         (dict(device="tpu"), "device"),
         (dict(timeout=-1), "timeout"),
         (dict(pin_memory="yes"), "pin_memory"),
-        (dict(start_method="teleport"), "start_method"),
+        (dict(multiprocessing_context="teleport", num_workers=1), "valid start method"),
         (dict(seed=-1), "seed"),
         (dict(collate_fn=3), "collate_fn"),
     ],
@@ -348,7 +348,8 @@ def test_cuda_device_without_a_gpu_says_why():
 
 
 def test_default_collate_is_strict_on_both_paths():
-    from cupy_nwt.loader.ring.collate import BatchLayoutError, default_collate
+    from cupy_nwt.errors import BatchLayoutError
+    from cupy_nwt.loader.ring.collate import default_collate
 
     img = np.zeros((2, 2), np.uint8)
     x, y = default_collate([(img, 1), (img, np.int64(2))])  # a NumPy int64 scalar fits an int64 column

@@ -26,12 +26,17 @@ import pytest
 from filelock import FileLock
 from launch_rank import Indexed, tag_seed
 
-from cupy_nwt import DataLoader, cuda, tuner
+from cupy_nwt import DataLoader, cuda
+from cupy_nwt.errors import LayoutError
 from cupy_nwt.loader import LoaderParts
 from cupy_nwt.loader.device.place import resolve_device
 from cupy_nwt.loader.ring.ring import live_segments
-from cupy_nwt.nwt.fingerprint import Fingerprint, ResultStore, machine_fingerprint, work_fingerprint
-from cupy_nwt.ranks import LayoutError, RankLayout, agree, find_communicator
+from cupy_nwt.nwt.auto import TUNE_LOCK_SUFFIX
+from cupy_nwt.nwt.fingerprint import Fingerprint, machine_fingerprint, work_fingerprint
+from cupy_nwt.nwt.pick import auto_num_workers
+from cupy_nwt.nwt.store import ResultStore
+from cupy_nwt.nwt.tune import tune_num_workers
+from cupy_nwt.ranks import RankLayout, agree, find_communicator
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]  # the repository
@@ -235,7 +240,7 @@ def test_each_rank_loads_onto_its_own_gpu_and_leaves_the_current_device_alone():
 # ---------------------------------------------------------------- num_workers="auto" per node
 
 
-REAL_TUNE = tuner.tune_num_workers
+REAL_TUNE = tune_num_workers
 
 
 def knee_at_one(workers: int, iterations: int, warmup: int) -> float:
@@ -257,11 +262,11 @@ def test_auto_tunes_within_the_rank_budget_and_keys_by_local_world_size(tmp_path
     monkeypatch.setattr("cupy_nwt.ranks.usable_cpus", lambda: 8)
     kw = dict(batch_size=8, pin_memory=False, device="cpu", cache_dir=tmp_path)
     four = RankLayout(1, 8, 1, 4, "torchrun")
-    assert tuner.auto_num_workers(Indexed(64), layout=four, **kw) == 1
+    assert auto_num_workers(Indexed(64), layout=four, **kw) == 1
     assert calls[-1]["max_workers"] == 2  # 8 CPUs shared by 4 ranks on this node
-    assert tuner.auto_num_workers(Indexed(64), layout=RankLayout(0, 1, 0, 1, "single"), **kw) == 1
+    assert auto_num_workers(Indexed(64), layout=RankLayout(0, 1, 0, 1, "single"), **kw) == 1
     assert calls[-1]["max_workers"] is None and len(calls) == 2  # one rank: its own pick, an open search
-    assert tuner.auto_num_workers(Indexed(64), layout=RankLayout(6, 8, 2, 4, "torchrun"), **kw) == 1
+    assert auto_num_workers(Indexed(64), layout=RankLayout(6, 8, 2, 4, "torchrun"), **kw) == 1
     assert len(calls) == 2  # the same node layout: reused
     saved = ResultStore(tmp_path).records().values()
     assert sorted(r["fingerprint"]["work"]["local_world_size"] for r in saved) == [1, 4]
@@ -276,8 +281,8 @@ def test_a_rank_that_waits_for_the_tuning_lock_reuses_what_the_tuner_saved(tmp_p
     store.path.parent.mkdir(parents=True, exist_ok=True)
     picks: list = []
     caplog.set_level("INFO", logger="cupy_nwt.tuner")
-    with FileLock(str(store.path) + tuner.TUNE_LOCK_SUFFIX):  # "another rank" is tuning
-        waiter = threading.Thread(target=lambda: picks.append(tuner.auto_num_workers(Indexed(64), **kw)))
+    with FileLock(str(store.path) + TUNE_LOCK_SUFFIX):  # "another rank" is tuning
+        waiter = threading.Thread(target=lambda: picks.append(auto_num_workers(Indexed(64), **kw)))
         waiter.start()
         deadline = time.monotonic() + 10
         while "waiting for its result" not in caplog.text and time.monotonic() < deadline:

@@ -134,7 +134,7 @@ def test_a_stall_names_the_batch_and_the_worker_that_has_it(worker_type):
     try:
         with DataLoader(Blocking(24, release, 3, 4, seen), batch_size=4, num_workers=2, device="cpu",
                         worker_type=worker_type, stall_warning_s=0.05, timeout=60,
-                        **({"start_method": "fork"} if worker_type == "process" else {})) as dl:
+                        **({"multiprocessing_context": "fork"} if worker_type == "process" else {})) as dl:
             got = [int(y[0]) for _, y in dl]
             s = dl.stats()
     finally:
@@ -223,7 +223,7 @@ def test_the_collector_in_a_worker_does_not_copy_the_inherited_heap():
     alone (without it, it writes to each of them and copies every page they sit on)."""
     heap = [{"i": i, "s": str(i)} for i in range(300_000)]  # about 80 MB the worker inherits
     with DataLoader(CollectsAtTheEnd(), batch_size=8, num_workers=1, device="cpu", persistent_workers=True,
-                    start_method="fork") as dl:
+                    multiprocessing_context="fork") as dl:
         assert len(list(dl)) == 8
         grown = dl.stats().worker_growth_bytes
     assert len(heap) == 300_000 and grown is not None and grown < 8 * 2**20, grown
@@ -235,7 +235,7 @@ def test_a_list_of_dicts_grows_forked_workers_and_its_packed_form_does_not():
     growth = {}
     for form, ds in (("list", Records(records)), ("packed", pack_records(records))):
         with DataLoader(ds, batch_size=256, shuffle=True, seed=0, num_workers=2, device="cpu", collate_fn=record_ids,
-                        persistent_workers=True, start_method="fork", parts=LoaderParts(memory_warn_bytes=2 * 2**20),
+                        persistent_workers=True, multiprocessing_context="fork", parts=LoaderParts(memory_warn_bytes=2 * 2**20),
                         ) as dl, warnings.catch_warnings(record=True) as w:
             warnings.simplefilter("always")
             list(dl)

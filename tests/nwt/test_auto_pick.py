@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from cupy_nwt import DataLoader, tune_num_workers, tuner
-from cupy_nwt.datasets import SyntheticCIFAR10
-from cupy_nwt.transforms import CifarTrainTransform
+import cupy_nwt
+from cupy_nwt import DataLoader, tune_num_workers
+from cupy_nwt.data.datasets import SyntheticCIFAR10
+from cupy_nwt.data.transforms import CifarTrainTransform
+from cupy_nwt.nwt.measure import LoaderMeasure
+from cupy_nwt.nwt.pick import auto_num_workers
+from cupy_nwt.nwt.store import TuneResult
 
 N, BATCH = 64, 8
 
@@ -45,8 +49,8 @@ def test_pin_memory_defaults_agree():
     loader = default(DataLoader.__init__)
     assert loader is False
     assert default(tune_num_workers) is loader
-    assert default(tuner.auto_num_workers) is loader
-    assert default(tuner.LoaderMeasure.__init__) is loader
+    assert default(auto_num_workers) is loader
+    assert default(LoaderMeasure.__init__) is loader
 
 
 def test_readme_flow_tune_save_then_auto_reuses(cache, monkeypatch, caplog):
@@ -64,12 +68,12 @@ def test_readme_flow_tune_save_then_auto_reuses(cache, monkeypatch, caplog):
 
 
 def test_cli_tune_then_auto_reuses(cache, monkeypatch, caplog):
-    env = dict(os.environ, PYTHONPATH=str(Path(tuner.__file__).parents[1]))
+    env = dict(os.environ, PYTHONPATH=str(Path(cupy_nwt.__file__).parents[1]))
     proc = subprocess.run([sys.executable, "-m", "cupy_nwt", "tune", "--synthetic-n", str(N), "--batch-size",
                            str(BATCH), "--max-workers", "2", "--iterations", "8", "--no-progress", "--json"],
                           capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
-    best = tuner.TuneResult.from_dict(json.loads(proc.stdout)).best_workers
+    best = TuneResult.from_dict(json.loads(proc.stdout)).best_workers
     _no_more_searching(monkeypatch)
     with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
         loader = DataLoader(SyntheticCIFAR10(n=N), batch_size=BATCH, num_workers="auto",
@@ -112,10 +116,10 @@ def test_why_missing_names_another_machine(cache):
 
     from cupy_nwt.nwt.fingerprint import (  # noqa: PLC0415
         Fingerprint,
-        ResultStore,
         machine_fingerprint,
         work_fingerprint,
     )
+    from cupy_nwt.nwt.store import ResultStore  # noqa: PLC0415
 
     here = Fingerprint(machine_fingerprint(), work_fingerprint(SyntheticCIFAR10(n=N), batch_size=BATCH,
                                                                device="cpu"))

@@ -14,19 +14,17 @@ from cupy_nwt import cuda
 from cupy_nwt.nwt.fingerprint import (
     Fingerprint,
     MachineFingerprint,
-    ResultStore,
     WorkFingerprint,
-    cache_dir,
     machine_fingerprint,
-    read_json,
     sample_nbytes,
     transform_name,
     work_fingerprint,
-    write_json_atomic,
 )
+from cupy_nwt.nwt.store import ResultStore, read_json, write_json_atomic
+from cupy_nwt.system import cache_dir
 
 MACHINE = MachineFingerprint("Some CPU", 16, 128, "NVIDIA H100", "Gen5 x16")
-WORK = WorkFingerprint(3072, 128, "cupy_nwt.transforms.CifarTrainTransform", 2, True, "cuda")
+WORK = WorkFingerprint(3072, 128, "cupy_nwt.data.transforms.CifarTrainTransform", 2, True, "cuda")
 
 
 def fp(**work) -> Fingerprint:
@@ -152,7 +150,7 @@ def test_single_file_roundtrip_and_missing(tmp_path):
 
 _WRITER = """
 import sys
-from cupy_nwt.nwt.fingerprint import ResultStore
+from cupy_nwt.nwt.store import ResultStore
 store = ResultStore(sys.argv[1])
 for i in range(int(sys.argv[3])):
     store.put(f"{sys.argv[2]}-{i}", {"writer": sys.argv[2], "i": i})

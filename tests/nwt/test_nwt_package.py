@@ -1,4 +1,4 @@
-"""The tuner's package layout: imports point one way (nwt -> loader), the old paths still work.
+"""The tuner's package layout: imports point one way (nwt -> loader).
 
 The loader reads a saved pick through ``cupy_nwt.nwt.pick`` and reaches the tuner only through the
 slot ``cupy_nwt.nwt.auto`` fills; the tuner builds loaders, so an import the other way would bring
@@ -10,7 +10,6 @@ too, which a run may never reach), and by a fresh interpreter that imports the l
 from __future__ import annotations
 
 import ast
-import importlib
 import json
 import os
 import subprocess
@@ -22,15 +21,15 @@ import numpy as np
 import pytest
 
 import cupy_nwt
-from cupy_nwt.datasets import ArrayDataset
+from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.nwt import auto, pick, store
-from cupy_nwt.nwt.fingerprint import ResultStore
+from cupy_nwt.nwt.store import ResultStore
 from cupy_nwt.ranks import RankLayout
 
 PKG = Path(cupy_nwt.__file__).resolve().parent
 ROOT = PKG.parent
 TUNER_SIDE = {"cupy_nwt.nwt.measure", "cupy_nwt.nwt.auto", "cupy_nwt.nwt.tune", "cupy_nwt.nwt.fast",
-              "cupy_nwt.nwt.paper", "cupy_nwt.tuner"}
+              "cupy_nwt.nwt.paper"}
 BELOW_LOADER = ("cupy_nwt.nwt.pick", "cupy_nwt.nwt.store", "cupy_nwt.nwt.fingerprint", "cupy_nwt.nwt.memory",
                 "cupy_nwt.nwt.trials", "cupy_nwt.nwt.schema")
 
@@ -93,7 +92,7 @@ def test_the_scan_sees_imports_at_every_level():
     assert "cupy_nwt.loader" in _imports("cupy_nwt.nwt.measure")  # from ..loader import DataLoader
     assert "cupy_nwt.nwt.pick" in _imports("cupy_nwt.loader._options")  # inside the options' resolve
     assert "cupy_nwt.nwt.tune" in _imports("cupy_nwt.nwt.auto")  # from . import tune as _tune
-    assert TUNER_SIDE - {"cupy_nwt.tuner"} <= _closure("cupy_nwt.nwt.auto")
+    assert TUNER_SIDE <= _closure("cupy_nwt.nwt.auto")
 
 
 def test_the_loader_side_never_imports_the_tuner():
@@ -113,7 +112,7 @@ import json, sys, types
 pkg = types.ModuleType("cupy_nwt")  # the package without its __init__, which imports the whole tuner
 pkg.__path__ = [sys.argv[1]]
 sys.modules["cupy_nwt"] = pkg
-from cupy_nwt.datasets import ArrayDataset
+from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.loader import DataLoader
 from cupy_nwt.nwt.fingerprint import Fingerprint, machine_fingerprint, work_fingerprint
 from cupy_nwt.nwt.store import TuneResult
@@ -174,40 +173,3 @@ def test_auto_takes_a_measure_factory(tmp_path, monkeypatch):
     # one rank: the open search, counts 0..4 (the usable CPUs) at least; 4 is slower than 3, so no further
     assert saved.best_workers == 2 and saved.max_workers == 5 and saved.strategy == "fast"
     assert pick.auto_num_workers(data, **kw) == 2 and len(built) == 1  # saved: no second search
-
-
-# ---------------------------------------------------------------- the old paths, for one release
-
-OLD_TUNER_NAMES = {
-    "Measurement": "trials", "Measure": "trials", "Trial": "trials", "PAPER_TIME_SCALE": "paper",
-    "DEFAULT_TOLERANCE": "fast", "FAST_FRACTION": "fast", "MIN_FAST_ITERATIONS": "fast", "FAST_BUDGET": "fast",
-    "STEADY_FRACTION": "fast", "STRATEGIES": "tune", "tune_num_workers": "tune", "RESULT_FORMAT": "store",
-    "TuneResult": "store", "lookup": "store", "LoaderMeasure": "measure", "steady_rates": "measure",
-    "auto_num_workers": "pick", "TUNE_LOCK_SUFFIX": "auto",
-}
-
-
-def test_the_old_tuner_path_hands_out_each_name_from_its_new_home():
-    import importlib  # noqa: PLC0415
-
-    from cupy_nwt import tuner  # noqa: PLC0415
-    from cupy_nwt._reporting import explain  # noqa: PLC0415
-
-    for name, home in OLD_TUNER_NAMES.items():
-        assert getattr(tuner, name) is getattr(importlib.import_module(f"cupy_nwt.nwt.{home}"), name), name
-    assert tuner.summary_text is explain.summary_text
-    assert set(tuner.__all__) == set(OLD_TUNER_NAMES) | {"summary_text"}
-    with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
-        tuner.nothing_here  # noqa: B018
-
-
-def test_the_old_memory_and_fingerprint_paths_are_the_same_modules():
-    from cupy_nwt.nwt import fingerprint, memory  # noqa: PLC0415
-
-    for old, new in (("cupy_nwt.fingerprint", fingerprint), ("cupy_nwt.memory", memory)):
-        sys.modules.pop(old, None)
-        with pytest.warns(DeprecationWarning, match=f"{old} moved to {new.__name__}"):
-            assert importlib.import_module(old) is new
-    from cupy_nwt.fingerprint import ResultStore  # noqa: PLC0415
-
-    assert ResultStore is fingerprint.ResultStore

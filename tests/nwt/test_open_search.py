@@ -18,10 +18,11 @@ from test_fast_search_noisy_trials import Hiccups
 from test_trials_whole_rounds import Waves
 from test_tuner import CostModel, _curve
 
-from cupy_nwt.datasets import ArrayDataset
+from cupy_nwt._reporting.explain import tune_summary
+from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.nwt import measure as nwt_measure
 from cupy_nwt.nwt.fast import open_cap
-from cupy_nwt.tuner import summary_text, tune_num_workers
+from cupy_nwt.nwt.tune import tune_num_workers
 
 CPUS = (1, 2, 3, 4, 8, 16)
 
@@ -162,7 +163,7 @@ def test_the_report_says_which_load_the_trials_represented(cpus):
     r = tune_num_workers(data, batch_size=8, max_workers=2, iterations=8, strategy="fast", device="cpu",
                          progress=False)
     assert r.main_process == "busy"
-    assert "main process: busy" in summary_text(r)
+    assert "main process: busy" in tune_summary(r)
     with pytest.raises(ValueError, match="main_process"):
         tune_num_workers(data, batch_size=8, main_process="sometimes", measure=lambda w, i, u: 1.0)
 
@@ -211,14 +212,14 @@ class SeesAffinity:
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="reserving a CPU for the step needs two usable CPUs")
-@pytest.mark.parametrize(("workers", "start_method"), [(0, None), (2, "fork"), (2, "forkserver")])
-def test_a_cpu_step_reserves_its_cpu_and_the_loader_runs_on_the_others(tmp_path, workers, start_method):
+@pytest.mark.parametrize(("workers", "method"), [(0, None), (2, "fork"), (2, "forkserver")])
+def test_a_cpu_step_reserves_its_cpu_and_the_loader_runs_on_the_others(tmp_path, workers, method):
     """Unpinned, the spinner's CPU would go to the workers, the more of it the more workers: a count's
     rate would rise with oversubscription that a real training step pays for."""
     before = os.sched_getaffinity(0)
     log = tmp_path / "affinity.txt"
     busy = nwt_measure.LoaderMeasure(SeesAffinity(log), batch_size=4, device="cpu", main_process="busy",
-                                     start_method=start_method)
+                                     multiprocessing_context=method)
     busy.preflight()  # its one batch is made before any trial: not part of what is checked
     log.unlink()
     busy(workers, 8, 1)

@@ -12,9 +12,10 @@ from hypothesis import strategies as st
 
 from cupy_nwt import cli, cuda
 from cupy_nwt._reporting.explain import PaperDecision, explain_paper_pick, paper_decisions
-from cupy_nwt.reproduce import PickComparison, ReproduceConfig, ReproduceReport, summary_markdown, summary_text
+from cupy_nwt.cli.reproduce import PickComparison, ReproduceConfig, ReproduceReport, reproduce_summary, summary_markdown
+from cupy_nwt.nwt.trials import Measurement
+from cupy_nwt.nwt.tune import tune_num_workers
 from cupy_nwt.system import HostInfo
-from cupy_nwt.tuner import Measurement, tune_num_workers
 
 # seconds per 100 iterations by worker count: 3 gains too little, 4 is taken, 5 is faster still but
 # not by more than alpha = 0.5 s, so Algorithm 1 keeps 4 although 5 is the fastest count measured
@@ -132,7 +133,7 @@ def test_the_reproduce_summary_explains_the_paper_pick():
     assert "passed over: only 0.30 s faster than 4" in section
     assert "Exhaustive best (fastest count measured): 5 workers at 3.00 s" in section
     assert md.index("## why the paper's rule picked 4") < md.index("## NWT: fast vs paper")
-    assert "why the paper's rule picked 4" in summary_text(rep)
+    assert "why the paper's rule picked 4" in reproduce_summary(rep)
     doc = json.loads(json.dumps(rep.to_dict(), default=lambda o: o.to_dict()))
     assert [d["accepted"] for d in doc["paper_decisions"]] == [True, True, True, False, True, False, False]
     assert PaperDecision(**doc["paper_decisions"][4]).workers == 4

@@ -18,13 +18,13 @@ import sys
 import numpy as np
 import pytest
 
-from cupy_nwt.datasets import ArrayDataset
+from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.errors import CupyNwtError
 from cupy_nwt.nwt import pick
-from cupy_nwt.nwt.fingerprint import STORE_FORMAT, ResultStore
-from cupy_nwt.nwt.store import TuneResult, lookup
+from cupy_nwt.nwt.store import STORE_FORMAT, ResultStore, TuneResult, lookup
+from cupy_nwt.nwt.trials import Measurement
+from cupy_nwt.nwt.tune import tune_num_workers
 from cupy_nwt.ranks import RankLayout
-from cupy_nwt.tuner import Measurement, tune_num_workers
 
 DATA = ArrayDataset(np.zeros((64, 4, 4, 3), np.uint8), np.arange(64) % 10)
 SINGLE = RankLayout(0, 1, 0, 1, "single")
@@ -167,7 +167,7 @@ import sys
 sys.path.insert(0, sys.argv[3])
 import numpy as np
 from test_saved_picks import _tuned
-from cupy_nwt.datasets import ArrayDataset
+from cupy_nwt.data.datasets import ArrayDataset
 for i in range(int(sys.argv[4])):
     data = ArrayDataset(np.zeros((64, 4, 4, int(sys.argv[2]) * 100 + i + 1), np.uint8), np.arange(64) % 10)
     _tuned(data=data).save(cache_dir=sys.argv[1])

@@ -17,8 +17,8 @@ from test_tuner import KINDS, NS, _curve
 
 from cupy_nwt.nwt import fast
 from cupy_nwt.nwt.measure import _batch_means_error
-from cupy_nwt.nwt.trials import whole_rounds
-from cupy_nwt.tuner import Measurement, tune_num_workers
+from cupy_nwt.nwt.trials import Measurement, whole_rounds
+from cupy_nwt.nwt.tune import tune_num_workers
 
 PREFETCH = 2
 

@@ -12,17 +12,13 @@ import random
 import numpy as np
 import pytest
 
-from cupy_nwt import tuner
-from cupy_nwt.datasets import ArrayDataset
+from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.nwt.fingerprint import Fingerprint, MachineFingerprint, WorkFingerprint
-from cupy_nwt.tuner import (
-    LoaderMeasure,
-    Measurement,
-    TuneResult,
-    auto_num_workers,
-    lookup,
-    tune_num_workers,
-)
+from cupy_nwt.nwt.measure import LoaderMeasure
+from cupy_nwt.nwt.pick import auto_num_workers
+from cupy_nwt.nwt.store import RESULT_FORMAT, TuneResult, lookup
+from cupy_nwt.nwt.trials import Measurement
+from cupy_nwt.nwt.tune import tune_num_workers
 
 # ---------------------------------------------------------------- Algorithm 1 on Table 2
 
@@ -338,7 +334,7 @@ def test_result_round_trips_through_dict_and_file(tmp_path):
     with pytest.raises(ValueError, match="tune_result"):
         TuneResult.from_dict({"format": "something else"})
     with pytest.raises(ValueError, match="best_workers must be a whole number"):
-        TuneResult.from_dict({"format": tuner.RESULT_FORMAT})
+        TuneResult.from_dict({"format": RESULT_FORMAT})
 
 
 def test_save_to_the_store_and_look_up(tmp_path, monkeypatch):
@@ -477,7 +473,7 @@ def test_cli_tune_on_cuda_without_a_gpu_exits_3(capsys, npz_dataset):
 
 
 def test_steady_rates_interleave_counts_and_take_medians():
-    from cupy_nwt.tuner import steady_rates
+    from cupy_nwt.nwt.measure import steady_rates
 
     order = []
     times = {0: iter([0.5, 0.1, 0.2]), 3: iter([0.04, 0.05, 0.9])}
@@ -500,7 +496,7 @@ def test_reproduce_writes_every_file_and_judges_both_picks(tmp_path, monkeypatch
     import json
 
     from cupy_nwt.cli import main
-    from cupy_nwt.reproduce import ReproduceConfig, run_reproduce
+    from cupy_nwt.cli.reproduce import ReproduceConfig, run_reproduce
 
     monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "report"

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from cupy_nwt.tuner import Measurement, TuneResult, tune_num_workers
+from cupy_nwt.nwt.store import TuneResult
+from cupy_nwt.nwt.trials import Measurement
+from cupy_nwt.nwt.tune import tune_num_workers
 
 pytest.importorskip("matplotlib")
 

@@ -11,10 +11,13 @@ import pytest
 
 from cupy_nwt import cli
 from cupy_nwt._reporting import progress
-from cupy_nwt._reporting.progress import Progress, is_terminal
+from cupy_nwt._reporting.explain import tune_summary
+from cupy_nwt._reporting.progress import ProgressBar, is_terminal
 from cupy_nwt._reporting.units import plural
-from cupy_nwt.datasets import SyntheticCIFAR10
-from cupy_nwt.tuner import Measurement, summary_text, tune_num_workers
+from cupy_nwt.cli import commands
+from cupy_nwt.data.datasets import SyntheticCIFAR10
+from cupy_nwt.nwt.trials import Measurement
+from cupy_nwt.nwt.tune import tune_num_workers
 
 
 class _Terminal(io.StringIO):
@@ -32,7 +35,7 @@ def test_a_log_gets_at_most_one_line_every_few_seconds():
     """200 steps in 4 s (``cupy-nwt stats`` on a small dataset) give 2 lines, not 200."""
     now = [0.0]
     log = io.StringIO()
-    with Progress(200, "stats", stream=log, clock=lambda: now[0]) as bar:
+    with ProgressBar(200, "stats", stream=log, clock=lambda: now[0]) as bar:
         for _ in range(200):
             bar.step()
             now[0] += 0.02
@@ -45,7 +48,7 @@ def test_a_log_gets_at_most_one_line_every_few_seconds():
 
 def test_a_log_gets_one_plain_line_per_step(every_step):
     log = io.StringIO()
-    with Progress(3, "sweep", stream=log) as bar:
+    with ProgressBar(3, "sweep", stream=log) as bar:
         bar.step("4 KiB")
         bar.step()
         bar.step("1 MiB")
@@ -54,7 +57,7 @@ def test_a_log_gets_one_plain_line_per_step(every_step):
 
 def test_an_unknown_total_counts_up(every_step):
     log = io.StringIO()
-    with Progress(None, "NWT (fast)", stream=log) as bar:
+    with ProgressBar(None, "NWT (fast)", stream=log) as bar:
         bar.step("0 workers")
         bar.step("2 workers")
     assert log.getvalue().splitlines() == ["NWT (fast) 1: 0 workers", "NWT (fast) 2: 2 workers"]
@@ -63,7 +66,7 @@ def test_an_unknown_total_counts_up(every_step):
 def test_a_terminal_gets_a_redrawn_bar():
     term = _Terminal()
     assert is_terminal(term) and not is_terminal(io.StringIO())
-    with Progress(2, "sweep", stream=term) as bar:
+    with ProgressBar(2, "sweep", stream=term) as bar:
         bar.step("a")
         bar.step("b")
     assert "\r" in term.getvalue() and "sweep" in term.getvalue()
@@ -71,7 +74,7 @@ def test_a_terminal_gets_a_redrawn_bar():
 
 def test_disabled_progress_writes_nothing():
     log = io.StringIO()
-    with Progress(2, "sweep", stream=log, enabled=False) as bar:
+    with ProgressBar(2, "sweep", stream=log, enabled=False) as bar:
         bar.step("a")
     assert log.getvalue() == "" and bar.done == 0
 
@@ -92,9 +95,9 @@ def test_the_search_logs_a_line_per_trial_with_singular_counts(capsys, every_ste
 
 def test_cli_steps_are_lines_in_a_log(capsys, every_step):
     args = argparse.Namespace(no_progress=False)
-    assert cli._run_with_progress(args, 2, "bandwidth", lambda step: [step("a"), step("b")] and 7) == 7
+    assert commands._run_with_progress(args, 2, "bandwidth", lambda step: [step("a"), step("b")] and 7) == 7
     assert capsys.readouterr().err == "bandwidth 1/2: a\nbandwidth 2/2: b\n"
-    assert cli._run_with_progress(argparse.Namespace(no_progress=True), 2, "x", lambda step: step("a")) is None
+    assert commands._run_with_progress(argparse.Namespace(no_progress=True), 2, "x", lambda step: step("a")) is None
     assert capsys.readouterr().err == ""
 
 
@@ -110,7 +113,7 @@ def test_building_the_synthetic_dataset_shows_progress_once(tmp_path, capsys, ev
 
 
 def test_reproduce_shows_every_stage_and_the_comparison(tmp_path, monkeypatch, capsys, every_step):
-    from cupy_nwt.reproduce import ReproduceConfig, run_reproduce
+    from cupy_nwt.cli.reproduce import ReproduceConfig, run_reproduce
 
     curve = [0.04, 0.02, 0.018, 0.03]
 
@@ -145,7 +148,7 @@ def test_counts_read_as_english():
 def test_the_tune_summary_says_1_worker():
     r = tune_num_workers(max_workers=2, strategy="paper", alpha=0.0, measure=lambda w, i, u: 0.1 / (w + 1),
                          progress=False)
-    text = summary_text(r)
+    text = tune_summary(r)
     assert r.best_workers == 1
     assert "pick: 1 worker (" in text and "1 workers" not in text
     assert "2 worker counts measured in 2 runs" in text

@@ -31,7 +31,7 @@ import numpy as np
 
 from cupy_nwt import system
 from cupy_nwt._reporting import tables as report
-from cupy_nwt._reporting.progress import Progress
+from cupy_nwt._reporting.progress import ProgressBar
 from cupy_nwt.nwt.measure import median_interval
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
@@ -140,9 +140,11 @@ def share(judge: dict[int, np.ndarray], workers: int, best: int) -> Share:
 
 def measure_rounds(workload: dict[str, Any], rounds: int, iterations: int, progress: bool) -> dict[int, list[float]]:
     """Samples/s of every count in each round, each round in a fresh (seeded) random order."""
-    from cupy_nwt.datasets import SyntheticCIFAR10  # noqa: PLC0415 - heavy imports only to measure
+    from cupy_nwt.data import (
+        CifarTrainTransform,  # noqa: PLC0415
+        SyntheticCIFAR10,  # noqa: PLC0415 - heavy imports only to measure
+    )
     from cupy_nwt.nwt.measure import LoaderMeasure, interleaved_rates  # noqa: PLC0415 - with the loader
-    from cupy_nwt.transforms import CifarTrainTransform  # noqa: PLC0415
 
     warnings.filterwarnings("ignore", message="This DataLoader will create")  # oversubscribing is the point here
     dataset = SyntheticCIFAR10(n=workload["synthetic_n"], progress=progress)
@@ -151,7 +153,7 @@ def measure_rounds(workload: dict[str, Any], rounds: int, iterations: int, progr
     counts = list(range(workload["max_workers"]))
     order = random.Random(0)
     out: dict[int, list[float]] = {w: [] for w in counts}
-    with Progress(rounds * len(counts), "judge", enabled=progress) as bar:
+    with ProgressBar(rounds * len(counts), "judge", enabled=progress) as bar:
         def stepped(workers: int, its: int, warmup: int) -> Any:
             m = measure(workers, its, warmup)
             bar.step(f"{workers} workers")

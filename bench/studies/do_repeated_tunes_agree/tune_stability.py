@@ -38,7 +38,7 @@ import numpy as np
 
 from cupy_nwt import system
 from cupy_nwt._reporting import tables as report
-from cupy_nwt._reporting.progress import Progress
+from cupy_nwt._reporting.progress import ProgressBar
 from cupy_nwt.nwt.measure import LoaderMeasure, median_interval
 from cupy_nwt.nwt.store import TuneResult, pick_store
 from cupy_nwt.nwt.trials import Measurement, whole_rounds
@@ -104,8 +104,10 @@ def run_tunes(args: argparse.Namespace, cache: Path) -> list[TuneRun]:
 
 def steady_curve(args: argparse.Namespace, counts: Sequence[int], main_process: str) -> dict[int, list[float]]:
     """Samples/s of each count per round, rounds in fresh random orders (drift hits every count alike)."""
-    from cupy_nwt.datasets import SyntheticCIFAR10  # noqa: PLC0415 - the cache the runs built
-    from cupy_nwt.transforms import CifarTrainTransform  # noqa: PLC0415
+    from cupy_nwt.data import (
+        CifarTrainTransform,  # noqa: PLC0415
+        SyntheticCIFAR10,  # noqa: PLC0415 - the cache the runs built
+    )
 
     data = SyntheticCIFAR10(n=args.synthetic_n)
     measure = LoaderMeasure(data, batch_size=args.batch_size, device=args.device, main_process=main_process or "waits",
@@ -113,7 +115,7 @@ def steady_curve(args: argparse.Namespace, counts: Sequence[int], main_process: 
     rates: dict[int, list[float]] = {w: [] for w in counts}
     order = list(counts)
     rng = random.Random(0)
-    with Progress(len(counts) * args.rounds, "steady curve", unit="trial") as bar:
+    with ProgressBar(len(counts) * args.rounds, "steady curve", unit="trial") as bar:
         for _ in range(args.rounds):
             rng.shuffle(order)
             for w in order:

@@ -72,7 +72,8 @@ def make_loader(kind: str, dataset: Any, workers: int, batch_size: int, seed: in
     """A loader and a function giving its worker PIDs; both fork persistent workers and shuffle."""
     if kind == "cupy_nwt":
         dl = DataLoader(dataset, batch_size=batch_size, shuffle=True, seed=seed, num_workers=workers, device="cpu",
-                        collate_fn=ids, persistent_workers=True, start_method="fork")
+                        collate_fn=ids, persistent_workers=True,
+                        multiprocessing_context="fork" if workers else None)
         return dl, dl.worker_pids
     import torch  # noqa: PLC0415
 

@@ -44,9 +44,11 @@ def run_rank(args: argparse.Namespace) -> None:
     import torch.distributed as dist  # noqa: PLC0415
 
     from cupy_nwt import DataLoader, cuda  # noqa: PLC0415
-    from cupy_nwt.datasets import SyntheticCIFAR10  # noqa: PLC0415
+    from cupy_nwt.data import (
+        CifarTrainTransform,  # noqa: PLC0415
+        SyntheticCIFAR10,  # noqa: PLC0415
+    )
     from cupy_nwt.ranks import rank_layout, worker_budget  # noqa: PLC0415
-    from cupy_nwt.transforms import CifarTrainTransform  # noqa: PLC0415
 
     dist.init_process_group("gloo")
     layout = rank_layout()

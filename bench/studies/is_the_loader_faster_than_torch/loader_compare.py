@@ -37,11 +37,10 @@ import numpy as np
 
 from cupy_nwt import cuda, system
 from cupy_nwt._reporting import tables as report
-from cupy_nwt._reporting.progress import Progress
-from cupy_nwt.datasets import ArrayDataset, TarImageDataset, synthetic_pixels, write_tar_shard
+from cupy_nwt._reporting.progress import ProgressBar
+from cupy_nwt.data import ArrayDataset, CifarTrainTransform, TarImageDataset, synthetic_pixels, write_tar_shard
 from cupy_nwt.experiments.timing import summarize
 from cupy_nwt.nwt.memory import MemorySampler
-from cupy_nwt.transforms import CifarTrainTransform
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
 LOADERS = ("cupy_nwt", "cupy_nwt-thread", "torch")
@@ -139,7 +138,7 @@ def make_loader(kind: str, workload: Workload, num_workers: int, batch_size: int
         threads = kind == "cupy_nwt-thread"
         return DataLoader(workload.dataset, batch_size=batch_size, shuffle=True, seed=seed, num_workers=num_workers,
                           device=device, pin_memory=device == "cuda", batch_transform=workload.batch_transform,
-                          start_method=None if device == "cuda" or threads else "fork",
+                          multiprocessing_context=None if device == "cuda" or threads or not num_workers else "fork",
                           worker_type="thread" if threads else "process", prefetch_factor=PREFETCH_FACTOR,
                           persistent_workers=persistent)
     if kind == "torch":
@@ -424,7 +423,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="loader_compare-") as tmp:
         workloads = make_workloads(Path(tmp), args.decode_images, args.array_images, args.fmt)
         steps = args.repeats * len(workloads) * len(workers) * len(loaders)
-        with Progress(steps, "loader_compare", unit="run") as bar:
+        with ProgressBar(steps, "loader_compare", unit="run") as bar:
             result = compare(workloads, workers, loaders, args.batch_size, args.batches, args.warmup, args.repeats,
                              args.device, progress=bar.step, note=args.note)
         for wl in workloads:

@@ -42,7 +42,7 @@ def one(preload: bool, workers: int) -> list[float]:
         for _ in range(2):
             t = time.perf_counter()
             with DataLoader(wl.dataset, batch_size=128, num_workers=workers, batch_transform=wl.batch_transform,
-                            start_method="forkserver") as loader:
+                            multiprocessing_context="forkserver") as loader:
                 next(iter(loader))
                 out.append(time.perf_counter() - t)
     return out

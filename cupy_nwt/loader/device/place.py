@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ... import cuda
+from ...errors import ArgumentError
 from ...ranks import RankLayout, device_for_rank
 
 _DEVICES = ("auto", "cuda", "cpu", "cuda:N")
@@ -57,7 +58,7 @@ def resolve_device(device: Any, layout: RankLayout, gpus: _Counts | None = None)
     """
     m = re.fullmatch(r"cuda:(\d+)", device) if isinstance(device, str) else None
     if not (m or device in ("auto", "cuda", "cpu")):
-        raise ValueError(f"device must be one of {', '.join(_DEVICES)}; got {device!r}")
+        raise ArgumentError(f"device must be one of {', '.join(_DEVICES)}; got {device!r}")
     if device == "cpu" or (device == "auto" and gpus is None and not cuda.gpu_status().available):
         return "cpu", None
     if gpus is None:
@@ -67,7 +68,7 @@ def resolve_device(device: Any, layout: RankLayout, gpus: _Counts | None = None)
         return "cuda", device_for_rank(layout, count)
     index = int(m.group(1))
     if index >= count:
-        raise ValueError(f"device={device!r}, but this process sees {count} CUDA device(s): 0..{count - 1} "
+        raise ArgumentError(f"device={device!r}, but this process sees {count} CUDA device(s): 0..{count - 1} "
                          "(CUDA_VISIBLE_DEVICES renumbers them)")
     return "cuda", index
 

@@ -39,6 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ... import cuda
+from ...errors import RunError
 from .._events import Listener
 from ..epoch.sources import BatchSource, FailedBatch
 from ..ring.ring import Ring, SlotLayout
@@ -273,5 +274,5 @@ class DevicePrefetcher:
 
 def _treedef(layout: SlotLayout | None) -> Any:
     if layout is None:
-        raise RuntimeError("internal error: a ring batch without a ring layout")
+        raise RunError("internal error: a ring batch without a ring layout")
     return layout.treedef

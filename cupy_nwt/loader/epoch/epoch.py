@@ -21,7 +21,7 @@ from .._events import Listener
 from ..device.place import on_device, readonly
 from ..ring.ring import SlotLayout
 from ..ring.tree import OutputTree, join, leaf_frameworks
-from .progress import Ledger, Progress
+from .progress import EpochProgress, Ledger
 from .resume import kind_of, ledger_for, make_plan, stream_restore
 from .sources import BatchSource, FailedBatch, InlineSource, WorkerSource
 
@@ -48,11 +48,11 @@ class EpochState:
     delivered: int = 0
     waited_s: float = 0.0
 
-    def progress(self) -> Progress:
+    def progress(self) -> EpochProgress:
         """Where this epoch stands, as a frozen record (what ``state_dict()`` saves is made from it)."""
         handed = tuple(self.ledger.handed[:self.delivered]) if self.ledger is not None else ()
         streams = self.ledger.workers(len(handed)) if self.ledger is not None and self.kind == "iterable" else None
-        return Progress(self.kind, self.epoch, self.start, self.plan, handed, self.sampler_state, streams,
+        return EpochProgress(self.kind, self.epoch, self.start, self.plan, handed, self.sampler_state, streams,
                         self.delivered, self.waited_s, self.finished)
 
 
@@ -93,7 +93,7 @@ class Epoch(Iterator[T_co]):
         """This epoch's bookkeeping, which the loader keeps after the iterator is gone."""
         return self._state
 
-    def progress(self) -> Progress:
+    def progress(self) -> EpochProgress:
         """Where this epoch stands, as a frozen record (what ``state_dict()`` saves is made from it)."""
         return self._state.progress()
 

@@ -1,5 +1,5 @@
 """Where an epoch stands: the ledger its batch source writes (what it handed out, in order) and the
-frozen ``Progress`` record the epoch gives to whoever asks (``state_dict()``, ``stats()``).
+frozen ``EpochProgress`` record the epoch gives to whoever asks (``state_dict()``, ``stats()``).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class Ledger:
 
 
 @dataclass(frozen=True)
-class Progress:
+class EpochProgress:
     """One epoch as its caller has consumed it so far.
 
     ``plan`` is None until the first ``next()`` makes it; ``handed`` are the plan's tasks handed to the

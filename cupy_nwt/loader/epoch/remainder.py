@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...ranks import shard
-from .sampler import PlanTask, batch_seed, num_batches
+from .order import PlanTask, batch_seed, num_batches
 
 _RESUMED_TAG = 0x726573  # transform seeds of a re-sharded session, kept apart from an uninterrupted run's
 
@@ -129,7 +129,7 @@ class SessionPlan:
 
 
 def _epoch_order(session: Session) -> np.ndarray:
-    from .sampler import epoch_order  # noqa: PLC0415 - one import site keeps the tests' patching simple
+    from .order import epoch_order  # noqa: PLC0415 - one import site keeps the tests' patching simple
 
     return epoch_order(session.n, shuffle=session.shuffle, seed=session.seed, epoch=session.epoch)
 

@@ -31,12 +31,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...errors import LoaderError
+from ...data.contract import epoch_setter, map_length
+from ...errors import ArgumentError, LoaderError
 from ..workers.messages import ErrorReport
 from ..workers.torch_workers import is_iter_datapipe
-from .progress import Ledger, Progress
+from .order import Plan, PlanTask, StreamPlan
+from .progress import EpochProgress, Ledger
 from .remainder import Session, SessionPlan, join_done, split_done
-from .sampler import Plan, PlanTask, StreamPlan
 from .state_checks import STATE_VERSION, checked_state
 
 if TYPE_CHECKING:
@@ -109,11 +110,11 @@ def make_plan(options: Options, epoch: int, start: Mapping[str, Any] | None) -> 
 
 def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> SessionPlan:
     s, rank, world = options.sampling, options.rank, options.world_size
-    n = len(options.dataset)
+    n = map_length(options.dataset, "the loader's own sampler")
     if start is None:
         return SessionPlan.make(Session(n, s.batch_size or 1, s.shuffle, s.seed, epoch, s.drop_last, world), rank)
     if start["n"] != n:
-        raise ValueError(f"load_state_dict: the state was saved for a dataset of {start['n']} samples; this one has {n}")
+        raise ArgumentError(f"load_state_dict: the state was saved for a dataset of {start['n']} samples; this one has {n}")
     old = Session(n, start["batch_size"], start["shuffle"], start["seed"], epoch, start["drop_last"],
                   start["world_size"], start["base"], tuple(start["excluded"]))
     ranks = start.get("ranks")
@@ -139,7 +140,7 @@ def stream_restore(options: Options, epoch: int, start: Mapping[str, Any] | None
     dataset state, or batches to skip); and the worker a resumed stream's next task goes to."""
     if kind_of(options) != "iterable":
         return {}, None
-    tell = epoch if callable(getattr(options.dataset, "set_epoch", None)) or is_iter_datapipe(options.dataset) else None
+    tell = epoch if epoch_setter(options.dataset) is not None or is_iter_datapipe(options.dataset) else None
     per = start["workers"] if start is not None else []
     restore: dict[int, tuple[Any, int, int | None]] = (
         {w: (None, 0, tell) for w in range(max(1, options.num_workers))} if tell is not None else {})
@@ -149,7 +150,7 @@ def stream_restore(options: Options, epoch: int, start: Mapping[str, Any] | None
     return restore, int(nxt) if nxt is not None else None
 
 
-def state_of(options: Options, progress: Progress) -> dict[str, Any]:
+def state_of(options: Options, progress: EpochProgress) -> dict[str, Any]:
     """The state of an epoch that has not finished: where its caller stands (after a loop left by
     ``break``, an exception or Ctrl-C too: the rest of that epoch is still to come)."""
     if progress.plan is None:  # iterated but not begun: still where it started
@@ -176,14 +177,14 @@ def fresh(options: Options, epoch: int) -> dict[str, Any]:
     head = _head(options, kind, epoch)
     if kind == "map":
         s = options.sampling
-        return {**head, "n": len(options.dataset), "batch_size": s.batch_size or 1, "shuffle": s.shuffle,
+        return {**head, "n": map_length(options.dataset, "state_dict"), "batch_size": s.batch_size or 1, "shuffle": s.shuffle,
                 "drop_last": s.drop_last, "base": 0, "excluded": [], "delivered": 0, "extra": []}
     if kind == "sampler":
         return {**head, "delivered": 0, "extra": [], "sampler_state": None}
     return {**head, "workers": [None] * max(1, options.num_workers), "next_task": 0, "next_worker": None}
 
 
-def _map_state(options: Options, progress: Progress) -> dict[str, Any]:
+def _map_state(options: Options, progress: EpochProgress) -> dict[str, Any]:
     plan: SessionPlan = progress.plan
     se = plan.session
     done = set(range(plan.session.batches(plan.rank))) - set(plan.todo.tolist())
@@ -194,7 +195,7 @@ def _map_state(options: Options, progress: Progress) -> dict[str, Any]:
             "base": se.base, "excluded": list(se.excluded), "delivered": k, "extra": extra}
 
 
-def _stream_state(options: Options, progress: Progress) -> dict[str, Any]:
+def _stream_state(options: Options, progress: EpochProgress) -> dict[str, Any]:
     assert progress.streams is not None
     states, counts, last = progress.streams
     handed = progress.handed
@@ -227,25 +228,25 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     every new rank then loads the merged state. All ranks of one session must be given, once each.
     """
     if not states:
-        raise ValueError("merge_states: no states given")
+        raise ArgumentError("merge_states: no states given")
     first = dict(states[0])
     if first.get("kind") != "map":
-        raise ValueError("merge_states: only the states of a map-style loader with its own sampler merge")
+        raise ArgumentError("merge_states: only the states of a map-style loader with its own sampler merge")
     keys = ("version", "epoch", "world_size", "base", "excluded", *_MATCH)
     for sd in states[1:]:
         differ = [k for k in keys if sd.get(k) != first.get(k)]
         if differ:
-            raise ValueError(f"merge_states: the states are of different sessions (they differ in {', '.join(differ)})")
+            raise ArgumentError(f"merge_states: the states are of different sessions (they differ in {', '.join(differ)})")
     world = int(first["world_size"])
     ranks: list[dict[str, Any] | None] = [None] * world
     for sd in states:
         for r, p in _progress(sd):
             if ranks[r] is not None and ranks[r] != p:
-                raise ValueError(f"merge_states: two different states for rank {r}")
+                raise ArgumentError(f"merge_states: two different states for rank {r}")
             ranks[r] = p
     missing = [r for r, p in enumerate(ranks) if p is None]
     if missing:
-        raise ValueError(f"merge_states: no state for rank(s) {missing} of {world}")
+        raise ArgumentError(f"merge_states: no state for rank(s) {missing} of {world}")
     return {**first, "rank": None, "delivered": min(p["delivered"] for p in ranks if p is not None),
             "extra": [], "ranks": ranks}
 

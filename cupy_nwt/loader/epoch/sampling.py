@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._checks import check_int
-from .._iterable import dataset_kind
-from .sampler import BatchSampler, Plan, SamplerPlan, StreamPlan, grouped
+from ...data.contract import dataset_style, map_length
+from ...errors import ArgumentError, ArgumentTypeError
+from .order import BatchSampler, Plan, SamplerPlan, StreamPlan, grouped
 
 
 @dataclass(frozen=True)
@@ -34,29 +35,29 @@ class Sampling:
     def resolve(cls, dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any,
                 drop_last: Any, seed: int, rank: int = 0, world_size: int = 1) -> Sampling:
         """PyTorch's rules: ValueError for what it refuses, in the order it checks."""
-        kind = dataset_kind(dataset)
+        kind = dataset_style(dataset)
         if kind == "iterable":
             if shuffle not in (False, None):
-                raise ValueError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}")
+                raise ArgumentError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}")
             if sampler is not None:
-                raise ValueError(f"DataLoader with IterableDataset: expected unspecified sampler option, but got sampler={sampler}")
+                raise ArgumentError(f"DataLoader with IterableDataset: expected unspecified sampler option, but got sampler={sampler}")
             if batch_sampler is not None:
-                raise ValueError("DataLoader with IterableDataset: expected unspecified batch_sampler option, but got "
+                raise ArgumentError("DataLoader with IterableDataset: expected unspecified batch_sampler option, but got "
                                  f"batch_sampler={batch_sampler}")
         shuffle = bool(shuffle)
         if sampler is not None and shuffle:
-            raise ValueError("sampler option is mutually exclusive with shuffle")
+            raise ArgumentError("sampler option is mutually exclusive with shuffle")
         for name, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
             if value is not None and not hasattr(value, "__iter__"):
-                raise TypeError(f"{name} must be iterable (of indices, or of lists of indices for batch_sampler), "
+                raise ArgumentTypeError(f"{name} must be iterable (of indices, or of lists of indices for batch_sampler), "
                                 f"got {type(value).__name__}")
         if batch_sampler is not None:
             if batch_size != 1 or shuffle or sampler is not None or drop_last:
-                raise ValueError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
+                raise ArgumentError("batch_sampler option is mutually exclusive with batch_size, shuffle, sampler, and drop_last")
             batch_size, drop_last = None, False
         elif batch_size is None:
             if drop_last:
-                raise ValueError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
+                raise ArgumentError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
         else:
             batch_size = check_int("batch_size", batch_size, ge=1)
         return cls(kind, batch_size, shuffle, bool(drop_last), sampler, batch_sampler, seed, rank, world_size)
@@ -73,7 +74,7 @@ class Sampling:
 
     def batch_sampler_for(self, dataset: Any) -> BatchSampler:
         """The loader's own sampler over the dataset as it is now (its length read now)."""
-        return BatchSampler(len(dataset), self.batch_size or 1, self.shuffle, self.seed,
+        return BatchSampler(map_length(dataset, "the loader's own sampler"), self.batch_size or 1, self.shuffle, self.seed,
                             self.drop_last and self.batched, self.rank, self.world_size)
 
     def length(self, dataset: Any) -> int:

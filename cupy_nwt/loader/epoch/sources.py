@@ -24,8 +24,8 @@ from ..ring.tree import split
 from ..workers.maker import BatchMaker, InSlot, StreamEnd, make_worker_error
 from ..workers.messages import ErrorReport
 from ..workers.pool import Ended, Failed, Noted, Result, Workers
+from .order import Plan, PlanTask
 from .progress import Ledger
-from .sampler import Plan, PlanTask
 
 
 class FailedBatch(Exception):

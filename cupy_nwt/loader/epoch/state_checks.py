@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from numbers import Integral
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ...data.contract import map_length
 from ...errors import StateError
 from .remainder import Session
 
@@ -125,7 +126,7 @@ def _check_map(options: Options, sd: Mapping[str, Any]) -> None:
     merged = sd.get("ranks") is not None
     world, rank = _head(sd, merged)
     s = options.sampling
-    mine = {"seed": options.seed, "n": len(options.dataset), "batch_size": s.batch_size or 1,
+    mine = {"seed": options.seed, "n": map_length(options.dataset, "load_state_dict"), "batch_size": s.batch_size or 1,
             "shuffle": s.shuffle, "drop_last": s.drop_last}
     for key in ("n", "batch_size"):
         _int(key, sd[key], 1 if key == "batch_size" else 0)

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BatchLayoutError
+from ...errors import ArgumentError, ArgumentTypeError, BatchLayoutError
 from .frameworks import framework_of, refuse_uncollatable
-from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: their old import path
+from .tree import (
     LEAF,
     OBJ,
     Treedef,
@@ -28,7 +28,6 @@ from .tree import (  # noqa: F401 - flatten, unflatten, leaf_paths, Treedef: the
     leaf_kinds,
     leaf_of,
     leaf_paths,
-    unflatten,
 )
 
 Indices = Sequence[Any] | np.ndarray | None  # the samples' dataset keys, for messages; None: a stream's
@@ -47,7 +46,7 @@ def as_leaf(value: Any) -> np.ndarray:
     else:
         arr = np.asarray(value)
     if arr.dtype.kind in "OUSV" or arr.dtype.hasobject:
-        raise TypeError(f"a {type(value).__name__} field (dtype {arr.dtype}) cannot be batched into arrays")
+        raise ArgumentTypeError(f"a {type(value).__name__} field (dtype {arr.dtype}) cannot be batched into arrays")
     return arr
 
 
@@ -222,7 +221,7 @@ def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:
 def collate(samples: Sequence[Any], indices: Indices) -> Any:
     """``default_collate`` for the loader: ``indices=None`` for a stream's samples (no dataset index)."""
     if len(samples) == 0:
-        raise ValueError("cannot collate an empty list of samples")
+        raise ArgumentError("cannot collate an empty list of samples")
     what, index = _where(indices, 0)
     treedef, firsts = batch_structure(samples[0], what, index)
     out = [np.empty((len(samples), *a.shape), dtype=a.dtype) for a in firsts]

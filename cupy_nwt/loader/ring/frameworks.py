@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import LoaderError
+from ...errors import ArgumentError, LoaderError
 
 FRAMEWORKS = ("torch", "jax")
 OUTPUTS = ("auto", "numpy", "cupy", "torch", "jax")
@@ -86,13 +86,13 @@ def to_framework(a: Any, framework: str) -> Any:
 def check_output(output: Any, device: str) -> str:
     """``output`` as given, refused in one line where it cannot be served."""
     if output not in OUTPUTS:
-        raise ValueError(f"output must be one of {', '.join(map(repr, OUTPUTS))}; got {output!r}")
+        raise ArgumentError(f"output must be one of {', '.join(map(repr, OUTPUTS))}; got {output!r}")
     if output == "cupy" and device != "cuda":
-        raise ValueError("output='cupy' gives GPU arrays: it needs device='cuda' (or 'auto' on a machine with a GPU)")
+        raise ArgumentError("output='cupy' gives GPU arrays: it needs device='cuda' (or 'auto' on a machine with a GPU)")
     if output == "numpy" and device == "cuda":
-        raise ValueError("output='numpy' gives host arrays: use device='cpu' for them (device='cuda' copies to the GPU)")
+        raise ArgumentError("output='numpy' gives host arrays: use device='cpu' for them (device='cuda' copies to the GPU)")
     if output in FRAMEWORKS and importlib.util.find_spec(output) is None:
-        raise ValueError(f"output={output!r}, but {output} is not installed")
+        raise ArgumentError(f"output={output!r}, but {output} is not installed")
     return str(output)
 
 

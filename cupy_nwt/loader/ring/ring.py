@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ..._checks import check_int
-from ...errors import ShmSpaceError
+from ...errors import ArgumentError, OutOfRangeError, ShmSpaceError
 from .memory import NAME_PREFIX, RingFile, check_room, held_memfds
 from .tree import Treedef, leaf_kinds, leaf_paths, split
 
@@ -165,7 +165,7 @@ class Ring:
     def attach(cls, where: str | RingFile, layout: SlotLayout, slots: int) -> "Ring":
         """Map the ring the owner made: by its /dev/shm name, or the anonymous file this process was given."""
         if isinstance(where, str) and (not where.startswith(NAME_PREFIX) or "/" in where):
-            raise ValueError(f"not a cupy_nwt ring name: {where!r}")
+            raise ArgumentError(f"not a cupy_nwt ring name: {where!r}")
         return cls(layout, slots, _attach=where)
 
     @property
@@ -180,7 +180,7 @@ class Ring:
     def slot_views(self, slot: int, rows: int | None = None) -> list[np.ndarray]:
         """The field views of ``slot``, first ``rows`` rows of the batched fields."""
         if not 0 <= slot < self.slots:
-            raise IndexError(f"slot {slot} is outside the ring's {self.slots} slots")
+            raise OutOfRangeError(f"slot {slot} is outside the ring's {self.slots} slots")
         return self.layout.views(self.buffer, HEADER_BYTES + slot * self.layout.slot_bytes, rows)
 
     @property

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import RunError
 from .ring import Ring
 from .tree import Treedef
 
@@ -110,14 +111,14 @@ class SlotPool:
 
     def _ring(self) -> Ring:
         if self.ring is None:
-            raise RuntimeError("internal error: a slot was used before the ring was attached")
+            raise RunError("internal error: a slot was used before the ring was attached")
         return self.ring
 
     def hold(self, index: int, leaves: Sequence[np.ndarray]) -> HostBatch:
         """Copy a batch made outside the ring (the main process's first batch) into a free slot."""
         slot = self.take()
         if slot is None:
-            raise RuntimeError(f"internal error: no free ring slot to hold batch {index}")
+            raise RunError(f"internal error: no free ring slot to hold batch {index}")
         rows = len(leaves[0])
         try:
             hb = self.batch(index, slot, rows)

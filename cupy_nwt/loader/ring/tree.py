@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import ArgumentError
 from .frameworks import FRAMEWORKS, framework_of, host_view, to_framework
 
 # A treedef is a small picklable nest: ("leaf",) an array (or, for samples, any leaf), ("leaf", fw)
@@ -54,7 +55,7 @@ def unflatten(treedef: Treedef, leaves: Sequence[Any]) -> Any:
     it = iter(leaves)
     out = _build(treedef, it, it)
     if next(it, None) is not None:
-        raise ValueError("more leaves than the structure holds")
+        raise ArgumentError("more leaves than the structure holds")
     return out
 
 
@@ -147,7 +148,7 @@ def join(treedef: Treedef, arrays: Sequence[Any], objects: Sequence[Any] = ()) -
     a, o = iter(arrays), iter(objects)
     out = _build(treedef, a, o)
     if next(a, None) is not None or next(o, None) is not None:
-        raise ValueError("more leaves than the structure holds")
+        raise ArgumentError("more leaves than the structure holds")
     return out
 
 
@@ -165,7 +166,7 @@ def _build(td: Treedef, arrays: Iterator[Any], objects: Iterator[Any]) -> Any:
         return {k: _build(c, arrays, objects) for k, c in zip(td[1], td[2])}
     if kind == "namedtuple":
         return td[1](*(_build(c, arrays, objects) for c in td[2]))
-    raise ValueError(f"unknown structure node {kind!r}")
+    raise ArgumentError(f"unknown structure node {kind!r}")
 
 
 def as_sample_treedef(td: Treedef) -> Treedef:

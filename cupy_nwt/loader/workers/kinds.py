@@ -5,6 +5,7 @@ A new kind is a module with its pool and its ``KIND`` (``pool.WorkerKind``), and
 
 from __future__ import annotations
 
+from ...errors import ArgumentError
 from . import process, thread
 from .pool import WorkerKind
 
@@ -16,7 +17,7 @@ def kind(name: object) -> WorkerKind:
     """The kind registered as ``name`` (a one-line ValueError for any other)."""
     found = KINDS.get(name) if isinstance(name, str) else None
     if found is None:
-        raise ValueError(f"worker_type must be {' or '.join(repr(k) for k in KINDS)}, got {name!r}")
+        raise ArgumentError(f"worker_type must be {' or '.join(repr(k) for k in KINDS)}, got {name!r}")
     return found
 
 

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import BatchLayoutError, WorkerError, as_worker_error
+from ...data.contract import batch_getter, epoch_setter, stream_state_getter
+from ...errors import ArgumentError, BatchLayoutError, WorkerError, as_worker_error
 from .._events import StageTimes
 from ..ring.collate import collate, collate_into
 from ..ring.ring import SlotLayout
@@ -81,12 +82,12 @@ class BatchMaker:
     def fetch(self, indices: Keys) -> list[Any]:
         """The samples of ``indices``: an int64 array is read as Python ints; any other keys are passed as they are."""
         keys = indices.tolist() if isinstance(indices, np.ndarray) else indices
-        getitems = getattr(self.dataset, "__getitems__", None)
+        getitems = batch_getter(self.dataset)
         if getitems is not None:
             self.current = None
             samples = getitems(keys)
             if len(samples) != len(keys):
-                raise ValueError(f"__getitems__ returned {len(samples)} samples for {len(keys)} indices")
+                raise ArgumentError(f"__getitems__ returned {len(samples)} samples for {len(keys)} indices")
             return list(samples)
         out = []
         for i in keys:
@@ -112,14 +113,14 @@ class BatchMaker:
 
     def stream_state(self) -> Any:
         """The dataset's ``state_dict()`` (where its stream is), or None when it keeps none."""
-        get = getattr(self.dataset, "state_dict", None)
-        return get() if callable(get) else None
+        get = stream_state_getter(self.dataset)
+        return get() if get is not None else None
 
     def _open(self) -> None:
         state, skip, epoch = self._restore if self._restore is not None else (None, 0, None)
         self._restore = None
-        set_epoch = getattr(self.dataset, "set_epoch", None)
-        if epoch is not None and callable(set_epoch):
+        set_epoch = epoch_setter(self.dataset)
+        if epoch is not None and set_epoch is not None:
             set_epoch(epoch)
         if epoch is not None and self.pipe is not None:
             prepare_datapipe(self.dataset, self.pipe[0], epoch, self.pipe[1], self.pipe[2])

@@ -34,8 +34,9 @@ from typing import Any
 import numpy as np
 
 from ... import cuda
-from ..._worker_info import WorkerInfo, enter_process, get_worker_info, worker_seed  # noqa: F401 - get_worker_info: old path
-from ...errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old paths (cupy_nwt.worker)
+from ..._worker_info import WorkerInfo, enter_process, worker_seed
+from ...data.contract import pickling_advice
+from ...errors import LoaderError, WorkerDiedError
 from .._events import Listener
 from ..ring.memory import RingFile
 from ..ring.ring import Ring, SlotLayout
@@ -211,11 +212,7 @@ class WorkerPool(Dispatch):
         except (pickle.PicklingError, AttributeError, TypeError) as exc:
             for c in (task_r, task_w, res_r, res_w):
                 c.close()
-            raise LoaderError(
-                f"start_method={method!r} sends the dataset, collate_fn, batch_transform and "
-                f"worker_init_fn to each worker by pickling, and that failed: {exc}. Define them at module "
-                "level, or use start_method='fork' where CUDA is not initialised in this process"
-            ) from exc
+            raise LoaderError(pickling_advice(method, exc)) from exc
         task_r.close()
         res_w.close()
         self._workers.append(_Worker(w, proc, task_w, res_r))

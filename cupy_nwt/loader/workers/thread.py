@@ -38,9 +38,9 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from ..._worker_info import WorkerInfo, enter_thread, worker_seed
+from ...data.contract import dataset_style
 from ...errors import WorkerDiedError
 from .._events import Listener
-from .._iterable import dataset_kind
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from .maker import BatchMaker
@@ -97,7 +97,7 @@ class ThreadPool(Dispatch):
     def _start(self, w: int) -> None:
         num_workers, seed, epoch, maker, worker_init_fn, rank, world_size = self._spec
         mine = copy.copy(maker)
-        if dataset_kind(maker.dataset) == "iterable":  # its own copy, as a process worker has: a reader, a position
+        if dataset_style(maker.dataset) == "iterable":  # its own copy, as a process worker has: a reader, a position
             mine.dataset = copy.deepcopy(maker.dataset)
         info = WorkerInfo(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), mine.dataset, rank, world_size)
         tasks: queue.SimpleQueue[_Message] = queue.SimpleQueue()

@@ -33,8 +33,8 @@ from typing import Any
 import numpy as np
 
 from ..._worker_info import get_worker_info
+from ...data.contract import dataset_style
 from ...errors import LoaderError
-from .._iterable import dataset_kind
 
 _log = logging.getLogger("cupy_nwt.loader")
 
@@ -106,7 +106,7 @@ def refuse_for_threads(dataset: Any, num_workers: int) -> None:
     refused with more than one thread worker. One that shards by ``cupy_nwt.get_worker_info()``,
     torch ``IterableDataset`` or not, is served.
     """
-    if num_workers < 2 or dataset_kind(dataset) != "iterable" or not reads_torch_worker_info(dataset):
+    if num_workers < 2 or dataset_style(dataset) != "iterable" or not reads_torch_worker_info(dataset):
         return
     raise LoaderError(
         f"{type(dataset).__name__} shards itself by torch.utils.data.get_worker_info(), which is one value for the "

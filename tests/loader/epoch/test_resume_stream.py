@@ -10,9 +10,9 @@ import pytest
 from test_streaming import LAUNCHER_VARS, sample_id, write_shards
 
 from cupy_nwt import get_worker_info
+from cupy_nwt.data.streaming import ShardedTarStream
 from cupy_nwt.errors import LoaderError
 from cupy_nwt.loader import DataLoader, IterableDataset
-from cupy_nwt.streaming import ShardedTarStream
 
 pytestmark = pytest.mark.usefixtures("worker_type")  # each test once per kind of worker
 

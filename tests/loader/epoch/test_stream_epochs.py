@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import cupy_nwt
-from cupy_nwt.datasets import write_tar_shard
-from cupy_nwt.streaming import ShardedTarStream
+from cupy_nwt.data.datasets import write_tar_shard
+from cupy_nwt.data.streaming import ShardedTarStream
 
 SIZES = [6, 7, 8, 9]
 N = sum(SIZES)

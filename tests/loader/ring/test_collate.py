@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cupy_nwt.loader.ring.collate import BatchLayoutError, default_collate
+from cupy_nwt.errors import BatchLayoutError
+from cupy_nwt.loader.ring.collate import default_collate
 
 
 def test_numpy_scalar_fields_collate_to_their_own_dtype():

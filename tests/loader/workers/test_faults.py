@@ -219,7 +219,7 @@ def test_unpicklable_dataset_with_spawn_is_a_clear_error(clean):
     class Local(Squares):
         pass
 
-    with DataLoader(Local(8), batch_size=4, num_workers=1, start_method="spawn", device="cpu") as dl:
+    with DataLoader(Local(8), batch_size=4, num_workers=1, multiprocessing_context="spawn", device="cpu") as dl:
         with pytest.raises(LoaderError, match="by pickling, and that failed"):
             list(dl)
 

@@ -121,8 +121,8 @@ def test_a_thread_that_dies_is_a_worker_died_error():
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(worker_type="fiber"), "worker_type must be 'process' or 'thread', got 'fiber'"),
-    (dict(worker_type="thread", num_workers=1, multiprocessing_context="fork"), "apply to process workers"),
-    (dict(worker_type="thread", num_workers=1, start_method="spawn"), "apply to process workers"),
+    (dict(worker_type="thread", num_workers=1, multiprocessing_context="fork"), "applies to process workers"),
+    (dict(worker_type="thread", num_workers=1, multiprocessing_context="spawn"), "applies to process workers"),
 ])
 def test_worker_type_is_checked_in_one_line(kwargs, match):
     with pytest.raises(ValueError, match=match):

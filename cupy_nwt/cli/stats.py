@@ -18,8 +18,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ._reporting.units import plural
-from .loader import DataLoader, LoaderStats
+from .._reporting.units import plural
+from ..errors import ArgumentError
+from ..loader import DataLoader, LoaderStats
 
 MIB = 1 << 20
 _STAGES = (("fetch_s", "fetch"), ("collate_s", "collate"), ("transform_s", "transform"), ("copy_s", "copy"))
@@ -100,7 +101,7 @@ def run_watch(dataset: Any, name: str, config: WatchConfig, *, batch_transform: 
                 if done >= config.batches:
                     break
             if delivered_this_epoch == 0:
-                raise ValueError(f"{name} gives no batch of {config.batch_size} samples")
+                raise ArgumentError(f"{name} gives no batch of {config.batch_size} samples")
     return WatchResult(name, config, described, tuple(rows))
 
 
@@ -172,7 +173,7 @@ def _longest(rows: list[WatchRow]) -> tuple[str, float]:
 
 def plot_watch(result: WatchResult, path: str | Path) -> Path:
     """Seconds per stage in each interval (stacked) and the workers' busy fraction, against batches."""
-    from ._reporting.plots import figure_class, legend_outside, save_figure  # noqa: PLC0415 - optional matplotlib
+    from .._reporting.plots import figure_class, legend_outside, save_figure  # noqa: PLC0415 - optional matplotlib
 
     fig = figure_class()(figsize=(8.5, 5.5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))

@@ -23,13 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import check_int
+from .._checks import check_int
+from .._worker_info import get_worker_info
+from ..errors import ArgumentError, ArgumentTypeError, DamagedArchiveError, DataError, LayoutError, MissingPathError
+from ..ranks import rank_layout
+from ..system import cache_dir as default_cache_dir
 from ._images import IMAGE_EXTENSIONS, Transform, decode_image
 from ._tar_shards import gunzip_cached, is_gzip, scan_tar
-from ._worker_info import get_worker_info
-from .errors import DamagedArchiveError, DataError, LayoutError
-from .ranks import rank_layout
-from .system import cache_dir as default_cache_dir
 
 __all__ = ["ReaderSlot", "ShardedTarStream", "current_reader"]
 
@@ -261,17 +261,17 @@ class ShardedTarStream:
                  classes: Sequence[str] | None = None, rank: int | None = None, world_size: int | None = None,
                  allow_empty_readers: bool = False, cache_dir: str | os.PathLike[str] | None = None) -> None:
         if isinstance(shards, (str, os.PathLike)):
-            raise TypeError("ShardedTarStream takes a list of shard paths, e.g. sorted(glob('data-*.tar')), "
+            raise ArgumentTypeError("ShardedTarStream takes a list of shard paths, e.g. sorted(glob('data-*.tar')), "
                             f"not one path ({str(shards)!r})")
         self.shards = [Path(p) for p in shards]
         if not self.shards:
-            raise ValueError("ShardedTarStream: the shard list is empty")
+            raise ArgumentError("ShardedTarStream: the shard list is empty")
         missing = [str(p) for p in self.shards if not p.is_file()]
         if missing:
-            raise FileNotFoundError(f"ShardedTarStream: {len(missing)} shard(s) missing: {', '.join(missing[:5])}")
+            raise MissingPathError(f"ShardedTarStream: {len(missing)} shard(s) missing: {', '.join(missing[:5])}")
         dupes = sorted({str(p) for p in self.shards if self.shards.count(p) > 1})
         if dupes:
-            raise ValueError(f"ShardedTarStream: shard(s) listed twice would be delivered twice: {', '.join(dupes)}")
+            raise ArgumentError(f"ShardedTarStream: shard(s) listed twice would be delivered twice: {', '.join(dupes)}")
         if (rank is None) != (world_size is None):
             raise LayoutError("give both rank= and world_size=, or neither (then they are looked up)")
         self.shuffle = bool(shuffle)
@@ -357,12 +357,12 @@ class ShardedTarStream:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()``: the next iteration of each saved reader continues where it was."""
         if state.get("version") != STATE_VERSION:
-            raise ValueError(f"ShardedTarStream: state version {state.get('version')!r}, expected {STATE_VERSION}")
+            raise ArgumentError(f"ShardedTarStream: state version {state.get('version')!r}, expected {STATE_VERSION}")
         mine = {"seed": self.seed, "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
                 "num_shards": len(self.shards)}
         differ = [f"{k} {state.get(k)!r} (now {v!r})" for k, v in mine.items() if state.get(k) != v]
         if differ:
-            raise ValueError("ShardedTarStream: the state was saved with other settings: " + ", ".join(differ))
+            raise ArgumentError("ShardedTarStream: the state was saved with other settings: " + ", ".join(differ))
         self.epoch = check_int("epoch", state["epoch"], ge=0)
         self._restore = {int(k): dict(v) for k, v in state["readers"].items()}
 

@@ -8,7 +8,7 @@ memmaps are read without writes, so worker memory stays flat.
 Samples are ``(image, label)`` with ``image`` a uint8 HWC RGB array and ``label`` an int
 (``ArrayDataset``: a tuple of one row per array). An optional ``transform`` is applied to the image.
 
-Tar shards live in ``tar_shards`` and image decoding/encoding in ``images``; their names are
+Tar shards live in ``_tar_shards`` and image decoding/encoding in ``_images``; their names are
 importable from here too. Bad data raises :class:`DataError` (a ``ValueError``) naming the file,
 archive member or sample, whether it is found when a dataset is opened or when a sample is read.
 """
@@ -24,11 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ArgumentError, DataError, MissingPathError, OutOfRangeError
 from ._array_files import as_columns, load_npy, load_npz
 from ._images import (
     IMAGE_EXTENSIONS,
-    CorruptImageError,
-    DataError,
     ImageDataset,
     Transform,
     decode_image,
@@ -39,13 +38,11 @@ from ._images import (
 )
 from ._synthetic import CIFAR10_CLASSES, SyntheticCIFAR10, synthetic_pixels
 from ._tar_cache import CacheRebuiltWarning
-from ._tar_shards import DamagedArchiveError, TarImageDataset, scan_tar, write_tar_shard
-from .errors import DataFileError
+from ._tar_shards import TarImageDataset, scan_tar, write_tar_shard
 
 __all__ = [
-    "CIFAR10", "CIFAR10_CLASSES", "IMAGE_EXTENSIONS", "ArrayDataset", "CacheRebuiltWarning", "CorruptImageError",
-    "DamagedArchiveError", "DataFileError",
-    "DataError", "ImageFolder", "SyntheticCIFAR10", "TarImageDataset", "check_images", "decode_image",
+    "CIFAR10", "CIFAR10_CLASSES", "IMAGE_EXTENSIONS", "ArrayDataset", "CacheRebuiltWarning",
+    "ImageFolder", "SyntheticCIFAR10", "TarImageDataset", "check_images", "decode_image",
     "encode_image", "encode_png", "encode_png_batch", "open_dataset", "sample_source", "scan_tar",
     "synthetic_pixels", "write_tar_shard",
 ]
@@ -77,15 +74,15 @@ class ArrayDataset:
 
     def __init__(self, *arrays: np.ndarray, transform: Transform | None = None) -> None:
         if not arrays:
-            raise ValueError("ArrayDataset needs at least one array")
+            raise ArgumentError("ArrayDataset needs at least one array")
         arrs = [a if isinstance(a, np.ndarray) else np.asarray(a) for a in arrays]
         for k, a in enumerate(arrs):
             if a.ndim == 0:
-                raise ValueError(f"ArrayDataset: array {k} is a scalar; every array needs a first (sample) dimension")
+                raise ArgumentError(f"ArrayDataset: array {k} is a scalar; every array needs a first (sample) dimension")
         n = len(arrs[0])
         lengths = [len(a) for a in arrs]
         if any(m != n for m in lengths):
-            raise ValueError(f"ArrayDataset: arrays differ in their first dimension: {lengths}")
+            raise ArgumentError(f"ArrayDataset: arrays differ in their first dimension: {lengths}")
         self.arrays = tuple(arrs)
         self.transform = transform
 
@@ -104,7 +101,7 @@ class ArrayDataset:
         idx = np.asarray(indices, dtype=np.intp).reshape(-1)
         n = len(self)
         if idx.size and (idx.min() < -n or idx.max() >= n):
-            raise IndexError(f"indices out of range for a dataset of {n} samples")
+            raise OutOfRangeError(f"indices out of range for a dataset of {n} samples")
         cols: list[Any] = [a[idx] for a in self.arrays]
         if self.transform is not None:
             cols[0] = [self.transform(x) for x in cols[0]]
@@ -141,11 +138,11 @@ class ImageFolder(ImageDataset):
                  extensions: Iterable[str] = IMAGE_EXTENSIONS) -> None:
         self.root = Path(root)
         if not self.root.is_dir():
-            raise FileNotFoundError(f"ImageFolder: no such directory: {self.root}")
+            raise MissingPathError(f"ImageFolder: no such directory: {self.root}")
         exts = tuple(e.lower() for e in extensions)
         self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
         if not self.classes:
-            raise ValueError(f"ImageFolder: {self.root} has no class sub-directories")
+            raise ArgumentError(f"ImageFolder: {self.root} has no class sub-directories")
         paths: list[bytes] = []
         labels: list[int] = []
         for label, cls in enumerate(self.classes):
@@ -156,7 +153,7 @@ class ImageFolder(ImageDataset):
                         paths.append(os.fsencode(os.path.relpath(os.path.join(dirpath, f), self.root)))
                         labels.append(label)
         if not paths:
-            raise ValueError(f"ImageFolder: no images with extensions {', '.join(exts)} under {self.root}")
+            raise ArgumentError(f"ImageFolder: no images with extensions {', '.join(exts)} under {self.root}")
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self._paths = np.array(paths, dtype=bytes)
         self.labels = np.array(labels, dtype=np.int64)
@@ -205,7 +202,7 @@ class _CifarUnpickler(pickle.Unpickler):
 
 def _load_cifar_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if not path.is_file():
-        raise FileNotFoundError(
+        raise MissingPathError(
             f"CIFAR-10 batch file not found: {path} (expected the 'CIFAR-10 python version' archive "
             "from https://www.cs.toronto.edu/~kriz/cifar.html, extracted)")
     try:
@@ -273,7 +270,7 @@ def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
     """
     p = Path(path)
     if not p.exists():
-        raise FileNotFoundError(f"no such dataset path: {p}")
+        raise MissingPathError(f"no such dataset path: {p}")
     name = p.name.lower()
     if p.is_dir():
         if (p / "cifar-10-batches-py").is_dir() or (p / "data_batch_1").is_file():
@@ -288,7 +285,7 @@ def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
         if {"images", "labels"} <= arrays.keys():
             arrays = {k: arrays[k] for k in ("images", "labels")}
         return ArrayDataset(*as_columns(arrays, p), **kwargs)
-    raise ValueError(f"cannot tell what dataset {p} is: expected a folder (ImageFolder or CIFAR-10 batches), "
+    raise ArgumentError(f"cannot tell what dataset {p} is: expected a folder (ImageFolder or CIFAR-10 batches), "
                      ".tar/.tar.gz/.tgz, .npy or .npz")
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CorruptImageError, DataError  # noqa: F401 - DataError's old import path
+from ..errors import ArgumentError, CorruptImageError, OutOfRangeError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -50,7 +50,7 @@ def index_in(i: Any, n: int) -> int:
     if i < 0:
         i += n
     if not 0 <= i < n:
-        raise IndexError(f"index {i} out of range for a dataset of {n} samples")
+        raise OutOfRangeError(f"index {i} out of range for a dataset of {n} samples")
     return i
 
 
@@ -97,11 +97,11 @@ def encode_png_batch(images: np.ndarray) -> list[bytes]:
     """
     a = np.asarray(images)
     if a.dtype != np.uint8:
-        raise ValueError(f"PNG encoding needs uint8 pixels, got {a.dtype}")
+        raise ArgumentError(f"PNG encoding needs uint8 pixels, got {a.dtype}")
     if a.ndim == 3:
         a = a[..., None]
     if a.ndim != 4 or a.shape[3] not in (1, 3, 4) or 0 in a.shape[1:3]:
-        raise ValueError(f"PNG encoding needs N x H x W [x C] images with 1, 3 or 4 channels, got shape {a.shape}")
+        raise ArgumentError(f"PNG encoding needs N x H x W [x C] images with 1, 3 or 4 channels, got shape {a.shape}")
     n, h, w, c = a.shape
     rows = a.reshape(n, h, w * c)
     filtered = np.empty((n, h, w * c + 1), dtype=np.uint8)
@@ -121,7 +121,7 @@ def encode_png(image: np.ndarray) -> bytes:
     """A valid PNG of one uint8 HW / HWC image (see ``encode_png_batch``)."""
     a = np.asarray(image)
     if a.ndim not in (2, 3):
-        raise ValueError(f"PNG encoding needs an HW or HWC image, got shape {a.shape}")
+        raise ArgumentError(f"PNG encoding needs an HW or HWC image, got shape {a.shape}")
     return encode_png_batch(a[None])[0]
 
 
@@ -140,4 +140,4 @@ def encode_image(image: np.ndarray, fmt: str = "png", quality: int = 90) -> byte
         buf = io.BytesIO()
         Image.fromarray(np.ascontiguousarray(image)).save(buf, format="JPEG", quality=quality)
         return buf.getvalue()
-    raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
+    raise ArgumentError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..._checks import check_int
+from ...errors import OutOfRangeError
 from ...ranks import samples_per_rank, shard
 
 _TRANSFORM_TAG = 0x6E7774  # keeps transform seeds apart from the shuffle stream of the same seed
@@ -136,7 +137,7 @@ class EpochPlan(_GlobalBatchSeeds):
 
     def indices(self, b: int) -> np.ndarray:
         if not 0 <= b < self.batches:
-            raise IndexError(f"batch {b} is outside this epoch's {self.batches} batches")
+            raise OutOfRangeError(f"batch {b} is outside this epoch's {self.batches} batches")
         return self.order[b * self.batch_size : (b + 1) * self.batch_size]
 
     def __iter__(self) -> Iterator[np.ndarray]:

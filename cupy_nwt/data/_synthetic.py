@@ -12,10 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from .._reporting.progress import ProgressBar
+from ..errors import ArgumentError
+from ..system import cache_dir as default_cache_dir
+from ..system import usable_cpus
 from ._images import ImageDataset, Transform, decode_image, encode_image, encode_png_batch, index_in
-from ._reporting.progress import Progress
-from .system import cache_dir as default_cache_dir
-from .system import usable_cpus
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -87,12 +88,12 @@ class SyntheticCIFAR10(ImageDataset):
                  transform: Transform | None = None, *, progress: bool = False) -> None:
         n, seed = operator.index(n), operator.index(seed)
         if n <= 0:
-            raise ValueError(f"SyntheticCIFAR10 needs n >= 1, got {n}")
+            raise ArgumentError(f"SyntheticCIFAR10 needs n >= 1, got {n}")
         if seed < 0:
-            raise ValueError(f"SyntheticCIFAR10 needs seed >= 0, got {seed}")
+            raise ArgumentError(f"SyntheticCIFAR10 needs seed >= 0, got {seed}")
         fmt = {"jpg": "jpeg"}.get(fmt.lower(), fmt.lower())
         if fmt not in ("png", "jpeg"):
-            raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
+            raise ArgumentError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
         self.n, self.seed, self.fmt = n, seed, fmt
         self.classes = list(CIFAR10_CLASSES)
         self.transform = transform
@@ -126,7 +127,7 @@ class SyntheticCIFAR10(ImageDataset):
         starts = range(0, self.n, _SYNTH_CHUNK)
         # NumPy ufuncs and zlib release the GIL, so threads use every core without pickling images.
         chunks: list[list[bytes]] = []
-        with ThreadPoolExecutor(max_workers=max(1, min(usable_cpus(), len(starts)))) as pool, Progress(
+        with ThreadPoolExecutor(max_workers=max(1, min(usable_cpus(), len(starts)))) as pool, ProgressBar(
                 len(starts), f"building synthetic CIFAR-10 ({self.n:,} images)", unit="chunk", enabled=progress) as bar:
             for chunk in pool.map(
                     lambda s: _synthetic_chunk(self.seed, s // _SYNTH_CHUNK, labels[s:s + _SYNTH_CHUNK], self.fmt),

@@ -5,9 +5,9 @@ augmentation costs several times what decoding alone does, so the two have diffe
 and their fingerprints differ, so ``DataLoader(num_workers="auto")`` on the user's pipeline would
 not even find the pick. So the commands run the data as the loader would run it: no transform
 unless one is named. ``--transform`` is the dataset's per-sample transform (``transform=`` of the
-datasets in ``cupy_nwt.datasets``) and ``--batch-transform`` the loader's ``batch_transform``, each
+datasets in ``cupy_nwt.data``) and ``--batch-transform`` the loader's ``batch_transform``, each
 an importable ``module:attribute`` (a class is instantiated without arguments; ``cifar`` names
-``cupy_nwt.transforms.CifarTrainTransform``). Both end up in the fingerprint under the callable's
+``cupy_nwt.data.transforms.CifarTrainTransform``). Both end up in the fingerprint under the callable's
 qualified name, as they do when the user's script builds the loader.
 
 Only the embedded synthetic CIFAR-10 (no ``--dataset``) keeps the CIFAR training augmentation by
@@ -25,7 +25,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-SHORTCUTS = {"cifar": "cupy_nwt.transforms:CifarTrainTransform"}
+from ..errors import ArgumentError, RunError
+
+SHORTCUTS = {"cifar": "cupy_nwt.data.transforms:CifarTrainTransform"}
 
 
 def load_callable(spec: str, option: str) -> Callable[..., Any]:
@@ -37,33 +39,33 @@ def load_callable(spec: str, option: str) -> Callable[..., Any]:
     target = SHORTCUTS.get(spec, spec)
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"{option} must be module:attribute (for example mypipeline:decode), got {spec!r}")
+        raise ArgumentError(f"{option} must be module:attribute (for example mypipeline:decode), got {spec!r}")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
         obj: Any = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise ValueError(f"{option} {spec}: no module named {exc.name!r}") from None
+        raise ArgumentError(f"{option} {spec}: no module named {exc.name!r}") from None
     except Exception as exc:  # noqa: BLE001 - the user's module failed on import: one line, not a traceback
-        raise ValueError(f"{option} {spec}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
+        raise ArgumentError(f"{option} {spec}: importing {module_name} failed: {type(exc).__name__}: {exc}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ValueError(f"{option} {spec}: {module_name} has no attribute {attr!r}")
+            raise ArgumentError(f"{option} {spec}: {module_name} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if isinstance(obj, type):
         try:
             obj = obj()
         except Exception as exc:  # noqa: BLE001 - as above
-            raise ValueError(f"{option} {spec}: {attr}() failed: {type(exc).__name__}: {exc}") from None
+            raise ArgumentError(f"{option} {spec}: {attr}() failed: {type(exc).__name__}: {exc}") from None
     if not callable(obj):
-        raise ValueError(f"{option} {spec}: {attr} is a {type(obj).__name__}, not a callable")
+        raise ArgumentError(f"{option} {spec}: {attr} is a {type(obj).__name__}, not a callable")
     return obj
 
 
 def check_pipeline(dataset: Any, args: Any, batch_transform: Any) -> None:
     """Before a run: the CIFAR augmentation named on a ``--dataset`` needs images (one-line ``DataError`` if not)."""
-    from .datasets import check_images  # noqa: PLC0415 - datasets import the loader; only this check needs them
-    from .transforms import CifarTrainTransform  # noqa: PLC0415
+    from ..data.datasets import check_images  # noqa: PLC0415 - heavy (Pillow, Numba); only this check needs them
+    from ..data.transforms import CifarTrainTransform  # noqa: PLC0415
 
     if args.dataset and isinstance(batch_transform, CifarTrainTransform):
         check_images(dataset, args.dataset, f"--batch-transform {args.batch_transform} (the CIFAR augmentation)")
@@ -78,7 +80,7 @@ def pipeline(args: Any, *, synthetic_default: bool) -> tuple[Callable[..., Any] 
     sample = load_callable(args.transform, "--transform") if args.transform else None
     if args.batch_transform:
         if args.no_transform:
-            raise ValueError("--no-transform and --batch-transform contradict each other")
+            raise ArgumentError("--no-transform and --batch-transform contradict each other")
         return sample, load_callable(args.batch_transform, "--batch-transform")
     if synthetic_default and not args.no_transform:
         return sample, load_callable("cifar", "--batch-transform")
@@ -90,7 +92,7 @@ def open_pipeline(args: Any, synthetic_n: int, progress: bool) -> tuple[Any, Cal
     """The dataset (``--dataset``, else the synthetic CIFAR-10) with its per-sample transform, and the
     batch transform, as ``tune`` and ``stats`` run them; ``args.opened_dataset`` lets an error name the
     file behind a failing sample index."""
-    from . import datasets  # noqa: PLC0415 - datasets import the loader; only the commands need them
+    from ..data import datasets  # noqa: PLC0415 - heavy (Pillow, Numba); only the commands need them
 
     sample_transform, transform = pipeline(args, synthetic_default=not args.dataset)
     dataset = (datasets.open_dataset(args.dataset, transform=sample_transform) if args.dataset
@@ -101,7 +103,7 @@ def open_pipeline(args: Any, synthetic_n: int, progress: bool) -> tuple[Any, Cal
 
 _BUILD = """
 import sys
-from cupy_nwt.datasets import SyntheticCIFAR10
+from cupy_nwt.data import SyntheticCIFAR10
 print("built" if SyntheticCIFAR10(n=int(sys.argv[1]), progress=sys.argv[2] == "1").built_now else "cached")
 """
 
@@ -116,7 +118,7 @@ def build_synthetic_apart(n: int, progress: bool) -> str:
         sys.stderr.write(line)
     out = proc.communicate()[0].strip()
     if proc.returncode != 0:
-        raise RuntimeError(f"building the synthetic CIFAR-10 failed in its own process (exit {proc.returncode})")
+        raise RunError(f"building the synthetic CIFAR-10 failed in its own process (exit {proc.returncode})")
     if out == "built":
         return "built by a separate process before the trials: its memory is in no trial's figures"
     return "already built (opened from the cache)"

@@ -21,7 +21,7 @@ from typing import IO
 import numpy as np
 import psutil
 
-from .errors import DataFileError
+from ..errors import ArgumentError, DataFileError
 
 _READ_ERRORS = (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError)
 
@@ -47,7 +47,7 @@ def _checked_header(f: IO[bytes], size: int, path: Path, where: str) -> tuple[tu
         # a version 3.0 header differs from 2.0 only in being UTF-8 (field names), not in its layout
         read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
         if version not in ((1, 0), (2, 0), (3, 0)):
-            raise ValueError(f"unknown .npy format version {version[0]}.{version[1]}")
+            raise ArgumentError(f"unknown .npy format version {version[0]}.{version[1]}")
         shape, _, dtype = read(f)
     except Exception as exc:  # noqa: BLE001 - NumPy parses the header's Python literal: ValueError, TokenError, ...
         raise DataFileError(path, f"{where}has an unreadable .npy header ({_reason(exc)})") from None

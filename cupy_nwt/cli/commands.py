@@ -1,44 +1,21 @@
-"""cupy-nwt (or python -m cupy_nwt): one sub-command per experiment.
-
-Every failure a user can cause or meet (bad input, no GPU, bad data, a dead worker) ends as one
-line on stderr and its own exit code (``EXIT_CODES``), never a traceback unless ``--debug`` (or
-``CUPY_NWT_DEBUG=1``) asks for one.
-"""
+"""The ``cupy-nwt`` sub-commands (each parses its options, runs, prints and writes its result) and the parser
+that names them with their options."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
-import traceback
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__, cuda, system
-from ._reporting import tables as report
-from ._reporting.progress import Progress
-from ._reporting.units import fmt_bytes, parse_size, size_sweep
-from .loader.workers.kinds import WORKER_TYPES
-
-EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_NO_GPU = 3
-EXIT_BAD_DATA = 4
-EXIT_WORKER = 5
-EXIT_INTERRUPTED = 130
-DEBUG_ENV = "CUPY_NWT_DEBUG"
-
-EXIT_CODES = f"""exit codes:
-  0    done
-  1    a run's own check failed, or an unexpected error
-  2    bad input: options, paths, arguments
-  3    no usable GPU for a command that needs one
-  4    bad data: a file, archive member or sample that cannot be read or does not fit
-  5    the loader failed: a worker died or stopped delivering, or memory (or /dev/shm) has no room for its ring
-  130  interrupted
-
-Errors are one line on stderr; --debug (or {DEBUG_ENV}=1) adds the full traceback."""
+from .. import __version__, cuda, system
+from .._reporting import tables as report
+from .._reporting.progress import ProgressBar
+from .._reporting.units import fmt_bytes, parse_size, size_sweep
+from ..errors import ArgumentError
+from ..loader.workers.kinds import WORKER_TYPES
+from .exits import DEBUG_ENV, EXIT_CODES
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -85,9 +62,9 @@ def _int_option(text: str, name: str, minimum: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise ValueError(f"{name} must be a whole number, got {text!r}") from None
+        raise ArgumentError(f"{name} must be a whole number, got {text!r}") from None
     if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise ArgumentError(f"{name} must be >= {minimum}, got {value}")
     return value
 
 
@@ -95,7 +72,7 @@ def _size_option(text: str, name: str) -> int:
     try:
         return parse_size(text)
     except ValueError as exc:
-        raise ValueError(f"{name}: {exc}") from None
+        raise ArgumentError(f"{name}: {exc}") from None
 
 
 def _check_writable(path: str | None, name: str) -> None:
@@ -108,30 +85,30 @@ def _check_writable(path: str | None, name: str) -> None:
         return
     target = Path(path)
     if target.is_dir():
-        raise ValueError(f"{name} {path} is a directory, not a file")
+        raise ArgumentError(f"{name} {path} is a directory, not a file")
     existing = target.absolute().parent
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise ValueError(f"{name} {path}: {existing} is a file, not a folder")
+        raise ArgumentError(f"{name} {path}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{name} {path}: {existing} is not writable")
+        raise ArgumentError(f"{name} {path}: {existing} is not writable")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """The command's ``--output`` and ``--plot`` (where it has one), checked before its long run."""
     plot = getattr(args, "plot", None)
     if plot:
-        from ._reporting import plots  # noqa: PLC0415 - only this command needs it
+        from .._reporting import plots  # noqa: PLC0415 - only this command needs it
 
         if not plots.matplotlib_available():
-            raise ValueError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
+            raise ArgumentError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
     _check_writable(args.output, "--output")
     _check_writable(plot, "--plot")
 
 
 def _run_with_progress(args: argparse.Namespace, total: int, desc: str, run):
-    with Progress(total, desc, enabled=not args.no_progress) as bar:
+    with ProgressBar(total, desc, enabled=not args.no_progress) as bar:
         return run(bar.step)
 
 
@@ -163,12 +140,12 @@ def _run_options(args: argparse.Namespace) -> dict[str, int]:
 
 
 def cmd_bandwidth(args: argparse.Namespace) -> int:
-    from ._reporting import plots  # noqa: PLC0415 - only this command needs it
-    from .experiments import transfers  # noqa: PLC0415 - only this command needs it
+    from .._reporting import plots  # noqa: PLC0415 - only this command needs it
+    from ..experiments import transfers  # noqa: PLC0415 - only this command needs it
 
     lo, hi = _size_option(args.min, "--min"), _size_option(args.max, "--max")
     if lo > hi:
-        raise ValueError(f"--min ({fmt_bytes(lo)}) is larger than --max ({fmt_bytes(hi)})")
+        raise ArgumentError(f"--min ({fmt_bytes(lo)}) is larger than --max ({fmt_bytes(hi)})")
     sizes = size_sweep(lo, hi, _int_option(args.factor, "--factor", 2))
     config = transfers.BandwidthConfig(
         sizes=tuple(sizes), **_run_options(args),
@@ -178,12 +155,12 @@ def cmd_bandwidth(args: argparse.Namespace) -> int:
     result = _run_on_gpu(args, config, transfers.run_bandwidth)
     if args.plot:
         plots.plot_bandwidth(result, args.plot)
-    return _finish(args, result, transfers.summary_text(result),
+    return _finish(args, result, transfers.bandwidth_summary(result),
                    None if result.verified else "copied bytes differ from the source (see 'verified')")
 
 
 def cmd_overlap(args: argparse.Namespace) -> int:
-    from .experiments import overlap  # noqa: PLC0415 - only this command needs it
+    from ..experiments import overlap  # noqa: PLC0415 - only this command needs it
 
     config = overlap.OverlapConfig(
         streams=_int_option(args.streams, "--streams", 1),
@@ -191,14 +168,14 @@ def cmd_overlap(args: argparse.Namespace) -> int:
         **_run_options(args))
     _check_outputs(args)
     result = _run_on_gpu(args, config, overlap.run_overlap)
-    return _finish(args, result, overlap.summary_text(result), None if result.correct else
+    return _finish(args, result, overlap.overlap_summary(result), None if result.correct else
                    f"max error {result.max_error:.3g} exceeds {overlap.MAX_ERROR_TOLERANCE:g}")
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from .._reporting.explain import tune_summary  # noqa: PLC0415
+    from ..nwt import tune as nwt_tune  # noqa: PLC0415
     from ._pipeline import build_synthetic_apart, open_pipeline  # noqa: PLC0415 - only this command needs them
-    from ._reporting.explain import summary_text  # noqa: PLC0415
-    from .nwt import tune as nwt_tune  # noqa: PLC0415
 
     _check_outputs(args)
     synthetic_n = _int_option(args.synthetic_n, "--synthetic-n", 1)
@@ -208,7 +185,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         alpha, tolerance = float(args.alpha), float(args.tolerance)
     except ValueError:
-        raise ValueError(f"--alpha and --tolerance must be numbers, got {args.alpha!r}, {args.tolerance!r}") from None
+        raise ArgumentError(f"--alpha and --tolerance must be numbers, got {args.alpha!r}, {args.tolerance!r}") from None
     result = nwt_tune.tune_num_workers(
         dataset, **_workload(args), alpha=alpha, tolerance=tolerance,
         strategy=args.strategy, device=args.device, pin_memory=args.pin_memory,
@@ -216,12 +193,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
         progress=not args.no_progress, main_process=args.main_process)
     outcome = None if args.no_save else result.save_pick()
     if args.plot:
-        from ._reporting.plots import plot_tune  # noqa: PLC0415
+        from .._reporting.plots import plot_tune  # noqa: PLC0415
 
         plot_tune(result, args.plot)
-    from ._reporting.explain import explain_paper_pick  # noqa: PLC0415
+    from .._reporting.explain import explain_paper_pick  # noqa: PLC0415
 
-    _emit(args, result, "\n\n".join(filter(None, [summary_text(result, outcome=outcome),
+    _emit(args, result, "\n\n".join(filter(None, [tune_summary(result, outcome=outcome),
                                                      explain_paper_pick(result)])))
     return 0
 
@@ -236,30 +213,40 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         judge_repeats=_int_option(args.judge_repeats, "--judge-repeats", 1),
         gpu_experiments=not args.no_gpu, progress=not args.no_progress)
     if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ValueError(f"--out {args.out} is a file, not a folder")
+        raise ArgumentError(f"--out {args.out} is a file, not a folder")
     rep = reproduce.run_reproduce(config)
-    print(report.to_json(rep) if args.json else reproduce.summary_text(rep))
+    print(report.to_json(rep) if args.json else reproduce.reproduce_summary(rep))
     return 0
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from . import watch  # noqa: PLC0415 - only this command needs them
+    from . import stats  # noqa: PLC0415 - only this command needs them
     from ._pipeline import open_pipeline  # noqa: PLC0415
 
-    config = watch.WatchConfig(batch_size=_int_option(args.batch_size, "--batch-size", 1),
+    config = stats.WatchConfig(batch_size=_int_option(args.batch_size, "--batch-size", 1),
                                num_workers=_int_option(args.num_workers, "--num-workers", 0),
                                worker_type=args.worker_type, device=args.device,
                                batches=_int_option(args.batches, "--batches", 1), every=_int_option(args.every, "--every", 1))
     _check_outputs(args)
     dataset, transform = open_pipeline(args, _int_option(args.synthetic_n, "--synthetic-n", 1), progress=False)
-    on_row = None if args.json else watch.live_table()  # rows as they come; --json prints it all at the end
-    result = _run_with_progress(args, config.batches, "stats", lambda step: watch.run_watch(
+    on_row = None if args.json else stats.live_table()  # rows as they come; --json prints it all at the end
+    result = _run_with_progress(args, config.batches, "stats", lambda step: stats.run_watch(
         dataset, args.dataset or "synthetic CIFAR-10", config, batch_transform=transform, step=step, on_row=on_row))
     if args.plot:
-        watch.plot_watch(result, args.plot)
-    _emit(args, result, watch.footer(result))
+        stats.plot_watch(result, args.plot)
+    _emit(args, result, stats.footer(result))
     return 0
 
+
+
+def _workload(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed ``_workload_options`` but ``--synthetic-n`` (``tune`` reads it only without ``--dataset``)."""
+    return {"batch_size": _int_option(args.batch_size, "--batch-size", 1),
+            "max_workers": None if args.max_workers is None else _int_option(args.max_workers, "--max-workers", 1),
+            "iterations": _int_option(args.iterations, "--iterations", 1)}
+
+
+DESCRIPTION = "cupy-nwt (or python -m cupy_nwt): one sub-command per experiment."
 
 def _experiment_options(s: argparse.ArgumentParser) -> None:
     """The GPU experiments' shared options; ``_run_options`` parses the first three."""
@@ -294,15 +281,9 @@ def _workload_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--iterations", default="100", help="batches per trial of the paper's search (default 100)")
 
 
-def _workload(args: argparse.Namespace) -> dict[str, Any]:
-    """The parsed ``_workload_options`` but ``--synthetic-n`` (``tune`` reads it only without ``--dataset``)."""
-    return {"batch_size": _int_option(args.batch_size, "--batch-size", 1),
-            "max_workers": None if args.max_workers is None else _int_option(args.max_workers, "--max-workers", 1),
-            "iterations": _int_option(args.iterations, "--iterations", 1)}
-
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cupy-nwt", description=__doc__.splitlines()[0], epilog=EXIT_CODES,
+    p = argparse.ArgumentParser(prog="cupy-nwt", description=DESCRIPTION, epilog=EXIT_CODES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"cupy-nwt {__version__}")
     p.add_argument("--debug", action="store_true", help=f"print the traceback of an error (or {DEBUG_ENV}=1)")
@@ -380,71 +361,3 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def _loading_failure(exc: BaseException, args: argparse.Namespace) -> str:
-    """One line for a batch that failed to load: the file, member or sample, and what is wrong."""
-    from .datasets import DataError, sample_source  # noqa: PLC0415
-    from .loader.ring.collate import BatchLayoutError  # noqa: PLC0415 - only on the error path
-
-    cause = exc.__cause__
-    index = getattr(cause, "sample_index", None)
-    index = getattr(exc, "sample_index", None) if index is None else index
-    where = getattr(args, "dataset", None) or "the dataset"
-    if isinstance(cause, DataError):
-        what = _first_line(cause)
-    elif isinstance(cause, BatchLayoutError):
-        if index is not None:
-            where = sample_source(getattr(args, "opened_dataset", None), index)
-        what = f"{where}: {_first_line(cause)}"
-    else:
-        at = f"sample {index}" if index is not None else f"batch {getattr(exc, 'batch_index', '?')}"
-        kind = getattr(exc, "exc_type", None) or type(cause).__name__
-        detail = _first_line(cause) if cause is not None else _first_line(exc).partition(f"{kind}: ")[2]
-        what = f"{where}, {at}: {kind}: {detail or _first_line(exc)}"
-    return _with_index(what, index)
-
-
-def _with_index(what: str, index: int | None) -> str:
-    if index is None or f"sample {index}" in what or f"sample index {index}" in what:
-        return what
-    return f"{what} (sample {index})"
-
-
-def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
-    """The exit code and the one line for the error a command ended with."""
-    from .datasets import DataError  # noqa: PLC0415 - only on the error path
-    from .errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: PLC0415
-
-    if isinstance(exc, cuda.NoGPUError):
-        return EXIT_NO_GPU, str(exc)
-    if isinstance(exc, WorkerError):  # before DataError: it may be one too (the dataset's own type)
-        return EXIT_BAD_DATA, f"bad data: {_loading_failure(exc, args)}"
-    if isinstance(exc, DataError):
-        return EXIT_BAD_DATA, f"bad data: {_with_index(_first_line(exc), getattr(exc, 'sample_index', None))}"
-    if isinstance(exc, (WorkerDiedError, LoaderTimeoutError)):
-        return EXIT_WORKER, f"loader worker failed: {_first_line(exc)}"
-    if isinstance(exc, LoaderError):  # e.g. RingMemoryError: no room in memory for the ring
-        return EXIT_WORKER, f"loader failed: {_first_line(exc)}"
-    if isinstance(exc, (ValueError, FileNotFoundError)):
-        return EXIT_USAGE, str(exc)
-    if isinstance(exc, KeyboardInterrupt):
-        return EXIT_INTERRUPTED, "interrupted"
-    return EXIT_FAILED, f"unexpected error: {type(exc).__name__}: {_first_line(exc)} (--debug shows where)"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - every error ends as one line and a code
-        code, line = _failure(exc, args)
-        if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
-            traceback.print_exception(exc)
-        print(f"cupy-nwt {args.command}: {line}", file=sys.stderr)
-        return code

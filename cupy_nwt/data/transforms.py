@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
+from ..errors import ArgumentError
+
 # Per-channel statistics of the CIFAR-10 training set (pixels scaled to [0, 1]).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -75,7 +77,7 @@ class Compose:
 def _check_hwc(img: np.ndarray, who: str) -> np.ndarray:
     a = np.asarray(img)
     if a.ndim != 3:
-        raise ValueError(f"{who} needs an H x W x C image, got shape {a.shape}")
+        raise ArgumentError(f"{who} needs an H x W x C image, got shape {a.shape}")
     return a
 
 
@@ -84,7 +86,7 @@ class RandomCrop:
 
     def __init__(self, size: int, padding: int = 0, seed: int | None = None) -> None:
         if size <= 0 or padding < 0:
-            raise ValueError(f"RandomCrop needs size > 0 and padding >= 0, got size={size}, padding={padding}")
+            raise ArgumentError(f"RandomCrop needs size > 0 and padding >= 0, got size={size}, padding={padding}")
         self.size, self.padding = int(size), int(padding)
         self._rng = _ProcessRng(seed)
 
@@ -93,7 +95,7 @@ class RandomCrop:
         p, s = self.padding, self.size
         h, w = a.shape[0] + 2 * p, a.shape[1] + 2 * p
         if s > h or s > w:
-            raise ValueError(f"RandomCrop: crop {s} is larger than the padded image {h}x{w}")
+            raise ArgumentError(f"RandomCrop: crop {s} is larger than the padded image {h}x{w}")
         if p:
             a = np.pad(a, ((p, p), (p, p), (0, 0)))
         y, x = self._rng.get().integers(0, (h - s + 1, w - s + 1))
@@ -108,7 +110,7 @@ class RandomHorizontalFlip:
 
     def __init__(self, p: float = 0.5, seed: int | None = None) -> None:
         if not 0.0 <= p <= 1.0:
-            raise ValueError(f"RandomHorizontalFlip needs 0 <= p <= 1, got {p}")
+            raise ArgumentError(f"RandomHorizontalFlip needs 0 <= p <= 1, got {p}")
         self.p = float(p)
         self._rng = _ProcessRng(seed)
 
@@ -145,7 +147,7 @@ class Normalize:
     def __call__(self, img: np.ndarray) -> np.ndarray:
         a = np.asarray(img)
         if a.ndim != 3 or a.shape[0] != len(self.mean):
-            raise ValueError(f"Normalize needs a C x H x W image with C = {len(self.mean)}, got shape {a.shape}")
+            raise ArgumentError(f"Normalize needs a C x H x W image with C = {len(self.mean)}, got shape {a.shape}")
         return ((a - self.mean[:, None, None]) / self.std[:, None, None]).astype(np.float32, copy=False)
 
     def __repr__(self) -> str:
@@ -156,9 +158,9 @@ def _mean_std(mean: Sequence[float], std: Sequence[float]) -> tuple[np.ndarray, 
     m = np.asarray(mean, dtype=np.float32).reshape(-1)
     s = np.asarray(std, dtype=np.float32).reshape(-1)
     if m.shape != s.shape or m.size == 0:
-        raise ValueError(f"mean and std need one value per channel, got {m.size} and {s.size}")
+        raise ArgumentError(f"mean and std need one value per channel, got {m.size} and {s.size}")
     if not np.all(s > 0):
-        raise ValueError(f"std must be positive, got {s.tolist()}")
+        raise ArgumentError(f"std must be positive, got {s.tolist()}")
     return m, s
 
 
@@ -196,17 +198,17 @@ def crop_flip_normalize(images: np.ndarray, oy: np.ndarray, ox: np.ndarray, flip
     """
     a = np.asarray(images)
     if a.dtype != np.uint8 or a.ndim != 4:
-        raise ValueError(f"need uint8 images shaped N x H x W x C, got {a.dtype} {a.shape}")
+        raise ArgumentError(f"need uint8 images shaped N x H x W x C, got {a.dtype} {a.shape}")
     n, h, w, c = a.shape
     oh, ow = (size, size) if isinstance(size, (int, np.integer)) else size
     oh, ow, pad = int(oh), int(ow), int(padding)
     if oh <= 0 or ow <= 0 or pad < 0:
-        raise ValueError(f"need a positive crop size and padding >= 0, got size={size}, padding={padding}")
+        raise ArgumentError(f"need a positive crop size and padding >= 0, got size={size}, padding={padding}")
     if oh > h + 2 * pad or ow > w + 2 * pad:
-        raise ValueError(f"crop {oh}x{ow} does not fit the padded image {h + 2 * pad}x{w + 2 * pad}")
+        raise ArgumentError(f"crop {oh}x{ow} does not fit the padded image {h + 2 * pad}x{w + 2 * pad}")
     m, s = _mean_std(mean, std)
     if m.size not in (1, c):
-        raise ValueError(f"mean/std have {m.size} values but the images have {c} channels")
+        raise ArgumentError(f"mean/std have {m.size} values but the images have {c} channels")
     m, s = np.broadcast_to(m, (c,)), np.broadcast_to(s, (c,))
     scale = np.ascontiguousarray(1.0 / (255.0 * s), dtype=np.float32)
     bias = np.ascontiguousarray(-m / s, dtype=np.float32)
@@ -214,13 +216,13 @@ def crop_flip_normalize(images: np.ndarray, oy: np.ndarray, ox: np.ndarray, flip
     ox = np.ascontiguousarray(ox, dtype=np.int64).reshape(-1)
     flip = np.ascontiguousarray(flip, dtype=np.bool_).reshape(-1)
     if not len(oy) == len(ox) == len(flip) == n:
-        raise ValueError(f"need one crop offset and flip per image ({n}), got {len(oy)}, {len(ox)}, {len(flip)}")
+        raise ArgumentError(f"need one crop offset and flip per image ({n}), got {len(oy)}, {len(ox)}, {len(flip)}")
     if n and (oy.min() < 0 or ox.min() < 0 or oy.max() > h + 2 * pad - oh or ox.max() > w + 2 * pad - ow):
-        raise ValueError("crop offsets fall outside the padded image")
+        raise ArgumentError("crop offsets fall outside the padded image")
     if out is None:
         out = np.empty((n, c, oh, ow), dtype=np.float32)
     elif out.shape != (n, c, oh, ow) or out.dtype != np.float32:
-        raise ValueError(f"out must be float32 {(n, c, oh, ow)}, got {out.dtype} {out.shape}")
+        raise ArgumentError(f"out must be float32 {(n, c, oh, ow)}, got {out.dtype} {out.shape}")
     _crop_flip_normalize(np.ascontiguousarray(a), oy, ox, flip, pad, oh, ow, scale, bias, out)
     return out
 
@@ -240,10 +242,10 @@ class AugmentParams:
 def _split_batch(batch: Any, who: str) -> tuple[np.ndarray, Callable[[np.ndarray], Any]]:
     """The images of a ``(images, labels, ...)`` batch and a function that puts new images back."""
     if not isinstance(batch, (tuple, list)) or not batch:
-        raise ValueError(f"{who} needs a batch (images, labels, ...), got {type(batch).__name__}")
+        raise ArgumentError(f"{who} needs a batch (images, labels, ...), got {type(batch).__name__}")
     images = np.asarray(batch[0])
     if images.dtype != np.uint8 or images.ndim != 4:
-        raise ValueError(f"{who} needs uint8 images shaped N x H x W x C, got {images.dtype} {images.shape}")
+        raise ArgumentError(f"{who} needs uint8 images shaped N x H x W x C, got {images.dtype} {images.shape}")
 
     def rebuild(new: np.ndarray) -> Any:
         rest = list(batch[1:])
@@ -262,7 +264,7 @@ class CifarTrainTransform:
     def __init__(self, size: int = 32, padding: int = 4, flip_p: float = 0.5,
                  mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD) -> None:
         if size <= 0 or padding < 0 or not 0.0 <= flip_p <= 1.0:
-            raise ValueError(f"need size > 0, padding >= 0 and 0 <= flip_p <= 1, got {size}, {padding}, {flip_p}")
+            raise ArgumentError(f"need size > 0, padding >= 0 and 0 <= flip_p <= 1, got {size}, {padding}, {flip_p}")
         self.size, self.padding, self.flip_p = int(size), int(padding), float(flip_p)
         self.mean, self.std = (tuple(float(v) for v in x) for x in _mean_std(mean, std))
 
@@ -271,7 +273,7 @@ class CifarTrainTransform:
         span_y = height + 2 * self.padding - self.size + 1
         span_x = width + 2 * self.padding - self.size + 1
         if span_y <= 0 or span_x <= 0:
-            raise ValueError(f"crop {self.size} does not fit {height}x{width} images padded by {self.padding}")
+            raise ArgumentError(f"crop {self.size} does not fit {height}x{width} images padded by {self.padding}")
         rng = np.random.default_rng(seed)
         return AugmentParams(oy=rng.integers(0, span_y, n), ox=rng.integers(0, span_x, n),
                              flip=rng.random(n) < self.flip_p)

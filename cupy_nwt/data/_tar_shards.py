@@ -21,6 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from .._files import atomic_open
+from ..errors import ArgumentError, DamagedArchiveError, DataError, MissingPathError
+from ..system import cache_dir as default_cache_dir
 from ._images import (
     IMAGE_EXTENSIONS,
     ImageDataset,
@@ -29,10 +32,7 @@ from ._images import (
     encode_image,
     index_in,
 )
-from ._reporting.tables import atomic_open
 from ._tar_cache import gunzip_cached
-from .errors import DamagedArchiveError, DataError
-from .system import cache_dir as default_cache_dir
 
 BLOCK = tarfile.BLOCKSIZE
 END_OF_ARCHIVE = 2 * BLOCK
@@ -107,7 +107,7 @@ class TarImageDataset(ImageDataset):
                  cache_dir: str | os.PathLike | None = None) -> None:
         self.path = Path(path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"TarImageDataset: no such file: {self.path}")
+            raise MissingPathError(f"TarImageDataset: no such file: {self.path}")
         self.tar_path = (gunzip_cached(self.path, default_cache_dir(cache_dir))
                          if is_gzip(self.path) else self.path)
         names, offsets, sizes, parents = [], [], [], []
@@ -123,7 +123,7 @@ class TarImageDataset(ImageDataset):
             sizes.append(m.size)
             parents.append(parts[-2])
         if not names:
-            raise ValueError(f"TarImageDataset: {self.path} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
+            raise ArgumentError(f"TarImageDataset: {self.path} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
         unique = set(parents)
         if all(p.isdecimal() for p in unique):
             self.classes = sorted(unique, key=int)
@@ -205,13 +205,13 @@ def write_tar_shard(path: str | os.PathLike, images: Sequence[np.ndarray] | np.n
     path = Path(path)
     labels = np.asarray(labels).reshape(-1)
     if len(images) != len(labels):
-        raise ValueError(f"write_tar_shard: {len(images)} images but {len(labels)} labels")
+        raise ArgumentError(f"write_tar_shard: {len(images)} images but {len(labels)} labels")
     if class_names is not None and labels.size and (labels.min() < 0 or labels.max() >= len(class_names)):
-        raise ValueError(f"write_tar_shard: labels span {labels.min()}..{labels.max()} but there are "
+        raise ArgumentError(f"write_tar_shard: labels span {labels.min()}..{labels.max()} but there are "
                          f"{len(class_names)} class names")
     ext = {"png": "png", "jpeg": "jpg", "jpg": "jpg"}.get(fmt.lower())
     if ext is None:
-        raise ValueError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
+        raise ArgumentError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
     gz = path.name.endswith((".gz", ".tgz"))
     with atomic_open(path) as raw:  # the umask's mode, not mkstemp's 0600
         zf = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if gz else None

@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import warnings
 import zlib
 from collections.abc import Callable
@@ -34,7 +33,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .errors import DamagedArchiveError
+from .._files import atomic_open, fsync_dir
+from ..errors import DamagedArchiveError
 
 RECORD_SUFFIX = ".json"
 RECORD_MAX_BYTES = 4096  # a record is ~300 bytes; anything much larger is not one of ours
@@ -167,19 +167,17 @@ def _digest(read: Callable[[int], bytes]) -> str:
 
 
 def _build(path: Path, target: Path, made_from: dict[str, Any]) -> None:
-    """Inflate ``path`` into ``target`` with its record; both reach the disk before they are renamed into place.
+    """Inflate ``path`` into ``target`` with its record; both reach the disk before they are renamed into place
+    (the record first: its target is renamed in as the outer block ends).
 
     Runs under the target's lock, so a leftover temporary file of this target is a dead writer's.
     """
     out_dir = target.parent
     for stale in out_dir.glob(f".{target.name}.*.tmp"):
         stale.unlink(missing_ok=True)
-    temps: list[str] = []
-    try:
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{target.name}.", suffix=".tmp")
-        temps.append(tmp)
-        h, length = hashlib.blake2b(), 0
-        with os.fdopen(fd, "wb") as dst, open(path, "rb") as raw, gzip.open(raw, "rb") as src:
+    h, length = hashlib.blake2b(), 0
+    with atomic_open(target) as dst:
+        with open(path, "rb") as raw, gzip.open(raw, "rb") as src:
             try:
                 while chunk := src.read(CHUNK):
                     dst.write(chunk)
@@ -190,33 +188,9 @@ def _build(path: Path, target: Path, made_from: dict[str, Any]) -> None:
                                           "end marker (a truncated file?)") from None
             except (gzip.BadGzipFile, zlib.error) as exc:
                 raise DamagedArchiveError(path, raw.tell(), f"corrupt gzip data ({exc})") from exc
-            dst.flush()
-            os.fsync(dst.fileno())
         record = CacheRecord(format=FORMAT, **made_from, length=length, blake2b=h.hexdigest())
-        fd, rec_tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{target.name}.", suffix=".tmp")
-        temps.append(rec_tmp)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(asdict(record), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(rec_tmp, record_path(target))
-        os.replace(tmp, target)
-        temps.clear()
-        _fsync_dir(out_dir)
-    finally:
-        for t in temps:
-            Path(t).unlink(missing_ok=True)
+        with atomic_open(record_path(target)) as f:
+            f.write(json.dumps(asdict(record)).encode("utf-8"))
+    fsync_dir(out_dir)
     st = target.stat()
     _checked[str(target)] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, record.blake2b)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make the renames into ``path`` durable (a no-op where folders cannot be opened, as on Windows)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

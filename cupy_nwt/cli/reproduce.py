@@ -30,16 +30,16 @@ from typing import Any
 
 import numpy as np
 
-from . import cuda, system
+from .. import cuda, system
+from .._reporting import tables as report
+from .._reporting.explain import explain_paper_pick, paper_decisions, tune_summary
+from .._reporting.progress import ProgressBar
+from .._reporting.units import plural
+from ..errors import ArgumentError
+from ..nwt import measure as nwt_measure
+from ..nwt import tune as nwt_tune
+from ..nwt.store import TuneResult
 from ._pipeline import build_synthetic_apart
-from ._reporting import tables as report
-from ._reporting.explain import explain_paper_pick, paper_decisions
-from ._reporting.explain import summary_text as tune_summary
-from ._reporting.progress import Progress
-from ._reporting.units import plural
-from .nwt import measure as nwt_measure
-from .nwt import tune as nwt_tune
-from .nwt.store import TuneResult
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,9 @@ class ReproduceConfig:
         for name in ("synthetic_n", "batch_size", "iterations", "compare_iterations", "compare_repeats",
                      "judge_repeats"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise ArgumentError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.max_workers is not None and self.max_workers < 1:
-            raise ValueError(f"max-workers must be >= 1, got {self.max_workers}")
+            raise ArgumentError(f"max-workers must be >= 1, got {self.max_workers}")
 
     def to_dict(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
@@ -185,8 +185,8 @@ def _stage(config: ReproduceConfig, name: str, label: str) -> None:
         print(f"[{name}] {label}", file=sys.stderr, flush=True)
 
 
-def _steps(config: ReproduceConfig, total: int, name: str) -> Progress:
-    return Progress(total, name, enabled=config.progress)
+def _steps(config: ReproduceConfig, total: int, name: str) -> ProgressBar:
+    return ProgressBar(total, name, enabled=config.progress)
 
 
 def _experiment(config: ReproduceConfig, name: str, settings: Any, run: Callable[[Any, Any], Any]) -> Any:
@@ -197,9 +197,9 @@ def _experiment(config: ReproduceConfig, name: str, settings: Any, run: Callable
 
 def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     """Run everything; the caller gets the report, the folder gets the files (see the module doc)."""
-    from ._reporting.plots import matplotlib_available  # noqa: PLC0415
-    from .datasets import SyntheticCIFAR10  # noqa: PLC0415 - heavy imports only for this command
-    from .transforms import CifarTrainTransform  # noqa: PLC0415
+    from .._reporting.plots import matplotlib_available  # noqa: PLC0415
+    from ..data.datasets import SyntheticCIFAR10  # noqa: PLC0415 - heavy imports only for this command
+    from ..data.transforms import CifarTrainTransform  # noqa: PLC0415
 
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -218,12 +218,12 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     elif not status.available:
         skipped.append(f"transfer experiments: {status.reason}")
     else:
-        from .experiments import overlap, transfers  # noqa: PLC0415 - only on a GPU
+        from ..experiments import overlap, transfers  # noqa: PLC0415 - only on a GPU
 
         bandwidth = _experiment(config, "bandwidth", transfers.BandwidthConfig(), transfers.run_bandwidth)
         files.append(report.write_json(bandwidth, out / "bandwidth.json"))
         if plots:
-            from ._reporting.plots import plot_bandwidth  # noqa: PLC0415
+            from .._reporting.plots import plot_bandwidth  # noqa: PLC0415
 
             files.append(plot_bandwidth(bandwidth, out / "bandwidth.png"))
         overlap_result = _experiment(config, "overlap", overlap.OverlapConfig(), overlap.run_overlap)
@@ -244,7 +244,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
         results[strategy] = r
         files.append(r.save(out / f"tune-{strategy}.json"))
         if plots:
-            from ._reporting.plots import plot_tune  # noqa: PLC0415
+            from .._reporting.plots import plot_tune  # noqa: PLC0415
 
             files.append(plot_tune(r, out / f"tune-{strategy}.png"))
     results["fast"].save_pick()
@@ -299,12 +299,12 @@ def summary_markdown(rep: ReproduceReport) -> str:
     return "\n".join(lines) + "\n"
 
 
-def summary_text(rep: ReproduceReport) -> str:
+def reproduce_summary(rep: ReproduceReport) -> str:
     return "\n\n".join(_summary_parts(rep))
 
 
 def _summary_parts(rep: ReproduceReport) -> list[str]:
-    from .experiments.transfers import summary_text as bandwidth_text  # noqa: PLC0415
+    from ..experiments.transfers import bandwidth_summary  # noqa: PLC0415
 
     parts = [report.key_values([
         ("CPU", f"{rep.host.cpu_model} ({rep.host.usable_cpus} usable)"),
@@ -312,11 +312,11 @@ def _summary_parts(rep: ReproduceReport) -> list[str]:
             cuda.device_info(i).name for i in range(rep.gpu.device_count))),
     ], title="machine")]
     if rep.bandwidth is not None:
-        parts.append(bandwidth_text(rep.bandwidth))
+        parts.append(bandwidth_summary(rep.bandwidth))
     if rep.overlap is not None:
-        from .experiments.overlap import summary_text as overlap_text  # noqa: PLC0415
+        from ..experiments.overlap import overlap_summary  # noqa: PLC0415
 
-        parts.append(overlap_text(rep.overlap))
+        parts.append(overlap_summary(rep.overlap))
     parts.append(tune_summary(rep.paper))
     explanation = explain_paper_pick(rep.paper)
     if explanation:

@@ -1,0 +1,52 @@
+"""Every data source and transform the loader reads, behind one written contract (``contract``).
+
+``datasets``: arrays and memmaps, image folders, tar shards (their gunzip cache in ``_tar_cache``),
+CIFAR-10 batches, the synthetic CIFAR-10; ``streaming``: sharded tar streams read by several readers;
+``records``: a list of Python records packed into NumPy columns; ``transforms``: per-sample transforms
+and the Numba batch kernel of the CIFAR pipeline. Nothing here imports the loader.
+
+The contract and the light modules load with the package; ``datasets`` and ``transforms`` (Pillow,
+Numba) load on first use of one of their names, so a worker or a command that needs neither pays
+nothing for them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .contract import (
+    BatchedMapDataset,
+    EpochAware,
+    IterableDataset,
+    MapDataset,
+    ResumableStream,
+    StreamDataset,
+    dataset_style,
+)
+from .records import PackedRecords, pack_records
+from .streaming import ReaderSlot, ShardedTarStream, current_reader
+
+_LAZY = {
+    **dict.fromkeys(("ArrayDataset", "CIFAR10", "CIFAR10_CLASSES", "CacheRebuiltWarning", "ImageFolder",
+                     "SyntheticCIFAR10", "TarImageDataset", "check_images", "decode_image", "encode_image",
+                     "encode_png", "encode_png_batch", "open_dataset", "sample_source", "scan_tar",
+                     "synthetic_pixels", "write_tar_shard"), "datasets"),
+    **dict.fromkeys(("AugmentParams", "CIFAR10_MEAN", "CIFAR10_STD", "CifarEvalTransform", "CifarTrainTransform",
+                     "Compose", "Normalize", "RandomCrop", "RandomHorizontalFlip", "ToCHWFloat",
+                     "crop_flip_normalize"), "transforms"),
+}
+
+__all__ = ["BatchedMapDataset", "EpochAware", "IterableDataset", "MapDataset", "PackedRecords", "ReaderSlot", "ResumableStream",
+           "ShardedTarStream", "StreamDataset", "current_reader", "dataset_style", "pack_records", *sorted(_LAZY)]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return __all__
