@@ -32,11 +32,12 @@ def test_workers_get_the_ring_as_they_start_and_it_is_freed_with_the_loader(meth
     dev_shm = set(os.listdir(SHM_DIR))
     with DataLoader(Squares(96), batch_size=8, num_workers=2, device="cpu", multiprocessing_context=method) as dl:
         it = iter(dl)
-        labels = [next(it)[1].tolist()]
+        labels = [next(it)[1].tolist(), next(it)[1].tolist()]  # in order: batch 0 from worker 0, 1 from worker 1
         (ring,) = live_segments(mine)
         assert ring.startswith("memfd:")
         assert segment_bytes(ring) == 4096 + 4 * dl.layout.slot_bytes
-        assert all(mapped_by(pid, ring) for pid in dl.worker_pids())  # every worker writes into this file
+        pids = dl.worker_pids()
+        assert len(pids) == 2 and all(mapped_by(pid, ring) for pid in pids)  # each has written into this file
         assert not {n for n in os.listdir(SHM_DIR) if n.startswith(f"cupy_nwt_{mine}_")} - dev_shm
         labels += [y.tolist() for _, y in it]
     assert labels == [list(range(b, b + 8)) for b in range(0, 96, 8)]

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.slow  # a 154 MB ring per loader, 3 loaders a case: abo
 
 PIPELINE = """
 import json, os, sys
-sys.path.insert(0, {tests!r})
+sys.path[:0] = [{tests!r}, {toy_data!r}]
 import numpy as np
 from cupy_nwt import DataLoader
 from cupy_nwt.loader import LoaderParts
@@ -165,7 +165,7 @@ def in_namespace(options: str, script: Path, *args: str, timeout: float = 240) -
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_a_full_epoch_of_imagenet_batches_with_a_small_or_unusable_dev_shm(tmp_path, mount, method):
     script = tmp_path / "train.py"
-    script.write_text(PIPELINE.format(tests=str(TESTS)))
+    script.write_text(PIPELINE.format(tests=str(TESTS), toy_data=str(ROOT / "tests")))
     got = in_namespace(MOUNTS[mount], script, method)
     if mount == "64MiB":
         assert got["dev_shm_bytes"] == 64 * 2**20 and not got["dev_shm_read_only"]
