@@ -66,7 +66,6 @@ class BatchMaker:
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
         self._restore: tuple[Any, int, int | None] | None = None  # (state, batches to skip, epoch): next opening
-        self.before_sample: Callable[[], None] | None = None  # a process worker's parent check (``lifeline``)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_stream": None, "current": None}  # a live iterator stays where it is
@@ -81,13 +80,14 @@ class BatchMaker:
             if len(samples) != len(indices):
                 raise ValueError(f"__getitems__ returned {len(samples)} samples for {len(indices)} indices")
             return list(samples)
-        out = []
-        for i in indices.tolist():
-            if self.before_sample is not None:
-                self.before_sample()
-            self.current = i
-            out.append(self.dataset[i])
+        dataset, out, i = self.dataset, [], None
         self.current = None
+        try:
+            for i in indices.tolist():
+                out.append(dataset[i])
+        except BaseException:
+            self.current = i  # the sample that failed, for ``failed_index``
+            raise
         return out
 
     def begin_stream(self) -> None:
@@ -129,8 +129,6 @@ class BatchMaker:
                 self._stream = None
         if self._stream is None:
             raise StreamEnd
-        if self.before_sample is not None:
-            self.before_sample()
         try:
             return next(self._stream)
         except StopIteration:

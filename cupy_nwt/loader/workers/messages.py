@@ -89,6 +89,20 @@ class Task(_Record):
     indices: np.ndarray | None
     transform_seed: int
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        ix = self.indices
+        if type(ix) is np.ndarray and ix.dtype == _INDEX and ix.ndim == 1:  # the common case: raw bytes, not an array
+            return _task, (self.generation, self.batch_index, self.slot, ix.tobytes(), self.transform_seed)
+        return type(self), (self.generation, self.batch_index, self.slot, ix, self.transform_seed)
+
+
+_INDEX = np.dtype(np.int64)
+
+
+def _task(generation: int, batch_index: int, slot: int, raw: bytes, transform_seed: int) -> Task:
+    """A ``Task`` whose indices travelled as the bytes of an int64 array (pickling the array costs ten times more)."""
+    return Task(generation, batch_index, slot, np.frombuffer(raw, _INDEX), transform_seed)
+
 
 @dataclass(frozen=True, slots=True)
 class Restore(_Record):
