@@ -277,10 +277,12 @@ class WorkerSource(BatchSource):
         if self.asking:
             assert self.events is not None
             self.events.asked(self.epoch, self)
-        deadline = None
-        started, stalled = time.monotonic(), False
+        deadline: float | None = None
+        started: float | None = None  # the clock starts when it first has to wait: a ready batch reads none
+        stalled = False
         while True:
-            if block and not stalled and self.stall_s is not None and time.monotonic() - started >= self.stall_s:
+            if (block and not stalled and self.stall_s is not None and started is not None
+                    and time.monotonic() - started >= self.stall_s):
                 stalled = True
                 self._stall(time.monotonic() - started)
             self._submit()
@@ -303,10 +305,11 @@ class WorkerSource(BatchSource):
                 if not items:
                     return None
                 continue
+            now = time.monotonic()
+            started = now if started is None else started
             if not self.timeout:
                 self._blocking_collect(self._wait(None, started, stalled))
                 continue
-            now = time.monotonic()
             deadline = deadline if deadline is not None else now + self.timeout
             if now >= deadline:
                 want = f"batch {self.next_deliver}" if self.in_order else "any batch"

@@ -51,6 +51,7 @@ class SlotPool:
         self.ring: Ring | None = None
         self.free: deque[int] = deque()
         self._generation = 0
+        self._views: dict[tuple[int, int], list[np.ndarray]] = {}  # (slot, rows) -> its field views, made once
         if ring is not None:
             self.attach(ring)
 
@@ -58,6 +59,7 @@ class SlotPool:
         """Take ``ring``'s slots (all free) and publish the current generation in its header."""
         self.ring = ring
         self.free = deque(range(ring.slots))
+        self._views = {}
         ring.generation = self._generation
 
     # -- generations
@@ -75,6 +77,7 @@ class SlotPool:
 
     def retire(self) -> None:
         """No generation is current any more (the workers are stopping): queued tasks are skipped."""
+        self._views = {}  # the views would keep the ring's mapping open past its close
         if self.ring is not None and not self.ring.closed:
             self.ring.generation = RETIRED
 
@@ -104,9 +107,16 @@ class SlotPool:
         return False
 
     def batch(self, index: int, slot: int, rows: int, objects: list[Any] | None = None) -> HostBatch:
-        """The batch that ``slot`` holds, as views of its first ``rows`` rows, with its other leaves."""
+        """The batch that ``slot`` holds, as views of its first ``rows`` rows, with its other leaves.
+
+        A slot's views are made once per row count and handed out again with each batch it holds
+        (nobody changes the list or the views' flags: a caller gets copies, or read-only views of them).
+        """
         ring = self._ring()
-        return HostBatch(index, slot, rows, ring.slot_views(slot, rows), ring.layout.treedef, objects or [])
+        views = self._views.get((slot, rows))
+        if views is None:
+            views = self._views[slot, rows] = ring.slot_views(slot, rows)
+        return HostBatch(index, slot, rows, views, ring.layout.treedef, objects or [])
 
     def _ring(self) -> Ring:
         if self.ring is None:

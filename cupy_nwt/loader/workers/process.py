@@ -25,6 +25,7 @@ import random
 import select
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -36,7 +37,7 @@ import numpy as np
 from ... import cuda
 from ..._worker_info import WorkerInfo, enter_process, get_worker_info, worker_seed  # noqa: F401 - get_worker_info: old path
 from ...errors import LoaderError, LoaderTimeoutError, WorkerDiedError, WorkerError  # noqa: F401 - old paths (cupy_nwt.worker)
-from .._events import Listener
+from .._events import Listener, StageTimes
 from ..ring.ring import Ring
 from ..ring.slots import SlotPool
 from . import lifeline, pipes
@@ -76,12 +77,13 @@ class WorkerSpec:
 
 
 class _PipeChannel:
-    """A worker process's ends: the task pipe watched with the parent's sentinel (and, between samples,
-    ``lifeline``'s check), the result pipe. Before each task, torch is adopted once it is imported."""
+    """A worker process's ends: the task pipe watched with the parent's sentinel (and, before each
+    message, ``lifeline``'s check), the result pipe. Before each task, torch is adopted once it is imported."""
 
     def __init__(self, tasks: Connection, results: Connection, spec: WorkerSpec, watch: ParentWatch) -> None:
         self.tasks, self.results, self.spec, self.watch = tasks, results, spec, watch
         self.task_fd, self.result_fd = tasks.fileno(), results.fileno()
+        self.inbox, self.queued = pipes.Inbox(self.task_fd), deque[Any]()
         parent = mp.parent_process()
         self.waits = select.poll()  # the task pipe and the parent's sentinel, registered once
         for fd in (self.task_fd, *(() if parent is None else (parent.sentinel,))):
@@ -89,10 +91,15 @@ class _PipeChannel:
         self.torch_ready = adopt_in_worker(spec.worker_id, spec.num_workers, spec.seed, spec.maker.dataset)
 
     def receive(self) -> ToWorker | None:
-        ready = self.waits.poll()
-        if not any(fd == self.task_fd for fd, _ in ready) or not self.watch.alive():
-            return None  # the parent is gone: queued tasks are nobody's
-        msg: ToWorker = self.tasks.recv()
+        while not self.queued:
+            if not any(fd == self.task_fd for fd, _ in self.waits.poll()):
+                return None  # the parent is gone: queued tasks are nobody's
+            self.queued.extend(self.inbox.take())
+        if not self.watch.alive():
+            return None
+        msg = self.queued.popleft()
+        if type(msg) is tuple:
+            msg = Task.from_wire(msg)
         if isinstance(msg, Task) and not self.torch_ready:  # the dataset imported torch since: as if at the start
             spec = self.spec
             self.torch_ready = adopt_in_worker(spec.worker_id, spec.num_workers, spec.seed, spec.maker.dataset)
@@ -101,7 +108,7 @@ class _PipeChannel:
     def send(self, answer: FromWorker) -> None:
         """An answer whose objects will not pickle becomes that batch's failure (a state: that error)."""
         try:
-            pipes.send(self.result_fd, answer)
+            pipes.send(self.result_fd, answer.wire() if type(answer) is Ok else answer)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             if isinstance(answer, StreamState):
                 report = ErrorReport.from_exception(exc, None, keep_object=False)
@@ -154,6 +161,8 @@ class _Worker:
     tasks: Connection
     results: Connection
     inbox: pipes.Inbox
+    pid: int
+    task_fd: int
     outstanding: int = 0
 
 
@@ -216,7 +225,7 @@ class WorkerPool(Dispatch):
             ) from exc
         task_r.close()
         res_w.close()
-        worker = _Worker(w, proc, task_w, res_r, pipes.Inbox(res_r.fileno()))
+        worker = _Worker(w, proc, task_w, res_r, pipes.Inbox(res_r.fileno()), proc.pid, task_w.fileno())
         self._workers.append(worker)
         self._by_fd[res_r.fileno()] = worker
         self._waits.register(res_r.fileno(), select.POLLIN)
@@ -254,7 +263,7 @@ class WorkerPool(Dispatch):
 
     def _deliver(self, w: _Worker, task: Task) -> None:
         try:
-            pipes.send(w.tasks.fileno(), task)
+            pipes.send(w.task_fd, task.wire())
         except (BrokenPipeError, ConnectionResetError, OSError):
             self._raise_if_dead(timeout=1.0)
             raise LoaderError(f"could not reach loader worker {w.id} (pid {w.process.pid})") from None
@@ -292,7 +301,10 @@ class WorkerPool(Dispatch):
                 look = True
                 continue
             for msg in msgs:
-                item = self._absorb(w, msg)
+                if type(msg) is tuple:  # an ``Ok`` (``messages.WIRE``)
+                    item = self._in_slot(w, *msg[:5], StageTimes(*msg[5:]) if len(msg) > 5 else None)
+                else:
+                    item = self._absorb(w, msg)
                 if item is not None:
                     out.append(item)
         if look:
@@ -301,7 +313,7 @@ class WorkerPool(Dispatch):
 
     def _absorb(self, w: _Worker, msg: FromWorker) -> Result | None:
         """A worker's answer (see ``Dispatch._answer``)."""
-        return self._answer(w, w.process.pid, msg)
+        return self._answer(w, w.pid, msg)
 
     def _raise_if_dead(self, timeout: float) -> None:
         for w in self._workers:
