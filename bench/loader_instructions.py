@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,9 @@ WORKERS = 2
 LOADERS = ("cupy_nwt", "torch", "floor")
 TARGETS = {"main_per_batch": 100_000, "w0_vs_floor": 1.2, "workers_vs_floor": 1.3}
 RUN_TIMEOUT_S = 1800
+METHOD = ("valgrind callgrind instruction counts (Ir); each figure = (count of a 67,584-sample run - count of a "
+          "2,048-sample run) / 65,536 samples (or / 1,024 batches of 64), so start-up and shutdown cancel; per pid "
+          "(callgrind --callgrind-out-file=cg.%p follows forked workers); median and spread of the repeats")
 ENV = {"PYTHONHASHSEED": "0", "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
@@ -142,17 +146,19 @@ def warm_caches(loaders: Sequence[str]) -> None:
                            env=env, cwd=ROOT, check=True)
 
 
-def run(loaders: Sequence[str], repeats: int) -> dict[str, Any]:
+def run(loaders: Sequence[str], repeats: int, jobs: int = 1) -> dict[str, Any]:
+    """Every loader's figures; ``jobs`` counted runs at once (a count does not depend on the load)."""
     warm_caches(loaders)
+    cells = [(loader, workers) for loader in loaders for workers in ((0,) if loader == "floor" else (0, WORKERS))]
     figures: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="loader-ir-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="loader-ir-") as tmp, ThreadPoolExecutor(max(1, jobs)) as pool:
+        futures = {(cell, k): pool.submit(measure, *cell, Path(tmp)) for k in range(repeats) for cell in cells}
         for loader in loaders:
-            paths = (0,) if loader == "floor" else (0, WORKERS)
             got: dict[str, list[float]] = {}
-            for _ in range(repeats):
-                for workers in paths:
-                    for key, value in measure(loader, workers, Path(tmp)).items():
-                        got.setdefault(f"w0_{key}" if workers == 0 else f"w{workers}_{key}", []).append(value)
+            for ((name, workers), _), future in futures.items():
+                if name == loader:
+                    for key, value in future.result().items():
+                        got.setdefault(f"w{workers}_{key}", []).append(value)
             figures[loader] = {key: summary(v) for key, v in got.items()}
             print(f"loader_instructions: {loader} " + ", ".join(f"{k} {v['median']:,.0f}"
                                                               for k, v in figures[loader].items()),
@@ -180,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated, of: " + ", ".join(LOADERS))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--jobs", type=int, default=1, help="counted runs at once (the counts do not depend on it)")
     p.add_argument("--out", type=Path, default=None,
                    help="the JSON to write (default bench/results/<host>/loader_instructions.json)")
     p.add_argument("--check", action="store_true", help="exit 1 when a cupy_nwt target is missed")
@@ -210,8 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from cupy_nwt._reporting import tables as report  # noqa: PLC0415
 
     started = time.perf_counter()
-    result = {"host": system.host_tag(), "commit": _commit(), "samples": [SMALL, LARGE], "batch_size": BATCH,
-              "sample_bytes": SAMPLE_BYTES, "workers": WORKERS, "env": ENV, **run(loaders, args.repeats)}
+    result = {"host": system.host_tag(), "commit": _commit(), "method": METHOD, "samples": [SMALL, LARGE],
+              "batch_size": BATCH,
+              "sample_bytes": SAMPLE_BYTES, "workers": WORKERS, "env": ENV, **run(loaders, args.repeats, args.jobs)}
     result["wall_s"] = time.perf_counter() - started
     out = args.out or ROOT / "bench" / "results" / system.host_tag() / "loader_instructions.json"
     report.write_json(result, out)

@@ -231,6 +231,9 @@ class WorkerSource(BatchSource):
 
     def _absorb(self, items: list[Result]) -> None:
         for item in items:
+            if type(item) is HostBatch and item.slot is not None:  # a batch in its slot: nearly every item
+                self.ready[item.index] = item
+                continue
             if isinstance(item, Noted):
                 if self.ledger is not None:
                     self.ledger.note(item.batch_index, item.worker_id, item.state)

@@ -72,6 +72,12 @@ def collate_into(samples: Sequence[Any], indices: Indices, treedef: Treedef, out
     as strict; anything it does not accept is redone sample by sample, which either succeeds or
     names the offending sample.
     """
+    if treedef == LEAF and type(samples[0]) is np.ndarray and len(set(map(type, samples))) == 1:
+        try:  # samples that are plain arrays: the column path's one column, without its walk
+            np.stack(samples, out=out[0], casting="no")
+            return []
+        except (ValueError, TypeError, OverflowError):
+            return _collate_rows(samples, indices, treedef, out)
     try:
         objects = _collate_columns(samples, treedef, out)
         if objects is not None:
@@ -218,6 +224,11 @@ def collate(samples: Sequence[Any], indices: Indices) -> Any:
     """``default_collate`` for the loader: ``indices=None`` for a stream's samples (no dataset index)."""
     if len(samples) == 0:
         raise ValueError("cannot collate an empty list of samples")
+    first = samples[0]
+    if type(first) is np.ndarray and first.dtype.kind not in "OUSV" and not first.dtype.hasobject:
+        batch = np.empty((len(samples), *first.shape), dtype=first.dtype)  # samples that are plain arrays: the
+        collate_into(samples, indices, LEAF, [batch])  # structure batch_structure would find, without the walk
+        return batch
     what, index = _where(indices, 0)
     treedef, firsts = batch_structure(samples[0], what, index)
     out = [np.empty((len(samples), *a.shape), dtype=a.dtype) for a in firsts]

@@ -82,11 +82,11 @@ class BatchMaker:
             return list(samples)
         dataset, out, i = self.dataset, [], None
         self.current = None
-        try:
+        try:  # the failing sample is named after the fact: nothing is written per sample
             for i in indices.tolist():
                 out.append(dataset[i])
         except BaseException:
-            self.current = i  # the sample that failed, for ``failed_index``
+            self.current = i
             raise
         return out
 
@@ -198,9 +198,10 @@ class BatchMaker:
             except BatchLayoutError:
                 pass  # the samples may agree among themselves: collated below, or named there if not
         batch = self._collate(samples, indices)
-        t2 = time.perf_counter()
-        batch = self._transform(batch, seed)
-        t3 = time.perf_counter()
+        t2 = t3 = time.perf_counter()
+        if self.batch_transform is not None:
+            batch = self.batch_transform(batch, seed)
+            t3 = time.perf_counter()
         out: InSlot | Loose = Loose(rows, batch)
         if views is not None and layout is not None:
             treedef, arrays, objects = split(batch)

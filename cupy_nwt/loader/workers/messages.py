@@ -95,7 +95,7 @@ class Task(_Record):
 
     def wire(self) -> tuple[Any, ...]:
         """This task as a plain tuple, int64 indices as their bytes (see ``WIRE``)."""
-        ix = self.indices
+        ix: Any = self.indices
         if type(ix) is np.ndarray and ix.dtype == _INDEX and ix.ndim == 1:
             ix = ix.tobytes()
         return self.generation, self.batch_index, self.slot, ix, self.transform_seed

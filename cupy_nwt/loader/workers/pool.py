@@ -190,7 +190,7 @@ class Dispatch:
 
         Before the ring exists a worker takes one task at a time, without a slot.
         """
-        if not self._workers or self._closed:
+        if not self._workers or self._closed or (self.slots.ring is not None and not self.slots.free):
             return False
         w = self._choose(worker)
         if w is None:

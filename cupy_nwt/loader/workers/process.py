@@ -92,7 +92,10 @@ class _PipeChannel:
 
     def receive(self) -> ToWorker | None:
         while not self.queued:
-            if not any(fd == self.task_fd for fd, _ in self.waits.poll()):
+            for fd, _ in self.waits.poll():
+                if fd == self.task_fd:
+                    break
+            else:
                 return None  # the parent is gone: queued tasks are nobody's
             self.queued.extend(self.inbox.take())
         if not self.watch.alive():
@@ -301,8 +304,10 @@ class WorkerPool(Dispatch):
                 look = True
                 continue
             for msg in msgs:
+                item: Result | None
                 if type(msg) is tuple:  # an ``Ok`` (``messages.WIRE``)
-                    item = self._in_slot(w, *msg[:5], StageTimes(*msg[5:]) if len(msg) > 5 else None)
+                    g, b, slot, rows, objects = msg[:5]
+                    item = self._in_slot(w, g, b, slot, rows, objects, StageTimes(*msg[5:]) if len(msg) > 5 else None)
                 else:
                     item = self._absorb(w, msg)
                 if item is not None:
