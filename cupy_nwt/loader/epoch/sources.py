@@ -289,8 +289,8 @@ class WorkerSource(BatchSource):
                 stalled = True
                 self._stall(time.monotonic() - started)
             self._submit()
-            b = self._pick()
-            if b is not None:
+            b = self.next_deliver if self.in_order and not self.skipped else self._pick()  # the usual case inline
+            if b is not None and b in self.ready:
                 item = self.ready.pop(b)
                 self.owner.pop(b, None)
                 self.resolved += 1

@@ -26,9 +26,12 @@ def send(fd: int, msg: Any) -> None:
     data = pickle.dumps(msg)
     n = len(data)
     head = _SHORT.pack(n) if n <= 0x7FFFFFFF else _SHORT.pack(-1) + _LONG.pack(n)
-    view = memoryview(head + data)
-    while view:
-        view = view[os.write(fd, view):]
+    buf = head + data
+    done = os.write(fd, buf)
+    if done < len(buf):  # a message past the pipe's capacity: the rest as the reader frees room
+        view = memoryview(buf)[done:]
+        while view:
+            view = view[os.write(fd, view):]
 
 
 class Inbox:
