@@ -102,7 +102,7 @@ def summarize(runs: dict[str, list[dict[str, float]]], cpus: int) -> list[dict[s
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--before", required=True, help="the revision to compare against")
+    p.add_argument("--before", help="the revision to compare against (required)")
     p.add_argument("--after", default="HEAD")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3, help="runs of each cell per slot (median)")
@@ -120,6 +120,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         loader, workers, batches, warmup = args.child
         print(rate(loader, int(workers), int(batches), int(warmup)))
         return 0
+    if args.before is None or args.rounds < 1:
+        print("tiny_arrays: --before is required and --rounds must be >= 1", file=sys.stderr)
+        return 2
     sys.path.insert(0, str(ROOT))
     from interleave_compare import resolve  # noqa: PLC0415 - beside this file
 
