@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
+from operator import attrgetter
 from typing import Any
 
 
@@ -31,12 +32,19 @@ class StageTimes:
     def names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
 
+    def values(self) -> tuple[float, ...]:
+        """The seconds of each stage, in the order of ``names()`` (read in C: a batch's answer sums them)."""
+        return _stage_values(self)
+
     def total(self) -> float:
         """Seconds the batch kept its maker busy."""
-        return sum(getattr(self, name) for name in self.__slots__)
+        return sum(self.values())
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)
+
+
+_stage_values = attrgetter(*StageTimes.names())
 
 
 @dataclass(frozen=True)

@@ -166,8 +166,8 @@ class Recorder(Listener):
     def made(self, times: StageTimes) -> None:
         t = self.totals
         t["made"] += 1
-        for name in times.__slots__:
-            t[name] += getattr(times, name)
+        for name, seconds in zip(times.__slots__, times.values()):
+            t[name] += seconds
 
     def copied(self, seconds: float) -> None:
         self.totals["copy_s"] += seconds

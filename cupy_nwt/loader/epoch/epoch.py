@@ -230,7 +230,9 @@ def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], Slot
                 continue
             if hb is None:
                 return
-            treedef = as_output(hb.treedef if hb.treedef is not None else _layout_treedef(layout()))
+            treedef = hb.treedef if hb.treedef is not None else _layout_treedef(layout())
+            if output != "auto":
+                treedef = as_output(treedef)
             if hb.slot is None:  # made outside the ring: the caller's already
                 leaves = _views(hb.leaves, treedef) if zero_copy else hb.leaves
             elif zero_copy:

@@ -99,21 +99,24 @@ class SessionPlan:
 
     Tasks are numbered 0.. for the batch source; ``todo[i]`` says which session batch task i is, and
     its transform seed is that batch's, so a same-settings resume repeats the uninterrupted run bitwise.
+    ``seeded=False`` (no batch transform to take the seed) gives every task the seed 0 instead: a seed
+    costs more to derive than the loader's whole hand-over of a small batch.
     """
 
     session: Session
     rank: int
     order: np.ndarray  # the rank's shard, as dataset indices
     todo: np.ndarray
+    seeded: bool = True
 
     stream = False
 
     @classmethod
-    def make(cls, session: Session, rank: int, done: Iterable[int] = ()) -> SessionPlan:
+    def make(cls, session: Session, rank: int, done: Iterable[int] = (), *, seeded: bool = True) -> SessionPlan:
         order = _epoch_order(session)[session.shard_positions(rank)]
         batches = num_batches(len(order), session.batch_size, session.drop_last)
         todo = np.setdiff1d(np.arange(batches, dtype=np.int64), np.fromiter(done, dtype=np.int64))
-        return cls(session, rank, order, todo)
+        return cls(session, rank, order, todo, seeded)
 
     @property
     def epoch(self) -> int:
@@ -123,9 +126,9 @@ class SessionPlan:
         return len(self.todo)
 
     def tasks(self) -> Iterator[PlanTask]:
-        B = self.session.batch_size
+        B, order, seed_of = self.session.batch_size, self.order, self.session.transform_seed
         for i, b in enumerate(self.todo.tolist()):
-            yield i, self.order[b * B : (b + 1) * B], self.session.transform_seed(b, self.rank)
+            yield i, order[b * B : (b + 1) * B], seed_of(b, self.rank) if self.seeded else 0
 
 
 def _epoch_order(session: Session) -> np.ndarray:

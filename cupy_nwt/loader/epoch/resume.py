@@ -111,8 +111,10 @@ def make_plan(options: Options, epoch: int, start: Mapping[str, Any] | None) -> 
 def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> SessionPlan:
     s, rank, world = options.sampling, options.rank, options.world_size
     n = map_length(options.dataset, "the loader's own sampler")
+    seeded = options.batch_transform is not None
     if start is None:
-        return SessionPlan.make(Session(n, s.batch_size or 1, s.shuffle, s.seed, epoch, s.drop_last, world), rank)
+        return SessionPlan.make(Session(n, s.batch_size or 1, s.shuffle, s.seed, epoch, s.drop_last, world), rank,
+                                seeded=seeded)
     if start["n"] != n:
         raise ArgumentError(f"load_state_dict: the state was saved for a dataset of {start['n']} samples; this one has {n}")
     old = Session(n, start["batch_size"], start["shuffle"], start["seed"], epoch, start["drop_last"],
@@ -123,8 +125,8 @@ def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> 
                  for r in range(old.world_size)]
     done = {r: join_done(p["delivered"], p["extra"]) for r, p in enumerate(ranks)}
     if world == old.world_size:
-        return SessionPlan.make(old, rank, done[rank])
-    return SessionPlan.make(old.after(done, world), rank)
+        return SessionPlan.make(old, rank, done[rank], seeded=seeded)
+    return SessionPlan.make(old.after(done, world), rank, seeded=seeded)
 
 
 def ledger_for(options: Options) -> Ledger:

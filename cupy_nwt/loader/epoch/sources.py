@@ -231,6 +231,9 @@ class WorkerSource(BatchSource):
 
     def _absorb(self, items: list[Result]) -> None:
         for item in items:
+            if type(item) is HostBatch and item.slot is not None:  # a batch in its slot: nearly every item
+                self.ready[item.index] = item
+                continue
             if isinstance(item, Noted):
                 if self.ledger is not None:
                     self.ledger.note(item.batch_index, item.worker_id, item.state)
@@ -277,15 +280,17 @@ class WorkerSource(BatchSource):
         if self.asking:
             assert self.events is not None
             self.events.asked(self.epoch, self)
-        deadline = None
-        started, stalled = time.monotonic(), False
+        deadline: float | None = None
+        started: float | None = None  # the clock starts when it first has to wait: a ready batch reads none
+        stalled = False
         while True:
-            if block and not stalled and self.stall_s is not None and time.monotonic() - started >= self.stall_s:
+            if (block and not stalled and self.stall_s is not None and started is not None
+                    and time.monotonic() - started >= self.stall_s):
                 stalled = True
                 self._stall(time.monotonic() - started)
             self._submit()
-            b = self._pick()
-            if b is not None:
+            b = self.next_deliver if self.in_order and not self.skipped else self._pick()  # the usual case inline
+            if b is not None and b in self.ready:
                 item = self.ready.pop(b)
                 self.owner.pop(b, None)
                 self.resolved += 1
@@ -303,10 +308,11 @@ class WorkerSource(BatchSource):
                 if not items:
                     return None
                 continue
+            now = time.monotonic()
+            started = now if started is None else started
             if not self.timeout:
                 self._blocking_collect(self._wait(None, started, stalled))
                 continue
-            now = time.monotonic()
             deadline = deadline if deadline is not None else now + self.timeout
             if now >= deadline:
                 want = f"batch {self.next_deliver}" if self.in_order else "any batch"

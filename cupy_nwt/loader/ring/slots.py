@@ -51,7 +51,8 @@ class SlotPool:
     def __init__(self, ring: Ring | None) -> None:
         self.ring: Ring | None = None
         self.free: deque[int] = deque()
-        self._generation = 0
+        self.generation = 0  # the current epoch's; only ``new_generation`` changes it
+        self._views: dict[tuple[int, int], list[np.ndarray]] = {}  # (slot, rows) -> its field views, made once
         if ring is not None:
             self.attach(ring)
 
@@ -59,28 +60,26 @@ class SlotPool:
         """Take ``ring``'s slots (all free) and publish the current generation in its header."""
         self.ring = ring
         self.free = deque(range(ring.slots))
-        ring.generation = self._generation
+        self._views = {}
+        ring.generation = self.generation
 
     # -- generations
 
-    @property
-    def generation(self) -> int:
-        return self._generation
-
     def new_generation(self) -> int:
         """Start a new epoch: what is still queued or in flight for an older one will not be delivered."""
-        self._generation += 1
+        self.generation += 1
         if self.ring is not None:
-            self.ring.generation = self._generation
-        return self._generation
+            self.ring.generation = self.generation
+        return self.generation
 
     def retire(self) -> None:
         """No generation is current any more (the workers are stopping): queued tasks are skipped."""
+        self._views = {}  # the views would keep the ring's mapping open past its close
         if self.ring is not None and not self.ring.closed:
             self.ring.generation = RETIRED
 
     def is_current(self, generation: int) -> bool:
-        return generation == self._generation
+        return generation == self.generation
 
     # -- slots
 
@@ -105,14 +104,18 @@ class SlotPool:
         return False
 
     def batch(self, index: int, slot: int, rows: int, objects: list[Any] | None = None) -> HostBatch:
-        """The batch that ``slot`` holds, as views of its first ``rows`` rows, with its other leaves."""
-        ring = self._ring()
-        return HostBatch(index, slot, rows, ring.slot_views(slot, rows), ring.layout.treedef, objects or [])
+        """The batch that ``slot`` holds, as views of its first ``rows`` rows, with its other leaves.
 
-    def _ring(self) -> Ring:
-        if self.ring is None:
+        A slot's views are made once per row count and handed out again with each batch it holds
+        (nobody changes the list or the views' flags: a caller gets copies, or read-only views of them).
+        """
+        ring = self.ring
+        if ring is None:
             raise RunError("internal error: a slot was used before the ring was attached")
-        return self.ring
+        views = self._views.get((slot, rows))
+        if views is None:
+            views = self._views[slot, rows] = ring.slot_views(slot, rows)
+        return HostBatch(index, slot, rows, views, ring.layout.treedef, objects or [])
 
     def hold(self, index: int, leaves: Sequence[np.ndarray]) -> HostBatch:
         """Copy a batch made outside the ring (the main process's first batch) into a free slot."""

@@ -145,6 +145,8 @@ def _frameworks(td: Treedef, out: list[str | None]) -> None:
 
 def join(treedef: Treedef, arrays: Sequence[Any], objects: Sequence[Any] = ()) -> Any:
     """Rebuild a batch from ``split``'s parts (the arrays may have moved: copies, device arrays)."""
+    if treedef == LEAF and len(arrays) == 1 and not objects:  # a batch that is one array
+        return arrays[0]
     a, o = iter(arrays), iter(objects)
     out = _build(treedef, a, o)
     if next(a, None) is not None or next(o, None) is not None:

@@ -72,7 +72,6 @@ class BatchMaker:
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
         self._restore: tuple[Any, int, int | None] | None = None  # (state, batches to skip, epoch): next opening
-        self.before_sample: Callable[[], None] | None = None  # a process worker's parent check (``lifeline``)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_stream": None, "current": None}  # a live iterator stays where it is
@@ -89,13 +88,14 @@ class BatchMaker:
             if len(samples) != len(keys):
                 raise ArgumentError(f"__getitems__ returned {len(samples)} samples for {len(keys)} indices")
             return list(samples)
-        out = []
-        for i in keys:
-            if self.before_sample is not None:
-                self.before_sample()
-            self.current = i
-            out.append(self.dataset[i])
+        dataset, out, i = self.dataset, [], None
         self.current = None
+        try:  # the failing sample is named after the fact: nothing is written per sample
+            for i in keys:
+                out.append(dataset[i])
+        except BaseException:
+            self.current = i
+            raise
         return out
 
     def begin_stream(self) -> None:
@@ -139,8 +139,6 @@ class BatchMaker:
                 self._stream = None
         if self._stream is None:
             raise StreamEnd
-        if self.before_sample is not None:
-            self.before_sample()
         try:
             return next(self._stream)
         except StopIteration:
@@ -211,9 +209,10 @@ class BatchMaker:
             except BatchLayoutError:
                 pass  # the samples may agree among themselves: collated below, or named there if not
         batch = self._collate(samples, indices)
-        t2 = time.perf_counter()
-        batch = self._transform(batch, seed)
-        t3 = time.perf_counter()
+        t2 = t3 = time.perf_counter()
+        if self.batch_transform is not None:
+            batch = self.batch_transform(batch, seed)
+            t3 = time.perf_counter()
         out: InSlot | Loose = Loose(rows, batch)
         if views is not None and layout is not None:
             treedef, arrays, objects = split(batch)

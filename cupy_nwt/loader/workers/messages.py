@@ -9,7 +9,11 @@ made before the ring exists, and any later one that does not fit the ring's layo
 
 A task and its answer cross a pipe per batch, so every record pickles as its class and the tuple of
 its fields (``__reduce__``), not as a state dict: about the size of the tagged tuple it replaces,
-and the same on every Python this package supports.
+and the same on every Python this package supports. ``WIRE``: the two that cross per batch, ``Task``
+and ``Ok``, travel between processes as plain tuples instead (``wire()``; ``Task.from_wire``, and the
+pool reads an ``Ok``'s fields straight into the batch): a pickled class is imported by name on both
+ends, which costs more instructions than the rest of the hand-over. Only a ``Task`` goes to a worker
+and only an ``Ok`` comes back as a tuple, so a tuple says which it is.
 """
 
 from __future__ import annotations
@@ -109,6 +113,21 @@ class Task(_Record):
     indices: np.ndarray | Sequence[Any] | None  # any other iterable arrives as a list (``as_keys``)
     transform_seed: int
 
+    def wire(self) -> tuple[Any, ...]:
+        """This task as a plain tuple, int64 indices as their bytes (see ``WIRE``)."""
+        ix: Any = self.indices
+        if type(ix) is np.ndarray and ix.dtype == _INDEX and ix.ndim == 1:
+            ix = ix.tobytes()
+        return self.generation, self.batch_index, self.slot, ix, self.transform_seed
+
+    @classmethod
+    def from_wire(cls, t: tuple[Any, ...]) -> Task:
+        generation, batch_index, slot, ix, seed = t
+        return cls(generation, batch_index, slot, np.frombuffer(ix, _INDEX) if type(ix) is bytes else ix, seed)
+
+
+_INDEX = np.dtype(np.int64)
+
 
 @dataclass(frozen=True, slots=True)
 class Restore(_Record):
@@ -143,6 +162,13 @@ class Ok(_Record):
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         fields = (self.generation, self.batch_index, self.slot, self.rows)  # the common case stays small
         return type(self), fields if self.objects is None and self.times is None else (*fields, self.objects, self.times)
+
+    def wire(self) -> tuple[Any, ...]:
+        """This answer as a plain tuple, its stage seconds as floats (see ``WIRE``)."""
+        t = self.times
+        return ((self.generation, self.batch_index, self.slot, self.rows, self.objects) if t is None else
+                (self.generation, self.batch_index, self.slot, self.rows, self.objects, t.fetch_s, t.collate_s,
+                 t.transform_s))
 
 
 @dataclass(frozen=True, slots=True)

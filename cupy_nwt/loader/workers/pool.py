@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...errors import WorkerError
-from .._events import Listener
+from .._events import Listener, StageTimes
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import HostBatch, SlotPool
 from ..ring.tree import split
@@ -143,6 +143,8 @@ class Dispatch:
     def _answer(self, w: Any, pid: int, msg: FromWorker) -> Result | None:
         """A worker's answer to a task, the same for processes and threads: a batch to deliver, a
         failure to raise in turn, an ended stream, a stream's state, or nothing (stale)."""
+        if type(msg) is Ok:  # a batch in its slot: nearly every answer
+            return self._in_slot(w, msg.generation, msg.batch_index, msg.slot, msg.rows, msg.objects, msg.times)
         if isinstance(msg, InitFailed):
             raise make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=None)
         if isinstance(msg, StreamState):
@@ -168,6 +170,17 @@ class Dispatch:
             return Failed(msg.batch_index, error)
         return None
 
+    def _in_slot(self, w: Any, generation: int, batch_index: int, slot: int, rows: int, objects: list | None,
+                 times: StageTimes | None) -> HostBatch | None:
+        """An ``Ok``'s fields (a process worker's arrive as a plain tuple): the batch, or None if stale."""
+        w.outstanding -= 1
+        if times is not None and self.events is not None:
+            self.events.made(times)
+        if generation != self.slots.generation:
+            self.slots.release(slot)
+            return None  # made for an abandoned epoch: its slot is free again
+        return self.slots.batch(batch_index, slot, rows, objects)
+
     @property
     def size(self) -> int:
         return len(self._workers)
@@ -181,7 +194,7 @@ class Dispatch:
 
         Before the ring exists a worker takes one task at a time, without a slot.
         """
-        if not self._workers or self._closed:
+        if not self._workers or self._closed or (self.slots.ring is not None and not self.slots.free):
             return False
         w = self._choose(worker)
         if w is None:
@@ -206,11 +219,16 @@ class Dispatch:
         ring, cap = self.slots.ring, self.slot_cap
         if ring is not None and (not self.slots.free or (cap is not None and ring.slots - len(self.slots.free) >= cap)):
             return None
-        n = min(self.active, len(self._workers))
-        if worker is None:
-            w = min((self._workers[(self._rr + k) % n] for k in range(n)), key=lambda x: x.outstanding)
+        workers = self._workers
+        n = min(self.active, len(workers))
+        if worker is None:  # the least busy, the first from the round-robin position on a tie
+            w = workers[self._rr % n]
+            for k in range(1, n):
+                other = workers[(self._rr + k) % n]
+                if other.outstanding < w.outstanding:
+                    w = other
         else:
-            w = self._workers[worker]
+            w = workers[worker]
         per_worker = max(self.prefetch_factor, -(-cap // n)) if cap is not None else self.prefetch_factor
         if w.outstanding >= (per_worker if ring is not None else 1):
             return None

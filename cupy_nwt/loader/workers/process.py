@@ -19,15 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 import multiprocessing as mp
 import os
 import pickle
 import random
+import select
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -37,12 +40,12 @@ from ... import cuda
 from ..._worker_info import WorkerInfo, enter_process, worker_seed
 from ...data.contract import pickling_advice
 from ...errors import LoaderError, WorkerDiedError
-from .._events import Listener
+from .._events import Listener, StageTimes
 from ..ring.memory import RingFile
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
-from . import lifeline
-from .lifeline import ParentGone, ParentWatch
+from . import lifeline, pipes
+from .lifeline import ParentWatch
 from .maker import BatchMaker, make_worker_error
 from .messages import (
     BatchFailed,
@@ -79,19 +82,32 @@ class WorkerSpec:
 
 
 class _PipeChannel:
-    """A worker process's ends: the task pipe watched with the parent's sentinel (and, between samples,
-    ``lifeline``'s check), the result pipe. Before each task, torch is adopted once it is imported."""
+    """A worker process's ends: the task pipe watched with the parent's sentinel (and, before each
+    message, ``lifeline``'s check), the result pipe. Before each task, torch is adopted once it is imported."""
 
     def __init__(self, tasks: Connection, results: Connection, spec: WorkerSpec, watch: ParentWatch) -> None:
         self.tasks, self.results, self.spec, self.watch = tasks, results, spec, watch
+        self.task_fd, self.result_fd = tasks.fileno(), results.fileno()
+        self.inbox, self.queued = pipes.Inbox(self.task_fd), deque[Any]()
         parent = mp.parent_process()
-        self.waits: list[Any] = [tasks] if parent is None else [tasks, parent.sentinel]
+        self.waits = select.poll()  # the task pipe and the parent's sentinel, registered once
+        for fd in (self.task_fd, *(() if parent is None else (parent.sentinel,))):
+            self.waits.register(fd, select.POLLIN)
         self.torch_ready = adopt_in_worker(spec.worker_id, spec.num_workers, spec.seed, spec.maker.dataset)
 
     def receive(self) -> ToWorker | None:
-        if self.tasks not in wait(self.waits) or not self.watch.alive():
-            return None  # the parent is gone: queued tasks are nobody's
-        msg: ToWorker = self.tasks.recv()
+        while not self.queued:
+            for fd, _ in self.waits.poll():
+                if fd == self.task_fd:
+                    break
+            else:
+                return None  # the parent is gone: queued tasks are nobody's
+            self.queued.extend(self.inbox.take())
+        if not self.watch.alive():
+            return None
+        msg = self.queued.popleft()
+        if type(msg) is tuple:
+            msg = Task.from_wire(msg)
         if isinstance(msg, Task) and not self.torch_ready:  # the dataset imported torch since: as if at the start
             spec = self.spec
             self.torch_ready = adopt_in_worker(spec.worker_id, spec.num_workers, spec.seed, spec.maker.dataset)
@@ -100,7 +116,7 @@ class _PipeChannel:
     def send(self, answer: FromWorker) -> None:
         """An answer whose objects will not pickle becomes that batch's failure (a state: that error)."""
         try:
-            self.results.send(answer)
+            pipes.send(self.result_fd, answer.wire() if type(answer) is Ok else answer)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             if isinstance(answer, StreamState):
                 report = ErrorReport.from_exception(exc, None, keep_object=False)
@@ -139,11 +155,10 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     gc.freeze()
     seed_globals(spec.seed)
     maker = spec.maker
-    maker.before_sample = watch.check
     enter_process(WorkerInfo(spec.worker_id, spec.num_workers, spec.seed, maker.dataset, spec.rank, spec.world_size))
     try:
         serve_loop(_PipeChannel(tasks, results, spec, watch), maker, spec.worker_id, spec.worker_init_fn)
-    except (EOFError, BrokenPipeError, ConnectionResetError, ParentGone):
+    except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the main process went away
 
 
@@ -156,6 +171,9 @@ class _Worker:
     process: Any
     tasks: Connection
     results: Connection
+    inbox: pipes.Inbox
+    pid: int
+    task_fd: int
     outstanding: int = 0
 
 
@@ -179,6 +197,8 @@ class WorkerPool(Dispatch):
         self.slots = SlotPool(None)
         self._closed = False
         self._workers: list[_Worker] = []
+        self._waits = select.poll()  # every worker's result pipe and sentinel, registered as it starts
+        self._by_fd: dict[int, _Worker] = {}  # result pipe -> its worker
         self._ctx = context_of(start_method)
         self._spec = (num_workers, seed, epoch, maker, worker_init_fn, rank, world_size)
         self._file: RingFile | None = None
@@ -215,7 +235,11 @@ class WorkerPool(Dispatch):
             raise LoaderError(pickling_advice(method, exc)) from exc
         task_r.close()
         res_w.close()
-        self._workers.append(_Worker(w, proc, task_w, res_r))
+        worker = _Worker(w, proc, task_w, res_r, pipes.Inbox(res_r.fileno()), proc.pid, task_w.fileno())
+        self._workers.append(worker)
+        self._by_fd[res_r.fileno()] = worker
+        self._waits.register(res_r.fileno(), select.POLLIN)
+        self._waits.register(proc.sentinel, select.POLLIN)
 
     def set_active(self, n: int) -> None:
         """Give tasks to the first ``n`` workers: un-park parked ones, start more processes if needed."""
@@ -252,7 +276,11 @@ class WorkerPool(Dispatch):
         return self._hint
 
     def _deliver(self, w: _Worker, task: Task) -> None:
-        self._send(w, task)
+        try:
+            pipes.send(w.task_fd, task.wire())
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            self._raise_if_dead(timeout=1.0)
+            raise LoaderError(f"could not reach loader worker {w.id} (pid {w.process.pid})") from None
 
     def restore(self, per_worker: dict[int, tuple[Any, int, int | None]]) -> None:
         """Before a resumed stream's tasks: each worker's dataset state (or batches to skip), by worker id."""
@@ -268,28 +296,40 @@ class WorkerPool(Dispatch):
             raise LoaderError(f"could not reach loader worker {w.id} (pid {w.process.pid})") from None
 
     def collect(self, timeout: float | None) -> list[Result]:
-        """Wait up to ``timeout`` s for results; raise at once if a worker died or failed to start."""
-        conns = [w.results for w in self._workers]
-        sentinels = [w.process.sentinel for w in self._workers]
-        wait(conns + sentinels, timeout)
+        """Wait up to ``timeout`` s for results; raise at once if a worker died or failed to start.
+
+        The workers are looked at when a sentinel or a closed pipe says one ended, or when nothing came:
+        a batch's answer alone proves its worker alive.
+        """
+        ready = self._waits.poll(None if timeout is None else math.ceil(max(0.0, timeout) * 1000))
         out: list[Result] = []
-        for w in self._workers:
-            while True:
-                try:
-                    if not w.results.poll():
-                        break
-                    msg = w.results.recv()
-                except (EOFError, OSError):
-                    break
-                item = self._absorb(w, msg)
+        look = not ready
+        for fd, _ in ready:
+            w = self._by_fd.get(fd)
+            if w is None:
+                look = True  # a sentinel: that worker has ended
+                continue
+            try:
+                msgs = w.inbox.take()
+            except (EOFError, OSError):
+                look = True
+                continue
+            for msg in msgs:
+                item: Result | None
+                if type(msg) is tuple:  # an ``Ok`` (``messages.WIRE``)
+                    g, b, slot, rows, objects = msg[:5]
+                    item = self._in_slot(w, g, b, slot, rows, objects, StageTimes(*msg[5:]) if len(msg) > 5 else None)
+                else:
+                    item = self._absorb(w, msg)
                 if item is not None:
                     out.append(item)
-        self._raise_if_dead(timeout=0.0)
+        if look:
+            self._raise_if_dead(timeout=0.0)
         return out
 
     def _absorb(self, w: _Worker, msg: FromWorker) -> Result | None:
         """A worker's answer (see ``Dispatch._answer``)."""
-        return self._answer(w, w.process.pid, msg)
+        return self._answer(w, w.pid, msg)
 
     def _raise_if_dead(self, timeout: float) -> None:
         for w in self._workers:
@@ -316,9 +356,9 @@ class WorkerPool(Dispatch):
         """A worker whose worker_init_fn failed reported why before exiting: prefer that reason."""
         try:
             while w.results.poll():
-                msg = w.results.recv()
-                if isinstance(msg, InitFailed):
-                    raise make_worker_error(msg.report, worker_id=w.id, pid=w.process.pid, batch_index=None)
+                for msg in w.inbox.take():
+                    if isinstance(msg, InitFailed):
+                        raise make_worker_error(msg.report, worker_id=w.id, pid=w.process.pid, batch_index=None)
         except (EOFError, OSError):
             pass
 

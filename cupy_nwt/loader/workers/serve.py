@@ -53,6 +53,7 @@ class Channel(Protocol):
 def serve_loop(channel: Channel, maker: BatchMaker, worker_id: int, worker_init_fn: Callable | None) -> None:
     """Run ``worker_init_fn``, then serve messages until ``Stop`` or the parent is gone."""
     ring: Ring | None = None
+    views: dict[tuple[int, int], list[Any]] = {}  # (slot, rows) -> the ring's field views, made once per ring
     stream_generation: int | None = None
     try:
         if worker_init_fn is not None:
@@ -72,12 +73,12 @@ def serve_loop(channel: Channel, maker: BatchMaker, worker_id: int, worker_init_
                 if ring is not None:
                     channel.close_ring(ring)
                     ring = None
-                ring = channel.open_ring(msg)
+                ring, views = channel.open_ring(msg), {}
                 continue
             if msg.indices is None and msg.generation != stream_generation:
                 maker.begin_stream()  # a new epoch of this worker's replica of an iterable dataset
                 stream_generation = msg.generation
-            answer = serve(maker, ring, msg)
+            answer = serve(maker, ring, msg, views)
             if msg.indices is None and not isinstance(answer, Skipped):
                 channel.send(StreamState(msg.generation, msg.batch_index, stream_state_or_error(maker)))
             channel.send(answer)
@@ -98,14 +99,27 @@ def stream_state_or_error(maker: BatchMaker) -> Any:
         return ErrorReport.from_exception(exc, None, keep_object=False)
 
 
-def serve(maker: BatchMaker, ring: Ring | None, task: Task) -> FromWorker:
-    """Make the task's batch, into its slot when it has one, unless its generation is no longer current."""
+def serve(maker: BatchMaker, ring: Ring | None, task: Task,
+          views: dict[tuple[int, int], list[Any]] | None = None) -> FromWorker:
+    """Make the task's batch, into its slot when it has one, unless its generation is no longer current.
+
+    ``views`` keeps the slots' field views from one task to the next (they are the same every time).
+    """
     if ring is not None and ring.generation != task.generation:
         return Skipped(task.generation, task.batch_index, task.slot)
     in_ring = ring is not None and task.slot != NO_SLOT
+    cache = views if views is not None else {}
+
+    def slot_views(rows: int) -> list[Any]:
+        assert ring is not None
+        got = cache.get((task.slot, rows))
+        if got is None:
+            got = cache[task.slot, rows] = ring.slot_views(task.slot, rows)
+        return got
+
     try:
         made = maker.produce(task.indices, task.transform_seed, ring.layout if ring is not None else None,
-                             (lambda rows: ring.slot_views(task.slot, rows)) if in_ring and ring is not None else None)
+                             slot_views if in_ring else None)
     except StreamEnd:
         return Exhausted(task.generation, task.batch_index, task.slot)
     except Exception as exc:  # noqa: BLE001 - reported to the main process

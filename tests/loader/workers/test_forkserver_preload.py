@@ -6,9 +6,8 @@ the H200 a 15-worker cupy_nwt loader took 6-8 s to its first batch against torch
 
 import sys
 
-from cupy_nwt.datasets import ArrayDataset
+from cupy_nwt.data import ArrayDataset, CifarTrainTransform
 from cupy_nwt.loader.workers.start import forkserver_preload
-from cupy_nwt.transforms import CifarTrainTransform
 
 
 class UsersDataset:
