@@ -264,5 +264,10 @@ class RunError(CupyNwtError, RuntimeError):
     """A step the package runs itself (a child process) or an invariant of its own failed: not the caller's input."""
 
 
+class PipeClosedError(CupyNwtError, EOFError):
+    """The other end of a worker's pipe is gone (an ``EOFError``, as ``Connection.recv`` raises): the
+    loader reads it as that worker's end, never shows it to a caller."""
+
+
 __all__ += ["ArgumentTypeError", "MissingExtraError", "MissingPathError", "MisuseError", "OutOfRangeError",
             "RunError", "UnknownKeyError"]

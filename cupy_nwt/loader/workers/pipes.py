@@ -16,6 +16,8 @@ import pickle
 import struct
 from typing import Any
 
+from ...errors import PipeClosedError
+
 _SHORT = struct.Struct("!i")
 _LONG = struct.Struct("!Q")
 _READ = 1 << 16  # a pipe's default capacity
@@ -46,7 +48,7 @@ class Inbox:
     def take(self) -> list[Any]:
         chunk = os.read(self.fd, _READ)
         if not chunk:
-            raise EOFError
+            raise PipeClosedError("the worker's pipe closed")
         buf = self._buf + chunk if self._buf else chunk
         out = []
         pos, end = 0, len(buf)
@@ -72,7 +74,7 @@ class Inbox:
         while n > 0:
             chunk = os.read(self.fd, n)
             if not chunk:
-                raise EOFError
+                raise PipeClosedError("the worker's pipe closed")
             parts.append(chunk)
             n -= len(chunk)
         return b"".join(parts)
