@@ -9,9 +9,10 @@ order, in batches of the loader's ``batch_size``, each with the seed the loader 
 epoch 0 of seed 0).
 
 What makes the count exact: ``PYTHONHASHSEED=0`` (str hashes, so set and dict orders), one BLAS and
-OpenMP thread, a warm-up batch outside the counted region (lazy imports, first-use caches), a garbage
-collection just before it, and callgrind collecting only inside the region
-(:mod:`cupy_nwt.pytest_plugin._count_child`), not the interpreter's start-up and imports. What it
+OpenMP thread (an idle BLAS thread spins, and callgrind counts every thread), a warm-up batch
+outside the counted region (lazy imports, first-use caches), a garbage collection just before it, and
+callgrind collecting only inside the region (:mod:`cupy_nwt.pytest_plugin._count_child`), not the
+interpreter's start-up and imports. What it
 cannot see (I/O waits, the hand-over between processes, worker start-up) the wall clock judged
 against the base revision in the same job covers (``--nwt-against``).
 """
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import platform
 import sys
 import tempfile
 import time
@@ -30,14 +32,20 @@ from typing import Any
 from ._callgrind import CallgrindError, callgrind_unavailable_reason, count_instructions
 
 #: samples counted per benchmark: a fraction of a second of native work for a typical image
-#: pipeline, ~50x that under callgrind, on top of ~20 s for the interpreter's start-up and imports.
+#: pipeline, ~50x that under callgrind, on top of ~5 s of CPU for the interpreter's start-up and imports.
 DEFAULT_COUNT_SAMPLES = 1024
 COUNT_TIMEOUT_S = 900.0
 CHILD = Path(__file__).with_name("_count_child.py")
 #: the environment that makes a count repeatable (set over the caller's)
 EXACT_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-             "NUMEXPR_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
-             "VALGRIND_OPTS": "--collect-atstart=no --toggle-collect=PyRun_SimpleStringFlags"}
+             "NUMEXPR_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def valgrind_options() -> str:
+    """What callgrind is told beside the command (``VALGRIND_OPTS``): collect only the counted region."""
+    if platform.machine().lower() in ("x86_64", "amd64"):  # the child's client requests (_count_child)
+        return "--instr-atstart=no --collect-atstart=no"
+    return "--collect-atstart=no --toggle-collect=PyRun_SimpleStringFlags"
 
 
 @dataclass(frozen=True)
@@ -97,7 +105,7 @@ def count_pipeline(dataset: Any, *, batch_size: int | None, collate_fn: Any, bat
     except Exception as exc:  # noqa: BLE001 - any pickling failure means: cannot count in another process
         raise CallgrindError(f"instructions not counted: the dataset, collate_fn or batch_transform does not "
                              f"pickle ({type(exc).__name__}: {exc})") from None
-    env = {**os.environ, **EXACT_ENV,
+    env = {**os.environ, **EXACT_ENV, "VALGRIND_OPTS": valgrind_options(),
            "PYTHONPATH": os.pathsep.join(p for p in [*sys.path, os.environ.get("PYTHONPATH", "")] if p)}
     fd, path = tempfile.mkstemp(prefix="nwt-count-", suffix=".pickle")
     try:

@@ -17,17 +17,23 @@ beside the headline ``<key>``) and each figure is judged on its own (:func:`judg
 The interval knows only the rounds of the two runs; what moves between runs the limit absorbs. The
 figures (:data:`MEASURES`): ``samples_per_s`` (wall clock) and ``gbps`` (device time, higher is
 better); ``cpu_s_per_1k`` (CPU seconds of the pipeline per 1,000 samples) and
-``instructions_per_sample`` (lower is better). Per benchmark (:class:`Context`):
+``instructions_per_sample`` (lower is better). Against a **stored baseline** (:class:`Context`):
 
-* CPU per sample barely moves with the neighbours, so a slowdown in it fails on any machine load;
-* samples/s of a pipeline that keeps the CPU busy moves with how many cores other processes left it.
-  When they left less room than the pipeline used in the baseline (:meth:`Context.capacity_ratio`),
-  that share of a drop is theirs: a drop that is within the limit once their share is taken out is
-  ``inconclusive`` and says so; one beyond it fails;
-* an **I/O-bound** pipeline (under ``IO_BOUND_CORES`` cores in both runs) is judged by wall clock
-  alone (its CPU is reported), and the line says so;
+* **exact instruction counts** (callgrind, the same samples on both sides: ``Context.exact_counts``)
+  do not move between runs of the same code, so they are judged at their own tight limit
+  (``--nwt-instructions-drop``, 1%) and decide for a CPU-bound pipeline; its CPU time is then
+  reported beside them, not judged;
+* without them (no valgrind) CPU per sample is judged, as the steadiest clock there is;
+* **samples/s is never failed**: a shared host's speed drifts by tens of percent between hours, so
+  wall clock from another time is reported as information; ``--nwt-against`` judges it;
+* an **I/O-bound** pipeline (under ``IO_BOUND_CORES`` cores in both runs) has its CPU and
+  instructions reported, not judged: wall clock is its figure, judged under ``--nwt-against``;
 * a baseline from **another machine** (the recorded machine fingerprints differ) is compared and
   reported, never failed: the line names the difference.
+
+Against the **base revision measured in the same job** (``--nwt-against``, :func:`compare_against`)
+samples/s and CPU per sample are judged by the ratios of rounds run side by side (``paired``): a
+drift of the machine falls on both rounds of a pair.
 """
 
 from __future__ import annotations
@@ -159,18 +165,6 @@ class Context:
         return (self.old_cores is not None and self.new_cores is not None
                 and max(self.old_cores, self.new_cores) < IO_BOUND_CORES)
 
-    def capacity_ratio(self) -> float:
-        """How much of the CPU the pipeline used in the baseline was still free for it here (<= 1).
-
-        The room other processes left is ``cpus - others``; the pipeline needed ``old_cores`` of it. 1
-        when it still had that room (or nothing is known), less when others crowded it out.
-        """
-        if None in (self.old_others, self.new_others, self.old_cores) or not self.cpus:
-            return 1.0
-        assert self.old_others is not None and self.new_others is not None and self.old_cores is not None
-        needed = min(max(self.cpus - self.old_others, 1e-3), max(self.old_cores, 1e-3))
-        return min(1.0, max(self.cpus - self.new_others, 0.0) / needed)
-
 
 def _differences(old: Any, new: Any) -> str:
     if not isinstance(old, Mapping) or not isinstance(new, Mapping) or not old or not new:
@@ -275,6 +269,7 @@ class Comparison:
     def message(self, max_drop_pct: float | None) -> str:
         j = self.judgement(max_drop_pct)
         m = self.measure
+        max_drop_pct = self.limit(max_drop_pct)
         figures = f"{_num(j.old)} -> {_num(j.new)}"
         detail = ""
         if j.low_pct is not None and j.high_pct is not None:
