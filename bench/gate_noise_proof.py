@@ -20,6 +20,10 @@ The machine's drift is the spread of the unchanged runs' samples/s over the proo
     python bench/gate_noise_proof.py --mode main --out bench/results/vm-2cpu/gate_noise_proof.json
     python bench/gate_noise_proof.py --mode instructions --out bench/results/vm-2cpu/gate_noise_proof_instructions.json
     python bench/gate_noise_proof.py --mode main --runs 1 --max-seconds 1 --out /tmp/p.json   # a smoke test
+    python bench/gate_noise_proof.py --merge A.json B.json ... --out SUMMARY.json   # streams run side by side
+
+Several streams may run at once (each its own project); ``--merge`` adds up their groups, with each
+run's stream named, and takes the drift over all their unchanged runs.
 """
 
 from __future__ import annotations
@@ -118,10 +122,11 @@ def summary(doc: dict[str, Any]) -> None:
         runs = group["runs"]
         group["failed"] = sum(r["exit_code"] == 1 for r in runs)
         how, n = TARGETS[name]
-        scaled = n * doc["runs_per_group"] / 20
-        group["target"] = f"{how} {scaled:g} of {doc['runs_per_group']} fail"
+        planned = doc["runs_per_group"] or len(runs)  # merged streams: the runs there are
+        scaled = n * planned / 20
+        group["target"] = f"{how} {scaled:g} of {planned} fail"
         group["met"] = (group["failed"] <= scaled if how == "at most" else group["failed"] >= scaled) and \
-            len(runs) == doc["runs_per_group"]
+            len(runs) >= planned
         for key in {k for r in runs for k, v in r["figures"].items() if isinstance(v, dict)}:
             group.setdefault("by_figure", {})[key] = {
                 v: sum(r["figures"].get(key, {}).get("verdict") == v for r in runs)
@@ -137,6 +142,39 @@ def summary(doc: dict[str, Any]) -> None:
     doc["hours"] = (time.time() - doc["started_unix"]) / 3600.0
 
 
+def merge(paths: list[Path], out: Path) -> int:
+    """One summary of several streams' files: their runs by group, targets counted over all of them."""
+    from cupy_nwt.nwt.fingerprint import write_json_atomic  # noqa: PLC0415
+
+    docs = {p.name: json.loads(p.read_text()) for p in paths}
+    first = next(iter(docs.values()))
+    total: dict[str, Any] = {
+        "what": "several gate_noise_proof streams run side by side on the shared machine, added up",
+        "streams": {name: {k: d.get(k) for k in ("command", "started", "hours", "baseline", "baseline_seconds")}
+                    for name, d in docs.items()},
+        "machine": first["machine"], "limit_pct": first["limit_pct"], "load_note": first["load_note"],
+        "started_unix": min(d["started_unix"] for d in docs.values()), "baseline": first["baseline"], "groups": {},
+    }
+    for name, d in docs.items():
+        for group, g in d["groups"].items():
+            into = total["groups"].setdefault(group, {"work": g["work"], "runs": []})
+            into["runs"] += [{**r, "stream": name} for r in g["runs"]]
+    total["runs_per_group"] = None
+    summary(total)
+    ended = max(d["started_unix"] + 3600.0 * d.get("hours", 0.0) for d in docs.values())
+    total["hours"] = (ended - total["started_unix"]) / 3600.0
+    for group in total["groups"].values():
+        group["runs_done"] = len(group["runs"])
+    write_json_atomic(out, total)
+    for name, group in total["groups"].items():
+        print(f"{name}: {group['failed']} of {group['runs_done']} failed; target {group['target']}: "
+              f"{'met' if group['met'] else 'NOT met'}")
+    if "drift" in total:
+        print(f"drift: unchanged runs' samples/s {total['drift']['min']:,.0f} .. {total['drift']['max']:,.0f} "
+              f"({total['drift']['spread_pct']:.0f}% of the median) over {total['hours']:.2f} h")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--mode", choices=sorted(MODES), default="main")
@@ -145,7 +183,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-seconds", type=float, default=5.0, help="--nwt-max-seconds (default 5)")
     ap.add_argument("--pause", type=float, default=0.0, help="seconds between runs, to spread the proof out")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON", help="add up streams' files")
     args = ap.parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.out)
     if args.runs < 1 or not 0 < args.limit < 100:
         ap.error("--runs must be >= 1 and --limit between 0 and 100")
     from cupy_nwt.nwt.fingerprint import machine_fingerprint, write_json_atomic  # noqa: PLC0415

@@ -126,7 +126,7 @@ def test_without_valgrind_the_table_says_so_in_one_line(project, monkeypatch, tm
     project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test(batches=6, rounds=2))
     project.syspathinsert()
     monkeypatch.setenv("PATH", str(tmp_path))
-    result = project.runpytest_inprocess("--benchmark-json=out.json")
+    result = project.runpytest_inprocess("--nwt-instructions=auto", "--benchmark-json=out.json")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["instructions not counted: valgrind is not installed (apt-get install valgrind)*"])
 
@@ -137,11 +137,11 @@ def test_a_loader_benchmark_counts_its_samples_under_callgrind(project):
     project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test(batches=6, rounds=2,
                                                                            extra=", count_samples=16"))
     project.syspathinsert()
-    project.runpytest_inprocess("--nwt-save-baseline=base.json").assert_outcomes(passed=1)
+    project.runpytest_inprocess("--nwt-instructions=auto", "--nwt-save-baseline=base.json").assert_outcomes(passed=1)
     info = json.loads((project.path / "base.json").read_text())["benchmarks"][0]["extra_info"]
     assert info["instructions_counted_by"] == "callgrind" and info["instructions_samples"] == 16
     assert info["instructions_per_sample"] > 1000 and info["instructions_per_sample_rounds"] == []
-    again = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=5")
+    again = project.runpytest_inprocess("--nwt-instructions=auto", "--nwt-baseline=base.json", "--nwt-throughput-drop=5")
     assert again.ret == 0
     again.stdout.fnmatch_lines(["*instructions/sample * -> * (+0.0%) [[]baseline base.json]",
                                 "*CPU s/1k samples *; exact instruction counts decide*"])

@@ -138,6 +138,8 @@ def test_load_baseline_explains_what_is_wrong(tmp_path):
     ({"cpus_watched": 0}, "cpus_watched is 0, not a whole number of CPUs"),
     ({"machine": {"cpu_model": 7}}, "machine.cpu_model is not text"),
     ({"pipeline": {"batch_size": [1, 2]}}, "'pipeline' is not an object of plain values"),
+    ({"instructions_counted_by": "guess"}, "instructions_counted_by is 'guess', not 'callgrind', 'perf' or ''"),
+    ({"instructions_samples": 0.5}, "instructions_samples is 0.5, not a whole number of samples"),
 ])
 def test_a_baseline_read_back_is_checked_before_it_is_believed(tmp_path, info, match):
     path = tmp_path / "base.json"
@@ -297,7 +299,7 @@ def test_gate_passes_within_the_allowed_drop_and_fails_beyond_it(project, monkey
     assert bad.ret == pytest.ExitCode.TESTS_FAILED
     bad.stdout.fnmatch_lines([
         "*test_gate.py::test_pipeline: samples/s fell 30.0% (more than 20%): 1,000.00 -> 700.00*0001_*",
-        "*cupy_nwt throughput gate FAILED: 1 figure(s) fell or rose by more than 20%*",
+        "*cupy_nwt throughput gate FAILED: 1 figure(s) fell or rose by more than their limit*",
     ])
 
 

@@ -162,7 +162,9 @@ class BaseRun:
         return dict(reply)
 
     def close(self) -> None:
-        if self.conn is not None:
+        if self.conn is None:
+            self.proc.kill()  # never connected to: it waits for rounds that will not come
+        else:
             try:
                 self.conn.send(("stop", None))
             except OSError:
