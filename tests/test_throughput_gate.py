@@ -208,8 +208,19 @@ def test_a_stored_baseline_never_fails_on_wall_clock_alone():
     assert not got["cpu_s_per_1k"].regressed(5)
 
 
+def test_a_pipeline_starved_of_cpu_by_others_is_not_called_io_bound():
+    """0.12 cores while others took 1.89 of 2: the exact count still decides."""
+    old = _info(RATE, CPU, 0.6, 0.3, instructions_per_sample=1e6, instructions_counted_by="callgrind",
+                instructions_samples=128)
+    new = _info(RATE, CPU, 0.12, 1.89, instructions_per_sample=1.02e6, instructions_counted_by="callgrind",
+                instructions_samples=128)
+    cs = compare_throughput({"t::a": new}, {"t::a": {"fullname": "t::a", "extra_info": old}}, "b",
+                            instructions_limit_pct=1.0)
+    assert {c.key: c for c in cs}["instructions_per_sample"].regressed(5)
+
+
 def test_an_io_bound_pipeline_has_nothing_judged_against_a_stored_baseline():
-    got = _judged(_info(RATE, CPU, 0.05, 1.5), _info(scaled(RATE, 0.5), scaled(CPU, 2.0), 0.05, 0.2))
+    got = _judged(_info(RATE, CPU, 0.05, 0.2), _info(scaled(RATE, 0.5), scaled(CPU, 2.0), 0.05, 0.2))
     assert {c.judgement(5).verdict for c in got.values()} == {"reported"}
     assert "I/O-bound, judged by wall clock (--nwt-against)" in got["cpu_s_per_1k"].message(5)
 

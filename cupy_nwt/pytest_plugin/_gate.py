@@ -26,7 +26,7 @@ better); ``cpu_s_per_1k`` (CPU seconds of the pipeline per 1,000 samples) and
 * without them (no valgrind) CPU per sample is judged, as the steadiest clock there is;
 * **samples/s is never failed**: a shared host's speed drifts by tens of percent between hours, so
   wall clock from another time is reported as information; ``--nwt-against`` judges it;
-* an **I/O-bound** pipeline (under ``IO_BOUND_CORES`` cores in both runs) has its CPU and
+* an **I/O-bound** pipeline (under ``IO_BOUND_CORES`` cores in both runs, with CPU idle beside it) has its CPU and
   instructions reported, not judged: wall clock is its figure, judged under ``--nwt-against``;
 * a baseline from **another machine** (the recorded machine fingerprints differ) is compared and
   reported, never failed: the line names the difference.
@@ -46,6 +46,9 @@ from typing import Any
 
 from ._interval import paired_interval, shift_interval
 from ._loader_run import IO_BOUND_CORES
+
+#: CPU left idle (cores) beside a pipeline using under IO_BOUND_CORES for it to count as I/O-bound
+IDLE_CORES = 0.5
 
 
 @dataclass(frozen=True)
@@ -162,8 +165,19 @@ class Context:
 
     @property
     def io_bound(self) -> bool:
-        return (self.old_cores is not None and self.new_cores is not None
-                and max(self.old_cores, self.new_cores) < IO_BOUND_CORES)
+        """Both runs used under ``IO_BOUND_CORES`` cores while CPU stood idle that they could have had.
+
+        On a machine that other processes kept busy a CPU-bound pipeline gets little CPU too: there,
+        little CPU says nothing of what it waits for, so it is not called I/O-bound.
+        """
+        return (_waits(self.old_cores, self.old_others, self.cpus)
+                and _waits(self.new_cores, self.new_others, self.cpus))
+
+
+def _waits(cores: float | None, others: float | None, cpus: int | None) -> bool:
+    if cores is None or cores >= IO_BOUND_CORES:
+        return False
+    return others is None or not cpus or cpus - cores - others >= IDLE_CORES
 
 
 def _differences(old: Any, new: Any) -> str:
