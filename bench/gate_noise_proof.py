@@ -67,7 +67,7 @@ TEST = '''from pipeline import LoopImages
 
 
 def test_loader(loader_benchmark):
-    loader_benchmark(LoopImages(), batch_size=64, num_workers=2, persistent_workers=True, count_samples=128)
+    loader_benchmark(LoopImages(), batch_size=64, num_workers=2, persistent_workers=True, count_samples=64)
 '''
 MODES = {"main": {"unchanged": 1.00, "slower 10%": 1.10}, "instructions": {"slower 2%": 1.02}}
 TARGETS = {"unchanged": ("at most", 0), "slower 10%": ("at least", 19), "slower 2%": ("at least", 20)}
