@@ -207,3 +207,22 @@ def test_a_bad_revision_is_one_line(pytester):
     result = pytester.runpytest_subprocess("--nwt-against=no-such-rev", "--nwt-throughput-drop=5")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--nwt-against: 'no-such-rev' is not a revision of *"])
+
+
+def test_the_base_revisions_child_is_not_counted_as_the_pipelines_cpu():
+    """A child that burnt 0.3 s of CPU: in the pipeline's CPU, unless it is excluded (with its own children)."""
+    import time
+
+    import psutil
+
+    from cupy_nwt.pytest_plugin._cpu import PipelineClock
+
+    burn = "import sys, time\nend = time.process_time() + 0.3\nwhile time.process_time() < end:\n    pass\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    try:
+        while sum(psutil.Process(child.pid).cpu_times()[:2]) < 0.3:
+            time.sleep(0.05)
+        assert PipelineClock().cpu_s() - PipelineClock(exclude=[child.pid]).cpu_s() >= 0.25
+    finally:
+        child.stdin.close()
+        child.wait()

@@ -269,7 +269,8 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
                 n = batch_len(batch)
                 return (loader.batch_size or 1) if n is None else n
 
-            clock = PipelineClock(loader.worker_pids, counter)
+            # the base revision's child pytest is this process's child, not part of its pipeline
+            clock = PipelineClock(loader.worker_pids, counter, exclude=[base.proc.pid] if base is not None else [])
             runner = RoundRunner(next_batch, clock)
             try:
                 for _ in range(warmup):  # worker start-up and first-touch costs stay out of the rounds
