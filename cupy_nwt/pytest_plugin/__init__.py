@@ -3,12 +3,13 @@
 Registered through the ``pytest11`` entry point, so installing cupy-nwt is enough. Two factory
 fixtures, ``transfer_benchmark`` and ``loader_benchmark``, run on pytest-benchmark's ``benchmark``
 fixture, so ``--benchmark-autosave`` / ``--benchmark-compare`` work on them as on any benchmark.
-pytest-benchmark compares times; a pipeline is judged by throughput and by the CPU it burns per
-sample, so ``--nwt-throughput-drop=PCT`` fails the run when a benchmark's samples/s or GB/s fell, or
-its CPU (or instructions) per sample rose, by more than PCT percent against the baseline *and* beyond
-the 95% interval of the change (the rule: :mod:`cupy_nwt.pytest_plugin._gate`). Baselines are files
-the user commits (``--nwt-save-baseline``, ``--nwt-baseline``, ``--nwt-require-baseline`` for CI:
-:mod:`cupy_nwt.pytest_plugin._session`). Any benchmark that puts those keys (and ``<key>_rounds``)
+pytest-benchmark compares times, which on a shared CI runner drift by more than any limit worth
+setting; so ``--nwt-throughput-drop=PCT`` judges figures no neighbour moves: exact instructions per
+sample counted under callgrind against a committed baseline (:mod:`cupy_nwt.pytest_plugin._count`),
+and samples/s and CPU per sample against the base revision measured round for round in the same job
+(``--nwt-against``: :mod:`cupy_nwt.pytest_plugin._against`); the rule is
+:mod:`cupy_nwt.pytest_plugin._gate`. Baselines are files the user commits (``--nwt-save-baseline``,
+``--nwt-baseline``, ``--nwt-require-baseline`` for CI: :mod:`cupy_nwt.pytest_plugin._session`). Any benchmark that puts those keys (and ``<key>_rounds``)
 in its ``extra_info`` is gated, not only ours.
 
 This module holds the options, the hooks and the fixtures; their parts live in the private modules
@@ -25,6 +26,7 @@ from typing import Any
 import pytest
 
 from ._baseline import load_baseline, save_baseline
+from ._count import count_args
 from ._gate import (
     MEASURES,
     THROUGHPUT_KEYS,
@@ -46,7 +48,7 @@ from ._parts import (
 from ._parts import CopyTimer as _CopyTimer
 from ._parts import transfer_args as _transfer_args
 from ._parts import transfer_result as _transfer_result
-from ._session import ThroughputGate, start_gate
+from ._session import DEFAULT_INSTRUCTIONS_DROP_PCT, ThroughputGate, start_gate
 
 __all__ = [
     "DEVICE_CLOCK", "MEASURES", "ROUND_CLOCK", "THROUGHPUT_KEYS", "Comparison", "DeviceClock", "Judgement",
@@ -84,8 +86,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("cupy_nwt", "cupy_nwt throughput gate")
     group.addoption(
         "--nwt-throughput-drop", type=_percent, default=None, metavar="PCT",
-        help="fail the run when a benchmark's samples/s or GB/s fell, or its CPU or instructions per sample "
-        "rose, by more than PCT percent against the baseline and beyond the 95%% interval of the change",
+        help="fail the run when a judged figure (exact instructions per sample against the baseline; samples/s "
+        "and CPU per sample against --nwt-against REV; GB/s) got worse by more than its limit (PCT percent; "
+        "--nwt-instructions-drop for exact counts) and beyond the 95%% interval of the change",
     )
     group.addoption(
         "--nwt-baseline", default=None, metavar="FILE.json",
@@ -101,6 +104,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="CI mode: fail when the --nwt-baseline file, or a benchmark's entry in it, is missing",
     )
     group.addoption(
+        "--nwt-against", default=None, metavar="REV",
+        help="measure the git revision REV (a worktree of it) beside this run, round for round in the same job, "
+        "and judge samples/s and CPU per sample by the pairs' ratios (what a baseline from another hour cannot)",
+    )
+    group.addoption(
+        "--nwt-instructions", choices=("auto", "off"), default="auto",
+        help="auto (default): count each loader benchmark's instructions per sample under valgrind's callgrind "
+        "where valgrind is installed (exact: the deciding figure for CPU-bound pipelines); off: do not",
+    )
+    group.addoption(
+        "--nwt-instructions-drop", type=_percent, default=DEFAULT_INSTRUCTIONS_DROP_PCT, metavar="PCT",
+        help="the limit for exact instruction counts once the gate is on (default %(default)s)",
+    )
+    group.addoption(
         "--nwt-target-noise", type=_percent, default=DEFAULT_TARGET_NOISE_PCT, metavar="PCT",
         help="loader_benchmark runs rounds until the 95%% interval of its deciding figure's median is within "
         "+-PCT percent (default %(default)s) ...",
@@ -113,6 +130,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_GATE_KEY] = start_gate(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    gate = config.stash.get(_GATE_KEY, None)
+    if gate is not None:
+        gate.close()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -223,7 +246,7 @@ def transfer_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callab
 @pytest.fixture
 def loader_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callable[..., LoaderBenchmarkResult]:
     """Factory: ``loader_benchmark(dataset, batches=None, warmup=2, rounds=None, target_noise=None,
-    max_seconds=None, **DataLoader_kwargs)``.
+    max_seconds=None, count_samples=None, **DataLoader_kwargs)``.
 
     Iterates a cupy_nwt ``DataLoader`` in rounds of consecutive batches (warm-up batches, which
     include worker start-up, are not timed) and records per round its samples/s (wall clock) and
@@ -235,20 +258,26 @@ def loader_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callable
     or ``max_seconds`` (``--nwt-max-seconds``, 15) have passed. ``batches`` (and ``rounds``,
     default 5) fix the run instead. pytest-benchmark records each round's wall seconds per 1,000
     samples. Batches on the GPU are waited for (current stream) before a round ends; it runs on the
-    host without a GPU (``device="cpu"``, or ``"auto"`` there).
+    host without a GPU (``device="cpu"``, or ``"auto"`` there). Where valgrind is installed (and
+    ``--nwt-instructions`` is not ``off``), the instructions per sample of ``count_samples`` samples
+    (default 1024) are then counted under callgrind (:mod:`cupy_nwt.pytest_plugin._count`). Under
+    ``--nwt-against REV`` the rounds alternate with REV's, pair by pair (``batches`` is then ignored).
     """
     _check_timer(benchmark, request, "loader_benchmark")
+    gate = request.config.stash[_GATE_KEY]
 
     def run(dataset: Any, batches: int | None = None, warmup: int = 2, rounds: int | None = None,
-            target_noise: float | None = None, max_seconds: float | None = None,
+            target_noise: float | None = None, max_seconds: float | None = None, count_samples: int | None = None,
             **loader_kwargs: Any) -> LoaderBenchmarkResult:
         loader_args(batches, warmup, rounds)
+        wanted = count_args(count_samples)
         target = request.config.getoption("nwt_target_noise") if target_noise is None else target_noise
         cap = request.config.getoption("nwt_max_seconds") if max_seconds is None else max_seconds
         sizing_args(target, cap)
         result: LoaderBenchmarkResult = run_loader_benchmark(
             benchmark, dataset, batches=batches, warmup=warmup, rounds=rounds, target_noise_pct=float(target),
-            max_seconds=float(cap), loader_kwargs=loader_kwargs)
+            max_seconds=float(cap), loader_kwargs=loader_kwargs, node=request.node, against=gate.against,
+            count=request.config.getoption("nwt_instructions") != "off", count_samples=wanted)
         benchmark.extra_info.update(result.to_dict())
         return result
 

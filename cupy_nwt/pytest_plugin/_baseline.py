@@ -27,6 +27,7 @@ from ._gate import MEASURES, ROUNDS_SUFFIX
 FORMAT = "cupy_nwt.baseline/1"
 MAX_ROUNDS = 100_000
 MAX_CORES = 100_000.0
+MAX_COUNTED = 10**9
 
 
 def _bad(path: Path, what: str) -> pytest.UsageError:
@@ -69,6 +70,12 @@ def _check_info(path: Path, name: str, info: Any) -> None:
         v = info.get(key)
         if v is not None and not (_is_num(v) and 0 <= v <= MAX_CORES):
             raise _bad(path, f"{name}: {key} is {v!r}, not a number of cores between 0 and {MAX_CORES:g}")
+    by = info.get("instructions_counted_by")
+    if by is not None and by not in ("", "perf", "callgrind"):
+        raise _bad(path, f"{name}: instructions_counted_by is {by!r}, not 'callgrind', 'perf' or ''")
+    n = info.get("instructions_samples")
+    if n is not None and not (_is_num(n) and float(n).is_integer() and 1 <= n <= MAX_COUNTED):
+        raise _bad(path, f"{name}: instructions_samples is {n!r}, not a whole number of samples")
     v = info.get("cpus_watched")
     if v is not None and not (_is_num(v) and float(v).is_integer() and 1 <= v <= MAX_CORES):
         raise _bad(path, f"{name}: cpus_watched is {v!r}, not a whole number of CPUs")

@@ -113,8 +113,9 @@ class PipelineClock:
     """Reads the CPU of this process and its descendants (see the module docstring)."""
 
     def __init__(self, extra_pids: Callable[[], Iterable[int]] | None = None,
-                 instructions: "InstructionCounter | None" = None) -> None:
+                 instructions: "InstructionCounter | None" = None, exclude: Iterable[int] = ()) -> None:
         self._extra = extra_pids
+        self._exclude = frozenset(exclude)  # children that are not the pipeline: they and theirs are left out
         self._me = psutil.Process()
         self.instructions = instructions
         # the machine's load is read on the CPUs this process may run on: in a container pinned to a
@@ -131,10 +132,21 @@ class PipelineClock:
             pids = set()
         if self._extra is not None:
             pids.update(int(p) for p in self._extra())
+        for root in self._exclude:
+            pids.discard(root)
+            try:
+                pids.difference_update(p.pid for p in psutil.Process(root).children(recursive=True))
+            except (psutil.Error, OSError):
+                pass
         pids.discard(os.getpid())
         return pids
 
     def cpu_s(self) -> float:
+        """This process's CPU, its descendants' (live, and reaped by them), and its reaped children's.
+
+        An excluded child is only left out while it lives: once reaped, its CPU is in ``RUSAGE_CHILDREN``,
+        so it must not end inside a window (the base revision's child ends after the last round).
+        """
         total = 0.0
         for pid in self._descendants():
             own = _process_clock_s(pid)

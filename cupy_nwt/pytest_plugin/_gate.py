@@ -17,17 +17,23 @@ beside the headline ``<key>``) and each figure is judged on its own (:func:`judg
 The interval knows only the rounds of the two runs; what moves between runs the limit absorbs. The
 figures (:data:`MEASURES`): ``samples_per_s`` (wall clock) and ``gbps`` (device time, higher is
 better); ``cpu_s_per_1k`` (CPU seconds of the pipeline per 1,000 samples) and
-``instructions_per_sample`` (lower is better). Per benchmark (:class:`Context`):
+``instructions_per_sample`` (lower is better). Against a **stored baseline** (:class:`Context`):
 
-* CPU per sample barely moves with the neighbours, so a slowdown in it fails on any machine load;
-* samples/s of a pipeline that keeps the CPU busy moves with how many cores other processes left it.
-  When they left less room than the pipeline used in the baseline (:meth:`Context.capacity_ratio`),
-  that share of a drop is theirs: a drop that is within the limit once their share is taken out is
-  ``inconclusive`` and says so; one beyond it fails;
-* an **I/O-bound** pipeline (under ``IO_BOUND_CORES`` cores in both runs) is judged by wall clock
-  alone (its CPU is reported), and the line says so;
+* **exact instruction counts** (callgrind, the same samples on both sides: ``Context.exact_counts``)
+  do not move between runs of the same code, so they are judged at their own tight limit
+  (``--nwt-instructions-drop``, 1%) and decide for a CPU-bound pipeline; its CPU time is then
+  reported beside them, not judged;
+* without them (no valgrind) CPU per sample is judged, as the steadiest clock there is;
+* **samples/s is never failed**: a shared host's speed drifts by tens of percent between hours, so
+  wall clock from another time is reported as information; ``--nwt-against`` judges it;
+* an **I/O-bound** pipeline (under ``IO_BOUND_CORES`` cores in both runs, with CPU idle beside it) has its CPU and
+  instructions reported, not judged: wall clock is its figure, judged under ``--nwt-against``;
 * a baseline from **another machine** (the recorded machine fingerprints differ) is compared and
   reported, never failed: the line names the difference.
+
+Against the **base revision measured in the same job** (``--nwt-against``, :func:`compare_against`)
+samples/s and CPU per sample are judged by the ratios of rounds run side by side (``paired``): a
+drift of the machine falls on both rounds of a pair.
 """
 
 from __future__ import annotations
@@ -39,8 +45,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import ArgumentError
-from ._interval import shift_interval
+from ._interval import paired_interval, shift_interval
 from ._loader_run import IO_BOUND_CORES
+
+#: CPU left idle (cores) beside a pipeline using under IO_BOUND_CORES for it to count as I/O-bound
+IDLE_CORES = 0.5
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,8 @@ MEASURES: dict[str, Measure] = {
 THROUGHPUT_KEYS: dict[str, str] = {k: m.unit for k, m in MEASURES.items()}
 #: ``<key>_rounds`` in extra_info holds the key's figure per round.
 ROUNDS_SUFFIX = "_rounds"
+#: the figures judged round for round against the base revision under ``--nwt-against``
+PAIRED_KEYS = ("samples_per_s", "cpu_s_per_1k")
 
 
 # ---------------------------------------------------------------- the rule
@@ -95,10 +106,16 @@ def _pct(log_ratio: float) -> float:
 
 
 def judge(old: Sequence[float], new: Sequence[float], max_drop_pct: float | None,
-          higher_is_better: bool = True) -> Judgement:
-    """Judge this run's rounds (``new``) against the baseline's (``old``); the rule is the module's."""
+          higher_is_better: bool = True, paired: bool = False) -> Judgement:
+    """Judge this run's rounds (``new``) against the baseline's (``old``); the rule is the module's.
+
+    ``paired``: round i of each side ran side by side in time (``--nwt-against``), so the change is
+    that of the pairs' ratios (:func:`~cupy_nwt.pytest_plugin._interval.paired_interval`).
+    """
     if not old or not new or not all(_positive(x) is not None for x in (*old, *new)):
         raise ArgumentError("judge needs at least one round on each side, all positive and finite")
+    if paired and len(old) != len(new):
+        raise ArgumentError("paired rounds need the same number on each side")
     sign = -1.0 if higher_is_better else 1.0  # worse = sign * change
     m_old, m_new = statistics.median(old), statistics.median(new)
     if len(old) == 1 and len(new) == 1:
@@ -106,7 +123,7 @@ def judge(old: Sequence[float], new: Sequence[float], max_drop_pct: float | None
         low = high = None
         worse, significant, worst_end = sign * change, True, sign * change
     else:
-        s = shift_interval(old, new)
+        s = paired_interval(old, new) if paired else shift_interval(old, new)
         change, low, high = _pct(s.estimate), _pct(s.low), _pct(s.high)
         worse = sign * change
         significant = (high < 0) if higher_is_better else (low > 0)
@@ -136,23 +153,32 @@ class Context:
     cpus: int | None = None  # the CPUs other processes' load was read on (else this machine's usable CPUs)
     other_machine: str = ""  # how the baseline's machine differs, "" when the same (or unknown)
     pipeline_change: str = ""  # how the pipeline differs from the baseline's, "" when the same
+    old_counted: str = ""  # how instructions were counted: "callgrind", "perf" or ""
+    new_counted: str = ""
+    old_count_samples: int | None = None  # the samples callgrind counted
+    new_count_samples: int | None = None
+
+    @property
+    def exact_counts(self) -> bool:
+        """Both runs' instructions counted exactly (callgrind) over the same number of samples."""
+        return (self.old_counted == self.new_counted == "callgrind"
+                and self.old_count_samples == self.new_count_samples)
 
     @property
     def io_bound(self) -> bool:
-        return (self.old_cores is not None and self.new_cores is not None
-                and max(self.old_cores, self.new_cores) < IO_BOUND_CORES)
+        """Both runs used under ``IO_BOUND_CORES`` cores while CPU stood idle that they could have had.
 
-    def capacity_ratio(self) -> float:
-        """How much of the CPU the pipeline used in the baseline was still free for it here (<= 1).
-
-        The room other processes left is ``cpus - others``; the pipeline needed ``old_cores`` of it. 1
-        when it still had that room (or nothing is known), less when others crowded it out.
+        On a machine that other processes kept busy a CPU-bound pipeline gets little CPU too: there,
+        little CPU says nothing of what it waits for, so it is not called I/O-bound.
         """
-        if None in (self.old_others, self.new_others, self.old_cores) or not self.cpus:
-            return 1.0
-        assert self.old_others is not None and self.new_others is not None and self.old_cores is not None
-        needed = min(max(self.cpus - self.old_others, 1e-3), max(self.old_cores, 1e-3))
-        return min(1.0, max(self.cpus - self.new_others, 0.0) / needed)
+        return (_waits(self.old_cores, self.old_others, self.cpus)
+                and _waits(self.new_cores, self.new_others, self.cpus))
+
+
+def _waits(cores: float | None, others: float | None, cpus: int | None) -> bool:
+    if cores is None or cores >= IO_BOUND_CORES:
+        return False
+    return others is None or not cpus or cpus - cores - others >= IDLE_CORES
 
 
 def _differences(old: Any, new: Any) -> str:
@@ -172,10 +198,19 @@ def context_of(old_info: Mapping[str, Any], new_info: Mapping[str, Any]) -> Cont
     cpus = new_info.get("cpus_watched")
     if cpus is None and isinstance(machine, Mapping):
         cpus = machine.get("usable_cpus")
+    def counted(info: Mapping[str, Any]) -> str:
+        by = info.get("instructions_counted_by")
+        return by if isinstance(by, str) else ("perf" if info.get("instructions_per_sample_rounds") else "")
+
+    def samples(info: Mapping[str, Any]) -> int | None:
+        v = info.get("instructions_samples")
+        return v if isinstance(v, int) and not isinstance(v, bool) else None
+
     return Context(
         num(old_info, "cpu_cores"), num(new_info, "cpu_cores"), num(old_info, "others_cores"),
         num(new_info, "others_cores"), cpus if isinstance(cpus, int) and not isinstance(cpus, bool) else None,
         _differences(old_info.get("machine"), machine), _differences(old_info.get("pipeline"), new_info.get("pipeline")),
+        counted(old_info), counted(new_info), samples(old_info), samples(new_info),
     )
 
 
@@ -198,6 +233,8 @@ class Comparison:
     old_rounds: tuple[float, ...] = ()
     new_rounds: tuple[float, ...] = ()
     context: Context = field(default_factory=Context)
+    paired: bool = False  # the base revision measured beside this run, round for round (--nwt-against)
+    instructions_limit_pct: float | None = None  # the limit for instructions (exact counts), else max_drop_pct
 
     @property
     def measure(self) -> Measure:
@@ -207,25 +244,37 @@ class Comparison:
     def change_pct(self) -> float:
         return (self.new - self.old) / self.old * 100.0
 
+    def limit(self, max_drop_pct: float | None) -> float | None:
+        """The limit this figure is judged at: exact instruction counts have their own, tighter one."""
+        if max_drop_pct is not None and self.key == "instructions_per_sample" and self.context.exact_counts:
+            return self.instructions_limit_pct or max_drop_pct
+        return max_drop_pct
+
     def judgement(self, max_drop_pct: float | None) -> Judgement:
         m, ctx = self.measure, self.context
-        j = judge(self.old_rounds or (self.old,), self.new_rounds or (self.new,), max_drop_pct, m.higher_is_better)
+        max_drop_pct = self.limit(max_drop_pct)
+        j = judge(self.old_rounds or (self.old,), self.new_rounds or (self.new,), max_drop_pct, m.higher_is_better,
+                  paired=self.paired)
         if max_drop_pct is None:
             return j
         reason, verdict = "", j.verdict
-        if ctx.other_machine:
+        if self.paired:
+            reason = f"measured beside the base revision in this job, {j.new_rounds} pairs of rounds"
+        elif ctx.other_machine:
             verdict, reason = "other-machine", f"baseline from another machine ({ctx.other_machine}): not judged"
         elif ctx.io_bound and self.key in ("cpu_s_per_1k", "instructions_per_sample"):
-            verdict, reason = "reported", "I/O-bound, judged by wall clock"
-        elif ctx.io_bound and self.key == "samples_per_s":
-            reason = f"I/O-bound ({max(ctx.old_cores or 0, ctx.new_cores or 0):.2f} cores): judged by wall clock"
-        elif self.key == "samples_per_s" and verdict == "regressed":
-            room = ctx.capacity_ratio()
-            left = (1.0 - (1.0 - j.worse_pct / 100.0) / room) * 100.0 if room > 0 else -math.inf
-            if left <= max_drop_pct:
-                verdict = "inconclusive"
-                reason = (f"other processes took {ctx.new_others:.2f} cores here, {ctx.old_others:.2f} in the "
-                          f"baseline, leaving {room:.0%} of the room this pipeline used: wall clock not judged")
+            verdict, reason = "reported", "I/O-bound, judged by wall clock (--nwt-against)"
+        elif self.key == "samples_per_s":
+            verdict = "reported"
+            reason = ("wall clock against a baseline from another time is information; --nwt-against REV "
+                      "judges it in the same job")
+        elif self.key == "instructions_per_sample" and ctx.old_counted != ctx.new_counted:
+            verdict = "reported"
+            reason = f"counted by {ctx.old_counted or 'nothing'} in the baseline, {ctx.new_counted or 'nothing'} here"
+        elif self.key == "instructions_per_sample" and ctx.old_counted == "callgrind" and not ctx.exact_counts:
+            verdict, reason = "reported", "callgrind counted a different number of samples in the baseline"
+        elif self.key == "cpu_s_per_1k" and ctx.exact_counts:
+            verdict, reason = "reported", "exact instruction counts decide"
         return Judgement(verdict, j.old, j.new, j.change_pct, j.low_pct, j.high_pct, j.worse_pct,
                          j.old_rounds, j.new_rounds, reason)
 
@@ -235,6 +284,7 @@ class Comparison:
     def message(self, max_drop_pct: float | None) -> str:
         j = self.judgement(max_drop_pct)
         m = self.measure
+        max_drop_pct = self.limit(max_drop_pct)
         figures = f"{_num(j.old)} -> {_num(j.new)}"
         detail = ""
         if j.low_pct is not None and j.high_pct is not None:
@@ -289,6 +339,7 @@ def compare_throughput(
     current: Mapping[str, Mapping[str, Any]],
     baseline: Mapping[str, Mapping[str, Any]],
     source: str,
+    instructions_limit_pct: float | None = None,
 ) -> list[Comparison]:
     """Pair each watched key in ``current[fullname]`` (an extra_info) with the baseline's.
 
@@ -306,5 +357,22 @@ def compare_throughput(
         for key in MEASURES:
             (old, old_rounds), (new, new_rounds) = figure(old_info, key), figure(info, key)
             if old is not None and new is not None:
-                out.append(Comparison(fullname, key, old, new, source, old_rounds, new_rounds, ctx))
+                out.append(Comparison(fullname, key, old, new, source, old_rounds, new_rounds, ctx,
+                                      instructions_limit_pct=instructions_limit_pct))
+    return out
+
+
+def compare_against(current: Mapping[str, Mapping[str, Any]]) -> list[Comparison]:
+    """Each benchmark measured beside a base revision (``extra_info["against"]``): its paired figures."""
+    out = []
+    for fullname, info in current.items():
+        base = info.get("against")
+        if not isinstance(base, Mapping):
+            continue
+        source = f"{base.get('rev_name')} ({str(base.get('rev'))[:10]}), same job"
+        for key in PAIRED_KEYS:
+            old_rounds, new_rounds = _rounds(base, key), _rounds(info, key)
+            if old_rounds and len(old_rounds) == len(new_rounds):
+                out.append(Comparison(fullname, key, statistics.median(old_rounds), statistics.median(new_rounds),
+                                      source, old_rounds, new_rounds, paired=True))
     return out

@@ -187,18 +187,72 @@ def pipeline_of(loader: Any, dataset: Any) -> dict[str, Any]:
     }
 
 
+def round_figures(r: Round) -> dict[str, Any]:
+    return {"samples": r.samples, "wall_s": r.wall_s, "cpu_s": r.cpu_s, "others_cores": r.others_cores}
+
+
+def paired_run(runner: RoundRunner, base: Any, least_batches: int, target_pct: float, max_seconds: float) -> tuple[
+        Sizing, list[dict[str, Any]]]:
+    """Rounds here and in the base revision's child, in pairs, the order flipped every pair.
+
+    Stops when the pairs' samples/s interval is within ``target_pct`` (from :data:`PILOT_ROUNDS` pairs
+    on) or ``2 * max_seconds`` have passed: both sides share the time a lone run would have had twice.
+    """
+    from ._interval import paired_interval  # noqa: PLC0415
+
+    start = time.perf_counter()
+    theirs = [base.round(None)]
+    k = runner.first_round(least_batches)
+    stopped = "target noise"
+    while True:
+        n = len(runner.rounds)
+        ours = rates(runner.rounds)
+        base_rates = tuple(b["samples"] / b["wall_s"] for b in theirs)
+        hw = math.inf
+        if n >= PILOT_ROUNDS and len(ours) == len(base_rates):
+            iv = paired_interval(base_rates, ours)
+            hw = (iv.high - iv.low) / 2.0
+            if hw <= target_pct / 100.0:
+                break
+        if n >= PILOT_ROUNDS and time.perf_counter() - start >= 2 * max_seconds:
+            stopped = "time cap"
+            break
+        if n >= MAX_ROUNDS:
+            stopped = "round limit"
+            break
+        if n % 2 == 0:
+            theirs.append(base.round(None))
+            runner.round(k)
+        else:
+            runner.round(k)
+            theirs.append(base.round(None))
+    return Sizing(k, stopped, target_pct, 100.0 * hw if math.isfinite(hw) else None, "samples_per_s"), theirs
+
+
 def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, warmup: int, rounds: int | None,
-                         target_noise_pct: float, max_seconds: float, loader_kwargs: dict[str, Any]) -> Any:
-    """The body of the ``loader_benchmark`` fixture (see its docstring); returns a LoaderBenchmarkResult."""
+                         target_noise_pct: float, max_seconds: float, loader_kwargs: dict[str, Any],
+                         node: Any = None, against: Any = None, count: bool = False,
+                         count_samples: int | None = None) -> Any:
+    """The body of the ``loader_benchmark`` fixture (see its docstring); returns a LoaderBenchmarkResult.
+
+    ``against``: a :class:`~cupy_nwt.pytest_plugin._against.BaseRevision` to measure beside, round
+    for round; ``count``: count instructions per sample under callgrind after the rounds.
+    """
     from .. import cuda  # noqa: PLC0415
     from ..loader import DataLoader  # noqa: PLC0415
     from ..nwt.fingerprint import machine_fingerprint  # noqa: PLC0415
     from ..nwt.memory import MemorySampler  # noqa: PLC0415
+    from ._against import serve, served_here  # noqa: PLC0415
     from ._cpu import open_instruction_counter  # noqa: PLC0415
     from ._parts import ROUND_CLOCK, LoaderBenchmarkResult, batch_len, epochs, leaves  # noqa: PLC0415
     from ._proof import planted  # noqa: PLC0415
 
     source = planted(dataset)
+    serving = served_here(node.nodeid) if node is not None else None
+    base = None
+    if against is not None and serving is None:
+        base = against.start(node.path, node.nodeid, node.config.invocation_params.dir)  # starts while ours warms up
+    theirs: list[dict[str, Any]] = []
     counter, why_not = open_instruction_counter()  # before the loader: workers started later are counted
     try:
         loader: DataLoader[Any] = DataLoader(source, **loader_kwargs)
@@ -215,15 +269,31 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
                 n = batch_len(batch)
                 return (loader.batch_size or 1) if n is None else n
 
-            clock = PipelineClock(loader.worker_pids, counter)
+            # the base revision's child pytest is this process's child, not part of its pipeline
+            clock = PipelineClock(loader.worker_pids, counter, exclude=[base.proc.pid] if base is not None else [])
             runner = RoundRunner(next_batch, clock)
             try:
                 for _ in range(warmup):  # worker start-up and first-touch costs stay out of the rounds
                     next_batch()
                 # the sampler reads smaps every 0.2 s: its CPU (~1 ms per process per read) stays well under 1%
                 with MemorySampler(loader.worker_pids, interval=0.2) as sampler:
-                    if batches is None:
-                        sizing = sized_run(runner, max(2, loader.num_workers), target_noise_pct, max_seconds)
+                    least = max(2, loader.num_workers)
+                    if serving is not None:
+                        sizes: list[int] = []
+
+                        def one(_: int | None) -> dict[str, Any]:
+                            if not sizes:
+                                sizes.append(runner.first_round(least))
+                                return round_figures(runner.rounds[-1])
+                            return round_figures(runner.round(sizes[0]))
+
+                        serve(serving, {"ready": True}, one)
+                        sizing = Sizing(sizes[0] if sizes else 0, "served", None, None, "samples_per_s")
+                    elif base is not None:
+                        base.wait_ready()
+                        sizing, theirs = paired_run(runner, base, least, target_noise_pct, max_seconds)
+                    elif batches is None:
+                        sizing = sized_run(runner, least, target_noise_pct, max_seconds)
                     else:
                         sizing = fixed_run(runner, batches, rounds or min(5, batches))
             finally:
@@ -232,12 +302,37 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
     finally:
         if counter is not None:
             counter.close()
+        if base is not None:
+            base.close()
     done = runner.rounds
+    if not done:
+        raise RuntimeError("the benchmark ran no round (the base revision's child stopped it before any)")
+    against_info: dict[str, Any] = {}
+    if against is not None and theirs:
+        against_info = {
+            "rev": against.commit, "rev_name": against.name, "pairs": len(theirs),
+            "samples_per_s_rounds": [b["samples"] / b["wall_s"] for b in theirs],
+            "cpu_s_per_1k_rounds": [1000.0 * b["cpu_s"] / b["samples"] for b in theirs],
+        }
+    counted = None
+    if count and serving is None:
+        from ._callgrind import CallgrindError  # noqa: PLC0415
+        from ._count import count_pipeline  # noqa: PLC0415
+
+        try:
+            counted = count_pipeline(source, batch_size=loader.batch_size, collate_fn=loader.collate_fn,
+                                     batch_transform=loader.batch_transform, samples=count_samples)
+        except CallgrindError as exc:
+            why_not = f"{exc}; {why_not}" if why_not else str(exc)
     replay = iter([1000.0 * r.wall_s / r.samples for r in done])
     benchmark.pedantic(lambda: ROUND_CLOCK.advance(next(replay)), rounds=len(done), warmup_rounds=0, iterations=1)
     samples, wall = sum(r.samples for r in done), sum(r.wall_s for r in done)
     cpu_rounds, ins_rounds = cpu_per_1k(done), instructions_per_sample(done)
     ins_note = why_not or ("" if ins_rounds else "the counter read no instructions")
+    ins = (sum(r.instructions or 0 for r in done) / samples) if ins_rounds else None
+    by = "perf" if ins_rounds else ""
+    if counted is not None:
+        ins, ins_rounds, ins_note, by = counted.per_sample, (), "", "callgrind"
     peak = sampler.peak
     return LoaderBenchmarkResult(
         batches=sum(r.batches for r in done), samples=samples, seconds=wall,
@@ -250,8 +345,9 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
         cpu_s_per_1k_rounds=cpu_rounds, cpu_cores=cores(done),
         others_cores=sum(r.others_cores * r.wall_s for r in done) / wall if wall > 0 else None,
         cpus_watched=len(clock.cpus),
-        instructions_per_sample=(sum(r.instructions or 0 for r in done) / samples) if ins_rounds else None,
-        instructions_per_sample_rounds=ins_rounds, instructions_note=ins_note,
+        instructions_per_sample=ins, instructions_per_sample_rounds=ins_rounds, instructions_note=ins_note,
+        instructions_counted_by=by, instructions_samples=counted.samples if counted else None,
+        count_seconds=counted.seconds if counted else None, against=against_info,
         batches_per_round=sizing.batches_per_round, stopped=sizing.stopped,
         target_noise_pct=sizing.target_noise_pct, noise_pct=sizing.noise_pct, decided_by=sizing.decided_by,
         pipeline=pipeline, machine=machine_fingerprint().to_dict(),

@@ -75,8 +75,10 @@ class LoaderBenchmarkResult:
 
     Headline figures are over all timed rounds; ``<figure>_rounds`` hold them per round, what the
     throughput gate judges. ``cpu_s_per_1k`` is CPU seconds per 1,000 samples of the main process
-    and every process it started; ``instructions_per_sample`` is None, and ``instructions_note``
-    says why, where the kernel refuses to count. ``cpu_cores`` is the pipeline's CPU seconds per wall
+    and every process it started; ``instructions_per_sample`` is the exact count of callgrind
+    (``instructions_counted_by``) over a fixed set of samples, else perf's per round where the kernel
+    allows, else None and ``instructions_note`` says why. ``against`` holds, under ``--nwt-against``,
+    the base revision's rounds, each measured beside the round of the same index here. ``cpu_cores`` is the pipeline's CPU seconds per wall
     second, ``others_cores`` the same for everything else on the ``cpus_watched`` CPUs this process may
     run on, meanwhile.
     """
@@ -101,6 +103,10 @@ class LoaderBenchmarkResult:
     instructions_per_sample: float | None = None
     instructions_per_sample_rounds: tuple[float, ...] = ()
     instructions_note: str = ""
+    instructions_counted_by: str = ""  # "callgrind" (exact, one figure), "perf" (per round) or "" (none)
+    instructions_samples: int | None = None  # the samples callgrind counted
+    count_seconds: float | None = None  # the count's seconds under callgrind (CI time it costs)
+    against: dict[str, Any] = field(default_factory=dict)  # --nwt-against: the base revision's paired rounds
     batches_per_round: int = 0
     stopped: str = "fixed"
     target_noise_pct: float | None = None

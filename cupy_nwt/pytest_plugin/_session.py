@@ -16,13 +16,17 @@ from typing import Any
 
 import pytest
 
+from ._against import AgainstError, BaseRevision
 from ._baseline import load_baseline, save_baseline
-from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_throughput, figure
+from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_against, compare_throughput, figure
 
 #: verdicts from worst to best, for a benchmark's overall verdict in the table
 _RANK = ("regressed", "no baseline", "inconclusive", "other-machine", "ok", "reported", "compared")
 #: options left out of the command suggested for making a baseline: those taking a value, then flags
-_GATE_VALUED = ("--nwt-baseline", "--nwt-save-baseline", "--nwt-throughput-drop")
+_GATE_VALUED = ("--nwt-baseline", "--nwt-save-baseline", "--nwt-throughput-drop", "--nwt-against",
+                "--nwt-instructions-drop")
+#: exact instruction counts move by less than 0.1% between runs of the same code
+DEFAULT_INSTRUCTIONS_DROP_PCT = 1.0
 _GATE_FLAGS = ("--nwt-require-baseline", "--benchmark-compare")
 
 
@@ -33,6 +37,8 @@ class GateOptions:
     save_path: str | None
     require: bool
     compare: bool  # --benchmark-compare given
+    against: str | None = None  # --nwt-against REV
+    instructions_drop_pct: float = DEFAULT_INSTRUCTIONS_DROP_PCT
 
 
 def create_command(config: pytest.Config, path: str) -> str:
@@ -54,8 +60,10 @@ def create_command(config: pytest.Config, path: str) -> str:
 class ThroughputGate:
     """Collects this run's figures at session end, compares them with the baselines, saves a baseline."""
 
-    def __init__(self, options: GateOptions, explicit: dict[str, dict[str, Any]] | None) -> None:
+    def __init__(self, options: GateOptions, explicit: dict[str, dict[str, Any]] | None,
+                 against: BaseRevision | None = None) -> None:
         self.options = options
+        self.against = against
         self.max_drop_pct = options.max_drop_pct
         self.explicit = explicit
         self.comparisons: list[Comparison] = []
@@ -79,12 +87,17 @@ class ThroughputGate:
     def failed(self) -> bool:
         return bool(self.regressions or self.missing)
 
+    def close(self) -> None:
+        if self.against is not None:
+            self.against.close()
+
     def evaluate(self, config: pytest.Config) -> None:
         self.evaluated = True
         self.current = current_figures(config)
+        self.comparisons += compare_against(self.current)
         baselines = self._baselines(config)
         for source, mapping in baselines:
-            self.comparisons += compare_throughput(self.current, mapping, source)
+            self.comparisons += compare_throughput(self.current, mapping, source, self.options.instructions_drop_pct)
         for c in self.comparisons:
             self.lines.append((c.message(self.max_drop_pct), c.judgement(self.max_drop_pct).verdict))
         path = self.options.baseline_path
@@ -93,7 +106,7 @@ class ThroughputGate:
             for name in self.missing:
                 self.lines.append((f"{name}: no entry in the baseline {path} (--nwt-require-baseline); add it with: "
                                    f"{create_command(config, path)}", "regressed"))
-        if self.max_drop_pct is not None and baselines and not self.comparisons and not self.missing:
+        if self.max_drop_pct is not None and (baselines or self.against) and not self.comparisons and not self.missing:
             text = ("no throughput compared: no benchmark of this run has a watched figure both now and in "
                     f"the baseline ({', '.join(s for s, _ in baselines)})")
             self.lines.append((text, "note"))
@@ -113,7 +126,7 @@ class ThroughputGate:
         out = []
         if self.regressions:
             text = (f"cupy_nwt throughput gate FAILED: {len(self.regressions)} figure(s) fell or rose by more than "
-                    f"{self.max_drop_pct:g}% and beyond their 95% interval")
+                    "their limit and beyond their 95% interval")
             out.append((text, "regressed"))
         if self.missing:
             text = f"cupy_nwt throughput gate FAILED: {len(self.missing)} benchmark(s) have no baseline entry"
@@ -228,6 +241,8 @@ def options_of(config: pytest.Config) -> GateOptions:
         save_path=config.getoption("nwt_save_baseline", None),
         require=bool(config.getoption("nwt_require_baseline", False)),
         compare=bool(config.getoption("benchmark_compare", None)),
+        against=config.getoption("nwt_against", None),
+        instructions_drop_pct=config.getoption("nwt_instructions_drop", DEFAULT_INSTRUCTIONS_DROP_PCT),
     )
 
 
@@ -237,11 +252,18 @@ def start_gate(config: pytest.Config) -> ThroughputGate:
     if o.require and o.baseline_path is None:
         raise pytest.UsageError("--nwt-require-baseline needs --nwt-baseline FILE (a file made with "
                                 "--nwt-save-baseline FILE and committed)")
-    if o.max_drop_pct is not None and o.baseline_path is None and not o.compare:
+    if o.max_drop_pct is not None and o.baseline_path is None and not o.compare and o.against is None:
         raise pytest.UsageError(
-            "--nwt-throughput-drop needs a baseline: --nwt-baseline FILE (made with --nwt-save-baseline FILE), "
-            "or --benchmark-compare[=NUM|ID] after a run with --benchmark-autosave"
+            "--nwt-throughput-drop needs something to compare with: --nwt-against REV (measured in this job), "
+            "--nwt-baseline FILE (made with --nwt-save-baseline FILE), or --benchmark-compare[=NUM|ID] after a "
+            "run with --benchmark-autosave"
         )
+    against = None
+    if o.against is not None:
+        try:
+            against = BaseRevision(o.against, config.rootpath)
+        except AgainstError as exc:
+            raise pytest.UsageError(str(exc)) from None
     explicit = None
     if o.baseline_path is not None:
         try:
@@ -252,4 +274,4 @@ def start_gate(config: pytest.Config) -> ThroughputGate:
                     f"no baseline at {o.baseline_path} (--nwt-require-baseline): create it on this machine "
                     f"with: {create_command(config, o.baseline_path)} and commit it"
                 ) from None
-    return ThroughputGate(o, explicit)
+    return ThroughputGate(o, explicit, against)

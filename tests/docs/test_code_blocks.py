@@ -25,6 +25,10 @@ A block may be preceded by an HTML comment that says how it is tested:
     commands with ``--nwt-throughput-drop``: an unchanged rerun on a shared machine may really run
     slower than its baseline, so such a command may exit 1, but only with the gate's own verdict
     (``throughput gate FAILED``, each benchmark's ``fell`` or ``rose`` line); any other failure fails the test.
+``<!-- test: workflow -->``
+    a GitHub Actions workflow (YAML): its install steps are checked for shape (valgrind's is run where
+    valgrind is missing and this is root), and its gate step runs in a scratch git repository holding
+    the README's ``bench/test_pipeline.py`` with a committed baseline, its base branch as ``origin/main``.
 ``<!-- test: repo-root ... -->``
     the commands run in the repository root (with ``gpu``: they must refuse before writing anything).
 ``<!-- test: readme -->``
@@ -52,7 +56,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 FENCE = re.compile(r"(?:<!-- test: (?P<how>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
-KNOWN = {"gpu", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root", "gate", "readme"}
+KNOWN = {"gpu", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root", "gate", "readme", "workflow"}
 README_MAX_LINES = 200
 
 
@@ -176,7 +180,8 @@ def test_every_block_says_how_it_is_tested():
         for m in re.finditer(r"<!-- test: ([^>]*?) -->", text):
             assert m.group(1).split()[0] in KNOWN, f"unknown test directive {m.group(0)!r} in {path.name}"
     for block in BLOCKS:
-        assert block.lang in ("bash", "python"), f"{block.where}: a block's language is bash or python"
+        allowed = ("yaml",) if "workflow" in block.how else ("bash", "python")
+        assert block.lang in allowed, f"{block.where}: a block's language is bash or python (yaml: workflow)"
 
 
 def test_the_readme_is_short_and_its_links_lead_somewhere():
@@ -218,6 +223,9 @@ def test_code_block(block: Block, workdir: Path):
         return
     if "setup-main" in block.how:
         run_main_setup(block, workdir)
+        return
+    if "workflow" in block.how:
+        run_workflow(block, workdir)
         return
     if "file" in block.how:
         compile(block.body, file_name(block), "exec")
@@ -271,3 +279,40 @@ def run_main_setup(block: Block, workdir: Path) -> None:
     assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}"
     report = tree / "nwt-report"
     assert (report / "summary.md").is_file() and (report / "report.json").is_file()
+
+
+def run_workflow(block: Block, workdir: Path) -> None:
+    """The workflow's steps as a runner would take them, in a scratch repository with a base branch."""
+    yaml = pytest.importorskip("yaml", reason="reading the workflow needs PyYAML")
+    doc = yaml.safe_load(block.body)
+    (job,) = doc["jobs"].values()
+    steps = job["steps"]
+    checkout = next(s for s in steps if str(s.get("uses", "")).startswith("actions/checkout@"))
+    assert checkout["with"]["fetch-depth"] == 0, "--nwt-against needs the base revision fetched"
+    runs = [s["run"] for s in steps if "run" in s]
+    install, setup, gate = runs
+    assert "apt-get install -y -q valgrind" in install and setup == "pip install -e '.[test]'"
+    if shutil.which("valgrind") is None:
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            pytest.skip("valgrind is missing and this test cannot install it (needs root and apt-get)")
+        proc = run(["bash", "-c", install.replace("sudo ", "")], workdir, timeout=900)
+        assert proc.returncode == 0, f"{install}\n{proc.stderr[-2000:]}"
+    repo = workdir / "workflow-repo"
+    (repo / "bench").mkdir(parents=True, exist_ok=True)
+    (file_block,) = [b for b in BLOCKS if "file" in b.how and file_name(b) == "bench/test_pipeline.py"]
+    (repo / "bench" / "test_pipeline.py").write_text(file_block.body, encoding="utf-8")
+    git = "git -c user.email=readme@test -c user.name=readme"
+    saved = run(["bash", "-c", "pytest bench/test_pipeline.py --nwt-save-baseline=bench/baseline.json"], workdir,
+                cwd=repo, timeout=1200)
+    assert saved.returncode == 0, saved.stdout[-3000:]
+    for cmd in ("git init -q -b main", f"{git} add -A", f"{git} commit -qm base", f"git remote add origin {repo}",
+                "git fetch -q origin"):
+        assert run(["bash", "-c", cmd], workdir, cwd=repo).returncode == 0, cmd
+    cmd = gate.replace("${{ github.base_ref }}", "main")
+    assert "--nwt-against=origin/main" in cmd
+    proc = run(["bash", "-c", cmd], workdir, cwd=repo, timeout=1800)
+    if proc.returncode == 1:
+        check_gate_verdict(proc, cmd)
+    else:
+        assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert "same job]" in proc.stdout, proc.stdout[-3000:]

@@ -16,7 +16,8 @@ def pytest_benchmark_generate_machine_info(config):
 def make_project(pytester: pytest.Pytester) -> pytest.Pytester:
     pytester.makeconftest(FAST_CONFTEST)
     # In-process runs drop the modules they imported; hypothesis's plugin would re-import per run.
-    pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest -p no:cacheprovider\n")
+    # Counting instructions under callgrind costs seconds a run: the tests about it ask for it by name.
+    pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest -p no:cacheprovider --nwt-instructions=off\n")
     return pytester
 
 

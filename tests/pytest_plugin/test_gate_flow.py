@@ -166,10 +166,10 @@ def test_a_cpu_slowdown_is_caught_while_the_wall_clock_is_too_noisy_to_tell(proj
     result = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=5")
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([
-        "*test_pipeline: samples/s inconclusive, the noise reaches past the 5% limit*",
+        "*test_pipeline: samples/s * (*%) (medians of 8|8 rounds, *); wall clock against a baseline from another "
+        "time is information; --nwt-against REV judges it in the same job*",
         "*test_pipeline: CPU s/1k samples rose 10.0% (more than 5%): 0.3 -> 0.33 (medians of 8|8 rounds, 95% interval +*",
         "*cupy_nwt throughput gate FAILED: 1 figure(s)*",
-        "*cupy_nwt throughput gate INCONCLUSIVE for 1 figure(s)*",
     ])
 
 
@@ -188,17 +188,17 @@ def test_a_planted_cpu_slowdown_of_the_users_loader_is_caught(project, monkeypat
     ])
 
 
-def test_an_io_bound_pipeline_is_judged_by_wall_clock(project, monkeypatch):
+def test_an_io_bound_pipeline_is_not_failed_on_a_stored_baselines_wall_clock(project, monkeypatch):
+    """Four times slower on the wall clock, asleep: shown, never failed against a baseline from another time."""
     project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test(batches=8, rounds=4))
     project.syspathinsert()
     monkeypatch.setenv("SLOW_S", "0.005")  # 40 ms asleep per batch of 8: almost no CPU
     project.runpytest_inprocess("--nwt-save-baseline=base.json").assert_outcomes(passed=1)
-    assert _info(project, "base.json")["cpu_cores"] < 0.25
     monkeypatch.setenv("SLOW_S", "0.02")
     result = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=20")
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
-    result.stdout.fnmatch_lines(["*test_pipeline: samples/s fell *% (more than 20%)*; I/O-bound (0.* cores): "
-                                 "judged by wall clock*"])
+    assert result.ret == pytest.ExitCode.OK
+    result.stdout.fnmatch_lines(["*test_pipeline: samples/s * -> * (-*%) *; wall clock against a baseline from "
+                                 "another time is information*"])
 
 
 def test_an_unchanged_rerun_never_fails_the_gate_in_20_tries(project, monkeypatch):

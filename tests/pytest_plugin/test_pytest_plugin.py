@@ -84,18 +84,18 @@ def _entry(fullname: str, **extra: float) -> dict:
 
 
 def test_compare_pairs_throughput_keys_by_fullname():
-    baseline = {"t.py::a": _entry("t.py::a", samples_per_s=1000.0, other=5),
+    baseline = {"t.py::a": _entry("t.py::a", gbps=1000.0, other=5),
                 "t.py::b": _entry("t.py::b", gbps=20.0),
                 "t.py::gone": _entry("t.py::gone", gbps=1.0)}
-    current = {"t.py::a": {"samples_per_s": 400.0}, "t.py::b": {"gbps": 21.0}, "t.py::new": {"gbps": 3.0}}
+    current = {"t.py::a": {"gbps": 400.0}, "t.py::b": {"gbps": 21.0}, "t.py::new": {"gbps": 3.0}}
     got = {(c.fullname, c.key): c for c in compare_throughput(current, baseline, "base.json")}
-    assert set(got) == {("t.py::a", "samples_per_s"), ("t.py::b", "gbps")}
-    a, b = got["t.py::a", "samples_per_s"], got["t.py::b", "gbps"]
+    assert set(got) == {("t.py::a", "gbps"), ("t.py::b", "gbps")}
+    a, b = got["t.py::a", "gbps"], got["t.py::b", "gbps"]
     assert a.change_pct == pytest.approx(-60.0)
     assert a.regressed(50) and not a.regressed(60) and not a.regressed(None)
     assert not b.regressed(1)
     msg = a.message(50)
-    assert "t.py::a" in msg and "samples/s fell 60.0% (more than 50%)" in msg
+    assert "t.py::a" in msg and "GB/s fell 60.0% (more than 50%)" in msg
     assert "1,000.00 -> 400.00" in msg and "base.json" in msg
     assert "GB/s 20.00 -> 21.00 (+5.0%)" in b.message(50)
 
@@ -138,6 +138,8 @@ def test_load_baseline_explains_what_is_wrong(tmp_path):
     ({"cpus_watched": 0}, "cpus_watched is 0, not a whole number of CPUs"),
     ({"machine": {"cpu_model": 7}}, "machine.cpu_model is not text"),
     ({"pipeline": {"batch_size": [1, 2]}}, "'pipeline' is not an object of plain values"),
+    ({"instructions_counted_by": "guess"}, "instructions_counted_by is 'guess', not 'callgrind', 'perf' or ''"),
+    ({"instructions_samples": 0.5}, "instructions_samples is 0.5, not a whole number of samples"),
 ])
 def test_a_baseline_read_back_is_checked_before_it_is_believed(tmp_path, info, match):
     path = tmp_path / "base.json"
@@ -275,7 +277,7 @@ GATED_TEST = """
 import os
 
 def test_pipeline(benchmark):
-    benchmark.extra_info["samples_per_s"] = float(os.environ["RATE"])
+    benchmark.extra_info["gbps"] = float(os.environ["RATE"])
     benchmark.pedantic(lambda: None, rounds=3)
 """
 
@@ -291,13 +293,13 @@ def test_gate_passes_within_the_allowed_drop_and_fails_beyond_it(project, monkey
 
     ok = _run(project, monkeypatch, 850, "--benchmark-compare", "--nwt-throughput-drop=20")
     assert ok.ret == 0
-    ok.stdout.fnmatch_lines(["*cupy_nwt throughput*", "*test_gate.py::test_pipeline: samples/s 1,000.00 -> 850.00 (-15.0%)*"])
+    ok.stdout.fnmatch_lines(["*cupy_nwt throughput*", "*test_gate.py::test_pipeline: GB/s 1,000.00 -> 850.00 (-15.0%)*"])
 
     bad = _run(project, monkeypatch, 700, "--benchmark-compare", "--nwt-throughput-drop=20")
     assert bad.ret == pytest.ExitCode.TESTS_FAILED
     bad.stdout.fnmatch_lines([
-        "*test_gate.py::test_pipeline: samples/s fell 30.0% (more than 20%): 1,000.00 -> 700.00*0001_*",
-        "*cupy_nwt throughput gate FAILED: 1 figure(s) fell or rose by more than 20%*",
+        "*test_gate.py::test_pipeline: GB/s fell 30.0% (more than 20%): 1,000.00 -> 700.00*0001_*",
+        "*cupy_nwt throughput gate FAILED: 1 figure(s) fell or rose by more than their limit*",
     ])
 
 
@@ -306,11 +308,11 @@ def test_gate_against_an_explicit_baseline_file(project, monkeypatch):
     _run(project, monkeypatch, 50, "--benchmark-json=base.json").assert_outcomes(passed=1)
     bad = _run(project, monkeypatch, 10, "--nwt-baseline=base.json", "--nwt-throughput-drop=50")
     assert bad.ret == pytest.ExitCode.TESTS_FAILED
-    bad.stdout.fnmatch_lines(["*samples/s fell 80.0% (more than 50%): 50.00 -> 10.00 [[]baseline base.json]*"])
+    bad.stdout.fnmatch_lines(["*GB/s fell 80.0% (more than 50%): 50.00 -> 10.00 [[]baseline base.json]*"])
     # A baseline without a drop limit reports the change and never fails.
     info = _run(project, monkeypatch, 10, "--nwt-baseline=base.json")
     assert info.ret == 0
-    info.stdout.fnmatch_lines(["*samples/s 50.00 -> 10.00 (-80.0%)*"])
+    info.stdout.fnmatch_lines(["*GB/s 50.00 -> 10.00 (-80.0%)*"])
 
 
 ROUNDS_TEST = """
@@ -319,8 +321,8 @@ import os
 
 def test_pipeline(benchmark):
     rounds = json.loads(os.environ["ROUNDS"])
-    benchmark.extra_info["samples_per_s"] = sum(rounds) / len(rounds)
-    benchmark.extra_info["samples_per_s_rounds"] = rounds
+    benchmark.extra_info["gbps"] = sum(rounds) / len(rounds)
+    benchmark.extra_info["gbps_rounds"] = rounds
     benchmark.pedantic(lambda: None, rounds=3)
 """
 
@@ -334,7 +336,7 @@ def test_gate_says_inconclusive_when_the_rounds_are_noisier_than_the_limit(proje
     unsure = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=20")
     assert unsure.ret == 0
     unsure.stdout.fnmatch_lines([
-        ("*test_gate.py::test_pipeline: samples/s inconclusive, the noise reaches past the 20% limit: "
+        ("*test_gate.py::test_pipeline: GB/s inconclusive, the noise reaches past the 20% limit: "
          "1,000.00 -> 700.00 (-30.0%) (medians of 5|5 rounds, 95% interval *) [[]baseline base.json]"),
         "*cupy_nwt throughput gate INCONCLUSIVE for 1 figure(s)*not a failure*",
     ])
@@ -342,7 +344,7 @@ def test_gate_says_inconclusive_when_the_rounds_are_noisier_than_the_limit(proje
     monkeypatch.setenv("ROUNDS", json.dumps([0.05 * x for x in noisy]))  # a drop far beyond the noise
     bad = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=20")
     assert bad.ret == pytest.ExitCode.TESTS_FAILED
-    bad.stdout.fnmatch_lines(["*samples/s fell 95.0% (more than 20%): 1,000.00 -> 50.00*",
+    bad.stdout.fnmatch_lines(["*GB/s fell 95.0% (more than 20%): 1,000.00 -> 50.00*",
                               "*cupy_nwt throughput gate FAILED: 1 figure(s)*"])
 
 
@@ -357,7 +359,7 @@ def test_gate_with_no_saved_run_yet_says_so_and_passes(project, monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--nwt-throughput-drop=20"], "*--nwt-throughput-drop needs a baseline*"),
+        (["--nwt-throughput-drop=20"], "*--nwt-throughput-drop needs something to compare with*"),
         (["--nwt-require-baseline"], "*--nwt-require-baseline needs --nwt-baseline FILE*"),
         (["--nwt-baseline=nope.json", "--nwt-require-baseline"],
          "no baseline at nope.json (--nwt-require-baseline): create it on this machine with: pytest *"

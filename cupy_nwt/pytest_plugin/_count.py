@@ -1,0 +1,120 @@
+"""Instructions per sample of a pipeline, counted by callgrind: the figure a neighbour cannot move.
+
+Clocks on a shared machine measure the neighbours as much as the pipeline; an instruction count of
+the same code on the same inputs does not move at all. So a loader benchmark also counts, in one
+process under valgrind's callgrind, the instructions of what a worker does per batch: the dataset's
+``__getitem__`` (or ``__getitems__``), the collate and the ``batch_transform``, through the loader's own
+``BatchMaker``, over the same samples every run (the first :data:`DEFAULT_COUNT_SAMPLES` indices in
+order, in batches of the loader's ``batch_size``, each with the seed the loader gives that batch in
+epoch 0 of seed 0).
+
+What makes the count exact: ``PYTHONHASHSEED=0`` (str hashes, so set and dict orders), one BLAS and
+OpenMP thread (an idle BLAS thread spins, and callgrind counts every thread), a warm-up batch
+outside the counted region (lazy imports, first-use caches), a garbage collection just before it, and
+callgrind collecting only inside the region (:mod:`cupy_nwt.pytest_plugin._count_child`), not the
+interpreter's start-up and imports. What it
+cannot see (I/O waits, the hand-over between processes, worker start-up) the wall clock judged
+against the base revision in the same job covers (``--nwt-against``).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ._callgrind import CallgrindError, callgrind_unavailable_reason, count_instructions
+
+#: samples counted per benchmark: a fraction of a second of native work for a typical image
+#: pipeline, ~50x that under callgrind, on top of ~5 s of CPU for the interpreter's start-up and imports.
+DEFAULT_COUNT_SAMPLES = 1024
+COUNT_TIMEOUT_S = 900.0
+CHILD = Path(__file__).with_name("_count_child.py")
+#: the environment that makes a count repeatable (set over the caller's)
+EXACT_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+             "NUMEXPR_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def valgrind_options() -> str:
+    """What callgrind is told beside the command (``VALGRIND_OPTS``): collect only the counted region."""
+    if platform.machine().lower() in ("x86_64", "amd64"):  # the child's client requests (_count_child)
+        return "--instr-atstart=no --collect-atstart=no"
+    return "--collect-atstart=no --toggle-collect=PyRun_SimpleStringFlags"
+
+
+@dataclass(frozen=True)
+class InstructionCount:
+    """``per_sample`` instructions over ``samples`` samples in ``batches`` batches; ``seconds`` under callgrind."""
+
+    per_sample: float
+    samples: int
+    batches: int
+    total: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def count_args(count_samples: Any) -> int | None:
+    if count_samples is None:
+        return None
+    if isinstance(count_samples, bool) or not isinstance(count_samples, int) or count_samples < 1:
+        raise ValueError(f"count_samples must be an int >= 1 (or None for {DEFAULT_COUNT_SAMPLES}), "
+                         f"got {count_samples!r}")
+    return count_samples
+
+
+def plan(n: int, batch_size: int | None, samples: int | None) -> list[tuple[Any, int]]:
+    """``[(indices, seed), ...]``: the first ``samples`` indices of ``n`` in batches, wrapping round past ``n``."""
+    import numpy as np  # noqa: PLC0415
+
+    from ..loader.epoch.sampler import batch_seed  # noqa: PLC0415
+
+    want = DEFAULT_COUNT_SAMPLES if samples is None else samples
+    size = batch_size or 1
+    batches = max(1, -(-want // size))
+    return [(np.arange(b * size, (b + 1) * size, dtype=np.int64) % n, batch_seed(0, 0, b)) for b in range(batches)]
+
+
+def count_pipeline(dataset: Any, *, batch_size: int | None, collate_fn: Any, batch_transform: Any,
+                   samples: int | None = None, timeout: float = COUNT_TIMEOUT_S) -> InstructionCount:
+    """Count the instructions per sample of making ``samples`` samples' batches; ``CallgrindError`` if it cannot."""
+    from ..loader.workers.maker import BatchMaker  # noqa: PLC0415
+
+    reason = callgrind_unavailable_reason()
+    if reason is not None:
+        raise CallgrindError(reason)
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise CallgrindError("instructions are counted for map-style datasets (__len__ and __getitem__) only")
+    n = len(dataset)
+    if n < 1:
+        raise CallgrindError("the dataset is empty: no instructions to count")
+    maker = BatchMaker(dataset, collate_fn, batch_transform, batched=batch_size is not None, batch_size=batch_size)
+    batches = plan(n, batch_size, samples)
+    if batch_size is None:
+        batches = [(indices[:1], seed) for indices, seed in batches]
+    try:
+        payload = pickle.dumps((maker, batches), protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means: cannot count in another process
+        raise CallgrindError(f"instructions not counted: the dataset, collate_fn or batch_transform does not "
+                             f"pickle ({type(exc).__name__}: {exc})") from None
+    env = {**os.environ, **EXACT_ENV, "VALGRIND_OPTS": valgrind_options(),
+           "PYTHONPATH": os.pathsep.join(p for p in [*sys.path, os.environ.get("PYTHONPATH", "")] if p)}
+    fd, path = tempfile.mkstemp(prefix="nwt-count-", suffix=".pickle")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        t0 = time.perf_counter()
+        total = count_instructions([sys.executable, str(CHILD), path], env=env, timeout=timeout)
+        seconds = time.perf_counter() - t0
+    finally:
+        os.unlink(path)
+    counted = sum(len(indices) for indices, _ in batches)
+    return InstructionCount(total / counted, counted, len(batches), total, seconds)

@@ -1,0 +1,96 @@
+"""Run under callgrind by :mod:`cupy_nwt.pytest_plugin._count`: make the planned batches, counted.
+
+Run by path (``python _count_child.py PLAN``), so that importing it pulls in neither pytest nor the
+plugin. The plan is a pickle of ``(maker, batches)``: a loader's ``BatchMaker`` and ``[(indices, seed),
+...]``. The first batch is made once, uncounted, so lazy imports and first-use caches stay out of the
+count; then the garbage collector runs, so every run enters the counted region in the same state.
+
+Only the region is counted. On x86-64 (:func:`requests_work`) callgrind starts with instrumentation
+off (``--instr-atstart=no``: the interpreter's start-up and imports run some 2.5x faster than
+instrumented) and this process switches it on, and collection on and off around the region, with
+valgrind's client requests: the same few instructions ``callgrind.h`` emits, called through ctypes.
+Elsewhere everything is instrumented and callgrind collects only inside ``PyRun_SimpleStringFlags``,
+through which the region is run (``--toggle-collect``); nothing else in the process calls it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import mmap
+import pickle
+import platform
+import sys
+from collections.abc import Callable
+from typing import Any
+
+#: callgrind's requests (callgrind.h): its tool base ('C', 'T') plus the request's place in its enum
+_BASE = (ord("C") << 24) | (ord("T") << 16)
+TOGGLE_COLLECT, START_INSTRUMENTATION = _BASE + 2, _BASE + 4
+#: x86-64: rax = the request's six words (rdi), rdx = 0, the four rotations of rdi by 128 bits in all
+#: (no change natively) and ``xchg rbx, rbx``, which valgrind reads as a request; returns rdx.
+_X86_64_REQUEST = bytes.fromhex("4889f8" "31d2" "48c1c703" "48c1c70d" "48c1c73d" "48c1c733" "4887db" "4889d0" "c3")
+
+_plan: tuple[Any, list[tuple[Any, int]]] | None = None
+failed: list[BaseException] = []
+
+
+def requests_work() -> bool:
+    """Whether this machine's client requests are known here (else the ``--toggle-collect`` way)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def requester() -> Callable[[int], int]:
+    """A function issuing one callgrind request (a no-op when not under valgrind)."""
+    buf = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    buf.write(_X86_64_REQUEST)
+    call = ctypes.CFUNCTYPE(ctypes.c_uint64, ctypes.c_void_p)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))
+
+    def request(code: int) -> int:
+        words = (ctypes.c_uint64 * 6)(code, 0, 0, 0, 0, 0)
+        return int(call(ctypes.addressof(words)))
+
+    request.keep = (buf, call)  # type: ignore[attr-defined]
+    return request
+
+
+def region() -> None:
+    """Make every planned batch: what callgrind counts."""
+    assert _plan is not None
+    maker, batches = _plan
+    try:
+        for indices, seed in batches:
+            maker.make(indices, seed)
+    except BaseException as exc:  # noqa: BLE001 - carried out of the counted region, reported below
+        failed.append(exc)
+
+
+def main(argv: list[str]) -> int:
+    global _plan
+    with open(argv[1], "rb") as f:
+        _plan = pickle.load(f)
+    maker, batches = _plan
+    if not batches:
+        print("the counting plan holds no batch", file=sys.stderr)
+        return 2
+    maker.make(*batches[0])
+    if requests_work():
+        request = requester()
+        gc.collect()
+        request(START_INSTRUMENTATION)
+        request(TOGGLE_COLLECT)
+        region()
+        request(TOGGLE_COLLECT)
+    else:
+        gc.collect()
+        ctypes.pythonapi.PyRun_SimpleString(b"region()")
+    if failed:
+        exc = failed[0]
+        print(f"making a counted batch failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.pop(0)  # this file's folder: the package's private modules are not top-level names
+    sys.exit(main(sys.argv))

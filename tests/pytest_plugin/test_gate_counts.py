@@ -1,0 +1,228 @@
+"""The gate's two answers to a shared machine: exact instruction counts (callgrind) and the base revision
+measured beside the run (``--nwt-against``).
+
+Counting needs valgrind and is skipped with the reason where it is missing; a count under callgrind
+costs ~20 s of CPU (the interpreter's start-up and imports, instrumented), so those tests are ``slow``.
+Nothing here asserts a time: counts are exact, and the planted slowdown of the ``--nwt-against`` flow is
+ten times the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from plugin_projects import FAST_CONFTEST, TINY_DATA, loader_test, make_project
+
+from cupy_nwt.errors import CupyNwtError
+from cupy_nwt.pytest_plugin._callgrind import CallgrindError, callgrind_unavailable_reason, count_instructions
+from cupy_nwt.pytest_plugin._count import count_args, count_pipeline, plan
+
+pytest_plugins = ["pytester"]
+NO_VALGRIND = callgrind_unavailable_reason()
+needs_valgrind = pytest.mark.skipif(NO_VALGRIND is not None, reason=f"needs valgrind: {NO_VALGRIND}")
+EXACT = {"PYTHONHASHSEED": "0", "PATH": "/usr/bin:/bin"}
+
+
+class Loop:
+    """A map-style dataset whose per-sample work is ``steps`` NumPy operations."""
+
+    def __init__(self, steps: int, n: int = 40) -> None:
+        self.steps, self.n = steps, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import numpy as np
+
+        x = np.full(4, float(i))
+        for _ in range(self.steps):
+            x = np.sqrt(x + 1.0)
+        return x
+
+
+def test_without_valgrind_the_reason_is_one_line_and_counting_refuses(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    reason = callgrind_unavailable_reason()
+    assert reason is not None and "valgrind is not installed" in reason and "\n" not in reason
+    with pytest.raises(CallgrindError, match="valgrind is not installed") as err:
+        count_instructions([sys.executable, "-c", "pass"])
+    assert isinstance(err.value, CupyNwtError)
+    assert str(pickle.loads(pickle.dumps(err.value))) == str(err.value)
+
+
+@needs_valgrind
+def test_a_count_is_exact_and_grows_with_the_work():
+    def count(n: int) -> int:
+        return count_instructions([sys.executable, "-S", "-c", f"sum(range({n}))"], env=EXACT)
+
+    with ThreadPoolExecutor(3) as pool:
+        a, b, more = pool.map(count, (10_000, 10_000, 210_000))
+    assert abs(a - b) <= a * 1e-3
+    assert more - a > 200_000 * 10  # tens of instructions per loop step
+
+
+@needs_valgrind
+def test_a_failed_or_overlong_command_is_one_line(tmp_path):
+    with pytest.raises(CallgrindError, match=r"^false under callgrind exited with 1$"):
+        count_instructions(["false"])
+    with pytest.raises(CallgrindError, match="ran past 0.5 s and was stopped"):
+        count_instructions([sys.executable, "-c", "import time; time.sleep(60)"], timeout=0.5)
+    with pytest.raises(CallgrindError, match="empty argv"):
+        count_instructions([])
+    assert not list(tmp_path.iterdir())
+
+
+def test_the_counted_samples_are_the_same_every_run():
+    a, b = plan(10, 4, 12), plan(10, 4, 12)
+    assert [list(i) for i, _ in a] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 0, 1]]
+    assert [s for _, s in a] == [s for _, s in b] and len({s for _, s in a}) == 3
+    assert len(plan(10_000, 64, None)) == 16  # the default: 1,024 samples
+    for bad in (0, -1, 2.5, True, "8"):
+        with pytest.raises(ValueError, match="count_samples must be an int >= 1"):
+            count_args(bad)
+
+
+@needs_valgrind
+def test_an_unpicklable_pipeline_is_not_counted_and_says_why():
+    with pytest.raises(CallgrindError, match="does not pickle"):
+        count_pipeline(Loop(2), batch_size=4, collate_fn=lambda xs: xs, batch_transform=None, samples=8)
+
+
+@needs_valgrind
+@pytest.mark.slow
+def test_a_pipelines_count_repeats_exactly_and_sees_two_percent_more_work():
+    def count(steps: int) -> float:
+        return count_pipeline(Loop(steps), batch_size=4, collate_fn=None, batch_transform=None, samples=16).per_sample
+
+    with ThreadPoolExecutor(3) as pool:
+        a, b, more = pool.map(count, (100, 100, 102))
+    assert abs(a - b) <= a * 1e-3
+    assert 1.01 < more / a < 1.03
+
+
+# ---------------------------------------------------------------- in a project
+
+
+@pytest.fixture
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    return make_project(pytester)
+
+
+def test_instructions_off_leaves_the_count_out(project):
+    project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test(batches=6, rounds=2))
+    project.syspathinsert()
+    project.runpytest_inprocess("--nwt-instructions=off", "--benchmark-json=out.json").assert_outcomes(passed=1)
+    info = json.loads((project.path / "out.json").read_text())["benchmarks"][0]["extra_info"]
+    assert info["instructions_counted_by"] in ("", "perf") and info["instructions_samples"] is None
+
+
+def test_without_valgrind_the_table_says_so_in_one_line(project, monkeypatch, tmp_path):
+    project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test(batches=6, rounds=2))
+    project.syspathinsert()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    result = project.runpytest_inprocess("--nwt-instructions=auto", "--benchmark-json=out.json")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["instructions not counted: valgrind is not installed (apt-get install valgrind)*"])
+
+
+@needs_valgrind
+@pytest.mark.slow
+def test_a_loader_benchmark_counts_its_samples_under_callgrind(project):
+    project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test(batches=6, rounds=2,
+                                                                           extra=", count_samples=16"))
+    project.syspathinsert()
+    project.runpytest_inprocess("--nwt-instructions=auto", "--nwt-save-baseline=base.json").assert_outcomes(passed=1)
+    info = json.loads((project.path / "base.json").read_text())["benchmarks"][0]["extra_info"]
+    assert info["instructions_counted_by"] == "callgrind" and info["instructions_samples"] == 16
+    assert info["instructions_per_sample"] > 1000 and info["instructions_per_sample_rounds"] == []
+    again = project.runpytest_inprocess("--nwt-instructions=auto", "--nwt-baseline=base.json", "--nwt-throughput-drop=5")
+    assert again.ret == 0
+    again.stdout.fnmatch_lines(["*CPU s/1k samples *; exact instruction counts decide*",
+                                "*instructions/sample * -> * (?0.0%) [[]baseline base.json]"])
+
+
+# ---------------------------------------------------------------- --nwt-against
+
+
+SLEEPY = """
+import time
+
+import numpy as np
+
+PAUSE = {pause}
+
+
+class Sleepy:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        if PAUSE:
+            time.sleep(PAUSE)
+        return np.full(4, i, np.uint8)
+"""
+AB_TEST = """
+from sleepy import Sleepy
+
+
+def test_pipeline(loader_benchmark):
+    loader_benchmark(Sleepy(), batch_size=8, device="cpu", max_seconds=0.5)
+"""
+
+
+def _git(path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(path), "-c", "user.email=t@t", "-c", "user.name=t", *args], check=True,
+                   capture_output=True)
+
+
+def test_the_base_revision_is_measured_beside_the_working_tree(pytester):
+    """HEAD sleeps nothing per sample, the working tree 5 ms: the pairs' ratio fails the run."""
+    pytester.makeconftest(FAST_CONFTEST + "\n")
+    pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest -p no:cacheprovider\n")
+    pytester.makepyfile(sleepy=SLEEPY.format(pause=0.0), test_ab=AB_TEST)
+    _git(pytester.path, "init", "-q")
+    _git(pytester.path, "add", "-A")
+    _git(pytester.path, "commit", "-qm", "base")
+    pytester.makepyfile(sleepy=SLEEPY.format(pause=0.005))
+    result = pytester.runpytest_subprocess("--nwt-against=HEAD", "--nwt-throughput-drop=20", "--nwt-instructions=off",
+                                           "--benchmark-json=out.json")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*test_pipeline: samples/s fell *measured beside the base revision in this job, "
+                                 "6 pairs of rounds [[]baseline HEAD (*), same job]"])
+    info = json.loads((pytester.path / "out.json").read_text())["benchmarks"][0]["extra_info"]
+    assert info["against"]["pairs"] == len(info["samples_per_s_rounds"]) == 6
+    listed = subprocess.run(["git", "-C", str(pytester.path), "worktree", "list"], capture_output=True, text=True)
+    assert len(listed.stdout.strip().splitlines()) == 1  # the base revision's checkout is gone
+
+
+def test_a_bad_revision_is_one_line(pytester):
+    pytester.makepyfile(test_x="def test_x():\n    pass\n")
+    _git(pytester.path, "init", "-q")
+    result = pytester.runpytest_subprocess("--nwt-against=no-such-rev", "--nwt-throughput-drop=5")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--nwt-against: 'no-such-rev' is not a revision of *"])
+
+
+def test_the_base_revisions_child_is_not_counted_as_the_pipelines_cpu():
+    """A child that burnt 0.3 s of CPU: in the pipeline's CPU, unless it is excluded (with its own children)."""
+    import time
+
+    import psutil
+
+    from cupy_nwt.pytest_plugin._cpu import PipelineClock
+
+    burn = "import sys, time\nend = time.process_time() + 0.3\nwhile time.process_time() < end:\n    pass\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    try:
+        while sum(psutil.Process(child.pid).cpu_times()[:2]) < 0.3:
+            time.sleep(0.05)
+        assert PipelineClock().cpu_s() - PipelineClock(exclude=[child.pid]).cpu_s() >= 0.25
+    finally:
+        child.stdin.close()
+        child.wait()
