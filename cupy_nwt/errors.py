@@ -271,3 +271,15 @@ class PipeClosedError(CupyNwtError, EOFError):
 
 __all__ += ["ArgumentTypeError", "MissingExtraError", "MissingPathError", "MisuseError", "OutOfRangeError",
             "RunError", "UnknownKeyError"]
+
+
+class SavedPickError(CupyNwtError, ValueError):
+    """A saved pick (or the store holding it) cannot be read or does not validate; the message says why."""
+
+
+class AgainstError(CupyNwtError, RuntimeError):
+    """The base revision could not be checked out or measured; the message says which step and why."""
+
+
+class CallgrindError(CupyNwtError, RuntimeError):
+    """Counting under callgrind failed: valgrind missing, the command failed or timed out, or no total."""

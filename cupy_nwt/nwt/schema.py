@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import CupyNwtError
+from ..errors import SavedPickError
 
 MAX_WORKERS = 1024  # no machine we know of runs a loader with more; 10**30 or 100000 is damage
 MAX_STORE_BYTES = 16 << 20  # a store holds a few hundred picks of a few KiB each at most
@@ -30,9 +30,6 @@ DEVICES = ("cuda", "cpu")
 STRATEGIES = ("paper", "fast")
 MAIN_PROCESS = ("waits", "busy", "")
 
-
-class SavedPickError(CupyNwtError, ValueError):
-    """A saved pick (or the store holding it) cannot be read or does not validate; the message says why."""
 
 
 def _reject_constant(name: str) -> Any:

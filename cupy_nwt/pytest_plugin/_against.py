@@ -28,7 +28,7 @@ from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
 from typing import Any
 
-from ..errors import CupyNwtError
+from ..errors import AgainstError
 
 ENV_ADDRESS = "CUPY_NWT_AGAINST_ADDRESS"
 ENV_KEY = "CUPY_NWT_AGAINST_KEY"
@@ -37,9 +37,6 @@ ENV_NODE = "CUPY_NWT_AGAINST_NODE"
 START_TIMEOUT_S = 300.0
 ROUND_TIMEOUT_S = 300.0
 
-
-class AgainstError(CupyNwtError, RuntimeError):
-    """The base revision could not be checked out or measured; the message says which step and why."""
 
 
 def _git(cwd: Path, *args: str) -> str:

@@ -18,13 +18,10 @@ import subprocess
 import tempfile
 from collections.abc import Mapping, Sequence
 
-from cupy_nwt.errors import CupyNwtError
+from ..errors import CallgrindError
 
 _TOTAL = re.compile(rb"^(?:summary|totals):\s+(\d+)", re.MULTILINE)
 
-
-class CallgrindError(CupyNwtError, RuntimeError):
-    """Counting under callgrind failed: valgrind missing, the command failed or timed out, or no total."""
 
 
 def callgrind_unavailable_reason() -> str | None:

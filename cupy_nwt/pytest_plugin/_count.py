@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..errors import ArgumentError
 from ._callgrind import CallgrindError, callgrind_unavailable_reason, count_instructions
 
 #: samples counted per benchmark: a fraction of a second of native work for a typical image
@@ -66,7 +67,7 @@ def count_args(count_samples: Any) -> int | None:
     if count_samples is None:
         return None
     if isinstance(count_samples, bool) or not isinstance(count_samples, int) or count_samples < 1:
-        raise ValueError(f"count_samples must be an int >= 1 (or None for {DEFAULT_COUNT_SAMPLES}), "
+        raise ArgumentError(f"count_samples must be an int >= 1 (or None for {DEFAULT_COUNT_SAMPLES}), "
                          f"got {count_samples!r}")
     return count_samples
 
@@ -75,7 +76,7 @@ def plan(n: int, batch_size: int | None, samples: int | None) -> list[tuple[Any,
     """``[(indices, seed), ...]``: the first ``samples`` indices of ``n`` in batches, wrapping round past ``n``."""
     import numpy as np  # noqa: PLC0415
 
-    from ..loader.epoch.sampler import batch_seed  # noqa: PLC0415
+    from ..loader.epoch.order import batch_seed  # noqa: PLC0415
 
     want = DEFAULT_COUNT_SAMPLES if samples is None else samples
     size = batch_size or 1

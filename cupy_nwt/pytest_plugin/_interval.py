@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from ..errors import ArgumentError
+
 CONFIDENCE = 0.95
 #: above this many pairs the U distribution is replaced by its normal approximation (exact costs O(n*n*m); at 50|50 both agree).
 EXACT_PAIRS = 2_500
@@ -154,7 +156,7 @@ def paired_interval(old: Sequence[float], new: Sequence[float], confidence: floa
     interval inverts the Wilcoxon signed-rank test: exact, and finite from 6 pairs on at 95%.
     """
     if len(old) != len(new) or not old:
-        raise ValueError("paired_interval needs the same number (>= 1) of rounds on each side")
+        raise ArgumentError("paired_interval needs the same number (>= 1) of rounds on each side")
     d = [math.log(y) - math.log(x) for x, y in zip(old, new)]
     walsh = sorted((d[i] + d[j]) / 2.0 for i in range(len(d)) for j in range(i, len(d)))
     estimate = statistics.median(walsh)

@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..errors import RunError
 from ._cpu import PipelineClock, Reading, window
 from ._interval import median_halfwidth, rounds_for
 
@@ -306,7 +307,7 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
             base.close()
     done = runner.rounds
     if not done:
-        raise RuntimeError("the benchmark ran no round (the base revision's child stopped it before any)")
+        raise RunError("the benchmark ran no round (the base revision's child stopped it before any)")
     against_info: dict[str, Any] = {}
     if against is not None and theirs:
         against_info = {
