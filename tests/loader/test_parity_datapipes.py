@@ -21,15 +21,6 @@ pytestmark = pytest.mark.usefixtures("worker_type")
 N = 20
 
 
-@pytest.fixture(params=["cupy_nwt", "torch"])
-def backend(request, worker_type):
-    if request.param == "torch" and worker_type != "process":
-        pytest.skip("torch's loader has no thread workers: its cases run once, beside cupy_nwt's process workers")
-    if request.param == "cupy_nwt":
-        return lambda dataset, **kw: cupy_nwt.DataLoader(dataset, device="cpu", **kw)
-    return tud.DataLoader
-
-
 def pipe(shuffler: bool = True):
     dp = IterableWrapper(range(N))
     return (dp.shuffle() if shuffler else dp).sharding_filter()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from parity_backends import is_torch
 
 import cupy_nwt
 
@@ -27,22 +28,6 @@ try:
     from torchdata.stateful_dataloader import StatefulDataLoader
 except ImportError:
     StatefulDataLoader = None
-
-BACKENDS = ["cupy_nwt", pytest.param("torch", marks=pytest.mark.skipif(tud is None, reason="torch is not installed"))]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request, worker_type):
-    if request.param == "torch" and worker_type != "process":
-        pytest.skip("torch's loader has no thread workers: its cases run once, beside cupy_nwt's process workers")
-    if request.param == "cupy_nwt":
-        return lambda dataset, **kw: cupy_nwt.DataLoader(dataset, device="cpu", **kw)
-    return tud.DataLoader
-
-
-def is_torch(backend) -> bool:
-    return tud is not None and backend is tud.DataLoader
-
 
 class Echo:
     """Sample for key k: ``repr(k)``; any key is valid."""

@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from parity_backends import is_torch
 
 import cupy_nwt
 
@@ -22,22 +23,6 @@ try:
     import torch.utils.data as tud
 except ImportError:
     torch = tud = None
-
-BACKENDS = ["cupy_nwt", pytest.param("torch", marks=pytest.mark.skipif(tud is None, reason="torch is not installed"))]
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request, worker_type):
-    if request.param == "torch" and worker_type != "process":
-        pytest.skip("torch's loader has no thread workers: its cases run once, beside cupy_nwt's process workers")
-    if request.param == "cupy_nwt":
-        return lambda dataset, **kw: cupy_nwt.DataLoader(dataset, device="cpu", **kw)
-    return tud.DataLoader
-
-
-def is_torch(backend) -> bool:
-    return tud is not None and backend is tud.DataLoader
-
 
 class Slow:
     def __len__(self) -> int:
