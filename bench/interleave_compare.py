@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,29 @@ def run_once(tree: Path, out_dir: Path, args: Sequence[str]) -> dict[Cell, float
     return medians(json.loads(path.read_text()))
 
 
+def interleaved(revs: dict[str, str], rounds: int, measure: Callable[[str, Path, int, Path], Any],
+                prefix: str) -> dict[str, list[Any]]:
+    """``measure(label, tree, round, scratch)`` for "before" and "after" in alternating order, round by round,
+    each in a detached git worktree of its revision (removed afterwards): a drift of the machine then
+    hits both sides alike. Returns each side's results in round order."""
+    runs: dict[str, list[Any]] = {label: [] for label in revs}
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        trees = {label: Path(tmp) / label for label in revs}
+        try:
+            for label, rev in revs.items():
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(trees[label]),
+                                rev], check=True, capture_output=True)
+            for k in range(rounds):
+                for label in (("before", "after") if k % 2 == 0 else ("after", "before")):
+                    print(f"round {k + 1}/{rounds}: {label} ({revs[label][:10]})", file=sys.stderr, flush=True)
+                    runs[label].append(measure(label, trees[label], k, Path(tmp)))
+        finally:
+            for tree in trees.values():
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                               capture_output=True)
+    return runs
+
+
 def plot(result: dict[str, Any], path: Path) -> Path:
     """after / before per cell, each round's ratio a dot, the noise band shaded."""
     from matplotlib.figure import Figure  # noqa: PLC0415
@@ -133,23 +156,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     revs = {"before": resolve(args.before), "after": resolve(args.after)}
     out = args.out or ROOT / "bench" / "results" / system.host_tag() / "interleave_compare.json"
-    runs: dict[str, list[dict[Cell, float]]] = {"before": [], "after": []}
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="interleave-") as tmp:
-        trees = {label: Path(tmp) / label for label in revs}
-        try:
-            for label, rev in revs.items():
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(trees[label]),
-                                rev], check=True, capture_output=True)
-            for k in range(args.rounds):
-                order = ("before", "after") if k % 2 == 0 else ("after", "before")
-                for label in order:
-                    print(f"round {k + 1}/{args.rounds}: {label} ({revs[label][:10]})", file=sys.stderr, flush=True)
-                    runs[label].append(run_once(trees[label], Path(tmp) / "out" / f"{label}-{k}", passthrough))
-        finally:
-            for tree in trees.values():
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                               capture_output=True)
+    runs = interleaved(revs, args.rounds, lambda label, tree, k, tmp: run_once(
+        tree, tmp / "out" / f"{label}-{k}", passthrough), prefix="interleave-")
     cells = summarize(runs)
     result = {"host": system.host_tag(), "before": revs["before"], "after": revs["after"], "rounds": args.rounds,
               "loader_compare_args": passthrough, "wall_s": time.perf_counter() - started, "note": args.note,

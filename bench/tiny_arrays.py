@@ -21,7 +21,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -124,28 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("tiny_arrays: --before is required and --rounds must be >= 1", file=sys.stderr)
         return 2
     sys.path.insert(0, str(ROOT))
-    from interleave_compare import resolve  # noqa: PLC0415 - beside this file
+    from interleave_compare import interleaved, resolve  # noqa: PLC0415 - beside this file
 
     from cupy_nwt import system  # noqa: PLC0415
     from cupy_nwt._reporting import tables as report  # noqa: PLC0415
 
     revs = {"before": resolve(args.before), "after": resolve(args.after)}
-    runs: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="tiny-arrays-") as tmp:
-        trees = {label: Path(tmp) / label for label in revs}
-        try:
-            for label, rev in revs.items():
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(trees[label]),
-                                rev], check=True, capture_output=True)
-            for k in range(args.rounds):
-                for label in (("before", "after") if k % 2 == 0 else ("after", "before")):
-                    print(f"round {k + 1}/{args.rounds}: {label}", file=sys.stderr, flush=True)
-                    runs[label].append(slot(trees[label], args))
-        finally:
-            for tree in trees.values():
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                               capture_output=True)
+    runs = interleaved(revs, args.rounds, lambda label, tree, k, tmp: slot(tree, args), prefix="tiny-arrays-")
     cpus = system.usable_cpus()
     result = {"host": system.host_tag(), "cpus": cpus, "before": revs["before"], "after": revs["after"],
               "rounds": args.rounds, "repeats": args.repeats, "batches": args.batches, "warmup": args.warmup,
