@@ -115,10 +115,7 @@ class Task(_Record):
 
     def wire(self) -> tuple[Any, ...]:
         """This task as a plain tuple, int64 indices as their bytes (see ``WIRE``)."""
-        ix: Any = self.indices
-        if type(ix) is np.ndarray and ix.dtype == _INDEX and ix.ndim == 1:
-            ix = ix.tobytes()
-        return self.generation, self.batch_index, self.slot, ix, self.transform_seed
+        return task_wire(self.generation, self.batch_index, self.slot, self.indices, self.transform_seed)
 
     @classmethod
     def from_wire(cls, t: tuple[Any, ...]) -> Task:
@@ -127,6 +124,13 @@ class Task(_Record):
 
 
 _INDEX = np.dtype(np.int64)
+
+
+def task_wire(generation: int, batch_index: int, slot: int, indices: Any, transform_seed: int) -> tuple[Any, ...]:
+    """``Task(...).wire()`` without making the ``Task``: the process pool's per-batch hand-over sends this."""
+    if type(indices) is np.ndarray and indices.dtype == _INDEX and indices.ndim == 1:
+        indices = indices.tobytes()
+    return generation, batch_index, slot, indices, transform_seed
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import HostBatch, SlotPool
 from ..ring.tree import split
 from .maker import make_worker_error
-from .messages import NO_SLOT, BatchFailed, Exhausted, FromWorker, InitFailed, Ok, StreamState, Task, Whole
+from .messages import NO_SLOT, BatchFailed, Exhausted, FromWorker, InitFailed, Ok, StreamState, Whole
 
 SHUTDOWN_GRACE_S = 1.0
 
@@ -202,7 +202,7 @@ class Dispatch:
         slot = self.slots.take() if self.slots.ring is not None else NO_SLOT
         assert slot is not None  # checked free by _choose
         try:
-            self._deliver(w, Task(self.slots.generation, batch_index, slot, indices, tseed))
+            self._deliver(w, self.slots.generation, batch_index, slot, indices, tseed)
         except BaseException:
             if slot != NO_SLOT:
                 self.slots.give_back(slot)
@@ -210,8 +210,9 @@ class Dispatch:
         w.outstanding += 1
         return True
 
-    def _deliver(self, w: Any, task: Task) -> None:
-        """Hand ``task`` to worker ``w`` (a pipe for a process, a queue for a thread)."""
+    def _deliver(self, w: Any, generation: int, batch_index: int, slot: int, indices: Any, tseed: int) -> None:
+        """Hand a ``Task`` of these fields to worker ``w`` (a pipe for a process, a queue for a thread); its
+        fields, not the object, so a pool that sends a plain tuple builds nothing else per batch."""
         raise NotImplementedError
 
     def _choose(self, worker: int | None) -> Any:

@@ -60,6 +60,7 @@ from .messages import (
     Task,
     ToWorker,
     Whole,
+    task_wire,
 )
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
 from .serve import serve_loop
@@ -275,9 +276,9 @@ class WorkerPool(Dispatch):
     def stuck_hint(self) -> str:
         return self._hint
 
-    def _deliver(self, w: _Worker, task: Task) -> None:
+    def _deliver(self, w: _Worker, generation: int, batch_index: int, slot: int, indices: Any, tseed: int) -> None:
         try:
-            pipes.send(w.task_fd, task.wire())
+            pipes.send(w.task_fd, task_wire(generation, batch_index, slot, indices, tseed))
         except (BrokenPipeError, ConnectionResetError, OSError):
             self._raise_if_dead(timeout=1.0)
             raise LoaderError(f"could not reach loader worker {w.id} (pid {w.process.pid})") from None

@@ -148,8 +148,8 @@ class ThreadPool(Dispatch):
 
     # -- tasks and results
 
-    def _deliver(self, t: _Thread, task: Task) -> None:
-        t.tasks.put(task)
+    def _deliver(self, t: _Thread, generation: int, batch_index: int, slot: int, indices: Any, tseed: int) -> None:
+        t.tasks.put(Task(generation, batch_index, slot, indices, tseed))
 
     def restore(self, per_worker: dict[int, tuple[Any, int, int | None]]) -> None:
         """Before a resumed stream's tasks: each thread's dataset state (or batches to skip), by worker id."""
