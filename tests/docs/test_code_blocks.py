@@ -299,7 +299,7 @@ def run_workflow(block: Block, workdir: Path) -> None:
         assert proc.returncode == 0, f"{install}\n{proc.stderr[-2000:]}"
     repo = workdir / "workflow-repo"
     (repo / "bench").mkdir(parents=True, exist_ok=True)
-    (file_block,) = [b for b in BLOCKS if "file" in b.how and file_name(b) == "bench/test_pipeline.py"]
+    (file_block,) = [b for b in BLOCKS if b.page == block.page and "file" in b.how and file_name(b) == "bench/test_pipeline.py"]
     (repo / "bench" / "test_pipeline.py").write_text(file_block.body, encoding="utf-8")
     git = "git -c user.email=readme@test -c user.name=readme"
     saved = run(["bash", "-c", "pytest bench/test_pipeline.py --nwt-save-baseline=bench/baseline.json"], workdir,

@@ -1,13 +1,13 @@
 """A dropped iterator of persistent workers: workers and ring go with the last reference, whichever
 object held it (the loader, or the iterator that alone keeps the loader, as PyTorch's does).
 
-Each test records its own workers (the pids its samples report) and its own rings (``/dev/shm``
-names carrying this process's pid that appeared during the test), never anything of other runs.
+Each test records its own workers (the pids its samples report) and its own rings (those of this
+process that appeared during the test: anonymous memory, or a ``/dev/shm`` name carrying its pid),
+never anything of other runs.
 """
 
 from __future__ import annotations
 
-import glob
 import os
 import threading
 import time
@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 import cupy_nwt
-from cupy_nwt.loader.ring.ring import NAME_PREFIX, SHM_DIR
+from cupy_nwt.loader.ring.ring import live_segments
 
 
 class WhoMadeIt:
@@ -29,7 +29,7 @@ class WhoMadeIt:
 
 
 def my_rings() -> set[str]:
-    return set(glob.glob(os.path.join(SHM_DIR, f"{NAME_PREFIX}{os.getpid()}_*")))
+    return live_segments(os.getpid())
 
 
 def alive(pid: int) -> bool:
@@ -70,7 +70,7 @@ def test_an_iterator_of_a_loader_nobody_names_frees_its_workers_and_ring():
     pids, rings = makers(seen), my_rings() - before
     assert len(pids) == 2 and os.getpid() not in pids and len(rings) == 1 and all(map(alive, pids))
     del it, batch
-    assert gone_within(1.0, lambda: not any(map(alive, pids)) and not any(map(os.path.exists, rings)))
+    assert gone_within(1.0, lambda: not any(map(alive, pids)) and not rings & my_rings())
 
 
 def test_a_named_loader_keeps_its_persistent_workers_until_it_goes():
@@ -80,10 +80,10 @@ def test_a_named_loader_keeps_its_persistent_workers_until_it_goes():
     pids = makers([next(it) for _ in range(8)])
     rings = my_rings() - before
     del it
-    assert all(map(alive, pids)) and all(map(os.path.exists, rings)), "persistent workers stay with their loader"
+    assert all(map(alive, pids)) and rings <= my_rings(), "persistent workers stay with their loader"
     assert makers(loader) == pids  # the next epoch on the same workers
     del loader
-    assert gone_within(1.0, lambda: not any(map(alive, pids)) and not any(map(os.path.exists, rings)))
+    assert gone_within(1.0, lambda: not any(map(alive, pids)) and not rings & my_rings())
 
 
 def test_the_iterator_keeps_the_loader_it_came_from():
