@@ -1,9 +1,9 @@
 """Every error cupy_nwt raises on purpose, under one base, ``CupyNwtError``.
 
-Each class also keeps the builtin base it always had (``ValueError``, ``RuntimeError``,
+Each class also keeps a builtin base (``ValueError``, ``TypeError``, ``KeyError``, ``RuntimeError``,
 ``MemoryError``, ``TimeoutError``), so a caller's ``except ValueError`` still catches bad data and
-``except CupyNwtError`` catches everything of ours. The modules that raise them import them from
-here (and keep the old names importable: ``cupy_nwt.loader.ring.collate.BatchLayoutError`` and so on).
+``except CupyNwtError`` catches everything of ours. Every class is defined here and only here; the
+modules that raise them import them from this one, and users from ``cupy_nwt``.
 
 Every class can be built from a message alone (``Cls("message")``) and survives a pickle round trip
 with its type, message and fields (the default ``(type, args, __dict__)`` reduction), so an error
