@@ -93,7 +93,8 @@ def test_nested_tensors_in_the_default_collate(backend, num_workers):
 
 
 TORCH_KILLED = """
-import torch.utils.data as tud, test_parity_messages as t
+import torch.multiprocessing, torch.utils.data as tud, test_parity_messages as t
+torch.multiprocessing.set_sharing_strategy("file_system")
 try:
     list(tud.DataLoader(t.KilledAt2(), batch_size=1, num_workers=1))
 except RuntimeError as exc:
@@ -104,6 +105,8 @@ except RuntimeError as exc:
 @pytest.mark.process_only("a thread cannot be killed apart from its process")
 def test_a_worker_killed_by_a_signal(backend):
     if is_torch(backend):  # in a child: torch's SIGCHLD handler would raise again later in this session
+        # torch hands each batch over a socket to the worker when sharing by file descriptor; a worker killed
+        # before that exchange ends gives ConnectionResetError instead of the message under test
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), *sys.path])}
         run = subprocess.run([sys.executable, "-c", TORCH_KILLED], capture_output=True, text=True, env=env, timeout=120)
         text = run.stdout + run.stderr  # torch's handler may raise outside the try: its traceback then
