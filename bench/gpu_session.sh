@@ -52,8 +52,8 @@ STEPS=(
     "info|4|host and GPU facts: cupy-nwt info (text, JSON), nvidia-smi -q, lscpu, pip list, /dev/shm"
     # 29 s measured (estimated 75): nvcc's build and both sweeps were faster than their CPU-side figures
     "transfers|29|cupy-nwt bandwidth (pageable vs pinned sweep, batched vs many) and overlap (sequential vs async v1/v2, 4 streams, checked), bench/native (nvcc there) and cupy_nwt / native per figure"
-    # 36 s measured (estimated 90)
-    "gpu-tests|36|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
+    # 36 s measured (estimated 90); 55 since the README's and docs' GPU blocks joined (two sweeps, two overlaps)
+    "gpu-tests|55|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
     # 145 s measured at scale 1 (estimated 220); see NWT_FIXED below for the scaled figure
     "nwt|145|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
     # 76 s measured (estimated 70); forkserver's workers start faster since (they no longer import Numba each)

@@ -9,7 +9,11 @@ A block may be preceded by an HTML comment that says how it is tested:
 
 ``<!-- test: gpu -->``
     needs a GPU. Without one every command must still exit 3 with one line saying why (the CPU
-    path, checked here), and the test then reports itself skipped for the GPU path.
+    path, checked here), and the test then reports itself skipped for the GPU path. The test carries
+    ``test_gpu_code_block``, marked ``gpu``, runs the block on a device (a lease's ``pytest -m gpu``).
+``<!-- test: lease -->``
+    the GPU lease's own commands: without a GPU they must refuse as a ``gpu`` block does; on a GPU they
+    are not run here (they are the lease, minutes long, run as ``docs/gpu.md`` says).
 ``<!-- test: file -->``
     a Python file named by its first line (``# path/name.py``): written, compiled, and used by a
     later block rather than run on its own.
@@ -56,7 +60,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 FENCE = re.compile(r"(?:<!-- test: (?P<how>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
-KNOWN = {"gpu", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root", "gate", "readme", "workflow"}
+KNOWN = {"gpu", "lease", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root", "gate", "readme", "workflow"}
 README_MAX_LINES = 200
 
 
@@ -207,8 +211,26 @@ def test_no_install_line_names_a_package_no_registry_has():
             f"{path.name}: install from the source tree: cupy-nwt is not on PyPI"
 
 
+def needs_gpu(block: Block) -> bool:
+    return "gpu" in block.how or "lease" in block.how
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("block", [b for b in BLOCKS if "gpu" in b.how], ids=lambda b: b.id)
+def test_gpu_code_block(block: Block, workdir: Path):
+    run_block(block, workdir)
+
+
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_code_block(block: Block, workdir: Path):
+    if "lease" in block.how and cuda.gpu_status().available:
+        pytest.skip("the GPU lease itself: run as docs/gpu.md says, not inside the tests")
+    if "gpu" in block.how and cuda.gpu_status().available:
+        pytest.skip("on a GPU the block runs in test_gpu_code_block")
+    run_block(block, workdir)
+
+
+def run_block(block: Block, workdir: Path) -> None:
     prepare(block, workdir)
     if "readme" in block.how:
         assert block.page != "README.md", f"{block.where}: a README block is tested as it is, not as a copy"
@@ -232,7 +254,7 @@ def test_code_block(block: Block, workdir: Path):
         return
     if block.lang == "python":
         proc = run([sys.executable, "-c", block.body], workdir)
-        if "gpu" in block.how and not cuda.gpu_status().available:
+        if needs_gpu(block) and not cuda.gpu_status().available:
             check_gpu_refusal(proc, block.where)
             pytest.skip(f"GPU path not run: {cuda.gpu_status().reason}")
         assert proc.returncode == 0, f"{block.where}:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
@@ -243,7 +265,7 @@ def test_code_block(block: Block, workdir: Path):
         program = lines[0].split()[0]
         if shutil.which(program, path=environment(workdir)["PATH"]) is None:
             pytest.skip(f"{program} is not installed here")
-    gpu = "gpu" in block.how and not cuda.gpu_status().available
+    gpu = needs_gpu(block) and not cuda.gpu_status().available
     where = ROOT if "repo-root" in block.how else workdir
     before = tracked_state() if where == ROOT else None
     for cmd in lines:

@@ -1,9 +1,9 @@
 """Every example runs as a user would run it, in a subprocess, so none of them can rot.
 
 Host mode here: the NumPy loop always trains; the JAX step trains where jax is installed (it is
-not a CI dependency); the CuPy step trains on a GPU and, without one, must say why and exit 0,
-which is checked before the test reports itself skipped. ``num_workers="auto"`` runs the tuner
-once per test against a private ``CUPY_NWT_CACHE_DIR``.
+not a CI dependency); the CuPy step trains on a GPU (a ``gpu`` test, so a lease runs it) and,
+without one, must say why and exit 0. ``num_workers="auto"`` runs the tuner once per test against
+a private ``CUPY_NWT_CACHE_DIR``.
 """
 
 from __future__ import annotations
@@ -59,17 +59,21 @@ def test_jax_step_trains_through_dlpack(tmp_path):
     assert "batches from the loader on" in result.stdout
 
 
-def test_cupy_step_trains_on_a_gpu_or_says_why_not(tmp_path):
+@pytest.mark.gpu
+def test_cupy_step_trains_on_the_gpu(tmp_path):
     result = run_example("cupy_train_step.py", tmp_path, *SMALL)
+    assert_trained(result)
+    assert "H2D from" in result.stdout
+
+
+def test_cupy_step_says_why_it_needs_a_gpu(tmp_path):
     status = cuda.gpu_status()
     if status.available:
-        assert_trained(result)
-        assert "H2D from" in result.stdout
-        return
+        pytest.skip("a GPU is here: test_cupy_step_trains_on_the_gpu runs the example")
+    result = run_example("cupy_train_step.py", tmp_path, *SMALL)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == (
         f"skipped: this example trains on a GPU and there is none usable here ({status.reason})")
-    pytest.skip(f"only the no-GPU path of the CuPy example ran: {status.reason}")
 
 
 def test_numpy_and_jax_examples_compute_the_same_losses(tmp_path):
