@@ -15,7 +15,7 @@ state, and apart from them the start-up (the wait for the first batch).
 
 Every loader keeps its workers between epochs (``persistent_workers=True``, both libraries): with CUDA
 in use cupy_nwt starts workers by forkserver, 0.76-0.84 s a restart on the 2-core VM (fork 0.17 s,
-persistent under 0.01 s), so the 3-5 epoch boundaries of a 200-step window would otherwise make the
+persistent under 0.01 s), so the epoch boundaries within each loop's steps would otherwise make the
 idle fraction a measure of restarts, not of prefetching.
 
 * ``cupy_nwt``: ``DataLoader(device="cuda", pin_memory=True)``: registered ring, the copy of batch
