@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -182,6 +185,38 @@ def test_gpu_feed_runs_both_loops_on_one_loader_and_puts_them_side_by_side(monke
     with pytest.raises(ValueError, match="unknown loop"):
         gpu_feed.measure(iter(()), gpu, ["eager"], steps=1, warmup=0, depth=2, batch_size=1, label="x",
                          step_seconds=0.005)
+
+
+def test_gpu_feed_main_writes_both_loops_of_every_mode_side_by_side(tmp_path, monkeypatch, capsys):
+    """The whole script on stand-ins: a timeline for the GPU, a fixed hand-over for each mode's loader."""
+    gpu_feed = study(monkeypatch)
+    clock = FakeClock()
+    closed = []
+
+    def batches(mode, workload, workers, batch_size, seed):
+        stream = handing_over(clock, 0.001 if mode == "cupy_nwt" else 0.002)
+        return types.SimpleNamespace(close=lambda: closed.append(mode)), stream
+
+    measure = gpu_feed.measure
+    monkeypatch.setattr(gpu_feed, "measure", functools.partial(measure, clock=clock))
+    monkeypatch.setattr(gpu_feed, "batches", batches)
+    monkeypatch.setattr(gpu_feed, "make_workloads", lambda root: [types.SimpleNamespace(name="numba-array")])
+    monkeypatch.setattr(gpu_feed, "SimulatedStep", lambda seconds: TimelineGpu(clock, seconds))
+    monkeypatch.setattr(gpu_feed, "torch_cuda_reason", lambda: "torch has no usable CUDA")
+    monkeypatch.setattr(gpu_feed.cuda, "require_gpu", lambda: None)
+    monkeypatch.setattr(gpu_feed.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(gpu_feed.cuda, "device_info", lambda i: {"index": i, "name": "stand-in"})
+    assert gpu_feed.main(["--workers", "4", "--steps", "20", "--warmup", "3", "--out-dir", str(tmp_path)]) == 0
+    doc = json.loads(next(tmp_path.glob("gpu_feed-*.json")).read_text())
+    assert doc["skipped"] == {"torch": "torch has no usable CUDA", "torch-nopin": "torch has no usable CUDA"}
+    assert [r["mode"] for r in doc["results"]] == ["cupy_nwt", "cupy_nwt-noprefetch"] == closed
+    for row in doc["results"]:
+        synced, queued = row["loops"]["synced"], row["loops"]["queued"]
+        assert (synced["loop"], queued["loop"], queued["queue_depth"]) == ("synced", "queued", 2)
+        assert synced["steps"] == queued["steps"] == 20 and row["startup_seconds"] == synced["startup_seconds"]
+        assert queued["idle_fraction"] == pytest.approx(0.0, abs=1e-9) and synced["idle_fraction"] > 0.1
+    out = capsys.readouterr().out
+    assert "GPU idle synced" in out and "GPU idle queued" in out and "0.0%" in out
 
 
 def test_gpu_feed_refuses_bad_loops_in_one_line():
