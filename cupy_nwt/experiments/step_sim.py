@@ -84,7 +84,8 @@ class StepMarks:
 
 
 class SimulatedStep:
-    """A kernel that takes ``seconds`` on the device, then a host sync; returns its device seconds.
+    """A kernel that takes ``seconds`` on the device. Called, it ends in a host sync and returns its
+    device seconds; ``enqueue``d, it returns at once with the events that will time it.
 
     The kernel spins on the GPU's nanosecond timer (``%globaltimer``), not on SM cycles: the SM
     clock ramps from a few hundred MHz idle to ~2 GHz boosted, so a cycle count calibrated at one
