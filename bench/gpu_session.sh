@@ -56,8 +56,9 @@ STEPS=(
     "gpu-tests|55|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
     # 145 s measured at scale 1 (estimated 220); see NWT_FIXED below for the scaled figure
     "nwt|145|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
-    # 76 s measured (estimated 70); forkserver's workers start faster since (they no longer import Numba each)
-    "gpu-feed|76|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, steady state and start-up"
+    # 76 s measured (estimated 70) with one loop of 210 steps a run; forkserver's workers start faster since
+    # (they no longer import Numba each); the synced and queued loops, 160 steps each, add 16 runs x 110 x ~5 ms
+    "gpu-feed|84|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, a synced and a queued step, steady state and start-up"
     # 81 s measured (estimated 90); since then each run also drains workers x 2 batches before timing
     # (30 more at 15 workers, ~0.1 s) and its workers persist
     "loader-compare|81|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's"

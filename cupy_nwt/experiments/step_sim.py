@@ -2,17 +2,24 @@
 
 The question a prefetcher answers is not "how fast is the loader" but "does the GPU ever wait for
 it". Here the training step is a kernel that spins for a fixed time after reading the batch (so it
-is ordered after the batch's copy), followed by a host sync, as a loss read-back would do. Over many
-steps, the GPU's idle fraction is ``1 - kernel time / wall time``: everything that is not the step
-(waiting for a batch, a synchronous copy, host overhead) shows up in it.
+is ordered after the batch's copy). Over many steps, the GPU's idle fraction is ``1 - kernel time /
+wall time``: everything that is not the step (waiting for a batch, a synchronous copy, host overhead)
+shows up in it. Two loops drive it:
+
+* ``feed`` (synced): each step ends in a host sync, as a loss read back every step does, so the
+  host's hand-over of the next batch is GPU idle time whatever the loader does.
+* ``feed_queued``: each step is only enqueued and the host goes on to take the next batch while the
+  GPU runs it, as a training loop that reads nothing back does; the queue is bounded by waiting on
+  the step ``depth`` back. Its wall time is the GPU's own, between the step kernels' CUDA events.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .. import cuda
 from ..errors import ArgumentError
@@ -20,7 +27,11 @@ from ..loader.ring.tree import flatten
 from . import timing
 from .kernels import SpinKernel
 
-__all__ = ["FeedResult", "SimulatedStep", "SpinKernel", "feed", "idle_fraction"]
+__all__ = ["FeedResult", "QUEUE_DEPTH", "SimulatedStep", "SpinKernel", "StepMarks", "feed", "feed_queued",
+           "idle_fraction"]
+
+QUEUE_DEPTH = 2  # steps in flight in the queued loop: one on the GPU, one queued behind it
+
 
 def idle_fraction(kernel_seconds: float, wall_seconds: float) -> float:
     """Share of the wall time in which the simulated step was not running (0 = never idle)."""
@@ -34,7 +45,9 @@ class FeedResult:
     """``steps`` timed steps (after ``warmup``) of ``batch_size`` samples each.
 
     ``startup_seconds`` is the wait for the first batch (starting workers: 0.2-0.8 s each by fork or
-    forkserver), kept apart from the steady state that ``idle_fraction`` describes.
+    forkserver), kept apart from the steady state that ``idle_fraction`` describes. ``loop`` says
+    which loop ran them: "synced" (``wall_seconds`` by the host's clock, each step waited for) or
+    "queued" (``wall_seconds`` by the GPU's events, ``queue_depth`` steps in flight at most).
     """
 
     label: str
@@ -44,6 +57,8 @@ class FeedResult:
     kernel_seconds: float
     step_seconds_target: float
     startup_seconds: float = 0.0
+    loop: str = "synced"
+    queue_depth: int = 1
 
     @property
     def idle_fraction(self) -> float:
@@ -60,8 +75,17 @@ class FeedResult:
         return d
 
 
+@dataclass(frozen=True)
+class StepMarks:
+    """A queued step's start and end events, as the device will timestamp them."""
+
+    start: Any
+    end: Any
+
+
 class SimulatedStep:
-    """A kernel that takes ``seconds`` on the device, then a host sync; returns its device seconds.
+    """A kernel that takes ``seconds`` on the device. Called, it ends in a host sync and returns its
+    device seconds; ``enqueue``d, it returns at once with the events that will time it.
 
     The kernel spins on the GPU's nanosecond timer (``%globaltimer``), not on SM cycles: the SM
     clock ramps from a few hundred MHz idle to ~2 GHz boosted, so a cycle count calibrated at one
@@ -82,6 +106,23 @@ class SimulatedStep:
     def __call__(self, batch: Any) -> float:
         leaves, _ = flatten(batch)
         return self._timed(leaves[0], self.nanoseconds)
+
+    def enqueue(self, batch: Any) -> StepMarks:
+        """Queue the step on the current stream between two timing events; returns without waiting."""
+        leaves, _ = flatten(batch)
+        stream = cuda.current_stream()
+        start, end = cuda.event(), cuda.event()
+        start.record(stream)
+        self._spin(leaves[0], self.nanoseconds)
+        end.record(stream)
+        return StepMarks(start, end)
+
+    def wait(self, marks: StepMarks) -> None:
+        marks.end.synchronize()
+
+    def elapsed(self, start: Any, end: Any) -> float:
+        """Device seconds between two recorded events (waits for ``end``)."""
+        return cuda.elapsed_ms(start, end) / 1e3
 
 
 def feed(batches: Iterable[Any], step: Callable[[Any], float], *, steps: int, warmup: int, batch_size: int,
@@ -110,6 +151,51 @@ def feed(batches: Iterable[Any], step: Callable[[Any], float], *, steps: int, wa
         kernel += step(take())
     wall = clock() - t0
     return FeedResult(label, steps, batch_size, wall, kernel, step_seconds, startup)
+
+
+class QueuedStep(Protocol):
+    """What ``feed_queued`` needs of a step: ``SimulatedStep`` on a GPU, a timeline in the tests."""
+
+    def enqueue(self, batch: Any) -> StepMarks: ...
+    def wait(self, marks: StepMarks) -> None: ...
+    def elapsed(self, start: Any, end: Any) -> float: ...
+
+
+def feed_queued(batches: Iterable[Any], step: QueuedStep, *, steps: int, warmup: int, batch_size: int, label: str,
+                step_seconds: float, depth: int = QUEUE_DEPTH,
+                clock: Callable[[], float] = time.perf_counter) -> FeedResult:
+    """Enqueue a step on each of ``warmup + steps`` batches without waiting for it; time the last ``steps``.
+
+    Before step k is enqueued the host waits for step k - ``depth`` to end, so at most ``depth``
+    steps are in flight; the host takes batch k + 1 while they run. The default, 2, is the least at
+    which the GPU never waits for the launch itself (at 1 each step is launched only once the last
+    one ended) and the least at which a batch's memory is freed by the host while a queued step
+    still reads it, the case the prefetcher must order its copies after. A deeper queue only absorbs
+    longer hiccups of the host and keeps more batches alive on the device.
+
+    Busy and wall time both come from the steps' events: the sum of each step's start-to-end, and
+    the first timed step's start to the last one's end. The start-up is the wait for the first batch.
+    """
+    if steps < 1 or warmup < 0 or depth < 1:
+        raise ArgumentError(f"need steps >= 1, warmup >= 0 and depth >= 1, got {steps}, {warmup}, {depth}")
+    it = iter(batches)
+    t_start = clock()
+    pending = [_next(it, label)]
+    startup = clock() - t_start
+    queue: deque[StepMarks] = deque()
+    timed: list[StepMarks] = []
+    for i in range(warmup + steps):
+        batch = pending.pop() if pending else _next(it, label)
+        while len(queue) >= depth:
+            step.wait(queue.popleft())
+        marks = step.enqueue(batch)
+        queue.append(marks)
+        if i >= warmup:
+            timed.append(marks)
+    step.wait(queue[-1])  # steps on one stream end in order: the last one ends last
+    kernel = sum(step.elapsed(m.start, m.end) for m in timed)
+    wall = step.elapsed(timed[0].start, timed[-1].end)
+    return FeedResult(label, steps, batch_size, wall, kernel, step_seconds, startup, "queued", depth)
 
 
 def _next(it: Any, label: str) -> Any:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
 
-from cupy_nwt.experiments.step_sim import FeedResult, SimulatedStep, feed, idle_fraction
+from cupy_nwt.experiments.step_sim import FeedResult, SimulatedStep, StepMarks, feed, feed_queued, idle_fraction
 
 
 def test_idle_fraction():
@@ -50,6 +53,181 @@ def test_feed_times_only_the_steps_after_warmup_and_counts_the_wait():
     assert r.idle_fraction == pytest.approx(0.2)
     assert r.samples_per_second == pytest.approx(10 * 128 / 0.050)
     assert r.to_dict()["idle_fraction"] == pytest.approx(0.2)
+
+
+class TimelineGpu:
+    """One stream of fixed-length steps on a device timeline, driven by a ``FakeClock`` host.
+
+    Called, a step is launched and waited for (the synced loop); enqueued, it starts when both the
+    host has launched it and the previous step has ended, and the host goes on at once. Its marks
+    are the device times it started and ended; ``in_flight`` records, at each launch, how many
+    earlier steps had not yet ended.
+    """
+
+    LAUNCH_S = 20e-6
+
+    def __init__(self, clock: FakeClock, seconds: float) -> None:
+        self.clock, self.seconds = clock, seconds
+        self.free_at = 0.0  # when the device finishes what is queued
+        self.ends: list[float] = []
+        self.in_flight: list[int] = []
+        self.seen: list = []
+
+    def enqueue(self, batch) -> StepMarks:
+        self.seen.append(batch)
+        self.clock.now += self.LAUNCH_S
+        self.in_flight.append(sum(1 for e in self.ends if e > self.clock.now))
+        start = max(self.free_at, self.clock.now)
+        self.free_at = start + self.seconds
+        self.ends.append(self.free_at)
+        return StepMarks(start, self.free_at)
+
+    def wait(self, marks: StepMarks) -> None:
+        self.clock.now = max(self.clock.now, marks.end)
+
+    def elapsed(self, start: float, end: float) -> float:
+        self.clock.now = max(self.clock.now, end)
+        return end - start
+
+    def __call__(self, batch) -> float:
+        marks = self.enqueue(batch)
+        self.wait(marks)
+        return self.elapsed(marks.start, marks.end)
+
+    def sync(self) -> None:
+        self.clock.now = max(self.clock.now, self.free_at)
+
+
+def handing_over(clock: FakeClock, seconds: float, gpu: TimelineGpu | None = None):
+    """Endless batches, each costing the host ``seconds``; with ``gpu``, after waiting for its queue
+    (a blocking copy from pageable memory)."""
+    for i in itertools.count():
+        if gpu is not None:
+            gpu.sync()
+        clock.now += seconds
+        yield i
+
+
+def test_queued_step_hides_a_hand_over_shorter_than_the_step():
+    clock = FakeClock()
+    gpu = TimelineGpu(clock, 0.005)
+    synced = feed(handing_over(clock, 0.0005), gpu, steps=50, warmup=5, batch_size=8, label="synced",
+                  step_seconds=0.005, clock=clock)
+    queued = feed_queued(handing_over(clock, 0.0005), gpu, steps=50, warmup=5, batch_size=8, label="queued",
+                         step_seconds=0.005, clock=clock)
+    assert synced.idle_fraction == pytest.approx((0.0005 + TimelineGpu.LAUNCH_S) / (0.0055 + TimelineGpu.LAUNCH_S))
+    assert queued.idle_fraction == pytest.approx(0.0, abs=1e-9)
+    assert queued.wall_seconds == pytest.approx(50 * 0.005) and queued.kernel_seconds == pytest.approx(50 * 0.005)
+    assert queued.samples_per_second == pytest.approx(8 / 0.005)
+    assert (queued.loop, queued.queue_depth, synced.loop) == ("queued", 2, "synced")
+    assert queued.to_dict()["loop"] == "queued" and queued.startup_seconds == pytest.approx(0.0005)
+
+
+def test_queued_step_idles_by_what_the_hand_over_exceeds_the_step():
+    clock = FakeClock()
+    gpu = TimelineGpu(clock, 0.005)
+    r = feed_queued(handing_over(clock, 0.008), gpu, steps=40, warmup=5, batch_size=8, label="slow loader",
+                    step_seconds=0.005, clock=clock)
+    assert r.idle_fraction == pytest.approx(0.003 / 0.008, rel=0.02)
+
+
+def test_a_blocking_copy_makes_the_queued_loop_wait_as_the_synced_one_does():
+    clock = FakeClock()
+    gpu = TimelineGpu(clock, 0.005)
+    r = feed_queued(handing_over(clock, 0.0005, gpu), gpu, steps=40, warmup=5, batch_size=8, label="blocking",
+                    step_seconds=0.005, clock=clock)
+    assert r.idle_fraction == pytest.approx(0.0005 / 0.0055, rel=0.05)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_queued_loop_keeps_at_most_depth_steps_in_flight_and_takes_batches_in_order(depth):
+    clock = FakeClock()
+    gpu = TimelineGpu(clock, 0.005)
+    r = feed_queued(handing_over(clock, 0.0001), gpu, steps=20, warmup=3, batch_size=8, label="q",
+                    step_seconds=0.005, depth=depth, clock=clock)
+    assert gpu.seen == list(range(23))
+    assert max(gpu.in_flight) == depth - 1  # the earlier steps unfinished when one more is launched
+    assert r.queue_depth == depth and r.steps == 20
+    assert clock.now >= gpu.free_at  # the loop returns with every step done
+
+
+def test_queued_loop_checks_its_options_and_says_when_the_loader_runs_dry():
+    gpu = TimelineGpu(FakeClock(), 0.001)
+    with pytest.raises(ValueError, match="depth >= 1"):
+        feed_queued(iter(range(9)), gpu, steps=2, warmup=0, batch_size=1, label="x", step_seconds=0.001, depth=0)
+    with pytest.raises(ValueError, match="ran out of batches"):
+        feed_queued(iter(range(3)), gpu, steps=5, warmup=0, batch_size=1, label="short", step_seconds=0.001)
+
+
+def study(monkeypatch):
+    """The gpu_feed study's module (its folder put on sys.path)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench" / "studies"
+                                    / "does_the_gpu_wait_for_batches"))
+    import gpu_feed
+
+    return gpu_feed
+
+
+def test_gpu_feed_runs_both_loops_on_one_loader_and_puts_them_side_by_side(monkeypatch):
+    gpu_feed = study(monkeypatch)
+    clock = FakeClock()
+    gpu = TimelineGpu(clock, 0.005)
+    got = gpu_feed.measure(handing_over(clock, 0.0005), gpu, ["synced", "queued"], steps=30, warmup=4, depth=2,
+                           batch_size=16, label="cupy_nwt", step_seconds=0.005, clock=clock)
+    assert list(got) == ["synced", "queued"]
+    assert gpu.seen == list(range(2 * 34))  # one loader, the queued loop going on where the synced one ended
+    assert got["queued"].idle_fraction < 0.01 < got["synced"].idle_fraction
+    row = {"workload": "numba-array", "num_workers": 4, "mode": "cupy_nwt", "startup_seconds": 1.5,
+           "loops": {k: r.to_dict() for k, r in got.items()}}
+    cells = gpu_feed.row_cells(row, list(got))
+    assert cells[:3] == ["numba-array", 4, "cupy_nwt"] and cells[-1] == 1.5
+    assert cells[4] == f"{got['synced'].idle_fraction:.1%}" and cells[6] == "0.0%"
+    with pytest.raises(ValueError, match="unknown loop"):
+        gpu_feed.measure(iter(()), gpu, ["eager"], steps=1, warmup=0, depth=2, batch_size=1, label="x",
+                         step_seconds=0.005)
+
+
+def test_gpu_feed_main_writes_both_loops_of_every_mode_side_by_side(tmp_path, monkeypatch, capsys):
+    """The whole script on stand-ins: a timeline for the GPU, a fixed hand-over for each mode's loader."""
+    gpu_feed = study(monkeypatch)
+    clock = FakeClock()
+    closed = []
+
+    def batches(mode, workload, workers, batch_size, seed):
+        stream = handing_over(clock, 0.001 if mode == "cupy_nwt" else 0.002)
+        return types.SimpleNamespace(close=lambda: closed.append(mode)), stream
+
+    measure = gpu_feed.measure
+    monkeypatch.setattr(gpu_feed, "measure", functools.partial(measure, clock=clock))
+    monkeypatch.setattr(gpu_feed, "batches", batches)
+    monkeypatch.setattr(gpu_feed, "make_workloads", lambda root: [types.SimpleNamespace(name="numba-array")])
+    monkeypatch.setattr(gpu_feed, "SimulatedStep", lambda seconds: TimelineGpu(clock, seconds))
+    monkeypatch.setattr(gpu_feed, "torch_cuda_reason", lambda: "torch has no usable CUDA")
+    monkeypatch.setattr(gpu_feed.cuda, "require_gpu", lambda: None)
+    monkeypatch.setattr(gpu_feed.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(gpu_feed.cuda, "device_info", lambda i: {"index": i, "name": "stand-in"})
+    assert gpu_feed.main(["--workers", "4", "--steps", "20", "--warmup", "3", "--out-dir", str(tmp_path)]) == 0
+    doc = json.loads(next(tmp_path.glob("gpu_feed-*.json")).read_text())
+    assert doc["skipped"] == {"torch": "torch has no usable CUDA", "torch-nopin": "torch has no usable CUDA"}
+    assert [r["mode"] for r in doc["results"]] == ["cupy_nwt", "cupy_nwt-noprefetch"] == closed
+    for row in doc["results"]:
+        synced, queued = row["loops"]["synced"], row["loops"]["queued"]
+        assert (synced["loop"], queued["loop"], queued["queue_depth"]) == ("synced", "queued", 2)
+        assert synced["steps"] == queued["steps"] == 20 and row["startup_seconds"] == synced["startup_seconds"]
+        assert queued["idle_fraction"] == pytest.approx(0.0, abs=1e-9) and synced["idle_fraction"] > 0.1
+    out = capsys.readouterr().out
+    assert "GPU idle synced" in out and "GPU idle queued" in out and "0.0%" in out
+
+
+def test_gpu_feed_refuses_bad_loops_in_one_line():
+    root = Path(__file__).resolve().parents[2]
+    script = root / "bench" / "studies" / "does_the_gpu_wait_for_batches" / "gpu_feed.py"
+    env = {"CUPY_NWT_DISABLE_GPU": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)}
+    for bad in (["--loops", "eager"], ["--queue-depth", "0"]):
+        proc = subprocess.run([sys.executable, str(script), *bad], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
 
 
 def test_feed_says_when_the_loader_runs_dry():
@@ -93,6 +271,21 @@ def test_a_5ms_step_lasts_5ms_by_cuda_events_even_from_idle_clocks():
     batch = cuda.device_empty(16)
     took = [step(batch) for _ in range(5)]
     assert all(0.0045 <= t <= 0.0055 for t in took), took
+
+
+@pytest.mark.gpu
+def test_enqueued_steps_return_at_once_and_their_events_time_the_step():
+    from cupy_nwt import cuda
+
+    step = SimulatedStep(0.02)
+    batch = cuda.device_empty(16)
+    marks = step.enqueue(batch)
+    assert not marks.end.done  # 20 ms of spinning cannot be over when the launch returns
+    step.wait(marks)
+    assert marks.end.done and step.elapsed(marks.start, marks.end) == pytest.approx(0.02, rel=0.25)
+    r = feed_queued(itertools.repeat(batch), SimulatedStep(0.002), steps=20, warmup=2, batch_size=1, label="gpu",
+                    step_seconds=0.002)
+    assert r.kernel_seconds == pytest.approx(20 * 0.002, rel=0.25) and r.wall_seconds >= r.kernel_seconds
 
 
 def test_feed_keeps_the_loaders_start_up_out_of_the_steady_state():

@@ -1,13 +1,21 @@
 """Does the GPU wait for data? cupy_nwt (prefetcher on and off) beside torch's DataLoader, one run.
 
 Each mode feeds the same dataset, batch transform, batch size and worker count to a simulated
-training step (``cupy_nwt.experiments.step_sim``: a kernel of known duration that reads the batch, then a host
-sync). Reported per mode: samples/s delivered to the GPU and the GPU's idle fraction in the steady
-state, and apart from it the start-up (the wait for the first batch).
+training step (``cupy_nwt.experiments.step_sim``: a kernel of known duration that reads the batch)
+in two loops, one after the other on the same loader and workers:
+
+* ``synced``: each step ends in a host sync (a loss read back every step), so the main process's
+  hand-over of the next batch is GPU idle time every step, whatever the loader does;
+* ``queued``: each step is enqueued and the host goes on to take the next batch while the GPU runs
+  it, waiting only on the step ``--queue-depth`` back (default 2: one running, one queued), as a
+  training loop that reads nothing back does. Idle is timed by the steps' CUDA events alone.
+
+Reported per mode and loop: samples/s delivered to the GPU and the GPU's idle fraction in the steady
+state, and apart from them the start-up (the wait for the first batch).
 
 Every loader keeps its workers between epochs (``persistent_workers=True``, both libraries): with CUDA
 in use cupy_nwt starts workers by forkserver, 0.76-0.84 s a restart on the 2-core VM (fork 0.17 s,
-persistent under 0.01 s), so the 3-5 epoch boundaries of a 200-step window would otherwise make the
+persistent under 0.01 s), so the epoch boundaries within each loop's steps would otherwise make the
 idle fraction a measure of restarts, not of prefetching.
 
 * ``cupy_nwt``: ``DataLoader(device="cuda", pin_memory=True)``: registered ring, the copy of batch
@@ -22,6 +30,9 @@ Writes ``gpu_feed-<host>.json`` beside this script (or into ``--out-dir``). Need
 for the torch modes, which are skipped with the reason otherwise):
 
     PYTHONPATH=. python bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,8,15 --step-ms 5
+
+150 steps a loop (the default) keep ``bench/gpu_session.sh``'s gpu-feed step, both loops at 4 and 15
+workers, within its estimate.
 """
 
 from __future__ import annotations
@@ -30,7 +41,8 @@ import argparse
 import gc
 import sys
 import tempfile
-from collections.abc import Generator, Iterator
+import time
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +54,10 @@ from loader_compare import TorchCollate, endless, make_workloads, parse_workers 
 
 from cupy_nwt import DataLoader, cuda, system  # noqa: E402
 from cupy_nwt._reporting import tables as report  # noqa: E402
-from cupy_nwt.experiments.step_sim import FeedResult, SimulatedStep, feed  # noqa: E402
+from cupy_nwt.experiments.step_sim import QUEUE_DEPTH, FeedResult, SimulatedStep, feed, feed_queued  # noqa: E402
 
 MODES = ("cupy_nwt", "cupy_nwt-noprefetch", "torch", "torch-nopin")
+LOOPS = ("synced", "queued")
 
 
 def batches(mode: str, workload: Any, workers: int, batch_size: int, seed: int) -> tuple[Any, Iterator[Any]]:
@@ -88,6 +101,36 @@ def _epochs(loader: Any, to_gpu) -> Iterator[Any]:
         yield to_gpu(b)
 
 
+def measure(stream: Iterator[Any], step: Any, loops: list[str], *, steps: int, warmup: int, depth: int,
+            batch_size: int, label: str, step_seconds: float,
+            clock: Callable[[], float] = time.perf_counter) -> dict[str, FeedResult]:
+    """Each of ``loops`` in turn on one loader's batches: ``step`` is called (synced) or enqueued (queued).
+
+    The loops share the loader, so its workers start once; each has its own warm-up, and the second
+    one's start-up is only the hand-over of a batch already made.
+    """
+    out: dict[str, FeedResult] = {}
+    for loop in loops:
+        if loop == "synced":
+            out[loop] = feed(stream, step, steps=steps, warmup=warmup, batch_size=batch_size, label=label,
+                             step_seconds=step_seconds, clock=clock)
+        elif loop == "queued":
+            out[loop] = feed_queued(stream, step, steps=steps, warmup=warmup, batch_size=batch_size, label=label,
+                                    step_seconds=step_seconds, depth=depth, clock=clock)
+        else:
+            raise ValueError(f"unknown loop {loop!r}: use {', '.join(LOOPS)}")
+    return out
+
+
+def row_cells(row: dict[str, Any], loops: list[str]) -> list[Any]:
+    """One text-table row: the loops' samples/s and GPU idle side by side, then the start-up."""
+    cells: list[Any] = [row["workload"], row["num_workers"], row["mode"]]
+    for loop in loops:
+        r = row["loops"][loop]
+        cells += [round(r["samples_per_second"]), f"{r['idle_fraction']:.1%}"]
+    return cells + [round(row["startup_seconds"], 3)]
+
+
 def torch_cuda_reason() -> str | None:
     """Why the torch modes cannot run here, or None."""
     try:
@@ -104,8 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="4", help="comma-separated worker counts (default 4)")
     p.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
     p.add_argument("--step-ms", type=float, default=5.0, help="simulated step length (default 5 ms)")
-    p.add_argument("--steps", type=int, default=200, help="timed steps per mode (default 200)")
-    p.add_argument("--warmup", type=int, default=10, help="untimed steps first (default 10)")
+    p.add_argument("--steps", type=int, default=150, help="timed steps per mode and loop (default 150)")
+    p.add_argument("--warmup", type=int, default=10, help="untimed steps before each loop (default 10)")
+    p.add_argument("--loops", default=",".join(LOOPS), help=f"subset of {','.join(LOOPS)}, run in this order")
+    p.add_argument("--queue-depth", type=int, default=QUEUE_DEPTH,
+                   help=f"steps in flight at most in the queued loop (default {QUEUE_DEPTH})")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--workloads", default="numba-array,decode-png", help="which of loader_compare's workloads")
     p.add_argument("--out-dir", default=str(RESULTS))
@@ -115,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         modes = [m for m in args.modes.split(",") if m]
         if unknown := set(modes) - set(MODES):
             raise ValueError(f"unknown mode(s) {sorted(unknown)}: use {', '.join(MODES)}")
+        loops = [m for m in args.loops.split(",") if m]
+        if not loops or (unknown := set(loops) - set(LOOPS)):
+            raise ValueError(f"unknown or no loop(s) {args.loops!r}: use {', '.join(LOOPS)}")
+        if args.queue_depth < 1 or args.steps < 1 or args.warmup < 0:
+            raise ValueError("need --queue-depth >= 1, --steps >= 1 and --warmup >= 0")
         cuda.require_gpu()
     except (ValueError, cuda.NoGPUError) as exc:
         print(f"gpu_feed: {exc}", file=sys.stderr)
@@ -133,23 +184,26 @@ def main(argv: list[str] | None = None) -> int:
                 for mode in modes:
                     loader, stream = batches(mode, wl, w, args.batch_size, seed=0)
                     try:
-                        r: FeedResult = feed(stream, step, steps=args.steps, warmup=args.warmup,
-                                             batch_size=args.batch_size, label=mode, step_seconds=args.step_ms / 1e3)
+                        got = measure(stream, step, loops, steps=args.steps, warmup=args.warmup,
+                                      depth=args.queue_depth, batch_size=args.batch_size, label=mode,
+                                      step_seconds=args.step_ms / 1e3)
                     finally:
                         release(loader, stream)
                         del loader, stream
                     row = {"workload": wl.name, "num_workers": w, "mode": mode, "persistent_workers": w > 0,
-                           **r.to_dict()}
+                           "startup_seconds": got[loops[0]].startup_seconds,
+                           "loops": {loop: r.to_dict() for loop, r in got.items()}}
                     results.append(row)
-                    print(f"{wl.name:12} workers={w:<3} {mode:20} {r.samples_per_second:9.0f} samples/s  "
-                          f"GPU idle {r.idle_fraction:6.1%}  start-up {r.startup_seconds:.2f} s", file=sys.stderr)
+                    print(f"{wl.name:12} workers={w:<3} {mode:20} "
+                          + "  ".join(f"{loop} {r.samples_per_second:6.0f} samples/s idle {r.idle_fraction:6.1%}"
+                                      for loop, r in got.items())
+                          + f"  start-up {row['startup_seconds']:.2f} s", file=sys.stderr)
     doc = {"host": system.host_info(), "device": cuda.device_info(cuda.current_device()),
            "config": vars(args), "skipped": skipped, "results": results}
     out = Path(args.out_dir) / f"gpu_feed-{system.host_tag()}.json"
     report.write_json(doc, out)
-    print(report.table(["workload", "workers", "mode", "samples/s", "GPU idle", "start-up s"],
-                       [[r["workload"], r["num_workers"], r["mode"], round(r["samples_per_second"]),
-                         f"{r['idle_fraction']:.1%}", round(r["startup_seconds"], 3)] for r in results]))
+    heads = [h for loop in loops for h in (f"samples/s {loop}", f"GPU idle {loop}")]
+    print(report.table(["workload", "workers", "mode", *heads, "start-up s"], [row_cells(r, loops) for r in results]))
     print(f"wrote {out}")
     return 0
 
