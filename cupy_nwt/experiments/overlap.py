@@ -183,9 +183,12 @@ class OverlapResult:
         return self._ideal_with(duplex=True, handoff=True)
 
     def excess(self, name: str) -> ExcessExplained | None:
-        """How much of this version's miss of the blog's ideal the duplex rates and the hand-off explain."""
+        """How much of a pipelined version's miss of the blog's ideal the duplex rates and the hand-off explain.
+
+        None for ``sequential`` (it pipelines nothing) and until both parts are measured.
+        """
         duplex_ideal, measured_ideal = self.duplex_ideal_seconds, self.measured_ideal_seconds
-        if duplex_ideal is None or measured_ideal is None:
+        if duplex_ideal is None or measured_ideal is None or name == "sequential":
             return None
         return ExcessExplained(name, self.version(name).seconds.median, self.ideal_seconds, duplex_ideal,
                                measured_ideal)
@@ -212,7 +215,16 @@ class OverlapResult:
 
     @property
     def correct(self) -> bool:
-        return self.max_error < MAX_ERROR_TOLERANCE
+        """Every computed value within tolerance, and every duplex copy brought back the bytes sent."""
+        return self.problem is None
+
+    @property
+    def problem(self) -> str | None:
+        """What makes the run wrong, in one line; None when it is correct."""
+        if self.max_error >= MAX_ERROR_TOLERANCE:
+            return f"max error {self.max_error:.3g} exceeds {MAX_ERROR_TOLERANCE:g}"
+        bad = [fmt_bytes(p.nbytes) for p in self.duplex if not p.verified]
+        return f"duplex copies of {', '.join(bad)} brought back other bytes" if bad else None
 
     def to_dict(self) -> dict[str, Any]:
         versions = []
