@@ -135,7 +135,7 @@ def excess_rows(docs: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, A
             if ex:
                 rows.append({"source": source, "version": v["name"], "vs_ideal": v.get("vs_ideal"),
                              **{k: ex.get(k) for k in ("vs_measured_ideal", "by_duplex", "by_handoff",
-                                                       "unexplained")}})
+                                                       "unexplained", "crossings_for_the_rest")}})
     return rows
 
 
@@ -167,10 +167,12 @@ def table(report: dict[str, Any]) -> str:
             return "-" if x is None else f"{100 * x:.0f}%"
 
         lines += ["", f"{'excess over the ideal':24} {'vs ideal':>8} {'vs measured':>11} {'by duplex':>9} "
-                      f"{'by hand-off':>11} {'unexplained':>11}"]
+                      f"{'by hand-off':>11} {'unexplained':>11} {'crossings for the rest':>22}"]
         for e in report["excess"]:
+            rest = e.get("crossings_for_the_rest")
             lines.append(f"{e['source'] + ' ' + e['version']:24} {e['vs_ideal']:>8.3f} {e['vs_measured_ideal']:>11.3f} "
-                         f"{pct(e['by_duplex']):>9} {pct(e['by_handoff']):>11} {pct(e['unexplained']):>11}")
+                         f"{pct(e['by_duplex']):>9} {pct(e['by_handoff']):>11} {pct(e['unexplained']):>11} "
+                         f"{'-' if rest is None else f'{rest:.1f}':>22}")
     return "\n".join(lines)
 
 

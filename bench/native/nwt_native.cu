@@ -612,7 +612,8 @@ int overlap(const Args& a, const std::string& device) {
         std::string explained = std::string(v.name) == "sequential" ? "null" : object({
             {"version", quoted(v.name)}, {"excess_seconds", num(excess)},
             {"by_duplex", share(duplex_ideal - ideal, excess)}, {"by_handoff", share(full_ideal - duplex_ideal, excess)},
-            {"unexplained", share(t - full_ideal, excess)}, {"vs_measured_ideal", num(t / full_ideal)}});
+            {"unexplained", share(t - full_ideal, excess)}, {"vs_measured_ideal", num(t / full_ideal)},
+            {"crossings_for_the_rest", hop > 0 && t > duplex_ideal ? num((t - duplex_ideal) / hop) : "null"}});
         vj.push_back(object({{"name", quoted(v.name)}, {"seconds", stats_json(v.seconds)},
                              {"max_error", num(v.max_error)},
                              {"speedup_vs_sequential", num(versions[0].seconds.median / t)},

@@ -163,35 +163,34 @@ class OverlapResult:
         return handoff_seconds(self.serial_chunks.seconds.median, s.h2d.median, s.kernel.median, s.d2h.median,
                                self.config.streams)
 
-    def _ideal_with(self, duplex: bool, handoff: bool) -> float | None:
+    def _ideal_with(self, handoff: bool) -> float | None:
         point, hop = self.chunk_duplex, self.handoff_seconds
         if point is None or hop is None:
             return None
         s = self.stages
         return measured_ideal_seconds(s.h2d.median, s.kernel.median, s.d2h.median, self.config.streams,
-                                      point.ratio("h2d") if duplex else 1.0, point.ratio("d2h") if duplex else 1.0,
-                                      hop if handoff else 0.0)
+                                      point.ratio("h2d"), point.ratio("d2h"), hop if handoff else 0.0)
 
     @property
     def duplex_ideal_seconds(self) -> float | None:
         """The ideal with the copies' steady-state steps at their duplex rates (None until both are measured)."""
-        return self._ideal_with(duplex=True, handoff=False)
+        return self._ideal_with(handoff=False)
 
     @property
     def measured_ideal_seconds(self) -> float | None:
         """The ideal with the duplex rates and the fill's hand-offs (None until both are measured)."""
-        return self._ideal_with(duplex=True, handoff=True)
+        return self._ideal_with(handoff=True)
 
     def excess(self, name: str) -> ExcessExplained | None:
         """How much of a pipelined version's miss of the blog's ideal the duplex rates and the hand-off explain.
 
         None for ``sequential`` (it pipelines nothing) and until both parts are measured.
         """
-        duplex_ideal, measured_ideal = self.duplex_ideal_seconds, self.measured_ideal_seconds
-        if duplex_ideal is None or measured_ideal is None or name == "sequential":
+        duplex_ideal, measured_ideal, hop = self.duplex_ideal_seconds, self.measured_ideal_seconds, self.handoff_seconds
+        if duplex_ideal is None or measured_ideal is None or hop is None or name == "sequential":
             return None
         return ExcessExplained(name, self.version(name).seconds.median, self.ideal_seconds, duplex_ideal,
-                               measured_ideal)
+                               measured_ideal, hop)
 
     def version(self, name: str) -> VersionTiming:
         for v in self.versions:
@@ -403,9 +402,10 @@ def overlap_summary(result: OverlapResult) -> str:
         rows.append([v.name, f"{1e3 * v.seconds.median:.3f}", v.seconds.spread, result.speedup(v.name),
                      result.vs_ideal(v.name), "-" if ex is None else ex.vs_measured_ideal,
                      _share(ex.by_duplex if ex else None), _share(ex.by_handoff if ex else None),
+                     "-" if ex is None or ex.crossings_for_the_rest is None else f"{ex.crossings_for_the_rest:.1f}",
                      f"{v.max_error:.3g}"])
     body = report.table(["version", "ms", "spread", "speed-up", "vs ideal", "vs measured", "by duplex",
-                         "by hand-off", "max error"], rows)
+                         "by hand-off", "rest in hand-offs", "max error"], rows)
     return f"{head}\n\n{body}"
 
 

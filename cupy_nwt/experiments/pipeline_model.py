@@ -74,6 +74,9 @@ class ExcessExplained:
 
     ``duplex_ideal`` adds only the duplex rates, ``measured_ideal`` the hand-off too. Shares are of
     the excess over the blog's ideal (0.5: half of it); None when the version is not slower than it.
+    ``crossings_for_the_rest`` reads the model the other way: how many hand-offs of ``handoff``
+    seconds, not the fill's two alone, would close what the duplex rates leave (about ``3 * streams
+    - 1`` if every crossing stayed on the critical path).
     """
 
     version: str
@@ -81,6 +84,7 @@ class ExcessExplained:
     ideal: float
     duplex_ideal: float
     measured_ideal: float
+    handoff: float = 0.0
 
     @property
     def excess(self) -> float:
@@ -105,7 +109,12 @@ class ExcessExplained:
     def vs_measured_ideal(self) -> float:
         return self.measured / self.measured_ideal
 
+    @property
+    def crossings_for_the_rest(self) -> float | None:
+        rest = self.measured - self.duplex_ideal
+        return rest / self.handoff if self.handoff > 0 and rest > 0 else None
+
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "excess_seconds": self.excess, "by_duplex": self.by_duplex,
                 "by_handoff": self.by_handoff, "unexplained": self.unexplained,
-                "vs_measured_ideal": self.vs_measured_ideal}
+                "vs_measured_ideal": self.vs_measured_ideal, "crossings_for_the_rest": self.crossings_for_the_rest}

@@ -110,7 +110,7 @@ def test_native_prints_every_field_the_report_reads():
                 "total_bytes", "chunks", "one_copy_gbps", "many_copies_gbps", "stages", "versions", "name", "seconds",
                 "duplex", "h2d_alone", "d2h_alone", "h2d_duplex", "d2h_duplex", "handoff", "serial_chunks",
                 "ideal_from_measured_stages", "excess_explained", "vs_ideal", "vs_measured_ideal", "by_duplex",
-                "by_handoff", "unexplained"):
+                "by_handoff", "unexplained", "crossings_for_the_rest"):
         assert f'"{key}"' in source, key
     assert re.search(r'#include "spin.cu"', source) and re.search(r'#include "overlap.cu"', source)
 
@@ -188,10 +188,11 @@ def test_report_compares_the_duplex_stage_and_lists_both_excess_splits(tmp_path,
     excess = {(e["source"], e["version"]): e for e in rep["excess"]}
     assert set(excess) == {(s, v) for s in ("cupy_nwt", "native") for v in ("async_v1", "async_v2")}
     assert excess[("cupy_nwt", "async_v1")]["by_duplex"] == pytest.approx(0.75)
+    assert excess[("cupy_nwt", "async_v1")]["crossings_for_the_rest"] == pytest.approx(12.5)
     assert excess[("native", "async_v1")]["by_duplex"] == pytest.approx(0.5)
     assert excess[("cupy_nwt", "async_v2")]["by_duplex"] is None  # faster than the ideal: nothing to explain
     out = capsys.readouterr().out
-    assert "cupy_nwt async_v1" in out and "75%" in out and "50%" in out
+    assert "cupy_nwt async_v1" in out and "75%" in out and "50%" in out and "12.5" in out
 
 
 def test_report_reads_an_overlap_file_from_before_the_duplex_stage(tmp_path):

@@ -143,12 +143,15 @@ def test_handoff_from_the_serial_chunks():
 
 
 def test_excess_splits_into_duplex_handoff_and_the_rest():
-    e = pipeline_model.ExcessExplained("async_v1", measured=8.0, ideal=5.5, duplex_ideal=7.0, measured_ideal=7.5)
+    e = pipeline_model.ExcessExplained("async_v1", measured=8.0, ideal=5.5, duplex_ideal=7.0, measured_ideal=7.5,
+                                       handoff=0.25)
     assert e.excess == pytest.approx(2.5)
+    assert e.crossings_for_the_rest == pytest.approx(4.0)  # (8 - 7) / 0.25: 4 hand-offs, not the fill's 2
     assert (e.by_duplex, e.by_handoff, e.unexplained) == pytest.approx((0.6, 0.2, 0.2))
     assert e.vs_measured_ideal == pytest.approx(8.0 / 7.5)
     faster = pipeline_model.ExcessExplained("v", measured=5.0, ideal=5.5, duplex_ideal=7.0, measured_ideal=7.5)
     assert faster.by_duplex is None and faster.to_dict()["unexplained"] is None
+    assert faster.crossings_for_the_rest is None and e.to_dict()["crossings_for_the_rest"] == pytest.approx(4.0)
 
 
 def test_duplex_point_ratios_and_rates():
@@ -170,6 +173,7 @@ def test_result_rebuilds_the_ideal_from_its_measured_stages():
     ex = r.excess("async_v1")
     assert ex is not None and ex.excess == pytest.approx(1e-4)
     assert (ex.by_duplex, ex.by_handoff, ex.unexplained) == pytest.approx((0.75, 0.04, 0.21))
+    assert ex.crossings_for_the_rest == pytest.approx(12.5)  # (620 - 595) us / 2 us
     d = json.loads(report.to_json(r))
     v1 = d["versions"][1]["excess_explained"]
     assert v1["by_duplex"] == pytest.approx(0.75) and v1["vs_measured_ideal"] == pytest.approx(6.2e-4 / 5.99e-4)
@@ -178,7 +182,7 @@ def test_result_rebuilds_the_ideal_from_its_measured_stages():
     assert [p["nbytes"] for p in d["duplex"]] == [CHUNK_BYTES, 4 * CHUNK_BYTES]
     text = overlap.overlap_summary(r)
     assert "0.595 ms with the duplex rates, 0.599 ms with 2 hand-offs" in text
-    assert "2.00 us a crossing" in text and "75%" in text and "x1.250" in text
+    assert "2.00 us a crossing" in text and "75%" in text and "x1.250" in text and "12.5" in text
 
 
 def test_result_without_the_new_stages_keeps_the_blogs_ideal_alone():
