@@ -13,6 +13,9 @@ and versions) are marked ``copy-bound``: the goal is >= 0.97 on each of them. Wr
 
     PYTHONPATH=. python bench/native_report.py bench/results/<device>/transfers
 
+Both files' ``excess_explained`` (how much of each async version's miss of the ideal pipelined time
+the duplex rates and the hand-off account for) are listed side by side under ``excess``.
+
 Exit 0 (a report, whatever the shares); 2 a file missing, unreadable, or not the experiment it names.
 """
 
@@ -91,6 +94,48 @@ def overlap_rows(ours: dict[str, Any], native: dict[str, Any]) -> list[dict[str,
         other = theirs.get(v["name"], {})
         rows.append(_row(f"overlap {v['name']}", _median(v.get("seconds")), _median(other.get("seconds")), "s",
                          True, False))
+    return rows + duplex_rows(ours, native)
+
+
+def _positive(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+def duplex_rows(ours: dict[str, Any], native: dict[str, Any]) -> list[dict[str, Any]]:
+    """The duplex stage (GB/s each way, alone and with the other direction running), the serial chunks,
+    the hand-off and the ideal rebuilt from them; none for a cupy_nwt file from before they existed."""
+    rows = []
+    theirs = {p["nbytes"]: p for p in native.get("duplex", [])}
+    for p in ours.get("duplex", []):
+        other = theirs.get(p["nbytes"], {}).get("gbps", {})
+        for key in ("h2d_alone", "d2h_alone", "h2d_duplex", "d2h_duplex"):
+            rows.append(_row(f"overlap duplex {key} {p['nbytes']} B", _positive(p["gbps"].get(key)),
+                             _positive(other.get(key)), "GB/s", p["nbytes"] >= COPY_BOUND_FROM, True))
+    handoff, their_handoff = ours.get("handoff"), native.get("handoff") or {}
+    if handoff:
+        rows.append(_row("overlap serial_chunks", _median(handoff["serial_chunks"].get("seconds")),
+                         _median(their_handoff.get("serial_chunks", {}).get("seconds")), "s", True, False))
+        rows.append(_row("overlap hand-off", _positive(handoff.get("seconds")),
+                         _positive(their_handoff.get("seconds")), "s", False, False))
+    measured = (ours.get("ideal_from_measured_stages") or {}).get("seconds")
+    if measured is not None:
+        rows.append(_row("overlap ideal from measured stages", _positive(measured),
+                         _positive((native.get("ideal_from_measured_stages") or {}).get("seconds")), "s", False,
+                         False))
+    return rows
+
+
+def excess_rows(docs: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per source and pipelined version: its ratio to the blog's ideal and to the measured one, and the
+    share of its excess that the duplex rates, the hand-off and nothing measured explain."""
+    rows = []
+    for source in ("cupy_nwt", "native"):
+        for v in docs[("overlap", source)].get("versions", []):
+            ex = v.get("excess_explained")
+            if ex:
+                rows.append({"source": source, "version": v["name"], "vs_ideal": v.get("vs_ideal"),
+                             **{k: ex.get(k) for k in ("vs_measured_ideal", "by_duplex", "by_handoff",
+                                                       "unexplained", "crossings_for_the_rest")}})
     return rows
 
 
@@ -99,7 +144,8 @@ def compare(folder: Path) -> dict[str, Any]:
     rows = (bandwidth_rows(docs[("bandwidth", "cupy_nwt")], docs[("bandwidth", "native")])
             + overlap_rows(docs[("overlap", "cupy_nwt")], docs[("overlap", "native")]))
     bound = [r for r in rows if r["copy_bound"] and r["share"] is not None]
-    return {"goal": GOAL, "rows": rows, "unmatched": [r["figure"] for r in rows if r["share"] is None],
+    return {"goal": GOAL, "rows": rows, "excess": excess_rows(docs),
+            "unmatched": [r["figure"] for r in rows if r["share"] is None],
             "copy_bound_min_share": min((r["share"] for r in bound), default=None),
             "copy_bound_below_goal": [r["figure"] for r in bound if r["share"] < GOAL]}
 
@@ -116,6 +162,17 @@ def table(report: dict[str, Any]) -> str:
     low = report["copy_bound_min_share"]
     lines.append(f"share = cupy_nwt's speed / native's; goal >= {GOAL} where the copy sets the time; "
                  f"lowest there: {'-' if low is None else f'{low:.3f}'}")
+    if report["excess"]:
+        def pct(x: float | None) -> str:
+            return "-" if x is None else f"{100 * x:.0f}%"
+
+        lines += ["", f"{'excess over the ideal':24} {'vs ideal':>8} {'vs measured':>11} {'by duplex':>9} "
+                      f"{'by hand-off':>11} {'unexplained':>11} {'crossings for the rest':>22}"]
+        for e in report["excess"]:
+            rest = e.get("crossings_for_the_rest")
+            lines.append(f"{e['source'] + ' ' + e['version']:24} {e['vs_ideal']:>8.3f} {e['vs_measured_ideal']:>11.3f} "
+                         f"{pct(e['by_duplex']):>9} {pct(e['by_handoff']):>11} {pct(e['unexplained']):>11} "
+                         f"{'-' if rest is None else f'{rest:.1f}':>22}")
     return "\n".join(lines)
 
 

@@ -6,6 +6,9 @@
 //   nwt_native overlap   [--streams N] [--repeats N] [--warmup N] [--device N]
 //   nwt_native EXPERIMENT --dry-run     prints the error document and exits 3 without any CUDA call
 //   nwt_native summarize X...           prints the statistics of the numbers X (the writer, testable anywhere)
+//   nwt_native ideal H K D STREAMS RH RD SERIAL
+//                                       prints the overlap ideals and the hand-off from those stage
+//                                       seconds, duplex ratios and serial-chunks seconds (testable anywhere)
 //
 // The method is cupy_nwt's, step for step: the same sizes and defaults, the same copies per sample,
 // every sample but pageable copies queued behind the same spin kernel (held twice the slowest
@@ -13,7 +16,8 @@
 // CUDA events on the copying stream, medians and inclusive quartiles, every copy checked. The
 // kernels are the very files cupy_nwt compiles at run time (#included from cuda_src/). The JSON on
 // stdout has the shape of `cupy-nwt bandwidth --json` / `cupy-nwt overlap --json` for every field
-// bench/native_report.py compares, plus "source": "native".
+// bench/native_report.py compares, plus "source": "native". `overlap` also runs cupy_nwt's duplex
+// stage, the serial chunks (the hand-off) and the ideal rebuilt from them (pipeline_model.py).
 //
 // Exit: 0 done and every result checked; 1 a CUDA error or a wrong result; 2 bad arguments;
 // 3 no usable GPU (or --dry-run). On any exit but 0 stdout holds {"experiment", "source", "error"}.
@@ -154,10 +158,11 @@ struct Timer {
     }
 
     // Device seconds of what issue() enqueues, window on `s` joined by `others`, behind a hold of
-    // `held` seconds (none when 0).
+    // `held` seconds (none when 0). With `each`, also every other stream's own seconds from the start
+    // to its last work's end (as timing.event_seconds_each).
     template <class F>
     double window(F&& issue, cudaStream_t s, const std::vector<cudaStream_t>& others, double held,
-                  double* issued) const {
+                  double* issued, std::vector<double>* each = nullptr) const {
         cudaEvent_t start, end;
         CHECK(cudaEventCreate(&start));
         CHECK(cudaEventCreate(&end));
@@ -167,18 +172,28 @@ struct Timer {
         double t0 = host_now();
         issue();
         *issued = host_now() - t0;
+        std::vector<cudaEvent_t> ends;
         for (cudaStream_t o : others) {
             if (o == s) continue;
             cudaEvent_t done;
-            CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+            CHECK(cudaEventCreateWithFlags(&done, each ? cudaEventDefault : cudaEventDisableTiming));
             CHECK(cudaEventRecord(done, o));
             CHECK(cudaStreamWaitEvent(s, done, 0));
-            CHECK(cudaEventDestroy(done));
+            ends.push_back(done);
         }
         CHECK(cudaEventRecord(end, s));
         CHECK(cudaEventSynchronize(end));
         float ms = 0;
         CHECK(cudaEventElapsedTime(&ms, start, end));
+        if (each) each->clear();
+        for (cudaEvent_t done : ends) {
+            if (each) {
+                float own = 0;
+                CHECK(cudaEventElapsedTime(&own, start, done));
+                each->push_back(own / 1e3);
+            }
+            CHECK(cudaEventDestroy(done));
+        }
         CHECK(cudaEventDestroy(start));
         CHECK(cudaEventDestroy(end));
         return ms / 1e3;
@@ -397,6 +412,106 @@ void launch(float* chunk, long long offset, long long n, cudaStream_t s) {
     CHECK(cudaGetLastError());
 }
 
+// The duplex stage, as cupy_nwt's duplex.measure_duplex: per size, rounds of H2D alone, D2H alone and
+// both at once on two streams, `copies` back-to-back copies each way a sample, behind the hold.
+struct DuplexPoint {
+    long long nbytes = 0;
+    Stats h2d_alone, d2h_alone, h2d_duplex, d2h_duplex, both;
+    bool verified = false;
+};
+
+double gbps_of(long long n, const Stats& s) { return s.median > 0 ? n / s.median / 1e9 : INFINITY; }
+
+std::string duplex_json(const DuplexPoint& p, int copies) {
+    return object({
+        {"nbytes", integer(p.nbytes)}, {"copies_per_sample", integer(copies)},
+        {"seconds", object({{"h2d_alone", stats_json(p.h2d_alone)}, {"d2h_alone", stats_json(p.d2h_alone)},
+                            {"h2d_duplex", stats_json(p.h2d_duplex)}, {"d2h_duplex", stats_json(p.d2h_duplex)},
+                            {"both", stats_json(p.both)}})},
+        {"gbps", object({{"h2d_alone", num(gbps_of(p.nbytes, p.h2d_alone))},
+                         {"d2h_alone", num(gbps_of(p.nbytes, p.d2h_alone))},
+                         {"h2d_duplex", num(gbps_of(p.nbytes, p.h2d_duplex))},
+                         {"d2h_duplex", num(gbps_of(p.nbytes, p.d2h_duplex))},
+                         {"both_ways", num(2 * gbps_of(p.nbytes, p.both))}})},
+        {"duplex_ratio", object({{"h2d", num(p.h2d_duplex.median / p.h2d_alone.median)},
+                                 {"d2h", num(p.d2h_duplex.median / p.d2h_alone.median)}})},
+        {"verified", boolean(p.verified)}});
+}
+
+std::vector<DuplexPoint> measure_duplex(const Timer& timer, const std::vector<long long>& sizes, int copies,
+                                        int reps, int warm, int* overran) {
+    const long long n = *std::max_element(sizes.begin(), sizes.end());
+    unsigned char *host_up = nullptr, *host_down = nullptr, *dev_up = nullptr, *dev_down = nullptr;
+    CHECK(cudaMallocHost(&host_up, n));
+    CHECK(cudaMallocHost(&host_down, n));
+    CHECK(cudaMalloc(&dev_up, n));
+    CHECK(cudaMalloc(&dev_down, n));
+    unsigned long long x = 88172645463325252ULL;
+    for (long long i = 0; i < n; ++i) {
+        x ^= x << 13; x ^= x >> 7; x ^= x << 17;
+        host_up[i] = static_cast<unsigned char>(x);
+    }
+    cudaStream_t main_s, sa, sb;
+    for (cudaStream_t* st : {&main_s, &sa, &sb}) CHECK(cudaStreamCreateWithFlags(st, cudaStreamNonBlocking));
+    CHECK(cudaMemcpyAsync(dev_down, host_up, n, cudaMemcpyHostToDevice, main_s));  // what the D2H copies bring back
+    CHECK(cudaStreamSynchronize(main_s));
+    std::vector<DuplexPoint> points;
+    for (long long m : sizes) {
+        std::memset(host_down, 0, m);
+        CHECK(cudaMemsetAsync(dev_up, 0, m, main_s));  // zeros: a copy that never ran shows
+        CHECK(cudaStreamSynchronize(main_s));
+        auto up = [&] { for (int i = 0; i < copies; ++i) CHECK(cudaMemcpyAsync(dev_up, host_up, m, cudaMemcpyHostToDevice, sa)); };
+        auto down = [&] { for (int i = 0; i < copies; ++i) CHECK(cudaMemcpyAsync(host_down, dev_down, m, cudaMemcpyDeviceToHost, sb)); };
+        auto both = [&] { up(); down(); };
+        std::vector<double> h_alone, d_alone, h_dx, d_dx, pair, each;
+        double slowest = 0;
+        for (int i = 0; i < warm + reps; ++i) {
+            for (int which = 0; which < 3; ++which) {
+                double held = kHoldFactor * slowest + kHoldMarginS, issued = 0, total = 0;
+                if (which == 0) total = timer.window(up, main_s, {sa, sb}, held, &issued, &each);
+                else if (which == 1) total = timer.window(down, main_s, {sa, sb}, held, &issued, &each);
+                else total = timer.window(both, main_s, {sa, sb}, held, &issued, &each);
+                slowest = std::max(slowest, issued);
+                if (i < warm) continue;
+                *overran += issued > held;
+                if (which == 0) h_alone.push_back(total / copies);
+                else if (which == 1) d_alone.push_back(total / copies);
+                else {
+                    h_dx.push_back(each[0] / copies);
+                    d_dx.push_back(each[1] / copies);
+                    pair.push_back(total / copies);
+                }
+            }
+        }
+        CHECK(cudaDeviceSynchronize());
+        std::vector<unsigned char> arrived(static_cast<size_t>(m));
+        CHECK(cudaMemcpy(arrived.data(), dev_up, m, cudaMemcpyDeviceToHost));
+        bool ok = std::memcmp(arrived.data(), host_up, m) == 0 && std::memcmp(host_down, host_up, m) == 0;
+        points.push_back({m, summarize(h_alone), summarize(d_alone), summarize(h_dx), summarize(d_dx),
+                          summarize(pair), ok});
+    }
+    for (cudaStream_t st : {main_s, sa, sb}) CHECK(cudaStreamDestroy(st));
+    CHECK(cudaFreeHost(host_up));
+    CHECK(cudaFreeHost(host_down));
+    CHECK(cudaFree(dev_up));
+    CHECK(cudaFree(dev_down));
+    return points;
+}
+
+// pipeline_model.py's arithmetic, term for term.
+const int kHandoffsOnTheFill = 2;
+
+double handoff_seconds(double serial, double h, double k, double d, int chunks) {
+    if (chunks == 1) return (serial - (h + k + d)) / 2;
+    return (serial - chunks * (h + k + d)) / (3 * chunks - 1);
+}
+
+double measured_ideal(double h, double k, double d, int S, double rh, double rd, double hop) {
+    return (h + k + d + kHandoffsOnTheFill * hop) + (S - 1) * std::max(h * rh, std::max(k, d * rd));
+}
+
+std::string share(double part, double excess) { return excess > 0 ? num(part / excess) : "null"; }
+
 int overlap(const Args& a, const std::string& device) {
     const int S = static_cast<int>(a.streams), reps = static_cast<int>(a.repeats), warm = static_cast<int>(a.warmup);
     const long long chunk = kChunkElements, n = chunk * S;
@@ -465,20 +580,50 @@ int overlap(const Args& a, const std::string& device) {
         }
         versions.push_back({name, summarize(times), worst});
     };
+    // async_v1's work on one stream: no two stages at once, so beyond the stages only hand-offs remain.
+    auto serial_chunks = [&] {
+        for (int i = 0; i < S; ++i) {
+            CHECK(cudaMemcpyAsync(dev + i * chunk, host + i * chunk, cb, cudaMemcpyHostToDevice, main_s));
+            launch(dev + i * chunk, i * chunk, chunk, main_s);
+            CHECK(cudaMemcpyAsync(host + i * chunk, dev + i * chunk, cb, cudaMemcpyDeviceToHost, main_s));
+        }
+    };
     time_version("sequential", sequential, {main_s});
     time_version("async_v1", async_v1, streams);
     time_version("async_v2", async_v2, streams);
+    time_version("serial_chunks", serial_chunks, {main_s});
+    const Version serial = versions.back();
+    versions.pop_back();
+    std::vector<long long> sizes = {static_cast<long long>(cb)};
+    if (nb != cb) sizes.push_back(static_cast<long long>(nb));
+    std::vector<DuplexPoint> duplex = measure_duplex(timer, sizes, kStageRepeats, reps, warm, &overran);
 
     double h = stage[0].median, k = stage[1].median, d = stage[2].median;
     double ideal = (h + k + d) + (S - 1) * std::max(h, std::max(k, d));
-    double worst = 0;
+    const DuplexPoint& dx = duplex.front();  // the chunk size
+    double rh = dx.h2d_duplex.median / dx.h2d_alone.median, rd = dx.d2h_duplex.median / dx.d2h_alone.median;
+    double hop = handoff_seconds(serial.seconds.median, h, k, d, S);
+    double duplex_ideal = measured_ideal(h, k, d, S, rh, rd, 0.0), full_ideal = measured_ideal(h, k, d, S, rh, rd, hop);
+    double worst = serial.max_error;
     std::vector<std::string> vj;
     for (const auto& v : versions) {
         worst = std::max(worst, v.max_error);
+        double t = v.seconds.median, excess = t - ideal;
+        std::string explained = std::string(v.name) == "sequential" ? "null" : object({
+            {"version", quoted(v.name)}, {"excess_seconds", num(excess)},
+            {"by_duplex", share(duplex_ideal - ideal, excess)}, {"by_handoff", share(full_ideal - duplex_ideal, excess)},
+            {"unexplained", share(t - full_ideal, excess)}, {"vs_measured_ideal", num(t / full_ideal)},
+            {"crossings_for_the_rest", hop > 0 && t > duplex_ideal ? num((t - duplex_ideal) / hop) : "null"}});
         vj.push_back(object({{"name", quoted(v.name)}, {"seconds", stats_json(v.seconds)},
                              {"max_error", num(v.max_error)},
-                             {"speedup_vs_sequential", num(versions[0].seconds.median / v.seconds.median)},
-                             {"vs_ideal", num(v.seconds.median / ideal)}}));
+                             {"speedup_vs_sequential", num(versions[0].seconds.median / t)},
+                             {"vs_ideal", num(t / ideal)}, {"excess_explained", explained}}));
+    }
+    std::vector<std::string> dj;
+    bool duplex_ok = true;
+    for (const auto& p : duplex) {
+        dj.push_back(duplex_json(p, kStageRepeats));
+        duplex_ok = duplex_ok && p.verified;
     }
     const char* names[3] = {"h2d", "kernel", "d2h"};
     std::vector<std::pair<std::string, std::string>> stages, launches;
@@ -486,7 +631,7 @@ int overlap(const Args& a, const std::string& device) {
         stages.push_back({names[i], stats_json(stage[i])});
         launches.push_back({names[i], stats_json(launch_s[i])});
     }
-    bool correct = worst < kMaxError;
+    bool correct = worst < kMaxError && duplex_ok;
     std::printf("%s\n", object({
         {"experiment", quoted("overlap")}, {"source", quoted("native")},
         {"config", object({{"streams", integer(S)}, {"elements", integer(n)}, {"repeats", integer(reps)},
@@ -495,13 +640,21 @@ int overlap(const Args& a, const std::string& device) {
         {"device", device}, {"stages", object(stages)},
         {"timing", quoted("device time with the work queued behind a spin kernel: no launch time inside")},
         {"launch_seconds", object(launches)}, {"overran_samples", integer(overran)},
-        {"ideal_seconds", num(ideal)}, {"max_error", num(worst)}, {"max_error_tolerance", num(kMaxError)},
+        {"ideal_seconds", num(ideal)},
+        {"duplex", array(dj)},
+        {"handoff", object({{"serial_chunks", object({{"name", quoted(serial.name)},
+                                                      {"seconds", stats_json(serial.seconds)},
+                                                      {"max_error", num(serial.max_error)}})},
+                            {"chunks", integer(S)}, {"seconds", num(hop)}})},
+        {"ideal_from_measured_stages", object({{"duplex_seconds", num(duplex_ideal)}, {"seconds", num(full_ideal)}})},
+        {"max_error", num(worst)}, {"max_error_tolerance", num(kMaxError)},
         {"correct", boolean(correct)}, {"versions", array(vj)}}).c_str());
     for (auto st : streams) CHECK(cudaStreamDestroy(st));
     CHECK(cudaStreamDestroy(main_s));
     CHECK(cudaFreeHost(host));
     CHECK(cudaFree(dev));
-    if (!correct) std::fprintf(stderr, "nwt_native: WRONG result: max error %g\n", worst);
+    if (worst >= kMaxError) std::fprintf(stderr, "nwt_native: WRONG result: max error %g\n", worst);
+    if (!duplex_ok) std::fprintf(stderr, "nwt_native: MISMATCH: duplex copies brought back other bytes\n");
     return correct ? 0 : 1;
 }
 
@@ -517,6 +670,22 @@ int main(int argc, char** argv) {
             if (!end || *end) fail(2, std::string("not a number: '") + argv[i] + "'");
         }
         std::printf("%s\n", stats_json(summarize(xs)).c_str());
+        return 0;
+    }
+    if (what == "ideal" && argc == 9) {
+        double x[7];
+        for (int i = 0; i < 7; ++i) {
+            char* end = nullptr;
+            x[i] = std::strtod(argv[i + 2], &end);
+            if (!end || *end) fail(2, std::string("not a number: '") + argv[i + 2] + "'");
+        }
+        const int S = static_cast<int>(x[3]);
+        if (S < 1 || x[4] <= 0 || x[5] <= 0) fail(2, "need streams >= 1 and positive duplex ratios");
+        double hop = handoff_seconds(x[6], x[0], x[1], x[2], S);
+        std::printf("%s\n", object({{"ideal_seconds", num(measured_ideal(x[0], x[1], x[2], S, 1, 1, 0))},
+                                     {"duplex_seconds", num(measured_ideal(x[0], x[1], x[2], S, x[4], x[5], 0))},
+                                     {"handoff_seconds", num(hop)},
+                                     {"seconds", num(measured_ideal(x[0], x[1], x[2], S, x[4], x[5], hop))}}).c_str());
         return 0;
     }
     if (what != "bandwidth" && what != "overlap") {

@@ -168,8 +168,7 @@ def cmd_overlap(args: argparse.Namespace) -> int:
         **_run_options(args))
     _check_outputs(args)
     result = _run_on_gpu(args, config, overlap.run_overlap)
-    return _finish(args, result, overlap.overlap_summary(result), None if result.correct else
-                   f"max error {result.max_error:.3g} exceeds {overlap.MAX_ERROR_TOLERANCE:g}")
+    return _finish(args, result, overlap.overlap_summary(result), result.problem)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

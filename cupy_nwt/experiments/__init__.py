@@ -8,6 +8,8 @@
   the GPU waits for the loader.
 * ``timing``: CUDA-event timing that all three share, and ``queued_time``: work queued behind a spin
   kernel so a window holds what the GPU ran, with Python's time to issue it apart.
+* ``duplex``: H2D and D2H alone and at once, and ``pipeline_model``: the overlap's ideal, and the
+  same ideal rebuilt from the duplex rates and the hand-off, for ``overlap``.
 * ``batching``: one big copy vs many small ones, for ``transfers``.
 * ``kernels``: the CUDA C kernels (``cuda_src/*.cu``) compiled at run time; ``kernel_check`` compiles
   them for sm_90 with nvcc in CI (no GPU needed), and ``bench/native/`` builds them into the native

@@ -105,6 +105,21 @@ def event_seconds(work: Callable[[], object], stream: Any, joined: Sequence[Any]
     with ``stream`` on their own. ``lead()``, when given, is enqueued on ``stream`` before the start
     event and stays out of the window. Returns once the end event has completed.
     """
+    return _window(work, stream, joined, lead, stamp_each=False)[0]
+
+
+def event_seconds_each(work: Callable[[], object], stream: Any, joined: Sequence[Any],
+                       lead: Callable[[], object] | None = None) -> tuple[float, tuple[float, ...]]:
+    """``event_seconds``, plus each joined stream's own seconds: from the start event to its last work's end.
+
+    Two copies that run at once on two streams end at different times; the window alone gives only
+    the later one. ``stream`` itself is never in the second part (its end is the window's).
+    """
+    return _window(work, stream, joined, lead, stamp_each=True)
+
+
+def _window(work: Callable[[], object], stream: Any, joined: Sequence[Any], lead: Callable[[], object] | None,
+            stamp_each: bool) -> tuple[float, tuple[float, ...]]:
     from .. import cuda  # noqa: PLC0415 - keep host-only users free of CUDA
 
     others = [s for s in joined if s is not stream]
@@ -115,12 +130,15 @@ def event_seconds(work: Callable[[], object], stream: Any, joined: Sequence[Any]
     for s in others:
         s.wait_event(start)
     work()
+    ends = []
     for s in others:
-        done = cuda.event(timing=False)
+        done = cuda.event(timing=stamp_each)
         done.record(s)
         stream.wait_event(done)
+        ends.append(done)
     end.record(stream)
-    return cuda.elapsed_ms(start, end) / 1e3
+    total = cuda.elapsed_ms(start, end) / 1e3
+    return total, tuple(cuda.elapsed_ms(start, e) / 1e3 for e in ends) if stamp_each else ()
 
 
 # How much longer than the slowest warm-up issue a stream is held, and the margin on top.

@@ -21,7 +21,7 @@ from test_transfers import GEN5
 from test_transfers import _constant_result as bandwidth_result
 
 from cupy_nwt._reporting import tables as report
-from cupy_nwt.experiments import kernel_check, timing
+from cupy_nwt.experiments import kernel_check, pipeline_model, timing
 
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "bench" / "native"
@@ -70,17 +70,47 @@ def test_native_bad_arguments_are_exit_2_with_escaped_json(native):
     assert run(native).returncode == 2 and run(native, "bandwidth", "--min", "9", "--max", "3").returncode == 2
 
 
-def test_native_without_a_gpu_says_so_in_json(native):
-    proc = run(native, "bandwidth", "--max", "8192")
+@pytest.mark.parametrize("argv", [["bandwidth", "--max", "8192"], ["overlap", "--repeats", "2"]])
+def test_native_without_a_gpu_says_so_in_json(native, argv):
+    proc = run(native, *argv)
     if proc.returncode == 0:
         pytest.skip("this machine has a GPU")
-    assert proc.returncode == 3 and json.loads(proc.stdout)["error"].startswith("no usable GPU")
+    doc = json.loads(proc.stdout)
+    assert proc.returncode == 3 and doc["error"].startswith("no usable GPU") and doc["experiment"] == argv[0]
+
+
+@pytest.mark.parametrize(("stages", "streams", "ratios", "serial"), [
+    ((1.0, 0.5, 1.0), 4, (1.5, 1.25), 4 * 2.5 + 11 * 0.25),
+    ((7.9e-5, 1.6e-5, 7.8e-5), 4, (1.3, 1.05), 7.3e-4),
+    ((1.0, 2.0, 1.0), 3, (1.5, 1.5), 12.0),
+    ((1.0, 0.5, 1.0), 1, (3.0, 3.0), 2.7),
+])
+def test_native_ideals_are_pipeline_models(native, stages, streams, ratios, serial):
+    proc = run(native, "ideal", *map(str, (*stages, streams, *ratios, serial)))
+    assert proc.returncode == 0, proc.stderr
+    theirs = json.loads(proc.stdout)
+    hop = pipeline_model.handoff_seconds(serial, *stages, streams)
+    assert theirs["handoff_seconds"] == pytest.approx(hop, rel=1e-8)
+    assert theirs["ideal_seconds"] == pytest.approx(pipeline_model.ideal_pipeline_seconds(*stages, streams), rel=1e-8)
+    assert theirs["duplex_seconds"] == pytest.approx(
+        pipeline_model.measured_ideal_seconds(*stages, streams, *ratios), rel=1e-8)
+    assert theirs["seconds"] == pytest.approx(
+        pipeline_model.measured_ideal_seconds(*stages, streams, *ratios, hop), rel=1e-8)
+
+
+def test_native_ideal_refuses_what_pipeline_model_refuses(native):
+    assert run(native, "ideal", "1", "1", "1", "0", "1", "1", "3").returncode == 2
+    assert run(native, "ideal", "1", "1", "1", "4", "0", "1", "3").returncode == 2
+    assert run(native, "ideal", "1", "x", "1", "4", "1", "1", "3").returncode == 2
 
 
 def test_native_prints_every_field_the_report_reads():
     source = (NATIVE / "nwt_native.cu").read_text()
     for key in ("experiment", "points", "direction", "memory", "nbytes", "gbps", "median", "batching",
-                "total_bytes", "chunks", "one_copy_gbps", "many_copies_gbps", "stages", "versions", "name", "seconds"):
+                "total_bytes", "chunks", "one_copy_gbps", "many_copies_gbps", "stages", "versions", "name", "seconds",
+                "duplex", "h2d_alone", "d2h_alone", "h2d_duplex", "d2h_duplex", "handoff", "serial_chunks",
+                "ideal_from_measured_stages", "excess_explained", "vs_ideal", "vs_measured_ideal", "by_duplex",
+                "by_handoff", "unexplained", "crossings_for_the_rest"):
         assert f'"{key}"' in source, key
     assert re.search(r'#include "spin.cu"', source) and re.search(r'#include "overlap.cu"', source)
 
@@ -101,6 +131,13 @@ def _native_of(doc: dict, gbps_factor: float = 1.0, seconds_factor: float = 1.0)
         s["median"] *= seconds_factor
     for v in out.get("versions", []):
         v["seconds"]["median"] *= seconds_factor
+    for p in out.get("duplex", []):
+        for key in p["gbps"]:
+            p["gbps"][key] *= gbps_factor
+    if out.get("handoff"):
+        out["handoff"]["serial_chunks"]["seconds"]["median"] *= seconds_factor
+        out["handoff"]["seconds"] *= seconds_factor
+        out["ideal_from_measured_stages"]["seconds"] *= seconds_factor
     return out
 
 
@@ -128,6 +165,48 @@ def test_report_gives_cupy_nwt_over_native_per_figure(tmp_path, capsys):
     assert rep["copy_bound_min_share"] == pytest.approx(0.95)
     out = capsys.readouterr().out
     assert "BELOW" in out and "overlap stage kernel" in out
+
+
+def test_report_compares_the_duplex_stage_and_lists_both_excess_splits(tmp_path, capsys):
+    folder = _write(tmp_path, gbps_factor=1.25, seconds_factor=1.0)  # native copies 25% faster
+    ov = json.loads(report.to_json(overlap_result(async_v1=6.2e-4)))
+    (folder / "overlap.json").write_text(json.dumps(ov))
+    native = _native_of(ov, gbps_factor=1.25)
+    native["versions"][1]["excess_explained"]["by_duplex"] = 0.5  # what nwt_native would have written
+    (folder / "native-overlap.json").write_text(json.dumps(native))
+    assert native_report.main([str(folder)]) == 0
+    rep = json.loads((folder / "native_vs_cupy_nwt.json").read_text())
+    rows = {r["figure"]: r for r in rep["rows"]}
+    chunk = 4 * 1024 * 256 * 4
+    h2d = rows[f"overlap duplex h2d_duplex {chunk} B"]
+    assert h2d["cupy_nwt"] == pytest.approx(chunk / 1e-4 / 1e9) and h2d["share"] == pytest.approx(0.8)
+    assert h2d["copy_bound"] and h2d["meets_goal"] is False
+    assert rows["overlap hand-off"]["cupy_nwt"] == pytest.approx(2e-6) and not rows["overlap hand-off"]["copy_bound"]
+    assert rows["overlap serial_chunks"]["share"] == pytest.approx(1.0)
+    assert rows["overlap ideal from measured stages"]["native"] == pytest.approx(5.99e-4)
+    assert rep["unmatched"] == []
+    excess = {(e["source"], e["version"]): e for e in rep["excess"]}
+    assert set(excess) == {(s, v) for s in ("cupy_nwt", "native") for v in ("async_v1", "async_v2")}
+    assert excess[("cupy_nwt", "async_v1")]["by_duplex"] == pytest.approx(0.75)
+    assert excess[("cupy_nwt", "async_v1")]["crossings_for_the_rest"] == pytest.approx(12.5)
+    assert excess[("native", "async_v1")]["by_duplex"] == pytest.approx(0.5)
+    assert excess[("cupy_nwt", "async_v2")]["by_duplex"] is None  # faster than the ideal: nothing to explain
+    out = capsys.readouterr().out
+    assert "cupy_nwt async_v1" in out and "75%" in out and "50%" in out and "12.5" in out
+
+
+def test_report_reads_an_overlap_file_from_before_the_duplex_stage(tmp_path):
+    folder = _write(tmp_path, 1.0, 1.0)
+    for name in ("overlap.json", "native-overlap.json"):
+        doc = json.loads((folder / name).read_text())
+        for key in ("duplex", "handoff", "ideal_from_measured_stages"):
+            doc.pop(key)
+        for v in doc["versions"]:
+            v.pop("excess_explained")
+        (folder / name).write_text(json.dumps(doc))
+    rep = native_report.compare(folder)
+    assert rep["excess"] == [] and rep["unmatched"] == []
+    assert not any("duplex" in r["figure"] or "hand-off" in r["figure"] for r in rep["rows"])
 
 
 def test_report_lists_figures_native_did_not_measure(tmp_path):

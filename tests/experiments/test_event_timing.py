@@ -109,6 +109,17 @@ def test_joined_streams_wait_for_the_start_and_the_end_waits_for_them(fake):
     assert [e.timing for e in fake.made] == [True, True, False, False]  # the join events take no timestamps
 
 
+def test_a_window_can_also_give_each_joined_streams_own_end(fake):
+    main, a, b = (FakeStream(fake, n) for n in ("main", "a", "b"))
+    total, each = timing.event_seconds_each(fake.work("both", 4.0), main, [main, a, b])
+    assert total == pytest.approx(0.004) and each == pytest.approx((0.004, 0.004))  # main's own end is the window's
+    assert [e.timing for e in fake.made] == [True, True, True, True]
+    assert ("sync event", "e1") in fake.log and fake.log.index(("sync event", "e1")) < fake.log.index(
+        ("elapsed", "e0", "e2"))  # the stream ends are read once the window has ended
+    assert [x for x in fake.log if x[0] == "elapsed"] == [("elapsed", "e0", "e1"), ("elapsed", "e0", "e2"),
+                                                         ("elapsed", "e0", "e3")]
+
+
 def test_device_time_warms_up_syncs_then_gives_each_call_its_own_window(fake):
     s = FakeStream(fake, "s")
     took = iter([1.0, 1.0, 2.0, 4.0, 8.0])

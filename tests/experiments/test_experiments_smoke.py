@@ -102,6 +102,9 @@ class HostMemoryCupy:
     def zeros(self, shape, dtype=np.uint8) -> DevArray:
         return DevArray(np.zeros(shape, dtype))
 
+    def asnumpy(self, array: DevArray) -> np.ndarray:
+        return array.h.copy()
+
     def get_default_memory_pool(self):
         return types.SimpleNamespace(free_all_blocks=lambda: None)
 
@@ -180,3 +183,34 @@ def test_overlap_puts_every_chunk_through_the_kernel_once_per_run(fake, streams)
     assert d["launch_seconds"]["h2d"]["n"] == 2 and d["overran_samples"] >= 0
     assert result.stages.kernel.median == pytest.approx(1e-3 / overlap.STAGE_REPEATS)  # a window over 8 repeats
     assert "launch from Python" in overlap.overlap_summary(result)
+
+
+@pytest.mark.parametrize("streams", [1, 4])
+def test_overlap_measures_the_duplex_stage_and_the_serial_chunks_and_checks_both(fake, streams):
+    config = overlap.OverlapConfig(streams=streams, elements=1024 * streams, repeats=2, warmup=1)
+    copies_before = fake.copies
+    result = overlap.run_overlap(config)
+    sizes = [4 * 1024, 4 * 1024 * streams] if streams > 1 else [4 * 1024]
+    assert [p.nbytes for p in result.duplex] == sizes and all(p.verified for p in result.duplex)
+    assert all(p.h2d_alone.n == 2 and p.copies == overlap.STAGE_REPEATS for p in result.duplex)
+    assert result.chunk_duplex is result.duplex[0]
+    assert result.serial_chunks is not None and result.serial_chunks.max_error == 0.0
+    assert result.measured_ideal_seconds is not None and result.excess("async_v1") is not None
+    # every timed sample: H2D alone, D2H alone, both (one copy burst each way), at each size
+    assert fake.copies - copies_before > 3 * 2 * overlap.STAGE_REPEATS * len(sizes)
+    d = result.to_dict()
+    assert d["handoff"]["chunks"] == streams and len(d["duplex"]) == len(sizes)
+    assert "hand-off" in overlap.overlap_summary(result)
+
+
+def test_the_duplex_stage_catches_a_copy_of_the_wrong_bytes(fake):
+    real = fake.cuda.runtime.memcpyAsync
+
+    def lossy_download(dst, src, n, kind, stream):
+        real(dst, src, n, kind, stream)
+        if kind == 2 and n == 4 * 1024:
+            ctypes.memset(dst, 0, 1)  # a chunk-sized D2H copy that loses its first byte
+
+    fake.cuda.runtime.memcpyAsync = lossy_download
+    result = overlap.run_overlap(overlap.OverlapConfig(streams=2, elements=2048, repeats=1, warmup=0))
+    assert [p.verified for p in result.duplex] == [False, True]
