@@ -12,6 +12,13 @@ samples/s. A reading (:meth:`PipelineClock.read`) sums
   the fallback) and the CPU of the children it has already reaped;
 * the CPU of children this process has reaped (``RUSAGE_CHILDREN``).
 
+Descendants that are not the pipeline are left out with theirs: those alive before the loader was
+made (a fixture's server, an earlier test's loader awaiting the collector, the base revision's
+pytest), whose CPU grows with the wall clock and would fail an unchanged pipeline that waits longer.
+The loader's own workers count even under such a process (a forkserver started earlier). One of them
+that ends and is reaped by this process inside a window brings its whole CPU into ``RUSAGE_CHILDREN``:
+its CPU at the last reading is taken back out, so only what it spent since then is misread.
+
 So a worker counts however it ends: a persistent worker is read live at both ends of a window; a
 worker that exits and is reaped inside it moves from the live sum into its parent's reaped sum with
 its whole CPU, which makes the difference of two readings exactly the CPU spent between them. The
@@ -101,6 +108,21 @@ def _process_clock_s(pid: int) -> float | None:
     return t.user + t.system
 
 
+def live_descendants() -> list[int]:
+    """Pids of this process's descendants now: what a clock made later leaves out as not the pipeline."""
+    try:
+        return [p.pid for p in psutil.Process().children(recursive=True)]
+    except (psutil.Error, OSError):
+        return []
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        return psutil.Process(pid).ppid()
+    except (psutil.Error, OSError):
+        return None
+
+
 def _reaped_children_s(pid: int) -> float:
     try:
         t = psutil.Process(pid).cpu_times()
@@ -115,8 +137,11 @@ class PipelineClock:
     def __init__(self, extra_pids: Callable[[], Iterable[int]] | None = None,
                  instructions: "InstructionCounter | None" = None, exclude: Iterable[int] = ()) -> None:
         self._extra = extra_pids
-        self._exclude = frozenset(exclude)  # children that are not the pipeline: they and theirs are left out
+        self._exclude = frozenset(exclude)  # descendants that are not the pipeline: they and theirs are left out
         self._me = psutil.Process()
+        # excluded children of this process: their CPU at the last reading, taken back out once reaped
+        self._excluded_children = {pid: 0.0 for pid in self._exclude if _parent_of(pid) == os.getpid()}
+        self._reaped_excluded_s = 0.0
         self.instructions = instructions
         # the machine's load is read on the CPUs this process may run on: in a container pinned to a
         # few CPUs of a big host, /proc/stat's total is the host's, not what competes with us
@@ -130,30 +155,38 @@ class PipelineClock:
             pids = {p.pid for p in self._me.children(recursive=True)}
         except (psutil.Error, OSError):
             pids = set()
-        if self._extra is not None:
-            pids.update(int(p) for p in self._extra())
         for root in self._exclude:
             pids.discard(root)
             try:
                 pids.difference_update(p.pid for p in psutil.Process(root).children(recursive=True))
             except (psutil.Error, OSError):
                 pass
+        if self._extra is not None:  # the loader's workers, under an excluded forkserver too
+            pids.update(int(p) for p in self._extra())
         pids.discard(os.getpid())
         return pids
 
-    def cpu_s(self) -> float:
-        """This process's CPU, its descendants' (live, and reaped by them), and its reaped children's.
+    def _excluded_reaped_s(self) -> float:
+        """The CPU that excluded children brought into ``RUSAGE_CHILDREN`` by being reaped, as last read."""
+        for pid in list(self._excluded_children):
+            own = _process_clock_s(pid)
+            if own is None:  # reaped (a zombie still has its times): its CPU is now in RUSAGE_CHILDREN
+                self._reaped_excluded_s += self._excluded_children.pop(pid)
+            else:
+                self._excluded_children[pid] = own + _reaped_children_s(pid)
+        return self._reaped_excluded_s
 
-        An excluded child is only left out while it lives: once reaped, its CPU is in ``RUSAGE_CHILDREN``,
-        so it must not end inside a window (the base revision's child ends after the last round).
-        """
+    def cpu_s(self) -> float:
+        """This process's CPU, its descendants' (live, and reaped by them), and its reaped children's,
+        less what excluded children brought in when they were reaped."""
         total = 0.0
         for pid in self._descendants():
             own = _process_clock_s(pid)
             if own is not None:
                 total += own + _reaped_children_s(pid)
+        taken_back = self._excluded_reaped_s()
         reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return total + time.process_time() + reaped.ru_utime + reaped.ru_stime
+        return total + time.process_time() + reaped.ru_utime + reaped.ru_stime - taken_back
 
     def read(self) -> Reading:
         cpu = self.cpu_s()

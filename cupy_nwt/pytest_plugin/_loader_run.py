@@ -244,7 +244,7 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
     from ..nwt.fingerprint import machine_fingerprint  # noqa: PLC0415
     from ..nwt.memory import MemorySampler  # noqa: PLC0415
     from ._against import serve, served_here  # noqa: PLC0415
-    from ._cpu import open_instruction_counter  # noqa: PLC0415
+    from ._cpu import live_descendants, open_instruction_counter  # noqa: PLC0415
     from ._parts import ROUND_CLOCK, LoaderBenchmarkResult, batch_len, epochs, leaves  # noqa: PLC0415
     from ._proof import planted  # noqa: PLC0415
 
@@ -255,6 +255,7 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
         base = against.start(node.path, node.nodeid, node.config.invocation_params.dir)  # starts while ours warms up
     theirs: list[dict[str, Any]] = []
     counter, why_not = open_instruction_counter()  # before the loader: workers started later are counted
+    others = live_descendants()  # not the pipeline: a fixture's server, an earlier loader awaiting collection
     try:
         loader: DataLoader[Any] = DataLoader(source, **loader_kwargs)
         sync = cuda.stream_synchronizer(loader.device_id) if loader.device_id is not None else None
@@ -271,7 +272,8 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
                 return (loader.batch_size or 1) if n is None else n
 
             # the base revision's child pytest is this process's child, not part of its pipeline
-            clock = PipelineClock(loader.worker_pids, counter, exclude=[base.proc.pid] if base is not None else [])
+            clock = PipelineClock(loader.worker_pids, counter,
+                                  exclude=[*others, *([base.proc.pid] if base is not None else [])])
             runner = RoundRunner(next_batch, clock)
             try:
                 for _ in range(warmup):  # worker start-up and first-touch costs stay out of the rounds

@@ -231,3 +231,54 @@ def test_the_base_revisions_child_is_not_counted_as_the_pipelines_cpu():
     finally:
         child.stdin.close()
         child.wait()
+
+
+def test_an_excluded_child_reaped_inside_a_window_brings_in_at_most_what_it_spent_since_the_last_reading():
+    """An earlier loader's worker, reaped while the benchmark runs: its whole CPU lands in RUSAGE_CHILDREN."""
+    import time
+
+    import psutil
+
+    from cupy_nwt.pytest_plugin._cpu import PipelineClock
+
+    burn = "import sys, time\nend = time.process_time() + 0.4\nwhile time.process_time() < end:\n    pass\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    while sum(psutil.Process(child.pid).cpu_times()[:2]) < 0.4:
+        time.sleep(0.05)
+    clock = PipelineClock(exclude=[child.pid])
+    start = clock.cpu_s()  # the child's 0.4 s are read here, before it ends
+    child.stdin.close()
+    child.wait()  # reaped by this process: RUSAGE_CHILDREN now holds its 0.4 s
+    assert clock.cpu_s() - start < 0.2
+
+
+BUSY_FIXTURE = """
+import subprocess, sys
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server():
+    \"\"\"A user's session fixture: a process beside the tests that keeps a CPU busy while they run.\"\"\"
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    yield proc
+    proc.kill()
+    proc.wait()
+"""
+
+
+def test_a_fixtures_busy_process_is_not_the_pipelines_cpu(pytester, monkeypatch):
+    """Unchanged but slower on the wall clock (asleep), beside a fixture's busy server: not failed.
+
+    Counting the server's CPU made the CPU per sample grow with the wall clock, and failed this.
+    """
+    make_project(pytester)
+    pytester.makeconftest(FAST_CONFTEST + BUSY_FIXTURE)
+    pytester.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test(batches=8, rounds=4))
+    pytester.syspathinsert()
+    monkeypatch.setenv("SLOW_S", "0.005")
+    pytester.runpytest_subprocess("--nwt-save-baseline=base.json").assert_outcomes(passed=1)
+    monkeypatch.setenv("SLOW_S", "0.02")
+    result = pytester.runpytest_subprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=20")
+    assert result.ret == pytest.ExitCode.OK, "\n".join(result.outlines[-12:])
