@@ -62,9 +62,9 @@ STEPS=(
     # (they no longer import Numba each); the synced and queued loops, 160 steps each, add 16 runs x 110 x ~5 ms
     "gpu-feed|84|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, a synced and a queued step, steady state and start-up"
     # 81 s measured (estimated 90); since then each run also drains workers x 2 batches before timing
-    # (30 more at 15 workers, ~0.1 s) and its workers persist. +30 s (unmeasured) for the tiny arrays
-    # before/after when .lease/before is carried: 5 rounds of both trees at 0, 8 and 15 workers and
-    # the floor, 5.6 s a round on the quiet 2-CPU VM (8 and 15 workers there share 2 CPUs)
+    # (30 more at 15 workers, ~0.1 s) and its workers persist. +30 s for the tiny arrays before/after
+    # where .lease/before is carried (unmeasured on a GPU machine): 5 rounds of both trees at 0, 8 and
+    # 15 workers and the floor took 20 s on the 2-CPU VM (bench/results/vm-2cpu/tiny_arrays-lease-command.json)
     "loader-compare|111|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's; then bench/tiny_arrays.py --workers 0,8,15 against .lease/before (where carried)"
     # 84 s measured (estimated 80)
     "scaleout|84|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
