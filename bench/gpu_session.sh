@@ -6,10 +6,12 @@
 #     bash bench/gpu_session.sh --list          # one line per step: name, estimated seconds, what it runs
 #     bash bench/gpu_session.sh STEP...          # run these steps in order; 'all' runs every one
 #     bash bench/gpu_session.sh --unpack DIR     # files a device command returned -> bench/results/<device>/
+#     bash bench/gpu_session.sh --prepare-before [REV]  # before it: REV's cupy_nwt/ (default 7ebea86) into
+#                                                # .lease/before/, ignored; name .lease in the run's carry
 #
 # The steps are listed by what the project exists for, so whatever a lease cuts off matters least:
 # the first command is `info transfers gpu-tests nwt gpu-feed` (290 s as measured on the first lease,
-# below), the second, only where the lease has time left, `loader-compare scaleout` (165 s).
+# below), the second, only where the lease has time left, `loader-compare scaleout` (195 s).
 #
 # Each step works in <work>/<step>/ (its output in log.txt there, its timing in step.json), where
 # <work> is bench/results/<device> without $OUT and a scratch folder with it; with $OUT set, a
@@ -60,8 +62,10 @@ STEPS=(
     # (they no longer import Numba each); the synced and queued loops, 160 steps each, add 16 runs x 110 x ~5 ms
     "gpu-feed|84|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, a synced and a queued step, steady state and start-up"
     # 81 s measured (estimated 90); since then each run also drains workers x 2 batches before timing
-    # (30 more at 15 workers, ~0.1 s) and its workers persist
-    "loader-compare|81|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's"
+    # (30 more at 15 workers, ~0.1 s) and its workers persist. +30 s for the tiny arrays before/after
+    # where .lease/before is carried (unmeasured on a GPU machine): 5 rounds of both trees at 0, 8 and
+    # 15 workers and the floor took 20 s on the 2-CPU VM (bench/results/vm-2cpu/tiny_arrays-lease-command.json)
+    "loader-compare|111|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's; then bench/tiny_arrays.py --workers 0,8,15 against .lease/before (where carried)"
     # 84 s measured (estimated 80)
     "scaleout|84|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
 )
@@ -133,7 +137,15 @@ step_body() {
             "$py" bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15 --out-dir "$d" ;;
         loader-compare)
             "$py" bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15 --out-dir "$d" \
-                --note "bench/gpu_session.sh loader-compare" ;;
+                --note "bench/gpu_session.sh loader-compare"
+            # where the main process is the limit sooner than at 2 workers: the loader before its
+            # per-batch cost was cut (.lease/before) and now, interleaved, against the floor's ceiling
+            if [ -d .lease/before/cupy_nwt ]; then
+                "$py" bench/tiny_arrays.py --before .lease/before --after . --workers 0,8,15 --rounds 5 --repeats 1 \
+                    --batches 2000 --out "$d/tiny_arrays.json" --note "bench/gpu_session.sh loader-compare"
+            else
+                echo "gpu_session: no .lease/before/cupy_nwt (bash bench/gpu_session.sh --prepare-before, then carry .lease): the tiny-arrays before/after is skipped"
+            fi ;;
         scaleout)
             "$py" bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget --output "$d/scaleout.json" ;;
     esac
@@ -165,6 +177,21 @@ native_binary() {
         return
     fi
     echo "gpu_session: no nvcc (or no bench/native/) and no working prebuilt $built: the native reference is skipped" >&2
+}
+
+# The before tree of loader-compare's tiny-arrays comparison, where a lease can take it (it gets the
+# working tree without git history): REV's cupy_nwt/ by `git archive` into .lease/before/, its commit in
+# REVISION there; .lease/ goes into .git/info/exclude, so it travels only where a run's carry names it.
+prepare_before() {
+    local rev=${1:-7ebea86} dest=.lease/before commit exclude
+    commit=$(git rev-parse --verify --quiet "$rev^{commit}" 2>/dev/null) \
+        || { say "--prepare-before: '$rev' is not a revision of $PWD"; return 2; }
+    exclude=$(git rev-parse --git-path info/exclude)
+    rm -rf "$dest" && mkdir -p "$dest" "$(dirname "$exclude")"
+    git archive "$commit" cupy_nwt | tar x -C "$dest" || { say "--prepare-before: git archive of $commit failed"; return 1; }
+    echo "$commit" >"$dest/REVISION"
+    grep -qxF /.lease/ "$exclude" 2>/dev/null || echo /.lease/ >>"$exclude"
+    echo "$dest/: cupy_nwt/ of $commit, $(du -sk "$dest" | cut -f1) KiB, ignored; name .lease in the run's carry"
 }
 
 # Files a device command returned (DIR/<device>/<step>.tgz, or DIR/<device>/<step>/ from older runs)
@@ -203,6 +230,9 @@ case "${1:-}" in
         src=$2
         [[ $src = /* ]] || src="$start_dir/$src"  # relative to where the script was called from
         unpack "$src"; exit ;;
+    --prepare-before)
+        [ $# -le 2 ] || { say "usage: --prepare-before [REV]"; exit 2; }
+        prepare_before "${2:-}"; exit ;;
     --step-body)
         step_body "$2" "$3"; exit ;;
     -h | --help)

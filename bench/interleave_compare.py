@@ -88,24 +88,29 @@ def run_once(tree: Path, out_dir: Path, args: Sequence[str]) -> dict[Cell, float
 
 
 def interleaved(revs: dict[str, str], rounds: int, measure: Callable[[str, Path, int, Path], Any],
-                prefix: str) -> dict[str, list[Any]]:
+                prefix: str, folders: dict[str, Path] | None = None) -> dict[str, list[Any]]:
     """``measure(label, tree, round, scratch)`` for "before" and "after" in alternating order, round by round,
     each in a detached git worktree of its revision (removed afterwards): a drift of the machine then
-    hits both sides alike. Returns each side's results in round order."""
+    hits both sides alike. A side named in ``folders`` is measured in that source tree as it stands, no
+    worktree made (a copy without git history, as a GPU lease receives). Returns each side's results in
+    round order."""
+    folders = folders or {}
     runs: dict[str, list[Any]] = {label: [] for label in revs}
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
-        trees = {label: Path(tmp) / label for label in revs}
+        trees = {label: folders.get(label, Path(tmp) / label) for label in revs}
+        made = [label for label in revs if label not in folders]
         try:
-            for label, rev in revs.items():
+            for label in made:
                 subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet", str(trees[label]),
-                                rev], check=True, capture_output=True)
+                                revs[label]], check=True, capture_output=True)
             for k in range(rounds):
                 for label in (("before", "after") if k % 2 == 0 else ("after", "before")):
-                    print(f"round {k + 1}/{rounds}: {label} ({revs[label][:10]})", file=sys.stderr, flush=True)
+                    shown = str(folders[label]) if label in folders else revs[label][:10]
+                    print(f"round {k + 1}/{rounds}: {label} ({shown})", file=sys.stderr, flush=True)
                     runs[label].append(measure(label, trees[label], k, Path(tmp)))
         finally:
-            for tree in trees.values():
-                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+            for label in made:
+                subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(trees[label])],
                                capture_output=True)
     return runs
 

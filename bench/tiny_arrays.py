@@ -1,16 +1,20 @@
 """Tiny arrays in wall clock: where the loader, not the dataset, sets the pace, two revisions interleaved.
 
 The workload of ``loader_instructions`` (16-byte NumPy samples, batch 64, device cpu, fork workers) timed
-instead of counted: samples/s of cupy_nwt's DataLoader at 0 and 2 workers, and of the floor (fetch each
-sample, ``np.stack`` 64), whose rate times the usable CPUs (at most the workers) is the ceiling a loader
-with that many workers could reach if it cost nothing. Each revision is checked out into its own git
-worktree and measured with its own package, in rounds whose order flips (before-after, after-before, ...)
-so that the load of a shared machine hits both alike; each slot runs every cell ``--repeats`` times
-(median), the first ``--warmup`` batches of a run untimed. Per cell the result holds each round's figure
-of both revisions, the ratio of their medians (after / before) and the noise: the largest relative
-spread between rounds of one revision. Writes ``bench/results/<host>/tiny_arrays.json``:
+instead of counted: samples/s of cupy_nwt's DataLoader at each of ``--workers`` (default 0 and 2), and of
+the floor (fetch each sample, ``np.stack`` 64), whose rate times the usable CPUs (at most the workers) is
+the ceiling a loader with that many workers could reach if it cost nothing. Each revision is checked out
+into its own git worktree and measured with its own package, in rounds whose order flips (before-after,
+after-before, ...) so that the load of a shared machine hits both alike; each slot runs every cell
+``--repeats`` times (median), the first ``--warmup`` batches of a run untimed. ``--before``/``--after``
+may also name a folder holding a source tree (``cupy_nwt/`` in it), measured as it stands: a GPU lease
+gets the working tree without git history, and the before tree beside it (``bash bench/gpu_session.sh
+--prepare-before``). Per cell the result holds each round's figure of both revisions, the ratio of their
+medians (after / before) and the noise: the largest relative spread between rounds of one revision.
+Writes ``bench/results/<host>/tiny_arrays.json``:
 
     .venv/bin/python bench/tiny_arrays.py --before 7ebea86 --after HEAD --rounds 5
+    python3 bench/tiny_arrays.py --before .lease/before --after . --workers 0,8,15 --rounds 3 --repeats 1
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 BATCH = 64
 SAMPLE_BYTES = 16
-CELLS = (("cupy_nwt", 0), ("cupy_nwt", 2), ("floor", 0))
+WORKERS = (0, 2)
 
 
 class TinySamples:
@@ -62,12 +66,44 @@ def rate(loader: str, workers: int, batches: int, warmup: int) -> float:
     return batches * BATCH / (time.perf_counter() - t0)
 
 
+def cells(workers: Sequence[int]) -> list[tuple[str, int]]:
+    """The loader at each worker count, then the floor (no workers: its rate sets every ceiling)."""
+    return [("cupy_nwt", w) for w in workers] + [("floor", 0)]
+
+
+def parse_workers(text: str) -> tuple[int, ...]:
+    """``0,8,15`` -> (0, 8, 15): distinct whole numbers from 0 up, or a one-line ValueError."""
+    try:
+        got = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        raise ValueError(f"--workers takes whole numbers separated by commas (like 0,8,15), got {text!r}") from None
+    if any(w < 0 for w in got) or len(set(got)) != len(got):
+        raise ValueError(f"--workers takes distinct numbers from 0 up, got {text!r}")
+    return got
+
+
+def side(name: str) -> tuple[str, Path | None]:
+    """What ``--before``/``--after`` names: a folder holding ``cupy_nwt/`` (its ``REVISION`` file, written
+    by ``gpu_session.sh --prepare-before``, says which commit it is; else its path), or a revision."""
+    folder = Path(name)
+    if folder.is_dir():
+        if not (folder / "cupy_nwt").is_dir():
+            raise SystemExit(f"tiny_arrays: the folder {name!r} holds no cupy_nwt/ (a source tree), "
+                             "and a folder is not taken as a revision")
+        folder = folder.resolve()
+        stamp = folder / "REVISION"
+        return (stamp.read_text(encoding="ascii").strip() if stamp.is_file() else str(folder)), folder
+    from interleave_compare import resolve  # noqa: PLC0415 - beside this file
+
+    return resolve(name), None
+
+
 def slot(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     """Every cell, ``--repeats`` times each, with the package of the checkout at ``tree``: median samples/s."""
     env = {**os.environ, "PYTHONPATH": str(tree), "OPENBLAS_NUM_THREADS": "1"}
     got: dict[str, list[float]] = {}
     for _ in range(args.repeats):
-        for loader, workers in CELLS:
+        for loader, workers in cells(args.workers):
             out = subprocess.run([sys.executable, __file__, "--child", loader, str(workers), str(args.batches),
                                   str(args.warmup)], env=env, cwd=tree, capture_output=True, text=True)
             if out.returncode != 0:
@@ -76,10 +112,11 @@ def slot(tree: Path, args: argparse.Namespace) -> dict[str, float]:
     return {cell: statistics.median(v) for cell, v in got.items()}
 
 
-def summarize(runs: dict[str, list[dict[str, float]]], cpus: int) -> list[dict[str, Any]]:
+def summarize(runs: dict[str, list[dict[str, float]]], cpus: int,
+              workers_list: Sequence[int] = WORKERS) -> list[dict[str, Any]]:
     """Per loader cell: both revisions' rounds, their ratio, the noise, and the share of the ceiling."""
     rows = []
-    for loader, workers in CELLS:
+    for loader, workers in cells(workers_list):
         if loader == "floor":
             continue
         cell = f"{loader}/w{workers}"
@@ -101,8 +138,10 @@ def summarize(runs: dict[str, list[dict[str, float]]], cpus: int) -> list[dict[s
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--before", help="the revision to compare against (required)")
-    p.add_argument("--after", default="HEAD")
+    p.add_argument("--before", help="the revision, or a folder holding a source tree, to compare against (required)")
+    p.add_argument("--after", default="HEAD", help="the revision or source-tree folder under test (default HEAD)")
+    p.add_argument("--workers", default=",".join(map(str, WORKERS)),
+                   help="the loader's worker counts, comma-separated (default 0,2)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3, help="runs of each cell per slot (median)")
     p.add_argument("--batches", type=int, default=400, help="timed batches per run")
@@ -119,23 +158,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         loader, workers, batches, warmup = args.child
         print(rate(loader, int(workers), int(batches), int(warmup)))
         return 0
-    if args.before is None or args.rounds < 1:
-        print("tiny_arrays: --before is required and --rounds must be >= 1", file=sys.stderr)
+    if args.before is None or min(args.rounds, args.repeats, args.batches) < 1 or args.warmup < 0:
+        print("tiny_arrays: --before is required, --rounds, --repeats and --batches must be >= 1, --warmup >= 0",
+              file=sys.stderr)
+        return 2
+    try:
+        args.workers = parse_workers(args.workers)
+    except ValueError as exc:
+        print(f"tiny_arrays: {exc}", file=sys.stderr)
         return 2
     sys.path.insert(0, str(ROOT))
-    from interleave_compare import interleaved, resolve  # noqa: PLC0415 - beside this file
+    from interleave_compare import interleaved  # noqa: PLC0415 - beside this file
 
     from cupy_nwt import system  # noqa: PLC0415
     from cupy_nwt._reporting import tables as report  # noqa: PLC0415
 
-    revs = {"before": resolve(args.before), "after": resolve(args.after)}
+    sides = {"before": side(args.before), "after": side(args.after)}
+    revs = {label: rev for label, (rev, _) in sides.items()}
+    folders = {label: folder for label, (_, folder) in sides.items() if folder is not None}
     started = time.perf_counter()
-    runs = interleaved(revs, args.rounds, lambda label, tree, k, tmp: slot(tree, args), prefix="tiny-arrays-")
+    runs = interleaved(revs, args.rounds, lambda label, tree, k, tmp: slot(tree, args), prefix="tiny-arrays-",
+                       folders=folders)
     cpus = system.usable_cpus()
     result = {"host": system.host_tag(), "cpus": cpus, "before": revs["before"], "after": revs["after"],
+              "folders": {label: str(folder) for label, folder in folders.items()}, "workers": list(args.workers),
               "rounds": args.rounds, "repeats": args.repeats, "batches": args.batches, "warmup": args.warmup,
               "batch_size": BATCH, "sample_bytes": SAMPLE_BYTES, "note": args.note,
-              "wall_s": time.perf_counter() - started, "cells": summarize(runs, cpus)}
+              "wall_s": time.perf_counter() - started, "cells": summarize(runs, cpus, args.workers)}
     out = args.out or ROOT / "bench" / "results" / system.host_tag() / "tiny_arrays.json"
     report.write_json(result, out)
     print(json.dumps(result["cells"], indent=1))

@@ -41,6 +41,7 @@ exit "${{STUB_EXIT:-0}}"
 
 BUDGET, RESERVE = 540, 30  # the script's default seconds a command, less the kill grace and packing
 LEASE_FIRST, LEASE_BOTH = 480, 660  # a 15-minute lease less the machine's start, transfers and hand-back
+SECOND = 200  # the second command's steps: its 240-s budget less the reserve and 10 s for the probe
 
 
 def run(args: list[str], script: Path = SCRIPT, cwd: Path | None = None, **env: str) -> subprocess.CompletedProcess:
@@ -103,7 +104,7 @@ def test_the_estimates_fit_the_lease_whatever_the_readme_says():
     first = ["info", "transfers", "gpu-tests", "nwt", "gpu-feed"]
     assert sum(est[s] for s in first) <= LEASE_FIRST
     assert sum(est.values()) <= LEASE_BOTH
-    assert sum(est[s] for s in STEPS if s not in first) <= 180
+    assert sum(est[s] for s in STEPS if s not in first) <= SECOND
 
 
 def test_unknown_step_is_exit_2_in_one_line():
@@ -351,3 +352,62 @@ def test_a_prebuilt_native_reference_that_does_not_start_is_built_again(tree):
     proc = run(["transfers"], script, PYTHON=stub)  # the copied tree has no bench/native/ to build it from
     assert proc.returncode == 0
     assert "does not start here (exit 127)" in proc.stdout and "the native reference is skipped" in proc.stdout
+
+
+def test_loader_compare_runs_the_tiny_arrays_against_a_carried_before_tree(tree):
+    script, stub = tree
+    (script.parent.parent / ".lease" / "before" / "cupy_nwt").mkdir(parents=True)  # as --prepare-before leaves it
+    proc = run(["loader-compare"], script, PYTHON=stub)
+    assert proc.returncode == 0, proc.stderr
+    step = script.parent / "results" / DEVICE / "loader-compare"
+    calls = (step / "stub-calls.txt").read_text().splitlines()
+    assert calls[0].startswith("bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda")
+    assert calls[1].startswith("bench/tiny_arrays.py --before .lease/before --after . --workers 0,8,15 --rounds 5")
+    assert f"--out {step.relative_to(script.parent.parent)}/tiny_arrays.json" in calls[1]
+    assert "skipped" not in (step / "log.txt").read_text()
+
+
+def test_loader_compare_without_the_before_tree_skips_the_tiny_arrays_in_one_line(tree):
+    script, stub = tree
+    proc = run(["loader-compare"], script, PYTHON=stub)
+    assert proc.returncode == 0 and "done: loader-compare" in proc.stderr
+    step = script.parent / "results" / DEVICE / "loader-compare"
+    assert len((step / "stub-calls.txt").read_text().splitlines()) == 1  # loader_compare.py alone
+    skipped = [ln for ln in (step / "log.txt").read_text().splitlines() if "tiny" in ln]
+    assert len(skipped) == 1 and "no .lease/before/cupy_nwt" in skipped[0] and "skipped" in skipped[0]
+
+
+@pytest.fixture
+def clone(tmp_path):
+    """A scratch clone of the project holding this gpu_session.sh: --prepare-before writes into its .git."""
+    if not (ROOT / ".git").exists() or shutil.which("git") is None:
+        pytest.skip("needs a git checkout of the project to clone")
+    repo = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", "--no-checkout", str(ROOT), str(repo)], check=True, capture_output=True)
+    (repo / "bench").mkdir()
+    shutil.copy(SCRIPT, repo / "bench" / "gpu_session.sh")
+    return repo
+
+
+def test_prepare_before_archives_the_loader_into_an_ignored_folder(clone):
+    script = clone / "bench" / "gpu_session.sh"
+    head = subprocess.run(["git", "-C", str(clone), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout.strip()
+    for _ in range(2):  # a second run replaces the tree and adds no second exclude line
+        proc = run(["--prepare-before", "HEAD"], script)
+        assert proc.returncode == 0, proc.stderr
+    before = clone / ".lease" / "before"
+    assert (before / "cupy_nwt" / "loader" / "__init__.py").is_file()
+    assert (before / "REVISION").read_text().strip() == head
+    assert sorted(p.name for p in before.iterdir()) == ["REVISION", "cupy_nwt"]  # the package and its stamp alone
+    assert (clone / ".git" / "info" / "exclude").read_text().splitlines().count("/.lease/") == 1
+    ignored = subprocess.run(["git", "-C", str(clone), "check-ignore", ".lease/before/REVISION"], capture_output=True)
+    assert ignored.returncode == 0
+    assert "name .lease in the run's carry" in proc.stdout
+
+
+def test_prepare_before_refuses_what_is_no_revision_in_one_line(clone):
+    proc = run(["--prepare-before", "no-such-revision-xyz"], clone / "bench" / "gpu_session.sh")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not a revision" in proc.stderr
+    assert not (clone / ".lease").exists()
+    assert run(["--prepare-before", "HEAD", "extra"], clone / "bench" / "gpu_session.sh").returncode == 2
