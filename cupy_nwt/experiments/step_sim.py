@@ -135,14 +135,7 @@ def feed(batches: Iterable[Any], step: Callable[[Any], float], *, steps: int, wa
     """
     if steps < 1 or warmup < 0:
         raise ArgumentError(f"need steps >= 1 and warmup >= 0, got {steps}, {warmup}")
-    it = iter(batches)
-    t_start = clock()
-    pending = [_next(it, label)]
-    startup = clock() - t_start
-
-    def take() -> Any:
-        return pending.pop() if pending else _next(it, label)
-
+    take, startup = _started(batches, label, clock)
     for _ in range(warmup):
         step(take())
     kernel = 0.0
@@ -178,14 +171,11 @@ def feed_queued(batches: Iterable[Any], step: QueuedStep, *, steps: int, warmup:
     """
     if steps < 1 or warmup < 0 or depth < 1:
         raise ArgumentError(f"need steps >= 1, warmup >= 0 and depth >= 1, got {steps}, {warmup}, {depth}")
-    it = iter(batches)
-    t_start = clock()
-    pending = [_next(it, label)]
-    startup = clock() - t_start
+    take, startup = _started(batches, label, clock)
     queue: deque[StepMarks] = deque()
     timed: list[StepMarks] = []
     for i in range(warmup + steps):
-        batch = pending.pop() if pending else _next(it, label)
+        batch = take()
         while len(queue) >= depth:
             step.wait(queue.popleft())
         marks = step.enqueue(batch)
@@ -196,6 +186,19 @@ def feed_queued(batches: Iterable[Any], step: QueuedStep, *, steps: int, warmup:
     kernel = sum(step.elapsed(m.start, m.end) for m in timed)
     wall = step.elapsed(timed[0].start, timed[-1].end)
     return FeedResult(label, steps, batch_size, wall, kernel, step_seconds, startup, "queued", depth)
+
+
+def _started(batches: Iterable[Any], label: str, clock: Callable[[], float]) -> tuple[Callable[[], Any], float]:
+    """The batches as a ``take()``, and the loader's start-up: the wait for the first batch, in no step's time."""
+    it = iter(batches)
+    t_start = clock()
+    pending = [_next(it, label)]
+    startup = clock() - t_start
+
+    def take() -> Any:
+        return pending.pop() if pending else _next(it, label)
+
+    return take, startup
 
 
 def _next(it: Any, label: str) -> Any:
