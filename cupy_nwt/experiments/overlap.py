@@ -334,17 +334,19 @@ def _run(config: OverlapConfig, tick: ProgressBar) -> OverlapResult:
     versions = []
     for name, work, used in (("sequential", sequential, [main]),
                              ("async_v1", async_v1, streams),
-                             ("async_v2", async_v2, streams),
-                             ("serial_chunks", serial_chunks, [main])):
+                             ("async_v2", async_v2, streams)):
         version, late = _time_version(name, work, host, main, used, spin, warm, reps)
         versions.append(version)
         overran += late
         tick(name)
+    serial, late = _time_version("serial_chunks", serial_chunks, host, main, [main], spin, warm, reps)
+    overran += late
+    tick("serial_chunks")
     sizes = tuple(dict.fromkeys((4 * chunk, 4 * n)))  # one size when there is one stream
     duplex, late = measure_duplex(sizes, STAGE_REPEATS, reps, warm, spin.hold)
     tick("duplex")
-    return OverlapResult(config, device, stages, tuple(versions[:-1]), LaunchTimes(*launch), overran + late,
-                         duplex, versions[-1])
+    return OverlapResult(config, device, stages, tuple(versions), LaunchTimes(*launch), overran + late,
+                         duplex, serial)
 
 
 def _time_version(name: str, work: Callable[[], None], host: np.ndarray, main: Any, used: list, spin: Any,
