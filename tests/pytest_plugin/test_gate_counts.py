@@ -214,19 +214,25 @@ def test_a_bad_revision_is_one_line(pytester):
     result.stderr.fnmatch_lines(["*--nwt-against: 'no-such-rev' is not a revision of *"])
 
 
-def test_the_base_revisions_child_is_not_counted_as_the_pipelines_cpu():
-    """A child that burnt 0.3 s of CPU: in the pipeline's CPU, unless it is excluded (with its own children)."""
+def burnt_child(seconds: float) -> subprocess.Popen:
+    """A child that has burnt ``seconds`` of CPU and then waits, until its stdin is closed."""
     import time
 
     import psutil
 
+    burn = f"import sys, time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end:\n    pass\n"
+    child = subprocess.Popen([sys.executable, "-c", burn + "sys.stdin.read()"], stdin=subprocess.PIPE)
+    while sum(psutil.Process(child.pid).cpu_times()[:2]) < seconds:
+        time.sleep(0.05)
+    return child
+
+
+def test_the_base_revisions_child_is_not_counted_as_the_pipelines_cpu():
+    """A child that burnt 0.3 s of CPU: in the pipeline's CPU, unless it is excluded (with its own children)."""
     from cupy_nwt.pytest_plugin._cpu import PipelineClock
 
-    burn = "import sys, time\nend = time.process_time() + 0.3\nwhile time.process_time() < end:\n    pass\nsys.stdin.read()"
-    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    child = burnt_child(0.3)
     try:
-        while sum(psutil.Process(child.pid).cpu_times()[:2]) < 0.3:
-            time.sleep(0.05)
         assert PipelineClock().cpu_s() - PipelineClock(exclude=[child.pid]).cpu_s() >= 0.25
     finally:
         child.stdin.close()
@@ -235,16 +241,9 @@ def test_the_base_revisions_child_is_not_counted_as_the_pipelines_cpu():
 
 def test_an_excluded_child_reaped_inside_a_window_brings_in_at_most_what_it_spent_since_the_last_reading():
     """An earlier loader's worker, reaped while the benchmark runs: its whole CPU lands in RUSAGE_CHILDREN."""
-    import time
-
-    import psutil
-
     from cupy_nwt.pytest_plugin._cpu import PipelineClock
 
-    burn = "import sys, time\nend = time.process_time() + 0.4\nwhile time.process_time() < end:\n    pass\nsys.stdin.read()"
-    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
-    while sum(psutil.Process(child.pid).cpu_times()[:2]) < 0.4:
-        time.sleep(0.05)
+    child = burnt_child(0.4)
     clock = PipelineClock(exclude=[child.pid])
     start = clock.cpu_s()  # the child's 0.4 s are read here, before it ends
     child.stdin.close()
