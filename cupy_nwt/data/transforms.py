@@ -188,6 +188,27 @@ def _crop_flip_normalize(images, oy, ox, flip, pad, out_h, out_w, scale, bias, o
                         out[k, ch, i, j] = b
 
 
+def _load_kernel() -> None:
+    """Compile the kernel, or load it from Numba's disk cache, for the types ``crop_flip_normalize`` passes.
+
+    Done at import, not at the first call, so that a process importing this module once shares the
+    loaded kernel with every worker it forks (forkserver's server imports it too): left to the first
+    call, each worker loaded it again on its own, about 0.3 s of CPU each, most of a worker's start-up.
+    Other types (a read-only or strided array) still compile on first use.
+    """
+    from numba import types as nt  # noqa: PLC0415 - only for this signature
+
+    def arr(dtype: Any, ndim: int) -> Any:
+        return nt.Array(dtype, ndim, "C")
+
+    i64 = arr(nt.int64, 1)
+    _crop_flip_normalize.compile((arr(nt.uint8, 4), i64, i64, arr(nt.boolean, 1), nt.int64, nt.int64, nt.int64,
+                                  arr(nt.float32, 1), arr(nt.float32, 1), arr(nt.float32, 4)))
+
+
+_load_kernel()
+
+
 def crop_flip_normalize(images: np.ndarray, oy: np.ndarray, ox: np.ndarray, flip: np.ndarray, *,
                         size: int | tuple[int, int], padding: int, mean: Sequence[float] = CIFAR10_MEAN,
                         std: Sequence[float] = CIFAR10_STD, out: np.ndarray | None = None) -> np.ndarray:

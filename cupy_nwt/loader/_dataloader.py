@@ -33,7 +33,8 @@ Worker start method (``multiprocessing_context=None``): ``forkserver`` when CUDA
 process (the loader targets the GPU, or CuPy is imported and a GPU is usable), because a forked child
 of a CUDA process must not touch CUDA and page-locked memory is not inherited across fork; ``fork``
 otherwise, which starts fastest and shares the dataset copy-on-write. With forkserver or spawn the
-dataset and the callables are pickled to each worker, so they must be defined at module level.
+dataset and the callables are pickled to each worker, so they must be defined at module level; their
+large arrays travel once, in memory every worker maps copy-on-write (``workers.shared_pickle``).
 """
 
 from __future__ import annotations

@@ -107,6 +107,22 @@ def test_crop_flip_normalize_writes_into_out_and_validates(batch):
         crop_flip_normalize(images[..., :2], zeros, zeros, zeros, size=8, padding=0)
 
 
+def test_the_kernel_loaded_at_import_still_takes_read_only_images_and_a_strided_out(batch):
+    """The kernel is loaded at import for the wrapper's usual types (so forked workers share it);
+    other layouts must still compile on first use rather than be refused."""
+    images, _ = batch
+    n = len(images)
+    zeros = np.zeros(n, np.int64)
+    frozen = images.copy()
+    frozen.flags.writeable = False
+    wide = np.zeros((n, 3, 8, 16), np.float32)
+    got = crop_flip_normalize(frozen, zeros, zeros, np.ones(n, bool), size=8, padding=0, out=wide[..., ::2])
+    want = reference_normalize(images[:, :8, :8][:, :, ::-1])
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(wide[..., ::2], want, rtol=1e-5, atol=1e-5)
+    assert not wide[..., 1::2].any()
+
+
 def test_batch_transform_rejects_bad_batches(batch):
     t = CifarTrainTransform()
     with pytest.raises(ValueError, match="batch"):

@@ -39,7 +39,7 @@ import numpy as np
 from ... import cuda
 from ..._worker_info import WorkerInfo, enter_process, worker_seed
 from ...data.contract import pickling_advice
-from ...errors import LoaderError, WorkerDiedError
+from ...errors import LoaderError
 from .._events import Listener, StageTimes
 from ..ring.memory import RingFile
 from ..ring.ring import Ring, SlotLayout
@@ -64,7 +64,8 @@ from .messages import (
 )
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
 from .serve import serve_loop
-from .start import check_importable, choose, forkserver_preload, stuck_hint
+from .shared_pickle import SharedPickles
+from .start import check_importable, choose, death_error, exit_hint, forkserver_preload, stuck_hint
 from .torch_workers import adopt_in_worker
 
 # ---------------------------------------------------------------- in the worker process
@@ -210,29 +211,38 @@ class WorkerPool(Dispatch):
             self._ctx.set_forkserver_preload(
                 forkserver_preload([maker.dataset, maker.collate_fn, maker.batch_transform]))
         self._hint = stuck_hint(method)  # what the parent is like as the workers start: why one might hang
+        self._pickles = SharedPickles() if method != "fork" else None  # the maker's arrays, pickled once
         lifeline.track(self)
         try:
             self._file = RingFile.create()
+            shipped = self._ship()
             for w in range(num_workers):
-                self._start(w)
+                self._start(w, shipped)
         except BaseException:
             self.shutdown()
             raise
         self.active = num_workers  # workers given tasks; the others are parked (alive, idle)
 
-    def _start(self, w: int) -> None:
-        num_workers, seed, epoch, maker, worker_init_fn, rank, world_size = self._spec
+    def _ship(self) -> BatchMaker:
+        """The maker as the workers about to start get it: with forkserver and spawn, its arrays shared."""
+        maker = self._spec[3]
+        return maker if self._pickles is None else self._pickles.wrap(maker)
+
+    def _start(self, w: int, shipped: BatchMaker) -> None:
+        num_workers, seed, epoch, _, worker_init_fn, rank, world_size = self._spec
         ctx, method = self._ctx, self._ctx.get_start_method()
-        spec = WorkerSpec(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), maker, worker_init_fn, rank,
+        spec = WorkerSpec(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), shipped, worker_init_fn, rank,
                           world_size, self._file)
         task_r, task_w = ctx.Pipe(duplex=False)
         res_r, res_w = ctx.Pipe(duplex=False)
         proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w), name=f"cupy_nwt-worker-{w}", daemon=True)
         try:
             proc.start()
-        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        except (pickle.PicklingError, AttributeError, TypeError, ConnectionError) as exc:
             for c in (task_r, task_w, res_r, res_w):
                 c.close()
+            if isinstance(exc, ConnectionError):  # the server's child died while being handed the process
+                raise LoaderError(f"loader worker {w} could not be started by {method}{exit_hint(method, 1)}") from None
             raise LoaderError(pickling_advice(method, exc)) from exc
         task_r.close()
         res_w.close()
@@ -244,8 +254,9 @@ class WorkerPool(Dispatch):
 
     def set_active(self, n: int) -> None:
         """Give tasks to the first ``n`` workers: un-park parked ones, start more processes if needed."""
+        shipped = self._ship()
         while self.size < n:
-            self._start(self.size)
+            self._start(self.size, shipped)
             ring = self.slots.ring
             if ring is not None:
                 self._send(self._workers[-1], RingMsg(ring.name, ring.layout, ring.slots))
@@ -338,20 +349,7 @@ class WorkerPool(Dispatch):
                 continue
             w.process.join(timeout if timeout > 0 else 1.0)  # reap it so the exit code is known
             self._raise_init_error(w)
-            code = w.process.exitcode
-            pid = w.process.pid
-            if code is not None and code < 0:
-                try:
-                    how = f"was killed by signal {signal.Signals(-code).name}"
-                except ValueError:
-                    how = f"was killed by signal {-code}"
-                torch_says = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(-code) or -code}. "
-                hint = " (SIGKILL often means the kernel's out-of-memory killer)" if code == -signal.SIGKILL else ""
-            else:
-                how, hint = f"exited unexpectedly with exit code {code}", ""
-                torch_says = f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. "
-            raise WorkerDiedError(f"{torch_says}cupy_nwt: loader worker {w.id} (pid {pid}) {how}{hint}",
-                                  worker_id=w.id, pid=pid, exitcode=code)
+            raise death_error(w.id, w.process.pid, w.process.exitcode, self._ctx.get_start_method())
 
     def _raise_init_error(self, w: _Worker) -> None:
         """A worker whose worker_init_fn failed reported why before exiting: prefer that reason."""
@@ -376,9 +374,7 @@ class WorkerPool(Dispatch):
                 w.tasks.send(Stop())
             except (OSError, ValueError):
                 pass
-        deadline = time.monotonic() + SHUTDOWN_GRACE_S
-        for w in self._workers:
-            w.process.join(max(0.0, deadline - time.monotonic()))
+        self._drain(time.monotonic() + SHUTDOWN_GRACE_S)
         for w in self._workers:
             if w.process.is_alive():
                 w.process.terminate()
@@ -394,7 +390,21 @@ class WorkerPool(Dispatch):
         self._workers = []
         if self._file is not None:
             self._file.close()  # the memory goes with the ring's mapping, or already went with the workers
+        if self._pickles is not None:
+            self._pickles.close()
         lifeline.untrack(self)
+
+    def _drain(self, deadline: float) -> None:
+        """Wait for the workers to exit, reading away what they still send: a worker blocked writing a
+        batch larger than the pipe holds would otherwise never read its ``Stop``."""
+        while any(w.process.is_alive() for w in self._workers) and (left := deadline - time.monotonic()) > 0:
+            for fd, _ in self._waits.poll(math.ceil(left * 1000)):
+                try:
+                    ended = fd not in self._by_fd or not os.read(fd, 1 << 16)
+                except OSError:
+                    ended = True
+                if ended:  # a sentinel (that worker exited) or a closed pipe: stays ready, so stop watching it
+                    self._waits.unregister(fd)
 
     def kill_now(self) -> None:
         """From a signal handler, the process about to die: SIGKILL every worker, reap it, unlink the ring.
@@ -423,8 +433,8 @@ def default_start_method(device: str) -> str:
 
     A forked child of a process with a CUDA context must not use CUDA, and page-locked memory is
     mapped don't-fork; forkserver children come from a clean server process instead. The price is
-    that the dataset and callables are pickled to each worker. Otherwise fork is the fastest to
-    start and shares the dataset copy-on-write.
+    that the dataset and callables are pickled to each worker (their large arrays once, shared:
+    ``shared_pickle``). Otherwise fork is the fastest to start and shares the dataset copy-on-write.
     """
     return choose(device == "cuda" or cuda.cuda_may_be_initialized())
 

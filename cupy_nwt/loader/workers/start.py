@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import signal
 import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import LoaderError
+from ...errors import LoaderError, WorkerDiedError
 
 _log = logging.getLogger("cupy_nwt.loader")
 _said: set[str] = set()  # reasons already logged (once per process)
@@ -112,6 +113,36 @@ def stuck_hint(method: str) -> str:
                 f"were forked ({', '.join(threads[:3])}), and a lock one held stays locked in a worker; "
                 f"multiprocessing_context='forkserver' avoids that ({slow})")
     return slow.removeprefix("or ")
+
+
+def exit_hint(method: str, code: int | None) -> str:
+    """What a worker's exit code 1 most likely means under ``method``: its own error, printed above.
+
+    A worker exits 1 only when an error escapes it before its loop (the dataset's own errors travel to
+    the main process); under forkserver and spawn that is mostly the start itself, which re-imports the
+    main module and unpickles the dataset.
+    """
+    if code != 1 or method == "fork":
+        return ""
+    return (f" (its error is printed above: a {method} worker first re-imports the main module, and a script "
+            "without if __name__ == '__main__': starts the loader again there, then unpickles the dataset, "
+            "whose class must be importable by name)")
+
+
+def death_error(worker_id: int, pid: int | None, code: int | None, method: str) -> WorkerDiedError:
+    """A worker that ended unasked, in torch's words (scripts match them) and then ours, with the likely cause."""
+    if code is not None and code < 0:
+        try:
+            how = f"was killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            how = f"was killed by signal {-code}"
+        torch_says = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(-code) or -code}. "
+        hint = " (SIGKILL often means the kernel's out-of-memory killer)" if code == -signal.SIGKILL else ""
+    else:
+        how, hint = f"exited unexpectedly with exit code {code}", exit_hint(method, code)
+        torch_says = f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. "
+    return WorkerDiedError(f"{torch_says}cupy_nwt: loader worker {worker_id} (pid {pid}) {how}{hint}",
+                           worker_id=worker_id, pid=pid, exitcode=code)
 
 
 def check_importable(method: str, chosen_by_user: bool, objects: list[Any]) -> None:

@@ -154,3 +154,30 @@ def test_a_fork_workers_timeout_names_the_threads_that_ran_at_fork():
         loader.close()
     finally:
         stop.set()
+
+
+NO_GUARD = """
+import sys
+import numpy as np
+from cupy_nwt import DataLoader, CupyNwtError
+from cupy_nwt.data import ArrayDataset
+
+ds = ArrayDataset(np.zeros((64, 4), np.uint8), np.zeros(64, np.int64))
+try:
+    for _ in DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context=sys.argv[1]):
+        pass
+except CupyNwtError as exc:
+    print(type(exc).__name__, exc, file=sys.stderr)
+    sys.exit(3)
+print("no error")
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_script_without_a_main_guard_is_told_why_its_workers_die(tmp_path, method):
+    (tmp_path / "script.py").write_text(NO_GUARD)
+    proc = subprocess.run([sys.executable, str(tmp_path / "script.py"), method], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(("WorkerDiedError", "LoaderError")) and "if __name__ == '__main__':" in last, last

@@ -1,0 +1,153 @@
+"""What a forkserver or spawn worker is sent, with its large arrays in memory the workers share.
+
+Under fork a worker inherits the dataset copy-on-write. Under forkserver and spawn (forkserver is
+the default once CUDA is live) the process object is pickled for each worker, dataset included:
+an in-memory dataset of CIFAR-10's size (154 MB) was pickled, piped and unpickled once per worker,
+one worker after another in the main process, seconds at 8 workers, and each worker then held a
+copy of its own. Here pickle protocol 5 hands every large contiguous buffer out of band; its bytes
+are written once into an anonymous shared file (memfd) and each worker maps that file
+copy-on-write, rebuilding the object over the mapping: the pickle that travels is small, and the
+pages stay shared until a worker writes to them, as after a fork.
+
+A buffer is written again only if its bytes changed since (a worker started later sees the array
+as it is then, as a forked one would). Where memfd is missing, or the file cannot grow, the
+buffers travel in the pickle as before.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+import os
+import pickle
+from multiprocessing import reduction
+from typing import Any, TypeVar, cast
+
+import numpy as np
+
+from ..ring.memory import memory_room
+
+T = TypeVar("T")
+OUT_OF_BAND_BYTES = 1 << 20  # smaller buffers stay in the pickle: writing and comparing them saves nothing
+MEMFD_NAME = "cupy_nwt-worker-arrays"  # not the rings' "cupy_nwt_" prefix: ``live_segments`` counts rings only
+
+
+class SharedPickles:
+    """One worker pool's shared file of out-of-band buffers; ``wrap`` marks what is pickled through it."""
+
+    def __init__(self) -> None:
+        self._fd = -1
+        self._size = 0
+        self._placed: dict[tuple[int, int], int] = {}  # (address, nbytes) of a source buffer -> its offset
+        self._view: mmap.mmap | None = None  # the file, read back to compare
+        try:
+            self._fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
+        except (AttributeError, OSError):
+            pass
+
+    def wrap(self, obj: T) -> T:
+        """``obj`` itself where nothing can be shared; else a stand-in that unpickles as ``obj``.
+
+        Workers started with one stand-in, one after another, share its buffers as first written;
+        a new stand-in compares them with the bytes as they are then.
+        """
+        return obj if self._fd < 0 else cast(T, _Shared(obj, self))
+
+    def place(self, buf: memoryview) -> int | None:
+        """The offset of ``buf``'s bytes in the file, written unless an equal copy is there; None: keep it in band."""
+        key = (_address(buf), buf.nbytes)
+        offset = self._placed.get(key)
+        if offset is not None and self._equal(offset, buf):
+            return offset
+        if buf.nbytes > memory_room().bytes:
+            return None  # too large to hold once more: in band, as before, a copy in each worker
+        offset = -(-self._size // mmap.PAGESIZE) * mmap.PAGESIZE
+        try:
+            os.ftruncate(self._fd, offset + buf.nbytes)
+            written = os.pwrite(self._fd, buf, offset)
+            while written < buf.nbytes:
+                written += os.pwrite(self._fd, buf[written:], offset + written)
+        except OSError:
+            os.ftruncate(self._fd, self._size)
+            return None
+        self._size = offset + buf.nbytes
+        self._placed[key] = offset
+        return offset
+
+    def _equal(self, offset: int, buf: memoryview) -> bool:
+        if self._view is None or len(self._view) < self._size:
+            if self._view is not None:
+                self._view.close()
+            self._view = mmap.mmap(self._fd, self._size, prot=mmap.PROT_READ)  # kept: its pages fault in once
+        stored, now = np.frombuffer(self._view, np.uint8, buf.nbytes, offset), np.frombuffer(buf, np.uint8)
+        step = 1 << 22  # in pieces: one comparison of the whole would allocate a bool per byte
+        same = all(np.array_equal(stored[i:i + step], now[i:i + step]) for i in range(0, buf.nbytes, step))
+        del stored  # the mapping can close only once no array views it
+        return same
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    @property
+    def fd(self) -> int:
+        return self._fd
+
+    def close(self) -> None:
+        """Close the main process's descriptor; the workers' mappings keep the memory. Idempotent."""
+        fd, self._fd = self._fd, -1
+        if self._view is not None:
+            self._view.close()
+            self._view = None
+        if fd >= 0:
+            os.close(fd)
+
+
+def _address(buf: memoryview) -> int:
+    return int(np.frombuffer(buf, np.uint8).ctypes.data) if buf.nbytes else 0
+
+
+class _Shared:
+    """Pickles as ``obj`` with its large buffers placed in ``pickles``' file (pickled only while a worker starts)."""
+
+    def __init__(self, obj: Any, pickles: SharedPickles) -> None:
+        self.obj, self.pickles = obj, pickles
+        self.placed: dict[tuple[int, int], int] = {}  # this stand-in's buffers: workers started together share them
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        regions: list[tuple[int, int, bool]] = []  # (offset, nbytes, readonly) of each out-of-band buffer, in order
+
+        def out_of_band(pb: pickle.PickleBuffer) -> bool:
+            raw = pb.raw()
+            if raw.nbytes < OUT_OF_BAND_BYTES:
+                return True
+            key = (_address(raw), raw.nbytes)
+            offset = self.placed.get(key)
+            if offset is None:
+                offset = self.pickles.place(raw)
+                if offset is None:
+                    return True
+                self.placed[key] = offset
+            regions.append((offset, raw.nbytes, raw.readonly))
+            return False
+
+        data = io.BytesIO()
+        pickler = pickle.Pickler(data, 5, buffer_callback=out_of_band)
+        pickler.dispatch_table = reduction.ForkingPickler(io.BytesIO(), 5).dispatch_table  # its fd and lock reducers
+        pickler.dump(self.obj)
+        if not regions:
+            return _loads, (data.getvalue(), None, 0, regions)
+        return _loads, (data.getvalue(), reduction.DupFd(self.pickles.fd), self.pickles.size, regions)
+
+
+def _loads(data: bytes, dup: Any, size: int, regions: list[tuple[int, int, bool]]) -> Any:
+    """In the worker: map the shared file copy-on-write and rebuild the object over it."""
+    if dup is None:
+        return pickle.loads(data)
+    fd = dup.detach()
+    try:
+        memory = memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+    finally:
+        os.close(fd)
+    buffers = [memory[o:o + n].toreadonly() if ro else memory[o:o + n] for o, n, ro in regions]
+    return pickle.loads(data, buffers=buffers)
