@@ -132,3 +132,26 @@ def test_an_unchanged_array_is_written_once_and_a_changed_one_again():
         assert os.pread(pickles.fd, big.nbytes, moved) == big.tobytes()  # a later worker sees the change
     finally:
         pickles.close()
+
+
+class TensorAndArray:
+    """A torch tensor beside a large NumPy array: torch's own reducers must still carry the tensor."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.tensor = torch.arange(ROWS, dtype=torch.float32)
+        self.array = Rows().data
+
+    def __len__(self) -> int:
+        return ROWS
+
+    def __getitem__(self, i: int) -> tuple[float, int]:
+        return float(self.tensor[i]), int(self.array[i, -1])
+
+
+def test_a_dataset_with_a_torch_tensor_beside_a_large_array_arrives_whole():
+    pytest.importorskip("torch", reason="torch is a test extra")
+    with DataLoader(TensorAndArray(), batch_size=512, num_workers=2, multiprocessing_context="forkserver") as dl:
+        tensor_part, array_part = (np.concatenate(c) for c in zip(*dl))
+    assert (tensor_part == np.arange(ROWS)).all() and (array_part == np.arange(ROWS)).all()
