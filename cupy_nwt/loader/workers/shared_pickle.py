@@ -1,10 +1,10 @@
 """What a forkserver or spawn worker is sent, with its large arrays in memory the workers share.
 
 Under fork a worker inherits the dataset copy-on-write. Under forkserver and spawn (forkserver is
-the default once CUDA is live) the process object is pickled for each worker, dataset included:
-an in-memory dataset of CIFAR-10's size (154 MB) was pickled, piped and unpickled once per worker,
-one worker after another in the main process, seconds at 8 workers, and each worker then held a
-copy of its own. Here pickle protocol 5 hands every large contiguous buffer out of band; its bytes
+the default once CUDA is live) the process object is pickled for each worker, dataset included: an
+in-memory dataset of CIFAR-10's size (154 MB) pickled, piped and unpickled once per worker, one
+worker after another in the main process, costs seconds at 8 workers and leaves each worker a copy
+of its own. So pickle protocol 5 hands every large contiguous buffer out of band; its bytes
 are written once into an anonymous shared file (memfd) and each worker maps that file
 copy-on-write, rebuilding the object over the mapping: the pickle that travels is small, and the
 pages stay shared until a worker writes to them, as after a fork.

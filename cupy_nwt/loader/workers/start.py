@@ -82,8 +82,8 @@ def forkserver_preload(objects: Sequence[Any] = ()) -> list[str]:
     """What forkserver's server imports once, before forking any worker: the worker loop, torch when
     this process has it, and this package's modules that define ``objects`` (the dataset, collate_fn,
     batch_transform a worker unpickles), so a worker forks with them loaded instead of importing them
-    again: each worker imported Numba (for ``cupy_nwt.data.transforms``) on its own, one after another as the
-    server forked them. torch's import starts no thread; its pool starts with its first parallel op;
+    again: otherwise each worker imports Numba (for ``cupy_nwt.data.transforms``) on its own, one after
+    another as the server forks them. torch's import starts no thread; its pool starts with its first parallel op;
     this package's modules start none. Nothing else of the user's: a module may start a runtime."""
     root = __name__.split(".")[0] + "."
     own = sorted({m for o in objects if isinstance(m := getattr(o, "__module__", None), str) and m.startswith(root)})

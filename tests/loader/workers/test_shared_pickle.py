@@ -1,7 +1,7 @@
 """forkserver and spawn workers get the dataset's large arrays through one shared file, not a copy each.
 
-Before, a 154 MB in-memory dataset went through pickle and a pipe once per worker: 4.3 s to the first
-batch at 8 forkserver workers on the 2-vCPU VM, and every worker held its own copy. The semantics must
+Pickled to each worker, a 154 MB in-memory dataset goes through pickle and a pipe once per worker (4.3 s
+to the first batch at 8 forkserver workers on the 2-vCPU VM) and every worker holds its own copy. The semantics must
 stay those of a fork: a worker that writes to the array changes only its own copy, a read-only array
 stays read-only, and a worker started after the main process changed the array sees the change.
 """
