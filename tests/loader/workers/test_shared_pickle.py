@@ -72,12 +72,13 @@ def held_worker_array_files(pid: int) -> int:
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_every_sample_arrives_and_workers_writing_the_array_change_only_their_copy(method):
     ds = Rows(scribble=True)
+    held_before = held_worker_array_files(os.getpid())  # a loader of an earlier test may await the collector
     with DataLoader(ds, batch_size=256, num_workers=2, multiprocessing_context=method, shuffle=True, seed=1) as dl:
         first, last, _ = (np.concatenate(c) for c in zip(*dl))
     assert sorted(first.tolist()) == list(range(ROWS))  # each row read before its worker's own write
     assert (first == last).all()
     assert (ds.data == np.arange(ROWS)[:, None]).all()  # the main process's array is untouched
-    assert held_worker_array_files(os.getpid()) == 0
+    assert held_worker_array_files(os.getpid()) <= held_before  # this loader's file is closed
 
 
 def test_a_read_only_array_stays_read_only_in_the_worker():
