@@ -6,15 +6,19 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench" / "studies" / "what_does_a_worker_start_cost"))
 import dataset_start as ds  # noqa: E402
 
 
-def test_a_tiny_run_writes_each_tree_s_first_batch_close_and_memory(tmp_path):
+@pytest.mark.parametrize("dataset", ["arrays", "paths"])
+def test_a_tiny_run_writes_each_tree_s_first_batch_close_and_memory(tmp_path, dataset):
     assert ds.main(["--before", str(ROOT), "--rounds", "1", "--workers", "1", "--images", "300",
-                    "--methods", "fork", "--out-dir", str(tmp_path)]) == 0
+                    "--methods", "fork", "--dataset", dataset, "--out-dir", str(tmp_path)]) == 0
     (out,) = tmp_path.glob("dataset_start-*.json")
+    assert ("paths" in out.name) == (dataset == "paths")
     doc = json.loads(out.read_text())
     for tree in ("before", "after"):
         got = doc["medians"][tree]["fork"]

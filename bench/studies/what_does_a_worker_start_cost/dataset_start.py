@@ -33,7 +33,21 @@ def anonymous_bytes(pid: int) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Anonymous:"))
 
 
-def one(method: str, workers: int, images: int) -> dict[str, Any]:
+class SamplePaths:
+    """An image folder's sample list, (path, class) per image as torchvision's ImageFolder holds it; a
+    sample is its class (nothing is read: the list is what a worker start has to carry)."""
+
+    def __init__(self, n: int) -> None:
+        self.samples = [(f"/data/train/n{i % 1000:08d}/image_{i:08d}.JPEG", i % 1000) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> int:
+        return self.samples[i][1]
+
+
+def one(method: str, workers: int, images: int, dataset: str) -> dict[str, Any]:
     """In the child interpreter: the figures of one tree for one start method."""
     import numpy as np  # noqa: PLC0415 - the tree under test is on PYTHONPATH only here
 
@@ -41,17 +55,19 @@ def one(method: str, workers: int, images: int) -> dict[str, Any]:
     from cupy_nwt.data import ArrayDataset, CifarTrainTransform  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
-    ds = ArrayDataset(rng.integers(0, 256, (images, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, images))
+    arrays = dataset == "arrays"
+    ds = (ArrayDataset(rng.integers(0, 256, (images, 32, 32, 3), dtype=np.uint8), rng.integers(0, 10, images))
+          if arrays else SamplePaths(images))
     out: dict[str, Any] = {"first_batch_s": [], "close_s": []}
     for warm in (False, True):
         t = time.perf_counter()
-        dl = DataLoader(ds, batch_size=128, num_workers=workers, batch_transform=CifarTrainTransform(),
+        dl = DataLoader(ds, batch_size=128, num_workers=workers, batch_transform=CifarTrainTransform() if arrays else None,
                         multiprocessing_context=method, persistent_workers=True)
         it = iter(dl)
         next(it)
         out["first_batch_s"].append(time.perf_counter() - t)
         if warm:
-            for _ in it:
+            for _ in it if arrays else ():
                 pass
             out["worker_anonymous_bytes"] = max(anonymous_bytes(p) for p in dl.worker_pids())
         t = time.perf_counter()
@@ -63,7 +79,7 @@ def one(method: str, workers: int, images: int) -> dict[str, Any]:
 def measure(tree: Path, method: str, args: argparse.Namespace) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run([sys.executable, __file__, "--one", method, "--workers", str(args.workers),
-                           "--images", str(args.images)], env=env, cwd=tree, capture_output=True, text=True)
+                           "--images", str(args.images), "--dataset", args.dataset], env=env, cwd=tree, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"dataset_start: {method} in {tree} failed: {proc.stderr.strip().splitlines()[-1:]}")
     return dict(json.loads(proc.stdout.splitlines()[-1]))
@@ -90,11 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--images", type=int, default=50_000)
     p.add_argument("--methods", default=",".join(METHODS))
+    p.add_argument("--dataset", choices=["arrays", "paths"], default="arrays",
+                   help="arrays: the images in memory, the CIFAR batch transform, an epoch before memory is read; "
+                        "paths: an image folder's sample list of --images entries, memory read after the first batch")
     p.add_argument("--out-dir", default=str(HERE))
     p.add_argument("--one", choices=METHODS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(one(args.one, args.workers, args.images)))
+        print(json.dumps(one(args.one, args.workers, args.images, args.dataset)))
         return 0
     methods = args.methods.split(",")
     trees = {"before": Path(args.before or ""), "after": Path(args.after)}
@@ -116,9 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     from cupy_nwt._reporting import tables as report  # noqa: PLC0415
 
     doc = {"host": system.host_info().to_dict(), "trees": {k: str(v.resolve()) for k, v in trees.items()},
-           "workers": args.workers, "images": args.images, "runs": runs, "medians": summarize(runs),
+           "workers": args.workers, "images": args.images, "dataset": args.dataset, "runs": runs, "medians": summarize(runs),
            "load_average": list(os.getloadavg())}
-    out = Path(args.out_dir) / f"dataset_start-{system.host_tag()}.json"
+    name = "dataset_start" if args.dataset == "arrays" else f"dataset_start-{args.dataset}"
+    out = Path(args.out_dir) / f"{name}-{system.host_tag()}.json"
     report.write_json(doc, out)
     print(json.dumps(doc["medians"]), f"wrote {out}")
     return 0

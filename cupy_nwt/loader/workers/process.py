@@ -397,13 +397,18 @@ class WorkerPool(Dispatch):
     def _drain(self, deadline: float) -> None:
         """Wait for the workers to exit, reading away what they still send: a worker blocked writing a
         batch larger than the pipe holds would otherwise never read its ``Stop``."""
+        exits = {w.process.sentinel: w for w in self._workers}
         while any(w.process.is_alive() for w in self._workers) and (left := deadline - time.monotonic()) > 0:
             for fd, _ in self._waits.poll(math.ceil(left * 1000)):
+                if fd in exits:  # that worker closed its end as it exited: reap it, it may not be a zombie yet
+                    self._waits.unregister(fd)
+                    exits[fd].process.join(max(0.0, deadline - time.monotonic()))
+                    continue
                 try:
-                    ended = fd not in self._by_fd or not os.read(fd, 1 << 16)
+                    ended = not os.read(fd, 1 << 16)
                 except OSError:
                     ended = True
-                if ended:  # a sentinel (that worker exited) or a closed pipe: stays ready, so stop watching it
+                if ended:  # a closed pipe stays ready: stop watching it
                     self._waits.unregister(fd)
 
     def kill_now(self) -> None:

@@ -9,9 +9,10 @@ are written once into an anonymous shared file (memfd) and each worker maps that
 copy-on-write, rebuilding the object over the mapping: the pickle that travels is small, and the
 pages stay shared until a worker writes to them, as after a fork.
 
-A buffer is written again only if its bytes changed since (a worker started later sees the array
-as it is then, as a forked one would). Where memfd is missing, or the file cannot grow, the
-buffers travel in the pickle as before.
+A large pickle of the rest (a sample list of a million paths) is made once for the workers started
+together and goes into the file too, unless a reducer handed one worker a descriptor. A buffer is written again only if its bytes changed since (a worker started later sees
+the array as it is then, as a forked one would). Where memfd is missing, or the file cannot grow,
+everything travels in the pickle, once per worker.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import io
 import mmap
 import os
 import pickle
-from multiprocessing import reduction
+from multiprocessing import context, reduction
 from typing import Any, TypeVar, cast
 
 import numpy as np
@@ -108,14 +109,34 @@ def _address(buf: memoryview) -> int:
 
 
 class _Shared:
-    """Pickles as ``obj`` with its large buffers placed in ``pickles``' file (pickled only while a worker starts)."""
+    """Pickles as ``obj`` with its large buffers placed in ``pickles``' file (pickled only while a worker starts).
+
+    The object is pickled once for all the workers started with this stand-in, its pickle written
+    into the file beside its buffers, unless a reducer tied the pickle to one worker by handing that
+    worker a descriptor (a ``multiprocessing.Value``, a ``Connection``): a list of a million sample
+    paths costs most of a second to pickle, which the main process paid once per worker.
+    """
 
     def __init__(self, obj: Any, pickles: SharedPickles) -> None:
         self.obj, self.pickles = obj, pickles
         self.placed: dict[tuple[int, int], int] = {}  # this stand-in's buffers: workers started together share them
+        self.whole: tuple[tuple[int, int], list[tuple[int, int, bool]]] | None = None  # pickle, buffers: in the file
 
     def __reduce__(self) -> tuple[Any, ...]:
-        regions: list[tuple[int, int, bool]] = []  # (offset, nbytes, readonly) of each out-of-band buffer, in order
+        if self.whole is None:
+            data, regions, tied = self._pickle()
+            where = None if tied or len(data) < OUT_OF_BAND_BYTES else self.pickles.place(memoryview(data))
+            if where is None:
+                fd = reduction.DupFd(self.pickles.fd) if regions else None
+                return _loads, (data, fd, self.pickles.size, regions, None)
+            self.whole = (where, len(data)), regions
+        blob, regions = self.whole
+        return _loads, (None, reduction.DupFd(self.pickles.fd), self.pickles.size, regions, blob)
+
+    def _pickle(self) -> tuple[bytes, list[tuple[int, int, bool]], bool]:
+        """The pickle, its out-of-band buffers' (offset, nbytes, readonly) in order, and whether a reducer
+        passed a descriptor to the worker being started (which makes the pickle that worker's only)."""
+        regions: list[tuple[int, int, bool]] = []
 
         def out_of_band(pb: pickle.PickleBuffer) -> bool:
             raw = pb.raw()
@@ -131,23 +152,37 @@ class _Shared:
             regions.append((offset, raw.nbytes, raw.readonly))
             return False
 
+        popen = context.get_spawning_popen()
+        passed: list[int] = []
+        if popen is not None:
+            handed = popen.duplicate_for_child
+
+            def counted(fd: int) -> Any:
+                passed.append(fd)
+                return handed(fd)
+
+            setattr(popen, "duplicate_for_child", counted)  # this pickle only: the popen's own method again below
         data = io.BytesIO()
-        pickler = pickle.Pickler(data, 5, buffer_callback=out_of_band)
-        pickler.dispatch_table = reduction.ForkingPickler(io.BytesIO(), 5).dispatch_table  # its fd and lock reducers
-        pickler.dump(self.obj)
-        if not regions:
-            return _loads, (data.getvalue(), None, 0, regions)
-        return _loads, (data.getvalue(), reduction.DupFd(self.pickles.fd), self.pickles.size, regions)
+        try:
+            pickler = pickle.Pickler(data, 5, buffer_callback=out_of_band)
+            pickler.dispatch_table = reduction.ForkingPickler(io.BytesIO(), 5).dispatch_table  # fd and lock reducers
+            pickler.dump(self.obj)
+        finally:
+            if popen is not None:
+                del popen.duplicate_for_child
+        return data.getvalue(), regions, popen is None or bool(passed)
 
 
-def _loads(data: bytes, dup: Any, size: int, regions: list[tuple[int, int, bool]]) -> Any:
+def _loads(data: bytes | None, dup: Any, size: int, regions: list[tuple[int, int, bool]],
+           blob: tuple[int, int] | None) -> Any:
     """In the worker: map the shared file copy-on-write and rebuild the object over it."""
     if dup is None:
-        return pickle.loads(data)
+        return pickle.loads(data or b"")
     fd = dup.detach()
     try:
         memory = memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
     finally:
         os.close(fd)
     buffers = [memory[o:o + n].toreadonly() if ro else memory[o:o + n] for o, n, ro in regions]
-    return pickle.loads(data, buffers=buffers)
+    whole: bytes | memoryview = memory[blob[0]:blob[0] + blob[1]] if blob is not None else (data or b"")
+    return pickle.loads(whole, buffers=buffers)

@@ -44,7 +44,8 @@ class Counted:
 
     def __init__(self, ctx) -> None:
         self.data = np.zeros((ROWS, 2048), np.int64)
-        self.reads = ctx.Value("i", 0)
+        self.reads = ctx.Value("i", 0)  # its descriptor goes to one worker: the pickle is made for each
+        self.paths = Paths(20_000).samples
 
     def __len__(self) -> int:
         return 64
@@ -98,6 +99,36 @@ def test_the_workers_share_the_array_rather_than_hold_a_copy_each():
     small, big = Rows(rows=64), Rows()
     grown = workers_anonymous(big) - workers_anonymous(small)
     assert grown < big.data.nbytes / 2, f"a worker's own memory grew {grown} bytes with a {big.data.nbytes}-byte array"
+
+
+class Paths:
+    """An image folder's sample list (about 4 MB pickled); counts, in this process, how often it is pickled."""
+
+    pickled = 0
+
+    def __init__(self, n: int = 60_000) -> None:
+        self.samples = [(f"/data/train/n{i % 1000:08d}/image_{i:08d}.JPEG", i % 1000) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        path, label = self.samples[i]
+        return int(path[-13:-5]), label
+
+    def __getstate__(self) -> dict:
+        type(self).pickled += 1
+        return self.__dict__
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_a_large_sample_list_is_pickled_once_for_all_the_workers(method):
+    ds = Paths()
+    Paths.pickled = 0
+    with DataLoader(ds, batch_size=1000, num_workers=2, multiprocessing_context=method, shuffle=True, seed=2) as dl:
+        index, label = (np.concatenate(c) for c in zip(*dl))
+    assert sorted(index.tolist()) == list(range(len(ds))) and (label == index % 1000).all()
+    assert Paths.pickled == 1
 
 
 def test_a_dataset_holding_a_process_shared_value_still_reaches_the_workers():
