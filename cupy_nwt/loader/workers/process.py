@@ -36,7 +36,6 @@ from typing import Any
 
 import numpy as np
 
-from ... import cuda
 from ..._worker_info import WorkerInfo, enter_process, worker_seed
 from ...data.contract import pickling_advice
 from ...errors import LoaderError
@@ -65,7 +64,7 @@ from .messages import (
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
 from .serve import serve_loop
 from .shared_pickle import SharedPickles
-from .start import check_importable, choose, death_error, exit_hint, forkserver_preload, stuck_hint
+from .start import check_importable, death_error, default_start_method, exit_hint, forkserver_preload, stuck_hint
 from .torch_workers import adopt_in_worker
 
 # ---------------------------------------------------------------- in the worker process
@@ -431,17 +430,6 @@ class WorkerPool(Dispatch):
     @property
     def closed(self) -> bool:
         return self._closed
-
-
-def default_start_method(device: str) -> str:
-    """``forkserver`` when CUDA is (or will be) live in this process or a threaded runtime runs (``start``), else ``fork``.
-
-    A forked child of a process with a CUDA context must not use CUDA, and page-locked memory is
-    mapped don't-fork; forkserver children come from a clean server process instead. The price is
-    that the dataset and callables are pickled to each worker (their large arrays once, shared:
-    ``shared_pickle``). Otherwise fork is the fastest to start and shares the dataset copy-on-write.
-    """
-    return choose(device == "cuda" or cuda.cuda_may_be_initialized())
 
 
 def _start_method(context: BaseContext | None, device: str) -> str:

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from ... import cuda
 from ...errors import LoaderError, WorkerDiedError
 
 _log = logging.getLogger("cupy_nwt.loader")
@@ -76,6 +77,17 @@ def choose(cuda_live: bool) -> str:
                   "pickles the dataset: guard the script with if __name__ == '__main__': and define the dataset "
                   "at module level (multiprocessing_context='fork' overrides this)", reason)
     return "forkserver"
+
+
+def default_start_method(device: str) -> str:
+    """``forkserver`` when CUDA is (or will be) live in this process or a threaded runtime runs (``choose``), else ``fork``.
+
+    A forked child of a process with a CUDA context must not use CUDA, and page-locked memory is
+    mapped don't-fork; forkserver children come from a clean server process instead. The price is
+    that the dataset and callables are pickled to each worker (their large arrays once, shared:
+    ``shared_pickle``). Otherwise fork is the fastest to start and shares the dataset copy-on-write.
+    """
+    return choose(device == "cuda" or cuda.cuda_may_be_initialized())
 
 
 def forkserver_preload(objects: Sequence[Any] = ()) -> list[str]:
