@@ -193,7 +193,7 @@ def _load_kernel() -> None:
 
     Done at import, not at the first call, so that a process importing this module once shares the
     loaded kernel with every worker it forks (forkserver's server imports it too): left to the first
-    call, each worker would load it on its own, about 0.3 s of CPU each, most of a worker's start-up.
+    call, each worker would load it on its own, most of a forked worker's start-up.
     Other types (a read-only or strided array) still compile on first use.
     """
     from numba import types as nt  # noqa: PLC0415 - only for this signature
