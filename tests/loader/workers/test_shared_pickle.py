@@ -187,3 +187,47 @@ def test_a_dataset_with_a_torch_tensor_beside_a_large_array_arrives_whole():
     with DataLoader(TensorAndArray(), batch_size=512, num_workers=2, multiprocessing_context="forkserver") as dl:
         tensor_part, array_part = (np.concatenate(c) for c in zip(*dl))
     assert (tensor_part == np.arange(ROWS)).all() and (array_part == np.arange(ROWS)).all()
+
+
+class UsersData:
+    """A user's dataset: a large array, a torch tensor, and a torch random op in ``__getitem__``."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.images = Rows().data
+        self.scale = torch.ones(ROWS)
+
+    def __len__(self) -> int:
+        return ROWS
+
+    def __getitem__(self, i: int) -> tuple[int, float]:
+        import torch
+
+        jitter = int(torch.randint(0, 1, (1,)))  # always 0: stands for a torch augmentation's draw
+        return int(self.images[i, 0]) + jitter, float(self.scale[i])
+
+
+@pytest.mark.parametrize("library", ["cupy_nwt", "torch"])
+def test_a_user_s_loop_breaks_then_runs_whole_epochs_and_resumes_under_forkserver(library):
+    torch = pytest.importorskip("torch", reason="torch is a test extra")
+    ds = UsersData()
+    make = DataLoader if library == "cupy_nwt" else torch.utils.data.DataLoader
+    dl = make(ds, batch_size=256, num_workers=2, multiprocessing_context="forkserver", shuffle=True,
+              **({"seed": 3} if library == "cupy_nwt" else {"generator": torch.Generator().manual_seed(3)}))
+
+    def rows(batches) -> list[int]:
+        return [int(x) for b in batches for x in np.asarray(b[0])]
+
+    it = iter(dl)
+    seen = rows([next(it), next(it)])
+    state = dl.state_dict() if library == "cupy_nwt" else None
+    del it  # the user's break
+    assert sorted(rows(dl)) == list(range(ROWS))  # the next epoch is whole
+    if state is not None:
+        resumed = DataLoader(ds, batch_size=256, num_workers=2, multiprocessing_context="forkserver", shuffle=True,
+                             seed=3)
+        resumed.load_state_dict(state)
+        assert sorted(seen + rows(resumed)) == list(range(ROWS))  # every sample once across the stop
+        resumed.close()
+        dl.close()
