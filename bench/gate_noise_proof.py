@@ -10,7 +10,13 @@ writes them, each with the working tree's ``WORK`` set for its group:
   exact instructions judged against the stored baseline, wall clock and CPU judged against HEAD
   measured round for round in the same job;
 * ``--mode instructions``: ``--runs`` runs at +2% per-sample work, instruction mode alone (no
-  ``--nwt-against``), in a project of its own.
+  ``--nwt-against``), in a project of its own;
+* ``--mode cpu``: ``--runs`` runs unchanged and ``--runs`` at +40% per-sample work with instructions
+  off (``--nwt-instructions=off``, as on a runner without valgrind) and no ``--nwt-against``: what is
+  left is CPU time against the stored baseline. The gate shows it and judges nothing, so no run of
+  either group may fail; the proof records how far each group's CPU per sample moved (``cpu_change``),
+  which is why it is not judged. ``--baseline-neighbour`` makes the baseline beside the neighbour too,
+  so that both ways of the machine's drift are tried.
 
 A neighbour (one process spinning on the CPU) runs beside every other run of each group. A run is
 *caught* when the gate exits 1. Each run's verdicts are re-judged from its ``--benchmark-json`` by the
@@ -19,6 +25,7 @@ The machine's drift is the spread of the unchanged runs' samples/s over the proo
 
     python bench/gate_noise_proof.py --mode main --out bench/results/vm-2cpu/gate_noise_proof.json
     python bench/gate_noise_proof.py --mode instructions --out bench/results/vm-2cpu/gate_noise_proof_instructions.json
+    python bench/gate_noise_proof.py --mode cpu --out bench/results/vm-2cpu/gate_noise_proof_cpu.json
     python bench/gate_noise_proof.py --mode main --runs 1 --max-seconds 1 --out /tmp/p.json   # a smoke test
     python bench/gate_noise_proof.py --merge A.json B.json ... --out SUMMARY.json   # streams run side by side
 
@@ -69,8 +76,12 @@ TEST = '''from pipeline import LoopImages
 def test_loader(loader_benchmark):
     loader_benchmark(LoopImages(), batch_size=64, num_workers=2, persistent_workers=True, count_samples=64)
 '''
-MODES = {"main": {"unchanged": 1.00, "slower 10%": 1.10}, "instructions": {"slower 2%": 1.02}}
-TARGETS = {"unchanged": ("at most", 0), "slower 10%": ("at least", 19), "slower 2%": ("at least", 20)}
+MODES = {"main": {"unchanged": 1.00, "slower 10%": 1.10}, "instructions": {"slower 2%": 1.02},
+         "cpu": {"unchanged": 1.00, "slower 40%": 1.40}}
+#: "slower 40%" runs only in --mode cpu, where nothing is judged: it must not fail either
+TARGETS = {"unchanged": ("at most", 0), "slower 10%": ("at least", 19), "slower 2%": ("at least", 20),
+           "slower 40%": ("at most", 0)}
+CPU_STORED = "cpu_s_per_1k (stored)"
 
 
 def project(where: Path) -> Path:
@@ -127,6 +138,11 @@ def summary(doc: dict[str, Any]) -> None:
         group["target"] = f"{how} {scaled:g} of {planned} fail"
         group["met"] = (group["failed"] <= scaled if how == "at most" else group["failed"] >= scaled) and \
             len(runs) >= planned
+        cpu = sorted(r["figures"][CPU_STORED]["change_pct"] for r in runs
+                     if isinstance(r["figures"].get(CPU_STORED), dict))
+        if cpu:
+            group["cpu_change"] = {"what": "CPU per sample against the stored baseline, percent, each run's change",
+                                   "min": cpu[0], "median": statistics.median(cpu), "max": cpu[-1]}
         for key in {k for r in runs for k, v in r["figures"].items() if isinstance(v, dict)}:
             group.setdefault("by_figure", {})[key] = {
                 v: sum(r["figures"].get(key, {}).get("verdict") == v for r in runs)
@@ -169,6 +185,9 @@ def merge(paths: list[Path], out: Path) -> int:
     for name, group in total["groups"].items():
         print(f"{name}: {group['failed']} of {group['runs_done']} failed; target {group['target']}: "
               f"{'met' if group['met'] else 'NOT met'}")
+        if "cpu_change" in group:
+            c = group["cpu_change"]
+            print(f"{name}: CPU per sample against the stored baseline {c['min']:+.1f}% .. {c['max']:+.1f}%")
     if "drift" in total:
         print(f"drift: unchanged runs' samples/s {total['drift']['min']:,.0f} .. {total['drift']['max']:,.0f} "
               f"({total['drift']['spread_pct']:.0f}% of the median) over {total['hours']:.2f} h")
@@ -182,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=float, default=5.0, help="--nwt-throughput-drop, percent (default 5)")
     ap.add_argument("--max-seconds", type=float, default=5.0, help="--nwt-max-seconds (default 5)")
     ap.add_argument("--pause", type=float, default=0.0, help="seconds between runs, to spread the proof out")
+    ap.add_argument("--baseline-neighbour", action="store_true", help="make the baseline beside the neighbour")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON", help="add up streams' files")
     args = ap.parse_args(argv)
@@ -197,10 +217,19 @@ def main(argv: list[str] | None = None) -> int:
     gate = [f"--nwt-throughput-drop={args.limit:g}", f"--nwt-max-seconds={args.max_seconds:g}"]
     if args.mode == "main":
         gate.append("--nwt-against=HEAD")
+    if args.mode == "cpu":
+        gate.append("--nwt-instructions=off")
     with tempfile.TemporaryDirectory(prefix="gate_noise_proof_") as tmp:
         where = project(Path(tmp) / "project")
         base = where / "bench" / "baseline.json"
-        rc, secs, out = pytest_run(where, [f"--nwt-save-baseline={base}", f"--nwt-max-seconds={args.max_seconds:g}"], env)
+        neighbour = spin() if args.baseline_neighbour else None
+        try:
+            rc, secs, out = pytest_run(where, [f"--nwt-save-baseline={base}", f"--nwt-max-seconds={args.max_seconds:g}",
+                                               *(["--nwt-instructions=off"] if args.mode == "cpu" else [])], env)
+        finally:
+            if neighbour is not None:
+                neighbour.kill()
+                neighbour.wait()
         if rc != 0 or not base.is_file():
             print(out[-4000:], file=sys.stderr)
             raise SystemExit(f"the baseline run failed (exit {rc})")
@@ -215,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_note": "the host is shared with other sessions' builds and tests: their load is the real noise",
             "baseline": {k: base_info.get(k) for k in ("samples_per_s", "cpu_s_per_1k", "instructions_per_sample",
                                                        "instructions_counted_by", "count_seconds", "rounds")},
-            "baseline_seconds": secs, "groups": {name: {"work": w, "runs": []} for name, w in groups.items()},
+            "baseline_seconds": secs, "baseline_neighbour": args.baseline_neighbour, "groups": {name: {"work": w, "runs": []} for name, w in groups.items()},
         }
         print(f"baseline: {base_info['samples_per_s']:,.0f} samples/s, {base_info.get('instructions_per_sample')} "
               f"instructions/sample, {secs:.0f} s", flush=True)
@@ -255,6 +284,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, group in doc["groups"].items():
         print(f"{name}: {group['failed']} of {len(group['runs'])} failed; target {group['target']}: "
               f"{'met' if group['met'] else 'NOT met'}")
+        if "cpu_change" in group:
+            c = group["cpu_change"]
+            print(f"{name}: CPU per sample against the stored baseline {c['min']:+.1f}% .. {c['max']:+.1f}% "
+                  f"(median {c['median']:+.1f}%)")
     if "drift" in doc:
         print(f"drift: unchanged runs' samples/s {doc['drift']['min']:,.0f} .. {doc['drift']['max']:,.0f} "
               f"({doc['drift']['spread_pct']:.0f}% of the median) over {doc['hours']:.2f} h")

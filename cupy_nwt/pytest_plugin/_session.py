@@ -84,6 +84,16 @@ class ThroughputGate:
         return self._with("inconclusive")
 
     @property
+    def unjudged(self) -> list[str]:
+        """Benchmarks compared under a limit whose every figure was only reported (their clocks, nothing exact)."""
+        if self.max_drop_pct is None:
+            return []
+        verdicts: dict[str, set[str]] = {}
+        for c in self.comparisons:
+            verdicts.setdefault(c.fullname, set()).add(c.judgement(self.max_drop_pct).verdict)
+        return [name for name, v in verdicts.items() if v == {"reported"}]
+
+    @property
     def failed(self) -> bool:
         return bool(self.regressions or self.missing)
 
@@ -131,6 +141,12 @@ class ThroughputGate:
         if self.missing:
             text = f"cupy_nwt throughput gate FAILED: {len(self.missing)} benchmark(s) have no baseline entry"
             out.append((text, "regressed"))
+        unjudged = self.unjudged
+        if unjudged:
+            text = (f"cupy_nwt throughput gate judged nothing for {len(unjudged)} benchmark(s) ({', '.join(unjudged)}): "
+                    "their clocks against a baseline from another time are shown, not judged; install valgrind "
+                    "(exact instruction counts) or add --nwt-against REV (measured in this job)")
+            out.append((text, "inconclusive"))
         if self.inconclusive:
             text = (f"cupy_nwt throughput gate INCONCLUSIVE for {len(self.inconclusive)} figure(s): the noise "
                     f"reaches past the {self.max_drop_pct:g}% limit (not a failure; rerun on a quieter "

@@ -145,6 +145,7 @@ def test_a_loader_benchmark_counts_its_samples_under_callgrind(project):
     again = project.runpytest_inprocess("--nwt-instructions=auto", "--nwt-baseline=base.json", "--nwt-throughput-drop=5")
     assert again.ret == 0
     again.stdout.fnmatch_lines(["*CPU s/1k samples *; exact instruction counts decide*"])
+    again.stdout.no_fnmatch_line("*judged nothing*")
     # the same code on the same samples: within the gate's 1% limit (NumPy's loops may take another path
     # for a differently aligned array, a few hundredths of a percent on 16 samples)
     (change,) = re.findall(r"instructions/sample [\d,.]+ -> [\d,.]+ \(([-+]?[\d.]+)%\) \[baseline base\.json\]",
@@ -204,6 +205,47 @@ def test_the_base_revision_is_measured_beside_the_working_tree(pytester):
     assert info["against"]["pairs"] == len(info["samples_per_s_rounds"]) == 6
     listed = subprocess.run(["git", "-C", str(pytester.path), "worktree", "list"], capture_output=True, text=True)
     assert len(listed.stdout.strip().splitlines()) == 1  # the base revision's checkout is gone
+
+
+BURNING = """
+import time
+
+import numpy as np
+
+BURN_S = {burn}
+
+
+class Burning:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        end = time.thread_time() + BURN_S
+        while time.thread_time() < end:
+            pass
+        return np.full(4, i, np.uint8)
+"""
+
+
+def test_a_cpu_slowdown_is_caught_beside_the_base_revision(pytester):
+    """The working tree burns 2 ms of CPU more per sample than HEAD: the pairs' CPU ratio fails the run.
+
+    Against a stored baseline CPU time is only shown; measured beside the base revision, round for
+    round, it is judged.
+    """
+    pytester.makeconftest(FAST_CONFTEST + "\n")
+    pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest -p no:cacheprovider\n")
+    pytester.makepyfile(burning=BURNING.format(burn=0.0), test_ab=AB_TEST.replace("sleepy", "burning")
+                        .replace("Sleepy", "Burning"))
+    _git(pytester.path, "init", "-q")
+    _git(pytester.path, "add", "-A")
+    _git(pytester.path, "commit", "-qm", "base")
+    pytester.makepyfile(burning=BURNING.format(burn=0.002))
+    result = pytester.runpytest_subprocess("--nwt-against=HEAD", "--nwt-throughput-drop=50", "--nwt-instructions=off")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*test_pipeline: CPU s/1k samples rose *% (more than 50%): * -> * measured beside "
+                                 "the base revision in this job, * pairs of rounds [[]baseline HEAD (*), same job]"])
+    result.stdout.no_fnmatch_line("*judged nothing*")
 
 
 def test_a_bad_revision_is_one_line(pytester):

@@ -146,8 +146,8 @@ def test_a_baseline_from_another_machine_is_reported_not_failed(project, monkeyp
     result.stdout.no_fnmatch_line("*FAILED*")
 
 
-def test_a_cpu_slowdown_is_caught_while_the_wall_clock_is_too_noisy_to_tell(project, monkeypatch):
-    """A benchmark of the user's own with steady CPU rounds and wild wall-clock rounds."""
+def test_clocks_against_a_stored_baseline_are_shown_and_the_gate_says_it_judged_nothing(project, monkeypatch):
+    """A benchmark of the user's own whose steady CPU rounds rose 10%: shown, not failed, and said so."""
     project.makepyfile(test_gate="""
         import json
         import os
@@ -164,28 +164,16 @@ def test_a_cpu_slowdown_is_caught_while_the_wall_clock_is_too_noisy_to_tell(proj
     monkeypatch.setenv("FIGURES", json.dumps({"samples_per_s_rounds": wall[::-1], "cpu_s_per_1k_rounds": [x * 1.1 for x in cpu],
                                               "cpu_cores": 1.5, "others_cores": 0.2}))
     result = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=5")
-    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines([
         "*test_pipeline: samples/s * (*%) (medians of 8|8 rounds, *); wall clock against a baseline from another "
         "time is information; --nwt-against REV judges it in the same job*",
-        "*test_pipeline: CPU s/1k samples rose 10.0% (more than 5%): 0.3 -> 0.33 (medians of 8|8 rounds, 95% interval +*",
-        "*cupy_nwt throughput gate FAILED: 1 figure(s)*",
+        "*test_pipeline: CPU s/1k samples 0.3 -> 0.33 (+10.0%) (medians of 8|8 rounds, 95% interval +*); CPU time "
+        "against a baseline from another time is information*",
+        "*cupy_nwt throughput gate judged nothing for 1 benchmark(s) (test_gate.py::test_pipeline): their clocks "
+        "against a baseline from another time are shown, not judged; install valgrind*",
     ])
-
-
-def test_a_planted_cpu_slowdown_of_the_users_loader_is_caught(project, monkeypatch):
-    project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test(batches=16, rounds=8))
-    project.syspathinsert()
-    monkeypatch.setenv("CUPY_NWT_PROOF_CPU_US", "0")
-    project.runpytest_inprocess("--nwt-save-baseline=base.json").assert_outcomes(passed=1)
-    monkeypatch.setenv("CUPY_NWT_PROOF_CPU_US", "3000")  # 24 ms more CPU per batch of 8: many times the baseline
-    second = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=50")
-    second.assert_outcomes(passed=1)
-    assert second.ret == pytest.ExitCode.TESTS_FAILED
-    second.stdout.fnmatch_lines([
-        "*test_input_pipeline.py::test_pipeline: CPU s/1k samples rose *% (more than 50%): * -> * [[]baseline base.json]",
-        "*cupy_nwt throughput gate FAILED*",
-    ])
+    result.stdout.no_fnmatch_line("*FAILED*")
 
 
 def test_an_io_bound_pipeline_is_not_failed_on_a_stored_baselines_wall_clock(project, monkeypatch):
@@ -215,3 +203,4 @@ def test_an_unchanged_rerun_never_fails_the_gate_in_20_tries(project, monkeypatc
         assert rerun.ret == pytest.ExitCode.OK, lines
         assert len(lines) == 2 and not any(" fell " in x or " rose " in x for x in lines)
         assert all("(medians of 6|6 rounds, 95% interval " in x for x in lines)
+        rerun.stdout.fnmatch_lines(["*cupy_nwt throughput gate judged nothing for 1 benchmark(s)*"])

@@ -191,12 +191,19 @@ CPU = [0.300, 0.301, 0.299, 0.302, 0.298, 0.300, 0.301, 0.299]
 RATE = [4000.0, 4010.0, 3990.0, 4005.0, 3995.0, 4002.0, 3998.0, 4001.0]
 
 
-def test_a_cpu_slowdown_fails_while_the_wall_clock_is_too_noisy_to_say():
-    noisy_wall = [4000.0, 2000.0, 6000.0, 3000.0, 5000.0, 2500.0, 5500.0, 3500.0]
-    got = _judged(_info(RATE, CPU, 1.5, 0.2), _info(noisy_wall, scaled(CPU, 1.1), 1.5, 0.2))
-    assert got["cpu_s_per_1k"].regressed(5)
-    assert got["samples_per_s"].judgement(5).verdict == "reported"
-    assert "CPU s/1k samples rose 10.0% (more than 5%): 0.3 -> 0.33 (medians of 8|8 rounds, 95% interval +9." in got["cpu_s_per_1k"].message(5)
+@pytest.mark.parametrize("factor", [0.6, 1.1, 1.6])
+def test_cpu_time_against_a_stored_baseline_is_shown_never_failed(factor):
+    """Steady rounds on each side, so the interval excludes no change: only the rule keeps it from failing.
+
+    On a shared VM an unchanged pipeline's CPU per sample moved by more than a 40% slowdown did
+    between runs (bench/gate_noise_proof.py --mode cpu), so a clean interval says nothing of the code.
+    """
+    got = _judged(_info(RATE, CPU, 1.5, 0.2), _info(RATE, scaled(CPU, factor), 1.5, 0.2))["cpu_s_per_1k"]
+    j = got.judgement(5)
+    assert j.verdict == "reported" and (j.low_pct > 0 or j.high_pct < 0)
+    assert not got.regressed(5)
+    assert "CPU time against a baseline from another time is information (it drifts with the machine); " \
+        "exact instruction counts or --nwt-against REV judge it" in got.message(5)
 
 
 def test_a_stored_baseline_never_fails_on_wall_clock_alone():
@@ -236,9 +243,12 @@ def test_a_baseline_from_another_machine_is_compared_never_failed():
 
 
 def test_a_changed_pipeline_is_named_and_still_judged():
-    old = _info(RATE, CPU, 1.5, 0.2, pipeline={"batch_size": 128, "num_workers": 2})
-    new = _info(RATE, scaled(CPU, 1.5), 1.5, 0.2, pipeline={"batch_size": 64, "num_workers": 2})
-    c = _judged(old, new)["cpu_s_per_1k"]
+    counted = {"instructions_counted_by": "callgrind", "instructions_samples": 256}
+    old = _info(RATE, CPU, 1.5, 0.2, pipeline={"batch_size": 128, "num_workers": 2}, instructions_per_sample=1e6,
+                **counted)
+    new = _info(RATE, CPU, 1.5, 0.2, pipeline={"batch_size": 64, "num_workers": 2}, instructions_per_sample=1.5e6,
+                **counted)
+    c = _judged(old, new)["instructions_per_sample"]
     assert c.regressed(5) and "(pipeline changed: batch_size 128 in the baseline, 64 here)" in c.message(5)
 
 
