@@ -13,6 +13,12 @@ A large pickle of the rest (a sample list of a million paths) is made once for t
 together and goes into the file too, unless a reducer handed one worker a descriptor. A buffer is written again only if its bytes changed since (a worker started later sees
 the array as it is then, as a forked one would). Where memfd is missing, or the file cannot grow,
 everything travels in the pickle, once per worker.
+
+A ``np.memmap`` pickles its whole content in band, whatever the protocol: a dataset class holding a
+memmap of a file larger than memory would be read whole and sent to every worker. A contiguous
+memmap of a file opened ``"r"``, ``"r+"`` or ``"w+"`` travels as its file's name and place and is
+mapped again in the worker, sharing the file's pages as a fork would. Mode ``"c"`` does not: the
+main process's writes live only in its own pages, so that memmap's bytes travel as before.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import mmap
 import os
 import pickle
 from multiprocessing import context, reduction
-from typing import Any, TypeVar, cast
+from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 
@@ -165,12 +171,38 @@ class _Shared:
         data = io.BytesIO()
         try:
             pickler = pickle.Pickler(data, 5, buffer_callback=out_of_band)
-            pickler.dispatch_table = reduction.ForkingPickler(io.BytesIO(), 5).dispatch_table  # fd and lock reducers
+            table = reduction.ForkingPickler(io.BytesIO(), 5).dispatch_table  # fd and lock reducers
+            table[np.memmap] = _reduce_memmap
+            pickler.dispatch_table = table
             pickler.dump(self.obj)
         finally:
             if popen is not None:
                 del popen.duplicate_for_child
         return data.getvalue(), regions, popen is None or bool(passed)
+
+
+#: memmap modes whose pages are the file's: a worker mapping the file again sees what the main process sees
+_FILE_MODES: dict[str, Literal["r", "r+"]] = {"r": "r", "r+": "r+", "w+": "r+"}  # "w+" would truncate the file: it is reopened "r+"
+
+
+def _reduce_memmap(a: np.memmap[Any, np.dtype[Any]]) -> Any:
+    """A memmap as its file's name and place, to map again; else as NumPy pickles it (its bytes, in band)."""
+    mm, name, mode = getattr(a, "_mmap", None), getattr(a, "filename", None), getattr(a, "mode", None)
+    path = os.fspath(name) if isinstance(name, (str, os.PathLike)) else None  # a Path when opened by one
+    order: Literal["C", "F"] | None = "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else None
+    if (mm is None or mm.closed or mode not in _FILE_MODES or order is None or a.size == 0
+            or not isinstance(path, str) or not os.path.isfile(path) or a.dtype.hasobject):
+        return a.__reduce_ex__(5)
+    start = int(a.offset) - int(a.offset) % mmap.ALLOCATIONGRANULARITY  # where np.memmap began its mapping
+    into = int(a.__array_interface__["data"][0]) - int(np.frombuffer(mm, np.uint8).ctypes.data)
+    if not 0 <= into <= len(mm) - a.nbytes:
+        return a.__reduce_ex__(5)
+    return _open_memmap, (path, _FILE_MODES[mode], start + into, a.dtype, a.shape, order)
+
+
+def _open_memmap(path: str, mode: Literal["r", "r+"], offset: int, dtype: np.dtype[Any], shape: tuple[int, ...],
+                 order: Literal["C", "F"]) -> np.memmap[Any, np.dtype[Any]]:
+    return np.memmap(path, dtype=dtype, mode=mode, offset=offset, shape=shape, order=order)
 
 
 def _loads(data: bytes | None, dup: Any, size: int, regions: list[tuple[int, int, bool]],
