@@ -22,6 +22,8 @@ from .errors import (
                      ArgumentError,
                      ArgumentTypeError,
                      BatchLayoutError,
+                     BatchStructureError,
+                     BatchTypeError,
                      CorruptImageError,
                      CupyNwtError,
                      DamagedArchiveError,
@@ -51,7 +53,7 @@ from .nwt.tune import tune_num_workers
 __version__ = "0.1.0"
 
 __all__ = ["__version__", "gpu_status",
-           "ArgumentError", "ArgumentTypeError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError", "DataError",
+           "ArgumentError", "ArgumentTypeError", "BatchLayoutError", "BatchStructureError", "BatchTypeError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError", "DataError",
            "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError", "StateError",
            "WorkerDiedError", "WorkerError", "MissingExtraError", "MissingPathError", "MisuseError", "OutOfRangeError",
            "RunError", "UnknownKeyError",

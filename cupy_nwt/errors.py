@@ -44,6 +44,16 @@ class BatchLayoutError(CupyNwtError, ValueError):
         self.sample_index = sample_index
 
 
+class BatchTypeError(BatchLayoutError, TypeError):
+    """A sample field no array can hold (None, a set, an object array): a ``TypeError`` too, the type
+    torch's ``default_collate`` raises for it, so an ``except TypeError`` written for torch catches it."""
+
+
+class BatchStructureError(BatchLayoutError, RuntimeError):
+    """A sample shaped unlike the first (a list of another length, other keys): a ``RuntimeError`` too,
+    as torch's ``default_collate`` raises for lists of unequal size."""
+
+
 class DataError(CupyNwtError, ValueError):
     """The data itself is bad: the message names the file, archive member or sample and what is wrong."""
 
@@ -224,7 +234,7 @@ class LoaderTimeoutError(LoaderError, TimeoutError):
 
 
 __all__ = [
-    "ArgumentError", "BatchLayoutError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError",
+    "ArgumentError", "BatchLayoutError", "BatchStructureError", "BatchTypeError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError",
     "DataError", "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError",
     "StateError", "WorkerDiedError", "WorkerError",
 ]

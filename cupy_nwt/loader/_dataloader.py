@@ -50,6 +50,7 @@ from ._options import Options, changed, resolve
 from ._runtime import LoaderParts, Runtime
 from ._stats import STALL_WARNING_S, LoaderStats
 from .epoch.epoch import Epoch, EpochState
+from .epoch.order import OrderSampler, SamplerBatches
 from .epoch.resume import check_state, fresh, state_of
 from .ring.ring import SlotLayout
 from .tuning.policy import Decision
@@ -204,8 +205,14 @@ class DataLoader(Generic[T_co]):
         return self._options.persistent_workers
 
     @property
-    def timeout(self) -> float | None:
-        return self._options.timeout
+    def timeout(self) -> float:
+        """Seconds each wait for a batch may take; 0: no limit (PyTorch's default, read back as it reads it)."""
+        return self._options.timeout or 0
+
+    @property
+    def generator(self) -> Any:
+        """The ``generator`` given, as given (the loader drew its seed from it once, when it was made)."""
+        return self._options.generator
 
     @property
     def in_order(self) -> bool:
@@ -261,19 +268,25 @@ class DataLoader(Generic[T_co]):
 
     @property
     def sampler(self) -> Any:
-        """The user's ``sampler``, else the loader's own ``BatchSampler`` (map-style; None for a stream)."""
+        """The user's ``sampler``, else the loader's own order one index at a time (an ``OrderSampler``,
+        listing the next epoch; its ``len`` is this rank's samples per epoch); None for a stream."""
         s = self._options.sampling
         if s.sampler is not None or s.kind == "iterable":
             return s.sampler
-        return s.batch_sampler_for(self.dataset)
+        return OrderSampler(s.batch_sampler_for(self.dataset, self._epoch))
 
     @property
     def batch_sampler(self) -> Any:
-        """The user's ``batch_sampler``, else the loader's own ``BatchSampler`` when it batches a map-style dataset."""
+        """The user's ``batch_sampler``; else, when batching, the user's ``sampler`` cut into batches or the
+        loader's own ``BatchSampler`` (listing the next epoch); None for a stream or ``batch_size=None``."""
         s = self._options.sampling
         if s.batch_sampler is not None:
             return s.batch_sampler
-        return self.sampler if s.own and s.batched else None
+        if s.batch_size is None or s.kind == "iterable":
+            return None
+        if s.sampler is not None:
+            return SamplerBatches(s.sampler, s.batch_size, s.drop_last)
+        return s.batch_sampler_for(self.dataset, self._epoch)
 
     @property
     def multiprocessing_context(self) -> Any:

@@ -24,7 +24,7 @@ from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
 from .epoch.order import fresh_seed
 from .epoch.sampling import Sampling
-from .ring.frameworks import check_output, generator_seed
+from .ring.frameworks import check_output, generator_seed, torch_global_seed
 from .tuning.online import Tuning, check_tuning
 from .workers.kinds import WORKER_TYPES, check_worker_type, kind
 from .workers.maker import BatchMaker
@@ -61,6 +61,7 @@ class Options:
     seed: int
     stall_warning_s: float | None
     tuning: Tuning | None
+    generator: Any = None  # as given (read back as ``loader.generator``); ``seed`` holds what was drawn from it
 
     @property
     def rank(self) -> int:
@@ -141,7 +142,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     return Options(dataset, sampling, int(num_workers), worker_type or "process", int(prefetch_factor), pin_memory,
                    collate_fn, batch_transform, worker_init_fn, bool(persistent_workers), timeout, bool(in_order),
                    bool(zero_copy), context, multiprocessing_context, pin_memory_device, output, device, device_id, layout,
-                   seed, stall_warning_s, tuning)
+                   seed, stall_warning_s, tuning, generator)
 
 
 def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_memory: bool | str,
@@ -158,10 +159,15 @@ def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_me
 
 
 def agreed_seed(layout: RankLayout) -> int:
-    """A fresh seed, the same on every rank: rank 0's through the program's communicator, else 0."""
+    """A fresh seed, the same on every rank: rank 0's through the program's communicator, else 0.
+
+    Drawn from torch's global generator where torch is imported (as torch draws its base seed), else
+    from the OS."""
+    drawn = torch_global_seed()
+    fresh = fresh_seed() if drawn is None else drawn
     if not layout.is_distributed:
-        return fresh_seed()
-    seed, via = agree(fresh_seed(), layout)
+        return fresh
+    seed, via = agree(fresh, layout)
     if via is None:
         _log.info("seed=None on %d ranks with no torch.distributed or mpi4py to agree on a fresh one: "
                   "using seed 0 on every rank, as DistributedSampler does", layout.world_size)
@@ -207,7 +213,9 @@ def warn_if_too_many_workers(num_workers: int, stacklevel: int = 3) -> None:
 
 def resolve_timeout(timeout: Any) -> float | None:
     """Seconds to wait for a batch, or None for no limit (``timeout=0``, PyTorch's default, or None)."""
-    value = check_number("timeout", timeout, ge=0, optional=True, unit="seconds")
+    value = check_number("timeout", timeout, optional=True, unit="seconds")
+    if value is not None and value < 0:
+        raise ArgumentError(f"timeout option should be non-negative, got timeout={value:g}")  # torch's words
     return value or None
 
 

@@ -70,8 +70,10 @@ class BatchSampler:
     drop_last: bool = False
     rank: int = 0
     world_size: int = 1
+    epoch: int = 0  # the epoch that iterating it lists (``loader.batch_sampler`` reads the loader's next)
 
     def __post_init__(self) -> None:
+        check_int("epoch", self.epoch, ge=0)
         check_int("the dataset length", self.n, ge=0)
         check_int("batch_size", self.batch_size, ge=1)
         check_int("seed", self.seed, ge=0)
@@ -102,8 +104,51 @@ class BatchSampler:
             order = shard(order, self.rank, self.world_size, self.drop_last)
         return EpochPlan(order, self.batch_size, len(self), self.seed, epoch, self.rank, self.world_size)
 
+    def __iter__(self) -> Iterator[list[int]]:
+        """``epoch``'s batches as lists of indices, as torch's ``BatchSampler`` yields them."""
+        plan = self.plan(self.epoch)
+        return (plan.indices(b).tolist() for b in range(len(plan)))
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class OrderSampler:
+    """The loader's own order one index at a time (``loader.sampler``), where torch has its
+    ``SequentialSampler`` or ``RandomSampler``: ``len(loader.sampler)`` counts the samples this rank
+    visits in an epoch, as a training loop dividing a summed loss by it expects."""
+
+    batches: BatchSampler
+
+    def __len__(self) -> int:
+        return self.batches.samples
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.batches.plan(self.batches.epoch).order.tolist())
+
+    @property
+    def samples(self) -> int:
+        return self.batches.samples
+
+    @property
+    def padding(self) -> int:
+        return self.batches.padding
+
+
+@dataclass(frozen=True)
+class SamplerBatches:
+    """A user's ``sampler`` cut into batches (``loader.batch_sampler``), as torch wraps one in its ``BatchSampler``."""
+
+    sampler: Any
+    batch_size: int
+    drop_last: bool
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        return grouped(self.sampler, self.batch_size, self.drop_last)
+
+    def __len__(self) -> int:
+        return num_batches(len(self.sampler), self.batch_size, self.drop_last)
 
 
 class _GlobalBatchSeeds:

@@ -72,10 +72,10 @@ class Sampling:
         """Whether the loader's own ``BatchSampler`` picks the indices (map-style, no user sampler)."""
         return self.kind == "map" and self.sampler is None and self.batch_sampler is None
 
-    def batch_sampler_for(self, dataset: Any) -> BatchSampler:
-        """The loader's own sampler over the dataset as it is now (its length read now)."""
+    def batch_sampler_for(self, dataset: Any, epoch: int = 0) -> BatchSampler:
+        """The loader's own sampler over the dataset as it is now (its length read now), listing ``epoch``."""
         return BatchSampler(map_length(dataset, "the loader's own sampler"), self.batch_size or 1, self.shuffle, self.seed,
-                            self.drop_last and self.batched, self.rank, self.world_size)
+                            self.drop_last and self.batched, self.rank, self.world_size, epoch)
 
     def length(self, dataset: Any) -> int:
         """``len(loader)``, as PyTorch computes it; TypeError when the dataset or sampler has no length."""

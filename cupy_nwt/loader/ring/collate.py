@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ArgumentError, ArgumentTypeError, BatchLayoutError
+from ...errors import ArgumentError, ArgumentTypeError, BatchLayoutError, BatchStructureError, BatchTypeError
 from .frameworks import framework_of, refuse_uncollatable
 from .tree import (
     LEAF,
@@ -49,6 +49,13 @@ def as_leaf(value: Any) -> np.ndarray:
     if arr.dtype.kind in "OUSV" or arr.dtype.hasobject:
         raise ArgumentTypeError(f"a {type(value).__name__} field (dtype {arr.dtype}) cannot be batched into arrays")
     return arr
+
+
+def _unequal(td: Treedef, first: Treedef) -> str:
+    """torch's words for two samples that are sequences of different lengths, which a filter may look for."""
+    if td[0] == first[0] and td[0] in ("list", "tuple") and len(td[1]) != len(first[1]):
+        return "each element in list of batch should be of equal size: "
+    return ""
 
 
 def _is_text(value: Any) -> bool:
@@ -157,7 +164,8 @@ def _collate_rows(samples: Sequence[Any], indices: Indices, treedef: Treedef, ou
         leaves, td = flatten(sample)
         if td != sample_td:
             what, index = _where(indices, row)
-            raise BatchLayoutError(f"{what} has the structure {describe(td)}, expected {describe(sample_td)}", index)
+            raise BatchStructureError(f"{_unequal(td, sample_td)}{what} has the structure {describe(td)}, expected "
+                                      f"{describe(sample_td)}", index)
         dsts, cols = iter(out), iter(objects)
         for j, (leaf, kind) in enumerate(zip(leaves, kinds)):
             if kind == "obj":
@@ -174,7 +182,8 @@ def _collate_rows(samples: Sequence[Any], indices: Indices, treedef: Treedef, ou
             except (TypeError, OverflowError) as exc:
                 paths = paths or leaf_paths(treedef)
                 what, index = _where(indices, row)
-                raise BatchLayoutError(f"{what}, field {paths[j]}: {exc}", index) from None
+                error = BatchTypeError if isinstance(exc, TypeError) else BatchLayoutError
+                raise error(f"{what}, field {paths[j]}: {exc}", index) from None
             if arr.shape != dst.shape[1:] or arr.dtype != dst.dtype:
                 paths = paths or leaf_paths(treedef)
                 what, index = _where(indices, row)
@@ -206,7 +215,7 @@ def batch_structure(sample: Any, index_text: str = "the first sample", index: in
         try:
             firsts.append(as_leaf(x))
         except TypeError as exc:
-            raise BatchLayoutError(f"{index_text}: {exc}", index) from None
+            raise BatchTypeError(f"{index_text}: {exc}", index) from None
     return _mark(td, kinds, leaf_of(framework)), firsts
 
 

@@ -96,6 +96,15 @@ def check_output(output: Any, device: str) -> str:
     return str(output)
 
 
+def torch_global_seed() -> int | None:
+    """A seed drawn from torch's global generator, if torch is imported: so ``torch.manual_seed(s)`` before
+    the loader is made repeats its epochs, as it does torch's (which draws its base seed the same way)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "empty") or not hasattr(torch, "int64"):
+        return None  # absent, or only half imported
+    return int(torch.empty((), dtype=torch.int64).random_().item()) & ((1 << 63) - 1)
+
+
 def generator_seed(generator: Any) -> int | None:
     """The loader's seed drawn from a ``torch.Generator``, as torch draws its base seed from one
     (``torch.empty((), dtype=torch.int64).random_(generator=...)``); None if it is not one."""

@@ -8,6 +8,9 @@ the script imported it), so a loader without torch never pays for it.
   state, not its threads), and N workers x N threads oversubscribe the CPUs anyway.
 * torch's global generator seeded with the worker's seed, so ``torch.rand`` in ``__getitem__`` draws
   differently in each worker and each epoch (every torchvision random transform draws there).
+* In a worker that starts without torch, it is adopted the moment its import finishes
+  (``adopt_when_imported``), wherever that happens: a ``worker_init_fn`` that imports torch and seeds
+  it keeps its seed, as under torch's loader, which seeds before ``worker_init_fn`` runs.
 * ``torch.utils.data.get_worker_info()`` answers, so a torch ``IterableDataset`` that shards itself
   by it, as torch's documentation shows, reads its own share. torch keeps that answer in a private
   module global (``torch.utils.data._utils.worker._worker_info``); setting it is wrapped, and a torch
@@ -26,8 +29,12 @@ one seed per epoch shared by every reader, so each element comes once (``prepare
 from __future__ import annotations
 
 import dis
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import logging
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +64,34 @@ def adopt_in_worker(worker_id: int, num_workers: int, seed: int, dataset: Any) -
     except Exception as exc:  # noqa: BLE001 - a private API: a torch without it keeps get_worker_info() None
         _log.debug("loader worker %d: could not set torch.utils.data.get_worker_info(): %s", worker_id, exc)
     return True
+
+
+class _WhenImported(importlib.abc.MetaPathFinder):
+    """Runs ``then`` right after ``torch`` is imported, once; finds nothing itself."""
+
+    def __init__(self, then: Callable[[], None]) -> None:
+        self.then = then
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)  # torch is imported once a process
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.loader is None:
+            return spec
+        run, then = spec.loader.exec_module, self.then
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            then()
+
+        setattr(spec.loader, "exec_module", exec_module)  # this spec's loader only
+        return spec
+
+
+def adopt_when_imported(then: Callable[[], None]) -> None:
+    """Call ``then`` the moment torch's import finishes in this process (torch is not imported yet)."""
+    sys.meta_path.insert(0, _WhenImported(then))
 
 
 def reads_torch_worker_info(dataset: Any) -> bool:

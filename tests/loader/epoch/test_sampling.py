@@ -128,7 +128,7 @@ def test_pytorch_defaults_and_type_hints():
     assert DataLoader[int] is not None and dl.batch_size == 1 and len(dl) == 3
     x, y = next(iter(dl))
     assert x.shape == (1, 4, 4, 3) and y.tolist() == [0]
-    assert dl.timeout is None and dl.multiprocessing_context is None and not dl.drop_last
+    assert dl.timeout == 0 and dl.multiprocessing_context is None and not dl.drop_last  # 0: no limit, as torch reads it
 
 
 def test_more_workers_than_cpus_warns(monkeypatch):
@@ -140,3 +140,15 @@ def test_more_workers_than_cpus_warns(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         DataLoader(Squares(4), num_workers=1, device="cpu")
+
+
+def test_the_samplers_list_the_epoch_the_loader_runs_next():
+    """``loader.batch_sampler`` and ``loader.sampler`` read back the next epoch's batches and order,
+    the ones iterating then yields, shuffled, after ``set_epoch`` too."""
+    dl = DataLoader(Squares(10), batch_size=4, shuffle=True, seed=3, device="cpu")
+    for epoch in (0, 5):
+        dl.set_epoch(epoch)
+        batches, order = list(dl.batch_sampler), list(dl.sampler)
+        assert len(dl.batch_sampler) == 3 and len(dl.sampler) == 10 and sum(batches, []) == order
+        assert [y.tolist() for _, y in dl] == batches  # Squares' label is its index
+    assert list(dl.batch_sampler) != batches  # epoch 6 now: another order
