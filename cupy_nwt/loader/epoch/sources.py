@@ -164,9 +164,9 @@ class InlineSource(BatchSource):
 class WorkerSource(BatchSource):
     """``num_workers>0``: keeps every worker busy, and hands batches out in order (or as they come).
 
-    Map-style tasks go to the least busy worker. A stream's tasks go to the workers round-robin, as
-    PyTorch does (so which worker makes batch b is fixed); a worker whose stream ran out gets no more,
-    and the epoch ends when every worker's has.
+    Map-style batch b goes to worker b % num_workers, and a stream's tasks go to the workers
+    round-robin, as PyTorch deals them (so which worker makes batch b is fixed); a worker whose stream
+    ran out gets no more, and the epoch ends when every worker's has.
 
     Each ``next()`` is an ``asked`` event first (online tuning samples the workers there). One that
     has waited ``stall_s`` seconds is a ``stalled`` event, once, naming the batch it waits for and the

@@ -10,7 +10,7 @@ waiting for a CPU, and reading that as starvation kept every worker of an idle p
 change the setting.
 
 A change never touches which batches are made or their order: those are fixed by the plan, and a
-map-style task goes to whichever active worker is least busy. Adding a worker un-parks one or
+map-style batch b goes to active worker b % active. Adding a worker un-parks one or
 starts one more process; parking one stops giving it tasks (it finishes those it has and stays
 alive). The ring is made once, for the largest setting the budgets allow; the slot cap sets how
 much of it is in use. The budgets are enforced here, whatever a policy proposes. Each change is

@@ -121,7 +121,6 @@ class Dispatch:
     slots: SlotPool
     prefetch_factor: int
     _workers: list[Any]
-    _rr = 0
     _closed = False
     active = 0
     slot_cap: int | None = None
@@ -190,13 +189,13 @@ class Dispatch:
         return sum(w.outstanding == 0 for w in self._workers[:self.active])
 
     def submit(self, batch_index: int, indices: np.ndarray | Sequence[Any] | None, tseed: int, worker: int | None = None) -> bool:
-        """Queue a batch on ``worker`` (or the least busy one); False when no slot or capacity is free.
+        """Queue a batch on ``worker`` (or its own, see ``_choose``); False when no slot or capacity is free.
 
         Before the ring exists a worker takes one task at a time, without a slot.
         """
         if not self._workers or self._closed or (self.slots.ring is not None and not self.slots.free):
             return False
-        w = self._choose(worker)
+        w = self._choose(worker, batch_index)
         if w is None:
             return False
         slot = self.slots.take() if self.slots.ring is not None else NO_SLOT
@@ -215,25 +214,22 @@ class Dispatch:
         fields, not the object, so a pool that sends a plain tuple builds nothing else per batch."""
         raise NotImplementedError
 
-    def _choose(self, worker: int | None) -> Any:
-        """The worker to take the next task (``worker`` if given), or None when no slot or capacity is free."""
+    def _choose(self, worker: int | None, batch_index: int) -> Any:
+        """The worker to take batch ``batch_index`` (``worker`` if given, else active worker
+        ``batch_index % active``, as torch deals batches), or None when it has no capacity or no slot is free.
+
+        The batch waits for its worker even when another is idle: which worker makes a batch is then
+        fixed, so what ``__getitem__`` draws from its worker's seeded generator (``torch.rand``, a
+        torchvision random transform) repeats from run to run, as under torch."""
         ring, cap = self.slots.ring, self.slot_cap
         if ring is not None and (not self.slots.free or (cap is not None and ring.slots - len(self.slots.free) >= cap)):
             return None
         workers = self._workers
         n = min(self.active, len(workers))
-        if worker is None:  # the least busy, the first from the round-robin position on a tie
-            w = workers[self._rr % n]
-            for k in range(1, n):
-                other = workers[(self._rr + k) % n]
-                if other.outstanding < w.outstanding:
-                    w = other
-        else:
-            w = workers[worker]
+        w = workers[batch_index % n if worker is None else worker]
         per_worker = max(self.prefetch_factor, -(-cap // n)) if cap is not None else self.prefetch_factor
         if w.outstanding >= (per_worker if ring is not None else 1):
             return None
-        self._rr = (w.id + 1) % n
         self.last_worker = w.id
         return w
 
