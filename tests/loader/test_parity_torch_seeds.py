@@ -1,11 +1,4 @@
-"""Cases from PyTorch's own DataLoader tests (``test/test_dataloader.py``) on order, samplers and seeds, run on both loaders.
-
-Each test names the torch test it mirrors. The cases are written afresh, as a user's script would
-use the loader; the same body runs on cupy_nwt's DataLoader and on torch's (the ``backend`` fixture
-of ``tests/loader/conftest.py``), so a test that passes on torch pins torch's answer for cupy_nwt.
-Outputs are compared in NumPy: cupy_nwt keeps NumPy samples as NumPy where torch makes tensors, and
-keeps a tuple a tuple (both documented in docs/pytorch.md), so those two differences are not tested.
-"""
+"""PyTorch's own DataLoader cases on order, samplers and seeds, on both loaders (see test_parity_torch_suite.py)."""
 
 from __future__ import annotations
 

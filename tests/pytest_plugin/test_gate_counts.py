@@ -187,15 +187,20 @@ def _git(path, *args: str) -> None:
                    capture_output=True)
 
 
-def test_the_base_revision_is_measured_beside_the_working_tree(pytester):
-    """HEAD sleeps nothing per sample, the working tree 5 ms: the pairs' ratio fails the run."""
+def _ab_project(pytester, name: str, base: str, working: str) -> None:
+    """A git project whose HEAD has ``base`` as module ``name`` and whose working tree has ``working``."""
     pytester.makeconftest(FAST_CONFTEST + "\n")
     pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest -p no:cacheprovider\n")
-    pytester.makepyfile(sleepy=SLEEPY.format(pause=0.0), test_ab=AB_TEST)
+    pytester.makepyfile(**{name: base, "test_ab": AB_TEST.replace("sleepy", name).replace("Sleepy", name.title())})
     _git(pytester.path, "init", "-q")
     _git(pytester.path, "add", "-A")
     _git(pytester.path, "commit", "-qm", "base")
-    pytester.makepyfile(sleepy=SLEEPY.format(pause=0.005))
+    pytester.makepyfile(**{name: working})
+
+
+def test_the_base_revision_is_measured_beside_the_working_tree(pytester):
+    """HEAD sleeps nothing per sample, the working tree 5 ms: the pairs' ratio fails the run."""
+    _ab_project(pytester, "sleepy", SLEEPY.format(pause=0.0), SLEEPY.format(pause=0.005))
     result = pytester.runpytest_subprocess("--nwt-against=HEAD", "--nwt-throughput-drop=20", "--nwt-instructions=off",
                                            "--benchmark-json=out.json")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()[-3000:]
@@ -233,14 +238,7 @@ def test_a_cpu_slowdown_is_caught_beside_the_base_revision(pytester):
     Against a stored baseline CPU time is only shown; measured beside the base revision, round for
     round, it is judged.
     """
-    pytester.makeconftest(FAST_CONFTEST + "\n")
-    pytester.makeini("[pytest]\naddopts = -p no:hypothesispytest -p no:cacheprovider\n")
-    pytester.makepyfile(burning=BURNING.format(burn=0.0), test_ab=AB_TEST.replace("sleepy", "burning")
-                        .replace("Sleepy", "Burning"))
-    _git(pytester.path, "init", "-q")
-    _git(pytester.path, "add", "-A")
-    _git(pytester.path, "commit", "-qm", "base")
-    pytester.makepyfile(burning=BURNING.format(burn=0.002))
+    _ab_project(pytester, "burning", BURNING.format(burn=0.0), BURNING.format(burn=0.002))
     result = pytester.runpytest_subprocess("--nwt-against=HEAD", "--nwt-throughput-drop=50", "--nwt-instructions=off")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()[-3000:]
     result.stdout.fnmatch_lines(["*test_pipeline: CPU s/1k samples rose *% (more than 50%): * -> * measured beside "

@@ -65,7 +65,7 @@ from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
 from .serve import serve_loop
 from .shared_pickle import SharedPickles
 from .start import check_importable, death_error, default_start_method, exit_hint, forkserver_preload, stuck_hint
-from .torch_workers import adopt_in_worker, adopt_when_imported
+from .torch_workers import TorchAdoption
 
 # ---------------------------------------------------------------- in the worker process
 
@@ -84,7 +84,7 @@ class WorkerSpec:
 
 class _PipeChannel:
     """A worker process's ends: the task pipe watched with the parent's sentinel (and, before each
-    message, ``lifeline``'s check), the result pipe. Before each task, torch is adopted once it is imported."""
+    message, ``lifeline``'s check), the result pipe; torch is adopted once it is imported (``TorchAdoption``)."""
 
     def __init__(self, tasks: Connection, results: Connection, spec: WorkerSpec, watch: ParentWatch) -> None:
         self.tasks, self.results, self.spec, self.watch = tasks, results, spec, watch
@@ -94,16 +94,7 @@ class _PipeChannel:
         self.waits = select.poll()  # the task pipe and the parent's sentinel, registered once
         for fd in (self.task_fd, *(() if parent is None else (parent.sentinel,))):
             self.waits.register(fd, select.POLLIN)
-        self.torch_ready = self._adopt()
-        if not self.torch_ready:
-            adopt_when_imported(self._adopted_on_import)
-
-    def _adopt(self) -> bool:
-        spec = self.spec
-        return adopt_in_worker(spec.worker_id, spec.num_workers, spec.seed, spec.maker.dataset)
-
-    def _adopted_on_import(self) -> None:
-        self.torch_ready = self.torch_ready or self._adopt()
+        self.torch = TorchAdoption(spec.worker_id, spec.num_workers, spec.seed, spec.maker.dataset)
 
     def receive(self) -> ToWorker | None:
         while not self.queued:
@@ -118,8 +109,8 @@ class _PipeChannel:
         msg = self.queued.popleft()
         if type(msg) is tuple:
             msg = Task.from_wire(msg)
-        if isinstance(msg, Task) and not self.torch_ready:  # imported past the watch (a reload): as if at the start
-            self.torch_ready = self._adopt()
+        if isinstance(msg, Task) and not self.torch.done:
+            self.torch.before_task()
         return msg
 
     def send(self, answer: FromWorker) -> None:

@@ -9,7 +9,7 @@ the script imported it), so a loader without torch never pays for it.
 * torch's global generator seeded with the worker's seed, so ``torch.rand`` in ``__getitem__`` draws
   differently in each worker and each epoch (every torchvision random transform draws there).
 * In a worker that starts without torch, it is adopted the moment its import finishes
-  (``adopt_when_imported``), wherever that happens: a ``worker_init_fn`` that imports torch and seeds
+  (``TorchAdoption``), wherever that happens: a ``worker_init_fn`` that imports torch and seeds
   it keeps its seed, as under torch's loader, which seeds before ``worker_init_fn`` runs.
 * ``torch.utils.data.get_worker_info()`` answers, so a torch ``IterableDataset`` that shards itself
   by it, as torch's documentation shows, reads its own share. torch keeps that answer in a private
@@ -69,7 +69,7 @@ def adopt_in_worker(worker_id: int, num_workers: int, seed: int, dataset: Any) -
 class _WhenImported(importlib.abc.MetaPathFinder):
     """Runs ``then`` right after ``torch`` is imported, once; finds nothing itself."""
 
-    def __init__(self, then: Callable[[], None]) -> None:
+    def __init__(self, then: Callable[[], object]) -> None:
         self.then = then
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
@@ -89,9 +89,20 @@ class _WhenImported(importlib.abc.MetaPathFinder):
         return spec
 
 
-def adopt_when_imported(then: Callable[[], None]) -> None:
-    """Call ``then`` the moment torch's import finishes in this process (torch is not imported yet)."""
-    sys.meta_path.insert(0, _WhenImported(then))
+class TorchAdoption:
+    """A worker process's adoption of torch (``adopt_in_worker``), once: at the start if torch is
+    imported, else the moment its import finishes, at the latest before a task (a torch that was only
+    half imported at the start)."""
+
+    def __init__(self, worker_id: int, num_workers: int, seed: int, dataset: Any) -> None:
+        self.args = (worker_id, num_workers, seed, dataset)
+        self.done = False
+        if not self.before_task():
+            sys.meta_path.insert(0, _WhenImported(self.before_task))
+
+    def before_task(self) -> bool:
+        self.done = self.done or adopt_in_worker(*self.args)
+        return self.done
 
 
 def reads_torch_worker_info(dataset: Any) -> bool:
