@@ -15,7 +15,7 @@ import skewed_dispatch as sd  # noqa: E402
 def test_one_measurement_times_an_epoch_of_the_skewed_dataset():
     data = sd.Skewed(40)
     assert len(data) == 40 and 0 < data.slow.sum() < 40 and data[3].tolist() == [3.0] * 16
-    assert sd.one(2, 32) > 0
+    assert sd.one(2, 32) > 0 and sd.one(2, 32, in_order=False) > 0
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -5,7 +5,9 @@ the case where the rule matters: a worker holding a slow batch keeps its next ba
 may run out of their own. Each measurement is a fresh interpreter with one source tree's package on
 its path: a ``--workers`` persistent loader (batch 8, shuffled, seed 1) warms up for one epoch of
 ``--samples`` samples and then times one more. Rounds alternate the trees' order so a neighbour's
-load hits both alike. Writes ``skewed_dispatch-<host>.json`` beside itself:
+load hits both alike. ``--out-of-order`` runs this tree with ``in_order=False``, where a batch whose
+worker is full goes to the next worker with room. Writes ``skewed_dispatch-<host>.json`` (with
+``-out-of-order`` before ``.json`` under that flag) beside itself:
 
     PYTHONPATH=. python bench/studies/what_does_fixed_dispatch_cost/skewed_dispatch.py --before /tmp/before
 """
@@ -44,7 +46,7 @@ class Skewed:
         return np.full(16, i, np.float32)
 
 
-def one(workers: int, samples: int) -> float:
+def one(workers: int, samples: int, in_order: bool = True) -> float:
     """In the child interpreter: seconds of the second epoch."""
     import warnings  # noqa: PLC0415
 
@@ -52,7 +54,7 @@ def one(workers: int, samples: int) -> float:
 
     warnings.simplefilter("ignore")  # more workers than CPUs is the point of a sleep-bound case
     with DataLoader(Skewed(samples), batch_size=8, num_workers=workers, shuffle=True, seed=1, device="cpu",
-                    persistent_workers=True) as dl:
+                    persistent_workers=True, in_order=in_order) as dl:
         for _ in dl:
             pass
         t = time.perf_counter()
@@ -61,9 +63,10 @@ def one(workers: int, samples: int) -> float:
         return time.perf_counter() - t
 
 
-def measure(tree: Path, workers: int, samples: int) -> float:
+def measure(tree: Path, workers: int, samples: int, in_order: bool = True) -> float:
+    call = f"s.one({workers}, {samples})" if in_order else f"s.one({workers}, {samples}, in_order=False)"
     code = (f"import sys; sys.path.insert(0, {str(tree)!r}); sys.path.insert(1, {str(HERE)!r}); "
-            f"import skewed_dispatch as s; print(s.one({workers}, {samples}))")
+            f"import skewed_dispatch as s; print({call})")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return float(out.stdout.strip().splitlines()[-1])
 
@@ -74,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--samples", type=int, default=1600)
+    ap.add_argument("--out-of-order", action="store_true", help="run this tree with in_order=False")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     if not (args.before / "cupy_nwt").is_dir():
@@ -90,17 +94,20 @@ def main(argv: list[str] | None = None) -> int:
         order = list(trees) if r % 2 == 0 else list(trees)[::-1]
         for w in counts:
             for name in order:
-                seconds[name][w].append(measure(trees[name], w, args.samples))
+                in_order = name == "before" or not args.out_of_order
+                seconds[name][w].append(measure(trees[name], w, args.samples, in_order))
                 print(f"round {r + 1} {name:>6} {w} workers: {seconds[name][w][-1]:.3f} s", flush=True)
     doc = {
         "what": "seconds of one shuffled epoch of a sleep-bound dataset with one slow sample in ten, batch 8",
         "command": "python bench/studies/what_does_fixed_dispatch_cost/skewed_dispatch.py " + " ".join(argv or sys.argv[1:]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host_cpus": os.cpu_count(),
-        "samples": args.samples, "rounds": args.rounds, "seconds": seconds,
+        "samples": args.samples, "rounds": args.rounds, "after_in_order": not args.out_of_order,
+        "seconds": seconds,
         "after_over_before": {w: statistics.median(seconds["after"][w]) / statistics.median(seconds["before"][w])
                               for w in counts},
     }
-    out = args.out or HERE / f"skewed_dispatch-{os.uname().nodename}.json"
+    suffix = "-out-of-order" if args.out_of_order else ""
+    out = args.out or HERE / f"skewed_dispatch-{os.uname().nodename}{suffix}.json"
     out.write_text(json.dumps(doc, indent=1) + "\n")
     for w, ratio in doc["after_over_before"].items():
         print(f"{w} workers: after/before {ratio:.3f} (medians of {args.rounds} rounds)")

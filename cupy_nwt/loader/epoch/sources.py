@@ -204,22 +204,28 @@ class WorkerSource(BatchSource):
         while not self.planned_all:
             if self.pending is None:
                 self.pending = next(self.tasks, None)
-            worker = self._next_worker() if self.plan.stream else None
-            if self.pending is None or (self.plan.stream and worker is None):
+            turn = self._stream_turn() if self.plan.stream else []
+            if self.pending is None or (self.plan.stream and not turn):
                 self.planned_all, self.pending = True, None
                 return
             b, indices, seed = self.pending
-            if not self.workers.submit(b, indices, seed, worker):
+            if self.plan.stream:
+                worker = next((w for w in turn if self.workers.submit(b, indices, seed, w)), None)
+                if worker is None:
+                    return
+                self.cursor = worker + 1
+            elif not self.workers.submit(b, indices, seed, spill=not self.in_order):
                 return
             self.owner[b] = self.workers.last_worker
             self.pending = None
             self.submitted += 1
-            if worker is not None:
-                self.cursor = worker + 1
 
-    def _next_worker(self) -> int | None:
+    def _stream_turn(self) -> list[int]:
+        """The workers whose streams may take the next task, in turn from the cursor: the first only in
+        order; out of order the others after it too, so a slow stream holds back only its own tasks."""
         n = len(self.alive)
-        return next((w % n for w in range(self.cursor, self.cursor + n) if self.alive[w % n]), None)
+        alive = [w % n for w in range(self.cursor, self.cursor + n) if self.alive[w % n]]
+        return alive if not self.in_order else alive[:1]
 
     def _pick(self) -> int | None:
         if not self.in_order:

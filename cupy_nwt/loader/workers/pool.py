@@ -92,7 +92,8 @@ class Workers(Protocol):
 
     def pids(self) -> list[int]: ...
 
-    def submit(self, batch_index: int, indices: np.ndarray | Sequence[Any] | None, tseed: int, worker: int | None = None) -> bool: ...
+    def submit(self, batch_index: int, indices: np.ndarray | Sequence[Any] | None, tseed: int, worker: int | None = None,
+               *, spill: bool = False) -> bool: ...
 
     def collect(self, timeout: float | None) -> list[Result]: ...
 
@@ -188,14 +189,17 @@ class Dispatch:
         """Active workers with no task out."""
         return sum(w.outstanding == 0 for w in self._workers[:self.active])
 
-    def submit(self, batch_index: int, indices: np.ndarray | Sequence[Any] | None, tseed: int, worker: int | None = None) -> bool:
+    def submit(self, batch_index: int, indices: np.ndarray | Sequence[Any] | None, tseed: int, worker: int | None = None,
+               *, spill: bool = False) -> bool:
         """Queue a batch on ``worker`` (or its own, see ``_choose``); False when no slot or capacity is free.
 
-        Before the ring exists a worker takes one task at a time, without a slot.
+        ``spill`` (``in_order=False``) lets the batch go to the next active worker with room when its own
+        has none, as torch deals batches out of order: a worker stuck on a slow sample holds back only
+        the tasks it already has. Before the ring exists a worker takes one task at a time, without a slot.
         """
         if not self._workers or self._closed or (self.slots.ring is not None and not self.slots.free):
             return False
-        w = self._choose(worker, batch_index)
+        w = self._choose(worker, batch_index, spill)
         if w is None:
             return False
         slot = self.slots.take() if self.slots.ring is not None else NO_SLOT
@@ -214,22 +218,28 @@ class Dispatch:
         fields, not the object, so a pool that sends a plain tuple builds nothing else per batch."""
         raise NotImplementedError
 
-    def _choose(self, worker: int | None, batch_index: int) -> Any:
+    def _choose(self, worker: int | None, batch_index: int, spill: bool = False) -> Any:
         """The worker to take batch ``batch_index`` (``worker`` if given, else active worker
         ``batch_index % active``, as torch deals batches), or None when it has no capacity or no slot is free.
 
         The batch waits for its worker even when another is idle: which worker makes a batch is then
         fixed, so what ``__getitem__`` draws from its worker's seeded generator (``torch.rand``, a
-        torchvision random transform) repeats from run to run, as under torch."""
+        torchvision random transform) repeats from run to run, as under torch. With ``spill`` the next
+        active workers after it are tried in turn."""
         ring, cap = self.slots.ring, self.slot_cap
         if ring is not None and (not self.slots.free or (cap is not None and ring.slots - len(self.slots.free) >= cap)):
             return None
         workers = self._workers
         n = min(self.active, len(workers))
-        w = workers[batch_index % n if worker is None else worker]
+        first = batch_index % n if worker is None else worker
         per_worker = max(self.prefetch_factor, -(-cap // n)) if cap is not None else self.prefetch_factor
-        if w.outstanding >= (per_worker if ring is not None else 1):
-            return None
+        limit = per_worker if ring is not None else 1
+        w = workers[first]
+        if w.outstanding >= limit:
+            others = (workers[(first + k) % n] for k in range(1, n if spill else 1))
+            w = next((o for o in others if o.outstanding < limit), None)
+            if w is None:
+                return None
         self.last_worker = w.id
         return w
 
