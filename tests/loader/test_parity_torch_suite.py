@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections import OrderedDict
+from collections import OrderedDict, UserDict
 
 import numpy as np
 import pytest
@@ -65,11 +65,9 @@ def row(i):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_mapping_and_sequence_subclasses_keep_their_type(request, backend, num_workers):
+def test_mapping_and_sequence_subclasses_keep_their_type(backend, num_workers):
     """torch: TestDataLoader.test_default_collate_mapping_keep_type and
     test_default_collate_sequence_keep_type: a batch of a dict (list) subclass is that subclass."""
-    known_difference(request, backend, "the batch layout records list, tuple, dict and namedtuple, not their "
-                     "subclasses: a dict or list subclass comes back a plain dict or list")
     batch = next(iter(backend(Samples(tagged), batch_size=2, num_workers=num_workers)))
     assert type(batch) is Tagged and as_list(batch["a"]) == [0, 1] and as_list(batch["b"]) == [0, 10]
     batch = next(iter(backend(Samples(ordered), batch_size=2, num_workers=num_workers)))
@@ -78,18 +76,40 @@ def test_mapping_and_sequence_subclasses_keep_their_type(request, backend, num_w
     assert type(batch) is Row and [as_list(f) for f in batch] == [[0, 1], [0, 10]]
 
 
+class Encoding(UserDict):
+    """A mapping that is not a dict, as a tokenizer's output is (transformers' ``BatchEncoding``)."""
+
+
+def encoded(i):
+    return Encoding(input_ids=np.arange(4) + i, attention_mask=np.ones(4, np.int64))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_mapping_that_is_not_a_dict_batches_by_key_and_keeps_its_type(backend, num_workers):
+    """torch's collate takes any ``Mapping`` key by key (``default_collate``'s Mapping branch): a
+    ``UserDict`` sample, as a tokenizer returns, gives a batch of its own type, every batch alike."""
+    got = list(backend(Samples(encoded), batch_size=2, num_workers=num_workers))
+    assert [type(b) for b in got] == [Encoding, Encoding]
+    assert [as_list(b["input_ids"]) for b in got] == [[[0, 1, 2, 3], [1, 2, 3, 4]], [[2, 3, 4, 5], [3, 4, 5, 6]]]
+    assert as_list(got[1]["attention_mask"]) == [[1] * 4] * 2
+
+
 def three_from(i):
     return range(i, i + 3)
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_a_range_sample_collates_as_a_sequence_of_fields(request, backend, num_workers):
+def test_a_range_sample_collates_as_a_sequence_of_fields(backend, num_workers):
     """torch: TestDataLoader.test_default_collate_sequence_dont_keep_type: a ``range`` is a sequence
     like a list: the batch is a list with one array per position, not a stacked 2-D array."""
-    known_difference(request, backend, "a range is one array field (NumPy turns it into an array), not a "
-                     "sequence of fields")
     batch = next(iter(backend(Samples(three_from), batch_size=2, num_workers=num_workers)))
     assert isinstance(batch, list) and [as_list(f) for f in batch] == [[0, 1], [1, 2], [2, 3]]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_unbatched_range_sample_becomes_a_list(request, backend, num_workers):
+    """torch: the same test, unbatched (``batch_size=None``): ``default_convert`` makes the range a list."""
+    known_difference(request, backend, "an unbatched sample passes through as it is: a range stays a range")
     sample = next(iter(backend(Samples(three_from), batch_size=None, num_workers=num_workers)))
     assert isinstance(sample, list) and sample == [0, 1, 2]
 

@@ -2,7 +2,7 @@
 
 ``default_collate`` follows PyTorch's rules on NumPy: arrays and numbers are stacked into arrays with
 a leading row axis, str and bytes become lists, and dicts, lists, tuples and namedtuples are recursed
-and keep their type. The arrays can be written straight into preallocated memory (a ring slot), so
+and keep their type, as other mappings and sequences do where torch keeps theirs (``containers``). The arrays can be written straight into preallocated memory (a ring slot), so
 workers never build a batch twice and never pickle its arrays. The rules are strict on purpose: a
 sample whose structure, shape or dtype differs from the first one is an error naming that sample,
 never a silent upcast.
@@ -17,10 +17,12 @@ from typing import Any
 import numpy as np
 
 from ...errors import ArgumentError, ArgumentTypeError, BatchLayoutError, BatchStructureError, BatchTypeError
+from .containers import Make, plain_items
 from .frameworks import framework_of, refuse_uncollatable
 from .tree import (
     LEAF,
     OBJ,
+    TYPED,
     Treedef,
     as_sample_treedef,
     describe,
@@ -29,6 +31,7 @@ from .tree import (
     leaf_kinds,
     leaf_of,
     leaf_paths,
+    without_types,
 )
 
 Indices = Sequence[Any] | np.ndarray | None  # the samples' dataset keys, for messages; None: a stream's
@@ -53,6 +56,7 @@ def as_leaf(value: Any) -> np.ndarray:
 
 def _unequal(td: Treedef, first: Treedef) -> str:
     """torch's words for two samples that are sequences of different lengths, which a filter may look for."""
+    td, first = without_types(td), without_types(first)
     if td[0] == first[0] and td[0] in ("list", "tuple") and len(td[1]) != len(first[1]):
         return "each element in list of batch should be of equal size: "
     return ""
@@ -162,7 +166,7 @@ def _collate_rows(samples: Sequence[Any], indices: Indices, treedef: Treedef, ou
     objects: list[list[Any]] = [[] for k in kinds if k == "obj"]
     for row, sample in enumerate(samples):
         leaves, td = flatten(sample)
-        if td != sample_td:
+        if td != sample_td and (row == 0 or without_types(td) != without_types(sample_td)):
             what, index = _where(indices, row)
             raise BatchStructureError(f"{_unequal(td, sample_td)}{what} has the structure {describe(td)}, expected "
                                       f"{describe(sample_td)}", index)
@@ -216,18 +220,22 @@ def batch_structure(sample: Any, index_text: str = "the first sample", index: in
             firsts.append(as_leaf(x))
         except TypeError as exc:
             raise BatchTypeError(f"{index_text}: {exc}", index) from None
-    return _mark(td, kinds, leaf_of(framework)), firsts
+    return _mark(td, sample, kinds, leaf_of(framework)), firsts
 
 
-def _mark(td: Treedef, kinds: Iterator[str], leaf: Treedef = LEAF) -> Treedef:
+def _mark(td: Treedef, sample: Any, kinds: Iterator[str], leaf: Treedef) -> Treedef:
+    """The batch's structure from its first sample's: its leaves marked array or str, and each typed
+    container given its recipe (``containers.Make``), taken from that sample as torch takes it."""
     kind = td[0]
     if kind == "leaf":
         return OBJ if next(kinds) == "obj" else leaf
     if kind == "dict":
-        return ("dict", td[1], tuple(_mark(c, kinds, leaf) for c in td[2]))
+        return ("dict", td[1], tuple(_mark(c, sample[k], kinds, leaf) for k, c in zip(td[1], td[2])))
     if kind == "namedtuple":
-        return ("namedtuple", td[1], tuple(_mark(c, kinds, leaf) for c in td[2]))
-    return (kind, tuple(_mark(c, kinds, leaf) for c in td[1]))
+        return ("namedtuple", td[1], tuple(_mark(c, x, kinds, leaf) for c, x in zip(td[2], sample)))
+    if kind in TYPED:
+        return (kind, Make.like(sample), (_mark(td[2][0], plain_items(sample), kinds, leaf),))
+    return (kind, tuple(_mark(c, x, kinds, leaf) for c, x in zip(td[1], sample)))
 
 
 def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:
@@ -235,7 +243,8 @@ def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:
 
     Arrays and Python or NumPy numbers are stacked along a new first axis (int -> int64, float ->
     float64, bool -> bool); str and bytes fields become lists; dicts, lists, tuples and
-    namedtuples are recursed and keep their type. Every sample must have the first one's
+    namedtuples are recursed and keep their type; other mappings and sequences too, as torch's
+    collate keeps them (``containers``). Every sample must have the first one's
     structure, shapes and dtypes: the first that does not is named in a ``BatchLayoutError``
     (by its dataset index when ``indices`` are given, else by its position).
     """

@@ -1,10 +1,11 @@
 """Nests of tuples, lists, dicts and namedtuples: flattened to leaves plus a small picklable structure.
 
-Two views of one idea. ``flatten`` / ``unflatten`` treat every non-container as a leaf: that is how a
-*sample* is read by the collation. ``split`` / ``join`` cut a *batch* for transport: its NumPy
-arrays go through the shared-memory ring, every other leaf (a str list, None, any object a custom
-``collate_fn`` returns) travels pickled beside it. ``split`` recurses only into the exact container
-types it can rebuild, so a custom container comes back as itself, pickled whole. A torch tensor or
+Two views of one idea. ``flatten`` treats every non-container as a leaf: that is how a *sample* is
+read by the collation; a mapping or sequence of another type is recursed too, as torch recurses it
+(``containers``). ``split`` / ``join`` cut a *batch* for transport: its NumPy arrays go through the
+shared-memory ring, every other leaf (a str list, None, any object a custom ``collate_fn`` returns)
+travels pickled beside it. ``split`` recurses only into containers that ``join`` makes again exactly,
+so any other container comes back as itself, pickled whole. A torch tensor or
 JAX array leaf travels as NumPy bytes too, its framework kept as a tag on its leaf
 (``("leaf", "torch")``): ``join`` gives it back in that framework (``frameworks``).
 """
@@ -17,12 +18,16 @@ from typing import Any
 import numpy as np
 
 from ...errors import ArgumentError
+from .containers import Make, items_only, plain_items
 from .frameworks import FRAMEWORKS, framework_of, host_view, to_framework
 
 # A treedef is a small picklable nest: ("leaf",) an array (or, for samples, any leaf), ("leaf", fw)
 # an array joined back as framework fw's ("torch", "jax"), ("obj",) a leaf that travels pickled, ("tuple", children), ("list", children), ("dict", keys, children) or
-# ("namedtuple", cls, children).
+# ("namedtuple", cls, children), or a mapping or sequence of another type around its plain items:
+# ("typed", T, (inner,)) when it holds nothing else, ("typed_stateful", T, (inner,)) when it has attributes
+# of its own, with T its type in a sample's structure and its ``containers.Make`` in a batch's.
 Treedef = tuple
+TYPED = ("typed", "typed_stateful")
 
 LEAF: Treedef = ("leaf",)
 OBJ: Treedef = ("obj",)
@@ -36,27 +41,34 @@ def flatten(obj: Any) -> tuple[list[Any], Treedef]:
 
 
 def _flatten(obj: Any, leaves: list[Any]) -> Treedef:
-    if isinstance(obj, tuple):
-        children = tuple(_flatten(x, leaves) for x in obj)
-        if hasattr(obj, "_fields"):
-            return ("namedtuple", type(obj), children)
-        return ("tuple", children)
-    if isinstance(obj, list):
+    t = type(obj)
+    if t is tuple:
+        return ("tuple", tuple(_flatten(x, leaves) for x in obj))
+    if t is list:
         return ("list", tuple(_flatten(x, leaves) for x in obj))
-    if isinstance(obj, dict):
+    if t is dict:
         keys = tuple(obj.keys())
         return ("dict", keys, tuple(_flatten(obj[k], leaves) for k in keys))
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return ("namedtuple", t, tuple(_flatten(x, leaves) for x in obj))
+    items = plain_items(obj)
+    if items is not None:
+        return ("typed" if items_only(obj) else "typed_stateful", t, (_flatten(items, leaves),))
     leaves.append(obj)
     return LEAF
 
 
-def unflatten(treedef: Treedef, leaves: Sequence[Any]) -> Any:
-    """Rebuild the nest described by ``treedef`` from ``leaves`` (inverse of ``flatten``)."""
-    it = iter(leaves)
-    out = _build(treedef, it, it)
-    if next(it, None) is not None:
-        raise ArgumentError("more leaves than the structure holds")
-    return out
+def without_types(td: Treedef) -> Treedef:
+    """``td`` with each typed container replaced by its plain items' node: what every sample of a batch
+    must share (torch takes the batch's container types from its first sample alone)."""
+    kind = td[0]
+    if kind in ("leaf", "obj"):
+        return td
+    if kind in TYPED:
+        return without_types(td[2][0])
+    if kind in ("dict", "namedtuple"):
+        return (kind, td[1], tuple(without_types(c) for c in td[2]))
+    return (kind, tuple(without_types(c) for c in td[1]))
 
 
 def is_ring_array(x: Any) -> bool:
@@ -82,6 +94,11 @@ def _split(obj: Any, arrays: list[np.ndarray], objects: list[Any]) -> Treedef:
         return ("dict", keys, tuple(_split(obj[k], arrays, objects) for k in keys))
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):
         return ("namedtuple", t, tuple(_split(x, arrays, objects) for x in obj))
+    items = plain_items(obj)
+    if items is not None:
+        make = Make.like(obj)
+        if make.gives_back(obj, items):
+            return ("typed", make, (_split(items, arrays, objects),))
     if is_ring_array(obj):
         arrays.append(obj)
         return LEAF
@@ -107,7 +124,7 @@ def retag(td: Treedef, framework: str | None) -> Treedef:
         return leaf_of(framework)
     if kind == "obj":
         return td
-    if kind in ("dict", "namedtuple"):
+    if kind in ("dict", "namedtuple", *TYPED):
         return (kind, td[1], tuple(retag(c, framework) for c in td[2]))
     return (kind, tuple(retag(c, framework) for c in td[1]))
 
@@ -168,6 +185,8 @@ def _build(td: Treedef, arrays: Iterator[Any], objects: Iterator[Any]) -> Any:
         return {k: _build(c, arrays, objects) for k, c in zip(td[1], td[2])}
     if kind == "namedtuple":
         return td[1](*(_build(c, arrays, objects) for c in td[2]))
+    if kind in TYPED:
+        return td[1](_build(td[2][0], arrays, objects))
     raise ArgumentError(f"unknown structure node {kind!r}")
 
 
@@ -176,10 +195,10 @@ def as_sample_treedef(td: Treedef) -> Treedef:
     kind = td[0]
     if kind in ("leaf", "obj"):
         return LEAF
-    if kind == "dict":
-        return ("dict", td[1], tuple(as_sample_treedef(c) for c in td[2]))
-    if kind == "namedtuple":
-        return ("namedtuple", td[1], tuple(as_sample_treedef(c) for c in td[2]))
+    if kind in ("dict", "namedtuple"):
+        return (kind, td[1], tuple(as_sample_treedef(c) for c in td[2]))
+    if kind in TYPED:
+        return (kind, td[1].cls, (as_sample_treedef(td[2][0]),))
     return (kind, tuple(as_sample_treedef(c) for c in td[1]))
 
 
@@ -218,6 +237,8 @@ def _paths(td: Treedef, prefix: str, out: list[str]) -> None:
     elif kind == "namedtuple":
         for name, c in zip(td[1]._fields, td[2]):
             _paths(c, f"{prefix}.{name}", out)
+    elif kind in TYPED:
+        _paths(td[2][0], prefix, out)
 
 
 def describe(td: Treedef) -> str:
@@ -227,6 +248,8 @@ def describe(td: Treedef) -> str:
         return "array"
     if kind == "dict":
         return "{" + ", ".join(f"{k!r}: {describe(c)}" for k, c in zip(td[1], td[2])) + "}"
+    if kind in TYPED:
+        return f"{getattr(td[1], 'cls', td[1]).__name__}({describe(td[2][0])})"
     inner = ", ".join(describe(c) for c in td[-1])
     if kind == "list":
         return f"[{inner}]"

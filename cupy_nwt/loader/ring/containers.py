@@ -1,0 +1,95 @@
+"""Mapping and sequence types other than dict, list, tuple and namedtuple, batched as torch batches them.
+
+torch's ``default_collate`` recurses into any ``Mapping`` key by key and any ``Sequence`` (str and
+bytes aside) position by position, then makes the batch's container from the batch's first sample:
+a mutable one (an ``OrderedDict``, a dict or list subclass, a ``UserDict`` such as a tokenizer's
+output, a ``deque``) is a copy of that sample with its items replaced, so its attributes come along;
+an immutable one is ``type(items)``, or the plain dict or list where that type cannot be made from one
+(a ``range``). ``Make`` is that recipe for one container of a batch.
+
+The ring carries a batch's arrays and rebuilds its structure once per layout, so only a container
+that holds nothing but its items (``items_only``) may cross it: any recipe of its type then makes it
+back exactly. A container with attributes of its own (a tokenizer's encodings) travels pickled whole.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import UserDict, UserList
+from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Items = dict | list | tuple
+_NOT_CONTAINERS = (np.ndarray, np.generic, int, float, complex, str, bytes, bytearray, memoryview)
+
+
+def plain_items(obj: Any) -> Items | None:
+    """The items of a mapping or sequence of a type other than dict, list, tuple and namedtuple, as a
+    plain dict, a tuple (for a tuple subclass) or a list; None for anything else (a leaf)."""
+    if obj is None or isinstance(obj, _NOT_CONTAINERS):
+        return None
+    if isinstance(obj, tuple):
+        return None if hasattr(obj, "_fields") else tuple(obj)
+    if isinstance(obj, Mapping):
+        return {k: obj[k] for k in obj}
+    if isinstance(obj, Sequence):
+        return list(obj)
+    return None
+
+
+def items_only(obj: Any) -> bool:
+    """Whether ``obj`` holds nothing beside its items: no attributes (a ``UserDict``'s or ``UserList``'s
+    ``data`` is its items) and no ``__slots__`` of its own type."""
+    state = getattr(obj, "__dict__", None)
+    if state and (not isinstance(obj, (UserDict, UserList)) or state.keys() != {"data"}):
+        return False
+    return not any(getattr(c, "__slots__", ()) for c in type(obj).__mro__ if c.__module__ != "builtins")
+
+
+def _emptied(obj: Any) -> Any:
+    """A copy of a mutable container with no items, attributes kept; None where it cannot be had."""
+    try:
+        clone = copy.copy(obj)
+        clone.clear()
+    except Exception:  # noqa: BLE001 - a container type of the user's: then made as an immutable one
+        return None
+    return clone
+
+
+@dataclass(frozen=True)
+class Make:
+    """How a batch's container of type ``cls`` is made from its batched items: a copy of ``proto`` (the
+    first sample's container, emptied) filled with them, or ``cls(items)`` when ``proto`` is None.
+    Two recipes of one type are equal: the ring holds only items-only containers, alike whatever the
+    sample they came from."""
+
+    cls: type
+    proto: Any = field(default=None, compare=False)
+
+    @classmethod
+    def like(cls, sample: Any) -> Make:
+        """torch's recipe for the container ``sample``."""
+        mutable = isinstance(sample, (MutableMapping, MutableSequence))
+        return cls(type(sample), _emptied(sample) if mutable else None)
+
+    def __call__(self, items: Items) -> Any:
+        """The container holding ``items``, or ``items`` itself where this type cannot be made so
+        (``TypeError``, as torch falls back to the plain dict or list)."""
+        try:
+            if self.proto is None:
+                return self.cls(items)
+            clone = copy.copy(self.proto)
+            if isinstance(clone, MutableMapping):
+                clone.update(items)
+            else:
+                clone.extend(items)
+            return clone
+        except TypeError:
+            return items
+
+    def gives_back(self, obj: Any, items: Items) -> bool:
+        """Whether this recipe makes ``obj`` again from ``items``: its own type, nothing beside them."""
+        return items_only(obj) and type(self(items)) is self.cls
