@@ -52,6 +52,7 @@ from ._stats import STALL_WARNING_S, LoaderStats
 from .epoch.epoch import Epoch, EpochState
 from .epoch.order import OrderSampler, SamplerBatches
 from .epoch.resume import check_state, fresh, state_of
+from .ring.collate import default_collate
 from .ring.ring import SlotLayout
 from .tuning.policy import Decision
 
@@ -190,6 +191,10 @@ class DataLoader(Generic[T_co]):
 
     @property
     def collate_fn(self) -> Callable | None:
+        """What makes a batch of samples: yours, else ``default_collate``; None unbatched
+        (``batch_size=None``), where a sample reaches you as ``__getitem__`` returned it."""
+        if self._options.collate_fn is None and self._options.sampling.batched:
+            return default_collate
         return self._options.collate_fn
 
     @property

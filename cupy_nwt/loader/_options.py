@@ -24,6 +24,7 @@ from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
 from .epoch.order import fresh_seed
 from .epoch.sampling import Sampling
+from .ring.collate import default_collate
 from .ring.frameworks import check_output, generator_seed, torch_global_seed
 from .tuning.online import Tuning, check_tuning
 from .workers.kinds import WORKER_TYPES, check_worker_type, kind
@@ -108,7 +109,8 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     world_size = check_int("world_size", world_size, optional=True)
     timeout = resolve_timeout(timeout)
     stall_warning_s = check_stall(stall_warning_s)
-    for name, fn in (("collate_fn", collate_fn), ("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
+    collate_fn = _collate_fn(collate_fn)
+    for name, fn in (("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
         _callable_or_none(name, fn)
     in_order, zero_copy = check_flag("in_order", in_order), check_flag("zero_copy", zero_copy)
     if isinstance(num_workers, (int, np.integer)) and not isinstance(num_workers, bool) and num_workers < 0:
@@ -267,6 +269,13 @@ def _callable_or_none(name: str, fn: Any) -> Any:
     return fn
 
 
+def _collate_fn(fn: Any) -> Any:
+    """A ``collate_fn``, checked; ``default_collate`` given by name (``loader.collate_fn`` reads it back, as
+    torch's does) is the default, so workers keep collating straight into the ring."""
+    fn = _callable_or_none("collate_fn", fn)
+    return None if fn is default_collate else fn
+
+
 def changed(options: Options, name: str, value: Any, gpus: PrefetchOps | None = None) -> Options:
     """``options`` with ``name`` set to ``value``, through the same checks the constructor runs; they raise
     before anything is built, so a refused value leaves the caller's options as they were."""
@@ -288,7 +297,9 @@ def changed(options: Options, name: str, value: Any, gpus: PrefetchOps | None = 
     if name == "pin_memory_device":
         check_pin_memory(o.pin_memory, value, o.device, stacklevel=4)
         return replace(o, pin_memory_device=value)
-    if name in ("collate_fn", "batch_transform", "worker_init_fn"):
+    if name == "collate_fn":
+        return replace(o, collate_fn=_collate_fn(value))
+    if name in ("batch_transform", "worker_init_fn"):
         return replace(o, **{name: _callable_or_none(name, value)})
     if name == "timeout":
         return replace(o, timeout=resolve_timeout(value))

@@ -191,6 +191,18 @@ def test_constructor_arguments_read_back(backend):
     assert backend(Counting(10)).generator is None
 
 
+def test_the_default_collate_fn_reads_back_and_can_be_called_and_wrapped(backend):
+    """What wrappers of a loader do (Lightning, accelerate): read ``loader.collate_fn``, call it, or
+    wrap it and set the wrapper back."""
+    loader = backend(Counting(6), batch_size=3)
+    assert as_list(loader.collate_fn([4, 5])) == [4, 5]
+    inner = loader.collate_fn
+    loader.collate_fn = lambda samples: inner([10 * s for s in samples])
+    assert [as_list(b) for b in loader] == [[0, 10, 20], [30, 40, 50]]
+    loader.collate_fn = inner
+    assert [as_list(b) for b in loader] == [[0, 1, 2], [3, 4, 5]]
+
+
 # -- iterable-style datasets
 
 
