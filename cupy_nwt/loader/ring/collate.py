@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ArgumentError, ArgumentTypeError, BatchLayoutError, BatchStructureError, BatchTypeError
-from .containers import Make, plain_items
+from .containers import Make, items_only, plain_items
 from .frameworks import framework_of, refuse_uncollatable
 from .tree import (
     LEAF,
@@ -114,6 +114,11 @@ def _columns(samples: Sequence[Any], treedef: Treedef) -> list[list[Any]] | None
     kind = treedef[0]
     if kind in ("leaf", "obj"):
         return [list(samples)]
+    if kind in TYPED:  # samples of one container type around a flat dict, list or tuple: their plain items
+        cls = treedef[1].cls
+        if not all(type(s) is cls for s in samples) or (kind == "typed") != items_only(samples[0]):
+            return None
+        return _columns([plain_items(s) for s in samples], treedef[2][0])
     if kind not in ("tuple", "list", "dict") or any(c[0] not in ("leaf", "obj") for c in treedef[-1]):
         return None
     k = len(treedef[-1])

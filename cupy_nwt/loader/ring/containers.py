@@ -15,6 +15,7 @@ back exactly. A container with attributes of its own (a tokenizer's encodings) t
 from __future__ import annotations
 
 import copy
+import functools
 from collections import UserDict, UserList
 from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
@@ -46,7 +47,12 @@ def items_only(obj: Any) -> bool:
     state = getattr(obj, "__dict__", None)
     if state and (not isinstance(obj, (UserDict, UserList)) or state.keys() != {"data"}):
         return False
-    return not any(getattr(c, "__slots__", ()) for c in type(obj).__mro__ if c.__module__ != "builtins")
+    return not _has_slots(type(obj))
+
+
+@functools.cache
+def _has_slots(t: type) -> bool:
+    return any(getattr(c, "__slots__", ()) for c in t.__mro__ if c.__module__ != "builtins")
 
 
 def _emptied(obj: Any) -> Any:
