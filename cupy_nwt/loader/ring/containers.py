@@ -15,7 +15,6 @@ back exactly. A container with attributes of its own (a tokenizer's encodings) t
 from __future__ import annotations
 
 import copy
-import functools
 from collections import UserDict, UserList
 from collections.abc import Mapping, MutableMapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import numpy as np
 
 Items = dict | list | tuple
 _NOT_CONTAINERS = (np.ndarray, np.generic, int, float, complex, str, bytes, bytearray, memoryview)
+_SLOTTED: dict[type, bool] = {}  # per container type: does a class of its own declare __slots__
 
 
 def plain_items(obj: Any) -> Items | None:
@@ -47,12 +47,12 @@ def items_only(obj: Any) -> bool:
     state = getattr(obj, "__dict__", None)
     if state and (not isinstance(obj, (UserDict, UserList)) or state.keys() != {"data"}):
         return False
-    return not _has_slots(type(obj))
+    t = type(obj)
+    slotted = _SLOTTED.get(t)
+    if slotted is None:
+        slotted = _SLOTTED[t] = any(getattr(c, "__slots__", ()) for c in t.__mro__ if c.__module__ != "builtins")
+    return not slotted
 
-
-@functools.cache
-def _has_slots(t: type) -> bool:
-    return any(getattr(c, "__slots__", ()) for c in t.__mro__ if c.__module__ != "builtins")
 
 
 def _emptied(obj: Any) -> Any:
