@@ -23,7 +23,7 @@ from ..ring.ring import SlotLayout
 from ..ring.tree import OutputTree, join, leaf_frameworks
 from .progress import EpochProgress, Ledger
 from .resume import kind_of, ledger_for, make_plan, stream_restore
-from .sources import BatchSource, FailedBatch, InlineSource, WorkerSource
+from .sources import BatchSource, FailedBatch, InlineSource, TimedOut, WorkerSource
 
 if TYPE_CHECKING:
     from .._options import Options
@@ -109,6 +109,11 @@ class Epoch(Iterator[T_co]):
             raise
         waited = self._clock() - t0
         st.waited_s += waited
+        if isinstance(item, TimedOut):  # no turn taken: the next call waits for the same batch
+            self._events.waited(st.epoch, waited, False)
+            error = item.error
+            del self, item, st
+            raise error
         st.delivered += 1
         self._events.waited(st.epoch, waited, True)
         if st.delivered == 1:

@@ -4,8 +4,11 @@ Both meet the ``BatchSource`` contract that the loader's host path and the devic
 ``next`` hands out the next batch (or None when the epoch is over, or when nothing is ready and
 ``block`` is False), ``release`` gives its ring slot back once its bytes are no longer needed, and
 ``close`` returns whatever the source still holds. A batch that could not be made raises
-``FailedBatch`` in its turn; the source stays usable, and the next call goes on with the next batch. Both work through a plan's tasks (``sampler``)
-and, when the ring does not exist yet, call ``learn`` with the first batch made, which builds it.
+``FailedBatch`` in its turn; the source stays usable, and the next call goes on with the next batch.
+A wait past ``timeout`` raises ``TimedOut``: no turn is taken, and the next call waits for that batch
+again (as torch's iterator does after its timeout error). Both work through a plan's tasks
+(``sampler``) and, when the ring does not exist yet, call ``learn`` with the first batch made, which
+builds it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,11 @@ class FailedBatch(Exception):
     def __init__(self, error: LoaderError) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+class TimedOut(FailedBatch):
+    """No batch came within ``timeout``: the caller gets ``error``, and no turn is taken (the batch is
+    still the next one, so neither the epoch's progress nor a saved state moves past it)."""
 
 
 Learn = Callable[[HostBatch], None]  # builds the ring from the first batch made (when there is none yet)
@@ -322,11 +330,11 @@ class WorkerSource(BatchSource):
             deadline = deadline if deadline is not None else now + self.timeout
             if now >= deadline:
                 want = f"batch {self.next_deliver}" if self.in_order else "any batch"
-                raise LoaderTimeoutError(
+                raise TimedOut(LoaderTimeoutError(
                     f"DataLoader timed out after {self.timeout:g} seconds. cupy_nwt: "
                     f"no batch from the workers within timeout={self.timeout} s (waiting for {want} of "
-                    f"epoch {self.epoch}): {self.workers.stuck_hint()}"
-                )
+                    f"epoch {self.epoch}; a later next() waits again): {self.workers.stuck_hint()}"
+                ))
             self._blocking_collect(self._wait(deadline, started, stalled))
 
     def _blocking_collect(self, limit: float | None) -> None:

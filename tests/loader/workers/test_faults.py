@@ -160,6 +160,22 @@ def test_timeout_raises_a_clear_error(clean):
     assert isinstance(LoaderTimeoutError("x"), TimeoutError)
 
 
+def test_a_timeout_takes_no_turn_so_a_saved_state_resumes_at_that_batch(clean):
+    """The timeout is raised while batch 3 is still being made: ``state_dict()`` then stands before it,
+    and a new loader resumed from it delivers it and the rest, every sample once."""
+    dl = DataLoader(Slow(32, delay=3.0, at=12), batch_size=4, num_workers=2, timeout=0.4, seed=1, device="cpu")
+    it = iter(dl)
+    labels = [label for _ in range(3) for label in next(it)[1].tolist()]
+    with pytest.raises(LoaderTimeoutError, match="batch 3"):
+        next(it)
+    state = dl.state_dict()
+    it.close()
+    again = DataLoader(Squares(32), batch_size=4, num_workers=2, seed=1, device="cpu")
+    again.load_state_dict(state)
+    labels += [label for _, batch_labels in again for label in batch_labels.tolist()]
+    assert labels == list(range(32))
+
+
 def test_keyboard_interrupt_in_the_loop_body_shuts_everything_down(clean):
     dl = DataLoader(Slow(400, delay=0.002), batch_size=4, num_workers=2, device="cpu")
     with pytest.raises(KeyboardInterrupt):
