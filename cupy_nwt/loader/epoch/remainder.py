@@ -26,6 +26,7 @@ from ...ranks import shard
 from .order import PlanTask, batch_seed, num_batches
 
 _RESUMED_TAG = 0x726573  # transform seeds of a re-sharded session, kept apart from an uninterrupted run's
+_CHUNK = 4096  # batch indexes turned into Python ints at once
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,8 @@ class Session:
         B = self.batch_size
         for rank, batches in delivered.items():
             pos = self.shard_positions(rank)
-            for b in batches:
-                mask[pos[b * B : (b + 1) * B]] = True
+            rows = (np.fromiter(batches, dtype=np.int64)[:, None] * B + np.arange(B, dtype=np.int64)).ravel()
+            mask[pos[rows[rows < len(pos)]]] = True  # every delivered batch's positions at once (the last may be short)
         return mask
 
     def after(self, delivered: Mapping[int, Iterable[int]], world_size: int) -> Session:
@@ -113,9 +114,16 @@ class SessionPlan:
 
     @classmethod
     def make(cls, session: Session, rank: int, done: Iterable[int] = (), *, seeded: bool = True) -> SessionPlan:
-        order = _epoch_order(session)[session.shard_positions(rank)]
+        order = _epoch_order(session)
+        if not (session.fresh and session.world_size == 1):  # else the shard is the whole order, as it is
+            order = order[session.shard_positions(rank)]
         batches = num_batches(len(order), session.batch_size, session.drop_last)
-        todo = np.setdiff1d(np.arange(batches, dtype=np.int64), np.fromiter(done, dtype=np.int64))
+        todo = np.arange(batches, dtype=np.int64)
+        taken = np.fromiter(done, dtype=np.int64)
+        if len(taken):  # a mask, not np.setdiff1d: that sorts, seconds for an epoch of millions of batches
+            keep = np.ones(batches, dtype=bool)
+            keep[taken[(taken >= 0) & (taken < batches)]] = False
+            todo = todo[keep]
         return cls(session, rank, order, todo, seeded)
 
     @property
@@ -127,8 +135,11 @@ class SessionPlan:
 
     def tasks(self) -> Iterator[PlanTask]:
         B, order, seed_of = self.session.batch_size, self.order, self.session.transform_seed
-        for i, b in enumerate(self.todo.tolist()):
-            yield i, order[b * B : (b + 1) * B], seed_of(b, self.rank) if self.seeded else 0
+        i = 0
+        for start in range(0, len(self.todo), _CHUNK):  # as Python ints a chunk at a time: the first batch waits for no more
+            for b in self.todo[start : start + _CHUNK].tolist():
+                yield i, order[b * B : (b + 1) * B], seed_of(b, self.rank) if self.seeded else 0
+                i += 1
 
 
 def _epoch_order(session: Session) -> np.ndarray:
