@@ -397,7 +397,11 @@ class DataLoader(Generic[T_co]):
         """Resume from ``state_dict()``: the next ``iter()`` yields exactly the rest of the saved epoch, the
         one after it the following epoch (a ``set_epoch`` to another epoch before that drops it). Another ``num_workers``, ``prefetch_factor`` or
         ``persistent_workers`` gives the same rest; another ``world_size`` re-shards it (map-style; load
-        any old rank's state when the ranks delivered alike, else ``merge_states`` of all of them)."""
+        any old rank's state when the ranks delivered alike, else ``merge_states`` of all of them). An empty
+        dict, as a checkpoint saved before the loader existed holds, leaves the loader as it is (torchdata's
+        rule)."""
+        if isinstance(state, dict) and not state:
+            return
         self._resume = check_state(self._options, state)
         self._epoch = int(self._resume["epoch"])
         self._last = None  # the loaded state, not the previous iteration, is where the loader stands

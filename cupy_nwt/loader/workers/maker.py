@@ -9,6 +9,7 @@ themselves are an error naming the first one that differs, as they always were.
 
 from __future__ import annotations
 
+import copy
 import pickle
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +40,13 @@ class InSlot:
 
     rows: int
     objects: list[Any]
+
+
+ITERATOR_STATE = "cupy_nwt.iterator_state"  # the key of a stream state that is its iterator's, not its dataset's
+
+
+def _keeps_state(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 @dataclass(frozen=True)
@@ -112,9 +120,14 @@ class BatchMaker:
         self._restore = (state, skip, epoch)
 
     def stream_state(self) -> Any:
-        """The dataset's ``state_dict()`` (where its stream is), or None when it keeps none."""
+        """Where the stream is: the ``state_dict()`` of the iterator ``__iter__`` returned when it keeps one
+        (tagged ``ITERATOR_STATE``), else the dataset's, else None. A copy, as of now: a dataset may keep
+        updating the dict it returned while the worker runs ahead."""
+        it = self._stream
+        if it is not None and it is not self.dataset and _keeps_state(it):
+            return {ITERATOR_STATE: copy.deepcopy(it.state_dict())}
         get = stream_state_getter(self.dataset)
-        return get() if get is not None else None
+        return copy.deepcopy(get()) if get is not None else None
 
     def _open(self) -> None:
         state, skip, epoch = self._restore if self._restore is not None else (None, 0, None)
@@ -124,9 +137,14 @@ class BatchMaker:
             set_epoch(epoch)
         if epoch is not None and self.pipe is not None:
             prepare_datapipe(self.dataset, self.pipe[0], epoch, self.pipe[1], self.pipe[2])
-        if state is not None:
+        iterator_state = state.get(ITERATOR_STATE) if isinstance(state, dict) and len(state) == 1 else None
+        if state is not None and iterator_state is None:
             self.dataset.load_state_dict(state)
         self._stream = iter(self.dataset)
+        if iterator_state is not None:
+            self._stream.load_state_dict(iterator_state)  # type: ignore[attr-defined]
+        elif state is not None and self._stream is self.dataset:
+            self.dataset.load_state_dict(state)  # its own iterator: __iter__ reset what was loaded
         for _ in range(skip * (self.batch_size or 1 if self.batched else 1)):
             next(self._stream)
 
