@@ -123,7 +123,7 @@ class BatchMaker:
         """Where the stream is: the ``state_dict()`` of the iterator ``__iter__`` returned when it keeps one
         (tagged ``ITERATOR_STATE``), else the dataset's, else None. A copy, as of now: a dataset may keep
         updating the dict it returned while the worker runs ahead."""
-        it = self._stream
+        it: Any = self._stream
         if it is not None and it is not self.dataset and _keeps_state(it):
             return {ITERATOR_STATE: copy.deepcopy(it.state_dict())}
         get = stream_state_getter(self.dataset)
@@ -140,11 +140,12 @@ class BatchMaker:
         iterator_state = state.get(ITERATOR_STATE) if isinstance(state, dict) and len(state) == 1 else None
         if state is not None and iterator_state is None:
             self.dataset.load_state_dict(state)
-        self._stream = iter(self.dataset)
+        stream: Any = iter(self.dataset)
+        self._stream = stream
         if iterator_state is not None:
-            self._stream.load_state_dict(iterator_state)  # type: ignore[attr-defined]
-        elif state is not None and self._stream is self.dataset:
-            self.dataset.load_state_dict(state)  # its own iterator: __iter__ reset what was loaded
+            stream.load_state_dict(iterator_state)
+        elif state is not None and stream is self.dataset:
+            stream.load_state_dict(state)  # its own iterator: __iter__ reset what was loaded
         for _ in range(skip * (self.batch_size or 1 if self.batched else 1)):
             next(self._stream)
 
