@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any, Generic, TypeVar
 
 from .._checks import check_int
@@ -402,7 +403,12 @@ class DataLoader(Generic[T_co]):
         rule)."""
         if isinstance(state, dict) and not state:
             return
-        self._resume = check_state(self._options, state)
+        options = self._options
+        seed = state.get("seed") if isinstance(state, dict) else None
+        if options.seed_drawn and type(seed) is int and seed >= 0:
+            options = replace(changed(options, "seed", seed), seed_drawn=True)  # drawn here, saved there
+        self._resume = check_state(options, state)
+        object.__setattr__(self, "_options", options)
         self._epoch = int(self._resume["epoch"])
         self._last = None  # the loaded state, not the previous iteration, is where the loader stands
 

@@ -63,6 +63,7 @@ class Options:
     stall_warning_s: float | None
     tuning: Tuning | None
     generator: Any = None  # as given (read back as ``loader.generator``); ``seed`` holds what was drawn from it
+    seed_drawn: bool = False  # neither seed nor generator given: a saved state's seed may replace it (torchdata's rule)
 
     @property
     def rank(self) -> int:
@@ -125,6 +126,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     device, device_id = resolve_device(device, layout, gpus)
     check_pin_memory(pin_memory, pin_memory_device, device, stacklevel=4)
     output = check_output(output, device)
+    seed_drawn = seed is None
     seed = agreed_seed(layout) if seed is None else seed
     if shuffle is not None and is_iter_datapipe(dataset):  # torch applies it to the pipe's shufflers
         dataset, shuffle = with_shuffle_settings(dataset, shuffle), None
@@ -144,7 +146,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     return Options(dataset, sampling, int(num_workers), worker_type or "process", int(prefetch_factor), pin_memory,
                    collate_fn, batch_transform, worker_init_fn, bool(persistent_workers), timeout, bool(in_order),
                    bool(zero_copy), context, multiprocessing_context, pin_memory_device, output, device, device_id, layout,
-                   seed, stall_warning_s, tuning, generator)
+                   seed, stall_warning_s, tuning, generator, seed_drawn)
 
 
 def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_memory: bool | str,
@@ -316,7 +318,7 @@ def changed(options: Options, name: str, value: Any, gpus: PrefetchOps | None = 
         return replace(o, output=check_output(value, o.device))
     if name == "seed":
         seed = check_int("seed", value, ge=0)
-        return replace(o, seed=seed, sampling=replace(o.sampling, seed=seed))
+        return replace(o, seed=seed, sampling=replace(o.sampling, seed=seed), seed_drawn=False)
     if name == "stall_warning_s":
         return replace(o, stall_warning_s=check_stall(value))
     if name == "rank_layout":

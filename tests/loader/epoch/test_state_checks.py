@@ -168,3 +168,27 @@ def test_the_good_states_all_resume() -> None:
         loader.load_state_dict(make_state())
         assert sum(len(b) for b in loader) > 0, base
         loader.close()
+
+
+def test_a_given_seed_refuses_a_state_of_another_seed() -> None:
+    state = saved(map_loader(), 2)
+    loader = cupy_nwt.DataLoader(Indices(N), batch_size=B, shuffle=True, seed=4)
+    with pytest.raises(ValueError, match="seed=3"):
+        loader.load_state_dict(state)
+    assert loader.seed == 4
+
+
+def test_a_drawn_seed_takes_the_state_s_seed_as_torchdata_restores_its_generator() -> None:
+    """No ``seed`` nor ``generator``: the loader drew one, so a state saved by another process resumes."""
+    state = saved(map_loader(), 2)
+    full = [int(x) for b in map_loader() for x in b]
+    loader = cupy_nwt.DataLoader(Indices(N), batch_size=B, shuffle=True)
+    loader.load_state_dict(state)
+    assert loader.seed == 3
+    assert [int(x) for b in loader for x in b] == full[2 * B:]
+    for bad in (-1, "3", True):
+        fresh = cupy_nwt.DataLoader(Indices(N), batch_size=B, shuffle=True)
+        drawn = fresh.seed
+        with pytest.raises(ValueError, match="seed"):
+            fresh.load_state_dict({**state, "seed": bad})
+        assert fresh.seed == drawn
