@@ -13,6 +13,7 @@ import threading
 import time
 
 import numpy as np
+from pids import alive
 
 import cupy_nwt
 from cupy_nwt.loader.ring.ring import live_segments
@@ -31,13 +32,6 @@ class WhoMadeIt:
 def my_rings() -> set[str]:
     return live_segments(os.getpid())
 
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def gone_within(seconds: float, check) -> bool:

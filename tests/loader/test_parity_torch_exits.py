@@ -24,63 +24,33 @@ from parity_backends import is_torch
 
 torch = pytest.importorskip("torch", reason="these cases mirror torch's own tests")
 import torch.utils.data as tud  # noqa: E402
-from torch_suite_data import Counting, as_list, worker_info  # noqa: E402
+from pids import wait_gone  # noqa: E402
+from torch_suite_data import Counting, SlowAt, as_list, worker_info  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("worker_type")
 
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie has exited)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_gone(pids, seconds: float = 10.0) -> list[int]:
-    """The pids still running after ``seconds``."""
-    end = time.monotonic() + seconds
-    while any(alive(p) for p in pids) and time.monotonic() < end:
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
 
 
 
 # -- timeouts and exits
 
 
-class SlowFirst(tud.Dataset):
-    """Sample 0 (batch 0, worker 0's) takes ``seconds``, the others none."""
-
-    def __init__(self, n: int, seconds: float) -> None:
-        self.n, self.seconds = n, seconds
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i):
-        if i == 0:
-            time.sleep(self.seconds)
-        return i
-
-
 def test_persistent_workers_time_out_in_torchs_words(backend):
     """torch: TestDataLoaderPersistentWorkers.test_timeout."""
     with pytest.raises(RuntimeError, match=r"DataLoader timed out after \d+(\.\d+)? seconds"):
-        next(iter(backend(SlowFirst(10, 1.0), batch_size=2, num_workers=2, timeout=0.3, persistent_workers=True)))
+        next(iter(backend(SlowAt(10, seconds=1.0), batch_size=2, num_workers=2, timeout=0.3, persistent_workers=True)))
 
 
 def test_after_a_caught_timeout_the_same_iterator_still_delivers_the_epoch(backend):
     """torch: TestDataLoader.test_timeout, then what torch's iterator does next: a ``next()`` after the
     caught timeout waits again for the same batch, so a retry loop loses no sample."""
-    it = iter(backend(SlowFirst(8, 1.0), batch_size=2, num_workers=2, timeout=0.8))
+    it = iter(backend(SlowAt(8, seconds=1.0), batch_size=2, num_workers=2, timeout=0.8))
     with pytest.raises(RuntimeError, match="DataLoader timed out after"):
         next(it)
     assert [int(v) for b in it for v in as_list(b)] == list(range(8))
 
 
-class SlowFirstPid(SlowFirst):
+class SlowFirstPid(SlowAt):
     def __getitem__(self, i):
         return os.getpid(), super().__getitem__(i)
 
@@ -101,7 +71,7 @@ def retrying(it) -> tuple[list, int]:
 def test_a_caught_timeout_keeps_persistent_workers(backend):
     """torch: TestDataLoaderPersistentWorkers.test_timeout, then the loop goes on: the workers that timed
     out are the ones that finish the epoch and make the next."""
-    loader = backend(SlowFirstPid(6, 1.0), batch_size=2, num_workers=2, timeout=0.4, persistent_workers=True)
+    loader = backend(SlowFirstPid(6, seconds=1.0), batch_size=2, num_workers=2, timeout=0.4, persistent_workers=True)
     batches, timeouts = retrying(iter(loader))
     first = [(int(p), int(i)) for pids, idx in batches for p, i in zip(as_list(pids), as_list(idx))]
     assert timeouts >= 1 and sorted(i for _, i in first) == list(range(6))

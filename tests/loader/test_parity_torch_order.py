@@ -15,24 +15,9 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="these cases mirror torch's own tests")
 import torch.utils.data as tud  # noqa: E402
-from torch_suite_data import as_list, worker_info  # noqa: E402
+from torch_suite_data import SlowAt, as_list, worker_info  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("worker_type")
-
-
-class SlowAtIndex(tud.Dataset):
-    """0 .. end-1, with ``slow`` taking half a second."""
-
-    def __init__(self, end: int, slow: int) -> None:
-        self.end, self.slow = end, slow
-
-    def __len__(self) -> int:
-        return self.end
-
-    def __getitem__(self, i):
-        if i == self.slow:
-            time.sleep(0.5)
-        return i
 
 
 class SlowAtZero(tud.IterableDataset):
@@ -61,7 +46,7 @@ def test_a_slow_sample_holds_back_only_its_workers_tasks_out_of_order(backend, i
     """torch: TestOutOfOrderDataLoader.test_in_order_index_ds and test_out_of_order_index_ds. Worker 0
     is stuck on sample 0 with sample 2 already queued (prefetch_factor 2); out of order, every later
     sample goes to worker 1."""
-    loader = backend(SlowAtIndex(10, slow=0), num_workers=2, prefetch_factor=2, in_order=in_order)
+    loader = backend(SlowAt(10, at=0), num_workers=2, prefetch_factor=2, in_order=in_order)
     assert delivered(loader) == want
 
 
@@ -78,7 +63,7 @@ def test_a_slow_stream_holds_back_only_itself_out_of_order(backend, in_order, wa
 def test_out_of_order_still_delivers_each_sample_once_over_epochs(backend):
     """Beyond torch's cases: three epochs of a shuffled dataset with a slow sample, out of order and
     with persistent workers, each deliver every sample exactly once."""
-    loader = backend(SlowAtIndex(24, slow=5), batch_size=3, shuffle=True, num_workers=2, in_order=False,
+    loader = backend(SlowAt(24, at=5), batch_size=3, shuffle=True, num_workers=2, in_order=False,
                      persistent_workers=True)
     for _ in range(3):
         assert sorted(x for b in loader for x in as_list(b)) == list(range(24))

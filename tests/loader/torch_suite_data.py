@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch.utils.data as tud
@@ -54,3 +56,18 @@ class CountingStream(tud.IterableDataset):
 
     def __iter__(self):
         return iter(range(self.n))
+
+
+class SlowAt(tud.Dataset):
+    """0 .. n-1, with sample ``at`` taking ``seconds`` and the others none."""
+
+    def __init__(self, n: int, at: int = 0, seconds: float = 0.5) -> None:
+        self.n, self.at, self.seconds = n, at, seconds
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if i == self.at:
+            time.sleep(self.seconds)
+        return i

@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
+from pids import alive
 
 from cupy_nwt.loader.ring.ring import live_segments
 
@@ -93,13 +93,6 @@ def wait_for(predicate, what: str, limit: float = GONE_WITHIN_S) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"not within {limit} s: {what}")
         time.sleep(0.05)
-
-
-def alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def started(log: Path) -> list[int]:
