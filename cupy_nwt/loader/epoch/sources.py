@@ -17,6 +17,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from itertools import islice
 from typing import Protocol, runtime_checkable
 
 from ...errors import LoaderError, LoaderTimeoutError
@@ -232,8 +233,8 @@ class WorkerSource(BatchSource):
         """The workers whose streams may take the next task, in turn from the cursor: the first only in
         order; out of order the others after it too, so a slow stream holds back only its own tasks."""
         n = len(self.alive)
-        alive = [w % n for w in range(self.cursor, self.cursor + n) if self.alive[w % n]]
-        return alive if not self.in_order else alive[:1]
+        alive = (w % n for w in range(self.cursor, self.cursor + n) if self.alive[w % n])
+        return list(alive) if not self.in_order else list(islice(alive, 1))
 
     def _pick(self) -> int | None:
         if not self.in_order:
