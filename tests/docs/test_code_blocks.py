@@ -127,10 +127,23 @@ def environment(workdir: Path) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
+    if shutil.which("cupy-nwt", path=env["PATH"]) is None:
+        env["PATH"] = os.pathsep.join([str(source_tree_command(workdir.parent)), env["PATH"]])
     env["CUPY_NWT_CACHE_DIR"] = str(workdir.parent / ".cache")
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"):
         env.pop(var, None)
     return env
+
+
+def source_tree_command(where: Path) -> Path:
+    """A ``cupy-nwt`` on PATH where the package runs from the source tree, uninstalled (the GPU lease)."""
+    folder = where / "source-tree-bin"
+    script = folder / "cupy-nwt"
+    if not script.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m cupy_nwt "$@"\n', encoding="utf-8")
+        script.chmod(0o755)
+    return folder
 
 
 def prepare(block: Block, workdir: Path) -> None:
