@@ -11,7 +11,7 @@
 #
 # The steps are listed by what the project exists for, so whatever a lease cuts off matters least:
 # the first command is `info transfers gpu-tests nwt gpu-feed` (290 s as measured on the first lease,
-# below), the second, only where the lease has time left, `loader-compare scaleout` (195 s).
+# below), the second, only where the lease has time left, `loader-compare scaleout` (210 s).
 #
 # Each step works in <work>/<step>/ (its output in log.txt there, its timing in step.json), where
 # <work> is bench/results/<device> without $OUT and a scratch folder with it; with $OUT set, a
@@ -61,13 +61,12 @@ STEPS=(
     # 76 s measured (estimated 70) with one loop of 210 steps a run; forkserver's workers start faster since
     # (they no longer import Numba each); the synced and queued loops, 160 steps each, add 16 runs x 110 x ~5 ms
     "gpu-feed|84|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, a synced and a queued step, steady state and start-up"
-    # 81 s measured (estimated 90); since then each run also drains workers x 2 batches before timing
-    # (30 more at 15 workers, ~0.1 s) and its workers persist. +30 s for the tiny arrays before/after
-    # where .lease/before is carried (unmeasured on a GPU machine): 5 rounds of both trees at 0, 8 and
-    # 15 workers and the floor took 20 s on the 2-CPU VM (bench/results/vm-2cpu/tiny_arrays-lease-command.json)
-    "loader-compare|111|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's; then bench/tiny_arrays.py --workers 0,8,15 against .lease/before (where carried)"
-    # 84 s measured (estimated 80)
-    "scaleout|84|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
+    # 90 s measured on the H100 lease (bench/results/NVIDIA-H100-80GB-HBM3/), the tiny arrays' before
+    # and after included (81 s without them on the first lease)
+    "loader-compare|90|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's; then bench/tiny_arrays.py --workers 0,8,15 against .lease/before (where carried)"
+    # 84 s on the first lease; on the H100 lease its table and file were written but it was cut off at
+    # the 118 s its command had left, so more than 118 s there
+    "scaleout|120|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
 )
 
 # The NWT step at GPU_SESSION_NWT_SCALE: its fixed costs (builds, imports, plots, the ~90 trials'
