@@ -160,6 +160,8 @@ def test_report_gives_cupy_nwt_over_native_per_figure(tmp_path, capsys):
     assert pinned["share"] == pytest.approx(1 / 1.02) and pinned["copy_bound"] and pinned["meets_goal"]
     assert not rows[f"h2d pageable {16 * 1024**2} B"]["copy_bound"]  # pageable: the staging sets the time
     assert not rows[f"d2h pinned {64 * 1024} B"]["copy_bound"]  # small: the call may set the time
+    batched = [name for name in rows if " as " in name]
+    assert batched and all(rows[name]["copy_bound"] == (" pinned " in name) for name in batched), batched
     assert rows["overlap async_v2"]["share"] == pytest.approx(0.95) and rows["overlap async_v2"]["meets_goal"] is False
     assert "overlap async_v2" in rep["copy_bound_below_goal"] and rep["unmatched"] == []
     assert rep["copy_bound_min_share"] == pytest.approx(0.95)
