@@ -50,16 +50,20 @@ nwt_scale=${GPU_SESSION_NWT_SCALE:-1}
 # (bench/session_costs.py) are beside them. A step may run twice its figure, so a measured one is margin
 # enough; a step whose work changed since is named.
 STEPS=(
-    # 4 s measured (estimated 15)
+    # 4 s measured (estimated 15); 4 s on the H100
     "info|4|host and GPU facts: cupy-nwt info (text, JSON), nvidia-smi -q, lscpu, pip list, /dev/shm"
-    # 29 s measured (estimated 75): nvcc's build and both sweeps were faster than their CPU-side figures
+    # 29 s measured (estimated 75): nvcc's build and both sweeps were faster than their CPU-side figures;
+    # 34 s on the H100 with the duplex and hand-off stages, within twice the figure
     "transfers|29|cupy-nwt bandwidth (pageable vs pinned sweep, batched vs many) and overlap (sequential vs async v1/v2, 4 streams, checked), bench/native (nvcc there) and cupy_nwt / native per figure"
-    # 36 s measured (estimated 90); 55 since the README's and docs' GPU blocks joined (two sweeps, two overlaps)
+    # 36 s measured (estimated 90); 55 since the README's and docs' GPU blocks joined (two sweeps, two
+    # overlaps); 49 s on the H100
     "gpu-tests|55|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
-    # 145 s measured at scale 1 (estimated 220); see NWT_FIXED below for the scaled figure
+    # 145 s measured at scale 1 (estimated 220), 113 s after the preload, 51 s on the H100 after the
+    # start-up fixes; kept at 145 while one lease has measured it fast; see NWT_FIXED for the scaled figure
     "nwt|145|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
     # 76 s measured (estimated 70) with one loop of 210 steps a run; forkserver's workers start faster since
-    # (they no longer import Numba each); the synced and queued loops, 160 steps each, add 16 runs x 110 x ~5 ms
+    # (they no longer import Numba each); the synced and queued loops, 160 steps each, add 16 runs x 110 x ~5 ms; 56 s on
+    # the second H200 lease, 53 s on the H100
     "gpu-feed|84|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, a synced and a queued step, steady state and start-up"
     # 90 s measured on the H100 lease (bench/results/NVIDIA-H100-80GB-HBM3/), the tiny arrays' before
     # and after included (81 s without them on the first lease)

@@ -66,3 +66,9 @@ def test_a_rank_refused_by_the_driver_is_one_line(bench, monkeypatch, tmp_path):
         bench.launch(2, args, tmp_path / "k2")
     text = str(info.value.code)
     assert "\n" not in text and "exclusive compute mode" in text and "Traceback" not in text
+
+
+def test_the_batches_made_during_start_up_are_not_timed(bench):
+    assert bench.untimed_batches(5, 0, None) == 5
+    assert bench.untimed_batches(5, 15, 2) == 35
+    assert bench.untimed_batches(5, 7, 2) == 19
