@@ -61,8 +61,14 @@ def start(tmp_path: Path, script: str, method: str) -> tuple[subprocess.Popen[st
     log.write_text("")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen([sys.executable, str(path), str(log), method], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=tmp_path)
+                            text=True, env=env, cwd=tmp_path, preexec_fn=as_at_a_terminal)
     return proc, log
+
+
+def as_at_a_terminal() -> None:
+    """Ctrl-C as a terminal delivers it: a suite started by ``cmd &`` from a script runs with SIGINT
+    ignored, which its children inherit, and a Python started so never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def worker_pids(proc: subprocess.Popen[str]) -> list[int]:
