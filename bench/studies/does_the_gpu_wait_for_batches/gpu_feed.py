@@ -11,7 +11,8 @@ in two loops, one after the other on the same loader and workers:
   training loop that reads nothing back does. Idle is timed by the steps' CUDA events alone.
 
 Reported per mode and loop: samples/s delivered to the GPU and the GPU's idle fraction in the steady
-state, and apart from them the start-up (the wait for the first batch).
+state, and apart from them the start-up (the wait for the first batch). A throwaway loader goes
+first (``first_loader_seconds``), so no row's start-up holds the forkserver server's own start.
 
 Every loader keeps its workers between epochs (``persistent_workers=True``, both libraries): with CUDA
 in use cupy_nwt starts workers by forkserver, 0.76-0.84 s a restart on the 2-core VM (fork 0.17 s,
@@ -82,6 +83,23 @@ def batches(mode: str, workload: Any, workers: int, batch_size: int, seed: int) 
         prefetch_factor=2 if workers else None, generator=torch.Generator().manual_seed(seed),
         persistent_workers=persistent, multiprocessing_context="fork" if workers else None)
     return loader, _epochs(loader, lambda b: tuple(t.to("cuda", non_blocking=pinned) for t in b))
+
+
+def first_loader_seconds(workload: Any, batch_size: int, device: str = "cuda") -> float:
+    """Seconds to the first batch of a throwaway one-worker loader: what only the first loader of a process pays.
+
+    With CUDA in use workers start by forkserver, and the server starts once per process and imports
+    ``__main__`` (here torch with it) before its first fork. Taken before the rows, so no mode's
+    start-up holds it (on the H100 lease the first row's 4.98 s against the next one's 0.28 s).
+    """
+    start = time.perf_counter()
+    loader = DataLoader(workload.dataset, batch_size=batch_size, num_workers=1, device=device,
+                        pin_memory=device == "cuda", batch_transform=workload.batch_transform)
+    try:
+        next(iter(loader))
+        return time.perf_counter() - start
+    finally:
+        loader.close()
 
 
 def release(loader: Any, stream: Generator[Any, None, None]) -> None:
@@ -179,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         chosen = [w for w in make_workloads(Path(tmp)) if w.name in args.workloads.split(",")]
+        first_loader = None
+        if chosen and any(m.startswith("cupy_nwt") for m in modes) and max(workers) > 0:
+            first_loader = first_loader_seconds(chosen[0], args.batch_size)
+            print(f"first loader in this process (forkserver server and preload, paid once): {first_loader:.2f} s",
+                  file=sys.stderr)
         for wl in chosen:
             for w in workers:
                 for mode in modes:
@@ -199,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
                                       for loop, r in got.items())
                           + f"  start-up {row['startup_seconds']:.2f} s", file=sys.stderr)
     doc = {"host": system.host_info(), "device": cuda.device_info(cuda.current_device()),
-           "config": vars(args), "skipped": skipped, "results": results}
+           "config": vars(args), "skipped": skipped, "first_loader_seconds": first_loader, "results": results}
     out = Path(args.out_dir) / f"gpu_feed-{system.host_tag()}.json"
     report.write_json(doc, out)
     heads = [h for loop in loops for h in (f"samples/s {loop}", f"GPU idle {loop}")]
