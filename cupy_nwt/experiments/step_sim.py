@@ -48,6 +48,8 @@ class FeedResult:
     forkserver), kept apart from the steady state that ``idle_fraction`` describes. ``loop`` says
     which loop ran them: "synced" (``wall_seconds`` by the host's clock, each step waited for) or
     "queued" (``wall_seconds`` by the GPU's events, ``queue_depth`` steps in flight at most).
+    ``take_seconds`` is the host's time getting the timed steps' batches (the loader's hand-over and
+    any copy it implies): where the queued loop still idles, it says whether the host was the cause.
     """
 
     label: str
@@ -59,6 +61,7 @@ class FeedResult:
     startup_seconds: float = 0.0
     loop: str = "synced"
     queue_depth: int = 1
+    take_seconds: float = 0.0
 
     @property
     def idle_fraction(self) -> float:
@@ -138,12 +141,15 @@ def feed(batches: Iterable[Any], step: Callable[[Any], float], *, steps: int, wa
     take, startup = _started(batches, label, clock)
     for _ in range(warmup):
         step(take())
-    kernel = 0.0
+    kernel = taking = 0.0
     t0 = clock()
     for _ in range(steps):
-        kernel += step(take())
+        t_take = clock()
+        batch = take()
+        taking += clock() - t_take
+        kernel += step(batch)
     wall = clock() - t0
-    return FeedResult(label, steps, batch_size, wall, kernel, step_seconds, startup)
+    return FeedResult(label, steps, batch_size, wall, kernel, step_seconds, startup, take_seconds=taking)
 
 
 class QueuedStep(Protocol):
@@ -174,8 +180,12 @@ def feed_queued(batches: Iterable[Any], step: QueuedStep, *, steps: int, warmup:
     take, startup = _started(batches, label, clock)
     queue: deque[StepMarks] = deque()
     timed: list[StepMarks] = []
+    taking = 0.0
     for i in range(warmup + steps):
+        t_take = clock()
         batch = take()
+        if i >= warmup:
+            taking += clock() - t_take
         while len(queue) >= depth:
             step.wait(queue.popleft())
         marks = step.enqueue(batch)
@@ -185,7 +195,7 @@ def feed_queued(batches: Iterable[Any], step: QueuedStep, *, steps: int, warmup:
     step.wait(queue[-1])  # steps on one stream end in order: the last one ends last
     kernel = sum(step.elapsed(m.start, m.end) for m in timed)
     wall = step.elapsed(timed[0].start, timed[-1].end)
-    return FeedResult(label, steps, batch_size, wall, kernel, step_seconds, startup, "queued", depth)
+    return FeedResult(label, steps, batch_size, wall, kernel, step_seconds, startup, "queued", depth, taking)
 
 
 def _started(batches: Iterable[Any], label: str, clock: Callable[[], float]) -> tuple[Callable[[], Any], float]:

@@ -53,6 +53,7 @@ def test_feed_times_only_the_steps_after_warmup_and_counts_the_wait():
     assert r.idle_fraction == pytest.approx(0.2)
     assert r.samples_per_second == pytest.approx(10 * 128 / 0.050)
     assert r.to_dict()["idle_fraction"] == pytest.approx(0.2)
+    assert r.take_seconds == pytest.approx(0.010)  # the host's 1 ms a batch over the 10 timed steps
 
 
 class TimelineGpu:
@@ -121,6 +122,7 @@ def test_queued_step_hides_a_hand_over_shorter_than_the_step():
     assert queued.samples_per_second == pytest.approx(8 / 0.005)
     assert (queued.loop, queued.queue_depth, synced.loop) == ("queued", 2, "synced")
     assert queued.to_dict()["loop"] == "queued" and queued.startup_seconds == pytest.approx(0.0005)
+    assert queued.take_seconds == pytest.approx(50 * 0.0005) and synced.take_seconds == pytest.approx(50 * 0.0005)
 
 
 def test_queued_step_idles_by_what_the_hand_over_exceeds_the_step():
@@ -202,12 +204,14 @@ def test_gpu_feed_main_writes_both_loops_of_every_mode_side_by_side(tmp_path, mo
     monkeypatch.setattr(gpu_feed, "batches", batches)
     monkeypatch.setattr(gpu_feed, "make_workloads", lambda root: [types.SimpleNamespace(name="numba-array")])
     monkeypatch.setattr(gpu_feed, "SimulatedStep", lambda seconds: TimelineGpu(clock, seconds))
+    monkeypatch.setattr(gpu_feed, "first_loader_seconds", lambda workload, batch_size: 4.5)
     monkeypatch.setattr(gpu_feed, "torch_cuda_reason", lambda: "torch has no usable CUDA")
     monkeypatch.setattr(gpu_feed.cuda, "require_gpu", lambda: None)
     monkeypatch.setattr(gpu_feed.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(gpu_feed.cuda, "device_info", lambda i: {"index": i, "name": "stand-in"})
     assert gpu_feed.main(["--workers", "4", "--steps", "20", "--warmup", "3", "--out-dir", str(tmp_path)]) == 0
     doc = json.loads(next(tmp_path.glob("gpu_feed-*.json")).read_text())
+    assert doc["first_loader_seconds"] == 4.5
     assert doc["skipped"] == {"torch": "torch has no usable CUDA", "torch-nopin": "torch has no usable CUDA"}
     assert [r["mode"] for r in doc["results"]] == ["cupy_nwt", "cupy_nwt-noprefetch"] == closed
     for row in doc["results"]:
@@ -215,6 +219,7 @@ def test_gpu_feed_main_writes_both_loops_of_every_mode_side_by_side(tmp_path, mo
         assert (synced["loop"], queued["loop"], queued["queue_depth"]) == ("synced", "queued", 2)
         assert synced["steps"] == queued["steps"] == 20 and row["startup_seconds"] == synced["startup_seconds"]
         assert queued["idle_fraction"] == pytest.approx(0.0, abs=1e-9) and synced["idle_fraction"] > 0.1
+        assert queued["take_seconds"] == pytest.approx(20 * (0.001 if row["mode"] == "cupy_nwt" else 0.002))
     out = capsys.readouterr().out
     assert "GPU idle synced" in out and "GPU idle queued" in out and "0.0%" in out
 

@@ -219,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(row)
                     print(f"{wl.name:12} workers={w:<3} {mode:20} "
                           + "  ".join(f"{loop} {r.samples_per_second:6.0f} samples/s idle {r.idle_fraction:6.1%}"
+                                      f" take {1e3 * r.take_seconds / r.steps:5.2f} ms"
                                       for loop, r in got.items())
                           + f"  start-up {row['startup_seconds']:.2f} s", file=sys.stderr)
     doc = {"host": system.host_info(), "device": cuda.device_info(cuda.current_device()),
