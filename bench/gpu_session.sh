@@ -10,7 +10,7 @@
 #                                                # .lease/before/, ignored; name .lease in the run's carry
 #
 # The steps are listed by what the project exists for, so whatever a lease cuts off matters least:
-# the first command is `info transfers gpu-tests nwt gpu-feed` (290 s as measured on the first lease,
+# the first command is `info transfers gpu-tests nwt gpu-feed` (261 s from the leases' step times,
 # below), the second, only where the lease has time left, `loader-compare scaleout` (210 s).
 #
 # Each step works in <work>/<step>/ (its output in log.txt there, its timing in step.json), where
@@ -53,18 +53,18 @@ STEPS=(
     # 4 s measured (estimated 15); 4 s on the H100
     "info|4|host and GPU facts: cupy-nwt info (text, JSON), nvidia-smi -q, lscpu, pip list, /dev/shm"
     # 29 s measured (estimated 75): nvcc's build and both sweeps were faster than their CPU-side figures;
-    # 34 s on the H100 with the duplex and hand-off stages, within twice the figure
-    "transfers|29|cupy-nwt bandwidth (pageable vs pinned sweep, batched vs many) and overlap (sequential vs async v1/v2, 4 streams, checked), bench/native (nvcc there) and cupy_nwt / native per figure"
+    # 34 s on the H100 with the duplex and hand-off stages, the figure now
+    "transfers|34|cupy-nwt bandwidth (pageable vs pinned sweep, batched vs many) and overlap (sequential vs async v1/v2, 4 streams, checked), bench/native (nvcc there) and cupy_nwt / native per figure"
     # 36 s measured (estimated 90); 55 since the README's and docs' GPU blocks joined (two sweeps, two
-    # overlaps); 49 s on the H100
-    "gpu-tests|55|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
-    # 145 s measured at scale 1 (estimated 220), 113 s after the preload, 51 s on the H100 after the
-    # start-up fixes; kept at 145 while one lease has measured it fast; see NWT_FIXED for the scaled figure
-    "nwt|145|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
+    # overlaps); 49 s on the H100, the figure now
+    "gpu-tests|49|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
+    # 145 s measured at scale 1 (estimated 220), 113 s after the preload (the figure now), 51 s on the
+    # H100 after the later start-up fixes, one lease only; see NWT_FIXED for the scaled figure
+    "nwt|113|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
     # 76 s measured (estimated 70) with one loop of 210 steps a run; forkserver's workers start faster since
     # (they no longer import Numba each); the synced and queued loops, 160 steps each, add 16 runs x 110 x ~5 ms; 56 s on
-    # the second H200 lease, 53 s on the H100
-    "gpu-feed|84|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, a synced and a queued step, steady state and start-up"
+    # the second H200 lease, 53 s on the H100, +5 s since a throwaway first loader goes before the rows
+    "gpu-feed|61|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, a synced and a queued step, steady state and start-up"
     # 90 s measured on the H100 lease (bench/results/NVIDIA-H100-80GB-HBM3/), the tiny arrays' before
     # and after included (81 s without them on the first lease)
     "loader-compare|90|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's; then bench/tiny_arrays.py --workers 0,8,15 against .lease/before (where carried)"
@@ -75,8 +75,9 @@ STEPS=(
 
 # The NWT step at GPU_SESSION_NWT_SCALE: its fixed costs (builds, imports, plots, the ~90 trials'
 # starts) stay, its batches per trial scale; at 1 these are the paper's 100 and reproduce's defaults.
-# The lease measured 145 s at scale 1 only: the split keeps the estimate's 120:100 (unmeasured).
-NWT_FIXED=80 NWT_VARIABLE=65
+# The leases measured it at scale 1 only: the split of its 113 s keeps the first estimate's 120:100
+# (unmeasured).
+NWT_FIXED=62 NWT_VARIABLE=51
 nwt_args() {
     awk -v s="$nwt_scale" 'BEGIN { i = int(100 * s + 0.5); c = int(50 * s + 0.5);
         printf "--iterations %d --compare-iterations %d --compare-repeats 3 --judge-repeats 9", (i < 10 ? 10 : i), (c < 5 ? 5 : c) }'

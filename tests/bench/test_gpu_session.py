@@ -191,7 +191,7 @@ def test_a_step_past_its_time_is_cut_off_packed_and_the_rest_not_started(tree, t
     proc = run(["gpu-tests", "transfers"], script, PYTHON=stub, OUT=str(out), STUB_SLEEP="60",
                GPU_SESSION_SECONDS="15", GPU_SESSION_KILL_GRACE="1", GPU_SESSION_ESTIMATES="gpu-tests=1")
     assert proc.returncode == 1
-    assert "CUT OFF: gpu-tests" in proc.stderr and "NOT STARTED: transfers (estimate 29 s" in proc.stderr
+    assert "CUT OFF: gpu-tests" in proc.stderr and "NOT STARTED: transfers (estimate 34 s" in proc.stderr
     assert [f.name for f in _returned(out)] == ["gpu-tests.tgz"]
     with tarfile.open(out / DEVICE / "gpu-tests.tgz") as tar:
         calls = tar.extractfile("gpu-tests/stub-calls.txt").read().decode()
@@ -204,7 +204,7 @@ def test_a_step_whose_estimate_does_not_fit_is_not_started_and_later_ones_that_f
     out.mkdir()
     proc = run(["nwt", "info"], script, PYTHON=stub, OUT=str(out), GPU_SESSION_SECONDS="60")  # 30 s to start steps
     assert proc.returncode == 1
-    assert "NOT STARTED: nwt (estimate 145 s" in proc.stderr and "done: info" in proc.stderr
+    assert "NOT STARTED: nwt (estimate 113 s" in proc.stderr and "done: info" in proc.stderr
     assert [f.name for f in _returned(out)] == ["info.tgz"]
 
 
@@ -326,13 +326,13 @@ def test_a_step_that_no_longer_fits_after_the_earlier_ones_is_not_started(tree, 
 def test_the_nwt_scale_scales_its_batches_and_estimate_and_is_written_beside_its_results(tree):
     script, stub = tree
     listed = run(["--list"], GPU_SESSION_NWT_SCALE="0.5").stdout
-    assert re.search(r"^nwt\s+113 s ", listed, re.M)  # 80 s whatever the scale + 65 s of batches at half
+    assert re.search(r"^nwt\s+88 s ", listed, re.M)  # 62 s whatever the scale + 51 s of batches at half
     assert run(["nwt"], script, PYTHON=stub, GPU_SESSION_NWT_SCALE="0.5").returncode == 0
     step = script.parent / "results" / DEVICE / "nwt"
     assert "--iterations 50 --compare-iterations 25 --compare-repeats 3" in (step / "stub-calls.txt").read_text()
     scale = json.loads((step / "scale.json").read_text())
-    assert scale["scale"] == 0.5 and scale["estimate_s"] == 113
-    assert json.loads((step / "step.json").read_text())["estimate_s"] == 113
+    assert scale["scale"] == 0.5 and scale["estimate_s"] == 88
+    assert json.loads((step / "step.json").read_text())["estimate_s"] == 88
 
 
 @pytest.mark.parametrize("env", [{"GPU_SESSION_NWT_SCALE": "2"}, {"GPU_SESSION_NWT_SCALE": "0.05"},
