@@ -11,7 +11,7 @@
 #
 # The steps are listed by what the project exists for, so whatever a lease cuts off matters least:
 # the first command is `info transfers gpu-tests nwt gpu-feed` (261 s from the leases' step times,
-# below), the second, only where the lease has time left, `loader-compare scaleout` (210 s).
+# below), the second, only where the lease has time left, `loader-compare scaleout` (215 s).
 #
 # Each step works in <work>/<step>/ (its output in log.txt there, its timing in step.json), where
 # <work> is bench/results/<device> without $OUT and a scratch folder with it; with $OUT set, a
@@ -69,8 +69,8 @@ STEPS=(
     # and after included (81 s without them on the first lease)
     "loader-compare|90|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's; then bench/tiny_arrays.py --workers 0,8,15 against .lease/before (where carried)"
     # 84 s on the first lease; on the H100 lease its table and file were written but it was cut off at
-    # the 118 s its command had left, so more than 118 s there
-    "scaleout|120|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
+    # the 118 s its command had left (6 runs ~19 s apart); +5 s since each rank times 300 batches, not 80
+    "scaleout|125|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
 )
 
 # The NWT step at GPU_SESSION_NWT_SCALE: its fixed costs (builds, imports, plots, the ~90 trials'

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,12 +67,8 @@ def run_rank(args: argparse.Namespace) -> None:
     if loader.device == "cuda":
         sync = cuda.stream_synchronizer(loader.device_id)  # the stream this rank's batches arrive on
     untimed = untimed_batches(args.warmup, loader.num_workers, loader.prefetch_factor)
-    need = untimed + args.batches
-    if len(loader) < need:
-        raise SystemExit(f"rank {layout.rank}: {len(loader)} batches per epoch, fewer than the {need} needed; "
-                         "raise --samples or lower --batches")
     with loader:
-        it = iter(loader)
+        it = epochs(loader)
         dist.barrier()
         for _ in range(untimed):
             next(it)
@@ -89,6 +86,15 @@ def run_rank(args: argparse.Namespace) -> None:
               "samples_per_second": args.batches * args.batch_size / (end - start)}
     (args.out / f"rank{layout.rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
+
+
+def epochs(loader: Any) -> Iterator[Any]:
+    """Batches epoch after epoch, as training takes them: a timed window longer than one rank's shard."""
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        yield from loader
+        epoch += 1
 
 
 def untimed_batches(warmup: int, num_workers: int, prefetch_factor: int | None) -> int:
@@ -177,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="auto", help="'auto', 'budget' or a number per rank (default auto)")
     p.add_argument("--samples", type=int, default=50000, help="synthetic CIFAR-10 size (default 50000)")
     p.add_argument("--batch-size", type=int, default=128)
-    p.add_argument("--batches", type=int, default=80, help="timed batches per rank")
+    p.add_argument("--batches", type=int, default=300, help="timed batches per rank, across epochs (default 300)")
     p.add_argument("--warmup", type=int, default=5, help="untimed batches per rank")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--output", type=Path, help="result JSON (default scaleout-<host>.json beside this script)")
