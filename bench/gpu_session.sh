@@ -29,9 +29,10 @@
 # its estimate; the scale is written beside its results (scale.json).
 # PYTHON names the interpreter (default python3): a stand-in one lets tests run the script dry.
 #
-# The seconds are what each step took on the first lease (an NVIDIA H200, 16 cores, Python 3.12, CuPy
-# 14.2 for CUDA 13, torch 2.11), from its step.json under bench/results/NVIDIA-H200/. Exit: 0 every step passed; 1 a step failed, was cut off or
-# not started; 2 bad arguments; 3 no usable GPU (one line).
+# The seconds are what each step took on the leases (two on an NVIDIA H200, one on an H100; 16 cores,
+# Python 3.12, CuPy 14.2 for CUDA 13), from their step.json under bench/results/<device>/.
+# Exit: 0 every step passed; 1 a step failed, was cut off or not started; 2 bad arguments; 3 no usable
+# GPU (one line).
 set -uo pipefail
 start_dir=$PWD
 self="$(cd "$(dirname "$0")" && pwd)/$(basename "$0")"
@@ -44,11 +45,10 @@ reserve=$((grace + 10))  # what a cut-off step needs after its timeout: the kill
 test_timeout=60          # per GPU test: the slowest (a pytester run in a fresh interpreter) ~10 s
 nwt_scale=${GPU_SESSION_NWT_SCALE:-1}
 
-# name|seconds|what it runs. Each figure is the step's `done: STEP in N s` on the first lease (an NVIDIA
-# H200, 16 cores, Python 3.12, CuPy 14.2 for CUDA 13, torch 2.11), kept in
-# bench/results/NVIDIA-H200/<step>/step.json; the estimates derived beforehand from the CPU-side costs
-# (bench/session_costs.py) are beside them. A step may run twice its figure, so a measured one is margin
-# enough; a step whose work changed since is named.
+# name|seconds|what it runs. Each figure is a step's `done: STEP in N s` on a lease, kept in
+# bench/results/<device>/<step>/step.json (the first lease's H200, the H100's), with the estimates
+# derived beforehand from the CPU-side costs (bench/session_costs.py) beside them. A step may run twice
+# its figure, so a measured one is margin enough; a step whose work changed since is named.
 STEPS=(
     # 4 s measured (estimated 15); 4 s on the H100
     "info|4|host and GPU facts: cupy-nwt info (text, JSON), nvidia-smi -q, lscpu, pip list, /dev/shm"
