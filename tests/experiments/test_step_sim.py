@@ -183,7 +183,8 @@ def test_gpu_feed_runs_both_loops_on_one_loader_and_puts_them_side_by_side(monke
            "loops": {k: r.to_dict() for k, r in got.items()}}
     cells = gpu_feed.row_cells(row, list(got))
     assert cells[:3] == ["numba-array", 4, "cupy_nwt"] and cells[-1] == 1.5
-    assert cells[4] == f"{got['synced'].idle_fraction:.1%}" and cells[6] == "0.0%"
+    assert cells[4] == f"{got['synced'].idle_fraction:.1%}" and cells[7] == "0.0%"
+    assert cells[5] == cells[8] == "0.50"  # the host's 0.5 ms a take, in both loops
     with pytest.raises(ValueError, match="unknown loop"):
         gpu_feed.measure(iter(()), gpu, ["eager"], steps=1, warmup=0, depth=2, batch_size=1, label="x",
                          step_seconds=0.005)
@@ -222,6 +223,7 @@ def test_gpu_feed_main_writes_both_loops_of_every_mode_side_by_side(tmp_path, mo
         assert queued["take_seconds"] == pytest.approx(20 * (0.001 if row["mode"] == "cupy_nwt" else 0.002))
     out = capsys.readouterr().out
     assert "GPU idle synced" in out and "GPU idle queued" in out and "0.0%" in out
+    assert "take ms queued" in out and "1.00" in out and "2.00" in out  # the host's ms a batch, per mode
 
 
 def test_gpu_feed_refuses_bad_loops_in_one_line():

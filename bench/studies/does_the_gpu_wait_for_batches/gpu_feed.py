@@ -141,11 +141,12 @@ def measure(stream: Iterator[Any], step: Any, loops: list[str], *, steps: int, w
 
 
 def row_cells(row: dict[str, Any], loops: list[str]) -> list[Any]:
-    """One text-table row: the loops' samples/s and GPU idle side by side, then the start-up."""
+    """One text-table row: the loops' samples/s, GPU idle and host ms per take side by side, then the start-up."""
     cells: list[Any] = [row["workload"], row["num_workers"], row["mode"]]
     for loop in loops:
         r = row["loops"][loop]
-        cells += [round(r["samples_per_second"]), f"{r['idle_fraction']:.1%}"]
+        cells += [round(r["samples_per_second"]), f"{r['idle_fraction']:.1%}",
+                  f"{1e3 * r.get('take_seconds', 0.0) / r['steps']:.2f}"]
     return cells + [round(row["startup_seconds"], 3)]
 
 
@@ -226,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
            "config": vars(args), "skipped": skipped, "first_loader_seconds": first_loader, "results": results}
     out = Path(args.out_dir) / f"gpu_feed-{system.host_tag()}.json"
     report.write_json(doc, out)
-    heads = [h for loop in loops for h in (f"samples/s {loop}", f"GPU idle {loop}")]
+    heads = [h for loop in loops for h in (f"samples/s {loop}", f"GPU idle {loop}", f"take ms {loop}")]
     print(report.table(["workload", "workers", "mode", *heads, "start-up s"], [row_cells(r, loops) for r in results]))
     print(f"wrote {out}")
     return 0
