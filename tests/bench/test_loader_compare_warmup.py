@@ -44,3 +44,14 @@ def test_workers_persist_so_the_drained_warm_up_may_pass_an_epoch_end(loader_com
         loader_compare.close_loader(loader)
     if run is not None:  # 64 samples = 4 batches an epoch: the 5 drained and 4 timed ones pass two epoch ends
         assert run.samples == 4 * 16
+
+
+def test_the_stream_reads_on_past_an_epochs_end_reshuffled(loader_compare):
+    """scaleout's ranks time 300 batches with it, more than one rank's shard holds."""
+    from cupy_nwt import DataLoader
+
+    loader = DataLoader(list(range(6)), batch_size=2, shuffle=True, seed=0, device="cpu")
+    stream = loader_compare.endless(loader)
+    first, second = [[int(x) for b in (next(stream) for _ in range(3)) for x in b] for _ in range(2)]
+    stream.close()
+    assert sorted(first) == sorted(second) == list(range(6)) and first != second  # two epochs, reshuffled

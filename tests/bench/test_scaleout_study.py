@@ -68,17 +68,10 @@ def test_a_rank_refused_by_the_driver_is_one_line(bench, monkeypatch, tmp_path):
     assert "\n" not in text and "exclusive compute mode" in text and "Traceback" not in text
 
 
-def test_the_batches_made_during_start_up_are_not_timed(bench):
-    assert bench.untimed_batches(5, 0, None) == 5
-    assert bench.untimed_batches(5, 15, 2) == 35
-    assert bench.untimed_batches(5, 7, 2) == 19
 
-
-def test_a_rank_reads_on_past_its_shards_end(bench):
-    from cupy_nwt import DataLoader
-
-    loader = DataLoader(list(range(6)), batch_size=2, shuffle=True, seed=0, device="cpu")
-    stream = bench.epochs(loader)
-    first, second = [[int(x) for b in (next(stream) for _ in range(3)) for x in b] for _ in range(2)]
-    stream.close()
-    assert sorted(first) == sorted(second) == list(range(6)) and first != second  # two epochs, reshuffled
+@pytest.mark.parametrize("argv", [["--warmup", "0"], ["--batches", "0"]])
+def test_a_window_without_warm_up_or_batches_is_refused_in_one_line(bench, argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        bench.main(argv)
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and "--warmup and --batches must be >= 1" in err and "Traceback" not in err

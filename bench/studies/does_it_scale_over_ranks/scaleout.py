@@ -30,11 +30,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
+# the warm-up that drains start-up's batches and the epoch-after-epoch stream are loader_compare's
+sys.path.insert(0, str(RESULTS.parent / "is_the_loader_faster_than_torch"))
 FORMAT = "cupy_nwt.scaleout/1"
 
 
@@ -43,6 +44,7 @@ FORMAT = "cupy_nwt.scaleout/1"
 
 def run_rank(args: argparse.Namespace) -> None:
     import torch.distributed as dist  # noqa: PLC0415
+    from loader_compare import endless, timed_after  # noqa: PLC0415
 
     from cupy_nwt import DataLoader, cuda  # noqa: PLC0415
     from cupy_nwt.data import (
@@ -66,9 +68,9 @@ def run_rank(args: argparse.Namespace) -> None:
     sync = lambda: None  # noqa: E731
     if loader.device == "cuda":
         sync = cuda.stream_synchronizer(loader.device_id)  # the stream this rank's batches arrive on
-    untimed = untimed_batches(args.warmup, loader.num_workers, loader.prefetch_factor)
+    untimed = timed_after(args.warmup, loader.num_workers, loader.prefetch_factor)
     with loader:
-        it = epochs(loader)
+        it = endless(loader)
         dist.barrier()
         for _ in range(untimed):
             next(it)
@@ -86,24 +88,6 @@ def run_rank(args: argparse.Namespace) -> None:
               "samples_per_second": args.batches * args.batch_size / (end - start)}
     (args.out / f"rank{layout.rank}.json").write_text(json.dumps(record))
     dist.destroy_process_group()
-
-
-def epochs(loader: Any) -> Iterator[Any]:
-    """Batches epoch after epoch, as training takes them: a timed window longer than one rank's shard."""
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        yield from loader
-        epoch += 1
-
-
-def untimed_batches(warmup: int, num_workers: int, prefetch_factor: int | None) -> int:
-    """``warmup`` plus the batches the workers made ahead while the first was awaited.
-
-    Timed, those come out of the queue at once: 30 of them at 15 workers were a third of one rank's
-    80-batch window and 14 of each of two ranks', so one rank looked faster than it loads.
-    """
-    return warmup + num_workers * (prefetch_factor or 0)
 
 
 # ---------------------------------------------------------------- the launcher
@@ -192,6 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.workers not in ("auto", "budget") and not args.workers.isdigit():
         p.error(f"--workers must be 'auto', 'budget' or a number, got {args.workers!r}")
+    if args.warmup < 1 or args.batches < 1:
+        p.error(f"--warmup and --batches must be >= 1, got {args.warmup} and {args.batches}")
     if args.as_rank:
         run_rank(args)
         return 0
