@@ -31,7 +31,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "is_the_loader_faster_than_torch"))
 
-from loader_compare import make_workloads  # noqa: E402
+from loader_compare import make_workloads, timed_after  # noqa: E402
 
 from cupy_nwt import DataLoader, system  # noqa: E402
 
@@ -44,7 +44,7 @@ def loader_rate(dataset: Any, transform: Any, threads: int, batches: int) -> flo
                         batch_transform=transform, shuffle=True, seed=0, persistent_workers=threads > 0)
     try:
         it = iter(loader)
-        for _ in range(1 + threads * loader.prefetch_factor):
+        for _ in range(timed_after(1, threads, loader.prefetch_factor)):
             next(it)
         start = time.perf_counter()
         for _ in range(batches):
