@@ -47,8 +47,10 @@ from .errors import (
 )
 from .loader import DataLoader, WorkerInfo, default_collate, get_worker_info
 from .nwt import auto as _auto  # noqa: F401 - registers the tuner that num_workers="auto" runs
+from .nwt.pick import AutoWorkers
 from .nwt.store import TuneResult, lookup
 from .nwt.tune import tune_num_workers
+from .nwt.verdict import UnreliablePickWarning
 
 __version__ = "0.1.0"
 
@@ -58,6 +60,6 @@ __all__ = ["__version__", "gpu_status",
            "WorkerDiedError", "WorkerError", "MissingExtraError", "MissingPathError", "MisuseError", "OutOfRangeError",
            "RunError", "UnknownKeyError",
            "DataLoader", "IterableDataset", "WorkerInfo", "default_collate", "get_worker_info",
-           "TuneResult", "lookup", "tune_num_workers",
+           "AutoWorkers", "TuneResult", "UnreliablePickWarning", "lookup", "tune_num_workers",
            "BatchedMapDataset", "MapDataset", "StreamDataset", "PackedRecords", "pack_records",
            "ReaderSlot", "ShardedTarStream", "current_reader"]

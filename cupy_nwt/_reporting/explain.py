@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 MAIN_PROCESS_TEXT = {
     "waits": "main process: waits in every trial, as in a GPU step (it mostly waits for the device)",
     "busy": "main process: busy in every trial, as in a CPU step (one CPU kept busy beside the workers)",
+    "step": "main process: ran your step on every batch of every trial, as training will",
 }
 
 WIDTH = 100  # the prose is wrapped: it is printed, and kept in a Markdown code block by reproduce
@@ -111,33 +112,75 @@ def explain_paper_pick(result: TuneResult) -> str:
     return "\n".join(lines[:2] + [textwrap.fill(p, WIDTH) for p in lines[2:]])
 
 
+def pick_in_force(result: TuneResult, outcome: SaveOutcome | None = None) -> TuneResult:
+    """The result whose pick holds after this run: a saved one kept over this search's, else this search's."""
+    return outcome.in_force if outcome is not None and not outcome.replaced else result
+
+
+def verdict(result: TuneResult, outcome: SaveOutcome | None = None) -> dict[str, Any]:
+    """The run's one verdict: the pick in force (what ``num_workers="auto"`` will use), where it came
+    from, why, and the warning when the trials were too noisy to trust this search's pick."""
+    held = pick_in_force(result, outcome)
+    kept = held is not result
+    return {"workers": held.best_workers, "worker_type": held.worker_type, "placement": held.placement,
+            "source": "saved" if kept else "this search", "search_pick": result.best_workers,
+            "why": result.why, "saved": None if outcome is None else outcome.reason, "warning": result.warning}
+
+
+def _pick_line(result: TuneResult, held: TuneResult, rule: str) -> str:
+    kind = f", {held.worker_type} workers" if held.worker_type != "process" else ""
+    if held is result:
+        return f"pick: {plural(held.best_workers, 'worker')}{kind} ({rule})"
+    if (held.best_workers, held.worker_type) == (result.best_workers, result.worker_type):
+        return f"pick: {plural(held.best_workers, 'worker')}{kind} ({rule})"
+    return (f"pick: {plural(held.best_workers, 'worker')}{kind}, the saved pick, kept: this search's "
+            f"{result.best_workers} is not faster than it beyond the uncertainty")
+
+
 def tune_summary(result: TuneResult, saved_to: Path | None = None, *, outcome: SaveOutcome | None = None) -> str:
-    """The trials as a table, the pick, what the search cost, how far it looked, and what was saved."""
+    """The trials as a table, the one pick in force and why, what the search cost, how far it looked,
+    what was saved, and a warning when the trials were too noisy to trust the search's pick."""
+    held = pick_in_force(result, outcome)
     trials = result.trials
     fastest = min(trials, key=lambda t: (t.seconds_per_iteration, t.workers)).workers if trials else None
+    waits = any(t.wait_fraction is not None for t in trials)
     rows = []
     for t in trials:
-        notes = [n for n, hit in (("pick", t.workers == result.best_workers), ("fastest", t.workers == fastest)) if hit]
+        notes = [n for n, hit in (("pick", t.workers == held.best_workers),
+                                  ("this search's pick", t.workers == result.best_workers != held.best_workers),
+                                  ("fastest", t.workers == fastest)) if hit]
         rows.append([t.workers, t.seconds_per_iteration * 1e3, round(t.samples_per_second),
+                     *([None if t.wait_fraction is None else f"{t.wait_fraction:.1%}"] if waits else []),
+                     f"{t.rel_error:.1%}" if t.rel_error is not None else None,
                      fmt_bytes(t.peak_memory_bytes) if t.peak_memory_bytes is not None else None,
                      fmt_bytes(t.peak_uss_bytes) if t.peak_uss_bytes is not None else None,
                      t.iterations, ", ".join(notes)])
     title = (f"NWT ({result.strategy}): {plural(len(trials), 'worker count')} measured in "
              f"{plural(len(result.runs), 'run')}, "
              f"device {result.device}, batch {result.batch_size}")
-    lines = [table(["workers", "ms/iter", "samples/s", "peak PSS", "peak USS", "timed iters", "note"], rows, title=title)]
+    headers = ["workers", "ms/iter", "samples/s", *(["waits"] if waits else []), "error", "peak PSS", "peak USS",
+               "timed iters", "note"]
+    lines = [table(headers, rows, title=title)]
     rule = (f"alpha {result.alpha:g} s per {PAPER_TIME_SCALE} iterations" if result.strategy == "paper"
             else f"tolerance {result.tolerance:.0%}")
     lines.append("")
-    lines.append(f"pick: {plural(result.best_workers, 'worker')} ({rule}); search took {result.search_seconds:.1f} s")
+    lines.append(_pick_line(result, held, rule))
+    lines.append(("this search " if held is not result else "why: ") + result.why)
+    lines.append(f"search took {result.search_seconds:.1f} s")
     if result.search_end and result.strategy == "fast":
         cpus = f", {plural(result.usable_cpus, 'usable CPU')}" if result.usable_cpus else ""
         lines.append(f"searched counts 0..{result.max_workers - 1}{cpus}; it looked no further: {result.search_end}")
     if result.main_process in MAIN_PROCESS_TEXT:
         lines.append(MAIN_PROCESS_TEXT[result.main_process])
     if outcome is not None:
-        lines.append(f"saved to {outcome.path}: {outcome.reason}" if outcome.replaced
-                     else f"{outcome.reason} ({outcome.path})")
+        if outcome.replaced:
+            lines.append(f"saved to {outcome.path}: {outcome.reason}")
+        else:  # the pick line says why a different saved pick was kept
+            lines.append(f"{outcome.reason} ({outcome.path})" if held.best_workers == result.best_workers
+                         else f"kept in {outcome.path}")
     elif saved_to is not None:
         lines.append(f"saved to {saved_to}")
+    warning = result.warning
+    if warning:
+        lines.append(textwrap.fill(f"WARNING: {warning}", WIDTH, subsequent_indent="  "))
     return "\n".join(lines)

@@ -172,12 +172,13 @@ def cmd_overlap(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .._reporting.explain import tune_summary  # noqa: PLC0415
+    from .._reporting.explain import explain_paper_pick, tune_summary, verdict  # noqa: PLC0415
     from ..nwt import tune as nwt_tune  # noqa: PLC0415
     from ._pipeline import build_synthetic_apart, open_pipeline  # noqa: PLC0415 - only this command needs them
 
     _check_outputs(args)
     synthetic_n = _int_option(args.synthetic_n, "--synthetic-n", 1)
+    step = _step_option(args.step)
     if not args.dataset:  # its first build in another process: the trials' memory is the tuner's alone
         build_synthetic_apart(synthetic_n, not args.no_progress)
     dataset, transform = open_pipeline(args, synthetic_n, progress=not args.no_progress)
@@ -189,17 +190,39 @@ def cmd_tune(args: argparse.Namespace) -> int:
         dataset, **_workload(args), alpha=alpha, tolerance=tolerance,
         strategy=args.strategy, device=args.device, pin_memory=args.pin_memory,
         prefetch_factor=_int_option(args.prefetch_factor, "--prefetch-factor", 1), batch_transform=transform,
-        progress=not args.no_progress, main_process=args.main_process)
+        progress=not args.no_progress, main_process=args.main_process, step=step, warn=False)
     outcome = None if args.no_save else result.save_pick()
     if args.plot:
         from .._reporting.plots import plot_tune  # noqa: PLC0415
 
         plot_tune(result, args.plot)
-    from .._reporting.explain import explain_paper_pick  # noqa: PLC0415
-
-    _emit(args, result, "\n\n".join(filter(None, [tune_summary(result, outcome=outcome),
-                                                     explain_paper_pick(result)])))
+    doc = {**result.to_dict(), "verdict": verdict(result, outcome)}
+    if args.output:
+        report.write_json(doc, args.output)
+    if args.json:
+        print(report.to_json(doc))
+        if result.warning:  # the text summary carries it; beside JSON it goes to stderr
+            print(f"cupy-nwt tune: warning: {result.warning}", file=sys.stderr)
+    else:
+        print("\n\n".join(filter(None, [tune_summary(result, outcome=outcome), explain_paper_pick(result)])))
     return 0
+
+
+def _step_option(text: str | None) -> Any:
+    """``--step``: seconds per training step, or MODULE:ATTR naming a callable that takes a batch."""
+    if text is None:
+        return None
+    if ":" in text:
+        from ._pipeline import load_callable  # noqa: PLC0415
+
+        return load_callable(text, "--step")
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise ArgumentError(f"--step must be seconds per step (e.g. 0.005) or MODULE:ATTR, got {text!r}") from None
+    if not 0 < seconds < float("inf"):
+        raise ArgumentError(f"--step must be a positive number of seconds, got {text!r}")
+    return seconds
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
@@ -325,6 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--main-process", choices=("auto", "waits", "busy"), default="auto",
                    help="the main process during training: waits (a GPU step) or busy (a CPU step, one CPU kept "
                    "busy in every trial); auto: waits with a GPU, busy without")
+    s.add_argument("--step", metavar="SECONDS|MODULE:ATTR", help="your training step, run on every batch of every "
+                   "trial: its time in seconds (slept for a GPU step, spun for a CPU one), or a callable taking a "
+                   "batch; the pick is then the fewest workers that leave it waiting least (default: none, fastest "
+                   "loader)")
     s.add_argument("--no-save", action="store_true", help="do not record the pick in the machine-wide store")
     s.add_argument("--plot", metavar="FILE.png", help="also draw time and memory against workers (paper Fig. 2/3)")
     _output_options(s, "the table")

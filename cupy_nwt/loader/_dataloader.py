@@ -42,7 +42,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._checks import check_int
 from ..errors import ArgumentError, LoaderError
@@ -56,6 +56,9 @@ from .epoch.resume import check_state, fresh, state_of
 from .ring.collate import default_collate
 from .ring.ring import SlotLayout
 from .tuning.policy import Decision
+
+if TYPE_CHECKING:
+    from ..nwt.pick import AutoWorkers
 
 __all__ = ["DataLoader"]
 
@@ -82,7 +85,10 @@ class DataLoader(Generic[T_co]):
     see the module docstring. ``worker_type="thread"`` makes batches in threads of this process instead
     of worker processes: no pickling or inter-process copy, the same batches, order, seeds and errors;
     best when the per-sample work releases the GIL (see ``workers.thread`` for what differs). ``None``: process
-    workers, or with ``num_workers="auto"`` the type a saved pick records.
+    workers, or with ``num_workers="auto"`` the type a saved pick records. ``num_workers="auto"``
+    takes the saved pick for this machine and work, else tunes once and saves it;
+    ``num_workers=AutoWorkers(step=...)`` tunes for the training step the loader feeds (the fewest
+    workers that leave it waiting least); ``stats().num_workers_why`` says what was picked and why.
 
     An iterable-style dataset is read by every worker from its own copy (``get_worker_info()`` says
     which share to read); batches are taken from the workers round-robin, and the epoch ends when
@@ -126,7 +132,7 @@ class DataLoader(Generic[T_co]):
     _options: Options
 
     def __init__(self, dataset: Any, batch_size: int | None = 1, shuffle: bool | None = None, sampler: Any = None,
-                 batch_sampler: Any = None, num_workers: int | str = 0, collate_fn: Callable | None = None,
+                 batch_sampler: Any = None, num_workers: int | str | AutoWorkers = 0, collate_fn: Callable | None = None,
                  pin_memory: bool | str = False, drop_last: bool = False, timeout: float | None = 0,
                  worker_init_fn: Callable | None = None, multiprocessing_context: Any = None, generator: Any = None,
                  *, prefetch_factor: int | None = None, persistent_workers: bool = False, pin_memory_device: str = "",

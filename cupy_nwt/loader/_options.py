@@ -64,6 +64,7 @@ class Options:
     tuning: Tuning | None
     generator: Any = None  # as given (read back as ``loader.generator``); ``seed`` holds what was drawn from it
     seed_drawn: bool = False  # neither seed nor generator given: a saved state's seed may replace it (torchdata's rule)
+    num_workers_why: str | None = None  # num_workers="auto": why the tuner picked the count (``stats()`` says it)
 
     @property
     def rank(self) -> int:
@@ -117,8 +118,11 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     if isinstance(num_workers, (int, np.integer)) and not isinstance(num_workers, bool) and num_workers < 0:
         raise ArgumentError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing. "
                             f"cupy_nwt: got {num_workers}; num_workers='auto' picks a count for this machine")
-    if num_workers != "auto":
+    auto = _auto_request(num_workers)
+    if auto is None:
         num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
+    else:
+        num_workers = "auto"
     context = resolve_context(multiprocessing_context, num_workers if isinstance(num_workers, int) else 1)
     if worker_type is not None and not kind(worker_type).processes and context is not None:
         raise ArgumentError(f"multiprocessing_context applies to process workers, not worker_type={worker_type!r}")
@@ -134,32 +138,46 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
                                 layout.world_size)
     tuning = check_tuning(autotune, cpu_budget, memory_budget, num_workers=num_workers,
                           iterable=sampling.kind == "iterable")
-    if isinstance(num_workers, int):
+    why = None
+    if auto is None:
         warn_if_too_many_workers(num_workers, stacklevel=4)
     else:
-        num_workers, worker_type = _auto_workers(dataset, sampling, prefetch_factor, pin_memory, batch_transform,
-                                                 worker_type, device if device_id is None else f"cuda:{device_id}",
-                                                 layout, tuning is not None)
+        num_workers, worker_type, why = _auto_workers(dataset, sampling, prefetch_factor, pin_memory, batch_transform,
+                                                      worker_type, device if device_id is None else f"cuda:{device_id}",
+                                                      layout, tuning is not None, auto.step)
     if tuning is not None:
         tuning = tuning.starting(num_workers, prefetch_factor)
         num_workers = tuning.workers
     return Options(dataset, sampling, int(num_workers), worker_type or "process", int(prefetch_factor), pin_memory,
                    collate_fn, batch_transform, worker_init_fn, bool(persistent_workers), timeout, bool(in_order),
                    bool(zero_copy), context, multiprocessing_context, pin_memory_device, output, device, device_id, layout,
-                   seed, stall_warning_s, tuning, generator, seed_drawn)
+                   seed, stall_warning_s, tuning, generator, seed_drawn, why)
+
+
+def _auto_request(num_workers: Any) -> Any:
+    """``num_workers``'s request for a tuned count ("auto" or ``AutoWorkers``), or None for a count."""
+    if isinstance(num_workers, (int, np.integer)):
+        return None
+    from ..nwt.pick import auto_request  # noqa: PLC0415 - below the loader; never the tuner itself
+
+    return auto_request(num_workers)
 
 
 def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_memory: bool | str,
                   batch_transform: Callable | None, worker_type: str | None, device: str, layout: RankLayout,
-                  tuning: bool) -> tuple[int, str]:
+                  tuning: bool, step: Any = None) -> tuple[int, str, str | None]:
+    """The tuned count and worker type, and why (None: no saved pick describes it)."""
     if not sampling.own or sampling.batch_size is None:
         raise ArgumentError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
                          "(no sampler, batch_sampler or batch_size=None); give a number")
-    from ..nwt.pick import auto_pick  # noqa: PLC0415 - below the loader; never the tuner itself
+    from ..nwt import pick  # noqa: PLC0415 - below the loader; never the tuner itself
 
-    return auto_pick(dataset, batch_size=sampling.batch_size, prefetch_factor=prefetch_factor, pin_memory=pin_memory,
-                     device=device, batch_transform=batch_transform, layout=layout, worker_type=worker_type,
-                     search_types=WORKER_TYPES if tuning else ("process",))
+    kw: dict[str, Any] = {"batch_size": sampling.batch_size, "prefetch_factor": prefetch_factor,
+                          "pin_memory": pin_memory, "device": device, "batch_transform": batch_transform,
+                          "layout": layout, **({"step": step} if step is not None else {})}
+    workers, kind = pick.auto_pick(dataset, worker_type=worker_type,
+                                   search_types=WORKER_TYPES if tuning else ("process",), **kw)
+    return workers, kind, pick.pick_reason(workers, pick.auto_fingerprint(dataset, **kw))
 
 
 def agreed_seed(layout: RankLayout) -> int:

@@ -128,7 +128,7 @@ class Runtime:
             decisions=self.decisions, workers=workers, depth=depth,
             copy=copy_kind(options.device, options.pin_memory, options.num_workers, options.zero_copy),
             worker_type=options.worker_type, pids=self.worker_pids() if processes else None,
-            epoch=epoch, epoch_batches=epoch_batches)
+            epoch=epoch, epoch_batches=epoch_batches, num_workers_why=options.num_workers_why)
 
     # -- stages
 

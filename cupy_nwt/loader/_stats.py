@@ -75,7 +75,8 @@ class LoaderStats:
     (a thread has no private memory of its own) and empty when no worker process is alive.
     ``epoch`` and ``epoch_batches`` come from the newest iteration's progress record, the one
     ``state_dict()`` reads: its epoch and the batches this iteration handed to the caller so far (None before
-    the first ``iter()``).
+    the first ``iter()``). ``num_workers_why``: with ``num_workers="auto"``, what the tuner picked
+    and why, in one line (``TuneResult.why``); None for a count given.
     """
 
     interval_s: float
@@ -95,6 +96,7 @@ class LoaderStats:
     memory: tuple[WorkerMemory, ...] | None
     epoch: int | None = None
     epoch_batches: int | None = None
+    num_workers_why: str | None = None
 
     @property
     def fetch_s(self) -> float:
@@ -208,7 +210,7 @@ class Recorder(Listener):
 
     def stats(self, *, decisions: Sequence[Any], workers: int, depth: int, copy: str, worker_type: str,
               pids: Sequence[int] | None, epoch: int | None = None,
-              epoch_batches: int | None = None) -> LoaderStats:
+              epoch_batches: int | None = None, num_workers_why: str | None = None) -> LoaderStats:
         """The figures since the last call; ``pids`` the worker processes to read (None: threads, no memory)."""
         now, totals = self.clock(), dict(self.totals)
         then, before, seen = self._mark
@@ -225,7 +227,7 @@ class Recorder(Listener):
             made=int(d["made"]), busy_fraction=stages.total() / (wall * max(1, workers)) if wall > 0 else None,
             stages=stages, copy_s=d["copy_s"], copy=copy, num_workers=workers, prefetch_depth=depth,
             worker_type=worker_type, decisions=tuple(x.to_dict() for x in decisions[seen:]), stalls=stalls,
-            memory=memory, epoch=epoch, epoch_batches=epoch_batches)
+            memory=memory, epoch=epoch, epoch_batches=epoch_batches, num_workers_why=num_workers_why)
 
 
 def copy_kind(device: str, pin_memory: bool | str, num_workers: int, zero_copy: bool) -> str:

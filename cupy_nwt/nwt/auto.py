@@ -48,8 +48,10 @@ def _tune_once(fp: Fingerprint, dataset: Any, cache_dir: str | Path | None, *,
         if measure_factory is not None:
             kw["measure"] = measure_factory(
                 dataset, batch_size=kw["batch_size"], prefetch_factor=kw["prefetch_factor"],
-                pin_memory=kw["pin_memory"], device=kw["device"], batch_transform=kw["batch_transform"])
+                pin_memory=kw["pin_memory"], device=kw["device"], batch_transform=kw["batch_transform"],
+                **({"step": kw["step"]} if kw.get("step") is not None else {}))
         result = _tune.tune_num_workers(dataset, strategy="fast", progress=False, **kw)
+        _log.info("num_workers='auto': %s", result.why)
         return replace(result, fingerprint=fp).save_pick(cache_dir).in_force.best_workers
     finally:
         lock.release()

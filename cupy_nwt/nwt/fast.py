@@ -26,7 +26,9 @@ search's cost, with the least memory among counts that fast:
    Every trial after the first coarse steps must fit a budget: 25% of the paper search's cost as
    estimated from the trials so far (throughput and start-up interpolated between counts).
 5. Pick, among measured counts within tolerance, the one with the least peak memory (the fewest
-   workers when memory was not measured).
+   workers when memory was not measured). With the user's step in the loop (trials that report the
+   consumer's wait), the fewest workers within tolerance of the least wait: a count whose wait is
+   as small frees its cores for the main process and its memory for training.
 
 Where the range ends. Given ``max_workers``, counts 0..max_workers-1 and no
 further. Without it (the default) the search is open: the best count need not follow the core count
@@ -330,6 +332,8 @@ class _FastSearch:
     def pick(self) -> int:
         limit, g, _ = self.within()
         within = [t for t in self.r.measured().values() if t.seconds_per_iteration <= limit]
+        if all(t.wait_fraction is not None for t in within):
+            return g
         if all(t.peak_memory_bytes is not None for t in within):
             return min(within, key=lambda t: (t.peak_memory_bytes, t.workers)).workers
         return g

@@ -58,6 +58,7 @@ class WorkFingerprint:
     device: str
     local_world_size: int = 1
     sample_transform: str | None = None
+    step: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,10 +97,13 @@ class Fingerprint:
             raise SavedPickError(f"not a cupy_nwt fingerprint: {exc}") from None
 
 
+_LATER_FIELDS = ("sample_transform", "step")
+
+
 def _digest(obj: Any) -> str:
-    if isinstance(obj, dict) and isinstance(obj.get("work"), dict) and obj["work"].get("sample_transform") is None:
-        # keys made before sample transforms were recorded stay the same for work without one
-        obj = {**obj, "work": {k: v for k, v in obj["work"].items() if k != "sample_transform"}}
+    if isinstance(obj, dict) and isinstance(obj.get("work"), dict):
+        # keys made before these fields were recorded stay the same for work without them
+        obj = {**obj, "work": {k: v for k, v in obj["work"].items() if not (k in _LATER_FIELDS and v is None)}}
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -153,12 +157,14 @@ def transform_name(transform: Any) -> str | None:
 
 def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = None, prefetch_factor: int = 2,
                      pin_memory: bool | str = True, device: str = "auto",
-                     local_world_size: int = 1) -> WorkFingerprint:
+                     local_world_size: int = 1, step: Any = None) -> WorkFingerprint:
     """The work a worker count is tuned for; reads ``dataset[0]`` once to size a sample.
 
     A dataset that applies a per-sample transform says so by a ``transform`` attribute (the
     datasets of ``cupy_nwt.data`` and torchvision's do): its qualified name is recorded, so a
     pick tuned on raw samples is not reused for a decoded-and-augmented pipeline, or the reverse.
+    ``step`` (the training step a pick was tuned beside, ``tune_num_workers(step=...)``) is recorded
+    as its time ("0.005 s") or its qualified name: a count that feeds a 50-ms step may starve a 5-ms one.
     """
     if map_length(dataset, "fingerprinting the work") == 0:
         raise ArgumentError("cannot fingerprint an empty dataset")
@@ -171,4 +177,14 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
         device=device_kind(device),
         local_world_size=int(local_world_size),
         sample_transform=transform_name(getattr(dataset, "transform", None)),
+        step=step_name(step),
     )
+
+
+def step_name(step: Any) -> str | None:
+    """How a step is recorded in a fingerprint: its time in seconds, or the callable's qualified name."""
+    if step is None:
+        return None
+    if callable(step):
+        return transform_name(step)
+    return f"{float(step):g} s"

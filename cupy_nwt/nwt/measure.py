@@ -7,6 +7,7 @@ the store work on any measure callable (see ``trials.py``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import statistics
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,7 @@ from ..loader import DataLoader
 from ..ranks import device_for_rank, rank_layout
 from .fingerprint import device_kind
 from .memory import DEFAULT_INTERVAL_S, MemorySampler
+from .pick import check_step
 from .trials import MeasureFn, Measurement, whole_rounds
 
 
@@ -56,6 +58,14 @@ class LoaderMeasure:
     The loader's warning that a count has more workers than CPUs is silenced in trials: a search
     past the CPU count means it, and the runner says so once (``trials._Runner``).
 
+    ``step`` puts the user's training step in the loop, as training will run it: a callable given
+    each batch, or a step time in seconds (slept when the main process "waits" for a GPU, spun on
+    its CPU when "busy"; no other CPU is then reserved, the step is the main process's load). The
+    trial then times the consumer's whole loop (``seconds_per_iteration``: its wait in ``next()``
+    plus the step) and reports the share of it spent waiting (``wait_fraction``) and the step's
+    mean time. On the GPU the consumer's stream is synchronised after the step as after the copy,
+    so the step's time is the device's.
+
     Before the first trial, one untimed batch is made in this process (``preflight``): it compiles
     Numba transforms and pages in a memory-mapped dataset, one-off costs that would otherwise land
     on whichever trial runs first. It counts in neither strategy's cost.
@@ -65,7 +75,7 @@ class LoaderMeasure:
                  pin_memory: bool | str = False, device: str = "auto", batch_transform: Any = None,
                  seed: int = 0, multiprocessing_context: str | None = None,
                  memory_interval: float = DEFAULT_INTERVAL_S, worker_type: str = "process",
-                 main_process: str = "waits") -> None:
+                 main_process: str = "waits", step: Callable[[Any], Any] | float | None = None) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.prefetch_factor = prefetch_factor
@@ -80,6 +90,7 @@ class LoaderMeasure:
         if main_process not in ("waits", "busy"):
             raise ArgumentError(f"main_process must be 'waits' or 'busy', got {main_process!r}")
         self.main_process = main_process
+        self.step = check_step(step)
         self._ready = False
         n = map_length(dataset, "tuning")
         if n < batch_size:
@@ -105,7 +116,7 @@ class LoaderMeasure:
         if not self._ready:
             self.preflight()
         stamps: list[float] = []
-        busy = _BusyCpu() if self.main_process == "busy" else None
+        busy = _BusyCpu() if self.main_process == "busy" and self.step is None else None
         try:
             return self._trial(workers, iterations, warmup, stamps, busy)
         finally:
@@ -121,23 +132,54 @@ class LoaderMeasure:
             sync = cuda.stream_synchronizer(loader.device_id)
         if warmup > 0:
             warmup += workers * (self.prefetch_factor - 1)
+        step = self._step_fn()
+        stepped: list[float] = []
         try:
             with MemorySampler(loader.worker_pids, interval=self.memory_interval) as sampler:
-                for _ in _endless(loader, warmup + iterations):
+                for batch in _endless(loader, warmup + iterations):
                     if sync is not None:
                         sync()
                     if busy is not None and not stamps:
                         busy.confine(loader.worker_pids())  # forkserver's workers do not inherit ours
+                    if step is not None:
+                        t_step = time.perf_counter()
+                        step(batch)
+                        if sync is not None:
+                            sync()
+                        stepped.append(time.perf_counter() - t_step)
                     stamps.append(time.perf_counter())
         finally:
             loader.close()
         wall = time.perf_counter() - t_begin
         start = t_begin if warmup == 0 else stamps[warmup - 1]
-        spi = (stamps[-1] - start) / iterations
+        loop = stamps[-1] - start
+        spi = loop / iterations
         peak = sampler.peak
+        wait = step_s = None
+        if step is not None:
+            step_s = sum(stepped[warmup:]) / iterations
+            wait = min(1.0, max(0.0, 1.0 - step_s * iterations / loop))
         return Measurement(spi, wall, peak.bytes if peak.samples else None, peak.uss_bytes,
                            _batch_means_error(stamps[max(warmup, 1) - 1:], round_size=max(1, workers)),
-                           warmup_batches=warmup)
+                           warmup_batches=warmup, wait_fraction=wait, step_seconds=step_s)
+
+    def _step_fn(self) -> Callable[[Any], Any] | None:
+        """The step the consumer runs on each batch: the user's, or its time slept or spun."""
+        if self.step is None or callable(self.step):
+            return self.step
+        seconds = float(self.step)
+        if self.main_process == "busy":
+            return functools.partial(_spin, seconds)
+        return lambda _batch: time.sleep(seconds)
+
+
+def _spin(seconds: float, _batch: Any) -> None:
+    """A CPU step: keep this process's CPU busy for ``seconds``."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 
 
 # Spins until killed, or until its parent is gone (a killed tuner leaves no busy CPU behind).

@@ -28,7 +28,8 @@ MAX_DEPTH = 16  # a record nests 4 levels; 100000 nested lists would exhaust the
 WORKER_TYPES = ("process", "thread")
 DEVICES = ("cuda", "cpu")
 STRATEGIES = ("paper", "fast")
-MAIN_PROCESS = ("waits", "busy", "")
+MAIN_PROCESS = ("waits", "busy", "step", "")
+PLACEMENTS = ("cpu", "gpu")
 
 
 
@@ -149,6 +150,7 @@ def check_fingerprint(v: Any) -> None:
     _pin(w, "fingerprint.work")
     need_str(w, "device", path="fingerprint.work", choices=DEVICES)
     need_int(w, "local_world_size", 1, 1 << 20, path="fingerprint.work", optional=True)
+    need_str(w, "step", path="fingerprint.work", optional=True)
 
 
 def check_trial(v: Any, where: str) -> None:
@@ -163,6 +165,10 @@ def check_trial(v: Any, where: str) -> None:
     need_int(t, "peak_uss_bytes", 0, 1 << 60, path=where, optional=True)
     need_number(t, "rel_error", 0, path=where, optional=True)
     need_str(t, "phase", path=where)
+    wait = need_number(t, "wait_fraction", 0, path=where, optional=True)
+    if wait is not None and wait > 1:
+        raise SavedPickError(f"{where}.wait_fraction must be a fraction in [0, 1], got {_short(wait)}")
+    need_number(t, "step_seconds", 0, path=where, optional=True)
 
 
 def check_record(v: Any, result_format: str) -> Mapping[str, Any]:
@@ -185,6 +191,7 @@ def check_record(v: Any, result_format: str) -> Mapping[str, Any]:
     need_str(d, "main_process", choices=MAIN_PROCESS, default="")
     need_int(d, "usable_cpus", 1, MAX_WORKERS * 64, optional=True)
     need_str(d, "search_end", default="")
+    need_str(d, "placement", choices=PLACEMENTS, default="cpu")
     need_number(d, "samples_per_second", 0, optional=True)
     need_number(d, "rel_error", 0, optional=True)
     if d.get("fingerprint") is not None:
@@ -204,4 +211,5 @@ def check_record(v: Any, result_format: str) -> Mapping[str, Any]:
         need_int(o, "best_workers", 0, MAX_WORKERS, path=where)
         need_number(o, "samples_per_second", 0, path=where)
         need_number(o, "search_seconds", 0, path=where)
+        need_str(o, "placement", path=where, choices=PLACEMENTS, default="cpu")
     return d

@@ -32,6 +32,7 @@ from ..system import cache_dir
 from .fingerprint import Fingerprint
 from .schema import MAX_STORE_BYTES, SavedPickError, check_record, parse_document
 from .trials import Trial, combine_runs
+from .verdict import explain, reliability
 
 STORE_NAME = "num_workers.json"
 STORE_FORMAT = "cupy_nwt.num_workers/1"
@@ -209,12 +210,14 @@ def pick_store(cache_dir: str | Path | None = None) -> ResultStore:
 
 @dataclass(frozen=True)
 class TypeBest:
-    """A worker type's own best in a search over several: its count, rate and what its search cost."""
+    """A candidate pipeline's own best in a search over several (worker types, decode placements):
+    its count, rate and what its search cost."""
 
     worker_type: str
     best_workers: int
     samples_per_second: float
     search_seconds: float
+    placement: str = "cpu"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -227,7 +230,11 @@ class TuneResult:
     ``worker_type`` is the pick's kind of worker ("process" or "thread"); ``runs`` are that type's.
     When several types were searched, ``other_types`` holds the best each of the others reached.
     ``main_process``: the main process's load the trials represented ("waits": a GPU step, "busy":
-    a CPU step; "" when a custom measure ran them); ``search_end``: why the search looked no further.
+    a CPU step; "step": the user's step ran in every trial; "" when a custom measure ran them);
+    ``search_end``: why the search looked no further. ``placement`` is where the pick's pipeline
+    decodes ("cpu": in the workers); candidates searched beside it are in ``other_types``.
+    ``why`` says in one line what was picked and why, ``warning`` whether the trials were too
+    noisy to trust it (``verdict.py``).
     """
 
     best_workers: int
@@ -248,6 +255,23 @@ class TuneResult:
     main_process: str = ""
     usable_cpus: int | None = None
     search_end: str = ""
+    placement: str = "cpu"
+
+    @property
+    def why(self) -> str:
+        """What was picked and why, in one line (``verdict.explain``)."""
+        return explain(self)
+
+    @property
+    def warning(self) -> str | None:
+        """Why the pick may not hold on another run, with what to do; None when the trials were steady."""
+        return reliability(self)
+
+    @property
+    def wait_fraction(self) -> float | None:
+        """The consumer's wait at the pick, as a share of its loop (None: tuned without a step)."""
+        best = self.best_trial
+        return best.wait_fraction if best is not None else None
 
     @property
     def samples_per_second(self) -> float:
@@ -278,7 +302,7 @@ class TuneResult:
         d = {k: getattr(self, k) for k in (
             "best_workers", "strategy", "max_workers", "iterations", "alpha", "tolerance", "batch_size",
             "prefetch_factor", "pin_memory", "device", "created", "worker_type", "main_process", "usable_cpus",
-            "search_end", "samples_per_second", "rel_error")}
+            "search_end", "samples_per_second", "rel_error", "placement", "wait_fraction", "why", "warning")}
         d["other_types"] = [o.to_dict() for o in self.other_types]
         d["format"] = RESULT_FORMAT
         d["search_seconds"] = self.search_seconds
@@ -311,6 +335,7 @@ class TuneResult:
                 main_process=str(d.get("main_process", "")),
                 usable_cpus=d.get("usable_cpus"),
                 search_end=str(d.get("search_end", "")),
+                placement=str(d.get("placement", "cpu")),
             )
         except (KeyError, TypeError) as exc:
             raise SavedPickError(f"malformed tune result: {exc!r}") from None

@@ -30,6 +30,11 @@ class Measurement:
     batches the trial took, when the measure takes more than it was asked for (the loader's
     takes the workers' start-up prefetch too); the fast search needs it to tell start-up cost
     from warm-up batches when it predicts what the exhaustive search would cost.
+
+    With the user's step in the loop (``tune_num_workers(step=...)``) ``seconds_per_iteration`` is
+    the consumer's whole loop per batch (its wait in ``next()`` plus the step), ``wait_fraction``
+    the share of that loop spent waiting (the GPU's idle share when the step runs on a GPU) and
+    ``step_seconds`` the step's mean time; None without a step.
     """
 
     seconds_per_iteration: float
@@ -38,6 +43,8 @@ class Measurement:
     peak_uss_bytes: int | None = None
     rel_error: float | None = None
     warmup_batches: int | None = None
+    wait_fraction: float | None = None
+    step_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -51,7 +58,11 @@ MeasureFactory = Callable[..., MeasureFn]
 
 @dataclass(frozen=True)
 class Trial:
-    """A worker count's measurement: one run, or (in ``TuneResult.trials``) its runs combined."""
+    """A worker count's measurement: one run, or (in ``TuneResult.trials``) its runs combined.
+
+    ``wait_fraction`` and ``step_seconds``: the consumer's wait and the step's time with the user's
+    step in the loop (:class:`Measurement`), else None.
+    """
 
     workers: int
     iterations: int
@@ -63,6 +74,8 @@ class Trial:
     peak_uss_bytes: int | None
     rel_error: float | None
     phase: str
+    wait_fraction: float | None = None
+    step_seconds: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -150,8 +163,11 @@ def _combine(runs: Sequence[Trial], floor: float = 0.0) -> Trial:
     mems = [r.peak_memory_bytes for r in runs if r.peak_memory_bytes is not None]
     usss = [r.peak_uss_bytes for r in runs if r.peak_uss_bytes is not None]
     first = runs[0]
+    wait, step = _combined_wait([runs[i] for i in kept], spi)
     return replace(
         first,
+        wait_fraction=wait,
+        step_seconds=step,
         iterations=sum(r.iterations for r in runs),
         warmup=sum(r.warmup for r in runs),
         seconds_per_iteration=spi,
@@ -162,6 +178,22 @@ def _combine(runs: Sequence[Trial], floor: float = 0.0) -> Trial:
         rel_error=rel_error,
         phase="+".join(dict.fromkeys(r.phase for r in runs)),
     )
+
+
+def _combined_wait(runs: Sequence[Trial], spi: float) -> tuple[float | None, float | None]:
+    """The wait fraction and step time of runs combined into ``spi`` seconds per iteration.
+
+    The step's time is the runs' iteration-weighted mean; the wait is what the combined loop time
+    leaves of it (``1 - step / spi``), so that the fraction agrees with the loop time the searches
+    compare. Runs that report a wait without the step's time are averaged as they are.
+    """
+    if len(runs) == 1 or any(r.wait_fraction is None for r in runs):
+        return runs[0].wait_fraction if len(runs) == 1 else None, runs[0].step_seconds if len(runs) == 1 else None
+    total = sum(r.iterations for r in runs)
+    if any(r.step_seconds is None for r in runs):
+        return sum(r.iterations * (r.wait_fraction or 0.0) for r in runs) / total, None
+    step = sum(r.iterations * (r.step_seconds or 0.0) for r in runs) / total
+    return min(1.0, max(0.0, 1.0 - step / spi)), step
 
 
 def _by_count(runs: Sequence[Trial]) -> dict[int, list[Trial]]:
@@ -175,6 +207,16 @@ def combine_runs(runs: Sequence[Trial]) -> dict[int, Trial]:
     """Each count's runs combined (:func:`_combine`) under the floor that all ``runs`` give."""
     floor = error_floor(runs)
     return {w: _combine(same, floor) for w, same in _by_count(runs).items()}
+
+
+def _fraction(value: float | None) -> float | None:
+    """A measure's wait fraction, checked: a number in [0, 1] (None: no step in the loop)."""
+    if value is None:
+        return None
+    f = float(value)
+    if not 0.0 <= f <= 1.0:
+        raise ArgumentError(f"a measure gave wait_fraction {value!r}; need a fraction in [0, 1]")
+    return f
 
 
 class _Runner:
@@ -205,11 +247,13 @@ class _Runner:
         if m.warmup_batches is not None:
             warmup = int(m.warmup_batches)
         t = Trial(workers, iterations, warmup, spi, self.batch_size / spi, float(m.wall_seconds),
-                  m.peak_memory_bytes, m.peak_uss_bytes, m.rel_error, phase)
+                  m.peak_memory_bytes, m.peak_uss_bytes, m.rel_error, phase, _fraction(m.wait_fraction),
+                  None if m.step_seconds is None else float(m.step_seconds))
         self.runs.append(t)
         self._by.setdefault(workers, []).append(t)
         self._measured = None
-        self.bar.step(f"{plural(workers, 'worker')}: {t.samples_per_second:,.0f} samples/s")
+        waits = "" if t.wait_fraction is None else f", consumer waits {t.wait_fraction:.1%}"
+        self.bar.step(f"{plural(workers, 'worker')}: {t.samples_per_second:,.0f} samples/s{waits}")
         return t
 
     def estimate(self, workers: int) -> Trial | None:

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .. import system
@@ -21,8 +24,10 @@ from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSear
 from .fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
 from .memory import search_memory_limit
 from .paper import _algorithm1
+from .pick import check_step
 from .store import TuneResult, TypeBest
 from .trials import MeasureFn, Trial, _Runner, combine_runs
+from .verdict import UnreliablePickWarning
 
 STRATEGIES = ("paper", "fast")
 MAIN_PROCESS = ("auto", "waits", "busy")
@@ -47,7 +52,8 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
                      pin_memory: bool | str = False, prefetch_factor: int = 2, measure: MeasureFn | None = None,
                      progress: bool = True, *, tolerance: float = DEFAULT_TOLERANCE,
                      batch_transform: Any = None, worker_types: tuple[str, ...] = ("process",),
-                     main_process: str = "auto", memory_limit: int | None = None) -> TuneResult:
+                     main_process: str = "auto", memory_limit: int | None = None,
+                     step: Callable[[Any], Any] | float | None = None, warn: bool = True) -> TuneResult:
     """Search worker counts for the loader of ``dataset`` (``paper.py``, ``fast.py``).
 
     ``max_workers`` bounds the counts to 0 .. max_workers-1 (the paper's N). Without it the paper
@@ -88,6 +94,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     tolerance = check_number("tolerance", tolerance, ge=0, lt=0.5)
     if strategy == "fast" and iterations < MIN_FAST_ITERATIONS:
         raise ArgumentError(f"the fast strategy needs iterations >= {MIN_FAST_ITERATIONS}, got {iterations}")
+    step = check_step(step)
     resolved = device_kind(device)
     load = resolve_main_process(main_process, resolved)
     if open_search and memory_limit is None and measure is None:
@@ -96,16 +103,16 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     if dataset is not None:
         fp = Fingerprint(machine_fingerprint(), work_fingerprint(
             dataset, batch_size=batch_size, batch_transform=batch_transform, prefetch_factor=prefetch_factor,
-            pin_memory=pin_memory, device=resolved))
+            pin_memory=pin_memory, device=resolved, step=step))
     if measure is None and dataset is None:
         raise ArgumentError("give a dataset to tune the loader on, or a measure callable")
-    searched: list[tuple[str, int, tuple[Trial, ...], int, str]] = []
+    searched: list[Searched] = []
     for kind in types:
         if measure is None:
             m: MeasureFn = _measure.LoaderMeasure(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor,
                                                 pin_memory=pin_memory, device=device,
                                                 batch_transform=batch_transform, worker_type=kind,
-                                                main_process=load)
+                                                main_process=load, step=step)
         else:
             m = measure if len(types) == 1 else functools.partial(measure, worker_type=kind)  # type: ignore[call-arg]
         label = f"NWT ({strategy})" if len(types) == 1 else f"NWT ({strategy}, {kind} workers)"
@@ -119,22 +126,57 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
                                      cap=open_cap(cpus) if open_search else None, memory_limit=memory_limit)
                 best = search.search()
                 top, why = search.n, search.stop_reason
-        searched.append((kind, best, tuple(runner.runs), top, why))
-    bests = [TypeBest(kind, best, _rate(runs, best), sum(r.wall_seconds for r in runs))
-             for kind, best, runs, _, _ in searched]
-    win = max(range(len(bests)), key=lambda i: bests[i].samples_per_second)
-    kind, best, runs, n, why = searched[win]
-    return TuneResult(
-        best_workers=best, strategy=strategy, runs=runs, max_workers=n, iterations=iterations,
-        alpha=float(alpha), tolerance=float(tolerance), batch_size=batch_size, prefetch_factor=prefetch_factor,
-        pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory), device=resolved, fingerprint=fp,
-        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        worker_type=kind, other_types=tuple(b for i, b in enumerate(bests) if i != win),
-        main_process=load if measure is None else "", usable_cpus=cpus, search_end=why,
+        searched.append(Searched("cpu", kind, best, tuple(runner.runs), top, why))
+    win = choose(searched)
+    bests = [s.best() for s in searched]
+    chosen = searched[win]
+    result = TuneResult(
+        best_workers=chosen.best_workers, strategy=strategy, runs=chosen.runs, max_workers=chosen.max_workers,
+        iterations=iterations, alpha=float(alpha), tolerance=float(tolerance), batch_size=batch_size,
+        prefetch_factor=prefetch_factor, pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory),
+        device=resolved, fingerprint=fp, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        worker_type=chosen.worker_type, other_types=tuple(b for i, b in enumerate(bests) if i != win),
+        main_process=("step" if callable(step) else load) if measure is None else "", usable_cpus=cpus,
+        search_end=chosen.search_end, placement=chosen.placement,
     )
+    if warn and result.warning:
+        warnings.warn(result.warning, UnreliablePickWarning, stacklevel=2)
+    return result
 
 
-def _rate(runs: tuple[Trial, ...], best: int) -> float:
-    """The best count's combined samples/s; 0.0 when the search picked it unmeasured (one count to search)."""
-    trial = combine_runs(runs).get(best)
-    return trial.samples_per_second if trial is not None else 0.0
+@dataclass(frozen=True)
+class Searched:
+    """One candidate pipeline's search: where it decodes, its worker type, its pick and every run."""
+
+    placement: str
+    worker_type: str
+    best_workers: int
+    runs: tuple[Trial, ...]
+    max_workers: int
+    search_end: str
+
+    @property
+    def best_trial(self) -> Trial | None:
+        """The pick's runs combined; None when the search picked it unmeasured (one count to search)."""
+        return combine_runs(self.runs).get(self.best_workers)
+
+    def best(self) -> TypeBest:
+        t = self.best_trial
+        return TypeBest(self.worker_type, self.best_workers, t.samples_per_second if t is not None else 0.0,
+                        sum(r.wall_seconds for r in self.runs), self.placement)
+
+
+def choose(candidates: Sequence[Searched]) -> int:
+    """The index of the candidate pipeline whose pick keeps the consumer's loop shortest.
+
+    Each candidate (a decode placement and a worker type, each searched for its own count) is
+    judged at its pick by seconds per iteration: with the user's step in the loop that is the step
+    plus the consumer's wait, so the least loop is the least wait; without, the highest throughput.
+    A candidate picked unmeasured (one count to search) loses to any measured one; ties go to the
+    earlier candidate (the CPU placement, process workers, come first).
+    """
+    def loop(i: int) -> float:
+        t = candidates[i].best_trial
+        return t.seconds_per_iteration if t is not None else float("inf")
+
+    return min(range(len(candidates)), key=lambda i: (loop(i), i))

@@ -31,7 +31,7 @@ ROOT = PKG.parent
 TUNER_SIDE = {"cupy_nwt.nwt.measure", "cupy_nwt.nwt.auto", "cupy_nwt.nwt.tune", "cupy_nwt.nwt.fast",
               "cupy_nwt.nwt.paper"}
 BELOW_LOADER = ("cupy_nwt.nwt.pick", "cupy_nwt.nwt.store", "cupy_nwt.nwt.fingerprint", "cupy_nwt.nwt.memory",
-                "cupy_nwt.nwt.trials", "cupy_nwt.nwt.schema")
+                "cupy_nwt.nwt.trials", "cupy_nwt.nwt.schema", "cupy_nwt.nwt.verdict")
 
 
 def _module_file(name: str) -> Path | None:

@@ -1,0 +1,120 @@
+"""What a tuning decided, in one line, and whether its trials were steady enough to trust it.
+
+A pick alone ("3 workers") does not say whether 4 would have done as well or 2 nearly so, nor
+whether the trials were so noisy that the next run will pick something else. :func:`explain` gives
+the one line (the pick's figure beside its measured neighbours', each marked within noise or not);
+:func:`reliability` the warning, or None. With the user's step in the loop the figure is the
+consumer's wait (the share of its loop spent in ``next()``); without, samples/s.
+
+Why these thresholds. A pick is unreliable when the relative standard error of the pick's or the
+fastest count's mean time is above ``MAX_REL_ERROR`` (10%: the 2-sigma band then spans +-20%, so
+counts 5% apart, the agreement repeated runs aim at, cannot be told apart), or when a count measured
+more than twice the tolerance slower than the fastest still lies within ``OVERLAP_Z`` combined
+standard errors of it: the search treated as different two counts it could not tell apart. Pure:
+reads a result's trials, measures nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from .._reporting.units import plural
+from .trials import Trial
+
+if TYPE_CHECKING:
+    from .store import TuneResult
+
+MAX_REL_ERROR = 0.10
+OVERLAP_Z = 2.0
+TARGET_REL_ERROR = 0.03  # what a suggested longer trial aims at
+
+
+class UnreliablePickWarning(UserWarning):
+    """A tuning's trials varied too much for its pick to hold on another run (``verdict.reliability``)."""
+
+
+def _noise(a: Trial, b: Trial) -> float:
+    """The 2-sigma relative band of the ratio of two counts' mean times (0 when errors are unknown)."""
+    return OVERLAP_Z * math.hypot(a.rel_error or 0.0, b.rel_error or 0.0)
+
+
+def _equal(a: Trial, b: Trial, tolerance: float) -> bool:
+    """Whether two counts' times lie within the tolerance or the noise of each other."""
+    return abs(math.log(a.seconds_per_iteration / b.seconds_per_iteration)) <= max(tolerance, _noise(a, b))
+
+
+def _figure(t: Trial) -> str:
+    return f"{t.wait_fraction:.1%}" if t.wait_fraction is not None else f"{t.samples_per_second:,.0f} samples/s"
+
+
+def _neighbours(trials: dict[int, Trial], pick: int) -> list[Trial]:
+    """The measured counts next to the pick on either side, and the fastest when it is neither."""
+    below = max((w for w in trials if w < pick), default=None)
+    above = min((w for w in trials if w > pick), default=None)
+    fastest = min(trials.values(), key=lambda t: (t.seconds_per_iteration, t.workers)).workers
+    picked = [w for w in dict.fromkeys((above, below, fastest)) if w is not None and w != pick]
+    return [trials[w] for w in picked]
+
+
+def explain(result: TuneResult) -> str:
+    """One line: what was picked and why, e.g. "picked 3 workers: the consumer waits 1.2% of its
+    loop with a 5.0-ms step (4 workers: 1.1%, within noise; 2: 9.8%)"."""
+    trials = {t.workers: t for t in result.trials}
+    pick = trials.get(result.best_workers)
+    head = f"picked {plural(result.best_workers, 'worker')}"
+    if result.placement != "cpu":
+        head += f" ({result.placement} decode)"
+    if pick is None:
+        return f"{head}: the only count to search, not measured"
+    if pick.wait_fraction is not None and pick.step_seconds is not None:
+        head += (f": the consumer waits {pick.wait_fraction:.1%} of its loop with a "
+                 f"{pick.step_seconds * 1e3:.1f}-ms step")
+    else:
+        err = f" +-{pick.rel_error:.0%}" if pick.rel_error is not None else ""
+        head += f": {pick.samples_per_second:,.0f} samples/s{err}"
+    parts = []
+    for i, t in enumerate(_neighbours(trials, pick.workers)):
+        name = plural(t.workers, "worker") if i == 0 else str(t.workers)
+        if _equal(t, pick, result.tolerance):
+            note = "within noise"
+        elif t.wait_fraction is None:
+            ratio = t.seconds_per_iteration / pick.seconds_per_iteration - 1
+            note = f"{abs(ratio):.0%} {'slower' if ratio > 0 else 'faster'}"
+        else:
+            note = ""
+        parts.append(f"{name}: {_figure(t)}" + (f", {note}" if note else ""))
+    return head + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def reliability(result: TuneResult) -> str | None:
+    """Why the pick may not hold on another run, with what to do; None when its trials were steady."""
+    trials = {t.workers: t for t in result.trials}
+    if len(trials) < 2:
+        return None
+    fastest = min(trials.values(), key=lambda t: (t.seconds_per_iteration, t.workers))
+    decisive = [t for t in dict.fromkeys((trials.get(result.best_workers), fastest)) if t is not None]
+    worst = max((t.rel_error for t in decisive if t.rel_error is not None), default=0.0)
+    reasons = []
+    if worst > MAX_REL_ERROR:
+        reasons.append(f"its trials' times vary by +-{worst:.0%} (relative standard error of the mean, "
+                       f"over {MAX_REL_ERROR:.0%})")
+    for t in sorted(trials.values(), key=lambda t: t.workers):
+        gap = math.log(t.seconds_per_iteration / fastest.seconds_per_iteration)
+        if t is not fastest and gap > 2 * result.tolerance and gap <= _noise(t, fastest):
+            reasons.append(f"{plural(t.workers, 'worker')} measured {math.expm1(gap):.0%} slower than "
+                           f"{fastest.workers}, within the trials' noise")
+    if not reasons:
+        return None
+    longer = result.iterations * max(2.0, (max(worst, MAX_REL_ERROR) / TARGET_REL_ERROR) ** 2)
+    suggest = _round_up(longer)
+    return (f"the pick of {plural(result.best_workers, 'worker')} is unreliable: {'; '.join(reasons)}. Another run "
+            f"may pick another count: time more batches per trial (iterations={suggest}, cupy-nwt tune "
+            f"--iterations {suggest}; now {result.iterations}), on a quieter machine if you can")
+
+
+def _round_up(x: float) -> int:
+    """``x`` rounded up to two significant digits (a number to type)."""
+    n = max(1, math.ceil(x))
+    scale = 10 ** max(0, len(str(n)) - 2)
+    return -(-n // scale) * scale
