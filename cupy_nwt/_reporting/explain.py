@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ArgumentError
 from ..nwt.paper import PAPER_TIME_SCALE
+from ..nwt.verdict import reliability
 from .tables import table
 from .units import fmt_bytes, plural
 
@@ -124,7 +125,8 @@ def verdict(result: TuneResult, outcome: SaveOutcome | None = None) -> dict[str,
     kept = held is not result
     return {"workers": held.best_workers, "worker_type": held.worker_type, "placement": held.placement,
             "source": "saved" if kept else "this search", "search_pick": result.best_workers,
-            "why": result.why, "saved": None if outcome is None else outcome.reason, "warning": result.warning}
+            "why": result.why, "saved": None if outcome is None else outcome.reason,
+            "warning": reliability(result, "this search's pick" if kept else "the pick")}
 
 
 def _pick_line(result: TuneResult, held: TuneResult, rule: str) -> str:
@@ -180,7 +182,7 @@ def tune_summary(result: TuneResult, saved_to: Path | None = None, *, outcome: S
                          else f"kept in {outcome.path}")
     elif saved_to is not None:
         lines.append(f"saved to {saved_to}")
-    warning = result.warning
+    warning = reliability(result, "the pick" if held is result else "this search's pick")
     if warning:
         lines.append(textwrap.fill(f"WARNING: {warning}", WIDTH, subsequent_indent="  "))
     return "\n".join(lines)

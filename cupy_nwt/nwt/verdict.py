@@ -4,7 +4,7 @@ A pick alone ("3 workers") does not say whether 4 would have done as well or 2 n
 whether the trials were so noisy that the next run will pick something else. :func:`explain` gives
 the one line (the pick's figure beside its measured neighbours', each marked within noise or not);
 :func:`reliability` the warning, or None. With the user's step in the loop the figure is the
-consumer's wait (the share of its loop spent in ``next()``); without, samples/s.
+consumer's loop per batch and the share of it spent waiting in ``next()``; without, samples/s.
 
 Why these thresholds. A pick is unreliable when the relative standard error of the pick's or the
 fastest count's mean time is above ``MAX_REL_ERROR`` (10%: the 2-sigma band then spans +-20%, so
@@ -45,7 +45,9 @@ def _equal(a: Trial, b: Trial, tolerance: float) -> bool:
 
 
 def _figure(t: Trial) -> str:
-    return f"{t.wait_fraction:.1%}" if t.wait_fraction is not None else f"{t.samples_per_second:,.0f} samples/s"
+    if t.wait_fraction is None:
+        return f"{t.samples_per_second:,.0f} samples/s"
+    return f"{t.seconds_per_iteration * 1e3:.1f} ms, {t.wait_fraction:.1%} waiting"
 
 
 def _neighbours(trials: dict[int, Trial], pick: int) -> list[Trial]:
@@ -58,8 +60,10 @@ def _neighbours(trials: dict[int, Trial], pick: int) -> list[Trial]:
 
 
 def explain(result: TuneResult) -> str:
-    """One line: what was picked and why, e.g. "picked 3 workers: the consumer waits 1.2% of its
-    loop with a 5.0-ms step (4 workers: 1.1%, within noise; 2: 9.8%)"."""
+    """One line: what was picked and why, e.g. "picked 3 workers: the consumer's loop takes 5.1 ms a
+    batch, 1.2% of it waiting, with a 5.0-ms step (4 workers: 5.1 ms, 1.1% waiting, within noise;
+    2: 5.5 ms, 9.8% waiting)". With a step the figure compared is the consumer's loop (the step
+    and its wait): workers that slow the step itself, by taking the main process's CPU, cost too."""
     trials = {t.workers: t for t in result.trials}
     pick = trials.get(result.best_workers)
     head = f"picked {plural(result.best_workers, 'worker')}"
@@ -68,8 +72,8 @@ def explain(result: TuneResult) -> str:
     if pick is None:
         return f"{head}: the only count to search, not measured"
     if pick.wait_fraction is not None and pick.step_seconds is not None:
-        head += (f": the consumer waits {pick.wait_fraction:.1%} of its loop with a "
-                 f"{pick.step_seconds * 1e3:.1f}-ms step")
+        head += (f": the consumer's loop takes {pick.seconds_per_iteration * 1e3:.1f} ms a batch, "
+                 f"{pick.wait_fraction:.1%} of it waiting, with a {pick.step_seconds * 1e3:.1f}-ms step")
     else:
         err = f" +-{pick.rel_error:.0%}" if pick.rel_error is not None else ""
         head += f": {pick.samples_per_second:,.0f} samples/s{err}"
@@ -79,16 +83,18 @@ def explain(result: TuneResult) -> str:
         if _equal(t, pick, result.tolerance):
             note = "within noise"
         elif t.wait_fraction is None:
-            ratio = t.seconds_per_iteration / pick.seconds_per_iteration - 1
-            note = f"{abs(ratio):.0%} {'slower' if ratio > 0 else 'faster'}"
+            ratio = t.samples_per_second / pick.samples_per_second - 1
+            note = f"{abs(ratio):.0%} {'faster' if ratio > 0 else 'slower'}"
         else:
             note = ""
         parts.append(f"{name}: {_figure(t)}" + (f", {note}" if note else ""))
     return head + (f" ({'; '.join(parts)})" if parts else "")
 
 
-def reliability(result: TuneResult) -> str | None:
-    """Why the pick may not hold on another run, with what to do; None when its trials were steady."""
+def reliability(result: TuneResult, subject: str = "the pick") -> str | None:
+    """Why the pick may not hold on another run, with what to do; None when its trials were steady.
+
+    ``subject`` names the pick in the sentence ("this search's pick" where a saved one was kept)."""
     trials = {t.workers: t for t in result.trials}
     if len(trials) < 2:
         return None
@@ -102,13 +108,13 @@ def reliability(result: TuneResult) -> str | None:
     for t in sorted(trials.values(), key=lambda t: t.workers):
         gap = math.log(t.seconds_per_iteration / fastest.seconds_per_iteration)
         if t is not fastest and gap > 2 * result.tolerance and gap <= _noise(t, fastest):
-            reasons.append(f"{plural(t.workers, 'worker')} measured {math.expm1(gap):.0%} slower than "
+            reasons.append(f"{plural(t.workers, 'worker')} measured {-math.expm1(-gap):.0%} slower than "
                            f"{fastest.workers}, within the trials' noise")
     if not reasons:
         return None
     longer = result.iterations * max(2.0, (max(worst, MAX_REL_ERROR) / TARGET_REL_ERROR) ** 2)
     suggest = _round_up(longer)
-    return (f"the pick of {plural(result.best_workers, 'worker')} is unreliable: {'; '.join(reasons)}. Another run "
+    return (f"{subject} of {plural(result.best_workers, 'worker')} is unreliable: {'; '.join(reasons)}. Another run "
             f"may pick another count: time more batches per trial (iterations={suggest}, cupy-nwt tune "
             f"--iterations {suggest}; now {result.iterations}), on a quieter machine if you can")
 

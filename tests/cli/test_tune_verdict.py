@@ -1,0 +1,82 @@
+"""``cupy-nwt tune`` gives one verdict per run: the pick it prints is the pick it keeps or saves, with
+why in one line, and a warning (with what to do) when its trials were too noisy to trust.
+
+The searches run on fake trial curves (``tune_num_workers(measure=...)`` behind the command), so
+what each run picks is fixed; the command, the store and the printing are the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cupy_nwt import cli
+from cupy_nwt.cli.exits import EXIT_USAGE
+from cupy_nwt.nwt import tune as nwt_tune
+from cupy_nwt.nwt.trials import Measurement
+
+REAL = nwt_tune.tune_num_workers
+ARGS = ["--batch-size", "8", "--max-workers", "3", "--strategy", "paper", "--alpha", "0", "--no-progress",
+        "--device", "cpu"]
+
+
+@pytest.fixture
+def dataset(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "cache"))
+    path = tmp_path / "data.npy"
+    np.save(path, np.zeros((64, 4), np.float32))
+    return path
+
+
+def _curve(monkeypatch, times: dict[int, float], rel_error: float = 0.002) -> None:
+    """The command's next search measures ``times`` (seconds per iteration by worker count)."""
+
+    def measure(workers: int, iterations: int, warmup: int) -> Measurement:
+        return Measurement(times[workers], times[workers] * (iterations + warmup), rel_error=rel_error)
+
+    monkeypatch.setattr(nwt_tune, "tune_num_workers", lambda data, **kw: REAL(data, **{**kw, "measure": measure}))
+
+
+def _tune(dataset, capsys, *extra: str) -> str:
+    assert cli.main(["tune", "--dataset", str(dataset), *ARGS, *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_the_printed_pick_is_the_pick_kept(dataset, capsys, monkeypatch):
+    _curve(monkeypatch, {0: 0.020, 1: 0.015, 2: 0.010})
+    first = _tune(dataset, capsys)
+    assert "pick: 2 workers (alpha 0 s per 100 iterations)" in first
+    assert "saved to " in first and "the first pick for this machine and work" in first
+    _curve(monkeypatch, {0: 0.0100, 1: 0.0101, 2: 0.0101})  # 0 now, but not faster than 2 beyond the noise
+    second = _tune(dataset, capsys)
+    picks = [line for line in second.splitlines() if line.startswith("pick:")]
+    assert picks == ["pick: 2 workers, the saved pick, kept: this search's 0 is not faster than it beyond "
+                     "the uncertainty"]
+    assert "this search picked 0 workers: " in second
+    assert "WARNING" not in second
+    _curve(monkeypatch, {0: 0.0100, 1: 0.0101, 2: 0.0101})
+    doc = json.loads(_tune(dataset, capsys, "--json"))
+    assert doc["best_workers"] == 0  # the search's own result, as it measured it
+    assert doc["verdict"]["workers"] == 2 and doc["verdict"]["source"] == "saved"
+    assert doc["verdict"]["search_pick"] == 0 and doc["verdict"]["warning"] is None
+
+
+def test_noisy_trials_print_a_warning_with_what_to_do(dataset, capsys, monkeypatch):
+    _curve(monkeypatch, {0: 0.020, 1: 0.015, 2: 0.010}, rel_error=0.35)
+    out = _tune(dataset, capsys, "--no-save")
+    warning = out[out.index("WARNING: "):]
+    assert "the pick of 2 workers is unreliable" in warning and "--iterations" in " ".join(warning.split())
+    _curve(monkeypatch, {0: 0.020, 1: 0.015, 2: 0.010}, rel_error=0.35)
+    assert cli.main(["tune", "--dataset", str(dataset), *ARGS, "--no-save", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["verdict"]["warning"].startswith("the pick of 2 workers is unreliable")
+    assert captured.err.startswith("cupy-nwt tune: warning: the pick of 2 workers is unreliable")
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "abc", "nan", "inf"])
+def test_a_bad_step_is_one_line(dataset, capsys, bad):
+    assert cli.main(["tune", "--dataset", str(dataset), *ARGS, "--step", bad]) == EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("cupy-nwt tune: ") and "--step" in err[-1]
