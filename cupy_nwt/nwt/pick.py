@@ -165,8 +165,7 @@ def pick_reason(workers: int, fp: Fingerprint, cache_dir: str | Path | None = No
     saved = lookup(fp, cache_dir)
     if saved is None or saved.best_workers != workers:
         return None
-    warning = saved.warning
-    return saved.why + (f" (unreliable: {warning.split(': ', 1)[-1]})" if warning else "")
+    return saved.why + ("; unreliable: its trials were too noisy to tell the counts apart" if saved.warning else "")
 
 
 def _log_saved(saved: TuneResult, fp: Fingerprint) -> None:

@@ -103,13 +103,14 @@ def reliability(result: TuneResult, subject: str = "the pick") -> str | None:
     worst = max((t.rel_error for t in decisive if t.rel_error is not None), default=0.0)
     reasons = []
     if worst > MAX_REL_ERROR:
-        reasons.append(f"its trials' times vary by +-{worst:.0%} (relative standard error of the mean, "
-                       f"over {MAX_REL_ERROR:.0%})")
+        reasons.append(f"its trials' times vary by +-{worst:.0%} (relative standard error, over {MAX_REL_ERROR:.0%})")
+    hidden = []
     for t in sorted(trials.values(), key=lambda t: t.workers):
         gap = math.log(t.seconds_per_iteration / fastest.seconds_per_iteration)
         if t is not fastest and gap > 2 * result.tolerance and gap <= _noise(t, fastest):
-            reasons.append(f"{plural(t.workers, 'worker')} measured {-math.expm1(-gap):.0%} slower than "
-                           f"{fastest.workers}, within the trials' noise")
+            hidden.append(f"{t.workers} ({-math.expm1(-gap):.0%} slower)")
+    if hidden:
+        reasons.append(f"the trials cannot tell {', '.join(hidden)} from the fastest, {fastest.workers}")
     if not reasons:
         return None
     longer = result.iterations * max(2.0, (max(worst, MAX_REL_ERROR) / TARGET_REL_ERROR) ** 2)

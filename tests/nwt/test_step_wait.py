@@ -128,7 +128,7 @@ def test_counts_the_trials_could_not_tell_apart_warn_even_when_each_error_is_mod
                               batch_size=64, max_workers=4, iterations=100, strategy="paper", alpha=0.0,
                               progress=False, warn=False)
     warning = reliability(result)
-    assert warning is not None and "3 workers measured 7% slower than 2, within the trials' noise" in warning
+    assert warning is not None and "the trials cannot tell 3 (7% slower) from the fastest, 2" in warning
     assert reliability(result, "this search's pick").startswith("this search's pick of 2 workers is unreliable")
 
 
