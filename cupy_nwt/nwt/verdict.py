@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 MAX_REL_ERROR = 0.10
 OVERLAP_Z = 2.0
-TARGET_REL_ERROR = 0.03  # what a suggested longer trial aims at
+TARGET_REL_ERROR = 0.03  # what a suggested longer trial aims at (errors fall as 1 / sqrt(batches timed))
+MAX_LONGER = 8.0  # at most this many times longer: noise from a changing load does not average away
 
 
 class UnreliablePickWarning(UserWarning):
@@ -113,7 +114,7 @@ def reliability(result: TuneResult, subject: str = "the pick") -> str | None:
         reasons.append(f"the trials cannot tell {', '.join(hidden)} from the fastest, {fastest.workers}")
     if not reasons:
         return None
-    longer = result.iterations * max(2.0, (max(worst, MAX_REL_ERROR) / TARGET_REL_ERROR) ** 2)
+    longer = result.iterations * min(MAX_LONGER, max(2.0, (max(worst, MAX_REL_ERROR) / TARGET_REL_ERROR) ** 2))
     suggest = _round_up(longer)
     return (f"{subject} of {plural(result.best_workers, 'worker')} is unreliable: {'; '.join(reasons)}. Another run "
             f"may pick another count: time more batches per trial (iterations={suggest}, cupy-nwt tune "

@@ -38,6 +38,7 @@ MARK = "README-EXAMPLE-RESULT "
 # Appended to the README's block: what the study reads back from the run (old and new results alike).
 PROBE = """
 import json as _json
+import cupy_nwt as _pkg
 _t = result.trials
 print({mark!r} + _json.dumps({{
     "search_pick": result.best_workers,
@@ -47,6 +48,7 @@ print({mark!r} + _json.dumps({{
     "warning": getattr(result, "warning", None),
     "search_seconds": result.search_seconds,
     "auto_workers": loader.num_workers,
+    "package": _pkg.__file__,
 }}), flush=True)
 """
 
@@ -61,9 +63,10 @@ def readme_block() -> str:
     return m.group(1)
 
 
-def run_once(code: str, env: dict[str, str], i: int) -> dict[str, Any]:
+def run_once(code: str, env: dict[str, str], i: int, cwd: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False)
+    # run outside any checkout: "python -c" puts the working folder first on sys.path
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False, cwd=cwd)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"readme_example: run {i} failed: {proc.stderr.strip()[-800:]}")
@@ -100,11 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     env = {**os.environ, "CUPY_NWT_CACHE_DIR": str(cache),
            "PYTHONPATH": os.pathsep.join(filter(None, [source, os.environ.get("PYTHONPATH")]))}
     build = "from cupy_nwt.data import SyntheticCIFAR10\nSyntheticCIFAR10()\n"
-    subprocess.run([sys.executable, "-c", build], env=env, check=True)
+    subprocess.run([sys.executable, "-c", build], env=env, check=True, cwd=cache)
     block = readme_block()
     code = block + PROBE.format(mark=MARK)
     t0 = time.perf_counter()
-    runs = [run_once(code, env, i) for i in range(1, args.runs + 1)]
+    load_before = os.getloadavg()
+    runs = [run_once(code, env, i, cache) for i in range(1, args.runs + 1)]
+    if any(not r["package"].startswith(source) for r in runs):
+        raise SystemExit(f"readme_example: the runs imported {runs[0]['package']}, not the package in {source}")
     picks = [r["search_pick"] for r in runs]
     in_force = [r["in_force"] for r in runs]
     doc = {
@@ -119,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "in_force_agrees": len(set(in_force)) == 1,
         "disagreeing_runs_warned": all(r["warned"] for r in runs) if len(set(picks)) > 1 else None,
         "wall_seconds": time.perf_counter() - t0,
+        "load_average_1_5_15": {"before": list(load_before), "after": list(os.getloadavg())},
     }
     out = args.out or HERE / system.host_tag()
     path = report.write_json(doc, out / f"readme_example-{args.label}.json")
