@@ -80,3 +80,10 @@ def test_a_bad_step_is_one_line(dataset, capsys, bad):
     assert cli.main(["tune", "--dataset", str(dataset), *ARGS, "--step", bad]) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
     assert err and err[-1].startswith("cupy-nwt tune: ") and "--step" in err[-1]
+
+
+@pytest.mark.parametrize(("step", "recorded"), [("0.001", "0.001 s"), ("numpy:mean", "numpy.mean")])
+def test_a_step_from_the_shell_keys_the_saved_pick(dataset, capsys, monkeypatch, step, recorded):
+    _curve(monkeypatch, {0: 0.020, 1: 0.015, 2: 0.010})
+    doc = json.loads(_tune(dataset, capsys, "--step", step, "--json"))
+    assert doc["fingerprint"]["work"]["step"] == recorded
