@@ -76,6 +76,21 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     strategy over each; the pick is the type whose best count is fastest, and the result records it
     (``worker_type``) with the others' bests. With several types a custom ``measure`` is called
     with a ``worker_type`` keyword too.
+
+    ``step`` is the user's training step, which the pick should keep fed: a callable taking a
+    batch, or its time in seconds (slept as a GPU step, spun as a CPU one: ``main_process``). Each
+    trial then runs it on every batch in this process, as training will, and times the consumer's
+    whole loop (its wait in ``next()`` plus the step); the search minimises that loop, so with a
+    fixed step the pick is the count that leaves the consumer waiting least
+    (``Trial.wait_fraction``), and among counts within the tolerance and the noise of it, the
+    fewest workers (``fast.py``). Workers that crowd out the main process lengthen its loop, so a
+    count that leaves it a core wins where that lowers the wait. The step is part of the saved
+    pick's key. Use the fast strategy with a step: Algorithm 1's ``alpha`` (seconds per 100
+    iterations) would swallow every difference of a short step's loop.
+
+    ``result.why`` says in one line what was picked and why; when the trials were too noisy to
+    trust the pick, ``result.warning`` says so and what to do, and (``warn``) an
+    :class:`~cupy_nwt.nwt.verdict.UnreliablePickWarning` is issued.
     """
     types = tuple(check_worker_type(t) for t in worker_types)
     if not types or len(set(types)) != len(types):
