@@ -17,18 +17,30 @@ reads a result's trials, measures nothing.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .._reporting.units import plural
 from .trials import Trial
-
-if TYPE_CHECKING:
-    from .store import TuneResult
 
 MAX_REL_ERROR = 0.10
 OVERLAP_Z = 2.0
 TARGET_REL_ERROR = 0.03  # what a suggested longer trial aims at (errors fall as 1 / sqrt(batches timed))
 MAX_LONGER = 8.0  # at most this many times longer: noise from a changing load does not average away
+
+
+class Judged(Protocol):
+    """What a verdict reads of a result (``store.TuneResult`` has it): the pick, its trials, the rules."""
+
+    @property
+    def best_workers(self) -> int: ...
+    @property
+    def placement(self) -> str: ...
+    @property
+    def tolerance(self) -> float: ...
+    @property
+    def iterations(self) -> int: ...
+    @property
+    def trials(self) -> tuple[Trial, ...]: ...
 
 
 class UnreliablePickWarning(UserWarning):
@@ -60,7 +72,7 @@ def _neighbours(trials: dict[int, Trial], pick: int) -> list[Trial]:
     return [trials[w] for w in picked]
 
 
-def explain(result: TuneResult) -> str:
+def explain(result: Judged) -> str:
     """One line: what was picked and why, e.g. "picked 3 workers: the consumer's loop takes 5.1 ms a
     batch, 1.2% of it waiting, with a 5.0-ms step (4 workers: 5.1 ms, 1.1% waiting, within noise;
     2: 5.5 ms, 9.8% waiting)". With a step the figure compared is the consumer's loop (the step
@@ -92,7 +104,7 @@ def explain(result: TuneResult) -> str:
     return head + (f" ({'; '.join(parts)})" if parts else "")
 
 
-def reliability(result: TuneResult, subject: str = "the pick") -> str | None:
+def reliability(result: Judged, subject: str = "the pick") -> str | None:
     """Why the pick may not hold on another run, with what to do; None when its trials were steady.
 
     ``subject`` names the pick in the sentence ("this search's pick" where a saved one was kept)."""
