@@ -62,6 +62,7 @@ class TuneRun:
     main_process: str
     search_seconds: float
     wall_seconds: float
+    warning: str | None = None  # the run's own warning that its pick is unreliable (None: steady trials)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,9 +97,10 @@ def run_tunes(args: argparse.Namespace, cache: Path) -> list[TuneRun]:
         runs.append(TuneRun(i, result.best_workers, result.samples_per_second, result.rel_error,
                             in_force.best_workers, in_force == result,
                             result.max_workers - 1, result.search_end, result.main_process,
-                            result.search_seconds, wall))
+                            result.search_seconds, wall, result.warning))
         print(f"run {i}: search picked {result.best_workers} ({result.samples_per_second:,.0f} samples/s), "
-              f"in force {in_force.best_workers}", file=sys.stderr, flush=True)
+              f"in force {in_force.best_workers}" + (", warned: unreliable" if result.warning else ""),
+              file=sys.stderr, flush=True)
     return runs
 
 
@@ -145,6 +147,7 @@ def judge(runs: Sequence[TuneRun], rounds: dict[int, list[float]]) -> dict[str, 
         "in_force": [share(w) for w in in_force], "search_picks": [share(w) for w in searched],
         "in_force_agreement": spread(in_force), "search_pick_agreement": spread(searched),
         "in_force_within_5pct_of_each_other": spread(in_force) >= TARGET,
+        "runs_warned": sum(r.warning is not None for r in runs),
         "search_picks_within_5pct_of_each_other": spread(searched) >= TARGET,
     }
 
