@@ -188,3 +188,19 @@ def test_a_real_run_with_a_step_fills_the_waits_and_the_loader_says_why(tmp_path
     assert len(logged) == 1 and why.startswith(logged[0])  # stats() adds the warning when there was one
     with DataLoader(data, batch_size=8, num_workers=2, device="cpu") as loader:
         assert loader.stats().num_workers_why is None
+
+
+def _gpu_step(batch) -> None:
+    x = batch[0]
+    (x @ x.T).sum()  # queued on the consumer's stream; the trial synchronises it after the step
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_step_runs_on_each_batch_and_is_timed_as_the_device_runs_it():
+    data = ArrayDataset(np.ones((512, 256), np.float32), np.zeros(512, np.int64))
+    result = tune_num_workers(data, batch_size=64, device="cuda", step=_gpu_step, max_workers=2, iterations=8,
+                              strategy="fast", progress=False, warn=False)
+    assert result.device == "cuda" and result.main_process == "step"
+    assert all(t.wait_fraction is not None and t.step_seconds is not None and t.step_seconds > 0
+               for t in result.trials)
+    assert result.why.startswith(f"picked {result.best_workers} worker")
