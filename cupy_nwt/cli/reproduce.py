@@ -240,7 +240,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
         bound = config.max_workers if strategy == "paper" else results["paper"].max_workers
         r = nwt_tune.tune_num_workers(dataset, batch_size=config.batch_size, max_workers=bound,
                                    iterations=config.iterations, strategy=strategy, batch_transform=transform,
-                                   progress=config.progress)
+                                   progress=config.progress, warn=False)  # the summary says it once
         results[strategy] = r
         files.append(r.save(out / f"tune-{strategy}.json"))
         if plots:
