@@ -67,7 +67,7 @@ def jpeg_header(b: bytes) -> tuple[int, int] | str:
             return "cut short inside a header segment"
         length = (b[pos] << 8) | b[pos + 1]
         if length < 2 or pos + length > n:
-            return f"a header segment of {length} bytes runs past the end"
+            return f"cut short: a header segment of {length} bytes runs past the end"
         if marker in _SOF:
             if length < 8:
                 return "a frame header too short to hold the image size"
@@ -156,7 +156,7 @@ class EncodedJpegs:
             raise ArgumentError(f"scale must satisfy 0 < lo <= hi <= 1 and ratio 0 < lo <= hi, got {scale} and {ratio}")
         self.source, self.max_bytes, self.crop, self.flip_p = source, max_bytes, crop, float(flip_p)
         self.scale, self.ratio = (float(scale[0]), float(scale[1])), (float(ratio[0]), float(ratio[1]))
-        self.seed = int(np.random.SeedSequence().entropy % (1 << 63)) if seed is None else int(seed)
+        self.seed = int(np.random.SeedSequence().generate_state(2, np.uint64)[0] >> np.uint64(1)) if seed is None else int(seed)
         self.epoch = 0
 
     def __len__(self) -> int:

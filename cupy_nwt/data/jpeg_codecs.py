@@ -55,7 +55,7 @@ class PillowJpegCodec:
         out: list[Decoded | str] = []
         for data, box in zip(streams, boxes):
             try:
-                pixels = decode_image(memoryview(data), "image")
+                pixels = decode_image(np.ascontiguousarray(data).tobytes(), "image")
             except CorruptImageError as exc:
                 text = str(exc).removeprefix("image: not a decodable image ")
                 out.append(text[1:-1] if text.startswith("(") and text.endswith(")") else text)
@@ -140,16 +140,17 @@ class NvImageCodecJpeg:
         out: list[Decoded | str] = ["" for _ in streams]
         sources, where = [], []
         for k, (data, box) in enumerate(zip(streams, boxes)):
-            try:
+            try:  # the header is parsed lazily: its first reader may raise too
                 stream = n.CodeStream(np.ascontiguousarray(data))
+                codec, height, width = stream.codec_name, int(stream.height), int(stream.width)
             except Exception as exc:  # noqa: BLE001 - nvImageCodec raises RuntimeError on bytes it cannot parse
                 out[k] = f"nvImageCodec cannot read its header: {exc}"
                 continue
             top, left, h, w = (int(v) for v in box)
-            if stream.codec_name != "jpeg":
-                out[k] = f"a {stream.codec_name} image, not a JPEG"
-            elif top + h > stream.height or left + w > stream.width:
-                out[k] = f"crop box {(top, left, h, w)} is outside its {stream.height}x{stream.width} pixels"
+            if codec != "jpeg":
+                out[k] = f"a {codec} image, not a JPEG"
+            elif top + h > height or left + w > width:
+                out[k] = f"crop box {(top, left, h, w)} is outside its {height}x{width} pixels"
             else:
                 sources.append(self._source(stream, box))
                 where.append(k)
