@@ -159,7 +159,10 @@ class GpuJpegDecoder:
             raise ArgumentError(f"{self._name(int(indices[k]))}: crop box {tuple(boxes[k])} has a negative corner or an empty side")
         streams = [data[k, :lengths[k]] for k in range(n)]
         whole = _whole_jpegs(data, lengths)
-        stream_ptr = int(cuda.current_stream().ptr) if self.codec.on_device else 0
+        stream_ptr = 0
+        if self.codec.on_device:
+            stream_ptr = int(cuda.current_stream().ptr)
+            self._release_held()
         decoded = self.codec.decode(streams, boxes, stream_ptr)
         decoded = [d if w is None else w for d, w in zip(decoded, whole)]
         self._check(decoded, indices)
@@ -206,7 +209,16 @@ class GpuJpegDecoder:
                          (meta_dev, out, np.int32(n), np.int32(h), np.int32(w), s[0], s[1], s[2], b[0], b[1], b[2]))
             done = cuda.event(timing=False)
             done.record()
-            if self._held:
-                self._held[-1].synchronize()  # the previous batch's kernel has read its pixels: free them
             self._held = (images, meta_dev, done)  # the decoded pixels live until this launch has read them
         return out
+
+    def _release_held(self) -> None:
+        """Once the previous batch's kernel has read its pixels (long done, as a rule), give them back to the codec."""
+        if not self._held:
+            return
+        images, _, done = self._held
+        self._held = ()
+        done.synchronize()
+        recycle = getattr(self.codec, "recycle", None)
+        if recycle is not None:
+            recycle(images)

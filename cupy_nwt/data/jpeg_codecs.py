@@ -38,7 +38,9 @@ class Decoded:
 class JpegCodec(Protocol):
     """Decodes a batch: ``streams[k]`` (uint8 bytes) cropped to ``boxes[k]`` (top, left, h, w) -> ``Decoded`` or a reason.
 
-    ``on_device`` says where the pixels are: device memory (``__cuda_array_interface__``) or host NumPy.
+    ``on_device`` says where the pixels are: device memory (``__cuda_array_interface__``) or host memory
+    (anything ``np.asarray`` reads). A codec may also have ``recycle(decoded)``: the stage hands back each
+    batch's images once its kernel has read them.
     """
 
     on_device: bool
@@ -124,6 +126,15 @@ class NvImageCodecJpeg:
         except (AttributeError, TypeError):  # nvImageCodec before 0.7: interleaved RGB is the default
             self._params = n.DecodeParams(apply_exif_orientation=False, color_spec=n.ColorSpec.SRGB)
         self._n = n
+        self._spare: list[Any] = []
+
+    def recycle(self, decoded: Sequence[Decoded | str]) -> None:
+        """Give back a batch's images once nothing reads them any more: the next batch of as many decodes into them.
+
+        nvImageCodec then resizes those buffers where it must instead of allocating (and later freeing)
+        one per image per batch.
+        """
+        self._spare = [d.pixels for d in decoded if isinstance(d, Decoded)]
 
     def _source(self, stream: Any, box: np.ndarray) -> Any:
         n = self._n
@@ -154,7 +165,10 @@ class NvImageCodecJpeg:
             else:
                 sources.append(self._source(stream, box))
                 where.append(k)
-        images = self._decoder.decode(sources, params=self._params, cuda_stream=cuda_stream) if sources else []
+        reuse = self._spare if len(self._spare) == len(sources) else None
+        self._spare = []
+        images = (self._decoder.decode(sources, images=reuse, params=self._params, cuda_stream=cuda_stream)
+                  if sources else [])
         for k, image in zip(where, images):
             top, left, h, w = (int(v) for v in boxes[k])
             if image is None:
@@ -165,5 +179,5 @@ class NvImageCodecJpeg:
             if len(shape) != 3 or shape[2] != 3 or shape[0] < corner[0] + h or shape[1] < corner[1] + w:
                 out[k] = f"nvImageCodec gave pixels of shape {shape} for crop box {(top, left, h, w)}"
                 continue
-            out[k] = Decoded(image if self.on_device else np.asarray(image), *corner)
+            out[k] = Decoded(image, *corner)  # host images read as NumPy through __array_interface__
         return out

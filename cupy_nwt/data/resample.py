@@ -25,8 +25,9 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def antialias_weights(in_size: int, out_size: int) -> np.ndarray:
-    """The ``out_size`` x ``in_size`` matrix of the triangle filter (each row sums to one), float64."""
+def antialias_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The triangle filter as a band: ``first[i]``, the first source pixel of output ``i``, and ``weights[i, t]``,
+    the weight of source pixel ``first[i] + t`` (zero past the output's last tap); each row sums to one."""
     if in_size < 1 or out_size < 1:
         raise ArgumentError(f"resampling needs sizes >= 1, got {in_size} -> {out_size}")
     scale = in_size / out_size
@@ -34,10 +35,20 @@ def antialias_weights(in_size: int, out_size: int) -> np.ndarray:
     centre = (np.arange(out_size) + 0.5) * scale
     first = np.maximum((centre - support + 0.5).astype(np.int64), 0)
     last = np.minimum((centre + support + 0.5).astype(np.int64), in_size)
-    j = np.arange(in_size)
-    w = np.maximum(0.0, 1.0 - np.abs((j[None, :] - centre[:, None] + 0.5) / support))
-    w[(j[None, :] < first[:, None]) | (j[None, :] >= last[:, None])] = 0.0
-    return w / w.sum(axis=1, keepdims=True)
+    j = first[:, None] + np.arange(int((last - first).max()))[None, :]
+    w = np.maximum(0.0, 1.0 - np.abs((j - centre[:, None] + 0.5) / support))
+    w[j >= last[:, None]] = 0.0
+    return first, w / w.sum(axis=1, keepdims=True)
+
+
+def antialias_weights(in_size: int, out_size: int) -> np.ndarray:
+    """The same filter as the dense ``out_size`` x ``in_size`` matrix (float64)."""
+    first, band = antialias_taps(in_size, out_size)
+    dense = np.zeros((out_size, in_size))
+    for t in range(band.shape[1]):
+        inside = first + t < in_size
+        dense[np.flatnonzero(inside), (first + t)[inside]] = band[inside, t]
+    return dense
 
 
 def normalize_affine(mean: Sequence[float], std: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
@@ -69,11 +80,24 @@ def crop_resize_flip_normalize(image: np.ndarray, box: Sequence[int], size: tupl
         raise ArgumentError(f"expected an H x W x 3 image, got shape {image.shape}")
     if h < 1 or w < 1 or top < 0 or left < 0 or top + h > image.shape[0] or left + w > image.shape[1]:
         raise ArgumentError(f"crop box {(top, left, h, w)} is not inside the {image.shape[0]}x{image.shape[1]} image")
-    wy = antialias_weights(h, size[0])
-    wx = antialias_weights(w, size[1])
+    roi = image[top:top + h, left:left + w]
+    rows = _resample_axis(roi, size[0], axis=0)  # out_h x w x 3, float64
+    out = _resample_axis(rows, size[1], axis=1)  # out_h x out_w x 3
     if flip:
-        wx = wx[::-1]
-    roi = image[top:top + h, left:left + w].astype(np.float64)
-    out = np.einsum("yh,hwc,xw->cyx", wy, roi, wx, optimize=True)
+        out = out[:, ::-1]
     scale, bias = normalize_affine(mean, std)
-    return (out * scale[:, None, None] + bias[:, None, None]).astype(np.float32)
+    return (out.transpose(2, 0, 1) * scale[:, None, None] + bias[:, None, None]).astype(np.float32)
+
+
+def _resample_axis(a: np.ndarray, out_size: int, axis: int) -> np.ndarray:
+    """``antialias_taps`` applied along ``axis`` (0 or 1) of ``a``, one tap at a time."""
+    in_size = a.shape[axis]
+    first, band = antialias_taps(in_size, out_size)
+    out = np.zeros((out_size, *a.shape[1:]) if axis == 0 else (a.shape[0], out_size, *a.shape[2:]), np.float64)
+    for t in range(band.shape[1]):
+        j = np.minimum(first + t, in_size - 1)  # past the last tap the weight is zero
+        if axis == 0:
+            out += band[:, t, None, None] * a[j]
+        else:
+            out += band[None, :, t, None] * a[:, j]
+    return out

@@ -248,3 +248,21 @@ def test_gpu_decode_failure_of_one_image_names_it(folder):
     row[row.tobytes().find(b"\xff\xc0") + 4] = 16
     with pytest.raises(CorruptImageError, match=rf"^{ds.sample_source(1)} \(sample 1\): not a decodable JPEG"):
         GpuJpegDecoder(32, device="cuda", source=ds.sample_source)(batch)
+
+
+@needs_nvimgcodec
+def test_recycled_images_are_decoded_into_again(folder):
+    ds = EncodedJpegs(ImageFolder(folder), max_bytes=32768, crop="full")
+    codec = NvImageCodecJpeg(backend="cpu", max_cpu_threads=1)
+
+    def run(indices):
+        batch = batch_of(ds, indices)
+        return codec.decode([r[:n] for r, n in zip(batch["jpeg"], batch["nbytes"])], batch["box"])
+
+    first = run([0, 1, 2])
+    codec.recycle(first)
+    second = run([7, 6, 5])  # other sizes: the buffers are resized, not replaced
+    assert all(a.pixels is b.pixels for a, b in zip(first, second))
+    for k, d in zip([7, 6, 5], second):
+        np.testing.assert_array_equal(np.asarray(d.pixels), decode_image(ds.read_bytes(k), "x"))
+    assert all(isinstance(d, Decoded) for d in run([0, 1]))  # another count: fresh images
