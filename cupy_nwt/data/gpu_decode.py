@@ -29,7 +29,7 @@ import numpy as np
 from .. import cuda
 from ..errors import ArgumentError, CorruptImageError, NoGPUError
 from .jpeg_bytes import jpeg_header
-from .jpeg_codecs import Decoded, JpegCodec, NvImageCodecJpeg, PillowJpegCodec, nvimgcodec_status
+from .jpeg_codecs import BACKENDS, ROI_MODES, Decoded, JpegCodec, NvImageCodecJpeg, PillowJpegCodec, nvimgcodec_status
 from .resample import IMAGENET_MEAN, IMAGENET_STD, crop_resize_flip_normalize, normalize_affine
 
 KERNEL_PATH = Path(__file__).resolve().parents[1] / "experiments" / "cuda_src" / "resize_normalize.cu"
@@ -109,6 +109,11 @@ class GpuJpegDecoder:
         self._scale, self._bias = normalize_affine(self.mean, self.std)
         if device not in ("auto", "cuda", "cpu"):
             raise ArgumentError(f"device must be 'auto', 'cuda' or 'cpu', got {device!r}")
+        if backend not in BACKENDS or roi not in ROI_MODES:
+            raise ArgumentError(f"backend must be one of {', '.join(BACKENDS)} and roi one of {', '.join(ROI_MODES)}, "
+                                f"got {backend!r} and {roi!r}")
+        if isinstance(max_cpu_threads, bool) or not isinstance(max_cpu_threads, int) or max_cpu_threads < 0:
+            raise ArgumentError(f"max_cpu_threads must be an int >= 0 (0: one per core), got {max_cpu_threads!r}")
         if source is not None and not callable(source):
             raise ArgumentError(f"source must be a callable index -> name, got {type(source).__name__}")
         self.source = source
@@ -158,13 +163,12 @@ class GpuJpegDecoder:
             k = int(np.flatnonzero((boxes[:, :2] < 0).any(1) | (boxes[:, 2:] < 1).any(1))[0])
             raise ArgumentError(f"{self._name(int(indices[k]))}: crop box {tuple(boxes[k])} has a negative corner or an empty side")
         streams = [data[k, :lengths[k]] for k in range(n)]
-        whole = _whole_jpegs(data, lengths)
+        self._check(_whole_jpegs(data, lengths), indices)  # before decoding: a cut-short stream may "decode"
         stream_ptr = 0
         if self.codec.on_device:
             stream_ptr = int(cuda.current_stream().ptr)
             self._release_held()
         decoded = self.codec.decode(streams, boxes, stream_ptr)
-        decoded = [d if w is None else w for d, w in zip(decoded, whole)]
         self._check(decoded, indices)
         images = [d for d in decoded if isinstance(d, Decoded)]  # all of them: any failure raised above
         if self.codec.on_device:
@@ -179,8 +183,9 @@ class GpuJpegDecoder:
         name = self.source(i) if self.source is not None else f"sample {i}"
         return name if re.search(rf"\bsample {i}\b", name) else f"{name} (sample {i})"
 
-    def _check(self, decoded: Sequence[Decoded | str], indices: np.ndarray) -> None:
-        failed = [k for k, d in enumerate(decoded) if not isinstance(d, Decoded)]
+    def _check(self, decoded: Sequence[Decoded | str | None], indices: np.ndarray) -> None:
+        """Raise for the first image answered with a reason (a str) instead of pixels; None means "fine so far"."""
+        failed = [k for k, d in enumerate(decoded) if isinstance(d, str) or (d is not None and not isinstance(d, Decoded))]
         if len(decoded) != len(indices):
             raise ArgumentError(f"the codec answered {len(decoded)} images for a batch of {len(indices)}")
         if failed:

@@ -140,7 +140,8 @@ def test_bad_batches_and_options_are_one_line_errors(folder):
     with pytest.raises(ArgumentError, match="a dict"):
         decoder([batch])
     for kwargs, match in [({"size": 0}, "size"), ({"size": (3, 4, 5)}, "size"), ({"device": "gpu"}, "device"),
-                          ({"std": (1, 0, 1)}, "std")]:
+                          ({"std": (1, 0, 1)}, "std"), ({"backend": "gpu"}, "backend must be"),
+                          ({"roi": "crop"}, "roi one of"), ({"max_cpu_threads": -1}, "max_cpu_threads")]:
         with pytest.raises(ArgumentError, match=match):
             GpuJpegDecoder(**kwargs)
 
