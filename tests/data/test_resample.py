@@ -130,8 +130,8 @@ def test_kernel_arithmetic_matches_the_reference(shape, box, size, flip):
 def test_the_emulation_mirrors_the_kernel_file():
     text = KERNEL_PATH.read_text()
     for line in ("t.support = fmaxf(scale, 1.0f);", "t.centre = ((float)i + 0.5f) * scale;",
-                 "t.first = max((int)(t.centre - t.support + 0.5f), 0);",
-                 "t.last = min((int)(t.centre + t.support + 0.5f), in_size);",
+                 "int first = (int)(t.centre - t.support + 0.5f);", "t.first = first > 0 ? first : 0;",
+                 "int last = (int)(t.centre + t.support + 0.5f);", "t.last = last < in_size ? last : in_size;",
                  "return fmaxf(0.0f, 1.0f - fabsf(((float)j - t.centre + 0.5f) / t.support));",
                  "int sx = m[6] ? out_w - 1 - ox : ox;", "o[0] = r * norm * scale_r + bias_r;"):
         assert line in text, line

@@ -29,8 +29,10 @@ __device__ __forceinline__ Taps taps_of(int i, int in_size, int out_size) {
     float scale = (float)in_size / (float)out_size;
     t.support = fmaxf(scale, 1.0f);
     t.centre = ((float)i + 0.5f) * scale;
-    t.first = max((int)(t.centre - t.support + 0.5f), 0);
-    t.last = min((int)(t.centre + t.support + 0.5f), in_size);
+    int first = (int)(t.centre - t.support + 0.5f);
+    int last = (int)(t.centre + t.support + 0.5f);
+    t.first = first > 0 ? first : 0;
+    t.last = last < in_size ? last : in_size;
     float sum = 0.0f;
     for (int j = t.first; j < t.last; ++j) {
         sum += tap_weight(j, t);
