@@ -28,7 +28,46 @@ _SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0x
 _NO_LENGTH = frozenset((0x01, *range(0xD0, 0xD9)))  # TEM, RST0-7, SOI: markers without a segment
 
 Box = tuple[int, int, int, int]
-BoxSampler = Callable[[int, int, np.random.Generator], Box]
+BoxSampler = Callable[[int, int, Any], Box]
+_M64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """splitmix64's finaliser: every input bit reaches every output bit."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+class SampleRng:
+    """The random draws of one sample: a splitmix64 stream keyed by ``(seed, epoch, index)``.
+
+    It has the three methods of ``np.random.Generator`` a crop needs (``random``, ``uniform``,
+    ``integers``) at about a microsecond a draw, where creating a NumPy generator per sample costs
+    tens of microseconds: a reader that only reads files would spend a third of its time on it.
+    """
+
+    def __init__(self, seed: int, epoch: int, index: int) -> None:
+        self._state = _mix64(_mix64(_mix64(seed & _M64) ^ (epoch & _M64)) ^ (index & _M64))
+
+    def _next(self) -> int:
+        self._state = (self._state + 0x9E3779B97F4A7C15) & _M64
+        return _mix64(self._state)
+
+    def random(self) -> float:
+        """A float in [0, 1) with 53 random bits."""
+        return (self._next() >> 11) * (1.0 / (1 << 53))
+
+    def uniform(self, low: float = 0.0, high: float = 1.0) -> float:
+        return low + (high - low) * self.random()
+
+    def integers(self, low: int, high: int | None = None) -> int:
+        """An int in [low, high) (or [0, low) with one argument), by multiply-shift of 64 random bits."""
+        if high is None:
+            low, high = 0, low
+        if high <= low:
+            raise ArgumentError(f"integers needs low < high, got {low} and {high}")
+        return low + ((self._next() * (high - low)) >> 64)
 
 
 def jpeg_size(data: bytes | memoryview | np.ndarray, name: str = "image", sample_index: Any = None) -> tuple[int, int]:
@@ -84,7 +123,7 @@ def jpeg_header(b: bytes) -> tuple[int, int] | str:
     return size
 
 
-def _random_resized_crop_box(height: int, width: int, rng: np.random.Generator,
+def _random_resized_crop_box(height: int, width: int, rng: Any,
                             scale: tuple[float, float] = (0.08, 1.0),
                             ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Box:
     """torchvision's ``RandomResizedCrop.get_params``: ``(top, left, h, w)``, drawn from ``rng``.
@@ -134,7 +173,8 @@ class EncodedJpegs:
             ring holds ``batch_size x max_bytes`` per slot, so keep it near the largest file.
         crop: ``"random-resized"`` (torchvision's ``RandomResizedCrop`` with ``scale`` and ``ratio``),
             ``"center"`` (the centred square of 224/256 of the shorter side), ``"full"`` (the whole image), or a callable
-            ``(height, width, rng) -> (top, left, h, w)``.
+            ``(height, width, rng) -> (top, left, h, w)``; ``rng`` is a ``SampleRng`` (``random``, ``uniform``
+            and ``integers``, as on ``np.random.Generator``).
         flip_p: the probability of a horizontal flip.
         scale, ratio: ``RandomResizedCrop``'s ranges (with ``crop="random-resized"``).
         seed: the draws' seed (with the epoch and the index); None draws one now, shared by every worker.
@@ -175,7 +215,7 @@ class EncodedJpegs:
         read = getattr(self.source, "read_bytes", None)
         return read(i) if read is not None else self.source.path(i).read_bytes()
 
-    def box(self, height: int, width: int, rng: np.random.Generator) -> Box:
+    def box(self, height: int, width: int, rng: Any) -> Box:
         if self.crop == "random-resized":
             return _random_resized_crop_box(height, width, rng, self.scale, self.ratio)
         if self.crop == "center":
@@ -191,12 +231,14 @@ class EncodedJpegs:
     def __getitem__(self, i: int) -> dict[str, Any]:
         i = index_in(i, len(self))
         data = self.read_bytes(i)
-        name = self.sample_source(i)
         if len(data) > self.max_bytes:
-            raise DataError(f"{name}: {len(data)} bytes, more than max_bytes={self.max_bytes} (sample {i}); "
-                            f"raise EncodedJpegs' max_bytes")
-        height, width = jpeg_size(data, name, i)
-        rng = np.random.default_rng([self.seed, self.epoch, i])
+            raise DataError(f"{self.sample_source(i)}: {len(data)} bytes, more than max_bytes={self.max_bytes} "
+                            f"(sample {i}); raise EncodedJpegs' max_bytes")
+        size = jpeg_header(data)
+        if isinstance(size, str):
+            raise CorruptImageError(f"{self.sample_source(i)}: not a decodable JPEG ({size}, {len(data)} bytes)", i)
+        height, width = size
+        rng = SampleRng(self.seed, self.epoch, i)
         box = self.box(height, width, rng)
         flip = bool(rng.random() < self.flip_p)
         row = np.empty(self.max_bytes, np.uint8)

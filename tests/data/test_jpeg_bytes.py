@@ -12,6 +12,7 @@ from PIL import Image
 
 from cupy_nwt import DataLoader
 from cupy_nwt.data import EncodedJpegs, ImageFolder, TarImageDataset, jpeg_size, write_tar_shard
+from cupy_nwt.data.jpeg_bytes import SampleRng
 from cupy_nwt.errors import ArgumentError, CorruptImageError, DataError
 
 
@@ -135,3 +136,15 @@ def test_bad_arguments():
         EncodedJpegs(ImageFolder.__new__(ImageFolder), max_bytes=0)
     with pytest.raises(ArgumentError, match="crop must be"):
         EncodedJpegs(ImageFolder.__new__(ImageFolder), crop="random")
+
+
+def test_sample_draws_are_uniform_and_keyed_by_seed_epoch_index():
+    u = np.array([SampleRng(1, 0, i).random() for i in range(4000)])
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.02 and abs(np.median(u) - 0.5) < 0.03
+    ints = np.array([SampleRng(2, 3, i).integers(3, 10) for i in range(4000)])
+    assert set(ints.tolist()) == set(range(3, 10)) and np.bincount(ints)[3:].min() > 450
+    assert all(3.0 <= SampleRng(4, 0, i).uniform(3.0, 3.5) < 3.5 for i in range(100))
+    draws = {(s, e, i): SampleRng(s, e, i).random() for s in (0, 1) for e in (0, 1) for i in (0, 1)}
+    assert len(set(draws.values())) == 8 and SampleRng(1, 1, 1).random() == draws[1, 1, 1]
+    with pytest.raises(ArgumentError, match="low < high"):
+        SampleRng(0, 0, 0).integers(5, 5)

@@ -9,7 +9,9 @@ horizontal flip, normalisation, batch 256. Two arms, interleaved in each of ``--
 * ``decode``: the decoder alone on batches already in memory (the padded rows the ring would carry):
   what nvImageCodec and the resize kernel make, the ceiling of the pipeline;
 * ``pipeline``: ``DataLoader(EncodedJpegs(ImageFolder), num_workers=--readers, device="cpu")``, each
-  batch decoded as it comes: workers only read files and draw crops, the GPU decodes.
+  batch decoded as it comes: workers only read files and draw crops, the GPU decodes;
+* ``read``: the same loader with nothing decoding its batches: what the readers alone can supply.
+  It needs no GPU (``--arms read`` runs anywhere).
 
 The whole process (its workers and nvImageCodec's threads with it) is pinned to ``--cores`` host cores
 (default 2). Each round times ``--batches`` batches after ``--warmup`` untimed ones and ends in a
@@ -44,7 +46,8 @@ from cupy_nwt.data import EncodedJpegs, GpuJpegDecoder, ImageFolder, gpu_decode_
 from cupy_nwt.nwt.measure import median_interval  # noqa: E402
 
 IMAGENET_SIZE = (375, 500)  # height, width of the typical landscape ImageNet photo
-ARMS = ("decode", "pipeline")
+ARMS = ("decode", "pipeline", "read")
+GPU_ARMS = ("decode", "pipeline")
 
 
 def photographs() -> tuple[list[np.ndarray], str]:
@@ -135,6 +138,15 @@ def time_pipeline(decoder: GpuJpegDecoder, batches: Any, warmup: int, timed: int
     return n / (time.perf_counter() - start)
 
 
+def time_read(batches: Any, warmup: int, timed: int) -> float:
+    """Images/s the loader alone supplies over ``timed`` batches, after ``warmup``."""
+    for _ in range(warmup):
+        next(batches)
+    start = time.perf_counter()
+    n = sum(len(next(batches)["nbytes"]) for _ in range(timed))
+    return n / (time.perf_counter() - start)
+
+
 def endless(loader: DataLoader) -> Any:
     while True:
         yield from loader
@@ -168,8 +180,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=4, help="untimed batches before each (default 4)")
     p.add_argument("--backend", default="auto", help="nvImageCodec backend: auto, hardware, cuda, hybrid")
     p.add_argument("--roi", default="decoder", help="crop in the decoder (region of interest) or in the kernel")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"subset of {','.join(ARMS)}")
-    p.add_argument("--max-bytes", type=int, default=256 * 1024, help="ring row width (EncodedJpegs' max_bytes)")
+    p.add_argument("--arms", default=",".join(GPU_ARMS), help=f"subset of {','.join(ARMS)} (default {','.join(GPU_ARMS)})")
+    p.add_argument("--max-bytes", type=int, default=0,
+                   help="ring row width (EncodedJpegs' max_bytes; default 0: the set's largest file, rounded up to 4 KiB)")
     p.add_argument("--out-dir", default=str(RESULTS))
     p.add_argument("--dry-run", action="store_true", help="a tiny set through the CPU path: checks this script")
     args = p.parse_args(argv)
@@ -188,7 +201,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     usable, why = gpu_decode_status()
-    if not usable and not args.dry_run:
+    if not usable and not args.dry_run and set(args.arms) & set(GPU_ARMS):
         print(f"gpu_decode: {why}", file=sys.stderr)
         return 3
     try:
@@ -196,17 +209,20 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         print(f"gpu_decode: {exc}", file=sys.stderr)
         return 2
-    device = "cpu" if args.dry_run else "cuda"
+    device = "cuda" if usable and not args.dry_run else "cpu"
     sync = cuda.synchronize if device == "cuda" else (lambda: None)
-    name = cuda.device_info().name if device == "cuda" else f"dry-run-{platform.node() or 'host'}"
+    name = (cuda.device_info().name if device == "cuda" else
+            f"{'dry-run' if args.dry_run else 'cpu'}-{platform.node() or 'host'}-{os.cpu_count()}cpu")
     rates: dict[str, list[float]] = {a: [] for a in args.arms}
     with tempfile.TemporaryDirectory(prefix="gpu_decode-") as tmp:
         size = (96, 128) if args.dry_run else IMAGENET_SIZE
         data = make_set(Path(tmp), args.images, size, seed=0)
-        ds = EncodedJpegs(ImageFolder(tmp), max_bytes=max(args.max_bytes, data["max_bytes"]), seed=0)
+        row = args.max_bytes or -(-data["max_bytes"] // 4096) * 4096
+        ds = EncodedJpegs(ImageFolder(tmp), max_bytes=max(row, data["max_bytes"]), seed=0)
         decoder = GpuJpegDecoder(args.size, device=device, backend=args.backend, roi=args.roi,
                                  max_cpu_threads=max(args.cores, 1) if args.cores else 2, source=ds.sample_source)
-        memory = in_memory_batches(ds, args.batch_size, min(8, -(-args.images // args.batch_size)))
+        memory = in_memory_batches(ds, args.batch_size, min(8, -(-args.images // args.batch_size))) \
+            if "decode" in args.arms else []
         loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True, seed=0, num_workers=args.readers,
                             device="cpu", persistent_workers=args.readers > 0, drop_last=args.images >= args.batch_size)
         try:
@@ -215,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
                 for arm in args.arms:
                     if arm == "decode":
                         rate = time_decode(decoder, memory, args.warmup, args.batches, sync)
+                    elif arm == "read":
+                        rate = time_read(stream, args.warmup, args.batches)
                     else:
                         rate = time_pipeline(decoder, stream, args.warmup, args.batches, sync)
                     rates[arm].append(rate)
@@ -224,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "question": "Does the GPU decode JPEGs fast enough? (target >= 15,000 ImageNet-size images/s, <= 2 host cores)",
         "device": name, "path": decoder.path, "dry_run": args.dry_run, "backend": args.backend, "roi": args.roi,
-        "readers": args.readers, "cores": cores, "batch_size": args.batch_size, "output_size": args.size,
+        "readers": args.readers, "cores": cores, "row_bytes": ds.max_bytes, "batch_size": args.batch_size, "output_size": args.size,
         "timed_batches": args.batches, "warmup_batches": args.warmup, "set": data,
         "python": platform.python_version(), "nvimgcodec": _nvimgcodec_version(),
         "command": "python bench/studies/does_the_gpu_decode_jpegs/gpu_decode.py " + " ".join(argv or sys.argv[1:]),
