@@ -4,18 +4,22 @@ The set is made at run time from real photographs a package ships (scikit-learn'
 scikit-image's ``data`` where scikit-learn is missing): random crops of them, scaled to about ImageNet's
 500 x 375 (either orientation, +-15 %), half mirrored, re-encoded at quality 85-95, written as an
 ``ImageFolder``. The ImageNet training recipe follows: torchvision's random-resized crop to 224,
-horizontal flip, normalisation, batch 256. Two arms, interleaved in each of ``--repeats`` rounds:
+horizontal flip, normalisation, batch 256. Three arms, interleaved in each of ``--repeats`` rounds:
 
 * ``decode``: the decoder alone on batches already in memory (the padded rows the ring would carry):
-  what nvImageCodec and the resize kernel make, the ceiling of the pipeline;
+  what nvImageCodec and the resize kernel make, the ceiling of the pipeline; once per ``--backend``
+  (``auto``: the hardware decoder first; ``cuda``: nvJPEG's CUDA decoder) and ``--roi`` (the crop as
+  the decoder's region of interest, or whole images cropped by the kernel), labelled ``decode[backend/roi]``;
 * ``pipeline``: ``DataLoader(EncodedJpegs(ImageFolder), num_workers=--readers, device="cpu")``, each
-  batch decoded as it comes: workers only read files and draw crops, the GPU decodes;
+  batch decoded as it comes (with the first backend and roi): workers only read files and draw crops;
 * ``read``: the same loader with nothing decoding its batches: what the readers alone can supply.
   It needs no GPU (``--arms read`` runs anywhere).
 
 The whole process (its workers and nvImageCodec's threads with it) is pinned to ``--cores`` host cores
 (default 2). Each round times ``--batches`` batches after ``--warmup`` untimed ones and ends in a
-device sync. Reported: images/s per round, their median and a 90 % bootstrap interval. Writes
+device sync. Reported: images/s per round, their median and a 90 % bootstrap interval; a variant the
+GPU cannot run (say, ``hardware`` where there is no JPEG engine) is reported as an error, the others
+still run. Writes
 ``gpu_decode-<device>.json`` beside this script (or into ``--out-dir``):
 
     PYTHONPATH=. python bench/studies/does_the_gpu_decode_jpegs/gpu_decode.py
@@ -43,6 +47,8 @@ RESULTS = Path(__file__).resolve().parent
 
 from cupy_nwt import DataLoader, cuda  # noqa: E402
 from cupy_nwt.data import EncodedJpegs, GpuJpegDecoder, ImageFolder, gpu_decode_status  # noqa: E402
+from cupy_nwt.data.jpeg_codecs import BACKENDS, ROI_MODES  # noqa: E402
+from cupy_nwt.errors import CupyNwtError  # noqa: E402
 from cupy_nwt.nwt.measure import median_interval  # noqa: E402
 
 IMAGENET_SIZE = (375, 500)  # height, width of the typical landscape ImageNet photo
@@ -178,9 +184,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--batches", type=int, default=40, help="timed batches per arm and round (default 40)")
     p.add_argument("--warmup", type=int, default=4, help="untimed batches before each (default 4)")
-    p.add_argument("--backend", default="auto", help="nvImageCodec backend: auto, hardware, cuda, hybrid")
-    p.add_argument("--roi", default="decoder", help="crop in the decoder (region of interest) or in the kernel")
-    p.add_argument("--arms", default=",".join(GPU_ARMS), help=f"subset of {','.join(ARMS)} (default {','.join(GPU_ARMS)})")
+    p.add_argument("--backend", default="auto,cuda",
+                   help="nvImageCodec backends the decode arm compares (auto, hardware, cuda, hybrid); default auto,cuda")
+    p.add_argument("--roi", default="decoder,kernel",
+                   help="where the crop is made, compared in the decode arm: decoder (region of interest), kernel")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"subset of {','.join(ARMS)} (default: all)")
     p.add_argument("--max-bytes", type=int, default=0,
                    help="ring row width (EncodedJpegs' max_bytes; default 0: the set's largest file, rounded up to 4 KiB)")
     p.add_argument("--out-dir", default=str(RESULTS))
@@ -192,6 +200,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if min(args.images, args.batch_size, args.size, args.repeats, args.batches) < 1 or min(args.readers, args.warmup) < 0:
         p.error("--images, --batch-size, --size, --repeats, --batches must be >= 1; --readers, --warmup >= 0")
     args.arms = arms
+    args.backend = [b for b in args.backend.split(",") if b]
+    args.roi = [r for r in args.roi.split(",") if r]
+    if not args.backend or set(args.backend) - set(BACKENDS) or not args.roi or set(args.roi) - set(ROI_MODES):
+        p.error(f"--backend takes {','.join(BACKENDS)} and --roi {','.join(ROI_MODES)}, got {args.backend} and {args.roi}")
     if args.dry_run:
         args.images, args.batch_size, args.size, args.batches, args.warmup = min(args.images, 24), 8, 32, 2, 1
         args.cores = 0
@@ -213,14 +225,19 @@ def main(argv: list[str] | None = None) -> int:
     sync = cuda.synchronize if device == "cuda" else (lambda: None)
     name = (cuda.device_info().name if device == "cuda" else
             f"{'dry-run' if args.dry_run else 'cpu'}-{platform.node() or 'host'}-{os.cpu_count()}cpu")
-    rates: dict[str, list[float]] = {a: [] for a in args.arms}
+    variants = [(b, r) for b in args.backend for r in args.roi]  # the decode arm runs for each; the pipeline, the first
+    labels = [f"decode[{b}/{r}]" if a == "decode" else a for a in args.arms
+              for b, r in (variants if a == "decode" else [variants[0]])]
+    rates: dict[str, list[float]] = {label: [] for label in labels}
+    errors: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="gpu_decode-") as tmp:
         size = (96, 128) if args.dry_run else IMAGENET_SIZE
         data = make_set(Path(tmp), args.images, size, seed=0)
         row = args.max_bytes or -(-data["max_bytes"] // 4096) * 4096
         ds = EncodedJpegs(ImageFolder(tmp), max_bytes=max(row, data["max_bytes"]), seed=0)
-        decoder = GpuJpegDecoder(args.size, device=device, backend=args.backend, roi=args.roi,
-                                 max_cpu_threads=max(args.cores, 1) if args.cores else 2, source=ds.sample_source)
+        threads = args.cores if args.cores else 2
+        decoders = {(b, r): GpuJpegDecoder(args.size, device=device, backend=b, roi=r, max_cpu_threads=threads,
+                                           source=ds.sample_source) for b, r in variants}
         memory = in_memory_batches(ds, args.batch_size, min(8, -(-args.images // args.batch_size))) \
             if "decode" in args.arms else []
         loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True, seed=0, num_workers=args.readers,
@@ -228,32 +245,42 @@ def main(argv: list[str] | None = None) -> int:
         try:
             stream = endless(loader)
             for r in range(args.repeats):
-                for arm in args.arms:
-                    if arm == "decode":
-                        rate = time_decode(decoder, memory, args.warmup, args.batches, sync)
-                    elif arm == "read":
-                        rate = time_read(stream, args.warmup, args.batches)
-                    else:
-                        rate = time_pipeline(decoder, stream, args.warmup, args.batches, sync)
-                    rates[arm].append(rate)
-                    print(f"round {r + 1}/{args.repeats} {arm}: {rate:,.0f} images/s", flush=True)
+                for label in labels:
+                    if label in errors:
+                        continue
+                    try:
+                        if label.startswith("decode["):
+                            b, roi = label[len("decode["):-1].split("/")
+                            rate = time_decode(decoders[b, roi], memory, args.warmup, args.batches, sync)
+                        elif label == "read":
+                            rate = time_read(stream, args.warmup, args.batches)
+                        else:
+                            rate = time_pipeline(decoders[variants[0]], stream, args.warmup, args.batches, sync)
+                    except CupyNwtError as exc:  # one variant the GPU cannot run must not lose the others
+                        errors[label] = f"{type(exc).__name__}: {exc}"
+                        print(f"round {r + 1}/{args.repeats} {label}: failed: {errors[label]}", flush=True)
+                        continue
+                    rates[label].append(rate)
+                    print(f"round {r + 1}/{args.repeats} {label}: {rate:,.0f} images/s", flush=True)
         finally:
             loader.close()
+    path = decoders[variants[0]].path
     result = {
         "question": "Does the GPU decode JPEGs fast enough? (target >= 15,000 ImageNet-size images/s, <= 2 host cores)",
-        "device": name, "path": decoder.path, "dry_run": args.dry_run, "backend": args.backend, "roi": args.roi,
-        "readers": args.readers, "cores": cores, "row_bytes": ds.max_bytes, "batch_size": args.batch_size, "output_size": args.size,
-        "timed_batches": args.batches, "warmup_batches": args.warmup, "set": data,
-        "python": platform.python_version(), "nvimgcodec": _nvimgcodec_version(),
+        "device": name, "path": path, "dry_run": args.dry_run, "backends": args.backend, "rois": args.roi,
+        "pipeline_uses": list(variants[0]), "readers": args.readers, "cores": cores, "row_bytes": ds.max_bytes,
+        "batch_size": args.batch_size, "output_size": args.size, "timed_batches": args.batches,
+        "warmup_batches": args.warmup, "set": data, "python": platform.python_version(),
+        "nvimgcodec": _nvimgcodec_version() if usable else None,
         "command": "python bench/studies/does_the_gpu_decode_jpegs/gpu_decode.py " + " ".join(argv or sys.argv[1:]),
-        "arms": {a: summary(v) for a, v in rates.items()},
+        "arms": {label: summary(v) for label, v in rates.items() if v}, "errors": errors,
     }
     out = Path(args.out_dir) / f"gpu_decode-{name.replace(' ', '-')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     for arm, s in result["arms"].items():
         print(f"{arm}: median {s['median']:,.0f} images/s, 90% interval {s['interval_90'][0]:,.0f}-"
-              f"{s['interval_90'][1]:,.0f} over {args.repeats} rounds ({decoder.path} path)")
+              f"{s['interval_90'][1]:,.0f} over {args.repeats} rounds ({path} path)")
     print(f"wrote {out}")
     return 0
 
