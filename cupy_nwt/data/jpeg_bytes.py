@@ -232,11 +232,12 @@ class EncodedJpegs:
         i = index_in(i, len(self))
         data = self.read_bytes(i)
         if len(data) > self.max_bytes:
-            raise DataError(f"{self.sample_source(i)}: {len(data)} bytes, more than max_bytes={self.max_bytes} "
-                            f"(sample {i}); raise EncodedJpegs' max_bytes")
+            raise DataError(f"{self.sample_source(i)} (sample {i}): {len(data)} bytes, more than "
+                            f"max_bytes={self.max_bytes}; raise EncodedJpegs' max_bytes")
         size = jpeg_header(data)
         if isinstance(size, str):
-            raise CorruptImageError(f"{self.sample_source(i)}: not a decodable JPEG ({size}, {len(data)} bytes)", i)
+            raise CorruptImageError(f"{self.sample_source(i)} (sample {i}): not a decodable JPEG ({size}, "
+                                    f"{len(data)} bytes)", i)
         height, width = size
         rng = SampleRng(self.seed, self.epoch, i)
         box = self.box(height, width, rng)

@@ -29,7 +29,7 @@ def test_dry_run_writes_every_arm_with_its_interval(study, tmp_path):
     result = json.loads(out.read_text())
     assert result["dry_run"] is True and result["path"] == "cpu" and result["readers"] == 2
     assert sorted(result["arms"]) == ["decode[auto/decoder]", "decode[auto/kernel]", "decode[cuda/decoder]",
-                                      "decode[cuda/kernel]", "pipeline", "read"] and result["errors"] == {}
+                                      "decode[cuda/kernel]", "pipeline", "read", "read-cpu"] and result["errors"] == {}
     for arm in result["arms"]:
         s = result["arms"][arm]
         assert len(s["images_per_s"]) == 3 and s["interval_90"][0] <= s["median"] <= s["interval_90"][1]

@@ -117,7 +117,7 @@ def test_tar_members_and_errors_name_the_member(tmp_path):
     write_tar_shard(shard, imgs, np.array([0, 1, 2]), fmt="jpeg")
     ds = EncodedJpegs(TarImageDataset(shard), max_bytes=16384)
     assert ds[2]["label"] == 2 and jpeg_size(ds[2]["jpeg"][:ds[2]["nbytes"]]) == (24, 32)
-    with pytest.raises(DataError, match=r"s\.tar member '1/000001\.jpg'.*more than max_bytes=100 \(sample 1\)"):
+    with pytest.raises(DataError, match=r"s\.tar member '1/000001\.jpg' \(sample 1\): \d+ bytes, more than max_bytes=100"):
         EncodedJpegs(TarImageDataset(shard), max_bytes=100)[1]
 
 
@@ -125,8 +125,9 @@ def test_a_corrupt_file_fails_in_the_worker_naming_it(folder):
     bad = folder / "c1" / "3.jpg"
     bad.write_bytes(bad.read_bytes()[:-100])
     ds = EncodedJpegs(ImageFolder(folder))
-    with pytest.raises(CorruptImageError, match=rf"^{bad}: not a decodable JPEG \(cut short"):
+    with pytest.raises(CorruptImageError, match=rf"^{bad} \(sample 9\): not a decodable JPEG \(cut short") as err:
         ds[9]
+    assert err.value.sample_index == 9
 
 
 def test_bad_arguments():
@@ -148,3 +149,12 @@ def test_sample_draws_are_uniform_and_keyed_by_seed_epoch_index():
     assert len(set(draws.values())) == 8 and SampleRng(1, 1, 1).random() == draws[1, 1, 1]
     with pytest.raises(ArgumentError, match="low < high"):
         SampleRng(0, 0, 0).integers(5, 5)
+
+
+def test_a_corrupt_file_read_by_a_worker_reaches_the_loop_naming_it(folder):
+    bad = folder / "c0" / "2.jpg"
+    bad.write_bytes(bad.read_bytes()[:-100])
+    with DataLoader(EncodedJpegs(ImageFolder(folder), max_bytes=8192), batch_size=4, num_workers=2) as dl:
+        with pytest.raises(CorruptImageError, match=rf"{bad} \(sample 2\): not a decodable JPEG \(cut short") as err:
+            list(dl)
+    assert err.value.sample_index == 2

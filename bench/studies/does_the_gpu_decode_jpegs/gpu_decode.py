@@ -12,8 +12,10 @@ horizontal flip, normalisation, batch 256. Three arms, interleaved in each of ``
   the decoder's region of interest, or whole images cropped by the kernel), labelled ``decode[backend/roi]``;
 * ``pipeline``: ``DataLoader(EncodedJpegs(ImageFolder), num_workers=--readers, device="cpu")``, each
   batch decoded as it comes (with the first backend and roi): workers only read files and draw crops;
-* ``read``: the same loader with nothing decoding its batches: what the readers alone can supply.
-  It needs no GPU (``--arms read`` runs anywhere).
+* ``read``: the same loader with nothing decoding its batches: what the readers alone can supply;
+* ``read-cpu``: images per CPU second of one reader: the same samples made and collated in this
+  process (no workers), timed by ``time.process_time``, so a busy neighbour inflates it less than
+  wall time. ``read`` and ``read-cpu`` need no GPU (``--arms read,read-cpu`` runs anywhere).
 
 The whole process (its workers and nvImageCodec's threads with it) is pinned to ``--cores`` host cores
 (default 2). Each round times ``--batches`` batches after ``--warmup`` untimed ones and ends in a
@@ -52,7 +54,7 @@ from cupy_nwt.errors import CupyNwtError  # noqa: E402
 from cupy_nwt.nwt.measure import median_interval  # noqa: E402
 
 IMAGENET_SIZE = (375, 500)  # height, width of the typical landscape ImageNet photo
-ARMS = ("decode", "pipeline", "read")
+ARMS = ("decode", "pipeline", "read", "read-cpu")
 GPU_ARMS = ("decode", "pipeline")
 
 
@@ -151,6 +153,17 @@ def time_read(batches: Any, warmup: int, timed: int) -> float:
     start = time.perf_counter()
     n = sum(len(next(batches)["nbytes"]) for _ in range(timed))
     return n / (time.perf_counter() - start)
+
+
+def read_cpu_rate(ds: EncodedJpegs, batch_size: int, warmup: int, timed: int) -> float:
+    """Images per CPU second of one process making and collating ``timed`` batches, after ``warmup``."""
+    loader = DataLoader(ds, batch_size=batch_size, shuffle=True, seed=1, num_workers=0, device="cpu")
+    batches = endless(loader)
+    for _ in range(warmup):
+        next(batches)
+    start = time.process_time()
+    n = sum(len(next(batches)["nbytes"]) for _ in range(timed))
+    return n / (time.process_time() - start)
 
 
 def endless(loader: DataLoader) -> Any:
@@ -254,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
                             rate = time_decode(decoders[b, roi], memory, args.warmup, args.batches, sync)
                         elif label == "read":
                             rate = time_read(stream, args.warmup, args.batches)
+                        elif label == "read-cpu":
+                            rate = read_cpu_rate(ds, args.batch_size, args.warmup, args.batches)
                         else:
                             rate = time_pipeline(decoders[variants[0]], stream, args.warmup, args.batches, sync)
                     except CupyNwtError as exc:  # one variant the GPU cannot run must not lose the others
