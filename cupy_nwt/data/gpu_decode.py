@@ -168,7 +168,9 @@ class GpuJpegDecoder:
         if self.codec.on_device:
             stream_ptr = int(cuda.current_stream().ptr)
             self._release_held()
-        decoded = self.codec.decode(streams, boxes, stream_ptr)
+        answers = self.codec.decode(streams, boxes, stream_ptr)
+        decoded: list[Decoded | str] = [d if isinstance(d, (Decoded, str)) else f"the decoder gave {d!r}, no image"
+                                        for d in answers]
         self._check(decoded, indices)
         images = [d for d in decoded if isinstance(d, Decoded)]  # all of them: any failure raised above
         if self.codec.on_device:
@@ -185,7 +187,7 @@ class GpuJpegDecoder:
 
     def _check(self, decoded: Sequence[Decoded | str | None], indices: np.ndarray) -> None:
         """Raise for the first image answered with a reason (a str) instead of pixels; None means "fine so far"."""
-        failed = [k for k, d in enumerate(decoded) if isinstance(d, str) or (d is not None and not isinstance(d, Decoded))]
+        failed = [k for k, d in enumerate(decoded) if isinstance(d, str)]
         if len(decoded) != len(indices):
             raise ArgumentError(f"the codec answered {len(decoded)} images for a batch of {len(indices)}")
         if failed:

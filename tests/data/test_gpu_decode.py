@@ -116,6 +116,18 @@ def test_a_cut_short_stream_fails_even_where_the_decoder_would_fill_it_in(folder
         GpuJpegDecoder(32, source=ds.sample_source, codec=FakeCodec({}))(batch)
 
 
+def test_a_codec_answering_none_is_a_failure_of_that_image(folder):
+    class NoneFor(FakeCodec):
+        def decode(self, streams, boxes, cuda_stream=0):
+            out = super().decode(streams, boxes)
+            out[1] = None  # what nvImageCodec itself answers for an image it could not decode
+            return out
+
+    batch = batch_of(EncodedJpegs(ImageFolder(folder), max_bytes=32768), [4, 5, 6])
+    with pytest.raises(CorruptImageError, match=r"^sample 5: not a decodable JPEG \(the decoder gave None, no image\)$"):
+        GpuJpegDecoder(32, codec=NoneFor({}))(batch)
+
+
 def test_a_codec_answering_for_fewer_images_is_an_error_not_a_short_batch(folder):
     class Short(FakeCodec):
         def decode(self, streams, boxes, cuda_stream=0):
