@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     labels = [f"decode[{b}/{r}]" if a == "decode" else a for a in args.arms
               for b, r in (variants if a == "decode" else [variants[0]])]
     rates: dict[str, list[float]] = {label: [] for label in labels}
+    load_before = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # a busy neighbour shows here
     errors: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="gpu_decode-") as tmp:
         size = (96, 128) if args.dry_run else IMAGENET_SIZE
@@ -288,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_batches": args.warmup, "set": data, "python": platform.python_version(),
         "nvimgcodec": _nvimgcodec_version() if usable else None,
         "command": "python bench/studies/does_the_gpu_decode_jpegs/gpu_decode.py " + " ".join(argv or sys.argv[1:]),
+        "load_average_1min": [load_before, os.getloadavg()[0] if hasattr(os, "getloadavg") else None],
+        "cpus": os.cpu_count(),
         "arms": {label: summary(v) for label, v in rates.items() if v}, "errors": errors,
     }
     out = Path(args.out_dir) / f"gpu_decode-{name.replace(' ', '-')}.json"
