@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 from cupy_nwt.data.gpu_decode import KERNEL_PATH
@@ -117,6 +119,7 @@ def test_flip_mirrors_the_resized_crop_and_normalisation_is_torchvisions():
     ((375, 500), (100, 50, 61, 47), (224, 224), True),  # upscaling
     ((375, 500), (0, 0, 375, 500), (224, 224), True),
     ((60, 80), (2, 3, 55, 70), (17, 29), False),
+    ((1500, 2000), (100, 50, 1400, 1900), (64, 64), True),  # camera-like: ~22 x 30 taps, centres in the thousands
 ])
 def test_kernel_arithmetic_matches_the_reference(shape, box, size, flip):
     img = _photo_like(*shape, seed=3)
@@ -146,3 +149,13 @@ def test_bad_boxes_and_normalisation_are_one_line_errors():
         normalize_affine((0, 0, 0), (1, 0, 1))
     with pytest.raises(ArgumentError, match="sizes >= 1"):
         antialias_weights(0, 3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(h=st.integers(1, 90), w=st.integers(1, 90), out_h=st.integers(1, 40), out_w=st.integers(1, 40),
+       top=st.integers(0, 10), left=st.integers(0, 10), flip=st.booleans(), seed=st.integers(0, 3))
+def test_kernel_arithmetic_matches_the_reference_at_any_size(h, w, out_h, out_w, top, left, flip, seed):
+    img = _photo_like(top + h, left + w, seed=seed)
+    scale, bias = normalize_affine(IMAGENET_MEAN, IMAGENET_STD)
+    ref = crop_resize_flip_normalize(img, (top, left, h, w), (out_h, out_w), flip)
+    assert np.abs(emulate_kernel(img, top, left, h, w, out_h, out_w, flip, scale, bias) - ref).max() < 2e-4
