@@ -86,8 +86,9 @@ def _whole_jpegs(data: np.ndarray, lengths: np.ndarray) -> list[str | None]:
 class GpuJpegDecoder:
     """Decode, crop, resize, flip and normalise a batch of ``EncodedJpegs`` samples, on the GPU where it can.
 
-    Call it on each batch the loader yields (``decoder(batch)``); run the loader with ``device="cpu"``:
-    nvImageCodec reads the encoded bytes from host memory, straight from the ring's slot.
+    Call it on each batch the loader yields (``decoder(batch)``); run the loader with ``device="cpu"`` and
+    ``zero_copy=True``: nvImageCodec reads the encoded bytes from host memory, straight from the ring's
+    slot, and is done with them when the call returns.
 
     Args:
         size: the output ``(height, width)`` (or one int for a square).

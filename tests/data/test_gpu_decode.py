@@ -55,8 +55,9 @@ def batch_of(ds: EncodedJpegs, indices: Sequence[int]) -> dict[str, np.ndarray]:
     return {k: np.stack([s[k] for s in samples]) for k in samples[0]}
 
 
-def reference(ds: EncodedJpegs, batch: dict[str, np.ndarray], size: int = 32) -> np.ndarray:
-    return np.stack([crop_resize_flip_normalize(decode_image(ds.read_bytes(int(i)), "x"), box, (size, size), bool(f))
+def reference(ds: EncodedJpegs, batch: dict[str, np.ndarray], size: int | tuple[int, int] = 32) -> np.ndarray:
+    hw = (size, size) if isinstance(size, int) else size
+    return np.stack([crop_resize_flip_normalize(decode_image(ds.read_bytes(int(i)), "x"), box, hw, bool(f))
                      for i, box, f in zip(batch["index"], batch["box"], batch["flip"])])
 
 
@@ -83,14 +84,22 @@ def test_cpu_path_is_the_reference_in_the_cpu_transforms_layout(folder):
     np.testing.assert_array_equal(out, reference(ds, batch))
 
 
-def test_through_the_loader(folder):
+@pytest.mark.parametrize("codec", ["pillow", "nvimgcodec-cpu"])
+def test_through_the_loader_straight_from_the_ring(folder, codec):
+    if codec == "nvimgcodec-cpu" and not nvimgcodec_status()[0]:
+        pytest.skip(str(nvimgcodec_status()[1]))
     ds = EncodedJpegs(ImageFolder(folder), max_bytes=32768, seed=2)
-    decoder = GpuJpegDecoder((24, 40), device="cpu", source=ds.sample_source)
+    chosen = NvImageCodecJpeg(backend="cpu", max_cpu_threads=1) if codec != "pillow" else None
+    decoder = GpuJpegDecoder((24, 40), device="cpu", source=ds.sample_source, codec=chosen)
     seen = []
-    with DataLoader(ds, batch_size=3, num_workers=2, shuffle=True, generator=np.random.default_rng(0)) as dl:
+    # zero_copy: the batch is a read-only view of the ring's slot, decoded before the next batch is asked for
+    with DataLoader(ds, batch_size=3, num_workers=2, shuffle=True, seed=0, zero_copy=True, device="cpu") as dl:
         for batch in dl:
+            assert not batch["jpeg"].flags.writeable
             images = decoder(batch)
             assert images.shape == (len(batch["label"]), 3, 24, 40) and np.isfinite(images).all()
+            ref = reference(ds, {k: np.array(v) for k, v in batch.items()}, (24, 40))
+            assert np.abs(images - ref).max() <= (0 if chosen is None else 2 * STD_LEVEL)  # libjpeg-turbo both
             seen += batch["index"].tolist()
     assert sorted(seen) == list(range(8))
 

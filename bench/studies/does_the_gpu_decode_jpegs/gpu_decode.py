@@ -10,7 +10,7 @@ horizontal flip, normalisation, batch 256. Three arms, interleaved in each of ``
   what nvImageCodec and the resize kernel make, the ceiling of the pipeline; once per ``--backend``
   (``auto``: the hardware decoder first; ``cuda``: nvJPEG's CUDA decoder) and ``--roi`` (the crop as
   the decoder's region of interest, or whole images cropped by the kernel), labelled ``decode[backend/roi]``;
-* ``pipeline``: ``DataLoader(EncodedJpegs(ImageFolder), num_workers=--readers, device="cpu")``, each
+* ``pipeline``: ``DataLoader(EncodedJpegs(ImageFolder), num_workers=--readers, device="cpu", zero_copy=True)``, each
   batch decoded as it comes (with the first backend and roi): workers only read files and draw crops;
 * ``read``: the same loader with nothing decoding its batches: what the readers alone can supply;
 * ``read-cpu``: images per CPU second of one reader: the same samples made and collated in this
@@ -157,7 +157,7 @@ def time_read(batches: Any, warmup: int, timed: int) -> float:
 
 def read_cpu_rate(ds: EncodedJpegs, batch_size: int, warmup: int, timed: int) -> float:
     """Images per CPU second of one process making and collating ``timed`` batches, after ``warmup``."""
-    loader = DataLoader(ds, batch_size=batch_size, shuffle=True, seed=1, num_workers=0, device="cpu")
+    loader = DataLoader(ds, batch_size=batch_size, shuffle=True, seed=1, num_workers=0, device="cpu", zero_copy=True)
     batches = endless(loader)
     for _ in range(warmup):
         next(batches)
@@ -254,8 +254,10 @@ def main(argv: list[str] | None = None) -> int:
                                            source=ds.sample_source) for b, r in variants}
         memory = in_memory_batches(ds, args.batch_size, min(8, -(-args.images // args.batch_size))) \
             if "decode" in args.arms else []
+        # zero_copy: each batch is a view of its ring slot, decoded before the next is asked for (no copy out)
         loader = DataLoader(ds, batch_size=args.batch_size, shuffle=True, seed=0, num_workers=args.readers,
-                            device="cpu", persistent_workers=args.readers > 0, drop_last=args.images >= args.batch_size)
+                            device="cpu", zero_copy=True, persistent_workers=args.readers > 0,
+                            drop_last=args.images >= args.batch_size)
         try:
             stream = endless(loader)
             for r in range(args.repeats):
