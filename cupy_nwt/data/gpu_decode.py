@@ -162,7 +162,7 @@ class GpuJpegDecoder:
             raise ArgumentError(f"nbytes must be within 1..{data.shape[1]} (the rows' width), got {lengths.min()}..{lengths.max()}")
         if n and (boxes[:, :2].min() < 0 or boxes[:, 2:].min() < 1):
             k = int(np.flatnonzero((boxes[:, :2] < 0).any(1) | (boxes[:, 2:] < 1).any(1))[0])
-            raise ArgumentError(f"{self._name(int(indices[k]))}: crop box {tuple(boxes[k])} has a negative corner or an empty side")
+            raise ArgumentError(f"{self._name(int(indices[k]))}: crop box {tuple(int(v) for v in boxes[k])} has a negative corner or an empty side")
         streams = [data[k, :lengths[k]] for k in range(n)]
         self._check(_whole_jpegs(data, lengths), indices)  # before decoding: a cut-short stream may "decode"
         stream_ptr = 0
@@ -204,8 +204,13 @@ class GpuJpegDecoder:
         meta = np.empty((n, META_FIELDS), np.int64)
         for k, d in enumerate(images):
             face = d.pixels.__cuda_array_interface__
-            strides = face.get("strides")
-            meta[k] = (int(face["data"][0]), int(strides[0]) if strides else int(face["shape"][1]) * 3,
+            shape, strides = tuple(face["shape"]), face.get("strides")
+            if (face.get("typestr") != "|u1" or len(shape) != 3 or shape[2] != 3 or d.top < 0 or d.left < 0
+                    or shape[0] < d.top + boxes[k, 2] or shape[1] < d.left + boxes[k, 3]
+                    or (strides is not None and tuple(strides[1:]) != (3, 1))):
+                raise ArgumentError(f"the codec gave pixels {face.get('typestr')} {shape} (strides {strides}) that do not "
+                                    f"hold crop {tuple(int(v) for v in boxes[k])} at ({d.top}, {d.left}) as interleaved RGB bytes")
+            meta[k] = (int(face["data"][0]), int(strides[0]) if strides else shape[1] * 3,
                        d.top, d.left, boxes[k, 2], boxes[k, 3], int(flips[k]))
         h, w = self.size
         out = cuda.device_empty((n, 3, h, w), np.float32)

@@ -22,6 +22,7 @@ from cupy_nwt import cuda
 from cupy_nwt.data import GpuJpegDecoder, decode_image
 from cupy_nwt.data.jpeg_codecs import Decoded
 from cupy_nwt.data.resample import crop_resize_flip_normalize, normalize_affine
+from cupy_nwt.errors import ArgumentError
 
 
 class FakeDeviceArray:
@@ -175,3 +176,14 @@ def test_the_normalisation_reaches_the_kernel(fake):
     scale, bias = normalize_affine((0.5, 0.25, 0.0), (0.5, 1.0, 2.0))
     pixels = decode_image(b["jpeg"][0, :b["nbytes"][0]].tobytes(), "x").transpose(2, 0, 1)
     np.testing.assert_allclose(out, pixels * scale[:, None, None] + bias[:, None, None], atol=2e-5)
+
+
+def test_pixels_that_do_not_hold_the_crop_are_refused_before_any_launch(fake):
+    class Small(DeviceCodec):
+        def decode(self, streams, boxes, cuda_stream=0):
+            return [Decoded(DevicePixels(np.zeros((10, 10, 3), np.uint8)), 0, 0) for _ in streams]
+
+    b = batch([(30, 40)], [(0, 0, 30, 40)], [False])
+    with pytest.raises(ArgumentError, match=r"do not hold crop \(0, 0, 30, 40\)"):
+        GpuJpegDecoder(16, codec=Small("decoder"))(b)
+    assert fake.launches == []
