@@ -173,14 +173,15 @@ class EncodedJpegs:
             ring holds ``batch_size x max_bytes`` per slot, so keep it near the largest file.
         crop: ``"random-resized"`` (torchvision's ``RandomResizedCrop`` with ``scale`` and ``ratio``),
             ``"center"`` (the centred square of 224/256 of the shorter side), ``"full"`` (the whole image), or a callable
-            ``(height, width, rng) -> (top, left, h, w)``; ``rng`` is a ``SampleRng`` (``random``, ``uniform``
-            and ``integers``, as on ``np.random.Generator``).
+            ``(height, width, rng) -> (top, left, h, w)``, or an object with that as its ``box`` method (a crop
+            transform that also serves the CPU path); ``rng`` is a ``SampleRng`` (``random``, ``uniform`` and
+            ``integers``, as on ``np.random.Generator``).
         flip_p: the probability of a horizontal flip.
         scale, ratio: ``RandomResizedCrop``'s ranges (with ``crop="random-resized"``).
         seed: the draws' seed (with the epoch and the index); None draws one now, shared by every worker.
     """
 
-    def __init__(self, source: Any, max_bytes: int = 256 * 1024, crop: str | BoxSampler = "random-resized",
+    def __init__(self, source: Any, max_bytes: int = 256 * 1024, crop: str | BoxSampler | Any = "random-resized",
                  flip_p: float = 0.5, scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), seed: int | None = None) -> None:
         if not (hasattr(source, "read_bytes") or hasattr(source, "path")) or not hasattr(source, "__len__"):
@@ -188,8 +189,10 @@ class EncodedJpegs:
                                 f"TarImageDataset), got {type(source).__name__}")
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 4:
             raise ArgumentError(f"max_bytes must be an int >= 4, got {max_bytes!r}")
-        if not (isinstance(crop, str) and crop in ("random-resized", "center", "full")) and not callable(crop):
-            raise ArgumentError(f"crop must be 'random-resized', 'center', 'full' or a callable, got {crop!r}")
+        if not (isinstance(crop, str) and crop in ("random-resized", "center", "full")) and not callable(crop) \
+                and not callable(getattr(crop, "box", None)):
+            raise ArgumentError(f"crop must be 'random-resized', 'center', 'full', a callable or an object with a "
+                                f"box(height, width, rng) method, got {crop!r}")
         if not 0.0 <= float(flip_p) <= 1.0:
             raise ArgumentError(f"flip_p must be in [0, 1], got {flip_p!r}")
         if not (0 < scale[0] <= scale[1] <= 1.0) or not (0 < ratio[0] <= ratio[1]):
@@ -222,8 +225,9 @@ class EncodedJpegs:
             return _center_crop_box(height, width)
         if self.crop == "full":
             return 0, 0, height, width
-        assert callable(self.crop)
-        top, left, h, w = (int(v) for v in self.crop(height, width, rng))
+        crop: Any = self.crop
+        draw = crop.box if callable(getattr(crop, "box", None)) else crop
+        top, left, h, w = (int(v) for v in draw(height, width, rng))
         if h < 1 or w < 1 or top < 0 or left < 0 or top + h > height or left + w > width:
             raise ArgumentError(f"crop gave box {(top, left, h, w)}, not inside the {height}x{width} image")
         return top, left, h, w

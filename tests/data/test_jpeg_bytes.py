@@ -97,6 +97,13 @@ def test_crop_modes(folder):
     side = round(min(h, w) * 224 / 256)
     assert tuple(EncodedJpegs(images, crop="center")[0]["box"]) == ((h - side) // 2, (w - side) // 2, side, side)
     assert tuple(EncodedJpegs(images, crop=lambda hh, ww, rng: (1, 2, 3, 4))[0]["box"]) == (1, 2, 3, 4)
+
+    class Crop:  # a CPU crop transform that can also say its box
+        def box(self, hh, ww, rng):
+            return 0, 1, hh - 2, int(rng.integers(1, ww))
+
+    top, left, bh, bw = EncodedJpegs(images, crop=Crop())[0]["box"]
+    assert (top, left, bh) == (0, 1, h - 2) and 1 <= bw < w
     with pytest.raises(ArgumentError, match="not inside"):
         EncodedJpegs(images, crop=lambda hh, ww, rng: (0, 0, hh + 1, ww))[0]
 
