@@ -95,7 +95,7 @@ class GpuJpegDecoder:
         mean, std: per-channel normalisation of ``pixel / 255`` (ImageNet's by default).
         device: ``"auto"`` (the GPU if one and nvImageCodec are usable, else the CPU path, said once),
             ``"cuda"`` (the GPU or ``NoGPUError`` with the reason) or ``"cpu"``.
-        backend, roi, max_cpu_threads: nvImageCodec's, see ``NvImageCodecJpeg``.
+        backend, roi, max_cpu_threads, hardware_load: nvImageCodec's, see ``NvImageCodecJpeg``.
         source: names sample ``i`` in errors (``EncodedJpegs.sample_source``); default ``"sample i"``.
         codec: the decoder of encoded bytes, for tests or another library (default: nvImageCodec on
             the GPU path, Pillow on the CPU path). Its ``on_device`` decides where resizing runs.
@@ -103,8 +103,8 @@ class GpuJpegDecoder:
 
     def __init__(self, size: int | Sequence[int] = 224, mean: Sequence[float] = IMAGENET_MEAN,
                  std: Sequence[float] = IMAGENET_STD, *, device: str = "auto", backend: str = "auto",
-                 roi: str = "decoder", max_cpu_threads: int = 2, source: Callable[[int], str] | None = None,
-                 codec: JpegCodec | None = None) -> None:
+                 roi: str = "decoder", max_cpu_threads: int = 2, hardware_load: float = 1.0,
+                 source: Callable[[int], str] | None = None, codec: JpegCodec | None = None) -> None:
         self.size = _size(size)
         self.mean, self.std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
         self._scale, self._bias = normalize_affine(self.mean, self.std)
@@ -113,6 +113,8 @@ class GpuJpegDecoder:
         if backend not in BACKENDS or roi not in ROI_MODES:
             raise ArgumentError(f"backend must be one of {', '.join(BACKENDS)} and roi one of {', '.join(ROI_MODES)}, "
                                 f"got {backend!r} and {roi!r}")
+        if isinstance(hardware_load, bool) or not isinstance(hardware_load, (int, float)) or not 0 <= hardware_load <= 1:
+            raise ArgumentError(f"hardware_load must be a fraction in [0, 1], got {hardware_load!r}")
         if isinstance(max_cpu_threads, bool) or not isinstance(max_cpu_threads, int) or max_cpu_threads < 0:
             raise ArgumentError(f"max_cpu_threads must be an int >= 0 (0: one per core), got {max_cpu_threads!r}")
         if source is not None and not callable(source):
@@ -124,7 +126,7 @@ class GpuJpegDecoder:
             if device == "cuda" and not usable:
                 raise NoGPUError(f"GpuJpegDecoder(device='cuda'): {why}")
             if usable:
-                codec = NvImageCodecJpeg(cuda.current_device(), backend, roi, max_cpu_threads)
+                codec = NvImageCodecJpeg(cuda.current_device(), backend, roi, max_cpu_threads, hardware_load)
             else:
                 self.reason = why
                 if device == "auto":

@@ -100,20 +100,27 @@ class NvImageCodecJpeg:
             out of them (the hardware decoder may be faster on whole images).
         max_cpu_threads: host threads nvImageCodec may use (parsing, and Huffman decoding with
             ``"hybrid"`` or ``"cpu"``).
+        hardware_load: with ``"auto"``, the fraction of each batch offered to the hardware decoder
+            (nvImageCodec's load hint); the rest, and whatever it cannot take, goes to the CUDA decoder,
+            so both work at once.
     """
 
-    def __init__(self, device_id: int = 0, backend: str = "auto", roi: str = "decoder", max_cpu_threads: int = 2) -> None:
+    def __init__(self, device_id: int = 0, backend: str = "auto", roi: str = "decoder", max_cpu_threads: int = 2,
+                 hardware_load: float = 1.0) -> None:
         if backend not in BACKENDS:
             raise ArgumentError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if roi not in ROI_MODES:
             raise ArgumentError(f"roi must be one of {', '.join(ROI_MODES)}, got {roi!r}")
+        if isinstance(hardware_load, bool) or not isinstance(hardware_load, (int, float)) or not 0 <= hardware_load <= 1:
+            raise ArgumentError(f"hardware_load must be a fraction in [0, 1], got {hardware_load!r}")
         usable, reason = nvimgcodec_status()
         if not usable:
             raise ArgumentError(reason or "nvImageCodec is not usable")
         n = _nvimgcodec()
         kinds = {"auto": ("HW_GPU_ONLY", "GPU_ONLY"), "hardware": ("HW_GPU_ONLY",), "cuda": ("GPU_ONLY",),
                  "hybrid": ("HYBRID_CPU_GPU",), "cpu": ("CPU_ONLY",)}[backend]
-        backends = [n.Backend(getattr(n.BackendKind, k)) for k in kinds]
+        backends = [n.Backend(getattr(n.BackendKind, k), load_hint=float(hardware_load) if k == "HW_GPU_ONLY" else 1.0)
+                    for k in kinds]
         self.on_device = backend != "cpu"
         self.backend, self.roi = backend, roi
         device = device_id if self.on_device else n.NVIMGCODEC_DEVICE_CPU_ONLY

@@ -28,8 +28,9 @@ def test_dry_run_writes_every_arm_with_its_interval(study, tmp_path):
     (out,) = tmp_path.glob("gpu_decode-*.json")
     result = json.loads(out.read_text())
     assert result["dry_run"] is True and result["path"] == "cpu" and result["readers"] == 2
-    assert sorted(result["arms"]) == ["decode[auto/decoder]", "decode[auto/kernel]", "decode[cuda/decoder]",
-                                      "decode[cuda/kernel]", "pipeline", "read", "read-cpu"] and result["errors"] == {}
+    assert sorted(result["arms"]) == ["decode[auto/decoder]", "decode[auto/kernel]", "decode[auto:0.65/decoder]",
+                                      "decode[auto:0.65/kernel]", "decode[cuda/decoder]", "decode[cuda/kernel]",
+                                      "pipeline", "read", "read-cpu"] and result["errors"] == {}
     for arm in result["arms"]:
         s = result["arms"][arm]
         assert len(s["images_per_s"]) == 3 and s["interval_90"][0] <= s["median"] <= s["interval_90"][1]
@@ -51,7 +52,8 @@ def test_without_a_gpu_it_exits_3_with_one_line(study, tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("gpu_decode: ") and not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("args", [["--arms", "decode,fly"], ["--backend", "gpu"], ["--roi", ""], ["--images", "0"]])
+@pytest.mark.parametrize("args", [["--arms", "decode,fly"], ["--backend", "gpu"], ["--backend", "cuda:0.5"],
+                                  ["--backend", "auto:1.5"], ["--roi", ""], ["--images", "0"]])
 def test_bad_arguments_exit_2(study, args):
     with pytest.raises(SystemExit) as exc:
         study.main(args)

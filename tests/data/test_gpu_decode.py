@@ -162,7 +162,8 @@ def test_bad_batches_and_options_are_one_line_errors(folder):
         decoder([batch])
     for kwargs, match in [({"size": 0}, "size"), ({"size": (3, 4, 5)}, "size"), ({"device": "gpu"}, "device"),
                           ({"std": (1, 0, 1)}, "std"), ({"backend": "gpu"}, "backend must be"),
-                          ({"roi": "crop"}, "roi one of"), ({"max_cpu_threads": -1}, "max_cpu_threads")]:
+                          ({"roi": "crop"}, "roi one of"), ({"max_cpu_threads": -1}, "max_cpu_threads"),
+                          ({"hardware_load": 1.5}, "hardware_load")]:
         with pytest.raises(ArgumentError, match=match):
             GpuJpegDecoder(**kwargs)
 
@@ -212,6 +213,8 @@ def test_nvimgcodec_options_are_checked():
         NvImageCodecJpeg(backend="gpu")
     with pytest.raises(ArgumentError, match="roi must be"):
         NvImageCodecJpeg(roi="crop")
+    with pytest.raises(ArgumentError, match="hardware_load"):
+        NvImageCodecJpeg(hardware_load=-0.1)
 
 
 # ---------------------------------------------------------------- on a GPU machine

@@ -8,7 +8,8 @@ horizontal flip, normalisation, batch 256. Three arms, interleaved in each of ``
 
 * ``decode``: the decoder alone on batches already in memory (the padded rows the ring would carry):
   what nvImageCodec and the resize kernel make, the ceiling of the pipeline; once per ``--backend``
-  (``auto``: the hardware decoder first; ``cuda``: nvJPEG's CUDA decoder) and ``--roi`` (the crop as
+  (``auto``: the hardware decoder first; ``auto:0.65``: it is offered 65 % of each batch, the CUDA
+  decoder the rest; ``cuda``: nvJPEG's CUDA decoder alone) and ``--roi`` (the crop as
   the decoder's region of interest, or whole images cropped by the kernel), labelled ``decode[backend/roi]``;
 * ``pipeline``: ``DataLoader(EncodedJpegs(ImageFolder), num_workers=--readers, device="cpu", zero_copy=True)``, each
   batch decoded as it comes (with the first backend and roi): workers only read files and draw crops;
@@ -197,8 +198,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (default 3)")
     p.add_argument("--batches", type=int, default=40, help="timed batches per arm and round (default 40)")
     p.add_argument("--warmup", type=int, default=4, help="untimed batches before each (default 4)")
-    p.add_argument("--backend", default="auto,cuda",
-                   help="nvImageCodec backends the decode arm compares (auto, hardware, cuda, hybrid); default auto,cuda")
+    p.add_argument("--backend", default="auto,auto:0.65,cuda",
+                   help="nvImageCodec backends the decode arm compares: auto, hardware, cuda, hybrid; auto:F offers "
+                        "the hardware decoder the fraction F of each batch (default auto,auto:0.65,cuda)")
     p.add_argument("--roi", default="decoder,kernel",
                    help="where the crop is made, compared in the decode arm: decoder (region of interest), kernel")
     p.add_argument("--arms", default=",".join(ARMS), help=f"subset of {','.join(ARMS)} (default: all)")
@@ -215,12 +217,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     args.arms = arms
     args.backend = [b for b in args.backend.split(",") if b]
     args.roi = [r for r in args.roi.split(",") if r]
-    if not args.backend or set(args.backend) - set(BACKENDS) or not args.roi or set(args.roi) - set(ROI_MODES):
+    if not args.backend or not all(_backend(b) for b in args.backend) or not args.roi or set(args.roi) - set(ROI_MODES):
         p.error(f"--backend takes {','.join(BACKENDS)} and --roi {','.join(ROI_MODES)}, got {args.backend} and {args.roi}")
     if args.dry_run:
         args.images, args.batch_size, args.size, args.batches, args.warmup = min(args.images, 24), 8, 32, 2, 1
         args.cores = 0
     return args
+
+
+def _backend(spec: str) -> tuple[str, float] | None:
+    """``"auto:0.65"`` -> ``("auto", 0.65)``, ``"cuda"`` -> ``("cuda", 1.0)``; None if it is neither."""
+    name, _, load = spec.partition(":")
+    try:
+        fraction = float(load) if load else 1.0
+    except ValueError:
+        return None
+    return (name, fraction) if name in BACKENDS and 0 <= fraction <= 1 and (not load or name == "auto") else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -250,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
         row = args.max_bytes or -(-data["max_bytes"] // 4096) * 4096
         ds = EncodedJpegs(ImageFolder(tmp), max_bytes=max(row, data["max_bytes"]), seed=0)
         threads = args.cores if args.cores else 2
-        decoders = {(b, r): GpuJpegDecoder(args.size, device=device, backend=b, roi=r, max_cpu_threads=threads,
+        specs = {b: _backend(b) or ("auto", 1.0) for b in args.backend}  # each checked in parse()
+        decoders = {(b, r): GpuJpegDecoder(args.size, device=device, backend=specs[b][0], roi=r,
+                                           hardware_load=specs[b][1], max_cpu_threads=threads,
                                            source=ds.sample_source) for b, r in variants}
         memory = in_memory_batches(ds, args.batch_size, min(8, -(-args.images // args.batch_size))) \
             if "decode" in args.arms else []
