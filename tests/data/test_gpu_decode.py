@@ -306,3 +306,19 @@ def test_recycled_images_are_decoded_into_again(folder):
     for k, d in zip([7, 6, 5], second):
         np.testing.assert_array_equal(np.asarray(d.pixels), decode_image(ds.read_bytes(k), "x"))
     assert all(isinstance(d, Decoded) for d in run([0, 1]))  # another count: fresh images
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not GPU, reason=str(gpu_decode_status()[1]))
+def test_gpu_path_through_the_loader_straight_from_the_ring(smooth_folder):
+    ds = EncodedJpegs(ImageFolder(smooth_folder), max_bytes=65536, seed=8)
+    gpu, cpu = GpuJpegDecoder(56, device="cuda", source=ds.sample_source), GpuJpegDecoder(56, device="cpu")
+    seen = []
+    with DataLoader(ds, batch_size=3, num_workers=2, shuffle=True, seed=0, zero_copy=True, device="cpu") as dl:
+        for batch in dl:
+            images = gpu(batch)
+            assert cuda.is_device_array(images) and images.shape == (len(batch["index"]), 3, 56, 56)
+            levels = np.abs(cuda.as_numpy(images) - cpu(batch)) / STD_LEVEL
+            assert levels.mean() <= CROSS_DECODER_MEAN_LEVELS and levels.max() <= CROSS_DECODER_MAX_LEVELS
+            seen += batch["index"].tolist()
+    assert sorted(seen) == list(range(8))
