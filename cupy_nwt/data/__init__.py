@@ -1,7 +1,8 @@
 """Every data source and transform the loader reads, behind one written contract (``contract``).
 
 ``datasets``: arrays and memmaps, image folders, tar shards (their gunzip cache in ``_tar_cache``),
-CIFAR-10 batches, the synthetic CIFAR-10; ``streaming``: sharded tar streams read by several readers;
+CIFAR-10 batches, the synthetic CIFAR-10; ``jpeg_bytes`` and ``gpu_decode``: JPEG samples as encoded bytes and
+their decoding on the GPU (nvImageCodec, through ``jpeg_codecs``); ``streaming``: sharded tar streams read by several readers;
 ``records``: a list of Python records packed into NumPy columns; ``transforms``: per-sample transforms
 and the Numba batch kernel of the CIFAR pipeline. Nothing here imports the loader.
 
@@ -35,6 +36,8 @@ _LAZY = {
     **dict.fromkeys(("AugmentParams", "CIFAR10_MEAN", "CIFAR10_STD", "CifarEvalTransform", "CifarTrainTransform",
                      "Compose", "Normalize", "RandomCrop", "RandomHorizontalFlip", "ToCHWFloat",
                      "crop_flip_normalize"), "transforms"),
+    **dict.fromkeys(("GpuJpegDecoder", "gpu_decode_status"), "gpu_decode"),
+    **dict.fromkeys(("EncodedJpegs", "jpeg_size"), "jpeg_bytes"),
 }
 
 __all__ = ["BatchedMapDataset", "EpochAware", "IterableDataset", "MapDataset", "PackedRecords", "ReaderSlot", "ResumableStream",

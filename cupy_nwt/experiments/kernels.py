@@ -35,7 +35,9 @@ class KernelSource:
 
 SPIN = KernelSource("cupy_nwt_spin", SOURCE_DIR / "spin.cu")
 OVERLAP = KernelSource("cupy_nwt_overlap", SOURCE_DIR / "overlap.cu")
-SOURCES = (SPIN, OVERLAP)
+# the JPEG decode stage's resize, flip and normalise (``cupy_nwt.data.gpu_decode``)
+RESIZE_NORMALIZE = KernelSource("cupy_nwt_resize_normalize", SOURCE_DIR / "resize_normalize.cu")
+SOURCES = (SPIN, OVERLAP, RESIZE_NORMALIZE)
 
 
 class SpinKernel:
