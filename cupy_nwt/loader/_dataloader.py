@@ -56,6 +56,7 @@ from .epoch.resume import check_state, fresh, state_of
 from .ring.collate import default_collate
 from .ring.ring import SlotLayout
 from .tuning.policy import Decision
+from .workers.torch_workers import is_iter_datapipe, torch_shared_seed
 
 __all__ = ["DataLoader"]
 
@@ -372,8 +373,13 @@ class DataLoader(Generic[T_co]):
         if shared:
             self._close_active()
         start, self._resume = self._resume, None
-        it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch,
-                                start if start is not None and start["epoch"] == self._epoch else None, shared, self,
+        resuming = start is not None and start["epoch"] == self._epoch
+        if options.seed_drawn and not resuming and is_iter_datapipe(options.dataset):
+            drawn = torch_shared_seed()  # torch's loader draws a pipe's shared seed so, at each iter()
+            if drawn is not None:
+                options = replace(changed(options, "seed", drawn), seed_drawn=True)
+                object.__setattr__(self, "_options", options)
+        it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch, start if resuming else None, shared, self,
                                 self._reported_len)
         self._epoch += 1
         self._last = it.state

@@ -84,7 +84,7 @@ class Options:
     def maker(self) -> BatchMaker:
         """What makes this loader's batches (in a worker, or in the main process)."""
         s = self.sampling
-        pipe = (self.seed, s.rank, s.world_size) if is_iter_datapipe(self.dataset) else None
+        pipe = (s.rank, s.world_size) if is_iter_datapipe(self.dataset) else None
         return BatchMaker(self.dataset, self.collate_fn, self.batch_transform, batched=s.batched,
                           batch_size=s.batch_size, drop_last=s.drop_last, pipe=pipe)
 

@@ -67,19 +67,19 @@ class BatchMaker:
 
     def __init__(self, dataset: Any, collate_fn: Callable | None, batch_transform: Callable | None, *,
                  batched: bool = True, batch_size: int | None = None, drop_last: bool = False,
-                 pipe: tuple[int, int, int] | None = None) -> None:
+                 pipe: tuple[int, int] | None = None) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.batch_transform = batch_transform
         self.batched = batched
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.pipe = pipe  # a torch IterDataPipe's (seed, rank, world_size): sharded and seeded as each epoch opens
+        self.pipe = pipe  # a torch IterDataPipe's (rank, world_size): sharded and seeded as each epoch opens
         self.current: Any = None  # the key being fetched
         self.times = StageTimes()  # the last batch's seconds in each stage
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
-        self._restore: tuple[Any, int, int | None] | None = None  # (state, batches to skip, epoch): next opening
+        self._restore: tuple[Any, int, int | None, int | None] | None = None  # (state, skip, epoch, pipe seed)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_stream": None, "current": None}  # a live iterator stays where it is
@@ -113,11 +113,11 @@ class BatchMaker:
         """
         self._stream, self._fresh = None, True
 
-    def restore(self, state: Any, skip: int, epoch: int | None = None) -> None:
+    def restore(self, state: Any, skip: int, epoch: int | None = None, pipe_seed: int | None = None) -> None:
         """Prepare the next opened stream: the dataset's ``set_epoch(epoch)`` (if given and it has one: this
-        worker's copy reshuffles as the loader's epoch says), ``load_state_dict(state)`` (if given), then
-        skip ``skip`` batches."""
-        self._restore = (state, skip, epoch)
+        worker's copy reshuffles as the loader's epoch says), a torch ``IterDataPipe``'s share and shuffle
+        seed (``pipe_seed``), ``load_state_dict(state)`` (if given), then skip ``skip`` batches."""
+        self._restore = (state, skip, epoch, pipe_seed)
 
     def stream_state(self) -> Any:
         """Where the stream is: the ``state_dict()`` of the iterator ``__iter__`` returned when it keeps one
@@ -130,13 +130,13 @@ class BatchMaker:
         return copy.deepcopy(get()) if get is not None else None
 
     def _open(self) -> None:
-        state, skip, epoch = self._restore if self._restore is not None else (None, 0, None)
+        state, skip, epoch, pipe_seed = self._restore if self._restore is not None else (None, 0, None, None)
         self._restore = None
         set_epoch = epoch_setter(self.dataset)
         if epoch is not None and set_epoch is not None:
             set_epoch(epoch)
-        if epoch is not None and self.pipe is not None:
-            prepare_datapipe(self.dataset, self.pipe[0], epoch, self.pipe[1], self.pipe[2])
+        if pipe_seed is not None and self.pipe is not None:
+            prepare_datapipe(self.dataset, pipe_seed, self.pipe[0], self.pipe[1])
         iterator_state = state.get(ITERATOR_STATE) if isinstance(state, dict) and len(state) == 1 else None
         if state is not None and iterator_state is None:
             self.dataset.load_state_dict(state)

@@ -136,12 +136,13 @@ def task_wire(generation: int, batch_index: int, slot: int, indices: Any, transf
 @dataclass(frozen=True, slots=True)
 class Restore(_Record):
     """Before the next epoch's stream opens: ``set_epoch(epoch)`` on the dataset (if not None and it has
-    one), load ``state`` into it (if not None), then skip ``skip`` batches (a resumed stream whose
-    dataset keeps no state)."""
+    one), a torch ``IterDataPipe``'s shufflers seeded with ``pipe_seed`` (if not None), load ``state`` into
+    it (if not None), then skip ``skip`` batches (a resumed stream whose dataset keeps no state)."""
 
     state: Any
     skip: int
     epoch: int | None = None
+    pipe_seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -67,7 +67,7 @@ def serve_loop(channel: Channel, maker: BatchMaker, worker_id: int, worker_init_
             if msg is None or isinstance(msg, Stop):
                 return
             if isinstance(msg, Restore):
-                maker.restore(msg.state, msg.skip, msg.epoch)
+                maker.restore(msg.state, msg.skip, msg.epoch, msg.pipe_seed)
                 continue
             if not isinstance(msg, Task):
                 if ring is not None:
