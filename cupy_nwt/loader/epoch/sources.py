@@ -123,14 +123,14 @@ class InlineSource(BatchSource):
             hb = self._make(task, ring, slot)
         except BaseException as exc:
             if slot is not None and self.slots is not None:
-                self.slots.give_back(slot)
+                self.slots.put_back(slot)
             if isinstance(exc, FailedBatch):
                 self._hand(task[0])
             raise
         if hb is not None:
             self._hand(hb.index)
         if (hb is None or hb.slot is None) and slot is not None and self.slots is not None:
-            self.slots.give_back(slot)
+            self.slots.put_back(slot)
         return hb
 
     def _hand(self, b: int) -> None:

@@ -208,7 +208,7 @@ class Dispatch:
             self._deliver(w, self.slots.generation, batch_index, slot, indices, tseed)
         except BaseException:
             if slot != NO_SLOT:
-                self.slots.give_back(slot)
+                self.slots.put_back(slot)
             raise
         w.outstanding += 1
         return True
