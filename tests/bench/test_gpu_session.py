@@ -138,7 +138,7 @@ def test_a_failing_probe_is_still_one_line(tree, tmp_path):
 
 def _returned(out: Path) -> list[Path]:
     files = [p for p in out.rglob("*") if p.is_file()]
-    for f in files:  # what the device tool brings back: plain names, at most two folders down
+    for f in files:  # what $OUT holds: plain names, at most two folders down
         rel = f.relative_to(out)
         assert len(rel.parts) <= 3 and all(re.fullmatch(r"[A-Za-z0-9._-]+", part) for part in rel.parts), rel
     return files
