@@ -34,8 +34,8 @@ from cupy_nwt._reporting import plots  # noqa: E402 - the source tree's, not an 
 RESULTS = ROOT / "bench" / "results"
 FIGURES = ROOT / "docs" / "figures"
 SOURCES = FIGURES / "sources.json"
-PAGES = {ROOT / "README.md": "docs/figures/", ROOT / "docs" / "results.md": "figures/",
-         RESULTS / "README.md": "../../docs/figures/"}
+PAGES = {ROOT / "README.md": None, ROOT / "docs" / "results.md": "figures/",
+         RESULTS / "README.md": "../../docs/figures/"}  # page: where its pictures are (the README shows none)
 BEGIN, END = "<!-- generated: headline -->", "<!-- end: headline -->"
 MiB = 1024 * 1024
 
@@ -310,17 +310,18 @@ ROWS: list[tuple[str, str, Callable[[Run], str]]] = [
 ]
 
 
-def headline(runs: list[Run], figures: str) -> str:
-    """The generated block: one column per GPU run, oldest first, and the pictures."""
+def headline(runs: list[Run], figures: str | None) -> str:
+    """The generated block: one column per GPU run, oldest first, and the pictures where ``figures`` says."""
     head = "| figure | target | " + " | ".join(f"`{r.name}`" for r in runs) + " |"
     lines = [BEGIN, "", f"GPU runs so far: {len(runs)}, each a folder under `bench/results/` (oldest first). "
              "Written by `python bench/make_figures.py` from those files; do not edit by hand.", "",
              head, "| " + " | ".join(["---"] * (len(runs) + 2)) + " |"]
     for what, target, cell in ROWS:
         lines.append(f"| {what} | {target} | " + " | ".join(cell(r) for r in runs) + " |")
-    lines += ["", f"![The transfer sweep]({figures}bandwidth.png) ![The overlap timeline]({figures}overlap.png)",
-              f"![The tuner's curve and picks]({figures}tuner.png) ![GPU wait per step]({figures}gpu_wait.png)",
-              "", END]
+    if figures is not None:
+        lines += ["", f"![The transfer sweep]({figures}bandwidth.png) ![The overlap timeline]({figures}overlap.png)",
+                  f"![The tuner's curve and picks]({figures}tuner.png) ![GPU wait per step]({figures}gpu_wait.png)"]
+    lines += ["", END]
     return "\n".join(lines)
 
 

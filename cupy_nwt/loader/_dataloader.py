@@ -135,7 +135,8 @@ class DataLoader(Generic[T_co]):
                  batch_transform: Callable | None = None, zero_copy: bool = False,
                  rank: int | None = None, world_size: int | None = None, worker_type: str | None = None,
                  autotune: Any = False, cpu_budget: int | None = None, memory_budget: int | None = None,
-                 stall_warning_s: float | None = STALL_WARNING_S, parts: LoaderParts | None = None) -> None:
+                 stall_warning_s: float | None = STALL_WARNING_S, on_bad_sample: str = "raise",
+                 max_bad_samples: int | None = None, parts: LoaderParts | None = None) -> None:
         if parts is not None and not isinstance(parts, LoaderParts):
             raise ArgumentError(f"parts must be a LoaderParts, got {type(parts).__name__}")
         options = resolve(
@@ -145,7 +146,8 @@ class DataLoader(Generic[T_co]):
             batch_transform=batch_transform, zero_copy=zero_copy, rank=rank,
             world_size=world_size, worker_type=worker_type, autotune=autotune, cpu_budget=cpu_budget,
             memory_budget=memory_budget, stall_warning_s=stall_warning_s, pin_memory_device=pin_memory_device,
-            output=output, gpus=parts.ops if parts is not None else None)
+            output=output, on_bad_sample=on_bad_sample, max_bad_samples=max_bad_samples,
+            gpus=parts.ops if parts is not None else None)
         object.__setattr__(self, "_options", options)
         self._runtime = Runtime.of(options, parts)
         self._finalizer = weakref.finalize(self, self._runtime.close)

@@ -37,6 +37,8 @@ A block may be preceded by an HTML comment that says how it is tested:
     the commands run in the repository root (with ``gpu``: they must refuse before writing anything).
 ``<!-- test: readme -->``
     a copy, in a docs page, of a README block: it must be that block verbatim, which is tested there.
+``<!-- test: torch -->``
+    needs PyTorch (it says so and how to get it in one line where it is missing): skipped without it.
 
 A block without a comment simply runs and must exit 0.
 """
@@ -60,7 +62,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 FENCE = re.compile(r"(?:<!-- test: (?P<how>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
-KNOWN = {"gpu", "gpu-session", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root", "gate", "readme", "workflow"}
+KNOWN = {"gpu", "gpu-session", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root", "gate", "readme", "workflow", "torch"}
 README_MAX_LINES = 200
 
 
@@ -244,6 +246,8 @@ def test_code_block(block: Block, workdir: Path):
 
 
 def run_block(block: Block, workdir: Path) -> None:
+    if "torch" in block.how:
+        pytest.importorskip("torch", reason="the block needs PyTorch")
     prepare(block, workdir)
     if "readme" in block.how:
         assert block.page != "README.md", f"{block.where}: a README block is tested as it is, not as a copy"
@@ -301,7 +305,7 @@ def run_main_setup(block: Block, workdir: Path) -> None:
     """The first set-up line on a copy of the tracked tree: a fresh venv, the install, the main job."""
     (cmd,) = commands(block.body)
     assert cmd.startswith("python3 -m venv .venv && "), cmd
-    tree = workdir / "fresh-clone"
+    tree = workdir / f"fresh-clone-{block.index}"
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
     for name in filter(None, files.stdout.split("\0")):
         if (ROOT / name).is_file():
