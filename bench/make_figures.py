@@ -325,10 +325,14 @@ def headline(runs: list[Run], figures: str | None) -> str:
     return "\n".join(lines)
 
 
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def with_block(text: str, block: str, page: Path) -> str:
     pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
     if not pattern.search(text):
-        raise SystemExit(f"make_figures: {page.relative_to(ROOT)} has no {BEGIN} ... {END} block")
+        raise SystemExit(f"make_figures: {shown(page)} has no {BEGIN} ... {END} block")
     return pattern.sub(lambda _m: block, text, count=1)
 
 
@@ -340,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     want_sources = json.dumps(sources(runs), indent=2, sort_keys=True) + "\n"
     pages = {page: with_block(page.read_text(encoding="utf-8"), headline(runs, rel), page) for page, rel in PAGES.items()}
     if args.check:
-        stale = [str(p.relative_to(ROOT)) for p, text in pages.items() if p.read_text(encoding="utf-8") != text]
+        stale = [shown(p) for p, text in pages.items() if p.read_text(encoding="utf-8") != text]
         have = SOURCES.read_text(encoding="utf-8") if SOURCES.is_file() else ""
         if have != want_sources or not all((FIGURES / n).is_file() for n in PICTURES):
             stale.append("docs/figures/")
@@ -356,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     SOURCES.write_text(want_sources, encoding="utf-8")
     for page, text in pages.items():
         page.write_text(text, encoding="utf-8")
-        print(page.relative_to(ROOT))
+        print(shown(page))
     return 0
 
 
