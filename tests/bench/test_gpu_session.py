@@ -77,7 +77,7 @@ def test_list_names_every_step_with_an_estimate_that_fits_one_command():
     assert all(0 < s <= BUDGET - RESERVE for s in est.values()), est
 
 
-def readme_commands() -> list[tuple[int, list[str], int, int]]:
+def readme_commands() -> list[tuple[int, list[str], int]]:
     """The docs' GPU commands: (GPU_SESSION_SECONDS, steps, the ~seconds it names)."""
     section = (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
     lines = re.findall(r"^(?:GPU_SESSION_SECONDS=(\d+) )?bash bench/gpu_session\.sh ([a-z -]+?)\s+"
@@ -283,14 +283,14 @@ def test_unpack_brings_packed_and_cut_off_steps_into_bench_results(tree, tmp_pat
     assert run(["--unpack", str(tmp_path / "empty")], script).returncode == 2
 
 
-def test_the_readme_first_command_runs_dry_within_the_device_limits(tree, tmp_path):
+def test_the_docs_first_command_runs_dry_and_packs_one_file_a_step(tree, tmp_path):
     """The first command as docs/gpu.md names it, with a stand-in interpreter that names a GPU and
-    returns at once: every step runs, and what lands under $OUT is what the device brings back."""
+    returns at once: every step runs, and what lands under $OUT is one packed file a step."""
     script, stub = tree
     out, scratch = tmp_path / "out", tmp_path / "tmp"
     out.mkdir()
     scratch.mkdir()
-    budget, names, _, _ = readme_commands()[0]
+    budget, names, _ = readme_commands()[0]
     proc = run(names, script, PYTHON=stub, OUT=str(out), TMPDIR=str(scratch), GPU_SESSION_SECONDS=str(budget))
     assert proc.returncode == 0, proc.stderr
     assert [ln.split()[2] for ln in proc.stderr.splitlines() if ln.startswith("gpu_session: done:")] == names
