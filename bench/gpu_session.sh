@@ -16,7 +16,7 @@
 # Each step works in <work>/<step>/ (its output in log.txt there, its timing in step.json), where
 # <work> is bench/results/<device> without $OUT and a scratch folder with it; with $OUT set, a
 # finished step is packed into $OUT/<device>/<step>.tgz, one file per step (7 at most), and nothing
-# else is written under $OUT (the way to carry results off a remote machine). The whole script ends
+# else is written under $OUT (a way to take the results off a remote machine). The whole script ends
 # by GPU_SESSION_SECONDS (default 540) after it starts, the GPU probe included. A step starts only if its
 # estimate fits in what is left less the kill grace (GPU_SESSION_KILL_GRACE, 20 s) and 10 s to
 # pack; it runs at most twice its estimate (so one hung step cannot take the later ones) and never
@@ -164,7 +164,7 @@ per_test_timeout() {
     fi
 }
 
-# The native reference: bench/native/build/nwt_native when built beforehand (and carried) and it
+# The native reference: bench/native/build/nwt_native when built beforehand (and copied along with the tree) and it
 # loads there (its dry run answers), else built now into a temporary folder with nvcc; nothing (and
 # a note) without either.
 native_binary() {
@@ -286,7 +286,7 @@ sys.exit(not any(e.name == "cupy_nwt" for e in m.entry_points(group="pytest11"))
 fi
 
 # With $OUT, steps work in a scratch folder and only their packed files land under $OUT: one file a
-# step, easy to carry off a remote machine whatever the step wrote.
+# step, easy to take off a remote machine whatever the step wrote.
 if [ -n "${OUT:-}" ]; then
     dest=$OUT/$device
     work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_session.XXXXXX")

@@ -237,7 +237,7 @@ echo '{"experiment": "'"$1"'", "source": "native"}'
 
 def test_transfers_runs_the_native_reference_beside_cupy_nwt_and_reports_the_shares(tree):
     script, stub = tree
-    native = script.parent / "native" / "build" / "nwt_native"  # built beforehand and carried to the GPU
+    native = script.parent / "native" / "build" / "nwt_native"  # built beforehand and copied to the GPU machine
     native.parent.mkdir(parents=True)
     native.write_text(NATIVE)
     native.chmod(0o755)
