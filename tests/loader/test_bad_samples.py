@@ -159,3 +159,18 @@ def test_an_image_folder_with_a_corrupt_file(tmp_path, num_workers):
     assert sizes == [3, 2]
     (bad,) = loader.stats().bad_samples
     assert bad.source.endswith("b/1.png") and bad.reason.startswith("CorruptImageError")
+
+
+class FlakyBatched(Flaky):
+    """Reads whole batches (``__getitems__``): one bad sample fails the call, so skipping reads them one by one."""
+
+    def __getitems__(self, indices):
+        return [self[i] for i in indices]
+
+
+@pytest.mark.parametrize("num_workers", WORKERS)
+def test_a_batched_dataset_s_bad_sample_is_found_one_by_one(num_workers):
+    loader = cupy_nwt.DataLoader(FlakyBatched({5}), batch_size=4, num_workers=num_workers, device="cpu",
+                                 on_bad_sample="skip")
+    assert rows(loader) == [[0, 1, 2, 3], [4, 6, 7], [8, 9, 10, 11]]
+    assert [b.key for b in loader.stats().bad_samples] == [5]
