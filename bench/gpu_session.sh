@@ -1,23 +1,23 @@
 #!/usr/bin/env bash
-# What a lent GPU machine runs for this project, as named steps, in as few commands as fit its lease:
-# 15 minutes of machine time in all (each start, command, idle wait and hand-back counted), at most
-# 600 s a command, at most 8 files back, none deeper than $OUT/a/b/file.
+# The project's GPU work on a GPU machine, as named steps, most important first, in two commands of
+# under 10 minutes each (GPU_SESSION_SECONDS bounds each one).
 #
 #     bash bench/gpu_session.sh --list          # one line per step: name, estimated seconds, what it runs
 #     bash bench/gpu_session.sh STEP...          # run these steps in order; 'all' runs every one
-#     bash bench/gpu_session.sh --unpack DIR     # files a device command returned -> bench/results/<device>/
+#     bash bench/gpu_session.sh --unpack DIR     # packed steps ($OUT below) -> bench/results/<device>/
 #     bash bench/gpu_session.sh --prepare-before [REV]  # before it: REV's cupy_nwt/ (default 7ebea86) into
-#                                                # .lease/before/, ignored; name .lease in the run's carry
+#                                                # .gpu-run/before/, ignored by git; copy .gpu-run along
+#                                                # where the GPU machine gets the tree without its history
 #
-# The steps are listed by what the project exists for, so whatever a lease cuts off matters least:
-# the first command is `info transfers gpu-tests nwt gpu-feed` (261 s from the leases' step times,
-# below), the second, only where the lease has time left, `loader-compare scaleout` (215 s).
+# The steps are listed by what the project exists for, so whatever a time budget cuts off matters
+# least: the first command is `info transfers gpu-tests nwt gpu-feed` (261 s from the measured step
+# times, below), the second `loader-compare scaleout` (215 s).
 #
 # Each step works in <work>/<step>/ (its output in log.txt there, its timing in step.json), where
 # <work> is bench/results/<device> without $OUT and a scratch folder with it; with $OUT set, a
 # finished step is packed into $OUT/<device>/<step>.tgz, one file per step (7 at most), and nothing
-# else is written under $OUT. The whole script ends by GPU_SESSION_SECONDS (default 540) after it
-# starts, the GPU probe included, well inside the device's 600-s kill. A step starts only if its
+# else is written under $OUT (a way to take the results off a remote machine). The whole script ends
+# by GPU_SESSION_SECONDS (default 540) after it starts, the GPU probe included. A step starts only if its
 # estimate fits in what is left less the kill grace (GPU_SESSION_KILL_GRACE, 20 s) and 10 s to
 # pack; it runs at most twice its estimate (so one hung step cannot take the later ones) and never
 # past the deadline, then is interrupted (SIGINT, SIGKILL after the grace) and its files are packed;
@@ -29,7 +29,7 @@
 # its estimate; the scale is written beside its results (scale.json).
 # PYTHON names the interpreter (default python3): a stand-in one lets tests run the script dry.
 #
-# The seconds are what each step took on the leases (two on an NVIDIA H200, one on an H100; 16 cores,
+# The seconds are what each step took on the project's GPU runs (two on an NVIDIA H200, one on an H100; 16 cores,
 # Python 3.12, CuPy 14.2 for CUDA 13), from their step.json under bench/results/<device>/.
 # Exit: 0 every step passed; 1 a step failed, was cut off or not started; 2 bad arguments; 3 no usable
 # GPU (one line).
@@ -45,8 +45,8 @@ reserve=$((grace + 10))  # what a cut-off step needs after its timeout: the kill
 test_timeout=60          # per GPU test: the slowest (a pytester run in a fresh interpreter) ~10 s
 nwt_scale=${GPU_SESSION_NWT_SCALE:-1}
 
-# name|seconds|what it runs. Each figure is a step's `done: STEP in N s` on a lease, kept in
-# bench/results/<device>/<step>/step.json (the first lease's H200, the H100's), with the estimates
+# name|seconds|what it runs. Each figure is a step's `done: STEP in N s` on a GPU run, kept in
+# bench/results/<device>/<step>/step.json (the first H200 run's, the H100's), with the estimates
 # derived beforehand from the CPU-side costs (bench/session_costs.py) beside them. A step may run twice
 # its figure, so a measured one is margin enough; a step whose work changed since is named.
 STEPS=(
@@ -59,23 +59,23 @@ STEPS=(
     # overlaps); 49 s on the H100, the figure now
     "gpu-tests|49|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
     # 145 s measured at scale 1 (estimated 220), 113 s after the preload (the figure now), 51 s on the
-    # H100 after the later start-up fixes, one lease only; see NWT_FIXED for the scaled figure
+    # H100 after the later start-up fixes, one run only; see NWT_FIXED for the scaled figure
     "nwt|113|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
     # 76 s measured (estimated 70) with one loop of 210 steps a run; forkserver's workers start faster since
     # (they no longer import Numba each); the synced and queued loops, 160 steps each, add 16 runs x 110 x ~5 ms; 56 s on
-    # the second H200 lease, 53 s on the H100, +5 s since a throwaway first loader goes before the rows
+    # the second H200 run, 53 s on the H100, +5 s since a throwaway first loader goes before the rows
     "gpu-feed|61|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, a synced and a queued step, steady state and start-up"
-    # 90 s measured on the H100 lease (bench/results/NVIDIA-H100-80GB-HBM3/), the tiny arrays' before
-    # and after included (81 s without them on the first lease)
-    "loader-compare|90|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's; then bench/tiny_arrays.py --workers 0,8,15 against .lease/before (where carried)"
-    # 84 s on the first lease; on the H100 lease its table and file were written but it was cut off at
+    # 90 s measured on the H100 (bench/results/NVIDIA-H100-80GB-HBM3/), the tiny arrays' before
+    # and after included (81 s without them on the first H200 run)
+    "loader-compare|90|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's; then bench/tiny_arrays.py --workers 0,8,15 against .gpu-run/before (where prepared)"
+    # 84 s on the first H200 run; on the H100 its table and file were written but it was cut off at
     # the 118 s its command had left (6 runs ~19 s apart); +5 s since each rank times 300 batches, not 80
     "scaleout|125|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
 )
 
 # The NWT step at GPU_SESSION_NWT_SCALE: its fixed costs (builds, imports, plots, the ~90 trials'
 # starts) stay, its batches per trial scale; at 1 these are the paper's 100 and reproduce's defaults.
-# The leases measured it at scale 1 only: the split of its 113 s keeps the first estimate's 120:100
+# The GPU runs measured it at scale 1 only: the split of its 113 s keeps the first estimate's 120:100
 # (unmeasured).
 NWT_FIXED=62 NWT_VARIABLE=51
 nwt_args() {
@@ -143,12 +143,12 @@ step_body() {
             "$py" bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15 --out-dir "$d" \
                 --note "bench/gpu_session.sh loader-compare"
             # where the main process is the limit sooner than at 2 workers: the loader before its
-            # per-batch cost was cut (.lease/before) and now, interleaved, against the floor's ceiling
-            if [ -d .lease/before/cupy_nwt ]; then
-                "$py" bench/tiny_arrays.py --before .lease/before --after . --workers 0,8,15 --rounds 5 --repeats 1 \
+            # per-batch cost was cut (.gpu-run/before) and now, interleaved, against the floor's ceiling
+            if [ -d .gpu-run/before/cupy_nwt ]; then
+                "$py" bench/tiny_arrays.py --before .gpu-run/before --after . --workers 0,8,15 --rounds 5 --repeats 1 \
                     --batches 2000 --out "$d/tiny_arrays.json" --note "bench/gpu_session.sh loader-compare"
             else
-                echo "gpu_session: no .lease/before/cupy_nwt (bash bench/gpu_session.sh --prepare-before, then carry .lease): the tiny-arrays before/after is skipped"
+                echo "gpu_session: no .gpu-run/before/cupy_nwt (bash bench/gpu_session.sh --prepare-before, with the repository's history): the tiny-arrays before/after is skipped"
             fi ;;
         scaleout)
             "$py" bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget --output "$d/scaleout.json" ;;
@@ -164,7 +164,7 @@ per_test_timeout() {
     fi
 }
 
-# The native reference: bench/native/build/nwt_native when built beforehand (and carried) and it
+# The native reference: bench/native/build/nwt_native when built beforehand (and copied along with the tree) and it
 # loads there (its dry run answers), else built now into a temporary folder with nvcc; nothing (and
 # a note) without either.
 native_binary() {
@@ -183,22 +183,22 @@ native_binary() {
     echo "gpu_session: no nvcc (or no bench/native/) and no working prebuilt $built: the native reference is skipped" >&2
 }
 
-# The before tree of loader-compare's tiny-arrays comparison, where a lease can take it (it gets the
-# working tree without git history): REV's cupy_nwt/ by `git archive` into .lease/before/, its commit in
-# REVISION there; .lease/ goes into .git/info/exclude, so it travels only where a run's carry names it.
+# The before tree of loader-compare's tiny-arrays comparison, for a GPU machine that gets the working
+# tree without git history: REV's cupy_nwt/ by `git archive` into .gpu-run/before/, its commit in
+# REVISION there; .gpu-run/ goes into .git/info/exclude, so git ignores it and it is copied on purpose.
 prepare_before() {
-    local rev=${1:-7ebea86} dest=.lease/before commit exclude
+    local rev=${1:-7ebea86} dest=.gpu-run/before commit exclude
     commit=$(git rev-parse --verify --quiet "$rev^{commit}" 2>/dev/null) \
         || { say "--prepare-before: '$rev' is not a revision of $PWD"; return 2; }
     exclude=$(git rev-parse --git-path info/exclude)
     rm -rf "$dest" && mkdir -p "$dest" "$(dirname "$exclude")"
     git archive "$commit" cupy_nwt | tar x -C "$dest" || { say "--prepare-before: git archive of $commit failed"; return 1; }
     echo "$commit" >"$dest/REVISION"
-    grep -qxF /.lease/ "$exclude" 2>/dev/null || echo /.lease/ >>"$exclude"
-    echo "$dest/: cupy_nwt/ of $commit, $(du -sk "$dest" | cut -f1) KiB, ignored; name .lease in the run's carry"
+    grep -qxF /.gpu-run/ "$exclude" 2>/dev/null || echo /.gpu-run/ >>"$exclude"
+    echo "$dest/: cupy_nwt/ of $commit, $(du -sk "$dest" | cut -f1) KiB, ignored by git; copy .gpu-run along with the tree"
 }
 
-# Files a device command returned (DIR/<device>/<step>.tgz, or DIR/<device>/<step>/ from older runs)
+# Steps packed under $OUT (DIR/<device>/<step>.tgz, or DIR/<device>/<step>/ from older runs)
 # into bench/results/<device>/<step>/; a step's new files replace its old ones, other steps stay.
 unpack() {
     local src=$1 n=0 dev f name
@@ -285,8 +285,8 @@ sys.exit(not any(e.name == "cupy_nwt" for e in m.entry_points(group="pytest11"))
     export PYTEST_PLUGINS=cupy_nwt.pytest_plugin
 fi
 
-# With $OUT, steps work in a scratch folder and only their packed files land under $OUT: a step's
-# many files, or its sub-folders, would break the device's 8 files, two folders down.
+# With $OUT, steps work in a scratch folder and only their packed files land under $OUT: one file a
+# step, easy to take off a remote machine whatever the step wrote.
 if [ -n "${OUT:-}" ]; then
     dest=$OUT/$device
     work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_session.XXXXXX")
@@ -333,5 +333,5 @@ for step in "${want[@]}"; do
     fi
 done
 [ -z "${OUT:-}" ] || rm -rf "$work"
-say "results in $dest$([ -n "${OUT:-}" ] && echo ' (bring them into bench/results/ with: bash bench/gpu_session.sh --unpack FILES_AT)') after $SECONDS s"
+say "results in $dest$([ -n "${OUT:-}" ] && echo " (bring them into bench/results/ with: bash bench/gpu_session.sh --unpack $OUT)") after $SECONDS s"
 exit $status

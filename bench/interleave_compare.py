@@ -92,7 +92,7 @@ def interleaved(revs: dict[str, str], rounds: int, measure: Callable[[str, Path,
     """``measure(label, tree, round, scratch)`` for "before" and "after" in alternating order, round by round,
     each in a detached git worktree of its revision (removed afterwards): a drift of the machine then
     hits both sides alike. A side named in ``folders`` is measured in that source tree as it stands, no
-    worktree made (a copy without git history, as a GPU lease receives). Returns each side's results in
+    worktree made (a copy without git history, as a GPU machine may receive). Returns each side's results in
     round order."""
     folders = folders or {}
     runs: dict[str, list[Any]] = {label: [] for label in revs}

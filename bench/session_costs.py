@@ -1,6 +1,6 @@
 """The CPU-side costs that bench/gpu_session.sh's step estimates rest on, timed on this host.
 
-A lent GPU machine is held for minutes, so its script's estimates cannot come from trial runs there.
+GPU time is scarce, so the script's estimates cannot come from trial runs on a GPU machine.
 What a step does on the host (Python and import start-up, pytest's collection, nvcc's build of the
 native reference, building the synthetic datasets, the loaders' per-batch CPU work, the whole NWT
 reproduction with the GPU's step scaled down) runs the same on any x86 Linux machine, so it is timed

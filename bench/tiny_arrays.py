@@ -7,14 +7,14 @@ the ceiling a loader with that many workers could reach if it cost nothing. Each
 into its own git worktree and measured with its own package, in rounds whose order flips (before-after,
 after-before, ...) so that the load of a shared machine hits both alike; each slot runs every cell
 ``--repeats`` times (median), the first ``--warmup`` batches of a run untimed. ``--before``/``--after``
-may also name a folder holding a source tree (``cupy_nwt/`` in it), measured as it stands: a GPU lease
-gets the working tree without git history, and the before tree beside it (``bash bench/gpu_session.sh
+may also name a folder holding a source tree (``cupy_nwt/`` in it), measured as it stands: a GPU machine
+may get the working tree without git history, and the before tree beside it (``bash bench/gpu_session.sh
 --prepare-before``). Per cell the result holds each round's figure of both revisions, the ratio of their
 medians (after / before) and the noise: the largest relative spread between rounds of one revision.
 Writes ``bench/results/<host>/tiny_arrays.json``:
 
     .venv/bin/python bench/tiny_arrays.py --before 7ebea86 --after HEAD --rounds 5
-    python3 bench/tiny_arrays.py --before .lease/before --after . --workers 0,8,15 --rounds 3 --repeats 1
+    python3 bench/tiny_arrays.py --before .gpu-run/before --after . --workers 0,8,15 --rounds 3 --repeats 1
 """
 
 from __future__ import annotations

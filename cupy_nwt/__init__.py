@@ -41,6 +41,7 @@ from .errors import (
                      RunError,
                      ShmSpaceError,
                      StateError,
+                     TooManyBadSamplesError,
                      UnknownKeyError,
                      WorkerDiedError,
                      WorkerError,
@@ -56,7 +57,7 @@ __version__ = "0.1.0"
 
 __all__ = ["__version__", "gpu_status",
            "ArgumentError", "ArgumentTypeError", "BatchLayoutError", "BatchStructureError", "BatchTypeError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError", "DataError",
-           "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError", "StateError",
+           "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError", "StateError", "TooManyBadSamplesError",
            "WorkerDiedError", "WorkerError", "MissingExtraError", "MissingPathError", "MisuseError", "OutOfRangeError",
            "RunError", "UnknownKeyError",
            "DataLoader", "IterableDataset", "WorkerInfo", "default_collate", "get_worker_info",

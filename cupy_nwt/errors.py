@@ -85,6 +85,11 @@ class DamagedArchiveError(DataError):
         self.path, self.offset, self.problem = str(path), offset, problem
 
 
+class TooManyBadSamplesError(DataError):
+    """More samples failed to read or decode in one epoch than ``max_bad_samples`` allows: the epoch
+    stops. The message says how many, the limit, and the last one's file and reason."""
+
+
 class DataFileError(DataError):
     """A data file that cannot be read as what its name says: empty, cut short, not that format, or
     holding Python objects (which only unpickling could read). Names the file and what is wrong."""

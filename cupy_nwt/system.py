@@ -19,7 +19,7 @@ def cache_dir(path: str | os.PathLike[str] | None = None) -> Path:
     """Where cupy_nwt keeps what it builds or learns on this machine (synthetic data, tuned picks).
 
     ``path`` if given, else ``$CUPY_NWT_CACHE_DIR``, else the user cache dir (platformdirs). Without
-    platformdirs (the lent GPU machines' image lacks it) the XDG rule it follows on Linux stands in:
+    platformdirs (some GPU images lack it) the XDG rule it follows on Linux stands in:
     ``$XDG_CACHE_HOME/cupy_nwt``, else ``~/.cache/cupy_nwt``.
     """
     if path is not None:

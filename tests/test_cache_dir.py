@@ -1,6 +1,6 @@
 """The cache folder without platformdirs, and every import of the GPU path against the GPU image's packages.
 
-The lent GPU machines' image has no platformdirs (see ``GPU_IMAGE_MODULES``), so there the cache
+The project's GPU image has no platformdirs (see ``GPU_IMAGE_MODULES``), so there the cache
 falls back to ``$CUPY_NWT_CACHE_DIR``, ``$XDG_CACHE_HOME/cupy_nwt``, then ``~/.cache/cupy_nwt``.
 """
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # the studies bench/gpu_session.sh runs on the GPU machine (gpu_feed imports loader_compare's workloads)
 STUDIES_ON_THE_GPU = ("does_the_gpu_wait_for_batches", "does_it_scale_over_ranks", "is_the_loader_faster_than_torch")
 
-# Third-party modules the lent GPU machines' image ('cuda') has, from its package list: CuPy for
+# Third-party modules the project's GPU image ('cuda') has, from its package list: CuPy for
 # CUDA 13, NumPy, Numba, psutil, Pillow, nvidia-ml-py, tqdm, filelock, matplotlib, PyTorch, JAX,
 # mpi4py, pytest, pytest-benchmark, hypothesis. Not platformdirs.
 GPU_IMAGE_MODULES = {"cupy", "numpy", "numba", "psutil", "PIL", "pynvml", "tqdm", "filelock", "matplotlib",
@@ -106,7 +106,7 @@ def test_required_imports_are_all_on_the_gpu_image():
         extra = _required_imports(path) - set(sys.stdlib_module_names) - local - GPU_IMAGE_MODULES
         if extra:
             missing[str(path.relative_to(ROOT))] = sorted(extra)
-    assert not missing, f"imports the lent GPU image lacks (guard them with try/except ImportError): {missing}"
+    assert not missing, f"imports the GPU image lacks (guard them with try/except ImportError): {missing}"
 
 
 def test_the_import_scan_sees_a_missing_package(tmp_path):

@@ -169,7 +169,7 @@ def legend_outside(ax: Any) -> None:
 def save_figure(fig: Any, path: str | Path, dpi: int) -> Path:
     """Render first, then write atomically: a failed render leaves no file and no empty folder."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
+    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})  # the same bytes for the same drawing
     with atomic_open(path) as f:
         f.write(buf.getbuffer())
     return Path(path)

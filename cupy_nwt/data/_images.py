@@ -27,7 +27,13 @@ _ADDRESS = re.compile(r" <[^<>]* at 0x[0-9a-fA-F]+>")
 
 
 def decode_image(data: bytes | memoryview, name: str, sample_index: int | None = None) -> np.ndarray:
-    """Decode PNG/JPEG/... bytes to a writable uint8 HWC RGB array; ``name`` goes into the error."""
+    """Decode PNG/JPEG/... bytes to a writable uint8 HWC RGB array; ``name`` goes into the error.
+
+    Args:
+        data: the encoded bytes.
+        name: the file or archive member, named by a ``CorruptImageError``.
+        sample_index: the dataset index, kept on the error.
+    """
     from PIL import Image, UnidentifiedImageError  # noqa: PLC0415 - Pillow import is slow-ish
 
     try:
@@ -94,6 +100,9 @@ def encode_png_batch(images: np.ndarray) -> list[bytes]:
     whole batch (so a decoder still has to un-filter), and each image is deflated with Huffman
     coding only (no LZ77 match search: several times faster to encode, about as small for noisy
     pixels, and a decoder still has to inflate it).
+
+    Args:
+        images: N same-shaped uint8 images, N x H x W or N x H x W x C.
     """
     a = np.asarray(images)
     if a.dtype != np.uint8:
@@ -118,7 +127,11 @@ def encode_png_batch(images: np.ndarray) -> list[bytes]:
 
 
 def encode_png(image: np.ndarray) -> bytes:
-    """A valid PNG of one uint8 HW / HWC image (see ``encode_png_batch``)."""
+    """A valid PNG of one uint8 HW / HWC image (see ``encode_png_batch``).
+
+    Args:
+        image: a uint8 H x W or H x W x C image.
+    """
     a = np.asarray(image)
     if a.ndim not in (2, 3):
         raise ArgumentError(f"PNG encoding needs an HW or HWC image, got shape {a.shape}")
@@ -130,7 +143,13 @@ def _png_chunk(tag: bytes, data: bytes) -> bytes:
 
 
 def encode_image(image: np.ndarray, fmt: str = "png", quality: int = 90) -> bytes:
-    """PNG (the fast encoder above) or JPEG (Pillow) bytes of a uint8 HWC image."""
+    """PNG (the fast encoder above) or JPEG (Pillow) bytes of a uint8 HWC image.
+
+    Args:
+        image: a uint8 H x W x C image.
+        fmt: "png" or "jpeg".
+        quality: JPEG quality (ignored for PNG).
+    """
     fmt = fmt.lower()
     if fmt == "png":
         return encode_png(image)

@@ -37,6 +37,11 @@ def synthetic_pixels(labels: np.ndarray, rng: np.random.Generator, size: int = 3
     under a soft blob in the class colour, plus pixel noise: nothing constant, so compressed images
     cost a real decode, and the class is learnable. Channels are computed planar (N x 3 x H x W)
     because NumPy broadcasts over a trailing axis of 3 several times slower.
+
+    Args:
+        labels: one class (0..9) per image: it sets the image's orientation and colour.
+        rng: the generator every random choice comes from.
+        size: the images' side.
     """
     labels = np.asarray(labels, dtype=np.intp)
     m = len(labels)
@@ -82,6 +87,14 @@ class SyntheticCIFAR10(ImageDataset):
     concurrent first uses build once and nobody reads a half-written cache.
     ``__getitem__`` decodes with Pillow, like a real image dataset. ``progress=True`` shows the
     build on stderr (the command line does; a library call stays quiet).
+
+    Args:
+        n: number of images.
+        seed: the seed the images and labels are built from: the same seed, the same dataset.
+        fmt: how images are stored, "png" or "jpeg": each costs a real decode, as real data does.
+        cache_dir: where the built dataset is cached (default: the user cache dir).
+        transform: applied to each decoded image (HWC uint8).
+        progress: show the first build on stderr.
     """
 
     def __init__(self, n: int = 50000, seed: int = 0, fmt: str = "png", cache_dir: str | os.PathLike | None = None,

@@ -55,6 +55,10 @@ def scan_tar(tar_path: Path, shown: str | os.PathLike) -> list[TarMember]:
 
     ``shown`` is the name errors give (the .tar.gz the user named, not our decompressed copy).
     Raises :class:`DamagedArchiveError` naming the byte offset where the archive stops being whole.
+
+    Args:
+        tar_path: the uncompressed tar to read.
+        shown: the name errors give.
     """
     length = tar_path.stat().st_size
     members: list[TarMember] = []
@@ -101,6 +105,11 @@ class TarImageDataset(ImageDataset):
     used (see ``_tar_cache``). The archive is indexed once at construction; every
     process (each forked or spawned worker) opens its own file descriptor on first read and
     reads with ``os.pread``, so no file position is shared.
+
+    Args:
+        path: the .tar, .tar.gz or .tgz archive.
+        transform: applied to each decoded image (HWC uint8).
+        cache_dir: where a gzip archive is decompressed once.
     """
 
     def __init__(self, path: str | os.PathLike, transform: Transform | None = None,
@@ -201,6 +210,13 @@ def write_tar_shard(path: str | os.PathLike, images: Sequence[np.ndarray] | np.n
     """Write images as ``<label or class name>/<index>.<ext>`` members of a tar (gzip if the name ends .gz/.tgz).
 
     The archive is reproducible (fixed mtimes and owners) and appears atomically.
+
+    Args:
+        path: the archive to write (gzip when it ends .gz or .tgz).
+        images: uint8 H x W x C images.
+        labels: one integer label per image.
+        fmt: "png" or "jpeg".
+        class_names: name members' directories by these names instead of the integer labels.
     """
     path = Path(path)
     labels = np.asarray(labels).reshape(-1)

@@ -94,7 +94,11 @@ def _is_torch_iterable(cls: type) -> bool:
 
 def dataset_style(dataset: Any) -> Style:
     """"iterable" (derives from an ``IterableDataset``, or has ``__iter__`` and no ``__getitem__``/``__getitems__``)
-    or "map" (has either); ``ArgumentError`` (a ``ValueError``) for an object that is neither."""
+    or "map" (has either); ``ArgumentError`` (a ``ValueError``) for an object that is neither.
+
+    Args:
+        dataset: any object offered as a dataset.
+    """
     if isinstance(dataset, IterableDataset) or _is_torch_iterable(type(dataset)):
         return "iterable"
     if hasattr(dataset, "__getitem__") or hasattr(dataset, "__getitems__"):

@@ -70,6 +70,10 @@ class ArrayDataset:
     """Rows of NumPy arrays (or memmaps) with the same first dimension; a sample is a tuple of rows.
 
     ``transform`` applies to the row of the first array (the image by convention).
+
+    Args:
+        *arrays: arrays or memmaps of equal length; sample i is the tuple of their rows i.
+        transform: applied to the first array's row (the image by convention).
     """
 
     def __init__(self, *arrays: np.ndarray, transform: Transform | None = None) -> None:
@@ -132,6 +136,11 @@ class ImageFolder(ImageDataset):
     """``root/<class>/**/<image>``: class names sorted alphabetically give labels 0, 1, ...
 
     Images are decoded with Pillow to uint8 HWC RGB. Paths live in one fixed-width bytes array.
+
+    Args:
+        root: the folder holding one sub-folder per class.
+        transform: applied to each decoded image (HWC uint8).
+        extensions: file name endings read as images; other files are ignored.
     """
 
     def __init__(self, root: str | os.PathLike, transform: Transform | None = None,
@@ -225,6 +234,11 @@ class CIFAR10(ArrayDataset):
     """The CIFAR-10 python batches on disk (``data_batch_1..5`` or ``test_batch``) as uint8 HWC images.
 
     ``root`` is the folder holding ``cifar-10-batches-py`` or that folder itself. Nothing is downloaded.
+
+    Args:
+        root: the folder holding ``cifar-10-batches-py``, or that folder itself.
+        train: the five training batches (else ``test_batch``).
+        transform: applied to each image (HWC uint8).
     """
 
     def __init__(self, root: str | os.PathLike, train: bool = True, transform: Transform | None = None) -> None:
@@ -267,6 +281,10 @@ def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
     read-only memmap; .npz -> ArrayDataset of its arrays (``images`` then ``labels`` when both are
     there, otherwise in file order). A .npy or .npz that is empty, cut short, not of that format or
     holds Python objects raises :class:`DataFileError` naming it (see ``_array_files``).
+
+    Args:
+        path: a tar shard, a folder or an array file.
+        **kwargs: passed to the dataset (``transform``, ``train``, ...).
     """
     p = Path(path)
     if not p.exists():
@@ -290,7 +308,12 @@ def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
 
 
 def sample_source(dataset: Any, i: int) -> str:
-    """Where sample ``i`` of any dataset comes from, for error messages: its file or member if known."""
+    """Where sample ``i`` of any dataset comes from, for error messages: its file or member if known.
+
+    Args:
+        dataset: any dataset; one with a ``sample_source(i)`` method says where its samples come from.
+        i: the sample's index.
+    """
     describe = getattr(dataset, "sample_source", None)
     if describe is not None:
         try:
@@ -305,6 +328,11 @@ def check_images(dataset: Any, name: str | os.PathLike, needed_by: str) -> None:
 
     For a path that opens as a dataset of other things (a 1-D ``.npy`` is a dataset of scalars):
     checked before a run that would otherwise fail on its first batch with a shape error.
+
+    Args:
+        dataset: the dataset to check.
+        name: the path it was opened from, named by the error.
+        needed_by: what needs images, named by the error.
     """
     if len(dataset) == 0:
         raise DataError(f"{name}: the dataset is empty")

@@ -183,6 +183,9 @@ def pack_records(records: Sequence[Mapping[str, Any]]) -> PackedRecords:
     """Pack a list of records (mappings of str keys) into columns that forked workers share.
 
     Keys are taken in first-seen order; a record lacking a key gives a record without it.
+
+    Args:
+        records: mappings of str keys; values of one key become one NumPy column.
     """
     records = list(records)
     keys: dict[str, None] = {}

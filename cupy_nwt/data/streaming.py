@@ -82,6 +82,10 @@ def current_reader(rank: int | None = None, world_size: int | None = None) -> Re
     asked if already loaded), else worker 0 of 1. Rank and world size: the explicit arguments, else
     the worker info's ``rank`` / ``world_size`` (cupy_nwt's loader gives them), else the launcher's
     environment (``cupy_nwt.ranks.rank_layout``).
+
+    Args:
+        rank: this rank, overriding the worker info and the launcher.
+        world_size: the number of ranks, overriding them too.
     """
     if (rank is None) != (world_size is None):
         raise LayoutError("give both rank= and world_size=, or neither (then they are looked up)")
@@ -254,6 +258,18 @@ class ShardedTarStream:
     torch's ``DataLoader``, wrap it in a ``torch.utils.data.IterableDataset`` whose ``__iter__``
     returns ``iter(stream)``; torch never calls ``set_epoch``, and with ``persistent_workers`` a
     ``set_epoch`` in the main process does not reach the workers' copies.
+
+    Args:
+        shards: tar (or .tar.gz) shard paths, the same list on every rank.
+        shuffle: permute shards and samples per epoch (else stream in order).
+        seed: the shuffle's seed, the same on every rank.
+        shuffle_buffer: slots of each reader's sample buffer: larger mixes more, costs memory.
+        transform: applied to each image (HWC uint8).
+        classes: class names, for members whose directory is a name rather than an integer label.
+        rank: this rank (default: the launcher's).
+        world_size: the number of ranks (default: the launcher's).
+        allow_empty_readers: accept fewer shards than readers (some deliver nothing).
+        cache_dir: where .tar.gz shards are decompressed once.
     """
 
     def __init__(self, shards: Sequence[str | os.PathLike[str]], *, shuffle: bool = True, seed: int = 0,

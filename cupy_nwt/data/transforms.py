@@ -60,7 +60,11 @@ class _ProcessRng:
 
 
 class Compose:
-    """Apply transforms in order."""
+    """Apply transforms in order.
+
+    Args:
+        transforms: callables applied one after the other, each to the previous one's output.
+    """
 
     def __init__(self, transforms: Sequence[Callable[[Any], Any]]) -> None:
         self.transforms = list(transforms)
@@ -82,7 +86,13 @@ def _check_hwc(img: np.ndarray, who: str) -> np.ndarray:
 
 
 class RandomCrop:
-    """Zero-pad each side by ``padding``, then crop a random ``size`` x ``size`` window (HWC in, HWC out)."""
+    """Zero-pad each side by ``padding``, then crop a random ``size`` x ``size`` window (HWC in, HWC out).
+
+    Args:
+        size: side of the square crop.
+        padding: zeros added on each side first.
+        seed: seeds the crop positions (None: fresh entropy).
+    """
 
     def __init__(self, size: int, padding: int = 0, seed: int | None = None) -> None:
         if size <= 0 or padding < 0:
@@ -106,7 +116,12 @@ class RandomCrop:
 
 
 class RandomHorizontalFlip:
-    """Mirror left-right with probability ``p`` (HWC in, HWC out)."""
+    """Mirror left-right with probability ``p`` (HWC in, HWC out).
+
+    Args:
+        p: probability of a flip.
+        seed: seeds the draws (None: fresh entropy).
+    """
 
     def __init__(self, p: float = 0.5, seed: int | None = None) -> None:
         if not 0.0 <= p <= 1.0:
@@ -123,7 +138,11 @@ class RandomHorizontalFlip:
 
 
 class ToCHWFloat:
-    """HWC (uint8) -> CHW float32, multiplied by ``scale`` (1/255 maps uint8 to [0, 1])."""
+    """HWC (uint8) -> CHW float32, multiplied by ``scale`` (1/255 maps uint8 to [0, 1]).
+
+    Args:
+        scale: factor applied after the cast (1/255 maps uint8 to [0, 1]).
+    """
 
     def __init__(self, scale: float = 1.0 / 255.0) -> None:
         self.scale = float(scale)
@@ -139,7 +158,12 @@ class ToCHWFloat:
 
 
 class Normalize:
-    """``(x - mean[c]) / std[c]`` on a C x H x W float image (use after ``ToCHWFloat``)."""
+    """``(x - mean[c]) / std[c]`` on a C x H x W float image (use after ``ToCHWFloat``).
+
+    Args:
+        mean: per-channel mean.
+        std: per-channel standard deviation.
+    """
 
     def __init__(self, mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD) -> None:
         self.mean, self.std = _mean_std(mean, std)
@@ -216,6 +240,17 @@ def crop_flip_normalize(images: np.ndarray, oy: np.ndarray, ox: np.ndarray, flip
     normalize, and write N x C x size x size float32 (into ``out`` if given, e.g. a shared-memory slot).
 
     Padding pixels are zeros before normalizing, so they come out as ``-mean/std``, as in torchvision.
+
+    Args:
+        images: N x H x W x C uint8 images.
+        oy: per image, the crop's top row in the padded image.
+        ox: per image, the crop's left column in the padded image.
+        flip: per image, whether to mirror it.
+        size: the crop's side (or (height, width)).
+        padding: zeros added on each side before cropping.
+        mean: per-channel mean, subtracted after scaling to [0, 1].
+        std: per-channel standard deviation, divided by.
+        out: an N x C x size x size float32 array to write into (e.g. a ring slot), else a new one.
     """
     a = np.asarray(images)
     if a.dtype != np.uint8 or a.ndim != 4:
@@ -280,6 +315,13 @@ class CifarTrainTransform:
 
     Random crop ``size`` after zero padding ``padding``, horizontal flip with probability ``flip_p``,
     normalize by ``mean``/``std``, HWC uint8 -> CHW float32. Same seed, same batch -> same output.
+
+    Args:
+        size: side of the random crop.
+        padding: zeros added on each side before cropping.
+        flip_p: probability of a horizontal flip.
+        mean: per-channel mean, subtracted after scaling to [0, 1].
+        std: per-channel standard deviation, divided by.
     """
 
     def __init__(self, size: int = 32, padding: int = 4, flip_p: float = 0.5,
@@ -311,7 +353,12 @@ class CifarTrainTransform:
 
 
 class CifarEvalTransform:
-    """Evaluation counterpart: normalize and HWC uint8 -> CHW float32 only (``seed`` is ignored)."""
+    """Evaluation counterpart: normalize and HWC uint8 -> CHW float32 only (``seed`` is ignored).
+
+    Args:
+        mean: per-channel mean of the training set, subtracted after scaling to [0, 1].
+        std: per-channel standard deviation, divided by.
+    """
 
     def __init__(self, mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD) -> None:
         self.mean, self.std = (tuple(float(v) for v in x) for x in _mean_std(mean, std))

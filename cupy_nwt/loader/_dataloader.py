@@ -56,6 +56,7 @@ from .epoch.resume import check_state, fresh, state_of
 from .ring.collate import default_collate
 from .ring.ring import SlotLayout
 from .tuning.policy import Decision
+from .workers.torch_workers import is_iter_datapipe, torch_shared_seed
 
 if TYPE_CHECKING:
     from ..nwt.pick import AutoWorkers
@@ -127,6 +128,42 @@ class DataLoader(Generic[T_co]):
     whole epoch, except with persistent workers or on the GPU, where starting a new iteration ends
     the previous one. Use ``close()`` or a ``with`` block to stop persistent workers; a loader that
     is garbage-collected cleans up too.
+
+    Args:
+        dataset: map-style (``__getitem__``/``__getitems__``) or iterable-style (``__iter__``).
+        batch_size: samples per batch; None turns batching off (each sample is a batch).
+        shuffle: a fresh order each epoch, from ``seed`` and the epoch.
+        sampler: any iterable of indices, replacing the loader's own order.
+        batch_sampler: any iterable of index lists, replacing batching too.
+        num_workers: workers making batches (0: the main process), or "auto" for the tuner's pick.
+        collate_fn: turns a list of samples into a batch (default: ``default_collate``, into the ring).
+        pin_memory: page-lock the ring for fast copies to the GPU; "staging" forces a pinned staging copy.
+        drop_last: leave out a last batch shorter than ``batch_size``.
+        timeout: seconds each wait for a batch from the workers may take (0: no limit).
+        worker_init_fn: called with the worker id in each worker before its first batch.
+        multiprocessing_context: the workers' start method ("fork", "forkserver", "spawn") or context.
+        generator: an int, a NumPy or a torch Generator: the seed drawn from it (instead of ``seed``).
+        prefetch_factor: batches in flight per worker (default 2).
+        persistent_workers: keep the workers (and the ring) from one epoch to the next.
+        pin_memory_device: torch's, accepted and ignored, with torch's warning.
+        in_order: deliver batches in the sampler's order (False: as they are made).
+        seed: seeds the shuffle and the transforms: the same seed, the same batches at any worker count.
+        device: where batches land: "cuda", "cuda:N", "cpu" or "auto" (the GPU when there is one).
+        output: the batches' framework: "auto" (the samples'), "numpy", "torch", "cupy" or "jax".
+        batch_transform: ``(batch, seed) -> batch`` run in the worker after collation.
+        zero_copy: on the CPU, hand out views of the ring instead of copies (valid until the next batch).
+        rank: this rank's shard of each epoch (with ``world_size``; default: the launcher's).
+        world_size: the number of ranks sharing each epoch.
+        worker_type: "process" or "thread"; None: processes, or the saved pick's type with "auto".
+        autotune: retune the active workers while iterating (True, a policy, or ``Autotune``).
+        cpu_budget: workers ``autotune`` may use at most (default: usable CPUs less one).
+        memory_budget: ring bytes ``autotune`` may use at most.
+        stall_warning_s: log a warning when one ``next()`` waits this long (None: never).
+        on_bad_sample: "skip" leaves a sample that fails to read or decode out of its batch, logged and
+            counted in ``stats()`` (map-style datasets); "raise" (the default) fails its batch.
+        max_bad_samples: with "skip", more bad samples than this in one epoch stop it with
+            ``TooManyBadSamplesError`` (None: no limit).
+        parts: the loader's collaborators (CUDA operations, memory reader, clock, listeners), for tests.
     """
 
     _options: Options
@@ -140,7 +177,8 @@ class DataLoader(Generic[T_co]):
                  batch_transform: Callable | None = None, zero_copy: bool = False,
                  rank: int | None = None, world_size: int | None = None, worker_type: str | None = None,
                  autotune: Any = False, cpu_budget: int | None = None, memory_budget: int | None = None,
-                 stall_warning_s: float | None = STALL_WARNING_S, parts: LoaderParts | None = None) -> None:
+                 stall_warning_s: float | None = STALL_WARNING_S, on_bad_sample: str = "raise",
+                 max_bad_samples: int | None = None, parts: LoaderParts | None = None) -> None:
         if parts is not None and not isinstance(parts, LoaderParts):
             raise ArgumentError(f"parts must be a LoaderParts, got {type(parts).__name__}")
         options = resolve(
@@ -150,7 +188,8 @@ class DataLoader(Generic[T_co]):
             batch_transform=batch_transform, zero_copy=zero_copy, rank=rank,
             world_size=world_size, worker_type=worker_type, autotune=autotune, cpu_budget=cpu_budget,
             memory_budget=memory_budget, stall_warning_s=stall_warning_s, pin_memory_device=pin_memory_device,
-            output=output, gpus=parts.ops if parts is not None else None)
+            output=output, on_bad_sample=on_bad_sample, max_bad_samples=max_bad_samples,
+            gpus=parts.ops if parts is not None else None)
         object.__setattr__(self, "_options", options)
         self._runtime = Runtime.of(options, parts)
         self._finalizer = weakref.finalize(self, self._runtime.close)
@@ -322,7 +361,11 @@ class DataLoader(Generic[T_co]):
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch of the next iteration (its shuffle order and transform seeds)."""
+        """Choose the epoch of the next iteration (its shuffle order and transform seeds).
+
+        Args:
+            epoch: the epoch number, as ``DistributedSampler.set_epoch`` takes it.
+        """
         self._epoch = check_int("epoch", epoch, ge=0)
 
     @property
@@ -378,8 +421,13 @@ class DataLoader(Generic[T_co]):
         if shared:
             self._close_active()
         start, self._resume = self._resume, None
-        it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch,
-                                start if start is not None and start["epoch"] == self._epoch else None, shared, self,
+        resuming = start is not None and start["epoch"] == self._epoch
+        if options.seed_drawn and not resuming and is_iter_datapipe(options.dataset):
+            drawn = torch_shared_seed()  # torch's loader draws a pipe's shared seed so, at each iter()
+            if drawn is not None:
+                options = replace(changed(options, "seed", drawn), seed_drawn=True)
+                object.__setattr__(self, "_options", options)
+        it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch, start if resuming else None, shared, self,
                                 self._reported_len)
         self._epoch += 1
         self._last = it.state

@@ -48,6 +48,21 @@ _stage_values = attrgetter(*StageTimes.names())
 
 
 @dataclass(frozen=True)
+class SkippedSample:
+    """A sample left out of batch ``batch_index`` because it failed to read or decode (``on_bad_sample="skip"``):
+    its key, where it comes from (its file when the dataset says), and why."""
+
+    epoch: int
+    batch_index: int
+    key: Any
+    source: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class Stall:
     """One ``next()`` waited ``waited_s`` for batch ``batch_index`` (None: any, with ``in_order=False``)."""
 
@@ -89,6 +104,9 @@ class Listener:
     def stalled(self, stall: Stall) -> None:
         """A ``next()`` has waited past the stall threshold (once per ``next()``)."""
 
+    def skipped(self, sample: SkippedSample) -> None:
+        """A sample failed to read or decode and was left out of its batch."""
+
     def first_batch(self, pids: Sequence[int]) -> None:
         """An iteration delivered its first batch; ``pids`` are the live worker processes."""
 
@@ -96,7 +114,7 @@ class Listener:
         """An epoch ran to its end with these worker processes still up."""
 
 
-_EVENTS = ("began", "asked", "waited", "blocked", "made", "copied", "stalled", "first_batch", "ended")
+_EVENTS = ("began", "asked", "waited", "blocked", "made", "copied", "stalled", "skipped", "first_batch", "ended")
 
 
 class Events(Listener):
@@ -109,6 +127,7 @@ class Events(Listener):
     _made: tuple[Callable[[StageTimes], None], ...]
     _copied: tuple[Callable[[float], None], ...]
     _stalled: tuple[Callable[[Stall], None], ...]
+    _skipped: tuple[Callable[[SkippedSample], None], ...]
     _first_batch: tuple[Callable[[Sequence[int]], None], ...]
     _ended: tuple[Callable[[Sequence[int]], None], ...]
 
@@ -148,6 +167,10 @@ class Events(Listener):
     def stalled(self, stall: Stall) -> None:
         for f in self._stalled:
             f(stall)
+
+    def skipped(self, sample: SkippedSample) -> None:
+        for f in self._skipped:
+            f(sample)
 
     def first_batch(self, pids: Sequence[int]) -> None:
         for f in self._first_batch:

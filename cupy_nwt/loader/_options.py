@@ -65,6 +65,8 @@ class Options:
     generator: Any = None  # as given (read back as ``loader.generator``); ``seed`` holds what was drawn from it
     seed_drawn: bool = False  # neither seed nor generator given: a saved state's seed may replace it (torchdata's rule)
     num_workers_why: str | None = None  # num_workers="auto": why the tuner picked the count (``stats()`` says it)
+    on_bad_sample: str = "raise"  # "skip": a sample that fails to read or decode is left out of its batch
+    max_bad_samples: int | None = None  # with "skip": more in one epoch stops it (None: no limit)
 
     @property
     def rank(self) -> int:
@@ -85,9 +87,10 @@ class Options:
     def maker(self) -> BatchMaker:
         """What makes this loader's batches (in a worker, or in the main process)."""
         s = self.sampling
-        pipe = (self.seed, s.rank, s.world_size) if is_iter_datapipe(self.dataset) else None
+        pipe = (s.rank, s.world_size) if is_iter_datapipe(self.dataset) else None
         return BatchMaker(self.dataset, self.collate_fn, self.batch_transform, batched=s.batched,
-                          batch_size=s.batch_size, drop_last=s.drop_last, pipe=pipe)
+                          batch_size=s.batch_size, drop_last=s.drop_last, pipe=pipe,
+                          skip_bad=self.on_bad_sample == "skip")
 
     def with_context(self, multiprocessing_context: Any) -> Options:
         """These options with another ``multiprocessing_context`` (checked as at construction)."""
@@ -101,7 +104,8 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
             in_order: Any, seed: Any, device: Any, batch_transform: Any, zero_copy: Any,
             pin_memory_device: Any = "", output: Any = "auto",
             rank: Any, world_size: Any, worker_type: Any, autotune: Any, cpu_budget: Any, memory_budget: Any,
-            stall_warning_s: Any = STALL_WARNING_S, gpus: PrefetchOps | None = None) -> Options:
+            stall_warning_s: Any = STALL_WARNING_S, on_bad_sample: Any = "raise", max_bad_samples: Any = None,
+            gpus: PrefetchOps | None = None) -> Options:
     """``DataLoader``'s arguments, checked in PyTorch's order and resolved; ``gpus``: a loader's own CUDA ops."""
     seed = seed_from(seed, generator)
     if worker_type is not None:
@@ -139,6 +143,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     tuning = check_tuning(autotune, cpu_budget, memory_budget, num_workers=num_workers,
                           iterable=sampling.kind == "iterable")
     why = None
+    on_bad_sample, max_bad_samples = check_bad_samples(on_bad_sample, max_bad_samples, sampling.kind == "iterable")
     if auto is None:
         warn_if_too_many_workers(num_workers, stacklevel=4)
     else:
@@ -151,7 +156,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     return Options(dataset, sampling, int(num_workers), worker_type or "process", int(prefetch_factor), pin_memory,
                    collate_fn, batch_transform, worker_init_fn, bool(persistent_workers), timeout, bool(in_order),
                    bool(zero_copy), context, multiprocessing_context, pin_memory_device, output, device, device_id, layout,
-                   seed, stall_warning_s, tuning, generator, seed_drawn, why)
+                   seed, stall_warning_s, tuning, generator, seed_drawn, why, on_bad_sample, max_bad_samples)
 
 
 def _auto_request(num_workers: Any) -> Any:
@@ -161,6 +166,22 @@ def _auto_request(num_workers: Any) -> Any:
     from ..nwt.pick import auto_request  # noqa: PLC0415 - below the loader; never the tuner itself
 
     return auto_request(num_workers)
+
+
+def check_bad_samples(on_bad_sample: Any, max_bad_samples: Any, iterable: bool) -> tuple[str, int | None]:
+    """``on_bad_sample`` ("raise" or "skip") and ``max_bad_samples`` (None or an int >= 0, with "skip").
+
+    Skipping is for map-style datasets: a stream's iterator that raised cannot go on where it was.
+    """
+    if on_bad_sample not in ("raise", "skip"):
+        raise ArgumentError(f"on_bad_sample must be 'raise' or 'skip', got {on_bad_sample!r}")
+    limit = check_int("max_bad_samples", max_bad_samples, ge=0, optional=True)
+    if limit is not None and on_bad_sample != "skip":
+        raise ArgumentError("max_bad_samples limits skipped samples: it needs on_bad_sample='skip'")
+    if on_bad_sample == "skip" and iterable:
+        raise ArgumentError("on_bad_sample='skip' needs a map-style dataset: an iterable-style dataset's iterator "
+                            "cannot go on after it raised; skip bad records inside its __iter__")
+    return on_bad_sample, limit
 
 
 def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_memory: bool | str,

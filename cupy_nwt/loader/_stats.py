@@ -39,12 +39,13 @@ from typing import Any
 import psutil
 
 from ..errors import ArgumentError
-from ._events import Listener, StageTimes, Stall
+from ._events import Listener, SkippedSample, StageTimes, Stall
 
 STALL_WARNING_S = 10.0  # the default stall threshold: one next() waiting this long is worth a line
 MEMORY_WARN_BYTES = 64 << 20  # workers' private memory grown by this much a worker: the copy-on-read warning
 _log = logging.getLogger("cupy_nwt.loader")
-_COUNTS = ("delivered", "made", "waited_s", "blocked_s", "copy_s")
+_COUNTS = ("delivered", "made", "waited_s", "blocked_s", "copy_s", "skipped")
+KEEP_SKIPPED = 100  # skipped samples ``stats()`` lists (every one is counted, and logged)
 
 
 class MemoryGrowthWarning(UserWarning):
@@ -76,7 +77,8 @@ class LoaderStats:
     ``epoch`` and ``epoch_batches`` come from the newest iteration's progress record, the one
     ``state_dict()`` reads: its epoch and the batches this iteration handed to the caller so far (None before
     the first ``iter()``). ``num_workers_why``: with ``num_workers="auto"``, what the tuner picked
-    and why, in one line (``TuneResult.why``); None for a count given.
+    and why, in one line (``TuneResult.why``); None for a count given. ``skipped_samples`` counts the samples left out of their batches
+    (``on_bad_sample="skip"``), ``bad_samples`` lists the first ``KEEP_SKIPPED`` of them.
     """
 
     interval_s: float
@@ -97,6 +99,8 @@ class LoaderStats:
     epoch: int | None = None
     epoch_batches: int | None = None
     num_workers_why: str | None = None
+    skipped_samples: int = 0
+    bad_samples: tuple[SkippedSample, ...] = ()
 
     @property
     def fetch_s(self) -> float:
@@ -124,6 +128,7 @@ class LoaderStats:
         d = {k: v for k, v in asdict(self).items() if k != "stages"}
         d.update(self.stages.to_dict())
         d["stalls"] = [s.to_dict() for s in self.stalls]
+        d["bad_samples"] = [b.to_dict() for b in self.bad_samples]
         d["memory"] = None if self.memory is None else [m.to_dict() for m in self.memory]
         d["decisions"] = list(self.decisions)
         d["worker_private_bytes"], d["worker_growth_bytes"] = self.worker_private_bytes, self.worker_growth_bytes
@@ -151,6 +156,7 @@ class Recorder(Listener):
         self.reader, self.clock, self.warn_bytes = reader, clock, warn_bytes
         self.totals: dict[str, float] = dict.fromkeys((*_COUNTS, *StageTimes.names()), 0.0)
         self.stalls: list[Stall] = []
+        self.bad: list[SkippedSample] = []
         self.first: dict[int, int] = {}  # pid -> USS at its first batch
         self.warned = False
         self._mark = (clock(), dict(self.totals), 0)  # (time, totals, decisions seen)
@@ -180,6 +186,14 @@ class Recorder(Listener):
         what = "any batch" if stall.batch_index is None else f"batch {stall.batch_index}"
         _log.warning("loader: waited %.1f s so far for %s of epoch %d, which %s", stall.waited_s, what, stall.epoch,
                      stall.where)
+
+    def skipped(self, sample: SkippedSample) -> None:
+        """A sample was left out of its batch: say so now, once, and count it for ``stats()``."""
+        self.totals["skipped"] += 1
+        if len(self.bad) < KEEP_SKIPPED:
+            self.bad.append(sample)
+        _log.warning("loader: skipped a bad sample in batch %d of epoch %d: %s: %s", sample.batch_index, sample.epoch,
+                     sample.source, sample.reason)
 
     def first_batch(self, pids: Sequence[int]) -> None:
         """An iteration delivered its first batch: the baseline of workers not seen before."""
@@ -217,6 +231,7 @@ class Recorder(Listener):
         self._mark = (now, totals, len(decisions))
         d = {k: totals[k] - before[k] for k in totals}
         stalls, self.stalls = tuple(self.stalls), []
+        bad, self.bad = tuple(self.bad), []
         wall = now - then
         stages = StageTimes(**{name: d[name] for name in StageTimes.names()})
         memory = None
@@ -227,7 +242,8 @@ class Recorder(Listener):
             made=int(d["made"]), busy_fraction=stages.total() / (wall * max(1, workers)) if wall > 0 else None,
             stages=stages, copy_s=d["copy_s"], copy=copy, num_workers=workers, prefetch_depth=depth,
             worker_type=worker_type, decisions=tuple(x.to_dict() for x in decisions[seen:]), stalls=stalls,
-            memory=memory, epoch=epoch, epoch_batches=epoch_batches, num_workers_why=num_workers_why)
+            memory=memory, epoch=epoch, epoch_batches=epoch_batches, num_workers_why=num_workers_why,
+            skipped_samples=int(d["skipped"]), bad_samples=bad)
 
 
 def copy_kind(device: str, pin_memory: bool | str, num_workers: int, zero_copy: bool) -> str:

@@ -341,7 +341,12 @@ class TuneResult:
             raise SavedPickError(f"malformed tune result: {exc!r}") from None
 
     def save(self, path: str | Path | None = None, cache_dir: str | Path | None = None) -> Path:
-        """Write to ``path``; without one, into the machine-wide store (see :meth:`save_pick`)."""
+        """Write to ``path``; without one, into the machine-wide store (see :meth:`save_pick`).
+
+        Args:
+            path: a JSON file to write this result to.
+            cache_dir: the store's folder, when ``path`` is None (default: the user cache dir).
+        """
         if path is not None:
             return write_json_atomic(path, self.to_dict())
         return self.save_pick(cache_dir).path
@@ -378,7 +383,11 @@ class TuneResult:
 
     @classmethod
     def load(cls, path: str | Path) -> "TuneResult":
-        """A result saved with ``save(path)``; :class:`SavedPickError` (a ``CupyNwtError``) naming the file if bad."""
+        """A result saved with ``save(path)``; :class:`SavedPickError` (a ``CupyNwtError``) naming the file if bad.
+
+        Args:
+            path: the JSON file ``save(path)`` wrote.
+        """
         doc = read_json(path)
         try:
             return cls.from_dict(doc)
@@ -432,6 +441,12 @@ def lookup(fp: Fingerprint, cache_dir: str | Path | None = None, similar: bool =
     A store that cannot be read or does not validate is set aside (renamed ``*.bad-<time>``) with
     one warning naming it and why; then this returns None, so the caller searches afresh, or, with
     ``strict`` (a caller that will not search), raises one :class:`SavedPickError`.
+
+    Args:
+        fp: the machine and work to look up (``Fingerprint``).
+        cache_dir: the store's folder (default: the user cache dir, ``CUPY_NWT_CACHE_DIR``).
+        similar: accept a pick for similar work (same machine and dataset kind) when none is exact.
+        strict: raise ``SavedPickError`` for a damaged store instead of setting it aside.
     """
     rec = pick_store(cache_dir).find(fp, similar=similar, strict=strict)
     return TuneResult.from_dict(rec) if rec is not None else None

@@ -91,6 +91,26 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     ``result.why`` says in one line what was picked and why; when the trials were too noisy to
     trust the pick, ``result.warning`` says so and what to do, and (``warn``) an
     :class:`~cupy_nwt.nwt.verdict.UnreliablePickWarning` is issued.
+
+    Args:
+        dataset: what the loader reads (default: the synthetic CIFAR-10).
+        batch_size: the loader's batch size, as in training: it sets each batch's work.
+        max_workers: counts searched are 0 .. max_workers-1 (the paper's N); None: see above.
+        iterations: batches timed per trial (the paper's 100).
+        alpha: the paper strategy's threshold, seconds per 100 iterations.
+        strategy: "paper" (Algorithm 1) or "fast" (near the best at a fraction of the cost).
+        device: where batches go, "cuda", "cpu" or "auto", as in training.
+        pin_memory: the loader's ``pin_memory``: part of the saved pick's key.
+        prefetch_factor: the loader's ``prefetch_factor``.
+        measure: replaces the real loader trial (tests, custom pipelines).
+        progress: show the search on stderr.
+        tolerance: the fast strategy's relative threshold.
+        batch_transform: the loader's ``batch_transform``: its cost is part of each batch.
+        worker_types: "process", "thread" or both, searched one after the other.
+        main_process: the main process's load in training: "waits", "busy" or "auto".
+        memory_limit: bytes the fast search's extrapolated peak memory may reach.
+        step: the training step the pick should keep fed: a callable taking a batch, or its time in seconds.
+        warn: issue an ``UnreliablePickWarning`` when the trials were too noisy to trust the pick.
     """
     types = tuple(check_worker_type(t) for t in worker_types)
     if not types or len(set(types)) != len(types):

@@ -204,6 +204,11 @@ def transfer_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callab
     for the throughput gate) and ``link_fraction`` (of the PCIe link's theoretical rate) in
     ``benchmark.extra_info``. Skips, with the probe's reason, when no
     GPU is usable. Like ``benchmark``, call it once per test (parametrize for a size sweep).
+
+    Returns:
+        The factory. Its arguments: ``nbytes``, the copy size (an int or "64MiB"); ``direction``,
+        "h2d" or "d2h"; ``pinned``, page-locked host memory (else pageable); ``repeats`` and
+        ``warmup``, timed and untimed copies. It returns a ``TransferBenchmarkResult``.
     """
     from .. import cuda  # noqa: PLC0415
 
@@ -262,6 +267,13 @@ def loader_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callable
     ``--nwt-instructions`` is not ``off``), the instructions per sample of ``count_samples`` samples
     (default 1024) are then counted under callgrind (:mod:`cupy_nwt.pytest_plugin._count`). Under
     ``--nwt-against REV`` the rounds alternate with REV's, pair by pair (``batches`` is then ignored).
+
+    Returns:
+        The factory. Its arguments: ``dataset`` and any ``DataLoader`` keyword (the pipeline to
+        guard); ``batches`` and ``rounds`` (a fixed run instead of one sized by the noise);
+        ``warmup``, untimed batches first; ``target_noise`` and ``max_seconds``, when a self-sized
+        run stops; ``count_samples``, samples counted under callgrind. It returns a
+        ``LoaderBenchmarkResult``.
     """
     _check_timer(benchmark, request, "loader_benchmark")
     gate = request.config.stash[_GATE_KEY]

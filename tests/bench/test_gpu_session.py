@@ -40,7 +40,7 @@ exit "${{STUB_EXIT:-0}}"
 
 
 BUDGET, RESERVE = 540, 30  # the script's default seconds a command, less the kill grace and packing
-LEASE_FIRST, LEASE_BOTH = 480, 660  # a 15-minute lease less the machine's start, transfers and hand-back
+FIRST_MAX, BOTH_MAX = 480, 660  # the design's 480-s command, and both inside 15 minutes less start-up and copying
 SECOND = 215  # the second command's steps: its 255-s budget less the reserve and 10 s for the probe
 
 
@@ -77,33 +77,32 @@ def test_list_names_every_step_with_an_estimate_that_fits_one_command():
     assert all(0 < s <= BUDGET - RESERVE for s in est.values()), est
 
 
-def readme_commands() -> list[tuple[int, list[str], int, int]]:
-    """The docs' GPU commands: (GPU_SESSION_SECONDS, steps, the ~seconds it names, the timeout_s it names)."""
+def readme_commands() -> list[tuple[int, list[str], int]]:
+    """The docs' GPU commands: (GPU_SESSION_SECONDS, steps, the ~seconds it names)."""
     section = (ROOT / "docs" / "gpu.md").read_text(encoding="utf-8")
     lines = re.findall(r"^(?:GPU_SESSION_SECONDS=(\d+) )?bash bench/gpu_session\.sh ([a-z -]+?)\s+"
-                       r"# ~(\d+) s, timeout_s (\d+)$", section, re.M)
-    return [(int(budget or BUDGET), names.split(), int(secs), int(limit)) for budget, names, secs, limit in lines]
+                       r"# ~(\d+) s$", section, re.M)
+    return [(int(budget or BUDGET), names.split(), int(secs)) for budget, names, secs in lines]
 
 
-def test_readme_gpu_commands_cover_every_step_within_the_lease():
+def test_readme_gpu_commands_cover_every_step_within_the_time():
     commands = readme_commands()
     est = estimates()
-    assert len(commands) == 2  # the mission in the first, the rest only where the lease has time left
-    assert sorted(s for _, names, _, _ in commands for s in names) == sorted(STEPS)  # each step exactly once
+    assert len(commands) == 2  # the mission in the first, the rest in the second
+    assert sorted(s for _, names, _ in commands for s in names) == sorted(STEPS)  # each step exactly once
     assert commands[0][1] == STEPS[:len(commands[0][1])]  # the first runs the most important steps, in order
-    for budget, names, secs, limit in commands:
+    for budget, names, secs in commands:
         assert secs == sum(est[n] for n in names)  # the comment is the sum of the estimates
-        assert secs + RESERVE < budget  # every step of the command starts, by the script's own rule
-        assert budget < limit <= 600  # the script ends before the device's kill
-    (_, _, first, _), (_, _, second, _) = commands
-    assert first <= LEASE_FIRST and first + second <= LEASE_BOTH
+        assert secs + RESERVE < budget <= 600  # every step of the command starts, by the script's own rule
+    (_, _, first), (_, _, second) = commands
+    assert first <= FIRST_MAX and first + second <= BOTH_MAX
 
 
 def test_the_estimates_fit_the_lease_whatever_the_readme_says():
     est = estimates()
     first = ["info", "transfers", "gpu-tests", "nwt", "gpu-feed"]
-    assert sum(est[s] for s in first) <= LEASE_FIRST
-    assert sum(est.values()) <= LEASE_BOTH
+    assert sum(est[s] for s in first) <= FIRST_MAX
+    assert sum(est.values()) <= BOTH_MAX
     assert sum(est[s] for s in STEPS if s not in first) <= SECOND
 
 
@@ -139,7 +138,7 @@ def test_a_failing_probe_is_still_one_line(tree, tmp_path):
 
 def _returned(out: Path) -> list[Path]:
     files = [p for p in out.rglob("*") if p.is_file()]
-    for f in files:  # what the device tool brings back: plain names, at most two folders down
+    for f in files:  # what $OUT holds: plain names, at most two folders down
         rel = f.relative_to(out)
         assert len(rel.parts) <= 3 and all(re.fullmatch(r"[A-Za-z0-9._-]+", part) for part in rel.parts), rel
     return files
@@ -238,7 +237,7 @@ echo '{"experiment": "'"$1"'", "source": "native"}'
 
 def test_transfers_runs_the_native_reference_beside_cupy_nwt_and_reports_the_shares(tree):
     script, stub = tree
-    native = script.parent / "native" / "build" / "nwt_native"  # built beforehand and carried to the GPU
+    native = script.parent / "native" / "build" / "nwt_native"  # built beforehand and copied to the GPU machine
     native.parent.mkdir(parents=True)
     native.write_text(NATIVE)
     native.chmod(0o755)
@@ -284,14 +283,14 @@ def test_unpack_brings_packed_and_cut_off_steps_into_bench_results(tree, tmp_pat
     assert run(["--unpack", str(tmp_path / "empty")], script).returncode == 2
 
 
-def test_the_readme_first_command_runs_dry_within_the_device_limits(tree, tmp_path):
+def test_the_docs_first_command_runs_dry_and_packs_one_file_a_step(tree, tmp_path):
     """The first command as docs/gpu.md names it, with a stand-in interpreter that names a GPU and
-    returns at once: every step runs, and what lands under $OUT is what the device brings back."""
+    returns at once: every step runs, and what lands under $OUT is one packed file a step."""
     script, stub = tree
     out, scratch = tmp_path / "out", tmp_path / "tmp"
     out.mkdir()
     scratch.mkdir()
-    budget, names, _, _ = readme_commands()[0]
+    budget, names, _ = readme_commands()[0]
     proc = run(names, script, PYTHON=stub, OUT=str(out), TMPDIR=str(scratch), GPU_SESSION_SECONDS=str(budget))
     assert proc.returncode == 0, proc.stderr
     assert [ln.split()[2] for ln in proc.stderr.splitlines() if ln.startswith("gpu_session: done:")] == names
@@ -354,15 +353,15 @@ def test_a_prebuilt_native_reference_that_does_not_start_is_built_again(tree):
     assert "does not start here (exit 127)" in proc.stdout and "the native reference is skipped" in proc.stdout
 
 
-def test_loader_compare_runs_the_tiny_arrays_against_a_carried_before_tree(tree):
+def test_loader_compare_runs_the_tiny_arrays_against_a_prepared_before_tree(tree):
     script, stub = tree
-    (script.parent.parent / ".lease" / "before" / "cupy_nwt").mkdir(parents=True)  # as --prepare-before leaves it
+    (script.parent.parent / ".gpu-run" / "before" / "cupy_nwt").mkdir(parents=True)  # as --prepare-before leaves it
     proc = run(["loader-compare"], script, PYTHON=stub)
     assert proc.returncode == 0, proc.stderr
     step = script.parent / "results" / DEVICE / "loader-compare"
     calls = (step / "stub-calls.txt").read_text().splitlines()
     assert calls[0].startswith("bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda")
-    assert calls[1].startswith("bench/tiny_arrays.py --before .lease/before --after . --workers 0,8,15 --rounds 5")
+    assert calls[1].startswith("bench/tiny_arrays.py --before .gpu-run/before --after . --workers 0,8,15 --rounds 5")
     assert f"--out {step.relative_to(script.parent.parent)}/tiny_arrays.json" in calls[1]
     assert "skipped" not in (step / "log.txt").read_text()
 
@@ -374,7 +373,7 @@ def test_loader_compare_without_the_before_tree_skips_the_tiny_arrays_in_one_lin
     step = script.parent / "results" / DEVICE / "loader-compare"
     assert len((step / "stub-calls.txt").read_text().splitlines()) == 1  # loader_compare.py alone
     skipped = [ln for ln in (step / "log.txt").read_text().splitlines() if "tiny" in ln]
-    assert len(skipped) == 1 and "no .lease/before/cupy_nwt" in skipped[0] and "skipped" in skipped[0]
+    assert len(skipped) == 1 and "no .gpu-run/before/cupy_nwt" in skipped[0] and "skipped" in skipped[0]
 
 
 @pytest.fixture
@@ -396,18 +395,18 @@ def test_prepare_before_archives_the_loader_into_an_ignored_folder(clone):
     for _ in range(2):  # a second run replaces the tree and adds no second exclude line
         proc = run(["--prepare-before", "HEAD"], script)
         assert proc.returncode == 0, proc.stderr
-    before = clone / ".lease" / "before"
+    before = clone / ".gpu-run" / "before"
     assert (before / "cupy_nwt" / "loader" / "__init__.py").is_file()
     assert (before / "REVISION").read_text().strip() == head
     assert sorted(p.name for p in before.iterdir()) == ["REVISION", "cupy_nwt"]  # the package and its stamp alone
-    assert (clone / ".git" / "info" / "exclude").read_text().splitlines().count("/.lease/") == 1
-    ignored = subprocess.run(["git", "-C", str(clone), "check-ignore", ".lease/before/REVISION"], capture_output=True)
+    assert (clone / ".git" / "info" / "exclude").read_text().splitlines().count("/.gpu-run/") == 1
+    ignored = subprocess.run(["git", "-C", str(clone), "check-ignore", ".gpu-run/before/REVISION"], capture_output=True)
     assert ignored.returncode == 0
-    assert "name .lease in the run's carry" in proc.stdout
+    assert "copy .gpu-run along with the tree" in proc.stdout
 
 
 def test_prepare_before_refuses_what_is_no_revision_in_one_line(clone):
     proc = run(["--prepare-before", "no-such-revision-xyz"], clone / "bench" / "gpu_session.sh")
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not a revision" in proc.stderr
-    assert not (clone / ".lease").exists()
+    assert not (clone / ".gpu-run").exists()
     assert run(["--prepare-before", "HEAD", "extra"], clone / "bench" / "gpu_session.sh").returncode == 2

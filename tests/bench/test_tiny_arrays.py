@@ -1,4 +1,4 @@
-"""bench/tiny_arrays.py: both sides may be source-tree folders (what a GPU lease, given no git history,
+"""bench/tiny_arrays.py: both sides may be source-tree folders (what a GPU machine, given no git history,
 can carry), each measured with its own package; ``--workers`` chooses the loader's cells; bad input
 gets one line and exit 2. Batch counts are tiny: these check the plumbing, not the figures."""
 

@@ -10,10 +10,10 @@ A block may be preceded by an HTML comment that says how it is tested:
 ``<!-- test: gpu -->``
     needs a GPU. Without one every command must still exit 3 with one line saying why (the CPU
     path, checked here), and the test then reports itself skipped for the GPU path. The test carries
-    ``test_gpu_code_block``, marked ``gpu``, runs the block on a device (a lease's ``pytest -m gpu``).
-``<!-- test: lease -->``
-    the GPU lease's own commands: without a GPU they must refuse as a ``gpu`` block does; on a GPU they
-    are not run here (they are the lease, minutes long, run as ``docs/gpu.md`` says).
+    ``test_gpu_code_block``, marked ``gpu``, runs the block on a GPU machine (``pytest -m gpu``).
+``<!-- test: gpu-session -->``
+    ``bench/gpu_session.sh``'s commands: without a GPU they must refuse as a ``gpu`` block does; on a GPU
+    they are not run here (minutes long, they are the GPU run itself, as ``docs/gpu.md`` says).
 ``<!-- test: file -->``
     a Python file named by its first line (``# path/name.py``): written, compiled, and used by a
     later block rather than run on its own.
@@ -37,6 +37,8 @@ A block may be preceded by an HTML comment that says how it is tested:
     the commands run in the repository root (with ``gpu``: they must refuse before writing anything).
 ``<!-- test: readme -->``
     a copy, in a docs page, of a README block: it must be that block verbatim, which is tested there.
+``<!-- test: torch -->``
+    needs PyTorch (it says so and how to get it in one line where it is missing): skipped without it.
 
 A block without a comment simply runs and must exit 0.
 """
@@ -60,7 +62,7 @@ README = ROOT / "README.md"
 DOCS = ROOT / "docs"
 PAGES = [README, *sorted(DOCS.glob("*.md"))]
 FENCE = re.compile(r"(?:<!-- test: (?P<how>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
-KNOWN = {"gpu", "lease", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root", "gate", "readme", "workflow"}
+KNOWN = {"gpu", "gpu-session", "file", "ci", "first-line", "shards.tar", "setup-main", "repo-root", "gate", "readme", "workflow", "torch"}
 README_MAX_LINES = 200
 
 
@@ -136,7 +138,7 @@ def environment(workdir: Path) -> dict[str, str]:
 
 
 def source_tree_command(where: Path) -> Path:
-    """A ``cupy-nwt`` on PATH where the package runs from the source tree, uninstalled (the GPU lease)."""
+    """A ``cupy-nwt`` on PATH where the package runs from the source tree, uninstalled (a GPU machine given a plain copy of the tree)."""
     folder = where / "source-tree-bin"
     script = folder / "cupy-nwt"
     if not script.exists():
@@ -192,7 +194,7 @@ def check_gate_verdict(proc: subprocess.CompletedProcess[str], cmd: str) -> None
 def test_every_block_says_how_it_is_tested():
     assert len(BLOCKS) >= 8 and len(PAGES) >= 12
     for path in PAGES:
-        assert page_blocks(path) or path.name in ("results.md", "reliability.md"), f"{path.name} shows no code"
+        assert page_blocks(path) or path.name in ("results.md", "reliability.md", "api.md"), f"{path.name} shows no code"
         text = path.read_text(encoding="utf-8")
         for m in re.finditer(r"<!-- test: ([^>]*?) -->", text):
             assert m.group(1).split()[0] in KNOWN, f"unknown test directive {m.group(0)!r} in {path.name}"
@@ -225,7 +227,7 @@ def test_no_install_line_names_a_package_no_registry_has():
 
 
 def needs_gpu(block: Block) -> bool:
-    return "gpu" in block.how or "lease" in block.how
+    return "gpu" in block.how or "gpu-session" in block.how
 
 
 @pytest.mark.gpu
@@ -236,14 +238,16 @@ def test_gpu_code_block(block: Block, workdir: Path):
 
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_code_block(block: Block, workdir: Path):
-    if "lease" in block.how and cuda.gpu_status().available:
-        pytest.skip("the GPU lease itself: run as docs/gpu.md says, not inside the tests")
+    if "gpu-session" in block.how and cuda.gpu_status().available:
+        pytest.skip("the GPU run itself: run as docs/gpu.md says, not inside the tests")
     if "gpu" in block.how and cuda.gpu_status().available:
         pytest.skip("on a GPU the block runs in test_gpu_code_block")
     run_block(block, workdir)
 
 
 def run_block(block: Block, workdir: Path) -> None:
+    if "torch" in block.how:
+        pytest.importorskip("torch", reason="the block needs PyTorch")
     prepare(block, workdir)
     if "readme" in block.how:
         assert block.page != "README.md", f"{block.where}: a README block is tested as it is, not as a copy"
@@ -301,7 +305,7 @@ def run_main_setup(block: Block, workdir: Path) -> None:
     """The first set-up line on a copy of the tracked tree: a fresh venv, the install, the main job."""
     (cmd,) = commands(block.body)
     assert cmd.startswith("python3 -m venv .venv && "), cmd
-    tree = workdir / "fresh-clone"
+    tree = workdir / f"fresh-clone-{block.index}"
     files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True)
     for name in filter(None, files.stdout.split("\0")):
         if (ROOT / name).is_file():

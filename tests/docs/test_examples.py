@@ -1,7 +1,7 @@
 """Every example runs as a user would run it, in a subprocess, so none of them can rot.
 
 Host mode here: the NumPy loop always trains; the JAX step trains where jax is installed (it is
-not a CI dependency); the CuPy step trains on a GPU (a ``gpu`` test, so a lease runs it) and,
+not a CI dependency); the CuPy step trains on a GPU (a ``gpu`` test, so a GPU run's ``pytest -m gpu`` runs it) and,
 without one, must say why and exit 0. ``num_workers="auto"`` runs the tuner once per test against
 a private ``CUPY_NWT_CACHE_DIR``.
 """

@@ -39,7 +39,7 @@ def test_slots_rotate_oldest_released_first_and_run_out():
         pool.release(1)
         pool.release(0)
         assert pool.take() == 1
-        pool.give_back(1)  # a take that was not filled goes to the front
+        pool.put_back(1)  # a take that was not filled goes to the front
         assert list(pool.free) == [1, 0]
 
 

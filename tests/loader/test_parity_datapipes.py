@@ -86,3 +86,19 @@ def test_ranks_and_workers_share_the_pipe_each_element_once(num_workers):
     for epoch in range(2):
         assert sorted(a[epoch] + b[epoch]) == list(range(N)) and len(a[epoch]) == len(b[epoch]) == N // 2
     assert a[0] != a[1]
+
+
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
+def test_the_same_torch_manual_seed_before_two_epochs_gives_the_same_order(backend, num_workers, persistent):
+    """PyTorch's ``test_shuffler_iterdatapipe``: without ``seed`` or ``generator`` the loader draws the
+    pipe's shared seed from torch's default generator at each ``iter()``."""
+    import torch
+
+    loader = backend(pipe(), batch_size=None, num_workers=num_workers, shuffle=True,
+                     persistent_workers=persistent)
+    runs = []
+    for seed in (123, 123, 321):
+        torch.manual_seed(seed)
+        runs.append(elements(loader))
+    assert runs[0] == runs[1] and sorted(runs[0]) == list(range(N))
+    assert runs[2] != runs[0] and sorted(runs[2]) == list(range(N))

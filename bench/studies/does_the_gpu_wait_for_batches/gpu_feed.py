@@ -90,7 +90,7 @@ def first_loader_seconds(workload: Any, batch_size: int, device: str = "cuda") -
 
     With CUDA in use workers start by forkserver, and the server starts once per process and imports
     ``__main__`` (here torch with it) before its first fork. Taken before the rows, so no mode's
-    start-up holds it (on the H100 lease the first row's 4.98 s against the next one's 0.28 s).
+    start-up holds it (on the H100 run the first row's 4.98 s against the next one's 0.28 s).
     """
     start = time.perf_counter()
     loader = DataLoader(workload.dataset, batch_size=batch_size, num_workers=1, device=device,

@@ -1,6 +1,6 @@
 """Are thread workers slower than none on PNG decode because of the loader, or because of the GIL?
 
-The H100 lease read 3,487 samples/s with 15 thread workers against 7,042 with none on the synthetic
+The H100 run read 3,487 samples/s with 15 thread workers against 7,042 with none on the synthetic
 CIFAR-10 PNGs in a tar shard. Two arms per thread count, interleaved over ``--rounds`` rounds:
 
 * ``loader``: ``cupy_nwt.DataLoader(worker_type="thread")``, batch 128, the workload's batch

@@ -21,6 +21,7 @@ from .._events import Listener
 from ..device.place import on_device, readonly
 from ..ring.ring import SlotLayout
 from ..ring.tree import OutputTree, join, leaf_frameworks
+from .bad_samples import BadSampleCount
 from .progress import EpochProgress, Ledger
 from .resume import kind_of, ledger_for, make_plan, stream_restore
 from .sources import BatchSource, FailedBatch, InlineSource, TimedOut, WorkerSource
@@ -179,19 +180,20 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
         on_stage = stage
         learn = (lambda hb: runtime.learn_layout(options, on_stage, hb)) if on_stage is not None else None
         state.ledger = ledger_for(options)
+        bad = BadSampleCount(state.epoch, options.max_bad_samples, runtime.events) if options.on_bad_sample == "skip" else None
         restore, cursor = stream_restore(options, state.epoch, state.start)
         if stage is not None and stage.workers is not None:
             if restore:
                 stage.workers.restore(restore)
             source = WorkerSource(stage.workers, plan, options.in_order, options.timeout, learn=learn,
                                   events=runtime.events, stall_s=options.stall_warning_s, clock=runtime.clock,
-                                  ledger=state.ledger, cursor=cursor or 0)
+                                  ledger=state.ledger, cursor=cursor or 0, bad=bad)
         else:
             maker = options.maker()
             if 0 in restore:
                 maker.restore(*restore[0])
             source = InlineSource(maker, plan, runtime.layout, None, stage.slots if stage is not None else None,
-                                  learn=learn, events=runtime.events, ledger=state.ledger)
+                                  learn=learn, events=runtime.events, ledger=state.ledger, bad=bad)
         if runtime.prefetcher is not None:
             yield from on_device(runtime.prefetcher.batches(source), options.device_id, runtime.ops)
         else:

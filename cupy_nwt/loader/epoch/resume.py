@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from ...data.contract import epoch_setter, map_length
 from ...errors import ArgumentError, LoaderError
 from ..workers.messages import ErrorReport
-from ..workers.torch_workers import is_iter_datapipe
+from ..workers.torch_workers import is_iter_datapipe, pipe_seed
 from .order import Plan, PlanTask, StreamPlan
 from .progress import EpochProgress, Ledger
 from .remainder import Session, SessionPlan, join_done, split_done
@@ -135,18 +135,21 @@ def ledger_for(options: Options) -> Ledger:
 
 
 def stream_restore(options: Options, epoch: int, start: Mapping[str, Any] | None,
-                   ) -> tuple[dict[int, tuple[Any, int, int | None]], int | None]:
+                   ) -> tuple[dict[int, tuple[Any, int, int | None, int | None]], int | None]:
     """How each reader of a stream is prepared before it begins, by worker (the main process is worker 0):
     the epoch for a dataset with ``set_epoch`` (every worker's copy: persistent workers' copies reshuffle
-    too, as WebDataset's per-epoch shuffle expects), and the saved position of a resumed stream (its
-    dataset state, or batches to skip); and the worker a resumed stream's next task goes to."""
+    too, as WebDataset's per-epoch shuffle expects), a torch ``IterDataPipe``'s shuffle seed, and the
+    saved position of a resumed stream (its dataset state, or batches to skip); and the worker a resumed
+    stream's next task goes to."""
     if kind_of(options) != "iterable":
         return {}, None
-    tell = epoch if epoch_setter(options.dataset) is not None or is_iter_datapipe(options.dataset) else None
+    piped = is_iter_datapipe(options.dataset)
+    tell = epoch if epoch_setter(options.dataset) is not None or piped else None
+    shared = pipe_seed(options.seed, epoch, options.seed_drawn) if piped else None
     per = start["workers"] if start is not None else []
-    restore: dict[int, tuple[Any, int, int | None]] = (
-        {w: (None, 0, tell) for w in range(max(1, options.num_workers))} if tell is not None else {})
-    restore.update({w: (p.get("state"), 0 if p.get("state") is not None else int(p.get("batches", 0)), tell)
+    restore: dict[int, tuple[Any, int, int | None, int | None]] = (
+        {w: (None, 0, tell, shared) for w in range(max(1, options.num_workers))} if tell is not None else {})
+    restore.update({w: (p.get("state"), 0 if p.get("state") is not None else int(p.get("batches", 0)), tell, shared)
                     for w, p in enumerate(per) if p is not None})
     nxt = start.get("next_worker") if start is not None else None
     return restore, int(nxt) if nxt is not None else None

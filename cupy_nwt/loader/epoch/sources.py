@@ -25,9 +25,10 @@ from .._events import Events, Listener, Stall
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import HostBatch, SlotPool
 from ..ring.tree import split
-from ..workers.maker import BatchMaker, InSlot, StreamEnd, make_worker_error
+from ..workers.maker import AllBad, BatchMaker, InSlot, StreamEnd, make_worker_error
 from ..workers.messages import ErrorReport
-from ..workers.pool import Ended, Failed, Noted, Result, Workers
+from ..workers.pool import Bad, Ended, Failed, Noted, Result, Workers
+from .bad_samples import BadSampleCount
 from .order import Plan, PlanTask
 from .progress import Ledger
 
@@ -82,8 +83,9 @@ class InlineSource(BatchSource):
 
     def __init__(self, maker: BatchMaker, plan: Plan, layout: SlotLayout | None, ring: Ring | None,
                  slots: SlotPool | None = None, *, first: HostBatch | None = None, learn: Learn | None = None,
-                 events: Listener | None = None, ledger: Ledger | None = None) -> None:
-        self.maker, self.plan, self.events = maker, plan, events
+                 events: Listener | None = None, ledger: Ledger | None = None,
+                 bad: BadSampleCount | None = None) -> None:
+        self.maker, self.plan, self.events, self.bad = maker, plan, events, bad
         self.slots = slots if slots is not None or ring is None else SlotPool(ring)
         self.first = first
         self.learn = learn
@@ -104,34 +106,44 @@ class InlineSource(BatchSource):
             held, self.first = self.first, None
             next(self.tasks, None)  # its task is done
             return held
-        if self.pending is None and not self.done:
-            self.pending = next(self.tasks, None)
-        if self.pending is None:
-            self.done = True
-            return None
-        ring = self.slots.ring if self.slots is not None else None
-        slot = None
-        if ring is not None:
-            assert self.slots is not None
-            slot = self.slots.take()
-            if slot is None:
-                if block:
-                    raise LoaderError("internal error: no free ring slot for the main process to fill")
+        while True:
+            if self.pending is None and not self.done:
+                self.pending = next(self.tasks, None)
+            if self.pending is None:
+                self.done = True
                 return None
-        task, self.pending = self.pending, None
-        try:
-            hb = self._make(task, ring, slot)
-        except BaseException as exc:
-            if slot is not None and self.slots is not None:
-                self.slots.give_back(slot)
-            if isinstance(exc, FailedBatch):
-                self._hand(task[0])
-            raise
-        if hb is not None:
-            self._hand(hb.index)
-        if (hb is None or hb.slot is None) and slot is not None and self.slots is not None:
-            self.slots.give_back(slot)
-        return hb
+            ring = self.slots.ring if self.slots is not None else None
+            slot = None
+            if ring is not None:
+                assert self.slots is not None
+                slot = self.slots.take()
+                if slot is None:
+                    if block:
+                        raise LoaderError("internal error: no free ring slot for the main process to fill")
+                    return None
+            task, self.pending = self.pending, None
+            try:
+                hb = self._make(task, ring, slot)
+            except AllBad:  # every sample left out: no batch, on to the next task
+                if slot is not None and self.slots is not None:
+                    self.slots.put_back(slot)
+                self._left_out(task[0])
+                continue
+            except BaseException as exc:
+                if slot is not None and self.slots is not None:
+                    self.slots.put_back(slot)
+                if isinstance(exc, FailedBatch):
+                    self._hand(task[0])
+                raise
+            if hb is not None:
+                self._hand(hb.index)
+            if (hb is None or hb.slot is None) and slot is not None and self.slots is not None:
+                self.slots.put_back(slot)
+            return hb
+
+    def _left_out(self, b: int) -> None:
+        if self.bad is not None and self.maker.bad:
+            self.bad.add(b, self.maker.bad)
 
     def _hand(self, b: int) -> None:
         if self.ledger is not None:
@@ -147,8 +159,12 @@ class InlineSource(BatchSource):
         except StreamEnd:
             self.done = True
             return None
+        except AllBad:
+            raise
         except Exception as exc:  # noqa: BLE001 - rewrapped with the batch and sample index
             raise FailedBatch(inline_error(exc, self.maker, b)) from None
+        if self.maker.bad:
+            self._left_out(b)
         if self.events is not None:
             self.events.made(self.maker.times)
         if isinstance(made, InSlot):
@@ -188,7 +204,7 @@ class WorkerSource(BatchSource):
     def __init__(self, workers: Workers, plan: Plan, in_order: bool, timeout: float | None,
                  *, learn: Learn | None = None, events: Events | None = None, stall_s: float | None = None,
                  clock: Callable[[], float] = time.perf_counter, ledger: Ledger | None = None,
-                 cursor: int = 0) -> None:
+                 cursor: int = 0, bad: BadSampleCount | None = None) -> None:
         self.workers, self.slots, self.plan, self.epoch = workers, workers.slots, plan, plan.epoch
         self.events, self.clock = events, clock
         self.in_order, self.timeout, self.learn = in_order, timeout, learn
@@ -208,6 +224,8 @@ class WorkerSource(BatchSource):
         self.planned_all = False
         self.ledger = ledger  # what was handed out, for the epoch's progress
         self.blocked_s = 0.0
+        self.bad = bad
+        self.bad_waiting: dict[int, Bad] = {}  # in order: a batch's left-out samples, counted in its turn
 
     def _submit(self) -> None:
         while not self.planned_all:
@@ -241,13 +259,35 @@ class WorkerSource(BatchSource):
             return min(self.ready) if self.ready else None
         while self.next_deliver in self.skipped:
             self.skipped.discard(self.next_deliver)
+            self._count_bad(self.next_deliver)
             self.next_deliver += 1
         return self.next_deliver if self.next_deliver in self.ready else None
 
+    def _count_bad(self, b: int) -> None:
+        """Batch ``b``'s turn: its left-out samples are announced and counted (raises past the limit)."""
+        item = self.bad_waiting.pop(b, None)
+        if item is not None and self.bad is not None:
+            self.bad.add(b, item.samples)
+
     def _absorb(self, items: list[Result]) -> None:
+        too_many: Exception | None = None
         for item in items:
             if type(item) is HostBatch and item.slot is not None:  # a batch in its slot: nearly every item
                 self.ready[item.index] = item
+                continue
+            if isinstance(item, Bad):
+                if item.dropped:  # no batch comes for it (and none is handed: a saved state still has it to come)
+                    self.resolved += 1
+                    self.owner.pop(item.batch_index, None)
+                    if self.in_order:
+                        self.skipped.add(item.batch_index)
+                if self.in_order:
+                    self.bad_waiting[item.batch_index] = item
+                elif self.bad is not None:
+                    try:
+                        self.bad.add(item.batch_index, item.samples)
+                    except Exception as exc:  # noqa: BLE001 - raised once every result here is taken in
+                        too_many = too_many or exc
                 continue
             if isinstance(item, Noted):
                 if self.ledger is not None:
@@ -261,6 +301,8 @@ class WorkerSource(BatchSource):
             if isinstance(item, HostBatch) and item.slot is None and self.slots.ring is None and self.learn is not None:
                 self.learn(item)
             self.ready[item.index if isinstance(item, HostBatch) else item.batch_index] = item
+        if too_many is not None:
+            raise too_many
 
     def poll(self) -> None:
         """Take in the results that have arrived, without waiting."""
@@ -308,6 +350,13 @@ class WorkerSource(BatchSource):
             if b is not None and b in self.ready:
                 item = self.ready.pop(b)
                 self.owner.pop(b, None)
+                if self.bad_waiting:
+                    try:
+                        self._count_bad(b)
+                    except BaseException:
+                        if isinstance(item, HostBatch):
+                            self.release(item)
+                        raise
                 self.resolved += 1
                 self.next_deliver += self.in_order
                 if self.ledger is not None:

@@ -252,6 +252,10 @@ def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:
     collate keeps them (``containers``). Every sample must have the first one's
     structure, shapes and dtypes: the first that does not is named in a ``BatchLayoutError``
     (by its dataset index when ``indices`` are given, else by its position).
+
+    Args:
+        samples: the batch's samples, each shaped like the first.
+        indices: their dataset indices, so an error names the sample that differs (else its position).
     """
     return collate(samples, range(len(samples)) if indices is None else indices)
 

@@ -87,7 +87,7 @@ class SlotPool:
         """A free slot to fill, or None when every slot is taken."""
         return self.free.popleft() if self.free else None
 
-    def give_back(self, slot: int) -> None:
+    def put_back(self, slot: int) -> None:
         """Undo a ``take`` whose slot was not filled after all: it is the next one taken."""
         self.free.appendleft(slot)
 
@@ -128,6 +128,6 @@ class SlotPool:
             for dst, src in zip(hb.leaves, leaves):
                 np.copyto(dst, src)
         except BaseException:
-            self.give_back(slot)
+            self.put_back(slot)
             raise
         return hb

@@ -5,6 +5,7 @@ The messages are re-exported here because they pickle under this package's name 
 """
 
 from .messages import (
+    BadSamples,
     BatchFailed,
     ErrorReport,
     Exhausted,
@@ -19,5 +20,5 @@ from .messages import (
     Whole,
 )
 
-__all__ = ["BatchFailed", "ErrorReport", "Exhausted", "InitFailed", "Ok", "Restore", "RingMsg", "Skipped", "Stop",
+__all__ = ["BadSamples", "BatchFailed", "ErrorReport", "Exhausted", "InitFailed", "Ok", "Restore", "RingMsg", "Skipped", "Stop",
            "StreamState", "Task", "Whole"]

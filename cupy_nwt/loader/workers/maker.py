@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 
 from ...data.contract import batch_getter, epoch_setter, stream_state_getter
-from ...errors import ArgumentError, BatchLayoutError, WorkerError, as_worker_error
+from ...errors import ArgumentError, BatchLayoutError, DataError, WorkerError, as_worker_error
 from .._events import StageTimes
 from ..ring.collate import collate, collate_into
 from ..ring.ring import SlotLayout
 from ..ring.tree import split
-from .messages import ErrorReport
+from .messages import BadSample, ErrorReport
 from .torch_workers import prepare_datapipe
 
 Keys = np.ndarray | Sequence[Any]  # a task's sample keys (``Indices`` without None)
@@ -32,6 +32,16 @@ Keys = np.ndarray | Sequence[Any]  # a task's sample keys (``Indices`` without N
 
 class StreamEnd(Exception):
     """The dataset's iterator has no batch left this epoch."""
+
+
+class AllBad(Exception):
+    """Every sample of the task failed to read or decode (``on_bad_sample="skip"``): it has no batch."""
+
+
+# What ``on_bad_sample="skip"`` leaves out: a sample whose read or decode failed (the datasets' own
+# DataError: CorruptImageError, DataFileError, ...; OSError: a missing or unreadable file, Pillow's
+# UnidentifiedImageError). Any other error is a bug in the dataset and still fails the batch.
+BAD_SAMPLE_ERRORS = (DataError, OSError)
 
 
 @dataclass(frozen=True)
@@ -67,19 +77,22 @@ class BatchMaker:
 
     def __init__(self, dataset: Any, collate_fn: Callable | None, batch_transform: Callable | None, *,
                  batched: bool = True, batch_size: int | None = None, drop_last: bool = False,
-                 pipe: tuple[int, int, int] | None = None) -> None:
+                 pipe: tuple[int, int] | None = None, skip_bad: bool = False) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.batch_transform = batch_transform
         self.batched = batched
         self.batch_size = batch_size
         self.drop_last = drop_last
-        self.pipe = pipe  # a torch IterDataPipe's (seed, rank, world_size): sharded and seeded as each epoch opens
+        self.pipe = pipe  # a torch IterDataPipe's (rank, world_size): sharded and seeded as each epoch opens
         self.current: Any = None  # the key being fetched
+        self.skip_bad = skip_bad  # leave out samples that fail to read or decode (BAD_SAMPLE_ERRORS)
+        self.bad: list[BadSample] = []  # the samples left out of the last batch
+        self.kept: list[Any] = []  # with samples left out: the keys of those kept, in order
         self.times = StageTimes()  # the last batch's seconds in each stage
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
-        self._restore: tuple[Any, int, int | None] | None = None  # (state, batches to skip, epoch): next opening
+        self._restore: tuple[Any, int, int | None, int | None] | None = None  # (state, skip, epoch, pipe seed)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_stream": None, "current": None}  # a live iterator stays where it is
@@ -92,10 +105,17 @@ class BatchMaker:
         getitems = batch_getter(self.dataset)
         if getitems is not None:
             self.current = None
-            samples = getitems(keys)
+            try:
+                samples = getitems(keys)
+            except BAD_SAMPLE_ERRORS:
+                if not self.skip_bad:
+                    raise
+                return self._skipping(keys)  # which of them failed, one by one
             if len(samples) != len(keys):
                 raise ArgumentError(f"__getitems__ returned {len(samples)} samples for {len(keys)} indices")
             return list(samples)
+        if self.skip_bad:
+            return self._skipping(keys)
         dataset, out, i = self.dataset, [], None
         self.current = None
         try:  # the failing sample is named after the fact: nothing is written per sample
@@ -106,6 +126,32 @@ class BatchMaker:
             raise
         return out
 
+    def _skipping(self, keys: Sequence[Any]) -> list[Any]:
+        """The samples of ``keys`` that read and decode; the others noted in ``bad``, ``AllBad`` if none did."""
+        out, kept = [], []
+        for key in keys:
+            self.current = key
+            try:
+                out.append(self.dataset[key])
+            except BAD_SAMPLE_ERRORS as exc:
+                self._note_bad(key, exc)
+            else:
+                kept.append(key)
+        self.current = None
+        if not out:
+            raise AllBad
+        self.kept = kept
+        return out
+
+    def _note_bad(self, key: Any, exc: BaseException) -> None:
+        describe = getattr(self.dataset, "sample_source", None)
+        try:
+            where = str(describe(key)) if describe is not None else f"sample {key!r}"
+        except Exception:  # noqa: BLE001 - a description only
+            where = f"sample {key!r}"
+        first = (str(exc).splitlines() or [""])[0]
+        self.bad = [*self.bad, (key, where, f"{type(exc).__name__}: {first}")]  # a new list: thread workers' makers are copies
+
     def begin_stream(self) -> None:
         """An epoch of an iterable-style dataset starts: the next pull opens a fresh iterator.
 
@@ -113,11 +159,11 @@ class BatchMaker:
         """
         self._stream, self._fresh = None, True
 
-    def restore(self, state: Any, skip: int, epoch: int | None = None) -> None:
+    def restore(self, state: Any, skip: int, epoch: int | None = None, pipe_seed: int | None = None) -> None:
         """Prepare the next opened stream: the dataset's ``set_epoch(epoch)`` (if given and it has one: this
-        worker's copy reshuffles as the loader's epoch says), ``load_state_dict(state)`` (if given), then
-        skip ``skip`` batches."""
-        self._restore = (state, skip, epoch)
+        worker's copy reshuffles as the loader's epoch says), a torch ``IterDataPipe``'s share and shuffle
+        seed (``pipe_seed``), ``load_state_dict(state)`` (if given), then skip ``skip`` batches."""
+        self._restore = (state, skip, epoch, pipe_seed)
 
     def stream_state(self) -> Any:
         """Where the stream is: the ``state_dict()`` of the iterator ``__iter__`` returned when it keeps one
@@ -130,13 +176,13 @@ class BatchMaker:
         return copy.deepcopy(get()) if get is not None else None
 
     def _open(self) -> None:
-        state, skip, epoch = self._restore if self._restore is not None else (None, 0, None)
+        state, skip, epoch, pipe_seed = self._restore if self._restore is not None else (None, 0, None, None)
         self._restore = None
         set_epoch = epoch_setter(self.dataset)
         if epoch is not None and set_epoch is not None:
             set_epoch(epoch)
-        if epoch is not None and self.pipe is not None:
-            prepare_datapipe(self.dataset, self.pipe[0], epoch, self.pipe[1], self.pipe[2])
+        if pipe_seed is not None and self.pipe is not None:
+            prepare_datapipe(self.dataset, pipe_seed, self.pipe[0], self.pipe[1])
         iterator_state = state.get(ITERATOR_STATE) if isinstance(state, dict) and len(state) == 1 else None
         if state is not None and iterator_state is None:
             self.dataset.load_state_dict(state)
@@ -180,12 +226,21 @@ class BatchMaker:
 
     def samples(self, indices: Keys | None) -> Any:
         """A task's samples: by index, or the stream's next batch when ``indices`` is None."""
+        if self.bad:
+            self.bad = []
         if indices is None:
             return self.pull()
         if not self.batched:
             key = indices.tolist()[0] if isinstance(indices, np.ndarray) else indices[0]
             self.current = key
-            sample = self.dataset[key]
+            try:
+                sample = self.dataset[key]
+            except BAD_SAMPLE_ERRORS as exc:
+                if not self.skip_bad:
+                    raise
+                self._note_bad(key, exc)
+                self.current = None
+                raise AllBad from None
             self.current = None
             return sample
         return self.fetch(indices)
@@ -206,7 +261,8 @@ class BatchMaker:
 
     def make(self, indices: Keys | None, seed: int) -> Any:
         """A new batch in fresh arrays."""
-        return self.batch_of(self.samples(indices), indices, seed)
+        samples = self.samples(indices)
+        return self.batch_of(samples, self.kept if self.bad and self.batched else indices, seed)
 
     def produce(self, indices: Keys | None, seed: int, layout: SlotLayout | None,
                 views: Callable[[int], list[np.ndarray]] | None) -> InSlot | Loose:
@@ -218,6 +274,8 @@ class BatchMaker:
         t0 = time.perf_counter()
         samples = self.samples(indices)
         t1 = time.perf_counter()
+        if self.bad and self.batched:
+            indices = self.kept  # the batch is shorter by the samples left out
         rows = len(samples) if self.batched else 0
         if (views is not None and layout is not None and self.batched and self.collate_fn is None
                 and self.batch_transform is None and rows <= layout.rows):

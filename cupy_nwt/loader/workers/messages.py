@@ -2,7 +2,8 @@
 
 Main process -> worker: ``RingMsg`` (once per ring), ``Task`` (once per batch), ``Restore`` (a
 resumed stream), ``Stop``. Worker -> main process: ``Ok``, ``Whole``, ``Exhausted``, ``Skipped`` or
-``BatchFailed`` (once per task; for a stream task preceded by a ``StreamState``), ``InitFailed`` (at
+``BatchFailed`` (once per task; for a stream task preceded by a ``StreamState``, for a batch that left
+bad samples out preceded by a ``BadSamples``, which is itself the answer when none was left), ``InitFailed`` (at
 most once, then the worker exits). A batch's arrays are written into the
 ring; only its other leaves travel, in ``Ok``. ``Whole`` carries a batch pickled: the first ones,
 made before the ring exists, and any later one that does not fit the ring's layout.
@@ -136,12 +137,13 @@ def task_wire(generation: int, batch_index: int, slot: int, indices: Any, transf
 @dataclass(frozen=True, slots=True)
 class Restore(_Record):
     """Before the next epoch's stream opens: ``set_epoch(epoch)`` on the dataset (if not None and it has
-    one), load ``state`` into it (if not None), then skip ``skip`` batches (a resumed stream whose
-    dataset keeps no state)."""
+    one), a torch ``IterDataPipe``'s shufflers seeded with ``pipe_seed`` (if not None), load ``state`` into
+    it (if not None), then skip ``skip`` batches (a resumed stream whose dataset keeps no state)."""
 
     state: Any
     skip: int
     epoch: int | None = None
+    pipe_seed: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +208,22 @@ class StreamState(_Record):
     state: Any
 
 
+BadSample = tuple[Any, str, str]  # a sample left out of its batch: its key, where it comes from, why
+
+
+@dataclass(frozen=True, slots=True)
+class BadSamples(_Record):
+    """Samples of task ``batch_index`` that failed to read or decode and were left out of its batch
+    (``on_bad_sample="skip"``). Sent just before the task's answer; or, when ``dropped`` (every sample
+    was bad), it is the answer: the task has no batch, and ``slot`` is untouched."""
+
+    generation: int
+    batch_index: int
+    slot: int
+    bad: tuple[BadSample, ...]
+    dropped: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Skipped(_Record):
     """The task's generation was no longer current when the worker got to it; ``slot`` is untouched."""
@@ -233,11 +251,11 @@ class InitFailed(_Record):
 
 
 ToWorker = RingMsg | Task | Restore | Stop
-FromWorker = Ok | Whole | Exhausted | Skipped | BatchFailed | InitFailed | StreamState
+FromWorker = Ok | Whole | Exhausted | Skipped | BatchFailed | InitFailed | StreamState | BadSamples
 
 
 # Each record pickles with its module's name, once per message: the package's shorter name keeps a
 # batch's answer about the size of a tagged tuple (the package re-exports them, so unpickling finds them).
 for _cls in (ErrorReport, RingMsg, Task, Restore, Stop, Ok, Whole, Exhausted, StreamState, Skipped, BatchFailed,
-             InitFailed):
+             InitFailed, BadSamples):
     _cls.__module__ = __package__

@@ -20,7 +20,18 @@ from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import HostBatch, SlotPool
 from ..ring.tree import split
 from .maker import make_worker_error
-from .messages import NO_SLOT, BatchFailed, Exhausted, FromWorker, InitFailed, Ok, StreamState, Whole
+from .messages import (
+    NO_SLOT,
+    BadSample,
+    BadSamples,
+    BatchFailed,
+    Exhausted,
+    FromWorker,
+    InitFailed,
+    Ok,
+    StreamState,
+    Whole,
+)
 
 SHUTDOWN_GRACE_S = 1.0
 
@@ -50,7 +61,18 @@ class Noted:
     state: Any
 
 
-Result = HostBatch | Failed | Ended | Noted
+@dataclass(frozen=True)
+class Bad:
+    """Samples of batch ``batch_index`` left out because they failed to read or decode; ``dropped``: all
+    of them, so that batch does not come."""
+
+    batch_index: int
+    worker_id: int
+    samples: tuple[BadSample, ...]
+    dropped: bool
+
+
+Result = HostBatch | Failed | Ended | Noted | Bad
 
 
 @dataclass(frozen=True)
@@ -105,7 +127,7 @@ class Workers(Protocol):
 
     def stuck_hint(self) -> str: ...
 
-    def restore(self, per_worker: dict[int, tuple[Any, int, int | None]]) -> None: ...
+    def restore(self, per_worker: dict[int, tuple[Any, int, int | None, int | None]]) -> None: ...
 
     def shutdown(self) -> None: ...
 
@@ -149,6 +171,13 @@ class Dispatch:
             raise make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=None)
         if isinstance(msg, StreamState):
             return Noted(msg.batch_index, w.id, msg.state) if self.slots.is_current(msg.generation) else None
+        if isinstance(msg, BadSamples):
+            if msg.dropped:  # the task's answer: no batch
+                w.outstanding -= 1
+                if msg.slot != NO_SLOT:
+                    self.slots.release(msg.slot)
+            current = self.slots.is_current(msg.generation)
+            return Bad(msg.batch_index, w.id, msg.bad, msg.dropped) if current else None
         w.outstanding -= 1
         self._made(msg)
         slots = self.slots
@@ -208,7 +237,7 @@ class Dispatch:
             self._deliver(w, self.slots.generation, batch_index, slot, indices, tseed)
         except BaseException:
             if slot != NO_SLOT:
-                self.slots.give_back(slot)
+                self.slots.put_back(slot)
             raise
         w.outstanding += 1
         return True

@@ -292,7 +292,7 @@ class WorkerPool(Dispatch):
             self._raise_if_dead(timeout=1.0)
             raise LoaderError(f"could not reach loader worker {w.id} (pid {w.process.pid})") from None
 
-    def restore(self, per_worker: dict[int, tuple[Any, int, int | None]]) -> None:
+    def restore(self, per_worker: dict[int, tuple[Any, int, int | None, int | None]]) -> None:
         """Before a resumed stream's tasks: each worker's dataset state (or batches to skip), by worker id."""
         for w in self._workers:
             if w.id in per_worker:

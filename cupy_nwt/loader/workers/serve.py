@@ -14,9 +14,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..ring.ring import Ring
-from .maker import BatchMaker, InSlot, StreamEnd
+from .maker import AllBad, BatchMaker, InSlot, StreamEnd
 from .messages import (
     NO_SLOT,
+    BadSamples,
     BatchFailed,
     ErrorReport,
     Exhausted,
@@ -67,7 +68,7 @@ def serve_loop(channel: Channel, maker: BatchMaker, worker_id: int, worker_init_
             if msg is None or isinstance(msg, Stop):
                 return
             if isinstance(msg, Restore):
-                maker.restore(msg.state, msg.skip, msg.epoch)
+                maker.restore(msg.state, msg.skip, msg.epoch, msg.pipe_seed)
                 continue
             if not isinstance(msg, Task):
                 if ring is not None:
@@ -81,6 +82,8 @@ def serve_loop(channel: Channel, maker: BatchMaker, worker_id: int, worker_init_
             answer = serve(maker, ring, msg, views)
             if msg.indices is None and not isinstance(answer, Skipped):
                 channel.send(StreamState(msg.generation, msg.batch_index, stream_state_or_error(maker)))
+            if maker.bad and not isinstance(answer, (BadSamples, Skipped)):  # samples left out of this batch
+                channel.send(BadSamples(msg.generation, msg.batch_index, msg.slot, tuple(maker.bad)))
             channel.send(answer)
     finally:
         if ring is not None:
@@ -122,6 +125,8 @@ def serve(maker: BatchMaker, ring: Ring | None, task: Task,
                              slot_views if in_ring else None)
     except StreamEnd:
         return Exhausted(task.generation, task.batch_index, task.slot)
+    except AllBad:
+        return BadSamples(task.generation, task.batch_index, task.slot, tuple(maker.bad), dropped=True)
     except Exception as exc:  # noqa: BLE001 - reported to the main process
         report = ErrorReport.from_exception(exc, maker.failed_index(exc))
         return BatchFailed(task.generation, task.batch_index, task.slot, report)

@@ -151,7 +151,7 @@ class ThreadPool(Dispatch):
     def _deliver(self, t: _Thread, generation: int, batch_index: int, slot: int, indices: Any, tseed: int) -> None:
         t.tasks.put(Task(generation, batch_index, slot, indices, tseed))
 
-    def restore(self, per_worker: dict[int, tuple[Any, int, int | None]]) -> None:
+    def restore(self, per_worker: dict[int, tuple[Any, int, int | None, int | None]]) -> None:
         """Before a resumed stream's tasks: each thread's dataset state (or batches to skip), by worker id."""
         for t in self._workers:
             if t.id in per_worker:

@@ -23,7 +23,9 @@ A torch ``IterDataPipe`` (``torch.utils.data.datapipes``) gets what torch's load
 loader's ``shuffle`` applied to its shufflers at construction (``with_shuffle_settings``), and before
 each epoch's stream opens, in whichever process or thread reads it, its ``sharding_filter`` set to
 this reader's share (worker-major over ranks, as torch numbers them) and its shufflers seeded with
-one seed per epoch shared by every reader, so each element comes once (``prepare_datapipe``).
+one seed per epoch shared by every reader, so each element comes once (``prepare_datapipe``). Without
+``seed`` or ``generator`` that seed is drawn from torch's default generator at each ``iter()``, as
+torch's loader draws it (``torch_shared_seed``).
 """
 
 from __future__ import annotations
@@ -174,7 +176,24 @@ def with_shuffle_settings(dataset: Any, shuffle: bool) -> Any:
     return graph_settings.apply_shuffle_settings(dataset, shuffle=bool(shuffle))
 
 
-def prepare_datapipe(dataset: Any, seed: int, epoch: int, rank: int, world_size: int) -> None:
+def pipe_seed(seed: int, epoch: int, follows_torch: bool) -> int:
+    """The seed every reader's shufflers get this epoch. ``follows_torch``: the loader's seed was drawn
+    from torch's default generator at this ``iter()``, as torch's loader draws its shared seed, so the
+    same ``torch.manual_seed`` before two epochs gives the same order (the epoch is not mixed in)."""
+    words = [seed, _PIPE_TAG] if follows_torch else [seed, epoch, _PIPE_TAG]
+    return int(np.random.SeedSequence(words).generate_state(1, np.uint64)[0] >> 1)
+
+
+def torch_shared_seed() -> int | None:
+    """A seed drawn from torch's default generator, as torch's loader draws its base seed at each
+    ``iter()`` (None when torch is not imported)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not hasattr(torch, "empty"):
+        return None
+    return int(torch.empty((), dtype=torch.int64).random_().item()) & (2**63 - 1)
+
+
+def prepare_datapipe(dataset: Any, shared: int, rank: int, world_size: int) -> None:
     """Before an epoch of an ``IterDataPipe`` opens here: its share and its shufflers' seed (see above)."""
     import torch  # noqa: PLC0415 - imported already: the dataset is torch's
     from torch.utils.data import graph_settings  # noqa: PLC0415
@@ -182,7 +201,6 @@ def prepare_datapipe(dataset: Any, seed: int, epoch: int, rank: int, world_size:
     info = get_worker_info()
     shards, shard = (world_size, rank) if info is None else (info.num_workers * world_size, info.id * world_size + rank)
     graph_settings.apply_sharding(dataset, shards, shard)
-    shared = int(np.random.SeedSequence([seed, epoch, _PIPE_TAG]).generate_state(1, np.uint64)[0] >> 1)
     graph_settings.apply_random_seed(dataset, torch.Generator().manual_seed(shared))
 
 

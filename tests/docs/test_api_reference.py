@@ -1,0 +1,86 @@
+"""docs/api.md, the reference mkdocstrings builds from the docstrings: every public name of ``cupy_nwt``
+and ``cupy_nwt.data``, every error and the pytest fixtures are in it, and each function or class a
+caller passes arguments to says what they are for (an ``Args:`` section; a fixture's ``Returns:``
+describes its factory's). A new public name fails here until it is documented."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import re
+from pathlib import Path
+from typing import Any
+
+import cupy_nwt
+import cupy_nwt.data
+import cupy_nwt.errors
+
+API = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+FIXTURES = ("loader_benchmark", "transfer_benchmark")
+
+
+def resolve(path: str) -> Any:
+    parts = path.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for name in parts[i:]:
+            obj = getattr(obj, name)
+        return obj
+    raise ImportError(path)
+
+
+def documented() -> dict[str, Any]:
+    targets = re.findall(r"^::: ([\w.]+)$", API.read_text(encoding="utf-8"), re.M)
+    return {t: resolve(t) for t in targets}
+
+
+def public() -> dict[str, Any]:
+    names = {f"cupy_nwt.{n}": getattr(cupy_nwt, n) for n in cupy_nwt.__all__ if n != "__version__"}
+    names.update({f"cupy_nwt.data.{n}": getattr(cupy_nwt.data, n) for n in cupy_nwt.data.__all__})
+    names.update({f"cupy_nwt.errors.{n}": c for n, c in vars(cupy_nwt.errors).items()
+                  if inspect.isclass(c) and issubclass(c, cupy_nwt.errors.CupyNwtError) and not n.startswith("_")})
+    plugin = importlib.import_module("cupy_nwt.pytest_plugin")
+    names.update({f"fixture {n}": getattr(plugin, n) for n in FIXTURES})
+    return names
+
+
+def test_every_public_name_is_in_the_reference():
+    docs = documented()
+    shown = {id(o) for o in docs.values()}
+    errors_whole = "cupy_nwt.errors" in docs
+    missing = [name for name, obj in public().items()
+               if id(obj) not in shown and not (errors_whole and name.startswith("cupy_nwt.errors."))
+               and not (errors_whole and inspect.isclass(obj) and issubclass(obj, cupy_nwt.errors.CupyNwtError))]
+    assert not missing, f"add to docs/api.md: {missing}"
+
+
+def takes_arguments(obj: Any) -> bool:
+    if inspect.isclass(obj):
+        if (dataclasses.is_dataclass(obj) or issubclass(obj, BaseException) or getattr(obj, "_is_protocol", False)
+                or "__init__" not in vars(obj)):
+            return False  # fields, a message, a protocol to implement
+        target = obj.__init__
+    elif callable(obj):
+        target = obj
+    else:
+        return False
+    try:
+        params = [p for p in inspect.signature(target).parameters if p != "self"]
+    except (TypeError, ValueError):
+        return False
+    return bool(params)
+
+
+def test_what_takes_arguments_says_what_they_are_for():
+    lacking = []
+    for path, obj in documented().items():
+        if inspect.ismodule(obj) or getattr(obj, "__name__", "") == "PackedRecords":  # built by pack_records
+            continue
+        section = "Returns:" if path.rsplit(".", 1)[-1] in FIXTURES else "Args:"
+        if takes_arguments(obj) and section not in (obj.__doc__ or ""):
+            lacking.append(path)
+    assert not lacking, f"add an Args: section to: {lacking}"
