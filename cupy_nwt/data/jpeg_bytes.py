@@ -77,6 +77,11 @@ def jpeg_size(data: bytes | memoryview | np.ndarray, name: str = "image", sample
     start-of-frame segment before its first scan, and end with an EOI marker after that scan:
     a file cut short loses its EOI, which a decoder would otherwise meet only half-way (and
     nvImageCodec would fill in the rest of the image without a word).
+
+    Args:
+        data: the file's bytes, as read.
+        name: the file or tar member the error names.
+        sample_index: the sample the error names (None: not part of a dataset).
     """
     b = data if isinstance(data, bytes) else bytes(np.ascontiguousarray(data) if isinstance(data, np.ndarray) else data)
     size = jpeg_header(b)
