@@ -7,8 +7,12 @@ CuPy is imported lazily: the package imports and runs its host-only parts withou
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import importlib.metadata
+import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,11 +69,39 @@ _DRIVER_HINTS = {
 }
 
 
+def _driver_loadable() -> bool:
+    """Can the CUDA driver library be loaded? A few milliseconds, where importing CuPy to learn it takes seconds."""
+    if sys.platform != "linux":
+        return True  # ask CuPy: the library's name differs
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+def _installed_cupy_version() -> str | None:
+    """CuPy's version from its package metadata, without importing it; None when not found that way."""
+    if importlib.util.find_spec("cupy") is None:
+        return None
+    for name in ("cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x"):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def gpu_status() -> GpuStatus:
     """Probe for a usable GPU without ever raising; the reason says why not in one sentence."""
     if os.environ.get("CUPY_NWT_DISABLE_GPU"):
         return GpuStatus(False, "the GPU is disabled by CUPY_NWT_DISABLE_GPU")
+    if not _driver_loadable():
+        version = _installed_cupy_version()
+        if version is not None:  # CuPy's import alone costs seconds, which a loader's first batch would wait for
+            return GpuStatus(False, "no usable GPU: no NVIDIA driver is installed (libcuda was not found)", 0, None,
+                             None, version)
     try:
         cupy = _cupy()
     except ImportError as exc:
