@@ -7,18 +7,16 @@ CuPy is imported lazily: the package imports and runs its host-only parts withou
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import importlib.metadata
-import importlib.util
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from ._driver import NO_DRIVER, cupy_without_driver
 
 # Re-exported: the rest of the package asks this one gateway for PCIe links; _pcie.py reads them.
 from ._pcie import PcieLink, gpu_own_max, nvml_pcie_link, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
@@ -69,39 +67,14 @@ _DRIVER_HINTS = {
 }
 
 
-def _driver_loadable() -> bool:
-    """Can the CUDA driver library be loaded? A few milliseconds, where importing CuPy to learn it takes seconds."""
-    if sys.platform != "linux":
-        return True  # ask CuPy: the library's name differs
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
-
-
-def _installed_cupy_version() -> str | None:
-    """CuPy's version from its package metadata, without importing it; None when not found that way."""
-    if importlib.util.find_spec("cupy") is None:
-        return None
-    for name in ("cupy", "cupy-cuda13x", "cupy-cuda12x", "cupy-cuda11x"):
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
 @functools.lru_cache(maxsize=1)
 def gpu_status() -> GpuStatus:
     """Probe for a usable GPU without ever raising; the reason says why not in one sentence."""
     if os.environ.get("CUPY_NWT_DISABLE_GPU"):
         return GpuStatus(False, "the GPU is disabled by CUPY_NWT_DISABLE_GPU")
-    if not _driver_loadable():
-        version = _installed_cupy_version()
-        if version is not None:  # CuPy's import alone costs seconds, which a loader's first batch would wait for
-            return GpuStatus(False, "no usable GPU: no NVIDIA driver is installed (libcuda was not found)", 0, None,
-                             None, version)
+    version = cupy_without_driver()  # learnt in milliseconds: importing CuPy to learn it takes seconds
+    if version is not None:
+        return GpuStatus(False, f"no usable GPU: {NO_DRIVER}", 0, None, None, version)
     try:
         cupy = _cupy()
     except ImportError as exc:
@@ -123,7 +96,7 @@ def gpu_status() -> GpuStatus:
         code = text.split(":", 1)[0].strip()
         hint = _DRIVER_HINTS.get(code, text)
         if driver is None and code == "cudaErrorInsufficientDriver":
-            hint = "no NVIDIA driver is installed (libcuda was not found)"
+            hint = NO_DRIVER
         return GpuStatus(False, f"no usable GPU: {hint}", 0, driver, runtime, version)
     if count == 0:
         return GpuStatus(False, "no usable GPU: the driver found no CUDA device", 0, driver, runtime, version)

@@ -65,12 +65,12 @@ def _user_tasks(root: str, uid: int) -> int:
     """Tasks (threads) of ``uid`` now: what RLIMIT_NPROC counts."""
     count = 0
     try:
-        entries = [e for e in os.listdir(f"{root}proc") if e.isdigit()]
+        entries = [e for e in os.listdir(os.path.join(root, "proc")) if e.isdigit()]
     except OSError:
         return 0
     for pid in entries:
         try:
-            with open(f"{root}proc/{pid}/status") as f:
+            with open(os.path.join(root, "proc", pid, "status")) as f:
                 fields = dict(line.split(":", 1) for line in f if ":" in line)
         except OSError:
             continue  # gone meanwhile
@@ -82,15 +82,19 @@ def _user_tasks(root: str, uid: int) -> int:
 def _cgroup_pids_left(root: str) -> int | None:
     """``pids.max - pids.current`` of this process's cgroup (v2, or v1's pids controller), if limited."""
     try:
-        with open(f"{root}proc/self/cgroup") as f:
+        with open(os.path.join(root, "proc/self/cgroup")) as f:
             lines = [line.strip().split(":", 2) for line in f if line.count(":") >= 2]
     except OSError:
         return None
     for _, controllers, path in lines:
-        base = f"{root}sys/fs/cgroup" if controllers == "" else f"{root}sys/fs/cgroup/pids" if "pids" in controllers.split(",") else None
-        if base is None:
+        if controllers == "":
+            base = os.path.join(root, "sys/fs/cgroup")
+        elif "pids" in controllers.split(","):
+            base = os.path.join(root, "sys/fs/cgroup/pids")
+        else:
             continue
-        limit, used = _read_int(f"{base}{path}/pids.max"), _read_int(f"{base}{path}/pids.current")
+        where = os.path.join(base, path.lstrip("/"))
+        limit, used = _read_int(os.path.join(where, "pids.max")), _read_int(os.path.join(where, "pids.current"))
         if limit is not None and used is not None:
             return limit - used
     return None
@@ -103,12 +107,12 @@ def read_limits(root: str = "/") -> Limits:
     user_left = None if uid == 0 or nproc == resource.RLIM_INFINITY else nproc - _user_tasks(root, uid)
     in_use = 0
     try:
-        with open(f"{root}proc/loadavg") as f:
+        with open(os.path.join(root, "proc/loadavg")) as f:
             in_use = int(f.read().split()[3].split("/")[1])
     except (OSError, IndexError, ValueError):
         pass
-    kernel = {k: v for k, v in (("pid_max", _read_int(f"{root}proc/sys/kernel/pid_max")),
-                                ("threads-max", _read_int(f"{root}proc/sys/kernel/threads-max"))) if v is not None}
+    kernel = {k: v for k, v in (("pid_max", _read_int(os.path.join(root, "proc/sys/kernel/pid_max"))),
+                                ("threads-max", _read_int(os.path.join(root, "proc/sys/kernel/threads-max")))) if v is not None}
     bound, pids_left = "", None
     if kernel:
         bound = min(kernel, key=lambda k: kernel[k])
@@ -121,7 +125,7 @@ def read_limits(root: str = "/") -> Limits:
     fds_left = None
     if nofile != resource.RLIM_INFINITY:
         try:
-            fds_left = nofile - len(os.listdir(f"{root}proc/self/fd"))
+            fds_left = nofile - len(os.listdir(os.path.join(root, "proc/self/fd")))
         except OSError:
             fds_left = nofile
     room = memory_room(root)
