@@ -17,23 +17,26 @@ import pytest
 ROOT = Path(__file__).resolve().parents[3]
 
 SCRIPT = """
-import os, sys
+import os, sys, time
 import numpy as np
 from cupy_nwt import DataLoader
 
 
 def servers():
+    # children running multiprocessing's forkserver (one just spawned shows its command line once exec'd)
     pid = os.getpid()
     with open(f"/proc/{pid}/task/{pid}/children") as f:
         kids = f.read().split()
-    found = 0
-    for kid in kids:
-        try:
-            with open(f"/proc/{kid}/cmdline", "rb") as f:
-                found += b"multiprocessing.forkserver" in f.read()
-        except OSError:
-            pass
-    return found
+    lines = {}
+    for _ in range(200):
+        for kid in kids:
+            if not lines.get(kid):
+                with open(f"/proc/{kid}/cmdline", "rb") as f:
+                    lines[kid] = f.read()
+        if all(lines.values()):
+            break
+        time.sleep(0.05)
+    return sum(b"multiprocessing.forkserver" in line for line in lines.values())
 
 
 if __name__ == "__main__":
