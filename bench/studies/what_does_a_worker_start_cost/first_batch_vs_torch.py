@@ -111,7 +111,8 @@ def memory(pid: int) -> tuple[int, int]:
     return fields["Pss"], fields["Private_Clean"] + fields["Private_Dirty"]
 
 
-def one(loader: str, method: str, workers: int, dataset: str, index: int, second: bool) -> dict[str, Any]:
+def one(loader: str, method: str, workers: int, dataset: str, index: int, second: bool,
+        device: str = "cpu") -> dict[str, Any]:
     """In the child interpreter: two loaders, each timed from construction to its first batch (spawn: one,
     unless ``second``: it keeps nothing in the process), and the first one's workers' memory."""
     ds = DATASETS[dataset](index)
@@ -119,7 +120,8 @@ def one(loader: str, method: str, workers: int, dataset: str, index: int, second
     make = importlib.import_module(PACKAGE[loader]).DataLoader  # imported at this file's top already (``measure``)
     for k in range(1 if method == "spawn" and not second else 2):
         t = time.perf_counter()
-        dl = make(ds, batch_size=BATCH, num_workers=workers, multiprocessing_context=method)
+        mine = {"device": device} if loader == "cupy_nwt" else {}  # torch's batches are on the host
+        dl = make(ds, batch_size=BATCH, num_workers=workers, multiprocessing_context=method, **mine)
         it = iter(dl)
         next(it)
         out["first_batch_s"].append(time.perf_counter() - t)
@@ -138,13 +140,14 @@ def one(loader: str, method: str, workers: int, dataset: str, index: int, second
     return out
 
 
-def measure(tree: Path | None, cell: dict[str, Any], index: int, second: bool = False) -> dict[str, Any]:
+def measure(tree: Path | None, cell: dict[str, Any], index: int, second: bool = False,
+            device: str = "cpu") -> dict[str, Any]:
     imports = ",".join(filter(None, [MAINS[cell["main"]], PACKAGE[cell["loader"]]]))
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "FIRST_BATCH_MAIN_IMPORTS": imports}
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     cmd = [sys.executable, __file__, "--one", cell["loader"], cell["method"], str(cell["workers"]), cell["dataset"],
-           "--index", str(index), *(["--spawn-second"] if second else [])]
+           "--index", str(index), "--device", device, *(["--spawn-second"] if second else [])]
     proc = subprocess.run(cmd, env=env, cwd=tree or ROOT, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         raise SystemExit(f"first_batch_vs_torch: {cell} failed: {proc.stderr.strip().splitlines()[-1:]}")
@@ -194,13 +197,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index-workers", type=int, default=16)
     p.add_argument("--jax-workers", default="16", help="worker counts of the cells whose __main__ imports JAX too")
     p.add_argument("--spawn-second", action="store_true", help="time a second loader under spawn too")
+    p.add_argument("--device", choices=["cpu", "auto", "cuda"], default="cpu",
+                   help="cupy_nwt's device (torch's batches stay on the host): cpu compares like with like")
     p.add_argument("--no-torch", action="store_true", help="cupy_nwt alone (torch's loader not measured)")
     p.add_argument("--output", help="where to write the JSON (default: beside this file, named for the host)")
     p.add_argument("--one", nargs=4, metavar=("LOADER", "METHOD", "WORKERS", "DATASET"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.one:
         loader, method, workers, dataset = args.one
-        print(json.dumps(one(loader, method, int(workers), dataset, args.index, args.spawn_second)))
+        print(json.dumps(one(loader, method, int(workers), dataset, args.index, args.spawn_second, args.device)))
         return 0
     try:
         workers = [int(w) for w in args.workers.split(",")]
@@ -239,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             order = list(runners) if r % 2 == 0 else list(runners)[::-1]
             for runner in order:
                 loader = "torch" if runners[runner] is None else "cupy_nwt"
-                got = measure(runners[runner], {**cell, "loader": loader}, args.index, args.spawn_second)
+                got = measure(runners[runner], {**cell, "loader": loader}, args.index, args.spawn_second, args.device)
                 rows.append({**cell, "runner": runner, **got})
                 second = f"{got['first_batch_s'][1]:.2f} s" if len(got["first_batch_s"]) > 1 else "-"
                 print(f"round {r + 1} {time.monotonic() - started:6.0f}s {cell['dataset']:11s} {cell['main']:5s} "
@@ -247,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"second {second}, worker USS {got['worker_uss_bytes'] / 2**20:.0f} MiB",
                       file=sys.stderr, flush=True)
         doc = {"host": system.host_info().to_dict(), "rounds": r + 1, "batch_size": BATCH, "index": args.index,
+               "device": args.device,
                "runners": names, "summary": summarize(rows), "runs": rows, "seconds": time.monotonic() - started,
                "load_average": list(os.getloadavg())}
         report.write_json(doc, out)  # after every round: an interrupted run keeps its whole rounds

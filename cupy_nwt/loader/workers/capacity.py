@@ -186,7 +186,7 @@ def check_worker_count(num_workers: int, method: str, prefetch_factor: int, limi
     return cap.line
 
 
-START_PROGRESS_AFTER_S = 1.5
+START_PROGRESS_AFTER_S = 3.0
 
 
 class StartProgress:

@@ -126,6 +126,6 @@ def test_a_slow_start_shows_its_progress_and_its_end():
             clock.t += 0.01
             p.started()
     lines = out.getvalue().splitlines()
-    assert lines[0] == "cupy_nwt: starting loader workers by spawn 150/1000"
+    assert lines[0] == "cupy_nwt: starting loader workers by spawn 301/1000"  # the step past START_PROGRESS_AFTER_S (float steps of 0.01 s)
     assert lines[-1] == "cupy_nwt: 1000 loader workers started in 10.0 s"
     assert 3 <= len(lines) <= 6  # a line every few seconds, not one a worker
