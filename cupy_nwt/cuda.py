@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ._driver import NO_DRIVER, cupy_without_driver
+
 # Re-exported: the rest of the package asks this one gateway for PCIe links; _pcie.py reads them.
 from ._pcie import PcieLink, gpu_own_max, nvml_pcie_link, pcie_theoretical_gbps, sysfs_pcie_link  # noqa: F401
 from .errors import ArgumentError, NoGPUError
@@ -70,6 +72,9 @@ def gpu_status() -> GpuStatus:
     """Probe for a usable GPU without ever raising; the reason says why not in one sentence."""
     if os.environ.get("CUPY_NWT_DISABLE_GPU"):
         return GpuStatus(False, "the GPU is disabled by CUPY_NWT_DISABLE_GPU")
+    version = cupy_without_driver()  # learnt in milliseconds: importing CuPy to learn it takes seconds
+    if version is not None:
+        return GpuStatus(False, f"no usable GPU: {NO_DRIVER}", 0, None, None, version)
     try:
         cupy = _cupy()
     except ImportError as exc:
@@ -91,7 +96,7 @@ def gpu_status() -> GpuStatus:
         code = text.split(":", 1)[0].strip()
         hint = _DRIVER_HINTS.get(code, text)
         if driver is None and code == "cudaErrorInsufficientDriver":
-            hint = "no NVIDIA driver is installed (libcuda was not found)"
+            hint = NO_DRIVER
         return GpuStatus(False, f"no usable GPU: {hint}", 0, driver, runtime, version)
     if count == 0:
         return GpuStatus(False, "no usable GPU: the driver found no CUDA device", 0, driver, runtime, version)

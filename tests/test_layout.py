@@ -124,7 +124,7 @@ def test_arrows_point_one_way():
 
 # what may sit at the package's top level: the gateway to CUDA, the errors, and the small shared pieces that
 # several rooms use (argument checks, the one atomic file writer, the rank layout, host facts, the worker info)
-TOP_LEVEL = {"cupy_nwt", "cupy_nwt.__main__", "cupy_nwt._checks", "cupy_nwt._files", "cupy_nwt._pcie", "cupy_nwt._worker_info",
+TOP_LEVEL = {"cupy_nwt", "cupy_nwt.__main__", "cupy_nwt._checks", "cupy_nwt._driver", "cupy_nwt._files", "cupy_nwt._pcie", "cupy_nwt._worker_info",
              "cupy_nwt.cuda", "cupy_nwt.errors", "cupy_nwt.ranks", "cupy_nwt.system"}
 
 

@@ -27,6 +27,7 @@ from .epoch.sampling import Sampling
 from .ring.collate import default_collate
 from .ring.frameworks import check_output, generator_seed, torch_global_seed
 from .tuning.online import Tuning, check_tuning
+from .workers.capacity import check_worker_count
 from .workers.kinds import WORKER_TYPES, check_worker_type, kind
 from .workers.maker import BatchMaker
 from .workers.pool import WorkerKind
@@ -145,7 +146,8 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     why = None
     on_bad_sample, max_bad_samples = check_bad_samples(on_bad_sample, max_bad_samples, sampling.kind == "iterable")
     if auto is None:
-        warn_if_too_many_workers(num_workers, stacklevel=4)
+        warn_if_too_many_workers(num_workers, stacklevel=4, method=_method(worker_type, context, device),
+                                 prefetch_factor=prefetch_factor)
     else:
         num_workers, worker_type, why = _auto_workers(dataset, sampling, prefetch_factor, pin_memory, batch_transform,
                                                       worker_type, device if device_id is None else f"cuda:{device_id}",
@@ -241,17 +243,26 @@ def resolve_context(multiprocessing_context: Any, num_workers: int) -> BaseConte
     return multiprocessing_context
 
 
-def warn_if_too_many_workers(num_workers: int, stacklevel: int = 3) -> None:
-    """A UserWarning, as PyTorch gives, when there are more workers than CPUs this process may use."""
+def _method(worker_type: str | None, context: BaseContext | None, device: str) -> str:
+    """How the workers will start: ``"thread"``, or a process start method."""
+    chosen = kind(worker_type or "process")
+    return chosen.start_method(context, device) if chosen.processes else "thread"
+
+
+def warn_if_too_many_workers(num_workers: int, stacklevel: int = 3, *, method: str = "fork",
+                             prefetch_factor: int = 2) -> None:
+    """A UserWarning, as PyTorch gives, when there are more workers than CPUs this process may use, with what
+    this machine can hold; ``ArgumentError`` (``capacity.check_worker_count``) when it cannot hold them."""
     cpus = system.usable_cpus()
     if num_workers > cpus:
+        room = check_worker_count(num_workers, method, prefetch_factor)
         warnings.warn(f"This DataLoader will create {num_workers} worker processes in total. Our suggested max number "
                       f"of worker in current system is {cpus}, which is smaller than what this DataLoader is going to "
                       "create. Please be aware that excessive worker creation might get DataLoader running slow or "
                       "even freeze, lower the worker number to avoid potential slowness/freeze if necessary. "
                       f"cupy_nwt: this DataLoader will start {num_workers} worker processes, more than the {cpus} CPUs "
                       "this process may use: the workers will share them, which is slower and may even stall; "
-                      f"num_workers={cpus} or fewer avoids that", UserWarning, stacklevel=stacklevel)
+                      f"num_workers={cpus} or fewer avoids that; {room}", UserWarning, stacklevel=stacklevel)
 
 
 def resolve_timeout(timeout: Any) -> float | None:
@@ -323,7 +334,8 @@ def changed(options: Options, name: str, value: Any, gpus: PrefetchOps | None = 
     o = options
     if name == "num_workers":
         n = check_int("num_workers", value, ge=0)
-        warn_if_too_many_workers(n, stacklevel=4)
+        warn_if_too_many_workers(n, stacklevel=4, method=_method(o.worker_type, o.context, o.device),
+                                 prefetch_factor=o.prefetch_factor)
         return replace(o, num_workers=n)
     if name == "worker_type":
         worker_type = check_worker_type(value)

@@ -30,6 +30,7 @@ from .ring.slots import HostBatch, SlotPool
 from .tuning.online import OnlineTuner
 from .tuning.policy import Decision
 from .workers.pool import Workers
+from .workers.start import prestart_forkserver
 
 if TYPE_CHECKING:
     from ._options import Options
@@ -80,6 +81,9 @@ class Runtime:
         self.stage: Stage | None = None  # the shared one
         self.loose: list[Stage] = []  # one per live iteration that has its own workers
         self.layout: SlotLayout | None = None
+        if options.num_workers > 0 and options.kind.processes:  # the server starts while the caller goes on
+            prestart_forkserver(options.context, options.start_method,
+                                [options.dataset, options.collate_fn, options.batch_transform])
 
     @classmethod
     def of(cls, options: Options, parts: LoaderParts | None) -> Runtime:

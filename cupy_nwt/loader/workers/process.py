@@ -44,6 +44,7 @@ from ..ring.memory import RingFile
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from . import lifeline, pipes
+from .capacity import StartProgress
 from .lifeline import ParentWatch
 from .maker import BatchMaker, make_worker_error
 from .messages import (
@@ -214,8 +215,10 @@ class WorkerPool(Dispatch):
         try:
             self._file = RingFile.create()
             shipped = self._ship()
-            for w in range(num_workers):
-                self._start(w, shipped)
+            with StartProgress(num_workers, method) as progress:
+                for w in range(num_workers):
+                    self._start(w, shipped)
+                    progress.started()
         except BaseException:
             self.shutdown()
             raise

@@ -24,6 +24,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from multiprocessing.context import BaseContext
 from typing import Any
 
 from ... import cuda
@@ -176,3 +177,25 @@ def check_importable(method: str, chosen_by_user: bool, objects: list[Any]) -> N
                 f"and their start cannot import {getattr(owner, '__qualname__', owner)!r}, defined interactively: "
                 "move it into a .py module, use worker_type='thread', or pass multiprocessing_context='fork' at your "
                 "own risk")
+
+
+def prestart_forkserver(context: BaseContext | None, method: str, objects: Sequence[Any]) -> bool:
+    """Start forkserver's server and its preload now, in the background, when the loader's workers will fork from it.
+
+    The server is one per process and outlives loaders; its start (a fresh interpreter importing
+    ``__main__`` again, torch with it, and ``forkserver_preload``) is what a process's first forkserver
+    loader waits for, seconds where ``__main__`` imports torch. Asked for at the loader's construction,
+    it runs while the caller goes on (building a model, initialising CUDA, pickling the dataset for
+    the first worker), and ``iter()`` finds it ready or nearer. Starting it spawns the server and
+    returns (multiprocessing's ``forkserver.ensure_running`` does not wait for the preload), so a loader
+    never iterated costs one idle process, which goes with this one. Nothing the workers see changes:
+    they fork from the same server, with the same preload, at ``iter()``. True when it was asked to start.
+    """
+    if method != "forkserver":
+        return False
+    ctx = context if context is not None else mp.get_context("forkserver")
+    ctx.set_forkserver_preload(forkserver_preload(objects))
+    from multiprocessing import forkserver  # noqa: PLC0415 - only where forkserver is used
+
+    forkserver.ensure_running()
+    return True

@@ -1,0 +1,83 @@
+"""forkserver's server starts when a loader that will use it is made, not at its first ``iter()``, so its start
+(a fresh interpreter importing ``__main__`` again and the preload) runs while the caller goes on; a loader
+of another start method starts none. And a machine without a CUDA driver is told so without importing CuPy,
+which a loader's first batch would otherwise wait seconds for."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+
+SCRIPT = """
+import os, sys, time
+import numpy as np
+from cupy_nwt import DataLoader
+
+
+def servers():
+    # children running multiprocessing's forkserver (one just spawned shows its command line once exec'd)
+    pid = os.getpid()
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        kids = f.read().split()
+    lines = {}
+    for _ in range(200):
+        for kid in kids:
+            if not lines.get(kid):
+                with open(f"/proc/{kid}/cmdline", "rb") as f:
+                    lines[kid] = f.read()
+        if all(lines.values()):
+            break
+        time.sleep(0.05)
+    return sum(b"multiprocessing.forkserver" in line for line in lines.values())
+
+
+if __name__ == "__main__":
+    method = sys.argv[1]
+    loader = DataLoader(np.arange(8, dtype=np.float32), batch_size=4, num_workers=1, multiprocessing_context=method)
+    made = servers()
+    batches = [b.tolist() for b in loader]
+    print(made, batches)
+"""
+
+
+def run(tmp_path: Path, method: str) -> str:
+    (tmp_path / "script.py").write_text(textwrap.dedent(SCRIPT))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, str(tmp_path / "script.py"), method], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+def test_a_forkserver_loader_starts_the_server_when_made(tmp_path):
+    assert run(tmp_path, "forkserver") == "1 [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]"
+
+
+def test_a_fork_loader_starts_no_server(tmp_path):
+    assert run(tmp_path, "fork") == "0 [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]"
+
+
+def _driver_present() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(_driver_present(), reason="a CUDA driver is installed here: CuPy is asked")
+def test_no_driver_is_found_without_importing_cupy():
+    pytest.importorskip("cupy")
+    code = "import sys; from cupy_nwt import cuda; s = cuda.gpu_status(); print(s.available, 'cupy' in sys.modules, s.reason)"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("CUPY_NWT_DISABLE_GPU", None)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout
+    assert out.strip() == "False False no usable GPU: no NVIDIA driver is installed (libcuda was not found)"
