@@ -386,9 +386,11 @@ class DataLoader(Generic[T_co]):
         return it
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the newest iteration stands, counting only batches delivered to the caller; small and
-        JSON-ready. Between epochs (or before the first), the start of the epoch ``iter()`` runs next.
-        What it holds, and the elastic rules: ``cupy_nwt.loader.epoch.resume``."""
+        """Where the newest iteration stands, counting only batches delivered to the caller, and each reader's
+        own dataset (and stream iterator) ``state_dict()`` as of then; small and JSON-ready but for what those
+        return (pickled, at most 64 MiB together, else ``StateError``). Between epochs (or before the first),
+        the start of the epoch ``iter()`` runs next. What it holds, and the elastic rules:
+        ``cupy_nwt.loader.epoch.resume``."""
         pending = self._resume
         if pending is not None and pending["epoch"] == self._epoch:  # loaded, not begun yet
             return dict(pending)

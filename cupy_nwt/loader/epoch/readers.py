@@ -11,9 +11,10 @@ When the entry is taken, for the state to resume exactly what an uninterrupted r
 
 * mid-epoch: as of the reader's last batch *delivered to the caller* (its worker may have made more), or as
   the epoch began for a reader that delivered none yet;
-* before an epoch's first batch and between epochs: the main process's dataset (and its stream's iterator)
-  as they are now; a persistent worker's as it left the previous epoch; None for workers that start afresh
-  from the dataset (as the uninterrupted run's workers do).
+* before an epoch's first batch and between epochs: the main process's dataset (and its stream's iterator,
+  opened for it once ``iter()`` was called, as torchdata's exists from ``iter()`` on) as they are now; a
+  persistent worker's as it left the previous epoch; None for workers that start afresh from the dataset
+  (as the uninterrupted run's workers do), and for a stream of a loader not iterated yet.
 
 On resume each entry is loaded into its reader before that reader's first sample, in torchdata's order: a
 map-style dataset's ``load_state_dict()`` before its first ``__getitem__``; a stream's dataset
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from ...data.contract import epoch_setter
 from ...errors import StateError
 from ..workers.messages import ErrorReport
+from ..workers.serve import reader_state_or_error
 from ..workers.torch_workers import is_iter_datapipe
 
 if TYPE_CHECKING:
@@ -97,7 +99,7 @@ def carried(options: Options, progress: EpochProgress | None) -> list[Any]:
         if progress is not None and progress.live is not None:
             return [entry(0, progress.live())]
         if options.sampling.kind != "iterable":  # not iterated yet: the dataset as it is
-            return [entry(0, options.maker().reader_state())]
+            return [entry(0, reader_state_or_error(options.maker()))]
         return [None]
     if progress is None or not options.persistent_workers:
         return [None] * n
