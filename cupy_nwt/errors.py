@@ -104,9 +104,11 @@ class DataFileError(DataError):
 
 
 class StateError(CupyNwtError, ValueError):
-    """A saved loader state that cannot be resumed from: ``field`` names the first bad field, ``value`` is it.
+    """A loader state that cannot be resumed from (``field`` names the first bad field, ``value`` is it), or
+    cannot be saved (a dataset's own state that raises, does not pickle, or is too large).
 
-    Raised by ``DataLoader.load_state_dict`` before anything changes, so the loader keeps its state.
+    Raised by ``DataLoader.load_state_dict`` before anything changes, so the loader keeps its state, and by
+    ``DataLoader.state_dict``, which leaves iteration as it was.
     """
 
     def __init__(self, message: str, field: str | None = None, value: Any = None) -> None:

@@ -52,6 +52,7 @@ from ._runtime import LoaderParts, Runtime
 from ._stats import STALL_WARNING_S, LoaderStats
 from .epoch.epoch import Epoch, EpochState
 from .epoch.order import OrderSampler, SamplerBatches
+from .epoch.readers import carried
 from .epoch.resume import check_state, fresh, state_of
 from .ring.collate import default_collate
 from .ring.ring import SlotLayout
@@ -421,14 +422,16 @@ class DataLoader(Generic[T_co]):
         if shared:
             self._close_active()
         start, self._resume = self._resume, None
-        resuming = start is not None and start["epoch"] == self._epoch
-        if options.seed_drawn and not resuming and is_iter_datapipe(options.dataset):
+        start = start if start is not None and start["epoch"] == self._epoch else None
+        if options.seed_drawn and start is None and is_iter_datapipe(options.dataset):
             drawn = torch_shared_seed()  # torch's loader draws a pipe's shared seed so, at each iter()
             if drawn is not None:
                 options = replace(changed(options, "seed", drawn), seed_drawn=True)
                 object.__setattr__(self, "_options", options)
-        it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch, start if resuming else None, shared, self,
-                                self._reported_len)
+        readers = None
+        if start is None and options.persistent_workers and options.num_workers > 0:  # the workers go on as they are
+            readers = carried(options, self._last.progress() if self._last is not None else None)
+        it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch, start, shared, self, self._reported_len, readers)
         self._epoch += 1
         self._last = it.state
         self._runtime.events.began(self._epoch - 1)
@@ -437,26 +440,31 @@ class DataLoader(Generic[T_co]):
         return it
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the newest iteration stands, counting only batches delivered to the caller; small and
-        JSON-ready. Between epochs (or before the first), the start of the epoch ``iter()`` runs next.
-        What it holds, and the elastic rules: ``cupy_nwt.loader.epoch.resume``."""
+        """Where the newest iteration stands, counting only batches delivered to the caller, and each reader's
+        own dataset (and stream iterator) ``state_dict()`` as of then; small and JSON-ready but for what those
+        return (pickled, at most 64 MiB together, else ``StateError``). Between epochs (or before the first),
+        the start of the epoch ``iter()`` runs next. What it holds, and the elastic rules:
+        ``cupy_nwt.loader.epoch.resume``."""
         pending = self._resume
         if pending is not None and pending["epoch"] == self._epoch:  # loaded, not begun yet
             return dict(pending)
         progress = self._last.progress() if self._last is not None else None
         if progress is None or progress.finished or self._epoch != progress.epoch + 1:
-            return fresh(self._options, self._epoch)  # its epoch ran to its end, or set_epoch chose another
+            # its epoch ran to its end, or set_epoch chose another: the next starts from the readers as they are
+            return fresh(self._options, self._epoch, carried(self._options, progress))
         return state_of(self._options, progress)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from ``state_dict()``: the next ``iter()`` yields exactly the rest of the saved epoch, the
-        one after it the following epoch (a ``set_epoch`` to another epoch before that drops it). Another ``num_workers``, ``prefetch_factor`` or
-        ``persistent_workers`` gives the same rest; another ``world_size`` re-shards it (map-style; load
-        any old rank's state when the ranks delivered alike, else ``merge_states`` of all of them). An empty
-        dict, as a checkpoint saved before the loader existed holds, leaves the loader as it is (torchdata's
-        rule)."""
-        if isinstance(state, dict) and not state:
-            return
+        one after it the following epoch (a ``set_epoch`` to another epoch before that drops it). Each worker's
+        (with ``num_workers=0``, the main process's) dataset and stream iterator get their saved
+        ``state_dict()`` back before their first sample; persistent workers are restarted for it. Another
+        ``num_workers``, ``prefetch_factor`` or ``persistent_workers`` gives the same rest of a map-style epoch
+        (its dataset states, which cannot be merged, are then dropped with a warning); another ``world_size``
+        re-shards it (load any old rank's state when the ranks delivered alike, else ``merge_states`` of all of
+        them). A stream resumes with the same workers and ranks only. Anything but a loader's state, an empty
+        dict included, is refused with a ``StateError`` and the loader is left as it was. What a state holds:
+        ``cupy_nwt.loader.epoch.resume``."""
         options = self._options
         seed = state.get("seed") if isinstance(state, dict) else None
         if options.seed_drawn and type(seed) is int and seed >= 0:
@@ -465,6 +473,10 @@ class DataLoader(Generic[T_co]):
         object.__setattr__(self, "_options", options)
         self._epoch = int(self._resume["epoch"])
         self._last = None  # the loaded state, not the previous iteration, is where the loader stands
+        self._close_active()
+        stage = self._runtime.stage
+        if stage is not None and stage.workers is not None:  # persistent workers hold other states: start anew
+            self._runtime.drop(stage)
 
     def close(self) -> None:
         """End the current iterations, stop the workers, unlink the rings. Idempotent."""

@@ -32,23 +32,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # t
 N = 10
 
 
-@pytest.fixture(params=["torchdata", "cupy_nwt", "cupy_nwt-threads"])
-def make(request):
-    """A loader maker, ``make(dataset, **kwargs)``: torchdata's, or cupy_nwt's with process or thread workers."""
-    name = request.param
-    if name == "torchdata":
-        sdl = pytest.importorskip("torchdata.stateful_dataloader", reason="torchdata is a test-only extra")
-
-    def maker(dataset, **kw):
-        if name == "torchdata":
-            return sdl.StatefulDataLoader(dataset, **kw)
-        if "generator" not in kw:
-            kw.setdefault("seed", 0)
-        kind = "thread" if name.endswith("threads") else "process"
-        return cupy_nwt.DataLoader(dataset, device="cpu", worker_type=kind, **kw)
-
-    maker.name = name
-    return maker
+@pytest.fixture
+def make(stateful_backend):
+    """A loader maker, ``make(dataset, **kwargs)`` (``stateful_backend`` in conftest.py)."""
+    return stateful_backend
 
 
 def finding(request, make, why: str, only: str | None = None) -> None:
@@ -260,8 +247,6 @@ BETWEEN = {"stream-inline": lambda make: make(Resumable(), batch_size=None),
 def test_an_own_epoch_count_survives_a_state_saved_between_epochs(request, make, case):
     """torchdata: TestMultiEpochState_shard0 (test_inline, test_pw: GeneratorIterable counting its epochs),
     and the same with GeneratorSampler's count."""
-    finding(request, make, "a state saved between epochs (or before the first) holds no dataset or sampler "
-            "state: a stream's or sampler's own state (its epoch count) is lost, epoch 0's data comes again")
     dl = BETWEEN[case](make)
     e0, between, e1 = values(dl), checkpoint(dl.state_dict()), values(dl)
     assert e1 != e0
@@ -290,26 +275,32 @@ class Counted(Rows):
         self.made = sd["made"]
 
 
+class Span:
+    def __init__(self, at: int, end: int) -> None:
+        self.at, self.end = at, end
+
+
 class SelfIter(tud.IterableDataset):
-    """``__iter__`` returns the dataset itself and sets up its position there; the state is that position
-    (torchdata's ``CountIterCallsIter``: the state belongs to the iterator, loaded after ``iter()``)."""
+    """``__iter__`` returns the dataset itself and makes its position there, in an object that exists only
+    after ``iter()``; the state is that position (torchdata's ``CountIterCallsIter``: its ``load_state_dict``
+    fails before ``iter()``, so the state must be loaded after it)."""
 
     def __iter__(self):
         w, k = shard()
-        self.at, self.end = N // k * w, N // k * (w + 1)
+        self.span = Span(N // k * w, N // k * (w + 1))
         return self
 
     def __next__(self) -> int:
-        if self.at >= self.end:
+        if self.span.at >= self.span.end:
             raise StopIteration
-        self.at += 1
-        return self.at - 1
+        self.span.at += 1
+        return self.span.at - 1
 
     def state_dict(self):
-        return {"at": self.at, "end": self.end}
+        return {"at": self.span.at, "end": self.span.end}
 
     def load_state_dict(self, sd) -> None:
-        self.at, self.end = sd["at"], sd["end"]
+        self.span.at, self.span.end = sd["at"], sd["end"]
 
 
 class Draws:
@@ -339,23 +330,19 @@ class Drawing(tud.IterableDataset):
         return Draws(*shard())
 
 
-OWN_STATE = {
-    "map-dataset": (Counted, "a map-style dataset's state_dict()/load_state_dict() are never called: its state "
-                    "(an augmentation RNG, a counter) restarts on resume in every worker"),
-    "self-iterator": (SelfIter, None),
-    "iterator": (Drawing, None),
-}
+OWN_STATE = {"map-dataset": Counted, "self-iterator": SelfIter, "iterator": Drawing}
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("case", list(OWN_STATE))
-def test_a_dataset_s_or_its_iterator_s_own_state_is_saved_and_restored(request, make, case, num_workers):
+def test_a_dataset_s_or_its_iterator_s_own_state_is_saved_and_restored(make, case, num_workers):
     """torchdata: TestStatefulDataLoaderMap_shard1 and TestSnapshotZero_shard2.test_map (DummyMapDataset),
     TestStateInitializationDataset (test_inline, test_mp: CountIterCallsIter, its own iterator) and
     TestStatefulDataLoaderIterable_shard0.test_random_state (DummyIterator keeps the position and generator)."""
-    cls, why = OWN_STATE[case]
-    if why is not None:
-        finding(request, make, why)
+    cls = OWN_STATE[case]
+    if make.name == "cupy_nwt-threads" and case == "map-dataset" and num_workers > 1:
+        pytest.skip("threads share one map-style dataset: its state is one reader's, and two threads' interleaving "
+                    "decides the uninterrupted run itself (docs/pytorch.md)")
     dl = make(cls(), batch_size=None, num_workers=num_workers)
     it, _ = take(dl, 3)
     state = checkpoint(dl.state_dict())
@@ -468,12 +455,20 @@ def test_a_state_round_trips_through_json_and_pickle_and_loads_twice(make, kind,
     assert json.dumps(state) == text
 
 
-def test_an_empty_state_loads_as_no_state(request, make):
-    """torchdata: StatefulDataLoader.load_state_dict({}) is a no-op (its source, not a test: a checkpoint
-    without a loader entry restores as ``load_state_dict(ckpt.get("loader", {}))``)."""
+def test_an_empty_state_is_nothing_to_torchdata_and_refused_by_cupy_nwt(make):
+    """torchdata 0.11: StatefulDataLoader.load_state_dict({}) is a no-op (its source, not a test). cupy_nwt
+    refuses it in one line (deliberate, docs/pytorch.md): ``{}`` is what ``ckpt.get("loader", {})`` gives for a
+    checkpoint without the loader's state, and taking it silently restarts the epoch."""
     dl = make(Rows(), batch_size=4)
-    dl.load_state_dict({})
-    assert values(dl) == list(range(N))
+    it, _ = take(dl, 1)
+    if make.name == "torchdata":
+        dl.load_state_dict({})
+        assert values(dl) == list(range(N))
+        return
+    before = dl.state_dict()
+    with pytest.raises(cupy_nwt.StateError, match=r"^load_state_dict: state=\{\}: empty"):
+        dl.load_state_dict({})
+    assert dl.state_dict() == before
 
 
 @pytest.mark.parametrize("shuffle", [False, True])

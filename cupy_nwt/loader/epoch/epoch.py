@@ -21,9 +21,12 @@ from .._events import Listener
 from ..device.place import on_device, readonly
 from ..ring.ring import SlotLayout
 from ..ring.tree import OutputTree, join, leaf_frameworks
+from ..workers.maker import BatchMaker
+from ..workers.serve import reader_state_or_error
 from .bad_samples import BadSampleCount
 from .progress import EpochProgress, Ledger
-from .resume import kind_of, ledger_for, make_plan, stream_restore
+from .readers import entry, restore_plan, shared_reader
+from .resume import dealer, kind_of, ledger_for, make_plan, stream_cursor
 from .sources import BatchSource, FailedBatch, InlineSource, TimedOut, WorkerSource
 
 if TYPE_CHECKING:
@@ -48,31 +51,45 @@ class EpochState:
     finished: bool = False
     delivered: int = 0
     waited_s: float = 0.0
+    readers: list[Any] | None = None  # each reader's entry as the epoch begins (``readers``)
+    maker: BatchMaker | None = None  # the main process's, with num_workers=0: its state is read as of now
 
     def progress(self) -> EpochProgress:
         """Where this epoch stands, as a frozen record (what ``state_dict()`` saves is made from it)."""
         handed = tuple(self.ledger.handed[:self.delivered]) if self.ledger is not None else ()
-        streams = self.ledger.workers(len(handed)) if self.ledger is not None and self.kind == "iterable" else None
+        streams = self.ledger.workers(len(handed)) if self.ledger is not None else None
+        maker = self.maker
+        live = (lambda: reader_state_or_error(maker, opened=True)) if maker is not None else None
         return EpochProgress(self.kind, self.epoch, self.start, self.plan, handed, self.sampler_state, streams,
-                        self.delivered, self.waited_s, self.finished)
+                             self.delivered, self.waited_s, self.finished, self.readers,
+                             self.ledger.latest() if self.ledger is not None else {}, live)
 
 
 class Epoch(Iterator[T_co]):
     """One epoch's batches. A batch that failed raises its ``WorkerError`` in its turn and the next
     ``next()`` goes on with the following batch, as PyTorch's iterator does; any other error ends it.
 
-    ``start`` is a loaded state this epoch resumes from; ``shared``: it runs on the runtime's shared
-    stage (persistent workers, or the GPU path), else on a stage of its own. ``owner`` (the loader)
+    ``start`` is a loaded state this epoch resumes from; ``readers``, without one, each reader's entry as the
+    epoch begins (``readers.carried``: persistent workers' from the epoch before); ``shared``: it runs on the
+    runtime's shared stage (persistent workers, or the GPU path), else on a stage of its own. ``owner`` (the loader)
     is kept alive while the iterator is, as PyTorch's iterator keeps its loader: the loader's
     finalizer, which frees persistent workers and their ring, runs once the last of the two goes,
     and never under a running epoch. A dropped iterator ends its epoch first (``__del__``).
     """
 
     def __init__(self, options: Options, runtime: Runtime, epoch: int, start: Mapping[str, Any] | None,
-                 shared: bool, owner: object = None, reported_len: int | None = None) -> None:
+                 shared: bool, owner: object = None, reported_len: int | None = None,
+                 readers: list[Any] | None = None) -> None:
         self._owner = owner
         self._options = options
-        self._state = EpochState(kind_of(options), epoch, start)
+        self._state = EpochState(kind_of(options), epoch, start, readers=start["workers"] if start is not None else readers)
+        if options.num_workers == 0:  # made now: a state asked for before the first batch reads it
+            maker = self._state.maker = options.maker()
+            if options.sampling.kind == "iterable":
+                maker.begin_stream()
+            restore = restore_plan(options, epoch, start["workers"] if start is not None else None)
+            if 0 in restore:
+                maker.restore(*restore[0])
         self._events, self._clock, self._pids = runtime.events, runtime.clock, runtime.worker_pids
         steps = _steps(options, runtime, self._state, shared)  # holds the state, never this iterator
         if reported_len is not None:
@@ -175,25 +192,26 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
     graceful = False
     try:
         stage = runtime.stage if shared else None
+        fresh_stage = stage is None
         if stage is None and (options.num_workers > 0 or runtime.prefetcher is not None):
             stage = runtime.new_stage(options, state.epoch, shared)
         on_stage = stage
         learn = (lambda hb: runtime.learn_layout(options, on_stage, hb)) if on_stage is not None else None
         state.ledger = ledger_for(options)
         bad = BadSampleCount(state.epoch, options.max_bad_samples, runtime.events) if options.on_bad_sample == "skip" else None
-        restore, cursor = stream_restore(options, state.epoch, state.start)
         if stage is not None and stage.workers is not None:
-            if restore:
-                stage.workers.restore(restore)
+            _restore_workers(options, state, stage, fresh_stage)
             source = WorkerSource(stage.workers, plan, options.in_order, options.timeout, learn=learn,
                                   events=runtime.events, stall_s=options.stall_warning_s, clock=runtime.clock,
-                                  ledger=state.ledger, cursor=cursor or 0, bad=bad)
+                                  ledger=state.ledger, cursor=stream_cursor(state.start) or 0,
+                                  shared=shared_reader(options), deal=dealer(plan), bad=bad)
         else:
-            maker = options.maker()
-            if 0 in restore:
-                maker.restore(*restore[0])
+            maker = state.maker if state.maker is not None else options.maker()
+            if state.readers is None:  # the main process's dataset as the epoch begins
+                state.readers = [entry(0, reader_state_or_error(maker, opened=True))]
             source = InlineSource(maker, plan, runtime.layout, None, stage.slots if stage is not None else None,
-                                  learn=learn, events=runtime.events, ledger=state.ledger, bad=bad)
+                                  learn=learn, events=runtime.events, ledger=state.ledger, begun=state.maker is not None,
+                                  bad=bad)
         if runtime.prefetcher is not None:
             yield from on_device(runtime.prefetcher.batches(source), options.device_id, runtime.ops)
         else:
@@ -210,6 +228,23 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
             source.close()
         if stage is not None and stage.workers is not None and not (graceful and options.persistent_workers):
             runtime.drop(stage)
+
+
+def _restore_workers(options: Options, state: EpochState, stage: Stage, fresh_stage: bool) -> None:
+    """Before the epoch's first task: each new worker gets its reader's entry (a loaded state's, or one carried
+    from the epoch before); workers that lived through it already hold theirs, and get only the epoch (a
+    stream's ``set_epoch``). Threads sharing one map-style dataset: it is restored here, before any reads."""
+    assert stage.workers is not None
+    plan = restore_plan(options, state.epoch, state.readers if fresh_stage or state.start is not None else None)
+    if shared_reader(options):
+        if 0 in plan:
+            maker = options.maker()
+            maker.restore(*plan.pop(0))
+            maker.load_pending()
+        if not plan:
+            return
+    if plan:
+        stage.workers.restore(plan)
 
 
 def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], SlotLayout | None],

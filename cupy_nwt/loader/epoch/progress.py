@@ -5,8 +5,8 @@ frozen ``EpochProgress`` record the epoch gives to whoever asks (``state_dict()`
 from __future__ import annotations
 
 from collections import Counter, deque
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -22,10 +22,21 @@ class Ledger:
         self._recent: deque[tuple[int, int, Any]] = deque()
         self._states: dict[int, Any] = {}
         self._counts: Counter[int] = Counter()
+        self._latest: dict[int, Any] = {}  # per worker, the state it sent last (delivered or not, its end included)
 
     def note(self, b: int, worker: int, state: Any) -> None:
         """Task ``b`` was made by ``worker``, whose dataset state is now ``state``."""
         self._notes[b] = (worker, state)
+        self._latest[worker] = state
+
+    def end(self, b: int) -> None:
+        """Task ``b`` found its worker's stream at its end: nothing to hand out (its state stays the latest)."""
+        self._notes.pop(b, None)
+
+    def latest(self) -> dict[int, Any]:
+        """Per worker, the state it sent last: where a persistent worker's reader stands, batches made ahead and
+        a stream's end included (a state saved between epochs carries it to the next)."""
+        return dict(self._latest)
 
     def hand(self, b: int) -> None:
         i = len(self.handed)
@@ -54,7 +65,9 @@ class EpochProgress:
     ``plan`` is None until the first ``next()`` makes it; ``handed`` are the plan's tasks handed to the
     caller, in turn order (a failed batch takes its turn too); ``streams`` (an iterable dataset) is,
     per worker, its dataset state after its last delivered batch, its delivered count, and the worker
-    that made the last one. ``finished``: the epoch ran to its end.
+    that made the last one. ``finished``: the epoch ran to its end. ``readers``: each reader's entry as the
+    epoch began (``readers``); ``latest``: per worker, the state it sent last; ``live``: with ``num_workers=0``,
+    the main process's reader state as of now.
     """
 
     kind: str
@@ -67,3 +80,6 @@ class EpochProgress:
     delivered: int
     waited_s: float
     finished: bool
+    readers: list[Any] | None = None
+    latest: dict[int, Any] = field(default_factory=dict)
+    live: Callable[[], Any] | None = None

@@ -12,9 +12,13 @@ included): batches the workers made ahead are not consumed. It is a small JSON-r
   sampler's own ``state_dict()`` as it was when the epoch began (if it has one). On resume that
   state is loaded, the epoch's batches are drawn again and the delivered ones skipped (a sampler
   without state must give the same order again, e.g. seeded by epoch).
-* ``"iterable"``: per worker, the dataset copy's ``state_dict()`` as of the last batch delivered from
-  it (or, for a dataset without one, how many batches it delivered, re-read and skipped on resume).
-  It resumes with the same number of workers (0 and 1 count alike) and ranks only.
+* ``"iterable"``: where the next task goes (``next_task``, ``next_worker``); each worker's stream is in
+  ``workers`` (below). It resumes with the same number of workers (0 and 1 count alike) and ranks only.
+
+Every kind also saves ``workers``: per reader (a worker, or the main process), the state of its own that
+the dataset and a stream's iterator keep (``state_dict()``), or, for a stream without one, how many
+batches it delivered (re-read and skipped on resume); what each entry holds and when it is taken:
+``readers``.
 
 Elastic resume (map kind): a loader of another ``world_size`` takes the union of what every old
 rank delivered and re-shards the rest over its own ranks (``Session.after``). Each new rank loads
@@ -27,16 +31,17 @@ resume is bitwise the uninterrupted run).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import copy
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...data.contract import epoch_setter, map_length
-from ...errors import ArgumentError, LoaderError
-from ..workers.messages import ErrorReport
-from ..workers.torch_workers import is_iter_datapipe, pipe_seed
+from ...data.contract import map_length
+from ...errors import ArgumentError
 from .order import Plan, PlanTask, StreamPlan
 from .progress import EpochProgress, Ledger
+from .readers import check_saveable, delivered, entry, fit_readers, reader_count
 from .remainder import Session, SessionPlan, join_done, split_done
 from .state_checks import STATE_VERSION, checked_state
 
@@ -129,46 +134,54 @@ def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> 
     return SessionPlan.make(old.after(done, world), rank, seeded=seeded)
 
 
+def dealer(plan: Any) -> Callable[[int], int] | None:
+    """For a map-style plan, which batch of the epoch each task is: a resumed task then goes to the worker that
+    made that batch in the uninterrupted run (batch b to worker b % workers), whose dataset state it resumes."""
+    if isinstance(plan, SessionPlan):
+        todo = plan.todo
+        return lambda b: int(todo[b])
+    if isinstance(plan, _SkipPlan):
+        ids = plan.ids
+        return lambda b: ids[b]
+    return None
+
+
 def ledger_for(options: Options) -> Ledger:
     """An epoch's ledger, keeping states as far back as the prefetch can be ahead of the caller."""
     return Ledger(keep=64 + options.num_workers * options.prefetch_factor)
 
 
-def stream_restore(options: Options, epoch: int, start: Mapping[str, Any] | None,
-                   ) -> tuple[dict[int, tuple[Any, int, int | None, int | None]], int | None]:
-    """How each reader of a stream is prepared before it begins, by worker (the main process is worker 0):
-    the epoch for a dataset with ``set_epoch`` (every worker's copy: persistent workers' copies reshuffle
-    too, as WebDataset's per-epoch shuffle expects), a torch ``IterDataPipe``'s shuffle seed, and the
-    saved position of a resumed stream (its dataset state, or batches to skip); and the worker a resumed
-    stream's next task goes to."""
-    if kind_of(options) != "iterable":
-        return {}, None
-    piped = is_iter_datapipe(options.dataset)
-    tell = epoch if epoch_setter(options.dataset) is not None or piped else None
-    shared = pipe_seed(options.seed, epoch, options.seed_drawn) if piped else None
-    per = start["workers"] if start is not None else []
-    restore: dict[int, tuple[Any, int, int | None, int | None]] = (
-        {w: (None, 0, tell, shared) for w in range(max(1, options.num_workers))} if tell is not None else {})
-    restore.update({w: (p.get("state"), 0 if p.get("state") is not None else int(p.get("batches", 0)), tell, shared)
-                    for w, p in enumerate(per) if p is not None})
+def stream_cursor(start: Mapping[str, Any] | None) -> int | None:
+    """The worker a resumed stream's next task goes to (None: the first)."""
     nxt = start.get("next_worker") if start is not None else None
-    return restore, int(nxt) if nxt is not None else None
+    return int(nxt) if nxt is not None else None
 
 
 def state_of(options: Options, progress: EpochProgress) -> dict[str, Any]:
     """The state of an epoch that has not finished: where its caller stands (after a loop left by
     ``break``, an exception or Ctrl-C too: the rest of that epoch is still to come)."""
     if progress.plan is None:  # iterated but not begun: still where it started
-        return dict(progress.start) if progress.start is not None else fresh(options, progress.epoch)
+        if progress.start is not None:
+            return dict(progress.start)
+        readers = progress.readers
+        if progress.live is not None:
+            readers = [entry(0, progress.live())]
+        return fresh(options, progress.epoch, readers)
+    per, last = delivered(options, progress)
+    check_saveable(options, per)
     if progress.kind == "map":
-        return _map_state(options, progress)
+        return {**_map_state(options, progress), "workers": per}
     if progress.kind == "sampler":
         start = progress.start
         prior = join_done(start["delivered"], start["extra"]) if start is not None else []
         k, extra = split_done([*prior, *(progress.plan.ids[i] for i in progress.handed)])
         return {**_head(options, "sampler", progress.epoch), "delivered": k, "extra": extra,
-                "sampler_state": progress.sampler_state}
-    return _stream_state(options, progress)
+                "sampler_state": progress.sampler_state, "workers": per}
+    start = progress.start or fresh(options, progress.epoch)
+    first = int(start["next_task"])
+    nxt = first + max(progress.handed) + 1 if progress.handed else first
+    return {**_head(options, "iterable", progress.epoch), "workers": per, "next_task": nxt,
+            "next_worker": (last + 1) % len(per) if last is not None else start["next_worker"]}
 
 
 def _head(options: Options, kind: str, epoch: int) -> dict[str, Any]:
@@ -176,17 +189,22 @@ def _head(options: Options, kind: str, epoch: int) -> dict[str, Any]:
             "rank": options.rank, "world_size": options.world_size}
 
 
-def fresh(options: Options, epoch: int) -> dict[str, Any]:
-    """The state at the start of epoch ``epoch``."""
+def fresh(options: Options, epoch: int, readers: list[Any] | None = None) -> dict[str, Any]:
+    """The state at the start of epoch ``epoch``, each reader starting from its entry in ``readers``
+    (``readers.carried``; None: every reader from the dataset as the loader has it)."""
     kind = kind_of(options)
     head = _head(options, kind, epoch)
+    per = list(readers) if readers is not None else [None] * reader_count(options)
+    check_saveable(options, per)
     if kind == "map":
         s = options.sampling
         return {**head, "n": map_length(options.dataset, "state_dict"), "batch_size": s.batch_size or 1, "shuffle": s.shuffle,
-                "drop_last": s.drop_last, "base": 0, "excluded": [], "delivered": 0, "extra": []}
-    if kind == "sampler":
-        return {**head, "delivered": 0, "extra": [], "sampler_state": None}
-    return {**head, "workers": [None] * max(1, options.num_workers), "next_task": 0, "next_worker": None}
+                "drop_last": s.drop_last, "base": 0, "excluded": [], "delivered": 0, "extra": [], "workers": per}
+    if kind == "sampler":  # the sampler's own state as it is now: it starts the epoch from there
+        sampler = _sampler_of(options)
+        live = sampler.state_dict() if callable(getattr(sampler, "state_dict", None)) else None
+        return {**head, "delivered": 0, "extra": [], "sampler_state": copy.deepcopy(live), "workers": per}
+    return {**head, "workers": per, "next_task": 0, "next_worker": None}
 
 
 def _map_state(options: Options, progress: EpochProgress) -> dict[str, Any]:
@@ -200,37 +218,20 @@ def _map_state(options: Options, progress: EpochProgress) -> dict[str, Any]:
             "base": se.base, "excluded": list(se.excluded), "delivered": k, "extra": extra}
 
 
-def _stream_state(options: Options, progress: EpochProgress) -> dict[str, Any]:
-    assert progress.streams is not None
-    states, counts, last = progress.streams
-    handed = progress.handed
-    start = progress.start or fresh(options, progress.epoch)
-    per: list[dict[str, Any] | None] = [dict(p) if p is not None else None for p in start["workers"]]
-    for w, state in states.items():
-        if isinstance(state, ErrorReport):
-            raise LoaderError(f"state_dict: the dataset's state_dict() failed in worker {w}: {state.exc_type}: "
-                              f"{state.message} (iteration is unaffected; without state_dict() a resumed "
-                              f"stream is fast-forwarded instead)")
-    for w in set(states) | set(counts):
-        old = per[w]
-        per[w] = {"batches": (old["batches"] if old is not None else 0) + counts[w], "state": states.get(w)}
-    first = int(start["next_task"])
-    nxt = first + max(handed) + 1 if handed else first
-    n = len(per)
-    return {**_head(options, "iterable", progress.epoch), "workers": per, "next_task": nxt,
-            "next_worker": (last + 1) % n if last is not None else start["next_worker"]}
-
-
 def check_state(options: Options, state: Any) -> dict[str, Any]:
-    """A copy of ``state`` this loader can resume from, every field checked (``state_checks``)."""
-    return checked_state(options, state, kind_of(options))
+    """A copy of ``state`` this loader can resume from, every field checked (``state_checks``); a map-style
+    state's dataset states dropped, with a warning, under another layout of readers (``readers.fit_readers``)."""
+    kind = kind_of(options)
+    checked = checked_state(options, state, kind)
+    return checked if kind == "iterable" else fit_readers(options, checked)
 
 
 def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """One state from every rank's state of a map-style loader (its own sampler), for an elastic resume.
 
     Needed when the ranks delivered different batches (a rank ahead of the others, ``in_order=False``);
-    every new rank then loads the merged state. All ranks of one session must be given, once each.
+    every new rank then loads the merged state. All ranks of one session must be given, once each. The
+    dataset states of each rank's workers cannot be merged: they are left out, with a one-line warning.
     """
     if not states:
         raise ArgumentError("merge_states: no states given")
@@ -252,8 +253,12 @@ def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     missing = [r for r, p in enumerate(ranks) if p is None]
     if missing:
         raise ArgumentError(f"merge_states: no state for rank(s) {missing} of {world}")
+    if any(p is not None for sd in states for p in sd.get("workers") or []):
+        warnings.warn("merge_states: the ranks' dataset states (their state_dict()) cannot be merged and are left "
+                      "out: the sample order resumes exactly, each reader's dataset from its own state",
+                      UserWarning, stacklevel=2)
     return {**first, "rank": None, "delivered": min(p["delivered"] for p in ranks if p is not None),
-            "extra": [], "ranks": ranks}
+            "extra": [], "ranks": ranks, "workers": [None]}
 
 
 def _progress(sd: Mapping[str, Any]) -> list[tuple[int, dict[str, Any]]]:

@@ -28,6 +28,7 @@ from ..ring.tree import split
 from ..workers.maker import AllBad, BatchMaker, InSlot, StreamEnd, make_worker_error
 from ..workers.messages import ErrorReport
 from ..workers.pool import Bad, Ended, Failed, Noted, Result, Workers
+from ..workers.serve import reader_state_or_error
 from .bad_samples import BadSampleCount
 from .order import Plan, PlanTask
 from .progress import Ledger
@@ -83,7 +84,7 @@ class InlineSource(BatchSource):
 
     def __init__(self, maker: BatchMaker, plan: Plan, layout: SlotLayout | None, ring: Ring | None,
                  slots: SlotPool | None = None, *, first: HostBatch | None = None, learn: Learn | None = None,
-                 events: Listener | None = None, ledger: Ledger | None = None,
+                 events: Listener | None = None, ledger: Ledger | None = None, begun: bool = False,
                  bad: BadSampleCount | None = None) -> None:
         self.maker, self.plan, self.events, self.bad = maker, plan, events, bad
         self.slots = slots if slots is not None or ring is None else SlotPool(ring)
@@ -93,7 +94,7 @@ class InlineSource(BatchSource):
         self.pending: PlanTask | None = None
         self.done = False
         self.ledger = ledger  # what was handed out, for the epoch's progress
-        if plan.stream:
+        if plan.stream and not begun:  # (``begun``: the epoch began the maker's stream already)
             maker.begin_stream()
 
     @property
@@ -147,8 +148,8 @@ class InlineSource(BatchSource):
 
     def _hand(self, b: int) -> None:
         if self.ledger is not None:
-            if self.plan.stream:
-                self.ledger.note(b, 0, self.maker.stream_state())
+            if self.plan.stream or self.maker.keeps_state:
+                self.ledger.note(b, 0, reader_state_or_error(self.maker))
             self.ledger.hand(b)
 
     def _make(self, task: PlanTask, ring: Ring | None, slot: int | None) -> HostBatch | None:
@@ -204,7 +205,8 @@ class WorkerSource(BatchSource):
     def __init__(self, workers: Workers, plan: Plan, in_order: bool, timeout: float | None,
                  *, learn: Learn | None = None, events: Events | None = None, stall_s: float | None = None,
                  clock: Callable[[], float] = time.perf_counter, ledger: Ledger | None = None,
-                 cursor: int = 0, bad: BadSampleCount | None = None) -> None:
+                 cursor: int = 0, shared: bool = False, deal: Callable[[int], int] | None = None,
+                 bad: BadSampleCount | None = None) -> None:
         self.workers, self.slots, self.plan, self.epoch = workers, workers.slots, plan, plan.epoch
         self.events, self.clock = events, clock
         self.in_order, self.timeout, self.learn = in_order, timeout, learn
@@ -223,6 +225,8 @@ class WorkerSource(BatchSource):
         self.next_deliver = 0
         self.planned_all = False
         self.ledger = ledger  # what was handed out, for the epoch's progress
+        self.shared = shared  # the workers read one dataset object: its states are one reader's (0)
+        self.deal = deal  # task -> the epoch's batch, whose worker (batch % workers) makes it: a resumed rest's
         self.blocked_s = 0.0
         self.bad = bad
         self.bad_waiting: dict[int, Bad] = {}  # in order: a batch's left-out samples, counted in its turn
@@ -241,11 +245,17 @@ class WorkerSource(BatchSource):
                 if worker is None:
                     return
                 self.cursor = worker + 1
-            elif not self.workers.submit(b, indices, seed, spill=not self.in_order):
+            elif not self.workers.submit(b, indices, seed, self._worker_for(b), spill=not self.in_order):
                 return
             self.owner[b] = self.workers.last_worker
             self.pending = None
             self.submitted += 1
+
+    def _worker_for(self, b: int) -> int | None:
+        """The worker of map-style task ``b``: the one its batch has in the uninterrupted epoch (None: ``b``'s)."""
+        if self.deal is None:
+            return None
+        return self.deal(b) % max(1, min(self.workers.active, self.workers.size))
 
     def _stream_turn(self) -> list[int]:
         """The workers whose streams may take the next task, in turn from the cursor: the first only in
@@ -291,9 +301,11 @@ class WorkerSource(BatchSource):
                 continue
             if isinstance(item, Noted):
                 if self.ledger is not None:
-                    self.ledger.note(item.batch_index, item.worker_id, item.state)
+                    self.ledger.note(item.batch_index, 0 if self.shared else item.worker_id, item.state)
                 continue
             if isinstance(item, Ended):
+                if self.ledger is not None:
+                    self.ledger.end(item.batch_index)
                 self.resolved += 1
                 self.skipped.add(item.batch_index)
                 self.alive[item.worker_id] = False

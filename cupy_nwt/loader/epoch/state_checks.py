@@ -25,13 +25,14 @@ from .remainder import Session
 if TYPE_CHECKING:
     from .._options import Options
 
-STATE_VERSION = 1
-_HEAD = ("version", "kind", "epoch", "seed", "rank", "world_size")
+STATE_VERSION = 2  # 2: every kind saves its readers' own states (``workers``); a version 1 state is read too
+_HEAD = ("version", "kind", "epoch", "seed", "rank", "world_size", "workers")
 KEYS = {
     "map": frozenset((*_HEAD, "n", "batch_size", "shuffle", "drop_last", "base", "excluded", "delivered", "extra")),
     "sampler": frozenset((*_HEAD, "delivered", "extra", "sampler_state")),
-    "iterable": frozenset((*_HEAD, "workers", "next_task", "next_worker")),
+    "iterable": frozenset((*_HEAD, "next_task", "next_worker")),
 }
+READER_KEYS = frozenset({"batches", "dataset", "iterator", "ended"})
 _OPTIONAL = {"map": frozenset({"ranks"}), "sampler": frozenset(), "iterable": frozenset()}
 
 
@@ -95,6 +96,7 @@ def _head(sd: Mapping[str, Any], merged: bool = False) -> tuple[int, int | None]
     version = sd["version"]
     if isinstance(version, bool) or version != STATE_VERSION:
         refuse("version", version, f"not a cupy_nwt loader state of version {STATE_VERSION}")
+    _readers(sd["workers"])
     _int("epoch", sd["epoch"])
     _int("seed", sd["seed"])
     world = _int("world_size", sd["world_size"], 1)
@@ -108,6 +110,10 @@ def checked_state(options: Options, state: Any, kind: str) -> dict[str, Any]:
     """A copy of ``state`` that this loader (of ``kind``) can resume from; ``StateError`` naming the first bad field."""
     if not isinstance(state, Mapping):
         refuse("state", state, f"expected the dict state_dict() returned, got {type(state).__name__}")
+    if not state:
+        refuse("state", state, "empty, so not a loader state (a checkpoint without the loader's entry? then "
+               "skip load_state_dict: a loader that loads nothing starts where it is)")
+    state = _upgraded(state)
     if "version" not in state or isinstance(state["version"], bool) or state["version"] != STATE_VERSION:
         refuse("version", state.get("version"), f"not a cupy_nwt loader state of version {STATE_VERSION}")
     if state.get("kind") != kind:
@@ -120,6 +126,43 @@ def checked_state(options: Options, state: Any, kind: str) -> dict[str, Any]:
     else:
         _check_stream(options, state)
     return copy.deepcopy(dict(state))
+
+
+def _upgraded(state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A version 1 state as version 2 says it: no readers' states (map and sampler kinds), a stream's per-worker
+    ``state`` split into the dataset's and its iterator's. Anything else is returned as it is, to be checked."""
+    if state.get("version") != 1 or isinstance(state.get("version"), bool) or state.get("kind") not in KEYS:
+        return state
+    out = {**state, "version": STATE_VERSION}
+    if state.get("kind") != "iterable":
+        out.setdefault("workers", [None])
+        return out
+    workers = state.get("workers")
+    if isinstance(workers, list):
+        out["workers"] = [_v1_reader(p) for p in workers]
+    return out
+
+
+def _v1_reader(p: Any) -> Any:
+    if not isinstance(p, Mapping) or set(p) != {"batches", "state"}:
+        return p
+    saved = p["state"]
+    tagged = isinstance(saved, Mapping) and set(saved) == {"cupy_nwt.iterator_state"}
+    return {"batches": p["batches"], "dataset": None if tagged else saved,
+            "iterator": saved["cupy_nwt.iterator_state"] if tagged else None, "ended": False}
+
+
+def _readers(workers: Any) -> None:
+    """The per-reader entries: a non-empty list of None or ``{"batches", "dataset", "iterator", "ended"}``."""
+    if not isinstance(workers, list) or not workers:
+        refuse("workers", workers, "expected a non-empty list, one entry (or null) per reader")
+    for w, p in enumerate(workers):
+        if p is None:
+            continue
+        p = _mapping(f"workers[{w}]", p)
+        _keys(f"workers[{w}].", p, READER_KEYS)
+        _int(f"workers[{w}].batches", p["batches"])
+        _bool(f"workers[{w}].ended", p["ended"])
 
 
 def _check_map(options: Options, sd: Mapping[str, Any]) -> None:
@@ -182,15 +225,7 @@ def _check_sampler(options: Options, sd: Mapping[str, Any]) -> None:
 def _check_stream(options: Options, sd: Mapping[str, Any]) -> None:
     world, rank = _head(sd)
     workers = sd["workers"]
-    if not isinstance(workers, list) or not workers:
-        refuse("workers", workers, "expected a non-empty list, one entry (or null) per worker")
-    total = 0
-    for w, p in enumerate(workers):
-        if p is None:
-            continue
-        p = _mapping(f"workers[{w}]", p)
-        _keys(f"workers[{w}].", p, frozenset({"batches", "state"}))
-        total += _int(f"workers[{w}].batches", p["batches"])
+    total = sum(int(p["batches"]) for p in workers if p is not None)
     readers = max(1, options.num_workers)
     if any(p is not None for p in workers):
         if len(workers) != readers:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ...data.contract import batch_getter, epoch_setter, stream_state_getter
+from ...data.contract import batch_getter, epoch_setter
 from ...errors import ArgumentError, BatchLayoutError, DataError, WorkerError, as_worker_error
 from .._events import StageTimes
 from ..ring.collate import collate, collate_into
@@ -52,10 +52,8 @@ class InSlot:
     objects: list[Any]
 
 
-ITERATOR_STATE = "cupy_nwt.iterator_state"  # the key of a stream state that is its iterator's, not its dataset's
-
-
-def _keeps_state(obj: Any) -> bool:
+def keeps_state(obj: Any) -> bool:
+    """Does ``obj`` save and restore a state of its own (torchdata's ``Stateful``: both methods)?"""
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
@@ -93,15 +91,20 @@ class BatchMaker:
         self._stream: Iterator[Any] | None = None
         self._fresh = False  # the stream is to be opened by the next pull
         self._restore: tuple[Any, int, int | None, int | None] | None = None  # (state, skip, epoch, pipe seed)
+        self._ended: Any = None  # the stream's iterator that ran out (its state is the reader's until the next opens)
+        self._open_error: Exception | None = None  # an ``__iter__`` that failed when a state opened the stream early
+        self.keeps_state = keeps_state(dataset)  # a map-style dataset's state travels only if it keeps one
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_stream": None, "current": None}  # a live iterator stays where it is
+        return {**self.__dict__, "_stream": None, "_ended": None, "current": None}  # a live iterator stays here
 
     # -- samples
 
     def fetch(self, indices: Keys) -> list[Any]:
         """The samples of ``indices``: an int64 array is read as Python ints; any other keys are passed as they are."""
         keys = indices.tolist() if isinstance(indices, np.ndarray) else indices
+        if self._restore is not None:
+            self._load_dataset()
         getitems = batch_getter(self.dataset)
         if getitems is not None:
             self.current = None
@@ -157,23 +160,59 @@ class BatchMaker:
 
         Opened lazily, so an ``__iter__`` that raises fails the first batch, like any sample would.
         """
-        self._stream, self._fresh = None, True
+        self._stream, self._ended, self._fresh, self._open_error = None, None, True, None
+
+    def opened_state(self) -> dict[str, Any] | None:
+        """``reader_state`` with the stream opened first if it is still to open (torchdata's iterator exists from
+        ``iter(loader)`` on: a state asked for before the first batch holds it). The stream is then not opened
+        again by the first pull; an ``__iter__`` that raises here fails the first batch instead."""
+        if self._fresh:
+            self._fresh = False
+            try:
+                self._open()
+            except StopIteration:
+                self._stream = None
+            except Exception as exc:  # noqa: BLE001 - the first batch's failure, raised in its turn
+                self._stream, self._open_error = None, exc
+        return self.reader_state()
 
     def restore(self, state: Any, skip: int, epoch: int | None = None, pipe_seed: int | None = None) -> None:
-        """Prepare the next opened stream: the dataset's ``set_epoch(epoch)`` (if given and it has one: this
-        worker's copy reshuffles as the loader's epoch says), a torch ``IterDataPipe``'s share and shuffle
-        seed (``pipe_seed``), ``load_state_dict(state)`` (if given), then skip ``skip`` batches."""
+        """Prepare this reader before its first sample: the dataset's ``set_epoch(epoch)`` (if given and it has one:
+        this worker's copy reshuffles as the loader's epoch says), the saved reader ``state`` (``reader_state``'s dict,
+        if given), then, a stream, skip ``skip`` batches. A map-style dataset's state is loaded before its first
+        ``__getitem__``; a stream's at the next opening, in torchdata's order: the dataset's ``load_state_dict``,
+        ``iter()``, then the iterator's ``load_state_dict`` (a state saved at the end of an epoch: then a fresh
+        ``iter()`` for the epoch that follows). A torch ``IterDataPipe`` gets its share and its shufflers'
+        seed (``pipe_seed``) as its stream opens."""
         self._restore = (state, skip, epoch, pipe_seed)
 
-    def stream_state(self) -> Any:
-        """Where the stream is: the ``state_dict()`` of the iterator ``__iter__`` returned when it keeps one
-        (tagged ``ITERATOR_STATE``), else the dataset's, else None. A copy, as of now: a dataset may keep
-        updating the dict it returned while the worker runs ahead."""
-        it: Any = self._stream
-        if it is not None and it is not self.dataset and _keeps_state(it):
-            return {ITERATOR_STATE: copy.deepcopy(it.state_dict())}
-        get = stream_state_getter(self.dataset)
-        return copy.deepcopy(get()) if get is not None else None
+    def reader_state(self) -> dict[str, Any] | None:
+        """This reader's state as of now, or None when neither the dataset nor its iterator keeps one: the
+        ``state_dict()`` of the dataset (unless it is its own iterator) and of the stream's iterator (the one that
+        ran out, after the end), and whether the stream ended. A copy: a dataset may keep updating the dict
+        it returned while the worker runs ahead."""
+        it: Any = self._stream if self._stream is not None else self._ended
+        own = it is not None and it is self.dataset
+        dataset = self.dataset.state_dict() if self.keeps_state and not own else None
+        iterator = it.state_dict() if it is not None and keeps_state(it) else None
+        if dataset is None and iterator is None:
+            return None
+        return copy.deepcopy({"dataset": dataset, "iterator": iterator, "ended": self._ended is not None})
+
+    def load_pending(self) -> None:
+        """Load a map-style dataset's pending restore now (thread workers sharing it: before any of them reads)."""
+        if self._restore is not None:
+            self._load_dataset()
+
+    def _load_dataset(self) -> None:
+        """A map-style dataset's pending restore: ``set_epoch``, then its saved state."""
+        state, _, epoch, _ = self._restore if self._restore is not None else (None, 0, None, None)
+        self._restore = None
+        set_epoch = epoch_setter(self.dataset)
+        if epoch is not None and set_epoch is not None:
+            set_epoch(epoch)
+        if state is not None and state.get("dataset") is not None:
+            self.dataset.load_state_dict(state["dataset"])
 
     def _open(self) -> None:
         state, skip, epoch, pipe_seed = self._restore if self._restore is not None else (None, 0, None, None)
@@ -183,19 +222,22 @@ class BatchMaker:
             set_epoch(epoch)
         if pipe_seed is not None and self.pipe is not None:
             prepare_datapipe(self.dataset, pipe_seed, self.pipe[0], self.pipe[1])
-        iterator_state = state.get(ITERATOR_STATE) if isinstance(state, dict) and len(state) == 1 else None
-        if state is not None and iterator_state is None:
-            self.dataset.load_state_dict(state)
+        saved = state if state is not None else {}
+        if saved.get("dataset") is not None:
+            self.dataset.load_state_dict(saved["dataset"])
         stream: Any = iter(self.dataset)
+        if saved.get("iterator") is not None:
+            stream.load_state_dict(saved["iterator"])
+            if saved.get("ended"):
+                stream = iter(self.dataset)  # the saved epoch had ended: this one starts afresh, from that state
         self._stream = stream
-        if iterator_state is not None:
-            stream.load_state_dict(iterator_state)
-        elif state is not None and stream is self.dataset:
-            stream.load_state_dict(state)  # its own iterator: __iter__ reset what was loaded
         for _ in range(skip * (self.batch_size or 1 if self.batched else 1)):
             next(self._stream)
 
     def _pull(self) -> Any:
+        if self._open_error is not None:
+            error, self._open_error = self._open_error, None
+            raise error
         if self._fresh:
             self._fresh = False
             try:
@@ -207,7 +249,7 @@ class BatchMaker:
         try:
             return next(self._stream)
         except StopIteration:
-            self._stream = None
+            self._stream, self._ended = None, self._stream
             raise StreamEnd from None
 
     def pull(self) -> list[Any] | Any:
@@ -232,6 +274,8 @@ class BatchMaker:
             return self.pull()
         if not self.batched:
             key = indices.tolist()[0] if isinstance(indices, np.ndarray) else indices[0]
+            if self._restore is not None:
+                self._load_dataset()
             self.current = key
             try:
                 sample = self.dataset[key]

@@ -136,9 +136,10 @@ def task_wire(generation: int, batch_index: int, slot: int, indices: Any, transf
 
 @dataclass(frozen=True, slots=True)
 class Restore(_Record):
-    """Before the next epoch's stream opens: ``set_epoch(epoch)`` on the dataset (if not None and it has
-    one), a torch ``IterDataPipe``'s shufflers seeded with ``pipe_seed`` (if not None), load ``state`` into
-    it (if not None), then skip ``skip`` batches (a resumed stream whose dataset keeps no state)."""
+    """Before the worker's first sample: ``set_epoch(epoch)`` on a stream's dataset (if not None and it has
+    one), a torch ``IterDataPipe``'s shufflers seeded with ``pipe_seed`` (if not None), load the reader's
+    saved ``state`` (``BatchMaker.restore``; if not None), then skip ``skip`` batches (a resumed stream
+    whose dataset keeps no state)."""
 
     state: Any
     skip: int
@@ -200,8 +201,9 @@ class Exhausted(_Record):
 
 @dataclass(frozen=True, slots=True)
 class StreamState(_Record):
-    """Sent just before the answer to stream task ``batch_index``: the dataset's ``state_dict()`` after it
-    (None when it has none), so the loader can save where each worker's stream was."""
+    """Sent just before the answer to task ``batch_index`` of a stream, or of a map-style dataset that keeps a
+    state: the reader's state after it (``BatchMaker.reader_state``; None when it keeps none), so the loader
+    can save where each worker's dataset was as of the batches it delivered."""
 
     generation: int
     batch_index: int

@@ -2,7 +2,8 @@
 
 A worker serves messages in the order they come: a ring to write into, a stream's saved position
 (``Restore``), a batch to make (``Task``), ``Stop``. It answers each task once (see ``messages``),
-a stream task preceded by the stream's state. What differs between kinds stays in their channel:
+preceded by the reader's own state (``StreamState``) for a stream's task, or a map-style dataset's that keeps
+one (``state_dict``/``load_state_dict``). What differs between kinds stays in their channel:
 how a message arrives (a pipe watched together with the parent's sentinel, a queue), how a ring
 message becomes a ring (attach by name, or the object itself), and what an answer that cannot
 travel becomes. Workers never touch CUDA: nothing here imports CuPy.
@@ -80,8 +81,8 @@ def serve_loop(channel: Channel, maker: BatchMaker, worker_id: int, worker_init_
                 maker.begin_stream()  # a new epoch of this worker's replica of an iterable dataset
                 stream_generation = msg.generation
             answer = serve(maker, ring, msg, views)
-            if msg.indices is None and not isinstance(answer, Skipped):
-                channel.send(StreamState(msg.generation, msg.batch_index, stream_state_or_error(maker)))
+            if (msg.indices is None or maker.keeps_state) and not isinstance(answer, Skipped):
+                channel.send(StreamState(msg.generation, msg.batch_index, reader_state_or_error(maker)))
             if maker.bad and not isinstance(answer, (BadSamples, Skipped)):  # samples left out of this batch
                 channel.send(BadSamples(msg.generation, msg.batch_index, msg.slot, tuple(maker.bad)))
             channel.send(answer)
@@ -90,14 +91,15 @@ def serve_loop(channel: Channel, maker: BatchMaker, worker_id: int, worker_init_
             channel.close_ring(ring)
 
 
-def stream_state_or_error(maker: BatchMaker) -> Any:
-    """The dataset's ``state_dict()``, or the error it raised as an :class:`ErrorReport`.
+def reader_state_or_error(maker: BatchMaker, opened: bool = False) -> Any:
+    """The reader's own state (``BatchMaker.reader_state``; ``opened``: its stream opened first), or the error
+    it raised as an :class:`ErrorReport`.
 
     A failing ``state_dict()`` must not cost the batch it follows, nor the worker: iteration goes
     on, and the loader's own ``state_dict()`` raises the error, since only saving needs the state.
     """
     try:
-        return maker.stream_state()
+        return maker.opened_state() if opened else maker.reader_state()
     except Exception as exc:  # noqa: BLE001 - the dataset's error, reported when a state is saved
         return ErrorReport.from_exception(exc, None, keep_object=False)
 

@@ -12,7 +12,7 @@ from test_streaming import LAUNCHER_VARS, sample_id, write_shards
 
 from cupy_nwt import get_worker_info
 from cupy_nwt.data.streaming import ShardedTarStream
-from cupy_nwt.errors import LoaderError
+from cupy_nwt.errors import StateError
 from cupy_nwt.loader import DataLoader, IterableDataset
 
 pytestmark = pytest.mark.usefixtures("worker_type")  # each test once per kind of worker
@@ -174,13 +174,11 @@ class UnpicklableState(Counting):
 def test_a_failing_dataset_state_costs_no_batch_and_saving_says_why(ds, worker_type):
     """The batches all arrive and the workers live on; only saving the loader's state fails, in one
     line naming the worker and the dataset's error (a worker used to die of it)."""
-    if ds is UnpicklableState and worker_type == "thread":
-        pytest.skip("thread workers hand the state over without pickling it")
     with DataLoader(ds(), batch_size=3, num_workers=2) as dl:
         it = iter(dl)
         got = [next(it).ravel().tolist() for _ in range(6)]
         words = "position lost" if ds is BrokenState else "pickle"
-        with pytest.raises(LoaderError, match=rf"dataset's state_dict\(\) failed in worker \d: .*{words}"):
+        with pytest.raises(StateError, match=rf"^state_dict: .*worker \d.*{words}"):
             dl.state_dict()
         got += [b.ravel().tolist() for b in it]
     assert sorted(i for b in got for i in b) == list(range(40))

@@ -105,7 +105,10 @@ CASES = [
     ("map", _set("excluded", {"a": 1}), "excluded"),
     ("map", _set("excluded", [N + 5]), "excluded[0]"),
     ("map", _set("version", True), "version"),
-    ("map", _set("version", 2), "version"),
+    ("map", _set("version", 3), "version"),
+    ("map", _set("workers", "x"), "workers"),
+    ("map", _set("workers", [{"batches": 0, "dataset": {}, "iterator": None}]), "workers[0].ended"),
+    ("sampler", _set("workers", []), "workers"),
     ("map", _set("kind", "torch"), "kind"),
     ("map", _set("bogus", {"deep": [[[]]]}), "bogus"),
     ("map", lambda sd: [sd], "state"),
@@ -121,7 +124,10 @@ CASES = [
     ("iterable", _set("workers", "x"), "workers"),
     ("iterable", _set("workers", []), "workers"),
     ("iterable", _set("workers.0.batches", -1), "workers[0].batches"),
-    ("iterable", _set("workers.0", {"batches": 1, "state": None, "junk": 1}), "workers[0].junk"),
+    ("iterable", _set("workers.0", {"batches": 1, "dataset": None, "iterator": None, "ended": False, "junk": 1}),
+     "workers[0].junk"),
+    ("iterable", _set("workers.0", {"batches": 1, "dataset": None, "iterator": None, "ended": "no"}),
+     "workers[0].ended"),
     ("iterable", _set("workers.1", [1, 2]), "workers[1]"),
     ("iterable", _set("next_worker", 5), "next_worker"),
     ("iterable", _set("next_task", -1), "next_task"),
@@ -192,3 +198,34 @@ def test_a_drawn_seed_takes_the_state_s_seed_as_torchdata_restores_its_generator
         with pytest.raises(ValueError, match="seed"):
             fresh.load_state_dict({**state, "seed": bad})
         assert fresh.seed == drawn
+
+
+@pytest.mark.parametrize("base", ["map", "iterable"])
+def test_an_empty_state_is_refused_in_one_line_and_the_loader_is_unchanged(base: str) -> None:
+    """``{}`` is not a loader state (a checkpoint that lacks the loader's entry): refused rather than taken as
+    "start over" (torchdata 0.11 takes it as nothing to load; docs/pytorch.md)."""
+    make_state, make_loader = MAKERS[base]
+    loader = make_loader()
+    loader.load_state_dict(make_state())
+    before = loader.state_dict()
+    with pytest.raises(cupy_nwt.StateError, match=r"^load_state_dict: state=\{\}: empty") as caught:
+        loader.load_state_dict({})
+    assert "\n" not in str(caught.value) and caught.value.field == "state"
+    assert loader.state_dict() == before
+    loader.close()
+
+
+def test_a_version_1_state_is_read_as_version_2_says_it() -> None:
+    """A state saved before the readers' states were kept: no dataset states (map-style), a stream's
+    per-worker ``state`` (its dataset's, or its iterator's under a tag) split in two."""
+    old_map = {k: v for k, v in saved(map_loader(), 3).items() if k != "workers"}
+    loader = map_loader()
+    loader.load_state_dict({**old_map, "version": 1})
+    assert loader.state_dict()["workers"] == [None] and sum(len(b) for b in loader) == N - 3 * B
+    loader.close()
+    new = saved(stream_loader(), 3)
+    old = {**new, "version": 1, "workers": [{"batches": p["batches"], "state": None} for p in new["workers"]]}
+    loader = stream_loader()
+    loader.load_state_dict(old)
+    assert [p["batches"] for p in loader.state_dict()["workers"]] == [p["batches"] for p in new["workers"]]
+    loader.close()
