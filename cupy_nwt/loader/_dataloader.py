@@ -39,6 +39,7 @@ large arrays travel once, in memory every worker maps copy-on-write (``workers.s
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -46,8 +47,8 @@ from typing import Any, Generic, TypeVar
 
 from .._checks import check_int
 from ..errors import ArgumentError, LoaderError
-from ..ranks import RankLayout
-from ._options import Options, changed, resolve
+from ..ranks import RankLayout, process_group_layout
+from ._options import Options, changed, resolve, unagreed_seed
 from ._runtime import LoaderParts, Runtime
 from ._stats import STALL_WARNING_S, LoaderStats
 from .epoch.epoch import Epoch, EpochState
@@ -64,6 +65,7 @@ _SETTABLE = frozenset({"num_workers", "worker_type", "prefetch_factor", "pin_mem
                        "worker_init_fn", "timeout", "in_order", "zero_copy", "device", "device_id", "seed",
                        "stall_warning_s", "rank_layout", "output", "pin_memory_device"})
 T_co = TypeVar("T_co", covariant=True)
+_log = logging.getLogger("cupy_nwt.loader")
 
 
 class DataLoader(Generic[T_co]):
@@ -275,16 +277,19 @@ class DataLoader(Generic[T_co]):
     @property
     def sampler(self) -> Any:
         """The user's ``sampler``, else the loader's own order one index at a time (an ``OrderSampler``,
-        listing the next epoch; its ``len`` is this rank's samples per epoch); None for a stream."""
+        listing the next epoch; its ``len`` is this rank's samples per epoch, its ``set_epoch`` the loader's);
+        None for a stream."""
+        self._follow_process_group()
         s = self._options.sampling
         if s.sampler is not None or s.kind == "iterable":
             return s.sampler
-        return OrderSampler(s.batch_sampler_for(self.dataset, self._epoch))
+        return OrderSampler(s.batch_sampler_for(self.dataset, self._epoch), self.set_epoch)
 
     @property
     def batch_sampler(self) -> Any:
         """The user's ``batch_sampler``; else, when batching, the user's ``sampler`` cut into batches or the
         loader's own ``BatchSampler`` (listing the next epoch); None for a stream or ``batch_size=None``."""
+        self._follow_process_group()
         s = self._options.sampling
         if s.batch_sampler is not None:
             return s.batch_sampler
@@ -312,7 +317,7 @@ class DataLoader(Generic[T_co]):
 
     @property
     def epoch(self) -> int:
-        """The epoch the next iteration will run (advances by one per iteration started)."""
+        """The epoch the next iteration will run (advances by one per iteration that asked for a batch)."""
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -359,6 +364,7 @@ class DataLoader(Generic[T_co]):
         return self._runtime.stats(self._options, progress.epoch, progress.delivered)
 
     def __len__(self) -> int:
+        self._follow_process_group()
         length = self._options.sampling.length(self.dataset)
         if self._options.sampling.kind == "iterable":  # later iterations warn past it, as PyTorch's do
             self._reported_len = len(self.dataset)
@@ -368,19 +374,47 @@ class DataLoader(Generic[T_co]):
         if not self._finalizer.alive:
             raise LoaderError("this DataLoader is closed")
         options = self._options
-        shared = (options.persistent_workers and options.num_workers > 0) or self._runtime.prefetcher is not None
+        return Epoch(options, self._runtime, self._epoch, None, self._shares_stage(options), self, self._reported_len,
+                     on_first=self._begin)
+
+    def _shares_stage(self, options: Options) -> bool:
+        return (options.persistent_workers and options.num_workers > 0) or self._runtime.prefetcher is not None
+
+    def _begin(self, it: Epoch[T_co]) -> None:
+        """An iterator's first ``next()``: only then does it take the epoch counter and a loaded state, and
+        end the shared stage's previous epoch. An ``iter()`` that takes no batch changes nothing."""
+        if not self._finalizer.alive:
+            raise LoaderError("this DataLoader is closed")
+        self._follow_process_group()
+        options = self._options
+        shared = self._shares_stage(options)
         if shared:
             self._close_active()
         start, self._resume = self._resume, None
-        it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch,
-                                start if start is not None and start["epoch"] == self._epoch else None, shared, self,
-                                self._reported_len)
-        self._epoch += 1
+        epoch = self._epoch
+        it.bind(options, epoch, start if start is not None and start["epoch"] == epoch else None, shared)
+        self._epoch = epoch + 1
         self._last = it.state
-        self._runtime.events.began(self._epoch - 1)
+        self._runtime.events.began(epoch)
         if shared:
             self._active = weakref.ref(it)
-        return it
+
+    def _follow_process_group(self) -> None:
+        """Take the rank layout of a ``torch.distributed`` group initialised after the loader was made (a loader
+        built before ``Trainer.fit`` launched its ranks), unless ``rank``/``world_size`` were given. A drawn
+        seed then becomes what every rank without a communicator uses (``agreed_seed``)."""
+        options = self._options
+        if options.rank_layout.launcher == "explicit":
+            return
+        group = process_group_layout()
+        if group is None or (group.rank, group.world_size) == (options.rank, options.world_size):
+            return
+        _log.info("the loader was made as rank %d of %d; torch.distributed now says rank %d of %d: sharding by it",
+                  options.rank, options.world_size, group.rank, group.world_size)
+        options = changed(options, "rank_layout", group)
+        if options.seed_drawn:
+            options = replace(changed(options, "seed", unagreed_seed()), seed_drawn=True)
+        object.__setattr__(self, "_options", options)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the newest iteration stands, counting only batches delivered to the caller; small and

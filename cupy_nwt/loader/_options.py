@@ -174,9 +174,14 @@ def agreed_seed(layout: RankLayout) -> int:
     seed, via = agree(fresh, layout)
     if via is None:
         _log.info("seed=None on %d ranks with no torch.distributed or mpi4py to agree on a fresh one: "
-                  "using seed 0 on every rank, as DistributedSampler does", layout.world_size)
-        return 0
+                  "using seed %d on every rank, as DistributedSampler does", layout.world_size, unagreed_seed())
+        return unagreed_seed()
     return int(seed)
+
+
+def unagreed_seed() -> int:
+    """The seed every rank uses when ranks cannot agree on a fresh one: 0, DistributedSampler's default."""
+    return 0
 
 
 def resolve_context(multiprocessing_context: Any, num_workers: int) -> BaseContext | None:
