@@ -25,7 +25,7 @@ from .device.prefetch import PrefetchOps
 from .epoch.order import fresh_seed
 from .epoch.sampling import Sampling
 from .ring.collate import default_collate
-from .ring.frameworks import check_output, generator_seed, torch_global_seed
+from .ring.frameworks import check_output, generator_seed, joined_output, torch_global_seed, uses_torch
 from .tuning.online import Tuning, check_tuning
 from .workers.kinds import WORKER_TYPES, check_worker_type, kind
 from .workers.maker import BatchMaker
@@ -64,6 +64,7 @@ class Options:
     tuning: Tuning | None
     generator: Any = None  # as given (read back as ``loader.generator``); ``seed`` holds what was drawn from it
     seed_drawn: bool = False  # neither seed nor generator given: a saved state's seed may replace it (torchdata's rule)
+    torch_in_use: bool = False  # torch was imported when the loader was made (``frameworks.uses_torch``)
 
     @property
     def rank(self) -> int:
@@ -80,6 +81,12 @@ class Options:
     @property
     def start_method(self) -> str:
         return self.kind.start_method(self.context, self.device)
+
+    @property
+    def joined_output(self) -> str:
+        """What batches are joined as (``frameworks.joined_output``): ``output``, or torch's tensors for "auto"
+        in a program that uses torch with the default collate."""
+        return joined_output(self.output, self.torch_in_use, self.collate_fn is None)
 
     def maker(self) -> BatchMaker:
         """What makes this loader's batches (in a worker, or in the main process)."""
@@ -146,7 +153,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     return Options(dataset, sampling, int(num_workers), worker_type or "process", int(prefetch_factor), pin_memory,
                    collate_fn, batch_transform, worker_init_fn, bool(persistent_workers), timeout, bool(in_order),
                    bool(zero_copy), context, multiprocessing_context, pin_memory_device, output, device, device_id, layout,
-                   seed, stall_warning_s, tuning, generator, seed_drawn)
+                   seed, stall_warning_s, tuning, generator, seed_drawn, uses_torch())
 
 
 def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_memory: bool | str,

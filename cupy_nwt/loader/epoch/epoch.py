@@ -217,7 +217,7 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
             yield from on_device(runtime.prefetcher.batches(source), options.device_id, runtime.ops)
         else:
             yield from host_batches(source, options.zero_copy, lambda: runtime.layout, runtime.events, runtime.clock,
-                                    options.output)
+                                    options.joined_output)
         graceful = state.finished = True
         if stage is not None and stage.workers is not None:
             runtime.events.ended(stage.workers.pids())
