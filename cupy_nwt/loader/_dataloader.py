@@ -20,19 +20,23 @@ Lifetime of what you get:
   ``zero_copy=True`` hands out read-only views into the ring slot instead: no copy, but a view is
   only valid until the next batch is requested (or the iteration ends) — copy what you keep.
 * Samples holding torch tensors (JAX arrays) give batches of torch tensors (JAX arrays), on either
-  device, made over those same arrays without a copy (``torch.from_numpy``, DLPack on the GPU);
-  ``output=`` asks for one framework whatever the samples hold (``ring.frameworks``).
+  device, made over those same arrays without a copy (``torch.from_numpy``, DLPack on the GPU); a
+  program that has imported torch gets tensors from the default collate for NumPy samples and
+  numbers too, as torch's DataLoader gives; ``output=`` asks for one framework whatever the samples
+  hold (``ring.frameworks``).
 
-Several ranks (torchrun, SLURM, MPI): each rank builds its own loader; ``rank`` and ``world_size``
-come from the launcher's variables unless given, each rank takes its shard of every epoch (see
+Several ranks (torch.distributed, torchrun, Lightning, SLURM, MPI): each rank builds its own loader;
+``rank`` and ``world_size`` come from an initialised process group or the launcher's variables unless
+given (a group initialised after the loader was made is followed), each rank takes its shard of every epoch (see
 ``epoch.order.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
 unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
 share of the CPUs (see ``nwt.pick.auto_num_workers``).
 
 Worker start method (``multiprocessing_context=None``): ``forkserver`` when CUDA is in use in this
-process (the loader targets the GPU, or CuPy is imported and a GPU is usable), because a forked child
-of a CUDA process must not touch CUDA and page-locked memory is not inherited across fork; ``fork``
-otherwise, which starts fastest and shares the dataset copy-on-write. With forkserver or spawn the
+process (the loader targets the GPU, or CuPy is imported and a GPU is usable, or a GPU runtime runs),
+because a forked child of a CUDA process must not touch CUDA and page-locked memory is not inherited
+across fork; ``fork`` otherwise (JAX on the CPU included: ``workers.start.forkserver_hazards``), which
+starts fastest and shares the dataset copy-on-write. With forkserver or spawn the
 dataset and the callables are pickled to each worker, so they must be defined at module level; their
 large arrays travel once, in memory every worker maps copy-on-write (``workers.shared_pickle``).
 """
@@ -91,8 +95,8 @@ class DataLoader(Generic[T_co]):
     every worker's stream is exhausted. Its batches depend on how the dataset shards itself, so
     unlike map-style ones they are not independent of the worker count.
 
-    Distributed: ``rank`` and ``world_size`` (both or neither; neither means the launcher's variables,
-    see ``ranks.rank_layout``) make the loader's own sampler serve one rank's shard,
+    Distributed: ``rank`` and ``world_size`` (both or neither; neither means an initialised
+    ``torch.distributed`` group, else the launcher's variables, see ``ranks.rank_layout``) make the loader's own sampler serve one rank's shard,
     DistributedSampler-style: with ``drop_last=False`` the epoch's order is padded by wrapping
     around to its start so every rank gets ``ceil(n / world_size)`` samples; with ``drop_last=True``
     the ``n % world_size`` tail of the order is left out instead, and each rank's short last batch
