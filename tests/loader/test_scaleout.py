@@ -149,7 +149,9 @@ def test_seed_none_is_agreed_through_torch_distributed_else_zero(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed", fake_torch_distributed(2, 1, 123456789))
     assert DataLoader(Indexed(8), device="cpu", rank=1, world_size=2).seed == 123456789
     assert DataLoader(Indexed(8), device="cpu", rank=1, world_size=2, seed=4).seed == 4
-    assert DataLoader(Indexed(8), device="cpu").seed != 123456789  # one process asks nobody
+    assert DataLoader(Indexed(8), device="cpu", rank=0, world_size=1).seed != 123456789  # one process asks nobody
+    grouped = DataLoader(Indexed(8), device="cpu")  # the initialised group tells the layout, as DistributedSampler asks it
+    assert (grouped.rank, grouped.world_size, grouped.seed) == (1, 2, 123456789)
 
 
 def test_communicator_is_used_only_when_it_matches_the_layout(monkeypatch):
