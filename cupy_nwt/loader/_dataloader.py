@@ -43,7 +43,6 @@ large arrays travel once, in memory every worker maps copy-on-write (``workers.s
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -51,8 +50,8 @@ from typing import Any, Generic, TypeVar
 
 from .._checks import check_int
 from ..errors import ArgumentError, LoaderError
-from ..ranks import RankLayout, process_group_layout
-from ._options import Options, changed, resolve, unagreed_seed
+from ..ranks import RankLayout
+from ._options import Options, changed, following_group, resolve
 from ._runtime import LoaderParts, Runtime
 from ._stats import STALL_WARNING_S, LoaderStats
 from .epoch.epoch import Epoch, EpochState
@@ -69,7 +68,6 @@ _SETTABLE = frozenset({"num_workers", "worker_type", "prefetch_factor", "pin_mem
                        "worker_init_fn", "timeout", "in_order", "zero_copy", "device", "device_id", "seed",
                        "stall_warning_s", "rank_layout", "output", "pin_memory_device"})
 T_co = TypeVar("T_co", covariant=True)
-_log = logging.getLogger("cupy_nwt.loader")
 
 
 class DataLoader(Generic[T_co]):
@@ -404,21 +402,8 @@ class DataLoader(Generic[T_co]):
             self._active = weakref.ref(it)
 
     def _follow_process_group(self) -> None:
-        """Take the rank layout of a ``torch.distributed`` group initialised after the loader was made (a loader
-        built before ``Trainer.fit`` launched its ranks), unless ``rank``/``world_size`` were given. A drawn
-        seed then becomes what every rank without a communicator uses (``agreed_seed``)."""
-        options = self._options
-        if options.rank_layout.launcher == "explicit":
-            return
-        group = process_group_layout()
-        if group is None or (group.rank, group.world_size) == (options.rank, options.world_size):
-            return
-        _log.info("the loader was made as rank %d of %d; torch.distributed now says rank %d of %d: sharding by it",
-                  options.rank, options.world_size, group.rank, group.world_size)
-        options = changed(options, "rank_layout", group)
-        if options.seed_drawn:
-            options = replace(changed(options, "seed", unagreed_seed()), seed_drawn=True)
-        object.__setattr__(self, "_options", options)
+        """Take the layout of a ``torch.distributed`` group made since (``_options.following_group``)."""
+        object.__setattr__(self, "_options", following_group(self._options))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the newest iteration stands, counting only batches delivered to the caller; small and

@@ -18,7 +18,7 @@ import numpy as np
 from .. import system
 from .._checks import check_int, check_number
 from ..errors import ArgumentError, ArgumentTypeError
-from ..ranks import RankLayout, agree, rank_layout
+from ..ranks import RankLayout, agree, process_group_layout, rank_layout
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
@@ -184,6 +184,21 @@ def agreed_seed(layout: RankLayout) -> int:
                   "using seed %d on every rank, as DistributedSampler does", layout.world_size, unagreed_seed())
         return unagreed_seed()
     return int(seed)
+
+
+def following_group(options: Options) -> Options:
+    """``options`` with the rank layout of a ``torch.distributed`` group initialised after the loader was made
+    (a loader built before ``Trainer.fit`` launched the ranks), unless ``rank``/``world_size`` were given. A
+    drawn seed then becomes what every rank without a communicator uses (``unagreed_seed``)."""
+    if options.rank_layout.launcher == "explicit":
+        return options
+    group = process_group_layout()
+    if group is None or (group.rank, group.world_size) == (options.rank, options.world_size):
+        return options
+    _log.info("the loader was made as rank %d of %d; torch.distributed now says rank %d of %d: sharding by it",
+              options.rank, options.world_size, group.rank, group.world_size)
+    followed = changed(options, "rank_layout", group)
+    return replace(changed(followed, "seed", unagreed_seed()), seed_drawn=True) if options.seed_drawn else followed
 
 
 def unagreed_seed() -> int:
