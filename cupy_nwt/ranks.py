@@ -1,7 +1,8 @@
 """Rank layout from the launcher already in use, and DistributedSampler-style sharding.
 
-cupy_nwt has no cluster layer of its own: torchrun, SLURM, Open MPI and MPICH/Hydra already tell
-each process who it is through environment variables; we read them, check they agree, and shard.
+cupy_nwt has no cluster layer of its own: an initialised ``torch.distributed`` process group, or torchrun,
+Lightning, SLURM, Open MPI and MPICH/Hydra through environment variables, already tell each process who it
+is; we read them, check they agree, and shard.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class RankLayout:
     world_size: int
     local_rank: int
     local_world_size: int
-    launcher: str  # "torchrun" | "openmpi" | "mpich" | "slurm" | "explicit" | "single"
+    launcher: str  # "torch.distributed" | "torchrun" | "lightning" | "openmpi" | "mpich" | "slurm" | "explicit" | "single"
 
     @property
     def is_distributed(self) -> bool:
@@ -79,12 +80,16 @@ def slurm_tasks_on_this_node(env: Mapping[str, str]) -> int | None:
 
 def rank_layout(rank: int | None = None, world_size: int | None = None,
                 env: Mapping[str, str] | None = None) -> RankLayout:
-    """This process's place among the ranks: explicit arguments, else the launcher's variables.
+    """This process's place among the ranks: explicit arguments, else an initialised ``torch.distributed``
+    process group (as ``DistributedSampler`` asks it), else the launcher's variables.
 
     No launcher variables at all means a single process. Local rank and local world size default
-    to the global ones when a launcher does not give them (one node). SLURM's variables count only
-    inside a job step that srun started (``SLURM_STEP_ID`` set): the batch script of an
-    ``sbatch --ntasks=4`` job also sees ``SLURM_PROCID=0`` and ``SLURM_NTASKS=4``, and a plain
+    to the global ones when a launcher does not give them (one node). Lightning's launcher sets
+    ``WORLD_SIZE``, ``LOCAL_RANK`` and ``NODE_RANK`` but not ``RANK``: on node 0 the rank is the local
+    rank, on another node ``LOCAL_WORLD_SIZE`` (the devices a node) must say how many ranks precede it.
+    A half-set layout is refused only when no later launcher's variables are complete. SLURM's
+    variables count only inside a job step that srun started (``SLURM_STEP_ID`` set): the batch script
+    of an ``sbatch --ntasks=4`` job also sees ``SLURM_PROCID=0`` and ``SLURM_NTASKS=4``, and a plain
     ``python train.py`` there must not load a quarter of the data.
     """
     env = os.environ if env is None else env
@@ -92,6 +97,10 @@ def rank_layout(rank: int | None = None, world_size: int | None = None,
         raise LayoutError("give both rank= and world_size=, or neither (then the launcher's environment is used)")
     if rank is not None and world_size is not None:
         return _checked(RankLayout(rank, world_size, rank, world_size, "explicit"), "rank", "world_size")
+    group = process_group_layout(env)
+    if group is not None:
+        return group
+    half_set: str | None = None
     for launcher, r_name, w_name, lr_name, lw_name in _LAUNCHERS:
         if launcher == "slurm" and not (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")):
             continue  # an sbatch script itself is "task 0 of N" too: only srun's job steps are ranks
@@ -99,13 +108,55 @@ def rank_layout(rank: int | None = None, world_size: int | None = None,
         if r is None and w is None:
             continue
         if r is None or w is None:
+            lightning = _lightning_layout(env) if launcher == "torchrun" else None
+            if lightning is not None:
+                return lightning
             have, missing = (r_name, w_name) if r is not None else (w_name, r_name)
-            raise LayoutError(f"{have} is set but {missing} is not: the {launcher} rank layout is half-set")
+            half_set = half_set or f"{have} is set but {missing} is not: the {launcher} rank layout is half-set"
+            continue
         lr = _int(env, lr_name)
         lw = slurm_tasks_on_this_node(env) if launcher == "slurm" else _int(env, lw_name)
         layout = RankLayout(r, w, r if lr is None else lr, w if lw is None else lw, launcher)
         return _checked(layout, r_name, w_name, lr_name, lw_name or "SLURM_TASKS_PER_NODE")
+    if half_set is not None:
+        raise LayoutError(half_set)
     return RankLayout(0, 1, 0, 1, "single")
+
+
+def _lightning_layout(env: Mapping[str, str]) -> RankLayout | None:
+    """Lightning's launcher's layout (``WORLD_SIZE``, ``LOCAL_RANK``, ``NODE_RANK``; no ``RANK``), when complete:
+    the rank is ``NODE_RANK * devices + LOCAL_RANK``, and the devices a node are needed only past node 0."""
+    w, lr = _int(env, "WORLD_SIZE"), _int(env, "LOCAL_RANK")
+    node = _int(env, "NODE_RANK") or _int(env, "GROUP_RANK") or 0
+    lw = _int(env, "LOCAL_WORLD_SIZE")
+    if w is None or lr is None or (node > 0 and lw is None):
+        return None
+    rank = node * lw + lr if node > 0 and lw is not None else lr
+    layout = RankLayout(rank, w, lr, w if lw is None else lw, "lightning")
+    return _checked(layout, "NODE_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK", "WORLD_SIZE", "LOCAL_RANK",
+                    "LOCAL_WORLD_SIZE" if lw is not None else "WORLD_SIZE")
+
+
+def process_group_layout(env: Mapping[str, str] | None = None) -> RankLayout | None:
+    """The layout of an initialised ``torch.distributed`` default process group; None without one.
+
+    Rank and world size are the group's, as ``DistributedSampler`` reads them; the local rank and local
+    world size come from ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` where a launcher set them (else one node).
+    torch is never imported here: only a program that initialised a group has ``torch.distributed``.
+    """
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        r, w = int(dist.get_rank()), int(dist.get_world_size())
+    except (AttributeError, RuntimeError, ValueError):  # a half-imported or torn-down torch
+        return None
+    env = os.environ if env is None else env
+    lr, lw = _int(env, "LOCAL_RANK"), _int(env, "LOCAL_WORLD_SIZE")
+    lr, lw = r if lr is None else lr, w if lw is None else lw
+    if not 0 <= lr < lw <= w:  # variables of another layout: the group knows better
+        lr, lw = r, w
+    return RankLayout(r, w, lr, lw, "torch.distributed")
 
 
 def _checked(layout: RankLayout, r_name: str, w_name: str,

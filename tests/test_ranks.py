@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -94,3 +96,67 @@ def test_budget_and_device_per_rank():
     assert device_for_rank(RankLayout(3, 4, 3, 4, "torchrun"), device_count=2) == 1
     with pytest.raises(ValueError):
         device_for_rank(layout, 0)
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    # Lightning's launcher: WORLD_SIZE, LOCAL_RANK and NODE_RANK, no RANK
+    ({"WORLD_SIZE": "2", "LOCAL_RANK": "1", "NODE_RANK": "0"}, RankLayout(1, 2, 1, 2, "lightning")),
+    ({"WORLD_SIZE": "4", "LOCAL_RANK": "1", "NODE_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+     RankLayout(3, 4, 1, 2, "lightning")),
+    # a half-set torchrun layout beside a complete Open MPI one: the complete one tells
+    ({"WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2"}, RankLayout(1, 2, 1, 2, "openmpi")),
+])
+def test_lightnings_layout_and_a_half_set_one_beside_a_complete_one(env, expected):
+    assert rank_layout(env=env) == expected
+
+
+@pytest.mark.parametrize("env", [
+    {"WORLD_SIZE": "4", "LOCAL_RANK": "1", "NODE_RANK": "1"},  # past node 0 the devices a node are needed
+    {"WORLD_SIZE": "2", "NODE_RANK": "0"},
+])
+def test_a_half_set_layout_with_nothing_else_is_refused(env):
+    with pytest.raises(LayoutError, match="WORLD_SIZE is set but RANK is not"):
+        rank_layout(env=env)
+
+
+class FakeGroup:
+    """``torch.distributed`` as DistributedSampler asks it: initialised, rank 1 of 2."""
+
+    def __init__(self, rank: int = 1, world_size: int = 2, initialised: bool = True) -> None:
+        self.rank, self.world_size, self.initialised = rank, world_size, initialised
+
+    def is_available(self) -> bool:
+        return True
+
+    def is_initialized(self) -> bool:
+        return self.initialised
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def get_world_size(self) -> int:
+        return self.world_size
+
+
+def test_an_initialised_process_group_comes_before_the_environment(monkeypatch):
+    monkeypatch.setitem(sys.modules, "torch.distributed", FakeGroup())
+    # the group tells the layout; a half-set environment beside it is no error
+    assert rank_layout(env={"WORLD_SIZE": "2"}) == RankLayout(1, 2, 1, 2, "torch.distributed")
+    assert rank_layout(env={"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}) == RankLayout(1, 2, 0, 1, "torch.distributed")
+    assert rank_layout(0, 1, env={}) == RankLayout(0, 1, 0, 1, "explicit")
+    monkeypatch.setitem(sys.modules, "torch.distributed", FakeGroup(initialised=False))
+    assert rank_layout(env={}) == RankLayout(0, 1, 0, 1, "single")
+
+
+def test_a_loader_made_before_the_group_follows_it_and_its_sampler_sets_the_epoch(monkeypatch):
+    from cupy_nwt import DataLoader
+
+    loader = DataLoader(np.arange(40), batch_size=4, shuffle=True, device="cpu")  # rank 0 of 1, a drawn seed
+    full = len(loader)
+    monkeypatch.setitem(sys.modules, "torch.distributed", FakeGroup(1, 2))  # then Trainer.fit initialised the group
+    assert (len(loader), full) == (5, 10) and (loader.rank, loader.world_size) == (1, 2)
+    assert loader.seed == 0  # what every rank without a communicator uses
+    loader.sampler.set_epoch(3)  # where Lightning calls DistributedSampler.set_epoch
+    assert loader.epoch == 3
+    pinned = DataLoader(np.arange(40), batch_size=4, rank=0, world_size=1, device="cpu")
+    assert len(pinned) == 10  # rank= and world_size= given: kept

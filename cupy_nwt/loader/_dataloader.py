@@ -20,19 +20,23 @@ Lifetime of what you get:
   ``zero_copy=True`` hands out read-only views into the ring slot instead: no copy, but a view is
   only valid until the next batch is requested (or the iteration ends) — copy what you keep.
 * Samples holding torch tensors (JAX arrays) give batches of torch tensors (JAX arrays), on either
-  device, made over those same arrays without a copy (``torch.from_numpy``, DLPack on the GPU);
-  ``output=`` asks for one framework whatever the samples hold (``ring.frameworks``).
+  device, made over those same arrays without a copy (``torch.from_numpy``, DLPack on the GPU); a
+  program that has imported torch gets tensors from the default collate for NumPy samples and
+  numbers too, as torch's DataLoader gives; ``output=`` asks for one framework whatever the samples
+  hold (``ring.frameworks``).
 
-Several ranks (torchrun, SLURM, MPI): each rank builds its own loader; ``rank`` and ``world_size``
-come from the launcher's variables unless given, each rank takes its shard of every epoch (see
+Several ranks (torch.distributed, torchrun, Lightning, SLURM, MPI): each rank builds its own loader;
+``rank`` and ``world_size`` come from an initialised process group or the launcher's variables unless
+given (a group initialised after the loader was made is followed), each rank takes its shard of every epoch (see
 ``epoch.order.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
 unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
 share of the CPUs (see ``nwt.pick.auto_num_workers``).
 
 Worker start method (``multiprocessing_context=None``): ``forkserver`` when CUDA is in use in this
-process (the loader targets the GPU, or CuPy is imported and a GPU is usable), because a forked child
-of a CUDA process must not touch CUDA and page-locked memory is not inherited across fork; ``fork``
-otherwise, which starts fastest and shares the dataset copy-on-write. With forkserver or spawn the
+process (the loader targets the GPU, or CuPy is imported and a GPU is usable, or a GPU runtime runs),
+because a forked child of a CUDA process must not touch CUDA and page-locked memory is not inherited
+across fork; ``fork`` otherwise (JAX on the CPU included: ``workers.start.forkserver_hazards``), which
+starts fastest and shares the dataset copy-on-write. With forkserver or spawn the
 dataset and the callables are pickled to each worker, so they must be defined at module level; their
 large arrays travel once, in memory every worker maps copy-on-write (``workers.shared_pickle``).
 """
@@ -47,7 +51,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from .._checks import check_int
 from ..errors import ArgumentError, LoaderError
 from ..ranks import RankLayout
-from ._options import Options, changed, resolve
+from ._options import Options, changed, following_group, resolve
 from ._runtime import LoaderParts, Runtime
 from ._stats import STALL_WARNING_S, LoaderStats
 from .epoch.epoch import Epoch, EpochState
@@ -97,8 +101,8 @@ class DataLoader(Generic[T_co]):
     every worker's stream is exhausted. Its batches depend on how the dataset shards itself, so
     unlike map-style ones they are not independent of the worker count.
 
-    Distributed: ``rank`` and ``world_size`` (both or neither; neither means the launcher's variables,
-    see ``ranks.rank_layout``) make the loader's own sampler serve one rank's shard,
+    Distributed: ``rank`` and ``world_size`` (both or neither; neither means an initialised
+    ``torch.distributed`` group, else the launcher's variables, see ``ranks.rank_layout``) make the loader's own sampler serve one rank's shard,
     DistributedSampler-style: with ``drop_last=False`` the epoch's order is padded by wrapping
     around to its start so every rank gets ``ceil(n / world_size)`` samples; with ``drop_last=True``
     the ``n % world_size`` tail of the order is left out instead, and each rank's short last batch
@@ -321,16 +325,19 @@ class DataLoader(Generic[T_co]):
     @property
     def sampler(self) -> Any:
         """The user's ``sampler``, else the loader's own order one index at a time (an ``OrderSampler``,
-        listing the next epoch; its ``len`` is this rank's samples per epoch); None for a stream."""
+        listing the next epoch; its ``len`` is this rank's samples per epoch, its ``set_epoch`` the loader's);
+        None for a stream."""
+        self._follow_process_group()
         s = self._options.sampling
         if s.sampler is not None or s.kind == "iterable":
             return s.sampler
-        return OrderSampler(s.batch_sampler_for(self.dataset, self._epoch))
+        return OrderSampler(s.batch_sampler_for(self.dataset, self._epoch), self.set_epoch)
 
     @property
     def batch_sampler(self) -> Any:
         """The user's ``batch_sampler``; else, when batching, the user's ``sampler`` cut into batches or the
         loader's own ``BatchSampler`` (listing the next epoch); None for a stream or ``batch_size=None``."""
+        self._follow_process_group()
         s = self._options.sampling
         if s.batch_sampler is not None:
             return s.batch_sampler
@@ -358,7 +365,7 @@ class DataLoader(Generic[T_co]):
 
     @property
     def epoch(self) -> int:
-        """The epoch the next iteration will run (advances by one per iteration started)."""
+        """The epoch the next iteration will run (advances by one per iteration that asked for a batch)."""
         return self._epoch
 
     def set_epoch(self, epoch: int) -> None:
@@ -409,6 +416,7 @@ class DataLoader(Generic[T_co]):
         return self._runtime.stats(self._options, progress.epoch, progress.delivered)
 
     def __len__(self) -> int:
+        self._follow_process_group()
         length = self._options.sampling.length(self.dataset)
         if self._options.sampling.kind == "iterable":  # later iterations warn past it, as PyTorch's do
             self._reported_len = len(self.dataset)
@@ -418,11 +426,25 @@ class DataLoader(Generic[T_co]):
         if not self._finalizer.alive:
             raise LoaderError("this DataLoader is closed")
         options = self._options
-        shared = (options.persistent_workers and options.num_workers > 0) or self._runtime.prefetcher is not None
+        return Epoch(options, self._runtime, self._epoch, None, self._shares_stage(options), self, self._reported_len,
+                     on_first=self._begin)
+
+    def _shares_stage(self, options: Options) -> bool:
+        return (options.persistent_workers and options.num_workers > 0) or self._runtime.prefetcher is not None
+
+    def _begin(self, it: Epoch[T_co]) -> None:
+        """An iterator's first ``next()``: only then does it take the epoch counter and a loaded state, and
+        end the shared stage's previous epoch. An ``iter()`` that takes no batch changes nothing."""
+        if not self._finalizer.alive:
+            raise LoaderError("this DataLoader is closed")
+        self._follow_process_group()
+        options = self._options
+        shared = self._shares_stage(options)
         if shared:
             self._close_active()
         start, self._resume = self._resume, None
-        start = start if start is not None and start["epoch"] == self._epoch else None
+        epoch = self._epoch
+        start = start if start is not None and start["epoch"] == epoch else None
         if options.seed_drawn and start is None and is_iter_datapipe(options.dataset):
             drawn = torch_shared_seed()  # torch's loader draws a pipe's shared seed so, at each iter()
             if drawn is not None:
@@ -431,13 +453,16 @@ class DataLoader(Generic[T_co]):
         readers = None
         if start is None and options.persistent_workers and options.num_workers > 0:  # the workers go on as they are
             readers = carried(options, self._last.progress() if self._last is not None else None)
-        it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch, start, shared, self, self._reported_len, readers)
-        self._epoch += 1
+        it.bind(options, epoch, start, shared, readers)
+        self._epoch = epoch + 1
         self._last = it.state
-        self._runtime.events.began(self._epoch - 1)
+        self._runtime.events.began(epoch)
         if shared:
             self._active = weakref.ref(it)
-        return it
+
+    def _follow_process_group(self) -> None:
+        """Take the layout of a ``torch.distributed`` group made since (``_options.following_group``)."""
+        object.__setattr__(self, "_options", following_group(self._options))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the newest iteration stands, counting only batches delivered to the caller, and each reader's

@@ -18,14 +18,14 @@ import numpy as np
 from .. import system
 from .._checks import check_int, check_number
 from ..errors import ArgumentError, ArgumentTypeError
-from ..ranks import RankLayout, agree, rank_layout
+from ..ranks import RankLayout, agree, process_group_layout, rank_layout
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
 from .epoch.order import fresh_seed
 from .epoch.sampling import Sampling
 from .ring.collate import default_collate
-from .ring.frameworks import check_output, generator_seed, torch_global_seed
+from .ring.frameworks import check_output, generator_seed, joined_output, torch_global_seed, uses_torch
 from .tuning.online import Tuning, check_tuning
 from .workers.capacity import check_worker_count
 from .workers.kinds import WORKER_TYPES, check_worker_type, kind
@@ -68,6 +68,7 @@ class Options:
     num_workers_why: str | None = None  # num_workers="auto": why the tuner picked the count (``stats()`` says it)
     on_bad_sample: str = "raise"  # "skip": a sample that fails to read or decode is left out of its batch
     max_bad_samples: int | None = None  # with "skip": more in one epoch stops it (None: no limit)
+    torch_in_use: bool = False  # torch was imported when the loader was made (``frameworks.uses_torch``)
 
     @property
     def rank(self) -> int:
@@ -84,6 +85,12 @@ class Options:
     @property
     def start_method(self) -> str:
         return self.kind.start_method(self.context, self.device)
+
+    @property
+    def joined_output(self) -> str:
+        """What batches are joined as (``frameworks.joined_output``): ``output``, or torch's tensors for "auto"
+        in a program that uses torch with the default collate."""
+        return joined_output(self.output, self.torch_in_use, self.collate_fn is None)
 
     def maker(self) -> BatchMaker:
         """What makes this loader's batches (in a worker, or in the main process)."""
@@ -158,7 +165,8 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     return Options(dataset, sampling, int(num_workers), worker_type or "process", int(prefetch_factor), pin_memory,
                    collate_fn, batch_transform, worker_init_fn, bool(persistent_workers), timeout, bool(in_order),
                    bool(zero_copy), context, multiprocessing_context, pin_memory_device, output, device, device_id, layout,
-                   seed, stall_warning_s, tuning, generator, seed_drawn, why, on_bad_sample, max_bad_samples)
+                   seed, stall_warning_s, tuning, generator, seed_drawn, why, on_bad_sample, max_bad_samples,
+                   uses_torch())
 
 
 def _auto_request(num_workers: Any) -> Any:
@@ -215,9 +223,29 @@ def agreed_seed(layout: RankLayout) -> int:
     seed, via = agree(fresh, layout)
     if via is None:
         _log.info("seed=None on %d ranks with no torch.distributed or mpi4py to agree on a fresh one: "
-                  "using seed 0 on every rank, as DistributedSampler does", layout.world_size)
-        return 0
+                  "using seed %d on every rank, as DistributedSampler does", layout.world_size, unagreed_seed())
+        return unagreed_seed()
     return int(seed)
+
+
+def following_group(options: Options) -> Options:
+    """``options`` with the rank layout of a ``torch.distributed`` group initialised after the loader was made
+    (a loader built before ``Trainer.fit`` launched the ranks), unless ``rank``/``world_size`` were given. A
+    drawn seed then becomes what every rank without a communicator uses (``unagreed_seed``)."""
+    if options.rank_layout.launcher == "explicit":
+        return options
+    group = process_group_layout()
+    if group is None or (group.rank, group.world_size) == (options.rank, options.world_size):
+        return options
+    _log.info("the loader was made as rank %d of %d; torch.distributed now says rank %d of %d: sharding by it",
+              options.rank, options.world_size, group.rank, group.world_size)
+    followed = changed(options, "rank_layout", group)
+    return replace(changed(followed, "seed", unagreed_seed()), seed_drawn=True) if options.seed_drawn else followed
+
+
+def unagreed_seed() -> int:
+    """The seed every rank uses when ranks cannot agree on a fresh one: 0, DistributedSampler's default."""
+    return 0
 
 
 def resolve_context(multiprocessing_context: Any, num_workers: int) -> BaseContext | None:

@@ -76,7 +76,7 @@ class Runtime:
         self.recorder = Recorder(reader, clock, memory_warn_bytes)
         self.tuner = OnlineTuner(options.tuning, clock) if options.tuning is not None else None
         self.events = Events((self.recorder, *((self.tuner,) if self.tuner is not None else ()), *listeners))
-        self.prefetcher = (DevicePrefetcher(options.pin_memory, ops, self.events, clock, options.output)
+        self.prefetcher = (DevicePrefetcher(options.pin_memory, ops, self.events, clock, options.joined_output)
                            if options.device == "cuda" else None)
         self.stage: Stage | None = None  # the shared one
         self.loose: list[Stage] = []  # one per live iteration that has its own workers

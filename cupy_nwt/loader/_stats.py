@@ -159,6 +159,7 @@ class Recorder(Listener):
         self.bad: list[SkippedSample] = []
         self.first: dict[int, int] = {}  # pid -> USS at its first batch
         self.warned = False
+        self.settled = False  # an epoch ended with its workers measured: fresh workers are not read again
         self._mark = (clock(), dict(self.totals), 0)  # (time, totals, decisions seen)
 
     # -- events
@@ -196,7 +197,12 @@ class Recorder(Listener):
                      sample.source, sample.reason)
 
     def first_batch(self, pids: Sequence[int]) -> None:
-        """An iteration delivered its first batch: the baseline of workers not seen before."""
+        """An iteration delivered its first batch: the baseline of workers not seen before, until an epoch has
+        ended with workers measured. Fresh workers each epoch (not persistent) grow as the first epoch's did,
+        and a worker forked from a large process (JAX and torch loaded) takes a tenth of a second to read:
+        JAX's tutorial, whose workers start each epoch, would pay it on every epoch's critical path."""
+        if self.settled:
+            return
         for pid in pids:
             if pid not in self.first:
                 uss = self.reader(pid)
@@ -205,9 +211,11 @@ class Recorder(Listener):
 
     def ended(self, pids: Sequence[int]) -> None:
         """Workers are still up at an epoch's end: warn once if their memory grew as copy-on-read does."""
-        if self.warned or not pids:
+        known = [pid for pid in pids if pid in self.first]
+        if self.warned or not known:
             return
-        grown = [uss - self.first[pid] for pid, uss in self._read(pids) if pid in self.first]
+        grown = [uss - self.first[pid] for pid, uss in self._read(known)]
+        self.settled = True
         if grown and sum(grown) / len(grown) > self.warn_bytes:
             self.warned = True
             warnings.warn(

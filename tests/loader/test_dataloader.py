@@ -147,7 +147,7 @@ def test_epochs_reshuffle_and_set_epoch_replays():
 
 
 def test_structures_are_kept_dict_tuple_scalars_namedtuple():
-    with DataLoader(DictSamples(10), batch_size=4, num_workers=2, device="cpu") as dl:
+    with DataLoader(DictSamples(10), batch_size=4, num_workers=2, device="cpu", output="numpy") as dl:
         b = next(iter(dl))
     assert set(b) == {"x", "meta"}
     assert b["x"].dtype == np.float32 and b["x"].shape == (4, 2)
@@ -221,12 +221,12 @@ def _alive(pid: int) -> bool:
 
 
 def test_batches_are_copies_by_default_and_views_with_zero_copy():
-    with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu") as dl:
+    with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu", output="numpy") as dl:
         kept = list(dl)  # held across the whole epoch: the ring slots were reused meanwhile
     for b, (x, y) in enumerate(kept):
         assert y.tolist() == list(range(b * 8, b * 8 + 8)) and (x[:, 0, 0, 0] == y).all()
         assert x.flags.writeable
-    with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu", zero_copy=True) as dl:
+    with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu", zero_copy=True, output="numpy") as dl:
         for b, (x, y) in enumerate(dl):
             assert not x.flags.writeable and not x.flags.owndata
             assert y.tolist() == list(range(b * 8, b * 8 + 8)) and (x[:, 0, 0, 0] == y).all()

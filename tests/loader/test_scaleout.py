@@ -149,7 +149,9 @@ def test_seed_none_is_agreed_through_torch_distributed_else_zero(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.distributed", fake_torch_distributed(2, 1, 123456789))
     assert DataLoader(Indexed(8), device="cpu", rank=1, world_size=2).seed == 123456789
     assert DataLoader(Indexed(8), device="cpu", rank=1, world_size=2, seed=4).seed == 4
-    assert DataLoader(Indexed(8), device="cpu").seed != 123456789  # one process asks nobody
+    assert DataLoader(Indexed(8), device="cpu", rank=0, world_size=1).seed != 123456789  # one process asks nobody
+    grouped = DataLoader(Indexed(8), device="cpu")  # the initialised group tells the layout, as DistributedSampler asks it
+    assert (grouped.rank, grouped.world_size, grouped.seed) == (1, 2, 123456789)
 
 
 def test_communicator_is_used_only_when_it_matches_the_layout(monkeypatch):
@@ -207,7 +209,7 @@ def test_every_cuda_call_of_a_rank_loader_runs_on_its_device():
     kw = dict(batch_size=8, shuffle=True, seed=3, rank=1, world_size=2)
     ref = [y.tolist() for _, y in DataLoader(Indexed(40), device="cpu", **kw)]
     dl = DataLoader(Indexed(40), num_workers=1, device="cuda", pin_memory=True, multiprocessing_context="fork",
-                    parts=LoaderParts(ops=ops), **kw)
+                    parts=LoaderParts(ops=ops), output="cupy", **kw)
     assert dl.device_id == 1  # local rank 1 of 2 stand-in GPUs
     got = []
     with dl:
@@ -227,7 +229,7 @@ def test_each_rank_loads_onto_its_own_gpu_and_leaves_the_current_device_alone():
     ref = epoch_indices(n=64, shuffle=True, seed=2, rank=rank, world_size=count)[0]
     for kw in (dict(device="cuda"), dict(device=f"cuda:{rank}")):
         with DataLoader(Indexed(64), batch_size=8, shuffle=True, seed=2, rank=rank, world_size=count,
-                        num_workers=1, pin_memory=True, batch_transform=tag_seed, **kw) as dl:
+                        num_workers=1, pin_memory=True, batch_transform=tag_seed, output="cupy", **kw) as dl:
             assert dl.device_id == rank
             got = []
             for images, labels, _ in dl:

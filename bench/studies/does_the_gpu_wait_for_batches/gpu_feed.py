@@ -70,7 +70,8 @@ def batches(mode: str, workload: Any, workers: int, batch_size: int, seed: int) 
         on_gpu = mode == "cupy_nwt"
         loader = DataLoader(workload.dataset, batch_size=batch_size, shuffle=True, seed=seed, num_workers=workers,
                             device="cuda" if on_gpu else "cpu", pin_memory=on_gpu, zero_copy=not on_gpu,
-                            batch_transform=workload.batch_transform, persistent_workers=persistent)
+                            batch_transform=workload.batch_transform, persistent_workers=persistent,
+                            output="cupy" if on_gpu else "numpy")  # torch runs in this process too: CuPy steps here
         if on_gpu:
             return loader, _epochs(loader, lambda b: b)
         return loader, _epochs(loader, lambda b: tuple(cuda.to_device(a) for a in b))

@@ -69,9 +69,11 @@ class Epoch(Iterator[T_co]):
     """One epoch's batches. A batch that failed raises its ``WorkerError`` in its turn and the next
     ``next()`` goes on with the following batch, as PyTorch's iterator does; any other error ends it.
 
-    ``start`` is a loaded state this epoch resumes from; ``readers``, without one, each reader's entry as the
-    epoch begins (``readers.carried``: persistent workers' from the epoch before); ``shared``: it runs on the
-    runtime's shared stage (persistent workers, or the GPU path), else on a stage of its own. ``owner`` (the loader)
+    Nothing runs until the first ``next()``: ``on_first`` (the loader's) then ``bind``s the options, epoch
+    and loaded state, so an iterator that is made and dropped changes nothing.
+    ``start`` is a loaded state this epoch resumes from; ``readers`` (``bind``'s), without one, each reader's
+    entry as the epoch begins (``readers.carried``: persistent workers' from the epoch before); ``shared``: it
+    runs on the runtime's shared stage (persistent workers, or the GPU path), else on a stage of its own. ``owner`` (the loader)
     is kept alive while the iterator is, as PyTorch's iterator keeps its loader: the loader's
     finalizer, which frees persistent workers and their ring, runs once the last of the two goes,
     and never under a running epoch. A dropped iterator ends its epoch first (``__del__``).
@@ -79,21 +81,32 @@ class Epoch(Iterator[T_co]):
 
     def __init__(self, options: Options, runtime: Runtime, epoch: int, start: Mapping[str, Any] | None,
                  shared: bool, owner: object = None, reported_len: int | None = None,
-                 readers: list[Any] | None = None) -> None:
+                 on_first: Callable[[Epoch[T_co]], None] | None = None) -> None:
         self._owner = owner
-        self._options = options
+        self._options, self._runtime, self._shared, self._reported_len = options, runtime, shared, reported_len
+        self._state = EpochState(kind_of(options), epoch, start)
+        self._events, self._clock, self._pids = runtime.events, runtime.clock, runtime.worker_pids
+        self._on_first = on_first
+        self._steps: Generator[Any, None, None] | None = None
+
+    def bind(self, options: Options, epoch: int, start: Mapping[str, Any] | None, shared: bool,
+             readers: list[Any] | None = None) -> None:
+        """Fix what this iterator runs: called by ``on_first`` as the first batch is asked for, so an
+        ``iter()`` that takes no batch (Lightning's check that a loader is iterable) uses up no epoch."""
+        if self._steps is not None:
+            raise LoaderError("internal error: an epoch bound after its first batch was asked for")
+        self._options, self._shared = options, shared
         self._state = EpochState(kind_of(options), epoch, start, readers=start["workers"] if start is not None else readers)
-        if options.num_workers == 0:  # made now: a state asked for before the first batch reads it
+        if options.num_workers == 0:  # the main process's reader, restored before its first sample
             maker = self._state.maker = options.maker()
             if options.sampling.kind == "iterable":
                 maker.begin_stream()
             restore = restore_plan(options, epoch, start["workers"] if start is not None else None)
             if 0 in restore:
                 maker.restore(*restore[0])
-        self._events, self._clock, self._pids = runtime.events, runtime.clock, runtime.worker_pids
-        steps = _steps(options, runtime, self._state, shared)  # holds the state, never this iterator
-        if reported_len is not None:
-            steps = _past_length(steps, reported_len, options)
+        steps = _steps(options, self._runtime, self._state, shared)  # holds the state, never this iterator
+        if self._reported_len is not None:
+            steps = _past_length(steps, self._reported_len, options)
         self._steps = steps
 
     @property
@@ -116,6 +129,13 @@ class Epoch(Iterator[T_co]):
         return self._state.progress()
 
     def __next__(self) -> T_co:
+        if self._steps is None:
+            on_first, self._on_first = self._on_first, None
+            if on_first is not None:
+                on_first(self)
+            if self._steps is None:
+                self.bind(self._options, self._state.epoch, self._state.start, self._shared)
+        assert self._steps is not None
         st = self._state
         t0 = self._clock()
         try:
@@ -147,7 +167,8 @@ class Epoch(Iterator[T_co]):
 
     def close(self) -> None:
         """End this epoch now: its workers stop (unless persistent) and its slots are given back."""
-        self._steps.close()
+        if self._steps is not None:
+            self._steps.close()
 
     def __del__(self) -> None:
         steps = getattr(self, "_steps", None)  # absent when __init__ failed
@@ -216,7 +237,7 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
             yield from on_device(runtime.prefetcher.batches(source), options.device_id, runtime.ops)
         else:
             yield from host_batches(source, options.zero_copy, lambda: runtime.layout, runtime.events, runtime.clock,
-                                    options.output)
+                                    options.joined_output)
         graceful = state.finished = True
         if stage is not None and stage.workers is not None:
             runtime.events.ended(stage.workers.pids())

@@ -13,14 +13,14 @@ Every plan yields tasks ``(b, indices or None, transform seed)``; the seed is fi
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..._checks import check_int
-from ...errors import OutOfRangeError
+from ...errors import LoaderError, OutOfRangeError
 from ...ranks import samples_per_rank, shard
 
 _TRANSFORM_TAG = 0x6E7774  # keeps transform seeds apart from the shuffle stream of the same seed
@@ -117,9 +117,19 @@ class BatchSampler:
 class OrderSampler:
     """The loader's own order one index at a time (``loader.sampler``), where torch has its
     ``SequentialSampler`` or ``RandomSampler``: ``len(loader.sampler)`` counts the samples this rank
-    visits in an epoch, as a training loop dividing a summed loss by it expects."""
+    visits in an epoch, as a training loop dividing a summed loss by it expects. ``set_epoch`` chooses
+    the loader's next epoch, where a trainer calls ``DistributedSampler.set_epoch`` (Lightning calls it
+    on ``loader.sampler`` before each epoch)."""
 
     batches: BatchSampler
+    epoch_setter: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch the loader's next iteration runs (its shuffle order and transform seeds)."""
+        if self.epoch_setter is None:
+            raise LoaderError("this sampler is a copy of a loader's order and belongs to no loader: "
+                                  "call set_epoch on the loader")
+        self.epoch_setter(epoch)
 
     def __len__(self) -> int:
         return self.batches.samples

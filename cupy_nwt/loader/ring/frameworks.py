@@ -24,6 +24,22 @@ from ...errors import ArgumentError, LoaderError
 
 FRAMEWORKS = ("torch", "jax")
 OUTPUTS = ("auto", "numpy", "cupy", "torch", "jax")
+AUTO_TORCH = "auto+torch"  # "auto" in a program that uses torch: NumPy leaves joined as torch tensors, others kept
+
+
+def uses_torch() -> bool:
+    """Does this program use torch? Yes once it has imported torch (a torch ``Dataset`` implies it)."""
+    return "torch" in sys.modules
+
+
+def joined_output(output: str, torch_in_use: bool, default_collate: bool) -> str:
+    """What batches are joined as: ``output`` as given, except that "auto" with torch's default collate in a
+    program that uses torch gives what torch's ``DataLoader`` gives: NumPy arrays and Python numbers as
+    tensors (torch's ``default_collate``, or ``default_convert`` unbatched). A ``collate_fn`` of the user's
+    returns what it returns, under torch too."""
+    if output == "auto" and torch_in_use and default_collate:
+        return AUTO_TORCH
+    return output
 
 
 def framework_of(x: Any) -> str | None:

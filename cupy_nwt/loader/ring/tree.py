@@ -19,7 +19,7 @@ import numpy as np
 
 from ...errors import ArgumentError
 from .containers import Make, items_only, plain_items
-from .frameworks import FRAMEWORKS, framework_of, host_view, to_framework
+from .frameworks import AUTO_TORCH, FRAMEWORKS, framework_of, host_view, to_framework
 
 # A treedef is a small picklable nest: ("leaf",) an array (or, for samples, any leaf), ("leaf", fw)
 # an array joined back as framework fw's ("torch", "jax"), ("obj",) a leaf that travels pickled, ("tuple", children), ("list", children), ("dict", keys, children) or
@@ -117,21 +117,23 @@ def leaf_of(framework: str | None) -> Treedef:
     return LEAF if framework is None else ("leaf", framework)
 
 
-def retag(td: Treedef, framework: str | None) -> Treedef:
-    """``td`` with every array leaf joined as ``framework``'s (None: as it is, NumPy or CuPy)."""
+def retag(td: Treedef, framework: str | None, plain_only: bool = False) -> Treedef:
+    """``td`` with every array leaf joined as ``framework``'s (None: as it is, NumPy or CuPy); with
+    ``plain_only``, only the leaves that carry no framework of their own."""
     kind = td[0]
     if kind == "leaf":
-        return leaf_of(framework)
+        return td if plain_only and len(td) > 1 else leaf_of(framework)
     if kind == "obj":
         return td
     if kind in ("dict", "namedtuple", *TYPED):
-        return (kind, td[1], tuple(retag(c, framework) for c in td[2]))
-    return (kind, tuple(retag(c, framework) for c in td[1]))
+        return (kind, td[1], tuple(retag(c, framework, plain_only) for c in td[2]))
+    return (kind, tuple(retag(c, framework, plain_only) for c in td[1]))
 
 
 class OutputTree:
-    """A batch structure as ``output`` wants it joined: as it is ("auto"), else every array leaf in
-    one framework (None for "numpy" and "cupy"). Remembers the last structure: it rarely changes."""
+    """A batch structure as ``output`` wants it joined: as it is ("auto"), its NumPy leaves as torch's
+    (``frameworks.AUTO_TORCH``), else every array leaf in one framework (None for "numpy" and "cupy").
+    Remembers the last structure: it rarely changes."""
 
     def __init__(self, output: str) -> None:
         self.output = output
@@ -141,7 +143,10 @@ class OutputTree:
         if self.output == "auto":
             return treedef
         if self._last[0] is not treedef:
-            self._last = (treedef, retag(treedef, self.output if self.output in FRAMEWORKS else None))
+            if self.output == AUTO_TORCH:
+                self._last = (treedef, retag(treedef, "torch", plain_only=True))
+            else:
+                self._last = (treedef, retag(treedef, self.output if self.output in FRAMEWORKS else None))
         return self._last[1]
 
 

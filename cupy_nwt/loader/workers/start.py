@@ -6,7 +6,9 @@ thread pool's, a runtime's) stays locked in the child forever. Two answers, by w
 * torch's intra-op OpenMP pool is made safe in the worker (``torch_workers``: one thread, as torch's own
   DataLoader does), so a script that trains a torch model keeps fork: scripts without an
   ``if __name__ == "__main__":`` guard and notebooks keep working, as they do under torch;
-* a runtime that cannot be tamed from the child (JAX's or TensorFlow's, torch's CUDA) makes the
+* JAX's CPU runtime keeps fork too: its threads' locks are XLA's own, which a worker that does not call
+  JAX never takes (``forkserver_hazards``); torch's DataLoader forks after it as well;
+* a runtime that cannot be tamed from the child (JAX on a GPU, TensorFlow, torch's CUDA) makes the
   default ``forkserver``, whose workers fork from a clean single-threaded server process (Python 3.14
   made it the default start method for this reason). The reason is logged once at INFO on
   ``cupy_nwt.loader``. A start method the user chose (``multiprocessing_context``) is always kept.
@@ -34,11 +36,14 @@ _log = logging.getLogger("cupy_nwt.loader")
 _said: set[str] = set()  # reasons already logged (once per process)
 
 
+JAX_CPU = "JAX (its CPU runtime is multithreaded)"
+
+
 def fork_hazards() -> list[str]:
     """The runtimes in this process whose threads a forked worker could inherit as a deadlock."""
     found = []
     if "jax" in sys.modules and _jax_started():
-        found.append("JAX (its runtime is multithreaded)")
+        found.append(JAX_CPU if _jax_platforms() <= {"cpu"} else "JAX on a GPU (its runtime holds a CUDA context)")
     if "tensorflow" in sys.modules:
         found.append("TensorFlow (its runtime is multithreaded)")
     torch = sys.modules.get("torch")
@@ -61,13 +66,42 @@ def _jax_started() -> bool:
         return True
 
 
+def _jax_platforms() -> set[str]:
+    """The platforms of JAX's initialised backends ("cpu", "cuda", ...); a GPU's when it cannot say."""
+    try:
+        from jax._src import xla_bridge  # noqa: PLC0415 - jax is imported already
+
+        return {str(name) for name in xla_bridge.backends()}
+    except Exception:  # noqa: BLE001 - a JAX without it: be safe
+        return {"gpu"}
+
+
+def forkserver_hazards() -> list[str]:
+    """The fork hazards that make ``forkserver`` the default: ``fork_hazards`` less JAX's CPU runtime.
+
+    JAX's CPU threads hold only XLA's own locks, which a worker never takes unless it calls JAX, and
+    glibc's malloc and CPython's own locks are made consistent across fork: a worker that fetches with
+    NumPy, PIL or torch is safe, as under torch's DataLoader, which forks here too (JAX's tutorial, a
+    script without a main guard, relies on it). A JAX GPU backend holds a CUDA context, and TensorFlow's
+    and torch's CUDA runtimes are not ours to reason about: those keep forkserver.
+    """
+    hazards = [h for h in fork_hazards() if h != JAX_CPU]
+    if not hazards and JAX_CPU in fork_hazards() and JAX_CPU not in _said:
+        _said.add(JAX_CPU)
+        _log.info("loader workers start by fork although %s runs in this process: the workers must not call JAX "
+                  "(one could wait forever on a lock its threads held at the fork); multiprocessing_context="
+                  "'forkserver' if they do", JAX_CPU)
+    return hazards
+
+
 def choose(cuda_live: bool) -> str:
-    """The default start method: forkserver where fork is unsafe (CUDA, a threaded runtime), else fork."""
+    """The default start method: forkserver where fork is unsafe (CUDA, a threaded runtime other than
+    JAX's on the CPU: ``forkserver_hazards``), else fork."""
     if "fork" not in mp.get_all_start_methods():
         return "spawn"
     if cuda_live:
         return "forkserver"
-    hazards = fork_hazards()
+    hazards = forkserver_hazards()
     if not hazards:
         return "fork"
     reason = ", ".join(hazards)
@@ -173,7 +207,7 @@ def check_importable(method: str, chosen_by_user: bool, objects: list[Any]) -> N
         owner = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
         if obj is not None and getattr(owner, "__module__", None) == "__main__":
             raise LoaderError(
-                f"workers must start by {method} here (fork is unsafe: {', '.join(fork_hazards()) or 'CUDA is in use'}), "
+                f"workers must start by {method} here (fork is unsafe: {', '.join(forkserver_hazards()) or 'CUDA is in use'}), "
                 f"and their start cannot import {getattr(owner, '__qualname__', owner)!r}, defined interactively: "
                 "move it into a .py module, use worker_type='thread', or pass multiprocessing_context='fork' at your "
                 "own risk")

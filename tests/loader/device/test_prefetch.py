@@ -208,7 +208,7 @@ def test_loader_with_workers_feeds_the_prefetcher_across_epochs_and_breaks():
     ops = LazyCuda()
     dl = DataLoader(Squares(50, modulo=200), num_workers=2, prefetch_factor=1, persistent_workers=True,
                     multiprocessing_context="fork", pin_memory=True, parts=LoaderParts(ops=ops),
-                    **{**kw, "device": "cuda"})
+                    output="cupy", **{**kw, "device": "cuda"})  # the fake GPU's arrays, though torch is imported
     with dl:
         for i, b in enumerate(dl):
             if i == 3:
@@ -236,7 +236,7 @@ class Images:
 
 
 def host_batches(**kw):
-    with DataLoader(Images(300), batch_size=32, shuffle=True, seed=4, device="cpu", **kw) as dl:
+    with DataLoader(Images(300), batch_size=32, shuffle=True, seed=4, device="cpu", output="numpy", **kw) as dl:
         return [(x, y) for x, y in dl]
 
 
@@ -245,7 +245,7 @@ def host_batches(**kw):
 def test_gpu_batches_equal_host_batches_in_order(pin, path):
     ref = host_batches(num_workers=2)
     with DataLoader(Images(300), batch_size=32, shuffle=True, seed=4, device="cuda", num_workers=2,
-                    pin_memory=pin) as dl:
+                    pin_memory=pin, output="cupy") as dl:
         got = [(cuda.as_numpy(x), cuda.as_numpy(y)) for x, y in dl]
         assert dl.pin_path == path
     assert len(got) == len(ref)
@@ -263,7 +263,7 @@ def test_gpu_registered_ring_is_page_locked_and_batches_are_device_arrays():
             return super().register(buffer)
 
     ops = Registering()
-    with DataLoader(Images(64), batch_size=16, device="cuda", num_workers=1, pin_memory=True,
+    with DataLoader(Images(64), batch_size=16, device="cuda", num_workers=1, pin_memory=True, output="cupy",
                     parts=LoaderParts(ops=ops)) as dl:
         it = iter(dl)
         x, y = next(it)
@@ -280,6 +280,7 @@ def test_gpu_consumer_on_its_own_stream_sees_complete_batches_with_workers_zero(
     ref = host_batches()
     s = cuda.stream()
     with s:
-        with DataLoader(Images(300), batch_size=32, shuffle=True, seed=4, device="cuda", pin_memory=True) as dl:
+        with DataLoader(Images(300), batch_size=32, shuffle=True, seed=4, device="cuda", pin_memory=True,
+                        output="cupy") as dl:
             sums = [int((x.astype("int64") * 1).sum()) for x, _ in dl]  # kernels on s, after the wait
     assert sums == [int(rx.astype(np.int64).sum()) for rx, _ in ref]

@@ -172,7 +172,7 @@ def reference(n: int) -> list:
 @pytest.mark.parametrize("depth", [2, 3])
 def test_a_queued_step_reads_its_own_batch_though_the_host_freed_it(pin, depth):
     gpu = PooledGpu()
-    with DataLoader(Squares(41, modulo=200), device="cuda", pin_memory=pin, parts=LoaderParts(ops=gpu), **KW) as dl:
+    with DataLoader(Squares(41, modulo=200), device="cuda", output="cupy", pin_memory=pin, parts=LoaderParts(ops=gpu), **KW) as dl:
         got = train(dl, gpu, depth)
     ref = reference(41)
     assert gpu.reused > 0, "no batch memory was reused: the test would prove nothing"
@@ -183,7 +183,7 @@ def test_a_queued_step_reads_its_own_batch_though_the_host_freed_it(pin, depth):
 
 def test_a_queued_step_reads_its_own_batch_with_process_workers_over_two_epochs():
     gpu = PooledGpu()
-    with DataLoader(Squares(30, modulo=200), device="cuda", pin_memory=True, num_workers=2, prefetch_factor=1,
+    with DataLoader(Squares(30, modulo=200), device="cuda", output="cupy", pin_memory=True, num_workers=2, prefetch_factor=1,
                     persistent_workers=True, multiprocessing_context="fork", parts=LoaderParts(ops=gpu), **KW) as dl:
         got = train(dl, gpu, 2)
         dl.set_epoch(1)
@@ -223,7 +223,7 @@ def test_gpu_queued_steps_read_their_own_batches():
 
     spin = SpinKernel()
     sums, queue = [], deque()
-    with DataLoader(Squares(203, modulo=200), device="cuda", pin_memory=True, num_workers=2, **KW) as dl:
+    with DataLoader(Squares(203, modulo=200), device="cuda", output="cupy", pin_memory=True, num_workers=2, **KW) as dl:
         for x, _ in dl:
             while len(queue) >= 2:
                 queue.popleft().synchronize()

@@ -251,14 +251,14 @@ def test_the_state_is_small_for_a_big_dataset():
 
 @pytest.mark.gpu
 def test_gpu_resume_is_the_rest_of_the_epoch():
-    full = [b.get().tolist() for b in loader(device="cuda", num_workers=2, pin_memory=True)]
-    dl = loader(device="cuda", num_workers=2, pin_memory=True)
+    full = [b.get().tolist() for b in loader(device="cuda", output="cupy", num_workers=2, pin_memory=True)]
+    dl = loader(device="cuda", output="cupy", num_workers=2, pin_memory=True)
     it = iter(dl)
     got = [next(it).get().tolist() for _ in range(2)]
     state = dl.state_dict()
     assert state["delivered"] == 2  # the prefetcher's batch in flight is not consumed
     it.close()
     dl.close()
-    again = loader(device="cuda")
+    again = loader(device="cuda", output="cupy")
     again.load_state_dict(state)
     assert got + [b.get().tolist() for b in again] == full

@@ -51,7 +51,7 @@ if __name__ == "__main__":
 
 @pytest.fixture(params=["fork", "forkserver"])
 def method(request: pytest.FixtureRequest) -> str:
-    """The start method the script asks for: fork (the default here) and forkserver (JAX's, CUDA's)."""
+    """The start method the script asks for: fork (the default here) and forkserver (CUDA's, a GPU runtime's)."""
     return str(request.param)
 
 

@@ -51,7 +51,7 @@ class Exits(Squares):
 
 @pytest.mark.usefixtures("clean")
 def test_threads_give_the_process_workers_batches_without_shm_or_pids():
-    kw = dict(batch_size=5, shuffle=True, seed=4, num_workers=2, device="cpu")
+    kw = dict(batch_size=5, shuffle=True, seed=4, num_workers=2, device="cpu", output="numpy")
     with DataLoader(Squares(37), worker_type="process", **kw) as dl:
         ref = [(x.copy(), y.copy()) for x, y in dl]
     before = live_segments(os.getpid())
