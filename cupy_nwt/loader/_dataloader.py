@@ -50,15 +50,14 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._checks import check_int
 from ..errors import ArgumentError, LoaderError
-from ..ranks import RankLayout
 from ._options import Options, changed, following_group, resolve
 from ._runtime import LoaderParts, Runtime
+from ._settings_view import SettingsView
 from ._stats import STALL_WARNING_S, LoaderStats
 from .epoch.epoch import Epoch, EpochState
 from .epoch.order import OrderSampler, SamplerBatches
 from .epoch.readers import carried
 from .epoch.resume import check_state, fresh, state_of
-from .ring.collate import default_collate
 from .ring.ring import SlotLayout
 from .tuning.policy import Decision
 from .workers.torch_workers import is_iter_datapipe, torch_shared_seed
@@ -75,7 +74,7 @@ _SETTABLE = frozenset({"num_workers", "worker_type", "prefetch_factor", "pin_mem
 T_co = TypeVar("T_co", covariant=True)
 
 
-class DataLoader(Generic[T_co]):
+class DataLoader(SettingsView, Generic[T_co]):
     """Batches of a map-style (``__getitem__``) or iterable-style (``__iter__``) dataset.
 
     The arguments up to ``generator`` are PyTorch's, in its order and with its defaults, rules and
@@ -202,6 +201,7 @@ class DataLoader(Generic[T_co]):
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iteration
         self._active: weakref.ref | None = None  # the shared stage's epoch (a new one ends it)
         self._last: EpochState | None = None  # the newest epoch's bookkeeping: what state_dict() describes
+        self._newest: weakref.ref | None = None  # the newest iterator, which a state_dict() begins if it has not
         self._reported_len: int | None = None  # an iterable dataset's len() when len(loader) was asked
         self._initialized = True
 
@@ -212,115 +212,6 @@ class DataLoader(Generic[T_co]):
             object.__setattr__(self, "_options", changed(self._options, name, value, self._runtime.ops))
             return
         super().__setattr__(name, value)
-
-    # -- the settings
-
-    @property
-    def options(self) -> Options:
-        """The settings as resolved and checked at construction (frozen; setting an attribute replaces them)."""
-        return self._options
-
-    @property
-    def dataset(self) -> Any:
-        return self._options.dataset
-
-    @property
-    def num_workers(self) -> int:
-        return self._options.num_workers
-
-    @property
-    def worker_type(self) -> str:
-        return self._options.worker_type
-
-    @property
-    def prefetch_factor(self) -> int:
-        return self._options.prefetch_factor
-
-    @property
-    def pin_memory(self) -> bool | str:
-        return self._options.pin_memory
-
-    @property
-    def collate_fn(self) -> Callable | None:
-        """What makes a batch of samples: yours, else ``default_collate``; None unbatched
-        (``batch_size=None``), where a sample reaches you as ``__getitem__`` returned it."""
-        if self._options.collate_fn is None and self._options.sampling.batched:
-            return default_collate
-        return self._options.collate_fn
-
-    @property
-    def batch_transform(self) -> Callable | None:
-        return self._options.batch_transform
-
-    @property
-    def worker_init_fn(self) -> Callable | None:
-        return self._options.worker_init_fn
-
-    @property
-    def persistent_workers(self) -> bool:
-        return self._options.persistent_workers
-
-    @property
-    def timeout(self) -> float:
-        """Seconds each wait for a batch may take; 0: no limit (PyTorch's default, read back as it reads it)."""
-        return self._options.timeout or 0
-
-    @property
-    def generator(self) -> Any:
-        """The ``generator`` given, as given (the loader drew its seed from it once, when it was made)."""
-        return self._options.generator
-
-    @property
-    def in_order(self) -> bool:
-        return self._options.in_order
-
-    @property
-    def zero_copy(self) -> bool:
-        return self._options.zero_copy
-
-    @property
-    def device(self) -> str:
-        return self._options.device
-
-    @property
-    def output(self) -> str:
-        return self._options.output
-
-    @property
-    def pin_memory_device(self) -> str:
-        return self._options.pin_memory_device
-
-    @property
-    def device_id(self) -> int | None:
-        return self._options.device_id
-
-    @property
-    def seed(self) -> int:
-        return self._options.seed
-
-    @property
-    def stall_warning_s(self) -> float | None:
-        return self._options.stall_warning_s
-
-    @property
-    def rank_layout(self) -> RankLayout:
-        return self._options.rank_layout
-
-    @property
-    def rank(self) -> int:
-        return self._options.rank
-
-    @property
-    def world_size(self) -> int:
-        return self._options.world_size
-
-    @property
-    def batch_size(self) -> int | None:
-        return self._options.sampling.batch_size
-
-    @property
-    def drop_last(self) -> bool:
-        return self._options.sampling.drop_last
 
     @property
     def sampler(self) -> Any:
@@ -425,9 +316,14 @@ class DataLoader(Generic[T_co]):
     def __iter__(self) -> Iterator[T_co]:
         if not self._finalizer.alive:
             raise LoaderError("this DataLoader is closed")
+        newest = self._newest() if self._newest is not None else None
+        if newest is not None and newest.early and newest.delivered == 0 and self._resume is None:
+            return newest  # begun by a state_dict() and not yet used: that state describes this epoch
         options = self._options
-        return Epoch(options, self._runtime, self._epoch, None, self._shares_stage(options), self, self._reported_len,
-                     on_first=self._begin)
+        it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch, None, self._shares_stage(options), self,
+                                self._reported_len, on_first=self._begin)
+        self._newest = weakref.ref(it)
+        return it
 
     def _shares_stage(self, options: Options) -> bool:
         return (options.persistent_workers and options.num_workers > 0) or self._runtime.prefetcher is not None
@@ -470,6 +366,9 @@ class DataLoader(Generic[T_co]):
         return (pickled, at most 64 MiB together, else ``StateError``). Between epochs (or before the first),
         the start of the epoch ``iter()`` runs next. What it holds, and the elastic rules:
         ``cupy_nwt.loader.epoch.resume``."""
+        newest = self._newest() if self._newest is not None else None
+        if newest is not None:
+            newest.begin(early=True)
         pending = self._resume
         if pending is not None and pending["epoch"] == self._epoch:  # loaded, not begun yet
             return dict(pending)

@@ -88,6 +88,7 @@ class Epoch(Iterator[T_co]):
         self._events, self._clock, self._pids = runtime.events, runtime.clock, runtime.worker_pids
         self._on_first = on_first
         self._steps: Generator[Any, None, None] | None = None
+        self.early = False  # begun by a state_dict() before its first next()
 
     def bind(self, options: Options, epoch: int, start: Mapping[str, Any] | None, shared: bool,
              readers: list[Any] | None = None) -> None:
@@ -128,13 +129,20 @@ class Epoch(Iterator[T_co]):
         """Where this epoch stands, as a frozen record (what ``state_dict()`` saves is made from it)."""
         return self._state.progress()
 
-    def __next__(self) -> T_co:
+    def begin(self, early: bool = False) -> None:
+        """Begin the epoch now if it has not begun: at the first ``next()``, or ``early``, for a ``state_dict()``
+        asked for while this iterator is alive (torchdata's state right after ``iter()`` is this epoch's; the
+        loader's next ``iter()`` then hands out this iterator again while it has delivered nothing)."""
         if self._steps is None:
+            self.early = early
             on_first, self._on_first = self._on_first, None
             if on_first is not None:
                 on_first(self)
             if self._steps is None:
                 self.bind(self._options, self._state.epoch, self._state.start, self._shared)
+
+    def __next__(self) -> T_co:
+        self.begin()
         assert self._steps is not None
         st = self._state
         t0 = self._clock()

@@ -1,0 +1,127 @@
+"""The loader's settings read back as PyTorch's DataLoader exposes them (``loader.num_workers``, ...).
+
+A mixin of read-only views over the frozen ``Options``: the loader owns the options and replaces them
+when a settable attribute changes, so each view reads the current ones and holds nothing itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..ranks import RankLayout
+from ._options import Options
+from .ring.collate import default_collate
+
+
+class SettingsView:
+    """``DataLoader``'s attributes that mirror its arguments, each read from ``self._options``."""
+
+    _options: Options
+
+    @property
+    def options(self) -> Options:
+        """The settings as resolved and checked at construction (frozen; setting an attribute replaces them)."""
+        return self._options
+
+    @property
+    def dataset(self) -> Any:
+        return self._options.dataset
+
+    @property
+    def num_workers(self) -> int:
+        return self._options.num_workers
+
+    @property
+    def worker_type(self) -> str:
+        return self._options.worker_type
+
+    @property
+    def prefetch_factor(self) -> int:
+        return self._options.prefetch_factor
+
+    @property
+    def pin_memory(self) -> bool | str:
+        return self._options.pin_memory
+
+    @property
+    def collate_fn(self) -> Callable | None:
+        """What makes a batch of samples: yours, else ``default_collate``; None unbatched
+        (``batch_size=None``), where a sample reaches you as ``__getitem__`` returned it."""
+        if self._options.collate_fn is None and self._options.sampling.batched:
+            return default_collate
+        return self._options.collate_fn
+
+    @property
+    def batch_transform(self) -> Callable | None:
+        return self._options.batch_transform
+
+    @property
+    def worker_init_fn(self) -> Callable | None:
+        return self._options.worker_init_fn
+
+    @property
+    def persistent_workers(self) -> bool:
+        return self._options.persistent_workers
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each wait for a batch may take; 0: no limit (PyTorch's default, read back as it reads it)."""
+        return self._options.timeout or 0
+
+    @property
+    def generator(self) -> Any:
+        """The ``generator`` given, as given (the loader drew its seed from it once, when it was made)."""
+        return self._options.generator
+
+    @property
+    def in_order(self) -> bool:
+        return self._options.in_order
+
+    @property
+    def zero_copy(self) -> bool:
+        return self._options.zero_copy
+
+    @property
+    def device(self) -> str:
+        return self._options.device
+
+    @property
+    def output(self) -> str:
+        return self._options.output
+
+    @property
+    def pin_memory_device(self) -> str:
+        return self._options.pin_memory_device
+
+    @property
+    def device_id(self) -> int | None:
+        return self._options.device_id
+
+    @property
+    def seed(self) -> int:
+        return self._options.seed
+
+    @property
+    def stall_warning_s(self) -> float | None:
+        return self._options.stall_warning_s
+
+    @property
+    def rank_layout(self) -> RankLayout:
+        return self._options.rank_layout
+
+    @property
+    def rank(self) -> int:
+        return self._options.rank
+
+    @property
+    def world_size(self) -> int:
+        return self._options.world_size
+
+    @property
+    def batch_size(self) -> int | None:
+        return self._options.sampling.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._options.sampling.drop_last
