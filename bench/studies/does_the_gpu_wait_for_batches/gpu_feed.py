@@ -32,14 +32,20 @@ for the torch modes, which are skipped with the reason otherwise):
 
     PYTHONPATH=. python bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,8,15 --step-ms 5
 
-150 steps a loop (the default) keep ``bench/gpu_session.sh``'s gpu-feed step, both loops at 4 and 15
-workers, within its estimate.
+``--repeats N`` measures every row N times with a fresh loader each (rows interleaved within a
+repeat, so a neighbour's load falls on every mode alike) and ``--seconds S`` makes each loop at least
+S seconds of steps; ``summary`` then holds, per workload, workers, mode and loop, the GPU idle fraction's
+median, 90 % bootstrap interval and verdict on the target (idle < 5 % a step: ``met``, ``missed``, or
+``undecided`` where the interval holds 5 %), and samples/s the same way. ``bench/gpu_session.sh``'s
+gpu-feed step runs the queued loop, 5-s loops, 3 repeats.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
+import math
 import sys
 import tempfile
 import time
@@ -55,10 +61,30 @@ from loader_compare import TorchCollate, endless, make_workloads, parse_workers 
 
 from cupy_nwt import DataLoader, cuda, system  # noqa: E402
 from cupy_nwt._reporting import tables as report  # noqa: E402
+from cupy_nwt._reporting.figures import figure  # noqa: E402
 from cupy_nwt.experiments.step_sim import QUEUE_DEPTH, FeedResult, SimulatedStep, feed, feed_queued  # noqa: E402
 
 MODES = ("cupy_nwt", "cupy_nwt-noprefetch", "torch", "torch-nopin")
 LOOPS = ("synced", "queued")
+IDLE_TARGET = 0.05  # DESIGN.md: GPU idle < 5 % a step
+
+
+def steps_for(steps: int, seconds: float, step_ms: float) -> int:
+    """Timed steps a loop: ``steps``, or more where ``seconds`` of ``step_ms`` steps need more."""
+    return max(steps, math.ceil(seconds * 1e3 / step_ms)) if seconds > 0 else steps
+
+
+def summarize_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload, workers, mode and loop over the repeats: idle fraction (judged against 5 %) and samples/s."""
+    groups: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
+    for row in results:
+        for loop, r in row["loops"].items():
+            groups.setdefault((row["workload"], row["num_workers"], row["mode"], loop), []).append(r)
+    return [{"workload": w, "num_workers": n, "mode": m, "loop": loop,
+             "idle_fraction": figure([r["idle_fraction"] for r in rs], IDLE_TARGET, higher_is_better=False),
+             "samples_per_second": figure([r["samples_per_second"] for r in rs]),
+             "loop_seconds": [r["wall_seconds"] for r in rs]}
+            for (w, n, m, loop), rs in groups.items()]
 
 
 def batches(mode: str, workload: Any, workers: int, batch_size: int, seed: int) -> tuple[Any, Iterator[Any]]:
@@ -167,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
     p.add_argument("--step-ms", type=float, default=5.0, help="simulated step length (default 5 ms)")
     p.add_argument("--steps", type=int, default=150, help="timed steps per mode and loop (default 150)")
+    p.add_argument("--seconds", type=float, default=0.0, help="at least this many seconds of steps a loop (default 0)")
+    p.add_argument("--repeats", type=int, default=1, help="fresh loaders per row, rows interleaved (default 1)")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before each loop (default 10)")
     p.add_argument("--loops", default=",".join(LOOPS), help=f"subset of {','.join(LOOPS)}, run in this order")
     p.add_argument("--queue-depth", type=int, default=QUEUE_DEPTH,
@@ -183,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
         loops = [m for m in args.loops.split(",") if m]
         if not loops or (unknown := set(loops) - set(LOOPS)):
             raise ValueError(f"unknown or no loop(s) {args.loops!r}: use {', '.join(LOOPS)}")
-        if args.queue_depth < 1 or args.steps < 1 or args.warmup < 0:
-            raise ValueError("need --queue-depth >= 1, --steps >= 1 and --warmup >= 0")
+        if args.queue_depth < 1 or args.steps < 1 or args.warmup < 0 or args.repeats < 1 or args.seconds < 0:
+            raise ValueError("need --queue-depth >= 1, --steps >= 1, --warmup >= 0, --repeats >= 1 and --seconds >= 0")
+        steps = steps_for(args.steps, args.seconds, args.step_ms)
         cuda.require_gpu()
     except (ValueError, cuda.NoGPUError) as exc:
         print(f"gpu_feed: {exc}", file=sys.stderr)
@@ -203,32 +232,34 @@ def main(argv: list[str] | None = None) -> int:
             first_loader = first_loader_seconds(chosen[0], args.batch_size)
             print(f"first loader in this process (forkserver server and preload, paid once): {first_loader:.2f} s",
                   file=sys.stderr)
-        for wl in chosen:
-            for w in workers:
-                for mode in modes:
-                    loader, stream = batches(mode, wl, w, args.batch_size, seed=0)
-                    try:
-                        got = measure(stream, step, loops, steps=args.steps, warmup=args.warmup,
-                                      depth=args.queue_depth, batch_size=args.batch_size, label=mode,
-                                      step_seconds=args.step_ms / 1e3)
-                    finally:
-                        release(loader, stream)
-                        del loader, stream
-                    row = {"workload": wl.name, "num_workers": w, "mode": mode, "persistent_workers": w > 0,
-                           "startup_seconds": got[loops[0]].startup_seconds,
-                           "loops": {loop: r.to_dict() for loop, r in got.items()}}
-                    results.append(row)
-                    print(f"{wl.name:12} workers={w:<3} {mode:20} "
-                          + "  ".join(f"{loop} {r.samples_per_second:6.0f} samples/s idle {r.idle_fraction:6.1%}"
-                                      f" take {1e3 * r.take_seconds / r.steps:5.2f} ms"
-                                      for loop, r in got.items())
-                          + f"  start-up {row['startup_seconds']:.2f} s", file=sys.stderr)
+        for repeat, wl, w, mode in itertools.product(range(args.repeats), chosen, workers, modes):
+            loader, stream = batches(mode, wl, w, args.batch_size, seed=repeat)
+            try:
+                got = measure(stream, step, loops, steps=steps, warmup=args.warmup, depth=args.queue_depth,
+                              batch_size=args.batch_size, label=mode, step_seconds=args.step_ms / 1e3)
+            finally:
+                release(loader, stream)
+                del loader, stream
+            row = {"workload": wl.name, "num_workers": w, "mode": mode, "repeat": repeat, "persistent_workers": w > 0,
+                   "startup_seconds": got[loops[0]].startup_seconds,
+                   "loops": {loop: r.to_dict() for loop, r in got.items()}}
+            results.append(row)
+            print(f"{repeat + 1}/{args.repeats} {wl.name:12} workers={w:<3} {mode:20} "
+                  + "  ".join(f"{loop} {r.samples_per_second:6.0f} samples/s idle {r.idle_fraction:6.1%}"
+                              f" take {1e3 * r.take_seconds / r.steps:5.2f} ms" for loop, r in got.items())
+                  + f"  start-up {row['startup_seconds']:.2f} s", file=sys.stderr)
     doc = {"host": system.host_info(), "device": cuda.device_info(cuda.current_device()),
-           "config": vars(args), "skipped": skipped, "first_loader_seconds": first_loader, "results": results}
+           "config": vars(args), "steps_per_loop": steps, "skipped": skipped, "first_loader_seconds": first_loader,
+           "results": results, "summary": summarize_rows(results)}
     out = Path(args.out_dir) / f"gpu_feed-{system.host_tag()}.json"
     report.write_json(doc, out)
     heads = [h for loop in loops for h in (f"samples/s {loop}", f"GPU idle {loop}", f"take ms {loop}")]
     print(report.table(["workload", "workers", "mode", *heads, "start-up s"], [row_cells(r, loops) for r in results]))
+    print(report.table(["workload", "workers", "mode", "loop", "repeats", "GPU idle median", "90% interval", "< 5%?"],
+                       [[g["workload"], g["num_workers"], g["mode"], g["loop"], g["idle_fraction"]["repeats"],
+                         f"{g['idle_fraction']['median']:.1%}",
+                         f"{g['idle_fraction']['low']:.1%}-{g['idle_fraction']['high']:.1%}",
+                         g["idle_fraction"]["verdict"]] for g in doc["summary"]]))
     print(f"wrote {out}")
     return 0
 
