@@ -137,3 +137,36 @@ def test_overlap_sweep_without_a_gpu_is_exit_3(monkeypatch, tmp_path, capsys):
     assert overlap_sweep.main(["--output", str(tmp_path / "o.json")]) == 3
     assert not (tmp_path / "o.json").exists() and capsys.readouterr().err.count("\n") == 1
 
+
+
+@pytest.fixture
+def copy_engines(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "studies" / "does_it_scale_over_ranks"))
+    import copy_engines  # noqa: PLC0415
+
+    return copy_engines
+
+
+def test_copy_engines_reads_two_processes_sharing_what_one_fills(copy_engines):
+    gib = 2**30
+
+    def shared(n):  # two at once: each gets half the bytes of one alone in the same 2 s
+        return [(2 * 25 * gib // n, 10.0, 12.0)] * n
+
+    doc = copy_engines.rounds(shared, 3)
+    assert len(doc["rounds"]) == 3 and doc["two_over_one"]["median"] == pytest.approx(1.0)
+    assert doc["rounds"][0]["two_each_gbps"] == [pytest.approx(25 * gib / 2 / 1e9)] * 2  # half of one alone each
+    assert doc["reading"].startswith("the two share")
+
+    def side_by_side(n):
+        return [(2 * 25 * gib, 10.0 + i * 0.01, 12.0 + i * 0.01) for i in range(n)]
+
+    assert copy_engines.rounds(side_by_side, 3)["reading"].startswith("the two copy side by side")
+
+
+def test_copy_engines_refuses_bad_arguments_and_a_missing_gpu_in_one_line(copy_engines, monkeypatch, tmp_path, capsys):
+    assert copy_engines.main(["--rounds", "0", "--output", str(tmp_path / "c.json")]) == 2
+    monkeypatch.setenv("CUPY_NWT_DISABLE_GPU", "1")
+    assert copy_engines.main(["--output", str(tmp_path / "c.json")]) == 3
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and not (tmp_path / "c.json").exists()
