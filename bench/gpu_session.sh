@@ -149,11 +149,8 @@ step_body() {
             "$py" bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15 --modes cupy_nwt,torch \
                 --loops queued --seconds 5 --repeats 3 --out-dir "$d" ;;
         gpu-decode)
-            local rc=0
             install_wheels
-            "$py" bench/studies/does_the_gpu_decode_jpegs/gpu_decode.py --out-dir "$d" || rc=$?
-            if [ -n "$wheel_site" ]; then rm -rf "$wheel_site"; fi
-            return "$rc" ;;
+            "$py" bench/studies/does_the_gpu_decode_jpegs/gpu_decode.py --out-dir "$d" ;;
         loader-compare)
             # 300 timed batches after the start-up's; 16 workers beside 15 for the first batch
             "$py" bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 4,15,16 \
@@ -173,11 +170,11 @@ step_body() {
 }
 
 # nvImageCodec (and nvJPEG for CUDA 13.0) from the wheels in .whl/ where they were carried (the
-# machine has no network): into the interpreter, else, where it refuses (an externally managed or
-# read-only Python), into a scratch folder (wheel_site, removed after the step) put first on
-# PYTHONPATH; without wheels, one line.
+# machine has no network): into the interpreter, and where it refuses as externally managed, again
+# past that (the machine is discarded after the run). Not into a folder put on PYTHONPATH: the
+# wheels' nvidia/__init__.py would hide the nvidia/ packages CuPy finds its libraries in. Without
+# wheels, one line.
 WHEELS=("nvidia-nvimgcodec-cu13[nvjpeg]" "nvidia-nvjpeg==13.0.*")
-wheel_site=""
 install_wheels() {
     if ! compgen -G ".whl/*.whl" >/dev/null; then
         echo "gpu_session: no wheels in .whl/ (bash bench/gpu_session.sh --prepare-wheels, then carry .whl): nvImageCodec only where the machine has it"
@@ -185,10 +182,8 @@ install_wheels() {
     fi
     if "$py" -m pip install -q --no-index --find-links .whl "${WHEELS[@]}" 2>/dev/null; then
         echo "gpu_session: installed ${WHEELS[*]} from .whl/"
-    elif wheel_site=$(mktemp -d "${TMPDIR:-/tmp}/gpu_session_wheels.XXXXXX") \
-        && "$py" -m pip install -q --no-index --find-links .whl --target "$wheel_site" "${WHEELS[@]}"; then
-        export PYTHONPATH="$wheel_site:$PYTHONPATH"
-        echo "gpu_session: installed ${WHEELS[*]} from .whl/ into the step's folder"
+    elif "$py" -m pip install -q --no-index --find-links .whl --break-system-packages "${WHEELS[@]}"; then
+        echo "gpu_session: installed ${WHEELS[*]} from .whl/ (--break-system-packages)"
     else
         echo "gpu_session: installing ${WHEELS[*]} from .whl/ failed (above)"
     fi
