@@ -170,3 +170,30 @@ def test_copy_engines_refuses_bad_arguments_and_a_missing_gpu_in_one_line(copy_e
     assert copy_engines.main(["--output", str(tmp_path / "c.json")]) == 3
     err = capsys.readouterr().err
     assert err.count("\n") == 2 and not (tmp_path / "c.json").exists()
+
+
+def test_gpu_feed_takes_the_tuners_pick_for_the_step(gpu_feed):
+    import types  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    asked = {}
+
+    def tune(dataset, **kwargs):
+        asked.update(kwargs)
+        return types.SimpleNamespace(best_workers=3, why="picked 3 workers")
+
+    workload = types.SimpleNamespace(dataset=np.zeros((64, 4), np.float32), batch_transform=None)
+    pick = gpu_feed.tuned_workers(workload, 16, 5.0, tune=tune)
+    assert pick["workers"] == 3 and pick["why"] == "picked 3 workers" and pick["seconds"] >= 0
+    assert asked["step"] == pytest.approx(0.005) and asked["strategy"] == "fast" and asked["device"] == "cuda"
+
+
+def test_gpu_feed_tunes_for_real_on_the_host(gpu_feed):
+    import types  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    workload = types.SimpleNamespace(dataset=np.zeros((256, 8), np.float32), batch_transform=None)
+    pick = gpu_feed.tuned_workers(workload, 16, 1.0, device="cpu", iterations=10)
+    assert pick["workers"] >= 0 and pick["why"]

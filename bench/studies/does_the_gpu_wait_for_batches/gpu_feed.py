@@ -37,7 +37,9 @@ repeat, so a neighbour's load falls on every mode alike) and ``--seconds S`` mak
 S seconds of steps; ``summary`` then holds, per workload, workers, mode and loop, the GPU idle fraction's
 median, 90 % bootstrap interval and verdict on the target (idle < 5 % a step: ``met``, ``missed``, or
 ``undecided`` where the interval holds 5 %), and samples/s the same way. ``bench/gpu_session.sh``'s
-gpu-feed step runs the queued loop, 5-s loops, 3 repeats.
+gpu-feed step runs the queued loop, 5-s loops, 3 repeats. ``--tuned`` adds, per workload, the count
+the tuner picks for this step (``tune_num_workers(..., step=--step-ms, strategy="fast")``, in
+``tuned``): the GPU wait at the tuner's pick, in the same rows and summary.
 """
 
 from __future__ import annotations
@@ -72,6 +74,18 @@ IDLE_TARGET = 0.05  # DESIGN.md: GPU idle < 5 % a step
 def steps_for(steps: int, seconds: float, step_ms: float) -> int:
     """Timed steps a loop: ``steps``, or more where ``seconds`` of ``step_ms`` steps need more."""
     return max(steps, math.ceil(seconds * 1e3 / step_ms)) if seconds > 0 else steps
+
+
+def tuned_workers(workload: Any, batch_size: int, step_ms: float, device: str = "cuda", iterations: int = 40,
+                  tune: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """The tuner's pick for ``workload`` fed to a ``step_ms`` step (the fast strategy), why, and its seconds."""
+    if tune is None:
+        from cupy_nwt import tune_num_workers as tune  # noqa: PLC0415
+    start = time.perf_counter()
+    result = tune(workload.dataset, batch_size=batch_size, step=step_ms / 1e3, strategy="fast", device=device,
+                  batch_transform=workload.batch_transform, iterations=iterations, progress=False, warn=False)
+    return {"workers": int(result.best_workers), "why": str(getattr(result, "why", "")),
+            "seconds": time.perf_counter() - start}
 
 
 def summarize_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -201,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"steps in flight at most in the queued loop (default {QUEUE_DEPTH})")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--workloads", default="numba-array,decode-png", help="which of loader_compare's workloads")
+    p.add_argument("--fmt", choices=("png", "jpeg"), default="png", help="the decode workload's images (decode-<fmt>)")
+    p.add_argument("--tuned", action="store_true", help="also each workload's count as the tuner picks it for this step")
     p.add_argument("--out-dir", default=str(RESULTS))
     args = p.parse_args(argv)
     try:
@@ -226,13 +242,22 @@ def main(argv: list[str] | None = None) -> int:
     step = SimulatedStep(args.step_ms / 1e3)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        chosen = [w for w in make_workloads(Path(tmp)) if w.name in args.workloads.split(",")]
+        chosen = [w for w in make_workloads(Path(tmp), fmt=args.fmt) if w.name in args.workloads.split(",")]
         first_loader = None
         if chosen and any(m.startswith("cupy_nwt") for m in modes) and max(workers) > 0:
             first_loader = first_loader_seconds(chosen[0], args.batch_size)
             print(f"first loader in this process (forkserver server and preload, paid once): {first_loader:.2f} s",
                   file=sys.stderr)
-        for repeat, wl, w, mode in itertools.product(range(args.repeats), chosen, workers, modes):
+        tuned = {}
+        if args.tuned:
+            for wl in chosen:
+                tuned[wl.name] = tuned_workers(wl, args.batch_size, args.step_ms)
+                print(f"tuner's pick for {wl.name} at a {args.step_ms:g}-ms step: {tuned[wl.name]['workers']} workers "
+                      f"({tuned[wl.name]['seconds']:.1f} s)", file=sys.stderr)
+        cells = [(wl, w) for wl in chosen
+                 for w in [*workers, *([tuned[wl.name]["workers"]] if wl.name in tuned
+                                       and tuned[wl.name]["workers"] not in workers else [])]]
+        for repeat, (wl, w), mode in itertools.product(range(args.repeats), cells, modes):
             loader, stream = batches(mode, wl, w, args.batch_size, seed=repeat)
             try:
                 got = measure(stream, step, loops, steps=steps, warmup=args.warmup, depth=args.queue_depth,
@@ -250,7 +275,10 @@ def main(argv: list[str] | None = None) -> int:
                   + f"  start-up {row['startup_seconds']:.2f} s", file=sys.stderr)
     doc = {"host": system.host_info(), "device": cuda.device_info(cuda.current_device()),
            "config": vars(args), "steps_per_loop": steps, "skipped": skipped, "first_loader_seconds": first_loader,
+           "tuned": tuned,
            "results": results, "summary": summarize_rows(results)}
+    for g in doc["summary"]:
+        g["tuned_pick"] = tuned.get(g["workload"], {}).get("workers") == g["num_workers"]
     out = Path(args.out_dir) / f"gpu_feed-{system.host_tag()}.json"
     report.write_json(doc, out)
     heads = [h for loop in loops for h in (f"samples/s {loop}", f"GPU idle {loop}", f"take ms {loop}")]
