@@ -8,14 +8,16 @@
 #     bash bench/gpu_session.sh --prepare-before [REV]  # before it: REV's cupy_nwt/ (default 7ebea86) into
 #                                                # .gpu-run/before/, ignored by git; copy .gpu-run along
 #                                                # where the GPU machine gets the tree without its history
+#     bash bench/gpu_session.sh --prepare-wheels # before it: nvImageCodec's wheels (~30 MiB) into .whl/,
+#                                                # ignored by git; copy .whl along (the GPU machine may be offline)
 #
 # The steps are listed by what the project exists for, so whatever a time budget cuts off matters
-# least: the first command is `info transfers gpu-tests nwt gpu-feed` (261 s from the measured step
-# times, below), the second `loader-compare scaleout` (215 s).
+# least: the first command is `info transfers gpu-tests nwt gpu-feed gpu-decode` (465 s, below), the
+# second, only where time is left, `loader-compare scaleout` (195 s).
 #
 # Each step works in <work>/<step>/ (its output in log.txt there, its timing in step.json), where
 # <work> is bench/results/<device> without $OUT and a scratch folder with it; with $OUT set, a
-# finished step is packed into $OUT/<device>/<step>.tgz, one file per step (7 at most), and nothing
+# finished step is packed into $OUT/<device>/<step>.tgz, one file per step (8 at most), and nothing
 # else is written under $OUT (a way to take the results off a remote machine). The whole script ends
 # by GPU_SESSION_SECONDS (default 540) after it starts, the GPU probe included. A step starts only if its
 # estimate fits in what is left less the kill grace (GPU_SESSION_KILL_GRACE, 20 s) and 10 s to
@@ -52,32 +54,33 @@ nwt_scale=${GPU_SESSION_NWT_SCALE:-1}
 STEPS=(
     # 4 s measured (estimated 15); 4 s on the H100
     "info|4|host and GPU facts: cupy-nwt info (text, JSON), nvidia-smi -q, lscpu, pip list, /dev/shm"
-    # 29 s measured (estimated 75): nvcc's build and both sweeps were faster than their CPU-side figures;
-    # 34 s on the H100 with the duplex and hand-off stages, the figure now
-    "transfers|34|cupy-nwt bandwidth (pageable vs pinned sweep, batched vs many) and overlap (sequential vs async v1/v2, 4 streams, checked), bench/native (nvcc there) and cupy_nwt / native per figure"
-    # 36 s measured (estimated 90); 55 since the README's and docs' GPU blocks joined (two sweeps, two
-    # overlaps); 49 s on the H100, the figure now
-    "gpu-tests|49|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
-    # 145 s measured at scale 1 (estimated 220), 113 s after the preload (the figure now), 51 s on the
-    # H100 after the later start-up fixes, one run only; see NWT_FIXED for the scaled figure
-    "nwt|113|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
-    # 76 s measured (estimated 70) with one loop of 210 steps a run; forkserver's workers start faster since
-    # (they no longer import Numba each); the synced and queued loops, 160 steps each, add 16 runs x 110 x ~5 ms; 56 s on
-    # the second H200 run, 53 s on the H100, +5 s since a throwaway first loader goes before the rows
-    "gpu-feed|61|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15: GPU idle per step with and without the prefetcher, and torch's, a synced and a queued step, steady state and start-up"
-    # 90 s measured on the H100 (bench/results/NVIDIA-H100-80GB-HBM3/), the tiny arrays' before
-    # and after included (81 s without them on the first H200 run)
-    "loader-compare|90|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15: loader to the GPU against torch's; then bench/tiny_arrays.py --workers 0,8,15 against .gpu-run/before (where prepared)"
-    # 84 s on the first H200 run; on the H100 its table and file were written but it was cut off at
-    # the 118 s its command had left (6 runs ~19 s apart); +5 s since each rank times 300 batches, not 80
-    "scaleout|125|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU"
+    # 34 s on the H100 for one round of each; now three rounds, cupy_nwt and native alternated, and the
+    # overlap sweep (18 in-process runs): 3 x ~10 s + the ~10-s build + ~25 s, unmeasured
+    "transfers|65|3 alternated rounds of cupy-nwt bandwidth / overlap and bench/native (nvcc there), native_report.py's shares with intervals; bench/overlap_sweep.py over 2, 4, 8 streams (chunks) at 16 and 64 MiB, 3 rounds"
+    # 49 s on the H100 while two blocks failed in 5 ms; passing, they took 48 s more: ~100 s
+    "gpu-tests|100|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
+    # 145 s on the first H200, 113 s after the preload, 51 s on the H100 after the later start-up fixes
+    # (the figure now); see NWT_FIXED for the scaled figure
+    "nwt|51|cupy-nwt reproduce --no-gpu --max-workers 16: NWT Algorithm 1 and the fast search over 0..15 workers on the GPU, CIFAR-10 shape, batch 128, picks re-measured (scale.json)"
+    # 53 s on the H100 for 32 loops of 0.75 s; now 24 loops of 5 s (8 rows x 3 repeats, a fresh loader
+    # each) + the same ~25 s of set-up and starts, unmeasured
+    "gpu-feed|145|bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15 --modes cupy_nwt,torch --loops queued --seconds 5 --repeats 3: GPU idle per step against torch's, judged against 5 %"
+    # ~90 s by its own account (3 rounds of the decode, pipeline and read arms over 1,024 photographs'
+    # crops) + ~10 s to install the wheels brought along, unmeasured
+    "gpu-decode|100|bench/studies/does_the_gpu_decode_jpegs/gpu_decode.py: images/s of nvImageCodec on ImageNet-size JPEGs, two host cores reading (wheels from .whl/ where present)"
+    # 90 s on the H100 with 30 batches at 0, 4 and 15 workers and the tiny arrays; now 300 batches after
+    # the start-up batches, at 4, 15 and 16, torch and cupy_nwt only: ~36 runs of ~1.5 s + set-up, unmeasured
+    "loader-compare|70|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 4,15,16 --batches 300 --repeats 3: samples/s and the first batch against torch's, paired per repeat; bench/tiny_arrays.py against .gpu-run/before where present (not in the estimate)"
+    # the H100's 6 runs ~19 s apart took ~115 s (cut off at 118 s, its file written); + ~10 s for the
+    # copy-engine check (two spawned processes, 3 rounds of 2 + 2 s)
+    "scaleout|125|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU; copy_engines.py: two processes' pinned 256 MiB H2D copies against one's"
 )
 
 # The NWT step at GPU_SESSION_NWT_SCALE: its fixed costs (builds, imports, plots, the ~90 trials'
 # starts) stay, its batches per trial scale; at 1 these are the paper's 100 and reproduce's defaults.
-# The GPU runs measured it at scale 1 only: the split of its 113 s keeps the first estimate's 120:100
+# It was measured at scale 1 only: the split of its 51 s keeps the first estimate's 120:100
 # (unmeasured).
-NWT_FIXED=62 NWT_VARIABLE=51
+NWT_FIXED=28 NWT_VARIABLE=23
 nwt_args() {
     awk -v s="$nwt_scale" 'BEGIN { i = int(100 * s + 0.5); c = int(50 * s + 0.5);
         printf "--iterations %d --compare-iterations %d --compare-repeats 3 --judge-repeats 9", (i < 10 ? 10 : i), (c < 5 ? 5 : c) }'
@@ -116,15 +119,20 @@ step_body() {
             df -B1 /dev/shm >"$d/dev-shm.txt" 2>&1 || true
             cat "$d/info.txt" ;;
         transfers)
-            "$py" -m cupy_nwt bandwidth --no-progress --output "$d/bandwidth.json" --plot "$d/bandwidth.png"
-            "$py" -m cupy_nwt overlap --no-progress --output "$d/overlap.json"
-            local native
+            # cupy_nwt and native alternate, three rounds (-r2, -r3 after the first's plain names), so
+            # the shares' intervals hold a drift of the clocks or a neighbour's load
+            local native round sfx plot
             native=$(native_binary)
-            if [ -n "$native" ]; then
-                "$native" bandwidth >"$d/native-bandwidth.json"
-                "$native" overlap >"$d/native-overlap.json"
-                "$py" bench/native_report.py "$d"
-            fi ;;
+            for round in 1 2 3; do
+                sfx=$([ "$round" = 1 ] || echo "-r$round")
+                plot=$([ "$round" = 1 ] && echo "$d/bandwidth.png" || echo "$d/bandwidth$sfx.png")
+                "$py" -m cupy_nwt bandwidth --no-progress --output "$d/bandwidth$sfx.json" --plot "$plot"
+                if [ -n "$native" ]; then "$native" bandwidth >"$d/native-bandwidth$sfx.json"; fi
+                "$py" -m cupy_nwt overlap --no-progress --output "$d/overlap$sfx.json"
+                if [ -n "$native" ]; then "$native" overlap >"$d/native-overlap$sfx.json"; fi
+            done
+            if [ -n "$native" ]; then "$py" bench/native_report.py "$d"; fi
+            "$py" bench/overlap_sweep.py --streams 2,4,8 --sizes 16MiB,64MiB --rounds 3 --output "$d/overlap_sweep.json" ;;
         gpu-tests)
             "$py" -m pytest -m gpu -q -p no:cacheprovider tests bench --junitxml="$d/junit.xml" \
                 --benchmark-json="$d/benchmark.json" $(per_test_timeout) ;;
@@ -138,10 +146,15 @@ step_body() {
             # shellcheck disable=SC2086
             "$py" -m cupy_nwt reproduce --no-gpu --no-progress --max-workers 16 $args --out "$d" ;;
         gpu-feed)
-            "$py" bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15 --out-dir "$d" ;;
+            "$py" bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,15 --modes cupy_nwt,torch \
+                --loops queued --seconds 5 --repeats 3 --out-dir "$d" ;;
+        gpu-decode)
+            install_wheels
+            "$py" bench/studies/does_the_gpu_decode_jpegs/gpu_decode.py --out-dir "$d" ;;
         loader-compare)
-            "$py" bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 0,4,15 --out-dir "$d" \
-                --note "bench/gpu_session.sh loader-compare"
+            # 300 timed batches after the start-up's; 16 workers beside 15 for the first batch
+            "$py" bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 4,15,16 \
+                --loaders cupy_nwt,torch --batches 300 --repeats 3 --out-dir "$d" --note "bench/gpu_session.sh loader-compare"
             # where the main process is the limit sooner than at 2 workers: the loader before its
             # per-batch cost was cut (.gpu-run/before) and now, interleaved, against the floor's ceiling
             if [ -d .gpu-run/before/cupy_nwt ]; then
@@ -151,8 +164,37 @@ step_body() {
                 echo "gpu_session: no .gpu-run/before/cupy_nwt (bash bench/gpu_session.sh --prepare-before, with the repository's history): the tiny-arrays before/after is skipped"
             fi ;;
         scaleout)
-            "$py" bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget --output "$d/scaleout.json" ;;
+            "$py" bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget --output "$d/scaleout.json"
+            "$py" bench/studies/does_it_scale_over_ranks/copy_engines.py --mib 256 --seconds 2 --rounds 3 --output "$d/copy_engines.json" ;;
     esac
+}
+
+# nvImageCodec (and nvJPEG for CUDA 13.0) from the wheels in .whl/ where they were brought along (the
+# machine has no network): into the interpreter, and where it refuses as externally managed, again
+# past that (the machine is discarded after the run). Not into a folder put on PYTHONPATH: the
+# wheels' nvidia/__init__.py would hide the nvidia/ packages CuPy finds its libraries in. Without
+# wheels, one line.
+WHEELS=("nvidia-nvimgcodec-cu13[nvjpeg]" "nvidia-nvjpeg==13.0.*")
+install_wheels() {
+    if ! compgen -G ".whl/*.whl" >/dev/null; then
+        echo "gpu_session: no wheels in .whl/ (bash bench/gpu_session.sh --prepare-wheels, then copy .whl along with the tree): nvImageCodec only where the machine has it"
+        return 0
+    fi
+    if "$py" -m pip install -q --no-index --find-links .whl "${WHEELS[@]}" 2>/dev/null; then
+        echo "gpu_session: installed ${WHEELS[*]} from .whl/"
+    elif "$py" -m pip install -q --no-index --find-links .whl --break-system-packages "${WHEELS[@]}"; then
+        echo "gpu_session: installed ${WHEELS[*]} from .whl/ (--break-system-packages)"
+    else
+        echo "gpu_session: installing ${WHEELS[*]} from .whl/ failed (above)"
+    fi
+}
+
+# The wheels install_wheels takes, downloaded here for the GPU machine's Python 3.12 on x86-64.
+prepare_wheels() {
+    mkdir -p .whl
+    "$py" -m pip download -q --python-version 3.12 --only-binary=:all: --platform manylinux2014_x86_64 -d .whl \
+        "${WHEELS[@]}" || { say "--prepare-wheels: pip download failed (above)"; return 1; }
+    echo ".whl/: $(find .whl -maxdepth 1 -type f -name '*.whl' | wc -l) wheels, $(du -sk .whl | cut -f1) KiB, ignored by git; copy .whl along with the tree"
 }
 
 # --timeout=N where pytest-timeout is installed (the GPU image has it), else nothing and a note.
@@ -237,6 +279,9 @@ case "${1:-}" in
     --prepare-before)
         [ $# -le 2 ] || { say "usage: --prepare-before [REV]"; exit 2; }
         prepare_before "${2:-}"; exit ;;
+    --prepare-wheels)
+        [ $# -eq 1 ] || { say "usage: --prepare-wheels"; exit 2; }
+        prepare_wheels; exit ;;
     --step-body)
         step_body "$2" "$3"; exit ;;
     -h | --help)
@@ -333,5 +378,5 @@ for step in "${want[@]}"; do
     fi
 done
 [ -z "${OUT:-}" ] || rm -rf "$work"
-say "results in $dest$([ -n "${OUT:-}" ] && echo " (bring them into bench/results/ with: bash bench/gpu_session.sh --unpack $OUT)") after $SECONDS s"
+say "results in $dest$([ -n "${OUT:-}" ] && echo ' (bring them into bench/results/ with: bash bench/gpu_session.sh --unpack <the folder they came back in>)') after $SECONDS s"
 exit $status

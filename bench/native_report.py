@@ -3,7 +3,9 @@
 Reads, from one folder (what ``bench/gpu_session.sh transfers`` writes):
 
 * ``bandwidth.json`` and ``overlap.json``: ``cupy-nwt bandwidth`` / ``cupy-nwt overlap`` output;
-* ``native-bandwidth.json`` and ``native-overlap.json``: ``nwt_native bandwidth`` / ``overlap``.
+* ``native-bandwidth.json`` and ``native-overlap.json``: ``nwt_native bandwidth`` / ``overlap``;
+* optionally further rounds of all four, ``<name>-r2.json``, ``<name>-r3.json``, ...: the step runs
+  cupy_nwt and native alternately, so a neighbour's load or the GPU's clocks hit both alike.
 
 Every figure becomes one row: cupy_nwt's speed as a share of native's (GB/s over GB/s, or native's
 seconds over cupy_nwt's), so 1.00 is "as fast as CUDA C" whatever the unit. Rows where the copy, not
@@ -13,7 +15,9 @@ and versions; a pageable copy is set by the host's staging through the driver's 
 
     PYTHONPATH=. python bench/native_report.py bench/results/<device>/transfers
 
-Both files' ``excess_explained`` (how much of each async version's miss of the ideal pipelined time
+Each round gives each figure one share; a figure's ``rounds`` hold their median and 90 % bootstrap
+interval, and its ``verdict`` judges the goal only where that interval allows (``met``, ``missed``,
+``undecided``; ``undecided`` too below 3 rounds). Both files' ``excess_explained`` (how much of each async version's miss of the ideal pipelined time
 the duplex rates and the hand-off account for) are listed side by side under ``excess``.
 
 Exit 0 (a report, whatever the shares); 2 a file missing, unreadable, or not the experiment it names.
@@ -23,9 +27,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
+
+from cupy_nwt._reporting.figures import figure
 
 GOAL = 0.97
 COPY_BOUND_FROM = 1024**2  # pinned copies from this size are set by the link, not by the call
@@ -37,8 +44,8 @@ class ReportError(ValueError):
     """An input that cannot be compared; one line for the user."""
 
 
-def load(folder: Path, experiment: str, source: str) -> dict[str, Any]:
-    path = folder / FILES[(experiment, source)]
+def load(folder: Path, experiment: str, source: str, suffix: str = "") -> dict[str, Any]:
+    path = folder / FILES[(experiment, source)].replace(".json", f"{suffix}.json")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
@@ -139,28 +146,71 @@ def excess_rows(docs: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, A
     return rows
 
 
-def compare(folder: Path) -> dict[str, Any]:
-    docs = {key: load(folder, *key) for key in FILES}
+def rounds(folder: Path) -> list[str]:
+    """The suffix of each round's files in ``folder``: "" (the four plain names), then "-r2", "-r3", ...
+    while all four of that round exist."""
+    out = [""]
+    while all((folder / name.replace(".json", f"-r{len(out) + 1}.json")).is_file() for name in FILES.values()):
+        out.append(f"-r{len(out) + 1}")
+    return out
+
+
+def compare_round(folder: Path, suffix: str = "") -> tuple[list[dict[str, Any]], dict[tuple[str, str], Any]]:
+    """One round's rows, and its four documents."""
+    docs = {key: load(folder, *key, suffix=suffix) for key in FILES}
     rows = (bandwidth_rows(docs[("bandwidth", "cupy_nwt")], docs[("bandwidth", "native")])
             + overlap_rows(docs[("overlap", "cupy_nwt")], docs[("overlap", "native")]))
+    return rows, docs
+
+
+def merge(per_round: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per figure over the rounds: the medians of each side and of the per-round shares, and
+    the shares' interval and verdict (copy-bound figures only are judged)."""
+    rows = []
+    for first in per_round[0]:
+        same = [r for rs in per_round for r in rs if r["figure"] == first["figure"]]
+        shares = [r["share"] for r in same if r["share"] is not None]
+        summary = figure(shares, GOAL if first["copy_bound"] else None)
+
+        def med(key: str, same: list[dict[str, Any]] = same) -> float | None:
+            vals = [r[key] for r in same if r[key] is not None]
+            return statistics.median(vals) if vals else None
+
+        share = summary["median"]
+        rows.append({**first, "cupy_nwt": med("cupy_nwt"), "native": med("native"), "share": share,
+                     "meets_goal": None if share is None or not first["copy_bound"] else share >= GOAL,
+                     "rounds": summary, "verdict": summary["verdict"]})
+    return rows
+
+
+def compare(folder: Path) -> dict[str, Any]:
+    names = rounds(folder)
+    results = [compare_round(folder, n) for n in names]
+    rows = merge([rs for rs, _ in results])
     bound = [r for r in rows if r["copy_bound"] and r["share"] is not None]
-    return {"goal": GOAL, "rows": rows, "excess": excess_rows(docs),
+    return {"goal": GOAL, "rounds": len(names), "rows": rows, "excess": excess_rows(results[0][1]),
             "unmatched": [r["figure"] for r in rows if r["share"] is None],
             "copy_bound_min_share": min((r["share"] for r in bound), default=None),
-            "copy_bound_below_goal": [r["figure"] for r in bound if r["share"] < GOAL]}
+            "copy_bound_below_goal": [r["figure"] for r in bound if r["share"] < GOAL],
+            "verdicts": {v: [r["figure"] for r in rows if r["verdict"] == v] for v in ("met", "missed", "undecided")}}
 
 
 def table(report: dict[str, Any]) -> str:
-    lines = [f"{'figure':48} {'cupy_nwt':>11} {'native':>11} {'share':>6}  copy-bound"]
+    lines = [f"{'figure':48} {'cupy_nwt':>11} {'native':>11} {'share':>6}  {'90% interval':>13}  copy-bound"]
     for r in report["rows"]:
         def fmt(x: float | None, unit: str = r["unit"]) -> str:
             return "-" if x is None else (f"{x:.2f}" if unit == "GB/s" else f"{1e6 * x:.1f} us")
 
         share = "-" if r["share"] is None else f"{r['share']:.3f}"
         mark = {True: "ok", False: "BELOW", None: ""}[r["meets_goal"]]
-        lines.append(f"{r['figure']:48} {fmt(r['cupy_nwt']):>11} {fmt(r['native']):>11} {share:>6}  {mark}")
+        if r.get("verdict"):
+            mark = f"{mark} ({r['verdict']})"
+        span = r.get("rounds") or {}
+        ci = "-" if span.get("low") is None else f"{span['low']:.3f}-{span['high']:.3f}"
+        lines.append(f"{r['figure']:48} {fmt(r['cupy_nwt']):>11} {fmt(r['native']):>11} {share:>6}  {ci:>13}  {mark}")
     low = report["copy_bound_min_share"]
-    lines.append(f"share = cupy_nwt's speed / native's; goal >= {GOAL} where the copy sets the time; "
+    lines.append(f"share = cupy_nwt's speed / native's, median of {report.get('rounds', 1)} alternated round(s); "
+                 f"goal >= {GOAL} where the copy sets the time, judged where the interval allows; "
                  f"lowest there: {'-' if low is None else f'{low:.3f}'}")
     if report["excess"]:
         def pct(x: float | None) -> str:

@@ -20,7 +20,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "bench" / "gpu_session.sh"
-STEPS = ["info", "transfers", "gpu-tests", "nwt", "gpu-feed", "loader-compare", "scaleout"]  # by importance
+STEPS = ["info", "transfers", "gpu-tests", "nwt", "gpu-feed", "gpu-decode", "loader-compare", "scaleout"]  # by importance
+FIRST = STEPS[:6]  # the first command's steps
 DEVICE = "Fake-GPU-80GB"
 
 STUB = f"""#!/usr/bin/env bash
@@ -34,13 +35,17 @@ if [ "$1" = -c ]; then
 fi
 echo "$*" >>"$GPU_SESSION_STEP_DIR/stub-calls.txt"
 echo "stub ran: $*"
+if [ -n "${{STUB_PIP_REFUSE:-}}" ] && [ "$1 $2 $3" = "-m pip install" ] && [[ "$*" != *--break-system-packages* ]]; then
+    echo "error: externally-managed-environment" >&2
+    exit 1
+fi
 if [ -n "${{STUB_SLEEP:-}}" ]; then sleep "$STUB_SLEEP"; fi
 exit "${{STUB_EXIT:-0}}"
 """
 
 
 BUDGET, RESERVE = 540, 30  # the script's default seconds a command, less the kill grace and packing
-FIRST_MAX, BOTH_MAX = 480, 660  # the design's 480-s command, and both inside 15 minutes less start-up and copying
+FIRST_MAX, BOTH_MAX = 480, 660  # 15 minutes of a GPU machine less its start (2-3 min), the transfers and the end
 SECOND = 215  # the second command's steps: its 255-s budget less the reserve and 10 s for the probe
 
 
@@ -85,10 +90,10 @@ def readme_commands() -> list[tuple[int, list[str], int]]:
     return [(int(budget or BUDGET), names.split(), int(secs)) for budget, names, secs in lines]
 
 
-def test_readme_gpu_commands_cover_every_step_within_the_time():
+def test_readme_gpu_commands_cover_every_step_within_15_minutes():
     commands = readme_commands()
     est = estimates()
-    assert len(commands) == 2  # the mission in the first, the rest in the second
+    assert len(commands) == 2  # the mission in the first, the rest only where time is left
     assert sorted(s for _, names, _ in commands for s in names) == sorted(STEPS)  # each step exactly once
     assert commands[0][1] == STEPS[:len(commands[0][1])]  # the first runs the most important steps, in order
     for budget, names, secs in commands:
@@ -98,12 +103,12 @@ def test_readme_gpu_commands_cover_every_step_within_the_time():
     assert first <= FIRST_MAX and first + second <= BOTH_MAX
 
 
-def test_the_estimates_fit_the_lease_whatever_the_readme_says():
+def test_the_estimates_fit_15_minutes_whatever_the_readme_says():
     est = estimates()
-    first = ["info", "transfers", "gpu-tests", "nwt", "gpu-feed"]
-    assert sum(est[s] for s in first) <= FIRST_MAX
+    assert sum(est[s] for s in FIRST) <= FIRST_MAX
     assert sum(est.values()) <= BOTH_MAX
-    assert sum(est[s] for s in STEPS if s not in first) <= SECOND
+    assert sum(est[s] for s in STEPS if s not in FIRST) <= SECOND
+    assert est["gpu-tests"] >= 97  # the H100's 49 s while two blocks failed in 5 ms, and the 48 s they took passing
 
 
 def test_unknown_step_is_exit_2_in_one_line():
@@ -190,7 +195,7 @@ def test_a_step_past_its_time_is_cut_off_packed_and_the_rest_not_started(tree, t
     proc = run(["gpu-tests", "transfers"], script, PYTHON=stub, OUT=str(out), STUB_SLEEP="60",
                GPU_SESSION_SECONDS="15", GPU_SESSION_KILL_GRACE="1", GPU_SESSION_ESTIMATES="gpu-tests=1")
     assert proc.returncode == 1
-    assert "CUT OFF: gpu-tests" in proc.stderr and "NOT STARTED: transfers (estimate 34 s" in proc.stderr
+    assert "CUT OFF: gpu-tests" in proc.stderr and "NOT STARTED: transfers (estimate 65 s" in proc.stderr
     assert [f.name for f in _returned(out)] == ["gpu-tests.tgz"]
     with tarfile.open(out / DEVICE / "gpu-tests.tgz") as tar:
         calls = tar.extractfile("gpu-tests/stub-calls.txt").read().decode()
@@ -203,7 +208,7 @@ def test_a_step_whose_estimate_does_not_fit_is_not_started_and_later_ones_that_f
     out.mkdir()
     proc = run(["nwt", "info"], script, PYTHON=stub, OUT=str(out), GPU_SESSION_SECONDS="60")  # 30 s to start steps
     assert proc.returncode == 1
-    assert "NOT STARTED: nwt (estimate 113 s" in proc.stderr and "done: info" in proc.stderr
+    assert "NOT STARTED: nwt (estimate 51 s" in proc.stderr and "done: info" in proc.stderr
     assert [f.name for f in _returned(out)] == ["info.tgz"]
 
 
@@ -235,7 +240,7 @@ echo '{"experiment": "'"$1"'", "source": "native"}'
 """
 
 
-def test_transfers_runs_the_native_reference_beside_cupy_nwt_and_reports_the_shares(tree):
+def test_transfers_alternates_cupy_nwt_and_native_over_three_rounds_and_reports_the_shares(tree):
     script, stub = tree
     native = script.parent / "native" / "build" / "nwt_native"  # built beforehand and copied to the GPU machine
     native.parent.mkdir(parents=True)
@@ -244,17 +249,24 @@ def test_transfers_runs_the_native_reference_beside_cupy_nwt_and_reports_the_sha
     assert run(["transfers"], script, PYTHON=stub).returncode == 0
     step = script.parent / "results" / DEVICE / "transfers"
     calls = (step / "stub-calls.txt").read_text().splitlines()
-    assert [c.split()[:3] for c in calls] == [["-m", "cupy_nwt", "bandwidth"], ["-m", "cupy_nwt", "overlap"],
-                                              ["native", "bandwidth", "--dry-run"],  # does it start here?
-                                              ["native", "bandwidth"], ["native", "overlap"],
-                                              ["bench/native_report.py", str(step.relative_to(script.parent.parent))]]
-    assert json.loads((step / "native-overlap.json").read_text())["source"] == "native"
+    rel = str(step.relative_to(script.parent.parent))
+    one_round = [["-m", "cupy_nwt", "bandwidth"], ["native", "bandwidth"], ["-m", "cupy_nwt", "overlap"],
+                 ["native", "overlap"]]
+    assert [c.split()[:3] for c in calls] == [["native", "bandwidth", "--dry-run"],  # does it start here?
+                                              *one_round * 3, ["bench/native_report.py", rel],
+                                              ["bench/overlap_sweep.py", "--streams", "2,4,8"]]
+    assert "--sizes 16MiB,64MiB --rounds 3" in calls[-1] and f"--output {rel}/overlap_sweep.json" in calls[-1]
+    for sfx in ("", "-r2", "-r3"):  # the rounds' files, as native_report.py reads them
+        assert json.loads((step / f"native-overlap{sfx}.json").read_text())["source"] == "native"
+        assert f"--output {rel}/bandwidth{sfx}.json" in "\n".join(calls)
 
 
 def test_transfers_without_nvcc_or_a_prebuilt_native_says_so_and_still_passes(tree):
     script, stub = tree  # the copied tree has no bench/native/
     proc = run(["transfers"], script, PYTHON=stub)
     assert proc.returncode == 0 and "the native reference is skipped" in proc.stdout
+    calls = (script.parent / "results" / DEVICE / "transfers" / "stub-calls.txt").read_text().splitlines()
+    assert len(calls) == 7 and calls[-1].startswith("bench/overlap_sweep.py")  # 3 rounds of cupy_nwt, the sweep
 
 
 def test_unpack_takes_a_folder_relative_to_where_it_is_called(tree, tmp_path):
@@ -325,13 +337,13 @@ def test_a_step_that_no_longer_fits_after_the_earlier_ones_is_not_started(tree, 
 def test_the_nwt_scale_scales_its_batches_and_estimate_and_is_written_beside_its_results(tree):
     script, stub = tree
     listed = run(["--list"], GPU_SESSION_NWT_SCALE="0.5").stdout
-    assert re.search(r"^nwt\s+88 s ", listed, re.M)  # 62 s whatever the scale + 51 s of batches at half
+    assert re.search(r"^nwt\s+40 s ", listed, re.M)  # 28 s whatever the scale + 23 s of batches at half
     assert run(["nwt"], script, PYTHON=stub, GPU_SESSION_NWT_SCALE="0.5").returncode == 0
     step = script.parent / "results" / DEVICE / "nwt"
     assert "--iterations 50 --compare-iterations 25 --compare-repeats 3" in (step / "stub-calls.txt").read_text()
     scale = json.loads((step / "scale.json").read_text())
-    assert scale["scale"] == 0.5 and scale["estimate_s"] == 88
-    assert json.loads((step / "step.json").read_text())["estimate_s"] == 88
+    assert scale["scale"] == 0.5 and scale["estimate_s"] == 40
+    assert json.loads((step / "step.json").read_text())["estimate_s"] == 40
 
 
 @pytest.mark.parametrize("env", [{"GPU_SESSION_NWT_SCALE": "2"}, {"GPU_SESSION_NWT_SCALE": "0.05"},
@@ -410,3 +422,67 @@ def test_prepare_before_refuses_what_is_no_revision_in_one_line(clone):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "not a revision" in proc.stderr
     assert not (clone / ".gpu-run").exists()
     assert run(["--prepare-before", "HEAD", "extra"], clone / "bench" / "gpu_session.sh").returncode == 2
+
+
+def test_gpu_feed_runs_five_second_loops_three_times(tree):
+    script, stub = tree
+    assert run(["gpu-feed"], script, PYTHON=stub).returncode == 0
+    calls = (script.parent / "results" / DEVICE / "gpu-feed" / "stub-calls.txt").read_text()
+    assert "--workers 4,15 --modes cupy_nwt,torch --loops queued --seconds 5 --repeats 3" in calls
+
+
+def test_loader_compare_times_300_batches_three_times_with_the_first_batch_at_15_and_16(tree):
+    script, stub = tree
+    assert run(["loader-compare"], script, PYTHON=stub).returncode == 0
+    calls = (script.parent / "results" / DEVICE / "loader-compare" / "stub-calls.txt").read_text()
+    assert "--workers 4,15,16 --loaders cupy_nwt,torch --batches 300 --repeats 3" in calls
+
+
+def test_scaleout_also_measures_two_processes_copies(tree):
+    script, stub = tree
+    assert run(["scaleout"], script, PYTHON=stub).returncode == 0
+    calls = (script.parent / "results" / DEVICE / "scaleout" / "stub-calls.txt").read_text().splitlines()
+    assert calls[0].startswith("bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3")
+    assert calls[1].startswith("bench/studies/does_it_scale_over_ranks/copy_engines.py --mib 256")
+
+
+def test_gpu_decode_without_wheels_says_so_in_one_line_and_still_runs_the_study(tree):
+    script, stub = tree
+    assert run(["gpu-decode"], script, PYTHON=stub).returncode == 0
+    step = script.parent / "results" / DEVICE / "gpu-decode"
+    calls = (step / "stub-calls.txt").read_text().splitlines()
+    assert calls == [f"bench/studies/does_the_gpu_decode_jpegs/gpu_decode.py --out-dir {step.relative_to(script.parent.parent)}"]
+    said = [ln for ln in (step / "log.txt").read_text().splitlines() if "wheels" in ln]
+    assert len(said) == 1 and "no wheels in .whl/" in said[0] and "--prepare-wheels" in said[0]
+
+
+@pytest.mark.parametrize("refuse", ["", "1"])
+def test_gpu_decode_installs_the_wheels_brought_along_offline_first(tree, refuse):
+    script, stub = tree
+    wheels = script.parent.parent / ".whl"
+    wheels.mkdir()
+    (wheels / "nvidia_nvimgcodec_cu13-0.6.1.37-py3-none-manylinux2014_x86_64.whl").write_text("")
+    proc = run(["gpu-decode"], script, PYTHON=stub, STUB_PIP_REFUSE=refuse)
+    assert proc.returncode == 0, proc.stderr
+    calls = (script.parent / "results" / DEVICE / "gpu-decode" / "stub-calls.txt").read_text().splitlines()
+    installs = [c for c in calls if c.startswith("-m pip install")]
+    assert all("--no-index --find-links .whl" in c and "nvidia-nvimgcodec-cu13[nvjpeg]" in c for c in installs)
+    assert len(installs) == (2 if refuse else 1)  # an externally managed Python is asked again, past that
+    assert ("--break-system-packages" in installs[-1]) == bool(refuse)
+    assert calls[-1].startswith("bench/studies/does_the_gpu_decode_jpegs/gpu_decode.py")
+
+
+def test_prepare_wheels_downloads_for_the_gpu_machines_python(tree, tmp_path):
+    script, _ = tree
+    fake = tmp_path / "pip-stub"
+    fake.write_text('#!/usr/bin/env bash\necho "$*" >"$STUB_LOG"\nwhile [ "$1" != -d ]; do shift; done\n'
+                    'touch "$2/nvidia_nvimgcodec_cu13-0.6.1.37-py3-none-manylinux2014_x86_64.whl"\n')
+    fake.chmod(0o755)
+    log = tmp_path / "pip.log"
+    proc = run(["--prepare-wheels"], script, PYTHON=str(fake), STUB_LOG=str(log))
+    assert proc.returncode == 0, proc.stderr
+    args = log.read_text()
+    assert args.startswith("-m pip download") and "--python-version 3.12 --only-binary=:all:" in args
+    assert "--platform manylinux2014_x86_64 -d .whl" in args and "nvidia-nvjpeg==13.0.*" in args
+    assert "1 wheels" in proc.stdout and "copy .whl along with the tree" in proc.stdout
+    assert run(["--prepare-wheels", "extra"], script).returncode == 2

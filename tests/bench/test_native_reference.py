@@ -234,3 +234,30 @@ def test_report_refuses_a_failed_or_wrong_input_in_one_line(tmp_path, capsys, na
     err = capsys.readouterr().err
     assert match in err and err.count("\n") == 1
     assert not (folder / "native_vs_cupy_nwt.json").exists()
+
+
+def test_report_takes_alternated_rounds_and_judges_a_share_only_where_its_interval_allows(tmp_path):
+    rounds = [(1.02, 0.95), (0.99, 0.99), (1.0, 1.02)]  # native's copies and overlap, round by round
+    for k, (gbps, seconds) in enumerate(rounds, start=1):
+        scratch = tmp_path / f"round{k}"
+        scratch.mkdir()
+        _write(scratch, gbps_factor=gbps, seconds_factor=seconds)
+        for f in scratch.iterdir():
+            shutil.copy(f, tmp_path / (f.name if k == 1 else f.name.replace(".json", f"-r{k}.json")))
+    assert native_report.rounds(tmp_path) == ["", "-r2", "-r3"]
+    rep = native_report.compare(tmp_path)
+    rows = {r["figure"]: r for r in rep["rows"]}
+    pinned = rows[f"h2d pinned {16 * 1024**2} B"]
+    assert pinned["rounds"]["repeats"] == 3 and pinned["share"] == pytest.approx(1.0)
+    assert pinned["rounds"]["low"] == pytest.approx(1 / 1.02) and pinned["verdict"] == "met"  # all of it >= 0.97
+    v2 = rows["overlap async_v2"]
+    assert v2["rounds"]["low"] < 0.97 < v2["rounds"]["high"] and v2["verdict"] == "undecided"
+    assert rows[f"h2d pageable {16 * 1024**2} B"]["verdict"] is None  # not copy-bound: not judged
+    assert rep["rounds"] == 3 and "overlap async_v2" in rep["verdicts"]["undecided"]
+    (tmp_path / "overlap-r3.json").unlink()  # an incomplete round is left out, not half-read
+    assert native_report.rounds(tmp_path) == ["", "-r2"]
+
+
+def test_one_round_decides_nothing(tmp_path):
+    rep = native_report.compare(_write(tmp_path, gbps_factor=1.0, seconds_factor=1.0))
+    assert rep["rounds"] == 1 and {r["verdict"] for r in rep["rows"]} <= {"undecided", None}

@@ -32,14 +32,22 @@ for the torch modes, which are skipped with the reason otherwise):
 
     PYTHONPATH=. python bench/studies/does_the_gpu_wait_for_batches/gpu_feed.py --workers 4,8,15 --step-ms 5
 
-150 steps a loop (the default) keep ``bench/gpu_session.sh``'s gpu-feed step, both loops at 4 and 15
-workers, within its estimate.
+``--repeats N`` measures every row N times with a fresh loader each (rows interleaved within a
+repeat, so a neighbour's load falls on every mode alike) and ``--seconds S`` makes each loop at least
+S seconds of steps; ``summary`` then holds, per workload, workers, mode and loop, the GPU idle fraction's
+median, 90 % bootstrap interval and verdict on the target (idle < 5 % a step: ``met``, ``missed``, or
+``undecided`` where the interval holds 5 %), and samples/s the same way. ``bench/gpu_session.sh``'s
+gpu-feed step runs the queued loop, 5-s loops, 3 repeats. ``--tuned`` adds, per workload, the count
+the tuner picks for this step (``tune_num_workers(..., step=--step-ms, strategy="fast")``, in
+``tuned``): the GPU wait at the tuner's pick, in the same rows and summary.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import itertools
+import math
 import sys
 import tempfile
 import time
@@ -55,10 +63,42 @@ from loader_compare import TorchCollate, endless, make_workloads, parse_workers 
 
 from cupy_nwt import DataLoader, cuda, system  # noqa: E402
 from cupy_nwt._reporting import tables as report  # noqa: E402
+from cupy_nwt._reporting.figures import figure  # noqa: E402
 from cupy_nwt.experiments.step_sim import QUEUE_DEPTH, FeedResult, SimulatedStep, feed, feed_queued  # noqa: E402
 
 MODES = ("cupy_nwt", "cupy_nwt-noprefetch", "torch", "torch-nopin")
 LOOPS = ("synced", "queued")
+IDLE_TARGET = 0.05  # DESIGN.md: GPU idle < 5 % a step
+
+
+def steps_for(steps: int, seconds: float, step_ms: float) -> int:
+    """Timed steps a loop: ``steps``, or more where ``seconds`` of ``step_ms`` steps need more."""
+    return max(steps, math.ceil(seconds * 1e3 / step_ms)) if seconds > 0 else steps
+
+
+def tuned_workers(workload: Any, batch_size: int, step_ms: float, device: str = "cuda", iterations: int = 40,
+                  tune: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """The tuner's pick for ``workload`` fed to a ``step_ms`` step (the fast strategy), why, and its seconds."""
+    if tune is None:
+        from cupy_nwt import tune_num_workers as tune  # noqa: PLC0415
+    start = time.perf_counter()
+    result = tune(workload.dataset, batch_size=batch_size, step=step_ms / 1e3, strategy="fast", device=device,
+                  batch_transform=workload.batch_transform, iterations=iterations, progress=False, warn=False)
+    return {"workers": int(result.best_workers), "why": str(getattr(result, "why", "")),
+            "seconds": time.perf_counter() - start}
+
+
+def summarize_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload, workers, mode and loop over the repeats: idle fraction (judged against 5 %) and samples/s."""
+    groups: dict[tuple[str, int, str, str], list[dict[str, Any]]] = {}
+    for row in results:
+        for loop, r in row["loops"].items():
+            groups.setdefault((row["workload"], row["num_workers"], row["mode"], loop), []).append(r)
+    return [{"workload": w, "num_workers": n, "mode": m, "loop": loop,
+             "idle_fraction": figure([r["idle_fraction"] for r in rs], IDLE_TARGET, higher_is_better=False),
+             "samples_per_second": figure([r["samples_per_second"] for r in rs]),
+             "loop_seconds": [r["wall_seconds"] for r in rs]}
+            for (w, n, m, loop), rs in groups.items()]
 
 
 def batches(mode: str, workload: Any, workers: int, batch_size: int, seed: int) -> tuple[Any, Iterator[Any]]:
@@ -168,12 +208,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default=",".join(MODES), help=f"subset of {','.join(MODES)}")
     p.add_argument("--step-ms", type=float, default=5.0, help="simulated step length (default 5 ms)")
     p.add_argument("--steps", type=int, default=150, help="timed steps per mode and loop (default 150)")
+    p.add_argument("--seconds", type=float, default=0.0, help="at least this many seconds of steps a loop (default 0)")
+    p.add_argument("--repeats", type=int, default=1, help="fresh loaders per row, rows interleaved (default 1)")
     p.add_argument("--warmup", type=int, default=10, help="untimed steps before each loop (default 10)")
     p.add_argument("--loops", default=",".join(LOOPS), help=f"subset of {','.join(LOOPS)}, run in this order")
     p.add_argument("--queue-depth", type=int, default=QUEUE_DEPTH,
                    help=f"steps in flight at most in the queued loop (default {QUEUE_DEPTH})")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--workloads", default="numba-array,decode-png", help="which of loader_compare's workloads")
+    p.add_argument("--fmt", choices=("png", "jpeg"), default="png", help="the decode workload's images (decode-<fmt>)")
+    p.add_argument("--tuned", action="store_true", help="also each workload's count as the tuner picks it for this step")
     p.add_argument("--out-dir", default=str(RESULTS))
     args = p.parse_args(argv)
     try:
@@ -184,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         loops = [m for m in args.loops.split(",") if m]
         if not loops or (unknown := set(loops) - set(LOOPS)):
             raise ValueError(f"unknown or no loop(s) {args.loops!r}: use {', '.join(LOOPS)}")
-        if args.queue_depth < 1 or args.steps < 1 or args.warmup < 0:
-            raise ValueError("need --queue-depth >= 1, --steps >= 1 and --warmup >= 0")
+        if args.queue_depth < 1 or args.steps < 1 or args.warmup < 0 or args.repeats < 1 or args.seconds < 0:
+            raise ValueError("need --queue-depth >= 1, --steps >= 1, --warmup >= 0, --repeats >= 1 and --seconds >= 0")
+        steps = steps_for(args.steps, args.seconds, args.step_ms)
         cuda.require_gpu()
     except (ValueError, cuda.NoGPUError) as exc:
         print(f"gpu_feed: {exc}", file=sys.stderr)
@@ -198,38 +243,52 @@ def main(argv: list[str] | None = None) -> int:
     step = SimulatedStep(args.step_ms / 1e3)
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        chosen = [w for w in make_workloads(Path(tmp)) if w.name in args.workloads.split(",")]
+        chosen = [w for w in make_workloads(Path(tmp), fmt=args.fmt) if w.name in args.workloads.split(",")]
         first_loader = None
         if chosen and any(m.startswith("cupy_nwt") for m in modes) and max(workers) > 0:
             first_loader = first_loader_seconds(chosen[0], args.batch_size)
             print(f"first loader in this process (forkserver server and preload, paid once): {first_loader:.2f} s",
                   file=sys.stderr)
-        for wl in chosen:
-            for w in workers:
-                for mode in modes:
-                    loader, stream = batches(mode, wl, w, args.batch_size, seed=0)
-                    try:
-                        got = measure(stream, step, loops, steps=args.steps, warmup=args.warmup,
-                                      depth=args.queue_depth, batch_size=args.batch_size, label=mode,
-                                      step_seconds=args.step_ms / 1e3)
-                    finally:
-                        release(loader, stream)
-                        del loader, stream
-                    row = {"workload": wl.name, "num_workers": w, "mode": mode, "persistent_workers": w > 0,
-                           "startup_seconds": got[loops[0]].startup_seconds,
-                           "loops": {loop: r.to_dict() for loop, r in got.items()}}
-                    results.append(row)
-                    print(f"{wl.name:12} workers={w:<3} {mode:20} "
-                          + "  ".join(f"{loop} {r.samples_per_second:6.0f} samples/s idle {r.idle_fraction:6.1%}"
-                                      f" take {1e3 * r.take_seconds / r.steps:5.2f} ms"
-                                      for loop, r in got.items())
-                          + f"  start-up {row['startup_seconds']:.2f} s", file=sys.stderr)
+        tuned = {}
+        if args.tuned:
+            for wl in chosen:
+                tuned[wl.name] = tuned_workers(wl, args.batch_size, args.step_ms)
+                print(f"tuner's pick for {wl.name} at a {args.step_ms:g}-ms step: {tuned[wl.name]['workers']} workers "
+                      f"({tuned[wl.name]['seconds']:.1f} s)", file=sys.stderr)
+        cells = [(wl, w) for wl in chosen
+                 for w in [*workers, *([tuned[wl.name]["workers"]] if wl.name in tuned
+                                       and tuned[wl.name]["workers"] not in workers else [])]]
+        for repeat, (wl, w), mode in itertools.product(range(args.repeats), cells, modes):
+            loader, stream = batches(mode, wl, w, args.batch_size, seed=repeat)
+            try:
+                got = measure(stream, step, loops, steps=steps, warmup=args.warmup, depth=args.queue_depth,
+                              batch_size=args.batch_size, label=mode, step_seconds=args.step_ms / 1e3)
+            finally:
+                release(loader, stream)
+                del loader, stream
+            row = {"workload": wl.name, "num_workers": w, "mode": mode, "repeat": repeat, "persistent_workers": w > 0,
+                   "startup_seconds": got[loops[0]].startup_seconds,
+                   "loops": {loop: r.to_dict() for loop, r in got.items()}}
+            results.append(row)
+            print(f"{repeat + 1}/{args.repeats} {wl.name:12} workers={w:<3} {mode:20} "
+                  + "  ".join(f"{loop} {r.samples_per_second:6.0f} samples/s idle {r.idle_fraction:6.1%}"
+                              f" take {1e3 * r.take_seconds / r.steps:5.2f} ms" for loop, r in got.items())
+                  + f"  start-up {row['startup_seconds']:.2f} s", file=sys.stderr)
     doc = {"host": system.host_info(), "device": cuda.device_info(cuda.current_device()),
-           "config": vars(args), "skipped": skipped, "first_loader_seconds": first_loader, "results": results}
+           "config": vars(args), "steps_per_loop": steps, "skipped": skipped, "first_loader_seconds": first_loader,
+           "tuned": tuned,
+           "results": results, "summary": summarize_rows(results)}
+    for g in doc["summary"]:
+        g["tuned_pick"] = tuned.get(g["workload"], {}).get("workers") == g["num_workers"]
     out = Path(args.out_dir) / f"gpu_feed-{system.host_tag()}.json"
     report.write_json(doc, out)
     heads = [h for loop in loops for h in (f"samples/s {loop}", f"GPU idle {loop}", f"take ms {loop}")]
     print(report.table(["workload", "workers", "mode", *heads, "start-up s"], [row_cells(r, loops) for r in results]))
+    print(report.table(["workload", "workers", "mode", "loop", "repeats", "GPU idle median", "90% interval", "< 5%?"],
+                       [[g["workload"], g["num_workers"], g["mode"], g["loop"], g["idle_fraction"]["repeats"],
+                         f"{g['idle_fraction']['median']:.1%}",
+                         f"{g['idle_fraction']['low']:.1%}-{g['idle_fraction']['high']:.1%}",
+                         g["idle_fraction"]["verdict"]] for g in doc["summary"]]))
     print(f"wrote {out}")
     return 0
 

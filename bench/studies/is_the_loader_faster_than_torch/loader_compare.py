@@ -37,6 +37,7 @@ import numpy as np
 
 from cupy_nwt import cuda, system
 from cupy_nwt._reporting import tables as report
+from cupy_nwt._reporting.figures import figure
 from cupy_nwt._reporting.progress import ProgressBar
 from cupy_nwt.data import ArrayDataset, CifarTrainTransform, TarImageDataset, synthetic_pixels, write_tar_shard
 from cupy_nwt.experiments.timing import summarize
@@ -44,6 +45,7 @@ from cupy_nwt.nwt.memory import MemorySampler
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
 LOADERS = ("cupy_nwt", "cupy_nwt-thread", "torch")
+SPEEDUP_TARGET = {"cuda": 1.5, "cpu": 1.0}  # DESIGN.md: >= 1.5x torch on the GPU, ahead of it on the host
 PREFETCH_FACTOR = 2  # batches in flight per worker, both libraries (their default)
 
 
@@ -265,6 +267,8 @@ class Point:
     runs: int
     first_batch_s: float = math.nan  # median over the runs
     cpu_s_per_1000: float = math.nan  # median over the runs
+    per_repeat: list[float] = field(default_factory=list)  # samples/s, one per repeat, in repeat order
+    first_batch_per_repeat: list[float] = field(default_factory=list)  # seconds, likewise
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -308,7 +312,26 @@ class Comparison:
         d["thread_speedup_vs_torch"] = table(self.speedups("cupy_nwt-thread"))
         d["first_batch_speedup_vs_torch"] = {k: table(self.speedups(k, first_batch=True))
                                              for k in ("cupy_nwt", "cupy_nwt-thread")}
+        d["intervals_vs_torch"] = self.intervals()
         return d
+
+    def intervals(self) -> dict[str, Any]:
+        """Per loader, workload and worker count: the paired per-repeat ratios to torch (the loaders of a
+        repeat ran side by side) as median, 90 % interval and verdict: samples/s against the target
+        (>= 1.5x torch on the GPU, ahead of it on the host), and the first batch (torch's seconds over
+        this loader's, >= 1: no slower than torch's)."""
+        target = SPEEDUP_TARGET[self.device]
+        torch_pts = {(p.workload, p.num_workers): p for p in self.points if p.loader == "torch"}
+        out: dict[str, Any] = {}
+        for p in self.points:
+            other = torch_pts.get((p.workload, p.num_workers))
+            if p.loader == "torch" or other is None:
+                continue
+            rate = [a / b for a, b in zip(p.per_repeat, other.per_repeat) if b > 0]
+            first = [b / a for a, b in zip(p.first_batch_per_repeat, other.first_batch_per_repeat) if a > 0]
+            out.setdefault(p.loader, {}).setdefault(p.workload, {})[str(p.num_workers)] = {
+                "samples_per_s_ratio": figure(rate, target), "first_batch_ratio": figure(first, 1.0)}
+        return out
 
 
 def compare(workloads: Sequence[Workload], workers: Sequence[int], loaders: Sequence[str] = LOADERS,
@@ -329,7 +352,8 @@ def compare(workloads: Sequence[Workload], workers: Sequence[int], loaders: Sequ
         mem = [x.peak_memory_bytes for x in rs if x.peak_memory_bytes is not None]
         points.append(Point(w, kind, n, summarize([x.samples_per_s for x in rs]).to_dict(),
                             max(mem) if mem else None, len(rs), statistics.median(x.first_batch_s for x in rs),
-                            statistics.median(x.cpu_s_per_1000 for x in rs)))
+                            statistics.median(x.cpu_s_per_1000 for x in rs), [x.samples_per_s for x in rs],
+                            [x.first_batch_s for x in rs]))
     torch_version = None
     if "torch" in loaders:
         import torch  # noqa: PLC0415
@@ -443,6 +467,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(report.table(["workload", "loader", "workers", "samples/s", "IQR/median", "peak MiB (PSS)", "vs torch",
                         "first batch s", "vs torch", "CPU s/1000"],
                        rows, title=f"loader comparison, batch {result.batch_size}, device {result.device}"))
+    judged = [[kind, w, n, f"{f['samples_per_s_ratio']['median']:.2f}x",
+               f"{f['samples_per_s_ratio']['low']:.2f}-{f['samples_per_s_ratio']['high']:.2f}",
+               f['samples_per_s_ratio']['verdict'], f"{f['first_batch_ratio']['median']:.2f}x",
+               f"{f['first_batch_ratio']['low']:.2f}-{f['first_batch_ratio']['high']:.2f}", f['first_batch_ratio']['verdict']]
+              for kind, per in result.intervals().items() for w, counts in per.items() for n, f in counts.items()
+              if f["samples_per_s_ratio"]["median"] is not None and f["first_batch_ratio"]["median"] is not None]
+    if judged:
+        print(report.table(["loader", "workload", "workers", "vs torch", "90% interval",
+                            f">= {SPEEDUP_TARGET[result.device]}x?", "first batch vs torch", "90% interval", ">= 1x?"],
+                           judged, title=f"paired per-repeat ratios to torch, {result.repeats} repeats"))
     print(report.wrote(stem.with_suffix(".json"), lambda png: plot(result, png)))
     return 0
 
