@@ -25,6 +25,9 @@ from ..errors import ArgumentError
 # Per-channel statistics of the CIFAR-10 training set (pixels scaled to [0, 1]).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+# ... and of ImageNet's, as torchvision's recipes normalise by.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 # --- per-sample transforms ---------------------------------------------------------------------
@@ -67,6 +70,23 @@ class Compose:
 
     def __call__(self, x: Any) -> Any:
         for t in self.transforms:
+            x = t(x)
+        return x
+
+    def from_bytes(self, data: bytes | memoryview, name: str, sample_index: int | None = None) -> Any:
+        """Start from an encoded image: the first transform decodes it if it can (a crop decodes only
+        its region), else it is decoded whole; ``name`` and ``sample_index`` go into errors."""
+        from ._images import decode_image  # noqa: PLC0415 - Pillow only when an image is decoded
+
+        first, rest = (self.transforms[0], self.transforms[1:]) if self.transforms else (None, [])
+        from_bytes = getattr(first, "from_bytes", None)
+        if callable(from_bytes):
+            x = from_bytes(data, name, sample_index)
+        else:
+            x = decode_image(data, name, sample_index)
+            if first is not None:
+                x = first(x)
+        for t in rest:
             x = t(x)
         return x
 
@@ -308,6 +328,31 @@ class CifarTrainTransform:
 
     def __repr__(self) -> str:
         return f"CifarTrainTransform(size={self.size}, padding={self.padding}, flip_p={self.flip_p})"
+
+
+class NormalizeBatch:
+    """A loader ``batch_transform``: normalize by ``mean``/``std`` and HWC uint8 -> CHW float32, in one pass.
+
+    The per-batch end of the ImageNet recipe (``RandomResizedCrop`` and a flip per sample, this per
+    batch); ``seed`` is ignored.
+
+    Args:
+        mean: per-channel mean of pixels scaled to [0, 1].
+        std: per-channel standard deviation, likewise.
+    """
+
+    def __init__(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> None:
+        self.mean, self.std = (tuple(float(v) for v in x) for x in _mean_std(mean, std))
+
+    def __call__(self, batch: Any, seed: int | None = None) -> Any:
+        images, rebuild = _split_batch(batch, type(self).__name__)
+        n, h, w, _ = images.shape
+        zeros = np.zeros(n, dtype=np.int64)
+        return rebuild(crop_flip_normalize(images, zeros, zeros, zeros.astype(np.bool_), size=(h, w), padding=0,
+                                           mean=self.mean, std=self.std))
+
+    def __repr__(self) -> str:
+        return f"NormalizeBatch(mean={list(self.mean)}, std={list(self.std)})"
 
 
 class CifarEvalTransform:
