@@ -9,10 +9,10 @@ upsampling then touch 4, 16 or 64 times fewer pixels. The rule used here:
     crop_width >= s * out_width,
 
 that is: the crop, at 1/s of its size, still holds at least the output's pixels in both directions,
-so the one resize that follows only ever shrinks (antialiased, Pillow's bilinear, torchvision's on
-PIL images) and never invents detail. At s = 1 the result is exactly torchvision's (the same
-libjpeg-turbo decode, the same crop, the same resize); at s > 1 the DCT's own low-pass replaces the
-first part of the resize's, which the tests bound.
+so the one resize that follows (``_resize``: Pillow's antialiased bilinear arithmetic, torchvision's
+on PIL images) never has to invent detail. At s = 1 the result is torchvision's within one level a
+pixel (the same libjpeg-turbo decode, the same crop, Pillow's resize arithmetic); at s > 1 the DCT's
+own low-pass replaces the first part of the resize's, which the tests bound.
 
 What this cannot skip: libjpeg-turbo still entropy-decodes (Huffman) every block of the image, and
 runs the scaled IDCT on rows outside the crop. The partial-decode calls that would skip them
@@ -35,6 +35,7 @@ import numpy as np
 
 from ..errors import ArgumentError, CorruptImageError
 from ._images import _ADDRESS, decode_image
+from ._resize import resize_box
 
 DCT_SCALES = (8, 4, 2, 1)
 BACKENDS = ("auto", "simplejpeg", "pillow")
@@ -128,18 +129,16 @@ class EncodedImage:
             img = self._decoded(s)
         except (OSError, SyntaxError, ValueError) as exc:
             raise _corrupt(self.name, self.sample_index, exc) from exc
-        return _resize_box(img, (top / s, left / s, h / s, w / s), out_h, out_w)
+        return resize_box(img, (top / s, left / s, h / s, w / s), out_h, out_w)
 
-    def _decoded(self, s: int) -> Any:
-        """The whole image at 1/s of its size, as a Pillow RGB image."""
-        from PIL import Image  # noqa: PLC0415
-
+    def _decoded(self, s: int) -> np.ndarray:
+        """The whole image at 1/s of its size: uint8 H x W x 3."""
         if self.kind == "simplejpeg":
             sh, sw = -(-self.height // s), -(-self.width // s)
             a = simplejpeg_module().decode_jpeg(self.data, colorspace="RGB", min_height=sh, min_width=sw)
             if a.shape[:2] != (sh, sw):  # simplejpeg chose another factor: never expected, refused loudly
                 raise ValueError(f"decoded at {a.shape[:2]}, not at the 1/{s} scale {sh}x{sw}")
-            return Image.fromarray(a)
+            return a
         if self.kind == "pillow":
             im = self._pil
             if s > 1:
@@ -147,31 +146,11 @@ class EncodedImage:
                 if im.size != (-(-self.width // s), -(-self.height // s)):
                     raise ValueError(f"Pillow's draft gave {im.size}, not the 1/{s} scale")
             im.load()
-            return im if im.mode == "RGB" else im.convert("RGB")
+            return np.asarray(im if im.mode == "RGB" else im.convert("RGB"))
         assert self._array is not None
-        return Image.fromarray(self._array)
+        return self._array
 
     def close(self) -> None:
         if self._pil is not None:
             self._pil.close()
             self._pil = None
-
-
-def _resize_box(img: Any, box: tuple[float, float, float, float], out_h: int, out_w: int) -> np.ndarray:
-    """Crop then one antialiased bilinear resize, as torchvision's ``resized_crop`` does on PIL images.
-
-    An integral box is cut out first so that the filter sees only the crop's pixels, exactly as
-    torchvision's ``crop`` then ``resize``; a fractional one (a DCT-scaled box) is given to Pillow's
-    ``resize(box=...)``, which samples it without rounding it to whole pixels.
-    """
-    from PIL import Image  # noqa: PLC0415
-
-    top, left, h, w = box
-    if all(float(v).is_integer() for v in box):
-        t, le, hh, ww = (int(v) for v in box)
-        if (hh, ww) != (img.height, img.width):
-            img = img.crop((le, t, le + ww, t + hh))
-        out = img if (hh, ww) == (out_h, out_w) else img.resize((out_w, out_h), Image.Resampling.BILINEAR)
-    else:
-        out = img.resize((out_w, out_h), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
-    return np.array(out, dtype=np.uint8)

@@ -22,6 +22,7 @@ import numpy as np
 from .._checks import check_int
 from ..errors import ArgumentError
 from ._region_decode import EncodedImage, check_backend
+from ._resize import resize_box
 from .transforms import _ProcessRng
 
 Box = tuple[int, int, int, int]
@@ -119,21 +120,17 @@ class _DecodingTransform:
             enc.close()
 
     def __call__(self, img: np.ndarray) -> np.ndarray:
-        from ._region_decode import _resize_box  # noqa: PLC0415
-
         a = np.asarray(img)
         if a.ndim != 3 or a.dtype != np.uint8:
             raise ArgumentError(f"{type(self).__name__} needs a uint8 H x W x C image, got {a.dtype} {a.shape}")
-        from PIL import Image  # noqa: PLC0415
-
         box, out_h, out_w = self._box(a.shape[0], a.shape[1])
-        return _resize_box(Image.fromarray(np.ascontiguousarray(a)), box, out_h, out_w)
+        return resize_box(a, box, out_h, out_w)
 
 
 class RandomResizedCrop(_DecodingTransform):
     """torchvision's ``RandomResizedCrop``: a random box (``random_resized_crop_box``) resized to ``size``.
 
-    Bilinear, antialiased (Pillow's, as torchvision on PIL images). From encoded JPEG bytes the crop
+    Bilinear, antialiased (Pillow's arithmetic, as torchvision's on PIL images, in a Numba kernel). From encoded JPEG bytes the crop
     is decoded at the DCT scale that still holds ``size`` (``_region_decode``'s rule).
 
     Args:

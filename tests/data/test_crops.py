@@ -2,8 +2,10 @@
 
 The reference for every image is what torchvision does on PIL images: decode the whole JPEG with
 Pillow, ``crop(box)``, ``resize(size, BILINEAR)`` (antialiased). Where the crop is decoded at the DCT
-scale 1 the output must equal it exactly; at 1/2..1/8 it must stay within ``MEAN_TOL`` levels on
-average and ``P99_TOL`` at the 99th percentile (measured on real photographs: <= 1.4 and <= 10).
+scale 1 the output must be within one level of it at every pixel (the resize is Pillow's arithmetic,
+horizontal pass first; the installed Pillow sometimes runs its passes the other way round, which moves
+a pixel by one level at most); at 1/2..1/8 it must stay within ``MEAN_TOL`` levels on average and
+``P99_TOL`` at the 99th percentile (measured on real photographs: <= 1.4 and <= 10).
 """
 
 from __future__ import annotations
@@ -62,6 +64,11 @@ def reference(data: bytes, box: tuple[int, int, int, int], out: tuple[int, int])
     with Image.open(io.BytesIO(data)) as im:
         rgb = im.convert("RGB")
         return np.asarray(rgb.crop((left, top, left + w, top + h)).resize(out[::-1], Image.Resampling.BILINEAR))
+
+
+def assert_within_one(got: np.ndarray, ref: np.ndarray) -> None:
+    assert got.shape == ref.shape and got.dtype == np.uint8
+    assert np.abs(got.astype(np.int16) - ref).max() <= 1
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +132,7 @@ def test_crop_without_dct_scaling_equals_torchvisions(small_jpeg: bytes, backend
         box = random_resized_crop_box(150, 200, np.random.default_rng(seed))
         assert min(box[2], box[3]) < 2 * 80  # the DCT scale is 1 for these boxes
         assert out.dtype == np.uint8 and out.shape == (80, 80, 3) and out.flags.writeable
-        np.testing.assert_array_equal(out, reference(small_jpeg, box, (80, 80)))
+        assert_within_one(out, reference(small_jpeg, box, (80, 80)))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -140,6 +147,29 @@ def test_dct_scaled_crop_stays_within_tolerance(large_jpeg: bytes, backend: str)
     assert scales >= {4, 8} or scales >= {2, 4}
 
 
+def test_the_resize_is_pillows_within_one_level() -> None:
+    from cupy_nwt.data._resize import resize_box
+
+    rng = np.random.default_rng(1)
+    for trial in range(120):
+        big_h, big_w = (int(v) for v in rng.integers(4, 90, 2))
+        a = rng.integers(0, 256, (big_h, big_w, 3), dtype=np.uint8)
+        h, w = int(rng.integers(1, big_h + 1)), int(rng.integers(1, big_w + 1))
+        t, le = int(rng.integers(0, big_h - h + 1)), int(rng.integers(0, big_w - w + 1))
+        oh, ow = (int(v) for v in rng.integers(1, 70, 2))
+        if trial % 2:  # an integral box: cut out first, as torchvision's crop then resize
+            ref = Image.fromarray(a).crop((le, t, le + w, t + h)).resize((ow, oh), Image.Resampling.BILINEAR)
+            box: tuple[float, ...] = (t, le, h, w)
+        else:  # a fractional box (a DCT-scaled crop): Pillow's resize(box=...)
+            t0, l0 = t + 0.5 * rng.random(), le + 0.5 * rng.random()
+            box = (t0, l0, rng.uniform(0.5, big_h - t0), rng.uniform(0.5, big_w - l0))
+            ref = Image.fromarray(a).resize((ow, oh), Image.Resampling.BILINEAR,
+                                            box=(box[1], box[0], box[1] + box[3], box[0] + box[2]))
+        flip = bool(trial % 3 == 0)
+        got = resize_box(a, box, oh, ow, flip=flip)  # type: ignore[arg-type]
+        assert_within_one(got[:, ::-1] if flip else got, np.asarray(ref))
+
+
 def test_both_bindings_agree(large_jpeg: bytes) -> None:
     a = RandomResizedCrop(48, seed=1, backend="simplejpeg").from_bytes(large_jpeg, "l.jpg")
     b = RandomResizedCrop(48, seed=1, backend="pillow").from_bytes(large_jpeg, "l.jpg")
@@ -151,7 +181,7 @@ def test_called_on_pixels_it_crops_like_torchvision() -> None:
     out = RandomResizedCrop((30, 40), seed=2)(img)
     top, left, h, w = random_resized_crop_box(90, 120, np.random.default_rng(2))
     ref = Image.fromarray(img).crop((left, top, left + w, top + h)).resize((40, 30), Image.Resampling.BILINEAR)
-    np.testing.assert_array_equal(out, np.asarray(ref))
+    assert_within_one(out, np.asarray(ref))
 
 
 def test_resize_then_center_crop_is_the_eval_recipe(large_jpeg: bytes) -> None:
@@ -172,7 +202,7 @@ def test_png_and_grayscale_take_the_whole_decode_path() -> None:
     top, left, h, w = random_resized_crop_box(60, 80, np.random.default_rng(4))
     out = RandomResizedCrop(24, seed=4).from_bytes(encode_png(img), "p.png")
     ref = Image.fromarray(img).crop((left, top, left + w, top + h)).resize((24, 24), Image.Resampling.BILINEAR)
-    np.testing.assert_array_equal(out, np.asarray(ref))
+    assert_within_one(out, np.asarray(ref))
     gray = io.BytesIO()
     Image.fromarray(img[..., 0]).save(gray, format="JPEG", quality=90)
     assert RandomResizedCrop(24, seed=4).from_bytes(gray.getvalue(), "g.jpg").shape == (24, 24, 3)
