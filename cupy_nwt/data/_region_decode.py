@@ -119,8 +119,10 @@ class EncodedImage:
         self._array = decode_image(data, name, sample_index)
         self.height, self.width = self._array.shape[:2]
 
-    def region(self, box: tuple[int, int, int, int], out_h: int, out_w: int) -> np.ndarray:
-        """The crop ``box`` = (top, left, height, width) resized to ``out_h`` x ``out_w``: uint8 HWC RGB."""
+    def region(self, box: tuple[int, int, int, int], out_h: int, out_w: int, flip: bool = False,
+               normalize: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """The crop ``box`` = (top, left, height, width) resized to ``out_h`` x ``out_w``: uint8 HWC RGB,
+        mirrored if ``flip``; float32 CHW ``pixel * scale + bias`` with ``normalize=(scale, bias)``."""
         top, left, h, w = box
         if not (0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= self.height and left + w <= self.width):
             raise ArgumentError(f"crop box {box} does not lie inside the {self.height}x{self.width} image {self.name}")
@@ -129,7 +131,7 @@ class EncodedImage:
             img = self._decoded(s)
         except (OSError, SyntaxError, ValueError) as exc:
             raise _corrupt(self.name, self.sample_index, exc) from exc
-        return resize_box(img, (top / s, left / s, h / s, w / s), out_h, out_w)
+        return resize_box(img, (top / s, left / s, h / s, w / s), out_h, out_w, flip, normalize)
 
     def _decoded(self, s: int) -> np.ndarray:
         """The whole image at 1/s of its size: uint8 H x W x 3."""

@@ -71,9 +71,10 @@ def _weigh(rows, first, n, weights, acc, out, out_row):  # pragma: no cover - JI
 
 
 @njit(nogil=True, cache=True)
-def _resize(src, x0, y0, x1, y1, out_h, out_w, flip, out):  # pragma: no cover - JIT
-    """Pillow's two passes; the horizontal one runs on the transposed rows so that it too is a
-    weighted sum of whole rows (the same sums, in the same order: the same bits)."""
+def _horizontal(src, x0, y0, x1, y1, out_h, out_w, flip):  # pragma: no cover - JIT
+    """Pillow's horizontal pass over the rows the vertical pass reads, mirrored if ``flip``; run on the
+    transposed rows so that it too is a weighted sum of whole rows (the same sums in the same order).
+    Returns the rows (rows x out_w*c uint8), the vertical bounds and weights, and the first row."""
     h, w, c = src.shape
     xb, xk = _coefficients(w, x0, x1, out_w)
     yb, yk = _coefficients(h, y0, y1, out_h)
@@ -96,10 +97,35 @@ def _resize(src, x0, y0, x1, y1, out_h, out_w, flip, out):  # pragma: no cover -
         for y in range(rows):
             for ch in range(c):
                 tmp[y, dst + ch] = tmp_t[xx, y * c + ch]
+    return tmp, yb, yk, first
+
+
+@njit(nogil=True, cache=True)
+def _resize(src, x0, y0, x1, y1, out_h, out_w, flip, out):  # pragma: no cover - JIT
+    """Into ``out``: uint8 out_h x out_w x c."""
+    c = src.shape[2]
+    tmp, yb, yk, first = _horizontal(src, x0, y0, x1, y1, out_h, out_w, flip)
     acc = np.empty(out_w * c, np.int32)
     flat = out.reshape(out_h, out_w * c)
     for yy in range(out_h):
         _weigh(tmp, yb[yy, 0] - first, yb[yy, 1], yk[yy], acc, flat, yy)
+
+
+@njit(nogil=True, cache=True)
+def _resize_normalize(src, x0, y0, x1, y1, out_h, out_w, flip, scale, bias, out):  # pragma: no cover - JIT
+    """Into ``out``: float32 c x out_h x out_w, each uint8 result times ``scale[ch]`` plus ``bias[ch]``
+    (torchvision's ToTensor then Normalize, in the vertical pass's last step)."""
+    c = src.shape[2]
+    tmp, yb, yk, first = _horizontal(src, x0, y0, x1, y1, out_h, out_w, flip)
+    acc = np.empty(out_w * c, np.int32)
+    row = np.empty((1, out_w * c), np.uint8)
+    for yy in range(out_h):
+        _weigh(tmp, yb[yy, 0] - first, yb[yy, 1], yk[yy], acc, row, 0)
+        for ch in range(c):
+            s = scale[ch]
+            b = bias[ch]
+            for xx in range(out_w):
+                out[ch, yy, xx] = row[0, xx * c + ch] * s + b
 
 
 def _load_kernel() -> None:
@@ -107,27 +133,36 @@ def _load_kernel() -> None:
     workers then share it instead of each compiling on its first image."""
     from numba import types as nt  # noqa: PLC0415 - only for this signature
 
-    u8 = nt.Array(nt.uint8, 3, "C")
+    u8, f32 = nt.Array(nt.uint8, 3, "C"), nt.Array(nt.float32, 1, "C")
+    box = (nt.float64, nt.float64, nt.float64, nt.float64, nt.int64, nt.int64, nt.boolean)
     for src in (u8, nt.Array(nt.uint8, 3, "A")):
-        _resize.compile((src, nt.float64, nt.float64, nt.float64, nt.float64, nt.int64, nt.int64, nt.boolean, u8))
+        _resize.compile((src, *box, u8))
+        _resize_normalize.compile((src, *box, f32, f32, nt.Array(nt.float32, 3, "C")))
 
 
 _load_kernel()
 
 
 def resize_box(src: np.ndarray, box: tuple[float, float, float, float], out_h: int, out_w: int,
-               flip: bool = False) -> np.ndarray:
-    """``src``'s region ``box`` = (top, left, height, width) resized to ``out_h`` x ``out_w`` (uint8 HWC).
+               flip: bool = False, normalize: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """``src``'s region ``box`` = (top, left, height, width) resized to ``out_h`` x ``out_w``.
 
-    Equal to Pillow's ``Image.fromarray(src).resize((out_w, out_h), BILINEAR, box=...)``; an integral
-    box is first cut out (a view, no copy), as torchvision's ``crop`` then ``resize`` does, so the
-    filter never reads outside it. ``flip`` mirrors the output left-right in the same pass.
+    Within one level of Pillow's ``Image.fromarray(src).resize((out_w, out_h), BILINEAR, box=...)``;
+    an integral box is first cut out (a view, no copy), as torchvision's ``crop`` then ``resize`` does,
+    so the filter never reads outside it. ``flip`` mirrors the output left-right in the same pass.
+    Returns uint8 out_h x out_w x C, or, with ``normalize=(scale, bias)`` (float32, one per channel),
+    float32 C x out_h x out_w holding ``pixel * scale + bias``.
     """
     top, left, h, w = box
     if all(float(v).is_integer() for v in box):
         t, le, hh, ww = (int(v) for v in box)
         src = src[t:t + hh, le:le + ww]
         top = left = 0.0
+    args = (src, float(left), float(top), float(left + w), float(top + h), int(out_h), int(out_w), bool(flip))
+    if normalize is not None:
+        out_f = np.empty((src.shape[2], out_h, out_w), np.float32)
+        _resize_normalize(*args, normalize[0], normalize[1], out_f)
+        return out_f
     out = np.empty((out_h, out_w, src.shape[2]), np.uint8)
-    _resize(src, float(left), float(top), float(left + w), float(top + h), int(out_h), int(out_w), bool(flip), out)
+    _resize(*args, out)
     return out

@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_int
+from .._checks import check_int, check_number
 from ..errors import ArgumentError
 from ._region_decode import EncodedImage, check_backend
 from ._resize import resize_box
-from .transforms import _ProcessRng
+from .transforms import _mean_std, _ProcessRng
 
 Box = tuple[int, int, int, int]
 
@@ -106,16 +106,22 @@ class _DecodingTransform:
     """A per-sample transform that can also start from the encoded bytes (see ``from_bytes``)."""
 
     backend: str
+    flip_p: float = 0.0
+    _normalize: tuple[np.ndarray, np.ndarray] | None = None
+    _rng: _ProcessRng | None = None
 
     def _box(self, height: int, width: int) -> tuple[Box, int, int]:
         raise NotImplementedError
 
+    def _flip(self) -> bool:
+        return self._rng is not None and self.flip_p > 0 and bool(self._rng.get().random() < self.flip_p)
+
     def from_bytes(self, data: bytes | memoryview, name: str, sample_index: int | None = None) -> np.ndarray:
-        """Decode only what the crop keeps: uint8 H x W x 3. ``name`` and ``sample_index`` go into errors."""
+        """Decode only what the crop keeps. ``name`` and ``sample_index`` go into errors."""
         enc = EncodedImage(data, name, sample_index, self.backend)
         try:
             box, out_h, out_w = self._box(enc.height, enc.width)
-            return enc.region(box, out_h, out_w)
+            return enc.region(box, out_h, out_w, self._flip(), self._normalize)
         finally:
             enc.close()
 
@@ -124,14 +130,34 @@ class _DecodingTransform:
         if a.ndim != 3 or a.dtype != np.uint8:
             raise ArgumentError(f"{type(self).__name__} needs a uint8 H x W x C image, got {a.dtype} {a.shape}")
         box, out_h, out_w = self._box(a.shape[0], a.shape[1])
-        return resize_box(a, box, out_h, out_w)
+        return resize_box(a, box, out_h, out_w, self._flip(), self._normalize)
+
+
+def _scale_bias(normalize: tuple[Sequence[float], Sequence[float]] | None) -> tuple[np.ndarray, np.ndarray] | None:
+    if normalize is None:
+        return None
+    try:
+        mean, std = normalize
+    except (TypeError, ValueError):
+        raise ArgumentError(f"normalize must be (mean, std) or None, got {normalize!r}") from None
+    m, s = _mean_std(mean, std)
+    if m.size not in (1, 3):
+        raise ArgumentError(f"normalize needs one mean and std per RGB channel, got {m.size}")
+    m, s = np.broadcast_to(m, (3,)), np.broadcast_to(s, (3,))
+    return (np.ascontiguousarray(1.0 / (255.0 * s), dtype=np.float32),
+            np.ascontiguousarray(-m / s, dtype=np.float32))
 
 
 class RandomResizedCrop(_DecodingTransform):
     """torchvision's ``RandomResizedCrop``: a random box (``random_resized_crop_box``) resized to ``size``.
 
-    Bilinear, antialiased (Pillow's arithmetic, as torchvision's on PIL images, in a Numba kernel). From encoded JPEG bytes the crop
-    is decoded at the DCT scale that still holds ``size`` (``_region_decode``'s rule).
+    Bilinear, antialiased (Pillow's arithmetic, as torchvision's on PIL images, in a Numba kernel).
+    From encoded JPEG bytes the crop is decoded at the DCT scale that still holds ``size``
+    (``_region_decode``'s rule). Output: uint8 H x W x 3, the layout of every image dataset here.
+
+    The rest of torchvision's ImageNet recipe can ride in the resize's last pass instead of costing
+    passes of its own: ``flip_p`` is ``RandomHorizontalFlip(flip_p)``, and ``normalize=(mean, std)``
+    is ``ToTensor()`` then ``Normalize(mean, std)``: the output is then float32 3 x H x W.
 
     Args:
         size: output side, or (height, width).
@@ -139,25 +165,33 @@ class RandomResizedCrop(_DecodingTransform):
         ratio: range of the crop's aspect ratio (width / height).
         seed: seeds the per-process generator (each worker process reseeds from it and its pid).
         backend: ``"auto"`` (simplejpeg where installed, else Pillow), ``"simplejpeg"`` or ``"pillow"``.
+        flip_p: probability of mirroring the crop left-right.
+        normalize: ``(mean, std)`` per channel of pixels scaled to [0, 1] (e.g. ``IMAGENET_MEAN``,
+            ``IMAGENET_STD``), or None for uint8 output.
     """
 
     def __init__(self, size: int | Sequence[int], scale: Sequence[float] = (0.08, 1.0),
-                 ratio: Sequence[float] = (3 / 4, 4 / 3), seed: int | None = None, backend: str = "auto") -> None:
+                 ratio: Sequence[float] = (3 / 4, 4 / 3), seed: int | None = None, backend: str = "auto", *,
+                 flip_p: float = 0.0, normalize: tuple[Sequence[float], Sequence[float]] | None = None) -> None:
         self.size = _size_pair(size, "RandomResizedCrop")
         self.scale = _range("scale", scale, "RandomResizedCrop")
         self.ratio = _range("ratio", ratio, "RandomResizedCrop")
         self.backend = check_backend(backend)
+        self.flip_p = check_number("flip_p", flip_p, ge=0, le=1)
+        self._normalize = _scale_bias(normalize)
         self._rng = _ProcessRng(seed)
 
     def box(self, height: int, width: int, rng: np.random.Generator | None = None) -> Box:
         """The crop box ``(top, left, h, w)`` for a ``height`` x ``width`` image (this process's generator by default)."""
+        assert self._rng is not None
         return random_resized_crop_box(height, width, self._rng.get() if rng is None else rng, self.scale, self.ratio)
 
     def _box(self, height: int, width: int) -> tuple[Box, int, int]:
         return self.box(height, width), *self.size
 
     def __repr__(self) -> str:
-        return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
+        return (f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, flip_p={self.flip_p}, "
+                f"normalized={self._normalize is not None})")
 
 
 class Resize(_DecodingTransform):

@@ -110,7 +110,7 @@ def test_box_method_and_seeded_draws_repeat() -> None:
 
 
 @pytest.mark.parametrize("bad", [dict(size=0), dict(size=(3, 4, 5)), dict(size=8, scale=(0.5, 0.1)),
-                                 dict(size=8, ratio=(0, 1)), dict(size=8, backend="nvjpeg")])
+                                 dict(size=8, ratio=(0, 1)), dict(size=8, backend="nvjpeg"), dict(size=8, flip_p=2)])
 def test_bad_arguments_are_one_line_errors(bad: dict) -> None:
     with pytest.raises(ArgumentError):
         RandomResizedCrop(**bad)
@@ -174,6 +174,21 @@ def test_both_bindings_agree(large_jpeg: bytes) -> None:
     a = RandomResizedCrop(48, seed=1, backend="simplejpeg").from_bytes(large_jpeg, "l.jpg")
     b = RandomResizedCrop(48, seed=1, backend="pillow").from_bytes(large_jpeg, "l.jpg")
     assert np.abs(a.astype(np.int16) - b).max() <= 1
+
+
+def test_flip_and_normalize_ride_in_the_resize(large_jpeg: bytes) -> None:
+    from cupy_nwt.data import IMAGENET_MEAN, IMAGENET_STD
+
+    plain = RandomResizedCrop(48, seed=7).from_bytes(large_jpeg, "l.jpg")
+    fused = RandomResizedCrop(48, seed=7, flip_p=1.0, normalize=(IMAGENET_MEAN, IMAGENET_STD)).from_bytes(large_jpeg, "l.jpg")
+    mean, std = np.array(IMAGENET_MEAN, np.float32), np.array(IMAGENET_STD, np.float32)
+    expected = ((plain[:, ::-1].astype(np.float32) / 255 - mean) / std).transpose(2, 0, 1)
+    assert fused.dtype == np.float32 and fused.shape == (3, 48, 48)
+    np.testing.assert_allclose(fused, expected, atol=1e-5)
+    assert np.array_equal(RandomResizedCrop(48, seed=7, flip_p=0.0)(photo(60, 70)),
+                          RandomResizedCrop(48, seed=7)(photo(60, 70)))
+    with pytest.raises(ArgumentError):
+        RandomResizedCrop(48, normalize=((0.5, 0.5), (1.0, 1.0)))
 
 
 def test_called_on_pixels_it_crops_like_torchvision() -> None:

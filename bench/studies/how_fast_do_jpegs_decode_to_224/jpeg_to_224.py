@@ -15,9 +15,12 @@ interleaved in rotating order over ``--rounds`` rounds, each on a fresh loader w
 * ``torch``: ``torch.utils.data.DataLoader`` over a torch ``Dataset`` making the same PIL calls
   torchvision makes (torchvision cannot be installed beside this CPU torch): ``Image.open`` ->
   ``convert("RGB")`` -> ``crop`` -> ``resize(BILINEAR)`` -> flip -> ToTensor -> Normalize;
-* ``cupy_nwt``: ``ImageFolder(transform=Compose([RandomResizedCrop(224), RandomHorizontalFlip()]))``
-  with ``batch_transform=NormalizeBatch()``: the crop decoded at a DCT scale, one resize, float32
-  NCHW normalised batches;
+* ``cupy_nwt``: ``ImageFolder(transform=RandomResizedCrop(224, flip_p=0.5, normalize=(IMAGENET_MEAN,
+  IMAGENET_STD)))``: the crop decoded at a DCT scale, one resize whose last pass also flips and
+  normalises into float32 CHW, collated straight into the loader's shared-memory slot;
+* ``cupy_nwt-uint8``: the project's usual layout, uint8 HWC samples
+  (``Compose([RandomResizedCrop(224), RandomHorizontalFlip()])``) normalised per batch by
+  ``batch_transform=NormalizeBatch()``;
 * ``floor-decode``: a bare loop of the fastest decoder (simplejpeg, whole image) in as many
   processes: what decoding alone costs with no crop, no resize, no loader;
 * ``floor-entropy``: the same loop decoding each image at 1/8 (the IDCT reduced to its DC term,
@@ -44,10 +47,10 @@ import multiprocessing as mp
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -197,15 +200,33 @@ def make_iter(arm: str, folder: Path, workers: int, prefetch: int, length: int) 
         it = (b for _ in iter(int, 1) for b in loader)
         return it, lambda: loader._iterator._shutdown_workers() if loader._iterator is not None else None
     from cupy_nwt import DataLoader
-    from cupy_nwt.data import Compose, ImageFolder, NormalizeBatch, RandomHorizontalFlip, RandomResizedCrop
 
-    ds = ImageFolder(folder, transform=Compose([RandomResizedCrop(SIZE), RandomHorizontalFlip()]))
+    ds, batch_transform = cupy_dataset(arm, folder)
     idx = np.arange(length) % len(ds)
     loader = DataLoader(_Repeat(ds, idx), batch_size=BATCH, shuffle=True, num_workers=workers, device="cpu",
-                        prefetch_factor=prefetch, persistent_workers=True, batch_transform=NormalizeBatch(),
+                        prefetch_factor=prefetch, persistent_workers=True, batch_transform=batch_transform,
                         multiprocessing_context="fork")
     it = (b for _ in iter(int, 1) for b in loader)
     return it, loader.close
+
+
+def cupy_dataset(arm: str, folder: Path | str, seed: int | None = None) -> tuple[Any, Any]:
+    """The ImageFolder and batch transform of a cupy_nwt arm."""
+    from cupy_nwt.data import (
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        Compose,
+        ImageFolder,
+        NormalizeBatch,
+        RandomHorizontalFlip,
+        RandomResizedCrop,
+    )
+
+    if arm == "cupy_nwt":
+        crop = RandomResizedCrop(SIZE, seed=seed, flip_p=0.5, normalize=(IMAGENET_MEAN, IMAGENET_STD))
+        return ImageFolder(folder, transform=crop), None
+    return (ImageFolder(folder, transform=Compose([RandomResizedCrop(SIZE, seed=seed), RandomHorizontalFlip(seed=seed)])),
+            NormalizeBatch())
 
 
 class _Repeat:
@@ -303,9 +324,9 @@ def binding_paths() -> dict[str, Callable[[bytes], Any]]:
         h, w, _, _ = simplejpeg.decode_jpeg_header(data)
         return simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-h // 8), min_width=-(-w // 8))
 
-    return {"pillow full decode + crop + resize (torchvision's)": pil_full_crop,
-            "pillow draft, crop, resize (cupy_nwt backend='pillow')": lambda d: pil.from_bytes(d, "x"),
-            "simplejpeg at DCT scale, crop, resize (cupy_nwt backend='simplejpeg')": lambda d: sj.from_bytes(d, "x"),
+    return {"pillow whole decode, crop, resize (torchvision's calls)": pil_full_crop,
+            "pillow draft at the DCT scale, crop, resize (cupy_nwt backend='pillow')": lambda d: pil.from_bytes(d, "x"),
+            "simplejpeg at the DCT scale, crop, resize (cupy_nwt backend='simplejpeg')": lambda d: sj.from_bytes(d, "x"),
             "pillow whole decode only": pil_decode,
             "simplejpeg whole decode only": lambda d: simplejpeg.decode_jpeg(d, colorspace="RGB"),
             "simplejpeg 1/8 decode (entropy bound)": sj_eighth}
@@ -353,17 +374,20 @@ def count_child(arm: str, folder: str, images: int) -> None:
         ds = TorchImageNetTrain([files[k % len(files)] for k in range(n)])
         for _ in tud.DataLoader(ds, batch_size=8, num_workers=0):
             pass
-    elif arm == "cupy_nwt":
+    elif arm.startswith("cupy_nwt"):
         from cupy_nwt import DataLoader
-        from cupy_nwt.data import Compose, ImageFolder, NormalizeBatch, RandomHorizontalFlip, RandomResizedCrop
 
-        ds = ImageFolder(folder, transform=Compose([RandomResizedCrop(SIZE, seed=0), RandomHorizontalFlip(seed=0)]))
+        ds, batch_transform = cupy_dataset(arm, folder, seed=0)
         sub = _Repeat(ds, np.arange(n) % len(ds))
-        for _ in DataLoader(sub, batch_size=8, num_workers=0, device="cpu", batch_transform=NormalizeBatch()):
+        for _ in DataLoader(sub, batch_size=8, num_workers=0, device="cpu", batch_transform=batch_transform):
             pass
     else:
         files = files_of(Path(folder))
         _decode_chunk(([files[k % len(files)] for k in range(n)], 8 if arm == "floor-entropy" else 1))
+
+
+def count_all(arms: Sequence[str], folder: Path, small: int, large: int) -> dict[str, float | str]:
+    return {a: instructions_per_image(a, folder, small, large) for a in arms}
 
 
 def instructions_per_image(arm: str, folder: Path, small: int, large: int) -> float | str:
@@ -391,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="workers for every arm (default: cores)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batches", default="imagenet=8,camera=2", help="timed batches of 256 per loader")
-    ap.add_argument("--count", default="imagenet=8:24,camera=2:5",
+    ap.add_argument("--count", default="imagenet=2:6,camera=1:3",
                     help="callgrind: images in the short and the long run per size ('' to skip)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--count-child", nargs=3, metavar=("ARM", "FOLDER", "IMAGES"), help=argparse.SUPPRESS)
@@ -407,22 +431,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     batches = dict(kv.split("=") for kv in args.batches.split(","))
     counts = dict(kv.split("=") for kv in args.count.split(",")) if args.count else {}
     root = cache_dir() / "jpeg-to-224"
+    folders = {}
+    for kind in sizes:
+        print(f"[{kind}] building or reusing the set under {root}", file=sys.stderr)
+        folders[kind] = build_set(kind, root)
+    arms = ["torch", "cupy_nwt", "cupy_nwt-uint8", "floor-decode", "floor-entropy"]
+    # callgrind counts on a simulated CPU, whatever runs beside it: it runs beside the timing, whose
+    # interleaved rounds spread the extra load over every arm alike
+    counting = ThreadPoolExecutor(1)
+    counted = {kind: counting.submit(count_all, [a for a in arms if a != "cupy_nwt-uint8"], folders[kind], *(int(x) for x in counts[kind].split(":")))
+               for kind in sizes if kind in counts}
     result: dict[str, Any] = {
         "question": "how fast do JPEG photographs become ImageNet training batches of 224?",
         "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
         "workers": args.workers, "rounds": args.rounds, "batch": BATCH,
-        "conditions": "shared machine: other sessions' jobs ran on the same cores; arms interleaved in "
+        "conditions": "shared 2-core machine: other sessions' jobs ran on the same cores (load average 10-15), "
+                      "and this script's own callgrind counts ran beside the timing; arms interleaved in "
                       "rotating order each round so that a busy spell falls on every arm alike",
         "pyturbojpeg": pyturbojpeg_status(), "sizes": {}}
     for kind in sizes:
-        print(f"[{kind}] building or reusing the set under {root}", file=sys.stderr)
-        folder = build_set(kind, root)
+        folder = folders[kind]
         entry: dict[str, Any] = {"set": set_summary(folder)}
         nb = whole_rounds(int(batches[kind]), args.workers)
         print(f"[{kind}] one process, each binding", file=sys.stderr)
         entry["one_process_images_per_s"] = {k: summary(v) for k, v in
                                              binding_rates(folder, args.rounds, 64 if kind == "imagenet" else 8).items()}
-        arms = ["torch", "cupy_nwt", "floor-decode", "floor-entropy"]
         rates: dict[str, list[float]] = {a: [] for a in arms}
         prefetch = 2 if kind == "imagenet" else 1
         for r in range(args.rounds):
@@ -434,20 +467,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rates[arm].append(rate)
                 print(f"[{kind}] round {r + 1} {arm}: {rate:,.0f} images/s", file=sys.stderr)
         entry["loader_images_per_s"] = {a: summary(v) for a, v in rates.items()}
-        ratios = [c / t for c, t in zip(rates["cupy_nwt"], rates["torch"])]
-        entry["cupy_nwt_over_torch"] = summary(ratios)
+        for a in ("cupy_nwt", "cupy_nwt-uint8"):
+            entry[f"{a}_over_torch"] = summary([c / t for c, t in zip(rates[a], rates["torch"])])
         entry["of_entropy_bound"] = {a: statistics.median(rates[a]) / statistics.median(rates["floor-entropy"])
-                                     for a in ("torch", "cupy_nwt", "floor-decode")}
+                                     for a in arms if a != "floor-entropy"}
         entry["timed_batches"], entry["prefetch_factor"] = nb, prefetch
-        if kind in counts:
-            small, large = (int(x) for x in counts[kind].split(":"))
-            print(f"[{kind}] counting instructions under callgrind", file=sys.stderr)
-            ipi = {a: instructions_per_image(a, folder, small, large) for a in arms}
-            entry["instructions_per_image"] = ipi
-            entry["instructions_counted_over"] = [small, large]
-            if all(isinstance(v, float) for v in ipi.values()):
-                entry["cupy_nwt_instructions_over_torch"] = ipi["cupy_nwt"] / ipi["torch"]
         result["sizes"][kind] = entry
+    for kind, future in counted.items():
+        print(f"[{kind}] waiting for the instruction counts", file=sys.stderr)
+        ipi = future.result()
+        entry = result["sizes"][kind]
+        entry["instructions_per_image"] = ipi
+        entry["instructions_counted_over"] = [int(x) for x in counts[kind].split(":")]
+        if all(isinstance(v, float) for v in ipi.values()):
+            entry["cupy_nwt_instructions_over_torch"] = ipi["cupy_nwt"] / ipi["torch"]
+    counting.shutdown()
     out = args.out or HERE / f"jpeg_to_224-{platform.node() or 'host'}-{os.cpu_count()}cpu.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}", file=sys.stderr)
