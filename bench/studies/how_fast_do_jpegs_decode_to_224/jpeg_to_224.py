@@ -8,7 +8,8 @@ pixel as a camera's). Written once into the cache folder (``$CUPY_NWT_CACHE_DIR`
 ``~/.cache/cupy_nwt``), never into the tree.
 
 The recipe: torchvision's ImageNet training transform. Random-resized crop to 224 (scale 0.08-1,
-ratio 3/4-4/3, bilinear, antialiased), horizontal flip, ToTensor + Normalize, batch 256. Arms,
+ratio 3/4-4/3, bilinear, antialiased), horizontal flip, ToTensor + Normalize, batch 256 (64 at
+camera size, whose images take some 20 times longer: see ``--batch-size``). Arms,
 interleaved in rotating order over ``--rounds`` rounds, each on a fresh loader with
 ``--workers`` workers (fork) on the same cores:
 
@@ -30,7 +31,7 @@ interleaved in rotating order over ``--rounds`` rounds, each on a fresh loader w
 Rates are images/s timed after the batches the workers make ahead while the first one is awaited.
 Beside them, one process, no loader: each binding's decode of the same images (which binding to
 use), and instructions per image counted with callgrind (``--count``; the difference between two
-runs of different lengths, so start-up cancels).
+runs of different lengths, so start-up cancels; at ImageNet size, where the target is).
 
     PYTHONPATH=. python bench/studies/how_fast_do_jpegs_decode_to_224/jpeg_to_224.py
 
@@ -188,14 +189,15 @@ def files_of(folder: Path) -> list[str]:
 # --- the arms ------------------------------------------------------------------------------------
 
 
-def make_iter(arm: str, folder: Path, workers: int, prefetch: int, length: int) -> tuple[Any, Callable[[], None]]:
+def make_iter(arm: str, folder: Path, workers: int, prefetch: int, length: int,
+              batch: int = BATCH) -> tuple[Any, Callable[[], None]]:
     """An endless iterator of batches for ``arm``, and how to close it."""
     if arm == "torch":
         import torch.utils.data as tud
 
         files = files_of(folder)
         ds = TorchImageNetTrain([files[k % len(files)] for k in range(length)])
-        loader = tud.DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers, prefetch_factor=prefetch,
+        loader = tud.DataLoader(ds, batch_size=batch, shuffle=True, num_workers=workers, prefetch_factor=prefetch,
                                 persistent_workers=True, multiprocessing_context="fork")
         it = (b for _ in iter(int, 1) for b in loader)
         return it, lambda: loader._iterator._shutdown_workers() if loader._iterator is not None else None
@@ -203,7 +205,7 @@ def make_iter(arm: str, folder: Path, workers: int, prefetch: int, length: int) 
 
     ds, batch_transform = cupy_dataset(arm, folder)
     idx = np.arange(length) % len(ds)
-    loader = DataLoader(_Repeat(ds, idx), batch_size=BATCH, shuffle=True, num_workers=workers, device="cpu",
+    loader = DataLoader(_Repeat(ds, idx), batch_size=batch, shuffle=True, num_workers=workers, device="cpu",
                         prefetch_factor=prefetch, persistent_workers=True, batch_transform=batch_transform,
                         multiprocessing_context="fork")
     it = (b for _ in iter(int, 1) for b in loader)
@@ -248,21 +250,21 @@ def whole_rounds(n: int, workers: int) -> int:
     return -(-n // w) * w
 
 
-def loader_rate(arm: str, folder: Path, workers: int, prefetch: int, batches: int) -> float:
+def loader_rate(arm: str, folder: Path, workers: int, prefetch: int, batches: int, batch: int = BATCH) -> float:
     """Images/s over ``batches`` batches, timed after those the workers made ahead while the first was awaited.
 
     Workers started together finish their batches together, so both the batches skipped and the
     batches timed are whole multiples of the workers: the clock starts and stops on the last batch of
     such a group, never between two that arrive at once.
     """
-    it, close = make_iter(arm, folder, workers, prefetch, length=BATCH * 4)
+    it, close = make_iter(arm, folder, workers, prefetch, length=batch * 4, batch=batch)
     try:
         for _ in range(whole_rounds(1 + workers * prefetch, workers)):
             next(it)
         start = time.perf_counter()
         for _ in range(batches):
             next(it)
-        return batches * BATCH / (time.perf_counter() - start)
+        return batches * batch / (time.perf_counter() - start)
     finally:
         close()
 
@@ -414,8 +416,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--sizes", default="imagenet,camera")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="workers for every arm (default: cores)")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--batches", default="imagenet=8,camera=2", help="timed batches of 256 per loader")
-    ap.add_argument("--count", default="imagenet=2:6,camera=1:3",
+    ap.add_argument("--batches", default="imagenet=4,camera=2", help="timed batches per loader")
+    ap.add_argument("--batch-size", default="imagenet=256,camera=64",
+                    help="samples a batch per size (camera images take ~20x longer: 64 keeps a run under an hour "
+                         "on a shared 2-core machine; images/s hardly depends on it)")
+    ap.add_argument("--count", default="imagenet=2:6",
                     help="callgrind: images in the short and the long run per size ('' to skip)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--count-child", nargs=3, metavar=("ARM", "FOLDER", "IMAGES"), help=argparse.SUPPRESS)
@@ -429,8 +434,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sizes = [s for s in args.sizes.split(",") if s]
     batches = dict(kv.split("=") for kv in args.batches.split(","))
+    batch_sizes = {k: int(v) for k, v in (kv.split("=") for kv in args.batch_size.split(","))}
     counts = dict(kv.split("=") for kv in args.count.split(",")) if args.count else {}
     root = cache_dir() / "jpeg-to-224"
+    out = args.out or HERE / f"jpeg_to_224-{platform.node() or 'host'}-{os.cpu_count()}cpu.json"
     folders = {}
     for kind in sizes:
         print(f"[{kind}] building or reusing the set under {root}", file=sys.stderr)
@@ -444,14 +451,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     result: dict[str, Any] = {
         "question": "how fast do JPEG photographs become ImageNet training batches of 224?",
         "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-        "workers": args.workers, "rounds": args.rounds, "batch": BATCH,
+        "workers": args.workers, "rounds": args.rounds,
         "conditions": "shared 2-core machine: other sessions' jobs ran on the same cores (load average 10-15), "
                       "and this script's own callgrind counts ran beside the timing; arms interleaved in "
                       "rotating order each round so that a busy spell falls on every arm alike",
         "pyturbojpeg": pyturbojpeg_status(), "sizes": {}}
     for kind in sizes:
         folder = folders[kind]
-        entry: dict[str, Any] = {"set": set_summary(folder)}
+        entry: dict[str, Any] = {"set": set_summary(folder), "batch_size": batch_sizes[kind]}
         nb = whole_rounds(int(batches[kind]), args.workers)
         print(f"[{kind}] one process, each binding", file=sys.stderr)
         entry["one_process_images_per_s"] = {k: summary(v) for k, v in
@@ -461,9 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for r in range(args.rounds):
             for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
                 if arm.startswith("floor"):
-                    rate = floor_rate(folder, args.workers, nb * BATCH, 8 if arm == "floor-entropy" else 1)
+                    rate = floor_rate(folder, args.workers, nb * batch_sizes[kind], 8 if arm == "floor-entropy" else 1)
                 else:
-                    rate = loader_rate(arm, folder, args.workers, prefetch, nb)
+                    rate = loader_rate(arm, folder, args.workers, prefetch, nb, batch_sizes[kind])
                 rates[arm].append(rate)
                 print(f"[{kind}] round {r + 1} {arm}: {rate:,.0f} images/s", file=sys.stderr)
         entry["loader_images_per_s"] = {a: summary(v) for a, v in rates.items()}
@@ -473,6 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      for a in arms if a != "floor-entropy"}
         entry["timed_batches"], entry["prefetch_factor"] = nb, prefetch
         result["sizes"][kind] = entry
+        out.write_text(json.dumps(result, indent=2) + "\n")  # each size as it is done
     for kind, future in counted.items():
         print(f"[{kind}] waiting for the instruction counts", file=sys.stderr)
         ipi = future.result()
@@ -482,7 +490,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if all(isinstance(v, float) for v in ipi.values()):
             entry["cupy_nwt_instructions_over_torch"] = ipi["cupy_nwt"] / ipi["torch"]
     counting.shutdown()
-    out = args.out or HERE / f"jpeg_to_224-{platform.node() or 'host'}-{os.cpu_count()}cpu.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}", file=sys.stderr)
     return 0
