@@ -101,23 +101,26 @@ class EncodedImage:
         if is_jpeg(data) and sj is not None:
             try:
                 h, w, space, _ = sj.decode_jpeg_header(data)
-            except ValueError as exc:
-                raise _corrupt(name, sample_index, exc) from exc
+            except ValueError:
+                space = None  # Pillow's verdict, below
             if space in _RGB_SPACES:
                 self.kind, self.height, self.width = "simplejpeg", int(h), int(w)
                 return
         if is_jpeg(data):
-            from PIL import Image, UnidentifiedImageError  # noqa: PLC0415
-
             try:
-                self._pil = Image.open(io.BytesIO(data))
-            except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
+                self._open_with_pillow()
+            except (OSError, SyntaxError, ValueError) as exc:
                 raise _corrupt(name, sample_index, exc) from exc
-            self.kind = "pillow"
-            self.width, self.height = self._pil.size
             return
         self._array = decode_image(data, name, sample_index)
         self.height, self.width = self._array.shape[:2]
+
+    def _open_with_pillow(self) -> None:
+        from PIL import Image  # noqa: PLC0415 - UnidentifiedImageError is an OSError
+
+        self._pil = Image.open(io.BytesIO(self.data))
+        self.kind = "pillow"
+        self.width, self.height = self._pil.size
 
     def region(self, box: tuple[int, int, int, int], out_h: int, out_w: int, flip: bool = False,
                normalize: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
@@ -130,7 +133,15 @@ class EncodedImage:
         try:
             img = self._decoded(s)
         except (OSError, SyntaxError, ValueError) as exc:
-            raise _corrupt(self.name, self.sample_index, exc) from exc
+            if self.kind != "simplejpeg":
+                raise _corrupt(self.name, self.sample_index, exc) from exc
+            # simplejpeg refuses what libjpeg only warns about ("extraneous bytes before marker"),
+            # which Pillow, and so torchvision, decodes: the same file gets Pillow's verdict here
+            try:
+                self._open_with_pillow()
+                img = self._decoded(s)
+            except (OSError, SyntaxError, ValueError) as again:
+                raise _corrupt(self.name, self.sample_index, again) from exc
         return resize_box(img, (top / s, left / s, h / s, w / s), out_h, out_w, flip, normalize)
 
     def _decoded(self, s: int) -> np.ndarray:

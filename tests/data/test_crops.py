@@ -296,6 +296,16 @@ def test_truncated_jpeg_in_a_tar_names_the_member(tmp_path: Path, transform: str
     assert "1/1.jpg" in _one_line(err.value)
 
 
+def test_a_jpeg_libjpeg_only_warns_about_decodes_as_torchvision_would(small_jpeg: bytes) -> None:
+    sos = small_jpeg.index(b"\xff\xda")
+    odd = small_jpeg[:sos] + b"\x00\x00" + small_jpeg[sos:]  # "2 extraneous bytes before marker 0xda"
+    with Image.open(io.BytesIO(odd)) as im:
+        im.load()  # Pillow (and so torchvision) decodes it
+    a = RandomResizedCrop(40, seed=3, backend="simplejpeg").from_bytes(odd, "odd.jpg")
+    b = RandomResizedCrop(40, seed=3, backend="pillow").from_bytes(odd, "odd.jpg")
+    np.testing.assert_array_equal(a, b)
+
+
 def test_corrupt_jpeg_through_workers_keeps_its_type_and_index(folder: Path) -> None:
     victim = folder / "c0" / "2.jpg"
     victim.write_bytes(victim.read_bytes()[:300])
