@@ -479,9 +479,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "question": "how fast do JPEG photographs become ImageNet training batches of 224?",
         "host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
         "workers": args.workers, "rounds": args.rounds,
-        "conditions": "shared 2-core machine: other sessions' jobs ran on the same cores (load average 10-15), "
-                      "and this script's own callgrind counts ran beside the timing; arms interleaved in "
-                      "rotating order each round so that a busy spell falls on every arm alike",
+        "conditions": "shared machine: other jobs may run on the same cores, and this script's own callgrind "
+                      "counts run beside the timing; arms interleaved in rotating order each round so that a "
+                      "busy spell falls on every arm alike",
+        "load_average_at_start": os.getloadavg(),
         "pyturbojpeg": pyturbojpeg_status(), "sizes": {}}
     for kind in sizes:
         folder = folders[kind]
@@ -507,6 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      for a in arms if a != "floor-entropy"}
         entry["timed_batches"], entry["prefetch_factor"] = nb, prefetch
         result["sizes"][kind] = entry
+        result["load_average_at_end"] = os.getloadavg()
         out.write_text(json.dumps(result, indent=2) + "\n")  # each size as it is done
     for kind, future in counted.items():
         print(f"[{kind}] waiting for the instruction counts", file=sys.stderr)
