@@ -4,9 +4,10 @@
 CIFAR-10 batches, the synthetic CIFAR-10; ``jpeg_bytes`` and ``gpu_decode``: JPEG samples as encoded bytes and
 their decoding on the GPU (nvImageCodec, through ``jpeg_codecs``); ``streaming``: sharded tar streams read by several readers;
 ``records``: a list of Python records packed into NumPy columns; ``transforms``: per-sample transforms
-and the Numba batch kernel of the CIFAR pipeline. Nothing here imports the loader.
+and the Numba batch kernel of the CIFAR pipeline; ``crops``: the ImageNet crops, which tell the JPEG
+decoder the region they keep (``_region_decode``). Nothing here imports the loader.
 
-The contract and the light modules load with the package; ``datasets`` and ``transforms`` (Pillow,
+The contract and the light modules load with the package; ``datasets``, ``transforms`` and ``crops`` (Pillow,
 Numba) load on first use of one of their names, so a worker or a command that needs neither pays
 nothing for them.
 """
@@ -34,8 +35,10 @@ _LAZY = {
                      "encode_png", "encode_png_batch", "open_dataset", "sample_source", "scan_tar",
                      "synthetic_pixels", "write_tar_shard"), "datasets"),
     **dict.fromkeys(("AugmentParams", "CIFAR10_MEAN", "CIFAR10_STD", "CifarEvalTransform", "CifarTrainTransform",
-                     "Compose", "Normalize", "RandomCrop", "RandomHorizontalFlip", "ToCHWFloat",
-                     "crop_flip_normalize"), "transforms"),
+                     "Compose", "IMAGENET_MEAN", "IMAGENET_STD", "Normalize", "NormalizeBatch", "RandomCrop",
+                     "RandomHorizontalFlip", "ToCHWFloat", "crop_flip_normalize"), "transforms"),
+    **dict.fromkeys(("CenterCrop", "RandomResizedCrop", "Resize", "center_crop_box", "random_resized_crop_box",
+                     "resized_shape"), "crops"),
     **dict.fromkeys(("GpuJpegDecoder", "gpu_decode_status"), "gpu_decode"),
     **dict.fromkeys(("EncodedJpegs", "jpeg_size"), "jpeg_bytes"),
 }

@@ -60,13 +60,29 @@ def index_in(i: Any, n: int) -> int:
     return i
 
 
+def transformed_image(data: bytes | memoryview, name: str, sample_index: int | None,
+                      transform: Transform | None) -> Any:
+    """Decode and transform one sample: a transform with ``from_bytes`` (a crop that tells the decoder its
+    region, a ``Compose`` starting with one) gets the encoded bytes, any other the decoded pixels."""
+    from_bytes = getattr(transform, "from_bytes", None)
+    if callable(from_bytes):
+        return from_bytes(data, name, sample_index)
+    img = decode_image(data, name, sample_index)
+    return img if transform is None else transform(img)
+
+
 class ImageDataset:
     """Shared by the image-decoding datasets: ``__getitems__`` is a loop over ``__getitem__``."""
 
     transform: Transform | None
 
-    def _image(self, i: int) -> np.ndarray:
+    def _encoded(self, i: int) -> tuple[bytes, str]:
+        """Sample ``i``'s encoded bytes and the name errors give it (its file or archive member)."""
         raise NotImplementedError
+
+    def _image(self, i: int) -> np.ndarray:
+        data, name = self._encoded(i)
+        return decode_image(data, name, i)
 
     def _label(self, i: int) -> int:
         raise NotImplementedError
@@ -80,10 +96,8 @@ class ImageDataset:
 
     def __getitem__(self, i: int) -> tuple[Any, int]:
         i = index_in(i, len(self))
-        img = self._image(i)
-        if self.transform is not None:
-            img = self.transform(img)
-        return img, self._label(i)
+        data, name = self._encoded(i)
+        return transformed_image(data, name, i, self.transform), self._label(i)
 
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, int]]:
         return [self[i] for i in indices]

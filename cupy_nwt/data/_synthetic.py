@@ -16,7 +16,7 @@ from .._reporting.progress import ProgressBar
 from ..errors import ArgumentError
 from ..system import cache_dir as default_cache_dir
 from ..system import usable_cpus
-from ._images import ImageDataset, Transform, decode_image, encode_image, encode_png_batch, index_in
+from ._images import ImageDataset, Transform, encode_image, encode_png_batch, index_in
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -175,8 +175,8 @@ class SyntheticCIFAR10(ImageDataset):
     def __len__(self) -> int:
         return self.n
 
-    def _image(self, i: int) -> np.ndarray:
-        return decode_image(self.encoded(i), f"{self.cache_path} sample {i}", i)
+    def _encoded(self, i: int) -> tuple[bytes, str]:
+        return self.encoded(i), f"{self.cache_path} sample {i}"
 
     def _label(self, i: int) -> int:
         return int(self._mapped()[2][i])

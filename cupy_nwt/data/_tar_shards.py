@@ -28,7 +28,6 @@ from ._images import (
     IMAGE_EXTENSIONS,
     ImageDataset,
     Transform,
-    decode_image,
     encode_image,
     index_in,
 )
@@ -177,8 +176,8 @@ class TarImageDataset(ImageDataset):
                                       f"{size} bytes (the file{copy} shrank after it was indexed?)")
         return data
 
-    def _image(self, i: int) -> np.ndarray:
-        return decode_image(self.read_bytes(i), self.sample_source(i), i)
+    def _encoded(self, i: int) -> tuple[bytes, str]:
+        return self.read_bytes(i), self.sample_source(i)
 
     def _label(self, i: int) -> int:
         return int(self.labels[i])

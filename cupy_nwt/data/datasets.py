@@ -177,9 +177,9 @@ class ImageFolder(ImageDataset):
     def sample_source(self, i: int) -> str:
         return str(self.path(i))
 
-    def _image(self, i: int) -> np.ndarray:
+    def _encoded(self, i: int) -> tuple[bytes, str]:
         p = self.path(i)
-        return decode_image(p.read_bytes(), str(p), i)
+        return p.read_bytes(), str(p)
 
     def _label(self, i: int) -> int:
         return int(self.labels[i])

@@ -14,7 +14,6 @@ end-of-image marker after its scan), fails here, in the worker, with the one-lin
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 
 from ..errors import ArgumentError, CorruptImageError, DataError
 from ._images import index_in
+from .crops import random_resized_crop_box
 
 # Start-of-frame markers (baseline, extended, progressive, lossless; Huffman or arithmetic): they hold the size.
 _SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
@@ -128,35 +128,6 @@ def jpeg_header(b: bytes) -> tuple[int, int] | str:
     return size
 
 
-def _random_resized_crop_box(height: int, width: int, rng: Any,
-                            scale: tuple[float, float] = (0.08, 1.0),
-                            ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Box:
-    """torchvision's ``RandomResizedCrop.get_params``: ``(top, left, h, w)``, drawn from ``rng``.
-
-    Ten tries at an area fraction in ``scale`` and a log-uniform aspect ratio in ``ratio``; failing
-    those, the largest centred crop whose ratio is within ``ratio``.
-    """
-    area = height * width
-    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
-    for _ in range(10):
-        target = area * rng.uniform(scale[0], scale[1])
-        aspect = math.exp(rng.uniform(log_lo, log_hi))
-        w = int(round(math.sqrt(target * aspect)))
-        h = int(round(math.sqrt(target / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            top = int(rng.integers(0, height - h + 1))
-            left = int(rng.integers(0, width - w + 1))
-            return top, left, h, w
-    in_ratio = width / height
-    if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
-    elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
-    else:
-        h, w = height, width
-    return (height - h) // 2, (width - w) // 2, h, w
-
-
 def _center_crop_box(height: int, width: int, fraction: float = 224 / 256) -> Box:
     """The centred square of side ``fraction`` x the shorter side: ``Resize(256)`` + ``CenterCrop(224)``'s region."""
     side = max(1, int(round(min(height, width) * fraction)))
@@ -225,7 +196,7 @@ class EncodedJpegs:
 
     def box(self, height: int, width: int, rng: Any) -> Box:
         if self.crop == "random-resized":
-            return _random_resized_crop_box(height, width, rng, self.scale, self.ratio)
+            return random_resized_crop_box(height, width, rng, self.scale, self.ratio)
         if self.crop == "center":
             return _center_crop_box(height, width)
         if self.crop == "full":

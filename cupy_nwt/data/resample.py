@@ -20,9 +20,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import ArgumentError
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from .transforms import IMAGENET_MEAN, IMAGENET_STD
 
 
 def antialias_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:

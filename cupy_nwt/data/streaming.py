@@ -28,7 +28,7 @@ from .._worker_info import get_worker_info
 from ..errors import ArgumentError, ArgumentTypeError, DamagedArchiveError, DataError, LayoutError, MissingPathError
 from ..ranks import rank_layout
 from ..system import cache_dir as default_cache_dir
-from ._images import IMAGE_EXTENSIONS, Transform, decode_image
+from ._images import IMAGE_EXTENSIONS, Transform, transformed_image
 from ._tar_shards import gunzip_cached, is_gzip, scan_tar
 
 __all__ = ["ReaderSlot", "ShardedTarStream", "current_reader"]
@@ -217,11 +217,9 @@ class _Reader:
     def sample(self, ref: tuple[int, int]) -> tuple[Any, int]:
         s, j = ref
         shard = self._shard(s)
-        img: Any = decode_image(shard.read(j), shard.source(j))
+        img = transformed_image(shard.read(j), shard.source(j), None, self.stream.transform)
         label = int(shard.labels[j])
         self._release(s)
-        if self.stream.transform is not None:
-            img = self.stream.transform(img)
         return img, label
 
     def position(self) -> dict[str, Any]:

@@ -25,6 +25,9 @@ from ..errors import ArgumentError
 # Per-channel statistics of the CIFAR-10 training set (pixels scaled to [0, 1]).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+# ... and of ImageNet's, as torchvision's recipes normalise by.
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 # --- per-sample transforms ---------------------------------------------------------------------
@@ -71,6 +74,23 @@ class Compose:
 
     def __call__(self, x: Any) -> Any:
         for t in self.transforms:
+            x = t(x)
+        return x
+
+    def from_bytes(self, data: bytes | memoryview, name: str, sample_index: int | None = None) -> Any:
+        """Start from an encoded image: the first transform decodes it if it can (a crop decodes only
+        its region), else it is decoded whole; ``name`` and ``sample_index`` go into errors."""
+        from ._images import decode_image  # noqa: PLC0415 - Pillow only when an image is decoded
+
+        first, rest = (self.transforms[0], self.transforms[1:]) if self.transforms else (None, [])
+        from_bytes = getattr(first, "from_bytes", None)
+        if callable(from_bytes):
+            x = from_bytes(data, name, sample_index)
+        else:
+            x = decode_image(data, name, sample_index)
+            if first is not None:
+                x = first(x)
+        for t in rest:
             x = t(x)
         return x
 
@@ -212,6 +232,20 @@ def _crop_flip_normalize(images, oy, ox, flip, pad, out_h, out_w, scale, bias, o
                         out[k, ch, i, j] = b
 
 
+@njit(nogil=True, cache=True)
+def _normalize_to_chw(images, scale, bias, out):  # pragma: no cover - JIT
+    n, h, w, c = images.shape
+    for k in range(n):
+        src = images[k].reshape(h * w, c)
+        dst = out[k].reshape(c, h * w)
+        for ch in range(c):
+            s = scale[ch]
+            b = bias[ch]
+            plane = dst[ch]
+            for p in range(h * w):  # one channel plane at a time: a branch-free loop the compiler vectorises
+                plane[p] = src[p, ch] * s + b
+
+
 def _load_kernel() -> None:
     """Compile the kernel, or load it from Numba's disk cache, for the types ``crop_flip_normalize`` passes.
 
@@ -228,6 +262,7 @@ def _load_kernel() -> None:
     i64 = arr(nt.int64, 1)
     _crop_flip_normalize.compile((arr(nt.uint8, 4), i64, i64, arr(nt.boolean, 1), nt.int64, nt.int64, nt.int64,
                                   arr(nt.float32, 1), arr(nt.float32, 1), arr(nt.float32, 4)))
+    _normalize_to_chw.compile((arr(nt.uint8, 4), arr(nt.float32, 1), arr(nt.float32, 1), arr(nt.float32, 4)))
 
 
 _load_kernel()
@@ -350,6 +385,37 @@ class CifarTrainTransform:
 
     def __repr__(self) -> str:
         return f"CifarTrainTransform(size={self.size}, padding={self.padding}, flip_p={self.flip_p})"
+
+
+class NormalizeBatch:
+    """A loader ``batch_transform``: normalize by ``mean``/``std`` and HWC uint8 -> CHW float32, in one pass.
+
+    The per-batch end of the ImageNet recipe (``RandomResizedCrop`` and a flip per sample, this per
+    batch); ``seed`` is ignored.
+
+    Args:
+        mean: per-channel mean of pixels scaled to [0, 1].
+        std: per-channel standard deviation, likewise.
+    """
+
+    def __init__(self, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD) -> None:
+        self.mean, self.std = (tuple(float(v) for v in x) for x in _mean_std(mean, std))
+
+    def __call__(self, batch: Any, seed: int | None = None) -> Any:
+        images, rebuild = _split_batch(batch, type(self).__name__)
+        n, h, w, c = images.shape
+        m, s = _mean_std(self.mean, self.std)
+        if m.size not in (1, c):
+            raise ArgumentError(f"mean/std have {m.size} values but the images have {c} channels")
+        m, s = np.broadcast_to(m, (c,)), np.broadcast_to(s, (c,))
+        scale = np.ascontiguousarray(1.0 / (255.0 * s), dtype=np.float32)
+        bias = np.ascontiguousarray(-m / s, dtype=np.float32)
+        out = np.empty((n, c, h, w), dtype=np.float32)
+        _normalize_to_chw(np.ascontiguousarray(images), scale, bias, out)
+        return rebuild(out)
+
+    def __repr__(self) -> str:
+        return f"NormalizeBatch(mean={list(self.mean)}, std={list(self.std)})"
 
 
 class CifarEvalTransform:

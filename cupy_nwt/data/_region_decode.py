@@ -1,0 +1,169 @@
+"""Decode only as much of an encoded image as a crop to a given output size needs.
+
+A crop to 224 x 224 of a 4000 x 3000 photograph needs a fraction of its pixels at full resolution.
+libjpeg-turbo can run its inverse DCT at 1/2, 1/4 or 1/8 of the image's size for far less work
+(the 8 x 8 block transform becomes 4 x 4, 2 x 2 or its DC term alone), and colour conversion and
+upsampling then touch 4, 16 or 64 times fewer pixels. The rule used here:
+
+    the DCT scale is the largest s in (8, 4, 2, 1) with crop_height >= s * out_height and
+    crop_width >= s * out_width,
+
+that is: the crop, at 1/s of its size, still holds at least the output's pixels in both directions,
+so the one resize that follows (``_resize``: Pillow's antialiased bilinear arithmetic, torchvision's
+on PIL images) never has to invent detail. At s = 1 the result is torchvision's within one level a
+pixel (the same libjpeg-turbo decode, the same crop, Pillow's resize arithmetic); at s > 1 the DCT's
+own low-pass replaces the first part of the resize's, which the tests bound.
+
+What this cannot skip: libjpeg-turbo still entropy-decodes (Huffman) every block of the image, and
+runs the scaled IDCT on rows outside the crop. The partial-decode calls that would skip them
+(``jpeg_crop_scanline``, ``jpeg_skip_scanlines``) are reached by no binding that installs from PyPI
+alone (PyTurboJPEG needs a system libturbojpeg >= 3.0); so the entropy decoding of the whole file
+is the bound this path approaches, and the study measures how close it comes.
+
+Two bindings decode: simplejpeg (``pip install cupy-nwt[jpeg]``, libjpeg-turbo inside its wheel),
+the faster here (see ``bench/studies/how_fast_do_jpegs_decode_to_224``), and Pillow's ``draft``,
+used where simplejpeg is missing or the JPEG is one it cannot turn into RGB (CMYK, YCCK).
+Other formats (PNG, ...) are decoded whole by Pillow and cropped after.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+import numpy as np
+
+from ..errors import ArgumentError, CorruptImageError
+from ._images import _ADDRESS, decode_image
+from ._resize import resize_box
+
+DCT_SCALES = (8, 4, 2, 1)
+BACKENDS = ("auto", "simplejpeg", "pillow")
+_SIMPLEJPEG: Any = None
+_SIMPLEJPEG_TRIED = False
+_RGB_SPACES = ("YCbCr", "Gray", "RGB")
+
+
+def simplejpeg_module() -> Any:
+    """The simplejpeg module, or None when it is not installed (imported once per process)."""
+    global _SIMPLEJPEG, _SIMPLEJPEG_TRIED
+    if not _SIMPLEJPEG_TRIED:
+        try:
+            import simplejpeg  # type: ignore[import-untyped]  # noqa: PLC0415 - optional, on first use
+        except ImportError:
+            simplejpeg = None
+        _SIMPLEJPEG, _SIMPLEJPEG_TRIED = simplejpeg, True
+    return _SIMPLEJPEG
+
+
+def check_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ArgumentError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
+    if backend == "simplejpeg" and simplejpeg_module() is None:
+        raise ArgumentError("backend='simplejpeg' needs simplejpeg: pip install 'cupy-nwt[jpeg]'")
+    return backend
+
+
+def is_jpeg(data: bytes | memoryview) -> bool:
+    return bytes(data[:3]) == b"\xff\xd8\xff"
+
+
+def dct_scale(crop_h: int, crop_w: int, out_h: int, out_w: int) -> int:
+    """The largest s in (8, 4, 2, 1) whose 1/s-scaled crop still holds ``out_h`` x ``out_w`` pixels."""
+    for s in DCT_SCALES:
+        if crop_h >= s * out_h and crop_w >= s * out_w:
+            return s
+    return 1
+
+
+def _corrupt(name: str, sample_index: int | None, exc: BaseException) -> CorruptImageError:
+    reason = " ".join(_ADDRESS.sub("", str(exc)).split()) or type(exc).__name__
+    return CorruptImageError(f"{name}: not a decodable image ({reason})", sample_index)
+
+
+class EncodedImage:
+    """One encoded image, opened far enough to know its size; ``region`` decodes a crop of it.
+
+    Args:
+        data: the file's bytes.
+        name: the file or archive member, for errors.
+        sample_index: the dataset index, for errors (None where there is none).
+        backend: ``"auto"`` (simplejpeg where installed), ``"simplejpeg"`` or ``"pillow"``.
+    """
+
+    def __init__(self, data: bytes | memoryview, name: str, sample_index: int | None = None,
+                 backend: str = "auto") -> None:
+        self.data, self.name, self.sample_index = data, name, sample_index
+        self.kind = "other"
+        self._pil: Any = None
+        self._array: np.ndarray | None = None
+        sj = simplejpeg_module() if backend != "pillow" else None
+        if is_jpeg(data) and sj is not None:
+            try:
+                h, w, space, _ = sj.decode_jpeg_header(data)
+            except ValueError:
+                space = None  # Pillow's verdict, below
+            if space in _RGB_SPACES:
+                self.kind, self.height, self.width = "simplejpeg", int(h), int(w)
+                return
+        if is_jpeg(data):
+            try:
+                self._open_with_pillow()
+            except (OSError, SyntaxError, ValueError) as exc:
+                raise _corrupt(name, sample_index, exc) from exc
+            return
+        self._array = decode_image(data, name, sample_index)
+        self.height, self.width = self._array.shape[:2]
+
+    def _open_with_pillow(self) -> None:
+        from PIL import Image  # noqa: PLC0415 - UnidentifiedImageError is an OSError
+
+        self._pil = Image.open(io.BytesIO(self.data))
+        self.kind = "pillow"
+        self.width, self.height = self._pil.size
+
+    def region(self, box: tuple[int, int, int, int], out_h: int, out_w: int, flip: bool = False,
+               normalize: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """The crop ``box`` = (top, left, height, width) resized to ``out_h`` x ``out_w``: uint8 HWC RGB,
+        mirrored if ``flip``; float32 CHW ``pixel * scale + bias`` with ``normalize=(scale, bias)``."""
+        top, left, h, w = box
+        if not (0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= self.height and left + w <= self.width):
+            raise ArgumentError(f"crop box {box} does not lie inside the {self.height}x{self.width} image {self.name}")
+        s = dct_scale(h, w, out_h, out_w) if self.kind != "other" else 1
+        try:
+            img = self._decoded(s)
+        except (OSError, SyntaxError, ValueError) as exc:
+            if self.kind != "simplejpeg":
+                raise _corrupt(self.name, self.sample_index, exc) from exc
+            # simplejpeg refuses what libjpeg only warns about ("extraneous bytes before marker"),
+            # which Pillow, and so torchvision, decodes: the same file gets Pillow's verdict here
+            try:
+                self._open_with_pillow()
+                img = self._decoded(s)
+            except (OSError, SyntaxError, ValueError) as again:
+                raise _corrupt(self.name, self.sample_index, again) from exc
+        return resize_box(img, (top / s, left / s, h / s, w / s), out_h, out_w, flip, normalize)
+
+    def _decoded(self, s: int) -> np.ndarray:
+        """The whole image at 1/s of its size: uint8 H x W x 3."""
+        if self.kind == "simplejpeg":
+            sh, sw = -(-self.height // s), -(-self.width // s)
+            a = simplejpeg_module().decode_jpeg(self.data, colorspace="RGB", min_height=sh, min_width=sw)
+            if a.shape[:2] != (sh, sw):  # simplejpeg chose another factor: never expected, refused loudly
+                raise ValueError(f"decoded at {a.shape[:2]}, not at the 1/{s} scale {sh}x{sw}")
+            return a
+        if self.kind == "pillow":
+            im = self._pil
+            if s > 1:
+                im.draft("RGB", (self.width // s, self.height // s))  # Pillow picks the largest s that fits
+                if im.size != (-(-self.width // s), -(-self.height // s)):
+                    raise ValueError(f"Pillow's draft gave {im.size}, not the 1/{s} scale")
+            im.load()
+            return np.asarray(im if im.mode == "RGB" else im.convert("RGB"))
+        assert self._array is not None
+        return self._array
+
+    def close(self) -> None:
+        if self._pil is not None:
+            self._pil.close()
+            self._pil = None
