@@ -63,7 +63,8 @@ def test_tune_then_auto_on_the_same_pipeline_reuses_the_pick(user, tmp_path, cap
 
     caplog.set_level(logging.INFO, logger="cupy_nwt.tuner")
     data = open_dataset(user, transform=mypipeline.to_float)
-    with DataLoader(data, batch_size=8, batch_transform=mypipeline.Jitter(), num_workers="auto", device="cpu") as dl:
+    with DataLoader(data, batch_size=8, batch_transform=mypipeline.Jitter(), num_workers="auto", device="cpu",
+                    output="numpy") as dl:
         assert dl.num_workers == record["best_workers"]
         images, _ = next(iter(dl))
         assert images.dtype == np.float32
