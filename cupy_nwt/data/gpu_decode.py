@@ -92,10 +92,14 @@ class GpuJpegDecoder:
 
     Args:
         size: the output ``(height, width)`` (or one int for a square).
-        mean, std: per-channel normalisation of ``pixel / 255`` (ImageNet's by default).
+        mean: per-channel mean subtracted from ``pixel / 255`` (ImageNet's by default).
+        std: per-channel divisor after the mean (ImageNet's by default).
         device: ``"auto"`` (the GPU if one and nvImageCodec are usable, else the CPU path, said once),
             ``"cuda"`` (the GPU or ``NoGPUError`` with the reason) or ``"cpu"``.
-        backend, roi, max_cpu_threads, hardware_load: nvImageCodec's, see ``NvImageCodecJpeg``.
+        backend: nvImageCodec's decoder: "auto", "hardware", "cuda", "hybrid" or "cpu" (``NvImageCodecJpeg``).
+        roi: where the crop is taken: "decoder" (nvImageCodec's region of interest) or "kernel".
+        max_cpu_threads: nvImageCodec's host threads.
+        hardware_load: the share of each batch offered to the hardware decoder.
         source: names sample ``i`` in errors (``EncodedJpegs.sample_source``); default ``"sample i"``.
         codec: the decoder of encoded bytes, for tests or another library (default: nvImageCodec on
             the GPU path, Pillow on the CPU path). Its ``on_device`` decides where resizing runs.

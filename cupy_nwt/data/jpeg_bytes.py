@@ -153,7 +153,8 @@ class EncodedJpegs:
             transform that also serves the CPU path); ``rng`` is a ``SampleRng`` (``random``, ``uniform`` and
             ``integers``, as on ``np.random.Generator``).
         flip_p: the probability of a horizontal flip.
-        scale, ratio: ``RandomResizedCrop``'s ranges (with ``crop="random-resized"``).
+        scale: ``RandomResizedCrop``'s range of the crop's area (with ``crop="random-resized"``).
+        ratio: ``RandomResizedCrop``'s range of the crop's aspect ratio (with ``crop="random-resized"``).
         seed: the draws' seed (with the epoch and the index); None draws one now, shared by every worker.
     """
 
