@@ -204,17 +204,9 @@ class BatchMaker:
         if self._restore is not None:
             self._load_dataset()
 
-    def _load_dataset(self) -> None:
-        """A map-style dataset's pending restore: ``set_epoch``, then its saved state."""
-        state, _, epoch, _ = self._restore if self._restore is not None else (None, 0, None, None)
-        self._restore = None
-        set_epoch = epoch_setter(self.dataset)
-        if epoch is not None and set_epoch is not None:
-            set_epoch(epoch)
-        if state is not None and state.get("dataset") is not None:
-            self.dataset.load_state_dict(state["dataset"])
-
-    def _open(self) -> None:
+    def _load_dataset(self) -> tuple[dict[str, Any], int]:
+        """The pending restore, taken: ``set_epoch``, a torch ``IterDataPipe``'s seed, then the dataset's saved
+        state; what is left for a stream's opening: its saved state and the batches to skip."""
         state, skip, epoch, pipe_seed = self._restore if self._restore is not None else (None, 0, None, None)
         self._restore = None
         set_epoch = epoch_setter(self.dataset)
@@ -225,6 +217,10 @@ class BatchMaker:
         saved = state if state is not None else {}
         if saved.get("dataset") is not None:
             self.dataset.load_state_dict(saved["dataset"])
+        return saved, skip
+
+    def _open(self) -> None:
+        saved, skip = self._load_dataset()
         stream: Any = iter(self.dataset)
         if saved.get("iterator") is not None:
             stream.load_state_dict(saved["iterator"])
