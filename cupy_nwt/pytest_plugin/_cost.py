@@ -27,8 +27,8 @@ from typing import Any
 MODEL = "cycles-v1"
 W_L1 = 10.0
 W_LL = 100.0
-W_FAULT = 40_000.0
-W_SYSCALL = 10_000.0
+W_FAULT = 35_000.0
+W_SYSCALL = 20_000.0
 WEIGHTS = {"l1_misses": W_L1, "ll_misses": W_LL, "page_faults": W_FAULT, "syscalls": W_SYSCALL}
 #: components, in the order they are shown: (key, what it is)
 COMPONENTS = (("instructions", "instructions"), ("l1_misses", "L1 misses"), ("ll_misses", "LL misses"),
