@@ -12,7 +12,9 @@ What makes the count exact: ``PYTHONHASHSEED=0`` (str hashes, so set and dict or
 OpenMP thread (an idle BLAS thread spins, and callgrind counts every thread), a warm-up batch
 outside the counted region (lazy imports, first-use caches), a garbage collection just before it, and
 callgrind collecting only inside the region (:mod:`cupy_nwt.pytest_plugin._count_child`), not the
-interpreter's start-up and imports. What it
+interpreter's start-up and imports. The same run simulates the caches and logs the region's system
+calls, and the region is made once more natively for its page faults (addresses fixed in both, so
+they repeat): the components of the cost per sample (:mod:`cupy_nwt.pytest_plugin._cost`). What it
 cannot see (I/O waits, the hand-over between processes, worker start-up) the wall clock judged
 against the base revision in the same job covers (``--nwt-against``).
 """
