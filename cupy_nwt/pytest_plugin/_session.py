@@ -19,7 +19,7 @@ import pytest
 from ._against import AgainstError, BaseRevision
 from ._baseline import load_baseline, save_baseline
 from ._cost import COMPONENTS, WEIGHTS, components_of
-from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, signed_change, compare_against, compare_throughput, figure
+from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_against, compare_throughput, figure, signed_change
 
 #: verdicts from worst to best, for a benchmark's overall verdict in the table
 _RANK = ("regressed", "no baseline", "inconclusive", "other-machine", "ok", "reported", "compared")
