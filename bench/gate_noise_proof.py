@@ -270,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=float, default=5.0, help="--nwt-throughput-drop, percent (default 5)")
     ap.add_argument("--max-seconds", type=float, default=5.0, help="--nwt-max-seconds (default 5)")
     ap.add_argument("--pause", type=float, default=0.0, help="seconds between runs, to spread the proof out")
+    ap.add_argument("--offset", type=int, default=0,
+                    help="start the rotation of groups (and of the neighbour) here: streams side by side given "
+                         "different offsets run different groups first, and an odd one flips which runs have the neighbour")
     ap.add_argument("--baseline-neighbour", action="store_true", help="make the baseline beside the neighbour")
     ap.add_argument("--batches", type=int, default=12, help="--mode plants: timed batches a run (6 rounds)")
     ap.add_argument("--count-samples", type=int, default=128, help="--mode plants: samples counted a run")
@@ -310,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python -m pytest bench/test_pipeline.py --nwt-baseline=bench/baseline.json "
                        f"--nwt-require-baseline {' '.join(gate)}",
             "machine": machine_fingerprint().to_dict(), "limit_pct": args.limit, "runs_per_group": args.runs,
-            "max_seconds": args.max_seconds, "started_unix": time.time(),
+            "max_seconds": args.max_seconds, "offset": args.offset, "started_unix": time.time(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "load_note": "the host is shared with other sessions' builds and tests: their load is the real noise",
             "baseline": {k: base_info.get(k) for k in ("samples_per_s", "cpu_s_per_1k", "instructions_per_sample",
@@ -321,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"baseline: {base_info['samples_per_s']:,.0f} samples/s, {base_info.get('instructions_per_sample')} "
               f"instructions/sample, {secs:.0f} s", flush=True)
         names = list(groups)
-        for i in range(args.runs):
+        for i in range(args.offset, args.offset + args.runs):
             for g, name in enumerate(names[i % len(names):] + names[:i % len(names)]):
                 (where / "pipeline.py").write_text(pipeline_source(args.mode, groups[name]))
                 neighbour = spin() if (i + names.index(name)) % 2 == 0 else None

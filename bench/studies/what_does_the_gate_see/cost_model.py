@@ -4,9 +4,10 @@ with each planted regression, beside its native CPU time; the cost model's weigh
 The pipeline is ``docs/ci-gate.md``'s (``SyntheticCIFAR10(n=4096)``, ``CifarTrainTransform``, batch 128), with
 each plant of ``bench/gate_noise_proof.py --mode plants`` in turn. For each variant:
 
-* its **counts** (``cupy_nwt.pytest_plugin._count.count_pipeline``, the gate's own: ``--count-samples``
-  samples under callgrind with the simulated caches, system calls from valgrind's log, page faults from the
-  region run natively), the unchanged one ``--repeats`` times: their spread is the count's floor;
+* its **counts**, as the gate counted them in ``bench/gate_noise_proof.py --mode plants`` (``--proof``, that
+  proof's result files: ``count_samples`` samples under callgrind with the simulated caches, the system calls
+  from valgrind's log, the page faults from the region run natively), and the spread of the unchanged runs'
+  counts over that proof: the count's floor;
 * its **native CPU** per sample: the same batches made in this process, the variants interleaved,
   ``--timings`` times each, the median kept (user + system CPU of the process, ``getrusage``);
 * two **kernel unit costs**, natively: CPU seconds of one minor page fault (a fresh anonymous page written)
@@ -18,7 +19,8 @@ faults' and system calls' share, over its instructions and weighted misses); a p
 call's weight their native seconds over that. Each model (instructions alone; with cache misses; with the
 kernel too) is then set against each plant's measured change of native CPU.
 
-    python bench/studies/what_does_the_gate_see/cost_model.py --out bench/studies/what_does_the_gate_see/vm-2cpu/cost_model.json
+    python bench/studies/what_does_the_gate_see/cost_model.py --proof bench/results/vm-2cpu/gate_noise_proof_plants/stream_*.json \
+        --out bench/studies/what_does_the_gate_see/vm-2cpu/cost_model.json
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ def variants(folder: Path) -> dict[str, Any]:
     return out
 
 
-def native_cpu(mods: dict[str, Any], samples: int, timings: int) -> dict[str, list[float]]:
-    """CPU seconds per sample of making ``samples`` samples' batches, each variant in turn, ``timings`` times."""
+def native_cpu(mods: dict[str, Any], samples: int, timings: int) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """CPU seconds per sample of making ``samples`` samples' batches, each variant in turn, ``timings`` times;
+    and each variant's minor page faults per sample meanwhile (the last timing's)."""
     from cupy_nwt.loader.workers.maker import BatchMaker  # noqa: PLC0415
     from cupy_nwt.pytest_plugin._count import plan  # noqa: PLC0415
 
@@ -63,6 +66,7 @@ def native_cpu(mods: dict[str, Any], samples: int, timings: int) -> dict[str, li
     for mk in makers.values():
         mk.make(*batches[0])
     out: dict[str, list[float]] = {n: [] for n in makers}
+    faults: dict[str, float] = {}
     for _ in range(timings):
         for n, mk in makers.items():
             gc.collect()
@@ -71,6 +75,27 @@ def native_cpu(mods: dict[str, Any], samples: int, timings: int) -> dict[str, li
                 mk.make(idx, seed)
             r1 = resource.getrusage(resource.RUSAGE_SELF)
             out[n].append((r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime) / samples)
+            faults[n] = (r1.ru_minflt - r0.ru_minflt) / samples
+    return out, faults
+
+
+def proof_counts(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
+    """group -> each counted run's components and cost (per sample), from gate_noise_proof result files."""
+    import json  # noqa: PLC0415
+
+    out: dict[str, list[dict[str, Any]]] = {}
+    for path in paths:
+        doc = json.loads(path.read_text())
+        base = doc.get("baseline") or {}
+        if base.get("cost_components"):
+            out.setdefault("unchanged", []).append({**base["cost_components"], "cost": base["cost_per_sample"],
+                                                    "seconds": base.get("count_seconds"), "from": f"{path.name} baseline"})
+        for name, group in doc["groups"].items():
+            for i, r in enumerate(group["runs"]):
+                f = r["figures"]
+                if f.get("cost_components"):
+                    out.setdefault(name, []).append({**f["cost_components"], "cost": f["cost_per_sample"],
+                                                     "seconds": f.get("count_seconds"), "from": f"{path.name} run {i + 1}"})
     return out
 
 
@@ -102,40 +127,34 @@ def stat_seconds(n: int = 20000) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--count-samples", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=3, help="counts of the unchanged pipeline (its spread)")
+    ap.add_argument("--proof", type=Path, nargs="+", required=True, metavar="JSON",
+                    help="bench/gate_noise_proof.py --mode plants result files: the counts")
     ap.add_argument("--timings", type=int, default=7, help="native timings of each variant, interleaved")
     ap.add_argument("--native-samples", type=int, default=512)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
-    if min(args.count_samples, args.repeats, args.timings, args.native_samples) < 1:
-        ap.error("every count must be >= 1")
+    if min(args.timings, args.native_samples) < 1:
+        ap.error("--timings and --native-samples must be >= 1")
     from cupy_nwt.nwt.fingerprint import machine_fingerprint  # noqa: PLC0415
     from cupy_nwt.nwt.store import write_json_atomic  # noqa: PLC0415
     from cupy_nwt.pytest_plugin import _cost  # noqa: PLC0415
-    from cupy_nwt.pytest_plugin._count import count_pipeline  # noqa: PLC0415
 
     started = time.time()
+    counts = proof_counts(args.proof)
     with tempfile.TemporaryDirectory(prefix="what_does_the_gate_see_") as tmp:
         mods = variants(Path(tmp))
-        counts: dict[str, list[dict[str, Any]]] = {n: [] for n in mods}
-        for r in range(args.repeats):
-            for n, m in mods.items():
-                if r and n != "unchanged":
-                    continue
-                c = count_pipeline(m.Data(n=4096), batch_size=128, collate_fn=None, batch_transform=m.Transform(),
-                                   samples=args.count_samples)
-                assert c.cost is not None
-                counts[n].append({**c.cost.to_dict(), "cost": c.cost.total, "seconds": c.seconds})
-                print(f"counted {n}: cost {c.cost.total:,.0f} a sample, {c.seconds:.0f} s", flush=True)
-        cpu = native_cpu(mods, args.native_samples, args.timings)
+        missing = [n for n in mods if not counts.get(n)]
+        if missing:
+            ap.error(f"the proof files hold no counted run of: {', '.join(missing)}")
+        cpu, native_faults = native_cpu(mods, args.native_samples, args.timings)
     faults = [fault_seconds() for _ in range(7)]
     stats = [stat_seconds() for _ in range(7)]
     s_fault, s_stat = statistics.median(faults), statistics.median(stats)
     base = counts["unchanged"][0]
     base_cpu = statistics.median(cpu["unchanged"])
     est = base["instructions"] + _cost.W_L1 * base["l1_misses"] + _cost.W_LL * base["ll_misses"]
-    s_cycle = (base_cpu - s_fault * base["page_faults"] - s_stat * base["syscalls"]) / est
+    # the native loop's own faults (a warm process faults less than the counted region, made first in a fresh one)
+    s_cycle = (base_cpu - s_fault * native_faults["unchanged"] - s_stat * base["syscalls"]) / est
     weights = {"page_faults": s_fault / s_cycle, "syscalls": s_stat / s_cycle}
 
     def models(c: dict[str, Any]) -> dict[str, float]:
@@ -152,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         med = statistics.median(cpu[n])
         table[n] = {"native_cpu_us_a_sample": 1e6 * med, "native_cpu_us_rounds": [1e6 * x for x in cpu[n]],
                     "native_cpu_change_pct": 100.0 * (med / base_cpu - 1.0),
+                    "native_page_faults_a_sample": native_faults[n],
                     "components": {k: c[k] for k, _ in _cost.COMPONENTS},
                     "model_change_pct": {k: 100.0 * (v / base_models[k] - 1.0) for k, v in m.items()}}
     unchanged = [c["cost"] for c in counts["unchanged"]]
@@ -162,16 +182,17 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python bench/studies/what_does_the_gate_see/cost_model.py " + " ".join(argv or sys.argv[1:]),
         "machine": machine_fingerprint().to_dict(), "load_1min_at_end": os.getloadavg()[0],
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)), "minutes": (time.time() - started) / 60,
-        "count_samples": args.count_samples, "native_samples": args.native_samples, "timings": args.timings,
+        "proof": [str(p) for p in args.proof], "native_samples": args.native_samples, "timings": args.timings,
         "unit_costs_s": {"page_fault": s_fault, "page_fault_rounds": faults, "stat_syscall": s_stat,
                          "stat_syscall_rounds": stats, "estimated_cycle": s_cycle},
         "measured_weights": weights, "gate_weights": dict(_cost.WEIGHTS), "gate_model": _cost.MODEL,
-        "unchanged_costs": unchanged, "unchanged_spread_pct": spread, "counts": counts, "variants": table,
+        "unchanged_costs": unchanged, "unchanged_spread_pct": spread, "variants": table,
+        "counts": {n: c[:3] for n, c in counts.items()}, "counted_runs": {n: len(c) for n, c in counts.items()},
     }
     write_json_atomic(args.out, doc)
     print(f"unit costs: page fault {1e9 * s_fault:,.0f} ns, stat {1e9 * s_stat:,.0f} ns, estimated cycle "
           f"{1e9 * s_cycle:.4f} ns -> weights page fault {weights['page_faults']:,.0f}, syscall {weights['syscalls']:,.0f}")
-    print(f"unchanged, {args.repeats} counts: cost spread {spread['cost']:.4f}%")
+    print(f"unchanged, {len(unchanged)} counts: cost spread {spread['cost']:.4f}%")
     for n, row in table.items():
         mc = row["model_change_pct"]
         print(f"{n:>17}: native CPU {row['native_cpu_change_pct']:+6.1f}%  instructions {mc['instructions']:+6.2f}%  "
