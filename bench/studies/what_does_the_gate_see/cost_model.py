@@ -99,6 +99,16 @@ def proof_counts(paths: list[Path]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def count_cpu(mod: Any, samples: int) -> dict[str, float]:
+    """CPU seconds (all children: valgrind and the native run) and wall seconds of one count: its CI time."""
+    from cupy_nwt.pytest_plugin._count import count_pipeline  # noqa: PLC0415
+
+    r0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    count_pipeline(mod.Data(n=4096), batch_size=128, collate_fn=None, batch_transform=mod.Transform(), samples=samples)
+    r1, t1 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    return {"samples": samples, "cpu_s": r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime, "wall_s": t1 - t0}
+
+
 def fault_seconds(pages: int = 4096) -> float:
     def touch(m: mmap.mmap) -> float:
         t0 = time.process_time()
@@ -131,6 +141,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="bench/gate_noise_proof.py --mode plants result files: the counts")
     ap.add_argument("--timings", type=int, default=7, help="native timings of each variant, interleaved")
     ap.add_argument("--native-samples", type=int, default=512)
+    ap.add_argument("--count-cpu", type=int, nargs="*", default=[128, 512], metavar="SAMPLES",
+                    help="count the unchanged pipeline at these sample counts for the CPU a count costs")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if min(args.timings, args.native_samples) < 1:
@@ -147,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         if missing:
             ap.error(f"the proof files hold no counted run of: {', '.join(missing)}")
         cpu, native_faults = native_cpu(mods, args.native_samples, args.timings)
+        count_costs = [count_cpu(mods["unchanged"], n) for n in args.count_cpu]
     faults = [fault_seconds() for _ in range(7)]
     stats = [stat_seconds() for _ in range(7)]
     s_fault, s_stat = statistics.median(faults), statistics.median(stats)
@@ -186,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         "unit_costs_s": {"page_fault": s_fault, "page_fault_rounds": faults, "stat_syscall": s_stat,
                          "stat_syscall_rounds": stats, "estimated_cycle": s_cycle},
         "measured_weights": weights, "gate_weights": dict(_cost.WEIGHTS), "gate_model": _cost.MODEL,
+        "count_costs": count_costs,
         "unchanged_costs": unchanged, "unchanged_spread_pct": spread, "variants": table,
         "counts": {n: c[:3] for n, c in counts.items()}, "counted_runs": {n: len(c) for n, c in counts.items()},
     }
@@ -193,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"unit costs: page fault {1e9 * s_fault:,.0f} ns, stat {1e9 * s_stat:,.0f} ns, estimated cycle "
           f"{1e9 * s_cycle:.4f} ns -> weights page fault {weights['page_faults']:,.0f}, syscall {weights['syscalls']:,.0f}")
     print(f"unchanged, {len(unchanged)} counts: cost spread {spread['cost']:.4f}%")
+    for c in count_costs:
+        print(f"a count of {c['samples']} samples: {c['cpu_s']:.1f} s of CPU, {c['wall_s']:.0f} s of wall clock")
     for n, row in table.items():
         mc = row["model_change_pct"]
         print(f"{n:>17}: native CPU {row['native_cpu_change_pct']:+6.1f}%  instructions {mc['instructions']:+6.2f}%  "
