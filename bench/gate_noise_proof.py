@@ -76,18 +76,76 @@ TEST = '''from pipeline import LoopImages
 def test_loader(loader_benchmark):
     loader_benchmark(LoopImages(), batch_size=64, num_workers=2, persistent_workers=True, count_samples=64)
 '''
-MODES = {"main": {"unchanged": 1.00, "slower 10%": 1.10}, "instructions": {"slower 2%": 1.02},
-         "cpu": {"unchanged": 1.00, "slower 40%": 1.40}}
+#: --mode plants: the docs' own pipeline (docs/ci-gate.md) with each regression users make planted in turn
+PLANTED = '''import os
+
+import numpy as np
+
+from cupy_nwt.data import CifarTrainTransform, SyntheticCIFAR10
+
+PLANT = {plant!r}
+#: Python steps a sample: about 200 instructions each, so 300 add ~10% and 60 ~2% of the ~590,000 a sample
+STEPS = {{"python +10%": 300, "instructions +2%": 60}}.get(PLANT, 0)
+
+
+def per_sample():
+    for _ in range(STEPS):
+        pass
+    if PLANT == "alloc 1 MiB":
+        np.ones(1 << 20, np.uint8)  # a fresh 1 MiB, every byte written
+    elif PLANT == "os.stat":
+        os.stat(__file__)
+
+
+class Data(SyntheticCIFAR10):
+    def __getitem__(self, i):
+        per_sample()
+        return super().__getitem__(i)
+
+    def __getitems__(self, indices):
+        for _ in indices:
+            per_sample()
+        return super().__getitems__(indices)
+
+
+class Transform(CifarTrainTransform):
+    def __call__(self, batch, seed=None):
+        images, labels = super().__call__(batch, seed)
+        if PLANT == "numpy passes":
+            for _ in range(3):
+                images = np.ascontiguousarray(images * 1.0)
+        elif PLANT == "batch copy":
+            images = images.copy()
+        return images, labels
+'''
+PLANTED_TEST = '''from pipeline import Data, Transform
+
+
+def test_loader(loader_benchmark):
+    loader_benchmark(Data(n=4096), batch_size=128, num_workers=2, persistent_workers=True, shuffle=True, seed=0,
+                     batch_transform=Transform(), batches={batches}, rounds=6, count_samples={count})
+'''
+PLANTS = ("python +10%", "instructions +2%", "numpy passes", "batch copy", "alloc 1 MiB", "os.stat")
+MODES: dict[str, dict[str, Any]] = {
+    "main": {"unchanged": 1.00, "slower 10%": 1.10}, "instructions": {"slower 2%": 1.02},
+    "cpu": {"unchanged": 1.00, "slower 40%": 1.40},
+    "plants": {"unchanged": "none", **{p: p for p in PLANTS}}}
 #: "slower 40%" runs only in --mode cpu, where nothing is judged: it must not fail either
 TARGETS = {"unchanged": ("at most", 0), "slower 10%": ("at least", 19), "slower 2%": ("at least", 20),
-           "slower 40%": ("at most", 0)}
+           "slower 40%": ("at most", 0), **{p: ("at least", 19) for p in PLANTS}}
 CPU_STORED = "cpu_s_per_1k (stored)"
 
 
-def project(where: Path) -> Path:
+def pipeline_source(mode: str, work: Any) -> str:
+    """The scratch project's ``pipeline.py`` for one group: its work factor, or its plant."""
+    return PLANTED.format(plant=work) if mode == "plants" else PIPELINE.format(work=work)
+
+
+def project(where: Path, mode: str = "main", batches: int = 12, count: int = 64) -> Path:
     (where / "bench").mkdir(parents=True)
-    (where / "pipeline.py").write_text(PIPELINE.format(work=1.0))
-    (where / "bench" / "test_pipeline.py").write_text(TEST)
+    (where / "pipeline.py").write_text(pipeline_source(mode, "none" if mode == "plants" else 1.0))
+    (where / "bench" / "test_pipeline.py").write_text(
+        PLANTED_TEST.format(batches=batches, count=count) if mode == "plants" else TEST)
     (where / "conftest.py").write_text("")
     git = ["git", "-C", str(where), "-c", "user.email=proof@cupy-nwt", "-c", "user.name=proof"]
     subprocess.run(git[:3] + ["init", "-q"], check=True)
@@ -112,15 +170,18 @@ def figures(run_json: Path, baseline: Path, limit: float) -> dict[str, Any]:
     bench = json.loads(run_json.read_text())["benchmarks"][0]
     info = bench["extra_info"]
     out: dict[str, Any] = {k: info.get(k) for k in ("samples_per_s", "cpu_s_per_1k", "instructions_per_sample",
+                                                    "cost_per_sample", "cost_components", "native_cpu_s_per_1k",
                                                     "count_seconds", "rounds", "cpu_cores", "others_cores")}
     current = {bench["fullname"]: info}
-    judged = [("same job", c) for c in compare_against(current)]
+    judged = [("same job", c) for c in compare_against(current, DEFAULT_INSTRUCTIONS_DROP_PCT)]
     judged += [("stored", c) for c in compare_throughput(current, load_baseline(baseline), str(baseline),
                                                          DEFAULT_INSTRUCTIONS_DROP_PCT)]
     for where, c in judged:
         j = c.judgement(limit)
         out[f"{c.key} ({where})"] = {"verdict": j.verdict, "change_pct": j.change_pct, "low_pct": j.low_pct,
                                      "high_pct": j.high_pct, "limit_pct": c.limit(limit)}
+        if j.verdict == "regressed":
+            out.setdefault("caught_by", []).append(f"{c.key} ({where})")
     return out
 
 
@@ -143,7 +204,15 @@ def summary(doc: dict[str, Any]) -> None:
         if cpu:
             group["cpu_change"] = {"what": "CPU per sample against the stored baseline, percent, each run's change",
                                    "min": cpu[0], "median": statistics.median(cpu), "max": cpu[-1]}
-        for key in {k for r in runs for k, v in r["figures"].items() if isinstance(v, dict)}:
+        caught: dict[str, int] = {}
+        for r in runs:
+            for key in r["figures"].get("caught_by", []):
+                caught[key] = caught.get(key, 0) + 1
+        group["caught_by"] = caught
+        secs = sorted(r["seconds"] for r in runs if "seconds" in r)
+        if secs:
+            group["seconds_a_run"] = {"min": secs[0], "median": statistics.median(secs), "max": secs[-1]}
+        for key in {k for r in runs for k, v in r["figures"].items() if isinstance(v, dict) and "verdict" in v}:
             group.setdefault("by_figure", {})[key] = {
                 v: sum(r["figures"].get(key, {}).get("verdict") == v for r in runs)
                 for v in ("regressed", "inconclusive", "ok", "reported")}
@@ -201,7 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=float, default=5.0, help="--nwt-throughput-drop, percent (default 5)")
     ap.add_argument("--max-seconds", type=float, default=5.0, help="--nwt-max-seconds (default 5)")
     ap.add_argument("--pause", type=float, default=0.0, help="seconds between runs, to spread the proof out")
+    ap.add_argument("--offset", type=int, default=0,
+                    help="start the rotation of groups (and of the neighbour) here: streams side by side given "
+                         "different offsets run different groups first, and an odd one flips which runs have the neighbour")
     ap.add_argument("--baseline-neighbour", action="store_true", help="make the baseline beside the neighbour")
+    ap.add_argument("--batches", type=int, default=12, help="--mode plants: timed batches a run (6 rounds)")
+    ap.add_argument("--count-samples", type=int, default=128, help="--mode plants: samples counted a run")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--merge", type=Path, nargs="+", default=None, metavar="JSON", help="add up streams' files")
     args = ap.parse_args(argv)
@@ -220,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "cpu":
         gate.append("--nwt-instructions=off")
     with tempfile.TemporaryDirectory(prefix="gate_noise_proof_") as tmp:
-        where = project(Path(tmp) / "project")
+        where = project(Path(tmp) / "project", args.mode, args.batches, args.count_samples)
         base = where / "bench" / "baseline.json"
         neighbour = spin() if args.baseline_neighbour else None
         try:
@@ -239,19 +313,20 @@ def main(argv: list[str] | None = None) -> int:
             "command": "python -m pytest bench/test_pipeline.py --nwt-baseline=bench/baseline.json "
                        f"--nwt-require-baseline {' '.join(gate)}",
             "machine": machine_fingerprint().to_dict(), "limit_pct": args.limit, "runs_per_group": args.runs,
-            "max_seconds": args.max_seconds, "started_unix": time.time(),
+            "max_seconds": args.max_seconds, "offset": args.offset, "started_unix": time.time(),
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "load_note": "the host is shared with other sessions' builds and tests: their load is the real noise",
             "baseline": {k: base_info.get(k) for k in ("samples_per_s", "cpu_s_per_1k", "instructions_per_sample",
+                                                       "cost_per_sample", "cost_components", "native_cpu_s_per_1k",
                                                        "instructions_counted_by", "count_seconds", "rounds")},
             "baseline_seconds": secs, "baseline_neighbour": args.baseline_neighbour, "groups": {name: {"work": w, "runs": []} for name, w in groups.items()},
         }
         print(f"baseline: {base_info['samples_per_s']:,.0f} samples/s, {base_info.get('instructions_per_sample')} "
               f"instructions/sample, {secs:.0f} s", flush=True)
         names = list(groups)
-        for i in range(args.runs):
+        for i in range(args.offset, args.offset + args.runs):
             for g, name in enumerate(names[i % len(names):] + names[:i % len(names)]):
-                (where / "pipeline.py").write_text(PIPELINE.format(work=groups[name]))
+                (where / "pipeline.py").write_text(pipeline_source(args.mode, groups[name]))
                 neighbour = spin() if (i + names.index(name)) % 2 == 0 else None
                 try:
                     run_json = where / "run.json"
@@ -271,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
                     doc["groups"][name]["runs"].append({
                         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "neighbour": neighbour is not None,
                         "load_1min": load, "exit_code": rc, "seconds": secs, "figures": figs})
-                    short = {k: (f"{v['change_pct']:+.1f}% {v['verdict']}" if isinstance(v, dict) else v)
-                             for k, v in figs.items() if isinstance(v, dict)}
+                    short = {k: f"{v['change_pct']:+.1f}% {v['verdict']}"
+                             for k, v in figs.items() if isinstance(v, dict) and "verdict" in v}
                     print(f"{name:>11} run {i + 1:2} ({'neighbour' if neighbour else 'alone'}): exit {rc}, {secs:.0f} s, "
                           f"{short}", flush=True)
                 summary(doc)

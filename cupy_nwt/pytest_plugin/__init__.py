@@ -4,8 +4,10 @@ Registered through the ``pytest11`` entry point, so installing cupy-nwt is enoug
 fixtures, ``transfer_benchmark`` and ``loader_benchmark``, run on pytest-benchmark's ``benchmark``
 fixture, so ``--benchmark-autosave`` / ``--benchmark-compare`` work on them as on any benchmark.
 pytest-benchmark compares times, which on a shared CI runner drift by more than any limit worth
-setting; so ``--nwt-throughput-drop=PCT`` judges figures no neighbour moves: exact instructions per
-sample counted under callgrind against a committed baseline (:mod:`cupy_nwt.pytest_plugin._count`),
+setting; so ``--nwt-throughput-drop=PCT`` judges figures no neighbour moves: an exact cost per sample
+(instructions, simulated cache misses, page faults and system calls weighed into estimated cycles,
+:mod:`cupy_nwt.pytest_plugin._cost`) counted under callgrind against a committed baseline
+(:mod:`cupy_nwt.pytest_plugin._count`),
 and samples/s and CPU per sample against the base revision measured round for round in the same job
 (``--nwt-against``: :mod:`cupy_nwt.pytest_plugin._against`); the rule is
 :mod:`cupy_nwt.pytest_plugin._gate`. Baselines are files the user commits (``--nwt-save-baseline``,
@@ -86,7 +88,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("cupy_nwt", "cupy_nwt throughput gate")
     group.addoption(
         "--nwt-throughput-drop", type=_percent, default=None, metavar="PCT",
-        help="fail the run when a judged figure (exact instructions per sample against the baseline; samples/s "
+        help="fail the run when a judged figure (the exact cost per sample against the baseline; samples/s "
         "and CPU per sample against --nwt-against REV; GB/s) got worse by more than its limit (PCT percent; "
         "--nwt-instructions-drop for exact counts) and beyond the 95%% interval of the change",
     )
@@ -110,12 +112,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     group.addoption(
         "--nwt-instructions", choices=("auto", "off"), default="auto",
-        help="auto (default): count each loader benchmark's instructions per sample under valgrind's callgrind "
-        "where valgrind is installed (exact: the deciding figure for CPU-bound pipelines); off: do not",
+        help="auto (default): count each loader benchmark's cost per sample (instructions, simulated cache misses, "
+        "page faults, system calls) under valgrind's callgrind where valgrind is installed (exact: the deciding "
+        "figure for CPU-bound pipelines); off: do not",
     )
     group.addoption(
         "--nwt-instructions-drop", type=_percent, default=DEFAULT_INSTRUCTIONS_DROP_PCT, metavar="PCT",
-        help="the limit for exact instruction counts once the gate is on (default %(default)s)",
+        help="the limit for the exact counts (cost and instructions per sample) once the gate is on "
+        "(default %(default)s)",
     )
     group.addoption(
         "--nwt-target-noise", type=_percent, default=DEFAULT_TARGET_NOISE_PCT, metavar="PCT",

@@ -12,7 +12,9 @@ along; the one not taking its turn waits with its prefetched batches.
 
 The child is told what to do through the environment (:data:`ENV_ADDRESS`, :data:`ENV_KEY`,
 :data:`ENV_NODE`) and a ``multiprocessing.connection`` on a Unix socket: it sends ``ready`` after its
-warm-up, then answers each ``("round", batches)`` with that round's figures, until ``stop``.
+warm-up, then answers each ``("round", batches)`` with that round's figures, and ``("count", samples)``
+with the exact counts of its pipeline (:mod:`cupy_nwt.pytest_plugin._count`), until ``stop``. So the
+base revision's cost per sample is counted in the same job too, and judged exactly beside this run's.
 """
 
 from __future__ import annotations
@@ -118,6 +120,7 @@ class BaseRun:
     def __init__(self, proc: subprocess.Popen, out: Any, listener: Listener, sock_dir: str, name: str) -> None:
         self.proc, self.out, self.listener, self.sock_dir, self.name = proc, out, listener, sock_dir, name
         self.conn: Connection | None = None
+        self.closed = False
 
     def _tail(self) -> str:
         self.out.seek(0)
@@ -158,7 +161,23 @@ class BaseRun:
             raise AgainstError(f"the base revision's round failed: {reply['error']}")
         return dict(reply)
 
+    def ask_count(self, samples: int | None) -> None:
+        """Ask for the base revision's exact counts; :meth:`counted` collects them (both count meanwhile)."""
+        assert self.conn is not None
+        self.conn.send(("count", samples))
+
+    def counted(self, timeout: float) -> dict[str, Any]:
+        """The base revision's counts (``extra_info`` keys), or ``{"count_note": why}`` when it could not count."""
+        try:
+            reply = self._recv(timeout)
+        except AgainstError as exc:
+            return {"count_note": f"the base revision's counts are missing: {exc}"}
+        return dict(reply) if isinstance(reply, dict) else {"count_note": "the base revision sent no counts"}
+
     def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
         if self.conn is None:
             self.proc.kill()  # never connected to: it waits for rounds that will not come
         else:
@@ -178,14 +197,18 @@ class BaseRun:
         shutil.rmtree(self.sock_dir, ignore_errors=True)
 
 
-def serve(conn_info: tuple[str, str], ready: dict[str, Any], run_round: Callable[[int | None], dict[str, Any]]) -> None:
-    """The child's side: say ready, then run rounds on request until told to stop."""
+def serve(conn_info: tuple[str, str], ready: dict[str, Any], run_round: Callable[[int | None], dict[str, Any]],
+          count: Callable[[int | None], dict[str, Any]] | None = None) -> None:
+    """The child's side: say ready, then run rounds (and a count) on request until told to stop."""
     address, key = conn_info
     conn = Client(address, family="AF_UNIX", authkey=bytes.fromhex(key))
     try:
         conn.send(ready)
         while True:
             what, arg = conn.recv()
+            if what == "count":
+                conn.send(count(arg) if count is not None else {"count_note": "the base revision does not count"})
+                continue
             if what != "round":
                 return
             try:

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from ._cost import components_of
 from ._gate import MEASURES, ROUNDS_SUFFIX
 
 FORMAT = "cupy_nwt.baseline/1"
@@ -76,6 +77,12 @@ def _check_info(path: Path, name: str, info: Any) -> None:
     n = info.get("instructions_samples")
     if n is not None and not (_is_num(n) and float(n).is_integer() and 1 <= n <= MAX_COUNTED):
         raise _bad(path, f"{name}: instructions_samples is {n!r}, not a whole number of samples")
+    model = info.get("cost_model")
+    if model is not None and not isinstance(model, str):
+        raise _bad(path, f"{name}: cost_model is {model!r}, not text")
+    parts = info.get("cost_components")
+    if parts is not None and parts != {} and components_of(info) is None:
+        raise _bad(path, f"{name}: cost_components is not an object of every component, each a number >= 0")
     v = info.get("cpus_watched")
     if v is not None and not (_is_num(v) and float(v).is_integer() and 1 <= v <= MAX_CORES):
         raise _bad(path, f"{name}: cpus_watched is {v!r}, not a whole number of CPUs")

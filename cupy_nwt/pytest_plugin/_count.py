@@ -12,7 +12,9 @@ What makes the count exact: ``PYTHONHASHSEED=0`` (str hashes, so set and dict or
 OpenMP thread (an idle BLAS thread spins, and callgrind counts every thread), a warm-up batch
 outside the counted region (lazy imports, first-use caches), a garbage collection just before it, and
 callgrind collecting only inside the region (:mod:`cupy_nwt.pytest_plugin._count_child`), not the
-interpreter's start-up and imports. What it
+interpreter's start-up and imports. The same run simulates the caches and logs the region's system
+calls, and the region is made once more natively for its page faults (addresses fixed in both, so
+they repeat): the components of the cost per sample (:mod:`cupy_nwt.pytest_plugin._cost`). What it
 cannot see (I/O waits, the hand-over between processes, worker start-up) the wall clock judged
 against the base revision in the same job covers (``--nwt-against``).
 """
@@ -30,13 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ArgumentError
-from ._callgrind import CallgrindError, callgrind_unavailable_reason, count_instructions
+from ._callgrind import CallgrindError, callgrind_unavailable_reason, count_events, fixed_addresses
+from ._cost import Cost, cost_of
 
 #: samples counted per benchmark: a fraction of a second of native work for a typical image
 #: pipeline, ~50x that under callgrind, on top of ~5 s of CPU for the interpreter's start-up and imports.
 DEFAULT_COUNT_SAMPLES = 1024
 COUNT_TIMEOUT_S = 900.0
 CHILD = Path(__file__).with_name("_count_child.py")
+#: the child's region markers (:data:`._count_child.MARKERS`; the child is not imported here)
+MARKERS = ("/nonexistent/cupy-nwt-count-region-begin", "/nonexistent/cupy-nwt-count-region-end")
 #: the environment that makes a count repeatable (set over the caller's)
 EXACT_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
              "NUMEXPR_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
@@ -51,13 +56,17 @@ def valgrind_options() -> str:
 
 @dataclass(frozen=True)
 class InstructionCount:
-    """``per_sample`` instructions over ``samples`` samples in ``batches`` batches; ``seconds`` under callgrind."""
+    """``per_sample`` instructions over ``samples`` samples in ``batches`` batches; ``seconds`` under callgrind
+    and natively. ``cost`` (:mod:`cupy_nwt.pytest_plugin._cost`) weighs in the region's cache misses,
+    page faults and system calls; ``native_cpu_s_per_1k`` is the region's CPU natively (information)."""
 
     per_sample: float
     samples: int
     batches: int
     total: int
     seconds: float
+    cost: Cost | None = None
+    native_cpu_s_per_1k: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,8 +94,12 @@ def plan(n: int, batch_size: int | None, samples: int | None) -> list[tuple[Any,
 
 
 def count_pipeline(dataset: Any, *, batch_size: int | None, collate_fn: Any, batch_transform: Any,
-                   samples: int | None = None, timeout: float = COUNT_TIMEOUT_S) -> InstructionCount:
-    """Count the instructions per sample of making ``samples`` samples' batches; ``CallgrindError`` if it cannot."""
+                   samples: int | None = None, timeout: float = COUNT_TIMEOUT_S, cost: bool = True) -> InstructionCount:
+    """Count the instructions per sample of making ``samples`` samples' batches; ``CallgrindError`` if it cannot.
+
+    With ``cost`` the caches are simulated and the region's system calls counted under callgrind, and
+    the region is run once natively for its page faults: the figures of :class:`~._cost.Cost`.
+    """
     from ..loader.workers.maker import BatchMaker  # noqa: PLC0415
 
     reason = callgrind_unavailable_reason()
@@ -113,9 +126,44 @@ def count_pipeline(dataset: Any, *, batch_size: int | None, collate_fn: Any, bat
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
         t0 = time.perf_counter()
-        total = count_instructions([sys.executable, str(CHILD), path], env=env, timeout=timeout)
+        native = _native(path, env, timeout) if cost else None
+        events, syscalls = count_events([sys.executable, str(CHILD), path], env=env, timeout=timeout,
+                                        cache_sim=cost, syscalls_between=MARKERS if cost else None)
         seconds = time.perf_counter() - t0
     finally:
         os.unlink(path)
     counted = sum(len(indices) for indices, _ in batches)
-    return InstructionCount(total / counted, counted, len(batches), total, seconds)
+    total = events["Ir"]
+    if native is None or syscalls is None:
+        return InstructionCount(total / counted, counted, len(batches), total, seconds)
+    return InstructionCount(total / counted, counted, len(batches), total, seconds,
+                            cost_of(events, int(native["minflt"]), syscalls, counted),
+                            1000.0 * float(native["cpu_s"]) / counted)
+
+
+def _native(plan_path: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """The counted region run without valgrind: its page faults and CPU seconds (``_count_child --native``)."""
+    import json  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    fd, result = tempfile.mkstemp(prefix="nwt-native-", suffix=".json")
+    os.close(fd)
+    try:
+        native_env = {k: v for k, v in env.items() if k != "VALGRIND_OPTS"}
+        try:
+            done = subprocess.run([sys.executable, str(CHILD), plan_path, "--native", result], env=native_env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout, check=False,
+                                  preexec_fn=fixed_addresses)  # noqa: PLW1509 - one ctypes call
+        except subprocess.TimeoutExpired:
+            raise CallgrindError(f"the counted region run natively took more than {timeout:g} s") from None
+        if done.returncode != 0:
+            lines = [x for x in done.stderr.decode("utf-8", "replace").splitlines() if x.strip()]
+            raise CallgrindError(f"the counted region failed natively (exit {done.returncode})"
+                                 + (f": {lines[-1].strip()}" if lines else ""))
+        with open(result, encoding="utf-8") as f:
+            got = json.load(f)
+    finally:
+        os.unlink(result)
+    if not isinstance(got, dict) or not all(isinstance(got.get(k), (int, float)) for k in ("minflt", "cpu_s")):
+        raise CallgrindError("the counted region's native run wrote no page-fault count")
+    return got

@@ -11,16 +11,26 @@ instrumented) and this process switches it on, and collection on and off around 
 valgrind's client requests: the same few instructions ``callgrind.h`` emits, called through ctypes.
 Elsewhere everything is instrumented and callgrind collects only inside ``PyRun_SimpleStringFlags``,
 through which the region is run (``--toggle-collect``); nothing else in the process calls it.
+
+The region is also bracketed by a ``stat`` of each of two marker paths (:data:`MARKERS`), so that
+valgrind's system-call log can be cut to it. Run natively (``--native RESULT``), the same region is
+made without valgrind and its minor and major page faults (``getrusage``) and CPU seconds are written
+to RESULT as JSON: page faults are the kernel's work, and valgrind's own memory management would
+swamp them in a process it runs.
 """
 
 from __future__ import annotations
 
 import ctypes
 import gc
+import json
 import mmap
+import os
 import pickle
 import platform
+import resource
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -30,6 +40,9 @@ TOGGLE_COLLECT, START_INSTRUMENTATION = _BASE + 2, _BASE + 4
 #: x86-64: rax = the request's six words (rdi), rdx = 0, the four rotations of rdi by 128 bits in all
 #: (no change natively) and ``xchg rbx, rbx``, which valgrind reads as a request; returns rdx.
 _X86_64_REQUEST = bytes.fromhex("4889f8" "31d2" "48c1c703" "48c1c70d" "48c1c73d" "48c1c733" "4887db" "4889d0" "c3")
+
+#: paths that never exist, ``stat``ed just before and just after the region
+MARKERS = ("/nonexistent/cupy-nwt-count-region-begin", "/nonexistent/cupy-nwt-count-region-end")
 
 _plan: tuple[Any, list[tuple[Any, int]]] | None = None
 failed: list[BaseException] = []
@@ -65,6 +78,26 @@ def region() -> None:
         failed.append(exc)
 
 
+def mark(path: str) -> None:
+    try:
+        os.stat(path)
+    except OSError:
+        pass
+
+
+def native(result: str) -> None:
+    """The region without valgrind: its page faults and CPU seconds, written to ``result``."""
+    gc.collect()
+    mark(MARKERS[0])
+    r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time()
+    region()
+    t1, r1 = time.process_time(), resource.getrusage(resource.RUSAGE_SELF)
+    mark(MARKERS[1])
+    with open(result, "w") as f:
+        json.dump({"minflt": r1.ru_minflt - r0.ru_minflt, "majflt": r1.ru_majflt - r0.ru_majflt,
+                   "cpu_s": t1 - t0, "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime}, f)
+
+
 def main(argv: list[str]) -> int:
     global _plan
     with open(argv[1], "rb") as f:
@@ -74,16 +107,22 @@ def main(argv: list[str]) -> int:
         print("the counting plan holds no batch", file=sys.stderr)
         return 2
     maker.make(*batches[0])
-    if requests_work():
+    if len(argv) > 3 and argv[2] == "--native":
+        native(argv[3])
+    elif requests_work():
         request = requester()
         gc.collect()
         request(START_INSTRUMENTATION)
+        mark(MARKERS[0])
         request(TOGGLE_COLLECT)
         region()
         request(TOGGLE_COLLECT)
+        mark(MARKERS[1])
     else:
         gc.collect()
+        mark(MARKERS[0])
         ctypes.pythonapi.PyRun_SimpleString(b"region()")
+        mark(MARKERS[1])
     if failed:
         exc = failed[0]
         print(f"making a counted batch failed: {type(exc).__name__}: {exc}", file=sys.stderr)

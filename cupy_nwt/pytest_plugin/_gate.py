@@ -17,11 +17,14 @@ beside the headline ``<key>``) and each figure is judged on its own (:func:`judg
 The interval knows only the rounds of the two runs; what moves between runs the limit absorbs. The
 figures (:data:`MEASURES`): ``samples_per_s`` (wall clock) and ``gbps`` (device time, higher is
 better); ``cpu_s_per_1k`` (CPU seconds of the pipeline per 1,000 samples) and
-``instructions_per_sample`` (lower is better). Against a **stored baseline** (:class:`Context`):
+``cost_per_sample`` and ``instructions_per_sample`` (lower is better). Against a **stored baseline**
+(:class:`Context`):
 
-* **exact instruction counts** (callgrind, the same samples on both sides: ``Context.exact_counts``)
-  do not move between runs of the same code, so they are judged at their own tight limit
-  (``--nwt-instructions-drop``, 1%) and decide for a CPU-bound pipeline;
+* **exact counts** (callgrind, the same samples on both sides: ``Context.exact_counts``) do not move
+  between runs of the same code, so they are judged at their own tight limit (``--nwt-instructions-drop``,
+  1%) and decide for a CPU-bound pipeline: the cost (:mod:`cupy_nwt.pytest_plugin._cost`: instructions,
+  cache misses, page faults and system calls weighed into estimated cycles) where both sides have it
+  under the same weights, its instructions component alone where one side has only that;
 * **no clock is failed**: a shared host's speed drifts by tens of percent between hours, and CPU time
   per sample drifts with it, by more than a 40% slowdown moves it (``bench/gate_noise_proof.py
   --mode cpu``, figures in ``bench/results/README.md``). So samples/s and CPU per sample from another
@@ -34,7 +37,8 @@ better); ``cpu_s_per_1k`` (CPU seconds of the pipeline per 1,000 samples) and
 
 Against the **base revision measured in the same job** (``--nwt-against``, :func:`compare_against`)
 samples/s and CPU per sample are judged by the ratios of rounds run side by side (``paired``): a
-drift of the machine falls on both rounds of a pair.
+drift of the machine falls on both rounds of a pair; and the base revision's exact counts, counted in
+the same job, are judged against this run's as against a stored baseline.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import ArgumentError
+from ._cost import components_of
 from ._interval import paired_interval, shift_interval
 from ._loader_run import IO_BOUND_CORES
 
@@ -65,8 +70,11 @@ MEASURES: dict[str, Measure] = {
     "gbps": Measure("GB/s", True, "fell"),
     "samples_per_s": Measure("samples/s", True, "fell"),
     "cpu_s_per_1k": Measure("CPU s/1k samples", False, "rose"),
+    "cost_per_sample": Measure("cost/sample", False, "rose"),
     "instructions_per_sample": Measure("instructions/sample", False, "rose"),
 }
+#: the exact counts (callgrind, the same samples on both sides), judged at their own tight limit
+EXACT_KEYS = ("cost_per_sample", "instructions_per_sample")
 THROUGHPUT_KEYS: dict[str, str] = {k: m.unit for k, m in MEASURES.items()}
 #: ``<key>_rounds`` in extra_info holds the key's figure per round.
 ROUNDS_SUFFIX = "_rounds"
@@ -158,12 +166,19 @@ class Context:
     new_counted: str = ""
     old_count_samples: int | None = None  # the samples callgrind counted
     new_count_samples: int | None = None
+    old_cost_model: str = ""  # the cost's weights (._cost.MODEL), "" when no cost was counted
+    new_cost_model: str = ""
 
     @property
     def exact_counts(self) -> bool:
         """Both runs' instructions counted exactly (callgrind) over the same number of samples."""
         return (self.old_counted == self.new_counted == "callgrind"
                 and self.old_count_samples == self.new_count_samples)
+
+    @property
+    def exact_cost(self) -> bool:
+        """Both runs' costs counted exactly, over the same samples, with the same weights."""
+        return self.exact_counts and self.old_cost_model == self.new_cost_model != ""
 
     @property
     def io_bound(self) -> bool:
@@ -207,11 +222,15 @@ def context_of(old_info: Mapping[str, Any], new_info: Mapping[str, Any]) -> Cont
         v = info.get("instructions_samples")
         return v if isinstance(v, int) and not isinstance(v, bool) else None
 
+    def model(info: Mapping[str, Any]) -> str:
+        v = info.get("cost_model")
+        return v if isinstance(v, str) and info.get("cost_per_sample") is not None else ""
+
     return Context(
         num(old_info, "cpu_cores"), num(new_info, "cpu_cores"), num(old_info, "others_cores"),
         num(new_info, "others_cores"), cpus if isinstance(cpus, int) and not isinstance(cpus, bool) else None,
         _differences(old_info.get("machine"), machine), _differences(old_info.get("pipeline"), new_info.get("pipeline")),
-        counted(old_info), counted(new_info), samples(old_info), samples(new_info),
+        counted(old_info), counted(new_info), samples(old_info), samples(new_info), model(old_info), model(new_info),
     )
 
 
@@ -235,7 +254,9 @@ class Comparison:
     new_rounds: tuple[float, ...] = ()
     context: Context = field(default_factory=Context)
     paired: bool = False  # the base revision measured beside this run, round for round (--nwt-against)
-    instructions_limit_pct: float | None = None  # the limit for instructions (exact counts), else max_drop_pct
+    instructions_limit_pct: float | None = None  # the limit for exact counts, else max_drop_pct
+    old_components: Mapping[str, float] | None = None  # cost_per_sample's, per sample (._cost)
+    new_components: Mapping[str, float] | None = None
 
     @property
     def measure(self) -> Measure:
@@ -246,10 +267,26 @@ class Comparison:
         return (self.new - self.old) / self.old * 100.0
 
     def limit(self, max_drop_pct: float | None) -> float | None:
-        """The limit this figure is judged at: exact instruction counts have their own, tighter one."""
-        if max_drop_pct is not None and self.key == "instructions_per_sample" and self.context.exact_counts:
+        """The limit this figure is judged at: exact counts have their own, tighter one."""
+        if max_drop_pct is not None and self.key in EXACT_KEYS and self.context.exact_counts:
             return self.instructions_limit_pct or max_drop_pct
         return max_drop_pct
+
+    def largest_rise(self) -> str:
+        """The cost component whose weighted share rose most, as ``name OLD -> NEW/sample``; "" when unknown."""
+        from ._cost import COMPONENTS, WEIGHTS  # noqa: PLC0415
+
+        old, new = self.old_components, self.new_components
+        if not old or not new:
+            return ""
+        rises = {k: (new[k] - old[k]) * WEIGHTS.get(k, 1.0) for k, _ in COMPONENTS if k in old and k in new}
+        if not rises:
+            return ""
+        k = max(rises, key=lambda key: rises[key])
+        if rises[k] <= 0:
+            return ""
+        name = dict(COMPONENTS)[k]
+        return f"most of it {name}, {_num(old[k])} -> {_num(new[k])} a sample ({signed_change(old[k], new[k])})"
 
     def judgement(self, max_drop_pct: float | None) -> Judgement:
         m, ctx = self.measure, self.context
@@ -263,19 +300,25 @@ class Comparison:
             reason = f"measured beside the base revision in this job, {j.new_rounds} pairs of rounds"
         elif ctx.other_machine:
             verdict, reason = "other-machine", f"baseline from another machine ({ctx.other_machine}): not judged"
-        elif ctx.io_bound and self.key in ("cpu_s_per_1k", "instructions_per_sample"):
+        elif ctx.io_bound and self.key in ("cpu_s_per_1k", *EXACT_KEYS):
             verdict, reason = "reported", "I/O-bound, judged by wall clock (--nwt-against)"
         elif self.key == "samples_per_s":
             verdict = "reported"
             reason = ("wall clock against a baseline from another time is information; --nwt-against REV "
                       "judges it in the same job")
+        elif self.key == "cost_per_sample" and not ctx.exact_cost:
+            verdict = "reported"
+            reason = ("counted over different samples or with other weights in the baseline"
+                      if ctx.exact_counts else "not counted exactly on both sides")
+        elif self.key == "instructions_per_sample" and ctx.exact_cost:
+            verdict, reason = "reported", "a component of cost/sample, which decides"
         elif self.key == "instructions_per_sample" and ctx.old_counted != ctx.new_counted:
             verdict = "reported"
             reason = f"counted by {ctx.old_counted or 'nothing'} in the baseline, {ctx.new_counted or 'nothing'} here"
         elif self.key == "instructions_per_sample" and ctx.old_counted == "callgrind" and not ctx.exact_counts:
             verdict, reason = "reported", "callgrind counted a different number of samples in the baseline"
         elif self.key == "cpu_s_per_1k" and ctx.exact_counts:
-            verdict, reason = "reported", "exact instruction counts decide"
+            verdict, reason = "reported", "exact counts decide"
         elif self.key == "cpu_s_per_1k":
             verdict = "reported"
             reason = ("CPU time against a baseline from another time is information (it drifts with the machine); "
@@ -298,12 +341,14 @@ class Comparison:
             detail = f" (medians of {j.old_rounds}|{j.new_rounds} rounds, {interval})"
         if j.verdict == "regressed":
             head = f"{m.unit} {m.worse} {j.worse_pct:.1f}% (more than {max_drop_pct:g}%): {figures}"
+            rise = self.largest_rise() if self.key == "cost_per_sample" else ""
+            head += f"; {rise}" if rise else ""
         elif j.verdict == "inconclusive":
-            head = f"{m.unit} inconclusive, the noise reaches past the {max_drop_pct:g}% limit: {figures} ({j.change_pct:+.1f}%)"
+            head = f"{m.unit} inconclusive, the noise reaches past the {max_drop_pct:g}% limit: {figures} ({signed_change(j.old, j.new)})"
             if j.reason:
-                head = f"{m.unit} inconclusive: {figures} ({j.change_pct:+.1f}%)"
+                head = f"{m.unit} inconclusive: {figures} ({signed_change(j.old, j.new)})"
         else:
-            head = f"{m.unit} {figures} ({j.change_pct:+.1f}%)"
+            head = f"{m.unit} {figures} ({signed_change(j.old, j.new)})"
         why = f"; {j.reason}" if j.reason else ""
         changed = f" (pipeline changed: {self.context.pipeline_change})" if self.context.pipeline_change else ""
         return f"{self.fullname}: {head}{detail}{why}{changed} [baseline {self.source}]"
@@ -316,6 +361,19 @@ class Comparison:
 
 def _num(x: float) -> str:
     return f"{x:,.2f}" if abs(x) >= 1 else f"{x:.4g}"
+
+
+def signed_change(old: float, new: float) -> str:
+    """The change from ``old`` to ``new`` as shown beside them: two significant digits below 1%, so that a
+    small real change never prints as +0.0%."""
+    if old == 0:
+        return "new" if new else "+0%"
+    pct = (new - old) / old * 100.0
+    if pct == 0:
+        return "+0%"
+    if abs(pct) >= 1:
+        return f"{pct:+.1f}%"
+    return f"{pct:+.2g}%"
 
 
 def _positive(value: Any) -> float | None:
@@ -363,12 +421,15 @@ def compare_throughput(
             (old, old_rounds), (new, new_rounds) = figure(old_info, key), figure(info, key)
             if old is not None and new is not None:
                 out.append(Comparison(fullname, key, old, new, source, old_rounds, new_rounds, ctx,
-                                      instructions_limit_pct=instructions_limit_pct))
+                                      instructions_limit_pct=instructions_limit_pct,
+                                      old_components=components_of(old_info), new_components=components_of(info)))
     return out
 
 
-def compare_against(current: Mapping[str, Mapping[str, Any]]) -> list[Comparison]:
-    """Each benchmark measured beside a base revision (``extra_info["against"]``): its paired figures."""
+def compare_against(current: Mapping[str, Mapping[str, Any]],
+                    instructions_limit_pct: float | None = None) -> list[Comparison]:
+    """Each benchmark measured beside a base revision (``extra_info["against"]``): its paired figures, and
+    its exact counts against the base revision's, counted in the same job."""
     out = []
     for fullname, info in current.items():
         base = info.get("against")
@@ -380,4 +441,11 @@ def compare_against(current: Mapping[str, Mapping[str, Any]]) -> list[Comparison
             if old_rounds and len(old_rounds) == len(new_rounds):
                 out.append(Comparison(fullname, key, statistics.median(old_rounds), statistics.median(new_rounds),
                                       source, old_rounds, new_rounds, paired=True))
+        ctx = context_of(base, info)
+        for key in EXACT_KEYS:
+            old, new = _positive(base.get(key)), _positive(info.get(key))
+            if old is not None and new is not None and ctx.exact_counts:
+                out.append(Comparison(fullname, key, old, new, source, context=ctx,
+                                      instructions_limit_pct=instructions_limit_pct,
+                                      old_components=components_of(base), new_components=components_of(info)))
     return out

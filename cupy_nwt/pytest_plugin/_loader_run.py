@@ -28,6 +28,9 @@ from ..errors import RunError
 from ._cpu import PipelineClock, Reading, window
 from ._interval import median_halfwidth, rounds_for
 
+#: seconds the base revision's count may take after this run's own (both count at once)
+COUNT_TIMEOUT_S = 900.0
+
 #: a round lasts at least this long. The CPU of a round is the pipeline's over its window, but the
 #: batches counted are those handed out, and workers run up to ``prefetch_factor`` batches ahead:
 #: a round gains or loses the batches in flight at its edges, an error that telescopes away over a
@@ -230,6 +233,25 @@ def paired_run(runner: RoundRunner, base: Any, least_batches: int, target_pct: f
     return Sizing(k, stopped, target_pct, 100.0 * hw if math.isfinite(hw) else None, "samples_per_s"), theirs
 
 
+def counts_info(source: Any, loader: Any, samples: int | None) -> dict[str, Any]:
+    """The exact counts of ``loader``'s pipeline on ``source`` as ``extra_info`` keys; ``count_note`` when none."""
+    from ._callgrind import CallgrindError  # noqa: PLC0415
+    from ._cost import MODEL  # noqa: PLC0415
+    from ._count import count_pipeline  # noqa: PLC0415
+
+    try:
+        c = count_pipeline(source, batch_size=loader.batch_size, collate_fn=loader.collate_fn,
+                           batch_transform=loader.batch_transform, samples=samples)
+    except CallgrindError as exc:
+        return {"count_note": str(exc)}
+    out: dict[str, Any] = {"instructions_per_sample": c.per_sample, "instructions_counted_by": "callgrind",
+                           "instructions_samples": c.samples, "count_seconds": c.seconds}
+    if c.cost is not None:
+        out.update(cost_per_sample=c.cost.total, cost_components=c.cost.to_dict(), cost_model=MODEL,
+                   native_cpu_s_per_1k=c.native_cpu_s_per_1k)
+    return out
+
+
 def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, warmup: int, rounds: int | None,
                          target_noise_pct: float, max_seconds: float, loader_kwargs: dict[str, Any],
                          node: Any = None, against: Any = None, count: bool = False,
@@ -290,7 +312,8 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
                                 return round_figures(runner.rounds[-1])
                             return round_figures(runner.round(sizes[0]))
 
-                        serve(serving, {"ready": True}, one)
+                        serve(serving, {"ready": True}, one,
+                              lambda n: counts_info(source, loader, n) if count else {"count_note": "counting is off"})
                         sizing = Sizing(sizes[0] if sizes else 0, "served", None, None, "samples_per_s")
                     elif base is not None:
                         base.wait_ready()
@@ -302,6 +325,14 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
             finally:
                 stream.close()  # end the epoch's iterator before the loader closes
             pipeline = pipeline_of(loader, dataset)
+        if count and base is not None and theirs:
+            base.ask_count(count_samples)  # the base revision counts while this one does
+        counts: dict[str, Any] = {}
+        if count and serving is None:
+            counts = counts_info(source, loader, count_samples)
+            if "count_note" in counts:
+                why_not = f"{counts['count_note']}; {why_not}" if why_not else str(counts["count_note"])
+        base_counts = base.counted(COUNT_TIMEOUT_S) if count and base is not None and theirs else {}
     finally:
         if counter is not None:
             counter.close()
@@ -315,18 +346,8 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
         against_info = {
             "rev": against.commit, "rev_name": against.name, "pairs": len(theirs),
             "samples_per_s_rounds": [b["samples"] / b["wall_s"] for b in theirs],
-            "cpu_s_per_1k_rounds": [1000.0 * b["cpu_s"] / b["samples"] for b in theirs],
+            "cpu_s_per_1k_rounds": [1000.0 * b["cpu_s"] / b["samples"] for b in theirs], **base_counts,
         }
-    counted = None
-    if count and serving is None:
-        from ._callgrind import CallgrindError  # noqa: PLC0415
-        from ._count import count_pipeline  # noqa: PLC0415
-
-        try:
-            counted = count_pipeline(source, batch_size=loader.batch_size, collate_fn=loader.collate_fn,
-                                     batch_transform=loader.batch_transform, samples=count_samples)
-        except CallgrindError as exc:
-            why_not = f"{exc}; {why_not}" if why_not else str(exc)
     replay = iter([1000.0 * r.wall_s / r.samples for r in done])
     benchmark.pedantic(lambda: ROUND_CLOCK.advance(next(replay)), rounds=len(done), warmup_rounds=0, iterations=1)
     samples, wall = sum(r.samples for r in done), sum(r.wall_s for r in done)
@@ -334,8 +355,8 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
     ins_note = why_not or ("" if ins_rounds else "the counter read no instructions")
     ins = (sum(r.instructions or 0 for r in done) / samples) if ins_rounds else None
     by = "perf" if ins_rounds else ""
-    if counted is not None:
-        ins, ins_rounds, ins_note, by = counted.per_sample, (), "", "callgrind"
+    if "instructions_per_sample" in counts:
+        ins, ins_rounds, ins_note, by = counts["instructions_per_sample"], (), "", "callgrind"
     peak = sampler.peak
     return LoaderBenchmarkResult(
         batches=sum(r.batches for r in done), samples=samples, seconds=wall,
@@ -349,8 +370,10 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
         others_cores=sum(r.others_cores * r.wall_s for r in done) / wall if wall > 0 else None,
         cpus_watched=len(clock.cpus),
         instructions_per_sample=ins, instructions_per_sample_rounds=ins_rounds, instructions_note=ins_note,
-        instructions_counted_by=by, instructions_samples=counted.samples if counted else None,
-        count_seconds=counted.seconds if counted else None, against=against_info,
+        instructions_counted_by=by, instructions_samples=counts.get("instructions_samples"),
+        count_seconds=counts.get("count_seconds"), cost_per_sample=counts.get("cost_per_sample"),
+        cost_components=counts.get("cost_components") or {}, cost_model=counts.get("cost_model", ""),
+        native_cpu_s_per_1k=counts.get("native_cpu_s_per_1k"), against=against_info,
         batches_per_round=sizing.batches_per_round, stopped=sizing.stopped,
         target_noise_pct=sizing.target_noise_pct, noise_pct=sizing.noise_pct, decided_by=sizing.decided_by,
         pipeline=pipeline, machine=machine_fingerprint().to_dict(),

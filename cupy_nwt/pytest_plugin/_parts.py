@@ -77,7 +77,8 @@ class LoaderBenchmarkResult:
     throughput gate judges. ``cpu_s_per_1k`` is CPU seconds per 1,000 samples of the main process
     and every process it started; ``instructions_per_sample`` is the exact count of callgrind
     (``instructions_counted_by``) over a fixed set of samples, else perf's per round where the kernel
-    allows, else None and ``instructions_note`` says why. ``against`` holds, under ``--nwt-against``,
+    allows, else None and ``instructions_note`` says why. ``cost_per_sample`` weighs the same count's
+    cache misses, page faults and system calls in (``cost_components``; :mod:`cupy_nwt.pytest_plugin._cost`). ``against`` holds, under ``--nwt-against``,
     the base revision's rounds, each measured beside the round of the same index here. ``cpu_cores`` is the pipeline's CPU seconds per wall
     second, ``others_cores`` the same for everything else on the ``cpus_watched`` CPUs this process may
     run on, meanwhile.
@@ -106,6 +107,10 @@ class LoaderBenchmarkResult:
     instructions_counted_by: str = ""  # "callgrind" (exact, one figure), "perf" (per round) or "" (none)
     instructions_samples: int | None = None  # the samples callgrind counted
     count_seconds: float | None = None  # the count's seconds under callgrind (CI time it costs)
+    cost_per_sample: float | None = None  # instructions, cache misses and kernel work weighed in (._cost)
+    cost_components: dict[str, float] = field(default_factory=dict)  # per sample, unweighted
+    cost_model: str = ""  # the weights' name (._cost.MODEL)
+    native_cpu_s_per_1k: float | None = None  # the counted region's CPU natively (information)
     against: dict[str, Any] = field(default_factory=dict)  # --nwt-against: the base revision's paired rounds
     batches_per_round: int = 0
     stopped: str = "fixed"

@@ -18,7 +18,8 @@ import pytest
 
 from ._against import AgainstError, BaseRevision
 from ._baseline import load_baseline, save_baseline
-from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_against, compare_throughput, figure
+from ._cost import COMPONENTS, WEIGHTS, components_of
+from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_against, compare_throughput, figure, signed_change
 
 #: verdicts from worst to best, for a benchmark's overall verdict in the table
 _RANK = ("regressed", "no baseline", "inconclusive", "other-machine", "ok", "reported", "compared")
@@ -104,7 +105,7 @@ class ThroughputGate:
     def evaluate(self, config: pytest.Config) -> None:
         self.evaluated = True
         self.current = current_figures(config)
-        self.comparisons += compare_against(self.current)
+        self.comparisons += compare_against(self.current, self.options.instructions_drop_pct)
         baselines = self._baselines(config)
         for source, mapping in baselines:
             self.comparisons += compare_throughput(self.current, mapping, source, self.options.instructions_drop_pct)
@@ -186,7 +187,7 @@ class ThroughputGate:
         by_bench: dict[str, dict[str, Comparison]] = {}
         for c in self.comparisons:
             by_bench.setdefault(c.fullname, {}).setdefault(c.key, c)
-        keys = [k for k in ("samples_per_s", "gbps", "cpu_s_per_1k", "instructions_per_sample")
+        keys = [k for k in ("samples_per_s", "gbps", "cpu_s_per_1k", "cost_per_sample", "instructions_per_sample")
                 if any(figure(info, k)[0] is not None for info in self.current.values())]
         head = ["benchmark"]
         for k in keys:
@@ -202,7 +203,7 @@ class ThroughputGate:
                 now = figure(info, k)[0]
                 if found is not None:
                     j = found.judgement(self.max_drop_pct)
-                    row += [_fmt(j.new), _fmt(j.old), f"{j.change_pct:+.1f}%"]
+                    row += [_fmt(j.new), _fmt(j.old), signed_change(j.old, j.new)]
                 else:
                     row += [_fmt(now) if now is not None else "-", "-", ""]
             judged = [c.judgement(self.max_drop_pct).verdict for c in mine.values()]
@@ -218,11 +219,30 @@ class ThroughputGate:
             return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
 
         out = [(line(head), "note")]
-        out += [(line(r), v) for r, v in zip(rows, verdicts)]
+        for (name, info), r, v in zip(self.current.items(), rows, verdicts):
+            out.append((line(r), v))
+            cost = by_bench.get(name, {}).get("cost_per_sample")
+            parts = components_line(cost.old_components if cost else None, components_of(info))
+            if parts:
+                out.append((f"  cost/sample = {parts}", "note"))
         notes = sorted({str(info.get("instructions_note")) for info in self.current.values()
                         if info.get("instructions_note")})
         out += [(f"instructions not counted: {n}", "note") for n in notes]
         return out
+
+
+def components_line(old: Mapping[str, float] | None, new: Mapping[str, float] | None) -> str:
+    """Every component of the cost, weighted, with the baseline's figure and the change where there is one."""
+    if not new:
+        return ""
+    parts = []
+    for k, name in COMPONENTS:
+        w = WEIGHTS.get(k, 1.0)
+        text = f"{name} {_fmt(new[k])}" + (f" x {w:,.0f}" if w != 1.0 else "")
+        if old and k in old:
+            text += f" (baseline {_fmt(old[k])}, {signed_change(old[k], new[k])})"
+        parts.append(text)
+    return " + ".join(parts) + " a sample"
 
 
 def _fmt(x: float | None) -> str:

@@ -38,3 +38,31 @@ def test_bad_arguments_stop_before_any_run(argv, capsys):
         gnp.main(argv)
     assert exc.value.code == 2
     assert "--runs must be >= 1 and --limit between 0 and 100" in capsys.readouterr().err
+
+
+def test_the_plants_mode_runs_the_docs_pipeline_with_each_regression_users_make():
+    groups = gnp.MODES["plants"]
+    assert set(groups) == {"unchanged", *gnp.PLANTS} and len(gnp.PLANTS) == 6
+    assert all(gnp.TARGETS[p] == ("at least", 19) for p in gnp.PLANTS) and gnp.TARGETS["unchanged"] == ("at most", 0)
+    sources = {name: gnp.pipeline_source("plants", plant) for name, plant in groups.items()}
+    for text in sources.values():
+        compile(text, "pipeline.py", "exec")
+    assert "PLANT = 'none'" in sources["unchanged"] and "PLANT = 'numpy passes'" in sources["numpy passes"]
+    assert "np.ascontiguousarray(images * 1.0)" in sources["numpy passes"]
+    test = gnp.PLANTED_TEST.format(batches=12, count=128)
+    assert "batch_size=128, num_workers=2, persistent_workers=True" in test and "count_samples=128" in test
+
+
+def test_the_summary_names_the_figure_that_caught_each_run():
+    def run(code: int, caught: list[str]) -> dict:
+        return {"exit_code": code, "seconds": 60.0, "figures": {"caught_by": caught}}
+
+    doc = {"runs_per_group": 2, "started_unix": 0.0, "baseline": {}, "groups": {
+        "numpy passes": {"work": "numpy passes", "runs": [run(1, ["cost_per_sample (stored)"]),
+                                                          run(1, ["cost_per_sample (stored)"])]},
+        "unchanged": {"work": "none", "runs": [run(0, []), run(0, [])]}}}
+    gnp.summary(doc)
+    passes = doc["groups"]["numpy passes"]
+    assert passes["met"] and passes["caught_by"] == {"cost_per_sample (stored)": 2}
+    assert passes["target"] == "at least 1.9 of 2 fail" and passes["seconds_a_run"]["median"] == 60.0
+    assert doc["groups"]["unchanged"]["met"]

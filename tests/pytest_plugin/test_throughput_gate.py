@@ -405,7 +405,7 @@ def test_exact_counts_are_judged_at_their_own_limit_and_decide_over_cpu_time():
     assert ins.regressed(5) and ins.limit(5) == 1.0  # +1.5%: inside the wall-clock limit, beyond the count's
     assert "instructions/sample rose 1.5% (more than 1%)" in ins.message(5)
     cpu = got["cpu_s_per_1k"].judgement(5)
-    assert cpu.verdict == "reported" and cpu.reason == "exact instruction counts decide"
+    assert cpu.verdict == "reported" and cpu.reason == "exact counts decide"
     same = compare_throughput({"t::a": _counted(1_000_400)}, {"t::a": {"fullname": "t::a",
                               "extra_info": _counted(1_000_000)}}, "b", instructions_limit_pct=1.0)
     assert not any(c.regressed(5) for c in same)
