@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from ..errors import ArgumentError
 from ..nwt.measure import median_interval
 
 LEVEL = 0.9  # the bootstrap interval's coverage, as the tuner's studies use
@@ -28,7 +29,7 @@ def judge(low: float, high: float, target: float, higher_is_better: bool = True)
         higher_is_better: True when the target is a floor (">= 0.97"), False when it is a ceiling ("< 5 %").
     """
     if low > high:
-        raise ValueError(f"an interval needs low <= high, got [{low}, {high}]")
+        raise ArgumentError(f"an interval needs low <= high, got [{low}, {high}]")
     good_low, good_high = (low >= target, high < target) if higher_is_better else (high < target, low >= target)
     return "met" if good_low else "missed" if good_high else "undecided"
 

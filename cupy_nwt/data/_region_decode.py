@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArgumentError, CorruptImageError
+from ..errors import ArgumentError, CorruptImageError, DataError
 from ._images import _ADDRESS, decode_image
 from ._resize import resize_box
 
@@ -150,14 +150,14 @@ class EncodedImage:
             sh, sw = -(-self.height // s), -(-self.width // s)
             a = simplejpeg_module().decode_jpeg(self.data, colorspace="RGB", min_height=sh, min_width=sw)
             if a.shape[:2] != (sh, sw):  # simplejpeg chose another factor: never expected, refused loudly
-                raise ValueError(f"decoded at {a.shape[:2]}, not at the 1/{s} scale {sh}x{sw}")
+                raise DataError(f"decoded at {a.shape[:2]}, not at the 1/{s} scale {sh}x{sw}")
             return a
         if self.kind == "pillow":
             im = self._pil
             if s > 1:
                 im.draft("RGB", (self.width // s, self.height // s))  # Pillow picks the largest s that fits
                 if im.size != (-(-self.width // s), -(-self.height // s)):
-                    raise ValueError(f"Pillow's draft gave {im.size}, not the 1/{s} scale")
+                    raise DataError(f"Pillow's draft gave {im.size}, not the 1/{s} scale")
             im.load()
             return np.asarray(im if im.mode == "RGB" else im.convert("RGB"))
         assert self._array is not None

@@ -239,7 +239,7 @@ def test_image_folder_and_loader_make_the_imagenet_batch(folder: Path) -> None:
     ds = ImageFolder(folder, transform=Compose([RandomResizedCrop(32, seed=0), RandomHorizontalFlip()]))
     img, label = ds[0]
     assert img.shape == (32, 32, 3) and img.dtype == np.uint8 and label == 0
-    batches = list(DataLoader(ds, batch_size=4, device="cpu", batch_transform=NormalizeBatch()))
+    batches = list(DataLoader(ds, batch_size=4, device="cpu", batch_transform=NormalizeBatch(), output="numpy"))
     assert [b[0].shape for b in batches] == [(4, 3, 32, 32), (2, 3, 32, 32)]
     assert batches[0][0].dtype == np.float32
 

@@ -93,7 +93,8 @@ def test_through_the_loader_straight_from_the_ring(folder, codec):
     decoder = GpuJpegDecoder((24, 40), device="cpu", source=ds.sample_source, codec=chosen)
     seen = []
     # zero_copy: the batch is a read-only view of the ring's slot, decoded before the next batch is asked for
-    with DataLoader(ds, batch_size=3, num_workers=2, shuffle=True, seed=0, zero_copy=True, device="cpu") as dl:
+    with DataLoader(ds, batch_size=3, num_workers=2, shuffle=True, seed=0, zero_copy=True, device="cpu",
+                    output="numpy") as dl:
         for batch in dl:
             assert not batch["jpeg"].flags.writeable
             images = decoder(batch)
@@ -314,7 +315,8 @@ def test_gpu_path_through_the_loader_straight_from_the_ring(smooth_folder):
     ds = EncodedJpegs(ImageFolder(smooth_folder), max_bytes=65536, seed=8)
     gpu, cpu = GpuJpegDecoder(56, device="cuda", source=ds.sample_source), GpuJpegDecoder(56, device="cpu")
     seen = []
-    with DataLoader(ds, batch_size=3, num_workers=2, shuffle=True, seed=0, zero_copy=True, device="cpu") as dl:
+    with DataLoader(ds, batch_size=3, num_workers=2, shuffle=True, seed=0, zero_copy=True, device="cpu",
+                    output="numpy") as dl:
         for batch in dl:
             images = gpu(batch)
             assert cuda.is_device_array(images) and images.shape == (len(batch["index"]), 3, 56, 56)

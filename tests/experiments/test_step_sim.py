@@ -203,7 +203,7 @@ def test_gpu_feed_main_writes_both_loops_of_every_mode_side_by_side(tmp_path, mo
     measure = gpu_feed.measure
     monkeypatch.setattr(gpu_feed, "measure", functools.partial(measure, clock=clock))
     monkeypatch.setattr(gpu_feed, "batches", batches)
-    monkeypatch.setattr(gpu_feed, "make_workloads", lambda root: [types.SimpleNamespace(name="numba-array")])
+    monkeypatch.setattr(gpu_feed, "make_workloads", lambda root, **kw: [types.SimpleNamespace(name="numba-array")])
     monkeypatch.setattr(gpu_feed, "SimulatedStep", lambda seconds: TimelineGpu(clock, seconds))
     monkeypatch.setattr(gpu_feed, "first_loader_seconds", lambda workload, batch_size: 4.5)
     monkeypatch.setattr(gpu_feed, "torch_cuda_reason", lambda: "torch has no usable CUDA")

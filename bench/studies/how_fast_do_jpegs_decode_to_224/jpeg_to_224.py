@@ -58,6 +58,15 @@ from typing import Any
 
 import numpy as np
 
+try:  # the study's own needs, beyond the package's: said in one line by main() where absent
+    import simplejpeg
+    from skimage import data as skimage_data
+    from sklearn.datasets import load_sample_images
+    MISSING = ""
+except ImportError as exc:
+    simplejpeg = skimage_data = load_sample_images = None
+    MISSING = f"jpeg_to_224: needs simplejpeg, scikit-image and scikit-learn ({exc})"
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 SET_VERSION = 1
@@ -74,8 +83,7 @@ SIZES = {"imagenet": {"images": 512, "long": 500, "shorts": (375, 333, 281)},
 
 def source_photos() -> list[np.ndarray]:
     """The photographs the packages ship (RGB uint8); nothing is downloaded."""
-    from skimage import data
-    from sklearn.datasets import load_sample_images
+    data = skimage_data
 
     photos = list(load_sample_images().images)
     for name in ("astronaut", "coffee", "chelsea", "rocket", "retina", "hubble_deep_field"):
@@ -271,8 +279,6 @@ def loader_rate(arm: str, folder: Path, workers: int, prefetch: int, batches: in
 
 
 def _decode_chunk(args: tuple[list[str], int]) -> int:
-    import simplejpeg
-
     files, scale = args
     for f in files:
         data = Path(f).read_bytes()
@@ -306,7 +312,6 @@ def floor_rate(folder: Path, workers: int, images: int, scale: int) -> float:
 
 def binding_paths() -> dict[str, Callable[[bytes], Any]]:
     """Every way of turning one file into the 224 crop (or, for the floors, just decoding it)."""
-    import simplejpeg
     from PIL import Image
 
     from cupy_nwt.data import RandomResizedCrop
@@ -340,6 +345,8 @@ def pyturbojpeg_status() -> str:
         from turbojpeg import TurboJPEG
 
         TurboJPEG()
+    except ImportError as exc:
+        return f"unavailable: {exc}"
     except Exception as exc:  # noqa: BLE001 - any reason it cannot run is the answer
         return f"unavailable: {' '.join(str(exc).split())[:160]}"
     return "available (not measured by this script)"
@@ -450,6 +457,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "Numba cache was rebuilt during the first count, which the difference then holds)")
     ap.add_argument("--count-child", nargs=3, metavar=("ARM", "FOLDER", "IMAGES"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if MISSING:
+        print(MISSING, file=sys.stderr)
+        return 3
     if args.count_child:
         count_child(args.count_child[0], args.count_child[1], int(args.count_child[2]))
         return 0
