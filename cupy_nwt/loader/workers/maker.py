@@ -166,15 +166,20 @@ class BatchMaker:
         """``reader_state`` with the stream opened first if it is still to open (torchdata's iterator exists from
         ``iter(loader)`` on: a state asked for before the first batch holds it). The stream is then not opened
         again by the first pull; an ``__iter__`` that raises here fails the first batch instead."""
+        try:
+            self._open_if_fresh()
+        except Exception as exc:  # noqa: BLE001 - the first batch's failure, raised in its turn
+            self._stream, self._open_error = None, exc
+        return self.reader_state()
+
+    def _open_if_fresh(self) -> None:
+        """Open the stream if it is still to open (an exhausted one at once: nothing to pull)."""
         if self._fresh:
             self._fresh = False
             try:
                 self._open()
             except StopIteration:
                 self._stream = None
-            except Exception as exc:  # noqa: BLE001 - the first batch's failure, raised in its turn
-                self._stream, self._open_error = None, exc
-        return self.reader_state()
 
     def restore(self, state: Any, skip: int, epoch: int | None = None, pipe_seed: int | None = None) -> None:
         """Prepare this reader before its first sample: the dataset's ``set_epoch(epoch)`` (if given and it has one:
@@ -234,12 +239,7 @@ class BatchMaker:
         if self._open_error is not None:
             error, self._open_error = self._open_error, None
             raise error
-        if self._fresh:
-            self._fresh = False
-            try:
-                self._open()
-            except StopIteration:
-                self._stream = None
+        self._open_if_fresh()
         if self._stream is None:
             raise StreamEnd
         try:
