@@ -12,6 +12,9 @@ from PIL import Image
 from cupy_nwt.data import gpu_decode_status
 
 STUDY = Path(__file__).resolve().parents[2] / "bench" / "studies" / "does_the_gpu_decode_jpegs" / "gpu_decode.py"
+needs_photographs = pytest.mark.skipif(
+    importlib.util.find_spec("sklearn") is None and importlib.util.find_spec("skimage") is None,
+    reason="the study's photographs come from scikit-learn or scikit-image, neither installed")
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +26,7 @@ def study():
     return module
 
 
+@needs_photographs
 def test_dry_run_writes_every_arm_with_its_interval(study, tmp_path):
     assert study.main(["--dry-run", "--out-dir", str(tmp_path)]) == 0
     (out,) = tmp_path.glob("gpu_decode-*.json")
@@ -36,6 +40,7 @@ def test_dry_run_writes_every_arm_with_its_interval(study, tmp_path):
         assert len(s["images_per_s"]) == 3 and s["interval_90"][0] <= s["median"] <= s["interval_90"][1]
 
 
+@needs_photographs
 def test_the_set_is_photographs_re_encoded_near_the_size_asked(study, tmp_path):
     info = study.make_set(tmp_path, 6, (75, 100), seed=1, classes=2)
     assert info["images"] == 6 and info["photographs"] in ("sklearn.datasets.load_sample_images", "skimage.data")
