@@ -17,7 +17,8 @@ interleaved in rotating order over ``--rounds`` rounds, each on a fresh loader w
   torchvision makes (torchvision cannot be installed beside this CPU torch): ``Image.open`` ->
   ``convert("RGB")`` -> ``crop`` -> ``resize(BILINEAR)`` -> flip -> ToTensor -> Normalize;
 * ``cupy_nwt``: ``ImageFolder(transform=RandomResizedCrop(224, flip_p=0.5, normalize=(IMAGENET_MEAN,
-  IMAGENET_STD)))``: the crop decoded at a DCT scale, one resize whose last pass also flips and
+  IMAGENET_STD)))``: the crop's rectangle decoded at a DCT scale (the project's libjpeg-turbo
+  extension where built: rows below the crop never decoded, columns outside it not transformed), one resize whose last pass also flips and
   normalises into float32 CHW, collated straight into the loader's shared-memory slot;
 * ``cupy_nwt-uint8``: the project's usual layout, uint8 HWC samples
   (``Compose([RandomResizedCrop(224), RandomHorizontalFlip()])``) normalised per batch by
@@ -314,9 +315,14 @@ def binding_paths() -> dict[str, Callable[[bytes], Any]]:
     """Every way of turning one file into the 224 crop (or, for the floors, just decoding it)."""
     from PIL import Image
 
-    from cupy_nwt.data import RandomResizedCrop
+    from cupy_nwt.data import RandomResizedCrop, jpeg_region
 
     sj, pil = RandomResizedCrop(SIZE, seed=0, backend="simplejpeg"), RandomResizedCrop(SIZE, seed=0, backend="pillow")
+    region = {}
+    if jpeg_region.available():
+        lj = RandomResizedCrop(SIZE, seed=0, backend="libjpeg")
+        region = {"libjpeg-turbo region at the DCT scale, resize (cupy_nwt backend='libjpeg', the default)":
+                  lambda d: lj.from_bytes(d, "x")}
 
     def pil_full_crop(data: bytes) -> Any:
         with Image.open(io.BytesIO(data)) as im:
@@ -335,6 +341,7 @@ def binding_paths() -> dict[str, Callable[[bytes], Any]]:
     return {"pillow whole decode, crop, resize (torchvision's calls)": pil_full_crop,
             "pillow draft at the DCT scale, crop, resize (cupy_nwt backend='pillow')": lambda d: pil.from_bytes(d, "x"),
             "simplejpeg at the DCT scale, crop, resize (cupy_nwt backend='simplejpeg')": lambda d: sj.from_bytes(d, "x"),
+            **region,
             "pillow whole decode only": pil_decode,
             "simplejpeg whole decode only": lambda d: simplejpeg.decode_jpeg(d, colorspace="RGB"),
             "simplejpeg 1/8 decode (entropy bound)": sj_eighth}
@@ -350,6 +357,13 @@ def pyturbojpeg_status() -> str:
     except Exception as exc:  # noqa: BLE001 - any reason it cannot run is the answer
         return f"unavailable: {' '.join(str(exc).split())[:160]}"
     return "available (not measured by this script)"
+
+
+def region_decoder_status() -> str:
+    from cupy_nwt.data import jpeg_region
+
+    version = jpeg_region.libjpeg_turbo_version()
+    return f"built against libjpeg-turbo {version}" if version else "not built: crops decode with simplejpeg"
 
 
 def binding_rates(folder: Path, rounds: int, images: int) -> dict[str, list[float]]:
@@ -493,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "counts run beside the timing; arms interleaved in rotating order each round so that a "
                       "busy spell falls on every arm alike",
         "load_average_at_start": os.getloadavg(),
-        "pyturbojpeg": pyturbojpeg_status(), "sizes": {}}
+        "pyturbojpeg": pyturbojpeg_status(), "region_decoder": region_decoder_status(), "sizes": {}}
     for kind in sizes:
         folder = folders[kind]
         entry: dict[str, Any] = {"set": set_summary(folder), "batch_size": batch_sizes[kind]}
