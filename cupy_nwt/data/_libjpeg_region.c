@@ -101,8 +101,12 @@ static int decode(const unsigned char *data, size_t size, int scale, int top, in
         memcpy(out + (size_t)r * (size_t)width * 3, row[0] + (size_t)shift * 3, (size_t)width * 3);
     }
     if (to_the_end) {
+        /* skipping to the very end decodes nothing, so the last row is read: every block is then
+         * entropy-decoded, and the end of the data is met */
+        if (cinfo.output_scanline + 1 < cinfo.output_height)
+            jpeg_skip_scanlines(&cinfo, cinfo.output_height - cinfo.output_scanline - 1);
         if (cinfo.output_scanline < cinfo.output_height)
-            jpeg_skip_scanlines(&cinfo, cinfo.output_height - cinfo.output_scanline);
+            jpeg_read_scanlines(&cinfo, row, 1);
         jpeg_finish_decompress(&cinfo);
     } else {
         jpeg_abort_decompress(&cinfo);
