@@ -438,15 +438,18 @@ def recount(args: argparse.Namespace) -> int:
 
     kind, arm = args.recount.split("=")
     out = args.out or HERE / f"jpeg_to_224-{platform.node() or 'host'}-{os.cpu_count()}cpu.json"
-    result = json.loads(out.read_text())
-    entry = result["sizes"][kind]
-    small, large = entry["instructions_counted_over"]
+    counted_over = json.loads(out.read_text())["sizes"][kind].get("instructions_counted_over")
+    small, large = counted_over or [int(x) for x in dict(kv.split("=") for kv in args.count.split(","))[kind].split(":")]
     folder = build_set(kind, cache_dir() / "jpeg-to-224")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, __file__, "--count-child", arm, str(folder), "1"], env=env, check=True)  # warm caches
-    entry["instructions_per_image"][arm] = instructions_per_image(arm, folder, small, large)
+    count = instructions_per_image(arm, folder, small, large)
+    result = json.loads(out.read_text())  # read again: another recount may have written it meanwhile
+    entry = result["sizes"][kind]
+    entry["instructions_counted_over"] = [small, large]
+    entry.setdefault("instructions_per_image", {})[arm] = count
     ipi = entry["instructions_per_image"]
-    if all(isinstance(v, float) for v in ipi.values()):
+    if isinstance(ipi.get("cupy_nwt"), float) and isinstance(ipi.get("torch"), float):
         entry["cupy_nwt_instructions_over_torch"] = ipi["cupy_nwt"] / ipi["torch"]
     entry.setdefault("recounted", []).append(arm)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -467,8 +470,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="callgrind: images in the short and the long run per size ('' to skip)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--recount", metavar="SIZE=ARM",
-                    help="count one arm's instructions again into the existing result file (e.g. after a "
-                         "Numba cache was rebuilt during the first count, which the difference then holds)")
+                    help="count one arm's instructions (again) into the existing result file (e.g. after a "
+                         "Numba cache was rebuilt during the first count, which the difference then holds, or "
+                         "where the timing's run was stopped before its counts ended)")
     ap.add_argument("--count-child", nargs=3, metavar=("ARM", "FOLDER", "IMAGES"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if MISSING:
