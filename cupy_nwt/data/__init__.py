@@ -5,7 +5,8 @@ CIFAR-10 batches, the synthetic CIFAR-10; ``jpeg_bytes`` and ``gpu_decode``: JPE
 their decoding on the GPU (nvImageCodec, through ``jpeg_codecs``); ``streaming``: sharded tar streams read by several readers;
 ``records``: a list of Python records packed into NumPy columns; ``transforms``: per-sample transforms
 and the Numba batch kernel of the CIFAR pipeline; ``crops``: the ImageNet crops, which tell the JPEG
-decoder the region they keep (``_region_decode``). Nothing here imports the loader.
+decoder the region they keep (``_region_decode``; ``jpeg_region``: the optional libjpeg-turbo extension that
+decodes only that region). Nothing here imports the loader.
 
 The contract and the light modules load with the package; ``datasets``, ``transforms`` and ``crops`` (Pillow,
 Numba) load on first use of one of their names, so a worker or a command that needs neither pays

@@ -14,31 +14,33 @@ on PIL images) never has to invent detail. At s = 1 the result is torchvision's 
 pixel (the same libjpeg-turbo decode, the same crop, Pillow's resize arithmetic); at s > 1 the DCT's
 own low-pass replaces the first part of the resize's, which the tests bound.
 
-What this cannot skip: libjpeg-turbo still entropy-decodes (Huffman) every block of the image, and
-runs the scaled IDCT on rows outside the crop. The partial-decode calls that would skip them
-(``jpeg_crop_scanline``, ``jpeg_skip_scanlines``) are reached by no binding that installs from PyPI
-alone (PyTurboJPEG needs a system libturbojpeg >= 3.0); so the entropy decoding of the whole file
-is the bound this path approaches, and the study measures how close it comes.
-
-Two bindings decode: simplejpeg (``pip install cupy-nwt[jpeg]``, libjpeg-turbo inside its wheel),
-the faster here (see ``bench/studies/how_fast_do_jpegs_decode_to_224``), and Pillow's ``draft``,
-used where simplejpeg is missing or the JPEG is one it cannot turn into RGB (CMYK, YCCK).
+Three bindings decode. ``libjpeg`` (the default where built): the project's own extension
+(``jpeg_region``) decodes the crop's rectangle alone, plus the few pixels the resize's filter
+reads around it: columns outside it are not transformed and rows below it not even entropy-decoded;
+only the rows above it are still entropy-decoded (a JPEG's Huffman stream cannot be entered in the
+middle). Its pixels equal a whole decode's cropped, so the output equals the ``simplejpeg`` path's
+bit for bit. simplejpeg (libjpeg-turbo inside its wheel) decodes whole images at the DCT scale:
+the fallback where the extension is not built, and the fastest whole-file binding measured (see
+``bench/studies/how_fast_do_jpegs_decode_to_224``). Pillow's ``draft`` is used where neither can turn
+the JPEG into RGB (CMYK, YCCK) or simplejpeg is missing.
 Other formats (PNG, ...) are decoded whole by Pillow and cropped after.
 """
 
 from __future__ import annotations
 
 import io
+import math
 from typing import Any
 
 import numpy as np
 
 from ..errors import ArgumentError, CorruptImageError, DataError
+from . import jpeg_region
 from ._images import _ADDRESS, decode_image
 from ._resize import resize_box
 
 DCT_SCALES = (8, 4, 2, 1)
-BACKENDS = ("auto", "simplejpeg", "pillow")
+BACKENDS = ("auto", "libjpeg", "simplejpeg", "pillow")
 _SIMPLEJPEG: Any = None
 _SIMPLEJPEG_TRIED = False
 _RGB_SPACES = ("YCbCr", "Gray", "RGB")
@@ -59,8 +61,11 @@ def simplejpeg_module() -> Any:
 def check_backend(backend: str) -> str:
     if backend not in BACKENDS:
         raise ArgumentError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {backend!r}")
-    if backend == "simplejpeg" and simplejpeg_module() is None:
-        raise ArgumentError("backend='simplejpeg' needs simplejpeg: pip install 'cupy-nwt[jpeg]'")
+    if backend in ("simplejpeg", "libjpeg") and simplejpeg_module() is None:
+        raise ArgumentError(f"backend={backend!r} needs simplejpeg: pip install simplejpeg")
+    if backend == "libjpeg" and not jpeg_region.available():
+        raise ArgumentError("backend='libjpeg' needs cupy_nwt's libjpeg-turbo extension, which is not built here "
+                            "(install libjpeg62-turbo-dev or libjpeg-turbo8-dev, then reinstall cupy-nwt)")
     return backend
 
 
@@ -88,7 +93,8 @@ class EncodedImage:
         data: the file's bytes.
         name: the file or archive member, for errors.
         sample_index: the dataset index, for errors (None where there is none).
-        backend: ``"auto"`` (simplejpeg where installed), ``"simplejpeg"`` or ``"pillow"``.
+        backend: ``"auto"`` (the extension where built, else simplejpeg, else Pillow), ``"libjpeg"``,
+            ``"simplejpeg"`` or ``"pillow"``.
     """
 
     def __init__(self, data: bytes | memoryview, name: str, sample_index: int | None = None,
@@ -104,7 +110,8 @@ class EncodedImage:
             except ValueError:
                 space = None  # Pillow's verdict, below
             if space in _RGB_SPACES:
-                self.kind, self.height, self.width = "simplejpeg", int(h), int(w)
+                region = backend != "simplejpeg" and jpeg_region.available()
+                self.kind, self.height, self.width = "libjpeg" if region else "simplejpeg", int(h), int(w)
                 return
         if is_jpeg(data):
             try:
@@ -131,9 +138,11 @@ class EncodedImage:
             raise ArgumentError(f"crop box {box} does not lie inside the {self.height}x{self.width} image {self.name}")
         s = dct_scale(h, w, out_h, out_w) if self.kind != "other" else 1
         try:
+            if self.kind == "libjpeg":
+                return self._region(box, s, out_h, out_w, flip, normalize)
             img = self._decoded(s)
         except (OSError, SyntaxError, ValueError) as exc:
-            if self.kind != "simplejpeg":
+            if self.kind not in ("libjpeg", "simplejpeg"):
                 raise _corrupt(self.name, self.sample_index, exc) from exc
             # simplejpeg refuses what libjpeg only warns about ("extraneous bytes before marker"),
             # which Pillow, and so torchvision, decodes: the same file gets Pillow's verdict here
@@ -143,6 +152,18 @@ class EncodedImage:
             except (OSError, SyntaxError, ValueError) as again:
                 raise _corrupt(self.name, self.sample_index, again) from exc
         return resize_box(img, (top / s, left / s, h / s, w / s), out_h, out_w, flip, normalize)
+
+    def _region(self, box: tuple[int, int, int, int], s: int, out_h: int, out_w: int, flip: bool,
+                normalize: tuple[np.ndarray, np.ndarray] | None) -> np.ndarray:
+        """The crop through the extension: its rectangle at 1/s, widened by the pixels the resize's
+        filter reads beyond a fractional box (its support, plus one), so the output is the whole decode's."""
+        top, left, h, w = (v / s for v in box)
+        sh, sw = jpeg_region.scaled_size(self.height, self.width, s)
+        margin = 0 if s == 1 else math.ceil(max(h / out_h, w / out_w, 1.0)) + 1
+        r0, c0 = max(int(top) - margin, 0), max(int(left) - margin, 0)
+        r1, c1 = min(math.ceil(top + h) + margin, sh), min(math.ceil(left + w) + margin, sw)
+        img = jpeg_region.decode_region(self.data, (r0, c0, r1 - r0, c1 - c0), s)
+        return resize_box(img, (top - r0, left - c0, h, w), out_h, out_w, flip, normalize)
 
     def _decoded(self, s: int) -> np.ndarray:
         """The whole image at 1/s of its size: uint8 H x W x 3."""

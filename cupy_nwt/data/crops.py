@@ -177,7 +177,8 @@ class RandomResizedCrop(_DecodingTransform):
         scale: range of the crop's area as a fraction of the image's.
         ratio: range of the crop's aspect ratio (width / height).
         seed: seeds the per-process generator (each worker process reseeds from it and its pid).
-        backend: ``"auto"`` (simplejpeg where installed, else Pillow), ``"simplejpeg"`` or ``"pillow"``.
+        backend: ``"auto"`` (the libjpeg-turbo region decoder where built, else simplejpeg, else Pillow),
+            ``"libjpeg"``, ``"simplejpeg"`` or ``"pillow"``.
         flip_p: probability of mirroring the crop left-right.
         normalize: ``(mean, std)`` per channel of pixels scaled to [0, 1] (e.g. ``IMAGENET_MEAN``,
             ``IMAGENET_STD``), or None for uint8 output.

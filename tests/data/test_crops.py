@@ -29,6 +29,7 @@ from cupy_nwt.data import (
     Resize,
     ShardedTarStream,
     TarImageDataset,
+    jpeg_region,
     random_resized_crop_box,
     resized_shape,
     write_tar_shard,
@@ -36,7 +37,8 @@ from cupy_nwt.data import (
 from cupy_nwt.errors import ArgumentError, CorruptImageError
 
 MEAN_TOL, P99_TOL = 2.0, 12.0
-BACKENDS = ["simplejpeg", "pillow"]
+NO_EXTENSION = pytest.mark.skipif(not jpeg_region.available(), reason="the libjpeg-turbo region extension is not built")
+BACKENDS = [pytest.param("libjpeg", marks=NO_EXTENSION), "simplejpeg", "pillow"]
 
 
 def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
@@ -263,7 +265,7 @@ def _one_line(exc: BaseException) -> str:
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
-@pytest.mark.parametrize("transform", ["none", "simplejpeg", "pillow"])
+@pytest.mark.parametrize("transform", ["none", *BACKENDS])
 def test_damaged_jpeg_in_a_folder_is_a_corrupt_image_error(folder: Path, damage: str, transform: str) -> None:
     victim = folder / "c1" / "3.jpg"
     data = victim.read_bytes()
@@ -276,7 +278,7 @@ def test_damaged_jpeg_in_a_folder_is_a_corrupt_image_error(folder: Path, damage:
     assert str(victim) in _one_line(err.value) and err.value.sample_index == index
 
 
-@pytest.mark.parametrize("transform", ["none", "simplejpeg", "pillow"])
+@pytest.mark.parametrize("transform", ["none", *BACKENDS])
 def test_truncated_jpeg_in_a_tar_names_the_member(tmp_path: Path, transform: str) -> None:
     import tarfile
 

@@ -17,7 +17,8 @@ interleaved in rotating order over ``--rounds`` rounds, each on a fresh loader w
   torchvision makes (torchvision cannot be installed beside this CPU torch): ``Image.open`` ->
   ``convert("RGB")`` -> ``crop`` -> ``resize(BILINEAR)`` -> flip -> ToTensor -> Normalize;
 * ``cupy_nwt``: ``ImageFolder(transform=RandomResizedCrop(224, flip_p=0.5, normalize=(IMAGENET_MEAN,
-  IMAGENET_STD)))``: the crop decoded at a DCT scale, one resize whose last pass also flips and
+  IMAGENET_STD)))``: the crop's rectangle decoded at a DCT scale (the project's libjpeg-turbo
+  extension where built: rows below the crop never decoded, columns outside it not transformed), one resize whose last pass also flips and
   normalises into float32 CHW, collated straight into the loader's shared-memory slot;
 * ``cupy_nwt-uint8``: the project's usual layout, uint8 HWC samples
   (``Compose([RandomResizedCrop(224), RandomHorizontalFlip()])``) normalised per batch by
@@ -314,9 +315,14 @@ def binding_paths() -> dict[str, Callable[[bytes], Any]]:
     """Every way of turning one file into the 224 crop (or, for the floors, just decoding it)."""
     from PIL import Image
 
-    from cupy_nwt.data import RandomResizedCrop
+    from cupy_nwt.data import RandomResizedCrop, jpeg_region
 
     sj, pil = RandomResizedCrop(SIZE, seed=0, backend="simplejpeg"), RandomResizedCrop(SIZE, seed=0, backend="pillow")
+    region = {}
+    if jpeg_region.available():
+        lj = RandomResizedCrop(SIZE, seed=0, backend="libjpeg")
+        region = {"libjpeg-turbo region at the DCT scale, resize (cupy_nwt backend='libjpeg', the default)":
+                  lambda d: lj.from_bytes(d, "x")}
 
     def pil_full_crop(data: bytes) -> Any:
         with Image.open(io.BytesIO(data)) as im:
@@ -335,6 +341,7 @@ def binding_paths() -> dict[str, Callable[[bytes], Any]]:
     return {"pillow whole decode, crop, resize (torchvision's calls)": pil_full_crop,
             "pillow draft at the DCT scale, crop, resize (cupy_nwt backend='pillow')": lambda d: pil.from_bytes(d, "x"),
             "simplejpeg at the DCT scale, crop, resize (cupy_nwt backend='simplejpeg')": lambda d: sj.from_bytes(d, "x"),
+            **region,
             "pillow whole decode only": pil_decode,
             "simplejpeg whole decode only": lambda d: simplejpeg.decode_jpeg(d, colorspace="RGB"),
             "simplejpeg 1/8 decode (entropy bound)": sj_eighth}
@@ -350,6 +357,13 @@ def pyturbojpeg_status() -> str:
     except Exception as exc:  # noqa: BLE001 - any reason it cannot run is the answer
         return f"unavailable: {' '.join(str(exc).split())[:160]}"
     return "available (not measured by this script)"
+
+
+def region_decoder_status() -> str:
+    from cupy_nwt.data import jpeg_region
+
+    version = jpeg_region.libjpeg_turbo_version()
+    return f"built against libjpeg-turbo {version}" if version else "not built: crops decode with simplejpeg"
 
 
 def binding_rates(folder: Path, rounds: int, images: int) -> dict[str, list[float]]:
@@ -424,15 +438,18 @@ def recount(args: argparse.Namespace) -> int:
 
     kind, arm = args.recount.split("=")
     out = args.out or HERE / f"jpeg_to_224-{platform.node() or 'host'}-{os.cpu_count()}cpu.json"
-    result = json.loads(out.read_text())
-    entry = result["sizes"][kind]
-    small, large = entry["instructions_counted_over"]
+    counted_over = json.loads(out.read_text())["sizes"][kind].get("instructions_counted_over")
+    small, large = counted_over or [int(x) for x in dict(kv.split("=") for kv in args.count.split(","))[kind].split(":")]
     folder = build_set(kind, cache_dir() / "jpeg-to-224")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     subprocess.run([sys.executable, __file__, "--count-child", arm, str(folder), "1"], env=env, check=True)  # warm caches
-    entry["instructions_per_image"][arm] = instructions_per_image(arm, folder, small, large)
+    count = instructions_per_image(arm, folder, small, large)
+    result = json.loads(out.read_text())  # read again: another recount may have written it meanwhile
+    entry = result["sizes"][kind]
+    entry["instructions_counted_over"] = [small, large]
+    entry.setdefault("instructions_per_image", {})[arm] = count
     ipi = entry["instructions_per_image"]
-    if all(isinstance(v, float) for v in ipi.values()):
+    if isinstance(ipi.get("cupy_nwt"), float) and isinstance(ipi.get("torch"), float):
         entry["cupy_nwt_instructions_over_torch"] = ipi["cupy_nwt"] / ipi["torch"]
     entry.setdefault("recounted", []).append(arm)
     out.write_text(json.dumps(result, indent=2) + "\n")
@@ -453,8 +470,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="callgrind: images in the short and the long run per size ('' to skip)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--recount", metavar="SIZE=ARM",
-                    help="count one arm's instructions again into the existing result file (e.g. after a "
-                         "Numba cache was rebuilt during the first count, which the difference then holds)")
+                    help="count one arm's instructions (again) into the existing result file (e.g. after a "
+                         "Numba cache was rebuilt during the first count, which the difference then holds, or "
+                         "where the timing's run was stopped before its counts ended)")
     ap.add_argument("--count-child", nargs=3, metavar=("ARM", "FOLDER", "IMAGES"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if MISSING:
@@ -493,7 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "counts run beside the timing; arms interleaved in rotating order each round so that a "
                       "busy spell falls on every arm alike",
         "load_average_at_start": os.getloadavg(),
-        "pyturbojpeg": pyturbojpeg_status(), "sizes": {}}
+        "pyturbojpeg": pyturbojpeg_status(), "region_decoder": region_decoder_status(), "sizes": {}}
     for kind in sizes:
         folder = folders[kind]
         entry: dict[str, Any] = {"set": set_summary(folder), "batch_size": batch_sizes[kind]}
