@@ -33,7 +33,6 @@ from typing import Any, Literal, TypeVar, cast
 import numpy as np
 
 from ..ring.memory import memory_room
-from .server_main import import_script
 
 T = TypeVar("T")
 OUT_OF_BAND_BYTES = 1 << 20  # smaller buffers stay in the pickle: writing and comparing them saves nothing
@@ -215,7 +214,10 @@ def _loads(data: bytes | None, dup: Any, size: int, regions: list[tuple[int, int
            blob: tuple[int, int] | None, script: str | None = None) -> Any:
     """In the worker: map the shared file copy-on-write and rebuild the object over it (after running
     the script, when the object needs it and the forkserver's server did not import it)."""
-    import_script(script)
+    if script is not None:
+        from .server_main import import_script  # noqa: PLC0415 - importing it acts in the server only
+
+        import_script(script)
     if dup is None:
         return pickle.loads(data or b"")
     fd = dup.detach()

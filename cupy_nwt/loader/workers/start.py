@@ -135,7 +135,8 @@ def forkserver_preload(objects: Sequence[Any] = (), modules: set[str] | None = N
     another as the server forks them. torch's import starts no thread; its pool starts with its first parallel op;
     this package's modules start none. Nothing else of the user's: a module may start a runtime.
 
-    With ``modules`` (what a pickle of ``objects`` names: ``pickled_modules``) holding nothing of the
+    ``server_main`` imports the script in the server where this Python's forkserver does not (before
+    3.13.8), so that the workers do not each run it. With ``modules`` (what a pickle of ``objects`` names: ``pickled_modules``) holding nothing of the
     script, the script is not imported: ``server_main`` stands in for it, and the server imports the
     modules the pickle names (already imported here, so importable, and imported by the script's import
     before) instead of the script and torch, which come only when named.
@@ -143,7 +144,8 @@ def forkserver_preload(objects: Sequence[Any] = (), modules: set[str] | None = N
     root = __name__.split(".")[0] + "."
     own = sorted({m for o in objects if isinstance(m := getattr(o, "__module__", None), str) and m.startswith(root)})
     if modules is None or modules & SCRIPT:
-        return ["__main__", "cupy_nwt.loader.workers.process", *(["torch"] if "torch" in sys.modules else []), *own]
+        return ["__main__", _STAND_IN, "cupy_nwt.loader.workers.process",
+                *(["torch"] if "torch" in sys.modules else []), *own]
     named = sorted(m for m in modules if m in sys.modules and m not in sys.builtin_module_names)
     return [_STAND_IN, "cupy_nwt.loader.workers.process", *dict.fromkeys([*own, *named])]
 
@@ -299,13 +301,13 @@ def prestart_forkserver(context: BaseContext | None, method: str, objects: Seque
     script = script_path() if getattr(forkserver._forkserver, "_forkserver_pid", 0) is None else None
     preload = forkserver_preload(objects, pickled_modules(objects) if script else None)
     ctx.set_forkserver_preload(preload)
-    if preload[0] != _STAND_IN or script is None:
+    if script is None:
         forkserver.ensure_running()
         return True
     from .server_main import SCRIPT_ENV  # noqa: PLC0415
 
     before = os.environ.get(SCRIPT_ENV)
-    os.environ[SCRIPT_ENV] = script  # read, and dropped, by the server's server_main
+    os.environ[SCRIPT_ENV] = f"{'name' if preload[0] == _STAND_IN else 'run'}:{script}"  # read, and dropped, by server_main
     try:
         forkserver.ensure_running()
     finally:
