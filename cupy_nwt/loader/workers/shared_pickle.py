@@ -64,6 +64,8 @@ class SharedPickles:
 
     def place(self, buf: memoryview) -> int | None:
         """The offset of ``buf``'s bytes in the file, written unless an equal copy is there; None: keep it in band."""
+        if self._fd < 0:
+            return None  # no shared file (memfd missing): in band
         key = (_address(buf), buf.nbytes)
         offset = self._placed.get(key)
         if offset is not None and self._equal(offset, buf):
