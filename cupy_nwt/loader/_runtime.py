@@ -83,7 +83,8 @@ class Runtime:
         self.layout: SlotLayout | None = None
         if options.num_workers > 0 and options.kind.processes:  # the server starts while the caller goes on
             prestart_forkserver(options.context, options.start_method,
-                                [options.dataset, options.collate_fn, options.batch_transform])
+                                [options.dataset, options.collate_fn, options.batch_transform,
+                                 options.worker_init_fn])
 
     @classmethod
     def of(cls, options: Options, parts: LoaderParts | None) -> Runtime:

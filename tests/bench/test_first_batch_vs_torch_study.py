@@ -31,12 +31,19 @@ def test_the_indexes_hold_the_same_entries():
     assert listed[2] == arrays[2][0] and arrays[2][1] == len(listed.samples[2][0])
 
 
+def test_the_module_dataset_holds_the_tiny_one_s_samples_from_a_module():
+    ds = fb.module(0)
+    assert len(ds) == len(fb.Tiny()) and type(ds).__module__.startswith("cupy_nwt.")
+    assert (ds[7][0] == fb.Tiny()[7]).all()
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["--workers", "0"], "--workers takes counts >= 1"),
     (["--methods", "teleport"], "--methods from fork,forkserver,spawn"),
     (["--mains", "tensorflow"], "--mains from light,torch,jax"),
     (["--rounds", "0"], "--rounds and --index-workers must be >= 1"),
     (["--before", "/nonexistent"], "holds no cupy_nwt/"),
+    (["--datasets", "imagenet"], "--datasets from tiny,module"),
 ])
 def test_bad_arguments_stop_before_any_run(argv, message, capsys):
     assert fb.main(argv) == 2

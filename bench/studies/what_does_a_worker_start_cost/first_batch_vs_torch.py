@@ -7,7 +7,9 @@ In it one loader (cupy_nwt's, or torch's DataLoader) is timed from its construct
 batch, closed, and a second one timed the same way: the first pays for what a process does once
 (forkserver's server and its preload), the second does not. Two datasets:
 
-* ``tiny``: 4096 samples of 3x32x32 float32;
+* ``tiny``: 4096 samples of 3x32x32 float32, its class defined in the script (``__main__``);
+* ``module``: the same samples as ``cupy_nwt.data.ArrayDataset``, a class from a module: a worker needs
+  nothing of the script to unpickle it;
 * ``index``: a map dataset whose index is a list of ``--index`` (path, class) pairs, as torchvision's
   ImageFolder holds it (the files are never read: a sample is its class);
 * ``array-index``: the same index as ``cupy_nwt.data.ImageFolder`` holds it, in NumPy arrays.
@@ -97,7 +99,15 @@ def path(i: int) -> str:
     return f"/data/train/n{i % 1000:08d}/image_{i:08d}.JPEG"
 
 
-DATASETS = {"tiny": lambda n: Tiny(), "index": Index, "array-index": ArrayIndex}
+def module(n: int) -> Any:
+    import numpy as np  # noqa: PLC0415
+
+    from cupy_nwt.data import ArrayDataset  # noqa: PLC0415 - in torch's runner too: a dataset from a module
+
+    return ArrayDataset(np.repeat(np.arange(4096, dtype=np.float32), 3 * 32 * 32).reshape(4096, 3, 32, 32))
+
+
+DATASETS = {"tiny": lambda n: Tiny(), "module": module, "index": Index, "array-index": ArrayIndex}
 
 
 def memory(pid: int) -> tuple[int, int]:
@@ -155,11 +165,11 @@ def measure(tree: Path | None, cell: dict[str, Any], index: int, second: bool = 
 
 
 def cells(workers: list[int], methods: list[str], mains: list[str], index_workers: int,
-          jax_workers: list[int]) -> list[dict[str, Any]]:
-    """Every (main, method, workers) of the tiny dataset (the ``jax`` main at ``jax_workers`` only), and both
-    indexes at ``index_workers`` under a light main."""
-    out = [{"dataset": "tiny", "main": m, "method": s, "workers": w}
-           for m, s, w in itertools.product(mains, methods, workers) if m != "jax" or w in jax_workers]
+          jax_workers: list[int], datasets: tuple[str, ...] = ("tiny",)) -> list[dict[str, Any]]:
+    """Every (dataset, main, method, workers) of ``datasets`` (the ``jax`` main at ``jax_workers`` only), and
+    both indexes at ``index_workers`` under a light main."""
+    out = [{"dataset": d, "main": m, "method": s, "workers": w}
+           for d, m, s, w in itertools.product(datasets, mains, methods, workers) if m != "jax" or w in jax_workers]
     out += [{"dataset": d, "main": "light", "method": s, "workers": index_workers}
             for d in ("index", "array-index") for s in methods]
     return out
@@ -193,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="2,8,16")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--mains", default=",".join(MAINS))
+    p.add_argument("--datasets", default="tiny", help="the small datasets of the (main, method, workers) cells: tiny,module")
     p.add_argument("--index", type=int, default=1_200_000, help="entries in the index dataset's list (0: no index cells)")
     p.add_argument("--index-workers", type=int, default=16)
     p.add_argument("--jax-workers", default="16", help="worker counts of the cells whose __main__ imports JAX too")
@@ -216,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = [*(["--workers takes counts >= 1, comma-separated"] if not workers or min(workers) < 1 else []),
                 *([f"--methods from {','.join(METHODS)}"] if set(methods) - set(METHODS) else []),
                 *([f"--mains from {','.join(MAINS)}"] if set(mains) - set(MAINS) else []),
+                *(["--datasets from tiny,module"] if set(args.datasets.split(",")) - {"tiny", "module"} else []),
                 *(["--rounds and --index-workers must be >= 1, --index >= 0"]
                   if min(args.rounds, args.index_workers) < 1 or args.index < 0 else []),
                 *([f"--before {args.before} holds no cupy_nwt/"]
@@ -228,9 +240,9 @@ def main(argv: list[str] | None = None) -> int:
         runners = {"cupy_nwt (before)": Path(args.before).resolve(), **runners}
     if not args.no_torch:
         runners["torch"] = None
-    todo = cells(workers, methods, mains, args.index_workers, jax_workers)
+    todo = cells(workers, methods, mains, args.index_workers, jax_workers, tuple(args.datasets.split(",")))
     if args.index == 0:
-        todo = [c for c in todo if c["dataset"] == "tiny"]
+        todo = [c for c in todo if c["dataset"] in ("tiny", "module")]
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     sys.path.insert(0, str(ROOT))

@@ -65,7 +65,16 @@ from .messages import (
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
 from .serve import serve_loop
 from .shared_pickle import SharedPickles
-from .start import check_importable, death_error, default_start_method, exit_hint, forkserver_preload, stuck_hint
+from .start import (
+    check_importable,
+    death_error,
+    default_start_method,
+    exit_hint,
+    forkserver_preload,
+    names_script,
+    script_path,
+    stuck_hint,
+)
 from .torch_workers import TorchAdoption
 
 # ---------------------------------------------------------------- in the worker process
@@ -210,7 +219,8 @@ class WorkerPool(Dispatch):
             self._ctx.set_forkserver_preload(
                 forkserver_preload([maker.dataset, maker.collate_fn, maker.batch_transform]))
         self._hint = stuck_hint(method)  # what the parent is like as the workers start: why one might hang
-        self._pickles = SharedPickles() if method != "fork" else None  # the maker's arrays, pickled once
+        self._pickles = (SharedPickles(script_path(), names_script([worker_init_fn]))
+                         if method != "fork" else None)  # the maker's arrays, pickled once
         lifeline.track(self)
         try:
             self._file = RingFile.create()

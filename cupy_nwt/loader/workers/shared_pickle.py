@@ -42,7 +42,9 @@ MEMFD_NAME = "cupy_nwt-worker-arrays"  # not the rings' "cupy_nwt_" prefix: ``li
 class SharedPickles:
     """One worker pool's shared file of out-of-band buffers; ``wrap`` marks what is pickled through it."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: str | None = None, script_needed: bool = False) -> None:
+        self.script = script  # run in a worker whose forkserver stood in for it (``server_main``) if needed
+        self.script_needed = script_needed  # something pickled beside the object (worker_init_fn) is the script's
         self._fd = -1
         self._size = 0
         self._placed: dict[tuple[int, int], int] = {}  # (address, nbytes) of a source buffer -> its offset
@@ -58,10 +60,12 @@ class SharedPickles:
         Workers started with one stand-in, one after another, share its buffers as first written;
         a new stand-in compares them with the bytes as they are then.
         """
-        return obj if self._fd < 0 else cast(T, _Shared(obj, self))
+        return obj if self._fd < 0 and self.script is None else cast(T, _Shared(obj, self))
 
     def place(self, buf: memoryview) -> int | None:
         """The offset of ``buf``'s bytes in the file, written unless an equal copy is there; None: keep it in band."""
+        if self._fd < 0:
+            return None  # no shared file (memfd missing): in band
         key = (_address(buf), buf.nbytes)
         offset = self._placed.get(key)
         if offset is not None and self._equal(offset, buf):
@@ -127,17 +131,20 @@ class _Shared:
         self.obj, self.pickles = obj, pickles
         self.placed: dict[tuple[int, int], int] = {}  # this stand-in's buffers: workers started together share them
         self.whole: tuple[tuple[int, int], list[tuple[int, int, bool]]] | None = None  # pickle, buffers: in the file
+        self.script: str | None = None  # the script's path when the pickle names something of it
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self.whole is None:
             data, regions, tied = self._pickle()
+            scripted = self.pickles.script_needed or any(name in data for name in (b"__main__", b"__mp_main__"))
+            self.script = self.pickles.script if scripted else None  # a string that merely says __main__: run it anyway
             where = None if tied or len(data) < OUT_OF_BAND_BYTES else self.pickles.place(memoryview(data))
             if where is None:
                 fd = reduction.DupFd(self.pickles.fd) if regions else None
-                return _loads, (data, fd, self.pickles.size, regions, None)
+                return _loads, (data, fd, self.pickles.size, regions, None, self.script)
             self.whole = (where, len(data)), regions
         blob, regions = self.whole
-        return _loads, (None, reduction.DupFd(self.pickles.fd), self.pickles.size, regions, blob)
+        return _loads, (None, reduction.DupFd(self.pickles.fd), self.pickles.size, regions, blob, self.script)
 
     def _pickle(self) -> tuple[bytes, list[tuple[int, int, bool]], bool]:
         """The pickle, its out-of-band buffers' (offset, nbytes, readonly) in order, and whether a reducer
@@ -206,8 +213,13 @@ def _open_memmap(path: str, mode: Literal["r", "r+"], offset: int, dtype: np.dty
 
 
 def _loads(data: bytes | None, dup: Any, size: int, regions: list[tuple[int, int, bool]],
-           blob: tuple[int, int] | None) -> Any:
-    """In the worker: map the shared file copy-on-write and rebuild the object over it."""
+           blob: tuple[int, int] | None, script: str | None = None) -> Any:
+    """In the worker: map the shared file copy-on-write and rebuild the object over it (after running
+    the script, when the object needs it and the forkserver's server did not import it)."""
+    if script is not None:
+        from .server_main import import_script  # noqa: PLC0415 - importing it acts in the server only
+
+        import_script(script)
     if dup is None:
         return pickle.loads(data or b"")
     fd = dup.detach()

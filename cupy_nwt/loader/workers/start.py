@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
+import pickle
 import signal
 import sys
 import threading
@@ -125,16 +127,81 @@ def default_start_method(device: str) -> str:
     return choose(device == "cuda" or cuda.cuda_may_be_initialized())
 
 
-def forkserver_preload(objects: Sequence[Any] = ()) -> list[str]:
+def forkserver_preload(objects: Sequence[Any] = (), modules: set[str] | None = None) -> list[str]:
     """What forkserver's server imports once, before forking any worker: the worker loop, torch when
     this process has it, and this package's modules that define ``objects`` (the dataset, collate_fn,
     batch_transform a worker unpickles), so a worker forks with them loaded instead of importing them
     again: otherwise each worker imports Numba (for ``cupy_nwt.data.transforms``) on its own, one after
     another as the server forks them. torch's import starts no thread; its pool starts with its first parallel op;
-    this package's modules start none. Nothing else of the user's: a module may start a runtime."""
+    this package's modules start none. Nothing else of the user's: a module may start a runtime.
+
+    ``server_main`` imports the script in the server where this Python's forkserver does not (before
+    3.13.8), so that the workers do not each run it. With ``modules`` (what a pickle of ``objects`` names: ``pickled_modules``) holding nothing of the
+    script, the script is not imported: ``server_main`` stands in for it, and the server imports the
+    modules the pickle names (already imported here, so importable, and imported by the script's import
+    before) instead of the script and torch, which come only when named.
+    """
     root = __name__.split(".")[0] + "."
     own = sorted({m for o in objects if isinstance(m := getattr(o, "__module__", None), str) and m.startswith(root)})
-    return ["__main__", "cupy_nwt.loader.workers.process", *(["torch"] if "torch" in sys.modules else []), *own]
+    if modules is None or modules & SCRIPT:
+        return ["__main__", _STAND_IN, "cupy_nwt.loader.workers.process",
+                *(["torch"] if "torch" in sys.modules else []), *own]
+    named = sorted(m for m in modules if m in sys.modules and m not in sys.builtin_module_names)
+    return [_STAND_IN, "cupy_nwt.loader.workers.process", *dict.fromkeys([*own, *named])]
+
+
+SCRIPT = frozenset({"__main__", "__mp_main__"})  # the names a script's classes pickle by
+_STAND_IN = "cupy_nwt.loader.workers.server_main"
+
+
+class _Sink:
+    def write(self, b: Any) -> int:
+        return len(b)
+
+
+class _Names(pickle.Pickler):
+    """Pickles to nowhere, noting the module of every class and function the pickle names."""
+
+    def __init__(self) -> None:
+        super().__init__(_Sink(), 5, buffer_callback=lambda _: False)  # large buffers: not copied
+        self.modules: set[str] = set()
+
+    def reducer_override(self, obj: Any) -> Any:
+        owner = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+        module = getattr(owner, "__module__", None)
+        if isinstance(module, str):
+            self.modules.add(module)
+        return NotImplemented
+
+
+def pickled_modules(objects: Sequence[Any]) -> set[str] | None:
+    """The modules whose classes and functions a pickle of ``objects`` names; None where it cannot tell.
+
+    A list of plain tuples costs the pickler only (its elements are not asked: ``reducer_override``),
+    large arrays are not copied; anything that will not pickle here (a lock, a descriptor, which pickle
+    only while a worker starts) answers None, and the script is imported as before.
+    """
+    names = _Names()
+    try:
+        names.dump(list(objects))
+    except Exception:  # noqa: BLE001 - any failure: the safe answer
+        return None
+    return names.modules
+
+
+def names_script(objects: Sequence[Any]) -> bool:
+    """Does a worker need the script to unpickle ``objects`` (or can that not be told)?"""
+    modules = pickled_modules(objects)
+    return modules is None or bool(modules & SCRIPT)
+
+
+def script_path() -> str | None:
+    """The script's path as multiprocessing hands it to a forkserver worker; None under ``-m`` or interactively."""
+    from multiprocessing import spawn  # noqa: PLC0415
+
+    data = spawn.get_preparation_data("cupy_nwt")
+    path = data.get("init_main_from_path", data.get("main_path"))  # the key's name changed between versions
+    return path if isinstance(path, str) else None
 
 
 def other_threads() -> list[str]:
@@ -222,14 +289,30 @@ def prestart_forkserver(context: BaseContext | None, method: str, objects: Seque
     it runs while the caller goes on (building a model, initialising CUDA, pickling the dataset for
     the first worker), and ``iter()`` finds it ready or nearer. Starting it spawns the server and
     returns (multiprocessing's ``forkserver.ensure_running`` does not wait for the preload), so a loader
-    never iterated costs one idle process, which goes with this one. Nothing the workers see changes:
-    they fork from the same server, with the same preload, at ``iter()``. True when it was asked to start.
+    never iterated costs one idle process, which goes with this one. When nothing in ``objects``
+    pickles from the script, the server does not import the script (``forkserver_preload``,
+    ``server_main``). True when it was asked to start.
     """
     if method != "forkserver":
         return False
     ctx = context if context is not None else mp.get_context("forkserver")
-    ctx.set_forkserver_preload(forkserver_preload(objects))
     from multiprocessing import forkserver  # noqa: PLC0415 - only where forkserver is used
 
-    forkserver.ensure_running()
+    script = script_path() if getattr(forkserver._forkserver, "_forkserver_pid", 0) is None else None
+    preload = forkserver_preload(objects, pickled_modules(objects) if script else None)
+    ctx.set_forkserver_preload(preload)
+    if script is None:
+        forkserver.ensure_running()
+        return True
+    from .server_main import SCRIPT_ENV  # noqa: PLC0415
+
+    before = os.environ.get(SCRIPT_ENV)
+    os.environ[SCRIPT_ENV] = f"{'name' if preload[0] == _STAND_IN else 'run'}:{script}"  # read, and dropped, by server_main
+    try:
+        forkserver.ensure_running()
+    finally:
+        if before is None:
+            os.environ.pop(SCRIPT_ENV, None)
+        else:
+            os.environ[SCRIPT_ENV] = before
     return True

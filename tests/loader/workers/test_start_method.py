@@ -165,7 +165,17 @@ import numpy as np
 from cupy_nwt import DataLoader, CupyNwtError
 from cupy_nwt.data import ArrayDataset
 
-ds = ArrayDataset(np.zeros((64, 4), np.uint8), np.zeros(64, np.int64))
+
+
+class Rows:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return np.zeros(4, np.uint8)
+
+
+ds = Rows() if sys.argv[2] == "script" else ArrayDataset(np.zeros((64, 4), np.uint8), np.zeros(64, np.int64))
 try:
     for _ in DataLoader(ds, batch_size=16, num_workers=2, multiprocessing_context=sys.argv[1]):
         pass
@@ -179,8 +189,15 @@ print("no error")
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_a_script_without_a_main_guard_is_told_why_its_workers_die(tmp_path, method):
     (tmp_path / "script.py").write_text(NO_GUARD)
-    proc = subprocess.run([sys.executable, str(tmp_path / "script.py"), method], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=240)
+    proc = subprocess.run([sys.executable, str(tmp_path / "script.py"), method, "script"], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=240)
     assert proc.returncode == 3, proc.stderr[-2000:]
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith(("WorkerDiedError", "LoaderError")) and "if __name__ == '__main__':" in last, last
+
+
+def test_forkserver_workers_need_no_main_guard_when_nothing_they_get_comes_from_the_script(tmp_path):
+    (tmp_path / "script.py").write_text(NO_GUARD)
+    proc = subprocess.run([sys.executable, str(tmp_path / "script.py"), "forkserver", "module"], capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0 and proc.stdout.strip() == "no error", proc.stderr[-2000:]
