@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import ArgumentError
 from ..nwt.paper import PAPER_TIME_SCALE
 from ..nwt.verdict import reliability
-from .tables import table
-from .units import fmt_bytes, plural
+from ..reporting.tables import table
+from ..reporting.units import fmt_bytes, plural
 
 if TYPE_CHECKING:
     from ..nwt.store import SaveOutcome, TuneResult

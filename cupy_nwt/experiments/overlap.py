@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from .. import cuda
-from .._reporting import tables as report
-from .._reporting.units import fmt_bytes
 from ..errors import ArgumentError, UnknownKeyError
+from ..reporting import tables as report
+from ..reporting.units import fmt_bytes
 from . import kernels, timing
 from .duplex import DuplexPoint, duplex_line, measure_duplex
 from .pipeline_model import (

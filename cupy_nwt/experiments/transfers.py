@@ -18,9 +18,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import cuda, system
-from .._reporting import tables as report
-from .._reporting.units import fmt_bytes, size_sweep
 from ..errors import ArgumentError, UnknownKeyError
+from ..reporting import tables as report
+from ..reporting.units import fmt_bytes, size_sweep
 from . import kernels, timing
 from .batching import BatchingPoint, Hold, batched_vs_many, queued
 from .timing import Stats

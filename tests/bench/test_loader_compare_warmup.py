@@ -1,4 +1,4 @@
-"""bench/studies/is_the_loader_faster_than_torch/loader_compare.py times no batch that the workers made during start-up.
+"""bench/workloads.py (loader_compare.py's, the other studies' and the suites' workloads) times no batch that the workers made during start-up.
 
 On the H200, torch at 15 workers read 1,030,522 samples/s on PNG decode: its 30 timed batches were
 the 15 x 2 its workers had queued while the first batch was awaited.
@@ -11,10 +11,10 @@ import pytest
 
 @pytest.fixture
 def loader_compare(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench" / "studies" / "is_the_loader_faster_than_torch"))
-    import loader_compare
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    from bench import workloads
 
-    return loader_compare
+    return workloads
 
 
 def test_the_warm_up_takes_every_batch_made_at_start_up(loader_compare):

@@ -9,11 +9,11 @@ import json
 import pytest
 
 from cupy_nwt import cuda
-from cupy_nwt._reporting import tables as report
 from cupy_nwt.experiments import overlap, pipeline_model
 from cupy_nwt.experiments.duplex import DuplexPoint
 from cupy_nwt.experiments.overlap import OverlapConfig, OverlapResult, OverlapStages, VersionTiming
 from cupy_nwt.experiments.timing import summarize
+from cupy_nwt.reporting import tables as report
 
 
 @pytest.mark.parametrize(("h", "k", "d", "streams", "expected"), [

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from cupy_nwt import system
-from cupy_nwt._reporting import tables as report
-from cupy_nwt._reporting.progress import ProgressBar
 from cupy_nwt.nwt.measure import median_interval
+from cupy_nwt.reporting import tables as report
+from cupy_nwt.reporting.progress import ProgressBar
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
 TARGET = 0.95

@@ -13,7 +13,7 @@ the issuing code, sets the time (pinned copies from 1 MiB, batched pinned copies
 and versions; a pageable copy is set by the host's staging through the driver's bounce buffer) are marked ``copy-bound``: the goal is >= 0.97 on each of them. Writes
 ``native_vs_cupy_nwt.json`` into the folder and prints the table:
 
-    PYTHONPATH=. python bench/native_report.py bench/results/<device>/transfers
+    PYTHONPATH=. python bench/studies/are_transfers_as_fast_as_cuda_c/native_report.py bench/results/<device>/transfers
 
 Each round gives each figure one share; a figure's ``rounds`` hold their median and 90 % bootstrap
 interval, and its ``verdict`` judges the goal only where that interval allows (``met``, ``missed``,
@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cupy_nwt._reporting.figures import figure
+from cupy_nwt.reporting.figures import figure
 
 GOAL = 0.97
 COPY_BOUND_FROM = 1024**2  # pinned copies from this size are set by the link, not by the call

@@ -8,7 +8,7 @@ pipelined time (the experiment's ``vs_ideal``) give a median, a 90 % bootstrap i
 verdict on the target (``vs_ideal`` < 1.10: ``met``, ``missed`` or ``undecided`` where the interval
 holds 1.10). Writes one JSON file (``--output``):
 
-    PYTHONPATH=. python bench/overlap_sweep.py --streams 2,4,8 --sizes 16MiB,64MiB --rounds 3 --output overlap_sweep.json
+    PYTHONPATH=. python bench/studies/are_transfers_as_fast_as_cuda_c/overlap_sweep.py --streams 2,4,8 --sizes 16MiB,64MiB --rounds 3 --output overlap_sweep.json
 
 Exit 0 done, 2 bad arguments, 3 no usable GPU (one line).
 """
@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cupy_nwt._reporting.figures import figure
+from cupy_nwt.reporting.figures import figure
 
 TARGET = 1.10  # DESIGN.md: v1 and v2 within 10 % of the ideal pipelined time
 VERSIONS = ("async_v1", "async_v2")
@@ -58,8 +58,8 @@ def parse_counts(text: str) -> list[int]:
 
 def run_on_gpu(streams: int, nbytes: int, repeats: int) -> dict[str, Any]:
     """One ``cupy-nwt overlap`` run of this shape, as its JSON document."""
-    from cupy_nwt._reporting import tables as report  # noqa: PLC0415
     from cupy_nwt.experiments import overlap  # noqa: PLC0415
+    from cupy_nwt.reporting import tables as report  # noqa: PLC0415
 
     result = overlap.run_overlap(overlap.OverlapConfig(streams=streams, elements=nbytes // 4, repeats=repeats))
     return json.loads(report.to_json(result))

@@ -23,11 +23,11 @@ A neighbour (one process spinning on the CPU) runs beside every other run of eac
 plugin's own code, and the JSON is rewritten after every run, so a stopped proof keeps what it had.
 The machine's drift is the spread of the unchanged runs' samples/s over the proof.
 
-    python bench/gate_noise_proof.py --mode main --out bench/results/vm-2cpu/gate_noise_proof.json
-    python bench/gate_noise_proof.py --mode instructions --out bench/results/vm-2cpu/gate_noise_proof_instructions.json
-    python bench/gate_noise_proof.py --mode cpu --out bench/results/vm-2cpu/gate_noise_proof_cpu.json
-    python bench/gate_noise_proof.py --mode main --runs 1 --max-seconds 1 --out /tmp/p.json   # a smoke test
-    python bench/gate_noise_proof.py --merge A.json B.json ... --out SUMMARY.json   # streams run side by side
+    python bench/studies/does_the_gate_hold/gate_noise_proof.py --mode main --out bench/results/vm-2cpu/gate_noise_proof.json
+    python bench/studies/does_the_gate_hold/gate_noise_proof.py --mode instructions --out bench/results/vm-2cpu/gate_noise_proof_instructions.json
+    python bench/studies/does_the_gate_hold/gate_noise_proof.py --mode cpu --out bench/results/vm-2cpu/gate_noise_proof_cpu.json
+    python bench/studies/does_the_gate_hold/gate_noise_proof.py --mode main --runs 1 --max-seconds 1 --out /tmp/p.json   # a smoke test
+    python bench/studies/does_the_gate_hold/gate_noise_proof.py --merge A.json B.json ... --out SUMMARY.json   # streams run side by side
 
 Several streams may run at once (each its own project); ``--merge`` adds up their groups, with each
 run's stream named, and takes the drift over all their unchanged runs.
@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]  # the repository: bench/studies/<study>/ is three below
 sys.path.insert(0, str(ROOT))
 
 PIPELINE = '''import numpy as np

@@ -1,7 +1,8 @@
-"""A planted per-sample CPU slowdown, for proving the gate (``bench/studies/does_the_gate_hold/gate_proof.py``); never set it otherwise.
+"""A planted per-sample CPU slowdown, for proving the gate (``gate_proof.py`` beside it): the proof's conftest.
 
-``CUPY_NWT_PROOF_CPU_US=N`` makes ``loader_benchmark`` wrap its dataset so that every sample costs N
-more microseconds of CPU (a busy loop on the thread's own CPU clock, so the amount is exact however
+``gate_proof.py`` copies this file into its throwaway project as ``conftest.py``; the package itself knows
+nothing of it. There, ``CUPY_NWT_PROOF_CPU_US=N`` makes the ``loader_benchmark`` fixture (overridden
+below, the plugin's own underneath) wrap its dataset so that every sample costs N more microseconds of CPU (a busy loop on the thread's own CPU clock, so the amount is exact however
 loaded the machine is) wherever the loader fetches it: a worker process, a worker thread or the main
 process. ``0`` wraps without burning, so a proof's unchanged runs take the same code path as its slowed
 ones. Unset (the normal case), the dataset is passed through untouched.
@@ -14,7 +15,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import ArgumentError
+import pytest
+
+from cupy_nwt.errors import ArgumentError
 
 ENV = "CUPY_NWT_PROOF_CPU_US"
 
@@ -73,3 +76,13 @@ def planted(dataset: Any) -> Any:
         raise ArgumentError(f"{ENV} slows map-style datasets only (with __getitem__)")
     cls = SlowedBatchDataset if hasattr(dataset, "__getitems__") else SlowedDataset
     return cls(dataset, cpu_us)
+
+
+@pytest.fixture
+def loader_benchmark(loader_benchmark: Any) -> Any:
+    """The plugin's ``loader_benchmark``, its dataset slowed as the environment says."""
+
+    def run(dataset: Any, *args: Any, **kwargs: Any) -> Any:
+        return loader_benchmark(planted(dataset), *args, **kwargs)
+
+    return run

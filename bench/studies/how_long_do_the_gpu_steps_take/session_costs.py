@@ -8,7 +8,7 @@ here, each the way the step runs it, and the estimates beside each step in gpu_s
 from these figures (scaled to 16 cores where the work is parallel). ``--nwt ARGS`` times
 ``cupy-nwt reproduce --no-gpu ARGS``: the NWT step's own command, on the CPU.
 
-    PYTHONPATH=. python bench/session_costs.py --nwt "--max-workers 16 --iterations 50"
+    PYTHONPATH=. python bench/studies/how_long_do_the_gpu_steps_take/session_costs.py --nwt "--max-workers 16 --iterations 50"
 
 Writes ``bench/results/session_costs-<host>.json`` (or ``--output``). Each figure is one wall-clock
 run unless it says ``median_s`` (of ``--repeats``): on a shared machine read them as upper bounds.
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "bench" / "results"
+ROOT = Path(__file__).resolve().parents[3]  # the repository: bench/studies/<study>/ is three below
+RESULTS = Path(__file__).resolve().parent  # this study's folder
 BATCH = 128
 
 
@@ -88,13 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         print("session_costs: --repeats must be >= 1", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(ROOT / "bench"))
-    from loader_compare import make_workloads
-
+    sys.path.insert(0, str(ROOT))
+    from bench.workloads import make_workloads
     from cupy_nwt import system
-    from cupy_nwt._reporting import tables as report
     from cupy_nwt.data import CifarTrainTransform, SyntheticCIFAR10
     from cupy_nwt.experiments.kernel_check import find_nvcc
+    from cupy_nwt.reporting import tables as report
 
     py = sys.executable
     out: dict[str, Any] = {"host": system.host_info(), "batch_size": BATCH, "load_average_at_start": _load()}

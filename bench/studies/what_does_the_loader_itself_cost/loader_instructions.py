@@ -24,7 +24,7 @@ a batch with 2 workers, ``num_workers=0`` at most 1.2x the floor, the workers at
 Writes ``bench/results/<host>/loader_instructions.json`` and prints the figures as JSON; ``--check``
 exits 1 when a cupy_nwt target is missed (for CI):
 
-    .venv/bin/python bench/loader_instructions.py --repeats 3 --loaders cupy_nwt,torch,floor
+    .venv/bin/python bench/studies/what_does_the_loader_itself_cost/loader_instructions.py --repeats 3 --loaders cupy_nwt,torch,floor
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]  # the repository: bench/studies/<study>/ is three below
 SMALL, LARGE = 2048, 67584
 BATCH = 64
 SAMPLE_BYTES = 16
@@ -219,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"loader_instructions: {reason}", file=sys.stderr)
         return 2
     from cupy_nwt import system  # noqa: PLC0415
-    from cupy_nwt._reporting import tables as report  # noqa: PLC0415
+    from cupy_nwt.reporting import tables as report  # noqa: PLC0415
 
     started = time.perf_counter()
     result = {"host": system.host_tag(), "commit": _commit(), "method": METHOD, "samples": [SMALL, LARGE],

@@ -13,8 +13,8 @@ may get the working tree without git history, and the before tree beside it (``b
 medians (after / before) and the noise: the largest relative spread between rounds of one revision.
 Writes ``bench/results/<host>/tiny_arrays.json``:
 
-    .venv/bin/python bench/tiny_arrays.py --before 7ebea86 --after HEAD --rounds 5
-    python3 bench/tiny_arrays.py --before .gpu-run/before --after . --workers 0,8,15 --rounds 3 --repeats 1
+    .venv/bin/python bench/studies/what_does_the_loader_itself_cost/tiny_arrays.py --before 7ebea86 --after HEAD --rounds 5
+    python3 bench/studies/what_does_the_loader_itself_cost/tiny_arrays.py --before .gpu-run/before --after . --workers 0,8,15 --rounds 3 --repeats 1
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]  # the repository: bench/studies/<study>/ is three below
 BATCH = 64
 SAMPLE_BYTES = 16
 WORKERS = (0, 2)
@@ -171,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from interleave_compare import interleaved  # noqa: PLC0415 - beside this file
 
     from cupy_nwt import system  # noqa: PLC0415
-    from cupy_nwt._reporting import tables as report  # noqa: PLC0415
+    from cupy_nwt.reporting import tables as report  # noqa: PLC0415
 
     sides = {"before": side(args.before), "after": side(args.after)}
     revs = {label: rev for label, (rev, _) in sides.items()}
