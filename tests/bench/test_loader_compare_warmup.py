@@ -17,6 +17,14 @@ def loader_compare(monkeypatch):
     return workloads
 
 
+@pytest.fixture
+def study(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench" / "studies" / "is_the_loader_faster_than_torch"))
+    import loader_compare
+
+    return loader_compare
+
+
 def test_the_warm_up_takes_every_batch_made_at_start_up(loader_compare):
     assert loader_compare.timed_after(3, 0) == 3
     assert loader_compare.timed_after(3, 15) == 3 + 15 * loader_compare.PREFETCH_FACTOR
@@ -30,7 +38,7 @@ def test_bad_warm_up_arguments_are_refused(loader_compare, args):
 
 
 @pytest.mark.parametrize("kind", ["cupy_nwt", "cupy_nwt-thread", "torch"])
-def test_workers_persist_so_the_drained_warm_up_may_pass_an_epoch_end(loader_compare, kind, tmp_path):
+def test_workers_persist_so_the_drained_warm_up_may_pass_an_epoch_end(loader_compare, study, kind, tmp_path):
     if kind == "torch":
         pytest.importorskip("torch", reason="the torch loader needs torch")
     workload = next(w for w in loader_compare.make_workloads(tmp_path, decode_images=8, array_images=64)
@@ -39,7 +47,7 @@ def test_workers_persist_so_the_drained_warm_up_may_pass_an_epoch_end(loader_com
     try:
         assert loader.persistent_workers is True
         assert loader.prefetch_factor == loader_compare.PREFETCH_FACTOR
-        run = None if kind != "cupy_nwt-thread" else loader_compare.measure(kind, workload, 2, 16, batches=4, warmup=1)
+        run = None if kind != "cupy_nwt-thread" else study.measure(kind, workload, 2, 16, batches=4, warmup=1)
     finally:
         loader_compare.close_loader(loader)
     if run is not None:  # 64 samples = 4 batches an epoch: the 5 drained and 4 timed ones pass two epoch ends
