@@ -99,7 +99,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """The command's ``--output`` and ``--plot`` (where it has one), checked before its long run."""
     plot = getattr(args, "plot", None)
     if plot:
-        from ..reporting import plots  # noqa: PLC0415 - only this command needs it
+        from . import plots  # noqa: PLC0415 - only this command needs it
 
         if not plots.matplotlib_available():
             raise ArgumentError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
@@ -141,7 +141,7 @@ def _run_options(args: argparse.Namespace) -> dict[str, int]:
 
 def cmd_bandwidth(args: argparse.Namespace) -> int:
     from ..experiments import transfers  # noqa: PLC0415 - only this command needs it
-    from ..reporting import plots  # noqa: PLC0415 - only this command needs it
+    from . import plots  # noqa: PLC0415 - only this command needs it
 
     lo, hi = _size_option(args.min, "--min"), _size_option(args.max, "--max")
     if lo > hi:
@@ -193,7 +193,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         progress=not args.no_progress, main_process=args.main_process, step=step, warn=False)
     outcome = None if args.no_save else result.save_pick()
     if args.plot:
-        from ..reporting.plots import plot_tune  # noqa: PLC0415
+        from .plots import plot_tune  # noqa: PLC0415
 
         plot_tune(result, args.plot)
     doc = {**result.to_dict(), "verdict": verdict(result, outcome)}

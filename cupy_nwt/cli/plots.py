@@ -1,43 +1,27 @@
-"""PNG plots of experiment results (bandwidth sweeps; the tuner like the NWT paper's Fig. 2 and 3).
+"""PNG plots of the commands' results (bandwidth sweeps; the tuner like the NWT paper's Fig. 2 and 3).
 
-A ``Figure`` is built directly (no pyplot) and drawn with matplotlib's Agg canvas, so plotting
-never switches the process-wide backend and works on headless machines. matplotlib is an optional
-dependency (``cupy-nwt[plot]``). Every plot sets its own limits with room for the markers (autoscale
+Drawn with ``cupy_nwt.reporting.plots`` (no pyplot; matplotlib an optional dependency). Every plot sets its own limits with room for the markers (autoscale
 cut the circled pick at the top) and keeps its legend outside the axes, where it cannot cover data.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import io
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._files import atomic_open
-from ..errors import MissingExtraError
-from .units import fmt_bytes
+from ..reporting.plots import figure_class, legend_outside, matplotlib_available, save_figure
+from ..reporting.units import fmt_bytes
 
 if TYPE_CHECKING:
     from ..experiments.transfers import BandwidthResult
     from ..nwt.store import TuneResult
 
+__all__ = ["bandwidth_figure", "matplotlib_available", "plot_bandwidth", "plot_tune", "tune_figure"]
+
 _COLORS = {"h2d": "tab:blue", "d2h": "tab:orange"}
 _STYLES = {"pinned": "-", "pageable": "--"}
-
-
-def matplotlib_available() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
-
-
-def figure_class():
-    """matplotlib's Figure class (no pyplot state), or an ImportError naming the extra to install."""
-    try:
-        from matplotlib.figure import Figure  # noqa: PLC0415 - optional dependency
-    except ImportError as exc:
-        raise MissingExtraError("plots need matplotlib: pip install 'cupy-nwt[plot]'") from exc
-    return Figure
 
 
 def bandwidth_figure(result: BandwidthResult) -> Any:
@@ -159,17 +143,3 @@ def _top(values: Sequence[float]) -> float:
     top = max(values, default=0.0)
     return 1.15 * top if top > 0 else 1.0
 
-
-def legend_outside(ax: Any) -> None:
-    """The legend to the right of the axes, beside the data instead of on it; none without labels."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize="small")
-
-
-def save_figure(fig: Any, path: str | Path, dpi: int) -> Path:
-    """Render first, then write atomically: a failed render leaves no file and no empty folder."""
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, metadata={"Software": None})  # the same bytes for the same drawing
-    with atomic_open(path) as f:
-        f.write(buf.getbuffer())
-    return Path(path)

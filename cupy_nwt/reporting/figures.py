@@ -12,8 +12,30 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ..errors import ArgumentError
-from ..nwt.measure import median_interval
+
+BOOTSTRAP = 2000
+
+
+def median_interval(values: Sequence[float] | np.ndarray, level: float = 0.9, seed: int = 0) -> tuple[float, float, float]:
+    """The median of ``values`` and a bootstrap ``level`` interval of it (seeded: a report gives the same
+    interval every time it is read). For per-round ratios of two counts measured in the same rounds.
+
+    Args:
+        values: the rounds' figures.
+        level: the interval's coverage.
+        seed: the bootstrap's seed.
+
+    Returns:
+        ``(median, low, high)``.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    medians = np.median(np.random.default_rng(seed).choice(v, size=(BOOTSTRAP, v.size)), axis=1)
+    lo, hi = np.quantile(medians, [(1 - level) / 2, (1 + level) / 2])
+    return float(np.median(v)), float(lo), float(hi)
+
 
 LEVEL = 0.9  # the bootstrap interval's coverage, as the tuner's studies use
 VERDICTS = ("met", "missed", "undecided")

@@ -103,7 +103,7 @@ def _tuned() -> TuneResult:
 
 def test_every_writer_gives_the_umask_mode(tmp_path, umask):
     pytest.importorskip("matplotlib")
-    from cupy_nwt.reporting import plots
+    from cupy_nwt.cli import plots
 
     want = 0o666 & ~umask
     r = _tuned()

@@ -176,7 +176,7 @@ def test_raw_copies_move_the_bytes_both_ways():
 @pytest.mark.parametrize("link", [GEN5, None], ids=["with-link", "no-link"])
 def test_plot_writes_a_png(tmp_path, link):
     pytest.importorskip("matplotlib")
-    from cupy_nwt.reporting import plots
+    from cupy_nwt.cli import plots
 
     out = plots.plot_bandwidth(_constant_result(link), tmp_path / "sub" / "bw.png")
     data = out.read_bytes()

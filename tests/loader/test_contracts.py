@@ -14,9 +14,9 @@ from cupy_nwt import DataLoader, WorkerError
 from cupy_nwt.loader import LoaderParts
 from cupy_nwt.loader.device.prefetch import STAGING_BUFFERS, CudaOps, PrefetchOps
 from cupy_nwt.loader.epoch.order import BatchSampler
-from cupy_nwt.loader.epoch.sources import BatchSource, InlineSource, WorkerSource
+from cupy_nwt.loader.epoch.sources import InlineSource, WorkerSource
 from cupy_nwt.loader.ring.ring import Ring, SlotLayout
-from cupy_nwt.loader.ring.slots import RETIRED, SlotPool
+from cupy_nwt.loader.ring.slots import RETIRED, BatchSource, SlotPool
 from cupy_nwt.loader.workers.maker import BatchMaker
 from cupy_nwt.loader.workers.messages import BatchFailed, ErrorReport, InitFailed, Ok, RingMsg, Skipped, Stop, Task
 

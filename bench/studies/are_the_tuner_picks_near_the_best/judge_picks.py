@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 from cupy_nwt import system
-from cupy_nwt.nwt.measure import median_interval
 from cupy_nwt.reporting import tables as report
+from cupy_nwt.reporting.figures import median_interval
 from cupy_nwt.reporting.progress import ProgressBar
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder

@@ -20,6 +20,7 @@ from ...errors import LoaderError
 from .._events import Listener
 from ..device.place import on_device, readonly
 from ..ring.ring import SlotLayout
+from ..ring.slots import BatchSource, FailedBatch
 from ..ring.tree import OutputTree, join, leaf_frameworks
 from ..workers.maker import BatchMaker
 from ..workers.serve import reader_state_or_error
@@ -27,7 +28,7 @@ from .bad_samples import BadSampleCount
 from .progress import EpochProgress, Ledger
 from .readers import entry, restore_plan, shared_reader
 from .resume import dealer, kind_of, ledger_for, make_plan, stream_cursor
-from .sources import BatchSource, FailedBatch, InlineSource, TimedOut, WorkerSource
+from .sources import InlineSource, TimedOut, WorkerSource
 
 if TYPE_CHECKING:
     from .._options import Options
