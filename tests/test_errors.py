@@ -66,7 +66,7 @@ CASES = {
                               traceback_text=""), (RuntimeError, LoaderError), 4),
     WorkerDiedError: (WorkerDiedError("x", worker_id=0, pid=1, exitcode=-9), (RuntimeError, LoaderError), 5),
     LoaderTimeoutError: (LoaderTimeoutError("x"), (RuntimeError, TimeoutError, LoaderError), 5),
-    ArgumentTypeError: (ArgumentTypeError("x"), (TypeError,), 2),
+    ArgumentTypeError: (ArgumentTypeError("x"), (TypeError, ArgumentError), 2),
     OutOfRangeError: (OutOfRangeError("x"), (IndexError,), 1),
     UnknownKeyError: (UnknownKeyError("x"), (KeyError,), 1),
     MissingPathError: (MissingPathError("x"), (FileNotFoundError, OSError), 2),

@@ -199,7 +199,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._finalizer = weakref.finalize(self, self._runtime.close)
         self._epoch = 0
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iteration
-        self._active: weakref.ref | None = None  # the shared stage's epoch (a new one ends it)
+        self._active: weakref.ref | None = None  # the shared workshop's epoch (a new one ends it)
         self._last: EpochState | None = None  # the newest epoch's bookkeeping: what state_dict() describes
         self._newest: weakref.ref | None = None  # the newest iterator, which a state_dict() begins if it has not
         self._reported_len: int | None = None  # an iterable dataset's len() when len(loader) was asked
@@ -220,7 +220,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         None for a stream."""
         self._follow_process_group()
         s = self._options.sampling
-        if s.sampler is not None or s.kind == "iterable":
+        if s.sampler is not None or s.style == "iterable":
             return s.sampler
         return OrderSampler(s.batch_sampler_for(self.dataset, self._epoch), self.set_epoch)
 
@@ -232,7 +232,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         s = self._options.sampling
         if s.batch_sampler is not None:
             return s.batch_sampler
-        if s.batch_size is None or s.kind == "iterable":
+        if s.batch_size is None or s.style == "iterable":
             return None
         if s.sampler is not None:
             return SamplerBatches(s.sampler, s.batch_size, s.drop_last)
@@ -309,7 +309,7 @@ class DataLoader(SettingsView, Generic[T_co]):
     def __len__(self) -> int:
         self._follow_process_group()
         length = self._options.sampling.length(self.dataset)
-        if self._options.sampling.kind == "iterable":  # later iterations warn past it, as PyTorch's do
+        if self._options.sampling.style == "iterable":  # later iterations warn past it, as PyTorch's do
             self._reported_len = len(self.dataset)
         return length
 
@@ -330,7 +330,7 @@ class DataLoader(SettingsView, Generic[T_co]):
 
     def _begin(self, it: Epoch[T_co]) -> None:
         """An iterator's first ``next()``: only then does it take the epoch counter and a loaded state, and
-        end the shared stage's previous epoch. An ``iter()`` that takes no batch changes nothing."""
+        end the shared workshop's previous epoch. An ``iter()`` that takes no batch changes nothing."""
         if not self._finalizer.alive:
             raise LoaderError("this DataLoader is closed")
         self._follow_process_group()
@@ -398,9 +398,9 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._epoch = int(self._resume["epoch"])
         self._last = None  # the loaded state, not the previous iteration, is where the loader stands
         self._close_active()
-        stage = self._runtime.stage
-        if stage is not None and stage.workers is not None:  # persistent workers hold other states: start anew
-            self._runtime.drop(stage)
+        workshop = self._runtime.workshop
+        if workshop is not None and workshop.workers is not None:  # persistent workers hold other states: start anew
+            self._runtime.drop(workshop)
 
     def close(self) -> None:
         """End the current iterations, stop the workers, unlink the rings. Idempotent."""

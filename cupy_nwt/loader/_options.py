@@ -79,12 +79,12 @@ class Options:
         return self.rank_layout.world_size
 
     @property
-    def kind(self) -> WorkerKind:
+    def worker_kind(self) -> WorkerKind:
         return kind(self.worker_type)
 
     @property
     def start_method(self) -> str:
-        return self.kind.start_method(self.context, self.device)
+        return self.worker_kind.start_method(self.context, self.device)
 
     @property
     def joined_output(self) -> str:
@@ -149,9 +149,9 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, seed, layout.rank,
                                 layout.world_size)
     tuning = check_tuning(autotune, cpu_budget, memory_budget, num_workers=num_workers,
-                          iterable=sampling.kind == "iterable")
+                          iterable=sampling.style == "iterable")
     why = None
-    on_bad_sample, max_bad_samples = check_bad_samples(on_bad_sample, max_bad_samples, sampling.kind == "iterable")
+    on_bad_sample, max_bad_samples = check_bad_samples(on_bad_sample, max_bad_samples, sampling.style == "iterable")
     if auto is None:
         warn_if_too_many_workers(num_workers, stacklevel=4, method=_method(worker_type, context, device),
                                  prefetch_factor=prefetch_factor)

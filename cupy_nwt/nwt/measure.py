@@ -24,7 +24,7 @@ from ..errors import ArgumentError
 from ..loader import DataLoader
 from ..ranks import device_for_rank, rank_layout
 from .fingerprint import device_kind
-from .memory import DEFAULT_INTERVAL_S, MemorySampler
+from .footprint import DEFAULT_INTERVAL_S, MemorySampler
 from .pick import check_step
 from .trials import MeasureFn, Measurement, whole_rounds
 

@@ -264,7 +264,7 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
     from .. import cuda  # noqa: PLC0415
     from ..loader import DataLoader  # noqa: PLC0415
     from ..nwt.fingerprint import machine_fingerprint  # noqa: PLC0415
-    from ..nwt.memory import MemorySampler  # noqa: PLC0415
+    from ..nwt.footprint import MemorySampler  # noqa: PLC0415
     from ._against import serve, served_here  # noqa: PLC0415
     from ._cpu import live_descendants, open_instruction_counter  # noqa: PLC0415
     from ._parts import ROUND_CLOCK, LoaderBenchmarkResult, batch_len, epochs, leaves  # noqa: PLC0415

@@ -18,7 +18,7 @@ from ..errors import MissingExtraError
 
 
 def matplotlib_available() -> bool:
-    """Whether matplotlib can be imported (plots are skipped, said in one line, where it cannot)."""
+    """Whether matplotlib can be imported (plots are skipped, said in one line, where it cannot); takes no arguments."""
     return importlib.util.find_spec("matplotlib") is not None
 
 

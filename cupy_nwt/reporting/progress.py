@@ -18,6 +18,11 @@ LINE_INTERVAL_S = 3.0
 
 
 def is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal (a bar is drawn there; elsewhere, a line now and then).
+
+    Args:
+        stream: any file-like object, closed or without ``isatty``.
+    """
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
@@ -31,6 +36,15 @@ class ProgressBar:
     Disabled (``enabled=False``), every call does nothing, so callers need no ``if``. Off a
     terminal a step prints a line only when ``interval`` seconds (by ``clock``; default
     ``LINE_INTERVAL_S``) have passed since the last line.
+
+    Args:
+        total: the steps to come, or None where unknown.
+        desc: what the bar counts, shown before it.
+        unit: the word for one step.
+        enabled: False makes every call do nothing.
+        stream: where it writes (default stderr).
+        interval: seconds between lines off a terminal.
+        clock: the clock those seconds are read from.
     """
 
     def __init__(self, total: int | None, desc: str, *, unit: str = "step", enabled: bool = True,

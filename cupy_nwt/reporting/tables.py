@@ -12,7 +12,13 @@ from ..errors import ArgumentTypeError
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | None = None) -> str:
-    """A plain fixed-width table; numbers right-aligned, text left-aligned."""
+    """A plain fixed-width table; numbers right-aligned, text left-aligned.
+
+    Args:
+        headers: the column names.
+        rows: the cells, row by row (numbers formatted with thousands separators).
+        title: a line above the table.
+    """
     cells = [[_cell(v) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in cells:
@@ -31,6 +37,12 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], title: str | No
 
 
 def key_values(pairs: Sequence[tuple[str, Any]], title: str | None = None) -> str:
+    """Names and values in two aligned columns, for a result with one value per name.
+
+    Args:
+        pairs: ``(name, value)`` in the order shown.
+        title: a line above them.
+    """
     width = max((len(k) for k, _ in pairs), default=0)
     out = [title] if title else []
     out += [f"{k.ljust(width)}  {_cell(v)}" for k, v in pairs]
@@ -50,10 +62,24 @@ def _cell(v: Any) -> str:
 
 
 def to_json(obj: Any) -> str:
+    """``obj`` as indented JSON; objects with ``to_dict()`` and NumPy scalars as their plain equivalents.
+
+    Args:
+        obj: the result.
+    """
     return json.dumps(obj, indent=2, sort_keys=False, default=_default)
 
 
 def write_json(obj: Any, path: str | Path) -> Path:
+    """Write ``obj`` as JSON atomically: a reader never sees half a result file.
+
+    Args:
+        obj: the result.
+        path: the file (its folder is made).
+
+    Returns:
+        ``path``.
+    """
     with atomic_open(path) as f:
         f.write((to_json(obj) + "\n").encode("utf-8"))
     return Path(path)
@@ -61,7 +87,12 @@ def write_json(obj: Any, path: str | Path) -> Path:
 
 def wrote(json_path: Path, plot: Callable[[Path], Path]) -> str:
     """The closing line of a command that wrote ``json_path``: it draws the plot beside it (a
-    ``.png``), or says there is none when matplotlib is not installed (an optional extra)."""
+    ``.png``), or says there is none when matplotlib is not installed (an optional extra).
+
+    Args:
+        json_path: the result file written.
+        plot: draws the picture at the path it is given and returns it.
+    """
     try:
         return f"wrote {json_path} and {plot(json_path.with_suffix('.png'))}"
     except ImportError:

@@ -16,7 +16,11 @@ _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_size(text: str | int) -> int:
-    """Parse '4KiB', '64M' (binary) or '1GB' (decimal) into a positive byte count."""
+    """Parse '4KiB', '64M' (binary) or '1GB' (decimal) into a positive byte count.
+
+    Args:
+        text: the size as written (a bare number is bytes), or already an int.
+    """
     if isinstance(text, int):
         value = text
     else:
@@ -31,7 +35,13 @@ def parse_size(text: str | int) -> int:
 
 
 def size_sweep(lo: int, hi: int, factor: int = 2) -> list[int]:
-    """Sizes lo, lo*factor, ... up to and including hi (hi itself is always the last)."""
+    """Sizes lo, lo*factor, ... up to and including hi (hi itself is always the last).
+
+    Args:
+        lo: the first size, bytes (> 0).
+        hi: the last size, bytes (>= lo).
+        factor: the step between sizes (>= 2).
+    """
     if lo <= 0 or hi < lo:
         raise ArgumentError(f"bad size range {lo}..{hi}: need 0 < min <= max")
     if factor < 2:
@@ -45,7 +55,11 @@ def size_sweep(lo: int, hi: int, factor: int = 2) -> list[int]:
 
 
 def fmt_bytes(n: float) -> str:
-    """Binary units, short: 4096 -> '4 KiB', 3.5e6 -> '3.3 MiB'."""
+    """Binary units, short: 4096 -> '4 KiB', 3.5e6 -> '3.3 MiB'.
+
+    Args:
+        n: a byte count.
+    """
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" or float(n).is_integer() else f"{n:.1f} {unit}"
@@ -54,5 +68,11 @@ def fmt_bytes(n: float) -> str:
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:
-    """'1 worker', '2 workers', '0 workers': counts in messages read as English."""
+    """'1 worker', '2 workers', '0 workers': counts in messages read as English.
+
+    Args:
+        n: the count.
+        word: the noun for one.
+        many: the noun for several, where it is not ``word`` + "s".
+    """
     return f"{n} {word if n == 1 else many or word + 's'}"

@@ -35,7 +35,7 @@ from typing import Any
 
 from cupy_nwt import cuda, system
 from cupy_nwt.experiments.timing import summarize
-from cupy_nwt.nwt.memory import MemorySampler
+from cupy_nwt.nwt.footprint import MemorySampler
 from cupy_nwt.reporting import tables as report
 from cupy_nwt.reporting.figures import figure
 from cupy_nwt.reporting.progress import ProgressBar

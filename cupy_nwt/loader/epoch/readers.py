@@ -43,7 +43,7 @@ from ..workers.torch_workers import is_iter_datapipe, pipe_seed
 
 if TYPE_CHECKING:
     from .._options import Options
-    from .progress import EpochProgress
+    from .ledger import EpochProgress
 
 MAX_STATE_BYTES = 64 << 20  # the dataset states of one loader state, pickled: a checkpoint, not a data store
 Entry = dict[str, Any] | None  # (an ErrorReport stands in for one whose state_dict() failed, until it is saved)
@@ -54,7 +54,7 @@ Restore = dict[int, tuple[Any, int, int | None, int | None]]  # reader -> (its e
 def reader_count(options: Options) -> int:
     """How many readers hold a state of their own: the workers, or one (the main process; threads sharing
     one map-style dataset)."""
-    if options.num_workers == 0 or (options.worker_type == "thread" and options.sampling.kind != "iterable"):
+    if options.num_workers == 0 or (options.worker_type == "thread" and options.sampling.style != "iterable"):
         return 1
     return options.num_workers
 
@@ -99,7 +99,7 @@ def carried(options: Options, progress: EpochProgress | None) -> list[Any]:
     if options.num_workers == 0:
         if progress is not None and progress.live is not None:
             return [entry(0, progress.live())]
-        if options.sampling.kind != "iterable":  # not iterated yet: the dataset as it is
+        if options.sampling.style != "iterable":  # not iterated yet: the dataset as it is
             return [entry(0, reader_state_or_error(options.maker()))]
         return [None]
     if progress is None or not options.persistent_workers:
@@ -123,7 +123,7 @@ def restore_plan(options: Options, epoch: int, readers: Any) -> Restore:
     its delivered batches), and the epoch for a stream whose dataset has ``set_epoch`` (every worker's copy:
     persistent workers' copies reshuffle too, as WebDataset's per-epoch shuffle expects), with a torch
     ``IterDataPipe``'s shuffle seed."""
-    stream = options.sampling.kind == "iterable"
+    stream = options.sampling.style == "iterable"
     piped = stream and is_iter_datapipe(options.dataset)
     tell = epoch if stream and (epoch_setter(options.dataset) is not None or piped) else None
     shared = pipe_seed(options.seed, epoch, options.seed_drawn) if piped else None

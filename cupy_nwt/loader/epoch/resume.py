@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...data.contract import map_length
 from ...errors import ArgumentError
+from .ledger import EpochProgress, Ledger
 from .order import Plan, PlanTask, StreamPlan
-from .progress import EpochProgress, Ledger
 from .readers import check_saveable, delivered, entry, fit_readers, reader_count
 from .remainder import Session, SessionPlan, join_done, split_done
 from .state_checks import STATE_VERSION, checked_state
@@ -89,7 +89,7 @@ def _sampler_of(options: Options) -> Any:
 def kind_of(options: Options) -> str:
     """What a state of this loader holds: "map" (its own sampler), "sampler" (a user's) or "iterable"."""
     s = options.sampling
-    return "iterable" if s.kind == "iterable" else "map" if s.own else "sampler"
+    return "iterable" if s.style == "iterable" else "map" if s.own else "sampler"
 
 
 def make_plan(options: Options, epoch: int, start: Mapping[str, Any] | None) -> tuple[Any, Any]:

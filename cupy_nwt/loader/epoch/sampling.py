@@ -21,7 +21,7 @@ from .order import BatchSampler, Plan, SamplerPlan, StreamPlan, grouped
 class Sampling:
     """The resolved sampling arguments of one loader (``batch_size=None``: batching is off)."""
 
-    kind: str  # "map" or "iterable"
+    style: str  # "map" or "iterable" (``data.contract.dataset_style``)
     batch_size: int | None
     shuffle: bool
     drop_last: bool
@@ -35,8 +35,8 @@ class Sampling:
     def resolve(cls, dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any,
                 drop_last: Any, seed: int, rank: int = 0, world_size: int = 1) -> Sampling:
         """PyTorch's rules: ValueError for what it refuses, in the order it checks."""
-        kind = dataset_style(dataset)
-        if kind == "iterable":
+        style = dataset_style(dataset)
+        if style == "iterable":
             if shuffle not in (False, None):
                 raise ArgumentError(f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}")
             if sampler is not None:
@@ -60,7 +60,7 @@ class Sampling:
                 raise ArgumentError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
         else:
             batch_size = check_int("batch_size", batch_size, ge=1)
-        return cls(kind, batch_size, shuffle, bool(drop_last), sampler, batch_sampler, seed, rank, world_size)
+        return cls(style, batch_size, shuffle, bool(drop_last), sampler, batch_sampler, seed, rank, world_size)
 
     @property
     def batched(self) -> bool:
@@ -70,7 +70,7 @@ class Sampling:
     @property
     def own(self) -> bool:
         """Whether the loader's own ``BatchSampler`` picks the indices (map-style, no user sampler)."""
-        return self.kind == "map" and self.sampler is None and self.batch_sampler is None
+        return self.style == "map" and self.sampler is None and self.batch_sampler is None
 
     def batch_sampler_for(self, dataset: Any, epoch: int = 0) -> BatchSampler:
         """The loader's own sampler over the dataset as it is now (its length read now), listing ``epoch``."""
@@ -79,7 +79,7 @@ class Sampling:
 
     def length(self, dataset: Any) -> int:
         """``len(loader)``, as PyTorch computes it; TypeError when the dataset or sampler has no length."""
-        if self.kind == "iterable":
+        if self.style == "iterable":
             n = len(dataset)
             if self.batch_size is None:
                 return n
@@ -96,7 +96,7 @@ class Sampling:
     def plan(self, dataset: Any, epoch: int) -> Plan:
         """Epoch ``epoch``'s tasks; a user's sampler is iterated afresh, lazily, each epoch."""
         ids = (self.seed, epoch, self.rank, self.world_size)
-        if self.kind == "iterable":
+        if self.style == "iterable":
             return StreamPlan(*ids)
         if self.batch_sampler is not None:
             return SamplerPlan(self.batch_sampler, *ids)

@@ -29,8 +29,8 @@ from ..workers.messages import ErrorReport
 from ..workers.pool import Bad, Ended, Noted, Result, Workers
 from ..workers.serve import reader_state_or_error
 from .bad_samples import BadSampleCount
+from .ledger import Ledger
 from .order import Plan, PlanTask
-from .progress import Ledger
 
 
 class TimedOut(FailedBatch):

@@ -23,11 +23,11 @@ from .messages import (
     NO_SLOT,
     BadSample,
     BadSamples,
-    BatchFailed,
     Exhausted,
     FromWorker,
     InitFailed,
     Ok,
+    Raised,
     StreamState,
     Whole,
 )
@@ -185,7 +185,7 @@ class Dispatch:
             return HostBatch(msg.batch_index, None, msg.rows, arrays, treedef, objects)
         if isinstance(msg, Exhausted):
             return Ended(msg.batch_index, w.id)
-        if isinstance(msg, BatchFailed):
+        if isinstance(msg, Raised):
             error = make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=msg.batch_index)
             return FailedBatch(error, msg.batch_index)
         return None

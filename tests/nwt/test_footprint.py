@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from cupy_nwt.nwt.memory import MemoryPeak, MemorySampler, sample
+from cupy_nwt.nwt.footprint import MemoryPeak, MemorySampler, sample
 
 MiB = 1024 * 1024
 
