@@ -121,14 +121,15 @@ FLOORS = [
 # The loader's floors, lowest first, by when each part acts: the events every stage announces; the ring and
 # the figures summed from the events; the workers that fill it; the device, the online tuner and the plan of an
 # epoch (what sampling gives); the options (every argument resolved once); the runtime (what outlives an
-# epoch); the running epoch and the arguments read back; the DataLoader itself.
+# epoch) and the checkpoint (where an epoch stands, saved and restored); the running epoch and the arguments
+# read back; the DataLoader itself.
 LOADER_FLOORS = [
     ("events", ("_events",)),
     ("ring and stats", ("ring", "_stats")),
     ("workers", ("workers",)),
-    ("device, tuning, plan", ("device", "tuning", "epoch.sampling", "epoch.order")),
+    ("device, tuning, plan", ("device", "tuning", "plan")),
     ("options", ("_options",)),
-    ("runtime", ("_runtime",)),
+    ("runtime and checkpoint", ("_runtime", "checkpoint")),
     ("epoch", ("epoch", "_settings_view")),
     ("the DataLoader", ("_dataloader",)),
 ]

@@ -28,7 +28,7 @@ Lifetime of what you get:
 Several ranks (torch.distributed, torchrun, Lightning, SLURM, MPI): each rank builds its own loader;
 ``rank`` and ``world_size`` come from an initialised process group or the launcher's variables unless
 given (a group initialised after the loader was made is followed), each rank takes its shard of every epoch (see
-``epoch.order.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
+``plan.order.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
 unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
 share of the CPUs (see ``nwt.pick.auto_num_workers``).
 
@@ -54,10 +54,10 @@ from ._options import Options, changed, following_group, resolve
 from ._runtime import LoaderParts, Runtime
 from ._settings_view import SettingsView
 from ._stats import STALL_WARNING_S, LoaderStats
+from .checkpoint.readers import carried
+from .checkpoint.resume import check_state, fresh, state_of
 from .epoch.epoch import Epoch, EpochState
-from .epoch.order import OrderSampler, SamplerBatches
-from .epoch.readers import carried
-from .epoch.resume import check_state, fresh, state_of
+from .plan.order import OrderSampler, SamplerBatches
 from .ring.ring import SlotLayout
 from .tuning.policy import Decision
 from .workers.torch_workers import is_iter_datapipe, torch_shared_seed
@@ -365,7 +365,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         own dataset (and stream iterator) ``state_dict()`` as of then; small and JSON-ready but for what those
         return (pickled, at most 64 MiB together, else ``StateError``). Between epochs (or before the first),
         the start of the epoch ``iter()`` runs next. What it holds, and the elastic rules:
-        ``cupy_nwt.loader.epoch.resume``."""
+        ``cupy_nwt.loader.checkpoint.resume``."""
         newest = self._newest() if self._newest is not None else None
         if newest is not None:
             newest.begin(early=True)
@@ -388,7 +388,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         re-shards it (load any old rank's state when the ranks delivered alike, else ``merge_states`` of all of
         them). A stream resumes with the same workers and ranks only. Anything but a loader's state, an empty
         dict included, is refused with a ``StateError`` and the loader is left as it was. What a state holds:
-        ``cupy_nwt.loader.epoch.resume``."""
+        ``cupy_nwt.loader.checkpoint.resume``."""
         options = self._options
         seed = state.get("seed") if isinstance(state, dict) else None
         if options.seed_drawn and type(seed) is int and seed >= 0:

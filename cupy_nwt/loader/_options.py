@@ -22,8 +22,8 @@ from ..ranks import RankLayout, agree, process_group_layout, rank_layout
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
-from .epoch.order import fresh_seed
-from .epoch.sampling import Sampling
+from .plan.order import fresh_seed
+from .plan.sampling import Sampling
 from .ring.collate import default_collate
 from .ring.frameworks import check_output, generator_seed, joined_output, torch_global_seed, uses_torch
 from .tuning.online import Tuning, check_tuning

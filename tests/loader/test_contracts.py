@@ -13,8 +13,8 @@ from toy_data import Squares
 from cupy_nwt import DataLoader, WorkerError
 from cupy_nwt.loader import LoaderParts
 from cupy_nwt.loader.device.prefetch import STAGING_BUFFERS, CudaOps, PrefetchOps
-from cupy_nwt.loader.epoch.order import BatchSampler
 from cupy_nwt.loader.epoch.sources import InlineSource, WorkerSource
+from cupy_nwt.loader.plan.order import BatchSampler
 from cupy_nwt.loader.ring.ring import Ring, SlotLayout
 from cupy_nwt.loader.ring.slots import RETIRED, BatchSource, SlotPool
 from cupy_nwt.loader.workers.maker import BatchMaker

@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 from ...data.contract import map_length
 from ...errors import ArgumentError
+from ..plan.order import Plan, PlanTask, StreamPlan
+from ..plan.remainder import Session, SessionPlan, join_done, split_done
 from .ledger import EpochProgress, Ledger
-from .order import Plan, PlanTask, StreamPlan
 from .readers import check_saveable, delivered, entry, fit_readers, reader_count
-from .remainder import Session, SessionPlan, join_done, split_done
 from .state_checks import STATE_VERSION, checked_state
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ...data.contract import map_length
 from ...errors import StateError
-from .remainder import Session
+from ..plan.remainder import Session
 
 if TYPE_CHECKING:
     from .._options import Options

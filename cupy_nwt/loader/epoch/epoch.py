@@ -18,6 +18,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import LoaderError
 from .._events import Listener
+from ..checkpoint.ledger import EpochProgress, Ledger
+from ..checkpoint.readers import entry, restore_plan, shared_reader
+from ..checkpoint.resume import dealer, kind_of, ledger_for, make_plan, stream_cursor
 from ..device.place import on_device, readonly
 from ..ring.ring import SlotLayout
 from ..ring.slots import BatchSource, FailedBatch
@@ -25,9 +28,6 @@ from ..ring.tree import OutputTree, join, leaf_frameworks
 from ..workers.maker import BatchMaker
 from ..workers.serve import reader_state_or_error
 from .bad_samples import BadSampleCount
-from .ledger import EpochProgress, Ledger
-from .readers import entry, restore_plan, shared_reader
-from .resume import dealer, kind_of, ledger_for, make_plan, stream_cursor
 from .sources import InlineSource, TimedOut, WorkerSource
 
 if TYPE_CHECKING:

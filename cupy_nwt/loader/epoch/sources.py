@@ -21,6 +21,8 @@ from itertools import islice
 
 from ...errors import LoaderError, LoaderTimeoutError
 from .._events import Events, Listener, Stall
+from ..checkpoint.ledger import Ledger
+from ..plan.order import Plan, PlanTask
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import BatchSource, FailedBatch, HostBatch, SlotPool
 from ..ring.tree import split
@@ -29,8 +31,6 @@ from ..workers.messages import ErrorReport
 from ..workers.pool import Bad, Ended, Noted, Result, Workers
 from ..workers.serve import reader_state_or_error
 from .bad_samples import BadSampleCount
-from .ledger import Ledger
-from .order import Plan, PlanTask
 
 
 class TimedOut(FailedBatch):

@@ -1,4 +1,4 @@
-"""Each reader's own state in a loader state (``epoch.readers``): kept small and checked, and what another
+"""Each reader's own state in a loader state (``checkpoint.readers``): kept small and checked, and what another
 layout of readers keeps.
 
 A dataset whose state does not pickle, or is huge, is refused at ``state_dict()`` in one line while
@@ -16,7 +16,7 @@ import pytest
 
 import cupy_nwt
 from cupy_nwt.loader import merge_states
-from cupy_nwt.loader.epoch.readers import MAX_STATE_BYTES
+from cupy_nwt.loader.checkpoint.readers import MAX_STATE_BYTES
 
 N = 12
 

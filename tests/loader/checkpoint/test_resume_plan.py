@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from cupy_nwt.loader import BatchSampler
-from cupy_nwt.loader.epoch.order import epoch_order
-from cupy_nwt.loader.epoch.remainder import Session, SessionPlan, split_done
+from cupy_nwt.loader.plan.order import epoch_order
+from cupy_nwt.loader.plan.remainder import Session, SessionPlan, split_done
 
 GRID = list(itertools.product((10, 11, 12, 13), (2, 3), (False, True), (False, True)))  # n, B, shuffle, drop_last
 

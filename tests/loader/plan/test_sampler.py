@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cupy_nwt.loader.epoch.order import BatchSampler, batch_seed, epoch_order, fresh_seed, num_batches
+from cupy_nwt.loader.plan.order import BatchSampler, batch_seed, epoch_order, fresh_seed, num_batches
 
 
 def test_sequential_order_and_batches():
