@@ -3,7 +3,8 @@
 Two workloads (a tar shard of 32x32 PNG/JPEG images decoded by Pillow, and an in-memory uint8 array
 transformed in batches by Numba), built deterministically under a folder; the loaders that run them
 (cupy_nwt's with process or thread workers, torch's with the same per-batch work in its ``collate_fn``);
-and how a study takes batches from them (``endless``, ``batch_stream``, ``timed_after``). A study or a
+and how a study takes batches from them (``endless``, ``batch_stream``, ``timed_after``); and the gate's
+pipelines, the scratch projects the gate studies run the plugin on (``pipeline_source``). A study or a
 suite imports it as ``bench.workloads`` with the repository on ``sys.path``.
 """
 
@@ -168,3 +169,96 @@ def worker_pids(loader: Any) -> Callable[[], list[int]]:
 
     me = psutil.Process()
     return lambda: [c.pid for c in me.children(recursive=True)]
+
+
+# ---------------------------------------------------------------- the gate's pipelines
+# The scratch projects ``does_the_gate_hold/gate_noise_proof.py`` runs the gate on, and whose plants
+# ``what_does_the_gate_see/cost_model.py`` counts: a NumPy loop whose work is a factor, or the docs' own
+# pipeline (docs/ci-gate.md) with each regression users make planted in turn.
+
+PIPELINE = '''import numpy as np
+
+WORK = {work:.2f}
+STEPS = 100
+
+
+class LoopImages:
+    """A map-style dataset whose per-sample work is a NumPy loop of round(STEPS * WORK) steps."""
+
+    def __init__(self, n=4096):
+        self.n, self.steps = n, round(STEPS * WORK)
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        x = np.full((16, 16), float(i % 7), np.float32)
+        for _ in range(self.steps):
+            x = np.sqrt(x * 1.0001 + 1.0)
+        return x, i % 10
+'''
+TEST = '''from pipeline import LoopImages
+
+
+def test_loader(loader_benchmark):
+    loader_benchmark(LoopImages(), batch_size=64, num_workers=2, persistent_workers=True, count_samples=64)
+'''
+#: --mode plants: the docs' own pipeline (docs/ci-gate.md) with each regression users make planted in turn
+PLANTED = '''import os
+
+import numpy as np
+
+from cupy_nwt.data import CifarTrainTransform, SyntheticCIFAR10
+
+PLANT = {plant!r}
+#: Python steps a sample: about 200 instructions each, so 300 add ~10% and 60 ~2% of the ~590,000 a sample
+STEPS = {{"python +10%": 300, "instructions +2%": 60}}.get(PLANT, 0)
+
+
+def per_sample():
+    for _ in range(STEPS):
+        pass
+    if PLANT == "alloc 1 MiB":
+        np.ones(1 << 20, np.uint8)  # a fresh 1 MiB, every byte written
+    elif PLANT == "os.stat":
+        os.stat(__file__)
+
+
+class Data(SyntheticCIFAR10):
+    def __getitem__(self, i):
+        per_sample()
+        return super().__getitem__(i)
+
+    def __getitems__(self, indices):
+        for _ in indices:
+            per_sample()
+        return super().__getitems__(indices)
+
+
+class Transform(CifarTrainTransform):
+    def __call__(self, batch, seed=None):
+        images, labels = super().__call__(batch, seed)
+        if PLANT == "numpy passes":
+            for _ in range(3):
+                images = np.ascontiguousarray(images * 1.0)
+        elif PLANT == "batch copy":
+            images = images.copy()
+        return images, labels
+'''
+PLANTED_TEST = '''from pipeline import Data, Transform
+
+
+def test_loader(loader_benchmark):
+    loader_benchmark(Data(n=4096), batch_size=128, num_workers=2, persistent_workers=True, shuffle=True, seed=0,
+                     batch_transform=Transform(), batches={batches}, rounds=6, count_samples={count})
+'''
+PLANTS = ("python +10%", "instructions +2%", "numpy passes", "batch copy", "alloc 1 MiB", "os.stat")
+MODES: dict[str, dict[str, Any]] = {
+    "main": {"unchanged": 1.00, "slower 10%": 1.10}, "instructions": {"slower 2%": 1.02},
+    "cpu": {"unchanged": 1.00, "slower 40%": 1.40},
+    "plants": {"unchanged": "none", **{p: p for p in PLANTS}}}
+
+
+def pipeline_source(mode: str, work: Any) -> str:
+    """The scratch project's ``pipeline.py`` for one group: its work factor, or its plant."""
+    return PLANTED.format(plant=work) if mode == "plants" else PIPELINE.format(work=work)

@@ -48,97 +48,12 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]  # the repository: bench/studies/<study>/ is three below
 sys.path.insert(0, str(ROOT))
+from bench.workloads import MODES, PIPELINE, PLANTED, PLANTED_TEST, PLANTS, TEST, pipeline_source  # noqa: E402, F401
 
-PIPELINE = '''import numpy as np
-
-WORK = {work:.2f}
-STEPS = 100
-
-
-class LoopImages:
-    """A map-style dataset whose per-sample work is a NumPy loop of round(STEPS * WORK) steps."""
-
-    def __init__(self, n=4096):
-        self.n, self.steps = n, round(STEPS * WORK)
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        x = np.full((16, 16), float(i % 7), np.float32)
-        for _ in range(self.steps):
-            x = np.sqrt(x * 1.0001 + 1.0)
-        return x, i % 10
-'''
-TEST = '''from pipeline import LoopImages
-
-
-def test_loader(loader_benchmark):
-    loader_benchmark(LoopImages(), batch_size=64, num_workers=2, persistent_workers=True, count_samples=64)
-'''
-#: --mode plants: the docs' own pipeline (docs/ci-gate.md) with each regression users make planted in turn
-PLANTED = '''import os
-
-import numpy as np
-
-from cupy_nwt.data import CifarTrainTransform, SyntheticCIFAR10
-
-PLANT = {plant!r}
-#: Python steps a sample: about 200 instructions each, so 300 add ~10% and 60 ~2% of the ~590,000 a sample
-STEPS = {{"python +10%": 300, "instructions +2%": 60}}.get(PLANT, 0)
-
-
-def per_sample():
-    for _ in range(STEPS):
-        pass
-    if PLANT == "alloc 1 MiB":
-        np.ones(1 << 20, np.uint8)  # a fresh 1 MiB, every byte written
-    elif PLANT == "os.stat":
-        os.stat(__file__)
-
-
-class Data(SyntheticCIFAR10):
-    def __getitem__(self, i):
-        per_sample()
-        return super().__getitem__(i)
-
-    def __getitems__(self, indices):
-        for _ in indices:
-            per_sample()
-        return super().__getitems__(indices)
-
-
-class Transform(CifarTrainTransform):
-    def __call__(self, batch, seed=None):
-        images, labels = super().__call__(batch, seed)
-        if PLANT == "numpy passes":
-            for _ in range(3):
-                images = np.ascontiguousarray(images * 1.0)
-        elif PLANT == "batch copy":
-            images = images.copy()
-        return images, labels
-'''
-PLANTED_TEST = '''from pipeline import Data, Transform
-
-
-def test_loader(loader_benchmark):
-    loader_benchmark(Data(n=4096), batch_size=128, num_workers=2, persistent_workers=True, shuffle=True, seed=0,
-                     batch_transform=Transform(), batches={batches}, rounds=6, count_samples={count})
-'''
-PLANTS = ("python +10%", "instructions +2%", "numpy passes", "batch copy", "alloc 1 MiB", "os.stat")
-MODES: dict[str, dict[str, Any]] = {
-    "main": {"unchanged": 1.00, "slower 10%": 1.10}, "instructions": {"slower 2%": 1.02},
-    "cpu": {"unchanged": 1.00, "slower 40%": 1.40},
-    "plants": {"unchanged": "none", **{p: p for p in PLANTS}}}
 #: "slower 40%" runs only in --mode cpu, where nothing is judged: it must not fail either
 TARGETS = {"unchanged": ("at most", 0), "slower 10%": ("at least", 19), "slower 2%": ("at least", 20),
            "slower 40%": ("at most", 0), **{p: ("at least", 19) for p in PLANTS}}
 CPU_STORED = "cpu_s_per_1k (stored)"
-
-
-def pipeline_source(mode: str, work: Any) -> str:
-    """The scratch project's ``pipeline.py`` for one group: its work factor, or its plant."""
-    return PLANTED.format(plant=work) if mode == "plants" else PIPELINE.format(work=work)
 
 
 def project(where: Path, mode: str = "main", batches: int = 12, count: int = 64) -> Path:

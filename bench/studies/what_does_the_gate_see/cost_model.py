@@ -40,12 +40,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench" / "studies" / "does_the_gate_hold"))
 
 
 def variants(folder: Path) -> dict[str, Any]:
     """name -> the imported pipeline module of that plant (each its own module: PLANT is a module constant)."""
-    import gate_noise_proof as gnp  # noqa: PLC0415
+    from bench import workloads as gnp  # noqa: PLC0415 - the gate's pipelines
 
     out = {}
     sys.path.insert(0, str(folder))
