@@ -29,7 +29,6 @@ from .ring.frameworks import check_output, generator_seed, joined_output, torch_
 from .tuning.online import Tuning, check_tuning
 from .workers.capacity import check_worker_count
 from .workers.kinds import WORKER_TYPES, check_worker_type, kind
-from .workers.maker import BatchMaker
 from .workers.pool import WorkerKind
 from .workers.torch_workers import is_iter_datapipe, with_shuffle_settings
 
@@ -91,14 +90,6 @@ class Options:
         """What batches are joined as (``frameworks.joined_output``): ``output``, or torch's tensors for "auto"
         in a program that uses torch with the default collate."""
         return joined_output(self.output, self.torch_in_use, self.collate_fn is None)
-
-    def maker(self) -> BatchMaker:
-        """What makes this loader's batches (in a worker, or in the main process)."""
-        s = self.sampling
-        pipe = (s.rank, s.world_size) if is_iter_datapipe(self.dataset) else None
-        return BatchMaker(self.dataset, self.collate_fn, self.batch_transform, batched=s.batched,
-                          batch_size=s.batch_size, drop_last=s.drop_last, pipe=pipe,
-                          skip_bad=self.on_bad_sample == "skip")
 
     def with_context(self, multiprocessing_context: Any) -> Options:
         """These options with another ``multiprocessing_context`` (checked as at construction)."""

@@ -29,8 +29,10 @@ from .ring.ring import Ring, SlotLayout
 from .ring.slots import HostBatch, SlotPool
 from .tuning.online import OnlineTuner
 from .tuning.policy import Decision
+from .workers.maker import BatchMaker
 from .workers.pool import Workers
 from .workers.start import prestart_forkserver
+from .workers.torch_workers import is_iter_datapipe
 
 if TYPE_CHECKING:
     from ._options import Options
@@ -48,6 +50,16 @@ class LoaderParts:
     clock: Callable[[], float] = time.perf_counter
     listeners: tuple[Listener, ...] = ()
     memory_warn_bytes: int = MEMORY_WARN_BYTES
+
+
+def batch_maker(options: Options) -> BatchMaker:
+    """What makes this loader's batches (in a worker, or in the main process), built from its options (which
+    are data and build nothing)."""
+    s = options.sampling
+    pipe = (s.rank, s.world_size) if is_iter_datapipe(options.dataset) else None
+    return BatchMaker(options.dataset, options.collate_fn, options.batch_transform, batched=s.batched,
+                      batch_size=s.batch_size, drop_last=s.drop_last, pipe=pipe,
+                      skip_bad=options.on_bad_sample == "skip")
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,7 +153,7 @@ class Runtime:
         workers: Workers | None = None
         if options.num_workers > 0:
             workers = options.worker_kind.start(
-                maker=options.maker(), num_workers=self.tuner.workers if self.tuner is not None else options.num_workers,
+                maker=batch_maker(options), num_workers=self.tuner.workers if self.tuner is not None else options.num_workers,
                 prefetch_factor=options.prefetch_factor, seed=options.seed, worker_init_fn=options.worker_init_fn,
                 context=options.context, device=options.device, epoch=epoch, rank=options.rank,
                 world_size=options.world_size, events=self.events)

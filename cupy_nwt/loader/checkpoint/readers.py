@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...data.contract import epoch_setter
 from ...errors import StateError
+from .._runtime import batch_maker
 from ..workers.messages import ErrorReport
 from ..workers.serve import reader_state_or_error
 from ..workers.torch_workers import is_iter_datapipe, pipe_seed
@@ -100,7 +101,7 @@ def carried(options: Options, progress: EpochProgress | None) -> list[Any]:
         if progress is not None and progress.live is not None:
             return [entry(0, progress.live())]
         if options.sampling.style != "iterable":  # not iterated yet: the dataset as it is
-            return [entry(0, reader_state_or_error(options.maker()))]
+            return [entry(0, reader_state_or_error(batch_maker(options)))]
         return [None]
     if progress is None or not options.persistent_workers:
         return [None] * n

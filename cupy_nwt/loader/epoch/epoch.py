@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import LoaderError
 from .._events import Listener
+from .._runtime import batch_maker
 from ..checkpoint.ledger import EpochProgress, Ledger
 from ..checkpoint.readers import entry, restore_plan, shared_reader
 from ..checkpoint.resume import dealer, kind_of, ledger_for, make_plan, stream_cursor
@@ -100,7 +101,7 @@ class Epoch(Iterator[T_co]):
         self._options, self._shared = options, shared
         self._state = EpochState(kind_of(options), epoch, start, readers=start["workers"] if start is not None else readers)
         if options.num_workers == 0:  # the main process's reader, restored before its first sample
-            maker = self._state.maker = options.maker()
+            maker = self._state.maker = batch_maker(options)
             if options.sampling.style == "iterable":
                 maker.begin_stream()
             restore = restore_plan(options, epoch, start["workers"] if start is not None else None)
@@ -236,7 +237,7 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
                                   ledger=state.ledger, cursor=stream_cursor(state.start) or 0,
                                   shared=shared_reader(options), deal=dealer(plan), bad=bad)
         else:
-            maker = state.maker if state.maker is not None else options.maker()
+            maker = state.maker if state.maker is not None else batch_maker(options)
             if state.readers is None:  # the main process's dataset as the epoch begins
                 state.readers = [entry(0, reader_state_or_error(maker, opened=True))]
             source = InlineSource(maker, plan, runtime.layout, None, workshop.slots if workshop is not None else None,
@@ -268,7 +269,7 @@ def _restore_workers(options: Options, state: EpochState, workshop: Workshop, fr
     plan = restore_plan(options, state.epoch, state.readers if fresh_workshop or state.start is not None else None)
     if shared_reader(options):
         if 0 in plan:
-            maker = options.maker()
+            maker = batch_maker(options)
             maker.restore(*plan.pop(0))
             maker.load_pending()
         if not plan:
