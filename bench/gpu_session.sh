@@ -49,14 +49,14 @@ nwt_scale=${GPU_SESSION_NWT_SCALE:-1}
 
 # name|seconds|what it runs. Each figure is a step's `done: STEP in N s` on a GPU run, kept in
 # bench/results/<device>/<step>/step.json (the first H200 run's, the H100's), with the estimates
-# derived beforehand from the CPU-side costs (bench/session_costs.py) beside them. A step may run twice
+# derived beforehand from the CPU-side costs (bench/studies/how_long_do_the_gpu_steps_take/session_costs.py) beside them. A step may run twice
 # its figure, so a measured one is margin enough; a step whose work changed since is named.
 STEPS=(
     # 4 s measured (estimated 15); 4 s on the H100
     "info|4|host and GPU facts: cupy-nwt info (text, JSON), nvidia-smi -q, lscpu, pip list, /dev/shm"
     # 34 s on the H100 for one round of each; now three rounds, cupy_nwt and native alternated, and the
     # overlap sweep (18 in-process runs): 3 x ~10 s + the ~10-s build + ~25 s, unmeasured
-    "transfers|65|3 alternated rounds of cupy-nwt bandwidth / overlap and bench/native (nvcc there), native_report.py's shares with intervals; bench/overlap_sweep.py over 2, 4, 8 streams (chunks) at 16 and 64 MiB, 3 rounds"
+    "transfers|65|3 alternated rounds of cupy-nwt bandwidth / overlap and bench/native (nvcc there), native_report.py's shares with intervals; bench/studies/are_transfers_as_fast_as_cuda_c/overlap_sweep.py over 2, 4, 8 streams (chunks) at 16 and 64 MiB, 3 rounds"
     # 49 s on the H100 while two blocks failed in 5 ms; passing, they took 48 s more: ~100 s
     "gpu-tests|100|pytest -m gpu tests/ bench/ (junit.xml; bench/'s 64 MiB copies and idle fraction in benchmark.json), 60 s per test at most"
     # 145 s on the first H200, 113 s after the preload, 51 s on the H100 after the later start-up fixes
@@ -70,7 +70,7 @@ STEPS=(
     "gpu-decode|100|bench/studies/does_the_gpu_decode_jpegs/gpu_decode.py: images/s of nvImageCodec on ImageNet-size JPEGs, two host cores reading (wheels from .whl/ where present)"
     # 90 s on the H100 with 30 batches at 0, 4 and 15 workers and the tiny arrays; now 300 batches after
     # the start-up batches, at 4, 15 and 16, torch and cupy_nwt only: ~36 runs of ~1.5 s + set-up, unmeasured
-    "loader-compare|70|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 4,15,16 --batches 300 --repeats 3: samples/s and the first batch against torch's, paired per repeat; bench/tiny_arrays.py against .gpu-run/before where present (not in the estimate)"
+    "loader-compare|70|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 4,15,16 --batches 300 --repeats 3: samples/s and the first batch against torch's, paired per repeat; bench/studies/what_does_the_loader_itself_cost/tiny_arrays.py against .gpu-run/before where present (not in the estimate)"
     # the H100's 6 runs ~19 s apart took ~115 s (cut off at 118 s, its file written); + ~10 s for the
     # copy-engine check (two spawned processes, 3 rounds of 2 + 2 s)
     "scaleout|125|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU; copy_engines.py: two processes' pinned 256 MiB H2D copies against one's"
@@ -131,8 +131,8 @@ step_body() {
                 "$py" -m cupy_nwt overlap --no-progress --output "$d/overlap$sfx.json"
                 if [ -n "$native" ]; then "$native" overlap >"$d/native-overlap$sfx.json"; fi
             done
-            if [ -n "$native" ]; then "$py" bench/native_report.py "$d"; fi
-            "$py" bench/overlap_sweep.py --streams 2,4,8 --sizes 16MiB,64MiB --rounds 3 --output "$d/overlap_sweep.json" ;;
+            if [ -n "$native" ]; then "$py" bench/studies/are_transfers_as_fast_as_cuda_c/native_report.py "$d"; fi
+            "$py" bench/studies/are_transfers_as_fast_as_cuda_c/overlap_sweep.py --streams 2,4,8 --sizes 16MiB,64MiB --rounds 3 --output "$d/overlap_sweep.json" ;;
         gpu-tests)
             "$py" -m pytest -m gpu -q -p no:cacheprovider tests bench --junitxml="$d/junit.xml" \
                 --benchmark-json="$d/benchmark.json" $(per_test_timeout) ;;
@@ -158,7 +158,7 @@ step_body() {
             # where the main process is the limit sooner than at 2 workers: the loader before its
             # per-batch cost was cut (.gpu-run/before) and now, interleaved, against the floor's ceiling
             if [ -d .gpu-run/before/cupy_nwt ]; then
-                "$py" bench/tiny_arrays.py --before .gpu-run/before --after . --workers 0,8,15 --rounds 5 --repeats 1 \
+                "$py" bench/studies/what_does_the_loader_itself_cost/tiny_arrays.py --before .gpu-run/before --after . --workers 0,8,15 --rounds 5 --repeats 1 \
                     --batches 2000 --out "$d/tiny_arrays.json" --note "bench/gpu_session.sh loader-compare"
             else
                 echo "gpu_session: no .gpu-run/before/cupy_nwt (bash bench/gpu_session.sh --prepare-before, with the repository's history): the tiny-arrays before/after is skipped"

@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from cupy_nwt import system  # noqa: E402 - the checkout this script belongs to
-from cupy_nwt._reporting import tables as report  # noqa: E402
+from cupy_nwt.reporting import tables as report  # noqa: E402
 
 Cell = tuple[str, str, int]  # (workload, loader, num_workers)
 

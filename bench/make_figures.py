@@ -29,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cupy_nwt._reporting import plots  # noqa: E402 - the source tree's, not an installed copy
+from cupy_nwt.cli import plots  # noqa: E402 - the source tree's, not an installed copy
 
 RESULTS = ROOT / "bench" / "results"
 FIGURES = ROOT / "docs" / "figures"

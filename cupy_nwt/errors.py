@@ -25,7 +25,8 @@ class CupyNwtError(Exception):
 
 
 class ArgumentError(CupyNwtError, ValueError):
-    """An argument has the wrong type or is out of range; raised by the checks in ``cupy_nwt._checks``."""
+    """A bad argument: out of range, malformed, or (as its subclass ``ArgumentTypeError``) of the wrong type;
+    raised by the checks in ``cupy_nwt._checks``. Catching it catches every bad argument."""
 
 
 class NoGPUError(CupyNwtError, RuntimeError):
@@ -250,8 +251,9 @@ __all__ = [
 # Each keeps the builtin base Python (or PyTorch) would raise there, so a caller's ``except TypeError``
 # (``IndexError``, ``KeyError``, ``FileNotFoundError``, ``ImportError``, ``RuntimeError``) still catches it.
 
-class ArgumentTypeError(CupyNwtError, TypeError):
-    """An argument of the wrong kind: the message names it, what it must be and what it got."""
+class ArgumentTypeError(ArgumentError, TypeError):
+    """A bad argument of the wrong type, also a ``TypeError`` where PyTorch raises one: the message names it,
+    what it must be and what it got."""
 
 
 class OutOfRangeError(CupyNwtError, IndexError):

@@ -68,7 +68,7 @@ def test_tune_saves_its_pick_without_platformdirs(tmp_path):
 
 def test_every_module_of_the_gpu_path_imports_without_platformdirs(tmp_path):
     mods = sorted(f"cupy_nwt.{p.stem}" for p in (ROOT / "cupy_nwt").glob("*.py") if p.stem != "__main__")
-    mods += ["gpu_feed", "scaleout", "loader_compare"]
+    mods += ["gpu_feed", "scaleout", "loader_compare", "bench.workloads"]
     code = "import importlib, sys\nfor m in sys.argv[1:]:\n    importlib.import_module(m)\nprint('ok')"
     studies = [str(ROOT / "bench" / "studies" / s) for s in STUDIES_ON_THE_GPU]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(_blocker(tmp_path)), str(ROOT), *studies]))
@@ -100,7 +100,7 @@ def test_required_imports_are_all_on_the_gpu_image():
     files = [p for d in ("cupy_nwt", "examples") for p in (ROOT / d).glob("*.py")]
     files += [p for d in ("bench", "tests") for p in (ROOT / d).rglob("*.py")]
     files.append(ROOT / "conftest.py")
-    local = {p.stem for p in files} | {"cupy_nwt"}
+    local = {p.stem for p in files} | {"cupy_nwt", "bench"}  # bench: the shared workloads, bench.workloads
     missing = {}
     for path in files:
         extra = _required_imports(path) - set(sys.stdlib_module_names) - local - GPU_IMAGE_MODULES

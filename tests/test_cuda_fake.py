@@ -17,7 +17,7 @@ from test_transfers import _constant_result
 
 from cupy_nwt import cuda
 from cupy_nwt.experiments import transfers
-from cupy_nwt.experiments.step_sim import SpinKernel
+from cupy_nwt.experiments.kernels import SpinKernel
 from cupy_nwt.loader.device.prefetch import CudaOps, DevicePrefetcher
 from cupy_nwt.loader.ring.ring import Ring, SlotLayout
 

@@ -66,7 +66,7 @@ CASES = {
                               traceback_text=""), (RuntimeError, LoaderError), 4),
     WorkerDiedError: (WorkerDiedError("x", worker_id=0, pid=1, exitcode=-9), (RuntimeError, LoaderError), 5),
     LoaderTimeoutError: (LoaderTimeoutError("x"), (RuntimeError, TimeoutError, LoaderError), 5),
-    ArgumentTypeError: (ArgumentTypeError("x"), (TypeError,), 2),
+    ArgumentTypeError: (ArgumentTypeError("x"), (TypeError, ArgumentError), 2),
     OutOfRangeError: (OutOfRangeError("x"), (IndexError,), 1),
     UnknownKeyError: (UnknownKeyError("x"), (KeyError,), 1),
     MissingPathError: (MissingPathError("x"), (FileNotFoundError, OSError), 2),
@@ -250,7 +250,7 @@ def test_check_number_lets_none_through_only_when_optional():
     ({"rank": 3, "world_size": 3}, "rank (of world_size 3) must be an integer from 0 to 2, got 3"),
 ])
 def test_the_sampler_refuses_through_the_checks(kwargs, message):
-    from cupy_nwt.loader.epoch.order import BatchSampler
+    from cupy_nwt.loader.plan.order import BatchSampler
 
     with pytest.raises(ArgumentError) as info:
         BatchSampler(**{"n": 10, "batch_size": 2, **kwargs})

@@ -16,7 +16,7 @@
 // CUDA events on the copying stream, medians and inclusive quartiles, every copy checked. The
 // kernels are the very files cupy_nwt compiles at run time (#included from cuda_src/). The JSON on
 // stdout has the shape of `cupy-nwt bandwidth --json` / `cupy-nwt overlap --json` for every field
-// bench/native_report.py compares, plus "source": "native". `overlap` also runs cupy_nwt's duplex
+// bench/studies/are_transfers_as_fast_as_cuda_c/native_report.py compares, plus "source": "native". `overlap` also runs cupy_nwt's duplex
 // stage, the serial chunks (the hand-off) and the ideal rebuilt from them (pipeline_model.py).
 //
 // Exit: 0 done and every result checked; 1 a CUDA error or a wrong result; 2 bad arguments;

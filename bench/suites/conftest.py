@@ -1,10 +1,11 @@
-"""The suites time the workloads two studies define: those studies' folders go on ``sys.path`` here."""
+"""The suites time the shared workloads (``bench.workloads``) and the GPU feed study's loop: the repository
+and that study's folder go on ``sys.path`` here."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-STUDIES = Path(__file__).resolve().parents[1] / "studies"
-for study in ("is_the_loader_faster_than_torch", "does_the_gpu_wait_for_batches"):
-    sys.path.insert(0, str(STUDIES / study))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench" / "studies" / "does_the_gpu_wait_for_batches"))
+sys.path.insert(0, str(ROOT))

@@ -12,8 +12,9 @@ from __future__ import annotations
 import time
 
 import gpu_feed
-import loader_compare as lc
 import pytest
+
+from bench import workloads as lc
 
 STEP_S = 0.005
 WORKERS = 4

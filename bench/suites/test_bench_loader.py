@@ -1,6 +1,6 @@
 """pytest-benchmark: loader samples/s against num_workers, cupy_nwt's DataLoader beside torch's.
 
-Workloads and loaders come from ``loader_compare`` (same dataset object, batch size, workers, fork
+Workloads and loaders come from ``bench.workloads`` (same dataset object, batch size, workers, fork
 start, and per-batch ``CifarTrainTransform`` for both). One round is one batch, after ``WARMUP``
 untimed batches that include worker start-up; ``samples_per_s`` goes into ``extra_info`` (the
 throughput gate of the cupy_nwt pytest plugin watches it). torch benchmarks skip without torch.
@@ -9,8 +9,9 @@ Worker counts: 0, 1, 2, 4, ... up to the usable CPUs, or $CUPY_NWT_BENCH_WORKERS
 
 from __future__ import annotations
 
-import loader_compare as lc
 import pytest
+
+from bench import workloads as lc
 
 BATCH_SIZE = 128
 BATCHES = 25

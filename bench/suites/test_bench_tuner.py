@@ -24,9 +24,9 @@ import os
 import pytest
 
 from cupy_nwt import system, tune_num_workers
-from cupy_nwt._reporting.units import plural
 from cupy_nwt.data import CifarTrainTransform, SyntheticCIFAR10
 from cupy_nwt.nwt.measure import LoaderMeasure, steady_rates
+from cupy_nwt.reporting.units import plural
 
 BATCH_SIZE = 128
 IMAGES = 16384

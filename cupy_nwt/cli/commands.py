@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, cuda, system
-from .._reporting import tables as report
-from .._reporting.progress import ProgressBar
-from .._reporting.units import fmt_bytes, parse_size, size_sweep
 from ..errors import ArgumentError
 from ..loader.workers.kinds import WORKER_TYPES
+from ..reporting import tables as report
+from ..reporting.progress import ProgressBar
+from ..reporting.units import fmt_bytes, parse_size, size_sweep
 from .exits import DEBUG_ENV, EXIT_CODES
 
 
@@ -99,7 +99,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
     """The command's ``--output`` and ``--plot`` (where it has one), checked before its long run."""
     plot = getattr(args, "plot", None)
     if plot:
-        from .._reporting import plots  # noqa: PLC0415 - only this command needs it
+        from . import plots  # noqa: PLC0415 - only this command needs it
 
         if not plots.matplotlib_available():
             raise ArgumentError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
@@ -140,8 +140,8 @@ def _run_options(args: argparse.Namespace) -> dict[str, int]:
 
 
 def cmd_bandwidth(args: argparse.Namespace) -> int:
-    from .._reporting import plots  # noqa: PLC0415 - only this command needs it
     from ..experiments import transfers  # noqa: PLC0415 - only this command needs it
+    from . import plots  # noqa: PLC0415 - only this command needs it
 
     lo, hi = _size_option(args.min, "--min"), _size_option(args.max, "--max")
     if lo > hi:
@@ -172,9 +172,9 @@ def cmd_overlap(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .._reporting.explain import explain_paper_pick, tune_summary, verdict  # noqa: PLC0415
     from ..nwt import tune as nwt_tune  # noqa: PLC0415
     from ._pipeline import build_synthetic_apart, open_pipeline  # noqa: PLC0415 - only this command needs them
+    from .explain import explain_paper_pick, tune_summary, verdict  # noqa: PLC0415
 
     _check_outputs(args)
     synthetic_n = _int_option(args.synthetic_n, "--synthetic-n", 1)
@@ -193,7 +193,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         progress=not args.no_progress, main_process=args.main_process, step=step, warn=False)
     outcome = None if args.no_save else result.save_pick()
     if args.plot:
-        from .._reporting.plots import plot_tune  # noqa: PLC0415
+        from .plots import plot_tune  # noqa: PLC0415
 
         plot_tune(result, args.plot)
     doc = {**result.to_dict(), "verdict": verdict(result, outcome)}

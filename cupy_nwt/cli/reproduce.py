@@ -31,15 +31,16 @@ from typing import Any
 import numpy as np
 
 from .. import cuda, system
-from .._reporting import tables as report
-from .._reporting.explain import explain_paper_pick, paper_decisions, tune_summary
-from .._reporting.progress import ProgressBar
-from .._reporting.units import plural
 from ..errors import ArgumentError
 from ..nwt import measure as nwt_measure
 from ..nwt import tune as nwt_tune
 from ..nwt.store import TuneResult
+from ..reporting import tables as report
+from ..reporting.figures import median_interval
+from ..reporting.progress import ProgressBar
+from ..reporting.units import plural
 from ._pipeline import build_synthetic_apart
+from .explain import explain_paper_pick, paper_decisions, tune_summary
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class PickComparison:
         ratios = self._paired(workers, reference)
         if ratios is None:
             return None
-        _, lo, hi = nwt_measure.median_interval(ratios, level)
+        _, lo, hi = median_interval(ratios, level)
         return lo, hi
 
     def _paired(self, workers: int, reference: int | None) -> np.ndarray | None:
@@ -197,9 +198,9 @@ def _experiment(config: ReproduceConfig, name: str, settings: Any, run: Callable
 
 def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     """Run everything; the caller gets the report, the folder gets the files (see the module doc)."""
-    from .._reporting.plots import matplotlib_available  # noqa: PLC0415
     from ..data.datasets import SyntheticCIFAR10  # noqa: PLC0415 - heavy imports only for this command
     from ..data.transforms import CifarTrainTransform  # noqa: PLC0415
+    from .plots import matplotlib_available  # noqa: PLC0415
 
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -223,7 +224,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
         bandwidth = _experiment(config, "bandwidth", transfers.BandwidthConfig(), transfers.run_bandwidth)
         files.append(report.write_json(bandwidth, out / "bandwidth.json"))
         if plots:
-            from .._reporting.plots import plot_bandwidth  # noqa: PLC0415
+            from .plots import plot_bandwidth  # noqa: PLC0415
 
             files.append(plot_bandwidth(bandwidth, out / "bandwidth.png"))
         overlap_result = _experiment(config, "overlap", overlap.OverlapConfig(), overlap.run_overlap)
@@ -244,7 +245,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
         results[strategy] = r
         files.append(r.save(out / f"tune-{strategy}.json"))
         if plots:
-            from .._reporting.plots import plot_tune  # noqa: PLC0415
+            from .plots import plot_tune  # noqa: PLC0415
 
             files.append(plot_tune(r, out / f"tune-{strategy}.png"))
     results["fast"].save_pick()

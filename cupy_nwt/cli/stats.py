@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._reporting.units import plural
 from ..errors import ArgumentError
 from ..loader import DataLoader, LoaderStats
+from ..reporting.units import plural
 
 MIB = 1 << 20
 _STAGES = (("fetch_s", "fetch"), ("collate_s", "collate"), ("transform_s", "transform"), ("copy_s", "copy"))
@@ -173,7 +173,7 @@ def _longest(rows: list[WatchRow]) -> tuple[str, float]:
 
 def plot_watch(result: WatchResult, path: str | Path) -> Path:
     """Seconds per stage in each interval (stacked) and the workers' busy fraction, against batches."""
-    from .._reporting.plots import figure_class, legend_outside, save_figure  # noqa: PLC0415 - optional matplotlib
+    from ..reporting.plots import figure_class, legend_outside, save_figure  # noqa: PLC0415 - optional matplotlib
 
     fig = figure_class()(figsize=(8.5, 5.5), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from .._reporting.progress import ProgressBar
 from ..errors import ArgumentError
+from ..reporting.progress import ProgressBar
 from ..system import cache_dir as default_cache_dir
 from ..system import usable_cpus
 from ._images import ImageDataset, Transform, encode_image, encode_png_batch, index_in

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import cuda
 from . import timing
-from .timing import Stats
+from .timing import Summary
 
 
 class RunOptions(Protocol):
@@ -51,8 +51,8 @@ class BatchingPoint:
     memory: str
     total_bytes: int
     chunk_bytes: int
-    one_copy: Stats
-    many_copies: Stats
+    one_copy: Summary
+    many_copies: Summary
     verified: bool
 
     @property

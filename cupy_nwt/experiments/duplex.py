@@ -23,7 +23,7 @@ import numpy as np
 from .. import cuda
 from ..errors import ArgumentError
 from . import timing
-from .timing import Stats
+from .timing import Summary
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,11 @@ class DuplexPoint:
 
     nbytes: int
     copies: int
-    h2d_alone: Stats
-    d2h_alone: Stats
-    h2d_duplex: Stats
-    d2h_duplex: Stats
-    both: Stats
+    h2d_alone: Summary
+    d2h_alone: Summary
+    h2d_duplex: Summary
+    d2h_duplex: Summary
+    both: Summary
     verified: bool
 
     def ratio(self, direction: str) -> float:
@@ -46,7 +46,7 @@ class DuplexPoint:
         alone, duplex = (self.h2d_alone, self.h2d_duplex) if direction == "h2d" else (self.d2h_alone, self.d2h_duplex)
         return duplex.median / alone.median
 
-    def gbps(self, stats: Stats) -> float:
+    def gbps(self, stats: Summary) -> float:
         return timing.gbps(self.nbytes, stats.median)
 
     def to_dict(self) -> dict[str, Any]:

@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from .. import cuda
-from .._reporting import tables as report
-from .._reporting.units import fmt_bytes
 from ..errors import ArgumentError, UnknownKeyError
+from ..reporting import tables as report
+from ..reporting.units import fmt_bytes
 from . import kernels, timing
 from .duplex import DuplexPoint, duplex_line, measure_duplex
 from .pipeline_model import (
@@ -36,7 +36,7 @@ from .pipeline_model import (
     ideal_pipeline_seconds,
     measured_ideal_seconds,
 )
-from .timing import Stats
+from .timing import Summary
 from .transfers import ProgressBar, check_run_options, run_on_device
 
 BLOCK_SIZE = kernels.BLOCK_SIZE
@@ -94,28 +94,17 @@ class OverlapConfig:
 
 
 @dataclass(frozen=True)
-class OverlapStages:
-    """Seconds of one chunk's H2D copy, kernel and D2H copy, each measured alone."""
+class ChunkTimes:
+    """Seconds of one chunk's three pieces: its H2D copy, its kernel, its D2H copy.
 
-    h2d: Stats
-    kernel: Stats
-    d2h: Stats
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"h2d": self.h2d.to_dict(), "kernel": self.kernel.to_dict(), "d2h": self.d2h.to_dict()}
-
-
-@dataclass(frozen=True)
-class LaunchTimes:
-    """Host seconds Python takes to issue one H2D copy, one kernel and one D2H copy of a chunk.
-
-    Not part of any device time above: what a caller pays per launch on the CPU, and what would
-    leave the GPU idle if the work were issued to an idle stream one piece at a time.
+    The result holds two: ``stages``, the device seconds of each piece measured alone; ``launch``, the
+    host seconds Python takes to issue each (what a caller pays per launch on the CPU, and what would
+    leave the GPU idle if the work were issued to an idle stream one piece at a time).
     """
 
-    h2d: Stats
-    kernel: Stats
-    d2h: Stats
+    h2d: Summary
+    kernel: Summary
+    d2h: Summary
 
     def to_dict(self) -> dict[str, Any]:
         return {"h2d": self.h2d.to_dict(), "kernel": self.kernel.to_dict(), "d2h": self.d2h.to_dict()}
@@ -126,7 +115,7 @@ class VersionTiming:
     """One version's device seconds over the repeats, and its worst |result - 1| over all runs."""
 
     name: str
-    seconds: Stats
+    seconds: Summary
     max_error: float
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,9 +126,9 @@ class VersionTiming:
 class OverlapResult:
     config: OverlapConfig
     device: cuda.DeviceInfo
-    stages: OverlapStages
+    stages: ChunkTimes
     versions: tuple[VersionTiming, ...]
-    launch: LaunchTimes | None = None
+    launch: ChunkTimes | None = None
     overran: int = 0
     duplex: tuple[DuplexPoint, ...] = ()
     serial_chunks: VersionTiming | None = None
@@ -303,7 +292,7 @@ def _run(config: OverlapConfig, tick: ProgressBar) -> OverlapResult:
         launch.append(timing.summarize([t / STAGE_REPEATS for t in q.issue]))
         overran += q.overran
         tick(f"stage {name}")
-    stages = OverlapStages(*stage)
+    stages = ChunkTimes(*stage)
 
     def sequential() -> None:
         whole_up()
@@ -345,7 +334,7 @@ def _run(config: OverlapConfig, tick: ProgressBar) -> OverlapResult:
     sizes = tuple(dict.fromkeys((4 * chunk, 4 * n)))  # one size when there is one stream
     duplex, late = measure_duplex(sizes, STAGE_REPEATS, reps, warm, spin.hold)
     tick("duplex")
-    return OverlapResult(config, device, stages, tuple(versions), LaunchTimes(*launch), overran + late,
+    return OverlapResult(config, device, stages, tuple(versions), ChunkTimes(*launch), overran + late,
                          duplex, serial)
 
 
@@ -431,7 +420,7 @@ def _measured_ideal_line(result: OverlapResult) -> str:
             f"{HANDOFFS_ON_THE_FILL} hand-offs too")
 
 
-def _launch_line(launch: LaunchTimes | None) -> str:
+def _launch_line(launch: ChunkTimes | None) -> str:
     if launch is None:
         return "not measured"
     return (f"H2D {1e6 * launch.h2d.median:.1f} us, kernel {1e6 * launch.kernel.median:.1f} us, "

@@ -27,7 +27,7 @@ from ..loader.ring.tree import flatten
 from . import timing
 from .kernels import SpinKernel
 
-__all__ = ["FeedResult", "QUEUE_DEPTH", "SimulatedStep", "SpinKernel", "StepMarks", "feed", "feed_queued",
+__all__ = ["FeedResult", "QUEUE_DEPTH", "SimulatedStep", "StepMarks", "feed", "feed_queued",
            "idle_fraction"]
 
 QUEUE_DEPTH = 2  # steps in flight in the queued loop: one on the GPU, one queued behind it

@@ -15,7 +15,7 @@ from ..errors import ArgumentError
 
 
 @dataclass(frozen=True)
-class Stats:
+class Summary:
     """Summary of repeated measurements (seconds, or any unit the caller used)."""
 
     median: float
@@ -38,7 +38,7 @@ class Stats:
         return d
 
 
-def summarize(samples: Sequence[float]) -> Stats:
+def summarize(samples: Sequence[float]) -> Summary:
     """Median, mean, extremes, standard deviation and quartiles of a non-empty sample."""
     xs = sorted(float(x) for x in samples)
     if not xs:
@@ -48,7 +48,7 @@ def summarize(samples: Sequence[float]) -> Stats:
         q25 = q75 = xs[0]
     else:
         q25, _, q75 = statistics.quantiles(xs, n=4, method="inclusive")
-    return Stats(
+    return Summary(
         median=statistics.median(xs),
         mean=statistics.fmean(xs),
         min=xs[0],

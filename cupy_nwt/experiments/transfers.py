@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .. import cuda, system
-from .._reporting import tables as report
-from .._reporting.units import fmt_bytes, size_sweep
 from ..errors import ArgumentError, UnknownKeyError
+from ..reporting import tables as report
+from ..reporting.units import fmt_bytes, size_sweep
 from . import kernels, timing
 from .batching import BatchingPoint, Hold, batched_vs_many, queued
-from .timing import Stats
+from .timing import Summary
 
 DIRECTIONS = ("h2d", "d2h")
 MEMORIES = ("pageable", "pinned")
@@ -104,8 +104,8 @@ class BandwidthPoint:
     memory: str
     nbytes: int
     copies_per_sample: int
-    seconds: Stats
-    gbps: Stats
+    seconds: Summary
+    gbps: Summary
     verified: bool
 
     def to_dict(self) -> dict[str, Any]:

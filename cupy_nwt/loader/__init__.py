@@ -13,8 +13,8 @@ from ._dataloader import DataLoader
 from ._events import Listener, StageTimes, Stall
 from ._runtime import LoaderParts
 from ._stats import LoaderStats, MemoryGrowthWarning
-from .epoch.order import BatchSampler
-from .epoch.resume import merge_states
+from .checkpoint.resume import merge_states
+from .plan.order import BatchSampler
 from .ring.collate import default_collate
 from .ring.slots import HostBatch
 from .tuning.online import Autotune

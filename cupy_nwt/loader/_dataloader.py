@@ -28,7 +28,7 @@ Lifetime of what you get:
 Several ranks (torch.distributed, torchrun, Lightning, SLURM, MPI): each rank builds its own loader;
 ``rank`` and ``world_size`` come from an initialised process group or the launcher's variables unless
 given (a group initialised after the loader was made is followed), each rank takes its shard of every epoch (see
-``epoch.order.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
+``plan.order.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
 unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
 share of the CPUs (see ``nwt.pick.auto_num_workers``).
 
@@ -54,10 +54,10 @@ from ._options import Options, changed, following_group, resolve
 from ._runtime import LoaderParts, Runtime
 from ._settings_view import SettingsView
 from ._stats import STALL_WARNING_S, LoaderStats
+from .checkpoint.readers import carried
+from .checkpoint.resume import check_state, fresh, state_of
 from .epoch.epoch import Epoch, EpochState
-from .epoch.order import OrderSampler, SamplerBatches
-from .epoch.readers import carried
-from .epoch.resume import check_state, fresh, state_of
+from .plan.order import OrderSampler, SamplerBatches
 from .ring.ring import SlotLayout
 from .tuning.policy import Decision
 from .workers.torch_workers import is_iter_datapipe, torch_shared_seed
@@ -199,7 +199,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._finalizer = weakref.finalize(self, self._runtime.close)
         self._epoch = 0
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iteration
-        self._active: weakref.ref | None = None  # the shared stage's epoch (a new one ends it)
+        self._active: weakref.ref | None = None  # the shared workshop's epoch (a new one ends it)
         self._last: EpochState | None = None  # the newest epoch's bookkeeping: what state_dict() describes
         self._newest: weakref.ref | None = None  # the newest iterator, which a state_dict() begins if it has not
         self._reported_len: int | None = None  # an iterable dataset's len() when len(loader) was asked
@@ -220,7 +220,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         None for a stream."""
         self._follow_process_group()
         s = self._options.sampling
-        if s.sampler is not None or s.kind == "iterable":
+        if s.sampler is not None or s.style == "iterable":
             return s.sampler
         return OrderSampler(s.batch_sampler_for(self.dataset, self._epoch), self.set_epoch)
 
@@ -232,7 +232,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         s = self._options.sampling
         if s.batch_sampler is not None:
             return s.batch_sampler
-        if s.batch_size is None or s.kind == "iterable":
+        if s.batch_size is None or s.style == "iterable":
             return None
         if s.sampler is not None:
             return SamplerBatches(s.sampler, s.batch_size, s.drop_last)
@@ -309,7 +309,7 @@ class DataLoader(SettingsView, Generic[T_co]):
     def __len__(self) -> int:
         self._follow_process_group()
         length = self._options.sampling.length(self.dataset)
-        if self._options.sampling.kind == "iterable":  # later iterations warn past it, as PyTorch's do
+        if self._options.sampling.style == "iterable":  # later iterations warn past it, as PyTorch's do
             self._reported_len = len(self.dataset)
         return length
 
@@ -330,7 +330,7 @@ class DataLoader(SettingsView, Generic[T_co]):
 
     def _begin(self, it: Epoch[T_co]) -> None:
         """An iterator's first ``next()``: only then does it take the epoch counter and a loaded state, and
-        end the shared stage's previous epoch. An ``iter()`` that takes no batch changes nothing."""
+        end the shared workshop's previous epoch. An ``iter()`` that takes no batch changes nothing."""
         if not self._finalizer.alive:
             raise LoaderError("this DataLoader is closed")
         self._follow_process_group()
@@ -365,7 +365,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         own dataset (and stream iterator) ``state_dict()`` as of then; small and JSON-ready but for what those
         return (pickled, at most 64 MiB together, else ``StateError``). Between epochs (or before the first),
         the start of the epoch ``iter()`` runs next. What it holds, and the elastic rules:
-        ``cupy_nwt.loader.epoch.resume``."""
+        ``cupy_nwt.loader.checkpoint.resume``."""
         newest = self._newest() if self._newest is not None else None
         if newest is not None:
             newest.begin(early=True)
@@ -388,7 +388,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         re-shards it (load any old rank's state when the ranks delivered alike, else ``merge_states`` of all of
         them). A stream resumes with the same workers and ranks only. Anything but a loader's state, an empty
         dict included, is refused with a ``StateError`` and the loader is left as it was. What a state holds:
-        ``cupy_nwt.loader.epoch.resume``."""
+        ``cupy_nwt.loader.checkpoint.resume``."""
         options = self._options
         seed = state.get("seed") if isinstance(state, dict) else None
         if options.seed_drawn and type(seed) is int and seed >= 0:
@@ -398,9 +398,9 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._epoch = int(self._resume["epoch"])
         self._last = None  # the loaded state, not the previous iteration, is where the loader stands
         self._close_active()
-        stage = self._runtime.stage
-        if stage is not None and stage.workers is not None:  # persistent workers hold other states: start anew
-            self._runtime.drop(stage)
+        workshop = self._runtime.workshop
+        if workshop is not None and workshop.workers is not None:  # persistent workers hold other states: start anew
+            self._runtime.drop(workshop)
 
     def close(self) -> None:
         """End the current iterations, stop the workers, unlink the rings. Idempotent."""

@@ -22,14 +22,13 @@ from ..ranks import RankLayout, agree, process_group_layout, rank_layout
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
-from .epoch.order import fresh_seed
-from .epoch.sampling import Sampling
+from .plan.order import fresh_seed
+from .plan.sampling import Sampling
 from .ring.collate import default_collate
 from .ring.frameworks import check_output, generator_seed, joined_output, torch_global_seed, uses_torch
 from .tuning.online import Tuning, check_tuning
 from .workers.capacity import check_worker_count
 from .workers.kinds import WORKER_TYPES, check_worker_type, kind
-from .workers.maker import BatchMaker
 from .workers.pool import WorkerKind
 from .workers.torch_workers import is_iter_datapipe, with_shuffle_settings
 
@@ -79,26 +78,18 @@ class Options:
         return self.rank_layout.world_size
 
     @property
-    def kind(self) -> WorkerKind:
+    def worker_kind(self) -> WorkerKind:
         return kind(self.worker_type)
 
     @property
     def start_method(self) -> str:
-        return self.kind.start_method(self.context, self.device)
+        return self.worker_kind.start_method(self.context, self.device)
 
     @property
     def joined_output(self) -> str:
         """What batches are joined as (``frameworks.joined_output``): ``output``, or torch's tensors for "auto"
         in a program that uses torch with the default collate."""
         return joined_output(self.output, self.torch_in_use, self.collate_fn is None)
-
-    def maker(self) -> BatchMaker:
-        """What makes this loader's batches (in a worker, or in the main process)."""
-        s = self.sampling
-        pipe = (s.rank, s.world_size) if is_iter_datapipe(self.dataset) else None
-        return BatchMaker(self.dataset, self.collate_fn, self.batch_transform, batched=s.batched,
-                          batch_size=s.batch_size, drop_last=s.drop_last, pipe=pipe,
-                          skip_bad=self.on_bad_sample == "skip")
 
     def with_context(self, multiprocessing_context: Any) -> Options:
         """These options with another ``multiprocessing_context`` (checked as at construction)."""
@@ -149,9 +140,9 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, seed, layout.rank,
                                 layout.world_size)
     tuning = check_tuning(autotune, cpu_budget, memory_budget, num_workers=num_workers,
-                          iterable=sampling.kind == "iterable")
+                          iterable=sampling.style == "iterable")
     why = None
-    on_bad_sample, max_bad_samples = check_bad_samples(on_bad_sample, max_bad_samples, sampling.kind == "iterable")
+    on_bad_sample, max_bad_samples = check_bad_samples(on_bad_sample, max_bad_samples, sampling.style == "iterable")
     if auto is None:
         warn_if_too_many_workers(num_workers, stacklevel=4, method=_method(worker_type, context, device),
                                  prefetch_factor=prefetch_factor)

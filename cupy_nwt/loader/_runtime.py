@@ -1,12 +1,12 @@
-"""What a loader holds across epochs and must free: its stages (workers and rings), the slot layout,
+"""What a loader holds across epochs and must free: its workshops (workers and rings), the slot layout,
 the GPU prefetcher, online tuning and the figures. ``Runtime`` is their one owner and writer, and
 the target of the loader's finalizer (it holds no reference to the loader, so a dropped loader is
 collected and cleaned up).
 
-A ``Stage`` bundles the slot pool (and its ring, once the layout is known) and the workers that
-fill it. A loader's shared stage lives across epochs (persistent workers, or the main process's
-ring on the GPU path); every other iteration with workers has a stage of its own, so several
-iterators of one loader can be live at once. The layout outlives a stage: the next one is built
+A ``Workshop`` bundles the slot pool (and its ring, once the layout is known) and the workers that
+fill it. A loader's shared workshop lives across epochs (persistent workers, or the main process's
+ring on the GPU path); every other iteration with workers has a workshop of its own, so several
+iterators of one loader can be live at once. The layout outlives a workshop: the next one is built
 from it.
 
 The collaborators (the CUDA operations, the reader of a worker's memory, the clock, more event
@@ -29,8 +29,10 @@ from .ring.ring import Ring, SlotLayout
 from .ring.slots import HostBatch, SlotPool
 from .tuning.online import OnlineTuner
 from .tuning.policy import Decision
+from .workers.maker import BatchMaker
 from .workers.pool import Workers
 from .workers.start import prestart_forkserver
+from .workers.torch_workers import is_iter_datapipe
 
 if TYPE_CHECKING:
     from ._options import Options
@@ -50,11 +52,21 @@ class LoaderParts:
     memory_warn_bytes: int = MEMORY_WARN_BYTES
 
 
+def batch_maker(options: Options) -> BatchMaker:
+    """What makes this loader's batches (in a worker, or in the main process), built from its options (which
+    are data and build nothing)."""
+    s = options.sampling
+    pipe = (s.rank, s.world_size) if is_iter_datapipe(options.dataset) else None
+    return BatchMaker(options.dataset, options.collate_fn, options.batch_transform, batched=s.batched,
+                      batch_size=s.batch_size, drop_last=s.drop_last, pipe=pipe,
+                      skip_bad=options.on_bad_sample == "skip")
+
+
 @dataclass(frozen=True, eq=False)
-class Stage:
+class Workshop:
     """What an epoch runs on: the slot pool (its ring attached once the layout is known) and the workers.
 
-    ``workers`` is None for ``num_workers=0`` (whose only stage is the GPU path's ring).
+    ``workers`` is None for ``num_workers=0`` (whose only workshop is the GPU path's ring).
     """
 
     slots: SlotPool
@@ -67,7 +79,7 @@ class Stage:
 
 class Runtime:
     """The machinery of one loader, for the options it was made with (``options.device``, ``pin_memory``
-    and ``tuning`` fix the prefetcher and the tuner; each stage reads the options it is given)."""
+    and ``tuning`` fix the prefetcher and the tuner; each workshop reads the options it is given)."""
 
     def __init__(self, options: Options, *, ops: PrefetchOps | None = None, reader: MemoryReader = read_uss,
                  clock: Callable[[], float] = time.perf_counter, listeners: tuple[Listener, ...] = (),
@@ -78,10 +90,10 @@ class Runtime:
         self.events = Events((self.recorder, *((self.tuner,) if self.tuner is not None else ()), *listeners))
         self.prefetcher = (DevicePrefetcher(options.pin_memory, ops, self.events, clock, options.joined_output)
                            if options.device == "cuda" else None)
-        self.stage: Stage | None = None  # the shared one
-        self.loose: list[Stage] = []  # one per live iteration that has its own workers
+        self.workshop: Workshop | None = None  # the shared one
+        self.loose: list[Workshop] = []  # one per live iteration that has its own workers
         self.layout: SlotLayout | None = None
-        if options.num_workers > 0 and options.kind.processes:  # the server starts while the caller goes on
+        if options.num_workers > 0 and options.worker_kind.processes:  # the server starts while the caller goes on
             prestart_forkserver(options.context, options.start_method,
                                 [options.dataset, options.collate_fn, options.batch_transform,
                                  options.worker_init_fn])
@@ -102,21 +114,21 @@ class Runtime:
     def pin_path(self) -> str:
         return self.prefetcher.pin_path if self.prefetcher is not None else "none"
 
-    def stages(self) -> list[Stage]:
-        return ([self.stage] if self.stage is not None else []) + self.loose
+    def workshops(self) -> list[Workshop]:
+        return ([self.workshop] if self.workshop is not None else []) + self.loose
 
     def slots_in_use(self) -> int:
-        """Ring slots taken and not yet given back, over every live stage."""
-        return sum(s.ring.slots - len(s.slots.free) for s in self.stages() if s.ring is not None)
+        """Ring slots taken and not yet given back, over every live workshop."""
+        return sum(s.ring.slots - len(s.slots.free) for s in self.workshops() if s.ring is not None)
 
     def worker_pids(self) -> list[int]:
-        return [pid for stage in self.stages() if stage.workers is not None for pid in stage.workers.pids()]
+        return [pid for workshop in self.workshops() if workshop.workers is not None for pid in workshop.workers.pids()]
 
     def live_setting(self, options: Options) -> tuple[int, int]:
         """The workers given tasks now and the batches that may be in flight (ring slots in use at most)."""
-        stage = next((s for s in reversed(self.stages()) if s.workers is not None), None)
-        if stage is not None and stage.workers is not None and not stage.workers.closed:
-            pool = stage.workers
+        workshop = next((s for s in reversed(self.workshops()) if s.workers is not None), None)
+        if workshop is not None and workshop.workers is not None and not workshop.workers.closed:
+            pool = workshop.workers
             ring = pool.slots.ring
             slots = ring.slots if ring is not None else pool.size * pool.prefetch_factor
             return pool.active, min(slots, pool.slot_cap) if pool.slot_cap is not None else slots
@@ -128,79 +140,79 @@ class Runtime:
 
     def stats(self, options: Options, epoch: int | None = None, epoch_batches: int | None = None) -> LoaderStats:
         workers, depth = self.live_setting(options)
-        processes = options.kind.processes or options.num_workers == 0
+        processes = options.worker_kind.processes or options.num_workers == 0
         return self.recorder.stats(
             decisions=self.decisions, workers=workers, depth=depth,
             copy=copy_kind(options.device, options.pin_memory, options.num_workers, options.zero_copy),
             worker_type=options.worker_type, pids=self.worker_pids() if processes else None,
             epoch=epoch, epoch_batches=epoch_batches, num_workers_why=options.num_workers_why)
 
-    # -- stages
+    # -- workshops
 
-    def new_stage(self, options: Options, epoch: int, shared: bool) -> Stage:
+    def new_workshop(self, options: Options, epoch: int, shared: bool) -> Workshop:
         """Start the workers (if any) and, when the layout is already known, make their ring."""
         workers: Workers | None = None
         if options.num_workers > 0:
-            workers = options.kind.start(
-                maker=options.maker(), num_workers=self.tuner.workers if self.tuner is not None else options.num_workers,
+            workers = options.worker_kind.start(
+                maker=batch_maker(options), num_workers=self.tuner.workers if self.tuner is not None else options.num_workers,
                 prefetch_factor=options.prefetch_factor, seed=options.seed, worker_init_fn=options.worker_init_fn,
                 context=options.context, device=options.device, epoch=epoch, rank=options.rank,
                 world_size=options.world_size, events=self.events)
             if self.tuner is not None:
                 self.tuner.configure(workers)
-        stage = Stage(workers.slots if workers is not None else SlotPool(None), workers)
+        workshop = Workshop(workers.slots if workers is not None else SlotPool(None), workers)
         if shared:
-            self.stage = stage
+            self.workshop = workshop
         else:
-            self.loose.append(stage)
+            self.loose.append(workshop)
         if self.layout is not None:
-            self._attach_ring(options, stage, self.layout)
-        return stage
+            self._attach_ring(options, workshop, self.layout)
+        return workshop
 
-    def learn_layout(self, options: Options, stage: Stage, hb: HostBatch) -> None:
-        """The first batch made fixes the layout (unless an earlier stage learned it): build the ring."""
-        if stage.ring is not None:
+    def learn_layout(self, options: Options, workshop: Workshop, hb: HostBatch) -> None:
+        """The first batch made fixes the layout (unless an earlier workshop learned it): build the ring."""
+        if workshop.ring is not None:
             return
         if self.layout is None:
             assert hb.treedef is not None
             s = options.sampling
             self.layout = SlotLayout.from_parts(hb.treedef, hb.leaves, s.max_rows(options.dataset),
                                                 hb.rows if s.batched else None)
-        self._attach_ring(options, stage, self.layout)
+        self._attach_ring(options, workshop, self.layout)
 
-    def _attach_ring(self, options: Options, stage: Stage, layout: SlotLayout) -> None:
+    def _attach_ring(self, options: Options, workshop: Workshop, layout: SlotLayout) -> None:
         """Make the ring for ``layout`` (sized for the workers and prefetch, or online tuning's budget) and hand it
-        to the stage's workers (or the main process's slot pool) and, on the shared stage, to the GPU prefetcher."""
+        to the workshop's workers (or the main process's slot pool) and, on the shared workshop, to the GPU prefetcher."""
         n = max(2, options.num_workers * options.prefetch_factor) if options.num_workers > 0 else 2
         if self.tuner is not None:
             n = self.tuner.ring_slots(layout.slot_bytes, options.prefetch_factor)
-        ring = stage.workers.new_ring(layout, n) if stage.workers is not None else Ring(layout, n, shared=False)
+        ring = workshop.workers.new_ring(layout, n) if workshop.workers is not None else Ring(layout, n, shared=False)
         try:
-            if stage.workers is not None:
-                stage.workers.attach(ring)
+            if workshop.workers is not None:
+                workshop.workers.attach(ring)
                 if self.tuner is not None:
-                    self.tuner.configure(stage.workers)
+                    self.tuner.configure(workshop.workers)
             else:
-                stage.slots.attach(ring)
-            if self.prefetcher is not None and stage is self.stage:
+                workshop.slots.attach(ring)
+            if self.prefetcher is not None and workshop is self.workshop:
                 with device_scope(options.device_id, self.ops):
                     self.prefetcher.attach(ring)
         except BaseException:
-            if stage.slots.ring is not ring:
+            if workshop.slots.ring is not ring:
                 ring.close()
             raise
 
-    def drop(self, stage: Stage) -> None:
-        """Stop ``stage``'s workers, then release its ring. Idempotent."""
-        if stage is self.stage:
-            self.stage = None
+    def drop(self, workshop: Workshop) -> None:
+        """Stop ``workshop``'s workers, then release its ring. Idempotent."""
+        if workshop is self.workshop:
+            self.workshop = None
             prefetcher = self.prefetcher
-        elif stage in self.loose:
-            self.loose.remove(stage)
+        elif workshop in self.loose:
+            self.loose.remove(workshop)
             prefetcher = None
         else:
             return
-        self._discard(stage.workers, stage.ring, prefetcher)
+        self._discard(workshop.workers, workshop.ring, prefetcher)
 
     @staticmethod
     def _discard(workers: Workers | None, ring: Ring | None, prefetcher: DevicePrefetcher | None) -> None:
@@ -219,8 +231,8 @@ class Runtime:
     def close(self) -> None:
         """Free everything (the loader's finalizer). Idempotent."""
         try:
-            for stage in self.stages():
-                self.drop(stage)
+            for workshop in self.workshops():
+                self.drop(workshop)
         finally:
             if self.prefetcher is not None:
                 self.prefetcher.close()

@@ -18,15 +18,13 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from .. import cuda
 from ..data.contract import map_length
 from ..errors import ArgumentError
 from ..loader import DataLoader
 from ..ranks import device_for_rank, rank_layout
 from .fingerprint import device_kind
-from .memory import DEFAULT_INTERVAL_S, MemorySampler
+from .footprint import DEFAULT_INTERVAL_S, MemorySampler
 from .pick import check_step
 from .trials import MeasureFn, Measurement, whole_rounds
 
@@ -255,18 +253,6 @@ def interleaved_rates(measure: MeasureFn, counts: Sequence[int], *, batch_size: 
             spi = m.seconds_per_iteration if isinstance(m, Measurement) else float(m)
             rates[w].append(batch_size / spi)
     return rates
-
-
-BOOTSTRAP = 2000
-
-
-def median_interval(values: Sequence[float] | np.ndarray, level: float = 0.9, seed: int = 0) -> tuple[float, float, float]:
-    """The median of ``values`` and a bootstrap ``level`` interval of it (seeded: a report gives the same
-    interval every time it is read). For per-round ratios of two counts measured in the same rounds."""
-    v = np.asarray(values, dtype=np.float64)
-    medians = np.median(np.random.default_rng(seed).choice(v, size=(BOOTSTRAP, v.size)), axis=1)
-    lo, hi = np.quantile(medians, [(1 - level) / 2, (1 + level) / 2])
-    return float(np.median(v)), float(lo), float(hi)
 
 
 def _endless(loader: Any, count: int) -> Iterator[Any]:

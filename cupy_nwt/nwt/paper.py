@@ -29,7 +29,7 @@ when ``normalized < best - alpha``. The paper leaves several things open; what w
   fastest": which count that is depends on the whole curve, see tests/nwt/test_tuner.py.
 * "Memory usage of the entire system". The paper used tracemalloc, which sees only Python
   allocations of the main process. We record, per trial, the peak of the summed PSS (and USS) of the
-  main process and every live worker (``memory.py``): the loader's whole footprint. Memory does
+  main process and every live worker (``footprint.py``): the loader's whole footprint. Memory does
   not enter Algorithm 1's decision; it is reported, as in the paper's Fig. 3.
 """
 

@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from .._reporting.progress import ProgressBar
-from .._reporting.units import plural
 from ..errors import ArgumentError
+from ..reporting.progress import ProgressBar
+from ..reporting.units import plural
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,13 @@ from typing import Any
 
 from .. import system
 from .._checks import check_int, check_number
-from .._reporting.progress import ProgressBar
 from ..errors import ArgumentError
 from ..loader.workers.kinds import check_worker_type
+from ..reporting.progress import ProgressBar
 from . import measure as _measure
 from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch, open_cap
 from .fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
-from .memory import search_memory_limit
+from .footprint import search_memory_limit
 from .paper import _algorithm1
 from .pick import check_step
 from .store import TuneResult, TypeBest

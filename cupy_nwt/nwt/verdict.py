@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
-from .._reporting.units import plural
+from ..reporting.units import plural
 from .trials import Trial
 
 MAX_REL_ERROR = 0.10

@@ -85,7 +85,7 @@ def plan(n: int, batch_size: int | None, samples: int | None) -> list[tuple[Any,
     """``[(indices, seed), ...]``: the first ``samples`` indices of ``n`` in batches, wrapping round past ``n``."""
     import numpy as np  # noqa: PLC0415
 
-    from ..loader.epoch.order import batch_seed  # noqa: PLC0415
+    from ..loader.plan.order import batch_seed  # noqa: PLC0415
 
     want = DEFAULT_COUNT_SAMPLES if samples is None else samples
     size = batch_size or 1

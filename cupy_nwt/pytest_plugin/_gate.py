@@ -26,7 +26,7 @@ better); ``cpu_s_per_1k`` (CPU seconds of the pipeline per 1,000 samples) and
   cache misses, page faults and system calls weighed into estimated cycles) where both sides have it
   under the same weights, its instructions component alone where one side has only that;
 * **no clock is failed**: a shared host's speed drifts by tens of percent between hours, and CPU time
-  per sample drifts with it, by more than a 40% slowdown moves it (``bench/gate_noise_proof.py
+  per sample drifts with it, by more than a 40% slowdown moves it (``bench/studies/does_the_gate_hold/gate_noise_proof.py
   --mode cpu``, figures in ``bench/results/README.md``). So samples/s and CPU per sample from another
   time are reported as information, and the summary says when a benchmark was judged on nothing;
   ``--nwt-against`` judges both in the same job;

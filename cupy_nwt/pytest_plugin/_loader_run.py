@@ -264,13 +264,10 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
     from .. import cuda  # noqa: PLC0415
     from ..loader import DataLoader  # noqa: PLC0415
     from ..nwt.fingerprint import machine_fingerprint  # noqa: PLC0415
-    from ..nwt.memory import MemorySampler  # noqa: PLC0415
+    from ..nwt.footprint import MemorySampler  # noqa: PLC0415
     from ._against import serve, served_here  # noqa: PLC0415
     from ._cpu import live_descendants, open_instruction_counter  # noqa: PLC0415
     from ._parts import ROUND_CLOCK, LoaderBenchmarkResult, batch_len, epochs, leaves  # noqa: PLC0415
-    from ._proof import planted  # noqa: PLC0415
-
-    source = planted(dataset)
     serving = served_here(node.nodeid) if node is not None else None
     base = None
     if against is not None and serving is None:
@@ -279,7 +276,7 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
     counter, why_not = open_instruction_counter()  # before the loader: workers started later are counted
     others = live_descendants()  # not the pipeline: a fixture's server, an earlier loader awaiting collection
     try:
-        loader: DataLoader[Any] = DataLoader(source, **loader_kwargs)
+        loader: DataLoader[Any] = DataLoader(dataset, **loader_kwargs)
         sync = cuda.stream_synchronizer(loader.device_id) if loader.device_id is not None else None
         last_epoch = 0
         with loader:
@@ -313,7 +310,7 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
                             return round_figures(runner.round(sizes[0]))
 
                         serve(serving, {"ready": True}, one,
-                              lambda n: counts_info(source, loader, n) if count else {"count_note": "counting is off"})
+                              lambda n: counts_info(dataset, loader, n) if count else {"count_note": "counting is off"})
                         sizing = Sizing(sizes[0] if sizes else 0, "served", None, None, "samples_per_s")
                     elif base is not None:
                         base.wait_ready()
@@ -329,7 +326,7 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
             base.ask_count(count_samples)  # the base revision counts while this one does
         counts: dict[str, Any] = {}
         if count and serving is None:
-            counts = counts_info(source, loader, count_samples)
+            counts = counts_info(dataset, loader, count_samples)
             if "count_note" in counts:
                 why_not = f"{counts['count_note']}; {why_not}" if why_not else str(counts["count_note"])
         base_counts = base.counted(COUNT_TIMEOUT_S) if count and base is not None and theirs else {}

@@ -164,7 +164,7 @@ def _count(name: str, value: Any, least: int) -> int:
 
 
 def transfer_args(nbytes: int | str, direction: str, pinned: bool, repeats: int, warmup: int) -> tuple[int, str]:
-    from .._reporting.units import parse_size  # noqa: PLC0415
+    from ..reporting.units import parse_size  # noqa: PLC0415
 
     size = parse_size(nbytes)
     d = str(direction).lower()

@@ -1,4 +1,4 @@
-"""bench/gate_noise_proof.py: its groups' targets, the CPU drift it records, bad input. The proof itself
+"""bench/studies/does_the_gate_hold/gate_noise_proof.py: its groups' targets, the CPU drift it records, bad input. The proof itself
 (tens of CI runs) is run by hand; these are its cheap parts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "studies" / "does_the_gate_hold"))
 import gate_noise_proof as gnp  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""bench/gate_proof.py: it runs the docs' gate example (the README's too) as written, and plants slowdowns
+"""bench/studies/does_the_gate_hold/gate_proof.py: it runs the docs' gate example (the README's too) as written, and plants slowdowns
 only through the documented variable. The proof itself (60 CI runs) is run by hand; these are its cheap
 parts.
 """
@@ -12,9 +12,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "studies" / "does_the_gate_hold"))
 import gate_proof as gp  # noqa: E402
+from planted import ENV, SlowedBatchDataset, SlowedDataset, planted, planted_cpu_us
 
 from cupy_nwt.data.datasets import SyntheticCIFAR10
-from cupy_nwt.pytest_plugin._proof import ENV, SlowedBatchDataset, SlowedDataset, planted, planted_cpu_us
 
 
 def test_the_proof_runs_the_docs_example_verbatim_which_is_the_readmes():

@@ -1,6 +1,6 @@
 """The GPU run's headline figures from repeats: intervals and met / missed / undecided, checked without a GPU.
 
-``cupy_nwt._reporting.figures`` judges a target only where a figure's interval allows; the studies
+``cupy_nwt.reporting.figures`` judges a target only where a figure's interval allows; the studies
 the GPU run calls (gpu_feed.py, loader_compare.py, overlap_sweep.py, native_report.py) carry their
 repeats into it. Here their summaries are fed made-up repeats: no timing is asserted.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cupy_nwt._reporting.figures import figure, judge
+from cupy_nwt.reporting.figures import figure, judge
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -95,7 +95,7 @@ def test_loader_compare_pairs_each_repeat_with_torchs(loader_compare):
 
 
 def test_overlap_sweep_judges_every_shape_against_ten_percent(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "studies" / "are_transfers_as_fast_as_cuda_c"))
     import overlap_sweep  # noqa: PLC0415
 
     calls = []
@@ -121,7 +121,7 @@ def test_overlap_sweep_judges_every_shape_against_ten_percent(monkeypatch):
                                                 (["--sizes", "3"], "float32"), (["--rounds", "0"], "--rounds"),
                                                 (["--streams", "3", "--sizes", "16MiB"], "whole float32 chunks")])
 def test_overlap_sweep_refuses_bad_arguments_in_one_line(monkeypatch, tmp_path, capsys, argv, message):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "studies" / "are_transfers_as_fast_as_cuda_c"))
     import overlap_sweep  # noqa: PLC0415
 
     assert overlap_sweep.main([*argv, "--output", str(tmp_path / "o.json")]) == 2
@@ -131,7 +131,7 @@ def test_overlap_sweep_refuses_bad_arguments_in_one_line(monkeypatch, tmp_path, 
 
 def test_overlap_sweep_without_a_gpu_is_exit_3(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("CUPY_NWT_DISABLE_GPU", "1")
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "studies" / "are_transfers_as_fast_as_cuda_c"))
     import overlap_sweep  # noqa: PLC0415
 
     assert overlap_sweep.main(["--output", str(tmp_path / "o.json")]) == 3

@@ -253,8 +253,8 @@ def test_transfers_alternates_cupy_nwt_and_native_over_three_rounds_and_reports_
     one_round = [["-m", "cupy_nwt", "bandwidth"], ["native", "bandwidth"], ["-m", "cupy_nwt", "overlap"],
                  ["native", "overlap"]]
     assert [c.split()[:3] for c in calls] == [["native", "bandwidth", "--dry-run"],  # does it start here?
-                                              *one_round * 3, ["bench/native_report.py", rel],
-                                              ["bench/overlap_sweep.py", "--streams", "2,4,8"]]
+                                              *one_round * 3, ["bench/studies/are_transfers_as_fast_as_cuda_c/native_report.py", rel],
+                                              ["bench/studies/are_transfers_as_fast_as_cuda_c/overlap_sweep.py", "--streams", "2,4,8"]]
     assert "--sizes 16MiB,64MiB --rounds 3" in calls[-1] and f"--output {rel}/overlap_sweep.json" in calls[-1]
     for sfx in ("", "-r2", "-r3"):  # the rounds' files, as native_report.py reads them
         assert json.loads((step / f"native-overlap{sfx}.json").read_text())["source"] == "native"
@@ -266,7 +266,7 @@ def test_transfers_without_nvcc_or_a_prebuilt_native_says_so_and_still_passes(tr
     proc = run(["transfers"], script, PYTHON=stub)
     assert proc.returncode == 0 and "the native reference is skipped" in proc.stdout
     calls = (script.parent / "results" / DEVICE / "transfers" / "stub-calls.txt").read_text().splitlines()
-    assert len(calls) == 7 and calls[-1].startswith("bench/overlap_sweep.py")  # 3 rounds of cupy_nwt, the sweep
+    assert len(calls) == 7 and calls[-1].startswith("bench/studies/are_transfers_as_fast_as_cuda_c/overlap_sweep.py")  # 3 rounds of cupy_nwt, the sweep
 
 
 def test_unpack_takes_a_folder_relative_to_where_it_is_called(tree, tmp_path):
@@ -373,7 +373,7 @@ def test_loader_compare_runs_the_tiny_arrays_against_a_prepared_before_tree(tree
     step = script.parent / "results" / DEVICE / "loader-compare"
     calls = (step / "stub-calls.txt").read_text().splitlines()
     assert calls[0].startswith("bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda")
-    assert calls[1].startswith("bench/tiny_arrays.py --before .gpu-run/before --after . --workers 0,8,15 --rounds 5")
+    assert calls[1].startswith("bench/studies/what_does_the_loader_itself_cost/tiny_arrays.py --before .gpu-run/before --after . --workers 0,8,15 --rounds 5")
     assert f"--out {step.relative_to(script.parent.parent)}/tiny_arrays.json" in calls[1]
     assert "skipped" not in (step / "log.txt").read_text()
 

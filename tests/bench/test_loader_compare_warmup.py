@@ -1,4 +1,4 @@
-"""bench/studies/is_the_loader_faster_than_torch/loader_compare.py times no batch that the workers made during start-up.
+"""bench/workloads.py (loader_compare.py's, the other studies' and the suites' workloads) times no batch that the workers made during start-up.
 
 On the H200, torch at 15 workers read 1,030,522 samples/s on PNG decode: its 30 timed batches were
 the 15 x 2 its workers had queued while the first batch was awaited.
@@ -11,6 +11,14 @@ import pytest
 
 @pytest.fixture
 def loader_compare(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2]))
+    from bench import workloads
+
+    return workloads
+
+
+@pytest.fixture
+def study(monkeypatch):
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "bench" / "studies" / "is_the_loader_faster_than_torch"))
     import loader_compare
 
@@ -30,7 +38,7 @@ def test_bad_warm_up_arguments_are_refused(loader_compare, args):
 
 
 @pytest.mark.parametrize("kind", ["cupy_nwt", "cupy_nwt-thread", "torch"])
-def test_workers_persist_so_the_drained_warm_up_may_pass_an_epoch_end(loader_compare, kind, tmp_path):
+def test_workers_persist_so_the_drained_warm_up_may_pass_an_epoch_end(loader_compare, study, kind, tmp_path):
     if kind == "torch":
         pytest.importorskip("torch", reason="the torch loader needs torch")
     workload = next(w for w in loader_compare.make_workloads(tmp_path, decode_images=8, array_images=64)
@@ -39,7 +47,7 @@ def test_workers_persist_so_the_drained_warm_up_may_pass_an_epoch_end(loader_com
     try:
         assert loader.persistent_workers is True
         assert loader.prefetch_factor == loader_compare.PREFETCH_FACTOR
-        run = None if kind != "cupy_nwt-thread" else loader_compare.measure(kind, workload, 2, 16, batches=4, warmup=1)
+        run = None if kind != "cupy_nwt-thread" else study.measure(kind, workload, 2, 16, batches=4, warmup=1)
     finally:
         loader_compare.close_loader(loader)
     if run is not None:  # 64 samples = 4 batches an epoch: the 5 drained and 4 timed ones pass two epoch ends

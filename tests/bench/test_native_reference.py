@@ -1,4 +1,4 @@
-"""bench/native/ (the CUDA C reference) and bench/native_report.py, without a GPU.
+"""bench/native/ (the CUDA C reference) and bench/studies/are_transfers_as_fast_as_cuda_c/native_report.py, without a GPU.
 
 The native program builds here warning-free for sm_90 and its no-GPU paths answer in JSON; its
 statistics agree with cupy_nwt's. The report is checked on files of both shapes: cupy_nwt's built
@@ -20,12 +20,12 @@ from test_overlap import _constant_result as overlap_result
 from test_transfers import GEN5
 from test_transfers import _constant_result as bandwidth_result
 
-from cupy_nwt._reporting import tables as report
 from cupy_nwt.experiments import kernel_check, pipeline_model, timing
+from cupy_nwt.reporting import tables as report
 
 ROOT = Path(__file__).resolve().parents[2]
 NATIVE = ROOT / "bench" / "native"
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "bench" / "studies" / "are_transfers_as_fast_as_cuda_c"))
 import native_report  # noqa: E402
 
 

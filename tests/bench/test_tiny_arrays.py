@@ -1,4 +1,4 @@
-"""bench/tiny_arrays.py: both sides may be source-tree folders (what a GPU machine, given no git history,
+"""bench/studies/what_does_the_loader_itself_cost/tiny_arrays.py: both sides may be source-tree folders (what a GPU machine, given no git history,
 can carry), each measured with its own package; ``--workers`` chooses the loader's cells; bad input
 gets one line and exit 2. Batch counts are tiny: these check the plumbing, not the figures."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def tiny(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    monkeypatch.syspath_prepend(str(ROOT / "bench" / "studies" / "what_does_the_loader_itself_cost"))
     import tiny_arrays
 
     return tiny_arrays

@@ -23,7 +23,7 @@ import pytest
 from cupy_nwt import cli
 from cupy_nwt.data.datasets import encode_png, write_tar_shard
 from cupy_nwt.errors import WorkerDiedError
-from cupy_nwt.loader.epoch.order import BatchSampler
+from cupy_nwt.loader.plan.order import BatchSampler
 
 BATCH = 4
 TINY = ["--batch-size", str(BATCH), "--max-workers", "3", "--iterations", "8", "--no-progress", "--no-save",

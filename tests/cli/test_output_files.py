@@ -11,10 +11,10 @@ import pytest
 
 from cupy_nwt import cli, cuda
 from cupy_nwt._files import atomic_open
-from cupy_nwt._reporting import tables as report
 from cupy_nwt.data.datasets import write_tar_shard
 from cupy_nwt.nwt.store import ResultStore, TuneResult
 from cupy_nwt.nwt.tune import tune_num_workers
+from cupy_nwt.reporting import tables as report
 
 
 @pytest.fixture(params=[0o022, 0o027, 0o077], ids=["umask022", "umask027", "umask077"])
@@ -103,7 +103,7 @@ def _tuned() -> TuneResult:
 
 def test_every_writer_gives_the_umask_mode(tmp_path, umask):
     pytest.importorskip("matplotlib")
-    from cupy_nwt._reporting import plots
+    from cupy_nwt.cli import plots
 
     want = 0o666 & ~umask
     r = _tuned()

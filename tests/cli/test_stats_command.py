@@ -9,8 +9,8 @@ import pytest
 from test_faults import clean  # noqa: F401 - the fixture used below
 
 from cupy_nwt import cli
-from cupy_nwt._reporting import plots
 from cupy_nwt.cli.stats import HEADERS
+from cupy_nwt.reporting import plots
 
 TINY = ["--synthetic-n", "256", "--batch-size", "16", "--num-workers", "2", "--device", "cpu", "--no-progress"]
 

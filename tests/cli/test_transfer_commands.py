@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from cupy_nwt import cli, cuda
-from cupy_nwt._reporting import plots
+from cupy_nwt.cli import plots
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

@@ -9,11 +9,11 @@ import json
 import pytest
 
 from cupy_nwt import cuda
-from cupy_nwt._reporting import tables as report
 from cupy_nwt.experiments import overlap, pipeline_model
 from cupy_nwt.experiments.duplex import DuplexPoint
-from cupy_nwt.experiments.overlap import OverlapConfig, OverlapResult, OverlapStages, VersionTiming
+from cupy_nwt.experiments.overlap import ChunkTimes, OverlapConfig, OverlapResult, VersionTiming
 from cupy_nwt.experiments.timing import summarize
+from cupy_nwt.reporting import tables as report
 
 
 @pytest.mark.parametrize(("h", "k", "d", "streams", "expected"), [
@@ -76,7 +76,7 @@ def _constant_result(max_error: float = 2e-7, async_v1: float = 5e-4) -> Overlap
     H2D takes 1.25x as long with D2H running, D2H 1.1x; the serial chunks take 4 * 220 us plus
     11 hand-offs of 2 us.
     """
-    stages = OverlapStages(summarize([1e-4]), summarize([2e-5]), summarize([1e-4]))
+    stages = ChunkTimes(summarize([1e-4]), summarize([2e-5]), summarize([1e-4]))
     versions = (VersionTiming("sequential", summarize([9e-4, 1e-3, 1.1e-3]), 0.0),
                 VersionTiming("async_v1", summarize([async_v1]), max_error),
                 VersionTiming("async_v2", summarize([4e-4]), 0.0))
@@ -236,7 +236,7 @@ def test_async_versions_beat_sequential(gpu_result):
 
 def test_launch_time_is_reported_apart_from_the_device_stage_times():
     r = _constant_result()
-    launch = overlap.LaunchTimes(summarize([12e-6]), summarize([15e-6]), summarize([11e-6]))
+    launch = overlap.ChunkTimes(summarize([12e-6]), summarize([15e-6]), summarize([11e-6]))
     with_launch = OverlapResult(r.config, r.device, r.stages, r.versions, launch, overran=1)
     d = json.loads(report.to_json(with_launch))
     assert d["launch_seconds"]["kernel"]["median"] == pytest.approx(15e-6)

@@ -329,7 +329,8 @@ def test_gpu_feed_loaders_keep_their_workers_across_epochs(mode, tmp_path, monke
     if mode == "cupy_nwt" and not cuda.gpu_status().available:
         pytest.skip(f"a loader with device='cuda' needs a GPU: {cuda.gpu_status().reason}")
     import gpu_feed
-    import loader_compare
+
+    from bench import workloads as loader_compare
 
     workload = next(w for w in loader_compare.make_workloads(tmp_path, decode_images=8, array_images=64)
                     if w.name == "numba-array")

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from cupy_nwt._reporting import tables as report
-from cupy_nwt._reporting import units
 from cupy_nwt.experiments import timing
 from cupy_nwt.experiments.timing import summarize
+from cupy_nwt.reporting import tables as report
+from cupy_nwt.reporting import units
 
 # ---------------------------------------------------------------------------- timing
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cuda
-from cupy_nwt._reporting import tables as report
 from cupy_nwt.experiments import transfers
 from cupy_nwt.experiments.timing import summarize
 from cupy_nwt.experiments.transfers import BandwidthConfig, BandwidthPoint, BandwidthResult, BatchingPoint
+from cupy_nwt.reporting import tables as report
 from cupy_nwt.system import HostInfo
 
 MiB = 1024**2
@@ -176,7 +176,7 @@ def test_raw_copies_move_the_bytes_both_ways():
 @pytest.mark.parametrize("link", [GEN5, None], ids=["with-link", "no-link"])
 def test_plot_writes_a_png(tmp_path, link):
     pytest.importorskip("matplotlib")
-    from cupy_nwt._reporting import plots
+    from cupy_nwt.cli import plots
 
     out = plots.plot_bandwidth(_constant_result(link), tmp_path / "sub" / "bw.png")
     data = out.read_bytes()

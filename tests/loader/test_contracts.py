@@ -13,12 +13,12 @@ from toy_data import Squares
 from cupy_nwt import DataLoader, WorkerError
 from cupy_nwt.loader import LoaderParts
 from cupy_nwt.loader.device.prefetch import STAGING_BUFFERS, CudaOps, PrefetchOps
-from cupy_nwt.loader.epoch.order import BatchSampler
-from cupy_nwt.loader.epoch.sources import BatchSource, InlineSource, WorkerSource
+from cupy_nwt.loader.epoch.sources import InlineSource, WorkerSource
+from cupy_nwt.loader.plan.order import BatchSampler
 from cupy_nwt.loader.ring.ring import Ring, SlotLayout
-from cupy_nwt.loader.ring.slots import RETIRED, SlotPool
+from cupy_nwt.loader.ring.slots import RETIRED, BatchSource, SlotPool
 from cupy_nwt.loader.workers.maker import BatchMaker
-from cupy_nwt.loader.workers.messages import BatchFailed, ErrorReport, InitFailed, Ok, RingMsg, Skipped, Stop, Task
+from cupy_nwt.loader.workers.messages import ErrorReport, InitFailed, Ok, Raised, RingMsg, Skipped, Stop, Task
 
 pytestmark = pytest.mark.usefixtures("worker_type")
 
@@ -102,7 +102,7 @@ def test_error_report_keeps_type_text_traceback_and_the_exception():
 
 @pytest.mark.parametrize("msg", [
     Task(3, 11, 2, np.arange(5), 99), Ok(3, 11, 2, 5), Skipped(3, 11, 2), Stop(),
-    BatchFailed(3, 11, 2, report()), InitFailed(report()),
+    Raised(3, 11, 2, report()), InitFailed(report()),
     RingMsg("cupy_nwt_1_ab", SlotLayout.for_batch(np.zeros((2, 3)), 2), 4),
 ], ids=lambda m: type(m).__name__)
 def test_messages_round_trip_through_pickle(msg):

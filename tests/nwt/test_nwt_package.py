@@ -30,7 +30,7 @@ PKG = Path(cupy_nwt.__file__).resolve().parent
 ROOT = PKG.parent
 TUNER_SIDE = {"cupy_nwt.nwt.measure", "cupy_nwt.nwt.auto", "cupy_nwt.nwt.tune", "cupy_nwt.nwt.fast",
               "cupy_nwt.nwt.paper"}
-BELOW_LOADER = ("cupy_nwt.nwt.pick", "cupy_nwt.nwt.store", "cupy_nwt.nwt.fingerprint", "cupy_nwt.nwt.memory",
+BELOW_LOADER = ("cupy_nwt.nwt.pick", "cupy_nwt.nwt.store", "cupy_nwt.nwt.fingerprint", "cupy_nwt.nwt.footprint",
                 "cupy_nwt.nwt.trials", "cupy_nwt.nwt.schema", "cupy_nwt.nwt.verdict")
 
 

@@ -18,7 +18,7 @@ from test_fast_search_noisy_trials import Hiccups
 from test_trials_whole_rounds import Waves
 from test_tuner import CostModel, _curve
 
-from cupy_nwt._reporting.explain import tune_summary
+from cupy_nwt.cli.explain import tune_summary
 from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.nwt import measure as nwt_measure
 from cupy_nwt.nwt.fast import open_cap

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cupy_nwt import cli, cuda
-from cupy_nwt._reporting.explain import PaperDecision, explain_paper_pick, paper_decisions
+from cupy_nwt.cli.explain import PaperDecision, explain_paper_pick, paper_decisions
 from cupy_nwt.cli.reproduce import PickComparison, ReproduceConfig, ReproduceReport, reproduce_summary, summary_markdown
 from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import tune_num_workers

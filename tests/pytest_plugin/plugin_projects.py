@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 # cpuinfo (pytest-benchmark's machine info) spawns a process and takes ~1 s per run: not needed here.
@@ -11,6 +13,16 @@ def pytest_benchmark_generate_machine_info(config):
 """
 
 
+
+
+PLANTED = Path(__file__).resolve().parents[2] / "bench" / "studies" / "does_the_gate_hold" / "planted.py"
+
+
+def plant_slowdown(pytester: pytest.Pytester) -> None:
+    """The gate study's planted CPU slowdown (``CUPY_NWT_PROOF_CPU_US``) in the project, as the study plants it:
+    its ``loader_benchmark`` override, from the project's conftest (the plugin itself knows nothing of it)."""
+    pytester.makepyfile(planted_slowdown=PLANTED.read_text(encoding="utf-8"))
+    pytester.makeconftest(FAST_CONFTEST + "\nfrom planted_slowdown import loader_benchmark  # noqa: F401, E402\n")
 
 
 def make_project(pytester: pytest.Pytester) -> pytest.Pytester:

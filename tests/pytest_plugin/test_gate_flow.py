@@ -2,7 +2,8 @@
 CI mode, another machine, a planted CPU slowdown, I/O-bound pipelines, unchanged reruns.
 
 Runs are in-process (fast); slowdowns are planted CPU (``CUPY_NWT_PROOF_CPU_US``, an exact amount
-of CPU per sample) or sleep, far beyond the limits used, and no assertion is about time.
+of CPU per sample, through the gate study's own conftest: ``plant_slowdown``) or sleep, far beyond the
+limits used, and no assertion is about time.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import os
 
 import pytest
-from plugin_projects import TINY_DATA, loader_test, make_project
+from plugin_projects import TINY_DATA, loader_test, make_project, plant_slowdown
 
 pytest_plugins = ["pytester"]
 
@@ -63,6 +64,7 @@ def test_cpu_of_the_workers_is_counted(project, monkeypatch, worker_type):
                        test_input_pipeline=loader_test(batches=40, workers=2, rounds=4,
                                                        extra=f", worker_type={worker_type!r}, persistent_workers=True"))
     project.syspathinsert()
+    plant_slowdown(project)
     monkeypatch.setenv("CUPY_NWT_PROOF_CPU_US", "2000")
     project.runpytest_inprocess("--benchmark-json=out.json").assert_outcomes(passed=1)
     info = _info(project)
@@ -131,6 +133,7 @@ def test_without_ci_mode_a_missing_baseline_is_a_note_that_says_how_to_make_it(p
 def test_a_baseline_from_another_machine_is_reported_not_failed(project, monkeypatch):
     project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test(batches=12, rounds=6))
     project.syspathinsert()
+    plant_slowdown(project)
     monkeypatch.setenv("CUPY_NWT_PROOF_CPU_US", "0")
     project.runpytest_inprocess("--nwt-save-baseline=base.json").assert_outcomes(passed=1)
     path = project.path / "base.json"

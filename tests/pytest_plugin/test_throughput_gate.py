@@ -196,7 +196,7 @@ def test_cpu_time_against_a_stored_baseline_is_shown_never_failed(factor):
     """Steady rounds on each side, so the interval excludes no change: only the rule keeps it from failing.
 
     On a shared VM an unchanged pipeline's CPU per sample moved by more than a 40% slowdown did
-    between runs (bench/gate_noise_proof.py --mode cpu), so a clean interval says nothing of the code.
+    between runs (bench/studies/does_the_gate_hold/gate_noise_proof.py --mode cpu), so a clean interval says nothing of the code.
     """
     got = _judged(_info(RATE, CPU, 1.5, 0.2), _info(RATE, scaled(CPU, factor), 1.5, 0.2))["cpu_s_per_1k"]
     j = got.judgement(5)

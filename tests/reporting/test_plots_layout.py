@@ -15,7 +15,7 @@ pytest.importorskip("matplotlib")
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from test_transfers import GEN5, _constant_result  # noqa: E402
 
-from cupy_nwt._reporting import plots  # noqa: E402
+from cupy_nwt.cli import plots  # noqa: E402
 
 TOL = 0.5  # pixels: a point exactly on the axes' edge (axhline ends) is inside
 

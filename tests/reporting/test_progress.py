@@ -10,14 +10,14 @@ import io
 import pytest
 
 from cupy_nwt import cli
-from cupy_nwt._reporting import progress
-from cupy_nwt._reporting.explain import tune_summary
-from cupy_nwt._reporting.progress import ProgressBar, is_terminal
-from cupy_nwt._reporting.units import plural
 from cupy_nwt.cli import commands
+from cupy_nwt.cli.explain import tune_summary
 from cupy_nwt.data.datasets import SyntheticCIFAR10
 from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import tune_num_workers
+from cupy_nwt.reporting import progress
+from cupy_nwt.reporting.progress import ProgressBar, is_terminal
+from cupy_nwt.reporting.units import plural
 
 
 class _Terminal(io.StringIO):

@@ -10,7 +10,7 @@ pick's samples/s over the best's in the same round (the two ran minutes apart at
 cancels), with a bootstrap 90% interval. Writes ``judge_picks-<host>.json`` beside this script and
 ``.png``:
 
-    .venv/bin/python bench/studies/are_the_tuner_picks_near_the_best/judge_picks.py bench/results/vm-2cpu-reproduce-n8-paired-run*
+    .venv/bin/python bench/studies/are_the_tuner_picks_near_the_best/judge_picks.py bench/studies/are_the_tuner_picks_near_the_best/vm-2cpu-reproduce-n8-paired-run*
 
 ``--curve`` judges further runs against a saved result's rounds without measuring again.
 """
@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from cupy_nwt import system
-from cupy_nwt._reporting import tables as report
-from cupy_nwt._reporting.progress import ProgressBar
-from cupy_nwt.nwt.measure import median_interval
+from cupy_nwt.reporting import tables as report
+from cupy_nwt.reporting.figures import median_interval
+from cupy_nwt.reporting.progress import ProgressBar
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
 TARGET = 0.95

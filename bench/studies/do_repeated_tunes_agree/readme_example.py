@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from cupy_nwt import system
-from cupy_nwt._reporting import tables as report
+from cupy_nwt.reporting import tables as report
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]

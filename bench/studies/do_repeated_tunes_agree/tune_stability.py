@@ -37,11 +37,12 @@ from typing import Any
 import numpy as np
 
 from cupy_nwt import system
-from cupy_nwt._reporting import tables as report
-from cupy_nwt._reporting.progress import ProgressBar
-from cupy_nwt.nwt.measure import LoaderMeasure, median_interval
+from cupy_nwt.nwt.measure import LoaderMeasure
 from cupy_nwt.nwt.store import TuneResult, pick_store
 from cupy_nwt.nwt.trials import Measurement, whole_rounds
+from cupy_nwt.reporting import tables as report
+from cupy_nwt.reporting.figures import median_interval
+from cupy_nwt.reporting.progress import ProgressBar
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
 TARGET = 0.95
@@ -153,7 +154,7 @@ def judge(runs: Sequence[TuneRun], rounds: dict[int, list[float]]) -> dict[str, 
 
 
 def plot(doc: dict[str, Any], path: Path) -> Path | None:
-    from cupy_nwt._reporting.plots import figure_class, matplotlib_available, save_figure  # noqa: PLC0415
+    from cupy_nwt.reporting.plots import figure_class, matplotlib_available, save_figure  # noqa: PLC0415
 
     if not matplotlib_available():
         return None

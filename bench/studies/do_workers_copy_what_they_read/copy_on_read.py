@@ -29,7 +29,7 @@ import numpy as np
 import psutil
 
 from cupy_nwt import DataLoader, pack_records, system
-from cupy_nwt._reporting import tables as report
+from cupy_nwt.reporting import tables as report
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
 MB = 1 << 20

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from cupy_nwt._reporting.figures import figure
+from cupy_nwt.reporting.figures import figure
 
 FORMAT = "cupy_nwt.copy_engines/1"
 Copy = tuple[int, float, float]  # bytes copied, start, end (time.monotonic: one clock for all processes)

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
-# the warm-up that drains start-up's batches and the epoch-after-epoch stream are loader_compare's
-sys.path.insert(0, str(RESULTS.parent / "is_the_loader_faster_than_torch"))
+ROOT = Path(__file__).resolve().parents[3]  # the repository: bench/studies/<study>/ is three below
+sys.path.insert(0, str(ROOT))  # the shared workloads: bench.workloads
 FORMAT = "cupy_nwt.scaleout/1"
 
 
@@ -44,8 +44,8 @@ FORMAT = "cupy_nwt.scaleout/1"
 
 def run_rank(args: argparse.Namespace) -> None:
     import torch.distributed as dist  # noqa: PLC0415
-    from loader_compare import endless, timed_after  # noqa: PLC0415
 
+    from bench.workloads import endless, timed_after  # noqa: PLC0415
     from cupy_nwt import DataLoader, cuda  # noqa: PLC0415
     from cupy_nwt.data import (
         CifarTrainTransform,  # noqa: PLC0415
@@ -183,8 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from cupy_nwt import cuda, system  # noqa: PLC0415
-    from cupy_nwt._reporting import tables as report
-    from cupy_nwt._reporting.units import plural  # noqa: PLC0415
+    from cupy_nwt.reporting import tables as report
+    from cupy_nwt.reporting.units import plural  # noqa: PLC0415
 
     counts = [int(x) for x in args.ranks.split(",") if x.strip()]
     if not counts or min(counts) < 1:

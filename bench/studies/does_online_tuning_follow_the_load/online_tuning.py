@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from cupy_nwt import DataLoader, system
-from cupy_nwt._reporting import tables as report
+from cupy_nwt.reporting import tables as report
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
 PHASES = ("io", "io x4", "decode")

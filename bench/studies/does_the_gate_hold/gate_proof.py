@@ -4,7 +4,7 @@ Runs the gate example of docs/ci-gate.md (the README's too) as a CI job would, o
 its ``bench/test_pipeline.py`` (its ``test_loader``) in a scratch project, one ``--nwt-save-baseline`` run,
 then ``--runs`` CI runs (``--nwt-baseline ... --nwt-require-baseline --nwt-throughput-drop=LIMIT``) in
 each of three groups: unchanged, and with a per-sample CPU slowdown of 10% and of 50% planted. The
-slowdown is ``CUPY_NWT_PROOF_CPU_US`` (see ``cupy_nwt/pytest_plugin/_proof.py``): microseconds of CPU
+slowdown is ``CUPY_NWT_PROOF_CPU_US`` (see ``planted.py``, the project's conftest): microseconds of CPU
 burnt per sample in the dataset, set to the fraction of the baseline's own CPU per sample; the
 unchanged group and the baseline run with ``0``, so every run takes the same code path. The groups'
 runs are interleaved (unchanged, 10%, 50%, rotated each time), so a change in the machine's load
@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+HERE = Path(__file__).resolve().parent
 ROOT = Path(__file__).resolve().parents[3]  # the repository: bench/studies/<study>/ is three below
 GROUPS = {"unchanged": 0.0, "slower 10%": 0.10, "slower 50%": 0.50}
 TARGETS = {"unchanged": ("at most", 0), "slower 10%": ("at least", 18), "slower 50%": ("at least", 20)}
@@ -125,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         project = Path(tmp)
         (project / "bench").mkdir()
         (project / "bench/test_pipeline.py").write_text(example_file(args.dataset_n), encoding="utf-8")
+        shutil.copyfile(HERE / "planted.py", project / "conftest.py")  # the slowdown, beside the verbatim example
         env.setdefault("CUPY_NWT_CACHE_DIR", str(project / "cache"))
         base = project / "bench/baseline.json"
         rc, secs, out = pytest_run(project, [f"--nwt-save-baseline={base}", *extra], 0.0, env)

@@ -52,7 +52,7 @@ from cupy_nwt import DataLoader, cuda  # noqa: E402
 from cupy_nwt.data import EncodedJpegs, GpuJpegDecoder, ImageFolder, gpu_decode_status  # noqa: E402
 from cupy_nwt.data.jpeg_codecs import BACKENDS, ROI_MODES  # noqa: E402
 from cupy_nwt.errors import CupyNwtError  # noqa: E402
-from cupy_nwt.nwt.measure import median_interval  # noqa: E402
+from cupy_nwt.reporting.figures import median_interval  # noqa: E402
 
 IMAGENET_SIZE = (375, 500)  # height, width of the typical landscape ImageNet photo
 ARMS = ("decode", "pipeline", "read", "read-cpu")

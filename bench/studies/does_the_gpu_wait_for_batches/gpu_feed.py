@@ -56,15 +56,14 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
-# the workloads and torch's collate are loader_compare's, the study beside this one
-sys.path.insert(0, str(RESULTS.parent / "is_the_loader_faster_than_torch"))
+ROOT = Path(__file__).resolve().parents[3]  # the repository: bench/studies/<study>/ is three below
+sys.path.insert(0, str(ROOT))  # the shared workloads: bench.workloads
 
-from loader_compare import TorchCollate, endless, make_workloads, parse_workers  # noqa: E402
-
+from bench.workloads import TorchCollate, endless, make_workloads, parse_workers  # noqa: E402
 from cupy_nwt import DataLoader, cuda, system  # noqa: E402
-from cupy_nwt._reporting import tables as report  # noqa: E402
-from cupy_nwt._reporting.figures import figure  # noqa: E402
 from cupy_nwt.experiments.step_sim import QUEUE_DEPTH, FeedResult, SimulatedStep, feed, feed_queued  # noqa: E402
+from cupy_nwt.reporting import tables as report  # noqa: E402
+from cupy_nwt.reporting.figures import figure  # noqa: E402
 
 MODES = ("cupy_nwt", "cupy_nwt-noprefetch", "torch", "torch-nopin")
 LOOPS = ("synced", "queued")

@@ -28,171 +28,35 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from cupy_nwt import cuda, system
-from cupy_nwt._reporting import tables as report
-from cupy_nwt._reporting.figures import figure
-from cupy_nwt._reporting.progress import ProgressBar
-from cupy_nwt.data import ArrayDataset, CifarTrainTransform, TarImageDataset, synthetic_pixels, write_tar_shard
 from cupy_nwt.experiments.timing import summarize
-from cupy_nwt.nwt.memory import MemorySampler
+from cupy_nwt.nwt.footprint import MemorySampler
+from cupy_nwt.reporting import tables as report
+from cupy_nwt.reporting.figures import figure
+from cupy_nwt.reporting.progress import ProgressBar
+
+ROOT = Path(__file__).resolve().parents[3]  # the repository: bench/studies/<study>/ is three below
+sys.path.insert(0, str(ROOT))  # this checkout's bench.workloads (and package), also run from another worktree
+from bench.workloads import (  # noqa: E402
+    LOADERS,
+    Workload,
+    batch_stream,
+    close_loader,
+    default_workers,
+    make_loader,
+    make_workloads,
+    parse_workers,
+    timed_after,
+    worker_pids,
+)
 
 RESULTS = Path(__file__).resolve().parent  # this study's folder
-LOADERS = ("cupy_nwt", "cupy_nwt-thread", "torch")
 SPEEDUP_TARGET = {"cuda": 1.5, "cpu": 1.0}  # DESIGN.md: >= 1.5x torch on the GPU, ahead of it on the host
-PREFETCH_FACTOR = 2  # batches in flight per worker, both libraries (their default)
-
-
-@dataclass(frozen=True)
-class Workload:
-    name: str
-    dataset: Any
-    batch_transform: Callable[[Any, int], Any]
-    description: str
-
-
-def make_workloads(root: Path, decode_images: int = 5000, array_images: int = 8192, fmt: str = "png",
-                   seed: int = 0) -> list[Workload]:
-    """The tar-shard decode workload and the array + Numba workload, built deterministically under ``root``."""
-    rng = np.random.default_rng(seed)
-    n = max(decode_images, array_images)
-    labels = rng.permutation(np.arange(n) % 10)
-    pixels = synthetic_pixels(labels, rng)
-    shard = write_tar_shard(root / f"shard-{fmt}.tar", pixels[:decode_images], labels[:decode_images], fmt=fmt)
-    transform = CifarTrainTransform()
-    return [
-        Workload(f"decode-{fmt}", TarImageDataset(shard), transform,
-                 f"{decode_images} 32x32 {fmt.upper()}s in a tar shard, Pillow decode per sample"),
-        Workload("numba-array", ArrayDataset(pixels[:array_images], labels[:array_images]), transform,
-                 f"{array_images} 32x32x3 uint8 images in memory, Numba batch transform only"),
-    ]
-
-
-def default_workers(cpus: int | None = None) -> list[int]:
-    """0, 1, 2, 4, ... up to the usable CPUs (always including that count); $CUPY_NWT_BENCH_WORKERS overrides."""
-    env = os.environ.get("CUPY_NWT_BENCH_WORKERS")
-    if env:
-        return parse_workers(env)
-    cpus = cpus or system.usable_cpus()
-    out, w = [0, 1], 2
-    while w < cpus:
-        out.append(w)
-        w *= 2
-    return sorted(set(out + [cpus]))
-
-
-def parse_workers(text: str) -> list[int]:
-    try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise ValueError(f"workers must be comma-separated integers, got {text!r}") from None
-    if not values or values[0] < 0:
-        raise ValueError(f"workers must be non-negative integers, got {text!r}")
-    return values
-
-
-class TorchCollate:
-    """torch's side of the same per-batch work: stack the samples, run the batch transform, wrap as tensors."""
-
-    def __init__(self, batch_transform: Callable[[Any, int], Any] | None) -> None:
-        self.batch_transform = batch_transform
-        self._count = 0
-
-    def __call__(self, samples: list[tuple[np.ndarray, Any]]) -> tuple[Any, Any]:
-        import torch  # noqa: PLC0415
-
-        batch = (np.stack([s[0] for s in samples]), np.array([s[1] for s in samples], dtype=np.int64))
-        if self.batch_transform is not None:
-            self._count += 1
-            batch = self.batch_transform(batch, (os.getpid() << 24) + self._count)
-        return torch.from_numpy(np.ascontiguousarray(batch[0])), torch.from_numpy(batch[1])
-
-
-def timed_after(warmup: int, num_workers: int, prefetch_factor: int = PREFETCH_FACTOR) -> int:
-    """Batches to take before the clock starts: ``warmup`` plus every batch the workers make during start-up.
-
-    Workers fill ``num_workers * prefetch_factor`` batches while the first one is awaited; timed,
-    those come out of the queue at once, and at 15 workers 30 of them would be a whole 30-batch
-    window (torch's 1,030,522 samples/s on the H200 was that queue, not decoding).
-    """
-    if warmup < 1 or num_workers < 0 or prefetch_factor < 1:
-        raise ValueError(f"need warmup >= 1, num_workers >= 0, prefetch_factor >= 1; got {warmup}, {num_workers}, "
-                         f"{prefetch_factor}")
-    return warmup + num_workers * prefetch_factor
-
-
-def make_loader(kind: str, workload: Workload, num_workers: int, batch_size: int, device: str, seed: int) -> Any:
-    """A loader of ``kind`` (one of ``LOADERS``) over the workload; process workers are forked.
-
-    Workers persist across epochs (both libraries): the drained warm-up (``timed_after``) and the timed
-    batches can pass an epoch's end, where a restart would be timed instead of loading.
-    """
-    persistent = num_workers > 0
-    if kind in ("cupy_nwt", "cupy_nwt-thread"):
-        from cupy_nwt import DataLoader  # noqa: PLC0415
-
-        threads = kind == "cupy_nwt-thread"
-        return DataLoader(workload.dataset, batch_size=batch_size, shuffle=True, seed=seed, num_workers=num_workers,
-                          device=device, pin_memory=device == "cuda", batch_transform=workload.batch_transform,
-                          multiprocessing_context=None if device == "cuda" or threads or not num_workers else "fork",
-                          worker_type="thread" if threads else "process", prefetch_factor=PREFETCH_FACTOR,
-                          persistent_workers=persistent)
-    if kind == "torch":
-        import torch  # noqa: PLC0415
-
-        return torch.utils.data.DataLoader(
-            workload.dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
-            collate_fn=TorchCollate(workload.batch_transform), pin_memory=device == "cuda",
-            prefetch_factor=PREFETCH_FACTOR if num_workers else None, generator=torch.Generator().manual_seed(seed),
-            multiprocessing_context="fork" if num_workers else None, persistent_workers=persistent)
-    raise ValueError(f"unknown loader {kind!r}: use one of {', '.join(LOADERS)}")
-
-
-def endless(loader: Any) -> Iterator[Any]:
-    """Batches forever, epoch after epoch, as training takes them: ``set_epoch`` first where the loader has it."""
-    epoch = 0
-    while True:
-        if hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        yield from loader
-        epoch += 1
-
-
-def batch_stream(loader: Any, kind: str, device: str) -> Iterator[int]:
-    """Batch sizes forever, epoch after epoch; each batch is on ``device`` and finished when yielded."""
-    for x, _ in endless(loader):
-        if device == "cuda":
-            if kind == "torch":
-                import torch  # noqa: PLC0415
-
-                x = x.to("cuda", non_blocking=True)
-                torch.cuda.current_stream().synchronize()
-            else:
-                cuda.current_stream().synchronize()
-        yield int(x.shape[0])
-
-
-def close_loader(loader: Any) -> None:
-    if hasattr(loader, "close"):
-        loader.close()
-    else:  # torch: dropping the iterator shuts its workers down
-        del loader
-
-
-def worker_pids(loader: Any) -> Callable[[], list[int]]:
-    """The loader's worker PIDs: cupy_nwt says; torch's are this process's children."""
-    if hasattr(loader, "worker_pids"):
-        return loader.worker_pids
-    import psutil  # noqa: PLC0415
-
-    me = psutil.Process()
-    return lambda: [c.pid for c in me.children(recursive=True)]
 
 
 @dataclass(frozen=True)

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"close {got['close_s'][0]:.2f} s after it", file=sys.stderr)
     sys.path.insert(0, str(ROOT))
     from cupy_nwt import system  # noqa: PLC0415
-    from cupy_nwt._reporting import tables as report  # noqa: PLC0415
+    from cupy_nwt.reporting import tables as report  # noqa: PLC0415
 
     doc = {"host": system.host_info().to_dict(), "trees": {k: str(v.resolve()) for k, v in trees.items()},
            "workers": args.workers, "images": args.images, "dataset": args.dataset, "runs": runs, "medians": summarize(runs),

@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     sys.path.insert(0, str(ROOT))
     from cupy_nwt import system  # noqa: PLC0415
-    from cupy_nwt._reporting import tables as report  # noqa: PLC0415
+    from cupy_nwt.reporting import tables as report  # noqa: PLC0415
 
     out = Path(args.output) if args.output else HERE / f"first_batch_vs_torch-{system.host_tag()}.json"
     names = {k: str(v) if v else "torch " + _torch_version() for k, v in runners.items()}

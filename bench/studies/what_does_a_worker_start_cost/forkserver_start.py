@@ -21,16 +21,15 @@ import time
 from pathlib import Path
 
 from cupy_nwt import system
-from cupy_nwt._reporting import tables as report
+from cupy_nwt.reporting import tables as report
 
 RESULTS = Path(__file__).resolve().parent
 
 
 def one(preload: bool, workers: int) -> list[float]:
     """First-batch seconds of two loaders in this process: forkserver cold, then warm."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from loader_compare import make_workloads  # noqa: PLC0415
-
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository: bench.workloads
+    from bench.workloads import make_workloads  # noqa: PLC0415
     from cupy_nwt import DataLoader  # noqa: PLC0415
     from cupy_nwt.loader.workers import process, start  # noqa: PLC0415
 

@@ -2,9 +2,9 @@
 with each planted regression, beside its native CPU time; the cost model's weights chosen from them.
 
 The pipeline is ``docs/ci-gate.md``'s (``SyntheticCIFAR10(n=4096)``, ``CifarTrainTransform``, batch 128), with
-each plant of ``bench/gate_noise_proof.py --mode plants`` in turn. For each variant:
+each plant of ``bench/studies/does_the_gate_hold/gate_noise_proof.py --mode plants`` in turn. For each variant:
 
-* its **counts**, as the gate counted them in ``bench/gate_noise_proof.py --mode plants`` (``--proof``, that
+* its **counts**, as the gate counted them in ``bench/studies/does_the_gate_hold/gate_noise_proof.py --mode plants`` (``--proof``, that
   proof's result files: ``count_samples`` samples under callgrind with the simulated caches, the system calls
   from valgrind's log, the page faults from the region run natively), and the spread of the unchanged runs'
   counts over that proof: the count's floor;
@@ -40,12 +40,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
 
 def variants(folder: Path) -> dict[str, Any]:
     """name -> the imported pipeline module of that plant (each its own module: PLANT is a module constant)."""
-    import gate_noise_proof as gnp  # noqa: PLC0415
+    from bench import workloads as gnp  # noqa: PLC0415 - the gate's pipelines
 
     out = {}
     sys.path.insert(0, str(folder))
@@ -138,7 +137,7 @@ def stat_seconds(n: int = 20000) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--proof", type=Path, nargs="+", required=True, metavar="JSON",
-                    help="bench/gate_noise_proof.py --mode plants result files: the counts")
+                    help="bench/studies/does_the_gate_hold/gate_noise_proof.py --mode plants result files: the counts")
     ap.add_argument("--timings", type=int, default=7, help="native timings of each variant, interleaved")
     ap.add_argument("--native-samples", type=int, default=512)
     ap.add_argument("--count-cpu", type=int, nargs="*", default=[128, 512], metavar="SAMPLES",

@@ -29,10 +29,9 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "is_the_loader_faster_than_torch"))
+sys.path.insert(0, str(HERE.parents[2]))  # the repository: the shared workloads, bench.workloads
 
-from loader_compare import make_workloads, timed_after  # noqa: E402
-
+from bench.workloads import make_workloads, timed_after  # noqa: E402
 from cupy_nwt import DataLoader, system  # noqa: E402
 
 BATCH = 128

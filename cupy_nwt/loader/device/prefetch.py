@@ -41,9 +41,8 @@ import numpy as np
 from ... import cuda
 from ...errors import RunError
 from .._events import Listener
-from ..epoch.sources import BatchSource, FailedBatch
 from ..ring.ring import Ring, SlotLayout
-from ..ring.slots import HostBatch
+from ..ring.slots import BatchSource, FailedBatch, HostBatch
 from ..ring.tree import OutputTree, join
 
 STAGING_BUFFERS = 3

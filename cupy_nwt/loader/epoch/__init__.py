@@ -1,2 +1,2 @@
-"""One epoch: its plan (sampler, remainder of a resumed epoch), where its batches come from, the
-iterator the caller holds and the state it saves."""
+"""Running one epoch: the iterator the caller holds, where its batches come from (the main process or the
+workers), and the samples left out of them."""

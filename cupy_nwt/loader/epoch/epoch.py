@@ -5,7 +5,7 @@ host batches turned into what it yields.
 out (a failed batch counts too: its turn has passed) and the seconds the caller spent inside
 ``next()``. ``progress()`` gives them as a frozen record; resume and the figures read that, and the
 counters reach stats and online tuning as events (``waited``, ``first_batch``, ``ended``).
-The steps run on the runtime (``_runtime``): the shared stage or one of their own, the ring once
+The steps run on the runtime (``_runtime``): the shared workshop or one of their own, the ring once
 the first batch fixes the layout, the prefetcher on the GPU.
 """
 
@@ -18,20 +18,22 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ...errors import LoaderError
 from .._events import Listener
+from .._runtime import batch_maker
+from ..checkpoint.ledger import EpochProgress, Ledger
+from ..checkpoint.readers import entry, restore_plan, shared_reader
+from ..checkpoint.resume import dealer, kind_of, ledger_for, make_plan, stream_cursor
 from ..device.place import on_device, readonly
 from ..ring.ring import SlotLayout
+from ..ring.slots import BatchSource, FailedBatch
 from ..ring.tree import OutputTree, join, leaf_frameworks
 from ..workers.maker import BatchMaker
 from ..workers.serve import reader_state_or_error
 from .bad_samples import BadSampleCount
-from .progress import EpochProgress, Ledger
-from .readers import entry, restore_plan, shared_reader
-from .resume import dealer, kind_of, ledger_for, make_plan, stream_cursor
-from .sources import BatchSource, FailedBatch, InlineSource, TimedOut, WorkerSource
+from .sources import InlineSource, TimedOut, WorkerSource
 
 if TYPE_CHECKING:
     from .._options import Options
-    from .._runtime import Runtime, Stage
+    from .._runtime import Runtime, Workshop
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -73,7 +75,7 @@ class Epoch(Iterator[T_co]):
     and loaded state, so an iterator that is made and dropped changes nothing.
     ``start`` is a loaded state this epoch resumes from; ``readers`` (``bind``'s), without one, each reader's
     entry as the epoch begins (``readers.carried``: persistent workers' from the epoch before); ``shared``: it
-    runs on the runtime's shared stage (persistent workers, or the GPU path), else on a stage of its own. ``owner`` (the loader)
+    runs on the runtime's shared workshop (persistent workers, or the GPU path), else on a workshop of its own. ``owner`` (the loader)
     is kept alive while the iterator is, as PyTorch's iterator keeps its loader: the loader's
     finalizer, which frees persistent workers and their ring, runs once the last of the two goes,
     and never under a running epoch. A dropped iterator ends its epoch first (``__del__``).
@@ -99,8 +101,8 @@ class Epoch(Iterator[T_co]):
         self._options, self._shared = options, shared
         self._state = EpochState(kind_of(options), epoch, start, readers=start["workers"] if start is not None else readers)
         if options.num_workers == 0:  # the main process's reader, restored before its first sample
-            maker = self._state.maker = options.maker()
-            if options.sampling.kind == "iterable":
+            maker = self._state.maker = batch_maker(options)
+            if options.sampling.style == "iterable":
                 maker.begin_stream()
             restore = restore_plan(options, epoch, start["workers"] if start is not None else None)
             if 0 in restore:
@@ -181,7 +183,7 @@ class Epoch(Iterator[T_co]):
     def __del__(self) -> None:
         steps = getattr(self, "_steps", None)  # absent when __init__ failed
         if steps is not None:
-            steps.close()  # before the owner goes, whose finalizer may then free the shared stage
+            steps.close()  # before the owner goes, whose finalizer may then free the shared workshop
 
 
 def length_warning(dataset: Any, reported: int, fetched: int, workers: int) -> str:
@@ -213,32 +215,32 @@ def _past_length(steps: Generator[Any, None, None], reported: int, options: Opti
 
 
 def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) -> Generator[Any, None, None]:
-    """The epoch's batches: its plan, the stage it runs on, its source, the host path or the prefetcher."""
+    """The epoch's batches: its plan, the workshop it runs on, its source, the host path or the prefetcher."""
     plan, state.sampler_state = make_plan(options, state.epoch, state.start)
     state.plan = plan
-    stage: Stage | None = None
+    workshop: Workshop | None = None
     source: BatchSource | None = None
     graceful = False
     try:
-        stage = runtime.stage if shared else None
-        fresh_stage = stage is None
-        if stage is None and (options.num_workers > 0 or runtime.prefetcher is not None):
-            stage = runtime.new_stage(options, state.epoch, shared)
-        on_stage = stage
-        learn = (lambda hb: runtime.learn_layout(options, on_stage, hb)) if on_stage is not None else None
+        workshop = runtime.workshop if shared else None
+        fresh_workshop = workshop is None
+        if workshop is None and (options.num_workers > 0 or runtime.prefetcher is not None):
+            workshop = runtime.new_workshop(options, state.epoch, shared)
+        on_workshop = workshop
+        learn = (lambda hb: runtime.learn_layout(options, on_workshop, hb)) if on_workshop is not None else None
         state.ledger = ledger_for(options)
         bad = BadSampleCount(state.epoch, options.max_bad_samples, runtime.events) if options.on_bad_sample == "skip" else None
-        if stage is not None and stage.workers is not None:
-            _restore_workers(options, state, stage, fresh_stage)
-            source = WorkerSource(stage.workers, plan, options.in_order, options.timeout, learn=learn,
+        if workshop is not None and workshop.workers is not None:
+            _restore_workers(options, state, workshop, fresh_workshop)
+            source = WorkerSource(workshop.workers, plan, options.in_order, options.timeout, learn=learn,
                                   events=runtime.events, stall_s=options.stall_warning_s, clock=runtime.clock,
                                   ledger=state.ledger, cursor=stream_cursor(state.start) or 0,
                                   shared=shared_reader(options), deal=dealer(plan), bad=bad)
         else:
-            maker = state.maker if state.maker is not None else options.maker()
+            maker = state.maker if state.maker is not None else batch_maker(options)
             if state.readers is None:  # the main process's dataset as the epoch begins
                 state.readers = [entry(0, reader_state_or_error(maker, opened=True))]
-            source = InlineSource(maker, plan, runtime.layout, None, stage.slots if stage is not None else None,
+            source = InlineSource(maker, plan, runtime.layout, None, workshop.slots if workshop is not None else None,
                                   learn=learn, events=runtime.events, ledger=state.ledger, begun=state.maker is not None,
                                   bad=bad)
         if runtime.prefetcher is not None:
@@ -247,33 +249,33 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
             yield from host_batches(source, options.zero_copy, lambda: runtime.layout, runtime.events, runtime.clock,
                                     options.joined_output)
         graceful = state.finished = True
-        if stage is not None and stage.workers is not None:
-            runtime.events.ended(stage.workers.pids())
+        if workshop is not None and workshop.workers is not None:
+            runtime.events.ended(workshop.workers.pids())
     except GeneratorExit:
         graceful = True  # a break or a dropped iterator: persistent workers may stay
         raise
     finally:
         if source is not None:
             source.close()
-        if stage is not None and stage.workers is not None and not (graceful and options.persistent_workers):
-            runtime.drop(stage)
+        if workshop is not None and workshop.workers is not None and not (graceful and options.persistent_workers):
+            runtime.drop(workshop)
 
 
-def _restore_workers(options: Options, state: EpochState, stage: Stage, fresh_stage: bool) -> None:
+def _restore_workers(options: Options, state: EpochState, workshop: Workshop, fresh_workshop: bool) -> None:
     """Before the epoch's first task: each new worker gets its reader's entry (a loaded state's, or one carried
     from the epoch before); workers that lived through it already hold theirs, and get only the epoch (a
     stream's ``set_epoch``). Threads sharing one map-style dataset: it is restored here, before any reads."""
-    assert stage.workers is not None
-    plan = restore_plan(options, state.epoch, state.readers if fresh_stage or state.start is not None else None)
+    assert workshop.workers is not None
+    plan = restore_plan(options, state.epoch, state.readers if fresh_workshop or state.start is not None else None)
     if shared_reader(options):
         if 0 in plan:
-            maker = options.maker()
+            maker = batch_maker(options)
             maker.restore(*plan.pop(0))
             maker.load_pending()
         if not plan:
             return
     if plan:
-        stage.workers.restore(plan)
+        workshop.workers.restore(plan)
 
 
 def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], SlotLayout | None],

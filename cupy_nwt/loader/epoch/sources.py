@@ -18,28 +18,19 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from itertools import islice
-from typing import Protocol, runtime_checkable
 
 from ...errors import LoaderError, LoaderTimeoutError
 from .._events import Events, Listener, Stall
+from ..checkpoint.ledger import Ledger
+from ..plan.order import Plan, PlanTask
 from ..ring.ring import Ring, SlotLayout
-from ..ring.slots import HostBatch, SlotPool
+from ..ring.slots import BatchSource, FailedBatch, HostBatch, SlotPool
 from ..ring.tree import split
 from ..workers.maker import AllBad, BatchMaker, InSlot, StreamEnd, make_worker_error
 from ..workers.messages import ErrorReport
-from ..workers.pool import Bad, Ended, Failed, Noted, Result, Workers
+from ..workers.pool import Bad, Ended, Noted, Result, Workers
 from ..workers.serve import reader_state_or_error
 from .bad_samples import BadSampleCount
-from .order import Plan, PlanTask
-from .progress import Ledger
-
-
-class FailedBatch(Exception):
-    """A batch could not be made: ``error`` says why; the epoch goes on after it (PyTorch's contract)."""
-
-    def __init__(self, error: LoaderError) -> None:
-        super().__init__(str(error))
-        self.error = error
 
 
 class TimedOut(FailedBatch):
@@ -48,23 +39,6 @@ class TimedOut(FailedBatch):
 
 
 Learn = Callable[[HostBatch], None]  # builds the ring from the first batch made (when there is none yet)
-
-
-@runtime_checkable
-class BatchSource(Protocol):
-    """One epoch's host batches, each handed out once and released once."""
-
-    def next(self, block: bool) -> HostBatch | None:
-        """The next batch; None when the epoch is over, or (``block=False``) when none is ready yet."""
-        ...
-
-    def release(self, hb: HostBatch) -> None:
-        """``hb``'s ring slot may be filled again (nothing to do for a batch outside the ring)."""
-        ...
-
-    def close(self) -> None:
-        """Give back what the source still holds; the epoch is over or abandoned."""
-        ...
 
 
 def inline_error(exc: Exception, maker: BatchMaker, batch_index: int) -> LoaderError:
@@ -216,7 +190,7 @@ class WorkerSource(BatchSource):
         self.slots.new_generation()
         self.tasks: Iterator[PlanTask] = plan.tasks()
         self.pending: PlanTask | None = None
-        self.ready: dict[int, HostBatch | Failed] = {}
+        self.ready: dict[int, HostBatch | FailedBatch] = {}
         self.skipped: set[int] = set()
         self.alive = [True] * workers.size  # per worker: may its stream have batches left
         self.cursor = cursor  # a stream's next task goes to the first alive worker from here, cyclically
@@ -373,8 +347,8 @@ class WorkerSource(BatchSource):
                 self.next_deliver += self.in_order
                 if self.ledger is not None:
                     self.ledger.hand(b)
-                if isinstance(item, Failed):
-                    raise FailedBatch(item.error)
+                if isinstance(item, FailedBatch):
+                    raise item
                 return item
             if self.planned_all and self.resolved >= self.submitted:
                 return None

@@ -15,11 +15,11 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ...errors import RunError
+from ...errors import LoaderError, RunError
 from .ring import Ring
 from .tree import Treedef
 
@@ -131,3 +131,33 @@ class SlotPool:
             self.put_back(slot)
             raise
         return hb
+
+
+class FailedBatch(Exception):
+    """A batch could not be made: ``error`` says why; the epoch goes on after it (PyTorch's contract).
+
+    What a pool answers for a batch whose making raised, what a source raises in that batch's turn, and
+    what the host path and the prefetcher hand on, in order with the batches around it.
+    """
+
+    def __init__(self, error: LoaderError, batch_index: int = -1) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.batch_index = batch_index
+
+
+@runtime_checkable
+class BatchSource(Protocol):
+    """One epoch's host batches, each handed out once and released once (``FailedBatch`` raised in its turn)."""
+
+    def next(self, block: bool) -> HostBatch | None:
+        """The next batch; None when the epoch is over, or (``block=False``) when none is ready yet."""
+        ...
+
+    def release(self, hb: HostBatch) -> None:
+        """``hb``'s ring slot may be filled again (nothing to do for a batch outside the ring)."""
+        ...
+
+    def close(self) -> None:
+        """Give back what the source still holds; the epoch is over or abandoned."""
+        ...

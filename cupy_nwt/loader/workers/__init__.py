@@ -6,11 +6,11 @@ The messages are re-exported here because they pickle under this package's name 
 
 from .messages import (
     BadSamples,
-    BatchFailed,
     ErrorReport,
     Exhausted,
     InitFailed,
     Ok,
+    Raised,
     Restore,
     RingMsg,
     Skipped,
@@ -20,5 +20,5 @@ from .messages import (
     Whole,
 )
 
-__all__ = ["BadSamples", "BatchFailed", "ErrorReport", "Exhausted", "InitFailed", "Ok", "Restore", "RingMsg", "Skipped", "Stop",
+__all__ = ["BadSamples", "Raised", "ErrorReport", "Exhausted", "InitFailed", "Ok", "Restore", "RingMsg", "Skipped", "Stop",
            "StreamState", "Task", "Whole"]

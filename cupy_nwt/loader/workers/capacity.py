@@ -29,8 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from ..._reporting.progress import ProgressBar
 from ...errors import ArgumentError
+from ...reporting.progress import ProgressBar
 from ..ring.memory import memory_room
 
 TASKS_PER_WORKER = 3

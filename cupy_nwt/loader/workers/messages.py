@@ -2,7 +2,7 @@
 
 Main process -> worker: ``RingMsg`` (once per ring), ``Task`` (once per batch), ``Restore`` (a
 resumed stream), ``Stop``. Worker -> main process: ``Ok``, ``Whole``, ``Exhausted``, ``Skipped`` or
-``BatchFailed`` (once per task; for a stream task preceded by a ``StreamState``, for a batch that left
+``Raised`` (once per task; for a stream task preceded by a ``StreamState``, for a batch that left
 bad samples out preceded by a ``BadSamples``, which is itself the answer when none was left), ``InitFailed`` (at
 most once, then the worker exits). A batch's arrays are written into the
 ring; only its other leaves travel, in ``Ok``. ``Whole`` carries a batch pickled: the first ones,
@@ -236,8 +236,9 @@ class Skipped(_Record):
 
 
 @dataclass(frozen=True, slots=True)
-class BatchFailed(_Record):
-    """Making batch ``batch_index`` raised; ``slot`` holds nothing of use."""
+class Raised(_Record):
+    """Making batch ``batch_index`` raised (the worker's answer for a failed batch, which the pool turns into a
+    ``FailedBatch``); ``slot`` holds nothing of use."""
 
     generation: int
     batch_index: int
@@ -253,11 +254,11 @@ class InitFailed(_Record):
 
 
 ToWorker = RingMsg | Task | Restore | Stop
-FromWorker = Ok | Whole | Exhausted | Skipped | BatchFailed | InitFailed | StreamState | BadSamples
+FromWorker = Ok | Whole | Exhausted | Skipped | Raised | InitFailed | StreamState | BadSamples
 
 
 # Each record pickles with its module's name, once per message: the package's shorter name keeps a
 # batch's answer about the size of a tagged tuple (the package re-exports them, so unpickling finds them).
-for _cls in (ErrorReport, RingMsg, Task, Restore, Stop, Ok, Whole, Exhausted, StreamState, Skipped, BatchFailed,
+for _cls in (ErrorReport, RingMsg, Task, Restore, Stop, Ok, Whole, Exhausted, StreamState, Skipped, Raised,
              InitFailed, BadSamples):
     _cls.__module__ = __package__

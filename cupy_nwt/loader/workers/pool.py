@@ -14,34 +14,25 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ...errors import WorkerError
 from .._events import Listener, StageTimes
 from ..ring.ring import Ring, SlotLayout
-from ..ring.slots import HostBatch, SlotPool
+from ..ring.slots import FailedBatch, HostBatch, SlotPool
 from ..ring.tree import split
 from .maker import make_worker_error
 from .messages import (
     NO_SLOT,
     BadSample,
     BadSamples,
-    BatchFailed,
     Exhausted,
     FromWorker,
     InitFailed,
     Ok,
+    Raised,
     StreamState,
     Whole,
 )
 
 SHUTDOWN_GRACE_S = 1.0
-
-
-@dataclass(frozen=True)
-class Failed:
-    """A batch a worker could not make: raise ``error`` when its turn to be delivered comes."""
-
-    batch_index: int
-    error: WorkerError
 
 
 @dataclass(frozen=True)
@@ -72,7 +63,7 @@ class Bad:
     dropped: bool
 
 
-Result = HostBatch | Failed | Ended | Noted | Bad
+Result = HostBatch | FailedBatch | Ended | Noted | Bad
 
 
 @dataclass(frozen=True)
@@ -194,9 +185,9 @@ class Dispatch:
             return HostBatch(msg.batch_index, None, msg.rows, arrays, treedef, objects)
         if isinstance(msg, Exhausted):
             return Ended(msg.batch_index, w.id)
-        if isinstance(msg, BatchFailed):
+        if isinstance(msg, Raised):
             error = make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=msg.batch_index)
-            return Failed(msg.batch_index, error)
+            return FailedBatch(error, msg.batch_index)
         return None
 
     def _in_slot(self, w: Any, generation: int, batch_index: int, slot: int, rows: int, objects: list | None,

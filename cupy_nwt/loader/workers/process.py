@@ -48,11 +48,11 @@ from .capacity import StartProgress
 from .lifeline import ParentWatch
 from .maker import BatchMaker, make_worker_error
 from .messages import (
-    BatchFailed,
     ErrorReport,
     FromWorker,
     InitFailed,
     Ok,
+    Raised,
     Restore,
     RingMsg,
     Stop,
@@ -133,7 +133,7 @@ class _PipeChannel:
                 self.results.send(StreamState(answer.generation, answer.batch_index, report))
             elif isinstance(answer, (Ok, Whole)):
                 report = ErrorReport.from_exception(exc, None)
-                self.results.send(BatchFailed(answer.generation, answer.batch_index, answer.slot, report))
+                self.results.send(Raised(answer.generation, answer.batch_index, answer.slot, report))
             else:
                 raise
 

@@ -19,12 +19,12 @@ from .maker import AllBad, BatchMaker, InSlot, StreamEnd
 from .messages import (
     NO_SLOT,
     BadSamples,
-    BatchFailed,
     ErrorReport,
     Exhausted,
     FromWorker,
     InitFailed,
     Ok,
+    Raised,
     Restore,
     Skipped,
     Stop,
@@ -131,7 +131,7 @@ def serve(maker: BatchMaker, ring: Ring | None, task: Task,
         return BadSamples(task.generation, task.batch_index, task.slot, tuple(maker.bad), dropped=True)
     except Exception as exc:  # noqa: BLE001 - reported to the main process
         report = ErrorReport.from_exception(exc, maker.failed_index(exc))
-        return BatchFailed(task.generation, task.batch_index, task.slot, report)
+        return Raised(task.generation, task.batch_index, task.slot, report)
     if isinstance(made, InSlot):
         return Ok(task.generation, task.batch_index, task.slot, made.rows, made.objects or None, maker.times)
     return Whole(task.generation, task.batch_index, task.slot, made.rows, made.batch, maker.times)

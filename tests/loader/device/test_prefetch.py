@@ -17,8 +17,8 @@ from toy_data import Squares
 from cupy_nwt import DataLoader, cuda
 from cupy_nwt.loader import LoaderParts
 from cupy_nwt.loader.device.prefetch import STAGING_BUFFERS, CudaOps, DevicePrefetcher
-from cupy_nwt.loader.epoch.order import BatchSampler
 from cupy_nwt.loader.epoch.sources import InlineSource
+from cupy_nwt.loader.plan.order import BatchSampler
 from cupy_nwt.loader.ring.ring import Ring, SlotLayout
 from cupy_nwt.loader.workers.maker import BatchMaker
 

@@ -1,0 +1,267 @@
+"""Mid-epoch state of a loader: what ``state_dict()`` saves, what ``load_state_dict()`` resumes from.
+
+A state counts only batches *delivered to the caller* (the epoch iterator's turns, failed batches
+included): batches the workers made ahead are not consumed. It is a small JSON-ready dict, by kind:
+
+* ``"map"`` (the loader's own sampler): the epoch, the settings the order depends on, the session
+  (``remainder``: ``world_size``, ``base``, ``excluded``), this ``rank`` and the batches it delivered
+  (``delivered``, a prefix count, plus ``extra``: the few beyond it that ``in_order=False`` gave).
+  No per-sample list. Worker count, prefetch and persistence play no part: the rest of the epoch
+  is the same with any of them.
+* ``"sampler"`` (a user's ``sampler`` or ``batch_sampler``): the batches delivered, and the
+  sampler's own ``state_dict()`` as it was when the epoch began (if it has one). On resume that
+  state is loaded, the epoch's batches are drawn again and the delivered ones skipped (a sampler
+  without state must give the same order again, e.g. seeded by epoch).
+* ``"iterable"``: where the next task goes (``next_task``, ``next_worker``); each worker's stream is in
+  ``workers`` (below). It resumes with the same number of workers (0 and 1 count alike) and ranks only.
+
+Every kind also saves ``workers``: per reader (a worker, or the main process), the state of its own that
+the dataset and a stream's iterator keep (``state_dict()``), or, for a stream without one, how many
+batches it delivered (re-read and skipped on resume); what each entry holds and when it is taken:
+``readers``.
+
+Elastic resume (map kind): a loader of another ``world_size`` takes the union of what every old
+rank delivered and re-shards the rest over its own ranks (``Session.after``). Each new rank loads
+either any old rank's state, when all old ranks delivered the same batches in order (a DDP loop in
+lockstep), or the output of ``merge_states`` over every old rank's state. Each new rank plugs in
+its own ``rank`` and ``world_size``. A re-sharded rest keeps every sample exactly once and the
+ranks balanced; its transform seeds differ from the uninterrupted run's (only a same-world-size
+resume is bitwise the uninterrupted run).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...data.contract import map_length
+from ...errors import ArgumentError
+from ..plan.order import Plan, PlanTask, StreamPlan
+from ..plan.remainder import Session, SessionPlan, join_done, split_done
+from .ledger import EpochProgress, Ledger
+from .readers import check_saveable, delivered, entry, fit_readers, reader_count
+from .state_checks import STATE_VERSION, checked_state
+
+if TYPE_CHECKING:
+    from .._options import Options
+
+_MATCH = ("seed", "n", "batch_size", "shuffle", "drop_last")
+
+
+@dataclass(frozen=True, eq=False)
+class _SkipPlan:
+    """A user's sampler plan with the batches already delivered left out (tasks renumbered 0..)."""
+
+    inner: Plan
+    done: frozenset[int]
+    ids: list[int] = field(default_factory=list)  # task i is the epoch's batch ids[i]
+    stream = False
+
+    @property
+    def epoch(self) -> int:
+        return self.inner.epoch
+
+    def tasks(self) -> Iterator[PlanTask]:
+        for b, indices, seed in self.inner.tasks():
+            if b not in self.done:
+                self.ids.append(b)
+                yield len(self.ids) - 1, indices, seed
+
+
+@dataclass(frozen=True, eq=False)
+class _StreamRest(StreamPlan):
+    """A stream's epoch from task ``first`` on (tasks renumbered 0..; seeds those of the original tasks)."""
+
+    first: int = 0
+
+    def transform_seed(self, b: int) -> int:
+        return super().transform_seed(b + self.first)
+
+
+def _sampler_of(options: Options) -> Any:
+    s = options.sampling
+    return s.batch_sampler if s.batch_sampler is not None else s.sampler
+
+
+def kind_of(options: Options) -> str:
+    """What a state of this loader holds: "map" (its own sampler), "sampler" (a user's) or "iterable"."""
+    s = options.sampling
+    return "iterable" if s.style == "iterable" else "map" if s.own else "sampler"
+
+
+def make_plan(options: Options, epoch: int, start: Mapping[str, Any] | None) -> tuple[Any, Any]:
+    """The epoch's plan (the whole epoch, or what is left of it after ``start``) and a user sampler's state
+    as the epoch begins (what a ``"sampler"`` state saves)."""
+    s, kind = options.sampling, kind_of(options)
+    plan: SessionPlan | _SkipPlan | _StreamRest
+    sampler_state = None
+    if kind == "map":
+        plan = _map_plan(options, start, epoch)
+    elif kind == "sampler":
+        sampler = _sampler_of(options)
+        if start is not None and start.get("sampler_state") is not None and hasattr(sampler, "load_state_dict"):
+            sampler.load_state_dict(start["sampler_state"])
+        sampler_state = sampler.state_dict() if hasattr(sampler, "state_dict") else None
+        done = frozenset(join_done(start["delivered"], start["extra"])) if start is not None else frozenset()
+        plan = _SkipPlan(s.plan(options.dataset, epoch), done)
+    else:
+        first = int(start["next_task"]) if start is not None else 0
+        plan = _StreamRest(s.seed, epoch, s.rank, s.world_size, first)
+    return plan, sampler_state
+
+
+def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> SessionPlan:
+    s, rank, world = options.sampling, options.rank, options.world_size
+    n = map_length(options.dataset, "the loader's own sampler")
+    seeded = options.batch_transform is not None
+    if start is None:
+        return SessionPlan.make(Session(n, s.batch_size or 1, s.shuffle, s.seed, epoch, s.drop_last, world), rank,
+                                seeded=seeded)
+    if start["n"] != n:
+        raise ArgumentError(f"load_state_dict: the state was saved for a dataset of {start['n']} samples; this one has {n}")
+    old = Session(n, start["batch_size"], start["shuffle"], start["seed"], epoch, start["drop_last"],
+                  start["world_size"], start["base"], tuple(start["excluded"]))
+    ranks = start.get("ranks")
+    if ranks is None:  # one rank's state: the others delivered the same batches (one with extras: checked ours)
+        ranks = [{"delivered": start["delivered"], "extra": start["extra"] if r == start["rank"] else []}
+                 for r in range(old.world_size)]
+    done = {r: join_done(p["delivered"], p["extra"]) for r, p in enumerate(ranks)}
+    if world == old.world_size:
+        return SessionPlan.make(old, rank, done[rank], seeded=seeded)
+    return SessionPlan.make(old.after(done, world), rank, seeded=seeded)
+
+
+def dealer(plan: Any) -> Callable[[int], int] | None:
+    """For a map-style plan, which batch of the epoch each task is: a resumed task then goes to the worker that
+    made that batch in the uninterrupted run (batch b to worker b % workers), whose dataset state it resumes."""
+    if isinstance(plan, SessionPlan):
+        todo = plan.todo
+        return lambda b: int(todo[b])
+    if isinstance(plan, _SkipPlan):
+        ids = plan.ids
+        return lambda b: ids[b]
+    return None
+
+
+def ledger_for(options: Options) -> Ledger:
+    """An epoch's ledger, keeping states as far back as the prefetch can be ahead of the caller."""
+    return Ledger(keep=64 + options.num_workers * options.prefetch_factor)
+
+
+def stream_cursor(start: Mapping[str, Any] | None) -> int | None:
+    """The worker a resumed stream's next task goes to (None: the first)."""
+    nxt = start.get("next_worker") if start is not None else None
+    return int(nxt) if nxt is not None else None
+
+
+def state_of(options: Options, progress: EpochProgress) -> dict[str, Any]:
+    """The state of an epoch that has not finished: where its caller stands (after a loop left by
+    ``break``, an exception or Ctrl-C too: the rest of that epoch is still to come)."""
+    if progress.plan is None:  # iterated but not begun: still where it started
+        if progress.start is not None:
+            return dict(progress.start)
+        readers = progress.readers
+        if progress.live is not None:
+            readers = [entry(0, progress.live())]
+        return fresh(options, progress.epoch, readers)
+    per, last = delivered(options, progress)
+    check_saveable(options, per)
+    if progress.kind == "map":
+        return {**_map_state(options, progress), "workers": per}
+    if progress.kind == "sampler":
+        start = progress.start
+        prior = join_done(start["delivered"], start["extra"]) if start is not None else []
+        k, extra = split_done([*prior, *(progress.plan.ids[i] for i in progress.handed)])
+        return {**_head(options, "sampler", progress.epoch), "delivered": k, "extra": extra,
+                "sampler_state": progress.sampler_state, "workers": per}
+    start = progress.start or fresh(options, progress.epoch)
+    first = int(start["next_task"])
+    nxt = first + max(progress.handed) + 1 if progress.handed else first
+    return {**_head(options, "iterable", progress.epoch), "workers": per, "next_task": nxt,
+            "next_worker": (last + 1) % len(per) if last is not None else start["next_worker"]}
+
+
+def _head(options: Options, kind: str, epoch: int) -> dict[str, Any]:
+    return {"version": STATE_VERSION, "kind": kind, "epoch": epoch, "seed": options.seed,
+            "rank": options.rank, "world_size": options.world_size}
+
+
+def fresh(options: Options, epoch: int, readers: list[Any] | None = None) -> dict[str, Any]:
+    """The state at the start of epoch ``epoch``, each reader starting from its entry in ``readers``
+    (``readers.carried``; None: every reader from the dataset as the loader has it)."""
+    kind = kind_of(options)
+    head = _head(options, kind, epoch)
+    per = list(readers) if readers is not None else [None] * reader_count(options)
+    check_saveable(options, per)
+    if kind == "map":
+        s = options.sampling
+        return {**head, "n": map_length(options.dataset, "state_dict"), "batch_size": s.batch_size or 1, "shuffle": s.shuffle,
+                "drop_last": s.drop_last, "base": 0, "excluded": [], "delivered": 0, "extra": [], "workers": per}
+    if kind == "sampler":  # the sampler's own state as it is now: it starts the epoch from there
+        sampler = _sampler_of(options)
+        live = sampler.state_dict() if callable(getattr(sampler, "state_dict", None)) else None
+        return {**head, "delivered": 0, "extra": [], "sampler_state": copy.deepcopy(live), "workers": per}
+    return {**head, "workers": per, "next_task": 0, "next_worker": None}
+
+
+def _map_state(options: Options, progress: EpochProgress) -> dict[str, Any]:
+    plan: SessionPlan = progress.plan
+    se = plan.session
+    done = set(range(plan.session.batches(plan.rank))) - set(plan.todo.tolist())
+    done.update(int(plan.todo[i]) for i in progress.handed)
+    k, extra = split_done(done)
+    return {**_head(options, "map", progress.epoch), "world_size": se.world_size, "n": se.n,
+            "batch_size": se.batch_size, "shuffle": se.shuffle, "drop_last": se.drop_last, "seed": se.seed,
+            "base": se.base, "excluded": list(se.excluded), "delivered": k, "extra": extra}
+
+
+def check_state(options: Options, state: Any) -> dict[str, Any]:
+    """A copy of ``state`` this loader can resume from, every field checked (``state_checks``); a map-style
+    state's dataset states dropped, with a warning, under another layout of readers (``readers.fit_readers``)."""
+    kind = kind_of(options)
+    checked = checked_state(options, state, kind)
+    return checked if kind == "iterable" else fit_readers(options, checked)
+
+
+def merge_states(states: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One state from every rank's state of a map-style loader (its own sampler), for an elastic resume.
+
+    Needed when the ranks delivered different batches (a rank ahead of the others, ``in_order=False``);
+    every new rank then loads the merged state. All ranks of one session must be given, once each. The
+    dataset states of each rank's workers cannot be merged: they are left out, with a one-line warning.
+    """
+    if not states:
+        raise ArgumentError("merge_states: no states given")
+    first = dict(states[0])
+    if first.get("kind") != "map":
+        raise ArgumentError("merge_states: only the states of a map-style loader with its own sampler merge")
+    keys = ("version", "epoch", "world_size", "base", "excluded", *_MATCH)
+    for sd in states[1:]:
+        differ = [k for k in keys if sd.get(k) != first.get(k)]
+        if differ:
+            raise ArgumentError(f"merge_states: the states are of different sessions (they differ in {', '.join(differ)})")
+    world = int(first["world_size"])
+    ranks: list[dict[str, Any] | None] = [None] * world
+    for sd in states:
+        for r, p in _progress(sd):
+            if ranks[r] is not None and ranks[r] != p:
+                raise ArgumentError(f"merge_states: two different states for rank {r}")
+            ranks[r] = p
+    missing = [r for r, p in enumerate(ranks) if p is None]
+    if missing:
+        raise ArgumentError(f"merge_states: no state for rank(s) {missing} of {world}")
+    if any(p is not None for sd in states for p in sd.get("workers") or []):
+        warnings.warn("merge_states: the ranks' dataset states (their state_dict()) cannot be merged and are left "
+                      "out: the sample order resumes exactly, each reader's dataset from its own state",
+                      UserWarning, stacklevel=2)
+    return {**first, "rank": None, "delivered": min(p["delivered"] for p in ranks if p is not None),
+            "extra": [], "ranks": ranks, "workers": [None]}
+
+
+def _progress(sd: Mapping[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    if sd.get("ranks") is not None:
+        return [(r, dict(p)) for r, p in enumerate(sd["ranks"])]
+    return [(int(sd["rank"]), {"delivered": int(sd["delivered"]), "extra": list(sd["extra"])})]
