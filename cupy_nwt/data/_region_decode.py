@@ -100,7 +100,7 @@ class EncodedImage:
     def __init__(self, data: bytes | memoryview, name: str, sample_index: int | None = None,
                  backend: str = "auto") -> None:
         self.data, self.name, self.sample_index = data, name, sample_index
-        self.kind = "other"
+        self.backend = "other"
         self._pil: Any = None
         self._array: np.ndarray | None = None
         sj = simplejpeg_module() if backend != "pillow" else None
@@ -111,7 +111,7 @@ class EncodedImage:
                 space = None  # Pillow's verdict, below
             if space in _RGB_SPACES:
                 region = backend != "simplejpeg" and jpeg_region.available()
-                self.kind, self.height, self.width = "libjpeg" if region else "simplejpeg", int(h), int(w)
+                self.backend, self.height, self.width = "libjpeg" if region else "simplejpeg", int(h), int(w)
                 return
         if is_jpeg(data):
             try:
@@ -126,7 +126,7 @@ class EncodedImage:
         from PIL import Image  # noqa: PLC0415 - UnidentifiedImageError is an OSError
 
         self._pil = Image.open(io.BytesIO(self.data))
-        self.kind = "pillow"
+        self.backend = "pillow"
         self.width, self.height = self._pil.size
 
     def region(self, box: tuple[int, int, int, int], out_h: int, out_w: int, flip: bool = False,
@@ -136,13 +136,13 @@ class EncodedImage:
         top, left, h, w = box
         if not (0 <= top and 0 <= left and 0 < h and 0 < w and top + h <= self.height and left + w <= self.width):
             raise ArgumentError(f"crop box {box} does not lie inside the {self.height}x{self.width} image {self.name}")
-        s = dct_scale(h, w, out_h, out_w) if self.kind != "other" else 1
+        s = dct_scale(h, w, out_h, out_w) if self.backend != "other" else 1
         try:
-            if self.kind == "libjpeg":
+            if self.backend == "libjpeg":
                 return self._region(box, s, out_h, out_w, flip, normalize)
             img = self._decoded(s)
         except (OSError, SyntaxError, ValueError) as exc:
-            if self.kind not in ("libjpeg", "simplejpeg"):
+            if self.backend not in ("libjpeg", "simplejpeg"):
                 raise _corrupt(self.name, self.sample_index, exc) from exc
             # simplejpeg refuses what libjpeg only warns about ("extraneous bytes before marker"),
             # which Pillow, and so torchvision, decodes: the same file gets Pillow's verdict here
@@ -167,13 +167,13 @@ class EncodedImage:
 
     def _decoded(self, s: int) -> np.ndarray:
         """The whole image at 1/s of its size: uint8 H x W x 3."""
-        if self.kind == "simplejpeg":
+        if self.backend == "simplejpeg":
             sh, sw = -(-self.height // s), -(-self.width // s)
             a = simplejpeg_module().decode_jpeg(self.data, colorspace="RGB", min_height=sh, min_width=sw)
             if a.shape[:2] != (sh, sw):  # simplejpeg chose another factor: never expected, refused loudly
                 raise DataError(f"decoded at {a.shape[:2]}, not at the 1/{s} scale {sh}x{sw}")
             return a
-        if self.kind == "pillow":
+        if self.backend == "pillow":
             im = self._pil
             if s > 1:
                 im.draft("RGB", (self.width // s, self.height // s))  # Pillow picks the largest s that fits

@@ -193,7 +193,7 @@ class StartProgress:
     """A line on stderr now and then while many workers start, once starting has taken ``START_PROGRESS_AFTER_S``.
 
     Starting a few workers takes well under a second and says nothing; a count that takes long (hundreds
-    of workers, a slow spawn) shows that it is moving, through ``_reporting.progress.ProgressBar``.
+    of workers, a slow spawn) shows that it is moving, through ``reporting.progress.ProgressBar``.
     """
 
     def __init__(self, total: int, method: str, *, clock: Callable[[], float] = time.monotonic,
