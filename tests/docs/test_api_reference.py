@@ -38,11 +38,25 @@ def documented() -> dict[str, Any]:
     return {t: resolve(t) for t in targets}
 
 
+def reporting_names(module: Any) -> list[str]:
+    """The public API ``cupy_nwt.reporting`` offers ``bench/`` and users' scripts: its modules' public
+    functions and classes that take arguments (a bare helper such as ``to_json`` aside, named below)."""
+    return [n for n, o in vars(module).items() if not n.startswith("_") and (inspect.isfunction(o) or inspect.isclass(o))
+            and getattr(o, "__module__", "") == module.__name__ and takes_arguments(o) and n not in REPORTING_INTERNAL]
+
+
+#: reporting's helpers for its own and the plots' plumbing: not part of what a script calls
+REPORTING_INTERNAL = {"to_json", "wrote", "is_terminal", "matplotlib_available", "figure_class", "legend_outside"}
+
+
 def public() -> dict[str, Any]:
     names = {f"cupy_nwt.{n}": getattr(cupy_nwt, n) for n in cupy_nwt.__all__ if n != "__version__"}
     names.update({f"cupy_nwt.data.{n}": getattr(cupy_nwt.data, n) for n in cupy_nwt.data.__all__})
     names.update({f"cupy_nwt.errors.{n}": c for n, c in vars(cupy_nwt.errors).items()
                   if inspect.isclass(c) and issubclass(c, cupy_nwt.errors.CupyNwtError) and not n.startswith("_")})
+    for module in ("units", "tables", "figures", "progress", "plots"):
+        mod = importlib.import_module(f"cupy_nwt.reporting.{module}")
+        names.update({f"cupy_nwt.reporting.{module}.{n}": getattr(mod, n) for n in reporting_names(mod)})
     plugin = importlib.import_module("cupy_nwt.pytest_plugin")
     names.update({f"fixture {n}": getattr(plugin, n) for n in FIXTURES})
     return names
