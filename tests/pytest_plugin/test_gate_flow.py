@@ -58,7 +58,8 @@ def test_cpu_of_the_workers_is_counted(project, monkeypatch, worker_type):
 
     The main process alone burns almost nothing here; without the workers' CPU the figure would be ~0.
     A window misses or gains at most the batches in flight at its edges (prefetch: 2 per worker), so
-    with 40 timed batches at least 3/4 of the burn is inside it.
+    with 40 timed batches at least 3/4 of the burn is inside it. Above, a worker counted twice would
+    read 4 or more; the loader's own work beside the burn reached 3.2 on a loaded CI machine.
     """
     project.makepyfile(tinydata=TINY_DATA,
                        test_input_pipeline=loader_test(batches=40, workers=2, rounds=4,
@@ -68,7 +69,7 @@ def test_cpu_of_the_workers_is_counted(project, monkeypatch, worker_type):
     monkeypatch.setenv("CUPY_NWT_PROOF_CPU_US", "2000")
     project.runpytest_inprocess("--benchmark-json=out.json").assert_outcomes(passed=1)
     info = _info(project)
-    assert 1.5 <= info["cpu_s_per_1k"] <= 3.0
+    assert 1.5 <= info["cpu_s_per_1k"] < 4.0
 
 
 def test_a_benchmark_sizes_its_own_run_within_the_time_cap(project):
