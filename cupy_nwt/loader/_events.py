@@ -107,6 +107,9 @@ class Listener:
     def skipped(self, sample: SkippedSample) -> None:
         """A sample failed to read or decode and was left out of its batch."""
 
+    def ring_made(self, slot_bytes: int, pool: Any) -> None:
+        """A ring of ``slot_bytes``-byte slots was made for ``pool`` (the workers; None: the main process)."""
+
     def first_batch(self, pids: Sequence[int]) -> None:
         """An iteration delivered its first batch; ``pids`` are the live worker processes."""
 
@@ -114,7 +117,8 @@ class Listener:
         """An epoch ran to its end with these worker processes still up."""
 
 
-_EVENTS = ("began", "asked", "waited", "blocked", "made", "copied", "stalled", "skipped", "first_batch", "ended")
+_EVENTS = ("began", "asked", "waited", "blocked", "made", "copied", "stalled", "skipped", "ring_made", "first_batch",
+           "ended")
 
 
 class Events(Listener):
@@ -128,6 +132,7 @@ class Events(Listener):
     _copied: tuple[Callable[[float], None], ...]
     _stalled: tuple[Callable[[Stall], None], ...]
     _skipped: tuple[Callable[[SkippedSample], None], ...]
+    _ring_made: tuple[Callable[[int, Any], None], ...]
     _first_batch: tuple[Callable[[Sequence[int]], None], ...]
     _ended: tuple[Callable[[Sequence[int]], None], ...]
 
@@ -171,6 +176,10 @@ class Events(Listener):
     def skipped(self, sample: SkippedSample) -> None:
         for f in self._skipped:
             f(sample)
+
+    def ring_made(self, slot_bytes: int, pool: Any) -> None:
+        for f in self._ring_made:
+            f(slot_bytes, pool)
 
     def first_batch(self, pids: Sequence[int]) -> None:
         for f in self._first_batch:

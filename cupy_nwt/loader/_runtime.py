@@ -3,11 +3,12 @@ the GPU prefetcher, online tuning and the figures. ``Runtime`` is their one owne
 the target of the loader's finalizer (it holds no reference to the loader, so a dropped loader is
 collected and cleaned up).
 
-A ``Workshop`` bundles the slot pool (and its ring, once the layout is known) and the workers that
-fill it. A loader's shared workshop lives across epochs (persistent workers, or the main process's
-ring on the GPU path); every other iteration with workers has a workshop of its own, so several
-iterators of one loader can be live at once. The layout outlives a workshop: the next one is built
-from it.
+A ``Workshop`` bundles the slot pool (and its ring, once the layout is known), the workers that
+fill it and how its ring is made (``RingSpec``: the epoch's source makes it, from the first batch or
+from the layout an earlier workshop showed). A loader's shared workshop lives across epochs
+(persistent workers, or the main process's ring on the GPU path); every other iteration with workers
+has a workshop of its own, so several iterators of one loader can be live at once. The layout
+outlives a workshop: the runtime reads it from its workshops' rings and hands it to the next one.
 
 The collaborators (the CUDA operations, the reader of a worker's memory, the clock, more event
 listeners) come in through the constructor: ``LoaderParts`` carries them from a ``DataLoader``'s
@@ -23,10 +24,9 @@ from typing import TYPE_CHECKING
 
 from ._events import Events, Listener
 from ._stats import MEMORY_WARN_BYTES, LoaderStats, MemoryReader, Recorder, copy_kind, read_uss
-from .device.place import device_scope
 from .device.prefetch import DevicePrefetcher, PrefetchOps
 from .ring.ring import Ring, SlotLayout
-from .ring.slots import HostBatch, SlotPool
+from .ring.slots import RingSpec, SlotPool
 from .tuning.online import OnlineTuner
 from .tuning.policy import Decision
 from .workers.maker import BatchMaker
@@ -62,15 +62,29 @@ def batch_maker(options: Options) -> BatchMaker:
                       skip_bad=options.on_bad_sample == "skip")
 
 
+def ring_spec(options: Options, known: SlotLayout | None) -> RingSpec:
+    """How this loader's rings are made: slots for the largest batch, as many as the workers' prefetch (or
+    online tuning's budget) can fill, in the layout already ``known`` if any."""
+    s = options.sampling
+    if options.tuning is not None:
+        slots = options.tuning.ring_slots
+    else:
+        n = max(2, options.num_workers * options.prefetch_factor) if options.num_workers > 0 else 2
+        slots = lambda slot_bytes: n  # noqa: E731 - the count does not depend on the slot's size
+    return RingSpec(s.max_rows(options.dataset), s.batched, slots, known)
+
+
 @dataclass(frozen=True, eq=False)
 class Workshop:
-    """What an epoch runs on: the slot pool (its ring attached once the layout is known) and the workers.
+    """What an epoch runs on: the slot pool (its ring attached once the layout is known), the workers, and how
+    its ring is made (``spec``: the epoch's source makes it from the first batch, unless the layout was known).
 
     ``workers`` is None for ``num_workers=0`` (whose only workshop is the GPU path's ring).
     """
 
     slots: SlotPool
     workers: Workers | None
+    spec: RingSpec
 
     @property
     def ring(self) -> Ring | None:
@@ -92,7 +106,7 @@ class Runtime:
                            if options.device == "cuda" else None)
         self.workshop: Workshop | None = None  # the shared one
         self.loose: list[Workshop] = []  # one per live iteration that has its own workers
-        self.layout: SlotLayout | None = None
+        self._layout: SlotLayout | None = None
         if options.num_workers > 0 and options.worker_kind.processes:  # the server starts while the caller goes on
             prestart_forkserver(options.context, options.start_method,
                                 [options.dataset, options.collate_fn, options.batch_transform,
@@ -150,7 +164,7 @@ class Runtime:
     # -- workshops
 
     def new_workshop(self, options: Options, epoch: int, shared: bool) -> Workshop:
-        """Start the workers (if any) and, when the layout is already known, make their ring."""
+        """Start the workers (if any); the epoch's source makes their ring (``Workshop.spec``)."""
         workers: Workers | None = None
         if options.num_workers > 0:
             workers = options.worker_kind.start(
@@ -160,50 +174,25 @@ class Runtime:
                 world_size=options.world_size, events=self.events)
             if self.tuner is not None:
                 self.tuner.configure(workers)
-        workshop = Workshop(workers.slots if workers is not None else SlotPool(None), workers)
+        workshop = Workshop(workers.slots if workers is not None else SlotPool(None), workers,
+                            ring_spec(options, self.layout))
         if shared:
             self.workshop = workshop
         else:
             self.loose.append(workshop)
-        if self.layout is not None:
-            self._attach_ring(options, workshop, self.layout)
         return workshop
 
-    def learn_layout(self, options: Options, workshop: Workshop, hb: HostBatch) -> None:
-        """The first batch made fixes the layout (unless an earlier workshop learned it): build the ring."""
-        if workshop.ring is not None:
-            return
-        if self.layout is None:
-            assert hb.treedef is not None
-            s = options.sampling
-            self.layout = SlotLayout.from_parts(hb.treedef, hb.leaves, s.max_rows(options.dataset),
-                                                hb.rows if s.batched else None)
-        self._attach_ring(options, workshop, self.layout)
-
-    def _attach_ring(self, options: Options, workshop: Workshop, layout: SlotLayout) -> None:
-        """Make the ring for ``layout`` (sized for the workers and prefetch, or online tuning's budget) and hand it
-        to the workshop's workers (or the main process's slot pool) and, on the shared workshop, to the GPU prefetcher."""
-        n = max(2, options.num_workers * options.prefetch_factor) if options.num_workers > 0 else 2
-        if self.tuner is not None:
-            n = self.tuner.ring_slots(layout.slot_bytes, options.prefetch_factor)
-        ring = workshop.workers.new_ring(layout, n) if workshop.workers is not None else Ring(layout, n, shared=False)
-        try:
-            if workshop.workers is not None:
-                workshop.workers.attach(ring)
-                if self.tuner is not None:
-                    self.tuner.configure(workshop.workers)
-            else:
-                workshop.slots.attach(ring)
-            if self.prefetcher is not None and workshop is self.workshop:
-                with device_scope(options.device_id, self.ops):
-                    self.prefetcher.attach(ring)
-        except BaseException:
-            if workshop.slots.ring is not ring:
-                ring.close()
-            raise
+    @property
+    def layout(self) -> SlotLayout | None:
+        """The slot layout, once a first batch has shown it (in any workshop's ring); later workshops start with it."""
+        if self._layout is None:
+            self._layout = next((w.ring.layout for w in self.workshops() if w.ring is not None), None)
+        return self._layout
 
     def drop(self, workshop: Workshop) -> None:
         """Stop ``workshop``'s workers, then release its ring. Idempotent."""
+        if self._layout is None and workshop.ring is not None:
+            self._layout = workshop.ring.layout
         if workshop is self.workshop:
             self.workshop = None
             prefetcher = self.prefetcher

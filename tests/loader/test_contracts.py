@@ -163,13 +163,13 @@ def test_inline_source_alone_makes_its_own_pool_and_delivers_a_held_first_batch(
     with Ring(layout, 2, shared=False) as ring:
         pool = SlotPool(ring)
         held = pool.hold(0, [np.asarray(x) for x in first])
-        source = InlineSource(maker, plan, layout, ring, pool, first=held)
+        source = InlineSource(maker, plan, ring, pool, first=held)
         hb = source.next(True)
         assert hb is held and source.next(True).index == 1
         assert source.next(False) is None  # both slots are taken, none released
         source.release(hb)
         assert source.next(True).index == 2 and source.next(True) is None
-        alone = InlineSource(maker, plan, layout, ring)
+        alone = InlineSource(maker, plan, ring)
         assert alone.slots is not pool and len(alone.free) == 2
 
 

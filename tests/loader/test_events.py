@@ -93,3 +93,32 @@ def test_worker_kinds_come_from_one_registry():
     assert kind("thread").start_method(None, "cpu") == "thread"
     with pytest.raises(ValueError, match="worker_type must be 'process' or 'thread', got 'fiber'"):
         kind("fiber")
+
+
+class RingsMade(Listener):
+    """Each ring the loader makes, and how many batches had been handed out when it came."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+        self.rings: list[tuple[int, int]] = []
+
+    def waited(self, epoch, seconds, delivered):
+        self.turns += delivered
+
+    def ring_made(self, slot_bytes, pool):
+        self.rings.append((self.turns, slot_bytes))
+
+
+@pytest.mark.usefixtures("clean", "worker_type")
+@pytest.mark.parametrize("persistent", [False, True])
+def test_the_first_batch_shows_the_layout_once_and_later_workshops_start_with_their_ring(persistent):
+    """The first epoch's ring is made from its first batch (before that batch is handed out); fresh workers of a later
+    epoch get a ring of the same layout as they start, and persistent ones keep theirs."""
+    rings = RingsMade()
+    with DataLoader(Squares(40), batch_size=4, num_workers=2, device="cpu", persistent_workers=persistent,
+                    parts=LoaderParts(listeners=(rings,))) as dl:
+        for epoch in range(3):
+            assert len(list(dl)) == 10
+            assert dl.layout is not None
+    slot = dl.layout.slot_bytes
+    assert rings.rings == ([(0, slot)] if persistent else [(0, slot), (10, slot), (20, slot)])

@@ -140,12 +140,13 @@ class DevicePrefetcher:
         self._staging_free: list[np.ndarray] = []
         self._staging_count = 0
         self._layout: SlotLayout | None = None
+        self._ring: Ring | None = None
         self.events, self.clock = events, clock  # each batch's host seconds issuing copies (staging memcpy included)
 
     def attach(self, ring: Ring) -> str:
         """Page-lock ``ring`` (once per ring) when pinning; fall back to staging if CUDA refuses."""
         self.detach()
-        self._layout = ring.layout
+        self._ring, self._layout = ring, ring.layout
         if self.pin_memory is True:
             try:
                 self._registration = self.ops.register(ring.buffer)
@@ -157,7 +158,7 @@ class DevicePrefetcher:
 
     def detach(self) -> None:
         """Undo the registration (before the ring is unmapped). Idempotent."""
-        reg, self._registration = self._registration, None
+        reg, self._registration, self._ring = self._registration, None, None
         if reg is not None:
             reg.close()
 
@@ -209,6 +210,9 @@ class DevicePrefetcher:
             return True
         if hb is None:
             return False
+        ring = source.ring() if hb.slot is not None else None
+        if ring is not None and ring is not self._ring:
+            self.attach(ring)  # the first batch in a new ring: page-lock it before copying from it
         c = _Copy(None, None, hb, None)
         t0 = self.clock()
         try:

@@ -23,7 +23,7 @@ from ..checkpoint.ledger import EpochProgress, Ledger
 from ..checkpoint.readers import entry, restore_plan, shared_reader
 from ..checkpoint.resume import dealer, kind_of, ledger_for, make_plan, stream_cursor
 from ..device.place import on_device, readonly
-from ..ring.ring import SlotLayout
+from ..ring.ring import Ring
 from ..ring.slots import BatchSource, FailedBatch
 from ..ring.tree import OutputTree, join, leaf_frameworks
 from ..workers.maker import BatchMaker
@@ -226,13 +226,12 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
         fresh_workshop = workshop is None
         if workshop is None and (options.num_workers > 0 or runtime.prefetcher is not None):
             workshop = runtime.new_workshop(options, state.epoch, shared)
-        on_workshop = workshop
-        learn = (lambda hb: runtime.learn_layout(options, on_workshop, hb)) if on_workshop is not None else None
+        spec = workshop.spec if workshop is not None else None
         state.ledger = ledger_for(options)
         bad = BadSampleCount(state.epoch, options.max_bad_samples, runtime.events) if options.on_bad_sample == "skip" else None
         if workshop is not None and workshop.workers is not None:
             _restore_workers(options, state, workshop, fresh_workshop)
-            source = WorkerSource(workshop.workers, plan, options.in_order, options.timeout, learn=learn,
+            source = WorkerSource(workshop.workers, plan, options.in_order, options.timeout, spec=spec,
                                   events=runtime.events, stall_s=options.stall_warning_s, clock=runtime.clock,
                                   ledger=state.ledger, cursor=stream_cursor(state.start) or 0,
                                   shared=shared_reader(options), deal=dealer(plan), bad=bad)
@@ -240,14 +239,13 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
             maker = state.maker if state.maker is not None else batch_maker(options)
             if state.readers is None:  # the main process's dataset as the epoch begins
                 state.readers = [entry(0, reader_state_or_error(maker, opened=True))]
-            source = InlineSource(maker, plan, runtime.layout, None, workshop.slots if workshop is not None else None,
-                                  learn=learn, events=runtime.events, ledger=state.ledger, begun=state.maker is not None,
+            source = InlineSource(maker, plan, None, workshop.slots if workshop is not None else None,
+                                  spec=spec, events=runtime.events, ledger=state.ledger, begun=state.maker is not None,
                                   bad=bad)
         if runtime.prefetcher is not None:
             yield from on_device(runtime.prefetcher.batches(source), options.device_id, runtime.ops)
         else:
-            yield from host_batches(source, options.zero_copy, lambda: runtime.layout, runtime.events, runtime.clock,
-                                    options.joined_output)
+            yield from host_batches(source, options.zero_copy, runtime.events, runtime.clock, options.joined_output)
         graceful = state.finished = True
         if workshop is not None and workshop.workers is not None:
             runtime.events.ended(workshop.workers.pids())
@@ -278,8 +276,7 @@ def _restore_workers(options: Options, state: EpochState, workshop: Workshop, fr
         workshop.workers.restore(plan)
 
 
-def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], SlotLayout | None],
-                 events: Listener | None = None, clock: Callable[[], float] | None = None,
+def host_batches(source: BatchSource, zero_copy: bool, events: Listener | None = None, clock: Callable[[], float] | None = None,
                  output: str = "auto") -> Iterator[Any]:
     """The source's host batches as the caller gets them on the CPU: copies out of the ring, or
     (``zero_copy``) read-only views whose slot is held until the next batch is asked for. Each copy's
@@ -303,7 +300,7 @@ def host_batches(source: BatchSource, zero_copy: bool, layout: Callable[[], Slot
                 continue
             if hb is None:
                 return
-            treedef = hb.treedef if hb.treedef is not None else _layout_treedef(layout())
+            treedef = hb.treedef if hb.treedef is not None else _layout_treedef(source.ring())
             if output != "auto":
                 treedef = as_output(treedef)
             if hb.slot is None:  # made outside the ring: the caller's already
@@ -328,7 +325,7 @@ def _views(leaves: list[Any], treedef: Any) -> list[Any]:
     return [a if fw == "torch" else readonly(a) for a, fw in zip(leaves, leaf_frameworks(treedef))]
 
 
-def _layout_treedef(layout: SlotLayout | None) -> Any:
-    if layout is None:
+def _layout_treedef(ring: Ring | None) -> Any:
+    if ring is None:
         raise LoaderError("internal error: a ring batch before the layout was known")
-    return layout.treedef
+    return ring.layout.treedef

@@ -7,8 +7,8 @@ Both meet the ``BatchSource`` contract that the loader's host path and the devic
 ``FailedBatch`` in its turn; the source stays usable, and the next call goes on with the next batch.
 A wait past ``timeout`` raises ``TimedOut``: no turn is taken, and the next call waits for that batch
 again (as torch's iterator does after its timeout error). Both work through a plan's tasks
-(``sampler``) and, when the ring does not exist yet, call ``learn`` with the first batch made, which
-builds it.
+(``sampler``) and, when the ring does not exist yet, make it from the first batch made
+(``workers.pool.fit_ring``, as the workshop's ``RingSpec`` says).
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ from ...errors import LoaderError, LoaderTimeoutError
 from .._events import Events, Listener, Stall
 from ..checkpoint.ledger import Ledger
 from ..plan.order import Plan, PlanTask
-from ..ring.ring import Ring, SlotLayout
-from ..ring.slots import BatchSource, FailedBatch, HostBatch, SlotPool
+from ..ring.ring import Ring
+from ..ring.slots import BatchSource, FailedBatch, HostBatch, RingSpec, SlotPool
 from ..ring.tree import split
 from ..workers.maker import AllBad, BatchMaker, InSlot, StreamEnd, make_worker_error
 from ..workers.messages import ErrorReport
-from ..workers.pool import Bad, Ended, Noted, Result, Workers
+from ..workers.pool import Bad, Ended, Noted, Result, Workers, fit_ring
 from ..workers.serve import reader_state_or_error
 from .bad_samples import BadSampleCount
 
@@ -36,9 +36,6 @@ from .bad_samples import BadSampleCount
 class TimedOut(FailedBatch):
     """No batch came within ``timeout``: the caller gets ``error``, and no turn is taken (the batch is
     still the next one, so neither the epoch's progress nor a saved state moves past it)."""
-
-
-Learn = Callable[[HostBatch], None]  # builds the ring from the first batch made (when there is none yet)
 
 
 def inline_error(exc: Exception, maker: BatchMaker, batch_index: int) -> LoaderError:
@@ -53,23 +50,28 @@ class InlineSource(BatchSource):
     """``num_workers=0``: batches made in the main process, into the ring when there is one.
 
     ``slots`` is the ring's pool; alone (no pool given), the source makes its own over ``ring``.
-    A batch made before the ring exists (or that does not fit it) is handed out as it is.
+    A batch made before the ring exists (or that does not fit it) is handed out as it is; with
+    ``spec``, the ring is made into ``slots`` from the layout it knows, else from the first batch.
     """
 
-    def __init__(self, maker: BatchMaker, plan: Plan, layout: SlotLayout | None, ring: Ring | None,
-                 slots: SlotPool | None = None, *, first: HostBatch | None = None, learn: Learn | None = None,
-                 events: Listener | None = None, ledger: Ledger | None = None, begun: bool = False,
-                 bad: BadSampleCount | None = None) -> None:
+    def __init__(self, maker: BatchMaker, plan: Plan, ring: Ring | None, slots: SlotPool | None = None, *,
+                 first: HostBatch | None = None, spec: RingSpec | None = None, events: Listener | None = None,
+                 ledger: Ledger | None = None, begun: bool = False, bad: BadSampleCount | None = None) -> None:
         self.maker, self.plan, self.events, self.bad = maker, plan, events, bad
         self.slots = slots if slots is not None or ring is None else SlotPool(ring)
         self.first = first
-        self.learn = learn
+        self.spec = spec
+        if spec is not None and spec.known is not None and self.slots is not None and self.slots.ring is None:
+            fit_ring(spec, spec.known, None, self.slots, events)
         self.tasks: Iterator[PlanTask] = plan.tasks()
         self.pending: PlanTask | None = None
         self.done = False
         self.ledger = ledger  # what was handed out, for the epoch's progress
         if plan.stream and not begun:  # (``begun``: the epoch began the maker's stream already)
             maker.begin_stream()
+
+    def ring(self) -> Ring | None:
+        return self.slots.ring if self.slots is not None else None
 
     @property
     def free(self) -> deque[int]:
@@ -147,8 +149,8 @@ class InlineSource(BatchSource):
             return self.slots.batch(b, slot, made.rows, made.objects)
         treedef, arrays, objects = split(made.batch)
         hb = HostBatch(b, None, made.rows, arrays, treedef, objects)
-        if ring is None and self.learn is not None:
-            self.learn(hb)
+        if ring is None and self.spec is not None and self.slots is not None:
+            fit_ring(self.spec, self.spec.layout_of(hb), None, self.slots, self.events)
         return hb
 
     def release(self, hb: HostBatch) -> None:
@@ -177,13 +179,15 @@ class WorkerSource(BatchSource):
     """
 
     def __init__(self, workers: Workers, plan: Plan, in_order: bool, timeout: float | None,
-                 *, learn: Learn | None = None, events: Events | None = None, stall_s: float | None = None,
+                 *, spec: RingSpec | None = None, events: Events | None = None, stall_s: float | None = None,
                  clock: Callable[[], float] = time.perf_counter, ledger: Ledger | None = None,
                  cursor: int = 0, shared: bool = False, deal: Callable[[int], int] | None = None,
                  bad: BadSampleCount | None = None) -> None:
         self.workers, self.slots, self.plan, self.epoch = workers, workers.slots, plan, plan.epoch
         self.events, self.clock = events, clock
-        self.in_order, self.timeout, self.learn = in_order, timeout, learn
+        self.in_order, self.timeout, self.spec = in_order, timeout, spec
+        if spec is not None and spec.known is not None and self.slots.ring is None:
+            fit_ring(spec, spec.known, workers, self.slots, events)
         self.asking = events is not None and events.hears_asked
         self.stall_s: float | None = stall_s if events is not None else None
         self.owner: dict[int, int | None] = {}  # batch index -> the worker its task went to
@@ -284,11 +288,14 @@ class WorkerSource(BatchSource):
                 self.skipped.add(item.batch_index)
                 self.alive[item.worker_id] = False
                 continue
-            if isinstance(item, HostBatch) and item.slot is None and self.slots.ring is None and self.learn is not None:
-                self.learn(item)
+            if isinstance(item, HostBatch) and item.slot is None and self.slots.ring is None and self.spec is not None:
+                fit_ring(self.spec, self.spec.layout_of(item), self.workers, self.slots, self.events)
             self.ready[item.index if isinstance(item, HostBatch) else item.batch_index] = item
         if too_many is not None:
             raise too_many
+
+    def ring(self) -> Ring | None:
+        return self.slots.ring
 
     def poll(self) -> None:
         """Take in the results that have arrived, without waiting."""

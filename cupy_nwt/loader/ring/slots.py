@@ -13,14 +13,14 @@ The pool exists before its ring: the first batches of a loader are made before t
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from ...errors import LoaderError, RunError
-from .ring import Ring
+from .ring import Ring, SlotLayout
 from .tree import Treedef
 
 RETIRED = np.iinfo(np.int64).max  # no epoch will have this generation: workers skip all that is queued
@@ -133,6 +133,28 @@ class SlotPool:
         return hb
 
 
+@dataclass(frozen=True)
+class RingSpec:
+    """How a workshop's ring is made, by the epoch's source: data its owner fixes up front.
+
+    ``max_rows`` is the largest batch the sampler can give (every slot holds one); ``batched`` says
+    whether a field's leading axis is the batch's rows; ``slots(slot_bytes)`` is how many slots a ring of
+    that slot size gets (the workers' prefetch, or online tuning's budget); ``known`` is the layout an
+    earlier workshop's first batch showed (None: the next first batch shows it).
+    """
+
+    max_rows: int
+    batched: bool
+    slots: Callable[[int], int]
+    known: SlotLayout | None = None
+
+    def layout_of(self, hb: HostBatch) -> SlotLayout:
+        """The layout of the first batch made, which every later batch that fits it shares."""
+        if hb.treedef is None:
+            raise RunError("internal error: a batch from a slot cannot show the layout")
+        return SlotLayout.from_parts(hb.treedef, hb.leaves, self.max_rows, hb.rows if self.batched else None)
+
+
 class FailedBatch(Exception):
     """A batch could not be made: ``error`` says why; the epoch goes on after it (PyTorch's contract).
 
@@ -160,4 +182,8 @@ class BatchSource(Protocol):
 
     def close(self) -> None:
         """Give back what the source still holds; the epoch is over or abandoned."""
+        ...
+
+    def ring(self) -> Ring | None:
+        """The ring the source's slots are in (None until the first batch has shown the layout)."""
         ...

@@ -64,6 +64,14 @@ class Tuning:
     def starting(self, requested: int, prefetch_factor: int) -> Tuning:
         return Tuning(self.policy, self.budget, self.interval_steps, self.min_interval_s, requested, prefetch_factor)
 
+    def ring_slots(self, slot_bytes: int) -> int:
+        """The ring's size: the largest setting the budgets allow (the tuner keeps its setting within it)."""
+        slots = Limits.of(self.budget, self.prefetch_factor, slot_bytes).slots
+        if slots < 2:
+            raise ArgumentError(f"memory_budget={self.budget.memory_bytes} bytes holds fewer than 2 ring slots of "
+                                f"{slot_bytes} bytes (plus a {HEADER_BYTES}-byte header): give more, or autotune=False")
+        return slots
+
 
 def check_tuning(autotune: Any, cpu_budget: Any, memory_budget: Any, *, num_workers: int | str,
                  iterable: bool) -> Tuning | None:
@@ -105,7 +113,7 @@ class OnlineTuner(Listener):
     def __init__(self, tuning: Tuning, clock: Callable[[], float] = time.perf_counter) -> None:
         self.policy, self.budget = tuning.policy, tuning.budget
         self.interval_steps, self.min_interval_s = tuning.interval_steps, tuning.min_interval_s
-        self.clock = clock
+        self.clock, self.prefetch_factor = clock, tuning.prefetch_factor
         self.decisions: list[Decision] = []
         self.limits: Limits | None = None
         self._source: weakref.ref | None = None
@@ -123,18 +131,16 @@ class OnlineTuner(Listener):
         """The active workers now (the start count before the first change)."""
         return self.setting.workers
 
-    def ring_slots(self, slot_bytes: int, prefetch_factor: int) -> int:
-        """The ring's size: the largest setting the budgets allow; the setting is clamped into it."""
-        limits = Limits.of(self.budget, prefetch_factor, slot_bytes)
-        if limits.slots < 2:
-            raise ArgumentError(f"memory_budget={self.budget.memory_bytes} bytes holds fewer than 2 ring slots of "
-                                f"{slot_bytes} bytes (plus a {HEADER_BYTES}-byte header): give more, or autotune=False")
+    def ring_made(self, slot_bytes: int, pool: Any) -> None:
+        """The ring is made (``Tuning.ring_slots`` sized it): budgets in slots of its size; the pool gets the setting."""
+        limits = Limits.of(self.budget, self.prefetch_factor, slot_bytes)
         self.limits = limits
         clamped = limits.clamp(self.setting)
         if clamped != self.setting:
             self.setting = clamped
             self._record("start", f"clamped into the memory budget: at most {limits.slots} slots of {slot_bytes} bytes")
-        return limits.slots
+        if pool is not None:
+            self.configure(pool)
 
     def configure(self, pool: Tunable) -> None:
         """Give ``pool`` the current setting (a new stage, or the ring just made)."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from .._events import Listener, StageTimes
 from ..ring.ring import Ring, SlotLayout
-from ..ring.slots import FailedBatch, HostBatch, SlotPool
+from ..ring.slots import FailedBatch, HostBatch, RingSpec, SlotPool
 from ..ring.tree import split
 from .maker import make_worker_error
 from .messages import (
@@ -121,6 +121,29 @@ class Workers(Protocol):
     def restore(self, per_worker: dict[int, tuple[Any, int, int | None, int | None]]) -> None: ...
 
     def shutdown(self) -> None: ...
+
+
+def fit_ring(spec: RingSpec, layout: SlotLayout, workers: Workers | None, slots: SlotPool,
+             events: Listener | None) -> Ring:
+    """Make the ring for ``layout`` (``spec`` sizes it) and give it to ``workers``, or without workers to ``slots``.
+
+    The epoch's source calls this, as it starts when the layout is known, else when the first batch arrives.
+    The ``ring_made`` event tells online tuning the slot size (its memory budget is counted in slots of it).
+    """
+    ring = workers.new_ring(layout, spec.slots(layout.slot_bytes)) if workers is not None else \
+        Ring(layout, spec.slots(layout.slot_bytes), shared=False)
+    try:
+        if workers is not None:
+            workers.attach(ring)
+        else:
+            slots.attach(ring)
+    except BaseException:
+        if slots.ring is not ring:
+            ring.close()
+        raise
+    if events is not None:
+        events.ring_made(layout.slot_bytes, workers)
+    return ring
 
 
 class Dispatch:

@@ -131,7 +131,7 @@ def run(prefetcher: DevicePrefetcher, ops: LazyCuda, n: int = 37, batch_size: in
     layout = SlotLayout.for_batch(first, sampler.max_rows)
     ring = Ring(layout, 2, shared=False)
     prefetcher.attach(ring)
-    source = EagerReuse(maker, plan, layout, ring, None)
+    source = EagerReuse(maker, plan, ring, None)
     out = []
     gen = prefetcher.batches(source, layout)
     for b in gen:
