@@ -49,6 +49,7 @@ from .errors import (
 from .loader import DataLoader, WorkerInfo, default_collate, get_worker_info
 from .nwt import auto as _auto  # noqa: F401 - registers the tuner that num_workers="auto" runs
 from .nwt.pick import AutoWorkers
+from .nwt.placement import PlacementResult, tune_decode_placement
 from .nwt.store import TuneResult, lookup
 from .nwt.tune import tune_num_workers
 from .nwt.verdict import UnreliablePickWarning
@@ -62,5 +63,6 @@ __all__ = ["__version__", "gpu_status",
            "RunError", "UnknownKeyError",
            "DataLoader", "IterableDataset", "WorkerInfo", "default_collate", "get_worker_info",
            "AutoWorkers", "TuneResult", "UnreliablePickWarning", "lookup", "tune_num_workers",
+           "PlacementResult", "tune_decode_placement",
            "BatchedMapDataset", "MapDataset", "StreamDataset", "PackedRecords", "pack_records",
            "ReaderSlot", "ShardedTarStream", "current_reader"]

@@ -161,6 +161,12 @@ def _scale_bias(normalize: tuple[Sequence[float], Sequence[float]] | None) -> tu
             np.ascontiguousarray(-m / s, dtype=np.float32))
 
 
+def _per_channel(normalize: tuple[Sequence[float], Sequence[float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``(mean, std)`` as three floats each (a checked ``normalize``: ``_scale_bias`` has passed it)."""
+    mean, std = (np.broadcast_to(np.asarray(v, np.float64).reshape(-1), (3,)) for v in normalize)
+    return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
 class RandomResizedCrop(_DecodingTransform):
     """torchvision's ``RandomResizedCrop``: a random box (``random_resized_crop_box``) resized to ``size``.
 
@@ -181,7 +187,7 @@ class RandomResizedCrop(_DecodingTransform):
             ``"libjpeg"``, ``"simplejpeg"`` or ``"pillow"``.
         flip_p: probability of mirroring the crop left-right.
         normalize: ``(mean, std)`` per channel of pixels scaled to [0, 1] (e.g. ``IMAGENET_MEAN``,
-            ``IMAGENET_STD``), or None for uint8 output.
+            ``IMAGENET_STD``), or None for uint8 output; kept as ``normalize``, three of each.
     """
 
     def __init__(self, size: int | Sequence[int], scale: Sequence[float] = (0.08, 1.0),
@@ -193,6 +199,7 @@ class RandomResizedCrop(_DecodingTransform):
         self.backend = check_backend(backend)
         self.flip_p = check_number("flip_p", flip_p, ge=0, le=1)
         self._normalize = _scale_bias(normalize)
+        self.normalize = None if normalize is None else _per_channel(normalize)
         self._rng = _ProcessRng(seed)
 
     def box(self, height: int, width: int, rng: np.random.Generator | None = None) -> Box:

@@ -64,16 +64,23 @@ class LoaderMeasure:
     mean time. On the GPU the consumer's stream is synchronised after the step as after the copy,
     so the step's time is the device's.
 
-    Before the first trial, one untimed batch is made in this process (``preflight``): it compiles
-    Numba transforms and pages in a memory-mapped dataset, one-off costs that would otherwise land
-    on whichever trial runs first. It counts in neither strategy's cost.
+    ``decode`` is a stage the consumer runs on each batch before the step (a GPU decode of encoded
+    bytes, ``placement.py``): its time counts in the loop, not in the step, so ``wait_fraction`` is
+    the share of the loop spent outside the step. ``zero_copy`` is the loader's: a batch of views
+    into the ring, which such a stage reads before the next batch is asked for.
+
+    Before the first trial, one untimed batch is made in this process (``preflight``), through
+    ``decode`` too: it compiles Numba transforms and kernels and pages in a memory-mapped dataset,
+    one-off costs that would otherwise land on whichever trial runs first. It counts in neither
+    strategy's cost.
     """
 
     def __init__(self, dataset: Any, *, batch_size: int = 128, prefetch_factor: int = 2,
                  pin_memory: bool | str = False, device: str = "auto", batch_transform: Any = None,
                  seed: int = 0, multiprocessing_context: str | None = None,
                  memory_interval: float = DEFAULT_INTERVAL_S, worker_type: str = "process",
-                 main_process: str = "waits", step: Callable[[Any], Any] | float | None = None) -> None:
+                 main_process: str = "waits", step: Callable[[Any], Any] | float | None = None,
+                 decode: Callable[[Any], Any] | None = None, zero_copy: bool = False) -> None:
         self.dataset = dataset
         self.batch_size = batch_size
         self.prefetch_factor = prefetch_factor
@@ -89,6 +96,10 @@ class LoaderMeasure:
             raise ArgumentError(f"main_process must be 'waits' or 'busy', got {main_process!r}")
         self.main_process = main_process
         self.step = check_step(step)
+        if decode is not None and not callable(decode):
+            raise ArgumentError(f"decode must be a callable taking a batch, got {type(decode).__name__}")
+        self.decode = decode
+        self.zero_copy = bool(zero_copy)
         self._ready = False
         n = map_length(dataset, "tuning")
         if n < batch_size:
@@ -102,12 +113,15 @@ class LoaderMeasure:
                 self.dataset, batch_size=self.batch_size, shuffle=True, seed=self.seed, drop_last=True,
                 num_workers=workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,
                 device=self.loader_device, batch_transform=self.batch_transform, persistent_workers=True,
-                multiprocessing_context=self.multiprocessing_context if workers else None, rank=0, world_size=1, worker_type=self.worker_type,
+                zero_copy=self.zero_copy, multiprocessing_context=self.multiprocessing_context if workers else None,
+                rank=0, world_size=1, worker_type=self.worker_type,
             )
 
     def preflight(self) -> None:
         with self._loader(0) as loader:
-            next(iter(loader))
+            batch = next(iter(loader))
+            if self.decode is not None:
+                self.decode(batch)
         self._ready = True
 
     def __call__(self, workers: int, iterations: int, warmup: int) -> Measurement:
@@ -139,6 +153,8 @@ class LoaderMeasure:
                         sync()
                     if busy is not None and not stamps:
                         busy.confine(loader.worker_pids())  # forkserver's workers do not inherit ours
+                    if self.decode is not None:
+                        batch = self.decode(batch)
                     if step is not None:
                         t_step = time.perf_counter()
                         step(batch)

@@ -32,7 +32,7 @@ from ..system import cache_dir
 from .fingerprint import Fingerprint
 from .schema import MAX_STORE_BYTES, SavedPickError, check_record, parse_document
 from .trials import Trial, combine_runs
-from .verdict import explain, reliability
+from .verdict import core_left, explain, reliability
 
 STORE_NAME = "num_workers.json"
 STORE_FORMAT = "cupy_nwt.num_workers/1"
@@ -261,6 +261,11 @@ class TuneResult:
     def why(self) -> str:
         """What was picked and why, in one line (``verdict.explain``)."""
         return explain(self)
+
+    @property
+    def core_left(self) -> str | None:
+        """Where the pick leaves a CPU to the main process and that lowered the wait, a clause saying so (``verdict``)."""
+        return core_left(self)
 
     @property
     def warning(self) -> str | None:

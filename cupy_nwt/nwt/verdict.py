@@ -38,6 +38,8 @@ class Judged(Protocol):
     @property
     def tolerance(self) -> float: ...
     @property
+    def usable_cpus(self) -> int | None: ...
+    @property
     def iterations(self) -> int: ...
     @property
     def trials(self) -> tuple[Trial, ...]: ...
@@ -101,7 +103,28 @@ def explain(result: Judged) -> str:
         else:
             note = ""
         parts.append(f"{name}: {_figure(t)}" + (f", {note}" if note else ""))
-    return head + (f" ({'; '.join(parts)})" if parts else "")
+    core = core_left(result)
+    return head + (f" ({'; '.join(parts)})" if parts else "") + (f"; {core}" if core else "")
+
+
+def core_left(result: Judged) -> str | None:
+    """One clause when the pick leaves a CPU to the main process and that lowered the wait, else None.
+
+    With the user's step in the loop, workers that take every CPU crowd the main process, and the
+    step (or its wait) lengthens; the searches compare that loop, so a count below the CPU count
+    wins where it helps. Said when the pick is below the usable CPUs and the smallest measured count
+    at or above them made the loop longer beyond the tolerance and the noise.
+    """
+    cpus = result.usable_cpus
+    trials = {t.workers: t for t in result.trials}
+    pick = trials.get(result.best_workers)
+    if cpus is None or pick is None or pick.wait_fraction is None or pick.workers >= cpus:
+        return None
+    busy = next((trials[w] for w in sorted(trials) if w >= cpus), None)
+    if busy is None or busy.seconds_per_iteration <= pick.seconds_per_iteration or _equal(busy, pick, result.tolerance):
+        return None
+    return (f"a core left to the main process: {plural(busy.workers, 'worker')} on {plural(cpus, 'usable CPU')} "
+            f"made the loop {_figure(busy)}")
 
 
 def reliability(result: Judged, subject: str = "the pick") -> str | None:
