@@ -10,6 +10,8 @@ One idea per module, arrows pointing one way (cli -> nwt -> loader -> datasets, 
   imports the loader.
 * ``store``: :class:`~cupy_nwt.nwt.store.TuneResult` and the machine-wide store of picks, keyed by
   ``fingerprint``; ``memory`` samples the loader's footprint during a trial.
+* ``placement``: :func:`~cupy_nwt.nwt.placement.tune_decode_placement`: where JPEGs decode (CPU
+  workers or the GPU fed by readers), each placement searched by ``tune``, the shorter loop picked.
 * ``pick``: ``num_workers="auto"``: the saved pick, else one tuning through a registered tuner;
   ``auto``: that tuning (once per machine, under a file lock), registered when it is imported.
 
