@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .. import cuda, system
+from .. import cuda
 from .._checks import check_int
 from ..data import EncodedJpegs, GpuJpegDecoder, RandomResizedCrop, gpu_decode_status
 from ..errors import ArgumentError
@@ -212,7 +212,7 @@ def _decide(searched: Sequence[Searched], tolerance: float) -> tuple[int, str]:
     win = choose(searched)
     best = searched[win].best_trial
     if best is None:
-        return win, "the only placement measured"
+        return win, "no placement was measured (one count to search)"
     tied = [i for i, s in enumerate(searched) if i != win and (t := s.best_trial) is not None
             and _equal(t, best, tolerance)]
     cheaper = [i for i in tied if (searched[i].best_workers, i) < (searched[win].best_workers, win)]
@@ -277,12 +277,12 @@ def tune_decode_placement(dataset: Any, step: Callable[[Any], Any] | float | Non
                                                    measure=fakes.get("cpu"), **common))]
     unavailable = _gpu_unavailable(dataset, crop)
     usable, why_not = gpu_decode_status()
-    why_not = why_not or "no GPU decoding here"
     status, reason = "measured", None
     if unavailable is None and not usable:
-        unavailable = None if gpu_stand_in else why_not
-        status, reason = "stand-in", f"GpuJpegDecoder's CPU path (Pillow and NumPy), not a GPU: {why_not}"
-    best_of_gpu = PlacementBest("gpu", "not available", unavailable)
+        if gpu_stand_in:
+            status, reason = "stand-in", f"GpuJpegDecoder's CPU path (Pillow and NumPy), not a GPU: {why_not}"
+        else:
+            unavailable = why_not or "no GPU decoding here"
     if unavailable is None:
         encoded = EncodedJpegs(dataset, max_bytes=_largest_file(dataset) if max_bytes is None else max_bytes,
                                crop=crop, flip_p=crop.flip_p, seed=seed)
@@ -297,13 +297,13 @@ def tune_decode_placement(dataset: Any, step: Callable[[Any], Any] | float | Non
             step=gpu_step, decode=_DecodeStage(decoder), zero_copy=True)
         result = tune_num_workers(encoded, measure=trial, device="cpu",
                                   memory_limit=search_memory_limit() if max_workers is None else None, **common)
-        done.append(("gpu", status, reason, replace(result, main_process="step" if callable(step) else load,
-                                                    usable_cpus=system.usable_cpus())))
+        ran = "" if "gpu" in fakes else "step" if callable(step) else load  # as tune_num_workers records it
+        done.append(("gpu", status, reason, replace(result, main_process=ran)))
     searched = [Searched(p, r.worker_type, r.best_workers, r.runs, r.max_workers, r.search_end) for p, _, _, r in done]
     win, decided = _decide(searched, float(tolerance))
     bests = [_best(p, s, why, r) for p, s, why, r in done]
     if unavailable is not None:
-        bests.append(best_of_gpu)
+        bests.append(PlacementBest("gpu", "not available", unavailable))
     placement, _, _, chosen = done[win]
     others = tuple(TypeBest(r.worker_type, r.best_workers, r.samples_per_second, r.search_seconds, p)
                    for i, (p, _, _, r) in enumerate(done) if i != win)

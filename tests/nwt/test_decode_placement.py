@@ -153,3 +153,21 @@ def test_both_placements_run_end_to_end_with_the_cpu_stand_in(photos):
     assert "gpu decode" in result.why and ("(CPU stand-in)" in result.why or not gpu_decode_status()[0])
     assert set(seen) == {((4, 3, 32, 32), "float32", (4,))}  # the step gets the same batches from both
     json.dumps(result.to_dict())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_decode_status()[0], reason=str(gpu_decode_status()[1]))
+def test_on_a_gpu_both_placements_are_measured_and_the_step_gets_device_images(photos):
+    from cupy_nwt import cuda  # noqa: PLC0415
+
+    seen = []
+
+    def step(batch):
+        images, labels = batch
+        seen.append((cuda.is_device_array(images), images.shape, labels.shape))
+
+    result = tune_decode_placement(photos, step, batch_size=4, max_workers=2, iterations=8, device="cuda",
+                                   progress=False, warn=False)
+    assert [(c.placement, c.status) for c in result.candidates] == [("cpu", "measured"), ("gpu", "measured")]
+    assert "(CPU stand-in)" not in result.why and result.result.placement == result.placement
+    assert (True, (4, 3, 32, 32), (4,)) in seen  # the GPU placement's images are on the device
