@@ -13,12 +13,12 @@
 #
 # The steps are listed by what the project exists for, so whatever a time budget cuts off matters
 # least: the first command is `info transfers gpu-tests nwt gpu-feed gpu-decode` (465 s, below), the
-# second, only where time is left, `loader-compare scaleout` (195 s); the third, `decode-placement`
-# (120 s), past the 15 minutes the first two fill.
+# second, only where time is left, `loader-compare decode-placement` (190 s); the third, `scaleout`
+# (125 s), past the 15 minutes the first two fill.
 #
 # Each step works in <work>/<step>/ (its output in log.txt there, its timing in step.json), where
 # <work> is bench/results/<device> without $OUT and a scratch folder with it; with $OUT set, a
-# finished step is packed into $OUT/<device>/<step>.tgz, one file per step (9 at most), and nothing
+# finished step is packed into $OUT/<device>/<step>.tgz, one file per step (at most 6 a command), and nothing
 # else is written under $OUT (a way to take the results off a remote machine). The whole script ends
 # by GPU_SESSION_SECONDS (default 540) after it starts, the GPU probe included. A step starts only if its
 # estimate fits in what is left less the kill grace (GPU_SESSION_KILL_GRACE, 20 s) and 10 s to
@@ -72,14 +72,14 @@ STEPS=(
     # 90 s on the H100 with 30 batches at 0, 4 and 15 workers and the tiny arrays; now 300 batches after
     # the start-up batches, at 4, 15 and 16, torch and cupy_nwt only: ~36 runs of ~1.5 s + set-up, unmeasured
     "loader-compare|70|bench/studies/is_the_loader_faster_than_torch/loader_compare.py --device cuda --workers 4,15,16 --batches 300 --repeats 3: samples/s and the first batch against torch's, paired per repeat; bench/studies/what_does_the_loader_itself_cost/tiny_arrays.py against .gpu-run/before where present (not in the estimate)"
-    # the H100's 6 runs ~19 s apart took ~115 s (cut off at 118 s, its file written); + ~10 s for the
-    # copy-engine check (two spawned processes, 3 rounds of 2 + 2 s)
-    "scaleout|125|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU; copy_engines.py: two processes' pinned 256 MiB H2D copies against one's"
     # unmeasured: ~10 s for the wheels and imports, ~5 s to make 256 photographs' crops, then two fast
     # searches over 0..16 counts at batch 256 with a 5-ms step: the CPU placement's within its budget of
     # a quarter of an exhaustive search (~17 x 100 batches of 0.05-0.5 s: up to ~75 s), the GPU
     # placement's trials mostly start-up (~15 of ~2 s)
     "decode-placement|120|bench/studies/does_the_gpu_decode_jpegs/decode_placement.py: the tuner's decode placement for ImageNet-size JPEGs and a 5-ms step, CPU workers against the GPU decode fed by readers, each at its own count (wheels from .whl/ where present)"
+    # the H100's 6 runs ~19 s apart took ~115 s (cut off at 118 s, its file written); + ~10 s for the
+    # copy-engine check (two spawned processes, 3 rounds of 2 + 2 s)
+    "scaleout|125|bench/studies/does_it_scale_over_ranks/scaleout.py --ranks 1,2 --repeats 3 --workers budget: two ranks sharing the GPU; copy_engines.py: two processes' pinned 256 MiB H2D copies against one's"
 )
 
 # The NWT step at GPU_SESSION_NWT_SCALE: its fixed costs (builds, imports, plots, the ~90 trials'
