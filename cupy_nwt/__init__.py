@@ -1,8 +1,9 @@
 """cupy_nwt: measure host-to-device transfer, feed GPUs with a shared-memory loader, tune its workers.
 
 Users import from here. The parts: ``loader`` (the DataLoader and its machinery), ``nwt`` (the Num
-Worker Tuner), ``experiments`` (NVIDIA's transfer and overlap experiments, the simulated training
-step), ``data`` (every data source and transform, behind one written dataset contract), ``cli`` (the
+Worker Tuner's search), ``picks`` (what a tuning found and where it is kept: ``num_workers="auto"``
+reads and saves it), ``experiments`` (NVIDIA's transfer and overlap experiments, the simulated
+training step), ``data`` (every data source and transform, behind one written dataset contract), ``cli`` (the
 ``cupy-nwt`` commands), ``cuda`` (the one gateway to CUDA) and ``errors``.
 """
 
@@ -47,12 +48,11 @@ from .errors import (
                      WorkerError,
 )
 from .loader import DataLoader, WorkerInfo, default_collate, get_worker_info
-from .nwt import auto as _auto  # noqa: F401 - registers the tuner that num_workers="auto" runs
-from .nwt.pick import AutoWorkers
 from .nwt.placement import PlacementResult, tune_decode_placement
-from .nwt.store import TuneResult, lookup
 from .nwt.tune import tune_num_workers
-from .nwt.verdict import UnreliablePickWarning
+from .picks.pick import AutoWorkers
+from .picks.store import TuneResult, lookup
+from .picks.verdict import UnreliablePickWarning
 
 __version__ = "0.1.0"
 

@@ -1,7 +1,7 @@
 """The package's shape holds: one idea a module, no import circles, one gateway to CUDA, one room per part.
 
 Static checks over the source, so they cost nothing at run time and fail as soon as a change breaks
-the layout that ``DESIGN.md`` draws (cli -> nwt -> loader -> data, cuda).
+the layout that ``DESIGN.md`` draws (cli -> nwt -> loader -> picks -> data, cuda).
 """
 
 from __future__ import annotations
@@ -107,11 +107,13 @@ def _in(name: str, *rooms: str) -> bool:
 
 # The package's floors, lowest first: a module may import its own floor and those below, never one above, not
 # even lazily or for type checking. The base is what every part shares (errors, checks, files, host facts, the
-# rank layout, the one gateway to CUDA, the reporting API); the commands and the pytest plugin are the top.
+# rank layout, the one gateway to CUDA, the reporting API); the picks are what a tuning found and where it is
+# kept, which the loader reads and saves and the search writes; the commands and the pytest plugin are the top.
 FLOORS = [
     ("base", ("errors", "_checks", "_files", "_driver", "_pcie", "system", "ranks", "cuda", "_worker_info",
               "reporting")),
     ("data", ("data",)),
+    ("picks", ("picks",)),
     ("loader", ("loader",)),
     ("tuner and experiments", ("nwt", "experiments")),
     ("commands and plugin", ("cli", "pytest_plugin")),
@@ -135,9 +137,7 @@ LOADER_FLOORS = [
 ]
 
 # What still runs up a floor, each named with its reason; the rule is that this stays empty.
-# num_workers="auto" tunes on a miss, and the tuning measures the loader: the loader reaches it through
-# ``nwt.pick`` (lazily) and the slot ``register_tuner``, which ``import cupy_nwt`` fills.
-KNOWN_UP = {("cupy_nwt.loader._options", "cupy_nwt.nwt.pick"), ("cupy_nwt.loader._dataloader", "cupy_nwt.nwt.pick")}
+KNOWN_UP: set[tuple[str, str]] = set()
 
 
 def _floor(name: str, floors: list, prefix: str) -> int | None:
@@ -181,6 +181,31 @@ def test_inside_the_loader_no_module_imports_a_later_stage():
     assert _up_imports(LOADER_FLOORS, "cupy_nwt.loader") == []
 
 
+def _imports_of(room: str, other: str) -> list[str]:
+    """Every import, lazy and type-only included, from a module of ``room`` to one of ``other``."""
+    return [f"{n} imports {d}" for n, p in modules().items() if _in(n, room)
+            for d in sorted(all_imports(n, p)) if _in(d, other)]
+
+
+@pytest.mark.parametrize(("room", "other"), [
+    ("data", "picks"), ("data", "loader"), ("data", "nwt"),
+    ("picks", "loader"), ("picks", "nwt"),
+    ("loader", "nwt"), ("loader", "experiments"), ("loader", "cli"), ("loader", "pytest_plugin"),
+    ("reporting", "nwt"), ("reporting", "experiments"), ("reporting", "loader"),
+])
+def test_rule_room_never_imports_other(room, other):
+    """The floors' rules one by one: data never imports the loader, the loader never the tuner, the picks
+    never the loader (the loader reads and saves picks; the tuner that builds loaders sits above both)."""
+    assert _imports_of(room, other) == []
+
+
+def test_no_registration_slot_fills_a_lower_floor():
+    """``import cupy_nwt`` imports nothing for its side effects: every name it imports is one it exports."""
+    tree = ast.parse((PKG / "__init__.py").read_text(encoding="utf-8"))
+    imported = {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom) for a in node.names}
+    assert imported - set(cupy_nwt.__all__) - {"__version__"} == set()
+
+
 def test_the_known_exceptions_are_still_real():
     """An entry of ``KNOWN_UP`` that no longer happens is taken out, so the list only shrinks."""
     every = {n: all_imports(n, p) for n, p in modules().items()}
@@ -213,7 +238,7 @@ def test_the_dataset_contract_is_asked_in_one_place():
     probes = ("__getitems__", "__getitem__", "set_epoch", "state_dict", "__iter__")
     found = []
     for name, path in modules().items():
-        if name == "cupy_nwt.data.contract" or not _in(name, "loader", "nwt"):
+        if name == "cupy_nwt.data.contract" or not _in(name, "loader", "nwt", "picks"):
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if (isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("hasattr", "getattr")

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import ArgumentError
 from ..nwt.paper import PAPER_TIME_SCALE
-from ..nwt.verdict import reliability
+from ..picks.verdict import reliability
 from ..reporting.tables import table
 from ..reporting.units import fmt_bytes, plural
 
 if TYPE_CHECKING:
-    from ..nwt.store import SaveOutcome, TuneResult
+    from ..picks.store import SaveOutcome, TuneResult
 
 MAIN_PROCESS_TEXT = {
     "waits": "main process: waits in every trial, as in a GPU step (it mostly waits for the device)",

@@ -16,7 +16,7 @@ from ..reporting.units import fmt_bytes
 
 if TYPE_CHECKING:
     from ..experiments.transfers import BandwidthResult
-    from ..nwt.store import TuneResult
+    from ..picks.store import TuneResult
 
 __all__ = ["bandwidth_figure", "matplotlib_available", "plot_bandwidth", "plot_tune", "tune_figure"]
 

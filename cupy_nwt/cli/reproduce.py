@@ -34,7 +34,7 @@ from .. import cuda, system
 from ..errors import ArgumentError
 from ..nwt import measure as nwt_measure
 from ..nwt import tune as nwt_tune
-from ..nwt.store import TuneResult
+from ..picks.store import TuneResult
 from ..reporting import tables as report
 from ..reporting.figures import median_interval
 from ..reporting.progress import ProgressBar

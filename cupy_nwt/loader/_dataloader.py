@@ -29,8 +29,9 @@ Several ranks (torch.distributed, torchrun, Lightning, SLURM, MPI): each rank bu
 ``rank`` and ``world_size`` come from an initialised process group or the launcher's variables unless
 given (a group initialised after the loader was made is followed), each rank takes its shard of every epoch (see
 ``plan.order.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
-unless ``device="cuda:N"`` names one. ``num_workers="auto"`` tunes once per node within the rank's
-share of the CPUs (see ``nwt.pick.auto_num_workers``).
+unless ``device="cuda:N"`` names one. ``num_workers="auto"`` with nothing saved tunes online within the
+rank's share of the CPUs (see ``_options.auto_cpus``), and every rank takes rank 0's saved pick where
+there is one (``picks.pick.saved_pick``).
 
 Worker start method (``multiprocessing_context=None``): ``forkserver`` when CUDA is in use in this
 process (the loader targets the GPU, or CuPy is imported and a GPU is usable, or a GPU runtime runs),
@@ -63,7 +64,7 @@ from .tuning.policy import Decision
 from .workers.torch_workers import is_iter_datapipe, torch_shared_seed
 
 if TYPE_CHECKING:
-    from ..nwt.pick import AutoWorkers
+    from ..picks.pick import AutoWorkers
 
 __all__ = ["DataLoader"]
 
@@ -91,9 +92,12 @@ class DataLoader(SettingsView, Generic[T_co]):
     of worker processes: no pickling or inter-process copy, the same batches, order, seeds and errors;
     best when the per-sample work releases the GIL (see ``workers.thread`` for what differs). ``None``: process
     workers, or with ``num_workers="auto"`` the type a saved pick records. ``num_workers="auto"``
-    takes the saved pick for this machine and work, else tunes once and saves it;
-    ``num_workers=AutoWorkers(step=...)`` tunes for the training step the loader feeds (the fewest
-    workers that leave it waiting least); ``stats().num_workers_why`` says what was picked and why.
+    takes the saved pick for this machine and work (``tune_num_workers(...).save_pick()``, ``cupy-nwt
+    tune``, or an earlier loader's). On a miss it tunes online (as ``autotune=True``) from half its CPU
+    budget (``tuning.policy.starting_workers``), says so once on ``cupy_nwt.tuner``, and once the tuner
+    has settled saves that count, so the next ``"auto"`` loader reuses it; it searches nothing here.
+    ``num_workers=AutoWorkers(step=...)`` keys the pick by the training step the loader feeds;
+    ``stats().num_workers_why`` says what was picked and why.
 
     An iterable-style dataset is read by every worker from its own copy (``get_worker_info()`` says
     which share to read); batches are taken from the workers round-robin, and the epoch ends when
@@ -139,7 +143,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         shuffle: a fresh order each epoch, from ``seed`` and the epoch.
         sampler: any iterable of indices, replacing the loader's own order.
         batch_sampler: any iterable of index lists, replacing batching too.
-        num_workers: workers making batches (0: the main process), or "auto" for the tuner's pick.
+        num_workers: workers making batches (0: the main process), or "auto" for the saved pick (else online tuning).
         collate_fn: turns a list of samples into a batch (default: ``default_collate``, into the ring).
         pin_memory: page-lock the ring for fast copies to the GPU; "staging" forces a pinned staging copy.
         drop_last: leave out a last batch shorter than ``batch_size``.

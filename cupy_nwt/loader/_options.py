@@ -1,6 +1,10 @@
 """A loader's settings: its arguments turned into one frozen ``Options``, checked in one place (with
 PyTorch's rules and error types where PyTorch has them), as Grain's ``options`` does. Everything
 below the ``DataLoader`` reads these, never the loader.
+
+Resolving builds nothing and measures nothing: ``num_workers="auto"`` reads the saved pick
+(``picks.pick``), and on a miss resolves to online tuning that starts from
+``tuning.policy.starting_workers`` and saves the count it settles at (``tuning.online``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import numpy as np
 from .. import system
 from .._checks import check_int, check_number
 from ..errors import ArgumentError, ArgumentTypeError
-from ..ranks import RankLayout, agree, process_group_layout, rank_layout
+from ..picks.pick import OnlinePick, auto_fingerprint, auto_request, missing, saved_pick
+from ..ranks import RankLayout, agree, process_group_layout, rank_layout, worker_budget
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
@@ -27,8 +32,9 @@ from .plan.sampling import Sampling
 from .ring.collate import default_collate
 from .ring.frameworks import check_output, generator_seed, joined_output, torch_global_seed, uses_torch
 from .tuning.online import Tuning, check_tuning
+from .tuning.policy import starting_workers
 from .workers.capacity import check_worker_count
-from .workers.kinds import WORKER_TYPES, check_worker_type, kind
+from .workers.kinds import check_worker_type, kind
 from .workers.pool import WorkerKind
 from .workers.torch_workers import is_iter_datapipe, with_shuffle_settings
 
@@ -121,7 +127,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     if isinstance(num_workers, (int, np.integer)) and not isinstance(num_workers, bool) and num_workers < 0:
         raise ArgumentError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing. "
                             f"cupy_nwt: got {num_workers}; num_workers='auto' picks a count for this machine")
-    auto = _auto_request(num_workers)
+    auto = None if isinstance(num_workers, (int, np.integer)) else auto_request(num_workers)
     if auto is None:
         num_workers = check_int("num_workers", num_workers, ge=0, also="'auto'")
     else:
@@ -140,33 +146,25 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, seed, layout.rank,
                                 layout.world_size)
     tuning = check_tuning(autotune, cpu_budget, memory_budget, num_workers=num_workers,
-                          iterable=sampling.style == "iterable")
+                          iterable=sampling.style == "iterable", default_cpus=auto_cpus(layout) if auto is not None else None)
     why = None
     on_bad_sample, max_bad_samples = check_bad_samples(on_bad_sample, max_bad_samples, sampling.style == "iterable")
     if auto is None:
         warn_if_too_many_workers(num_workers, stacklevel=4, method=_method(worker_type, context, device),
                                  prefetch_factor=prefetch_factor)
+        if tuning is not None:
+            tuning = tuning.starting(num_workers, prefetch_factor)
     else:
-        num_workers, worker_type, why = _auto_workers(dataset, sampling, prefetch_factor, pin_memory, batch_transform,
-                                                      worker_type, device if device_id is None else f"cuda:{device_id}",
-                                                      layout, tuning is not None, auto.step)
+        num_workers, tuning, worker_type, why = _auto_workers(
+            dataset, sampling, prefetch_factor, pin_memory, batch_transform, worker_type,
+            device if device_id is None else f"cuda:{device_id}", layout, tuning, auto.step)
     if tuning is not None:
-        tuning = tuning.starting(num_workers, prefetch_factor)
         num_workers = tuning.workers
     return Options(dataset, sampling, int(num_workers), worker_type or "process", int(prefetch_factor), pin_memory,
                    collate_fn, batch_transform, worker_init_fn, bool(persistent_workers), timeout, bool(in_order),
                    bool(zero_copy), context, multiprocessing_context, pin_memory_device, output, device, device_id, layout,
                    seed, stall_warning_s, tuning, generator, seed_drawn, why, on_bad_sample, max_bad_samples,
                    uses_torch())
-
-
-def _auto_request(num_workers: Any) -> Any:
-    """``num_workers``'s request for a tuned count ("auto" or ``AutoWorkers``), or None for a count."""
-    if isinstance(num_workers, (int, np.integer)):
-        return None
-    from ..nwt.pick import auto_request  # noqa: PLC0415 - below the loader; never the tuner itself
-
-    return auto_request(num_workers)
 
 
 def check_bad_samples(on_bad_sample: Any, max_bad_samples: Any, iterable: bool) -> tuple[str, int | None]:
@@ -185,21 +183,39 @@ def check_bad_samples(on_bad_sample: Any, max_bad_samples: Any, iterable: bool) 
     return on_bad_sample, limit
 
 
+def auto_cpus(layout: RankLayout) -> int:
+    """The workers ``num_workers="auto"`` may tune up to: the rank's share of the node's CPUs
+    (``ranks.worker_budget``) less one for its own main process, at least 1 (for a single rank the
+    usable CPUs less one, ``autotune``'s default budget)."""
+    return max(1, worker_budget(layout) - 1)
+
+
 def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_memory: bool | str,
                   batch_transform: Callable | None, worker_type: str | None, device: str, layout: RankLayout,
-                  tuning: bool, step: Any = None) -> tuple[int, str, str | None]:
-    """The tuned count and worker type, and why (None: no saved pick describes it)."""
+                  tuning: Tuning | None, step: Any = None) -> tuple[int, Tuning | None, str, str]:
+    """``num_workers="auto"``: the count, the tuning, the worker type, and why.
+
+    A hit is the saved pick (where ``autotune``'s tuning starts, if given). A miss is online tuning (the
+    ``autotune`` given, else the default policy within ``auto_cpus``) from ``starting_workers``, which
+    saves the count it settles at."""
     if not sampling.own or sampling.batch_size is None:
         raise ArgumentError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
                          "(no sampler, batch_sampler or batch_size=None); give a number")
-    from ..nwt import pick  # noqa: PLC0415 - below the loader; never the tuner itself
-
-    kw: dict[str, Any] = {"batch_size": sampling.batch_size, "prefetch_factor": prefetch_factor,
-                          "pin_memory": pin_memory, "device": device, "batch_transform": batch_transform,
-                          "layout": layout, **({"step": step} if step is not None else {})}
-    workers, kind = pick.auto_pick(dataset, worker_type=worker_type,
-                                   search_types=WORKER_TYPES if tuning else ("process",), **kw)
-    return workers, kind, pick.pick_reason(workers, pick.auto_fingerprint(dataset, **kw))
+    fp = auto_fingerprint(dataset, batch_size=sampling.batch_size, prefetch_factor=prefetch_factor,
+                          pin_memory=pin_memory, device=device, batch_transform=batch_transform, layout=layout,
+                          step=step)
+    hit = saved_pick(fp, layout, worker_type=worker_type)
+    if hit is not None:
+        tuning = tuning.starting(hit.workers, prefetch_factor) if tuning is not None else None
+        return hit.workers, tuning, hit.worker_type, hit.why or f"rank 0's saved pick, {hit.workers} workers"
+    if tuning is None:
+        tuning = check_tuning(True, None, None, num_workers="auto", iterable=False, default_cpus=auto_cpus(layout))
+        assert tuning is not None
+    start, chosen = starting_workers(tuning.budget.cpus), worker_type or "process"
+    why = missing(fp, start, tuning.budget.cpus)
+    saves = OnlinePick(fp, int(sampling.batch_size), int(prefetch_factor), pin_memory, chosen)
+    tuning = tuning.starting(start, prefetch_factor, saves)
+    return tuning.workers, tuning, chosen, why
 
 
 def agreed_seed(layout: RankLayout) -> int:

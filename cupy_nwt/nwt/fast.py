@@ -46,7 +46,8 @@ import math
 
 import numpy as np
 
-from .trials import Trial, _Runner, whole_rounds
+from ..picks.trials import Trial
+from .trials import _Runner, whole_rounds
 
 DEFAULT_TOLERANCE = 0.02
 FAST_FRACTION = 0.2

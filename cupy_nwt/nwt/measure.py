@@ -22,10 +22,10 @@ from .. import cuda
 from ..data.contract import map_length
 from ..errors import ArgumentError
 from ..loader import DataLoader
+from ..picks.fingerprint import device_kind
+from ..picks.pick import check_step
 from ..ranks import device_for_rank, rank_layout
-from .fingerprint import device_kind
 from .footprint import DEFAULT_INTERVAL_S, MemorySampler
-from .pick import check_step
 from .trials import MeasureFn, Measurement, whole_rounds
 
 

@@ -1,21 +1,22 @@
-"""Trials: what one measurement of a worker count reports, and how repeated runs of a count combine.
+"""Trials: what one measurement of a worker count reports, and the runner both searches share.
 
 A trial is ``measure(workers, iterations, warmup)``: the loader by default
 (:class:`~cupy_nwt.nwt.measure.LoaderMeasure`), any callable in tests (deterministic cost curves) or
 for other loaders. It returns a :class:`Measurement` or just seconds per iteration. A search's cost
 is the sum of its trials' ``wall_seconds``, so the fast search's bound is checked without spending
-real time. Nothing here builds a loader: both searches run on this module alone.
+real time. Each run is recorded as a :class:`~cupy_nwt.picks.trials.Trial` (what a saved pick keeps).
+Nothing here builds a loader: both searches run on this module alone.
 """
 
 from __future__ import annotations
 
 import math
-import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import ArgumentError
+from ..picks.trials import Trial, combine_runs
 from ..reporting.progress import ProgressBar
 from ..reporting.units import plural
 
@@ -51,34 +52,6 @@ class Measurement:
 
 
 MeasureFn = Callable[[int, int, int], "Measurement | float"]
-# Builds a measure for one workload, called like LoaderMeasure: (dataset, batch_size=, prefetch_factor=,
-# pin_memory=, device=, batch_transform=). num_workers="auto" takes one so that it need not know the loader.
-MeasureFactory = Callable[..., MeasureFn]
-
-
-@dataclass(frozen=True)
-class Trial:
-    """A worker count's measurement: one run, or (in ``TuneResult.trials``) its runs combined.
-
-    ``wait_fraction`` and ``step_seconds``: the consumer's wait and the step's time with the user's
-    step in the loop (:class:`Measurement`), else None.
-    """
-
-    workers: int
-    iterations: int
-    warmup: int
-    seconds_per_iteration: float
-    samples_per_second: float
-    wall_seconds: float
-    peak_memory_bytes: int | None
-    peak_uss_bytes: int | None
-    rel_error: float | None
-    phase: str
-    wait_fraction: float | None = None
-    step_seconds: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def whole_rounds(iterations: int, workers: int) -> int:
@@ -92,121 +65,6 @@ def whole_rounds(iterations: int, workers: int) -> int:
     if workers < 2:
         return iterations
     return max(2 * workers, -(-iterations // workers) * workers)
-
-
-OUTLIER_Z = 3.0
-MIN_PAIRS = 4
-
-
-def error_floor(runs: Sequence[Trial]) -> float:
-    """The least relative error of one timed iteration, pooled over every run of a search.
-
-    A trial's own error comes from a handful of batch groups (a few degrees of freedom), so it is
-    often several times too small; and it cannot see what slows a whole trial alike. Two figures,
-    the larger wins, each scaled to one iteration (errors fall as 1/sqrt(iterations)): the median
-    of the runs' own errors (pooled over every count, so no single lucky estimate passes), and
-    the spread between repeated runs of a count that agree (pairs set aside as outliers excluded).
-    """
-    own = [r.rel_error * math.sqrt(r.iterations) for r in runs if r.rel_error]
-    if not own:
-        return 0.0
-    floor = statistics.median(own)
-    spread = []
-    for same in _by_count(runs).values():
-        for a, b in zip(same, same[1:]):
-            d = math.log(a.seconds_per_iteration / b.seconds_per_iteration)
-            scale = math.sqrt(1 / a.iterations + 1 / b.iterations)
-            if abs(d) <= OUTLIER_Z * floor * scale:
-                spread.append(abs(d) / scale)
-    if len(spread) >= MIN_PAIRS:
-        floor = max(floor, statistics.median(spread) / 0.6745)  # the median |z| of a normal is 0.6745 sigma
-    return floor
-
-
-def _error(run: Trial, floor: float) -> float | None:
-    if run.rel_error is None:
-        return None
-    return max(run.rel_error, floor / math.sqrt(run.iterations))
-
-
-def _mean(runs: Sequence[Trial], errs: Sequence[float | None]) -> tuple[float, float | None]:
-    """Inverse-variance mean and its error when every error is known, else weighted by iterations."""
-    if all(e is not None and e > 0 for e in errs):
-        weights = [1.0 / (e * e) for e in errs if e is not None]
-        rel_error: float | None = 1.0 / math.sqrt(sum(weights))
-    else:
-        weights = [float(r.iterations) for r in runs]
-        rel_error = None
-    return sum(w * r.seconds_per_iteration for w, r in zip(weights, runs)) / sum(weights), rel_error
-
-
-def _combine(runs: Sequence[Trial], floor: float = 0.0) -> Trial:
-    """Merge repeated runs of one count, setting aside runs slowed beyond their error.
-
-    Each run's error is at least ``floor / sqrt(iterations)`` (:func:`error_floor`). Interference
-    on a shared machine (another job, a page-cache flush) only ever slows a trial, so the slowest
-    run is set aside while it is more than ``OUTLIER_Z`` standard errors slower than the mean of
-    the others; the rest are combined by inverse variance. Costs (iterations, wall time) count
-    every run.
-    """
-    errs = [_error(r, floor) for r in runs]
-    kept = sorted(range(len(runs)), key=lambda i: runs[i].seconds_per_iteration)
-    while len(kept) > 1 and errs[kept[-1]] is not None:
-        rest = kept[:-1]
-        m, e = _mean([runs[i] for i in rest], [errs[i] for i in rest])
-        slow = errs[kept[-1]]
-        if e is None or slow is None or runs[kept[-1]].seconds_per_iteration - m <= OUTLIER_Z * m * math.hypot(slow, e):
-            break
-        kept = rest
-    kept.sort()
-    spi, rel_error = _mean([runs[i] for i in kept], [errs[i] for i in kept])
-    mems = [r.peak_memory_bytes for r in runs if r.peak_memory_bytes is not None]
-    usss = [r.peak_uss_bytes for r in runs if r.peak_uss_bytes is not None]
-    first = runs[0]
-    wait, step = _combined_wait([runs[i] for i in kept], spi)
-    return replace(
-        first,
-        wait_fraction=wait,
-        step_seconds=step,
-        iterations=sum(r.iterations for r in runs),
-        warmup=sum(r.warmup for r in runs),
-        seconds_per_iteration=spi,
-        samples_per_second=first.samples_per_second * first.seconds_per_iteration / spi,
-        wall_seconds=sum(r.wall_seconds for r in runs),
-        peak_memory_bytes=max(mems) if mems else None,
-        peak_uss_bytes=max(usss) if usss else None,
-        rel_error=rel_error,
-        phase="+".join(dict.fromkeys(r.phase for r in runs)),
-    )
-
-
-def _combined_wait(runs: Sequence[Trial], spi: float) -> tuple[float | None, float | None]:
-    """The wait fraction and step time of runs combined into ``spi`` seconds per iteration.
-
-    The step's time is the runs' iteration-weighted mean; the wait is what the combined loop time
-    leaves of it (``1 - step / spi``), so that the fraction agrees with the loop time the searches
-    compare. Runs that report a wait without the step's time are averaged as they are.
-    """
-    if len(runs) == 1 or any(r.wait_fraction is None for r in runs):
-        return runs[0].wait_fraction if len(runs) == 1 else None, runs[0].step_seconds if len(runs) == 1 else None
-    total = sum(r.iterations for r in runs)
-    if any(r.step_seconds is None for r in runs):
-        return sum(r.iterations * (r.wait_fraction or 0.0) for r in runs) / total, None
-    step = sum(r.iterations * (r.step_seconds or 0.0) for r in runs) / total
-    return min(1.0, max(0.0, 1.0 - step / spi)), step
-
-
-def _by_count(runs: Sequence[Trial]) -> dict[int, list[Trial]]:
-    by: dict[int, list[Trial]] = {}
-    for r in runs:
-        by.setdefault(r.workers, []).append(r)
-    return dict(sorted(by.items()))
-
-
-def combine_runs(runs: Sequence[Trial]) -> dict[int, Trial]:
-    """Each count's runs combined (:func:`_combine`) under the floor that all ``runs`` give."""
-    floor = error_floor(runs)
-    return {w: _combine(same, floor) for w, same in _by_count(runs).items()}
 
 
 def _fraction(value: float | None) -> float | None:

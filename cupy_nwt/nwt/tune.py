@@ -18,16 +18,17 @@ from .. import system
 from .._checks import check_int, check_number
 from ..errors import ArgumentError
 from ..loader.workers.kinds import check_worker_type
+from ..picks.fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
+from ..picks.pick import check_step
+from ..picks.store import TuneResult, TypeBest
+from ..picks.trials import Trial, combine_runs
+from ..picks.verdict import UnreliablePickWarning
 from ..reporting.progress import ProgressBar
 from . import measure as _measure
 from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch, open_cap
-from .fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
 from .footprint import search_memory_limit
 from .paper import _algorithm1
-from .pick import check_step
-from .store import TuneResult, TypeBest
-from .trials import MeasureFn, Trial, _Runner, combine_runs
-from .verdict import UnreliablePickWarning
+from .trials import MeasureFn, _Runner
 
 STRATEGIES = ("paper", "fast")
 MAIN_PROCESS = ("auto", "waits", "busy")
@@ -90,7 +91,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
 
     ``result.why`` says in one line what was picked and why; when the trials were too noisy to
     trust the pick, ``result.warning`` says so and what to do, and (``warn``) an
-    :class:`~cupy_nwt.nwt.verdict.UnreliablePickWarning` is issued.
+    :class:`~cupy_nwt.picks.verdict.UnreliablePickWarning` is issued.
 
     Args:
         dataset: what the loader reads (default: the synthetic CIFAR-10).

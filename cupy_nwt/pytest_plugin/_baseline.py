@@ -130,8 +130,8 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
 
 def save_baseline(path: str | os.PathLike[str], current: Mapping[str, Mapping[str, Any]]) -> Path:
     """Write this run's benchmarks (fullname -> extra_info) as a baseline file, atomically."""
-    from ..nwt.fingerprint import machine_fingerprint  # noqa: PLC0415
-    from ..nwt.store import write_json_atomic  # noqa: PLC0415
+    from ..picks.fingerprint import machine_fingerprint  # noqa: PLC0415
+    from ..picks.store import write_json_atomic  # noqa: PLC0415
 
     doc = {
         "format": FORMAT,

@@ -176,7 +176,7 @@ def median_or_none(values: tuple[float, ...]) -> float | None:
 
 def pipeline_of(loader: Any, dataset: Any) -> dict[str, Any]:
     """What the figures depend on besides the machine: recorded beside them, shown when it changed."""
-    from ..nwt.fingerprint import transform_name  # noqa: PLC0415
+    from ..picks.fingerprint import transform_name  # noqa: PLC0415
 
     try:
         length: int | None = len(dataset)
@@ -263,8 +263,8 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
     """
     from .. import cuda  # noqa: PLC0415
     from ..loader import DataLoader  # noqa: PLC0415
-    from ..nwt.fingerprint import machine_fingerprint  # noqa: PLC0415
     from ..nwt.footprint import MemorySampler  # noqa: PLC0415
+    from ..picks.fingerprint import machine_fingerprint  # noqa: PLC0415
     from ._against import serve, served_here  # noqa: PLC0415
     from ._cpu import live_descendants, open_instruction_counter  # noqa: PLC0415
     from ._parts import ROUND_CLOCK, LoaderBenchmarkResult, batch_len, epochs, leaves  # noqa: PLC0415

@@ -12,8 +12,8 @@ import pytest
 from cupy_nwt import cli, cuda
 from cupy_nwt._files import atomic_open
 from cupy_nwt.data.datasets import write_tar_shard
-from cupy_nwt.nwt.store import ResultStore, TuneResult
 from cupy_nwt.nwt.tune import tune_num_workers
+from cupy_nwt.picks.store import ResultStore, TuneResult
 from cupy_nwt.reporting import tables as report
 
 

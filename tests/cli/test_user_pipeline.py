@@ -18,7 +18,7 @@ import pytest
 
 from cupy_nwt import DataLoader, cli
 from cupy_nwt.data.datasets import open_dataset
-from cupy_nwt.nwt.store import ResultStore
+from cupy_nwt.picks.store import ResultStore
 
 TINY = ["--max-workers", "2", "--iterations", "8", "--batch-size", "8", "--device", "cpu", "--no-progress"]
 
@@ -74,8 +74,8 @@ def test_tune_then_auto_on_the_same_pipeline_reuses_the_pick(user, tmp_path, cap
 def test_a_different_pipeline_does_not_take_that_pick(user, tmp_path, caplog):
     assert cli.main(["tune", "--dataset", str(user), *TINY, "--transform", "mypipeline:to_float"]) == 0
     caplog.set_level(logging.INFO, logger="cupy_nwt.tuner")
-    from cupy_nwt.nwt.fingerprint import Fingerprint, machine_fingerprint, work_fingerprint  # noqa: PLC0415
-    from cupy_nwt.nwt.store import lookup  # noqa: PLC0415
+    from cupy_nwt.picks.fingerprint import Fingerprint, machine_fingerprint, work_fingerprint  # noqa: PLC0415
+    from cupy_nwt.picks.store import lookup  # noqa: PLC0415
 
     raw = open_dataset(user)  # the same files without the user's step: another pipeline
     fp = Fingerprint(machine_fingerprint(), work_fingerprint(raw, batch_size=8, pin_memory=False, device="cpu"))

@@ -32,10 +32,10 @@ from cupy_nwt.loader import LoaderParts
 from cupy_nwt.loader.device.place import resolve_device
 from cupy_nwt.loader.ring.ring import live_segments
 from cupy_nwt.nwt.auto import TUNE_LOCK_SUFFIX
-from cupy_nwt.nwt.fingerprint import Fingerprint, machine_fingerprint, work_fingerprint
-from cupy_nwt.nwt.pick import auto_num_workers
-from cupy_nwt.nwt.store import ResultStore
 from cupy_nwt.nwt.tune import tune_num_workers
+from cupy_nwt.picks.fingerprint import Fingerprint, machine_fingerprint, work_fingerprint
+from cupy_nwt.picks.pick import auto_num_workers
+from cupy_nwt.picks.store import ResultStore
 from cupy_nwt.ranks import RankLayout, agree, find_communicator
 
 HERE = Path(__file__).resolve().parent

@@ -1,5 +1,7 @@
 """``num_workers="auto"`` reuses what the tune step of docs/tuner.md saved, and says in one log line whether it
-uses a saved pick or searches, and why."""
+uses a saved pick or, on a miss, tunes online, and why; what the online tuner settles at is saved, and the
+next ``"auto"`` loader reuses it without tuning. Written as a user's script would be: a small map-style
+dataset, a loop over epochs."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import cupy_nwt
@@ -18,8 +22,9 @@ from cupy_nwt import DataLoader, tune_num_workers
 from cupy_nwt.data.datasets import SyntheticCIFAR10
 from cupy_nwt.data.transforms import CifarTrainTransform
 from cupy_nwt.nwt.measure import LoaderMeasure
-from cupy_nwt.nwt.pick import auto_num_workers
-from cupy_nwt.nwt.store import TuneResult
+from cupy_nwt.nwt.trials import Measurement
+from cupy_nwt.picks.pick import auto_fingerprint
+from cupy_nwt.picks.store import TuneResult, lookup
 
 N, BATCH = 64, 8
 
@@ -32,7 +37,7 @@ def cache(tmp_path, monkeypatch) -> Path:
 
 def _no_more_searching(monkeypatch) -> None:
     def search(*args, **kwargs):
-        raise AssertionError("num_workers='auto' searched again instead of using the saved pick")
+        raise AssertionError("num_workers='auto' ran the offline search")
 
     monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", search)
 
@@ -49,7 +54,7 @@ def test_pin_memory_defaults_agree():
     loader = default(DataLoader.__init__)
     assert loader is False
     assert default(tune_num_workers) is loader
-    assert default(auto_num_workers) is loader
+    assert default(auto_fingerprint) is loader
     assert default(LoaderMeasure.__init__) is loader
 
 
@@ -84,43 +89,80 @@ def test_cli_tune_then_auto_reuses(cache, monkeypatch, caplog):
     assert len(lines) == 1 and lines[0].startswith(f"num_workers='auto': using saved pick {best} (key ")
 
 
-def test_a_search_says_why_in_one_line(cache, monkeypatch, caplog):
+def test_a_miss_says_in_one_line_that_it_tunes_online_and_never_searches(cache, monkeypatch, caplog):
     data = SyntheticCIFAR10(n=N)
-    searches = []
-
-    def fake_tune(dataset, **kw):
-        searches.append(kw)
-        return tune_num_workers(dataset, **{**kw, "max_workers": 2, "iterations": 8})
-
-    monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", fake_tune)
+    _no_more_searching(monkeypatch)
     with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
         DataLoader(data, batch_size=BATCH, num_workers="auto", device="cpu").close()
-    expected = (f"num_workers='auto': no saved pick for this machine and work (nothing saved in "
-                f"{cache / 'num_workers.json'}): searching (fast strategy)")
-    searched, picked = _auto_lines(caplog)  # why it searched, then what it picked and why
-    assert searched == expected and picked.startswith("num_workers='auto': picked ")
+    (line,) = _auto_lines(caplog)
+    assert line.startswith(f"num_workers='auto': no saved pick for this machine and work (nothing saved in "
+                           f"{cache / 'num_workers.json'}): tuning online from ")
+    assert line.endswith("To search up front instead: tune_num_workers(dataset, ...).save_pick() or cupy-nwt tune")
+    tune_num_workers(data, batch_size=BATCH, device="cpu", strategy="fast", max_workers=2, progress=False,
+                     measure=lambda w, i, u: Measurement([0.02, 0.01][w], 0.1)).save_pick()
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
         DataLoader(data, batch_size=BATCH, num_workers="auto", device="cpu", pin_memory=True).close()
-    expected = ("num_workers='auto': no saved pick for this machine and work (the closest saved work differs "
-                "in pin_memory False saved, True here): searching (fast strategy)")
-    assert _auto_lines(caplog)[0] == expected and len(_auto_lines(caplog)) == 2
-    assert [kw["pin_memory"] for kw in searches] == [False, True]
+    (line,) = _auto_lines(caplog)
+    assert ("(the closest saved work differs in pin_memory False saved, True here): tuning online from "
+            in line)
+
+
+class Squares:
+    """A user's map-style dataset."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return np.full(16, i * i, np.float32)
+
+
+def _train(loader: DataLoader, epochs: int) -> int:
+    """A user's loop: a few ms of work on each batch (the caller's step)."""
+    seen = 0
+    for _ in range(epochs):
+        for batch in loader:
+            time.sleep(0.003)
+            seen += len(batch)
+    return seen
+
+
+def test_a_miss_tunes_online_saves_what_it_settled_at_and_the_next_loader_reuses_it(cache, monkeypatch, caplog):
+    _no_more_searching(monkeypatch)
+    data = Squares()
+    with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
+        with DataLoader(data, batch_size=4, num_workers="auto", device="cpu") as loader:
+            assert loader.decisions[0].action == "start"
+            assert "tuning online from " in loader.stats().num_workers_why
+            assert _train(loader, epochs=4) == 4 * 256
+            settled = loader.decisions[-1].workers
+    searched, saved = _auto_lines(caplog)
+    assert "tuning online from " in searched
+    assert saved.startswith(f"num_workers='auto': the online tuner settled at {settled} worker")
+    assert "saved as the pick for this machine and work" in saved
+    fp = auto_fingerprint(data, batch_size=4, device="cpu")
+    pick = lookup(fp)
+    assert pick is not None and pick.strategy == "online" and pick.best_workers == settled
+    assert pick.search_end.startswith("online: ") and pick.wait_fraction is not None
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
-        DataLoader(data, batch_size=BATCH, num_workers="auto", device="cpu", pin_memory=True).close()
-    assert len(searches) == 2 and _auto_lines(caplog)[0].startswith("num_workers='auto': using saved pick ")
+        with DataLoader(data, batch_size=4, num_workers="auto", device="cpu") as again:
+            assert again.num_workers == settled and again.decisions == ()  # reused: no tuning at all
+            assert "tuned online by an earlier loader" in again.stats().num_workers_why
+            assert _train(again, epochs=1) == 256
+    assert _auto_lines(caplog) == [f"num_workers='auto': using saved pick {settled} (key {fp.key})"]
 
 
 def test_why_missing_names_another_machine(cache):
     from dataclasses import replace  # noqa: PLC0415
 
-    from cupy_nwt.nwt.fingerprint import (  # noqa: PLC0415
+    from cupy_nwt.picks.fingerprint import (  # noqa: PLC0415
         Fingerprint,
         machine_fingerprint,
         work_fingerprint,
     )
-    from cupy_nwt.nwt.store import ResultStore  # noqa: PLC0415
+    from cupy_nwt.picks.store import ResultStore  # noqa: PLC0415
 
     here = Fingerprint(machine_fingerprint(), work_fingerprint(SyntheticCIFAR10(n=N), batch_size=BATCH,
                                                                device="cpu"))

@@ -14,8 +14,9 @@ import random
 import pytest
 from test_tuner import KINDS, NS, CostModel, _curve
 
-from cupy_nwt.nwt.trials import Measurement, Trial, _combine, combine_runs, error_floor
+from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import tune_num_workers
+from cupy_nwt.picks.trials import Trial, _combine, combine_runs, error_floor
 
 
 class Hiccups(CostModel):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cuda
-from cupy_nwt.nwt.fingerprint import (
+from cupy_nwt.picks.fingerprint import (
     Fingerprint,
     MachineFingerprint,
     WorkFingerprint,
@@ -20,7 +20,7 @@ from cupy_nwt.nwt.fingerprint import (
     transform_name,
     work_fingerprint,
 )
-from cupy_nwt.nwt.store import ResultStore, read_json, write_json_atomic
+from cupy_nwt.picks.store import ResultStore, read_json, write_json_atomic
 from cupy_nwt.system import cache_dir
 
 MACHINE = MachineFingerprint("Some CPU", 16, 128, "NVIDIA H100", "Gen5 x16")
@@ -150,7 +150,7 @@ def test_single_file_roundtrip_and_missing(tmp_path):
 
 _WRITER = """
 import sys
-from cupy_nwt.nwt.store import ResultStore
+from cupy_nwt.picks.store import ResultStore
 store = ResultStore(sys.argv[1])
 for i in range(int(sys.argv[3])):
     store.put(f"{sys.argv[2]}-{i}", {"writer": sys.argv[2], "i": i})

@@ -1,10 +1,10 @@
-"""The tuner's package layout: imports point one way (nwt -> loader).
+"""The tuner's layout: imports point one way (nwt -> loader -> picks).
 
-The loader reads a saved pick through ``cupy_nwt.nwt.pick`` and reaches the tuner only through the
-slot ``cupy_nwt.nwt.auto`` fills; the tuner builds loaders, so an import the other way would bring
-the circle back. Checked twice: statically over every import in the source (function-level ones
-too, which a run may never reach), and by a fresh interpreter that imports the loader without
-``cupy_nwt/__init__`` (which imports everything) and builds a loader with ``num_workers="auto"``.
+The loader reads and saves picks through ``cupy_nwt.picks`` and never imports the tuner's search,
+which builds loaders. Checked twice: statically over every import in the source (function-level
+ones too, which a run may never reach), and by a fresh interpreter that imports the loader without
+``cupy_nwt/__init__`` (which imports everything) and builds loaders with ``num_workers="auto"``,
+one with a saved pick and one without.
 """
 
 from __future__ import annotations
@@ -17,21 +17,11 @@ import sys
 import textwrap
 from pathlib import Path
 
-import numpy as np
-import pytest
-
 import cupy_nwt
-from cupy_nwt.data.datasets import ArrayDataset
-from cupy_nwt.nwt import auto, pick, store
-from cupy_nwt.nwt.store import ResultStore
-from cupy_nwt.ranks import RankLayout
 
 PKG = Path(cupy_nwt.__file__).resolve().parent
 ROOT = PKG.parent
-TUNER_SIDE = {"cupy_nwt.nwt.measure", "cupy_nwt.nwt.auto", "cupy_nwt.nwt.tune", "cupy_nwt.nwt.fast",
-              "cupy_nwt.nwt.paper"}
-BELOW_LOADER = ("cupy_nwt.nwt.pick", "cupy_nwt.nwt.store", "cupy_nwt.nwt.fingerprint", "cupy_nwt.nwt.footprint",
-                "cupy_nwt.nwt.trials", "cupy_nwt.nwt.schema", "cupy_nwt.nwt.verdict")
+PICKS = tuple(f"cupy_nwt.picks.{p.stem}" for p in sorted((PKG / "picks").glob("*.py")) if p.stem != "__init__")
 
 
 def _module_file(name: str) -> Path | None:
@@ -90,32 +80,33 @@ def _closure(name: str) -> set[str]:
 def test_the_scan_sees_imports_at_every_level():
     """The checks below prove something only if the scan finds lazy and relative imports."""
     assert "cupy_nwt.loader" in _imports("cupy_nwt.nwt.measure")  # from ..loader import DataLoader
-    assert "cupy_nwt.nwt.pick" in _imports("cupy_nwt.loader._options")  # inside the options' resolve
-    assert "cupy_nwt.nwt.tune" in _imports("cupy_nwt.nwt.auto")  # from . import tune as _tune
-    assert TUNER_SIDE <= _closure("cupy_nwt.nwt.auto")
+    assert "cupy_nwt.picks.pick" in _imports("cupy_nwt.loader._options")
+    assert "cupy_nwt.nwt.measure" in _imports("cupy_nwt.nwt.tune")  # from . import measure as _measure
+    assert "cupy_nwt.loader" in _closure("cupy_nwt.nwt.tune")
 
 
 def test_the_loader_side_never_imports_the_tuner():
     closure = _closure("cupy_nwt.loader")
-    assert not closure & TUNER_SIDE, sorted(closure & TUNER_SIDE)
-    assert {m for m in closure if m.startswith("cupy_nwt.nwt.")} <= set(BELOW_LOADER)
+    assert {m for m in closure if m.startswith("cupy_nwt.nwt")} == set()
+    assert "cupy_nwt.picks.pick" in closure
 
 
-@pytest.mark.parametrize("name", BELOW_LOADER + ("cupy_nwt.nwt",))
-def test_what_the_loader_imports_of_the_tuner_does_not_import_the_loader(name):
-    assert "cupy_nwt.loader" not in _closure(name)
+def test_the_picks_never_import_the_loader_or_the_tuner():
+    for name in PICKS:
+        closure = _closure(name)
+        assert {m for m in closure if m.startswith(("cupy_nwt.loader", "cupy_nwt.nwt"))} == set(), name
 
 
 BARE = """
-import json, sys, types
+import json, logging, sys, types
 
 pkg = types.ModuleType("cupy_nwt")  # the package without its __init__, which imports the whole tuner
 pkg.__path__ = [sys.argv[1]]
 sys.modules["cupy_nwt"] = pkg
 from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.loader import DataLoader
-from cupy_nwt.nwt.fingerprint import Fingerprint, machine_fingerprint, work_fingerprint
-from cupy_nwt.nwt.store import TuneResult
+from cupy_nwt.picks.fingerprint import Fingerprint, machine_fingerprint, work_fingerprint
+from cupy_nwt.picks.store import TuneResult
 import numpy as np
 
 data = ArrayDataset(np.zeros((32, 4, 4, 3), np.uint8), np.arange(32) % 10)
@@ -125,16 +116,15 @@ TuneResult(3, "fast", (), 4, 8, 0.5, 0.02, 8, 2, False, "cpu", fingerprint=fp).s
 out = {}
 with DataLoader(data, batch_size=8, num_workers="auto", device="cpu", seed=0, rank=0, world_size=1) as dl:
     out["saved"] = dl.num_workers
-try:
-    DataLoader(data, batch_size=16, num_workers="auto", device="cpu", seed=0, rank=0, world_size=1)
-except RuntimeError as exc:
-    out["unsaved"] = str(exc)
+with DataLoader(data, batch_size=16, num_workers="auto", device="cpu", seed=0, rank=0, world_size=1) as dl:
+    out["unsaved"] = [d.action for d in dl.decisions]
+    out["batches"] = sum(1 for _ in dl)
 out["modules"] = sorted(m for m in sys.modules if m.startswith("cupy_nwt"))
 print(json.dumps(out))
 """
 
 
-def test_a_bare_loader_reads_a_saved_pick_without_the_tuner(tmp_path):
+def test_a_bare_loader_reads_a_saved_pick_and_tunes_online_without_the_tuner(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
     env.update(PYTHONPATH=str(ROOT), CUPY_NWT_CACHE_DIR=str(tmp_path), CUPY_NWT_DISABLE_GPU="1")
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(BARE), str(PKG)], capture_output=True, text=True,
@@ -142,34 +132,6 @@ def test_a_bare_loader_reads_a_saved_pick_without_the_tuner(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["saved"] == 3
-    assert "no tuner is registered" in out["unsaved"] and "import cupy_nwt" in out["unsaved"]
-    assert "cupy_nwt.nwt.pick" in out["modules"]
-    assert not set(out["modules"]) & TUNER_SIDE, out["modules"]
-
-
-def test_importing_cupy_nwt_registers_the_tuner():
-    assert pick.registered_tuner() is auto._tune_once
-
-
-def test_auto_takes_a_measure_factory(tmp_path, monkeypatch):
-    """``num_workers="auto"`` for another loader, or without one: the factory's measure runs the trials."""
-    built = []
-
-    def factory(dataset, **settings):
-        built.append(settings)
-        return lambda workers, iterations, warmup: ([1.0, 0.5, 0.335, 0.33][workers] if workers < 4
-                                                    else 0.33 * (1 + 0.05 * (workers - 3)))
-
-    monkeypatch.setattr("cupy_nwt.ranks.usable_cpus", lambda: 4)
-    monkeypatch.setattr("cupy_nwt.system.usable_cpus", lambda: 4)
-    data = ArrayDataset(np.zeros((64, 4, 4, 3), np.uint8), np.arange(64) % 10)
-    kw = {"batch_size": 8, "device": "cpu", "cache_dir": tmp_path, "measure_factory": factory,
-          "layout": RankLayout(0, 1, 0, 1, "single")}
-    assert pick.auto_num_workers(data, **kw) == 2  # 0.335 is within 2% of 0.33 with fewer workers
-    assert built == [{"batch_size": 8, "prefetch_factor": 2, "pin_memory": False, "device": "cpu",
-                      "batch_transform": None}]
-    (record,) = ResultStore(tmp_path).records().values()
-    saved = store.TuneResult.from_dict(record)
-    # one rank: the open search, counts 0..4 (the usable CPUs) at least; 4 is slower than 3, so no further
-    assert saved.best_workers == 2 and saved.max_workers == 5 and saved.strategy == "fast"
-    assert pick.auto_num_workers(data, **kw) == 2 and len(built) == 1  # saved: no second search
+    assert out["unsaved"] == ["start"] and out["batches"] == 2  # a miss: online tuning, no search
+    assert "cupy_nwt.picks.pick" in out["modules"]
+    assert not {m for m in out["modules"] if m.startswith("cupy_nwt.nwt")}, out["modules"]

@@ -1,7 +1,7 @@
 """The saved-pick store read back as an operator might leave it, and picks that agree.
 
 Each damaged or hostile store is refused the same way: set aside as ``num_workers.json.bad-<time>``
-with one warning naming the file and why, then a fresh search (``num_workers="auto"``), or one
+with one warning naming the file and why, then a miss (``num_workers="auto"`` tunes online), or one
 ``CupyNwtError`` for a caller that asked not to search. A saved pick is replaced only by one faster
 beyond both measurements' uncertainty.
 """
@@ -20,10 +20,10 @@ import pytest
 
 from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.errors import CupyNwtError
-from cupy_nwt.nwt import pick
-from cupy_nwt.nwt.store import STORE_FORMAT, ResultStore, TuneResult, lookup
 from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import tune_num_workers
+from cupy_nwt.picks import pick
+from cupy_nwt.picks.store import STORE_FORMAT, ResultStore, TuneResult, lookup
 from cupy_nwt.ranks import RankLayout
 
 DATA = ArrayDataset(np.zeros((64, 4, 4, 3), np.uint8), np.arange(64) % 10)
@@ -108,20 +108,13 @@ def _aside(path):
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
-def test_a_bad_store_is_set_aside_with_one_warning_and_a_fresh_search_runs(case, saved, tmp_path, caplog):
+def test_a_bad_store_is_set_aside_with_one_warning_and_counts_as_a_miss(case, saved, tmp_path, caplog):
     path, doc = saved
     make, why = HOSTILE[case]
     _write(path, make(doc))
     caplog.set_level(logging.WARNING, logger="cupy_nwt.tuner")
-    built = []
-
-    def factory(dataset, **settings):
-        built.append(settings)
-        return _measure()
-
-    got = pick.auto_num_workers(DATA, batch_size=8, device="cpu", cache_dir=tmp_path, layout=SINGLE,
-                                measure_factory=factory)
-    assert built and got == 2  # a fresh search ran, and its pick is what the loader gets
+    assert pick.saved_pick(_fp(), SINGLE, cache_dir=tmp_path) is None  # a miss: the loader tunes online
+    _tuned().save_pick(tmp_path)  # what settles next is saved in a fresh store
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     line = warnings[0].getMessage()

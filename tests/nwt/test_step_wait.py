@@ -19,12 +19,13 @@ from cupy_nwt import AutoWorkers, DataLoader, UnreliablePickWarning
 from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.errors import ArgumentError
 from cupy_nwt.nwt import tune as nwt_tune
-from cupy_nwt.nwt.fingerprint import work_fingerprint
-from cupy_nwt.nwt.pick import auto_fingerprint
-from cupy_nwt.nwt.store import TuneResult
-from cupy_nwt.nwt.trials import Measurement, Trial
+from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import Searched, choose, tune_num_workers
-from cupy_nwt.nwt.verdict import explain, reliability
+from cupy_nwt.picks.fingerprint import work_fingerprint
+from cupy_nwt.picks.pick import auto_fingerprint
+from cupy_nwt.picks.store import TuneResult
+from cupy_nwt.picks.trials import Trial
+from cupy_nwt.picks.verdict import explain, reliability
 from cupy_nwt.ranks import RankLayout
 
 STEP = 0.005

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 
 from cupy_nwt.data.datasets import ArrayDataset
-from cupy_nwt.nwt.fingerprint import Fingerprint, MachineFingerprint, WorkFingerprint
 from cupy_nwt.nwt.measure import LoaderMeasure
-from cupy_nwt.nwt.pick import auto_num_workers
-from cupy_nwt.nwt.store import RESULT_FORMAT, TuneResult, lookup
 from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import tune_num_workers
+from cupy_nwt.picks.fingerprint import Fingerprint, MachineFingerprint, WorkFingerprint
+from cupy_nwt.picks.pick import auto_fingerprint, saved_pick
+from cupy_nwt.picks.store import RESULT_FORMAT, TuneResult, lookup
+from cupy_nwt.ranks import RankLayout
 
 # ---------------------------------------------------------------- Algorithm 1 on Table 2
 
@@ -353,24 +354,16 @@ def _data(n: int = 64) -> ArrayDataset:
     return ArrayDataset(rng.integers(0, 255, (n, 8, 8, 3), dtype=np.uint8), np.arange(n) % 10)
 
 
-def test_auto_num_workers_reuses_a_saved_pick(tmp_path, monkeypatch):
-    data = _data()
-    calls = []
-
-    def fake_tune(dataset, **kw):
-        calls.append(kw)
-        return tune_num_workers(dataset, **{**kw, "max_workers": 4},
-                                measure=CostModel(lambda w: [1.0, 0.5, 0.335, 0.33][w]))
-
-    monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", fake_tune)
-    kw = dict(batch_size=8, prefetch_factor=2, pin_memory=False, device="cpu", batch_transform=None,
-              cache_dir=tmp_path)
-    assert auto_num_workers(data, **kw) == 2  # 0.335 is within 2% of 0.33
-    assert calls[0]["strategy"] == "fast" and calls[0]["progress"] is False
-    assert auto_num_workers(data, **kw) == 2
-    assert len(calls) == 1  # the second call found the saved result
-    assert auto_num_workers(data, **{**kw, "batch_size": 16}) == 2
-    assert len(calls) == 2  # different work: tuned again
+def test_a_saved_pick_is_what_auto_finds_for_the_same_work_only(tmp_path):
+    data, single = _data(), RankLayout(0, 1, 0, 1, "single")
+    result = tune_num_workers(data, batch_size=8, max_workers=4, strategy="fast", device="cpu", progress=False,
+                              measure=CostModel(lambda w: [1.0, 0.5, 0.335, 0.33][w]))
+    result.save_pick(tmp_path)
+    kw = dict(batch_size=8, prefetch_factor=2, pin_memory=False, device="cpu", batch_transform=None, layout=single)
+    hit = saved_pick(auto_fingerprint(data, **kw), single, cache_dir=tmp_path)
+    assert hit is not None and hit.workers == 2 and hit.worker_type == "process"  # 0.335 is within 2% of 0.33
+    assert hit.why == result.why
+    assert saved_pick(auto_fingerprint(data, **{**kw, "batch_size": 16}), single, cache_dir=tmp_path) is None
 
 
 # ---------------------------------------------------------------- the real loader

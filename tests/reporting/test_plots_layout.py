@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from cupy_nwt.nwt.store import TuneResult
 from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import tune_num_workers
+from cupy_nwt.picks.store import TuneResult
 
 pytest.importorskip("matplotlib")
 

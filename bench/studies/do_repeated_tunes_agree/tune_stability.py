@@ -38,8 +38,8 @@ import numpy as np
 
 from cupy_nwt import system
 from cupy_nwt.nwt.measure import LoaderMeasure
-from cupy_nwt.nwt.store import TuneResult, pick_store
 from cupy_nwt.nwt.trials import Measurement, whole_rounds
+from cupy_nwt.picks.store import TuneResult, pick_store
 from cupy_nwt.reporting import tables as report
 from cupy_nwt.reporting.figures import median_interval
 from cupy_nwt.reporting.progress import ProgressBar

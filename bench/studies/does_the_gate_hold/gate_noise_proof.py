@@ -144,7 +144,7 @@ def summary(doc: dict[str, Any]) -> None:
 
 def merge(paths: list[Path], out: Path) -> int:
     """One summary of several streams' files: their runs by group, targets counted over all of them."""
-    from cupy_nwt.nwt.store import write_json_atomic  # noqa: PLC0415
+    from cupy_nwt.picks.store import write_json_atomic  # noqa: PLC0415
 
     docs = {p.name: json.loads(p.read_text()) for p in paths}
     first = next(iter(docs.values()))
@@ -198,8 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         return merge(args.merge, args.out)
     if args.runs < 1 or not 0 < args.limit < 100:
         ap.error("--runs must be >= 1 and --limit between 0 and 100")
-    from cupy_nwt.nwt.fingerprint import machine_fingerprint  # noqa: PLC0415
-    from cupy_nwt.nwt.store import write_json_atomic  # noqa: PLC0415
+    from cupy_nwt.picks.fingerprint import machine_fingerprint  # noqa: PLC0415
+    from cupy_nwt.picks.store import write_json_atomic  # noqa: PLC0415
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     groups = MODES[args.mode]

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         group["target"] = f"{how} {scaled:g} of {args.runs} fail"
         group["met"] = failed <= scaled if how == "at most" else failed >= scaled
         met &= group["met"]
-    from cupy_nwt.nwt.fingerprint import machine_fingerprint  # noqa: PLC0415
+    from cupy_nwt.picks.fingerprint import machine_fingerprint  # noqa: PLC0415
 
     doc = {
         "what": "README gate example: CI runs against one saved baseline, per-sample CPU slowdowns planted",

@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if min(args.timings, args.native_samples) < 1:
         ap.error("--timings and --native-samples must be >= 1")
-    from cupy_nwt.nwt.fingerprint import machine_fingerprint  # noqa: PLC0415
-    from cupy_nwt.nwt.store import write_json_atomic  # noqa: PLC0415
+    from cupy_nwt.picks.fingerprint import machine_fingerprint  # noqa: PLC0415
+    from cupy_nwt.picks.store import write_json_atomic  # noqa: PLC0415
     from cupy_nwt.pytest_plugin import _cost  # noqa: PLC0415
 
     started = time.time()

@@ -15,6 +15,13 @@ starts one more process; parking one stops giving it tasks (it finishes those it
 alive). The ring is made once, for the largest setting the budgets allow; the slot cap sets how
 much of it is in use. The budgets are enforced here, whatever a policy proposes. Each change is
 logged on ``cupy_nwt.tuner`` with its reason and kept in ``decisions``.
+
+``num_workers="auto"`` with nothing saved tunes this way too, and its tuning carries where to save
+the pick (``Tuning.saves``). The tuner has settled when ``SETTLED_INTERVALS`` intervals in a row
+passed without a change, or when an epoch ends with at least one interval watched since the last
+change, whichever comes first (the first epoch's start-up is never watched: an epoch's intervals
+begin once its ring is up). It then saves the active count, with the caller's loop as it saw it
+since that change, once per loader; tuning goes on as before.
 """
 
 from __future__ import annotations
@@ -22,17 +29,21 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from ..._checks import check_int, check_number
 from ...errors import ArgumentError
+from ...picks.pick import OnlinePick
 from .._events import Listener
 from ..ring.ring import HEADER_BYTES
 from .policy import AutotunePolicy, Budget, Decision, Limits, Observation, Policy, Setting, default_budget
 
-_log = logging.getLogger("cupy_nwt.tuner")  # nwt.pick's logger: the auto lines and these go together
+_log = logging.getLogger("cupy_nwt.tuner")  # picks.pick's logger: the auto lines and these go together
+# The default policy parks a surplus worker after one unjudged and three idle intervals: eight quiet
+# intervals mean it found nothing to park twice over.
+SETTLED_INTERVALS = 8
 
 
 @dataclass(frozen=True)
@@ -55,14 +66,16 @@ class Tuning:
     min_interval_s: float
     requested: int = 1  # the worker count given (or the saved pick)
     prefetch_factor: int = 2
+    saves: OnlinePick | None = None  # num_workers="auto" with nothing saved: where the settled count goes
 
     @property
     def workers(self) -> int:
         """The workers to start with: the requested count within the CPU budget."""
         return max(1, min(self.requested, self.budget.cpus))
 
-    def starting(self, requested: int, prefetch_factor: int) -> Tuning:
-        return Tuning(self.policy, self.budget, self.interval_steps, self.min_interval_s, requested, prefetch_factor)
+    def starting(self, requested: int, prefetch_factor: int, saves: OnlinePick | None = None) -> Tuning:
+        """This tuning from ``requested`` workers; ``saves``: where to save the count it settles at."""
+        return replace(self, requested=requested, prefetch_factor=prefetch_factor, saves=saves)
 
     def ring_slots(self, slot_bytes: int) -> int:
         """The ring's size: the largest setting the budgets allow (the tuner keeps its setting within it)."""
@@ -74,8 +87,10 @@ class Tuning:
 
 
 def check_tuning(autotune: Any, cpu_budget: Any, memory_budget: Any, *, num_workers: int | str,
-                 iterable: bool) -> Tuning | None:
-    """The loader's tuning, or None without ``autotune``; one-line errors for arguments that cannot work."""
+                 iterable: bool, default_cpus: int | None = None) -> Tuning | None:
+    """The loader's tuning, or None without ``autotune``; one-line errors for arguments that cannot work.
+
+    ``default_cpus``: the CPU budget when ``cpu_budget`` is not given (None: ``default_budget``'s)."""
     cpu_budget = check_int("cpu_budget", cpu_budget, ge=1, optional=True)
     memory_budget = check_int("memory_budget", memory_budget, ge=1, optional=True)
     if autotune is False or autotune is None:
@@ -93,10 +108,24 @@ def check_tuning(autotune: Any, cpu_budget: Any, memory_budget: Any, *, num_work
                             "on the worker count, so it cannot change it without changing the batches")
     if num_workers == 0:
         raise ArgumentError("autotune=True tunes worker processes: give num_workers >= 1 or 'auto'")
-    budget = default_budget(cpu_budget, memory_budget)
+    budget = default_budget(cpu_budget if cpu_budget is not None else default_cpus, memory_budget)
     if isinstance(num_workers, int) and num_workers > budget.cpus:
         raise ArgumentError(f"num_workers={num_workers} is more than cpu_budget={budget.cpus}")
     return Tuning(policy, budget, steps, float(min_s))
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """The intervals watched since the tuner's last change: how many, their steps, seconds and waits."""
+
+    intervals: int = 0
+    steps: int = 0
+    elapsed_s: float = 0.0
+    wait_s: float = 0.0
+
+    def plus(self, obs: Observation) -> Quiet:
+        return Quiet(self.intervals + 1, self.steps + obs.steps, self.elapsed_s + obs.elapsed_s,
+                     self.wait_s + obs.wait_s)
 
 
 class Tunable(Protocol):
@@ -121,6 +150,8 @@ class OnlineTuner(Listener):
         self._delivered = 0  # turns the followed epoch's caller has taken
         self._mark: tuple[int, float, float] | None = None  # (delivered, blocked_s, time) at the interval's start
         self._asks = self._idle = 0
+        self.saves = tuning.saves
+        self.quiet = Quiet()
         requested, n = tuning.requested, tuning.workers
         self.setting = Setting(n, max(2, n * tuning.prefetch_factor))
         why = f"from num_workers={requested}" if n == requested else f"num_workers={requested} within the budgets"
@@ -179,15 +210,33 @@ class OnlineTuner(Listener):
         obs = Observation(steps, elapsed, source.blocked_s - self._mark[1], self._asks, self._idle)
         self._mark, self._asks, self._idle = (self._delivered, source.blocked_s, now), 0, 0
         d = self.policy.decide(obs, self.setting, self.limits)
-        if d is None:
-            return
-        proposed = Setting(d.workers, d.slots)
-        if self.limits.clamp(proposed) != proposed:
-            _log.warning("autotune: the policy proposed %s beyond the budget %s; ignored", proposed, self.limits)
-            return
-        self.setting = proposed
-        self._record(d.action, d.reason, step=self._delivered)
-        self.configure(source.workers)
+        if d is not None:
+            proposed = Setting(d.workers, d.slots)
+            if self.limits.clamp(proposed) != proposed:
+                _log.warning("autotune: the policy proposed %s beyond the budget %s; ignored", proposed, self.limits)
+            else:
+                changed, self.setting = proposed != self.setting, proposed
+                self._record(d.action, d.reason, step=self._delivered)
+                self.configure(source.workers)
+                if changed:
+                    self.quiet = Quiet()
+                    return
+        self.quiet = self.quiet.plus(obs)
+        if self.quiet.intervals >= SETTLED_INTERVALS:
+            self._settled(f"no change in {self.quiet.intervals} intervals")
+
+    def ended(self, pids: Sequence[int]) -> None:
+        """An epoch ran to its end: settled, if at least one interval was watched since the last change."""
+        if self.quiet.intervals > 0:
+            self._settled(f"an epoch ended {self.quiet.intervals} interval(s) after the last change")
+
+    def _settled(self, why: str) -> None:
+        """Save the active count where ``num_workers="auto"`` asked (once per loader)."""
+        saves, self.saves = self.saves, None
+        if saves is not None:
+            q = self.quiet
+            saves.save(self.setting.workers, steps=q.steps, elapsed_s=q.elapsed_s, wait_s=q.wait_s,
+                       budget=self.budget.cpus, search_end=f"online: {why}")
 
     def _record(self, action: str, reason: str, step: int = 0) -> None:
         d = Decision(action, self.setting.workers, self.setting.slots, reason, self._epoch or 0, step)

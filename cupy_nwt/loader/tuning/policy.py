@@ -125,6 +125,20 @@ class Decision:
         return asdict(self)
 
 
+def starting_workers(cpus: int) -> int:
+    """Where ``num_workers="auto"`` starts tuning online when nothing is saved: half the CPU budget,
+    rounded up (at least 1).
+
+    Read off ``AutotunePolicy``: a starved interval adds workers in proportion to the caller's wait,
+    up to twice the count in one change, while parking takes ``park_after`` idle intervals (after one
+    unjudged) per worker. From half the budget one change reaches the whole budget when the work
+    needs it; a start at the budget would take about four intervals per surplus worker to come
+    down, and a start at one worker about log2(budget) changes, each followed by an unjudged
+    interval, of the caller waiting.
+    """
+    return max(1, (cpus + 1) // 2)
+
+
 class Policy(Protocol):
     """Anything that turns an interval's observation into a proposed setting (or None: keep it)."""
 

@@ -216,7 +216,7 @@ def _copy(sampler):
 
 def test_nwt_auto_resumes_with_whatever_count_is_picked(monkeypatch):
     counts = iter([2, 0])
-    monkeypatch.setattr("cupy_nwt.nwt.pick.auto_pick", lambda *a, **k: (next(counts), k.get("worker_type") or "process"))
+    monkeypatch.setattr("cupy_nwt.picks.pick.auto_pick", lambda *a, **k: (next(counts), k.get("worker_type") or "process"))
     first = epoch(loader())
     a = loader(num_workers="auto")
     assert a.num_workers == 2

@@ -134,7 +134,7 @@ def test_a_waiting_caller_gets_a_worker_and_the_log_says_why(caplog):
 
 @pytest.mark.usefixtures("clean")
 def test_auto_starts_from_the_saved_pick(monkeypatch):
-    import cupy_nwt.nwt.pick as pick
+    import cupy_nwt.picks.pick as pick
 
     monkeypatch.setattr(pick, "auto_pick", lambda *a, **k: (3, "process"))
     dl = DataLoader(Squares(16), batch_size=4, num_workers="auto", autotune=True, cpu_budget=2, device="cpu")

@@ -17,7 +17,7 @@ from cupy_nwt import DataLoader, LoaderTimeoutError, WorkerDiedError, get_worker
 from cupy_nwt._worker_info import worker_seed
 from cupy_nwt.loader.ring.ring import live_segments
 from cupy_nwt.loader.workers.thread import STUCK_SUFFIX
-from cupy_nwt.nwt.store import TuneResult
+from cupy_nwt.picks.store import TuneResult
 
 
 class Who(Squares):

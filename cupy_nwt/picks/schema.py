@@ -27,7 +27,7 @@ MAX_STORE_BYTES = 16 << 20  # a store holds a few hundred picks of a few KiB eac
 MAX_DEPTH = 16  # a record nests 4 levels; 100000 nested lists would exhaust the parser's stack
 WORKER_TYPES = ("process", "thread")
 DEVICES = ("cuda", "cpu")
-STRATEGIES = ("paper", "fast")
+STRATEGIES = ("paper", "fast", "online")  # "online": what a loader tuned online settled at
 MAIN_PROCESS = ("waits", "busy", "step", "")
 PLACEMENTS = ("cpu", "gpu")
 
