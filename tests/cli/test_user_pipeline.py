@@ -68,7 +68,7 @@ def test_tune_then_auto_on_the_same_pipeline_reuses_the_pick(user, tmp_path, cap
         assert dl.num_workers == record["best_workers"]
         images, _ = next(iter(dl))
         assert images.dtype == np.float32
-    assert "using saved pick" in caplog.text and "searching" not in caplog.text
+    assert "using saved pick" in caplog.text and "tuning online" not in caplog.text
 
 
 def test_a_different_pipeline_does_not_take_that_pick(user, tmp_path, caplog):

@@ -2,8 +2,8 @@
 
 Builds a DataLoader from the launcher's environment, iterates a few epochs and writes what it saw to
 ``<out>/rank<R>.json``: the sample indices per epoch, the transform seeds, its layout, worker count
-and PIDs. ``--tiny-tune`` makes ``num_workers="auto"`` tune on a shoestring (8 iterations, at most 2
-workers) and appends one line per tuning to ``<out>/tunings.log``, so the test can count them.
+and PIDs, and with ``num_workers="auto"`` why it runs that count (``stats().num_workers_why``). ``--quick-online``
+makes a miss's online tuning ask its policy every other batch, so a few epochs of a tiny dataset settle it.
 ``--fail`` makes rank 1 die mid-epoch (an exception, or SIGKILL) once every rank has started its
 epoch, while the others keep loading.
 """
@@ -41,21 +41,6 @@ def tag_seed(batch, seed: int):
     return images, labels, np.full(len(labels), seed, dtype=np.int64)
 
 
-def _tiny_tuning(out: Path) -> None:
-    from cupy_nwt.nwt import tune
-    from cupy_nwt.ranks import rank_layout
-
-    real = tune.tune_num_workers
-
-    def tiny(dataset, **kw):
-        with open(out / "tunings.log", "a", encoding="utf-8") as f:
-            f.write(f"{rank_layout().rank} {os.getpid()}\n")
-        kw.update(iterations=8, max_workers=min(2, kw.get("max_workers") or 2))
-        return real(dataset, **kw)
-
-    tune.tune_num_workers = tiny
-
-
 def _wait_for_every_rank(out: Path, world: int, limit_s: float = 60.0) -> None:
     """Fail only once every rank is mid-epoch with its workers (their .pids files exist)."""
     deadline = time.monotonic() + limit_s
@@ -74,7 +59,7 @@ def main() -> int:
     p.add_argument("--no-shuffle", action="store_true")
     p.add_argument("--drop-last", action="store_true")
     p.add_argument("--gloo", action="store_true", help="initialise torch.distributed (gloo) first")
-    p.add_argument("--tiny-tune", action="store_true")
+    p.add_argument("--quick-online", action="store_true", help="autotune every other batch, from no minimum time")
     p.add_argument("--also-seed-none", action="store_true", help="record the seed a seed=None loader gets")
     p.add_argument("--fail", choices=["raise", "kill"], help="rank 1 dies after its second batch")
     p.add_argument("--delay", type=float, default=0.0, help="seconds per batch on the other ranks")
@@ -84,19 +69,19 @@ def main() -> int:
         import torch.distributed as dist
 
         dist.init_process_group("gloo")
-    if args.tiny_tune:
-        _tiny_tuning(args.out)
     from cupy_nwt import DataLoader
+    from cupy_nwt.loader import Autotune
     from cupy_nwt.ranks import rank_layout
 
     rank = rank_layout().rank  # torchrun's RANK or mpiexec's OMPI_COMM_WORLD_RANK / PMI_RANK
     workers = args.workers if args.workers == "auto" else int(args.workers)
+    quick = Autotune(interval_steps=2, min_interval_s=0.0) if args.quick_online else False
     record: dict = {"pid": os.getpid(), "epochs": [], "transform_seeds": []}
     with DataLoader(Indexed(args.samples), batch_size=args.batch_size, shuffle=not args.no_shuffle, seed=args.seed,
                     drop_last=args.drop_last, num_workers=workers, device="cpu", batch_transform=tag_seed,
-                    persistent_workers=True) as loader:
+                    persistent_workers=True, autotune=quick) as loader:
         record.update(layout=loader.rank_layout.to_dict(), num_workers=loader.num_workers, batches=len(loader),
-                      padding=loader.sampler.padding)
+                      padding=loader.sampler.padding, why=loader.stats().num_workers_why)
         if args.also_seed_none:
             record["seed_none"] = DataLoader(Indexed(args.samples), seed=None, num_workers=0, device="cpu").seed
         for _ in range(args.epochs):

@@ -8,7 +8,6 @@ build of PyTorch) running ``launch_rank.py``; it skips with a reason where torch
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.util
 import json
 import os
@@ -16,26 +15,21 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import types
 from pathlib import Path
 
 import psutil
 import pytest
-from filelock import FileLock
 from launch_rank import Indexed, tag_seed
 
-from cupy_nwt import DataLoader, cuda
+from cupy_nwt import DataLoader, cuda, system
 from cupy_nwt.errors import LayoutError
 from cupy_nwt.loader import LoaderParts
 from cupy_nwt.loader.device.place import resolve_device
 from cupy_nwt.loader.ring.ring import live_segments
-from cupy_nwt.nwt.auto import TUNE_LOCK_SUFFIX
-from cupy_nwt.nwt.tune import tune_num_workers
-from cupy_nwt.picks.fingerprint import Fingerprint, machine_fingerprint, work_fingerprint
-from cupy_nwt.picks.pick import auto_num_workers
-from cupy_nwt.picks.store import ResultStore
+from cupy_nwt.picks.pick import auto_fingerprint
+from cupy_nwt.picks.store import ResultStore, TuneResult
 from cupy_nwt.ranks import RankLayout, agree, find_communicator
 
 HERE = Path(__file__).resolve().parent
@@ -242,62 +236,58 @@ def test_each_rank_loads_onto_its_own_gpu_and_leaves_the_current_device_alone():
 # ---------------------------------------------------------------- num_workers="auto" per node
 
 
-REAL_TUNE = tune_num_workers
+def _as_rank(monkeypatch, rank: int, local_world_size: int, cpus: int) -> None:
+    """This process as rank ``rank`` of a torchrun launch with ``local_world_size`` ranks on a ``cpus``-CPU node."""
+    for name, value in (("RANK", rank), ("WORLD_SIZE", 8), ("LOCAL_RANK", rank % local_world_size),
+                        ("LOCAL_WORLD_SIZE", local_world_size)):
+        monkeypatch.setenv(name, str(value))
+    monkeypatch.setattr("cupy_nwt.ranks.usable_cpus", lambda: cpus)
 
 
-def knee_at_one(workers: int, iterations: int, warmup: int) -> float:
-    """A cost curve whose pick is 1 worker whenever the budget allows it."""
-    return 1.0 if workers == 0 else 0.5
+def test_auto_tunes_online_within_the_rank_budget_and_keys_by_local_world_size(tmp_path, monkeypatch):
+    """A miss tunes online within the rank's share of the node's CPUs less its own main process (the old
+    search's counts 0 .. share-1), from half of it; the pick is keyed by how many ranks share the node."""
+    def search(*args, **kwargs):
+        raise AssertionError("num_workers='auto' ran the offline search")
+
+    monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", search)
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path))
+    for rank, local, cpus, budget, start in ((1, 4, 8, 1, 1), (5, 2, 16, 7, 4), (0, 1, 8, 7, 4)):
+        _as_rank(monkeypatch, rank, local, cpus)
+        with DataLoader(Indexed(64), batch_size=8, num_workers="auto", device="cpu", seed=0) as dl:
+            (start_decision,) = dl.decisions
+            assert dl.num_workers == start == start_decision.workers
+            assert f"budget {budget} workers" in start_decision.reason
+            assert "tuning online" in dl.stats().num_workers_why
+    keys = {auto_fingerprint(Indexed(64), batch_size=8, device="cpu", layout=RankLayout(r, 8, r % n, n, "torchrun"))
+            .work.local_world_size for r, n in ((1, 4), (6, 4), (0, 1))}
+    assert keys == {1, 4}
 
 
-def _fake_tune(calls: list):
-    def tune(dataset, **kw):
-        calls.append(kw)
-        return REAL_TUNE(dataset, **kw, measure=knee_at_one)
+_SAVER = """
+import sys
+from cupy_nwt.picks.pick import OnlinePick, auto_fingerprint
+from cupy_nwt.ranks import RankLayout
+sys.path.insert(0, sys.argv[2])
+from launch_rank import Indexed
 
-    return tune
-
-
-def test_auto_tunes_within_the_rank_budget_and_keys_by_local_world_size(tmp_path, monkeypatch):
-    calls: list = []
-    monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", _fake_tune(calls))
-    monkeypatch.setattr("cupy_nwt.ranks.usable_cpus", lambda: 8)
-    kw = dict(batch_size=8, pin_memory=False, device="cpu", cache_dir=tmp_path)
-    four = RankLayout(1, 8, 1, 4, "torchrun")
-    assert auto_num_workers(Indexed(64), layout=four, **kw) == 1
-    assert calls[-1]["max_workers"] == 2  # 8 CPUs shared by 4 ranks on this node
-    assert auto_num_workers(Indexed(64), layout=RankLayout(0, 1, 0, 1, "single"), **kw) == 1
-    assert calls[-1]["max_workers"] is None and len(calls) == 2  # one rank: its own pick, an open search
-    assert auto_num_workers(Indexed(64), layout=RankLayout(6, 8, 2, 4, "torchrun"), **kw) == 1
-    assert len(calls) == 2  # the same node layout: reused
-    saved = ResultStore(tmp_path).records().values()
-    assert sorted(r["fingerprint"]["work"]["local_world_size"] for r in saved) == [1, 4]
+fp = auto_fingerprint(Indexed(64), batch_size=8, device="cpu", layout=RankLayout(0, 4, 0, 4, "torchrun"))
+pick = OnlinePick(fp, 8, 2, False, "process")
+for i in range(20):
+    pick.save(1 + int(sys.argv[1]) % 2, steps=16, elapsed_s=0.1 * (1 + i % 3), wait_s=0.01, budget=2,
+              search_end="online: a rank of a node saving at once")
+"""
 
 
-def test_a_rank_that_waits_for_the_tuning_lock_reuses_what_the_tuner_saved(tmp_path, monkeypatch, caplog):
-    calls: list = []
-    monkeypatch.setattr("cupy_nwt.nwt.tune.tune_num_workers", _fake_tune(calls))
-    kw = dict(batch_size=8, pin_memory=False, device="cpu", cache_dir=tmp_path,
-              layout=RankLayout(0, 2, 0, 2, "torchrun"))
-    store = ResultStore(tmp_path)
-    store.path.parent.mkdir(parents=True, exist_ok=True)
-    picks: list = []
-    caplog.set_level("INFO", logger="cupy_nwt.tuner")
-    with FileLock(str(store.path) + TUNE_LOCK_SUFFIX):  # "another rank" is tuning
-        waiter = threading.Thread(target=lambda: picks.append(auto_num_workers(Indexed(64), **kw)))
-        waiter.start()
-        deadline = time.monotonic() + 10
-        while "waiting for its result" not in caplog.text and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert "waiting for its result" in caplog.text
-        # the tuning rank, holding the lock, saves its pick for the same machine and node layout
-        result = REAL_TUNE(Indexed(64), batch_size=8, pin_memory=False, device="cpu", max_workers=2,
-                           measure=knee_at_one, progress=False)
-        fp = Fingerprint(machine_fingerprint(), work_fingerprint(Indexed(64), batch_size=8, pin_memory=False,
-                                                                 device="cpu", local_world_size=2))
-        dataclasses.replace(result, fingerprint=fp).save(cache_dir=tmp_path)
-    waiter.join(10)
-    assert picks == [1] and calls == []  # it looked again after the lock: no second tuning
+def test_ranks_of_one_node_saving_their_online_picks_at_once_leave_one_sound_pick(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}, "CUPY_NWT_CACHE_DIR": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", _SAVER, str(r), str(HERE)], env=env) for r in range(4)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    (record,) = ResultStore(tmp_path).records().values()  # one key: the same machine, work and node layout
+    saved = TuneResult.from_dict(record)
+    assert saved.strategy == "online" and saved.best_workers in (1, 2)
+    assert not list(tmp_path.glob("*.tmp*")) and not list(tmp_path.glob("*.bad-*"))
 
 
 # ---------------------------------------------------------------- real ranks under torchrun
@@ -351,20 +341,21 @@ def test_two_ranks_under_torchrun_shard_alike_across_runs_and_worker_counts(tmp_
 
 
 @needs_torchrun
-def test_three_ranks_starting_together_tune_once_and_agree(tmp_path):
-    args = ("--workers", "auto", "--tiny-tune", "--samples", "101", "--drop-last", "--also-seed-none")
+def test_three_ranks_starting_together_tune_online_save_one_pick_and_reuse_it(tmp_path):
+    args = ("--workers", "auto", "--quick-online", "--samples", "101", "--drop-last", "--also-seed-none")
     first = launch(tmp_path / "a", 3, *args, "--gloo")
-    assert len((tmp_path / "a" / "tunings.log").read_text().splitlines()) == 1  # one tuner on this node
+    assert all(r["why"].startswith("no saved pick for this machine and work") for r in first)  # each tunes online
     check_run(first, 101, drop_last=True, seed=7, launcher="torch.distributed")  # the initialised group decides
-    assert len({r["num_workers"] for r in first}) == 1
+    budget = max(1, system.usable_cpus() // 3 - 1)  # each rank's share of the node, less its main process
+    assert all(1 <= r["num_workers"] <= budget for r in first)
     assert len({r["seed_none"] for r in first}) == 1 and first[0]["seed_none"] != 0  # rank 0's, broadcast
     saved = list(ResultStore(tmp_path / "cache").records().values())
-    assert [r["fingerprint"]["work"]["local_world_size"] for r in saved] == [3]
-    assert saved[0]["max_workers"] == 1  # 2 CPUs / 3 ranks, at least 1: only 0 workers is tried
+    assert [r["fingerprint"]["work"]["local_world_size"] for r in saved] == [3]  # one pick for the node
+    assert saved[0]["strategy"] == "online" and saved[0]["max_workers"] == budget
     again = launch(tmp_path / "b", 3, *args)  # no communicator this time: each rank reads the store
-    assert not (tmp_path / "b" / "tunings.log").exists()
+    assert all(not r["why"].startswith("no saved pick") for r in again)
     assert [r["epochs"] for r in again] == [r["epochs"] for r in first]
-    assert [r["num_workers"] for r in again] == [r["num_workers"] for r in first]
+    assert {r["num_workers"] for r in again} == {saved[0]["best_workers"]}
     assert {r["seed_none"] for r in again} == {0}  # no one to agree with: DistributedSampler's seed 0
 
 
@@ -445,11 +436,13 @@ def mpi_launch(out: Path, nproc: int, *args: str) -> list[dict]:
 
 
 @needs_mpi
-def test_three_ranks_under_mpiexec_shard_and_tune_once_agreeing_through_mpi4py(tmp_path):
-    records = mpi_launch(tmp_path / "a", 3, "--workers", "auto", "--tiny-tune", "--samples", "101",
-                         "--also-seed-none")
+def test_three_ranks_under_mpiexec_shard_tune_online_and_agree_on_rank_0s_saved_pick(tmp_path):
+    args = ("--workers", "auto", "--quick-online", "--samples", "101", "--also-seed-none")
+    records = mpi_launch(tmp_path / "a", 3, *args)
     check_run(records, 101, drop_last=False, seed=7, launcher="openmpi")
-    assert len((tmp_path / "a" / "tunings.log").read_text().splitlines()) == 1
-    assert len({r["num_workers"] for r in records}) == 1
+    assert all(r["why"].startswith("no saved pick for this machine and work") for r in records)
+    (saved,) = ResultStore(tmp_path / "cache").records().values()
+    records = mpi_launch(tmp_path / "b", 3, *args)
+    assert {r["num_workers"] for r in records} == {saved["best_workers"]}
     seeds = {r["seed_none"] for r in records}
     assert len(seeds) == 1 and seeds != {0}  # rank 0's fresh seed, broadcast by mpi4py (alone, each would use 0)

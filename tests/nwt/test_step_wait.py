@@ -176,17 +176,23 @@ def test_a_real_run_with_a_step_fills_the_waits_and_the_loader_says_why(tmp_path
     assert result.why.startswith(f"picked {result.best_workers} worker")
     assert result.fingerprint is not None and result.fingerprint.work.step == "0.001 s"
 
-    real = nwt_tune.tune_num_workers
-    monkeypatch.setattr(nwt_tune, "tune_num_workers",
-                        lambda dataset, **kw: real(dataset, **{**kw, "max_workers": 2, "iterations": 8, "warn": False}))
-    with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
+    result.save_pick()
+
+    def search(*args, **kwargs):
+        raise AssertionError("num_workers=AutoWorkers(...) ran the offline search")
+
+    monkeypatch.setattr(nwt_tune, "tune_num_workers", search)
+    with DataLoader(data, batch_size=8, num_workers=AutoWorkers(step=0.001), device="cpu") as loader:
+        why = loader.stats().num_workers_why
+        assert loader.num_workers == result.best_workers
+    assert why is not None and why.startswith(result.why)  # stats() adds the warning when there was one
+    with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):  # another step: its own key, a miss
         with DataLoader(data, batch_size=8, num_workers=AutoWorkers(step=_consume), device="cpu") as loader:
             why = loader.stats().num_workers_why
-            workers = loader.num_workers
-    assert why is not None and why.startswith(f"picked {workers} worker")
-    logged = [r.getMessage().removeprefix("num_workers='auto': ") for r in caplog.records
-              if r.getMessage().startswith("num_workers='auto': picked ")]
-    assert len(logged) == 1 and why.startswith(logged[0])  # stats() adds the warning when there was one
+            assert loader.decisions[0].action == "start"  # tuned online, judged by the caller's own loop
+    assert why is not None and "tuning online from " in why
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("num_workers='auto': ")]
+    assert len(logged) == 1 and why in logged[0]
     with DataLoader(data, batch_size=8, num_workers=2, device="cpu") as loader:
         assert loader.stats().num_workers_why is None
 

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from cupy_nwt.loader import DataLoader, merge_states
+from cupy_nwt.picks.pick import auto_fingerprint
+from cupy_nwt.picks.store import TuneResult
 
 pytestmark = pytest.mark.usefixtures("worker_type")  # each test once per kind of worker
 
@@ -214,14 +216,22 @@ def _copy(sampler):
     return copy.deepcopy(sampler)
 
 
-def test_nwt_auto_resumes_with_whatever_count_is_picked(monkeypatch):
-    counts = iter([2, 0])
-    monkeypatch.setattr("cupy_nwt.picks.pick.auto_pick", lambda *a, **k: (next(counts), k.get("worker_type") or "process"))
+def _saved_pick(workers: int) -> None:
+    """The pick ``num_workers="auto"`` finds for ``loader()``'s work on this machine."""
+    fp = auto_fingerprint(Ids(N), batch_size=B, batch_transform=noisy, device="cpu")
+    TuneResult(workers, "fast", (), 4, 8, 0.5, 0.02, B, 2, False, "cpu", fingerprint=fp).save_pick()
+
+
+def test_nwt_auto_resumes_with_whatever_count_is_picked(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "here"))
+    _saved_pick(2)
     first = epoch(loader())
     a = loader(num_workers="auto")
     assert a.num_workers == 2
     got, state = stop_after(a, 3)
     a.close()
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "there"))
+    _saved_pick(0)
     b = loader(num_workers="auto")  # the new machine picks another count
     assert b.num_workers == 0
     b.load_state_dict(state)

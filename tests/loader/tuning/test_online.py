@@ -1,5 +1,7 @@
 """Online tuning in a real loader: changes applied mid-epoch leave the batches as a fixed setting's,
-the budgets hold, each change is logged with its reason, and bad arguments get one line."""
+the budgets hold, each change is logged with its reason, and bad arguments get one line. With
+``num_workers="auto"`` it starts from the saved pick, or on a miss from half its budget, and saves what it
+settles at."""
 
 from __future__ import annotations
 
@@ -17,8 +19,11 @@ from cupy_nwt import DataLoader, IterableDataset
 from cupy_nwt.errors import ArgumentError
 from cupy_nwt.loader import Autotune, Listener, LoaderParts
 from cupy_nwt.loader.ring.ring import live_segments, segment_bytes
-from cupy_nwt.loader.tuning.policy import Decision, Limits, Observation, Setting
+from cupy_nwt.loader.tuning.online import SETTLED_INTERVALS
+from cupy_nwt.loader.tuning.policy import Decision, Limits, Observation, Setting, starting_workers
 from cupy_nwt.loader.workers.thread import STUCK_SUFFIX
+from cupy_nwt.picks.pick import auto_fingerprint
+from cupy_nwt.picks.store import TuneResult, lookup
 
 
 def noisy(batch, seed):
@@ -132,17 +137,67 @@ def test_a_waiting_caller_gets_a_worker_and_the_log_says_why(caplog):
     assert "autotune: add_workers -> 2 workers" in caplog.text
 
 
-@pytest.mark.usefixtures("clean")
-def test_auto_starts_from_the_saved_pick(monkeypatch):
-    import cupy_nwt.picks.pick as pick
+def _save_pick(dataset, batch_size: int, workers: int, worker_type: str = "process") -> None:
+    fp = auto_fingerprint(dataset, batch_size=batch_size, device="cpu")
+    TuneResult(workers, "fast", (), 4, 8, 0.5, 0.02, batch_size, 2, False, "cpu", fingerprint=fp,
+               worker_type=worker_type).save_pick()
 
-    monkeypatch.setattr(pick, "auto_pick", lambda *a, **k: (3, "process"))
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.mark.usefixtures("clean", "cache")
+def test_auto_starts_from_the_saved_pick(tmp_path, monkeypatch):
+    _save_pick(Squares(16), 4, 3)
     dl = DataLoader(Squares(16), batch_size=4, num_workers="auto", autotune=True, cpu_budget=2, device="cpu")
     assert dl.num_workers == 2 and dl.decisions[0].action == "start" and "num_workers=3" in dl.decisions[0].reason
-    monkeypatch.setattr(pick, "auto_pick", lambda *a, **k: (0, "thread"))
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "another"))
+    _save_pick(Squares(16), 4, 0, "thread")
     dl = DataLoader(Squares(16), batch_size=4, num_workers="auto", autotune=True, cpu_budget=2, device="cpu")
     assert dl.num_workers == 1 and dl.worker_type == "thread"  # workers are what it tunes: one to start from
     assert len(batches(dl)) == 4
+
+
+@pytest.mark.usefixtures("clean", "cache")
+def test_auto_with_nothing_saved_starts_from_half_the_budget_and_saves_once_settled(caplog):
+    assert [starting_workers(n) for n in (1, 2, 3, 4, 7)] == [1, 1, 2, 2, 4]
+    policy = Scripted((3, 6))  # one change, then quiet
+    dl = tuned(Squares(240), policy, batch_size=4, num_workers="auto", cpu_budget=4)
+    assert dl.decisions[0].workers == 2 and "num_workers=2" in dl.decisions[0].reason
+    assert lookup(auto_fingerprint(Squares(240), batch_size=4, device="cpu")) is None
+    with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
+        for _ in range(2):
+            assert len(batches(dl)) == 60
+    dl.close()
+    saved = lookup(auto_fingerprint(Squares(240), batch_size=4, device="cpu"))
+    assert saved is not None and saved.strategy == "online" and saved.best_workers == 3
+    assert saved.search_end == f"online: no change in {SETTLED_INTERVALS} intervals"
+    (seen,) = saved.runs  # the caller's loop over the quiet intervals, as the tuner saw it
+    assert seen.workers == 3 and seen.phase == "online" and seen.iterations >= 2 * SETTLED_INTERVALS
+    assert seen.wait_fraction is not None and saved.max_workers == 4
+    assert caplog.text.count("the online tuner settled at 3 workers") == 1  # once per loader
+
+
+@pytest.mark.usefixtures("clean", "cache")
+def test_an_epoch_that_ends_after_a_quiet_interval_settles_the_tuner():
+    dl = tuned(Squares(40), Scripted(), batch_size=4, num_workers="auto", cpu_budget=2)
+    assert len(batches(dl)) == 10
+    dl.close()
+    saved = lookup(auto_fingerprint(Squares(40), batch_size=4, device="cpu"))
+    assert saved is not None and saved.best_workers == 1 and saved.search_end.startswith("online: an epoch ended ")
+
+
+@pytest.mark.usefixtures("clean", "cache")
+def test_a_hit_tuned_online_saves_nothing_more():
+    _save_pick(Squares(40), 4, 1)
+    before = lookup(auto_fingerprint(Squares(40), batch_size=4, device="cpu"))
+    dl = tuned(Squares(40), Scripted(), batch_size=4, num_workers="auto", cpu_budget=2)
+    assert len(batches(dl)) == 10
+    dl.close()
+    assert lookup(auto_fingerprint(Squares(40), batch_size=4, device="cpu")) == before
 
 
 class Stream(IterableDataset):
