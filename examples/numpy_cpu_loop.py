@@ -3,8 +3,9 @@
     python examples/numpy_cpu_loop.py --samples 4096 --epochs 2
 
 Softmax regression on the embedded synthetic CIFAR-10: small enough to read in one glance, real
-enough that the loss must fall. ``num_workers="auto"`` lets the tuner pick the worker count once
-for this machine and dataset and reuses the saved pick afterwards.
+enough that the loss must fall. ``num_workers="auto"`` takes the pick saved for this machine and
+dataset; on the first run, with none saved, it tunes online and saves the count it settles at, which
+later runs reuse.
 """
 
 from __future__ import annotations

@@ -146,7 +146,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, seed, layout.rank,
                                 layout.world_size)
     tuning = check_tuning(autotune, cpu_budget, memory_budget, num_workers=num_workers,
-                          iterable=sampling.style == "iterable", default_cpus=auto_cpus(layout) if auto is not None else None)
+                          iterable=sampling.style == "iterable", default_cpus=max(1, auto_cpus(layout)) if auto is not None else None)
     why = None
     on_bad_sample, max_bad_samples = check_bad_samples(on_bad_sample, max_bad_samples, sampling.style == "iterable")
     if auto is None:
@@ -185,9 +185,10 @@ def check_bad_samples(on_bad_sample: Any, max_bad_samples: Any, iterable: bool) 
 
 def auto_cpus(layout: RankLayout) -> int:
     """The workers ``num_workers="auto"`` may tune up to: the rank's share of the node's CPUs
-    (``ranks.worker_budget``) less one for its own main process, at least 1 (for a single rank the
-    usable CPUs less one, ``autotune``'s default budget)."""
-    return max(1, worker_budget(layout) - 1)
+    (``ranks.worker_budget``) less one for its own main process (for a single rank the usable CPUs
+    less one, ``autotune``'s default budget); 0 where the share is one CPU: the NWT rule, N workers
+    and the main process would oversubscribe N CPUs, so the main process makes the batches."""
+    return worker_budget(layout) - 1
 
 
 def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_memory: bool | str,
@@ -197,7 +198,7 @@ def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_me
 
     A hit is the saved pick (where ``autotune``'s tuning starts, if given). A miss is online tuning (the
     ``autotune`` given, else the default policy within ``auto_cpus``) from ``starting_workers``, which
-    saves the count it settles at."""
+    saves the count it settles at; without ``autotune`` and with no CPU to spare, 0 workers."""
     if not sampling.own or sampling.batch_size is None:
         raise ArgumentError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
                          "(no sampler, batch_sampler or batch_size=None); give a number")
@@ -209,7 +210,10 @@ def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_me
         tuning = tuning.starting(hit.workers, prefetch_factor) if tuning is not None else None
         return hit.workers, tuning, hit.worker_type, hit.why or f"rank 0's saved pick, {hit.workers} workers"
     if tuning is None:
-        tuning = check_tuning(True, None, None, num_workers="auto", iterable=False, default_cpus=auto_cpus(layout))
+        cpus = auto_cpus(layout)
+        if cpus < 1:
+            return 0, None, worker_type or "process", missing(fp, 0, 0)
+        tuning = check_tuning(True, None, None, num_workers="auto", iterable=False, default_cpus=cpus)
         assert tuning is not None
     start, chosen = starting_workers(tuning.budget.cpus), worker_type or "process"
     why = missing(fp, start, tuning.budget.cpus)

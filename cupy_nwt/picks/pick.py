@@ -129,9 +129,15 @@ def pick_reason(workers: int, fp: Fingerprint, cache_dir: str | Path | None = No
 
 
 def missing(fp: Fingerprint, start: int, cpus: int, cache_dir: str | Path | None = None) -> str:
-    """Say once (on ``cupy_nwt.tuner``) that nothing is saved and the loader tunes online; returns the why."""
-    why = (f"no saved pick for this machine and work ({pick_store(cache_dir).why_missing(fp)}): tuning online "
-           f"from {plural(start, 'worker')} (budget {cpus}); the count it settles at is saved for the next run")
+    """Say once (on ``cupy_nwt.tuner``) that nothing is saved and the loader tunes online from ``start`` of
+    ``cpus`` workers (0: none to spare, the main process makes the batches); returns the why."""
+    head = f"no saved pick for this machine and work ({pick_store(cache_dir).why_missing(fp)})"
+    if cpus < 1:
+        why = f"{head}: this rank's share of the node is one CPU, so its main process makes the batches (0 workers)"
+        _log.info("num_workers='auto': %s", why)
+        return why
+    why = (f"{head}: tuning online from {plural(start, 'worker')} (budget {cpus}); the count it settles at is "
+           "saved for the next run")
     _log.info("num_workers='auto': %s. To search up front instead: tune_num_workers(dataset, ...).save_pick() "
               "or cupy-nwt tune", why)
     return why

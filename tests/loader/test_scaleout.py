@@ -246,7 +246,8 @@ def _as_rank(monkeypatch, rank: int, local_world_size: int, cpus: int) -> None:
 
 def test_auto_tunes_online_within_the_rank_budget_and_keys_by_local_world_size(tmp_path, monkeypatch):
     """A miss tunes online within the rank's share of the node's CPUs less its own main process (the old
-    search's counts 0 .. share-1), from half of it; the pick is keyed by how many ranks share the node."""
+    search's counts 0 .. share-1), from half of it; a share of one CPU means 0 workers, as the search's
+    only count did; the pick is keyed by how many ranks share the node."""
     def search(*args, **kwargs):
         raise AssertionError("num_workers='auto' ran the offline search")
 
@@ -259,6 +260,11 @@ def test_auto_tunes_online_within_the_rank_budget_and_keys_by_local_world_size(t
             assert dl.num_workers == start == start_decision.workers
             assert f"budget {budget} workers" in start_decision.reason
             assert "tuning online" in dl.stats().num_workers_why
+    _as_rank(monkeypatch, 2, 4, 4)  # 4 CPUs shared by 4 ranks: one each, for the rank's main process
+    with DataLoader(Indexed(64), batch_size=8, num_workers="auto", device="cpu", seed=0) as dl:
+        assert dl.num_workers == 0 and dl.decisions == ()
+        assert "its main process makes the batches (0 workers)" in dl.stats().num_workers_why
+        assert len(list(dl)) == 1  # its shard: 64 samples over 8 ranks, one batch
     keys = {auto_fingerprint(Indexed(64), batch_size=8, device="cpu", layout=RankLayout(r, 8, r % n, n, "torchrun"))
             .work.local_world_size for r, n in ((1, 4), (6, 4), (0, 1))}
     assert keys == {1, 4}

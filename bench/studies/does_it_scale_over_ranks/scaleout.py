@@ -5,8 +5,8 @@ For each rank count k this launches ``torchrun --standalone --nproc-per-node k``
 (rank and world size from torchrun's variables, its shard of the synthetic CIFAR-10 PNGs,
 ``CifarTrainTransform``, batches on its GPU or on the host without one) with ``num_workers`` =
 
-* ``auto`` (default): the tuner, once per node, within the rank's budget (``distributed.worker_budget``:
-  usable CPUs // ranks on the node, at least 1; counts 0 .. budget-1 are searched);
+* ``auto`` (default): the saved pick, else online tuning within the rank's budget (``ranks.worker_budget``:
+  usable CPUs // ranks on the node, at least 1; up to budget-1 workers, none for a budget of 1);
 * ``budget``: budget - 1 workers, so the rank's main process plus its workers fill its share;
 * a number: that many on every rank.
 
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     status = cuda.gpu_status()
     cpus = host.usable_cpus
     note = (f"{cpus} usable CPUs on this machine. A rank's budget is max(1, {cpus} // ranks on the node) and "
-            "num_workers='auto' searches 0 .. budget-1 workers, so a budget of 1 means 0 workers: the rank's own "
+            "num_workers='auto' tunes up to budget-1 workers, so a budget of 1 means 0 workers: the rank's own "
             f"process loads; with more than {cpus} ranks they share cores (oversubscribed). "
             + ("Batches go to the GPU." if status.available else f"No GPU ({status.reason}): batches stay on the host."))
     rows = summarize_runs(runs)
