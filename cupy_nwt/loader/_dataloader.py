@@ -287,7 +287,8 @@ class DataLoader(SettingsView, Generic[T_co]):
 
     @property
     def decisions(self) -> tuple[Decision, ...]:
-        """Online tuning's decisions so far, the start first (empty without ``autotune``)."""
+        """Online tuning's decisions so far, the start first (empty without ``autotune`` or a ``num_workers="auto"``
+        that found no saved pick)."""
         return self._runtime.decisions
 
     def slots_in_use(self) -> int:

@@ -77,7 +77,7 @@ class LoaderStats:
     ``epoch`` and ``epoch_batches`` come from the newest iteration's progress record, the one
     ``state_dict()`` reads: its epoch and the batches this iteration handed to the caller so far (None before
     the first ``iter()``). ``num_workers_why``: with ``num_workers="auto"``, what the tuner picked
-    and why, in one line (``TuneResult.why``); None for a count given. ``skipped_samples`` counts the samples left out of their batches
+    and why, in one line (``TuneResult.why``), or on a miss that it tunes online; None for a count given. ``skipped_samples`` counts the samples left out of their batches
     (``on_bad_sample="skip"``), ``bad_samples`` lists the first ``KEEP_SKIPPED`` of them.
     """
 
