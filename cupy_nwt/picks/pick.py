@@ -123,7 +123,8 @@ def pick_reason(workers: int, fp: Fingerprint, cache_dir: str | Path | None = No
     saved = lookup(fp, cache_dir)
     if saved is None or saved.best_workers != workers:
         return None
-    online = f"; tuned online by an earlier loader ({saved.search_end})" if saved.strategy == "online" else ""
+    online = (f"; tuned online by an earlier loader ({saved.search_end.removeprefix('online: ')})"
+              if saved.strategy == "online" else "")
     return saved.why + online + (
         "; unreliable: its trials were too noisy to tell the counts apart" if saved.warning else "")
 
