@@ -36,16 +36,16 @@ from .. import cuda
 from .._checks import check_int
 from ..data import EncodedJpegs, GpuJpegDecoder, RandomResizedCrop, gpu_decode_status
 from ..errors import ArgumentError
+from ..picks.fingerprint import device_kind
+from ..picks.pick import check_step
+from ..picks.store import TuneResult, TypeBest, write_json_atomic
+from ..picks.verdict import UnreliablePickWarning, _equal
 from ..reporting.units import plural
 from .fast import DEFAULT_TOLERANCE
-from .fingerprint import device_kind
 from .footprint import search_memory_limit
 from .measure import LoaderMeasure
-from .pick import check_step
-from .store import TuneResult, TypeBest, write_json_atomic
 from .trials import MeasureFn
 from .tune import Searched, choose, resolve_main_process, tune_num_workers
-from .verdict import UnreliablePickWarning, _equal
 
 PLACEMENT_FORMAT = "cupy_nwt.decode_placement/1"
 DEFAULT_MAX_BYTES = 256 * 1024  # EncodedJpegs' own default, for sources whose file sizes cannot be listed
@@ -94,7 +94,7 @@ class PlacementBest:
 class PlacementResult:
     """What :func:`tune_decode_placement` picked: the placement, its count, every placement's best, and why.
 
-    ``result`` is the winning placement's own search (a :class:`~cupy_nwt.nwt.store.TuneResult`
+    ``result`` is the winning placement's own search (a :class:`~cupy_nwt.picks.store.TuneResult`
     with ``placement`` set and the other placement's best in ``other_types``); its fingerprint is
     that of the winning pipeline's loader (for the GPU placement, the ``EncodedJpegs`` loader on
     the CPU), so ``result.save_pick()`` records it where ``num_workers=AutoWorkers(step=...)`` on

@@ -36,7 +36,7 @@ from gpu_decode import IMAGENET_SIZE, make_set  # noqa: E402
 
 from cupy_nwt import system, tune_decode_placement  # noqa: E402
 from cupy_nwt.data import IMAGENET_MEAN, IMAGENET_STD, ImageFolder, RandomResizedCrop, gpu_decode_status  # noqa: E402
-from cupy_nwt.nwt.store import write_json_atomic  # noqa: E402
+from cupy_nwt.picks.store import write_json_atomic  # noqa: E402
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
