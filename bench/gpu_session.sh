@@ -310,7 +310,7 @@ want=()
 for arg in "$@"; do
     if [ "$arg" = all ]; then
         mapfile -t -O "${#want[@]}" want < <(names)
-    elif names | grep -qxF -- "$arg"; then
+    elif names | grep -xF -- "$arg" >/dev/null; then  # not -q: grep leaving early would break the pipe (pipefail)
         want+=("$arg")
     else
         say "unknown step '$arg'; steps: $(names | paste -sd' ') (or all; --list for estimates)"

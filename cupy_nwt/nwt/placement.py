@@ -26,15 +26,15 @@ machine without a GPU; the result then says so.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import cuda
 from .._checks import check_int
-from ..data import EncodedJpegs, GpuJpegDecoder, RandomResizedCrop, gpu_decode_status
 from ..errors import ArgumentError
 from ..picks.fingerprint import device_kind
 from ..picks.pick import check_step
@@ -46,6 +46,9 @@ from .footprint import search_memory_limit
 from .measure import LoaderMeasure
 from .trials import MeasureFn
 from .tune import Searched, choose, resolve_main_process, tune_num_workers
+
+if TYPE_CHECKING:
+    from ..data import GpuJpegDecoder, RandomResizedCrop
 
 PLACEMENT_FORMAT = "cupy_nwt.decode_placement/1"
 DEFAULT_MAX_BYTES = 256 * 1024  # EncodedJpegs' own default, for sources whose file sizes cannot be listed
@@ -136,6 +139,7 @@ class PlacementResult:
 
 
 def _crop_of(dataset: Any) -> RandomResizedCrop:
+    from ..data import RandomResizedCrop  # noqa: PLC0415 - the JPEG path's Numba kernels load when it is tuned
     crop = getattr(dataset, "transform", None)
     if not isinstance(crop, RandomResizedCrop):
         raise ArgumentError("tune_decode_placement needs a JPEG dataset (ImageFolder, TarImageDataset) whose "
@@ -166,17 +170,21 @@ class _DecodeStage:
     """The GPU placement's work in the consumer's loop: ``(images, labels)`` from a batch of encoded bytes.
 
     On the GPU path the consumer's stream is synchronised after the decode, so the stage's time is
-    the device's (training would queue the step behind it on the same stream).
+    the device's (training would queue the step behind it on the same stream). In a program that
+    uses torch the images become a tensor (DLPack, no copy), as the CPU placement's loader gives them.
     """
 
     def __init__(self, decoder: GpuJpegDecoder) -> None:
         self.decoder = decoder
 
     def __call__(self, batch: Any) -> tuple[Any, Any]:
-        images = self.decoder(batch)
+        images, labels = self.decoder(batch), batch["label"]
         if self.decoder.path == "gpu":
             cuda.current_stream().synchronize()
-        return images, batch["label"]
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(labels, torch.Tensor):  # a torch program: tensors, as the CPU placement's
+            images = torch.from_dlpack(images)
+        return images, labels
 
 
 class _SyncedStep:
@@ -262,6 +270,8 @@ def tune_decode_placement(dataset: Any, step: Callable[[Any], Any] | float | Non
         progress: show each search on stderr.
         warn: issue an ``UnreliablePickWarning`` when the winning search's trials were too noisy.
     """
+    from ..data import EncodedJpegs, GpuJpegDecoder, gpu_decode_status  # noqa: PLC0415 - as in _crop_of
+
     crop = _crop_of(dataset)
     step = check_step(step)
     batch_size = check_int("batch_size", batch_size, ge=1)
