@@ -2,7 +2,12 @@
 
 Each round runs the tutorial once per loader, in fresh interpreters, in alternating order; each run's
 "Epoch e in s sec" lines are its epoch times (worker start included: the tutorial's loader has no
-persistent workers). Writes the per-run times and ``summarize``'s figures.
+persistent workers). ``--base-rev REV`` adds ``cupy_nwt@REV``, the package as committed at REV (from
+``git archive``, first on ``PYTHONPATH``); ``--busy`` puts a busy neighbour (a process spinning at
+nice 0) beside every other round, in this session or (``--busy-session``) in a session of its own: where
+the kernel groups tasks by session (autogroup), a neighbour in another session competes with the
+whole run as one group, as another user's work would. Writes the per-run times, each run's load average, and
+``summarize``'s figures, overall and by round kind.
 
     python bench/studies/does_the_jax_tutorial_keep_pace/epoch_times.py --rounds 3 --out result.json
 """
@@ -20,12 +25,15 @@ import sys
 import time
 from pathlib import Path
 
+from cpu_waits import export_rev, resolve, variant_env
+
 HERE = Path(__file__).resolve().parent
 LOADERS = ("cupy_nwt", "torch")
+SPIN = "while True: pass"
 
 
-def run_once(loader: str, epochs: int, n_train: int) -> list[float]:
-    env = {**os.environ, "LOADER": loader, "EPOCHS": str(epochs), "N_TRAIN": str(n_train), "N_TEST": "2000"}
+def run_once(loader: str, epochs: int, n_train: int, bases: dict[str, Path] | None = None) -> list[float]:
+    env = {**variant_env(loader, bases or {}), "EPOCHS": str(epochs), "N_TRAIN": str(n_train), "N_TEST": "2000"}
     proc = subprocess.run([sys.executable, str(HERE / "jax_tutorial.py")], capture_output=True, text=True, env=env,
                           timeout=900, check=False)
     if proc.returncode != 0:
@@ -40,8 +48,9 @@ def summarize(runs: dict[str, list[list[float]]]) -> dict[str, object]:
     summary = {name: {"median_epoch_s": statistics.median(m), "interval_s": [min(m), max(m)],
                       "first_epoch_median_s": statistics.median(t[0] for t in runs[name])}
                for name, m in medians.items()}
-    ratio = statistics.median(medians["cupy_nwt"]) / statistics.median(medians["torch"])
-    return {"summary": summary, "ratio_cupy_nwt_over_torch": ratio}
+    ratios = {f"ratio_{name}_over_torch": statistics.median(m) / statistics.median(medians["torch"])
+              for name, m in medians.items() if name != "torch"}
+    return {"summary": summary, **ratios}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--n-train", type=int, default=60000)
     ap.add_argument("--out", type=Path, default=HERE / "epoch_times.json")
+    ap.add_argument("--base-rev", help="also run cupy_nwt as committed at this revision")
+    ap.add_argument("--busy", action="store_true", help="a spinning neighbour beside every other round")
+    ap.add_argument("--busy-session", action="store_true", help="the neighbour in a session of its own")
     ap.add_argument("--summarize", type=Path, help="recompute the summary of a result file written before")
     args = ap.parse_args(argv)
     if args.rounds < 3 or args.epochs < 1 or args.n_train < 128:
@@ -59,23 +71,45 @@ def main(argv: list[str] | None = None) -> int:
         result.update(summarize(result["epoch_s"]))
         args.out = args.summarize
     else:
-        runs: dict[str, list[list[float]]] = {name: [] for name in LOADERS}
+        names = [LOADERS[0], *([f"cupy_nwt@{args.base_rev}"] if args.base_rev else []), LOADERS[1]]
+        bases = ({names[1]: export_rev(args.base_rev, Path(f"/tmp/cupy_nwt-{args.base_rev}-{os.getpid()}"))}
+                 if args.base_rev else {})
+        runs: dict[str, list[list[float]]] = {name: [] for name in names}
+        loads: dict[str, list[list[float]]] = {name: [] for name in names}
+        busy_rounds = [args.busy and r % 2 == 1 for r in range(args.rounds)]
         for r in range(args.rounds):
-            for name in (LOADERS if r % 2 == 0 else LOADERS[::-1]):
-                runs[name].append(run_once(name, args.epochs, args.n_train))
-                print(name, runs[name][-1], flush=True)
+            spinner = (subprocess.Popen(["nice", "-n", "0", sys.executable, "-c", SPIN],
+                                        start_new_session=args.busy_session) if busy_rounds[r] else None)
+            try:
+                for name in (names if (r // 2 if args.busy else r) % 2 == 0 else names[::-1]):
+                    before = os.getloadavg()[0]
+                    runs[name].append(run_once(name, args.epochs, args.n_train, bases))
+                    loads[name].append([before, os.getloadavg()[0]])
+                    print(name, "busy" if busy_rounds[r] else "", runs[name][-1], loads[name][-1], flush=True)
+            finally:
+                if spinner is not None:
+                    spinner.kill()
+                    spinner.wait()
+        by_kind = {kind: summarize({n: [t for t, b in zip(times, busy_rounds) if b == want]
+                                    for n, times in runs.items()})
+                   for kind, want in (("quiet", False), ("busy", True)) if want in busy_rounds}
         result = {
             "question": "are the JAX tutorial's epochs with cupy_nwt's DataLoader no slower than with torch's?",
             "command": "python bench/studies/does_the_jax_tutorial_keep_pace/epoch_times.py "
-                       f"--rounds {args.rounds} --epochs {args.epochs} --n-train {args.n_train}",
+                       f"--rounds {args.rounds} --epochs {args.epochs} --n-train {args.n_train}"
+                       + (f" --base-rev {args.base_rev}" if args.base_rev else "") + (" --busy" if args.busy else "") + (" --busy-session" if args.busy_session else ""),
             "conditions": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
                            "batch_size": 128, "num_workers": 2, "n_train": args.n_train, "epochs": args.epochs,
                            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+            "base_commit": resolve(args.base_rev) if args.base_rev else None,
             "epoch_s": runs,
+            "load_avg_1min_before_after": loads,
+            "busy_rounds": busy_rounds,
             **summarize(runs),
+            **({"by_round_kind": by_kind} if args.busy else {}),
         }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["summary"]), f"ratio {result['ratio_cupy_nwt_over_torch']:.3f}")
+    print(json.dumps({k: v for k, v in result.items() if k.startswith(("summary", "ratio", "by_round"))}, indent=1))
     return 0
 
 
