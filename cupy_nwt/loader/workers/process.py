@@ -1,5 +1,5 @@
-"""Process workers (``worker_type="process"``): the pool seen from the main process, and the loop's
-channel in each worker process.
+"""Process workers (``worker_type="process"``): the pool seen from the main process (each worker's
+side, its channel and main, is ``process_main``).
 
 Each worker has its own task pipe and result pipe (no lock shared between workers, so a worker
 killed mid-message cannot wedge the others). The main process waits on the result pipes and the
@@ -18,25 +18,20 @@ at most one task out, without a slot; those few batches come back pickled.
 from __future__ import annotations
 
 import contextlib
-import gc
 import math
 import multiprocessing as mp
 import os
 import pickle
-import random
 import select
 import signal
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any
 
-import numpy as np
-
-from ..._worker_info import WorkerInfo, enter_process, worker_seed
+from ..._worker_info import worker_seed
 from ...data.contract import pickling_advice
 from ...errors import LoaderError
 from .._events import Listener, StageTimes
@@ -45,25 +40,18 @@ from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from . import lifeline, pipes
 from .capacity import StartProgress
-from .lifeline import ParentWatch
 from .maker import BatchMaker, make_worker_error
 from .messages import (
-    ErrorReport,
     FromWorker,
     InitFailed,
-    Ok,
-    Raised,
     Restore,
     RingMsg,
     Stop,
-    StreamState,
-    Task,
     ToWorker,
-    Whole,
     task_wire,
 )
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
-from .serve import serve_loop
+from .process_main import WorkerSpec, worker_main
 from .shared_pickle import SharedPickles
 from .start import (
     check_importable,
@@ -75,104 +63,6 @@ from .start import (
     script_path,
     stuck_hint,
 )
-from .torch_workers import TorchAdoption
-
-# ---------------------------------------------------------------- in the worker process
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    worker_id: int
-    num_workers: int
-    seed: int
-    maker: BatchMaker
-    worker_init_fn: Callable | None
-    rank: int = 0
-    world_size: int = 1
-    ring_file: RingFile | None = None  # the pool's anonymous ring memory; None: a named /dev/shm ring
-
-
-class _PipeChannel:
-    """A worker process's ends: the task pipe watched with the parent's sentinel (and, before each
-    message, ``lifeline``'s check), the result pipe; torch is adopted once it is imported (``TorchAdoption``)."""
-
-    def __init__(self, tasks: Connection, results: Connection, spec: WorkerSpec, watch: ParentWatch) -> None:
-        self.tasks, self.results, self.spec, self.watch = tasks, results, spec, watch
-        self.task_fd, self.result_fd = tasks.fileno(), results.fileno()
-        self.inbox, self.queued = pipes.Inbox(self.task_fd), deque[Any]()
-        parent = mp.parent_process()
-        self.waits = select.poll()  # the task pipe and the parent's sentinel, registered once
-        for fd in (self.task_fd, *(() if parent is None else (parent.sentinel,))):
-            self.waits.register(fd, select.POLLIN)
-        self.torch = TorchAdoption(spec.worker_id, spec.num_workers, spec.seed, spec.maker.dataset)
-
-    def receive(self) -> ToWorker | None:
-        while not self.queued:
-            for fd, _ in self.waits.poll():
-                if fd == self.task_fd:
-                    break
-            else:
-                return None  # the parent is gone: queued tasks are nobody's
-            self.queued.extend(self.inbox.take())
-        if not self.watch.alive():
-            return None
-        msg = self.queued.popleft()
-        if type(msg) is tuple:
-            msg = Task.from_wire(msg)
-        if isinstance(msg, Task) and not self.torch.done:
-            self.torch.before_task()
-        return msg
-
-    def send(self, answer: FromWorker) -> None:
-        """An answer whose objects will not pickle becomes that batch's failure (a state: that error)."""
-        try:
-            pipes.send(self.result_fd, answer.wire() if type(answer) is Ok else answer)
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            if isinstance(answer, StreamState):
-                report = ErrorReport.from_exception(exc, None, keep_object=False)
-                self.results.send(StreamState(answer.generation, answer.batch_index, report))
-            elif isinstance(answer, (Ok, Whole)):
-                report = ErrorReport.from_exception(exc, None)
-                self.results.send(Raised(answer.generation, answer.batch_index, answer.slot, report))
-            else:
-                raise
-
-    def open_ring(self, msg: RingMsg) -> Ring:
-        where = msg.name if msg.name is not None else self.spec.ring_file
-        if where is None:
-            raise LoaderError("internal error: a ring of anonymous memory for a worker started without it")
-        return Ring.attach(where, msg.layout, msg.slots)
-
-    def close_ring(self, ring: Ring) -> None:
-        ring.close()
-
-
-def seed_globals(seed: int) -> None:
-    """Python's ``random`` and NumPy's global generator, from a worker's seed (NumPy's takes 32-bit words)."""
-    random.seed(seed)
-    np.random.seed(np.random.SeedSequence(seed).generate_state(4))
-
-
-def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
-    """A worker process: serve tasks until told to ``Stop``, the task pipe closes or the parent dies."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the main process's handler (``lifeline``), if forked
-    watch = ParentWatch()
-    watch.start_watchdog()
-    # What the worker inherited (a forked parent's heap: the dataset, and everything else the parent
-    # holds) is never garbage to it: keep the collector from walking it, which writes to every object
-    # it visits and so copies every page of it (copy-on-read, even of objects the worker never reads).
-    gc.freeze()
-    seed_globals(spec.seed)
-    maker = spec.maker
-    enter_process(WorkerInfo(spec.worker_id, spec.num_workers, spec.seed, maker.dataset, spec.rank, spec.world_size))
-    try:
-        serve_loop(_PipeChannel(tasks, results, spec, watch), maker, spec.worker_id, spec.worker_init_fn)
-    except (EOFError, BrokenPipeError, ConnectionResetError):
-        return  # the main process went away
-
-
-# ---------------------------------------------------------------- the pool, seen from the main process
 
 
 @dataclass
