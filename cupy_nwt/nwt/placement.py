@@ -38,8 +38,9 @@ from .._checks import check_int
 from ..errors import ArgumentError
 from ..picks.fingerprint import device_kind
 from ..picks.pick import check_step
-from ..picks.store import TuneResult, TypeBest, write_json_atomic
+from ..picks.store import TuneResult, TypeBest
 from ..picks.verdict import UnreliablePickWarning, _equal
+from ..reporting.tables import write_json
 from ..reporting.units import plural
 from .fast import DEFAULT_TOLERANCE
 from .footprint import search_memory_limit
@@ -135,7 +136,7 @@ class PlacementResult:
         Args:
             path: the JSON file to write.
         """
-        return write_json_atomic(path, self.to_dict())
+        return write_json(self.to_dict(), path)
 
 
 def _crop_of(dataset: Any) -> RandomResizedCrop:

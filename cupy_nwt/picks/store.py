@@ -14,7 +14,6 @@ saved pick through it (``pick.py``) without importing the tuner, which builds lo
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import math
 import os
@@ -26,8 +25,8 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from .._files import atomic_open
 from ..errors import ArgumentError, MissingPathError
+from ..reporting.tables import write_json
 from ..system import cache_dir
 from .fingerprint import Fingerprint
 from .schema import MAX_STORE_BYTES, SavedPickError, check_record, parse_document
@@ -53,17 +52,6 @@ def _read_json(path: Path) -> Any:
         return parse_document(data)
     except SavedPickError as exc:
         raise SavedPickError(f"{path}: {exc}") from None
-
-
-def write_json_atomic(path: str | os.PathLike[str], obj: Any) -> Path:
-    """Write one JSON document by atomic replace: a reader sees the old or the new file, never half.
-
-    No lock (and no lock file beside it): a single document has no read-modify-write to protect.
-    """
-    p = Path(path)
-    with atomic_open(p) as f:  # creates the folders
-        f.write((json.dumps(obj, indent=2) + "\n").encode("utf-8"))
-    return p
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
@@ -152,7 +140,7 @@ class ResultStore:
             if key in results and keep is not None and keep(results[key]):
                 return self.path
             results[key] = dict(record)
-            write_json_atomic(self.path, {"format": STORE_FORMAT, "results": results})
+            write_json({"format": STORE_FORMAT, "results": results}, self.path)
         return self.path
 
     def remove(self, key: str) -> bool:
@@ -162,7 +150,7 @@ class ResultStore:
             results = self._load()
             if results.pop(key, None) is None:
                 return False
-            write_json_atomic(self.path, {"format": STORE_FORMAT, "results": results})
+            write_json({"format": STORE_FORMAT, "results": results}, self.path)
         return True
 
     def find(self, fp: Fingerprint, similar: bool = True, strict: bool = False) -> dict[str, Any] | None:
@@ -353,7 +341,7 @@ class TuneResult:
             cache_dir: the store's folder, when ``path`` is None (default: the user cache dir).
         """
         if path is not None:
-            return write_json_atomic(path, self.to_dict())
+            return write_json(self.to_dict(), path)
         return self.save_pick(cache_dir).path
 
     def save_pick(self, cache_dir: str | Path | None = None) -> "SaveOutcome":

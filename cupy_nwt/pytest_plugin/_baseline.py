@@ -131,7 +131,7 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
 def save_baseline(path: str | os.PathLike[str], current: Mapping[str, Mapping[str, Any]]) -> Path:
     """Write this run's benchmarks (fullname -> extra_info) as a baseline file, atomically."""
     from ..picks.fingerprint import machine_fingerprint  # noqa: PLC0415
-    from ..picks.store import write_json_atomic  # noqa: PLC0415
+    from ..reporting.tables import write_json  # noqa: PLC0415
 
     doc = {
         "format": FORMAT,
@@ -139,7 +139,7 @@ def save_baseline(path: str | os.PathLike[str], current: Mapping[str, Mapping[st
         "machine": machine_fingerprint().to_dict(),
         "benchmarks": [{"fullname": name, "extra_info": dict(info)} for name, info in sorted(current.items())],
     }
-    return write_json_atomic(path, _plain(doc))
+    return write_json(_plain(doc), path)
 
 
 def _plain(value: Any) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,7 @@ def to_json(obj: Any) -> str:
     return json.dumps(obj, indent=2, sort_keys=False, default=_default)
 
 
-def write_json(obj: Any, path: str | Path) -> Path:
+def write_json(obj: Any, path: str | os.PathLike[str]) -> Path:
     """Write ``obj`` as JSON atomically: a reader never sees half a result file.
 
     Args:

@@ -20,7 +20,8 @@ from cupy_nwt.picks.fingerprint import (
     transform_name,
     work_fingerprint,
 )
-from cupy_nwt.picks.store import ResultStore, read_json, write_json_atomic
+from cupy_nwt.picks.store import ResultStore, read_json
+from cupy_nwt.reporting.tables import write_json
 from cupy_nwt.system import cache_dir
 
 MACHINE = MachineFingerprint("Some CPU", 16, 128, "NVIDIA H100", "Gen5 x16")
@@ -141,7 +142,7 @@ def test_store_sets_a_foreign_or_broken_file_aside(tmp_path, caplog):
 
 
 def test_single_file_roundtrip_and_missing(tmp_path):
-    p = write_json_atomic(tmp_path / "sub" / "r.json", {"a": 1})
+    p = write_json({"a": 1}, tmp_path / "sub" / "r.json")
     assert read_json(p) == {"a": 1}
     assert [x.name for x in (tmp_path / "sub").iterdir()] == ["r.json"]  # no lock or temporary left
     with pytest.raises(FileNotFoundError, match="no saved result"):

@@ -144,7 +144,7 @@ def summary(doc: dict[str, Any]) -> None:
 
 def merge(paths: list[Path], out: Path) -> int:
     """One summary of several streams' files: their runs by group, targets counted over all of them."""
-    from cupy_nwt.picks.store import write_json_atomic  # noqa: PLC0415
+    from cupy_nwt.reporting.tables import write_json  # noqa: PLC0415
 
     docs = {p.name: json.loads(p.read_text()) for p in paths}
     first = next(iter(docs.values()))
@@ -165,7 +165,7 @@ def merge(paths: list[Path], out: Path) -> int:
     total["hours"] = (ended - total["started_unix"]) / 3600.0
     for group in total["groups"].values():
         group["runs_done"] = len(group["runs"])
-    write_json_atomic(out, total)
+    write_json(total, out)
     for name, group in total["groups"].items():
         print(f"{name}: {group['failed']} of {group['runs_done']} failed; target {group['target']}: "
               f"{'met' if group['met'] else 'NOT met'}")
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1 or not 0 < args.limit < 100:
         ap.error("--runs must be >= 1 and --limit between 0 and 100")
     from cupy_nwt.picks.fingerprint import machine_fingerprint  # noqa: PLC0415
-    from cupy_nwt.picks.store import write_json_atomic  # noqa: PLC0415
+    from cupy_nwt.reporting.tables import write_json  # noqa: PLC0415
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     groups = MODES[args.mode]
@@ -266,11 +266,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{name:>11} run {i + 1:2} ({'neighbour' if neighbour else 'alone'}): exit {rc}, {secs:.0f} s, "
                           f"{short}", flush=True)
                 summary(doc)
-                write_json_atomic(args.out, doc)
+                write_json(doc, args.out)
                 if args.pause:
                     time.sleep(args.pause)
     summary(doc)
-    write_json_atomic(args.out, doc)
+    write_json(doc, args.out)
     for name, group in doc["groups"].items():
         print(f"{name}: {group['failed']} of {len(group['runs'])} failed; target {group['target']}: "
               f"{'met' if group['met'] else 'NOT met'}")

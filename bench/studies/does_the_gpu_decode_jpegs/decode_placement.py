@@ -36,7 +36,7 @@ from gpu_decode import IMAGENET_SIZE, make_set  # noqa: E402
 
 from cupy_nwt import system, tune_decode_placement  # noqa: E402
 from cupy_nwt.data import IMAGENET_MEAN, IMAGENET_STD, ImageFolder, RandomResizedCrop, gpu_decode_status  # noqa: E402
-from cupy_nwt.picks.store import write_json_atomic  # noqa: E402
+from cupy_nwt.reporting.tables import write_json  # noqa: E402
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
                       "back to back (the tuner's own search, not interleaved rounds)",
         "load_average_at_start": load_start, "load_average_at_end": os.getloadavg(),
         "seconds": time.perf_counter() - began, "pick": result.to_dict()}
-    write_json_atomic(out, doc)
+    write_json(doc, out)
     print(result.why)
     print(f"wrote {out}", file=sys.stderr)
     return 0

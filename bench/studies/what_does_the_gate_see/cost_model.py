@@ -147,8 +147,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(args.timings, args.native_samples) < 1:
         ap.error("--timings and --native-samples must be >= 1")
     from cupy_nwt.picks.fingerprint import machine_fingerprint  # noqa: PLC0415
-    from cupy_nwt.picks.store import write_json_atomic  # noqa: PLC0415
     from cupy_nwt.pytest_plugin import _cost  # noqa: PLC0415
+    from cupy_nwt.reporting.tables import write_json  # noqa: PLC0415
 
     started = time.time()
     counts = proof_counts(args.proof)
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         "unchanged_costs": unchanged, "unchanged_spread_pct": spread, "variants": table,
         "counts": {n: c[:3] for n, c in counts.items()}, "counted_runs": {n: len(c) for n, c in counts.items()},
     }
-    write_json_atomic(args.out, doc)
+    write_json(doc, args.out)
     print(f"unit costs: page fault {1e9 * s_fault:,.0f} ns, stat {1e9 * s_stat:,.0f} ns, estimated cycle "
           f"{1e9 * s_cycle:.4f} ns -> weights page fault {weights['page_faults']:,.0f}, syscall {weights['syscalls']:,.0f}")
     print(f"unchanged, {len(unchanged)} counts: cost spread {spread['cost']:.4f}%")
