@@ -5,8 +5,10 @@ gets one line and exit 2. Batch counts are tiny: these check the plumbing, not t
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,15 @@ def test_a_folder_without_a_source_tree_is_one_line(tiny, tmp_path):
     with pytest.raises(SystemExit, match="holds no cupy_nwt/") as exc:
         tiny.main(["--before", str(tmp_path), "--after", str(ROOT)])
     assert "\n" not in str(exc.value)
+
+
+def test_the_script_runs_as_the_gpu_run_starts_it(before_tree, tmp_path):
+    """As ``bench/gpu_session.sh`` runs it: a script from the repository root with only the root on PYTHONPATH,
+    not imported by pytest (whose path holds ``bench/`` already)."""
+    out = tmp_path / "tiny.json"
+    script = ROOT / "bench" / "studies" / "what_does_the_loader_itself_cost" / "tiny_arrays.py"
+    proc = subprocess.run([sys.executable, str(script), "--before", str(before_tree), "--after", str(ROOT),
+                           "--workers", "0", *TINY, "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [r["cell"] for r in json.loads(out.read_text())["cells"]] == ["cupy_nwt/w0", "floor/w0"]

@@ -93,7 +93,7 @@ def side(name: str) -> tuple[str, Path | None]:
         folder = folder.resolve()
         stamp = folder / "REVISION"
         return (stamp.read_text(encoding="ascii").strip() if stamp.is_file() else str(folder)), folder
-    from interleave_compare import resolve  # noqa: PLC0415 - beside this file
+    from bench.interleave_compare import resolve  # noqa: PLC0415 - with the repository on the path (main)
 
     return resolve(name), None
 
@@ -168,8 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tiny_arrays: {exc}", file=sys.stderr)
         return 2
     sys.path.insert(0, str(ROOT))
-    from interleave_compare import interleaved  # noqa: PLC0415 - beside this file
-
+    from bench.interleave_compare import interleaved  # noqa: PLC0415 - the repository is on the path now
     from cupy_nwt import system  # noqa: PLC0415
     from cupy_nwt.reporting import tables as report  # noqa: PLC0415
 
