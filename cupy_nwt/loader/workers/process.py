@@ -64,6 +64,8 @@ from .start import (
     stuck_hint,
 )
 
+UNREACHABLE_WAIT_S = 10.0  # how long a worker behind a broken pipe may take to be known dead
+
 
 @dataclass
 class _Worker:
@@ -192,8 +194,7 @@ class WorkerPool(Dispatch):
         try:
             pipes.send(w.task_fd, task_wire(generation, batch_index, slot, indices, tseed))
         except (BrokenPipeError, ConnectionResetError, OSError):
-            self._raise_if_dead(timeout=1.0)
-            raise LoaderError(f"could not reach loader worker {w.id} (pid {w.process.pid})") from None
+            self._unreachable(w)
 
     def restore(self, per_worker: dict[int, tuple[Any, int, int | None, int | None]]) -> None:
         """Before a resumed stream's tasks: each worker's dataset state (or batches to skip), by worker id."""
@@ -205,8 +206,15 @@ class WorkerPool(Dispatch):
         try:
             w.tasks.send(msg)
         except (BrokenPipeError, ConnectionResetError, OSError):
-            self._raise_if_dead(timeout=1.0)
-            raise LoaderError(f"could not reach loader worker {w.id} (pid {w.process.pid})") from None
+            self._unreachable(w)
+
+    def _unreachable(self, w: _Worker) -> None:
+        """``w``'s task pipe broke: only its exit closes the other end, so wait for the exit to be known (a
+        forkserver worker's is known once the server has reaped it, which a loaded machine delays) and raise
+        its death; a worker still running behind a broken pipe is a one-line ``LoaderError``."""
+        w.process.join(UNREACHABLE_WAIT_S)
+        self._raise_if_dead(timeout=1.0)
+        raise LoaderError(f"could not reach loader worker {w.id} (pid {w.process.pid})") from None
 
     def collect(self, timeout: float | None) -> list[Result]:
         """Wait up to ``timeout`` s for results; raise at once if a worker died or failed to start.
