@@ -7,6 +7,8 @@ the layout that ``DESIGN.md`` draws (cli -> nwt -> loader -> picks -> data, cuda
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -202,8 +204,25 @@ def test_rule_room_never_imports_other(room, other):
 def test_no_registration_slot_fills_a_lower_floor():
     """``import cupy_nwt`` imports nothing for its side effects: every name it imports is one it exports."""
     tree = ast.parse((PKG / "__init__.py").read_text(encoding="utf-8"))
-    imported = {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom) for a in node.names}
+    imported = {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom) and node.level
+                for a in node.names}
     assert imported - set(cupy_nwt.__all__) - {"__version__"} == set()
+
+
+def test_import_cupy_nwt_loads_the_errors_only_and_a_worker_only_its_own_side():
+    """A loader worker imports the package on the way to its modules (per worker under spawn): the
+    package's names load on first use, and a worker's modules do not pull in the main process's side."""
+    code = ("import sys, cupy_nwt; top = sorted(m for m in sys.modules if m.startswith('cupy_nwt'));"
+            "import cupy_nwt.loader.workers.process_main;"
+            "print(top); print(sorted(m for m in sys.modules if m.startswith('cupy_nwt')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert eval(out[0]) == ["cupy_nwt", "cupy_nwt.errors"]  # noqa: S307 - our own list's repr
+    worker = set(eval(out[1]))  # noqa: S307
+    for main_side in ("cupy_nwt.loader._dataloader", "cupy_nwt.loader.workers.process", "cupy_nwt.nwt", "cupy_nwt.picks",
+                      "cupy_nwt.cuda", "cupy_nwt.data.transforms", "cupy_nwt.reporting"):
+        assert not {m for m in worker if m == main_side or m.startswith(main_side + ".")}, main_side
+    assert {name: getattr(cupy_nwt, name).__name__ for name in ("DataLoader", "tune_num_workers")} == {
+        "DataLoader": "DataLoader", "tune_num_workers": "tune_num_workers"}
 
 
 def test_the_known_exceptions_are_still_real():

@@ -2,24 +2,62 @@
 or on the GPU. How a batch travels and how a slot lives: ``README.md`` beside this file.
 
 Everything a user needs is here (and in ``cupy_nwt``); the modules with a leading underscore are the
-machinery behind it.
+machinery behind it. The names load on first use, so that a worker process, which imports this
+package on the way to its own modules (``workers.process_main``), does not import the main process's
+side of the loader.
 """
 
-from .._worker_info import WorkerInfo, get_worker_info
-from ..data.contract import IterableDataset
-from ..errors import LoaderError, LoaderTimeoutError, RingMemoryError, ShmSpaceError, WorkerDiedError, WorkerError
-from ..ranks import RankLayout, rank_layout
-from ._dataloader import DataLoader
-from ._events import Listener, StageTimes, Stall
-from ._runtime import LoaderParts
-from ._stats import LoaderStats, MemoryGrowthWarning
-from .checkpoint.resume import merge_states
-from .plan.order import BatchSampler
-from .ring.collate import default_collate
-from .ring.slots import HostBatch
-from .tuning.online import Autotune
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .._worker_info import WorkerInfo, get_worker_info
+    from ..data.contract import IterableDataset
+    from ..errors import LoaderError, LoaderTimeoutError, RingMemoryError, ShmSpaceError, WorkerDiedError, WorkerError
+    from ..ranks import RankLayout, rank_layout
+    from ._dataloader import DataLoader
+    from ._events import Listener, StageTimes, Stall
+    from ._runtime import LoaderParts
+    from ._stats import LoaderStats, MemoryGrowthWarning
+    from .checkpoint.resume import merge_states
+    from .plan.order import BatchSampler
+    from .ring.collate import default_collate
+    from .ring.slots import HostBatch
+    from .tuning.online import Autotune
+
+_LAZY = {
+    **dict.fromkeys(("WorkerInfo", "get_worker_info"), "cupy_nwt._worker_info"),
+    "IterableDataset": "cupy_nwt.data.contract",
+    **dict.fromkeys(("LoaderError", "LoaderTimeoutError", "RingMemoryError", "ShmSpaceError", "WorkerDiedError",
+                     "WorkerError"), "cupy_nwt.errors"),
+    **dict.fromkeys(("RankLayout", "rank_layout"), "cupy_nwt.ranks"),
+    "DataLoader": f"{__name__}._dataloader",
+    **dict.fromkeys(("Listener", "StageTimes", "Stall"), f"{__name__}._events"),
+    "LoaderParts": f"{__name__}._runtime",
+    **dict.fromkeys(("LoaderStats", "MemoryGrowthWarning"), f"{__name__}._stats"),
+    "merge_states": f"{__name__}.checkpoint.resume",
+    "BatchSampler": f"{__name__}.plan.order",
+    "default_collate": f"{__name__}.ring.collate",
+    "HostBatch": f"{__name__}.ring.slots",
+    "Autotune": f"{__name__}.tuning.online",
+}
 
 __all__ = ["Autotune", "BatchSampler", "DataLoader", "HostBatch", "IterableDataset", "Listener", "LoaderError",
            "LoaderParts", "LoaderStats", "LoaderTimeoutError", "MemoryGrowthWarning", "RankLayout", "RingMemoryError", "ShmSpaceError", "StageTimes", "Stall",
            "WorkerDiedError", "WorkerError", "WorkerInfo", "default_collate", "get_worker_info", "merge_states",
            "rank_layout"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next look-up is a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -14,8 +14,9 @@ batch, closed, and a second one timed the same way: the first pays for what a pr
   ImageFolder holds it (the files are never read: a sample is its class);
 * ``array-index``: the same index as ``cupy_nwt.data.ImageFolder`` holds it, in NumPy arrays.
 
-Batch 64. After the first loader's first batch each worker's PSS and USS (private pages) are read from
-``/proc/<pid>/smaps_rollup`` (the median over the workers). spawn keeps nothing in the process, so
+Batch 64. Each loader is also timed to batch ``workers - 1``, the last worker's first (``every_worker_s``):
+workers that start in waves must not buy an early first batch with a late last worker. Then each
+worker's PSS and USS (private pages) are read from ``/proc/<pid>/smaps_rollup`` (the median over the workers). spawn keeps nothing in the process, so
 only one loader is timed there unless ``--spawn-second``.
 
 Each script imports its loader at its top as well (``cupy_nwt``, or ``torch.utils.data``), so torch's
@@ -135,6 +136,9 @@ def one(loader: str, method: str, workers: int, dataset: str, index: int, second
         it = iter(dl)
         next(it)
         out["first_batch_s"].append(time.perf_counter() - t)
+        for _ in range(workers - 1):  # batch i is worker i's first: then every worker is up
+            next(it)
+        out.setdefault("every_worker_s", []).append(time.perf_counter() - t)
         if k == 0:
             pids = [w.pid for w in it._workers] if loader == "torch" else dl.worker_pids()
             pss, uss = zip(*(memory(p) for p in pids))
@@ -190,6 +194,8 @@ def summarize(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                              "first_loader_s": interval([r["first_batch_s"][0] for r in rs]),
                              "second_loader_s": interval([r["first_batch_s"][1] for r in rs if len(r["first_batch_s"]) > 1]
                                                          or [float("nan")])}
+        if all("every_worker_s" in r for r in rs):
+            s["every_worker_first_loader_s"] = interval([r["every_worker_s"][0] for r in rs])
         for key in ("worker_pss_bytes", "worker_uss_bytes"):
             s[key.replace("bytes", "mib")] = interval([r[key] / 2**20 for r in rs])
         out.append(s)

@@ -14,11 +14,12 @@ from .messages import (
     Restore,
     RingMsg,
     Skipped,
+    Started,
     Stop,
     StreamState,
     Task,
     Whole,
 )
 
-__all__ = ["BadSamples", "Raised", "ErrorReport", "Exhausted", "InitFailed", "Ok", "Restore", "RingMsg", "Skipped", "Stop",
+__all__ = ["BadSamples", "Raised", "ErrorReport", "Exhausted", "InitFailed", "Ok", "Restore", "RingMsg", "Skipped", "Started", "Stop",
            "StreamState", "Task", "Whole"]

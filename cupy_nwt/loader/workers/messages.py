@@ -4,7 +4,7 @@ Main process -> worker: ``RingMsg`` (once per ring), ``Task`` (once per batch), 
 resumed stream), ``Stop``. Worker -> main process: ``Ok``, ``Whole``, ``Exhausted``, ``Skipped`` or
 ``Raised`` (once per task; for a stream task preceded by a ``StreamState``, for a batch that left
 bad samples out preceded by a ``BadSamples``, which is itself the answer when none was left), ``InitFailed`` (at
-most once, then the worker exits). A batch's arrays are written into the
+most once, then the worker exits); before all of them ``Started``, once the worker is unpickled and up. A batch's arrays are written into the
 ring; only its other leaves travel, in ``Ok``. ``Whole`` carries a batch pickled: the first ones,
 made before the ring exists, and any later one that does not fit the ring's layout.
 
@@ -247,6 +247,11 @@ class Raised(_Record):
 
 
 @dataclass(frozen=True, slots=True)
+class Started(_Record):
+    """The worker is up (its modules imported, its dataset unpickled): the pool may start more (``start_wave``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class InitFailed(_Record):
     """``worker_init_fn`` raised; the worker exits right after sending this."""
 
@@ -254,11 +259,11 @@ class InitFailed(_Record):
 
 
 ToWorker = RingMsg | Task | Restore | Stop
-FromWorker = Ok | Whole | Exhausted | Skipped | Raised | InitFailed | StreamState | BadSamples
+FromWorker = Ok | Whole | Exhausted | Skipped | Raised | InitFailed | StreamState | BadSamples  # and ``Started``, once, which the pool takes in itself
 
 
 # Each record pickles with its module's name, once per message: the package's shorter name keeps a
 # batch's answer about the size of a tagged tuple (the package re-exports them, so unpickling finds them).
 for _cls in (ErrorReport, RingMsg, Task, Restore, Stop, Ok, Whole, Exhausted, StreamState, Skipped, Raised,
-             InitFailed, BadSamples):
+             InitFailed, BadSamples, Started):
     _cls.__module__ = __package__

@@ -273,13 +273,14 @@ class Dispatch:
         if ring is not None and (not self.slots.free or (cap is not None and ring.slots - len(self.slots.free) >= cap)):
             return None
         workers = self._workers
-        n = min(self.active, len(workers))
+        started = len(workers)  # a pool may count workers it has not started yet (``size``): they take nothing
+        n = min(self.active, self.size)
         first = batch_index % n if worker is None else worker
         per_worker = max(self.prefetch_factor, -(-cap // n)) if cap is not None else self.prefetch_factor
         limit = per_worker if ring is not None else 1
-        w = workers[first]
-        if w.outstanding >= limit:
-            others = (workers[(first + k) % n] for k in range(1, n if spill else 1))
+        w = workers[first] if first < started else None
+        if w is None or w.outstanding >= limit:
+            others = (workers[i] for k in range(1, n if spill else 1) if (i := (first + k) % n) < started)
             w = next((o for o in others if o.outstanding < limit), None)
             if w is None:
                 return None

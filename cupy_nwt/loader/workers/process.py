@@ -13,6 +13,11 @@ layout. A worker watches the parent's sentinel too, so it never outlives the mai
 
 Until the ring exists (its layout is learned from the first batch a worker makes) each worker has
 at most one task out, without a slot; those few batches come back pickled.
+
+Under forkserver and spawn the workers start in a wave (``start.start_wave``: one per usable CPU), the
+rest once one of them says it is up: a worker not yet started takes no task (its batches wait, as they
+would for a busy worker), and what it is owed until then (the ring, a resumed stream's state) is held
+for it.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from .messages import (
     InitFailed,
     Restore,
     RingMsg,
+    Started,
     Stop,
     ToWorker,
     task_wire,
@@ -61,6 +67,7 @@ from .start import (
     forkserver_preload,
     names_script,
     script_path,
+    start_wave,
     stuck_hint,
 )
 
@@ -104,6 +111,8 @@ class WorkerPool(Dispatch):
         self._ctx = context_of(start_method)
         self._spec = (num_workers, seed, epoch, maker, worker_init_fn, rank, world_size)
         self._file: RingFile | None = None
+        self._want = num_workers  # workers started or to start (``start_wave``); ids are positions in ``_workers``
+        self._held: dict[int, list[ToWorker]] = {}  # messages for workers not started yet, by id
         method = self._ctx.get_start_method()
         check_importable(method, not isinstance(start_method, str),
                          [maker.dataset, maker.collate_fn, maker.batch_transform, worker_init_fn])
@@ -116,11 +125,7 @@ class WorkerPool(Dispatch):
         lifeline.track(self)
         try:
             self._file = RingFile.create()
-            shipped = self._ship()
-            with StartProgress(num_workers, method) as progress:
-                for w in range(num_workers):
-                    self._start(w, shipped)
-                    progress.started()
+            self._start_up_to(start_wave(method, num_workers))
         except BaseException:
             self.shutdown()
             raise
@@ -155,14 +160,29 @@ class WorkerPool(Dispatch):
         self._waits.register(res_r.fileno(), select.POLLIN)
         self._waits.register(proc.sentinel, select.POLLIN)
 
+    def _start_up_to(self, n: int) -> None:
+        """Start workers until ``n`` run, each handed the ring if it exists and what was held for it."""
+        shipped = self._ship()
+        with StartProgress(n - len(self._workers), self._ctx.get_start_method()) as progress:
+            while len(self._workers) < n:
+                self._start(len(self._workers), shipped)
+                w = self._workers[-1]
+                ring = self.slots.ring
+                if ring is not None:
+                    self._send(w, RingMsg(ring.name, ring.layout, ring.slots))
+                for msg in self._held.pop(w.id, ()):
+                    self._send(w, msg)
+                progress.started()
+
+    @property
+    def size(self) -> int:
+        """Workers started or to start: which worker makes a batch counts them all."""
+        return self._want
+
     def set_active(self, n: int) -> None:
         """Give tasks to the first ``n`` workers: un-park parked ones, start more processes if needed."""
-        shipped = self._ship()
-        while self.size < n:
-            self._start(self.size, shipped)
-            ring = self.slots.ring
-            if ring is not None:
-                self._send(self._workers[-1], RingMsg(ring.name, ring.layout, ring.slots))
+        self._want = max(self._want, n)
+        self._start_up_to(n)
         self.active = max(1, n)
 
     # -- the ring
@@ -201,6 +221,9 @@ class WorkerPool(Dispatch):
         for w in self._workers:
             if w.id in per_worker:
                 self._send(w, Restore(*per_worker[w.id]))
+        for w_id in range(len(self._workers), self._want):
+            if w_id in per_worker:
+                self._held.setdefault(w_id, []).append(Restore(*per_worker[w_id]))
 
     def _send(self, w: _Worker, msg: ToWorker) -> None:
         try:
@@ -240,6 +263,10 @@ class WorkerPool(Dispatch):
                 if type(msg) is tuple:  # an ``Ok`` (``messages.WIRE``)
                     g, b, slot, rows, objects = msg[:5]
                     item = self._in_slot(w, g, b, slot, rows, objects, StageTimes(*msg[5:]) if len(msg) > 5 else None)
+                elif type(msg) is Started:
+                    if len(self._workers) < self._want and not self._closed:
+                        self._start_up_to(self._want)
+                    continue
                 else:
                     item = self._absorb(w, msg)
                 if item is not None:

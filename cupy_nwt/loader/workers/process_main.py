@@ -28,7 +28,7 @@ from ..ring.ring import Ring
 from . import pipes
 from .lifeline import ParentWatch
 from .maker import BatchMaker
-from .messages import ErrorReport, FromWorker, Ok, Raised, RingMsg, StreamState, Task, ToWorker, Whole
+from .messages import ErrorReport, FromWorker, Ok, Raised, RingMsg, Started, StreamState, Task, ToWorker, Whole
 from .serve import serve_loop
 from .torch_workers import TorchAdoption
 
@@ -120,6 +120,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     maker = spec.maker
     enter_process(WorkerInfo(spec.worker_id, spec.num_workers, spec.seed, maker.dataset, spec.rank, spec.world_size))
     try:
+        pipes.send(results.fileno(), Started())  # before worker_init_fn: the user's own start is not the pool's to pace
         serve_loop(_PipeChannel(tasks, results, spec, watch), maker, spec.worker_id, spec.worker_init_fn)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the main process went away

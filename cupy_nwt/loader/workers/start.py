@@ -33,6 +33,7 @@ from typing import Any
 
 from ... import cuda
 from ...errors import LoaderError, WorkerDiedError
+from ...system import usable_cpus
 
 _log = logging.getLogger("cupy_nwt.loader")
 _said: set[str] = set()  # reasons already logged (once per process)
@@ -127,6 +128,21 @@ def default_start_method(device: str) -> str:
     return choose(device == "cuda" or cuda.cuda_may_be_initialized())
 
 
+def start_wave(method: str, num_workers: int) -> int:
+    """How many workers start at once; the others start as soon as one of these is up (``messages.Started``).
+
+    A forkserver or spawn worker's start is CPU work (a spawned one imports the script, torch with it,
+    in a second or so; either unpickles the dataset, a Python list index in about as long): sixteen
+    starting together on two CPUs share them and are all up only after eight seconds, batch 0's worker
+    with them. One per usable CPU at first puts batch 0's worker up after one start's time, and the
+    rest come up no later than together, as the CPUs were busy throughout. A fork costs the child
+    nothing: all start at once.
+    """
+    if method == "fork":
+        return num_workers
+    return max(1, min(num_workers, usable_cpus()))
+
+
 def forkserver_preload(objects: Sequence[Any] = (), modules: set[str] | None = None) -> list[str]:
     """What forkserver's server imports once, before forking any worker: the worker loop, torch when
     this process has it, and this package's modules that define ``objects`` (the dataset, collate_fn,
@@ -144,10 +160,10 @@ def forkserver_preload(objects: Sequence[Any] = (), modules: set[str] | None = N
     root = __name__.split(".")[0] + "."
     own = sorted({m for o in objects if isinstance(m := getattr(o, "__module__", None), str) and m.startswith(root)})
     if modules is None or modules & SCRIPT:
-        return ["__main__", _STAND_IN, "cupy_nwt.loader.workers.process",
+        return ["__main__", _STAND_IN, "cupy_nwt.loader.workers.process_main",
                 *(["torch"] if "torch" in sys.modules else []), *own]
     named = sorted(m for m in modules if m in sys.modules and m not in sys.builtin_module_names)
-    return [_STAND_IN, "cupy_nwt.loader.workers.process", *dict.fromkeys([*own, *named])]
+    return [_STAND_IN, "cupy_nwt.loader.workers.process_main", *dict.fromkeys([*own, *named])]
 
 
 SCRIPT = frozenset({"__main__", "__mp_main__"})  # the names a script's classes pickle by

@@ -25,10 +25,10 @@ def test_the_modules_of_the_package_s_dataset_and_transform_are_preloaded():
     ds = ArrayDataset(np.zeros((4, 2), np.uint8), np.zeros(4, np.int64))
     mods = forkserver_preload([ds, None, CifarTrainTransform()])
     assert type(ds).__module__ in mods and CifarTrainTransform.__module__ in mods
-    assert mods[:3] == ["__main__", "cupy_nwt.loader.workers.server_main", "cupy_nwt.loader.workers.process"]
+    assert mods[:3] == ["__main__", "cupy_nwt.loader.workers.server_main", "cupy_nwt.loader.workers.process_main"]
 
 
 def test_nothing_of_the_user_s_is_preloaded_beyond_the_main_module():
     mods = forkserver_preload([UsersDataset(), users_collate, None])
     assert __name__ not in mods
-    assert mods == ["__main__", "cupy_nwt.loader.workers.server_main", "cupy_nwt.loader.workers.process", *(["torch"] if "torch" in sys.modules else [])]
+    assert mods == ["__main__", "cupy_nwt.loader.workers.server_main", "cupy_nwt.loader.workers.process_main", *(["torch"] if "torch" in sys.modules else [])]

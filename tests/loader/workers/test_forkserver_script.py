@@ -102,6 +102,6 @@ def test_what_cannot_be_pickled_here_counts_as_the_script_s():
 
 def test_without_the_script_the_server_imports_the_named_modules_and_not_torch():
     preload = forkserver_preload([object()], {"cupy_nwt.data.datasets", "numpy"})
-    assert preload[:2] == ["cupy_nwt.loader.workers.server_main", "cupy_nwt.loader.workers.process"]
+    assert preload[:2] == ["cupy_nwt.loader.workers.server_main", "cupy_nwt.loader.workers.process_main"]
     assert "torch" not in preload and {"cupy_nwt.data.datasets", "numpy"} <= set(preload)
     assert forkserver_preload([object()], {"__main__"})[0] == "__main__"
