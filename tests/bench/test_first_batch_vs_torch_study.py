@@ -23,6 +23,7 @@ def test_a_tiny_run_writes_each_cell(tmp_path):
     for s in doc["summary"]:
         assert s["first_loader_s"]["n"] == 1 and s["second_loader_s"]["median"] > 0
         assert s["worker_uss_mib"]["median"] > 0 and s["worker_pss_mib"]["median"] > 0
+        assert s["every_worker_first_loader_s"]["median"] >= s["first_loader_s"]["median"]
 
 
 def test_the_indexes_hold_the_same_entries():
