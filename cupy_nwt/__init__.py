@@ -14,9 +14,9 @@ main-process side (measured: 0.16 s a worker in a process that holds torch, 0.03
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from ._lazy import lazy_names
 from .errors import (
                      ArgumentError,
                      ArgumentTypeError,
@@ -68,18 +68,18 @@ if TYPE_CHECKING:
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "gpu_status": "cuda",
+__getattr__ = lazy_names(__name__, {
+    "gpu_status": ".cuda",
     **dict.fromkeys(("BatchedMapDataset", "MapDataset", "PackedRecords", "ReaderSlot", "ShardedTarStream",
-                     "StreamDataset", "current_reader", "pack_records"), "data"),
-    "IterableDataset": "data.contract",
-    **dict.fromkeys(("DataLoader", "WorkerInfo", "default_collate", "get_worker_info"), "loader"),
-    **dict.fromkeys(("PlacementResult", "tune_decode_placement"), "nwt.placement"),
-    "tune_num_workers": "nwt.tune",
-    "AutoWorkers": "picks.pick",
-    **dict.fromkeys(("TuneResult", "lookup"), "picks.store"),
-    "UnreliablePickWarning": "picks.verdict",
-}
+                     "StreamDataset", "current_reader", "pack_records"), ".data"),
+    "IterableDataset": ".data.contract",
+    **dict.fromkeys(("DataLoader", "WorkerInfo", "default_collate", "get_worker_info"), ".loader"),
+    **dict.fromkeys(("PlacementResult", "tune_decode_placement"), ".nwt.placement"),
+    "tune_num_workers": ".nwt.tune",
+    "AutoWorkers": ".picks.pick",
+    **dict.fromkeys(("TuneResult", "lookup"), ".picks.store"),
+    "UnreliablePickWarning": ".picks.verdict",
+})
 
 __all__ = ["__version__", "gpu_status",
            "ArgumentError", "ArgumentTypeError", "BatchLayoutError", "BatchStructureError", "BatchTypeError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError", "DataError",
@@ -91,15 +91,6 @@ __all__ = ["__version__", "gpu_status",
            "PlacementResult", "tune_decode_placement",
            "BatchedMapDataset", "MapDataset", "StreamDataset", "PackedRecords", "pack_records",
            "ReaderSlot", "ShardedTarStream", "current_reader"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value  # the next look-up is a plain attribute
-    return value
 
 
 def __dir__() -> list[str]:

@@ -112,7 +112,7 @@ def _in(name: str, *rooms: str) -> bool:
 # rank layout, the one gateway to CUDA, the reporting API); the picks are what a tuning found and where it is
 # kept, which the loader reads and saves and the search writes; the commands and the pytest plugin are the top.
 FLOORS = [
-    ("base", ("errors", "_checks", "_files", "_driver", "_pcie", "system", "ranks", "cuda", "_worker_info",
+    ("base", ("errors", "_checks", "_files", "_lazy", "_driver", "_pcie", "system", "ranks", "cuda", "_worker_info",
               "reporting")),
     ("data", ("data",)),
     ("picks", ("picks",)),
@@ -216,7 +216,7 @@ def test_import_cupy_nwt_loads_the_errors_only_and_a_worker_only_its_own_side():
             "import cupy_nwt.loader.workers.process_main;"
             "print(top); print(sorted(m for m in sys.modules if m.startswith('cupy_nwt')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert eval(out[0]) == ["cupy_nwt", "cupy_nwt.errors"]  # noqa: S307 - our own list's repr
+    assert eval(out[0]) == ["cupy_nwt", "cupy_nwt._lazy", "cupy_nwt.errors"]  # noqa: S307 - our own list's repr
     worker = set(eval(out[1]))  # noqa: S307
     for main_side in ("cupy_nwt.loader._dataloader", "cupy_nwt.loader.workers.process", "cupy_nwt.nwt", "cupy_nwt.picks",
                       "cupy_nwt.cuda", "cupy_nwt.data.transforms", "cupy_nwt.reporting"):
@@ -239,8 +239,9 @@ def test_nothing_but_the_entry_point_imports_the_commands():
 
 
 # what may sit at the package's top level: the gateway to CUDA, the errors, and the small shared pieces that
-# several rooms use (argument checks, the one atomic file writer, the rank layout, host facts, the worker info)
-TOP_LEVEL = {"cupy_nwt", "cupy_nwt.__main__", "cupy_nwt._checks", "cupy_nwt._driver", "cupy_nwt._files", "cupy_nwt._pcie", "cupy_nwt._worker_info",
+# several rooms use (argument checks, the one atomic file writer, the packages' names loaded on first use, the rank layout, host facts, the worker info)
+TOP_LEVEL = {"cupy_nwt", "cupy_nwt.__main__", "cupy_nwt._checks", "cupy_nwt._driver", "cupy_nwt._files", "cupy_nwt._lazy", "cupy_nwt._pcie",
+             "cupy_nwt._worker_info",
              "cupy_nwt.cuda", "cupy_nwt.errors", "cupy_nwt.ranks", "cupy_nwt.system"}
 
 

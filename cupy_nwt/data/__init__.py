@@ -15,9 +15,7 @@ nothing for them.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from .._lazy import lazy_names
 from .contract import (
     BatchedMapDataset,
     EpochAware,
@@ -34,25 +32,21 @@ _LAZY = {
     **dict.fromkeys(("ArrayDataset", "CIFAR10", "CIFAR10_CLASSES", "CacheRebuiltWarning", "ImageFolder",
                      "SyntheticCIFAR10", "TarImageDataset", "check_images", "decode_image", "encode_image",
                      "encode_png", "encode_png_batch", "open_dataset", "sample_source", "scan_tar",
-                     "synthetic_pixels", "write_tar_shard"), "datasets"),
+                     "synthetic_pixels", "write_tar_shard"), ".datasets"),
     **dict.fromkeys(("AugmentParams", "CIFAR10_MEAN", "CIFAR10_STD", "CifarEvalTransform", "CifarTrainTransform",
                      "Compose", "IMAGENET_MEAN", "IMAGENET_STD", "Normalize", "NormalizeBatch", "RandomCrop",
-                     "RandomHorizontalFlip", "ToCHWFloat", "crop_flip_normalize"), "transforms"),
+                     "RandomHorizontalFlip", "ToCHWFloat", "crop_flip_normalize"), ".transforms"),
     **dict.fromkeys(("CenterCrop", "RandomResizedCrop", "Resize", "center_crop_box", "random_resized_crop_box",
-                     "resized_shape"), "crops"),
-    **dict.fromkeys(("GpuJpegDecoder", "gpu_decode_status"), "gpu_decode"),
-    **dict.fromkeys(("EncodedJpegs", "jpeg_size"), "jpeg_bytes"),
+                     "resized_shape"), ".crops"),
+    **dict.fromkeys(("GpuJpegDecoder", "gpu_decode_status"), ".gpu_decode"),
+    **dict.fromkeys(("EncodedJpegs", "jpeg_size"), ".jpeg_bytes"),
 }
 
 __all__ = ["BatchedMapDataset", "EpochAware", "IterableDataset", "MapDataset", "PackedRecords", "ReaderSlot", "ResumableStream",
            "ShardedTarStream", "StreamDataset", "current_reader", "dataset_style", "pack_records", *sorted(_LAZY)]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:

@@ -9,8 +9,9 @@ side of the loader.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_names
 
 if TYPE_CHECKING:
     from .._worker_info import WorkerInfo, get_worker_info
@@ -27,36 +28,27 @@ if TYPE_CHECKING:
     from .ring.slots import HostBatch
     from .tuning.online import Autotune
 
-_LAZY = {
-    **dict.fromkeys(("WorkerInfo", "get_worker_info"), "cupy_nwt._worker_info"),
-    "IterableDataset": "cupy_nwt.data.contract",
+__getattr__ = lazy_names(__name__, {
+    **dict.fromkeys(("WorkerInfo", "get_worker_info"), ".._worker_info"),
+    "IterableDataset": "..data.contract",
     **dict.fromkeys(("LoaderError", "LoaderTimeoutError", "RingMemoryError", "ShmSpaceError", "WorkerDiedError",
-                     "WorkerError"), "cupy_nwt.errors"),
-    **dict.fromkeys(("RankLayout", "rank_layout"), "cupy_nwt.ranks"),
-    "DataLoader": f"{__name__}._dataloader",
-    **dict.fromkeys(("Listener", "StageTimes", "Stall"), f"{__name__}._events"),
-    "LoaderParts": f"{__name__}._runtime",
-    **dict.fromkeys(("LoaderStats", "MemoryGrowthWarning"), f"{__name__}._stats"),
-    "merge_states": f"{__name__}.checkpoint.resume",
-    "BatchSampler": f"{__name__}.plan.order",
-    "default_collate": f"{__name__}.ring.collate",
-    "HostBatch": f"{__name__}.ring.slots",
-    "Autotune": f"{__name__}.tuning.online",
-}
+                     "WorkerError"), "..errors"),
+    **dict.fromkeys(("RankLayout", "rank_layout"), "..ranks"),
+    "DataLoader": "._dataloader",
+    **dict.fromkeys(("Listener", "StageTimes", "Stall"), "._events"),
+    "LoaderParts": "._runtime",
+    **dict.fromkeys(("LoaderStats", "MemoryGrowthWarning"), "._stats"),
+    "merge_states": ".checkpoint.resume",
+    "BatchSampler": ".plan.order",
+    "default_collate": ".ring.collate",
+    "HostBatch": ".ring.slots",
+    "Autotune": ".tuning.online",
+})
 
 __all__ = ["Autotune", "BatchSampler", "DataLoader", "HostBatch", "IterableDataset", "Listener", "LoaderError",
            "LoaderParts", "LoaderStats", "LoaderTimeoutError", "MemoryGrowthWarning", "RankLayout", "RingMemoryError", "ShmSpaceError", "StageTimes", "Stall",
            "WorkerDiedError", "WorkerError", "WorkerInfo", "default_collate", "get_worker_info", "merge_states",
            "rank_layout"]
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # the next look-up is a plain attribute
-    return value
 
 
 def __dir__() -> list[str]:

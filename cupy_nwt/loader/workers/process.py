@@ -162,6 +162,8 @@ class WorkerPool(Dispatch):
 
     def _start_up_to(self, n: int) -> None:
         """Start workers until ``n`` run, each handed the ring if it exists and what was held for it."""
+        if len(self._workers) >= n:
+            return  # online tuning parks and un-parks often: nothing to ship
         shipped = self._ship()
         with StartProgress(n - len(self._workers), self._ctx.get_start_method()) as progress:
             while len(self._workers) < n:

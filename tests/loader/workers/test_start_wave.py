@@ -92,3 +92,54 @@ def test_workers_started_in_waves_make_each_batch_once_in_order_by_its_own_worke
     flat = sorted(x for batch in out["full"] for x in batch)
     assert flat == list(range(40))
     assert out["got"] + out["rest"] == out["full"]
+
+
+TORCH_SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    import torch
+    from cupy_nwt import DataLoader
+
+    class Noisy(torch.utils.data.Dataset):
+        """A torch dataset drawing from the worker's seeded torch generator, as random augmentations do."""
+        def __len__(self):
+            return 48
+        def __getitem__(self, i):
+            return torch.rand(2) + i
+
+    def draws(method):
+        dl = DataLoader(Noisy(), batch_size=4, num_workers=3, multiprocessing_context=method,
+                        generator=torch.Generator().manual_seed(7))
+        out = []
+        for k, batch in enumerate(dl):
+            assert isinstance(batch, torch.Tensor), type(batch)
+            out.append(batch.tolist())
+            if k == 5:
+                state = dl.state_dict()  # a break mid-epoch, as a trainer's checkpoint
+                break
+        again = DataLoader(Noisy(), batch_size=4, num_workers=3, multiprocessing_context=method,
+                           generator=torch.Generator().manual_seed(7))
+        again.load_state_dict(state)
+        return out + [b.tolist() for b in again]
+
+    if __name__ == "__main__":
+        torch.set_num_threads(2)  # torch's intra-op pool in the parent, as a training script has it
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+        print(json.dumps({m: draws(m) for m in ("fork", sys.argv[1])}))
+''')
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="os.sched_setaffinity is Linux's")
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_torch_random_draws_do_not_change_when_workers_start_in_waves(tmp_path, method):
+    """Which worker makes a batch decides what its ``torch.rand`` draws: a wave must not change it (fork
+    starts every worker at once), nor a resume after a break."""
+    pytest.importorskip("torch", reason="torch is a test extra")
+    script = tmp_path / "train.py"
+    script.write_text(TORCH_SCRIPT, encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(script), method], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert len(out["fork"]) == 12  # 6 before the break, the 6 after it from the resumed loader
+    assert out[method] == out["fork"]
+    assert len({str(b) for b in out["fork"]}) == 12  # the draws differ batch to batch
