@@ -5,8 +5,9 @@ The messages are re-exported here because they pickle under this package's name 
 
 A forkserver or spawn worker imports this package while its process object is being unpickled,
 after the script's imports: torch's million objects, which each collection that our modules' imports
-set off would walk again (0.08 of a worker's 0.10 s beside torch). So in a process being started
-that way, what exists now is frozen out of the collector first, as ``worker_main`` freezes it anyway.
+set off would walk again (most of the import's time: ``worker_import.py`` in the start study). So in
+a process being started that way, what exists now is frozen out of the collector first, as
+``worker_main`` freezes it anyway.
 """
 
 import gc as _gc
