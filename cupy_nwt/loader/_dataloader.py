@@ -8,8 +8,9 @@ slot of one shared-memory ring; the main process hands batches out in order (or 
 use (see ``device.prefetch``).
 
 With workers, every batch is made in a worker, the first included: the ring's slot layout (shapes
-and dtypes) is learned from the first batch a worker sends, which travels pickled (so do the few
-made before the ring exists); the batch is delivered, not thrown away. A later batch that does not
+and dtypes) is learned from the first batch a worker sends, which travels pickled, its large arrays
+through an anonymous file (so do the few made before the ring exists; ``workers.pipes``); the batch
+is delivered, not thrown away. A later batch that does not
 fit the layout travels pickled too; samples of one batch that disagree with each other are an error
 naming the sample.
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._events import Events, Listener
-from ._stats import MEMORY_WARN_BYTES, LoaderStats, MemoryReader, Recorder, copy_kind, read_uss
+from ._stats import MEMORY_WARN_BYTES, LoaderStats, MemoryReader, Recorder, copy_kind, read_uss, settle_baselines
 from .device.prefetch import DevicePrefetcher, PrefetchOps
 from .ring.ring import Ring, SlotLayout
 from .ring.slots import RingSpec, SlotPool
@@ -167,6 +167,7 @@ class Runtime:
         """Start the workers (if any); the epoch's source makes their ring (``Workshop.spec``)."""
         workers: Workers | None = None
         if options.num_workers > 0:
+            settle_baselines()  # no thread of ours beside a fork
             workers = options.worker_kind.start(
                 maker=batch_maker(options), num_workers=self.tuner.workers if self.tuner is not None else options.num_workers,
                 prefetch_factor=options.prefetch_factor, seed=options.seed, worker_init_fn=options.worker_init_fn,

@@ -24,11 +24,14 @@ than ``MEMORY_WARN_BYTES`` a worker on average, a ``MemoryGrowthWarning`` is iss
 naming the remedy. Reading a Python object writes its reference count, so forked workers that read
 a list of dicts copy the pages they touch: with a shuffled order nearly all of them in the first
 epoch (``bench/results/copy_on_read-*.json``: about 140 MB a worker, then flat), so growth over
-the workers' life, not growth in every epoch, is what names the cause.
+the workers' life, not growth in every epoch, is what names the cause. The baseline is read on a
+thread beside the caller, not on the first batch's path: a worker forked from a large process
+(JAX and torch loaded) takes milliseconds to read, sixteen of them longer than torch's whole start.
 """
 
 from __future__ import annotations
 
+import _thread
 import logging
 import time
 import warnings
@@ -46,6 +49,7 @@ MEMORY_WARN_BYTES = 64 << 20  # workers' private memory grown by this much a wor
 _log = logging.getLogger("cupy_nwt.loader")
 _COUNTS = ("delivered", "made", "waited_s", "blocked_s", "copy_s", "skipped")
 KEEP_SKIPPED = 100  # skipped samples ``stats()`` lists (every one is counted, and logged)
+_reading: list[_thread.LockType] = []  # held while a thread reads baselines, for any loader of this process
 
 
 class MemoryGrowthWarning(UserWarning):
@@ -138,6 +142,15 @@ class LoaderStats:
 MemoryReader = Callable[[int], "int | None"]  # pid -> USS bytes (None: gone or not readable)
 
 
+def settle_baselines() -> None:
+    """Wait for the workers' memory baselines still being read: a process about to fork calls it, so that
+    no worker starts beside a thread of this module."""
+    while _reading:
+        done = _reading.pop()
+        with done:
+            pass
+
+
 def read_uss(pid: int) -> int | None:
     """A process's unique set size, the memory that is its own; None when it is gone or hidden."""
     try:
@@ -197,20 +210,30 @@ class Recorder(Listener):
                      sample.source, sample.reason)
 
     def first_batch(self, pids: Sequence[int]) -> None:
-        """An iteration delivered its first batch: the baseline of workers not seen before, until an epoch has
-        ended with workers measured. Fresh workers each epoch (not persistent) grow as the first epoch's did,
-        and a worker forked from a large process (JAX and torch loaded) takes a tenth of a second to read:
-        JAX's tutorial, whose workers start each epoch, would pay it on every epoch's critical path."""
-        if self.settled:
+        """An iteration delivered its first batch: read the baseline of workers not seen before, until an epoch
+        has ended with workers measured. Fresh workers each epoch (not persistent) grow as the first epoch's
+        did, and a worker forked from a large process (JAX and torch loaded) takes milliseconds to read: the
+        reads run on a thread (system calls: the caller keeps the interpreter), joined before anything looks
+        at them or the process forks again."""
+        todo = [] if self.settled else [pid for pid in pids if pid not in self.first]
+        if not todo:
             return
-        for pid in pids:
-            if pid not in self.first:
-                uss = self.reader(pid)
-                if uss is not None:
-                    self.first[pid] = uss
+        settle_baselines()
+        done = _thread.allocate_lock()
+        done.acquire()
+        _reading.append(done)
+        _thread.start_new_thread(self._baseline, (todo, done))  # not Thread.start(), which waits for it to run
+
+    def _baseline(self, pids: Sequence[int], done: _thread.LockType) -> None:
+        try:
+            for pid, uss in self._read(pids):
+                self.first.setdefault(pid, uss)
+        finally:
+            done.release()
 
     def ended(self, pids: Sequence[int]) -> None:
         """Workers are still up at an epoch's end: warn once if their memory grew as copy-on-read does."""
+        settle_baselines()
         known = [pid for pid in pids if pid in self.first]
         if self.warned or not known:
             return
@@ -244,6 +267,7 @@ class Recorder(Listener):
         stages = StageTimes(**{name: d[name] for name in StageTimes.names()})
         memory = None
         if pids is not None:
+            settle_baselines()
             memory = tuple(WorkerMemory(pid, uss, uss - self.first.get(pid, uss)) for pid, uss in self._read(pids))
         return LoaderStats(
             interval_s=wall, batches=int(d["delivered"]), waited_s=d["waited_s"], blocked_s=d["blocked_s"],

@@ -26,6 +26,15 @@ def test_a_tiny_run_writes_each_cell(tmp_path):
         assert s["every_worker_first_loader_s"]["median"] >= s["first_loader_s"]["median"]
 
 
+def test_an_images_cell_takes_batches_of_imagenet_s_size(tmp_path):
+    out = tmp_path / "fb.json"
+    assert fb.main(["--rounds", "1", "--workers", "1", "--methods", "fork", "--mains", "light", "--index", "0",
+                    "--datasets", "images", "--no-torch", "--output", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [s["dataset"] for s in doc["summary"]] == ["images"] and doc["batch_sizes"] == {"images": 256}
+    assert fb.Images()[300].shape == (3, 224, 224)
+
+
 def test_the_indexes_hold_the_same_entries():
     listed, arrays = fb.Index(3), fb.ArrayIndex(3)
     assert len(listed) == len(arrays) == 3
@@ -44,7 +53,7 @@ def test_the_module_dataset_holds_the_tiny_one_s_samples_from_a_module():
     (["--mains", "tensorflow"], "--mains from light,torch,jax"),
     (["--rounds", "0"], "--rounds and --index-workers must be >= 1"),
     (["--before", "/nonexistent"], "holds no cupy_nwt/"),
-    (["--datasets", "imagenet"], "--datasets from tiny,module"),
+    (["--datasets", "imagenet"], "--datasets from tiny,module,images"),
 ])
 def test_bad_arguments_stop_before_any_run(argv, message, capsys):
     assert fb.main(argv) == 2

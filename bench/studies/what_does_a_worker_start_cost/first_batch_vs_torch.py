@@ -8,13 +8,15 @@ batch, closed, and a second one timed the same way: the first pays for what a pr
 (forkserver's server and its preload), the second does not. Two datasets:
 
 * ``tiny``: 4096 samples of 3x32x32 float32, its class defined in the script (``__main__``);
+* ``images``: ImageNet's batch as a model eats it, 256 samples of 3x224x224 uint8 (38.5 MB a batch),
+  its class in the script: what the first batches cost when they are large;
 * ``module``: the same samples as ``cupy_nwt.data.ArrayDataset``, a class from a module: a worker needs
   nothing of the script to unpickle it;
 * ``index``: a map dataset whose index is a list of ``--index`` (path, class) pairs, as torchvision's
   ImageFolder holds it (the files are never read: a sample is its class);
 * ``array-index``: the same index as ``cupy_nwt.data.ImageFolder`` holds it, in NumPy arrays.
 
-Batch 64. Each loader is also timed to batch ``workers - 1``, the last worker's first (``every_worker_s``):
+Batch 64 (``images``: 256). Each loader is also timed to batch ``workers - 1``, the last worker's first (``every_worker_s``):
 workers that start in waves must not buy an early first batch with a late last worker. Then each
 worker's PSS and USS (private pages) are read from ``/proc/<pid>/smaps_rollup`` (the median over the workers). spawn keeps nothing in the process, so
 only one loader is timed there unless ``--spawn-second``.
@@ -65,6 +67,18 @@ class Tiny:
         return np.full((3, 32, 32), i, np.float32)
 
 
+class Images:
+    """Batches of ImageNet's size after decoding and cropping: the first batches are tens of MB."""
+
+    def __len__(self) -> int:
+        return 256 * 64
+
+    def __getitem__(self, i: int) -> Any:
+        import numpy as np  # noqa: PLC0415
+
+        return np.full((3, 224, 224), i % 251, np.uint8)
+
+
 class Index:
     """An image folder's index as torchvision's ImageFolder holds it: a list of (path, class), a Python
     object per entry; a sample is its class (no file is read)."""
@@ -108,7 +122,10 @@ def module(n: int) -> Any:
     return ArrayDataset(np.repeat(np.arange(4096, dtype=np.float32), 3 * 32 * 32).reshape(4096, 3, 32, 32))
 
 
-DATASETS = {"tiny": lambda n: Tiny(), "module": module, "index": Index, "array-index": ArrayIndex}
+DATASETS = {"tiny": lambda n: Tiny(), "module": module, "images": lambda n: Images(), "index": Index,
+            "array-index": ArrayIndex}
+SMALL = ("tiny", "module", "images")  # the datasets of the (main, method, workers) cells
+BATCHES = {"images": 256}  # the others: BATCH
 
 
 def memory(pid: int) -> tuple[int, int]:
@@ -132,7 +149,7 @@ def one(loader: str, method: str, workers: int, dataset: str, index: int, second
     for k in range(1 if method == "spawn" and not second else 2):
         t = time.perf_counter()
         mine = {"device": device} if loader == "cupy_nwt" else {}  # torch's batches are on the host
-        dl = make(ds, batch_size=BATCH, num_workers=workers, multiprocessing_context=method, **mine)
+        dl = make(ds, batch_size=BATCHES.get(dataset, BATCH), num_workers=workers, multiprocessing_context=method, **mine)
         it = iter(dl)
         next(it)
         out["first_batch_s"].append(time.perf_counter() - t)
@@ -209,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workers", default="2,8,16")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--mains", default=",".join(MAINS))
-    p.add_argument("--datasets", default="tiny", help="the small datasets of the (main, method, workers) cells: tiny,module")
+    p.add_argument("--datasets", default="tiny", help=f"the datasets of the (main, method, workers) cells, from {','.join(SMALL)}")
     p.add_argument("--index", type=int, default=1_200_000, help="entries in the index dataset's list (0: no index cells)")
     p.add_argument("--index-workers", type=int, default=16)
     p.add_argument("--jax-workers", default="16", help="worker counts of the cells whose __main__ imports JAX too")
@@ -233,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = [*(["--workers takes counts >= 1, comma-separated"] if not workers or min(workers) < 1 else []),
                 *([f"--methods from {','.join(METHODS)}"] if set(methods) - set(METHODS) else []),
                 *([f"--mains from {','.join(MAINS)}"] if set(mains) - set(MAINS) else []),
-                *(["--datasets from tiny,module"] if set(args.datasets.split(",")) - {"tiny", "module"} else []),
+                *([f"--datasets from {','.join(SMALL)}"] if set(args.datasets.split(",")) - set(SMALL) else []),
                 *(["--rounds and --index-workers must be >= 1, --index >= 0"]
                   if min(args.rounds, args.index_workers) < 1 or args.index < 0 else []),
                 *([f"--before {args.before} holds no cupy_nwt/"]
@@ -248,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         runners["torch"] = None
     todo = cells(workers, methods, mains, args.index_workers, jax_workers, tuple(args.datasets.split(",")))
     if args.index == 0:
-        todo = [c for c in todo if c["dataset"] in ("tiny", "module")]
+        todo = [c for c in todo if c["dataset"] in SMALL]
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
     sys.path.insert(0, str(ROOT))
@@ -269,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{cell['method']:10s} {cell['workers']:2d}w {runner:18s} first {got['first_batch_s'][0]:.2f} s, "
                       f"second {second}, worker USS {got['worker_uss_bytes'] / 2**20:.0f} MiB",
                       file=sys.stderr, flush=True)
-        doc = {"host": system.host_info().to_dict(), "rounds": r + 1, "batch_size": BATCH, "index": args.index,
+        doc = {"host": system.host_info().to_dict(), "rounds": r + 1, "batch_size": BATCH, "batch_sizes": BATCHES, "index": args.index,
                "device": args.device,
                "runners": names, "summary": summarize(rows), "runs": rows, "seconds": time.monotonic() - started,
                "load_average": list(os.getloadavg())}

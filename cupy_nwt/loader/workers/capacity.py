@@ -1,7 +1,7 @@
 """How many loader workers this machine can hold, said before any starts, and a count it cannot refused.
 
 ``num_workers=5000`` is a typo, not a plan: started blindly it forks until a limit bites (the open
-files of the main process, which keeps 4 descriptors a worker; the tasks a user may run; memory),
+files of the main process, which keeps 5 descriptors a worker; the tasks a user may run; memory),
 minutes later and half-way, and then takes as long again to tear down. So before the first worker
 starts, the count is held against what the machine has room for now:
 
@@ -34,7 +34,7 @@ from ...reporting.progress import ProgressBar
 from ..ring.memory import memory_room
 
 TASKS_PER_WORKER = 3
-FDS_PER_WORKER = 4  # the task pipe's and result pipe's ends and the sentinel, kept open in the main process
+FDS_PER_WORKER = 5  # the task pipe's and result pipe's ends, the spill socket and the sentinel, kept in the main process
 #: a worker's private (USS) memory right after its first batch of a small dataset, measured on Linux
 #: x86-64 with Python 3.11: what the smallest worker costs, before its dataset and imports grow it
 WORKER_BYTES = {"fork": 4 << 20, "forkserver": 8 << 20, "spawn": 24 << 20, "thread": 0}

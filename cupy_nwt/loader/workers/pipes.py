@@ -7,28 +7,102 @@ more than the message. This module speaks the same framing (a 4-byte big-endian 
 8-byte length past 2 GiB, then the pickle), so either end may still use a ``Connection`` on the same
 pipe: ``send`` writes a message with one ``os.write``, an ``Inbox`` takes every whole message that has
 arrived with one ``os.read``.
+
+A message holding arrays larger than the pipe (a batch made before the ring exists: a 256-image batch
+is tens of MB) would cross it 64 KiB at a time, each piece a turn of the scheduler for both ends, and
+be copied five times on the way. ``send(spill=)`` writes those arrays into a fresh ``memfd`` instead,
+hands its descriptor over a Unix socket (``SCM_RIGHTS``, as torch hands its shared tensors), and sends
+the rest of the pickle with the arrays' sizes (a frame marked -2); the receiving ``Inbox`` maps the
+file (or, before Python 3.13, reads it into one buffer) and unpickles the arrays onto it. The file
+has no name: it is freed with its last descriptor and mapping, whichever process dies.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
+import socket
 import struct
+import sys
 from typing import Any
+
+import numpy as np
 
 from ...errors import PipeClosedError
 
 _SHORT = struct.Struct("!i")
 _LONG = struct.Struct("!Q")
+_SPILLED = -2  # a frame whose large buffers travel in a file: -2, the pickle's length, the buffers' count and sizes
 _READ = 1 << 16  # a pipe's default capacity
+SPILL_BYTES = _READ  # a buffer this large leaves the pipe, where ``send`` is given a socket to spill through
+CAN_SPILL = hasattr(os, "memfd_create") and hasattr(socket, "send_fds")
 
 
-def send(fd: int, msg: Any) -> None:
-    """Pickle ``msg`` and write it whole to the pipe ``fd`` (blocking, as ``Connection.send``)."""
-    data = pickle.dumps(msg)
+def send(fd: int, msg: Any, spill: socket.socket | None = None) -> None:
+    """Pickle ``msg`` and write it whole to the pipe ``fd`` (blocking, as ``Connection.send``); with ``spill``,
+    its buffers of ``SPILL_BYTES`` or more go through a file handed over that socket."""
+    if spill is not None:
+        big: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(msg, protocol=5, buffer_callback=lambda b: _keep(b, big))
+        if big:
+            _write(fd, _spill(data, big, spill))
+            return
+    else:
+        data = pickle.dumps(msg)
     n = len(data)
     head = _SHORT.pack(n) if n <= 0x7FFFFFFF else _SHORT.pack(-1) + _LONG.pack(n)
-    buf = head + data
+    _write(fd, head + data)
+
+
+def _keep(buffer: pickle.PickleBuffer, big: list[pickle.PickleBuffer]) -> bool:
+    """In the pickle (True), or out of it into ``big``: a contiguous buffer of ``SPILL_BYTES`` or more."""
+    try:
+        raw = buffer.raw()
+    except BufferError:  # not contiguous: numpy pickles a copy in-band
+        return True
+    if raw.nbytes < SPILL_BYTES:
+        return True
+    big.append(buffer)
+    return False
+
+
+def _spill(data: bytes, big: list[pickle.PickleBuffer], spill: socket.socket) -> bytes:
+    """Write ``big`` into a new memfd, hand it over ``spill``, and return the frame that announces it."""
+    sizes = [b.raw().nbytes for b in big]
+    fd = os.memfd_create("cupy_nwt-batch", os.MFD_CLOEXEC)
+    try:
+        for b in big:
+            view = b.raw()
+            while view:
+                view = view[os.write(fd, view):]
+        socket.send_fds(spill, [b"\0"], [fd])
+    finally:
+        os.close(fd)
+    return (_SHORT.pack(_SPILLED) + _LONG.pack(len(data)) + _SHORT.pack(len(sizes))
+            + struct.pack(f"!{len(sizes)}Q", *sizes) + data)
+
+
+def _map(fd: int, total: int) -> memoryview:
+    """The file's first ``total`` bytes: mapped where the mapping holds no descriptor (Python 3.13), else read."""
+    if sys.version_info >= (3, 13):
+        return memoryview(mmap.mmap(fd, total, trackfd=False))
+    return _read(fd, total)
+
+
+def _read(fd: int, total: int) -> memoryview:
+    """The file's first ``total`` bytes in a new buffer (``np.empty``: ``bytearray()`` writes every page first)."""
+    whole = np.empty(total, np.uint8).data
+    done = 0
+    while done < total:
+        n = os.preadv(fd, [whole[done:]], done)
+        if n == 0:
+            raise PipeClosedError("a worker's spilled file was shorter than its message said")
+        done += n
+    return whole
+
+
+def _write(fd: int, buf: bytes) -> None:
     done = os.write(fd, buf)
     if done < len(buf):  # a message past the pipe's capacity: the rest as the reader frees room
         view = memoryview(buf)[done:]
@@ -39,10 +113,11 @@ def send(fd: int, msg: Any) -> None:
 class Inbox:
     """The receiving end of a pipe, read in bulk: ``take()`` (call it when ``fd`` is readable) returns the
     messages that arrived whole; one cut short by the pipe's capacity is read to its end first, as
-    ``Connection.recv`` would. Raises ``EOFError`` once the writer is gone."""
+    ``Connection.recv`` would. Raises ``EOFError`` once the writer is gone. ``spill``: the socket a
+    sender's large buffers arrive through (``send(spill=)``)."""
 
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    def __init__(self, fd: int, spill: socket.socket | None = None) -> None:
+        self.fd, self.spill = fd, spill
         self._buf = b""
 
     def take(self) -> list[Any]:
@@ -53,21 +128,50 @@ class Inbox:
         out = []
         pos, end = 0, len(buf)
         while end - pos >= 4:
-            (size,) = _SHORT.unpack_from(buf, pos)
-            head = 4
-            if size == -1:
-                if end - pos < 12:
-                    break
+            (size,) = marker = _SHORT.unpack_from(buf, pos)
+            head, sizes = 4, None
+            if size in (-1, _SPILLED):
+                if end - pos < 16:
+                    buf = buf[pos:] + self._exactly(16 - (end - pos))
+                    pos, end = 0, len(buf)
                 (size,) = _LONG.unpack_from(buf, pos + 4)
                 head = 12
+                if marker[0] == _SPILLED:
+                    (count,) = _SHORT.unpack_from(buf, pos + 12)
+                    head = 16 + 8 * count
+                    if end - pos < head:
+                        buf = buf[pos:] + self._exactly(head - (end - pos))
+                        pos, end = 0, len(buf)
+                    sizes = struct.unpack_from(f"!{count}Q", buf, pos + 16)
             missing = pos + head + size - end
             if missing > 0:
                 buf = buf[pos:] + self._exactly(missing)
                 pos, end = 0, len(buf)
-            out.append(pickle.loads(memoryview(buf)[pos + head:pos + head + size]))
+            body = memoryview(buf)[pos + head:pos + head + size]
+            out.append(pickle.loads(body) if sizes is None else pickle.loads(body, buffers=self._spilled(sizes)))
             pos += head + size
         self._buf = buf[pos:]
         return out
+
+    def _spilled(self, sizes: tuple[int, ...]) -> list[memoryview]:
+        """The spilled buffers, from the file that came over ``spill``: mapped where the mapping need not keep
+        a descriptor open (Python 3.13's ``trackfd``; a caller may keep many batches), else read in one call."""
+        if self.spill is None:
+            raise PipeClosedError("a worker spilled a message where no socket takes it")
+        _, fds, _, _ = socket.recv_fds(self.spill, 1, 1)
+        if not fds:
+            raise PipeClosedError("the worker's spill socket closed")
+        total = sum(sizes)
+        try:
+            whole = _map(fds[0], total)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        views, at = [], 0
+        for n in sizes:
+            views.append(whole[at:at + n])
+            at += n
+        return views
 
     def _exactly(self, n: int) -> bytes:
         parts = []

@@ -12,7 +12,8 @@ it starts (inherited, or a descriptor in the process object) and a later ``RingM
 layout. A worker watches the parent's sentinel too, so it never outlives the main process.
 
 Until the ring exists (its layout is learned from the first batch a worker makes) each worker has
-at most one task out, without a slot; those few batches come back pickled.
+at most one task out, without a slot; those few batches come back pickled, their large arrays
+through an anonymous file handed over each worker's spill socket (``pipes``).
 
 Under forkserver and spawn the workers start in a wave (``start.start_wave``: one per usable CPU), the
 rest once one of them says it is up: a worker not yet started takes no task (its batches wait, as they
@@ -29,6 +30,7 @@ import os
 import pickle
 import select
 import signal
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,6 +82,7 @@ class _Worker:
     process: Any
     tasks: Connection
     results: Connection
+    spill: socket.socket | None  # where the worker's large unringed arrays arrive (``pipes``)
     inbox: pipes.Inbox
     pid: int
     task_fd: int
@@ -143,18 +146,24 @@ class WorkerPool(Dispatch):
                           world_size, self._file)
         task_r, task_w = ctx.Pipe(duplex=False)
         res_r, res_w = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w), name=f"cupy_nwt-worker-{w}", daemon=True)
+        spill_r, spill_w = socket.socketpair() if pipes.CAN_SPILL else (None, None)
+        proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w, spill_w), name=f"cupy_nwt-worker-{w}",
+                           daemon=True)
         try:
             proc.start()
         except (pickle.PicklingError, AttributeError, TypeError, ConnectionError) as exc:
-            for c in (task_r, task_w, res_r, res_w):
-                c.close()
+            for c in (task_r, task_w, res_r, res_w, spill_r, spill_w):
+                if c is not None:
+                    c.close()
             if isinstance(exc, ConnectionError):  # the server's child died while being handed the process
                 raise LoaderError(f"loader worker {w} could not be started by {method}{exit_hint(method, 1)}") from None
             raise LoaderError(pickling_advice(method, exc)) from exc
         task_r.close()
         res_w.close()
-        worker = _Worker(w, proc, task_w, res_r, pipes.Inbox(res_r.fileno()), proc.pid, task_w.fileno())
+        if spill_w is not None:
+            spill_w.close()
+        worker = _Worker(w, proc, task_w, res_r, spill_r, pipes.Inbox(res_r.fileno(), spill_r), proc.pid,
+                         task_w.fileno())
         self._workers.append(worker)
         self._by_fd[res_r.fileno()] = worker
         self._waits.register(res_r.fileno(), select.POLLIN)
@@ -324,6 +333,8 @@ class WorkerPool(Dispatch):
         for w in self._workers:
             w.tasks.close()
             w.results.close()
+            if w.spill is not None:
+                w.spill.close()  # a file handed over but never read goes with it
             w.process.close()
         self._workers = []
         if self._file is not None:

@@ -13,6 +13,7 @@ import pickle
 import random
 import select
 import signal
+import socket
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,8 +50,9 @@ class _PipeChannel:
     """A worker process's ends: the task pipe watched with the parent's sentinel (and, before each
     message, ``lifeline``'s check), the result pipe; torch is adopted once it is imported (``TorchAdoption``)."""
 
-    def __init__(self, tasks: Connection, results: Connection, spec: WorkerSpec, watch: ParentWatch) -> None:
-        self.tasks, self.results, self.spec, self.watch = tasks, results, spec, watch
+    def __init__(self, tasks: Connection, results: Connection, spill: socket.socket | None, spec: WorkerSpec,
+                 watch: ParentWatch) -> None:
+        self.tasks, self.results, self.spill, self.spec, self.watch = tasks, results, spill, spec, watch
         self.task_fd, self.result_fd = tasks.fileno(), results.fileno()
         self.inbox, self.queued = pipes.Inbox(self.task_fd), deque[Any]()
         parent = mp.parent_process()
@@ -79,7 +81,10 @@ class _PipeChannel:
     def send(self, answer: FromWorker) -> None:
         """An answer whose objects will not pickle becomes that batch's failure (a state: that error)."""
         try:
-            pipes.send(self.result_fd, answer.wire() if type(answer) is Ok else answer)
+            if type(answer) is Ok:
+                pipes.send(self.result_fd, answer.wire())
+            else:  # a batch made before the ring exists, or not fitting it: its arrays may leave the pipe
+                pipes.send(self.result_fd, answer, self.spill if type(answer) is Whole else None)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             if isinstance(answer, StreamState):
                 report = ErrorReport.from_exception(exc, None, keep_object=False)
@@ -106,8 +111,9 @@ def seed_globals(seed: int) -> None:
     np.random.seed(np.random.SeedSequence(seed).generate_state(4))
 
 
-def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> None:
-    """A worker process: serve tasks until told to ``Stop``, the task pipe closes or the parent dies."""
+def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, spill: socket.socket | None = None) -> None:
+    """A worker process: serve tasks until told to ``Stop``, the task pipe closes or the parent dies; large
+    arrays of a batch that does not go into the ring leave through ``spill`` (``pipes``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the main process's handler (``lifeline``), if forked
     watch = ParentWatch()
@@ -121,6 +127,6 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection) -> Non
     enter_process(WorkerInfo(spec.worker_id, spec.num_workers, spec.seed, maker.dataset, spec.rank, spec.world_size))
     try:
         pipes.send(results.fileno(), Started())  # before worker_init_fn: the user's own start is not the pool's to pace
-        serve_loop(_PipeChannel(tasks, results, spec, watch), maker, spec.worker_id, spec.worker_init_fn)
+        serve_loop(_PipeChannel(tasks, results, spill, spec, watch), maker, spec.worker_id, spec.worker_init_fn)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the main process went away
