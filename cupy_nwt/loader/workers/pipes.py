@@ -13,12 +13,13 @@ is tens of MB) would cross it 64 KiB at a time, each piece a turn of the schedul
 be copied five times on the way. ``send(spill=)`` writes those arrays into a fresh ``memfd`` instead,
 hands its descriptor over a Unix socket (``SCM_RIGHTS``, as torch hands its shared tensors), and sends
 the rest of the pickle with the arrays' sizes (a frame marked -2); the receiving ``Inbox`` maps the
-file (or, before Python 3.13, reads it into one buffer) and unpickles the arrays onto it. The file
-has no name: it is freed with its last descriptor and mapping, whichever process dies.
+file, closes its descriptor, and unpickles the arrays onto the mapping, without a copy. The file has
+no name: it is freed with its last descriptor and mapping, whichever process dies.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import pickle
@@ -84,10 +85,41 @@ def _spill(data: bytes, big: list[pickle.PickleBuffer], spill: socket.socket) ->
 
 
 def _map(fd: int, total: int) -> memoryview:
-    """The file's first ``total`` bytes: mapped where the mapping holds no descriptor (Python 3.13), else read."""
+    """The file's first ``total`` bytes, mapped without holding a descriptor: a caller may keep many batches,
+    and one descriptor each would run into the open-files limit (torch's ``file_descriptor`` strategy does)."""
     if sys.version_info >= (3, 13):
         return memoryview(mmap.mmap(fd, total, trackfd=False))
-    return _read(fd, total)
+    return _Mapping.of(fd, total)
+
+
+class _Mapping:
+    """A shared mapping made with libc's ``mmap`` (before Python 3.13 ``mmap.mmap`` keeps a duplicate of the
+    descriptor while it lives), unmapped when the last view of it goes: the views hold the ctypes array
+    that holds this object. Where libc's ``mmap`` fails, the file is read into memory instead."""
+
+    libc: Any = None
+
+    def __init__(self, address: int, size: int) -> None:
+        self.address, self.size = address, size
+
+    @classmethod
+    def of(cls, fd: int, size: int) -> memoryview:
+        if cls.libc is None:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.mmap.restype = ctypes.c_void_p
+            libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_long]
+            libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+            cls.libc = libc
+        address = cls.libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            return _read(fd, size)
+        array = (ctypes.c_char * size).from_address(address)
+        array.mapping = cls(address, size)  # type: ignore[attr-defined]
+        return memoryview(array).cast("B")
+
+    def __del__(self) -> None:
+        self.libc.munmap(self.address, self.size)
 
 
 def _read(fd: int, total: int) -> memoryview:

@@ -141,6 +141,8 @@ class WorkerPool(Dispatch):
 
     def _start(self, w: int, shipped: BatchMaker) -> None:
         num_workers, seed, epoch, _, worker_init_fn, rank, world_size = self._spec
+        if self._file is not None:
+            self._file.settle()  # no fork beside the thread allocating the ring's pages
         ctx, method = self._ctx, self._ctx.get_start_method()
         spec = WorkerSpec(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), shipped, worker_init_fn, rank,
                           world_size, self._file)
@@ -256,6 +258,8 @@ class WorkerPool(Dispatch):
         The workers are looked at when a sentinel or a closed pipe says one ended, or when nothing came:
         a batch's answer alone proves its worker alive.
         """
+        if self._file is not None and self._file.allocating:
+            self._file.settle(wait=False)  # the ring's pages, allocated beside the first batches: refused?
         ready = self._waits.poll(None if timeout is None else math.ceil(max(0.0, timeout) * 1000))
         out: list[Result] = []
         look = not ready

@@ -71,7 +71,8 @@ def test_the_reserved_size_is_sealed_so_no_holder_can_cut_pages_from_another():
     assert file is not None
     try:
         with Ring(layout, 2, file=file) as ring:
-            assert os.fstat(file.fd).st_blocks * 512 >= ring.nbytes  # every page allocated now, not at first touch
+            file.settle()  # the pages are allocated on a thread beside the caller
+            assert os.fstat(file.fd).st_blocks * 512 >= ring.nbytes  # every page allocated, not at first touch
             with pytest.raises(PermissionError):
                 os.ftruncate(file.fd, 4096)
             with pytest.raises(PermissionError):
@@ -80,7 +81,7 @@ def test_the_reserved_size_is_sealed_so_no_holder_can_cut_pages_from_another():
         file.close()
 
 
-def test_a_refused_allocation_is_a_ring_memory_error_and_gives_the_pages_back(monkeypatch):
+def test_a_refused_allocation_is_a_ring_memory_error_once_settled(monkeypatch):
     def no_memory(fd, offset, length):
         raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
 
@@ -89,9 +90,11 @@ def test_a_refused_allocation_is_a_ring_memory_error_and_gives_the_pages_back(mo
     file = RingFile.create()
     assert file is not None
     try:
-        with pytest.raises(RingMemoryError, match=r"\(Cannot allocate memory\); lower batch_size"):
-            Ring(layout, 2, file=file)
-        assert os.fstat(file.fd).st_size == 0
+        with Ring(layout, 2, file=file):  # the check passed: the pages are allocated beside the caller
+            with pytest.raises(RingMemoryError, match=r"\(Cannot allocate memory\); lower batch_size"):
+                file.settle()
+            file.settle()  # said once
+            assert not file.allocating
     finally:
         file.close()
 

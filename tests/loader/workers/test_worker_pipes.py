@@ -157,3 +157,14 @@ def test_a_loader_s_large_first_batches_arrive_whole_and_keep_no_descriptor(meth
     assert all((b[1] == i * 2 + 1).all() for i, b in enumerate(kept))
     held = [link for _, link in _open_fds() if "cupy_nwt-batch" in link]
     assert held == []  # a caller may keep every batch: none holds a descriptor
+    assert _mapped_batch_files() >= 1  # the first batches are mapped from their files, not copied
+    del kept
+    import gc  # noqa: PLC0415
+
+    gc.collect()
+    assert _mapped_batch_files() == 0  # and unmapped once the caller lets them go
+
+
+def _mapped_batch_files() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("cupy_nwt-batch" in line for line in f)
