@@ -43,14 +43,15 @@ CAN_SPILL = hasattr(os, "memfd_create") and hasattr(socket, "send_fds")
 def send(fd: int, msg: Any, spill: socket.socket | None = None) -> None:
     """Pickle ``msg`` and write it whole to the pipe ``fd`` (blocking, as ``Connection.send``); with ``spill``,
     its buffers of ``SPILL_BYTES`` or more go through a file handed over that socket."""
-    if spill is not None:
-        big: list[pickle.PickleBuffer] = []
-        data = pickle.dumps(msg, protocol=5, buffer_callback=lambda b: _keep(b, big))
-        if big:
-            _write(fd, _spill(data, big, spill))
+    big: list[pickle.PickleBuffer] = []
+    data = pickle.dumps(msg) if spill is None else pickle.dumps(msg, protocol=5, buffer_callback=lambda b: _keep(b, big))
+    if big:
+        assert spill is not None
+        frame = _spill(data, big, spill)
+        if frame is not None:
+            _write(fd, frame)
             return
-    else:
-        data = pickle.dumps(msg)
+        data = pickle.dumps(msg)  # no file to be had: every buffer in the pipe
     n = len(data)
     head = _SHORT.pack(n) if n <= 0x7FFFFFFF else _SHORT.pack(-1) + _LONG.pack(n)
     _write(fd, head + data)
@@ -68,15 +69,22 @@ def _keep(buffer: pickle.PickleBuffer, big: list[pickle.PickleBuffer]) -> bool:
     return False
 
 
-def _spill(data: bytes, big: list[pickle.PickleBuffer], spill: socket.socket) -> bytes:
-    """Write ``big`` into a new memfd, hand it over ``spill``, and return the frame that announces it."""
+def _spill(data: bytes, big: list[pickle.PickleBuffer], spill: socket.socket) -> bytes | None:
+    """Write ``big`` into a new memfd, hand it over ``spill``, and return the frame that announces it; None
+    where no file could be made (descriptors or memory short, a seccomp filter): the pipe takes it all."""
     sizes = [b.raw().nbytes for b in big]
-    fd = os.memfd_create("cupy_nwt-batch", os.MFD_CLOEXEC)
     try:
-        for b in big:
-            view = b.raw()
-            while view:
-                view = view[os.write(fd, view):]
+        fd = os.memfd_create("cupy_nwt-batch", os.MFD_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        try:
+            for b in big:
+                view = b.raw()
+                while view:
+                    view = view[os.write(fd, view):]
+        except OSError:
+            return None
         socket.send_fds(spill, [b"\0"], [fd])
     finally:
         os.close(fd)

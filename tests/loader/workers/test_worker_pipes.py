@@ -168,3 +168,24 @@ def test_a_loader_s_large_first_batches_arrive_whole_and_keep_no_descriptor(meth
 def _mapped_batch_files() -> int:
     with open("/proc/self/maps") as f:
         return sum("cupy_nwt-batch" in line for line in f)
+
+
+@spill_only
+def test_without_a_file_to_spill_into_the_pipe_takes_the_whole_message(monkeypatch):
+    import errno  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+
+    def refused(*args):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(os, "memfd_create", refused)
+    r, w = mp.Pipe(duplex=False)
+    mine, theirs = socket.socketpair()
+    big = np.arange(1 << 15, dtype=np.int64)  # 256 KiB: would spill
+    writer = threading.Thread(target=pipes.send, args=(w.fileno(), ("whole", big), theirs))
+    writer.start()
+    assert r.recv()[1].tolist() == big.tolist()  # a plain frame: a Connection reads it
+    writer.join()
+    for end in (mine, theirs, r, w):
+        end.close()
