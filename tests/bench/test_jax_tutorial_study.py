@@ -25,8 +25,40 @@ def test_the_summary_leaves_out_the_compiling_epoch_and_takes_medians_of_runs(tm
     assert json.loads(saved.read_text())["ratio_cupy_nwt_over_torch"] == 1.5
 
 
-@pytest.mark.parametrize("argv", [["--rounds", "2"], ["--epochs", "0"], ["--n-train", "10"]])
+@pytest.mark.parametrize("argv", [["--rounds", "2"], ["--epochs", "0"], ["--n-train", "10"], ["--sessions", "-1"]])
 def test_bad_arguments_stop_before_any_run(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         et.main(argv)
     assert exc.value.code == 2 and "--rounds must be >= 3" in capsys.readouterr().err
+
+
+def test_neighbours_in_other_sessions_spin_through_every_round_and_are_gone_after(tmp_path, monkeypatch):
+    import os  # noqa: PLC0415
+
+    seen: list[int] = []
+
+    def fake_run(loader, epochs, n_train, bases=None):
+        seen.append(len(spinners()))
+        return [9.0, 2.0 if loader == "torch" else 3.0]
+
+    def spinners() -> list[int]:
+        mine = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+                sid = os.getsid(int(pid))
+            except OSError:
+                continue
+            if et.SPIN.encode() in cmd and sid == int(pid):  # a session of its own
+                mine.append(int(pid))
+        return mine
+
+    monkeypatch.setattr(et, "run_once", fake_run)
+    out = tmp_path / "r.json"
+    assert et.main(["--rounds", "3", "--sessions", "2", "--out", str(out)]) == 0
+    assert seen == [2] * 6  # both neighbours beside each of the 3 rounds' 2 runs
+    assert spinners() == []
+    doc = json.loads(out.read_text())
+    assert doc["conditions"]["other_sessions_spinning"] == 2 and doc["command"].endswith("--sessions 2")
+    assert doc["ratio_cupy_nwt_over_torch"] == 1.5

@@ -6,7 +6,9 @@ persistent workers). ``--base-rev REV`` adds ``cupy_nwt@REV``, the package as co
 ``git archive``, first on ``PYTHONPATH``); ``--busy`` puts a busy neighbour (a process spinning at
 nice 0) beside every other round, in this session or (``--busy-session``) in a session of its own: where
 the kernel groups tasks by session (autogroup), a neighbour in another session competes with the
-whole run as one group, as another user's work would. Writes the per-run times, each run's load average, and
+whole run as one group, as another user's work would. ``--sessions N`` runs N such neighbours, each in a
+session of its own, beside every round: the load other users put on a shared machine, made on purpose.
+Writes the per-run times, each run's load average, and
 ``summarize``'s figures, overall and by round kind.
 
     python bench/studies/does_the_jax_tutorial_keep_pace/epoch_times.py --rounds 3 --out result.json
@@ -62,10 +64,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--base-rev", help="also run cupy_nwt as committed at this revision")
     ap.add_argument("--busy", action="store_true", help="a spinning neighbour beside every other round")
     ap.add_argument("--busy-session", action="store_true", help="the neighbour in a session of its own")
+    ap.add_argument("--sessions", type=int, default=0,
+                    help="spinning neighbours beside every round, each in a session of its own")
     ap.add_argument("--summarize", type=Path, help="recompute the summary of a result file written before")
     args = ap.parse_args(argv)
-    if args.rounds < 3 or args.epochs < 1 or args.n_train < 128:
-        ap.error("--rounds must be >= 3, --epochs >= 1, --n-train >= 128")
+    if args.rounds < 3 or args.epochs < 1 or args.n_train < 128 or args.sessions < 0:
+        ap.error("--rounds must be >= 3, --epochs >= 1, --n-train >= 128, --sessions >= 0")
     if args.summarize is not None:
         result = json.loads(args.summarize.read_text())
         result.update(summarize(result["epoch_s"]))
@@ -77,19 +81,13 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[list[float]]] = {name: [] for name in names}
         loads: dict[str, list[list[float]]] = {name: [] for name in names}
         busy_rounds = [args.busy and r % 2 == 1 for r in range(args.rounds)]
-        for r in range(args.rounds):
-            spinner = (subprocess.Popen(["nice", "-n", "0", sys.executable, "-c", SPIN],
-                                        start_new_session=args.busy_session) if busy_rounds[r] else None)
-            try:
-                for name in (names if (r // 2 if args.busy else r) % 2 == 0 else names[::-1]):
-                    before = os.getloadavg()[0]
-                    runs[name].append(run_once(name, args.epochs, args.n_train, bases))
-                    loads[name].append([before, os.getloadavg()[0]])
-                    print(name, "busy" if busy_rounds[r] else "", runs[name][-1], loads[name][-1], flush=True)
-            finally:
-                if spinner is not None:
-                    spinner.kill()
-                    spinner.wait()
+        others = [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(args.sessions)]
+        try:
+            rounds(args, names, bases, runs, loads, busy_rounds)
+        finally:
+            for p in others:
+                p.kill()
+                p.wait()
         by_kind = {kind: summarize({n: [t for t, b in zip(times, busy_rounds) if b == want]
                                     for n, times in runs.items()})
                    for kind, want in (("quiet", False), ("busy", True)) if want in busy_rounds}
@@ -97,9 +95,12 @@ def main(argv: list[str] | None = None) -> int:
             "question": "are the JAX tutorial's epochs with cupy_nwt's DataLoader no slower than with torch's?",
             "command": "python bench/studies/does_the_jax_tutorial_keep_pace/epoch_times.py "
                        f"--rounds {args.rounds} --epochs {args.epochs} --n-train {args.n_train}"
-                       + (f" --base-rev {args.base_rev}" if args.base_rev else "") + (" --busy" if args.busy else "") + (" --busy-session" if args.busy_session else ""),
+                       + (f" --base-rev {args.base_rev}" if args.base_rev else "") + (" --busy" if args.busy else "")
+                       + (" --busy-session" if args.busy_session else "")
+                       + (f" --sessions {args.sessions}" if args.sessions else ""),
             "conditions": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
                            "batch_size": 128, "num_workers": 2, "n_train": args.n_train, "epochs": args.epochs,
+                           "other_sessions_spinning": args.sessions,
                            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
             "base_commit": resolve(args.base_rev) if args.base_rev else None,
             "epoch_s": runs,
@@ -111,6 +112,24 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k.startswith(("summary", "ratio", "by_round"))}, indent=1))
     return 0
+
+
+def rounds(args: argparse.Namespace, names: list[str], bases: dict[str, Path], runs: dict[str, list[list[float]]],
+           loads: dict[str, list[list[float]]], busy_rounds: list[bool]) -> None:
+    """Each round: every loader's run, the order alternating, a neighbour beside the busy rounds."""
+    for r in range(args.rounds):
+        spinner = (subprocess.Popen(["nice", "-n", "0", sys.executable, "-c", SPIN],
+                                    start_new_session=args.busy_session) if busy_rounds[r] else None)
+        try:
+            for name in (names if (r // 2 if args.busy else r) % 2 == 0 else names[::-1]):
+                before = os.getloadavg()[0]
+                runs[name].append(run_once(name, args.epochs, args.n_train, bases))
+                loads[name].append([before, os.getloadavg()[0]])
+                print(name, "busy" if busy_rounds[r] else "", runs[name][-1], loads[name][-1], flush=True)
+        finally:
+            if spinner is not None:
+                spinner.kill()
+                spinner.wait()
 
 
 if __name__ == "__main__":
