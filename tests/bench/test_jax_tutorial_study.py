@@ -34,31 +34,34 @@ def test_bad_arguments_stop_before_any_run(argv, capsys):
 
 def test_neighbours_in_other_sessions_spin_through_every_round_and_are_gone_after(tmp_path, monkeypatch):
     import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    started: list[subprocess.Popen] = []
+    real = subprocess.Popen
+
+    def recording(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        return started[-1]
 
     seen: list[int] = []
 
+    def spinning() -> int:
+        return sum(p.poll() is None and os.getsid(p.pid) == p.pid for p in started)  # alive, in a session of its own
+
     def fake_run(loader, epochs, n_train, bases=None):
-        seen.append(len(spinners()))
+        deadline = time.monotonic() + 10  # a child on a loaded machine may not have reached setsid() yet
+        while spinning() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(spinning())
         return [9.0, 2.0 if loader == "torch" else 3.0]
 
-    def spinners() -> list[int]:
-        mine = []
-        for pid in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read()
-                sid = os.getsid(int(pid))
-            except OSError:
-                continue
-            if et.SPIN.encode() in cmd and sid == int(pid):  # a session of its own
-                mine.append(int(pid))
-        return mine
-
+    monkeypatch.setattr(et.subprocess, "Popen", recording)
     monkeypatch.setattr(et, "run_once", fake_run)
     out = tmp_path / "r.json"
     assert et.main(["--rounds", "3", "--sessions", "2", "--out", str(out)]) == 0
-    assert seen == [2] * 6  # both neighbours beside each of the 3 rounds' 2 runs
-    assert spinners() == []
+    assert len(started) == 2 and seen == [2] * 6  # both neighbours beside each of the 3 rounds' 2 runs
+    assert all(p.returncode is not None for p in started)  # and gone after
     doc = json.loads(out.read_text())
     assert doc["conditions"]["other_sessions_spinning"] == 2 and doc["command"].endswith("--sessions 2")
     assert doc["ratio_cupy_nwt_over_torch"] == 1.5
