@@ -31,7 +31,6 @@ thread beside the caller, not on the first batch's path: a worker forked from a 
 
 from __future__ import annotations
 
-import _thread
 import logging
 import time
 import warnings
@@ -41,6 +40,7 @@ from typing import Any
 
 import psutil
 
+from .._background import Background
 from ..errors import ArgumentError
 from ._events import Listener, SkippedSample, StageTimes, Stall
 
@@ -49,7 +49,7 @@ MEMORY_WARN_BYTES = 64 << 20  # workers' private memory grown by this much a wor
 _log = logging.getLogger("cupy_nwt.loader")
 _COUNTS = ("delivered", "made", "waited_s", "blocked_s", "copy_s", "skipped")
 KEEP_SKIPPED = 100  # skipped samples ``stats()`` lists (every one is counted, and logged)
-_reading: list[_thread.LockType] = []  # held while a thread reads baselines, for any loader of this process
+_reading: list[Background] = []  # baselines being read, by any loader of this process
 
 
 class MemoryGrowthWarning(UserWarning):
@@ -146,9 +146,7 @@ def settle_baselines() -> None:
     """Wait for the workers' memory baselines still being read: a process about to fork calls it, so that
     no worker starts beside a thread of this module."""
     while _reading:
-        done = _reading.pop()
-        with done:
-            pass
+        _reading.pop().wait()
 
 
 def read_uss(pid: int) -> int | None:
@@ -219,17 +217,11 @@ class Recorder(Listener):
         if not todo:
             return
         settle_baselines()
-        done = _thread.allocate_lock()
-        done.acquire()
-        _reading.append(done)
-        _thread.start_new_thread(self._baseline, (todo, done))  # not Thread.start(), which waits for it to run
+        _reading.append(Background(self._baseline, todo))
 
-    def _baseline(self, pids: Sequence[int], done: _thread.LockType) -> None:
-        try:
-            for pid, uss in self._read(pids):
-                self.first.setdefault(pid, uss)
-        finally:
-            done.release()
+    def _baseline(self, pids: Sequence[int]) -> None:
+        for pid, uss in self._read(pids):
+            self.first.setdefault(pid, uss)
 
     def ended(self, pids: Sequence[int]) -> None:
         """Workers are still up at an epoch's end: warn once if their memory grew as copy-on-read does."""

@@ -22,7 +22,6 @@ from under another's mapping.
 
 from __future__ import annotations
 
-import _thread
 import contextlib
 import fcntl
 import logging
@@ -33,6 +32,7 @@ from dataclasses import dataclass
 from multiprocessing import reduction
 from typing import Any
 
+from ..._background import Background
 from ...errors import RingMemoryError
 
 log = logging.getLogger("cupy_nwt.loader")
@@ -61,7 +61,7 @@ class RingFile:
 
     def __init__(self, fd: int, name: str) -> None:
         self.fd, self.name = fd, name
-        self._allocating: _thread.LockType | None = None  # held while a thread allocates the pages
+        self._allocating: Background | None = None  # the thread allocating the pages
         self._refused: str | None = None
         self._nbytes = 0
 
@@ -91,28 +91,23 @@ class RingFile:
         except OSError as exc:
             raise RingMemoryError(_need(nbytes, memory_room(), f" ({exc.strerror})")) from None
         self._nbytes = nbytes
-        done = _thread.allocate_lock()
-        done.acquire()
-        self._allocating = done
-        _thread.start_new_thread(self._allocate, (nbytes, done))  # not Thread.start(), which waits for it to run
+        self._allocating = Background(self._allocate, nbytes)
 
-    def _allocate(self, nbytes: int, done: _thread.LockType) -> None:
+    def _allocate(self, nbytes: int) -> None:
         try:
             os.posix_fallocate(self.fd, 0, nbytes)
-            with contextlib.suppress(AttributeError, OSError):  # a safeguard, not a need: the pages are there
-                fcntl.fcntl(self.fd, getattr(fcntl, "F_ADD_SEALS"), _SEALS)
         except OSError as exc:
             self._refused = exc.strerror or str(exc)
-        finally:
-            done.release()
+            return
+        with contextlib.suppress(AttributeError, OSError):  # a safeguard, not a need: the pages are there
+            fcntl.fcntl(self.fd, getattr(fcntl, "F_ADD_SEALS"), _SEALS)
 
     def settle(self, *, wait: bool = True) -> None:
         """Wait for the pages' allocation (or, ``wait=False``, look whether it ended) and raise ``RingMemoryError``
         if the kernel refused it: memory went elsewhere between the check and the allocation."""
-        done = self._allocating
-        if done is None or not done.acquire(blocking=wait):
+        running = self._allocating
+        if running is None or not (running.wait() if wait else running.done()):
             return
-        done.release()
         self._allocating = None
         if self._refused is not None:
             refused, self._refused = self._refused, None
