@@ -1,15 +1,20 @@
-"""bench/studies/does_the_jax_tutorial_keep_pace/epoch_times.py: the summary of recorded runs, and bad input
-stopping with one line. The tutorial itself runs in tests/loader/test_clients.py; the study is run by hand."""
+"""bench/studies/does_the_jax_tutorial_keep_pace/epoch_times.py and cpu_waits.py: the summary of recorded runs,
+bad input stopping with one line, neighbours and confinement as the runs see them. The tutorial itself runs in
+tests/loader/test_clients.py; the study is run by hand."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "studies" / "does_the_jax_tutorial_keep_pace"))
+import cpu_waits as cw  # noqa: E402
 import epoch_times as et  # noqa: E402
 
 
@@ -33,10 +38,6 @@ def test_bad_arguments_stop_before_any_run(argv, capsys):
 
 
 def test_neighbours_in_other_sessions_spin_through_every_round_and_are_gone_after(tmp_path, monkeypatch):
-    import os  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import time  # noqa: PLC0415
-
     started: list[subprocess.Popen] = []
     real = subprocess.Popen
 
@@ -49,7 +50,7 @@ def test_neighbours_in_other_sessions_spin_through_every_round_and_are_gone_afte
     def spinning() -> int:
         return sum(p.poll() is None and os.getsid(p.pid) == p.pid for p in started)  # alive, in a session of its own
 
-    def fake_run(loader, epochs, n_train, bases=None):
+    def fake_run(loader, epochs, n_train, bases=None, cpus=None):
         deadline = time.monotonic() + 10  # a child on a loaded machine may not have reached setsid() yet
         while spinning() < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -65,3 +66,59 @@ def test_neighbours_in_other_sessions_spin_through_every_round_and_are_gone_afte
     doc = json.loads(out.read_text())
     assert doc["conditions"]["other_sessions_spinning"] == 2 and doc["command"].endswith("--sessions 2")
     assert doc["ratio_cupy_nwt_over_torch"] == 1.5
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
+def test_cpus_confine_the_tutorial_and_its_workers_and_are_recorded(tmp_path, monkeypatch):
+    (tmp_path / "jax_tutorial.py").write_text(  # a stand-in that reports where it and a child of it may run
+        "import os\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os._exit(len(os.sched_getaffinity(0)))\n"
+        "print(f'Epoch 0 in {len(os.sched_getaffinity(0))}.0 sec')\n"
+        "print(f'Epoch 1 in {os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])}.0 sec')\n")
+    monkeypatch.setattr(et, "HERE", tmp_path)
+    assert et.run_once("torch", 2, 128, cpus={0}) == [1.0, 1.0]
+    out = tmp_path / "r.json"
+    assert et.main(["--rounds", "3", "--epochs", "2", "--n-train", "128", "--cpus", "0", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["conditions"]["tutorial_cpus"] == [0] and doc["command"].endswith("--cpus 0")
+    assert doc["summary"]["cupy_nwt"]["median_epoch_s"] == 1.0
+
+
+@pytest.mark.parametrize("cpus", ["zero", "0,,1", "99999"])
+def test_cpus_this_process_cannot_use_stop_before_any_run(cpus, capsys, monkeypatch):
+    monkeypatch.setattr(et, "run_once", lambda *a, **k: pytest.fail("ran"))
+    with pytest.raises(SystemExit) as exc:
+        et.main(["--cpus", cpus])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and ": error: --cpus" in err[-1]
+
+
+def test_the_cpu_waits_neighbours_spin_through_the_runs_and_are_gone_after(tmp_path, monkeypatch):
+    started: list[subprocess.Popen] = []
+    seen: list[int] = []
+    real = cw.neighbours
+
+    def recording(n: int) -> list[subprocess.Popen]:
+        started.extend(real(n))
+        return started
+
+    def measure(args, names, bases, runs):
+        deadline = time.monotonic() + 10  # a child on a loaded machine may not have reached setsid() yet
+        while sum(os.getsid(p.pid) == p.pid for p in started if p.poll() is None) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        seen.append(sum(os.getsid(p.pid) == p.pid for p in started if p.poll() is None))
+        for name in names:
+            runs[name].append({"batches": [dict.fromkeys(ROW, 1.0)]})
+
+    monkeypatch.setattr(cw, "neighbours", recording)
+    monkeypatch.setattr(cw, "measure", measure)
+    out = tmp_path / "w.json"
+    assert cw.main(["--sessions", "3", "--out", str(out)]) == 0
+    assert seen == [3] and len(started) == 3 and all(p.returncode is not None for p in started)
+    doc = json.loads(out.read_text())
+    assert doc["conditions"]["other_sessions_spinning"] == 3 and doc["command"].endswith("--sessions 3")
+
+
+ROW = ("parent_wait_ms", "parent_cpu_ms", "worker_wait_ms", "worker_cpu_ms", "one_cpu", "parent_all_cpu_ms")

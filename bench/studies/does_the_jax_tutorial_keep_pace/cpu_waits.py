@@ -28,6 +28,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
 LOADERS = ("cupy_nwt", "torch")
+SPIN = "while True: pass"
+
+
+def neighbours(n: int) -> list[subprocess.Popen]:
+    """``n`` processes spinning, each in a session of its own: other users' load on a shared machine (where
+    the kernel groups tasks by session, each competes with a whole run as one group)."""
+    return [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(n)]
 
 
 def variant_env(name: str, bases: dict[str, Path]) -> dict[str, str]:
@@ -149,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=3, help="per run; the first is left out (it compiles)")
     ap.add_argument("--n-train", type=int, default=20000)
     ap.add_argument("--base-rev", help="also measure cupy_nwt as committed at this revision")
+    ap.add_argument("--sessions", type=int, default=0,
+                    help="spinning neighbours beside every round, each in a session of its own")
     ap.add_argument("--out", type=Path, default=HERE / "cpu_waits.json")
     ap.add_argument("--child", choices=LOADERS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -161,6 +170,35 @@ def main(argv: list[str] | None = None) -> int:
     bases = ({names[1]: export_rev(args.base_rev, Path(f"/tmp/cupy_nwt-{args.base_rev}-{os.getpid()}"))}
              if args.base_rev else {})
     runs: dict[str, list[dict[str, object]]] = {n: [] for n in names}
+    others = neighbours(args.sessions)
+    try:
+        measure(args, names, bases, runs)
+    finally:
+        for p in others:
+            p.kill()
+            p.wait()
+    result = {
+        "question": "does an epoch of JAX's tutorial wait for CPUs longer with cupy_nwt's workers than with torch's?",
+        "command": "python bench/studies/does_the_jax_tutorial_keep_pace/cpu_waits.py "
+                   f"--rounds {args.rounds} --epochs {args.epochs} --n-train {args.n_train}"
+                   + (f" --base-rev {args.base_rev}" if args.base_rev else "")
+                   + (f" --sessions {args.sessions}" if args.sessions else ""),
+        "base_commit": resolve(args.base_rev) if args.base_rev else None,
+        "conditions": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release(),
+                       "batch_size": 128, "num_workers": 2,
+                       "other_sessions_spinning": args.sessions,
+                       "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
+        "summary": {n: summarize([b for run in rs for b in run["batches"]]) for n, rs in runs.items()},
+        "runs": runs,
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["summary"], indent=1))
+    return 0
+
+
+def measure(args: argparse.Namespace, names: list[str], bases: dict[str, Path],
+            runs: dict[str, list[dict[str, object]]]) -> None:
+    """Each round: a run of every loader in a fresh interpreter, the order alternating."""
     for r in range(args.rounds):
         for name in (names if r % 2 == 0 else names[::-1]):
             env = {**variant_env(name, bases), "N_TRAIN": str(args.n_train), "N_TEST": "2000"}
@@ -174,21 +212,6 @@ def main(argv: list[str] | None = None) -> int:
             runs[name].append(run)
             print(name, [round(e, 2) for e in run["epoch_s"]], [round(e, 2) for e in run["first_batch_s"]],
                   summarize(run["batches"]), flush=True)
-    result = {
-        "question": "does an epoch of JAX's tutorial wait for CPUs longer with cupy_nwt's workers than with torch's?",
-        "command": "python bench/studies/does_the_jax_tutorial_keep_pace/cpu_waits.py "
-                   f"--rounds {args.rounds} --epochs {args.epochs} --n-train {args.n_train}"
-                   + (f" --base-rev {args.base_rev}" if args.base_rev else ""),
-        "base_commit": resolve(args.base_rev) if args.base_rev else None,
-        "conditions": {"cpus": os.cpu_count(), "python": platform.python_version(), "kernel": platform.release(),
-                       "batch_size": 128, "num_workers": 2, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
-        "summary": {n: summarize([b for run in rs for b in run["batches"]]) for n, rs in runs.items()},
-        "runs": runs,
-    }
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["summary"], indent=1))
-    return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

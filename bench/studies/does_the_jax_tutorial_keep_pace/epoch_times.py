@@ -8,7 +8,8 @@ nice 0) beside every other round, in this session or (``--busy-session``) in a s
 the kernel groups tasks by session (autogroup), a neighbour in another session competes with the
 whole run as one group, as another user's work would. ``--sessions N`` runs N such neighbours, each in a
 session of its own, beside every round: the load other users put on a shared machine, made on purpose.
-Writes the per-run times, each run's load average, and
+``--cpus 0`` confines the tutorial and its workers to CPU 0 (the neighbours stay free): what each loader
+makes of one CPU's share, against what it makes of the machine's. Writes the per-run times, each run's load average, and
 ``summarize``'s figures, overall and by round kind.
 
     python bench/studies/does_the_jax_tutorial_keep_pace/epoch_times.py --rounds 3 --out result.json
@@ -27,17 +28,19 @@ import sys
 import time
 from pathlib import Path
 
-from cpu_waits import export_rev, resolve, variant_env
+from cpu_waits import SPIN, export_rev, neighbours, resolve, variant_env
 
 HERE = Path(__file__).resolve().parent
 LOADERS = ("cupy_nwt", "torch")
-SPIN = "while True: pass"
 
 
-def run_once(loader: str, epochs: int, n_train: int, bases: dict[str, Path] | None = None) -> list[float]:
+def run_once(loader: str, epochs: int, n_train: int, bases: dict[str, Path] | None = None,
+             cpus: set[int] | None = None) -> list[float]:
+    """One run of the tutorial (and its workers) in a fresh interpreter, on ``cpus`` only if given."""
     env = {**variant_env(loader, bases or {}), "EPOCHS": str(epochs), "N_TRAIN": str(n_train), "N_TEST": "2000"}
+    confine = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     proc = subprocess.run([sys.executable, str(HERE / "jax_tutorial.py")], capture_output=True, text=True, env=env,
-                          timeout=900, check=False)
+                          timeout=900, check=False, preexec_fn=confine)
     if proc.returncode != 0:
         raise SystemExit(f"the tutorial with {loader}'s loader failed: {proc.stderr[-2000:]}")
     return [float(s) for s in re.findall(r"^Epoch \d+ in ([\d.]+) sec$", proc.stdout, re.M)]
@@ -66,10 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--busy-session", action="store_true", help="the neighbour in a session of its own")
     ap.add_argument("--sessions", type=int, default=0,
                     help="spinning neighbours beside every round, each in a session of its own")
+    ap.add_argument("--cpus", help="run the tutorial on these CPUs only (as taskset -c takes them: 0 or 0,1); "
+                    "the neighbours stay free")
     ap.add_argument("--summarize", type=Path, help="recompute the summary of a result file written before")
     args = ap.parse_args(argv)
     if args.rounds < 3 or args.epochs < 1 or args.n_train < 128 or args.sessions < 0:
         ap.error("--rounds must be >= 3, --epochs >= 1, --n-train >= 128, --sessions >= 0")
+    cpus = parse_cpus(ap, args.cpus)
     if args.summarize is not None:
         result = json.loads(args.summarize.read_text())
         result.update(summarize(result["epoch_s"]))
@@ -81,9 +87,9 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[list[float]]] = {name: [] for name in names}
         loads: dict[str, list[list[float]]] = {name: [] for name in names}
         busy_rounds = [args.busy and r % 2 == 1 for r in range(args.rounds)]
-        others = [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(args.sessions)]
+        others = neighbours(args.sessions)
         try:
-            rounds(args, names, bases, runs, loads, busy_rounds)
+            rounds(args, names, bases, runs, loads, busy_rounds, cpus)
         finally:
             for p in others:
                 p.kill()
@@ -97,10 +103,12 @@ def main(argv: list[str] | None = None) -> int:
                        f"--rounds {args.rounds} --epochs {args.epochs} --n-train {args.n_train}"
                        + (f" --base-rev {args.base_rev}" if args.base_rev else "") + (" --busy" if args.busy else "")
                        + (" --busy-session" if args.busy_session else "")
-                       + (f" --sessions {args.sessions}" if args.sessions else ""),
+                       + (f" --sessions {args.sessions}" if args.sessions else "")
+                       + (f" --cpus {args.cpus}" if args.cpus else ""),
             "conditions": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
                            "batch_size": 128, "num_workers": 2, "n_train": args.n_train, "epochs": args.epochs,
                            "other_sessions_spinning": args.sessions,
+                           "tutorial_cpus": sorted(cpus) if cpus else None,
                            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
             "base_commit": resolve(args.base_rev) if args.base_rev else None,
             "epoch_s": runs,
@@ -114,8 +122,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def parse_cpus(ap: argparse.ArgumentParser, text: str | None) -> set[int] | None:
+    """``--cpus``: a comma-separated list of CPUs this process may use, or None."""
+    if text is None:
+        return None
+    try:
+        cpus = {int(c) for c in text.split(",")}
+    except ValueError:
+        ap.error(f"--cpus takes CPU numbers separated by commas, not {text!r}")
+    if not cpus <= os.sched_getaffinity(0):
+        ap.error(f"--cpus {text}: this process may use CPUs {sorted(os.sched_getaffinity(0))} only")
+    return cpus
+
+
 def rounds(args: argparse.Namespace, names: list[str], bases: dict[str, Path], runs: dict[str, list[list[float]]],
-           loads: dict[str, list[list[float]]], busy_rounds: list[bool]) -> None:
+           loads: dict[str, list[list[float]]], busy_rounds: list[bool], cpus: set[int] | None = None) -> None:
     """Each round: every loader's run, the order alternating, a neighbour beside the busy rounds."""
     for r in range(args.rounds):
         spinner = (subprocess.Popen(["nice", "-n", "0", sys.executable, "-c", SPIN],
@@ -123,7 +144,7 @@ def rounds(args: argparse.Namespace, names: list[str], bases: dict[str, Path], r
         try:
             for name in (names if (r // 2 if args.busy else r) % 2 == 0 else names[::-1]):
                 before = os.getloadavg()[0]
-                runs[name].append(run_once(name, args.epochs, args.n_train, bases))
+                runs[name].append(run_once(name, args.epochs, args.n_train, bases, cpus))
                 loads[name].append([before, os.getloadavg()[0]])
                 print(name, "busy" if busy_rounds[r] else "", runs[name][-1], loads[name][-1], flush=True)
         finally:
