@@ -50,7 +50,7 @@ def test_neighbours_in_other_sessions_spin_through_every_round_and_are_gone_afte
     def spinning() -> int:
         return sum(p.poll() is None and os.getsid(p.pid) == p.pid for p in started)  # alive, in a session of its own
 
-    def fake_run(loader, epochs, n_train, bases=None, cpus=None):
+    def fake_run(loader, epochs, n_train, bases=None, cpus=None, step=True):
         deadline = time.monotonic() + 10  # a child on a loaded machine may not have reached setsid() yet
         while spinning() < 2 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -66,6 +66,9 @@ def test_neighbours_in_other_sessions_spin_through_every_round_and_are_gone_afte
     doc = json.loads(out.read_text())
     assert doc["conditions"]["other_sessions_spinning"] == 2 and doc["command"].endswith("--sessions 2")
     assert doc["ratio_cupy_nwt_over_torch"] == 1.5
+    share = doc["machine_share"]["torch"]  # each run's share of the machine, and each neighbour's beside it
+    assert len(share["runs"]) == 3 and share["fair_share_per_session"] == pytest.approx(1 / 3)
+    assert all(0 <= r["run"] <= 1 and 0 <= r["each_neighbour"] <= 1 for r in share["runs"])
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="CPU affinity is Linux's")
@@ -122,3 +125,16 @@ def test_the_cpu_waits_neighbours_spin_through_the_runs_and_are_gone_after(tmp_p
 
 
 ROW = ("parent_wait_ms", "parent_cpu_ms", "worker_wait_ms", "worker_cpu_ms", "one_cpu", "parent_all_cpu_ms")
+
+
+def test_loading_only_runs_the_tutorial_without_its_step_and_says_so(tmp_path, monkeypatch):
+    (tmp_path / "jax_tutorial.py").write_text(  # a stand-in that reports whether it was asked to train
+        "import os\n"
+        "print(f'Epoch 0 in {2 if os.environ.get(\"STEP\") == \"none\" else 1}.0 sec')\n")
+    monkeypatch.setattr(et, "HERE", tmp_path)
+    assert et.run_once("torch", 1, 128) == [1.0] and et.run_once("torch", 1, 128, step=False) == [2.0]
+    out = tmp_path / "r.json"
+    assert et.main(["--rounds", "3", "--epochs", "1", "--n-train", "128", "--loading-only", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["conditions"]["training_step"] is False and doc["command"].endswith("--loading-only")
+    assert doc["summary"]["torch"]["median_epoch_s"] == 2.0

@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -35,6 +36,19 @@ def neighbours(n: int) -> list[subprocess.Popen]:
     """``n`` processes spinning, each in a session of its own: other users' load on a shared machine (where
     the kernel groups tasks by session, each competes with a whole run as one group)."""
     return [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(n)]
+
+
+def cpu_seconds(pids: Iterable[int]) -> float:
+    """CPU seconds (user and system) the live processes ``pids`` have used so far."""
+    total = 0
+    for pid in pids:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+        except (OSError, ValueError, IndexError):
+            pass
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def variant_env(name: str, bases: dict[str, Path]) -> dict[str, str]:

@@ -8,9 +8,11 @@ nice 0) beside every other round, in this session or (``--busy-session``) in a s
 the kernel groups tasks by session (autogroup), a neighbour in another session competes with the
 whole run as one group, as another user's work would. ``--sessions N`` runs N such neighbours, each in a
 session of its own, beside every round: the load other users put on a shared machine, made on purpose.
-``--cpus 0`` confines the tutorial and its workers to CPU 0 (the neighbours stay free): what each loader
-makes of one CPU's share, against what it makes of the machine's. Writes the per-run times, each run's load average, and
-``summarize``'s figures, overall and by round kind.
+With neighbours, each run's share of the machine's CPU time is recorded, and each neighbour's
+over the same seconds. ``--loading-only`` leaves the training step out (each epoch only iterates the
+loader); ``--cpus 0`` confines the tutorial and its workers to CPU 0 (the neighbours stay free): what
+each loader makes of one CPU's share, against what it makes of the machine's. Writes the per-run
+times, each run's load average, and ``summarize``'s figures, overall and by round kind.
 
     python bench/studies/does_the_jax_tutorial_keep_pace/epoch_times.py --rounds 3 --out result.json
 """
@@ -22,22 +24,25 @@ import json
 import os
 import platform
 import re
+import resource
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from cpu_waits import SPIN, export_rev, neighbours, resolve, variant_env
+from cpu_waits import SPIN, cpu_seconds, export_rev, neighbours, resolve, variant_env
 
 HERE = Path(__file__).resolve().parent
 LOADERS = ("cupy_nwt", "torch")
 
 
 def run_once(loader: str, epochs: int, n_train: int, bases: dict[str, Path] | None = None,
-             cpus: set[int] | None = None) -> list[float]:
-    """One run of the tutorial (and its workers) in a fresh interpreter, on ``cpus`` only if given."""
-    env = {**variant_env(loader, bases or {}), "EPOCHS": str(epochs), "N_TRAIN": str(n_train), "N_TEST": "2000"}
+             cpus: set[int] | None = None, step: bool = True) -> list[float]:
+    """One run of the tutorial (and its workers) in a fresh interpreter, on ``cpus`` only if given; without
+    ``step`` its epochs only iterate the loader."""
+    env = {**variant_env(loader, bases or {}), "EPOCHS": str(epochs), "N_TRAIN": str(n_train), "N_TEST": "2000",
+           **({} if step else {"STEP": "none"})}
     confine = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
     proc = subprocess.run([sys.executable, str(HERE / "jax_tutorial.py")], capture_output=True, text=True, env=env,
                           timeout=900, check=False, preexec_fn=confine)
@@ -71,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="spinning neighbours beside every round, each in a session of its own")
     ap.add_argument("--cpus", help="run the tutorial on these CPUs only (as taskset -c takes them: 0 or 0,1); "
                     "the neighbours stay free")
+    ap.add_argument("--loading-only", action="store_true",
+                    help="epochs that only iterate the loader (no training step): the loader's part alone")
     ap.add_argument("--summarize", type=Path, help="recompute the summary of a result file written before")
     args = ap.parse_args(argv)
     if args.rounds < 3 or args.epochs < 1 or args.n_train < 128 or args.sessions < 0:
@@ -86,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
                  if args.base_rev else {})
         runs: dict[str, list[list[float]]] = {name: [] for name in names}
         loads: dict[str, list[list[float]]] = {name: [] for name in names}
+        shares: dict[str, list[dict[str, float]]] = {name: [] for name in names}
         busy_rounds = [args.busy and r % 2 == 1 for r in range(args.rounds)]
         others = neighbours(args.sessions)
         try:
-            rounds(args, names, bases, runs, loads, busy_rounds, cpus)
+            rounds(args, names, bases, runs, loads, busy_rounds, cpus, others, shares)
         finally:
             for p in others:
                 p.kill()
@@ -104,21 +112,25 @@ def main(argv: list[str] | None = None) -> int:
                        + (f" --base-rev {args.base_rev}" if args.base_rev else "") + (" --busy" if args.busy else "")
                        + (" --busy-session" if args.busy_session else "")
                        + (f" --sessions {args.sessions}" if args.sessions else "")
-                       + (f" --cpus {args.cpus}" if args.cpus else ""),
+                       + (f" --cpus {args.cpus}" if args.cpus else "")
+                       + (" --loading-only" if args.loading_only else ""),
             "conditions": {"cpus": os.cpu_count(), "python": platform.python_version(), "machine": platform.machine(),
                            "batch_size": 128, "num_workers": 2, "n_train": args.n_train, "epochs": args.epochs,
                            "other_sessions_spinning": args.sessions,
-                           "tutorial_cpus": sorted(cpus) if cpus else None,
+                           "tutorial_cpus": sorted(cpus) if cpus else None, "training_step": not args.loading_only,
                            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
             "base_commit": resolve(args.base_rev) if args.base_rev else None,
             "epoch_s": runs,
             "load_avg_1min_before_after": loads,
             "busy_rounds": busy_rounds,
+            **({"machine_share": summarize_shares(shares, args.sessions)} if args.sessions else {}),
             **summarize(runs),
             **({"by_round_kind": by_kind} if args.busy else {}),
         }
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k.startswith(("summary", "ratio", "by_round"))}, indent=1))
+    if "machine_share" in result:
+        print(json.dumps({n: {k: v for k, v in s.items() if k != "runs"} for n, s in result["machine_share"].items()}))
     return 0
 
 
@@ -135,16 +147,41 @@ def parse_cpus(ap: argparse.ArgumentParser, text: str | None) -> set[int] | None
     return cpus
 
 
+def summarize_shares(shares: dict[str, list[dict[str, float]]], sessions: int) -> dict[str, dict[str, object]]:
+    """Each loader's median share of the machine over its runs, and each neighbour's beside it; a session's
+    fair share is 1 / (sessions + 1) where every session has work for every CPU."""
+    return {name: {"run_median": statistics.median(s["run"] for s in runs),
+                   "each_neighbour_median": statistics.median(s["each_neighbour"] for s in runs),
+                   "fair_share_per_session": 1 / (sessions + 1), "runs": runs}
+            for name, runs in shares.items() if runs}
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's children that have ended (a run and the workers it waited for)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def rounds(args: argparse.Namespace, names: list[str], bases: dict[str, Path], runs: dict[str, list[list[float]]],
-           loads: dict[str, list[list[float]]], busy_rounds: list[bool], cpus: set[int] | None = None) -> None:
-    """Each round: every loader's run, the order alternating, a neighbour beside the busy rounds."""
+           loads: dict[str, list[list[float]]], busy_rounds: list[bool], cpus: set[int] | None = None,
+           others: list[subprocess.Popen] | None = None, shares: dict[str, list[dict[str, float]]] | None = None) -> None:
+    """Each round: every loader's run, the order alternating, a neighbour beside the busy rounds. With
+    ``others`` (the neighbours in sessions of their own), ``shares`` gets each run's share of the machine's
+    CPU time and each neighbour's over the same seconds."""
+    machine = len(os.sched_getaffinity(0))
     for r in range(args.rounds):
         spinner = (subprocess.Popen(["nice", "-n", "0", sys.executable, "-c", SPIN],
                                     start_new_session=args.busy_session) if busy_rounds[r] else None)
         try:
             for name in (names if (r // 2 if args.busy else r) % 2 == 0 else names[::-1]):
                 before = os.getloadavg()[0]
-                runs[name].append(run_once(name, args.epochs, args.n_train, bases, cpus))
+                t0, own0, near0 = time.perf_counter(), _children_cpu(), cpu_seconds(p.pid for p in others or ())
+                runs[name].append(run_once(name, args.epochs, args.n_train, bases, cpus, not args.loading_only))
+                wall = time.perf_counter() - t0
+                if others and shares is not None:
+                    near = cpu_seconds(p.pid for p in others) - near0
+                    shares[name].append({"run": (_children_cpu() - own0) / (wall * machine),
+                                         "each_neighbour": near / len(others) / (wall * machine)})
                 loads[name].append([before, os.getloadavg()[0]])
                 print(name, "busy" if busy_rounds[r] else "", runs[name][-1], loads[name][-1], flush=True)
         finally:
