@@ -113,7 +113,7 @@ def test_the_cpu_waits_neighbours_spin_through_the_runs_and_are_gone_after(tmp_p
             time.sleep(0.01)
         seen.append(sum(os.getsid(p.pid) == p.pid for p in started if p.poll() is None))
         for name in names:
-            runs[name].append({"batches": [dict.fromkeys(ROW, 1.0)]})
+            runs[name].append({"epoch_s": [9.0, 1.0], "batches": [dict.fromkeys(ROW, 1.0)]})
 
     monkeypatch.setattr(cw, "neighbours", recording)
     monkeypatch.setattr(cw, "measure", measure)
@@ -124,7 +124,8 @@ def test_the_cpu_waits_neighbours_spin_through_the_runs_and_are_gone_after(tmp_p
     assert doc["conditions"]["other_sessions_spinning"] == 3 and doc["command"].endswith("--sessions 3")
 
 
-ROW = ("parent_wait_ms", "parent_cpu_ms", "worker_wait_ms", "worker_cpu_ms", "one_cpu", "parent_all_cpu_ms")
+ROW = ("parent_wait_ms", "parent_cpu_ms", "worker_wait_ms", "worker_cpu_ms", "one_cpu", "parent_all_cpu_ms",
+       "workers_all_cpu_ms")
 
 
 def test_loading_only_runs_the_tutorial_without_its_step_and_says_so(tmp_path, monkeypatch):
@@ -138,3 +139,19 @@ def test_loading_only_runs_the_tutorial_without_its_step_and_says_so(tmp_path, m
     doc = json.loads(out.read_text())
     assert doc["conditions"]["training_step"] is False and doc["command"].endswith("--loading-only")
     assert doc["summary"]["torch"]["median_epoch_s"] == 2.0
+
+
+def test_cpu_waits_adds_the_epochs_machine_share_to_a_result_file(tmp_path, capsys):
+    rows = [dict.fromkeys(ROW, 0.0) | {"parent_all_cpu_ms": 3.0, "workers_all_cpu_ms": 1.0}] * 500
+    saved = tmp_path / "w.json"
+    saved.write_text(json.dumps({"conditions": {"cpus": 2},
+                                 "runs": {"torch": [{"epoch_s": [9.0, 0.5, 0.5], "batches": rows}]}}))
+    assert cw.main(["--summarize", str(saved)]) == 0
+    assert json.loads(saved.read_text())["machine_share_in_epochs"]["torch"] == [pytest.approx(1.0)]  # 2 s / 2 s
+
+
+@pytest.mark.parametrize("study", [cw, et])
+def test_a_missing_result_file_to_summarize_stops_with_one_line(study, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        study.main(["--summarize", str(tmp_path / "none.json")])
+    assert exc.value.code == 2 and "no such result file" in capsys.readouterr().err.strip().splitlines()[-1]

@@ -152,6 +152,17 @@ def child(loader: str, epochs: int) -> dict[str, object]:
     return {"epoch_s": epoch_s, "first_batch_s": first_s, "batches": rows}
 
 
+def epoch_share(run: dict[str, object], cpus: int) -> float:
+    """The share of the machine's CPU time a run's processes took over its measured epochs (the first left
+    out): the CPU of its measured batches, parent and workers, over those epochs' seconds on ``cpus`` CPUs.
+    The first batch of each epoch is not measured, so the share is a little low."""
+    rows = run["batches"]
+    epochs = run["epoch_s"]
+    assert isinstance(rows, list) and isinstance(epochs, list)
+    cpu_s = sum(r["parent_all_cpu_ms"] + r["workers_all_cpu_ms"] for r in rows) / 1000
+    return cpu_s / (sum(epochs[1:]) * cpus)
+
+
 def summarize(rows: list[dict[str, float | int]]) -> dict[str, float]:
     """Medians per batch and the share of batches on one CPU."""
     out = {key: statistics.median(r[key] for r in rows)
@@ -173,8 +184,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sessions", type=int, default=0,
                     help="spinning neighbours beside every round, each in a session of its own")
     ap.add_argument("--out", type=Path, default=HERE / "cpu_waits.json")
+    ap.add_argument("--summarize", type=Path, help="add the epochs' machine shares to a result file written before")
     ap.add_argument("--child", choices=LOADERS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.summarize is not None:
+        if not args.summarize.is_file():
+            ap.error(f"--summarize {args.summarize}: no such result file")
+        result = json.loads(args.summarize.read_text())
+        cpus = int(result["conditions"]["cpus"])
+        result["machine_share_in_epochs"] = {n: [epoch_share(run, cpus) for run in rs] for n, rs in result["runs"].items()}
+        args.summarize.write_text(json.dumps(result, indent=1) + "\n")
+        print(json.dumps(result["machine_share_in_epochs"]))
+        return 0
     if args.child is not None:
         print(json.dumps(child(args.child, args.epochs)))
         return 0
@@ -203,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                        "other_sessions_spinning": args.sessions,
                        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())},
         "summary": {n: summarize([b for run in rs for b in run["batches"]]) for n, rs in runs.items()},
+        "machine_share_in_epochs": {n: [epoch_share(run, os.cpu_count() or 1) for run in rs] for n, rs in runs.items()},
         "runs": runs,
     }
     args.out.write_text(json.dumps(result, indent=1) + "\n")

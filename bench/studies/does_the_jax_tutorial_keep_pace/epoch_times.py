@@ -84,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds must be >= 3, --epochs >= 1, --n-train >= 128, --sessions >= 0")
     cpus = parse_cpus(ap, args.cpus)
     if args.summarize is not None:
+        if not args.summarize.is_file():
+            ap.error(f"--summarize {args.summarize}: no such result file")
         result = json.loads(args.summarize.read_text())
         result.update(summarize(result["epoch_s"]))
         args.out = args.summarize
