@@ -4,11 +4,13 @@ tests/loader/test_clients.py; the study is run by hand."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -103,9 +105,11 @@ def test_the_cpu_waits_neighbours_spin_through_the_runs_and_are_gone_after(tmp_p
     seen: list[int] = []
     real = cw.neighbours
 
-    def recording(n: int) -> list[subprocess.Popen]:
-        started.extend(real(n))
-        return started
+    @contextlib.contextmanager
+    def recording(n: int) -> Iterator[list[subprocess.Popen]]:
+        with real(n) as procs:
+            started.extend(procs)
+            yield procs
 
     def measure(args, names, bases, runs):
         deadline = time.monotonic() + 10  # a child on a loaded machine may not have reached setsid() yet
@@ -151,7 +155,12 @@ def test_cpu_waits_adds_the_epochs_machine_share_to_a_result_file(tmp_path, caps
 
 
 @pytest.mark.parametrize("study", [cw, et])
-def test_a_missing_result_file_to_summarize_stops_with_one_line(study, tmp_path, capsys):
+@pytest.mark.parametrize(("text", "says"), [(None, "no such result file"), ("{not json", "not readable as JSON"),
+                                            ("[1, 2]", "not a result file"), ('{"runs": 3}', "not a result file")])
+def test_a_result_file_to_summarize_that_is_not_one_stops_with_one_line(study, text, says, tmp_path, capsys):
+    path = tmp_path / "r.json"
+    if text is not None:
+        path.write_text(text)
     with pytest.raises(SystemExit) as exc:
-        study.main(["--summarize", str(tmp_path / "none.json")])
-    assert exc.value.code == 2 and "no such result file" in capsys.readouterr().err.strip().splitlines()[-1]
+        study.main(["--summarize", str(path)])
+    assert exc.value.code == 2 and says in capsys.readouterr().err.strip().splitlines()[-1]

@@ -15,6 +15,7 @@ run on one CPU: the signature of a wake-up that places the woken process beside 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -23,8 +24,9 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -32,10 +34,17 @@ LOADERS = ("cupy_nwt", "torch")
 SPIN = "while True: pass"
 
 
-def neighbours(n: int) -> list[subprocess.Popen]:
-    """``n`` processes spinning, each in a session of its own: other users' load on a shared machine (where
-    the kernel groups tasks by session, each competes with a whole run as one group)."""
-    return [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(n)]
+@contextlib.contextmanager
+def neighbours(n: int) -> Iterator[list[subprocess.Popen]]:
+    """``n`` processes spinning, each in a session of its own, for the ``with`` block: other users' load on a
+    shared machine (where the kernel groups tasks by session, each competes with a whole run as one group)."""
+    procs = [subprocess.Popen([sys.executable, "-c", SPIN], start_new_session=True) for _ in range(n)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def cpu_seconds(pids: Iterable[int]) -> float:
@@ -156,11 +165,23 @@ def epoch_share(run: dict[str, object], cpus: int) -> float:
     """The share of the machine's CPU time a run's processes took over its measured epochs (the first left
     out): the CPU of its measured batches, parent and workers, over those epochs' seconds on ``cpus`` CPUs.
     The first batch of each epoch is not measured, so the share is a little low."""
-    rows = run["batches"]
-    epochs = run["epoch_s"]
-    assert isinstance(rows, list) and isinstance(epochs, list)
+    rows: Any = run["batches"]
+    epochs: Any = run["epoch_s"]
     cpu_s = sum(r["parent_all_cpu_ms"] + r["workers_all_cpu_ms"] for r in rows) / 1000
     return cpu_s / (sum(epochs[1:]) * cpus)
+
+
+def read_result(ap: argparse.ArgumentParser, path: Path) -> dict[str, Any]:
+    """A result file written before, as a dict, or one line on ``ap`` saying why it cannot be one."""
+    try:
+        result = json.loads(path.read_text())
+    except FileNotFoundError:
+        ap.error(f"--summarize {path}: no such result file")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        ap.error(f"--summarize {path}: not readable as JSON ({e})")
+    if not isinstance(result, dict):
+        ap.error(f"--summarize {path}: not a result file (a JSON object)")
+    return result
 
 
 def summarize(rows: list[dict[str, float | int]]) -> dict[str, float]:
@@ -188,11 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--child", choices=LOADERS, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.summarize is not None:
-        if not args.summarize.is_file():
-            ap.error(f"--summarize {args.summarize}: no such result file")
-        result = json.loads(args.summarize.read_text())
-        cpus = int(result["conditions"]["cpus"])
-        result["machine_share_in_epochs"] = {n: [epoch_share(run, cpus) for run in rs] for n, rs in result["runs"].items()}
+        result = read_result(ap, args.summarize)
+        try:
+            cpus = int(result["conditions"]["cpus"])
+            shares = {n: [epoch_share(run, cpus) for run in rs] for n, rs in result["runs"].items()}
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as e:
+            ap.error(f"--summarize {args.summarize}: not a result file of this script ({type(e).__name__}: {e})")
+        result["machine_share_in_epochs"] = shares
         args.summarize.write_text(json.dumps(result, indent=1) + "\n")
         print(json.dumps(result["machine_share_in_epochs"]))
         return 0
@@ -205,13 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     bases = ({names[1]: export_rev(args.base_rev, Path(f"/tmp/cupy_nwt-{args.base_rev}-{os.getpid()}"))}
              if args.base_rev else {})
     runs: dict[str, list[dict[str, object]]] = {n: [] for n in names}
-    others = neighbours(args.sessions)
-    try:
+    with neighbours(args.sessions):
         measure(args, names, bases, runs)
-    finally:
-        for p in others:
-            p.kill()
-            p.wait()
     result = {
         "question": "does an epoch of JAX's tutorial wait for CPUs longer with cupy_nwt's workers than with torch's?",
         "command": "python bench/studies/does_the_jax_tutorial_keep_pace/cpu_waits.py "
@@ -248,6 +266,7 @@ def measure(args: argparse.Namespace, names: list[str], bases: dict[str, Path],
             runs[name].append(run)
             print(name, [round(e, 2) for e in run["epoch_s"]], [round(e, 2) for e in run["first_batch_s"]],
                   summarize(run["batches"]), flush=True)
+
 
 if __name__ == "__main__":
     raise SystemExit(main())

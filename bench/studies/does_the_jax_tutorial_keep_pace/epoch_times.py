@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from cpu_waits import SPIN, cpu_seconds, export_rev, neighbours, resolve, variant_env
+from cpu_waits import SPIN, cpu_seconds, export_rev, neighbours, read_result, resolve, variant_env
 
 HERE = Path(__file__).resolve().parent
 LOADERS = ("cupy_nwt", "torch")
@@ -84,10 +84,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--rounds must be >= 3, --epochs >= 1, --n-train >= 128, --sessions >= 0")
     cpus = parse_cpus(ap, args.cpus)
     if args.summarize is not None:
-        if not args.summarize.is_file():
-            ap.error(f"--summarize {args.summarize}: no such result file")
-        result = json.loads(args.summarize.read_text())
-        result.update(summarize(result["epoch_s"]))
+        result = read_result(ap, args.summarize)
+        try:
+            result.update(summarize(result["epoch_s"]))
+        except (KeyError, TypeError, ValueError, statistics.StatisticsError) as e:
+            ap.error(f"--summarize {args.summarize}: not a result file of this script ({type(e).__name__}: {e})")
         args.out = args.summarize
     else:
         names = [LOADERS[0], *([f"cupy_nwt@{args.base_rev}"] if args.base_rev else []), LOADERS[1]]
@@ -97,13 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         loads: dict[str, list[list[float]]] = {name: [] for name in names}
         shares: dict[str, list[dict[str, float]]] = {name: [] for name in names}
         busy_rounds = [args.busy and r % 2 == 1 for r in range(args.rounds)]
-        others = neighbours(args.sessions)
-        try:
+        with neighbours(args.sessions) as others:
             rounds(args, names, bases, runs, loads, busy_rounds, cpus, others, shares)
-        finally:
-            for p in others:
-                p.kill()
-                p.wait()
         by_kind = {kind: summarize({n: [t for t, b in zip(times, busy_rounds) if b == want]
                                     for n, times in runs.items()})
                    for kind, want in (("quiet", False), ("busy", True)) if want in busy_rounds}
