@@ -20,6 +20,9 @@ from cupy_nwt.pytest_plugin._callgrind import callgrind_unavailable_reason
 
 pytest_plugins = ["pytester"]
 NO_VALGRIND = callgrind_unavailable_reason()
+# The passes cost memory traffic, not instructions; which kind dominates depends on the versions: page faults
+# with NumPy 2.4 on Python 3.11, last-level misses with NumPy 2.5 on Python 3.12.
+MEMORY = "(page faults|LL misses)"
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "ci-gate.md"
 PASSES = '''
 
@@ -71,7 +74,7 @@ def test_the_docs_example_fails_three_numpy_passes_and_passes_unchanged_code(pyt
     failed = [line for line in planted.stdout.lines if " rose " in line and "(more than" in line]
     assert len(failed) == 1, failed
     assert re.match(r"bench/test_pipeline\.py::test_loader: cost/sample rose \d+\.\d% \(more than 1%\): [\d,.]+ -> "
-                    r"[\d,.]+; most of it page faults", failed[0]), failed[0]
+                    rf"[\d,.]+; most of it {MEMORY}", failed[0]), failed[0]
 
 
 def _git(path: Path, *args: str) -> None:
@@ -97,5 +100,7 @@ def test_against_the_base_revision_the_numpy_passes_fail_on_its_cost_counted_in_
     result = pytester.runpytest_subprocess("bench/test_pipeline.py", "--nwt-against=HEAD", "--nwt-throughput-drop=5",
                                            "--nwt-max-seconds=1")
     assert result.ret == 1, result.stdout.str()[-3000:]
-    result.stdout.fnmatch_lines(["*test_loader: cost/sample rose *% (more than 1%): * -> *; most of it page faults*"
-                                 "[[]baseline HEAD (*), same job]"])
+    failed = [line for line in result.stdout.lines if " rose " in line and "cost/sample" in line]
+    assert len(failed) == 1, result.stdout.str()[-3000:]
+    assert re.search(rf"test_loader: cost/sample rose \d+\.\d% \(more than 1%\): [\d,.]+ -> [\d,.]+; most of it "
+                     rf"{MEMORY}, .*\[baseline HEAD \(\w+\), same job\]$", failed[0]), failed[0]
