@@ -142,6 +142,9 @@ def check_saveable(options: Options, readers: list[Any]) -> None:
     total = 0
     for w, p in enumerate(readers):
         if isinstance(p, ErrorReport):
+            if p.exc_type == "PicklingError":  # state_dict() answered; what it gave could not leave the worker
+                raise StateError(f"state_dict: the state of {where(options, w)} does not pickle, so no checkpoint "
+                                 f"could hold it: {p.message} (iteration is unaffected)")
             raise StateError(f"state_dict: the dataset's state_dict() failed in {where(options, w)}: {p.exc_type}: "
                              f"{p.message} (iteration is unaffected)")
         for key in ("dataset", "iterator"):

@@ -202,7 +202,11 @@ class BatchMaker:
         iterator = it.state_dict() if it is not None and keeps_state(it) else None
         if dataset is None and iterator is None:
             return None
-        return copy.deepcopy({"dataset": dataset, "iterator": iterator, "ended": self._ended is not None})
+        # The copy takes the pickle protocol (__reduce_ex__): what fails it here would fail a checkpoint too.
+        try:
+            return copy.deepcopy({"dataset": dataset, "iterator": iterator, "ended": self._ended is not None})
+        except (TypeError, AttributeError, pickle.PicklingError, copy.Error) as exc:
+            raise pickle.PicklingError(f"{type(exc).__name__}: {exc}") from exc
 
     def load_pending(self) -> None:
         """Load a map-style dataset's pending restore now (thread workers sharing it: before any of them reads)."""

@@ -87,10 +87,11 @@ class _PipeChannel:
                 pipes.send(self.result_fd, answer, self.spill if type(answer) is Whole else None)
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             if isinstance(answer, StreamState):
-                report = ErrorReport.from_exception(exc, None, keep_object=False)
+                report = ErrorReport.from_exception(_pickling_error("", exc), None, keep_object=False)
                 self.results.send(StreamState(answer.generation, answer.batch_index, report))
             elif isinstance(answer, (Ok, Whole)):
-                report = ErrorReport.from_exception(exc, None)
+                report = ErrorReport.from_exception(_pickling_error("the batch does not pickle, so it cannot leave "
+                                                                "the worker: ", exc), None)
                 self.results.send(Raised(answer.generation, answer.batch_index, answer.slot, report))
             else:
                 raise
@@ -130,3 +131,15 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, spill:
         serve_loop(_PipeChannel(tasks, results, spill, spec, watch), maker, spec.worker_id, spec.worker_init_fn)
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return  # the main process went away
+
+
+def _pickling_error(what: str, exc: BaseException) -> pickle.PicklingError:
+    """``exc``, raised while pickling an answer, as a ``PicklingError`` that says so (``what`` first), chained to it.
+
+    Python 3.13 words a local object's failure "Can't get local object" (an ``AttributeError``), which
+    names no pickling; the caller must learn that it was the answer that would not pickle.
+    """
+    try:
+        raise pickle.PicklingError(f"{what}{type(exc).__name__}: {exc}") from exc
+    except pickle.PicklingError as err:
+        return err

@@ -46,6 +46,19 @@ class Unpicklable(Counted):
         return {"made": self.made, "handle": lambda: None}
 
 
+class Handle:
+    """An object whose pickling fails with a message that names no pickling (as a local object's does on
+    Python 3.13: "Can't get local object")."""
+
+    def __reduce__(self):
+        raise AttributeError("no handle here")
+
+
+class HoldsHandle(Counted):
+    def state_dict(self) -> dict:
+        return {"made": self.made, "handle": Handle()}
+
+
 class Huge(Counted):
     def state_dict(self) -> dict:
         return {"made": self.made, "cache": b"x" * (MAX_STATE_BYTES + 1)}
@@ -59,7 +72,8 @@ def samples(batches) -> list[int]:
     return [int(x) for b in batches for x in np.asarray(b).ravel()]
 
 
-@pytest.mark.parametrize(("dataset", "words"), [(Unpicklable, "(?i:pickle)"), (Huge, "over the 64 MiB limit")])
+@pytest.mark.parametrize(("dataset", "words"), [(Unpicklable, "(?i:pickle)"), (HoldsHandle, "does not pickle.*no handle"),
+                                                (Huge, "over the 64 MiB limit")])
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_a_state_that_a_checkpoint_could_not_hold_is_refused_in_one_line(dataset, words, num_workers):
     """Refused at ``state_dict()``, naming the reader; the epoch goes on whole."""

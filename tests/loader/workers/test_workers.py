@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import threading
 import time
 from collections import namedtuple
@@ -69,6 +70,15 @@ def padded(samples):
 
 def unpicklable(samples):
     return threading.Lock()
+
+
+class Handle:
+    def __reduce__(self):
+        raise AttributeError("no handle here")  # names no pickling, as a local object's failure on Python 3.13
+
+
+def holds_handle(samples):
+    return {"n": len(samples), "handle": Handle()}
 
 
 class Lengths:
@@ -145,10 +155,12 @@ def test_batches_of_changing_shapes_are_delivered(num_workers):
 
 
 @pytest.mark.process_only("threads hand batches over unpickled; test_loader_threads checks that")
-def test_an_unpicklable_batch_is_that_batch_s_error():
-    with DataLoader(Squares(8), batch_size=4, collate_fn=unpicklable, num_workers=1, device="cpu") as dl:
-        with pytest.raises(WorkerError, match="failed on batch 0.*pickle"):
+@pytest.mark.parametrize("collate", [unpicklable, holds_handle])
+def test_an_unpicklable_batch_is_that_batch_s_error(collate):
+    with DataLoader(Squares(8), batch_size=4, collate_fn=collate, num_workers=1, device="cpu") as dl:
+        with pytest.raises(WorkerError, match="failed on batch 0: PicklingError: the batch does not pickle") as caught:
             next(iter(dl))
+    assert isinstance(caught.value, pickle.PicklingError)
 
 
 def test_default_collate_follows_pytorch_on_numpy():
