@@ -1,4 +1,4 @@
-"""bench/studies/does_the_jax_tutorial_keep_pace/epoch_times.py and cpu_waits.py: the summary of recorded runs,
+"""bench/studies/does_the_jax_tutorial_keep_pace/epoch_times.py, cpu_waits.py and sleepers.py: the summary of recorded runs,
 bad input stopping with one line, neighbours and confinement as the runs see them. The tutorial itself runs in
 tests/loader/test_clients.py; the study is run by hand."""
 
@@ -18,6 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "studies" / "does_the_jax_tutorial_keep_pace"))
 import cpu_waits as cw  # noqa: E402
 import epoch_times as et  # noqa: E402
+import sleepers as sl  # noqa: E402
 
 
 def test_the_summary_leaves_out_the_compiling_epoch_and_takes_medians_of_runs(tmp_path):
@@ -164,3 +165,39 @@ def test_a_result_file_to_summarize_that_is_not_one_stops_with_one_line(study, t
     with pytest.raises(SystemExit) as exc:
         study.main(["--summarize", str(path)])
     assert exc.value.code == 2 and says in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_sleepers_summary_takes_medians_per_kind_against_the_fair_share():
+    windows = {"busy": [{"group": 0.2, "each_neighbour": 0.2}, {"group": 0.1, "each_neighbour": 0.3},
+                        {"group": 0.3, "each_neighbour": 0.2}],
+               "sleepy": [{"group": 0.5, "each_neighbour": 0.1}]}
+    s = sl.summarize(windows, sessions=4)
+    assert s["fair_share_per_session"] == pytest.approx(0.2)
+    assert s["busy"] == {"group_median": 0.2, "group_range": [0.1, 0.3], "each_neighbour_median": 0.2}
+    assert s["sleepy"]["group_median"] == 0.5
+
+
+@pytest.mark.parametrize(("argv", "says"), [(["--rounds", "0"], "--rounds must be >= 1"),
+                                            (["--procs", "0"], "--procs must be >= 1"),
+                                            (["--sleep-ms", "0"], "--sleep-ms must be > 0"),
+                                            (["--seconds", "nan"], "--seconds must be > 0")])
+def test_sleepers_bad_arguments_stop_with_one_line(argv, says, capsys):
+    with pytest.raises(SystemExit) as exc:
+        sl.main(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err.strip().splitlines()[-1]
+
+
+def test_sleepers_measures_both_groups_beside_its_neighbours_and_leaves_none(tmp_path):
+    out = tmp_path / "s.json"
+    assert sl.main(["--rounds", "2", "--sessions", "1", "--procs", "2", "--seconds", "0.3", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["command"].endswith("sleepers.py --rounds 2 --sessions 1 --procs 2 --seconds 0.3 "
+                                      "--run-ms 0.5 --sleep-ms 0.2")
+    for kind in ("busy", "sleepy"):
+        assert len(result["windows"][kind]) == 2
+        for w in result["windows"][kind]:  # somebody ran: two spinning processes cannot get nothing in 0.3 s
+            assert 0 < w["group"] <= 1.05 and 0 < w["each_neighbour"] <= 1.05
+    assert result["summary"]["fair_share_per_session"] == 0.5
+    leftover = subprocess.run(["pgrep", "-f", "-P", str(os.getpid()), cw.SPIN],
+                              capture_output=True, text=True)
+    assert leftover.stdout == ""
