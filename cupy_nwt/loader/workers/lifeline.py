@@ -8,7 +8,9 @@ its ring, then restores the default action and re-sends the signal, so the proce
 would have (same signal, same exit status). It is installed only from the main thread, and only over
 the default action: a handler of the user's own (or ``SIG_IGN``) stays in charge, and SIGINT's usual
 ``KeyboardInterrupt`` is left alone (unwinding already stops the workers). The handler is removed
-when the last pool is shut down, if it is still the one installed.
+when the last pool is shut down, if it is still the one installed. Python runs a handler on the main
+thread once it runs Python again, wherever the kernel delivered the signal; so the pools wait for their
+workers in slices (``pool.SIGNAL_SLICE_S``), never in one call with no end.
 
 Worker. ``ParentWatch`` notices the main process died: before each message (``alive``: ``getppid`` and a
 zero-timeout poll of the parent's sentinel) the worker stops taking queued work, and a daemon thread, every

@@ -33,6 +33,10 @@ from .messages import (
 )
 
 SHUTDOWN_GRACE_S = 1.0
+# The longest the main thread waits for workers in one system call. A signal the kernel hands to another
+# thread (numpy's BLAS threads, say) runs its Python handler only once the main thread runs Python again:
+# a wait with no end would keep a SIGTERM or a Ctrl-C waiting with it.
+SIGNAL_SLICE_S = 0.1
 
 
 @dataclass(frozen=True)

@@ -105,9 +105,10 @@ def started(log: Path) -> list[int]:
     return [int(x) for x in log.read_text().split()]
 
 
-def stuck_setup(tmp_path: Path, method: str, prelude: str = "") -> tuple[subprocess.Popen[str], list[int], set[str], Path]:
+def stuck_setup(tmp_path: Path, method: str, prelude: str = "",
+                script: str = STUCK) -> tuple[subprocess.Popen[str], list[int], set[str], Path]:
     """The script is running, both workers are inside a sample that never returns, the ring exists."""
-    proc, log = start(tmp_path, STUCK.replace("{prelude}", prelude), method)
+    proc, log = start(tmp_path, script.replace("{prelude}", prelude), method)
     pids = worker_pids(proc)
     wait_for(lambda: len([i for i in started(log) if i >= 8]) >= 2, "both workers stuck in a sample", 60)
     rings = set().union(*(segments_of(p) for p in pids))
@@ -137,6 +138,46 @@ def test_sigterm_ends_stuck_workers_and_removes_the_ring(tmp_path, method):
         assert_nothing_left(pids, rings)
     finally:
         cleanup(proc, pids)
+
+
+# STUCK, with a thread of the user's that takes a signal itself once told to: the kernel hands a process's
+# signal to whichever of its threads it likes (numpy's BLAS threads are candidates too).
+FROM_A_THREAD = STUCK.replace("if __name__", """import signal, threading
+
+def take_signal(go, signum):
+    while not os.path.exists(go):
+        time.sleep(0.02)
+    signal.pthread_kill(threading.get_ident(), signum)
+
+if __name__""", 1)
+
+
+def test_a_sigterm_delivered_to_another_thread_still_ends_the_script_and_its_workers(tmp_path, method):
+    """The signal's Python handler runs only when the main thread next runs Python: a main thread
+    waiting for its workers with no end in sight used to keep the script alive."""
+    prelude = "threading.Thread(target=take_signal, args=(LOG + '.go', signal.SIGTERM), daemon=True).start()"
+    proc, pids, rings, log = stuck_setup(tmp_path, method, prelude, FROM_A_THREAD)
+    try:
+        log.with_name(log.name + ".go").write_text("")
+        assert proc.wait(GONE_WITHIN_S) == -signal.SIGTERM
+        assert_nothing_left(pids, rings)
+    finally:
+        cleanup(proc, pids)
+
+
+def test_a_ctrl_c_delivered_to_another_thread_raises_beside_thread_workers(tmp_path):
+    """The same for thread workers, which wait on a queue: KeyboardInterrupt while both are stuck in a sample."""
+    prelude = "threading.Thread(target=take_signal, args=(LOG + '.go', signal.SIGINT), daemon=True).start()"
+    script = FROM_A_THREAD.replace('multiprocessing_context=sys.argv[2]', 'worker_type="thread"')
+    proc, log = start(tmp_path, script.replace("{prelude}", prelude), "thread")
+    try:
+        assert worker_pids(proc) == []
+        wait_for(lambda: len([i for i in started(log) if i >= 8]) >= 2, "both worker threads stuck in a sample", 60)
+        log.with_name(log.name + ".go").write_text("")
+        assert proc.wait(GONE_WITHIN_S) == -signal.SIGINT
+        assert proc.stderr is not None and "KeyboardInterrupt" in proc.stderr.read()
+    finally:
+        cleanup(proc, [])
 
 
 def test_ctrl_c_raises_keyboard_interrupt_and_cleans_up(tmp_path, method):
