@@ -200,6 +200,8 @@ class Records:
 
 
 def record_ids(samples) -> np.ndarray:
+    time.sleep(0.002)  # a batch takes a moment, as decoding would: the workers' baseline is read in the first
+    # batches (on a thread), and an epoch of instant batches (40 ms) could end before it was
     return np.fromiter((s["id"] for s in samples), dtype=np.int64, count=len(samples))
 
 

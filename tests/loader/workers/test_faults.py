@@ -267,7 +267,9 @@ def test_memory_refusing_the_ring_fails_up_front_with_the_size_needed(clean, mon
         raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
 
     monkeypatch.setattr(os, "posix_fallocate", no_memory)
-    with DataLoader(Squares(64), batch_size=8, num_workers=2, device="cpu") as dl:
+    # samples that take a moment, as real ones do: the epoch outlasts the allocating thread's refusal, which
+    # is raised at the pool's next wait (an epoch of 64 instant samples could end before that thread ran)
+    with DataLoader(Slow(64, 0.005), batch_size=8, num_workers=2, device="cpu") as dl:
         with pytest.raises(shm.ShmSpaceError) as info:  # code written for /dev/shm still catches it
             list(dl)
         assert dl.worker_pids() == []
