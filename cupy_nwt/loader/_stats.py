@@ -53,7 +53,8 @@ _reading: list[Background] = []  # baselines being read, by any loader of this p
 
 
 class MemoryGrowthWarning(UserWarning):
-    """The loader's worker processes keep private copies of the dataset's pages (copy-on-read)."""
+    """The loader's worker processes keep private copies of the dataset: pages a forked worker's reads
+    copied (copy-on-read), or a large pickle of Python objects each forkserver or spawn worker rebuilds."""
 
 
 @dataclass(frozen=True)

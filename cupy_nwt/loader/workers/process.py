@@ -32,6 +32,7 @@ import select
 import signal
 import socket
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -42,6 +43,7 @@ from ..._worker_info import worker_seed
 from ...data.contract import pickling_advice
 from ...errors import LoaderError
 from .._events import Listener, StageTimes
+from .._stats import MemoryGrowthWarning
 from ..ring.memory import RingFile
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
@@ -132,6 +134,9 @@ class WorkerPool(Dispatch):
         except BaseException:
             self.shutdown()
             raise
+        advice = self._pickles.private_copy_advice(method) if self._pickles is not None else None
+        if advice is not None:
+            warnings.warn(advice, MemoryGrowthWarning, stacklevel=2)
         self.active = num_workers  # workers given tasks; the others are parked (alive, idle)
 
     def _ship(self) -> BatchMaker:

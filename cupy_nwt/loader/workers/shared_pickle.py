@@ -36,6 +36,7 @@ from ..ring.memory import memory_room
 
 T = TypeVar("T")
 OUT_OF_BAND_BYTES = 1 << 20  # smaller buffers stay in the pickle: writing and comparing them saves nothing
+PRIVATE_COPY_BYTES = 16 << 20  # Python objects pickled in band past this: each worker's own copy is worth a line
 MEMFD_NAME = "cupy_nwt-worker-arrays"  # not the rings' "cupy_nwt_" prefix: ``live_segments`` counts rings only
 
 
@@ -49,6 +50,7 @@ class SharedPickles:
         self._size = 0
         self._placed: dict[tuple[int, int], int] = {}  # (address, nbytes) of a source buffer -> its offset
         self._view: mmap.mmap | None = None  # the file, read back to compare
+        self._in_band = 0  # the largest pickle of Python objects a worker unpickles into a copy of its own
         try:
             self._fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
         except (AttributeError, OSError):
@@ -96,6 +98,24 @@ class SharedPickles:
         del stored  # the mapping can close only once no array views it
         return same
 
+    def note_in_band(self, nbytes: int) -> None:
+        """Record a pickle's in-band size; with no shared file, arrays are in band too and do not count."""
+        if self._fd >= 0:
+            self._in_band = max(self._in_band, nbytes)
+
+    def private_copy_advice(self, method: str) -> str | None:
+        """A line for the user when each worker rebuilds a large pickle of Python objects on its own.
+
+        A list of a million sample paths pickles to about 70 MB: every forkserver or spawn worker
+        unpickles it (about half a second each, and several times its size in memory each), where
+        arrays are mapped once for all. torch's contract keeps a list a list, so only the user can
+        change it."""
+        if self._in_band < PRIVATE_COPY_BYTES:
+            return None
+        return (f"each {method} worker unpickles {self._in_band / 1e6:.0f} MB of the dataset's Python objects and keeps "
+                f"a copy of its own (a later first batch, that memory again in every worker); keep a large index in "
+                f"NumPy arrays, which the workers share (docs/loader.md)")
+
     @property
     def size(self) -> int:
         return self._size
@@ -136,6 +156,7 @@ class _Shared:
     def __reduce__(self) -> tuple[Any, ...]:
         if self.whole is None:
             data, regions, tied = self._pickle()
+            self.pickles.note_in_band(len(data))
             scripted = self.pickles.script_needed or any(name in data for name in (b"__main__", b"__mp_main__"))
             self.script = self.pickles.script if scripted else None  # a string that merely says __main__: run it anyway
             where = None if tied or len(data) < OUT_OF_BAND_BYTES else self.pickles.place(memoryview(data))

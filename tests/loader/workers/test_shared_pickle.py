@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import warnings
 
 import numpy as np
 import pytest
 
 from cupy_nwt import DataLoader
+from cupy_nwt.loader import MemoryGrowthWarning
 from cupy_nwt.loader.workers.shared_pickle import MEMFD_NAME, OUT_OF_BAND_BYTES, SharedPickles
 
 ROWS = 4096  # rows of 16 KiB: a 64 MiB array
@@ -129,6 +131,30 @@ def test_a_large_sample_list_is_pickled_once_for_all_the_workers(method):
         index, label = (np.concatenate(c) for c in zip(*dl))
     assert sorted(index.tolist()) == list(range(len(ds))) and (label == index % 1000).all()
     assert Paths.pickled == 1
+
+
+def test_a_large_list_index_says_once_that_each_worker_keeps_its_own_copy_and_what_to_do():
+    ds = Paths(400_000)  # about 27 MB pickled: each worker unpickles it into objects of its own
+    with pytest.warns(MemoryGrowthWarning, match=r"^each forkserver worker unpickles \d+ MB of the dataset's Python "
+                                                 r"objects .* keep a large index in NumPy arrays") as caught:
+        with DataLoader(ds, batch_size=50_000, num_workers=2, multiprocessing_context="forkserver") as dl:
+            index, _ = (np.concatenate(c) for c in zip(*dl))
+    assert sorted(index.tolist()) == list(range(len(ds)))  # a warning, not a refusal: every sample still arrives
+    assert sum(issubclass(w.category, MemoryGrowthWarning) for w in caught) == 1
+
+
+@pytest.mark.parametrize("memfd", [True, False])
+def test_a_large_array_is_not_a_private_copy_worth_a_warning(monkeypatch, memfd):
+    def refuse(*args):
+        raise OSError(38, "Function not implemented")
+
+    if not memfd:  # the array then travels in the pickle, but an array is already what the line would advise
+        monkeypatch.setattr(os, "memfd_create", refuse)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with DataLoader(Rows(rows=2048), batch_size=512, num_workers=1, multiprocessing_context="forkserver") as dl:
+            assert sum(len(b[0]) for b in dl) == 2048  # a 32 MiB array
+    assert not [w for w in caught if issubclass(w.category, MemoryGrowthWarning)]
 
 
 def test_a_dataset_holding_a_process_shared_value_still_reaches_the_workers():
