@@ -114,7 +114,7 @@ class SharedPickles:
             return None
         return (f"each {method} worker unpickles {self._in_band / 1e6:.0f} MB of the dataset's Python objects and keeps "
                 f"a copy of its own (a later first batch, that memory again in every worker); keep a large index in "
-                f"NumPy arrays, which the workers share (docs/loader.md)")
+                f"NumPy arrays, which the workers share (a list of dicts: cupy_nwt.pack_records(records))")
 
     @property
     def size(self) -> int:

@@ -15,7 +15,7 @@ import warnings
 import numpy as np
 import pytest
 
-from cupy_nwt import DataLoader
+from cupy_nwt import DataLoader, pack_records
 from cupy_nwt.loader import MemoryGrowthWarning
 from cupy_nwt.loader.workers.shared_pickle import MEMFD_NAME, OUT_OF_BAND_BYTES, SharedPickles
 
@@ -141,6 +141,33 @@ def test_a_large_list_index_says_once_that_each_worker_keeps_its_own_copy_and_wh
             index, _ = (np.concatenate(c) for c in zip(*dl))
     assert sorted(index.tolist()) == list(range(len(ds)))  # a warning, not a refusal: every sample still arrives
     assert sum(issubclass(w.category, MemoryGrowthWarning) for w in caught) == 1
+
+
+class Records:
+    """A dataset over records as users hold them: a list of dicts, or those packed by ``pack_records``."""
+
+    def __init__(self, records) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, i: int) -> int:
+        return int(self.records[i]["label"])
+
+
+def test_the_advice_works_packed_records_reach_the_workers_without_the_warning():
+    records = [{"path": f"/data/train/image_{i:08d}.JPEG", "label": i} for i in range(400_000)]
+    seen = {}
+    for kind, held in (("list", records), ("packed", pack_records(records))):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with DataLoader(Records(held), batch_size=50_000, num_workers=2, multiprocessing_context="spawn") as dl:
+                seen[kind] = sorted(np.concatenate(list(dl)).tolist())
+        seen[kind + " warned"] = [w for w in caught if issubclass(w.category, MemoryGrowthWarning)]
+    assert seen["list"] == seen["packed"] == list(range(400_000))
+    assert len(seen["list warned"]) == 1 and "each spawn worker" in str(seen["list warned"][0].message)
+    assert seen["packed warned"] == []
 
 
 @pytest.mark.parametrize("memfd", [True, False])
