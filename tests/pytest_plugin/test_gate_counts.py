@@ -257,15 +257,16 @@ def test_a_bad_revision_is_one_line(pytester):
 
 
 def burnt_child(seconds: float) -> subprocess.Popen:
-    """A child that has burnt ``seconds`` of CPU and then waits, until its stdin is closed."""
-    import time
+    """A child that has burnt ``seconds`` of CPU and then waits, until its stdin is closed.
 
-    import psutil
-
+    The child says when it is done: polling its CPU time from the kernel's clock ticks can stay short
+    of ``seconds`` for ever (user 0.11 s + system 0.29 s is 0.39999999999999997 in floating point).
+    """
     burn = f"import sys, time\nend = time.process_time() + {seconds}\nwhile time.process_time() < end:\n    pass\n"
-    child = subprocess.Popen([sys.executable, "-c", burn + "sys.stdin.read()"], stdin=subprocess.PIPE)
-    while sum(psutil.Process(child.pid).cpu_times()[:2]) < seconds:
-        time.sleep(0.05)
+    child = subprocess.Popen([sys.executable, "-c", burn + "print('burnt', flush=True)\nsys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "burnt\n"
+    child.stdout.close()
     return child
 
 
