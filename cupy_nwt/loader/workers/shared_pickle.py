@@ -98,10 +98,9 @@ class SharedPickles:
         del stored  # the mapping can close only once no array views it
         return same
 
-    def note_in_band(self, nbytes: int) -> None:
-        """Record a pickle's in-band size; with no shared file, arrays are in band too and do not count."""
-        if self._fd >= 0:
-            self._in_band = max(self._in_band, nbytes)
+    def note_objects(self, nbytes: int) -> None:
+        """Record the bytes of Python objects (not array data) in a pickle the workers unpickle each."""
+        self._in_band = max(self._in_band, nbytes)
 
     def private_copy_advice(self, method: str) -> str | None:
         """A line for the user when each worker rebuilds a large pickle of Python objects on its own.
@@ -155,8 +154,8 @@ class _Shared:
 
     def __reduce__(self) -> tuple[Any, ...]:
         if self.whole is None:
-            data, regions, tied = self._pickle()
-            self.pickles.note_in_band(len(data))
+            data, regions, tied, array_bytes = self._pickle()
+            self.pickles.note_objects(len(data) - array_bytes)
             scripted = self.pickles.script_needed or any(name in data for name in (b"__main__", b"__mp_main__"))
             self.script = self.pickles.script if scripted else None  # a string that merely says __main__: run it anyway
             where = None if tied or len(data) < OUT_OF_BAND_BYTES else self.pickles.place(memoryview(data))
@@ -167,24 +166,36 @@ class _Shared:
         blob, regions = self.whole
         return _loads, (None, reduction.DupFd(self.pickles.fd), self.pickles.size, regions, blob, self.script)
 
-    def _pickle(self) -> tuple[bytes, list[tuple[int, int, bool]], bool]:
-        """The pickle, its out-of-band buffers' (offset, nbytes, readonly) in order, and whether a reducer
-        passed a descriptor to the worker being started (which makes the pickle that worker's only)."""
+    def _pickle(self) -> tuple[bytes, list[tuple[int, int, bool]], bool, int]:
+        """The pickle, its out-of-band buffers' (offset, nbytes, readonly) in order, whether a reducer
+        passed a descriptor to the worker being started (which makes the pickle that worker's only), and
+        the bytes of array data left in band (small arrays, a copy-on-write memmap's content)."""
         regions: list[tuple[int, int, bool]] = []
+        array_bytes = 0
 
         def out_of_band(pb: pickle.PickleBuffer) -> bool:
+            nonlocal array_bytes
             raw = pb.raw()
             if raw.nbytes < OUT_OF_BAND_BYTES:
+                array_bytes += raw.nbytes
                 return True
             key = (_address(raw), raw.nbytes)
             offset = self.placed.get(key)
             if offset is None:
                 offset = self.pickles.place(raw)
                 if offset is None:
+                    array_bytes += raw.nbytes
                     return True
                 self.placed[key] = offset
             regions.append((offset, raw.nbytes, raw.readonly))
             return False
+
+        def memmap_in_band(a: np.memmap[Any, np.dtype[Any]]) -> Any:
+            nonlocal array_bytes
+            reduced = _reduce_memmap(a)
+            if reduced[0] is not _open_memmap:
+                array_bytes += a.nbytes  # its bytes, in band
+            return reduced
 
         popen = context.get_spawning_popen()
         passed: list[int] = []
@@ -200,13 +211,13 @@ class _Shared:
         try:
             pickler = pickle.Pickler(data, 5, buffer_callback=out_of_band)
             table = reduction.ForkingPickler(io.BytesIO(), 5).dispatch_table  # fd and lock reducers
-            table[np.memmap] = _reduce_memmap
+            table[np.memmap] = memmap_in_band
             pickler.dispatch_table = table
             pickler.dump(self.obj)
         finally:
             if popen is not None:
                 del popen.duplicate_for_child
-        return data.getvalue(), regions, popen is None or bool(passed)
+        return data.getvalue(), regions, popen is None or bool(passed), array_bytes
 
 
 #: memmap modes whose pages are the file's: a worker mapping the file again sees what the main process sees
