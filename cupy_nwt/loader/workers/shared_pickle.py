@@ -50,7 +50,7 @@ class SharedPickles:
         self._size = 0
         self._placed: dict[tuple[int, int], int] = {}  # (address, nbytes) of a source buffer -> its offset
         self._view: mmap.mmap | None = None  # the file, read back to compare
-        self._in_band = 0  # the largest pickle of Python objects a worker unpickles into a copy of its own
+        self._in_band = 0  # the most bytes of Python objects in one pickle a worker unpickles into its own copy
         try:
             self._fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
         except (AttributeError, OSError):
@@ -105,10 +105,9 @@ class SharedPickles:
     def private_copy_advice(self, method: str) -> str | None:
         """A line for the user when each worker rebuilds a large pickle of Python objects on its own.
 
-        A list of a million sample paths pickles to about 70 MB: every forkserver or spawn worker
-        unpickles it (about half a second each, and several times its size in memory each), where
-        arrays are mapped once for all. torch's contract keeps a list a list, so only the user can
-        change it."""
+        A list of a million sample paths is tens of MB pickled: every forkserver or spawn worker
+        unpickles it (the start study's 1.2-million list: 232 MiB a worker), where arrays are mapped
+        once for all. torch's contract keeps a list a list, so only the user can change it."""
         if self._in_band < PRIVATE_COPY_BYTES:
             return None
         return (f"each {method} worker unpickles {self._in_band / 1e6:.0f} MB of the dataset's Python objects and keeps "
