@@ -7,7 +7,8 @@ message and collects answers; ``kinds`` registers them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.context import BaseContext
 from typing import Any, Protocol
@@ -37,6 +38,19 @@ SHUTDOWN_GRACE_S = 1.0
 # thread (numpy's BLAS threads, say) runs its Python handler only once the main thread runs Python again:
 # a wait with no end would keep a SIGTERM or a Ctrl-C waiting with it.
 SIGNAL_SLICE_S = 0.1
+
+
+def wait_slices(timeout: float | None) -> Iterator[float]:
+    """The waits, each at most ``SIGNAL_SLICE_S``, that together last ``timeout`` s (None: without end).
+
+    There is always one, of 0 s when ``timeout`` is 0 or less; the caller stops early once it has what it waits for.
+    """
+    deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+    while True:
+        left = SIGNAL_SLICE_S if deadline is None else min(SIGNAL_SLICE_S, max(0.0, deadline - time.monotonic()))
+        yield left
+        if deadline is not None and time.monotonic() >= deadline:
+            return
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from .messages import (
     ToWorker,
     task_wire,
 )
-from .pool import SHUTDOWN_GRACE_S, SIGNAL_SLICE_S, Dispatch, Result, WorkerKind
+from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind, wait_slices
 from .process_main import WorkerSpec, worker_main
 from .shared_pickle import SharedPickles
 from .start import (
@@ -258,14 +258,13 @@ class WorkerPool(Dispatch):
         raise LoaderError(f"could not reach loader worker {w.id} (pid {w.process.pid})") from None
 
     def _poll(self, timeout: float | None) -> list[tuple[int, int]]:
-        """The pipes and sentinels ready within ``timeout`` s (None: no limit), waited on in slices of
-        ``SIGNAL_SLICE_S`` so that a signal's Python handler runs however the kernel delivered it."""
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        while True:
-            left = SIGNAL_SLICE_S if deadline is None else min(SIGNAL_SLICE_S, max(0.0, deadline - time.monotonic()))
+        """The pipes and sentinels ready within ``timeout`` s (None: no limit), waited on in slices
+        (``wait_slices``) so that a signal's Python handler runs however the kernel delivered it."""
+        for left in wait_slices(timeout):
             ready = self._waits.poll(math.ceil(left * 1000))
-            if ready or (deadline is not None and time.monotonic() >= deadline):
+            if ready:
                 return ready
+        return []
 
     def collect(self, timeout: float | None) -> list[Result]:
         """Wait up to ``timeout`` s for results; raise at once if a worker died or failed to start.

@@ -139,7 +139,6 @@ def _pickling_error(what: str, exc: BaseException) -> pickle.PicklingError:
     Python 3.13 words a local object's failure "Can't get local object" (an ``AttributeError``), which
     names no pickling; the caller must learn that it was the answer that would not pickle.
     """
-    try:
-        raise pickle.PicklingError(f"{what}{type(exc).__name__}: {exc}") from exc
-    except pickle.PicklingError as err:
-        return err
+    err = pickle.PicklingError(f"{what}{type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err

@@ -50,7 +50,7 @@ class SharedPickles:
         self._size = 0
         self._placed: dict[tuple[int, int], int] = {}  # (address, nbytes) of a source buffer -> its offset
         self._view: mmap.mmap | None = None  # the file, read back to compare
-        self._in_band = 0  # the most bytes of Python objects in one pickle a worker unpickles into its own copy
+        self._object_bytes = 0  # the most bytes of Python objects in one pickle a worker unpickles into its own copy
         try:
             self._fd = os.memfd_create(MEMFD_NAME, os.MFD_CLOEXEC)
         except (AttributeError, OSError):
@@ -100,7 +100,7 @@ class SharedPickles:
 
     def note_objects(self, nbytes: int) -> None:
         """Record the bytes of Python objects (not array data) in a pickle the workers unpickle each."""
-        self._in_band = max(self._in_band, nbytes)
+        self._object_bytes = max(self._object_bytes, nbytes)
 
     def private_copy_advice(self, method: str) -> str | None:
         """A line for the user when each worker rebuilds a large pickle of Python objects on its own.
@@ -108,9 +108,9 @@ class SharedPickles:
         A list of a million sample paths is tens of MB pickled: every forkserver or spawn worker
         unpickles it (the start study's 1.2-million list: 232 MiB a worker), where arrays are mapped
         once for all. torch's contract keeps a list a list, so only the user can change it."""
-        if self._in_band < PRIVATE_COPY_BYTES:
+        if self._object_bytes < PRIVATE_COPY_BYTES:
             return None
-        return (f"each {method} worker unpickles {self._in_band / 1e6:.0f} MB of the dataset's Python objects and keeps "
+        return (f"each {method} worker unpickles {self._object_bytes / 1e6:.0f} MB of the dataset's Python objects and keeps "
                 f"a copy of its own (a later first batch, that memory again in every worker); keep a large index in "
                 f"NumPy arrays, which the workers share (a list of dicts: cupy_nwt.pack_records(records))")
 

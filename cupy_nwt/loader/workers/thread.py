@@ -46,7 +46,7 @@ from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from .maker import BatchMaker
 from .messages import FromWorker, Restore, Stop, Task
-from .pool import SHUTDOWN_GRACE_S, SIGNAL_SLICE_S, Dispatch, Result, WorkerKind
+from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind, wait_slices
 from .serve import serve_loop
 from .torch_workers import refuse_for_threads
 
@@ -160,14 +160,12 @@ class ThreadPool(Dispatch):
 
     def collect(self, timeout: float | None) -> list[Result]:
         """Wait up to ``timeout`` s (None: no limit) for answers; raise at once if a thread failed to start or died."""
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        first = None
-        while first is None:  # in slices: a Ctrl-C the kernel hands to a worker thread raises here, not after the batch
-            left = SIGNAL_SLICE_S if deadline is None else min(SIGNAL_SLICE_S, deadline - time.monotonic())
+        for left in wait_slices(timeout):  # a Ctrl-C the kernel hands to a worker thread raises here, not after the batch
             with contextlib.suppress(queue.Empty):
                 first = self._results.get(timeout=left) if left > 0 else self._results.get_nowait()
-            if first is None and deadline is not None and time.monotonic() >= deadline:
-                return []
+                break
+        else:
+            return []
         answers = [first]
         while True:
             try:
