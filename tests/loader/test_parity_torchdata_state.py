@@ -137,13 +137,15 @@ def test_a_map_dataset_s_generator_resumes_mid_epoch(stateful_backend, num_worke
 
 
 @pytest.mark.parametrize("kind", ["map", "stream"])
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
 def test_a_generator_saved_by_the_dataset_or_its_iterator_resumes_at_0_1_and_4_batches(stateful_backend, kind, num_workers):
     """torchdata: TestStatefulDataLoaderIterable_shard0.test_random_state (the iterator keeps its generator;
-    0 workers, interrupted at 0, 1 and 4 batches)."""
+    0 workers, interrupted at 0, 1 and 4 batches). A thread worker draws from the main process's generator,
+    which a state taken before its first batch does not hold (docs/pytorch.md): from 1 batch on."""
     make = stateful_backend
     shared_generator(make, num_workers)
-    for interrupt in (0, 1, 4):
+    threads = make.name == "cupy_nwt-threads" and num_workers > 0
+    for interrupt in (1, 4) if threads else (0, 1, 4):
         dl = build(make, kind, batch_size=2, num_workers=num_workers)
         it = iter(dl)
         for _ in range(interrupt):

@@ -61,8 +61,9 @@ def reader_count(options: Options) -> int:
 
 
 def shared_reader(options: Options) -> bool:
-    """Do the workers read one dataset object (thread workers, map-style)? Their states are then reader 0's."""
-    return options.num_workers > 0 and reader_count(options) == 1
+    """Do the workers read one dataset object (thread workers, map-style)? Their states are then reader 0's,
+    restored in the main process. One process worker is not that: it reads its own copy, as two do."""
+    return options.num_workers > 0 and options.worker_type == "thread" and options.sampling.style != "iterable"
 
 
 def entry(batches: int, state: Any) -> Entry | ErrorReport:

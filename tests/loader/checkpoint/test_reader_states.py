@@ -87,6 +87,20 @@ def test_a_state_that_a_checkpoint_could_not_hold_is_refused_in_one_line(dataset
     assert sorted(x // 100 for x in got) == list(range(N))
 
 
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+def test_a_map_dataset_resumes_its_own_state_in_each_reader(num_workers):
+    """One process worker reads its own copy, as two do: its saved state reaches it, not the main process's."""
+    with loader(Counted(), num_workers=num_workers) as dl:
+        whole = samples(dl)
+    with loader(Counted(), num_workers=num_workers) as dl:
+        it = iter(dl)
+        head = samples([next(it) for _ in range(2)])
+        state = pickle.loads(pickle.dumps(dl.state_dict()))
+    with loader(Counted(), num_workers=num_workers) as again:
+        again.load_state_dict(state)
+        assert head + samples(again) == whole
+
+
 def test_a_map_state_under_another_worker_count_keeps_its_order_and_warns_once_of_the_dataset_states():
     with loader(Counted(), num_workers=2) as dl:
         it = iter(dl)

@@ -56,7 +56,8 @@ def run(dl):
     return [b.ravel().tolist() for b in dl]
 
 
-@pytest.mark.parametrize("ds,nw", [(Counting, 0), (Counting, 2), (Stateless, 2), (Stateless, 0)])
+@pytest.mark.parametrize("ds,nw", [(Counting, 0), (Counting, 1), (Counting, 2), (Stateless, 0), (Stateless, 1),
+                                   (Stateless, 2)])
 def test_stream_resumes_exactly_where_it_was_delivered(ds, nw):
     full = run(DataLoader(ds(), batch_size=3, num_workers=nw))
     for k in (0, 1, 4, len(full) - 1):

@@ -24,7 +24,9 @@ LAYOUTS = [pytest.param({"num_workers": 0}, id="inline"),
            pytest.param({"num_workers": 2, "persistent_workers": True}, id="persistent-processes"),
            pytest.param({"num_workers": 2}, id="processes"),
            pytest.param({"num_workers": 2, "persistent_workers": True, "worker_type": "thread"},
-                        id="persistent-threads")]
+                        id="persistent-threads"),
+           pytest.param({"num_workers": 1}, id="one-process"),
+           pytest.param({"num_workers": 1, "persistent_workers": True}, id="one-persistent-process")]
 
 
 @pytest.fixture(scope="module")
