@@ -22,6 +22,7 @@ from .errors import ArgumentError, LayoutError
 from .system import usable_cpus
 
 _log = logging.getLogger(__name__)
+MAX_WORLD_SIZE = 1 << 24  # far more ranks than any job runs; keeps a rank's sample positions in 64-bit arithmetic
 
 @dataclass(frozen=True)
 class RankLayout:
@@ -163,6 +164,8 @@ def _checked(layout: RankLayout, r_name: str, w_name: str,
              lr_name: str | None = None, lw_name: str | None = None) -> RankLayout:
     if layout.world_size < 1:
         raise LayoutError(f"{w_name}={layout.world_size}: the world size must be at least 1")
+    if layout.world_size > MAX_WORLD_SIZE:
+        raise LayoutError(f"{w_name}={layout.world_size}: more than {MAX_WORLD_SIZE:,} ranks is not a world size")
     if not 0 <= layout.rank < layout.world_size:
         raise LayoutError(f"{r_name}={layout.rank} is outside 0..{w_name}-1 (world size {layout.world_size})")
     if lr_name and lw_name:
@@ -195,10 +198,10 @@ def shard(order: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.
         raise ArgumentError(f"rank {rank} outside 0..{world_size - 1}")
     order = np.asarray(order)
     per = samples_per_rank(len(order), world_size, drop_last)
-    total = per * world_size
-    if total > len(order) and len(order):
-        order = np.resize(order, total)  # np.resize repeats the array: padding by wrapping
-    return order[rank:total:world_size]
+    if not len(order) or not per:
+        return order[:0]
+    # positions rank, rank + world_size, ... wrapped around the order: the padding, without an array of them all
+    return order[(rank + world_size * np.arange(per, dtype=np.int64)) % len(order)]
 
 
 def worker_budget(layout: RankLayout, cpus: int | None = None) -> int:

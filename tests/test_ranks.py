@@ -55,6 +55,8 @@ def test_explicit_arguments_win_over_environment():
      ["SLURM_TASKS_PER_NODE"]),
     ({"rank": 0}, {}, ["rank=", "world_size="]),
     ({"rank": 3, "world_size": 3}, {}, ["rank=3"]),
+    ({"rank": 0, "world_size": 2**40}, {}, ["world_size=1099511627776", "ranks"]),
+    ({}, {"RANK": "0", "WORLD_SIZE": str(10**30)}, ["WORLD_SIZE="]),
 ])
 def test_bad_layouts_name_the_variables(kwargs, env, names):
     with pytest.raises(LayoutError) as info:
@@ -86,6 +88,8 @@ def test_shard_matches_distributed_sampler_layout():
     assert shard(order, 0, 4, False).tolist() == [0, 4, 8]
     assert shard(order, 2, 4, False).tolist() == [2, 6, 0]  # padded by wrapping
     assert shard(order, 3, 4, True).tolist() == [3, 7]
+    assert shard(np.arange(3), 4, 5, False).tolist() == [1]  # more ranks than samples: wrapped, as torch pads
+    assert shard(order, 1, 1 << 24, False).tolist() == [1]  # no array of every rank's positions
 
 
 def test_budget_and_device_per_rank():

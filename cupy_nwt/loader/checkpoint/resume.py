@@ -8,11 +8,12 @@ included): batches the workers made ahead are not consumed. It is a small JSON-r
   (``delivered``, a prefix count, plus ``extra``: the few beyond it that ``in_order=False`` gave).
   No per-sample list. Worker count, prefetch and persistence play no part: the rest of the epoch
   is the same with any of them.
-* ``"sampler"`` (a user's ``sampler`` or ``batch_sampler``): the batches delivered, and the
+* ``"sampler"`` (a user's ``sampler`` or ``batch_sampler``): the batching (``batch_size``, ``drop_last``),
+  the batches delivered, and the
   sampler's own ``state_dict()`` as it was when the epoch began (if it has one). On resume that
   state is loaded, the epoch's batches are drawn again and the delivered ones skipped (a sampler
   without state must give the same order again, e.g. seeded by epoch).
-* ``"iterable"``: where the next task goes (``next_task``, ``next_worker``); each worker's stream is in
+* ``"iterable"``: the batching, where the next task goes (``next_task``, ``next_worker``); each worker's stream is in
   ``workers`` (below). It resumes with the same number of workers (0 and 1 count alike) and ranks only.
 
 Every kind also saves ``workers``: per reader (a worker, or the main process), the state of its own that
@@ -185,8 +186,13 @@ def state_of(options: Options, progress: EpochProgress) -> dict[str, Any]:
 
 
 def _head(options: Options, kind: str, epoch: int) -> dict[str, Any]:
-    return {"version": STATE_VERSION, "kind": kind, "epoch": epoch, "seed": options.seed,
+    """The fields of every kind; a user sampler's and a stream's batching too (a map state keeps its own), as
+    their delivered batches are counted in batches of it."""
+    head = {"version": STATE_VERSION, "kind": kind, "epoch": epoch, "seed": options.seed,
             "rank": options.rank, "world_size": options.world_size}
+    if kind != "map":
+        head.update(batch_size=options.sampling.batch_size, drop_last=options.sampling.drop_last)
+    return head
 
 
 def fresh(options: Options, epoch: int, readers: list[Any] | None = None) -> dict[str, Any]:

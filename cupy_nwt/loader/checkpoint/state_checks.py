@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from ...data.contract import map_length
 from ...errors import StateError
+from ...ranks import MAX_WORLD_SIZE
 from ..plan.remainder import Session
 
 if TYPE_CHECKING:
@@ -33,7 +34,8 @@ KEYS = {
     "iterable": frozenset((*_HEAD, "next_task", "next_worker")),
 }
 READER_KEYS = frozenset({"batches", "dataset", "iterator", "ended"})
-_OPTIONAL = {"map": frozenset({"ranks"}), "sampler": frozenset(), "iterable": frozenset()}
+_BATCHING = frozenset({"batch_size", "drop_last"})  # a user sampler's and a stream's: optional, states saved before
+_OPTIONAL = {"map": frozenset({"ranks"}), "sampler": _BATCHING, "iterable": _BATCHING}  # them load as they did
 
 
 def _show(value: Any) -> str:
@@ -99,7 +101,7 @@ def _head(sd: Mapping[str, Any], merged: bool = False) -> tuple[int, int | None]
     _readers(sd["workers"])
     _int("epoch", sd["epoch"])
     _int("seed", sd["seed"])
-    world = _int("world_size", sd["world_size"], 1)
+    world = _int("world_size", sd["world_size"], 1, MAX_WORLD_SIZE, "more ranks than any job runs")
     if merged and sd["rank"] is None:
         return world, None
     rank = _int("rank", sd["rank"], 0, world - 1, f"a rank of world_size {world}")
@@ -210,8 +212,23 @@ def _progress(prefix: str, delivered: Any, extra: Any, batches: int) -> None:
     _ascending(f"{prefix}extra", extra, k + 1, batches, f"batches after delivered={k} of {batches}")
 
 
+def _batching(options: Options, sd: Mapping[str, Any]) -> None:
+    """A user sampler's or a stream's delivered batches count in its batch size: under another they would
+    skip or repeat samples, so another batching is refused (as a map state's is)."""
+    if "batch_size" in sd and sd["batch_size"] is not None:
+        _int("batch_size", sd["batch_size"], 1)
+    if "drop_last" in sd:
+        _bool("drop_last", sd["drop_last"])
+    s = options.sampling
+    for key, value in (("batch_size", s.batch_size), ("drop_last", s.drop_last)):
+        if key in sd and sd[key] != value:
+            refuse(key, sd[key], f"the state was saved with other settings (this loader: {key}={value!r}); its "
+                   "delivered batches were counted in those")
+
+
 def _check_sampler(options: Options, sd: Mapping[str, Any]) -> None:
     _head(sd)
+    _batching(options, sd)
     try:
         batches: int | None = options.sampling.length(options.dataset)
     except TypeError:  # a sampler without a length: only the lower bounds hold
@@ -224,6 +241,7 @@ def _check_sampler(options: Options, sd: Mapping[str, Any]) -> None:
 
 def _check_stream(options: Options, sd: Mapping[str, Any]) -> None:
     world, rank = _head(sd)
+    _batching(options, sd)
     workers = sd["workers"]
     total = sum(int(p["batches"]) for p in workers if p is not None)
     readers = max(1, options.num_workers)

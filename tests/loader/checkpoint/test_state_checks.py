@@ -133,6 +133,14 @@ CASES = [
     ("iterable", _set("next_task", -1), "next_task"),
     ("iterable", _set("rank", 99), "rank"),
     ("iterable", _set("world_size", 0), "world_size"),
+    ("map", _set("world_size", 2**40), "world_size"),
+    ("map", _set("world_size", 10**30), "world_size"),
+    ("sampler", _set("batch_size", 4), "batch_size"),
+    ("sampler", _set("batch_size", "8"), "batch_size"),
+    ("sampler", _set("drop_last", True), "drop_last"),
+    ("iterable", _set("batch_size", 16), "batch_size"),
+    ("iterable", _set("batch_size", None), "batch_size"),
+    ("iterable", _set("drop_last", "no"), "drop_last"),
 ]
 
 
@@ -174,6 +182,22 @@ def test_the_good_states_all_resume() -> None:
         loader.load_state_dict(make_state())
         assert sum(len(b) for b in loader) > 0, base
         loader.close()
+
+
+@pytest.mark.parametrize("base", ["sampler", "iterable"])
+def test_a_state_saved_without_its_batching_still_resumes(base: str) -> None:
+    """A user sampler's and a stream's states name their batching since it is checked; one saved before
+    loads as it did."""
+    make_state, make_loader = MAKERS[base]
+    state = make_state()
+    older = {k: v for k, v in state.items() if k not in ("batch_size", "drop_last")}
+    rest = []
+    for saved_state in (state, older):
+        loader = make_loader()
+        loader.load_state_dict(saved_state)
+        rest.append(sorted(int(x) for b in loader for x in b))
+        loader.close()
+    assert rest[0] == rest[1] and len(rest[0]) == N - 3 * B
 
 
 def test_a_given_seed_refuses_a_state_of_another_seed() -> None:
