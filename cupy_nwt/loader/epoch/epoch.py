@@ -107,6 +107,8 @@ class Epoch(Iterator[T_co]):
             restore = restore_plan(options, epoch, start["workers"] if start is not None else None)
             if 0 in restore:
                 maker.restore(*restore[0])
+                if options.sampling.style != "iterable":  # now, not at a first sample an empty rest never reads
+                    maker.load_pending()
         steps = _steps(options, self._runtime, self._state, shared)  # holds the state, never this iterator
         if self._reported_len is not None:
             steps = _past_length(steps, self._reported_len, options)

@@ -101,6 +101,25 @@ def test_a_map_dataset_resumes_its_own_state_in_each_reader(num_workers):
         assert head + samples(again) == whole
 
 
+@pytest.mark.parametrize("layout", [{"num_workers": 0}, {"num_workers": 1}, {"num_workers": 2},
+                                    {"num_workers": 2, "persistent_workers": True}], ids=["0", "1", "2", "2-persistent"])
+def test_a_state_whose_rest_is_empty_still_carries_the_dataset_into_the_next_epoch(layout):
+    """Every batch taken, the loop never asking for one more (torchdata's TestSnapshotEnd): the resumed rest is
+    empty, and the next epoch is the uninterrupted run's, reading on from the dataset's saved state."""
+    with loader(Counted(), **layout) as dl:
+        it = iter(dl)
+        for _ in range(len(dl)):
+            next(it)
+        state = pickle.loads(pickle.dumps(dl.state_dict()))
+        it.close()
+        expected = samples(dl)
+    assert sorted(x // 100 for x in expected) == list(range(N))
+    with loader(Counted(), **layout) as again:
+        again.load_state_dict(state)
+        assert samples(again) == []
+        assert samples(again) == expected
+
+
 def test_a_map_state_under_another_worker_count_keeps_its_order_and_warns_once_of_the_dataset_states():
     with loader(Counted(), num_workers=2) as dl:
         it = iter(dl)
