@@ -109,9 +109,18 @@ def carried(options: Options, progress: EpochProgress | None) -> list[Any]:
     per = _base(options, progress.readers)
     for w, state in progress.latest.items():
         if w < n:
-            made = entry(0, state)
-            per[w] = {**made, "batches": 0} if isinstance(made, dict) else made
-    return per
+            per[w] = entry(0, state)
+    return [_unbegun(p) for p in per]
+
+
+def _unbegun(p: Any) -> Any:
+    """An entry as a new epoch begins: no batch of it delivered yet (a worker that sent nothing in the epoch
+    before still holds the count it started that one with); None where nothing else is left."""
+    if not isinstance(p, dict):
+        return p
+    if p["dataset"] is None and p["iterator"] is None:
+        return None
+    return {**p, "batches": 0}
 
 
 def _base(options: Options, readers: Any) -> list[Any]:

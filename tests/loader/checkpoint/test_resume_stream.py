@@ -105,6 +105,32 @@ def test_an_out_of_order_stream_resumes_every_sample_once(ds):
         assert sorted(seen) == list(range(40)), k
 
 
+def test_a_resumed_epoch_left_early_saves_the_next_epoch_from_its_start():
+    """Persistent workers: a resumed epoch left by a ``break``, then k batches of the next one saved; the new
+    epoch's state counts only its own batches (a worker that sent nothing in the resumed epoch kept the
+    count it was resumed with), so it loads and gives the rest of that epoch. (A stream without a state of
+    its own: ``Counting``'s state between epochs says where its copy got, not that ``__iter__`` starts over.)"""
+    ds = Stateless
+    with DataLoader(ds(), batch_size=3, num_workers=2, persistent_workers=True) as dl:
+        full = run(dl)
+        it = iter(dl)
+        next(it), next(it)
+        first = json.loads(json.dumps(dl.state_dict()))
+        it.close()
+    for k in (0, 1, 2):
+        with DataLoader(ds(), batch_size=3, num_workers=2, persistent_workers=True) as dl:
+            dl.load_state_dict(first)
+            for _ in dl:
+                break
+            it = iter(dl)
+            head = [next(it).ravel().tolist() for _ in range(k)]
+            state = json.loads(json.dumps(dl.state_dict()))
+            it.close()
+        with DataLoader(ds(), batch_size=3, num_workers=2, persistent_workers=True) as again:
+            again.load_state_dict(state)
+            assert head + run(again) == full, k
+
+
 def test_stream_with_another_worker_count_is_refused():
     with DataLoader(Counting(), batch_size=3, num_workers=2) as dl:
         it = iter(dl)
