@@ -207,6 +207,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._active: weakref.ref | None = None  # the shared workshop's epoch (a new one ends it)
         self._last: EpochState | None = None  # the newest epoch's bookkeeping: what state_dict() describes
         self._newest: weakref.ref | None = None  # the newest iterator, which a state_dict() begins if it has not
+        self._iterators: weakref.WeakSet[Epoch[T_co]] = weakref.WeakSet()  # every live one, for close() to end
         self._reported_len: int | None = None  # an iterable dataset's len() when len(loader) was asked
         self._initialized = True
 
@@ -329,6 +330,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         it: Epoch[T_co] = Epoch(options, self._runtime, self._epoch, None, self._shares_stage(options), self,
                                 self._reported_len, on_first=self._begin)
         self._newest = weakref.ref(it)
+        self._iterators.add(it)
         return it
 
     def _shares_stage(self, options: Options) -> bool:
@@ -409,8 +411,11 @@ class DataLoader(SettingsView, Generic[T_co]):
             self._runtime.drop(workshop)
 
     def close(self) -> None:
-        """End the current iterations, stop the workers, unlink the rings. Idempotent."""
+        """End the current iterations, stop the workers, unlink the rings. Idempotent. An iterator the caller
+        still holds is ended too, so no view of it keeps a ring mapped."""
         self._close_active()
+        for it in list(self._iterators):
+            it.close()
         self._finalizer()
 
     def __enter__(self) -> DataLoader[T_co]:

@@ -99,3 +99,34 @@ def test_thread_workers_of_a_dropped_iterator_end():
     assert idents
     del it, seen
     assert gone_within(1.0, lambda: not idents & {t.ident for t in threading.enumerate()})
+
+
+class Stream:
+    """A stream whose record 9 is broken: the iterator that met it stays in the caller's hands."""
+
+    def __iter__(self):
+        for i in range(24):
+            if i == 9:
+                raise ValueError("record 9 is broken")
+            yield np.int64(i)
+
+
+def test_close_ends_the_iterators_the_caller_still_holds():
+    """``close()`` frees every ring at once, not when the caller lets go of an iterator: one that met an error,
+    and one still mid-epoch, whose batch views would otherwise keep their ring mapped."""
+    before = my_rings()
+    loader = cupy_nwt.DataLoader(Stream(), batch_size=4, num_workers=2, device="cpu")
+    failed = iter(loader)
+    try:
+        for _ in range(10):
+            next(failed)
+    except ValueError:
+        pass
+    other = cupy_nwt.DataLoader(np.arange(64), batch_size=4, num_workers=2, device="cpu")
+    middle = iter(other)
+    next(middle)
+    assert my_rings() - before
+    loader.close()
+    other.close()
+    assert my_rings() - before == set()
+    assert next(failed, None) is None and next(middle, None) is None

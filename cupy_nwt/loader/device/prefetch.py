@@ -206,7 +206,7 @@ class DevicePrefetcher:
         try:
             hb = source.next(block)
         except FailedBatch as failed:
-            inflight.append(_Copy(failed, None, None, None))
+            inflight.append(_Copy(failed.with_traceback(None), None, None, None))  # its frames hold the source
             return True
         if hb is None:
             return False

@@ -298,7 +298,8 @@ def host_batches(source: BatchSource, zero_copy: bool, events: Listener | None =
             try:
                 hb = source.next(True)
             except FailedBatch as failed:
-                yield failed
+                # without its traceback: its frames hold the source, and so the ring, past close()
+                yield failed.with_traceback(None)
                 continue
             if hb is None:
                 return
