@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...data.contract import map_length
-from ...errors import ArgumentError
+from ...errors import ArgumentError, StateError
 from ..plan.order import Plan, PlanTask, StreamPlan
 from ..plan.remainder import Session, SessionPlan, join_done, split_done
 from .ledger import EpochProgress, Ledger
@@ -104,7 +104,7 @@ def make_plan(options: Options, epoch: int, start: Mapping[str, Any] | None) -> 
     elif kind == "sampler":
         sampler = _sampler_of(options)
         if start is not None and start.get("sampler_state") is not None and hasattr(sampler, "load_state_dict"):
-            sampler.load_state_dict(start["sampler_state"])
+            _load_sampler(sampler, start["sampler_state"])
         sampler_state = sampler.state_dict() if hasattr(sampler, "state_dict") else None
         done = frozenset(join_done(start["delivered"], start["extra"])) if start is not None else frozenset()
         plan = _SkipPlan(s.plan(options.dataset, epoch), done)
@@ -112,6 +112,17 @@ def make_plan(options: Options, epoch: int, start: Mapping[str, Any] | None) -> 
         first = int(start["next_task"]) if start is not None else 0
         plan = _StreamRest(s.seed, epoch, s.rank, s.world_size, first)
     return plan, sampler_state
+
+
+def _load_sampler(sampler: Any, saved: Any) -> None:
+    """The user sampler's own ``load_state_dict``: a state it refuses (damaged, or another sampler's) is the
+    loaded state's fault, so a ``StateError`` naming the field, with the sampler's words."""
+    try:
+        sampler.load_state_dict(saved)
+    except Exception as exc:  # noqa: BLE001 - any refusal by the user's code
+        text = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise StateError(f"load_state_dict: sampler_state: the sampler's load_state_dict refused it: {text}",
+                         "sampler_state", saved) from exc
 
 
 def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> SessionPlan:

@@ -13,6 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from toy_data import Indices, ShardedIndices
 
@@ -252,4 +253,37 @@ def test_a_version_1_state_is_read_as_version_2_says_it() -> None:
     loader = stream_loader()
     loader.load_state_dict(old)
     assert [p["batches"] for p in loader.state_dict()["workers"]] == [p["batches"] for p in new["workers"]]
+    loader.close()
+
+
+class EpochSampler:
+    """A sampler with a state of its own: which epoch's permutation it draws next."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+
+    def __len__(self) -> int:
+        return N
+
+    def __iter__(self):
+        order = np.random.default_rng(self.epoch).permutation(N).tolist()
+        self.epoch += 1
+        return iter(order)
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.epoch = sd["epoch"]
+
+
+def test_a_sampler_state_the_sampler_refuses_is_a_state_error_naming_the_field() -> None:
+    """The sampler's state is the user's format, checked by the sampler itself as the epoch begins: its
+    refusal is the state's fault, said in one line with the sampler's own words."""
+    state = saved(cupy_nwt.DataLoader(Indices(N), batch_size=B, sampler=EpochSampler()), 2)
+    loader = cupy_nwt.DataLoader(Indices(N), batch_size=B, sampler=EpochSampler())
+    loader.load_state_dict({**state, "sampler_state": "garbage"})
+    with pytest.raises(cupy_nwt.StateError, match=r"^load_state_dict: sampler_state: .*TypeError") as caught:
+        next(iter(loader))
+    assert caught.value.field == "sampler_state" and "\n" not in str(caught.value)
     loader.close()
