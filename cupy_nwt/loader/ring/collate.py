@@ -18,7 +18,7 @@ import numpy as np
 
 from ...errors import ArgumentError, ArgumentTypeError, BatchLayoutError, BatchStructureError, BatchTypeError
 from .containers import Make, items_only, plain_items
-from .frameworks import framework_of, refuse_uncollatable
+from .frameworks import framework_of, host_view, refuse_uncollatable
 from .tree import (
     LEAF,
     OBJ,
@@ -28,6 +28,7 @@ from .tree import (
     describe,
     flatten,
     join,
+    leaf_dtypes,
     leaf_kinds,
     leaf_of,
     leaf_paths,
@@ -37,8 +38,10 @@ from .tree import (
 Indices = Sequence[Any] | np.ndarray | None  # the samples' dataset keys, for messages; None: a stream's
 
 
-def as_leaf(value: Any) -> np.ndarray:
-    """One sample field as an array: Python int -> int64, float -> float64, bool -> bool."""
+def as_leaf(value: Any) -> tuple[np.ndarray, str | None]:
+    """One sample field as an array (Python int -> int64, float -> float64, bool -> bool), and the torch
+    dtype its items are the bits of where NumPy lacks it (``frameworks.host_view``; None: its own)."""
+    dtype = None
     if isinstance(value, np.ndarray):
         arr = value
     elif isinstance(value, bool):
@@ -47,11 +50,18 @@ def as_leaf(value: Any) -> np.ndarray:
         arr = np.asarray(value, dtype=np.int64)
     elif isinstance(value, float):
         arr = np.asarray(value, dtype=np.float64)
+    elif framework_of(value) == "torch":
+        host = host_view(value, "torch")
+        if host is None:
+            where = "that requires grad" if value.requires_grad else f"on {value.device}"
+            raise ArgumentTypeError(f"a torch tensor {where} cannot be batched in shared memory: detach it or move "
+                                    "it to the CPU in the dataset, or pass a collate_fn")
+        arr, dtype = host
     else:
         arr = np.asarray(value)
     if arr.dtype.kind in "OUSV" or arr.dtype.hasobject:
         raise ArgumentTypeError(f"a {type(value).__name__} field (dtype {arr.dtype}) cannot be batched into arrays")
-    return arr
+    return arr, dtype
 
 
 def _unequal(td: Treedef, first: Treedef) -> str:
@@ -168,6 +178,7 @@ def _collate_rows(samples: Sequence[Any], indices: Indices, treedef: Treedef, ou
     paths: list[str] | None = None
     sample_td = as_sample_treedef(treedef)
     kinds = leaf_kinds(treedef)
+    tagged = leaf_dtypes(treedef)
     objects: list[list[Any]] = [[] for k in kinds if k == "obj"]
     for row, sample in enumerate(samples):
         leaves, td = flatten(sample)
@@ -175,7 +186,7 @@ def _collate_rows(samples: Sequence[Any], indices: Indices, treedef: Treedef, ou
             what, index = _where(indices, row)
             raise BatchStructureError(f"{_unequal(td, sample_td)}{what} has the structure {describe(td)}, expected "
                                       f"{describe(sample_td)}", index)
-        dsts, cols = iter(out), iter(objects)
+        dsts, cols, tags = iter(out), iter(objects), iter(tagged)
         for j, (leaf, kind) in enumerate(zip(leaves, kinds)):
             if kind == "obj":
                 if not _is_text(leaf):
@@ -185,20 +196,20 @@ def _collate_rows(samples: Sequence[Any], indices: Indices, treedef: Treedef, ou
                                            f"got {type(leaf).__name__}", index)
                 next(cols).append(leaf)
                 continue
-            dst = next(dsts)
+            dst, expected = next(dsts), next(tags)
             try:
-                arr = as_leaf(leaf)
+                arr, dtype = as_leaf(leaf)
             except (TypeError, OverflowError) as exc:
                 paths = paths or leaf_paths(treedef)
                 what, index = _where(indices, row)
                 error = BatchTypeError if isinstance(exc, TypeError) else BatchLayoutError
                 raise error(f"{what}, field {paths[j]}: {exc}", index) from None
-            if arr.shape != dst.shape[1:] or arr.dtype != dst.dtype:
+            if arr.shape != dst.shape[1:] or arr.dtype != dst.dtype or dtype != expected:
                 paths = paths or leaf_paths(treedef)
                 what, index = _where(indices, row)
                 raise BatchLayoutError(
-                    f"{what}, field {paths[j]}: expected shape {dst.shape[1:]} dtype {dst.dtype}, "
-                    f"got shape {arr.shape} dtype {arr.dtype}",
+                    f"{what}, field {paths[j]}: expected shape {dst.shape[1:]} dtype {expected or dst.dtype}, "
+                    f"got shape {arr.shape} dtype {dtype or arr.dtype}",
                     index,
                 )
             dst[row] = arr
@@ -216,31 +227,35 @@ def batch_structure(sample: Any, index_text: str = "the first sample", index: in
     framework = next((f for f in map(framework_of, leaves) if f is not None), None)
     if framework == "torch":
         refuse_uncollatable(leaves, index_text)
-    kinds = iter(["obj" if _is_text(x) else "leaf" for x in leaves])
+    marks: list[Treedef] = []
     firsts = []
     for x in leaves:
         if _is_text(x):
+            marks.append(OBJ)
             continue
         try:
-            firsts.append(as_leaf(x))
+            arr, dtype = as_leaf(x)
         except TypeError as exc:
             raise BatchTypeError(f"{index_text}: {exc}", index) from None
-    return _mark(td, sample, kinds, leaf_of(framework)), firsts
+        firsts.append(arr)
+        marks.append(leaf_of(framework, dtype))
+    return _mark(td, sample, iter(marks)), firsts
 
 
-def _mark(td: Treedef, sample: Any, kinds: Iterator[str], leaf: Treedef) -> Treedef:
-    """The batch's structure from its first sample's: its leaves marked array or str, and each typed
-    container given its recipe (``containers.Make``), taken from that sample as torch takes it."""
+def _mark(td: Treedef, sample: Any, marks: Iterator[Treedef]) -> Treedef:
+    """The batch's structure from its first sample's: each leaf marked (a str list, or an array of its
+    framework and dtype), and each typed container given its recipe (``containers.Make``), taken from that
+    sample as torch takes it."""
     kind = td[0]
     if kind == "leaf":
-        return OBJ if next(kinds) == "obj" else leaf
+        return next(marks)
     if kind == "dict":
-        return ("dict", td[1], tuple(_mark(c, sample[k], kinds, leaf) for k, c in zip(td[1], td[2])))
+        return ("dict", td[1], tuple(_mark(c, sample[k], marks) for k, c in zip(td[1], td[2])))
     if kind == "namedtuple":
-        return ("namedtuple", td[1], tuple(_mark(c, x, kinds, leaf) for c, x in zip(td[2], sample)))
+        return ("namedtuple", td[1], tuple(_mark(c, x, marks) for c, x in zip(td[2], sample)))
     if kind in TYPED:
-        return (kind, Make.like(sample), (_mark(td[2][0], plain_items(sample), kinds, leaf),))
-    return (kind, tuple(_mark(c, x, kinds, leaf) for c, x in zip(td[1], sample)))
+        return (kind, Make.like(sample), (_mark(td[2][0], plain_items(sample), marks),))
+    return (kind, tuple(_mark(c, x, marks) for c, x in zip(td[1], sample)))
 
 
 def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:

@@ -66,30 +66,46 @@ def refuse_uncollatable(leaves: list[Any], where: str) -> None:
                               "array; collate_fn=list hands the samples over as they are")
 
 
-def host_view(x: Any, framework: str) -> np.ndarray | None:
-    """A framework array as a NumPy array over the same host memory; None when it has none (a GPU
-    tensor, a dtype NumPy lacks such as bfloat16): it then travels pickled, as it is."""
+_BITS = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}  # torch's integer dtype of each item size
+
+
+def host_view(x: Any, framework: str) -> tuple[np.ndarray, str | None] | None:
+    """A framework array as a NumPy array over the same host memory, and the torch dtype its items stand
+    for where NumPy lacks it (None: the array's own); None when it has no host memory (a GPU tensor, one
+    that requires grad): it then travels pickled, as it is.
+
+    A torch dtype NumPy lacks (``bfloat16``, the ``float8`` kinds, ``complex32``) is carried as its bits, an
+    integer array of its item size, and viewed back as that dtype when the batch is joined: no copy, no
+    rounding, where torch's own pickling of several of them fails."""
     try:
-        if framework == "torch":
-            if x.device.type != "cpu" or x.requires_grad:
+        if framework != "torch":
+            return np.asarray(x), None
+        if x.device.type != "cpu" or x.requires_grad:
+            return None
+        try:
+            return np.asarray(x.numpy()), None
+        except TypeError:  # a dtype NumPy lacks
+            bits = _BITS.get(x.element_size())
+            if bits is None:
                 return None
-            return np.asarray(x.numpy())
-        return np.asarray(x)
+            return np.asarray(x.view(getattr(sys.modules["torch"], bits)).numpy()), str(x.dtype).removeprefix("torch.")
     except (TypeError, RuntimeError, ValueError):
         return None
 
 
-def to_framework(a: Any, framework: str) -> Any:
+def to_framework(a: Any, framework: str, dtype: str | None = None) -> Any:
     """``a`` (a NumPy array, or a device array with DLPack) as an array of ``framework``, without a copy
-    where the framework allows it."""
+    where the framework allows it; ``dtype`` names the torch dtype whose bits ``a`` carries (``host_view``)."""
     if framework == "torch":
         import torch  # noqa: PLC0415 - only for batches of torch tensors, or output="torch"
 
         if isinstance(a, np.ndarray):
             if not a.flags.writeable or any(s < 0 for s in a.strides):
                 a = a.copy()  # torch tensors are always writable: never one over memory NumPy protects
-            return torch.from_numpy(a)
-        return torch.from_dlpack(a)
+            t = torch.from_numpy(a)
+        else:
+            t = torch.from_dlpack(a)
+        return t if dtype is None else t.view(getattr(torch, dtype))
     if framework == "jax":
         import jax  # noqa: PLC0415 - only for batches of JAX arrays, or output="jax"
 

@@ -105,24 +105,27 @@ def _split(obj: Any, arrays: list[np.ndarray], objects: list[Any]) -> Treedef:
     framework = framework_of(obj)
     if framework is not None:
         host = host_view(obj, framework)
-        if host is not None and is_ring_array(host):
-            arrays.append(host)
-            return leaf_of(framework)
+        if host is not None and is_ring_array(host[0]):
+            arrays.append(host[0])
+            return leaf_of(framework, host[1])
     objects.append(obj)
     return OBJ
 
 
-def leaf_of(framework: str | None) -> Treedef:
-    """The leaf of an array that ``join`` gives back as ``framework``'s (None: as it is)."""
-    return LEAF if framework is None else ("leaf", framework)
+def leaf_of(framework: str | None, dtype: str | None = None) -> Treedef:
+    """The leaf of an array that ``join`` gives back as ``framework``'s (None: as it is); ``dtype``, the torch
+    dtype whose bits the array carries (``frameworks.host_view``)."""
+    if framework is None:
+        return LEAF
+    return ("leaf", framework) if dtype is None else ("leaf", framework, dtype)
 
 
 def retag(td: Treedef, framework: str | None, plain_only: bool = False) -> Treedef:
     """``td`` with every array leaf joined as ``framework``'s (None: as it is, NumPy or CuPy); with
     ``plain_only``, only the leaves that carry no framework of their own."""
     kind = td[0]
-    if kind == "leaf":
-        return td if plain_only and len(td) > 1 else leaf_of(framework)
+    if kind == "leaf":  # bits of a dtype only torch has stay torch's
+        return td if (plain_only and len(td) > 1) or len(td) > 2 else leaf_of(framework)
     if kind == "obj":
         return td
     if kind in ("dict", "namedtuple", *TYPED):
@@ -179,7 +182,7 @@ def join(treedef: Treedef, arrays: Sequence[Any], objects: Sequence[Any] = ()) -
 def _build(td: Treedef, arrays: Iterator[Any], objects: Iterator[Any]) -> Any:
     kind = td[0]
     if kind == "leaf":
-        return next(arrays) if len(td) == 1 else to_framework(next(arrays), td[1])
+        return next(arrays) if len(td) == 1 else to_framework(next(arrays), *td[1:])
     if kind == "obj":
         return next(objects)
     if kind == "tuple":
@@ -205,6 +208,19 @@ def as_sample_treedef(td: Treedef) -> Treedef:
     if kind in TYPED:
         return (kind, td[1].cls, (as_sample_treedef(td[2][0]),))
     return (kind, tuple(as_sample_treedef(c) for c in td[1]))
+
+
+def leaf_dtypes(td: Treedef) -> list[str | None]:
+    """The torch dtype whose bits each array leaf of ``td`` carries (None: the array's own), depth first."""
+    return [leaf[2] if len(leaf) > 2 else None for leaf in _leaves(td) if leaf[0] == "leaf"]
+
+
+def _leaves(td: Treedef) -> Iterator[Treedef]:
+    if td[0] in ("leaf", "obj"):
+        yield td
+    else:
+        for c in td[-1]:
+            yield from _leaves(c)
 
 
 def leaf_kinds(td: Treedef) -> list[str]:

@@ -180,13 +180,15 @@ class Ok(_Record):
 
 @dataclass(frozen=True, slots=True)
 class Whole(_Record):
-    """Batch ``batch_index`` itself (``rows`` rows), pickled; ``slot`` (or ``NO_SLOT``) is untouched."""
+    """Batch ``batch_index`` itself (``rows`` rows), pickled; ``slot`` (or ``NO_SLOT``) is untouched. ``parts`` is
+    the batch as ``ring.tree.split`` cuts it: its arrays pickle as NumPy's, whichever framework holds them
+    (torch's own pickling fails for several dtypes, the unsigned and float8 ones among them)."""
 
     generation: int
     batch_index: int
     slot: int
     rows: int
-    batch: Any
+    parts: tuple[Any, list[np.ndarray], list[Any]]
     times: StageTimes | None = None
 
 

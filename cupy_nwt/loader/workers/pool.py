@@ -18,7 +18,6 @@ import numpy as np
 from .._events import Listener, StageTimes
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import FailedBatch, HostBatch, RingSpec, SlotPool
-from ..ring.tree import split
 from .maker import make_worker_error
 from .messages import (
     NO_SLOT,
@@ -222,7 +221,7 @@ class Dispatch:
         if not slots.is_current(msg.generation):
             return None
         if isinstance(msg, Whole):
-            treedef, arrays, objects = split(msg.batch)
+            treedef, arrays, objects = msg.parts
             return HostBatch(msg.batch_index, None, msg.rows, arrays, treedef, objects)
         if isinstance(msg, Exhausted):
             return Ended(msg.batch_index, w.id)

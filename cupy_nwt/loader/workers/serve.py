@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..ring.ring import Ring
+from ..ring.tree import split
 from .maker import AllBad, BatchMaker, InSlot, StreamEnd
 from .messages import (
     NO_SLOT,
@@ -134,4 +135,4 @@ def serve(maker: BatchMaker, ring: Ring | None, task: Task,
         return Raised(task.generation, task.batch_index, task.slot, report)
     if isinstance(made, InSlot):
         return Ok(task.generation, task.batch_index, task.slot, made.rows, made.objects or None, maker.times)
-    return Whole(task.generation, task.batch_index, task.slot, made.rows, made.batch, maker.times)
+    return Whole(task.generation, task.batch_index, task.slot, made.rows, split(made.batch), maker.times)

@@ -1,0 +1,85 @@
+"""Batches of every torch dtype, as torch's DataLoader gives them: the ones NumPy lacks (bfloat16, the float8
+kinds, complex32) ride the ring as their bits, and the unsigned ones, which torch's own pickling cannot carry,
+leave a worker as NumPy arrays. The same script runs on both loaders; values and dtypes must agree."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+import cupy_nwt
+
+torch = pytest.importorskip("torch", reason="torch tensors' dtypes need torch")
+import torch.utils.data as tud  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("worker_type"),
+              pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")]
+
+DTYPES = ["bfloat16", "float8_e4m3fn", "float8_e5m2", "complex32", "float16", "uint16", "uint32", "uint64"]
+
+
+class Ramp(tud.Dataset):
+    """Sample i: a (2, 3) tensor of ``dtype`` holding i + 0.5 * column (exact in every dtype here), and i."""
+
+    def __init__(self, dtype: str, n: int = 6) -> None:
+        self.dtype, self.n = getattr(torch, dtype), n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        x = torch.arange(3, dtype=torch.float32).repeat(2, 1) * (0.5 if self.dtype.is_floating_point else 1) + i
+        return x.to(self.dtype), i
+
+
+def values(batches) -> list:
+    """Each batch's tensor as (dtype, shape, exact values in float64), and its labels."""
+    out = []
+    for x, y in batches:
+        wide = x.to(torch.complex64) if x.dtype == torch.complex32 else x
+        out.append((x.dtype, tuple(x.shape), wide.to(torch.complex128 if x.is_complex() else torch.float64).tolist(),
+                    y.tolist() if isinstance(y, torch.Tensor) else y))
+    return out
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("batch_size", [2, None], ids=["batched", "unbatched"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_torch_dtype_arrives_as_torch_gives_it(dtype, batch_size, num_workers, worker_type):
+    if worker_type == "thread" and num_workers == 0:
+        pytest.skip("num_workers=0 has no workers to choose")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        expected = values(tud.DataLoader(Ramp(dtype), batch_size=batch_size, num_workers=0))
+        with cupy_nwt.DataLoader(Ramp(dtype), batch_size=batch_size, num_workers=num_workers, device="cpu",
+                                 worker_type=worker_type) as loader:
+            assert values(loader) == expected
+
+
+class Switches(Ramp):
+    """bfloat16 samples, but sample 3 is int16: the same bits' width, another dtype."""
+
+    def __getitem__(self, i: int):
+        x, y = super().__getitem__(i)
+        return (x.to(torch.int16) if i == 3 else x), y
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_sample_of_another_dtype_of_the_same_width_is_named_not_reinterpreted(num_workers):
+    with cupy_nwt.DataLoader(Switches("bfloat16"), batch_size=4, num_workers=num_workers, device="cpu") as loader:
+        it = iter(loader)
+        with pytest.raises(cupy_nwt.BatchLayoutError, match=r"sample index 3, field \[0\]: expected shape \(2, 3\) "
+                                                            r"dtype bfloat16, got shape \(2, 3\) dtype int16"):
+            next(it)
+
+
+def test_a_tensor_that_requires_grad_is_refused_in_one_line():
+    class Grad(Ramp):
+        def __getitem__(self, i: int):
+            return torch.ones(2, requires_grad=True)
+
+    with cupy_nwt.DataLoader(Grad("float32"), batch_size=2, device="cpu") as loader, \
+            pytest.raises(cupy_nwt.BatchTypeError, match=r"sample index 0: a torch tensor that requires grad cannot be "
+                                                         r"batched in shared memory: detach it"):
+        next(iter(loader))
