@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 
 import cupy_nwt
@@ -83,3 +84,35 @@ def test_a_tensor_that_requires_grad_is_refused_in_one_line():
             pytest.raises(cupy_nwt.BatchTypeError, match=r"sample index 0: a torch tensor that requires grad cannot be "
                                                          r"batched in shared memory: detach it"):
         next(iter(loader))
+
+
+class Dates(tud.Dataset):
+    """Samples 2 and 3 hold a datetime64 field, which no torch tensor can hold: their batch fails alone."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        day = np.array(["2020-01-01"], "datetime64[D]") if i in (2, 3) else np.zeros(1, np.int64)
+        return day, i
+
+
+def outcomes(loader) -> list:
+    """Each turn of an epoch: the batch's labels, or the type of error that turn raised."""
+    out, it = [], iter(loader)
+    while True:
+        try:
+            out.append(next(it)[1].tolist())
+        except StopIteration:
+            return out
+        except TypeError:
+            out.append("TypeError")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_batch_torch_cannot_hold_fails_alone_and_the_epoch_goes_on(num_workers, worker_type):
+    expected = [[0, 1], "TypeError", [4, 5], [6, 7]]
+    assert outcomes(tud.DataLoader(Dates(), batch_size=2, num_workers=num_workers)) == expected
+    with cupy_nwt.DataLoader(Dates(), batch_size=2, num_workers=num_workers, device="cpu",
+                             worker_type=worker_type) as loader:
+        assert outcomes(loader) == expected

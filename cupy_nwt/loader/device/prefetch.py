@@ -42,7 +42,7 @@ from ... import cuda
 from ...errors import RunError
 from .._events import Listener
 from ..ring.ring import Ring, SlotLayout
-from ..ring.slots import BatchSource, FailedBatch, HostBatch
+from ..ring.slots import BatchSource, FailedBatch, HostBatch, unjoinable
 from ..ring.tree import OutputTree, join
 
 STAGING_BUFFERS = 3
@@ -119,7 +119,7 @@ class CudaOps(PrefetchOps):
 
 @dataclass
 class _Copy:
-    batch: Any  # (treedef, device arrays, objects) to join when handed out; a FailedBatch as it is
+    batch: Any  # (treedef, device arrays, objects, batch index) to join when handed out; a FailedBatch as it is
     event: Any
     host: HostBatch | None  # whose slot to release once the copy is done (None: staged, released already)
     staging: np.ndarray | None
@@ -194,8 +194,13 @@ class DevicePrefetcher:
                     yield cur.batch
                     continue
                 self.ops.wait(self.ops.current_stream(), cur.event)
-                treedef, dev, objects = cur.batch
-                yield join(self.as_output(treedef), dev, objects)
+                treedef, dev, objects, index = cur.batch
+                try:
+                    batch = join(self.as_output(treedef), dev, objects)
+                except Exception as exc:  # noqa: BLE001 - this batch's failure, raised in its turn
+                    yield unjoinable(exc, index)
+                    continue
+                yield batch
         finally:
             for c in list(inflight) + list(pending):
                 if c.event is not None:
@@ -230,7 +235,7 @@ class DevicePrefetcher:
                 c.host = None
             for d, s in zip(dev, src):
                 self.ops.h2d(d, s, self._side)
-            c.batch = (hb.treedef if hb.treedef is not None else _treedef(layout), dev, hb.objects)
+            c.batch = (hb.treedef if hb.treedef is not None else _treedef(layout), dev, hb.objects, hb.index)
             c.event = self.ops.record(self._side)
         except BaseException:
             self._abandon(source, c)

@@ -24,7 +24,7 @@ from ..checkpoint.readers import entry, restore_plan, shared_reader
 from ..checkpoint.resume import dealer, kind_of, ledger_for, make_plan, stream_cursor
 from ..device.place import on_device, readonly
 from ..ring.ring import Ring
-from ..ring.slots import BatchSource, FailedBatch
+from ..ring.slots import BatchSource, FailedBatch, unjoinable
 from ..ring.tree import OutputTree, join, leaf_frameworks
 from ..workers.maker import BatchMaker
 from ..workers.serve import reader_state_or_error
@@ -317,7 +317,12 @@ def host_batches(source: BatchSource, zero_copy: bool, events: Listener | None =
                 if events is not None and clock is not None:
                     events.copied(clock() - t0)
                 source.release(hb)
-            yield join(treedef, leaves, hb.objects)
+            try:
+                batch = join(treedef, leaves, hb.objects)
+            except Exception as exc:  # noqa: BLE001 - this batch's failure, raised in its turn; the epoch goes on
+                yield unjoinable(exc, hb.index)
+                continue
+            yield batch
     finally:
         if held is not None:
             source.release(held)

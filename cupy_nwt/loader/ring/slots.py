@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from ...errors import LoaderError, RunError
+from ...errors import BatchTypeError, CupyNwtError, RunError
 from .ring import Ring, SlotLayout
 from .tree import Treedef
 
@@ -162,10 +162,20 @@ class FailedBatch(Exception):
     what the host path and the prefetcher hand on, in order with the batches around it.
     """
 
-    def __init__(self, error: LoaderError, batch_index: int = -1) -> None:
+    def __init__(self, error: CupyNwtError, batch_index: int = -1) -> None:
         super().__init__(str(error))
         self.error = error
         self.batch_index = batch_index
+
+
+def unjoinable(exc: Exception, batch_index: int) -> FailedBatch:
+    """A batch made whole that cannot be given in the framework it is joined as (a datetime64 field as a
+    torch tensor): a ``TypeError`` for that batch alone, in its turn, as torch's collate raises it in its
+    worker; the epoch goes on."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    error = BatchTypeError(f"batch {batch_index} could not be made into the arrays the loader gives: {text}; "
+                           "output='numpy' or a collate_fn of your own gives it as it is")
+    return FailedBatch(error, batch_index)
 
 
 @runtime_checkable
