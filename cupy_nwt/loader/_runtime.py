@@ -99,7 +99,8 @@ class Runtime:
                  clock: Callable[[], float] = time.perf_counter, listeners: tuple[Listener, ...] = (),
                  memory_warn_bytes: int = MEMORY_WARN_BYTES) -> None:
         self.ops, self.clock = ops, clock
-        self.recorder = Recorder(reader, clock, memory_warn_bytes)
+        forked = options.worker_kind.processes and options.start_method == "fork"
+        self.recorder = Recorder(reader, clock, memory_warn_bytes, forked)
         self.tuner = OnlineTuner(options.tuning, clock) if options.tuning is not None else None
         self.events = Events((self.recorder, *((self.tuner,) if self.tuner is not None else ()), *listeners))
         self.prefetcher = (DevicePrefetcher(options.pin_memory, ops, self.events, clock, options.joined_output)

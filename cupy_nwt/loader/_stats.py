@@ -21,7 +21,8 @@ no change here. Two warnings ride on the same counters. A stall (one ``next()`` 
 time, naming the batch waited for and the worker that has it. Copy-on-read memory: at each epoch's
 end the workers' private memory (USS) is read; when it has grown since their first batch by more
 than ``MEMORY_WARN_BYTES`` a worker on average, a ``MemoryGrowthWarning`` is issued, once per loader,
-naming the remedy. Reading a Python object writes its reference count, so forked workers that read
+naming the remedy (forked workers only: spawned and forkserver ones share no pages with the main process,
+and the pickle they rebuild is the other warning's). Reading a Python object writes its reference count, so forked workers that read
 a list of dicts copy the pages they touch: with a shuffled order nearly all of them in the first
 epoch (``bench/results/copy_on_read-*.json``: about 140 MB a worker, then flat), so growth over
 the workers' life, not growth in every epoch, is what names the cause. The baseline is read on a
@@ -164,8 +165,10 @@ class Recorder(Listener):
     is the average growth a worker that warns of copy-on-read."""
 
     def __init__(self, reader: MemoryReader = read_uss, clock: Callable[[], float] = time.perf_counter,
-                 warn_bytes: int = MEMORY_WARN_BYTES) -> None:
+                 warn_bytes: int = MEMORY_WARN_BYTES, forked: bool = True) -> None:
         self.reader, self.clock, self.warn_bytes = reader, clock, warn_bytes
+        self.forked = forked  # copy-on-read is forked workers' alone; a spawned one may still be starting at the
+        # first batch (more workers than CPUs), so its growth since then would be its own start-up
         self.totals: dict[str, float] = dict.fromkeys((*_COUNTS, *StageTimes.names()), 0.0)
         self.stalls: list[Stall] = []
         self.bad: list[SkippedSample] = []
@@ -228,7 +231,7 @@ class Recorder(Listener):
         """Workers are still up at an epoch's end: warn once if their memory grew as copy-on-read does."""
         settle_baselines()
         known = [pid for pid in pids if pid in self.first]
-        if self.warned or not known:
+        if self.warned or not known or not self.forked:
             return
         grown = [uss - self.first[pid] for pid, uss in self._read(known)]
         self.settled = True

@@ -170,11 +170,22 @@ class Growing:
 @pytest.mark.parametrize("persistent", [True, False])
 def test_memory_growth_warns_once_naming_the_remedy(persistent):
     dl = DataLoader(Squares(16), batch_size=4, num_workers=2, device="cpu", persistent_workers=persistent,
-                    parts=LoaderParts(reader=Growing(2 * MEMORY_WARN_BYTES)))
+                    multiprocessing_context="fork", parts=LoaderParts(reader=Growing(2 * MEMORY_WARN_BYTES)))
     with dl, pytest.warns(MemoryGrowthWarning, match=r"cupy_nwt\.pack_records") as caught:
         for _ in range(3):
             list(dl)
     assert len([w for w in caught if w.category is MemoryGrowthWarning]) == 1
+
+
+@pytest.mark.usefixtures("clean")
+def test_spawned_workers_growing_do_not_warn_of_copy_on_read():
+    """A spawned worker shares no pages with the main process, and with more workers than CPUs one may still be
+    starting when the first batch comes: its growth since is its own start-up, not copies of the dataset."""
+    dl = DataLoader(Squares(16), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="spawn",
+                    parts=LoaderParts(reader=Growing(2 * MEMORY_WARN_BYTES)))
+    with dl, warnings.catch_warnings():
+        warnings.simplefilter("error", MemoryGrowthWarning)
+        list(dl)
 
 
 @pytest.mark.usefixtures("clean")
