@@ -184,6 +184,16 @@ def test_an_error_names_its_type_and_iteration_goes_on(backend, num_workers):
     assert [np_tree(b)[1].tolist() for b in it] == [[6, 7]]
 
 
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+def test_an_empty_batch_from_a_batch_sampler_is_an_index_error_at_any_worker_count(backend, num_workers):
+    """torch's ``default_collate`` indexes the first sample: an empty batch is an ``IndexError`` in its turn."""
+    it = iter(backend(Squares(5), batch_sampler=[[0], [], [1]], num_workers=num_workers))
+    assert np_tree(next(it))[1].tolist() == [0]
+    with pytest.raises(IndexError):
+        next(it)
+    assert np_tree(next(it))[1].tolist() == [1]
+
+
 def test_len_rules(backend):
     assert len(backend(Squares(10), batch_size=4)) == 3
     assert len(backend(Squares(10), batch_size=None)) == 10

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import ArgumentError, ArgumentTypeError, BatchLayoutError, BatchStructureError, BatchTypeError
+from ...errors import ArgumentTypeError, BatchLayoutError, BatchStructureError, BatchTypeError, OutOfRangeError
 from .containers import Make, items_only, plain_items
 from .frameworks import framework_of, host_view, refuse_uncollatable
 from .tree import (
@@ -278,7 +278,8 @@ def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:
 def collate(samples: Sequence[Any], indices: Indices) -> Any:
     """``default_collate`` for the loader: ``indices=None`` for a stream's samples (no dataset index)."""
     if len(samples) == 0:
-        raise ArgumentError("cannot collate an empty list of samples")
+        raise OutOfRangeError("cannot collate an empty list of samples (an IndexError, as torch's default_collate "
+                              "raises for an empty batch)")
     first = samples[0]
     if type(first) is np.ndarray and first.dtype.kind not in "OUSV" and not first.dtype.hasobject:
         batch = np.empty((len(samples), *first.shape), dtype=first.dtype)  # samples that are plain arrays: the
