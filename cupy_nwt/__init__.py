@@ -18,11 +18,13 @@ from typing import TYPE_CHECKING
 
 from ._lazy import lazy_names
 from .errors import (
+                     AgainstError,
                      ArgumentError,
                      ArgumentTypeError,
                      BatchLayoutError,
                      BatchStructureError,
                      BatchTypeError,
+                     CallgrindError,
                      CorruptImageError,
                      CupyNwtError,
                      DamagedArchiveError,
@@ -38,6 +40,7 @@ from .errors import (
                      OutOfRangeError,
                      RingMemoryError,
                      RunError,
+                     SavedPickError,
                      ShmSpaceError,
                      StateError,
                      TooManyBadSamplesError,
@@ -59,7 +62,7 @@ if TYPE_CHECKING:
                          pack_records,
     )
     from .data.contract import IterableDataset
-    from .loader import DataLoader, WorkerInfo, default_collate, get_worker_info
+    from .loader import DataLoader, MemoryGrowthWarning, WorkerInfo, default_collate, get_worker_info
     from .nwt.placement import PlacementResult, tune_decode_placement
     from .nwt.tune import tune_num_workers
     from .picks.pick import AutoWorkers
@@ -73,7 +76,8 @@ __getattr__ = lazy_names(__name__, {
     **dict.fromkeys(("BatchedMapDataset", "MapDataset", "PackedRecords", "ReaderSlot", "ShardedTarStream",
                      "StreamDataset", "current_reader", "pack_records"), ".data"),
     "IterableDataset": ".data.contract",
-    **dict.fromkeys(("DataLoader", "WorkerInfo", "default_collate", "get_worker_info"), ".loader"),
+    **dict.fromkeys(("DataLoader", "MemoryGrowthWarning", "WorkerInfo", "default_collate", "get_worker_info"),
+                    ".loader"),
     **dict.fromkeys(("PlacementResult", "tune_decode_placement"), ".nwt.placement"),
     "tune_num_workers": ".nwt.tune",
     "AutoWorkers": ".picks.pick",
@@ -85,8 +89,8 @@ __all__ = ["__version__", "gpu_status",
            "ArgumentError", "ArgumentTypeError", "BatchLayoutError", "BatchStructureError", "BatchTypeError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError", "DataError",
            "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError", "StateError", "TooManyBadSamplesError",
            "WorkerDiedError", "WorkerError", "MissingExtraError", "MissingPathError", "MisuseError", "OutOfRangeError",
-           "RunError", "UnknownKeyError",
-           "DataLoader", "IterableDataset", "WorkerInfo", "default_collate", "get_worker_info",
+           "RunError", "UnknownKeyError", "SavedPickError", "AgainstError", "CallgrindError",
+           "DataLoader", "IterableDataset", "MemoryGrowthWarning", "WorkerInfo", "default_collate", "get_worker_info",
            "AutoWorkers", "TuneResult", "UnreliablePickWarning", "lookup", "tune_num_workers",
            "PlacementResult", "tune_decode_placement",
            "BatchedMapDataset", "MapDataset", "StreamDataset", "PackedRecords", "pack_records",

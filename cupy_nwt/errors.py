@@ -302,3 +302,6 @@ class AgainstError(CupyNwtError, RuntimeError):
 
 class CallgrindError(CupyNwtError, RuntimeError):
     """Counting under callgrind failed: valgrind missing, the command failed or timed out, or no total."""
+
+
+__all__ += ["AgainstError", "CallgrindError", "SavedPickError", "TooManyBadSamplesError"]

@@ -18,11 +18,13 @@ import cupy_nwt.loader.ring.ring as shm
 from cupy_nwt import cli, errors
 from cupy_nwt._checks import check_int, check_number
 from cupy_nwt.errors import (
+    AgainstError,
     ArgumentError,
     ArgumentTypeError,
     BatchLayoutError,
     BatchStructureError,
     BatchTypeError,
+    CallgrindError,
     CorruptImageError,
     CupyNwtError,
     DamagedArchiveError,
@@ -38,8 +40,10 @@ from cupy_nwt.errors import (
     OutOfRangeError,
     RingMemoryError,
     RunError,
+    SavedPickError,
     ShmSpaceError,
     StateError,
+    TooManyBadSamplesError,
     UnknownKeyError,
     WorkerDiedError,
     WorkerError,
@@ -73,6 +77,10 @@ CASES = {
     MissingExtraError: (MissingExtraError("x"), (ImportError,), 2),
     MisuseError: (MisuseError("x"), (RuntimeError,), 1),
     RunError: (RunError("x"), (RuntimeError,), 1),
+    SavedPickError: (SavedPickError("x"), (ValueError,), 2),
+    TooManyBadSamplesError: (TooManyBadSamplesError("x"), (ValueError, DataError), 4),
+    AgainstError: (AgainstError("x"), (RuntimeError,), 1),
+    CallgrindError: (CallgrindError("x"), (RuntimeError,), 1),
 }
 
 

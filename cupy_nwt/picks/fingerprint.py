@@ -29,8 +29,8 @@ import psutil
 
 from .. import cuda, system
 from ..data.contract import map_length
-from ..errors import ArgumentError
-from .schema import SavedPickError, check_fingerprint
+from ..errors import ArgumentError, SavedPickError
+from .schema import check_fingerprint
 
 SIMILAR_RATIO = 1.25
 _log = logging.getLogger("cupy_nwt.tuner")

@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from ..errors import ArgumentError, MissingPathError
+from ..errors import ArgumentError, MissingPathError, SavedPickError
 from ..reporting.tables import write_json
 from ..system import cache_dir
 from .fingerprint import Fingerprint
-from .schema import MAX_STORE_BYTES, SavedPickError, check_record, parse_document
+from .schema import MAX_STORE_BYTES, check_record, parse_document
 from .trials import Trial, combine_runs
 from .verdict import core_left, explain, reliability
 

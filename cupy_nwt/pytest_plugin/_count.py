@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ArgumentError
-from ._callgrind import CallgrindError, callgrind_unavailable_reason, count_events, fixed_addresses
+from ..errors import ArgumentError, CallgrindError
+from ._callgrind import callgrind_unavailable_reason, count_events, fixed_addresses
 from ._cost import Cost, cost_of
 
 #: samples counted per benchmark: a fraction of a second of native work for a typical image

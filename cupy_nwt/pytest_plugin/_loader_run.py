@@ -235,7 +235,7 @@ def paired_run(runner: RoundRunner, base: Any, least_batches: int, target_pct: f
 
 def counts_info(source: Any, loader: Any, samples: int | None) -> dict[str, Any]:
     """The exact counts of ``loader``'s pipeline on ``source`` as ``extra_info`` keys; ``count_note`` when none."""
-    from ._callgrind import CallgrindError  # noqa: PLC0415
+    from ..errors import CallgrindError  # noqa: PLC0415
     from ._cost import MODEL  # noqa: PLC0415
     from ._count import count_pipeline  # noqa: PLC0415
 

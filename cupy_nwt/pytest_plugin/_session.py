@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from ._against import AgainstError, BaseRevision
+from ..errors import AgainstError
+from ._against import BaseRevision
 from ._baseline import load_baseline, save_baseline
 from ._cost import COMPONENTS, WEIGHTS, components_of
 from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_against, compare_throughput, figure, signed_change
