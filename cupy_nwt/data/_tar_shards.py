@@ -13,6 +13,7 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import re
 import tarfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from .._files import atomic_open
-from ..errors import ArgumentError, DamagedArchiveError, DataError, MissingPathError
+from ..errors import ArgumentError, ArgumentTypeError, DamagedArchiveError, DataError, MissingPathError
 from ..system import cache_dir as default_cache_dir
 from ._images import (
     IMAGE_EXTENSIONS,
@@ -35,6 +36,44 @@ from ._tar_cache import gunzip_cached
 
 BLOCK = tarfile.BLOCKSIZE
 END_OF_ARCHIVE = 2 * BLOCK
+# A directory name a reader could take for a number ("-1", "+2", "1.5", "1e3"): never silently a class name.
+_NUMBER_LIKE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
+
+
+def integer_label(cls: str, shown: str) -> int | None:
+    """The label a class directory names, shared by both tar readers so they agree on every shard:
+    ASCII digits are the integer label itself (``"3"`` -> 3, what ``write_tar_shard`` writes), any
+    other number-like name is refused (no writer of ours makes one, and taking it as a name would
+    shift every label), and ``None`` means a class name (``"cat"``) for the caller to number.
+
+    Args:
+        cls: the member's parent directory name.
+        shown: the shard and member, for the error.
+    """
+    if cls.isascii() and cls.isdigit():
+        return int(cls)
+    if _NUMBER_LIKE.fullmatch(cls):
+        raise DataError(f"{shown}: class directory {cls!r} is not a label (labels are non-negative integers, "
+                        "as write_tar_shard writes them)")
+    return None
+
+
+def tar_labels(labels: Sequence[int] | np.ndarray, count: int) -> np.ndarray:
+    """``labels`` as int64 if each is a non-negative integer, the only labels a class directory
+    gives back unchanged; else one-line ``ArgumentError`` (a ``-1`` or ``0.9`` would be read back
+    as another label)."""
+    arr = np.asarray(labels)
+    if arr.dtype == bool or arr.dtype.kind not in "iuf":
+        raise ArgumentTypeError(f"write_tar_shard: labels must be non-negative integers, got dtype {arr.dtype}")
+    arr = arr.reshape(-1)
+    if count != len(arr):
+        raise ArgumentError(f"write_tar_shard: {count} images but {len(arr)} labels")
+    bad = ~np.isfinite(arr) | (arr < 0) | (arr != np.floor(arr)) if arr.dtype.kind == "f" else arr < 0
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise ArgumentError(f"write_tar_shard: labels must be non-negative integers (a class directory "
+                            f"reads back no other), got {arr[i].item()!r} at index {i}")
+    return arr.astype(np.int64)
 
 
 def is_gzip(path: Path) -> bool:
@@ -94,8 +133,10 @@ class TarImageDataset(ImageDataset):
     """Labeled images inside a .tar (or .tar.gz / .tgz) archive, read by offset without extracting.
 
     Label convention: the name of the member's parent directory (``cat/0001.png`` -> class "cat").
-    If every class name is a decimal integer the label is that integer (``3/x.png`` -> 3, what
-    ``write_tar_shard`` writes); otherwise class names sorted alphabetically give 0, 1, ...
+    If every class name is a non-negative integer the label is that integer (``3/x.png`` -> 3, what
+    ``write_tar_shard`` writes, and what ``ShardedTarStream`` reads); otherwise class names sorted
+    alphabetically give 0, 1, ... A directory that looks like another number (``-1``, ``1.5``) or a
+    mix of integer and named directories is refused with ``DataError``: either reading would shift labels.
     Members that are not images (by extension) are ignored. A damaged archive (see ``scan_tar``)
     is refused at construction.
 
@@ -132,12 +173,18 @@ class TarImageDataset(ImageDataset):
             parents.append(parts[-2])
         if not names:
             raise ArgumentError(f"TarImageDataset: {self.path} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
-        unique = set(parents)
-        if all(p.isdecimal() for p in unique):
-            self.classes = sorted(unique, key=int)
+        first = dict(zip(reversed(parents), reversed(names)))  # each class directory's first member
+        named = {p: integer_label(p, f"{self.path} member {n.decode()!r}") for p, n in first.items()}
+        numbered = sorted((p for p, v in named.items() if v is not None), key=int)
+        words = sorted(p for p, v in named.items() if v is None)
+        if numbered and words:
+            raise DataError(f"TarImageDataset: {self.path} mixes integer label directories ({numbered[0]!r}) with "
+                            f"class names ({words[0]!r}), so its labels would be ambiguous")
+        if numbered:
+            self.classes = numbered
             labels = [int(p) for p in parents]
         else:
-            self.classes = sorted(unique)
+            self.classes = words
             idx = {c: i for i, c in enumerate(self.classes)}
             labels = [idx[p] for p in parents]
         self._names = np.array(names, dtype=bytes)
@@ -213,14 +260,12 @@ def write_tar_shard(path: str | os.PathLike, images: Sequence[np.ndarray] | np.n
     Args:
         path: the archive to write (gzip when it ends .gz or .tgz).
         images: uint8 H x W x C images.
-        labels: one integer label per image.
+        labels: one non-negative integer label per image (the only labels a directory name reads back as).
         fmt: "png" or "jpeg".
         class_names: name members' directories by these names instead of the integer labels.
     """
     path = Path(path)
-    labels = np.asarray(labels).reshape(-1)
-    if len(images) != len(labels):
-        raise ArgumentError(f"write_tar_shard: {len(images)} images but {len(labels)} labels")
+    labels = tar_labels(labels, len(images))
     if class_names is not None and labels.size and (labels.min() < 0 or labels.max() >= len(class_names)):
         raise ArgumentError(f"write_tar_shard: labels span {labels.min()}..{labels.max()} but there are "
                          f"{len(class_names)} class names")

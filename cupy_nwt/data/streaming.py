@@ -29,7 +29,7 @@ from ..errors import ArgumentError, ArgumentTypeError, DamagedArchiveError, Data
 from ..ranks import rank_layout
 from ..system import cache_dir as default_cache_dir
 from ._images import IMAGE_EXTENSIONS, Transform, transformed_image
-from ._tar_shards import gunzip_cached, is_gzip, scan_tar
+from ._tar_shards import gunzip_cached, integer_label, is_gzip, scan_tar
 
 __all__ = ["ReaderSlot", "ShardedTarStream", "current_reader"]
 
@@ -143,7 +143,8 @@ class _ShardIndex:
 
 
 def _label(path: Path, name: str, classes: Mapping[str, int] | None) -> int:
-    """The label of member ``<class>/<file>``: the class name as an integer, or its place in ``classes``."""
+    """The label of member ``<class>/<file>``: its place in ``classes``, else the directory read as
+    ``TarImageDataset`` reads it (``integer_label``)."""
     parts = name.strip("/").split("/")
     if len(parts) < 2:
         raise DataError(f"{path} member {name!r} is not inside a class directory, so it has no label "
@@ -151,8 +152,9 @@ def _label(path: Path, name: str, classes: Mapping[str, int] | None) -> int:
     cls = parts[-2]
     if classes is not None and cls in classes:
         return classes[cls]
-    if cls.isdecimal():
-        return int(cls)
+    label = integer_label(cls, f"{path} member {name!r}")
+    if label is not None:
+        return label
     raise DataError(f"{path} member {name!r}: class directory {cls!r} is not an integer and not in classes= "
                     "(every shard must label the same way, so pass the full list of class names)")
 

@@ -1,0 +1,70 @@
+"""Tar shard labels: what write_tar_shard writes, TarImageDataset and ShardedTarStream read back the same."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import re
+import tarfile
+
+import numpy as np
+import pytest
+
+from cupy_nwt import CupyNwtError
+from cupy_nwt.data import ShardedTarStream, TarImageDataset, encode_png, write_tar_shard
+from cupy_nwt.errors import ArgumentError, DataError
+
+IMAGES = np.zeros((3, 4, 4, 3), np.uint8)
+
+
+def _hand_made(path, dirs):
+    """A shard another tool wrote: one PNG under each of ``dirs``."""
+    data = encode_png(IMAGES[0])
+    with tarfile.open(path, "w") as tf:
+        for k, d in enumerate(dirs):
+            info = tarfile.TarInfo(f"{d}/{k:03d}.png")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def _stream_labels(path):
+    return [label for _, label in ShardedTarStream([path], shuffle=False, rank=0, world_size=1)]
+
+
+@pytest.mark.parametrize("labels", [[0, -1, 2], [0.9, 1.7, 2.0], [0, float("nan"), 1], [True, False, True],
+                                    ["a", "b", "c"]])
+def test_labels_a_directory_cannot_give_back_are_refused_at_write(tmp_path, labels):
+    with pytest.raises(ArgumentError, match=r"write_tar_shard: labels must be non-negative integers") as info:
+        write_tar_shard(tmp_path / "s.tar", IMAGES, labels)
+    assert "\n" not in str(info.value)
+    assert type(pickle.loads(pickle.dumps(info.value))) is type(info.value)
+    assert not list(tmp_path.iterdir())
+
+
+def test_integer_valued_labels_read_back_the_same_in_both_readers(tmp_path):
+    path = write_tar_shard(tmp_path / "s.tar", IMAGES, np.array([2.0, 0.0, 7.0]))
+    ds = TarImageDataset(path)
+    assert [ds[i][1] for i in range(3)] == [2, 0, 7] == _stream_labels(path)
+
+
+@pytest.mark.parametrize("bad", ["-1", "1.5", "+2"])
+def test_a_number_like_directory_is_refused_by_both_readers(tmp_path, bad):
+    path = _hand_made(tmp_path / "s.tar", ["0", bad, "2"])
+    for read in (TarImageDataset, _stream_labels):
+        with pytest.raises(DataError, match=re.escape(f"class directory '{bad}' is not a label")):
+            read(path)
+
+
+def test_integer_and_named_directories_mixed_are_refused(tmp_path):
+    path = _hand_made(tmp_path / "s.tar", ["0", "cat", "1"])
+    with pytest.raises(DataError, match=r"mixes integer label directories \('0'\) with class names \('cat'\)"):
+        TarImageDataset(path)
+
+
+def test_non_ascii_digits_are_a_class_name_in_both_readers(tmp_path):
+    path = _hand_made(tmp_path / "s.tar", ["\u0663", "\u0661"])  # Arabic-Indic 3 and 1
+    ds = TarImageDataset(path)
+    assert ds.classes == ["\u0661", "\u0663"] and [ds[i][1] for i in range(2)] == [1, 0]
+    with pytest.raises(CupyNwtError, match="not in classes="):
+        _stream_labels(path)
