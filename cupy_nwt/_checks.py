@@ -10,11 +10,13 @@ meant worker count); NumPy integers and floats are accepted and returned as Pyth
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 from typing import Literal, overload
 
 import numpy as np
 
-from .errors import ArgumentError
+from .errors import ArgumentError, ArgumentTypeError
 
 
 def _fmt(x: float) -> str:
@@ -109,3 +111,18 @@ def check_number(name: str, value: object, *, gt: float | None = None, ge: float
             or (lt is not None and not x < lt) or (le is not None and not x <= le)):
         raise _refuse(name, kind, value, optional, None)
     return x
+
+
+def check_callable(name: str, value: object, *, optional: bool = False) -> None:
+    """Refuse a ``value`` that cannot be called (``transform=5``), at once and naming ``name``, rather
+    than where it is first used, inside a worker and far from the mistake. ``optional`` lets ``None`` through."""
+    if not callable(value) and not (optional and value is None):
+        raise ArgumentTypeError(f"{name} must be a callable{' or None' if optional else ''}, got {value!r}")
+
+
+def check_path(name: str, value: object) -> Path:
+    """``value`` as a ``Path`` if it is a ``str`` or ``os.PathLike``, else ``ArgumentTypeError`` naming
+    ``name`` (``Path(None)`` would raise a ``TypeError`` that names no argument)."""
+    if not isinstance(value, (str, os.PathLike)):
+        raise ArgumentTypeError(f"{name} must be a path (str or os.PathLike), got {value!r}")
+    return Path(value)

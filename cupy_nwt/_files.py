@@ -15,20 +15,36 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_open", "fsync_dir"]
+from .errors import ArgumentError
+
+__all__ = ["atomic_open", "fsync_dir", "make_folder"]
+
+
+def make_folder(path: Path, name: str) -> None:
+    """Make folder ``path`` and its parents. A file where a folder must be is the caller's argument
+    ``name`` at fault (``cache_dir``, ``path``): one ``ArgumentError`` says which file, not the
+    ``FileExistsError`` / ``NotADirectoryError`` that ``mkdir`` raises for it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        blocker = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), path)
+        raise ArgumentError(f"{name} {path}: {blocker} is a file, not a folder") from None
 
 
 @contextmanager
-def atomic_open(path: str | os.PathLike[str]) -> Iterator[IO[bytes]]:
+def atomic_open(path: str | os.PathLike[str], name: str = "path") -> Iterator[IO[bytes]]:
     """A binary file that replaces ``path`` atomically when the block ends, and vanishes if it fails.
 
     A reader sees the old file or the whole new one, never half; a failed or interrupted write
     leaves nothing. Missing folders are created here, when there is something to write. The file
     gets the mode a plain ``open()`` would give (0666 less the umask): ``tempfile.mkstemp`` would
-    make every result 0600, unreadable to the rest of a group that shares them.
+    make every result 0600, unreadable to the rest of a group that shares them. A folder at ``path``,
+    or a file where one of its folders must be, is an ``ArgumentError`` naming the argument ``name``.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.is_dir():
+        raise ArgumentError(f"{name} {target} is a directory, not a file")
+    make_folder(target.parent, name)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     while True:
         tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.tmp")

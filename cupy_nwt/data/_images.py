@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArgumentError, CorruptImageError, OutOfRangeError
+from .._checks import check_callable
+from ..errors import ArgumentError, ArgumentTypeError, CorruptImageError, OutOfRangeError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -51,20 +52,23 @@ def decode_image(data: bytes | memoryview, name: str, sample_index: int | None =
 
 
 def index_in(i: Any, n: int) -> int:
-    """``i`` as an index into ``n`` samples (negative counts from the end), or IndexError."""
-    i = operator.index(i)
-    if i < 0:
-        i += n
-    if not 0 <= i < n:
-        raise OutOfRangeError(f"index {i} out of range for a dataset of {n} samples")
-    return i
+    """``i`` as an index into ``n`` samples (negative counts from the end), else ``OutOfRangeError`` (an
+    ``IndexError``) or ``ArgumentTypeError`` (a ``TypeError``) naming the index as the caller gave it."""
+    try:
+        k = operator.index(i)
+    except TypeError:
+        raise ArgumentTypeError(f"a dataset index must be an integer, got {i!r}") from None
+    if not -n <= k < n:
+        raise OutOfRangeError(f"index {k} out of range for a dataset of {n} samples")
+    return k + n if k < 0 else k
 
 
 def transformed_image(data: bytes | memoryview, name: str, sample_index: int | None,
                       transform: Transform | None) -> Any:
     """Decode and transform one sample: a transform with ``from_bytes`` (a crop that tells the decoder its
-    region, a ``Compose`` starting with one) gets the encoded bytes, any other the decoded pixels."""
-    from_bytes = getattr(transform, "from_bytes", None)
+    region, a ``Compose`` starting with one) gets the encoded bytes, any other the decoded pixels. A class
+    given as the transform is only called: its ``from_bytes`` (``int.from_bytes``) is no such method."""
+    from_bytes = None if isinstance(transform, type) else getattr(transform, "from_bytes", None)
     if callable(from_bytes):
         return from_bytes(data, name, sample_index)
     img = decode_image(data, name, sample_index)
@@ -74,7 +78,17 @@ def transformed_image(data: bytes | memoryview, name: str, sample_index: int | N
 class ImageDataset:
     """Shared by the image-decoding datasets: ``__getitems__`` is a loop over ``__getitem__``."""
 
-    transform: Transform | None
+    _transform: Transform | None = None
+
+    @property
+    def transform(self) -> Transform | None:
+        """Applied to each decoded image; checked when set, so ``transform=5`` fails here, not in a worker."""
+        return self._transform
+
+    @transform.setter
+    def transform(self, transform: Transform | None) -> None:
+        check_callable("transform", transform, optional=True)
+        self._transform = transform
 
     def _encoded(self, i: int) -> tuple[bytes, str]:
         """Sample ``i``'s encoded bytes and the name errors give it (its file or archive member)."""

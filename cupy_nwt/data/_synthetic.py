@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 import os
 import shutil
 import tempfile
@@ -12,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import check_int
+from .._files import make_folder
 from ..errors import ArgumentError
 from ..reporting.progress import ProgressBar
 from ..system import cache_dir as default_cache_dir
@@ -99,12 +100,8 @@ class SyntheticCIFAR10(ImageDataset):
 
     def __init__(self, n: int = 50000, seed: int = 0, fmt: str = "png", cache_dir: str | os.PathLike | None = None,
                  transform: Transform | None = None, *, progress: bool = False) -> None:
-        n, seed = operator.index(n), operator.index(seed)
-        if n <= 0:
-            raise ArgumentError(f"SyntheticCIFAR10 needs n >= 1, got {n}")
-        if seed < 0:
-            raise ArgumentError(f"SyntheticCIFAR10 needs seed >= 0, got {seed}")
-        fmt = {"jpg": "jpeg"}.get(fmt.lower(), fmt.lower())
+        n, seed = check_int("n", n, ge=1), check_int("seed", seed, ge=0)
+        fmt = {"jpg": "jpeg"}.get(str(fmt).lower(), str(fmt).lower())
         if fmt not in ("png", "jpeg"):
             raise ArgumentError(f"unknown image format {fmt!r}: use 'png' or 'jpeg'")
         self.n, self.seed, self.fmt = n, seed, fmt
@@ -120,7 +117,7 @@ class SyntheticCIFAR10(ImageDataset):
 
         if (self.cache_path / "labels.npy").is_file():
             return False
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.cache_path.parent, "cache_dir")
         with FileLock(str(self.cache_path) + ".lock"):
             if (self.cache_path / "labels.npy").is_file():
                 return False

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .._files import atomic_open, fsync_dir
+from .._files import atomic_open, fsync_dir, make_folder
 from ..errors import DamagedArchiveError
 
 RECORD_SUFFIX = ".json"
@@ -77,7 +77,7 @@ def gunzip_cached(path: Path, cache_dir: Path) -> Path:
     source = str(path.resolve())
     key = hashlib.sha256(f"{source}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     out_dir = cache_dir / "tar"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(out_dir, "cache_dir")
     stem = path.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
     target = out_dir / f"{stem}-{key}.tar"
     made_from = {"source": source, "source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns, "key": key}

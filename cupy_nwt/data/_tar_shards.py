@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import check_path
 from .._files import atomic_open
 from ..errors import ArgumentError, ArgumentTypeError, DamagedArchiveError, DataError, MissingPathError
 from ..system import cache_dir as default_cache_dir
@@ -154,7 +155,8 @@ class TarImageDataset(ImageDataset):
 
     def __init__(self, path: str | os.PathLike, transform: Transform | None = None,
                  cache_dir: str | os.PathLike | None = None) -> None:
-        self.path = Path(path)
+        self.path = check_path("path", path)
+        self.transform = transform
         if not self.path.is_file():
             raise MissingPathError(f"TarImageDataset: no such file: {self.path}")
         self.tar_path = (gunzip_cached(self.path, default_cache_dir(cache_dir))
@@ -191,7 +193,6 @@ class TarImageDataset(ImageDataset):
         self._offsets = np.array(offsets, dtype=np.int64)
         self._sizes = np.array(sizes, dtype=np.int64)
         self.labels = np.array(labels, dtype=np.int64)
-        self.transform = transform
         self._fd: int | None = None
         self._fd_pid: int | None = None
 

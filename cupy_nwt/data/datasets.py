@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from .._checks import check_callable, check_path
 from ..errors import ArgumentError, DataError, MissingPathError, OutOfRangeError
 from ._array_files import as_columns, load_npy, load_npz
 from ._images import (
@@ -87,6 +88,7 @@ class ArrayDataset:
         lengths = [len(a) for a in arrs]
         if any(m != n for m in lengths):
             raise ArgumentError(f"ArrayDataset: arrays differ in their first dimension: {lengths}")
+        check_callable("transform", transform, optional=True)
         self.arrays = tuple(arrs)
         self.transform = transform
 
@@ -140,15 +142,16 @@ class ImageFolder(ImageDataset):
     Args:
         root: the folder holding one sub-folder per class.
         transform: applied to each decoded image (HWC uint8).
-        extensions: file name endings read as images; other files are ignored.
+        extensions: file name endings read as images (one string is one ending); other files are ignored.
     """
 
     def __init__(self, root: str | os.PathLike, transform: Transform | None = None,
                  extensions: Iterable[str] = IMAGE_EXTENSIONS) -> None:
-        self.root = Path(root)
+        self.root = check_path("root", root)
+        self.transform = transform
         if not self.root.is_dir():
             raise MissingPathError(f"ImageFolder: no such directory: {self.root}")
-        exts = tuple(e.lower() for e in extensions)
+        exts = (extensions.lower(),) if isinstance(extensions, str) else tuple(e.lower() for e in extensions)
         self.classes = sorted(e.name for e in os.scandir(self.root) if e.is_dir())
         if not self.classes:
             raise ArgumentError(f"ImageFolder: {self.root} has no class sub-directories")
@@ -166,7 +169,6 @@ class ImageFolder(ImageDataset):
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self._paths = np.array(paths, dtype=bytes)
         self.labels = np.array(labels, dtype=np.int64)
-        self.transform = transform
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -242,7 +244,7 @@ class CIFAR10(ArrayDataset):
     """
 
     def __init__(self, root: str | os.PathLike, train: bool = True, transform: Transform | None = None) -> None:
-        self.root = Path(root)
+        self.root = check_path("root", root)
         base = _cifar_dir(self.root)
         names = [f"data_batch_{k}" for k in range(1, 6)] if train else ["test_batch"]
         parts = [_load_cifar_batch(base / n) for n in names]

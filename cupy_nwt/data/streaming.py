@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_int
+from .._checks import check_callable, check_int
 from .._worker_info import get_worker_info
 from ..errors import ArgumentError, ArgumentTypeError, DamagedArchiveError, DataError, LayoutError, MissingPathError
 from ..ranks import rank_layout
@@ -295,6 +295,7 @@ class ShardedTarStream:
         self.shuffle_buffer = check_int("shuffle_buffer", shuffle_buffer, ge=1)
         self.rank = check_int("rank", rank, ge=0, optional=True)
         self.world_size = check_int("world_size", world_size, ge=1, optional=True)
+        check_callable("transform", transform, optional=True)
         self.transform = transform
         self.classes = None if classes is None else {c: i for i, c in enumerate(classes)}
         self.allow_empty_readers = bool(allow_empty_readers)

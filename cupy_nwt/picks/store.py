@@ -25,7 +25,9 @@ from typing import Any
 import numpy as np
 from filelock import FileLock
 
-from ..errors import ArgumentError, MissingPathError, SavedPickError
+from .._checks import check_path
+from .._files import make_folder
+from ..errors import ArgumentError, ArgumentTypeError, MissingPathError, SavedPickError
 from ..reporting.tables import write_json
 from ..system import cache_dir
 from .fingerprint import Fingerprint
@@ -55,7 +57,7 @@ def _read_json(path: Path) -> Any:
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    p = Path(path)
+    p = check_path("path", path)
     if not p.is_file():
         raise MissingPathError(f"no saved result at {p}")
     return _read_json(p)
@@ -134,7 +136,7 @@ class ResultStore:
         ``keep(saved_record)``, asked under the lock when ``key`` already has a record, may keep that
         record instead (nothing is written then).
         """
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_folder(self.path.parent, "cache_dir")
         with _lock(self.path):
             results = self._load()
             if key in results and keep is not None and keep(results[key]):
@@ -441,5 +443,7 @@ def lookup(fp: Fingerprint, cache_dir: str | Path | None = None, similar: bool =
         similar: accept a pick for similar work (same machine and dataset kind) when none is exact.
         strict: raise ``SavedPickError`` for a damaged store instead of setting it aside.
     """
+    if not isinstance(fp, Fingerprint):
+        raise ArgumentTypeError(f"fp must be a Fingerprint (a TuneResult's .fingerprint), got {fp!r}")
     rec = pick_store(cache_dir).find(fp, similar=similar, strict=strict)
     return TuneResult.from_dict(rec) if rec is not None else None

@@ -355,7 +355,7 @@ def test_synthetic_jpeg_and_bad_arguments(tmp_path):
     assert d[0][0].shape == (32, 32, 3)
     with pytest.raises(ValueError, match="format"):
         SyntheticCIFAR10(n=20, fmt="gif", cache_dir=tmp_path)
-    with pytest.raises(ValueError, match="n >= 1"):
+    with pytest.raises(ValueError, match="n must be a positive integer"):
         SyntheticCIFAR10(n=0, cache_dir=tmp_path)
     with pytest.raises(IndexError):
         d[20]

@@ -253,3 +253,24 @@ def test_cli_tune_twice_keeps_the_first_pick_and_says_so(tmp_path, monkeypatch, 
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "the saved pick is the same count (2)" in out
+
+
+def test_saving_onto_a_folder_or_under_a_file_names_the_path(tmp_path):
+    result = _tuned()
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file.txt").write_text("hello")
+    with pytest.raises(CupyNwtError, match=r"^path .*folder is a directory, not a file$"):
+        result.save(tmp_path / "folder")
+    with pytest.raises(CupyNwtError, match=r"^path .*file.txt/sub: .*file.txt is a file, not a folder$"):
+        result.save(tmp_path / "file.txt" / "sub" / "r.json")
+    with pytest.raises(CupyNwtError, match=r"^cache_dir .*file.txt: .*file.txt is a file, not a folder$"):
+        result.save(cache_dir=tmp_path / "file.txt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt", "folder"]
+
+
+@pytest.mark.parametrize("fp", ["x", None])
+def test_lookup_and_load_name_an_argument_of_the_wrong_type(fp):
+    with pytest.raises(CupyNwtError, match=rf"^fp must be a Fingerprint \(a TuneResult's .fingerprint\), got {fp!r}$"):
+        lookup(fp)
+    with pytest.raises(CupyNwtError, match=r"^path must be a path \(str or os.PathLike\), got None$"):
+        TuneResult.load(None)
