@@ -67,7 +67,7 @@ def random_resized_crop_box(height: int, width: int, rng: np.random.Generator,
         scale: range of the crop's area as a fraction of the image's.
         ratio: range of the crop's aspect ratio (width / height).
     """
-    area = height * width
+    area = check_int("height", height, ge=1) * check_int("width", width, ge=1)
     log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
     for _ in range(10):
         target = area * rng.uniform(scale[0], scale[1])
@@ -140,8 +140,8 @@ class _DecodingTransform:
 
     def __call__(self, img: np.ndarray) -> np.ndarray:
         a = np.asarray(img)
-        if a.ndim != 3 or a.dtype != np.uint8:
-            raise ArgumentError(f"{type(self).__name__} needs a uint8 H x W x C image, got {a.dtype} {a.shape}")
+        if a.ndim != 3 or a.dtype != np.uint8 or 0 in a.shape:
+            raise ArgumentError(f"{type(self).__name__} needs a non-empty uint8 H x W x C image, got {a.dtype} {a.shape}")
         box, out_h, out_w = self._box(a.shape[0], a.shape[1])
         return resize_box(a, box, out_h, out_w, self._flip(), self._normalize)
 

@@ -56,8 +56,10 @@ def normalize_affine(mean: Sequence[float], std: Sequence[float]) -> tuple[np.nd
     if m.shape != (3,) or s.shape != (3,):
         raise ArgumentError(f"mean and std need 3 values (RGB), got {m.shape[0] if m.ndim else 1} and "
                             f"{s.shape[0] if s.ndim else 1}")
-    if not np.all(s > 0):
-        raise ArgumentError(f"std must be > 0 for every channel, got {tuple(s)}")
+    if not np.all(s > 0) or not np.isfinite(s).all():
+        raise ArgumentError(f"std must be finite and > 0 for every channel, got {tuple(s.tolist())}")
+    if not np.isfinite(m).all():
+        raise ArgumentError(f"mean must be finite for every channel, got {tuple(m.tolist())}")
     return 1.0 / (255.0 * s), -m / s
 
 

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from numba import njit
 
-from ..errors import ArgumentError
+from .._checks import check_callable, check_int
+from ..errors import ArgumentError, ArgumentTypeError
 
 # Per-channel statistics of the CIFAR-10 training set (pixels scaled to [0, 1]).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -41,7 +42,7 @@ class _ProcessRng:
     """
 
     def __init__(self, seed: int | None) -> None:
-        self.seed = seed
+        self.seed = check_int("seed", seed, ge=0, optional=True)
         self._origin = os.getpid()
         self._pid: int | None = None
         self._rng: np.random.Generator | None = None
@@ -70,7 +71,11 @@ class Compose:
     """
 
     def __init__(self, transforms: Sequence[Callable[[Any], Any]]) -> None:
+        if isinstance(transforms, (str, bytes)) or not hasattr(transforms, "__iter__"):
+            raise ArgumentTypeError(f"transforms must be a list of callables, got {transforms!r}")
         self.transforms = list(transforms)
+        for k, t in enumerate(self.transforms):
+            check_callable(f"transforms[{k}]", t)
 
     def __call__(self, x: Any) -> Any:
         for t in self.transforms:
@@ -203,8 +208,8 @@ def _mean_std(mean: Sequence[float], std: Sequence[float]) -> tuple[np.ndarray, 
     s = np.asarray(std, dtype=np.float32).reshape(-1)
     if m.shape != s.shape or m.size == 0:
         raise ArgumentError(f"mean and std need one value per channel, got {m.size} and {s.size}")
-    if not np.all(s > 0):
-        raise ArgumentError(f"std must be positive, got {s.tolist()}")
+    if not (np.isfinite(m).all() and np.isfinite(s).all() and (s > 0).all()):
+        raise ArgumentError(f"mean must be finite and std finite and positive, got mean={mean!r}, std={std!r}")
     return m, s
 
 
@@ -372,7 +377,7 @@ class CifarTrainTransform:
         span_x = width + 2 * self.padding - self.size + 1
         if span_y <= 0 or span_x <= 0:
             raise ArgumentError(f"crop {self.size} does not fit {height}x{width} images padded by {self.padding}")
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(check_int("seed", seed, ge=0, optional=True))
         return AugmentParams(oy=rng.integers(0, span_y, n), ox=rng.integers(0, span_x, n),
                              flip=rng.random(n) < self.flip_p)
 

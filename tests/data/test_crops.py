@@ -316,3 +316,24 @@ def test_corrupt_jpeg_through_workers_keeps_its_type_and_index(folder: Path) -> 
     with pytest.raises(CorruptImageError) as err:
         list(DataLoader(ds, batch_size=2, num_workers=1, device="cpu"))
     assert str(victim) in str(err.value).splitlines()[0] and math.isfinite(index)
+
+
+@pytest.mark.parametrize("normalize", [((math.nan, 0, 0), (1, 1, 1)), ((0, 0, 0), (1, math.inf, 1)),
+                                       ((0, 0, 0), (1, 0, 1)), ((0, 0, 0), (1, -1, 1))])
+def test_a_normalisation_that_would_give_nan_pixels_is_refused(normalize) -> None:
+    with pytest.raises(ArgumentError, match=r"^mean must be finite and std finite and positive, got mean="):
+        RandomResizedCrop(16, normalize=normalize)
+
+
+def test_an_empty_image_or_box_size_is_named_not_divided_by() -> None:
+    with pytest.raises(ArgumentError, match=r"needs a non-empty uint8 H x W x C image, got uint8 \(0, 0, 3\)"):
+        RandomResizedCrop(16)(np.zeros((0, 0, 3), np.uint8))
+    with pytest.raises(ArgumentError, match=r"needs a non-empty uint8 H x W x C image"):
+        Resize(16)(np.zeros((0, 5, 3), np.uint8))
+    rng = np.random.default_rng(0)
+    with pytest.raises(ArgumentError, match=r"^height must be a positive integer, got 0$"):
+        random_resized_crop_box(0, 0, rng)
+    with pytest.raises(ArgumentError, match=r"^height must be a positive integer, got -5$"):
+        random_resized_crop_box(-5, 10, rng)
+    with pytest.raises(ArgumentError, match=r"^seed must be a non-negative integer or None, got -1$"):
+        RandomResizedCrop(16, seed=-1)

@@ -145,8 +145,12 @@ def test_bad_boxes_and_normalisation_are_one_line_errors():
     img = _photo_like(10, 10)
     with pytest.raises(ArgumentError, match="not inside the 10x10 image"):
         crop_resize_flip_normalize(img, (5, 5, 6, 2), (4, 4), False)
-    with pytest.raises(ArgumentError, match="std must be > 0"):
+    with pytest.raises(ArgumentError, match="std must be finite and > 0"):
         normalize_affine((0, 0, 0), (1, 0, 1))
+    with pytest.raises(ArgumentError, match=r"std must be finite and > 0 for every channel, got \(1.0, nan, 1.0\)"):
+        normalize_affine((0, 0, 0), (1, float("nan"), 1))
+    with pytest.raises(ArgumentError, match=r"^mean must be finite for every channel, got \(inf, 0.0, 0.0\)$"):
+        normalize_affine((float("inf"), 0, 0), (1, 1, 1))
     with pytest.raises(ArgumentError, match="sizes >= 1"):
         antialias_weights(0, 3)
 

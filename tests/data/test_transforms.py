@@ -21,6 +21,7 @@ from cupy_nwt.data.transforms import (
     _ProcessRng,
     crop_flip_normalize,
 )
+from cupy_nwt.errors import ArgumentError, ArgumentTypeError
 
 MEAN = np.array(CIFAR10_MEAN, np.float32)
 STD = np.array(CIFAR10_STD, np.float32)
@@ -187,3 +188,20 @@ def test_forked_workers_do_not_repeat_the_parents_draws():
     for pid, draws in kids:
         assert draws != parent
         assert draws == np.random.default_rng([7, pid]).random(4).tolist()
+
+
+def test_compose_takes_a_list_of_callables_only():
+    with pytest.raises(ArgumentTypeError, match=r"^transforms must be a list of callables, got 5$"):
+        Compose(5)
+    with pytest.raises(ArgumentTypeError, match=r"^transforms\[1\] must be a callable, got 5$"):
+        Compose([ToCHWFloat(), 5])
+    assert Compose(t for t in [np.flipud])(np.arange(3)).tolist() == [2, 1, 0]
+
+
+def test_bad_seeds_and_statistics_are_named(batch):
+    with pytest.raises(ArgumentError, match=r"^seed must be a non-negative integer or None, got -1$"):
+        CifarTrainTransform()(batch, -1)
+    with pytest.raises(ArgumentError, match=r"^seed must be a non-negative integer or None, got -1$"):
+        RandomCrop(32, seed=-1)
+    with pytest.raises(ArgumentError, match=r"^mean must be finite and std finite and positive"):
+        Normalize(mean=(float("nan"), 0, 0), std=(1, 1, 1))
