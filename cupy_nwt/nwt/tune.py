@@ -14,9 +14,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import psutil
+
 from .. import system
 from .._checks import check_int, check_number
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ArgumentTypeError
 from ..loader.workers.kinds import check_worker_type
 from ..picks.fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
 from ..picks.pick import check_step
@@ -24,6 +26,7 @@ from ..picks.store import TuneResult, TypeBest
 from ..picks.trials import Trial, combine_runs
 from ..picks.verdict import UnreliablePickWarning
 from ..reporting.progress import ProgressBar
+from ..reporting.units import fmt_bytes
 from . import measure as _measure
 from .fast import DEFAULT_TOLERANCE, FAST_BUDGET, MIN_FAST_ITERATIONS, _FastSearch, open_cap
 from .footprint import search_memory_limit
@@ -52,7 +55,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
                      iterations: int = 100, alpha: float = 0.5, strategy: str = "paper", device: str = "auto",
                      pin_memory: bool | str = False, prefetch_factor: int = 2, measure: MeasureFn | None = None,
                      progress: bool = True, *, tolerance: float = DEFAULT_TOLERANCE,
-                     batch_transform: Any = None, worker_types: tuple[str, ...] = ("process",),
+                     batch_transform: Any = None, worker_types: str | Sequence[str] = ("process",),
                      main_process: str = "auto", memory_limit: int | None = None,
                      step: Callable[[Any], Any] | float | None = None, warn: bool = True) -> TuneResult:
     """Search worker counts for the loader of ``dataset`` (``paper.py``, ``fast.py``).
@@ -107,12 +110,17 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
         progress: show the search on stderr.
         tolerance: the fast strategy's relative threshold.
         batch_transform: the loader's ``batch_transform``: its cost is part of each batch.
-        worker_types: "process", "thread" or both, searched one after the other.
+        worker_types: "process", "thread" or both (a sequence), searched one after the other.
         main_process: the main process's load in training: "waits", "busy" or "auto".
-        memory_limit: bytes the fast search's extrapolated peak memory may reach.
+        memory_limit: bytes the open fast search's extrapolated peak memory (main process and workers) may
+            reach; at least this process's own memory, and only with ``strategy="fast"`` and no ``max_workers``.
         step: the training step the pick should keep fed: a callable taking a batch, or its time in seconds.
         warn: issue an ``UnreliablePickWarning`` when the trials were too noisy to trust the pick.
     """
+    if isinstance(worker_types, str):
+        worker_types = (worker_types,)
+    if not isinstance(worker_types, Sequence):
+        raise ArgumentTypeError(f"worker_types must be 'process', 'thread' or a sequence of them, got {worker_types!r}")
     types = tuple(check_worker_type(t) for t in worker_types)
     if not types or len(set(types)) != len(types):
         raise ArgumentError(f"worker_types must name 'process' and/or 'thread' once each, got {worker_types!r}")
@@ -133,6 +141,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     step = check_step(step)
     resolved = device_kind(device)
     load = resolve_main_process(main_process, resolved)
+    memory_limit = _check_memory_limit(memory_limit, open_search, own=measure is None)
     if open_search and memory_limit is None and measure is None:
         memory_limit = search_memory_limit()
     fp = None
@@ -178,6 +187,23 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     if warn and result.warning:
         warnings.warn(result.warning, UnreliablePickWarning, stacklevel=2)
     return result
+
+
+def _check_memory_limit(memory_limit: object, open_search: bool, *, own: bool) -> int | None:
+    """``memory_limit`` in bytes, refused where it could not mean anything: a bound only the open fast search
+    grows against, and (``own``: the real loader's trials) one below this process's own memory, which every
+    trial's peak includes, so no count could ever fit."""
+    limit = check_int("memory_limit", memory_limit, ge=1, optional=True)
+    if limit is None:
+        return None
+    if not open_search:
+        raise ArgumentError("memory_limit bounds only the open search (strategy='fast' without max_workers), "
+                            "so it would be ignored here")
+    rss = psutil.Process().memory_info().rss if own else 0
+    if limit < rss:
+        raise ArgumentError(f"memory_limit must be at least this process's own memory ({fmt_bytes(rss)} now), "
+                            f"which every trial's peak includes, got {limit} ({fmt_bytes(limit)})")
+    return limit
 
 
 @dataclass(frozen=True)

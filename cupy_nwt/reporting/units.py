@@ -28,7 +28,10 @@ def parse_size(text: str | int) -> int:
         unit = m.group(2).lower() if m else ""
         if not m or unit not in _UNITS:
             raise ArgumentError(f"not a size: {text!r} (examples: 4096, 4KiB, 64M, 1GB)")
-        value = int(float(m.group(1)) * _UNITS[unit])
+        exact = float(m.group(1)) * _UNITS[unit]
+        if 0 < exact < 1:
+            raise ArgumentError(f"size must be at least 1 byte, got {text!r} ({exact:g} bytes)")
+        value = int(exact)
     if value <= 0:
         raise ArgumentError(f"size must be positive, got {text!r}")
     return value

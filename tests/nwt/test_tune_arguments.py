@@ -1,0 +1,41 @@
+"""tune_num_workers' arguments that a search could not honour are refused before any trial, in one line."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cupy_nwt.errors import ArgumentError, ArgumentTypeError
+from cupy_nwt.nwt.tune import tune_num_workers
+
+DATA = np.zeros((64, 4), np.float32)
+
+
+def _flat(w, i, u):
+    return 1.0
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"memory_limit": -1}, r"^memory_limit must be a positive integer or None, got -1$"),
+    ({"memory_limit": 1.5e9}, r"^memory_limit must be a positive integer or None, got 1500000000.0$"),
+    ({"memory_limit": 10**9, "max_workers": 2}, r"^memory_limit bounds only the open search \(strategy='fast' "
+                                                r"without max_workers\), so it would be ignored here$"),
+    ({"memory_limit": 10**9, "strategy": "paper"}, r"^memory_limit bounds only the open search"),
+])
+def test_a_memory_limit_that_could_not_bound_anything_is_refused(kwargs, match):
+    with pytest.raises(ArgumentError, match=match):
+        tune_num_workers(measure=_flat, strategy=kwargs.pop("strategy", "fast"), progress=False, **kwargs)
+
+
+def test_a_memory_limit_below_this_process_is_refused_for_the_real_loader():
+    with pytest.raises(ArgumentError, match=r"^memory_limit must be at least this process's own memory \(.* now\), "
+                                            r"which every trial's peak includes, got 10 \(10 B\)$"):
+        tune_num_workers(DATA, strategy="fast", memory_limit=10, device="cpu", progress=False)
+
+
+def test_one_worker_type_may_be_given_as_a_string():
+    result = tune_num_workers(measure=_flat, worker_types="thread", max_workers=2, progress=False)
+    assert result.worker_type == "thread"
+    with pytest.raises(ArgumentTypeError, match=r"^worker_types must be 'process', 'thread' or a sequence of them, "
+                                                r"got 5$"):
+        tune_num_workers(measure=_flat, worker_types=5, progress=False)
