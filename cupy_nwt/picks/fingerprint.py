@@ -12,6 +12,15 @@ should not search again. So a result is keyed by a fingerprint of
 
 "Similar data" (the paper: re-use "if the transmitted size is similar") is a lookup that accepts
 the same machine and the same work except a sample size within ``SIMILAR_RATIO`` of the saved one.
+
+Sizing a sample is the only dataset read the fingerprint makes, in the calling (main) process:
+``dataset[0]``, once. A sample that cannot be read there (a corrupt first image the loader would
+skip with ``on_bad_sample="skip"``) must not stop a loader whose workers would pass it over, so the
+next samples are tried, up to ``SIZING_TRIES`` in all; ``sized_by`` records which one sized it
+(``"sample 3"``), or, when none of them can be read, that none did, with the dataset's type and
+length, and ``sample_bytes`` is 0. ``sized_by`` is ``None`` when sample 0 sized it, so those keys
+are the ones made before the field existed; a key with it stays the same for as long as the same
+samples are unreadable, and similar-work lookups ignore it.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from ..errors import ArgumentError, SavedPickError
 from .schema import check_fingerprint
 
 SIMILAR_RATIO = 1.25
+SIZING_TRIES = 8
 _log = logging.getLogger("cupy_nwt.tuner")
 
 
@@ -59,6 +69,7 @@ class WorkFingerprint:
     local_world_size: int = 1
     sample_transform: str | None = None
     step: str | None = None
+    sized_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -79,7 +90,7 @@ class Fingerprint:
         if self.machine != other.machine:
             return False
         a, b = self.work, other.work
-        rest = [f.name for f in fields(WorkFingerprint) if f.name != "sample_bytes"]
+        rest = [f.name for f in fields(WorkFingerprint) if f.name not in ("sample_bytes", "sized_by")]
         if any(getattr(a, n) != getattr(b, n) for n in rest):
             return False
         lo, hi = sorted((a.sample_bytes, b.sample_bytes))
@@ -97,7 +108,7 @@ class Fingerprint:
             raise SavedPickError(f"not a cupy_nwt fingerprint: {exc}") from None
 
 
-_LATER_FIELDS = ("sample_transform", "step")
+_LATER_FIELDS = ("sample_transform", "step", "sized_by")
 
 
 def _digest(obj: Any) -> str:
@@ -158,7 +169,8 @@ def transform_name(transform: Any) -> str | None:
 def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = None, prefetch_factor: int = 2,
                      pin_memory: bool | str = True, device: str = "auto",
                      local_world_size: int = 1, step: Any = None) -> WorkFingerprint:
-    """The work a worker count is tuned for; reads ``dataset[0]`` once to size a sample.
+    """The work a worker count is tuned for; reads ``dataset[0]`` once to size a sample (the next
+    ones where it cannot be read: see the module docstring).
 
     A dataset that applies a per-sample transform says so by a ``transform`` attribute (the
     datasets of ``cupy_nwt.data`` and torchvision's do): its qualified name is recorded, so a
@@ -166,10 +178,13 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
     ``step`` (the training step a pick was tuned beside, ``tune_num_workers(step=...)``) is recorded
     as its time ("0.005 s") or its qualified name: a count that feeds a 50-ms step may starve a 5-ms one.
     """
-    if map_length(dataset, "fingerprinting the work") == 0:
+    n = map_length(dataset, "fingerprinting the work")
+    if n == 0:
         raise ArgumentError("cannot fingerprint an empty dataset")
+    sample_bytes, sized_by = _sample_size(dataset, n)
     return WorkFingerprint(
-        sample_bytes=sample_nbytes(dataset[0]),
+        sample_bytes=sample_bytes,
+        sized_by=sized_by,
         batch_size=int(batch_size),
         transform=transform_name(batch_transform),
         prefetch_factor=int(prefetch_factor),
@@ -179,6 +194,25 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
         sample_transform=transform_name(getattr(dataset, "transform", None)),
         step=step_name(step),
     )
+
+
+def _sample_size(dataset: Any, n: int) -> tuple[int, str | None]:
+    """Bytes of the first readable of samples 0..SIZING_TRIES-1, and ``sized_by`` (None for sample 0)."""
+    tries = min(n, SIZING_TRIES)
+    first: Exception | None = None
+    for i in range(tries):
+        try:
+            size = sample_nbytes(dataset[i])
+        except Exception as exc:  # noqa: BLE001 - a bad sample the workers may skip; said below, not raised
+            first = first or exc
+            continue
+        if i:
+            _log.info("fingerprint: samples 0..%d could not be read (%s: %s); sample %d sized the work",
+                      i - 1, type(first).__name__, first, i)
+        return size, None if i == 0 else f"sample {i}"
+    _log.info("fingerprint: none of samples 0..%d could be read (%s: %s); keyed by the dataset's type and length",
+              tries - 1, type(first).__name__, first)
+    return 0, f"no sample (0..{tries - 1} unreadable): {transform_name(dataset)} of {n}"
 
 
 def step_name(step: Any) -> str | None:

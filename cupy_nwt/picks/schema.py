@@ -151,6 +151,7 @@ def check_fingerprint(v: Any) -> None:
     need_str(w, "device", path="fingerprint.work", choices=DEVICES)
     need_int(w, "local_world_size", 1, 1 << 20, path="fingerprint.work", optional=True)
     need_str(w, "step", path="fingerprint.work", optional=True)
+    need_str(w, "sized_by", path="fingerprint.work", optional=True)
 
 
 def check_trial(v: Any, where: str) -> None:

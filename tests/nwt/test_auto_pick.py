@@ -169,3 +169,17 @@ def test_why_missing_names_another_machine(cache):
     elsewhere = replace(here, machine=replace(here.machine, cpu_model="another CPU"))
     ResultStore().put(elsewhere.key, {"fingerprint": elsewhere.to_dict()})
     assert ResultStore().why_missing(here) == "1 saved pick(s), none for this machine"
+
+
+def test_auto_builds_where_a_corrupt_first_image_would_be_skipped(cache, tmp_path):
+    """The fingerprint's read of sample 0 in the main process must not fail a loader whose workers skip it."""
+    from cupy_nwt.data import ImageFolder, encode_png  # noqa: PLC0415
+
+    folder = tmp_path / "photos" / "a"
+    folder.mkdir(parents=True)
+    (folder / "000.png").write_bytes(b"corrupt")
+    for i in range(1, 16):
+        (folder / f"{i:03d}.png").write_bytes(encode_png(np.full((8, 8, 3), i, np.uint8)))
+    with DataLoader(ImageFolder(folder.parent), batch_size=8, num_workers="auto", device="cpu",
+                    on_bad_sample="skip") as loader:
+        assert sorted(int(x) for b in loader for x in b[0][:, 0, 0, 0]) == list(range(1, 16))

@@ -165,3 +165,41 @@ def test_concurrent_writers_lose_nothing(tmp_path):
     records = ResultStore(tmp_path).records()
     assert set(records) == {f"w{k}-{i}" for k in range(4) for i in range(15)}
     assert not [p for p in Path(tmp_path).iterdir() if p.suffix == ".tmp"]
+
+
+class _FirstUnreadable:
+    """Rows of 12 bytes whose first ``bad`` samples raise, as a corrupt image would."""
+
+    def __init__(self, bad: int, n: int = 20) -> None:
+        self.bad, self.n = bad, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i < self.bad:
+            raise OSError(f"sample {i} is corrupt")
+        return np.zeros(3, np.float32)
+
+
+def test_an_unreadable_first_sample_is_passed_over_and_recorded(caplog):
+    clean = work_fingerprint(_FirstUnreadable(0), batch_size=8, device="cpu")
+    assert clean.sized_by is None and clean.sample_bytes == 12
+    assert Fingerprint(MACHINE, clean).key == "59d3587adf356079"  # the key saved before sized_by existed
+    with caplog.at_level("INFO", logger="cupy_nwt.tuner"):
+        work = work_fingerprint(_FirstUnreadable(2), batch_size=8, device="cpu")
+    assert (work.sample_bytes, work.sized_by) == (12, "sample 2")
+    assert "samples 0..1 could not be read (OSError: sample 0 is corrupt); sample 2 sized the work" in caplog.text
+    again = work_fingerprint(_FirstUnreadable(2), batch_size=8, device="cpu")
+    assert Fingerprint(MACHINE, work).key == Fingerprint(MACHINE, again).key != Fingerprint(MACHINE, clean).key
+    assert Fingerprint(MACHINE, work).similar_to(Fingerprint(MACHINE, clean))
+
+
+def test_no_readable_sample_keys_by_the_datasets_type_and_length():
+    work = work_fingerprint(_FirstUnreadable(20), batch_size=8, device="cpu")
+    assert work.sample_bytes == 0
+    assert work.sized_by == f"no sample (0..7 unreadable): {__name__}._FirstUnreadable of 20"
+    back = Fingerprint.from_dict(json.loads(json.dumps(Fingerprint(MACHINE, work).to_dict())))
+    assert back.work == work
+    longer = work_fingerprint(_FirstUnreadable(30, n=30), batch_size=8, device="cpu")
+    assert Fingerprint(MACHINE, longer).key != Fingerprint(MACHINE, work).key
