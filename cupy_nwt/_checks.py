@@ -52,10 +52,14 @@ def _number_kind(gt: float | None, ge: float | None, lt: float | None, le: float
     return f"a {noun} {bound}" if bound else f"a finite {noun}"
 
 
-def _refuse(name: str, kind: str, value: object, optional: bool, also: str | None) -> ArgumentError:
+def _refuse(name: str, kind: str, value: object, optional: bool, also: str | None,
+            wrong_type: bool = False) -> ArgumentError:
+    """The one-line refusal; of a value of the wrong type, an ``ArgumentTypeError``: a ``TypeError`` too, as
+    torch raises for ``num_workers=1.0``, and still the ``ValueError`` every bad value is."""
     others = [*([also] if also else []), *(["None"] if optional else [])]
     accepted = " or ".join([kind, *others])
-    return ArgumentError(f"{name} must be {accepted}, got {value!r}")
+    cls = ArgumentTypeError if wrong_type else ArgumentError
+    return cls(f"{name} must be {accepted}, got {value!r}")
 
 
 @overload
@@ -75,7 +79,7 @@ def check_int(name: str, value: object, *, ge: int | None = None, le: int | None
     if value is None and optional:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise _refuse(name, _int_kind(ge, le), value, optional, also)
+        raise _refuse(name, _int_kind(ge, le), value, optional, also, wrong_type=True)
     if (ge is not None and value < ge) or (le is not None and value > le):
         raise _refuse(name, _int_kind(ge, le), value, optional, also)
     return int(value)
@@ -102,7 +106,7 @@ def check_number(name: str, value: object, *, gt: float | None = None, ge: float
         return None
     kind = _number_kind(gt, ge, lt, le, unit)
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise _refuse(name, kind, value, optional, None)
+        raise _refuse(name, kind, value, optional, None, wrong_type=True)
     try:
         x = float(value)
     except OverflowError:  # an int too large for a float

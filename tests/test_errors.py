@@ -209,6 +209,21 @@ def test_check_int_refuses_with_one_exact_line(kwargs, value, message):
     assert isinstance(info.value, ValueError)
 
 
+@pytest.mark.parametrize("value", [1.0, "3", True, None, [1]])
+def test_a_value_of_the_wrong_type_is_a_type_error_too(value):
+    """torch raises ``TypeError`` for ``num_workers=1.0``; a caller catching ``ValueError`` still catches it."""
+    checks = [lambda: check_int("n", value, ge=0)]
+    if not isinstance(value, float):
+        checks.append(lambda: check_number("t", value, ge=0))
+    for check in checks:
+        with pytest.raises(ArgumentTypeError) as info:
+            check()
+        assert isinstance(info.value, TypeError) and isinstance(info.value, ValueError)
+    with pytest.raises(ArgumentError) as info:
+        check_int("n", -1, ge=0)
+    assert not isinstance(info.value, TypeError)  # a value of the right type, out of range
+
+
 def test_check_int_lets_none_through_only_when_optional():
     assert check_int("seed", None, ge=0, optional=True) is None
     assert check_int("seed", 0, ge=0, optional=True) == 0
