@@ -116,3 +116,16 @@ def test_a_batch_torch_cannot_hold_fails_alone_and_the_epoch_goes_on(num_workers
     with cupy_nwt.DataLoader(Dates(), batch_size=2, num_workers=num_workers, device="cpu",
                              worker_type=worker_type) as loader:
         assert outcomes(loader) == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "uint16"])
+def test_on_the_gpu_every_torch_dtype_arrives_as_on_the_host(dtype):
+    """The device path views the copied bits back as the dtype too (DLPack, then torch's ``view``)."""
+    if not torch.cuda.is_available():
+        pytest.skip("this torch build has no CUDA: torch tensors on the GPU need one")
+    expected = values(tud.DataLoader(Ramp(dtype), batch_size=2))
+    with cupy_nwt.DataLoader(Ramp(dtype), batch_size=2, num_workers=2, device="cuda") as loader:
+        got = list(loader)
+    assert all(x.is_cuda for x, _ in got)
+    assert values((x.cpu(), y.cpu()) for x, y in got) == expected
