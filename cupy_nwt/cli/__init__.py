@@ -12,7 +12,8 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from .commands import build_parser
+from ._parser import one_line
+from .commands import COMMANDS, build_parser
 from .exits import (
     DEBUG_ENV,
     EXIT_BAD_DATA,
@@ -30,8 +31,19 @@ __all__ = ["DEBUG_ENV", "EXIT_BAD_DATA", "EXIT_CODES", "EXIT_FAILED", "EXIT_INTE
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` names (default: ``sys.argv[1:]``) and return its exit code.
+
+    A bad option exits 2 with one line (``SystemExit``, as argparse does); no command prints the short
+    help on stdout and returns 2, since nothing asked for was done.
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command is None:
+        parser.short_help(COMMANDS)
+        return EXIT_USAGE
+    if extra:
+        prog = f"{parser.prog} {args.command}"
+        parser.exit(EXIT_USAGE, one_line(f"unrecognized arguments: {' '.join(extra)}", prog) + "\n")
     try:
         return int(args.func(args) or 0)
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - every error ends as one line and a code

@@ -15,6 +15,7 @@ from ..loader.workers.kinds import WORKER_TYPES
 from ..reporting import tables as report
 from ..reporting.progress import ProgressBar
 from ..reporting.units import fmt_bytes, parse_size, size_sweep
+from ._parser import Parser
 from .exits import DEBUG_ENV, EXIT_CODES
 
 
@@ -269,6 +270,17 @@ def _workload(args: argparse.Namespace) -> dict[str, Any]:
 
 
 DESCRIPTION = "cupy-nwt (or python -m cupy_nwt): one sub-command per experiment."
+#: each command's one-line help, in ``--help`` and in the short help of a bare ``cupy-nwt``
+COMMANDS = {
+    "info": "host facts, and the GPU with its PCIe link (or why there is none)",
+    "bandwidth": "H2D/D2H GB/s, pageable vs pinned, over a size sweep; one vs many copies",
+    "overlap": "copy/compute overlap over N streams: sequential, async v1, async v2",
+    "tune": "Num Worker Tuner: measure the loader over worker counts and pick one",
+    "stats": "run the loader on a dataset and print where its time goes, stage by stage",
+    "reproduce": "everything: info, transfer experiments (GPU), the tuner both ways, picks judged against "
+                 "every count; files into one folder",
+}
+
 
 def _experiment_options(s: argparse.ArgumentParser) -> None:
     """The GPU experiments' shared options; ``_run_options`` parses the first three."""
@@ -304,18 +316,19 @@ def _workload_options(s: argparse.ArgumentParser) -> None:
 
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cupy-nwt", description=DESCRIPTION, epilog=EXIT_CODES,
+def build_parser() -> Parser:
+    """The parser of every command; its errors are one line and exit 2 (``_parser.Parser``)."""
+    p = Parser(prog="cupy-nwt", description=DESCRIPTION, epilog=EXIT_CODES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"cupy-nwt {__version__}")
     p.add_argument("--debug", action="store_true", help=f"print the traceback of an error (or {DEBUG_ENV}=1)")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")  # none: main() prints the short help
 
-    s = sub.add_parser("info", help="host facts, and the GPU with its PCIe link (or why there is none)")
+    s = sub.add_parser("info", help=COMMANDS["info"])
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
     s.set_defaults(func=cmd_info)
 
-    s = sub.add_parser("bandwidth", help="H2D/D2H GB/s, pageable vs pinned, over a size sweep; one vs many copies")
+    s = sub.add_parser("bandwidth", help=COMMANDS["bandwidth"])
     s.add_argument("--min", default="4KiB", help="smallest copy (default 4KiB)")
     s.add_argument("--max", default="256MiB", help="largest copy (default 256MiB)")
     s.add_argument("--factor", default="2", help="size step factor (default 2)")
@@ -325,13 +338,13 @@ def build_parser() -> argparse.ArgumentParser:
     _experiment_options(s)
     s.set_defaults(func=cmd_bandwidth)
 
-    s = sub.add_parser("overlap", help="copy/compute overlap over N streams: sequential, async v1, async v2")
+    s = sub.add_parser("overlap", help=COMMANDS["overlap"])
     s.add_argument("--streams", default="4", help="streams, one chunk each (default 4)")
     s.add_argument("--elements", default=None, help="float32 elements in all (default 4*1024*256 per stream)")
     _experiment_options(s)
     s.set_defaults(func=cmd_overlap)
 
-    s = sub.add_parser("tune", help="Num Worker Tuner: measure the loader over worker counts and pick one")
+    s = sub.add_parser("tune", help=COMMANDS["tune"])
     s.add_argument("--dataset", metavar="PATH", help="image folder, .tar(.gz) shard, CIFAR-10 batches, .npy/.npz "
                    "(default: the embedded synthetic CIFAR-10)")
     _pipeline_options(s)
@@ -357,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(s, "the table")
     s.set_defaults(func=cmd_tune)
 
-    s = sub.add_parser("stats", help="run the loader on a dataset and print where its time goes, stage by stage")
+    s = sub.add_parser("stats", help=COMMANDS["stats"])
     s.add_argument("--dataset", metavar="PATH", help="as for tune (default: the embedded synthetic CIFAR-10)")
     s.add_argument("--synthetic-n", default="5000", help="images in the synthetic CIFAR-10 (default 5000)")
     s.add_argument("--batch-size", default="128", help="samples per batch (default 128)")
@@ -371,8 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     _output_options(s, "the table")
     s.set_defaults(func=cmd_stats)
 
-    s = sub.add_parser("reproduce", help="everything: info, transfer experiments (GPU), the tuner both ways, "
-                       "picks judged against every count; files into one folder")
+    s = sub.add_parser("reproduce", help=COMMANDS["reproduce"])
     s.add_argument("--out", default="nwt-report", help="folder for the results (default nwt-report)")
     _workload_options(s)
     s.add_argument("--compare-iterations", default="50", help="batches per count when judging picks (default 50)")

@@ -9,12 +9,11 @@ from __future__ import annotations
 import argparse
 
 from ..errors import (
-    ArgumentTypeError,
     BatchLayoutError,
+    CupyNwtError,
     DataError,
     LoaderError,
     LoaderTimeoutError,
-    MissingExtraError,
     NoGPUError,
     WorkerDiedError,
     WorkerError,
@@ -75,8 +74,13 @@ def _with_index(what: str, index: int | None) -> str:
 
 
 def failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
-    """The exit code and the one line for the error a command ended with."""
+    """The exit code and the one line for the error a command ended with: a message of several lines
+    (a user's module may raise one) is joined into one."""
+    code, text = _failure(exc, args)
+    return code, " ".join(text.split()) or type(exc).__name__
 
+
+def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
     if isinstance(exc, NoGPUError):
         return EXIT_NO_GPU, str(exc)
     if isinstance(exc, WorkerError):  # before DataError: it may be one too (the dataset's own type)
@@ -87,8 +91,8 @@ def failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
         return EXIT_WORKER, f"loader worker failed: {_first_line(exc)}"
     if isinstance(exc, LoaderError):  # e.g. RingMemoryError: no room in memory for the ring
         return EXIT_WORKER, f"loader failed: {_first_line(exc)}"
-    if isinstance(exc, (ValueError, FileNotFoundError, ArgumentTypeError, MissingExtraError)):
-        return EXIT_USAGE, str(exc)
+    if isinstance(exc, FileNotFoundError) or (isinstance(exc, CupyNwtError) and isinstance(exc, (ValueError, ImportError))):
+        return EXIT_USAGE, str(exc)  # ours only: another library's ValueError says nothing about the user's input
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED, "interrupted"
     return EXIT_FAILED, f"unexpected error: {type(exc).__name__}: {_first_line(exc)} (--debug shows where)"
