@@ -10,13 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 
 from .._checks import check_int
 from .._files import make_folder
 from ..errors import ArgumentError
 from ..reporting.progress import ProgressBar
+from ..reporting.units import fmt_bytes
+from ..system import CACHE_ENV, usable_cpus
 from ..system import cache_dir as default_cache_dir
-from ..system import usable_cpus
 from ._images import ImageDataset, Transform, encode_image, encode_png_batch, index_in
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -73,6 +75,47 @@ def synthetic_pixels(labels: np.ndarray, rng: np.random.Generator, size: int = 3
     return img.transpose(0, 2, 3, 1).astype(np.uint8)
 
 
+#: bytes one stored 32x32x3 image takes at least (measured: PNG about 2.5 KiB, JPEG about 1 KiB): a floor, so
+#: that only a size that cannot fit is refused
+_MIN_IMAGE_BYTES = {"png": 2048, "jpeg": 768}
+#: what the build holds per image beside its bytes: the bytes object, two lists' pointers, its length, the arrays
+_BUILD_OVERHEAD = 128
+
+
+def synthetic_cache_path(n: int, seed: int = 0, fmt: str = "png", cache_dir: str | os.PathLike | None = None) -> Path:
+    """Where ``SyntheticCIFAR10(n, seed, fmt, cache_dir)`` is cached."""
+    return default_cache_dir(cache_dir) / "synthetic-cifar10" / f"v{_SYNTH_VERSION}-n{n}-seed{seed}-{fmt}"
+
+
+def check_synthetic_room(n: int, seed: int = 0, fmt: str = "png", cache_dir: str | os.PathLike | None = None) -> None:
+    """Refuse, in one ``ArgumentError`` line and before any work, a synthetic CIFAR-10 this machine cannot build:
+    its cache folder is under a file or not writable, or ``n`` images need more disk or memory than there is
+    (the build holds every encoded image twice, the list and the buffer saved from it). One already built passes.
+    """
+    path = synthetic_cache_path(n, seed, fmt, cache_dir)
+    if (path / "labels.npy").is_file():
+        return
+    named = f" ({CACHE_ENV})" if cache_dir is None and os.environ.get(CACHE_ENV) else ""
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ArgumentError(f"the cache folder {default_cache_dir(cache_dir)}{named} cannot hold the synthetic "
+                            f"CIFAR-10: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ArgumentError(f"the cache folder {default_cache_dir(cache_dir)}{named} cannot hold the synthetic "
+                            f"CIFAR-10: {existing} is not writable")
+    per_image = _MIN_IMAGE_BYTES.get(fmt, _MIN_IMAGE_BYTES["png"])
+    disk, free = n * (per_image + 16), shutil.disk_usage(existing).free
+    if disk > free:
+        raise ArgumentError(f"{n:,} synthetic CIFAR-10 images need at least {fmt_bytes(disk)} of disk, more than the "
+                            f"{fmt_bytes(free)} free under {existing}{named}: ask for fewer")
+    memory, available = n * (2 * per_image + _BUILD_OVERHEAD), psutil.virtual_memory().available
+    if memory > available:
+        raise ArgumentError(f"{n:,} synthetic CIFAR-10 images need at least {fmt_bytes(memory)} of memory to build, "
+                            f"more than the {fmt_bytes(available)} available: ask for fewer")
+
+
 def _synthetic_chunk(seed: int, k: int, labels: np.ndarray, fmt: str) -> list[bytes]:
     pixels = synthetic_pixels(labels, np.random.default_rng([seed, k]))
     return encode_png_batch(pixels) if fmt == "png" else [encode_image(p, fmt) for p in pixels]
@@ -107,7 +150,8 @@ class SyntheticCIFAR10(ImageDataset):
         self.n, self.seed, self.fmt = n, seed, fmt
         self.classes = list(CIFAR10_CLASSES)
         self.transform = transform
-        self.cache_path = default_cache_dir(cache_dir) / "synthetic-cifar10" / f"v{_SYNTH_VERSION}-n{n}-seed{seed}-{fmt}"
+        self.cache_path = synthetic_cache_path(n, seed, fmt, cache_dir)
+        check_synthetic_room(n, seed, fmt, cache_dir)
         self.built_now = self._ensure_built(progress)
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._arrays_pid: int | None = None

@@ -23,7 +23,7 @@ from cupy_nwt.data.datasets import (
     open_dataset,
     write_tar_shard,
 )
-from cupy_nwt.errors import CorruptImageError
+from cupy_nwt.errors import ArgumentError, CorruptImageError
 
 
 @pytest.fixture
@@ -359,6 +359,20 @@ def test_synthetic_jpeg_and_bad_arguments(tmp_path):
         SyntheticCIFAR10(n=0, cache_dir=tmp_path)
     with pytest.raises(IndexError):
         d[20]
+
+
+@pytest.mark.parametrize("n", [10**13, 10**20])
+def test_a_synthetic_size_the_machine_cannot_build_is_refused_up_front(n, tmp_path):
+    with pytest.raises(ArgumentError, match=r"synthetic CIFAR-10 images need at least .* ask for fewer") as exc:
+        SyntheticCIFAR10(n=n, cache_dir=tmp_path / "cache")
+    assert "\n" not in str(exc.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_cache_folder_that_is_a_file_is_refused_in_one_line(tmp_path):
+    (tmp_path / "cache").write_text("x")
+    with pytest.raises(ArgumentError, match=r"cache folder .* is a file, not a folder"):
+        SyntheticCIFAR10(n=10, cache_dir=tmp_path / "cache")
 
 
 def test_transform_is_applied_to_the_image(tmp_path):
