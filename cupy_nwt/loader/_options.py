@@ -288,6 +288,15 @@ def _method(worker_type: str | None, context: BaseContext | None, device: str) -
     return chosen.start_method(context, device) if chosen.processes else "thread"
 
 
+def check_worker_room(num_workers: int, *, worker_type: str = "process", device: str = "cpu", prefetch_factor: int = 2,
+                      option: str = "num_workers", value: int | None = None) -> None:
+    """``ArgumentError`` (``capacity.check_worker_count``) when ``num_workers`` of ``worker_type`` are more than this
+    machine can hold, checked as the loader checks its own count: only past the usable CPUs (reading every
+    limit costs a scan of /proc). ``option=value`` names what the caller asked for (the tuner's ``max_workers``)."""
+    if num_workers > system.usable_cpus():
+        check_worker_count(num_workers, _method(worker_type, None, device), prefetch_factor, option=option, value=value)
+
+
 def warn_if_too_many_workers(num_workers: int, stacklevel: int = 3, *, method: str = "fork",
                              prefetch_factor: int = 2) -> None:
     """A UserWarning, as PyTorch gives, when there are more workers than CPUs this process may use, with what

@@ -16,9 +16,10 @@ from typing import Any
 
 import psutil
 
-from .. import system
+from .. import cuda, system
 from .._checks import check_int, check_number
 from ..errors import ArgumentError, ArgumentTypeError
+from ..loader._options import check_worker_room
 from ..loader.workers.kinds import check_worker_type
 from ..picks.fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
 from ..picks.pick import check_step
@@ -49,6 +50,71 @@ def resolve_main_process(main_process: str, device: str) -> str:
     if main_process == "auto":
         return "waits" if device == "cuda" else "busy"
     return main_process
+
+
+@dataclass(frozen=True)
+class TuneArguments:
+    """``tune_num_workers``'s arguments, checked: the search's range (``n`` counts, ``open_search``), the device
+    resolved, the main process's load."""
+
+    worker_types: tuple[str, ...]
+    batch_size: int
+    iterations: int
+    prefetch_factor: int
+    cpus: int
+    n: int
+    open_search: bool
+    alpha: float
+    tolerance: float
+    step: Any
+    device: str
+    main_process: str
+
+
+def check_tune_arguments(*, batch_size: int = 128, max_workers: int | None = None, iterations: int = 100,
+                         alpha: float = 0.5, strategy: str = "paper", device: str = "auto", prefetch_factor: int = 2,
+                         tolerance: float = DEFAULT_TOLERANCE, worker_types: str | Sequence[str] = ("process",),
+                         main_process: str = "auto", step: Any = None, real_loader: bool = True) -> TuneArguments:
+    """Every check ``tune_num_workers`` makes of its arguments, before any work: a caller with a long
+    preparation (the ``tune`` command builds a dataset first) calls it first, so a bad argument costs nothing.
+
+    One-line ``ArgumentError`` for a bad one; with ``real_loader`` (trials run the loader, no ``measure``)
+    also ``NoGPUError`` for ``device="cuda"`` without a usable GPU, and ``ArgumentError`` for a
+    ``max_workers`` whose counts this machine cannot hold, as ``DataLoader(num_workers=...)`` refuses them.
+    """
+    if isinstance(worker_types, str):
+        worker_types = (worker_types,)
+    if not isinstance(worker_types, Sequence):
+        raise ArgumentTypeError(f"worker_types must be 'process', 'thread' or a sequence of them, got {worker_types!r}")
+    types = tuple(check_worker_type(t) for t in worker_types)
+    if not types or len(set(types)) != len(types):
+        raise ArgumentError(f"worker_types must name 'process' and/or 'thread' once each, got {worker_types!r}")
+    if strategy not in STRATEGIES:
+        raise ArgumentError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    batch_size = check_int("batch_size", batch_size, ge=1)
+    iterations = check_int("iterations", iterations, ge=1)
+    prefetch_factor = check_int("prefetch_factor", prefetch_factor, ge=1)
+    cpus = system.usable_cpus()
+    n = cpus if max_workers is None else check_int("max_workers", max_workers, ge=1)
+    open_search = max_workers is None and strategy == "fast"
+    if open_search:
+        n = cpus + 1  # counts 0..cpus at least: one worker per CPU is often the best
+    alpha = check_number("alpha", alpha, ge=0, unit="seconds per 100 iterations")
+    tolerance = check_number("tolerance", tolerance, ge=0, lt=0.5)
+    if strategy == "fast" and iterations < MIN_FAST_ITERATIONS:
+        raise ArgumentError(f"the fast strategy needs iterations >= {MIN_FAST_ITERATIONS}, got {iterations}")
+    step = check_step(step)
+    resolved = device_kind(device)
+    load = resolve_main_process(main_process, resolved)
+    if real_loader:
+        if resolved == "cuda":
+            cuda.require_gpu()
+        if max_workers is not None:
+            for t in types:
+                check_worker_room(n - 1, worker_type=t, device=resolved, prefetch_factor=prefetch_factor,
+                                  option="max_workers", value=n)
+    return TuneArguments(types, batch_size, iterations, prefetch_factor, cpus, n, open_search, float(alpha),
+                         float(tolerance), step, resolved, load)
 
 
 def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: int | None = None,
@@ -117,58 +183,38 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
         step: the training step the pick should keep fed: a callable taking a batch, or its time in seconds.
         warn: issue an ``UnreliablePickWarning`` when the trials were too noisy to trust the pick.
     """
-    if isinstance(worker_types, str):
-        worker_types = (worker_types,)
-    if not isinstance(worker_types, Sequence):
-        raise ArgumentTypeError(f"worker_types must be 'process', 'thread' or a sequence of them, got {worker_types!r}")
-    types = tuple(check_worker_type(t) for t in worker_types)
-    if not types or len(set(types)) != len(types):
-        raise ArgumentError(f"worker_types must name 'process' and/or 'thread' once each, got {worker_types!r}")
-    if strategy not in STRATEGIES:
-        raise ArgumentError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
-    batch_size = check_int("batch_size", batch_size, ge=1)
-    iterations = check_int("iterations", iterations, ge=1)
-    prefetch_factor = check_int("prefetch_factor", prefetch_factor, ge=1)
-    cpus = system.usable_cpus()
-    n = cpus if max_workers is None else check_int("max_workers", max_workers, ge=1)
-    open_search = max_workers is None and strategy == "fast"
-    if open_search:
-        n = cpus + 1  # counts 0..cpus at least: one worker per CPU is often the best
-    alpha = check_number("alpha", alpha, ge=0, unit="seconds per 100 iterations")
-    tolerance = check_number("tolerance", tolerance, ge=0, lt=0.5)
-    if strategy == "fast" and iterations < MIN_FAST_ITERATIONS:
-        raise ArgumentError(f"the fast strategy needs iterations >= {MIN_FAST_ITERATIONS}, got {iterations}")
-    step = check_step(step)
-    resolved = device_kind(device)
-    load = resolve_main_process(main_process, resolved)
-    memory_limit = _check_memory_limit(memory_limit, open_search, own=measure is None)
-    if open_search and memory_limit is None and measure is None:
+    c = check_tune_arguments(batch_size=batch_size, max_workers=max_workers, iterations=iterations, alpha=alpha,
+                             strategy=strategy, device=device, prefetch_factor=prefetch_factor, tolerance=tolerance,
+                             worker_types=worker_types, main_process=main_process, step=step,
+                             real_loader=measure is None)
+    memory_limit = _check_memory_limit(memory_limit, c.open_search, own=measure is None)
+    if c.open_search and memory_limit is None and measure is None:
         memory_limit = search_memory_limit()
     fp = None
     if dataset is not None:
         fp = Fingerprint(machine_fingerprint(), work_fingerprint(
-            dataset, batch_size=batch_size, batch_transform=batch_transform, prefetch_factor=prefetch_factor,
-            pin_memory=pin_memory, device=resolved, step=step))
+            dataset, batch_size=c.batch_size, batch_transform=batch_transform, prefetch_factor=c.prefetch_factor,
+            pin_memory=pin_memory, device=c.device, step=c.step))
     if measure is None and dataset is None:
         raise ArgumentError("give a dataset to tune the loader on, or a measure callable")
     searched: list[Searched] = []
-    for kind in types:
+    for kind in c.worker_types:
         if measure is None:
-            m: MeasureFn = _measure.LoaderMeasure(dataset, batch_size=batch_size, prefetch_factor=prefetch_factor,
+            m: MeasureFn = _measure.LoaderMeasure(dataset, batch_size=c.batch_size, prefetch_factor=c.prefetch_factor,
                                                 pin_memory=pin_memory, device=device,
                                                 batch_transform=batch_transform, worker_type=kind,
-                                                main_process=load, step=step)
+                                                main_process=c.main_process, step=c.step)
         else:
-            m = measure if len(types) == 1 else functools.partial(measure, worker_type=kind)  # type: ignore[call-arg]
-        label = f"NWT ({strategy})" if len(types) == 1 else f"NWT ({strategy}, {kind} workers)"
-        with ProgressBar(n if strategy == "paper" else None, label, unit="trial", enabled=progress) as bar:
-            runner = _Runner(m, batch_size, bar, cpus=cpus)
+            m = measure if len(c.worker_types) == 1 else functools.partial(measure, worker_type=kind)  # type: ignore[call-arg]
+        label = f"NWT ({strategy})" if len(c.worker_types) == 1 else f"NWT ({strategy}, {kind} workers)"
+        with ProgressBar(c.n if strategy == "paper" else None, label, unit="trial", enabled=progress) as bar:
+            runner = _Runner(m, c.batch_size, bar, cpus=c.cpus)
             if strategy == "paper":
-                best = _algorithm1(runner, n, iterations, float(alpha))
-                top, why = n, f"counts 0..{n - 1} (Algorithm 1)"
+                best = _algorithm1(runner, c.n, c.iterations, c.alpha)
+                top, why = c.n, f"counts 0..{c.n - 1} (Algorithm 1)"
             else:
-                search = _FastSearch(runner, n, iterations, float(tolerance), FAST_BUDGET,
-                                     cap=open_cap(cpus) if open_search else None, memory_limit=memory_limit)
+                search = _FastSearch(runner, c.n, c.iterations, c.tolerance, FAST_BUDGET,
+                                     cap=open_cap(c.cpus) if c.open_search else None, memory_limit=memory_limit)
                 best = search.search()
                 top, why = search.n, search.stop_reason
         searched.append(Searched("cpu", kind, best, tuple(runner.runs), top, why))
@@ -177,11 +223,11 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     chosen = searched[win]
     result = TuneResult(
         best_workers=chosen.best_workers, strategy=strategy, runs=chosen.runs, max_workers=chosen.max_workers,
-        iterations=iterations, alpha=float(alpha), tolerance=float(tolerance), batch_size=batch_size,
-        prefetch_factor=prefetch_factor, pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory),
-        device=resolved, fingerprint=fp, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        iterations=c.iterations, alpha=c.alpha, tolerance=c.tolerance, batch_size=c.batch_size,
+        prefetch_factor=c.prefetch_factor, pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory),
+        device=c.device, fingerprint=fp, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         worker_type=chosen.worker_type, other_types=tuple(b for i, b in enumerate(bests) if i != win),
-        main_process=("step" if callable(step) else load) if measure is None else "", usable_cpus=cpus,
+        main_process=("step" if callable(c.step) else c.main_process) if measure is None else "", usable_cpus=c.cpus,
         search_end=chosen.search_end, placement=chosen.placement,
     )
     if warn and result.warning:

@@ -12,6 +12,7 @@ import random
 import numpy as np
 import pytest
 
+from cupy_nwt import ArgumentError
 from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.nwt.measure import LoaderMeasure
 from cupy_nwt.nwt.trials import Measurement
@@ -291,6 +292,17 @@ def test_fast_excludes_warm_up_and_combines_reruns():
 def test_bad_arguments_are_named(kwargs, match):
     with pytest.raises(ValueError, match=match):
         tune_num_workers(measure=lambda w, i, u: 1.0, progress=False, **kwargs)
+
+
+@pytest.mark.parametrize("strategy", ["paper", "fast"])
+def test_a_max_workers_the_machine_cannot_hold_is_refused_before_any_trial(strategy, monkeypatch):
+    monkeypatch.setattr("cupy_nwt.nwt.measure.LoaderMeasure", lambda *a, **k: pytest.fail("a trial started"))
+    with pytest.raises(ArgumentError) as exc:
+        tune_num_workers(ArrayDataset(np.zeros((8, 2), np.float32)), max_workers=10**7, strategy=strategy,
+                         device="cpu", progress=False)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith("max_workers=10000000 (up to 9,999,999 workers) is more than this "
+                                              "machine can hold about ")
 
 
 def test_needs_a_dataset_or_a_measure():

@@ -177,12 +177,19 @@ def capacity(method: str, prefetch_factor: int, num_workers: int, limits: Limits
     return Capacity(n, line)
 
 
-def check_worker_count(num_workers: int, method: str, prefetch_factor: int, limits: Limits | None = None) -> str:
-    """The capacity line for ``num_workers``; ``ArgumentError`` (that line) when the machine cannot hold them."""
+def check_worker_count(num_workers: int, method: str, prefetch_factor: int, limits: Limits | None = None, *,
+                       option: str = "num_workers", value: int | None = None) -> str:
+    """The capacity line for ``num_workers``; ``ArgumentError`` (that line) when the machine cannot hold them.
+
+    ``option=value`` names what the caller asked for where that is not ``num_workers`` itself (the tuner's
+    ``max_workers``, whose counts go up to ``num_workers``).
+    """
     cap = capacity(method, prefetch_factor, num_workers, limits)
     if num_workers > cap.workers:
-        raise ArgumentError(f"num_workers={num_workers} is more than {cap.line}: lower num_workers (os.cpu_count() "
-                            f"is {os.cpu_count()}), raise the limit named, or use num_workers='auto'")
+        asked = f"{option}={num_workers}" if value is None else f"{option}={value} (up to {num_workers:,} workers)"
+        auto = ", or use num_workers='auto'" if option == "num_workers" else ""
+        raise ArgumentError(f"{asked} is more than {cap.line}: lower {option} (os.cpu_count() "
+                            f"is {os.cpu_count()}), raise the limit named{auto}")
     return cap.line
 
 
