@@ -8,8 +8,10 @@ over it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import IO
 
 from .errors import ArgumentError
 
-__all__ = ["atomic_open", "fsync_dir", "make_folder"]
+__all__ = ["atomic_folder", "atomic_open", "check_writable", "fsync_dir", "make_folder"]
 
 
 def make_folder(path: Path, name: str) -> None:
@@ -62,6 +64,77 @@ def atomic_open(path: str | os.PathLike[str], name: str = "path") -> Iterator[IO
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def check_writable(path: str | os.PathLike[str], name: str, *, folder: bool = False) -> None:
+    """Fail before a long run, not after it, when ``path`` (a file, or with ``folder`` a folder) cannot be
+    written: it is the other kind, or its nearest existing parent is a file or not writable. One-line
+    ``ArgumentError`` starting with ``name`` (the option or argument). Only checks: nothing is created here,
+    so a command that then fails leaves no folder behind; the writers create missing folders when they write.
+    """
+    target = Path(path)
+    if folder and target.exists() and not target.is_dir():
+        raise ArgumentError(f"{name} {path} is a file, not a folder")
+    if not folder and target.is_dir():
+        raise ArgumentError(f"{name} {path} is a directory, not a file")
+    existing = target.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ArgumentError(f"{name} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ArgumentError(f"{name} {path}: {existing} is not writable")
+
+
+@contextmanager
+def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """A new folder to fill that replaces ``path`` whole when the block ends, and vanishes if it fails.
+
+    A folder of results read together (a report and the files it names) must not mix two runs or
+    stop half-way: the block fills a staging folder beside ``path`` (one file system, so the rename
+    is atomic), which then takes its place; an old folder there is moved aside first and removed
+    after. A failed or interrupted block leaves the old folder (or nothing): no staging folder, and
+    none of the missing parent folders it made. The folder's mode is what the umask gives.
+    """
+    target = Path(path)
+    made = []
+    parent = target.absolute().parent
+    while not parent.exists():
+        made.append(parent)
+        parent = parent.parent
+    for folder in reversed(made):
+        folder.mkdir()
+    stage = _new_beside(target, "tmp")
+    old: Path | None = None
+    try:
+        yield stage
+        if target.exists():
+            old = _new_beside(target, "old")
+            old.rmdir()
+            os.rename(target, old)
+        os.rename(stage, target)
+        fsync_dir(target.absolute().parent)
+    except BaseException:
+        if old is not None and not target.exists():
+            os.rename(old, target)
+        shutil.rmtree(stage, ignore_errors=True)
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _new_beside(target: Path, kind: str) -> Path:
+    """A new empty folder of an unused name beside ``target``."""
+    while True:
+        folder = target.with_name(f".{target.name}.{secrets.token_hex(4)}.{kind}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
 
 
 def fsync_dir(path: Path) -> None:

@@ -4,12 +4,12 @@ that names them with their options."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from .. import __version__, cuda, system
+from .._files import check_writable
 from ..errors import ArgumentError
 from ..loader.workers.kinds import WORKER_TYPES
 from ..reporting import tables as report
@@ -76,26 +76,6 @@ def _size_option(text: str, name: str) -> int:
         raise ArgumentError(f"{name}: {exc}") from None
 
 
-def _check_writable(path: str | None, name: str) -> None:
-    """Fail before a long GPU run, not after it, when a result file cannot be written.
-
-    Only checks: nothing is created here, so a command that then fails (no GPU, bad input) leaves
-    no folder behind; the writers create missing folders when they write.
-    """
-    if not path:
-        return
-    target = Path(path)
-    if target.is_dir():
-        raise ArgumentError(f"{name} {path} is a directory, not a file")
-    existing = target.absolute().parent
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ArgumentError(f"{name} {path}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ArgumentError(f"{name} {path}: {existing} is not writable")
-
-
 def _check_outputs(args: argparse.Namespace) -> None:
     """The command's ``--output`` and ``--plot`` (where it has one), checked before its long run."""
     plot = getattr(args, "plot", None)
@@ -104,8 +84,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
         if not plots.matplotlib_available():
             raise ArgumentError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
-    _check_writable(args.output, "--output")
-    _check_writable(plot, "--plot")
+    if args.output:
+        check_writable(args.output, "--output")
+    if plot:
+        check_writable(plot, "--plot")
 
 
 def _run_with_progress(args: argparse.Namespace, total: int, desc: str, run):
@@ -235,8 +217,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         compare_repeats=_int_option(args.compare_repeats, "--compare-repeats", 1),
         judge_repeats=_int_option(args.judge_repeats, "--judge-repeats", 1),
         gpu_experiments=not args.no_gpu, progress=not args.no_progress)
-    if Path(args.out).exists() and not Path(args.out).is_dir():
-        raise ArgumentError(f"--out {args.out} is a file, not a folder")
+    check_writable(args.out, "--out", folder=True)  # in the option's name; run_reproduce checks it again
     rep = reproduce.run_reproduce(config)
     print(report.to_json(rep) if args.json else reproduce.reproduce_summary(rep))
     return 0

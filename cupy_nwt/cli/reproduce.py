@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from .. import cuda, system
+from .._files import atomic_folder, check_writable
 from ..errors import ArgumentError
 from ..nwt import measure as nwt_measure
 from ..nwt import tune as nwt_tune
@@ -196,14 +197,38 @@ def _experiment(config: ReproduceConfig, name: str, settings: Any, run: Callable
         return run(settings, bar.step)
 
 
+def check_reproduce(config: ReproduceConfig) -> None:
+    """Every check of the run's settings and its folder, before any work: both searches' arguments (the fast
+    one needs ``iterations >= 8``; a ``max_workers`` this machine cannot hold), the synthetic CIFAR-10's
+    room, and an ``out_dir`` that is a folder or can become one. One-line ``ArgumentError`` (``NoGPUError``)."""
+    from ..data.datasets import check_synthetic_room  # noqa: PLC0415 - heavy imports only for this command
+
+    for strategy in ("paper", "fast"):
+        nwt_tune.check_tune_arguments(batch_size=config.batch_size, max_workers=config.max_workers,
+                                      iterations=config.iterations, strategy=strategy)
+    check_synthetic_room(config.synthetic_n)
+    check_writable(config.out_dir, "out_dir", folder=True)
+
+
 def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
-    """Run everything; the caller gets the report, the folder gets the files (see the module doc)."""
+    """Run everything; the caller gets the report, the folder gets the files (see the module doc).
+
+    The folder appears whole or not at all: every check comes first (:func:`check_reproduce`), and the files
+    go into a staging folder renamed into place at the end (``atomic_folder``), replacing an old report whole;
+    a failed or interrupted run leaves the old report, or nothing.
+    """
+    check_reproduce(config)
+    with atomic_folder(config.out_dir) as stage:
+        return _run_into(config, stage)
+
+
+def _run_into(config: ReproduceConfig, out: Path) -> ReproduceReport:
+    """The run itself, its files written into ``out`` (the staging folder); the report names them where they
+    will be, under ``config.out_dir``."""
     from ..data.datasets import SyntheticCIFAR10  # noqa: PLC0415 - heavy imports only for this command
     from ..data.transforms import CifarTrainTransform  # noqa: PLC0415
     from .plots import matplotlib_available  # noqa: PLC0415
 
-    out = Path(config.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     plots = matplotlib_available()
     skipped: list[str] = []
@@ -248,7 +273,6 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
             from .plots import plot_tune  # noqa: PLC0415
 
             files.append(plot_tune(r, out / f"tune-{strategy}.png"))
-    results["fast"].save_pick()
 
     paper, fast = results["paper"], results["fast"]
     _stage(config, "compare", f"every count 0..{paper.max_workers - 1} again, "
@@ -277,10 +301,12 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     comparison = PickComparison(rates, best, paper.best_workers, fast.best_workers, fresh, exhaustive)
 
     files += [out / "summary.md", out / "report.json"]
+    final = Path(config.out_dir)
     rep = ReproduceReport(config, host, status, paper, fast, comparison, bandwidth, overlap_result,
-                          tuple(skipped), tuple(str(f) for f in files), build)
+                          tuple(skipped), tuple(str(final / Path(f).name) for f in files), build)
     (out / "summary.md").write_text(summary_markdown(rep), encoding="utf-8")
     report.write_json(rep, out / "report.json")
+    fast.save_pick()  # the last step that can fail before the folder is published
     return rep
 
 

@@ -1,0 +1,88 @@
+"""``reproduce``'s folder appears whole or not at all: every option is checked before any work, a failed or
+interrupted run leaves the old report (or nothing), and a new one replaces the old whole."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cupy_nwt import cli
+from cupy_nwt.nwt.trials import Measurement
+
+QUICK = ["--synthetic-n", "64", "--batch-size", "16", "--max-workers", "3", "--iterations", "8",
+         "--compare-iterations", "8", "--compare-repeats", "1", "--judge-repeats", "1", "--no-gpu", "--no-progress"]
+
+
+class FakeMeasure:
+    """A trial in no time; ``fail_after`` trials in, it raises as Ctrl-C would."""
+
+    fail_after: int | None = None
+    calls = 0
+
+    def __init__(self, dataset, **kwargs):
+        pass
+
+    def __call__(self, workers, iterations, warmup):
+        FakeMeasure.calls += 1
+        if FakeMeasure.fail_after is not None and FakeMeasure.calls > FakeMeasure.fail_after:
+            raise KeyboardInterrupt
+        t = [0.04, 0.02, 0.03][workers]
+        return Measurement(t, t * (iterations + warmup), 10**9 + workers * 10**7)
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr("cupy_nwt.nwt.measure.LoaderMeasure", FakeMeasure)
+    monkeypatch.setattr(FakeMeasure, "fail_after", None)
+    monkeypatch.setattr(FakeMeasure, "calls", 0)
+    return FakeMeasure
+
+
+def _beside(tmp_path) -> list[str]:
+    return sorted(p.name for p in tmp_path.iterdir() if p.name != "cache")
+
+
+def test_too_few_iterations_for_the_fast_search_fail_before_any_work(tmp_path, fake, capsys):
+    out = tmp_path / "a" / "r1"
+    assert cli.main(["reproduce", "--out", str(out), *QUICK, "--iterations", "5"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the fast strategy needs iterations >= 8, got 5" in err
+    assert _beside(tmp_path) == [] and fake.calls == 0
+
+
+def test_out_below_a_file_is_bad_input(tmp_path, fake, capsys):
+    (tmp_path / "file").write_text("x")
+    assert cli.main(["reproduce", "--out", str(tmp_path / "file" / "sub"), *QUICK]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out {tmp_path / 'file' / 'sub'}: {tmp_path / 'file'} is a file" in err
+
+
+def test_a_new_report_replaces_the_old_whole(tmp_path, fake, capsys):
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "from-an-old-run.json").write_text("{}")
+    assert cli.main(["reproduce", "--out", str(out), *QUICK, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    names = sorted(p.name for p in out.iterdir())
+    assert "from-an-old-run.json" not in names and {"report.json", "info.json", "tune-fast.json"} <= set(names)
+    assert sorted(printed["files"]) == sorted(str(out / n) for n in names)
+    assert _beside(tmp_path) == ["r"]
+
+
+@pytest.mark.parametrize("old", [True, False], ids=["old-report", "none"])
+def test_an_interrupted_run_leaves_the_old_report_or_nothing(old, tmp_path, fake, capsys):
+    out = tmp_path / "new" / "r"
+    if old:
+        out.mkdir(parents=True)
+        (out / "report.json").write_text('{"old": true}')
+    fake.fail_after = 4  # in the paper search, after info.json and the dataset
+    assert cli.main(["reproduce", "--out", str(out), *QUICK]) == cli.EXIT_INTERRUPTED
+    assert capsys.readouterr().err.endswith("interrupted\n")
+    if old:
+        assert sorted(p.name for p in out.iterdir()) == ["report.json"]
+        assert json.loads((out / "report.json").read_text()) == {"old": True}
+        assert sorted(p.name for p in out.parent.iterdir()) == ["r"]
+    else:
+        assert _beside(tmp_path) == []
