@@ -19,6 +19,7 @@ that then measures, its buffers would sit in every trial's memory figure on the 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import subprocess
 import sys
@@ -88,13 +89,14 @@ def pipeline(args: Any, *, synthetic_default: bool) -> tuple[Callable[..., Any] 
 
 
 
-def open_pipeline(args: Any, synthetic_n: int, progress: bool) -> tuple[Any, Callable[..., Any] | None]:
+def open_pipeline(args: Any, synthetic_n: int, progress: bool,
+                  transforms: tuple[Callable[..., Any] | None, Callable[..., Any] | None]) -> tuple[Any, Callable[..., Any] | None]:
     """The dataset (``--dataset``, else the synthetic CIFAR-10) with its per-sample transform, and the
-    batch transform, as ``tune`` and ``stats`` run them; ``args.opened_dataset`` lets an error name the
-    file behind a failing sample index."""
+    batch transform (``transforms``: what :func:`pipeline` gave, loaded before any long work), as ``tune``
+    and ``stats`` run them; ``args.opened_dataset`` lets an error name the file behind a failing sample index."""
     from ..data import datasets  # noqa: PLC0415 - heavy (Pillow, Numba); only the commands need them
 
-    sample_transform, transform = pipeline(args, synthetic_default=not args.dataset)
+    sample_transform, transform = transforms
     dataset = (datasets.open_dataset(args.dataset, transform=sample_transform) if args.dataset
                else datasets.SyntheticCIFAR10(n=synthetic_n, transform=sample_transform, progress=progress))
     args.opened_dataset = dataset
@@ -102,23 +104,50 @@ def open_pipeline(args: Any, synthetic_n: int, progress: bool) -> tuple[Any, Cal
     return dataset, transform
 
 _BUILD = """
-import sys
-from cupy_nwt.data import SyntheticCIFAR10
-print("built" if SyntheticCIFAR10(n=int(sys.argv[1]), progress=sys.argv[2] == "1").built_now else "cached")
+import json, sys
+try:
+    from cupy_nwt import ArgumentError
+    from cupy_nwt.data import SyntheticCIFAR10
+    built = SyntheticCIFAR10(n=int(sys.argv[1]), progress=sys.argv[2] == "1").built_now
+    print(json.dumps({"built": built}))
+except KeyboardInterrupt:
+    sys.exit(130)
+except Exception as exc:
+    print(json.dumps({"error": type(exc).__name__, "message": str(exc), "usage": isinstance(exc, ArgumentError)}))
+    sys.exit(1)
 """
 
 
 def build_synthetic_apart(n: int, progress: bool) -> str:
     """Build the synthetic CIFAR-10's cache in a child process (its progress forwarded to our stderr)
-    so that its memory never enters the trials' figures; says what happened, for a report."""
+    so that its memory never enters the trials' figures; says what happened, for a report.
+
+    A failure is one line: the child's ``ArgumentError`` as ours (bad input, exit 2), anything else a
+    ``RunError`` naming it; never the child's traceback. The size is checked here first
+    (``check_synthetic_room``), so an impossible one starts nothing.
+    """
+    from ..data.datasets import check_synthetic_room  # noqa: PLC0415 - heavy (Pillow, Numba)
+
+    check_synthetic_room(n)
     proc = subprocess.Popen([sys.executable, "-c", _BUILD, str(n), "1" if progress else "0"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stderr is not None
-    for line in proc.stderr:
-        sys.stderr.write(line)
-    out = proc.communicate()[0].strip()
-    if proc.returncode != 0:
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            sys.stderr.write(line)
+        out = proc.communicate()[0].strip()
+    finally:  # on Ctrl-C the child has its own SIGINT and removes its half-built folder: wait for it
+        proc.wait()
+    try:
+        said = json.loads(out.splitlines()[-1]) if out else {}
+    except ValueError:
+        said = {}
+    if "error" in said:
+        if said.get("usage"):
+            raise ArgumentError(said["message"])
+        raise RunError(f"building the synthetic CIFAR-10 failed in its own process: {said['error']}: {said['message']}")
+    if proc.returncode != 0 or "built" not in said:
         raise RunError(f"building the synthetic CIFAR-10 failed in its own process (exit {proc.returncode})")
-    if out == "built":
+    if said["built"]:
         return "built by a separate process before the trials: its memory is in no trial's figures"
     return "already built (opened from the cache)"

@@ -156,24 +156,27 @@ def cmd_overlap(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..nwt import tune as nwt_tune  # noqa: PLC0415
-    from ._pipeline import build_synthetic_apart, open_pipeline  # noqa: PLC0415 - only this command needs them
+    from ._pipeline import build_synthetic_apart, open_pipeline, pipeline  # noqa: PLC0415 - only this command needs them
     from .explain import explain_paper_pick, tune_summary, verdict  # noqa: PLC0415
 
+    # every option before any work: building the synthetic dataset takes a while and leaves a cache
     _check_outputs(args)
     synthetic_n = _int_option(args.synthetic_n, "--synthetic-n", 1)
     step = _step_option(args.step)
-    if not args.dataset:  # its first build in another process: the trials' memory is the tuner's alone
-        build_synthetic_apart(synthetic_n, not args.no_progress)
-    dataset, transform = open_pipeline(args, synthetic_n, progress=not args.no_progress)
     try:
         alpha, tolerance = float(args.alpha), float(args.tolerance)
     except ValueError:
         raise ArgumentError(f"--alpha and --tolerance must be numbers, got {args.alpha!r}, {args.tolerance!r}") from None
-    result = nwt_tune.tune_num_workers(
-        dataset, **_workload(args), alpha=alpha, tolerance=tolerance,
-        strategy=args.strategy, device=args.device, pin_memory=args.pin_memory,
-        prefetch_factor=_int_option(args.prefetch_factor, "--prefetch-factor", 1), batch_transform=transform,
-        progress=not args.no_progress, main_process=args.main_process, step=step, warn=False)
+    options = {**_workload(args), "alpha": alpha, "tolerance": tolerance, "strategy": args.strategy,
+               "device": args.device, "prefetch_factor": _int_option(args.prefetch_factor, "--prefetch-factor", 1),
+               "main_process": args.main_process, "step": step}
+    nwt_tune.check_tune_arguments(**options)
+    transforms = pipeline(args, synthetic_default=not args.dataset)
+    if not args.dataset:  # its first build in another process: the trials' memory is the tuner's alone
+        build_synthetic_apart(synthetic_n, not args.no_progress)
+    dataset, transform = open_pipeline(args, synthetic_n, not args.no_progress, transforms)
+    result = nwt_tune.tune_num_workers(dataset, **options, pin_memory=args.pin_memory, batch_transform=transform,
+                                       progress=not args.no_progress, warn=False)
     outcome = None if args.no_save else result.save_pick()
     if args.plot:
         from .plots import plot_tune  # noqa: PLC0415
@@ -224,15 +227,21 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from . import stats  # noqa: PLC0415 - only this command needs them
-    from ._pipeline import open_pipeline  # noqa: PLC0415
+    from ..loader._options import check_worker_room  # noqa: PLC0415 - only this command needs them
+    from . import stats  # noqa: PLC0415
+    from ._pipeline import open_pipeline, pipeline  # noqa: PLC0415
 
     config = stats.WatchConfig(batch_size=_int_option(args.batch_size, "--batch-size", 1),
                                num_workers=_int_option(args.num_workers, "--num-workers", 0),
                                worker_type=args.worker_type, device=args.device,
                                batches=_int_option(args.batches, "--batches", 1), every=_int_option(args.every, "--every", 1))
     _check_outputs(args)
-    dataset, transform = open_pipeline(args, _int_option(args.synthetic_n, "--synthetic-n", 1), progress=False)
+    synthetic_n = _int_option(args.synthetic_n, "--synthetic-n", 1)
+    if args.device == "cuda":  # before the dataset is built and the table begins, as the loader would refuse it
+        cuda.require_gpu()
+    check_worker_room(config.num_workers, worker_type=config.worker_type, device=args.device)
+    transforms = pipeline(args, synthetic_default=not args.dataset)
+    dataset, transform = open_pipeline(args, synthetic_n, not args.no_progress, transforms)
     on_row = None if args.json else stats.live_table()  # rows as they come; --json prints it all at the end
     result = _run_with_progress(args, config.batches, "stats", lambda step: stats.run_watch(
         dataset, args.dataset or "synthetic CIFAR-10", config, batch_transform=transform, step=step, on_row=on_row))
@@ -240,7 +249,6 @@ def cmd_stats(args: argparse.Namespace) -> int:
         stats.plot_watch(result, args.plot)
     _emit(args, result, stats.footer(result))
     return 0
-
 
 
 def _workload(args: argparse.Namespace) -> dict[str, Any]:

@@ -128,9 +128,18 @@ def _line(cells: list[Any]) -> str:
 
 
 def live_table() -> Callable[[WatchRow], None]:
-    """Print the header now, and each row as it is taken (fixed widths, so rows line up as they come)."""
-    print(_line(list(HEADERS)), flush=True)
-    return lambda row: print(_line(row_cells(row)), flush=True)
+    """Print each row as it is taken (fixed widths, so rows line up as they come), the header with the first:
+    a run that fails before its first row (the loader refused, a bad first sample) prints no table at all."""
+    started = False
+
+    def show(row: WatchRow) -> None:
+        nonlocal started
+        if not started:
+            print(_line(list(HEADERS)), flush=True)
+            started = True
+        print(_line(row_cells(row)), flush=True)
+
+    return show
 
 
 def footer(result: WatchResult) -> str:
