@@ -12,6 +12,7 @@ from .. import __version__, cuda, system
 from .._files import check_writable
 from ..errors import ArgumentError
 from ..loader.workers.kinds import WORKER_TYPES
+from ..nwt.fast import MIN_FAST_ITERATIONS, OPEN_CAP_MAX, open_cap
 from ..reporting import tables as report
 from ..reporting.progress import ProgressBar
 from ..reporting.units import fmt_bytes, parse_size, size_sweep
@@ -84,6 +85,8 @@ def _check_outputs(args: argparse.Namespace) -> None:
 
         if not plots.matplotlib_available():
             raise ArgumentError("--plot needs matplotlib: pip install 'cupy-nwt[plot]'")
+        if Path(plot).suffix.lower() != ".png":  # the figure is PNG whatever the name says
+            raise ArgumentError(f"--plot {plot}: the plot is a PNG image, so its name must end in .png")
     if args.output:
         check_writable(args.output, "--output")
     if plot:
@@ -296,12 +299,16 @@ def _pipeline_options(s: argparse.ArgumentParser) -> None:
                    "synthetic CIFAR-10 (its default); with --dataset there is none unless asked")
 
 
-def _workload_options(s: argparse.ArgumentParser) -> None:
-    """The tuner's workload and search size, shared by ``tune`` and ``reproduce``."""
+def _workload_options(s: argparse.ArgumentParser, default_range: str) -> None:
+    """The tuner's workload and search size, shared by ``tune`` and ``reproduce``; ``default_range`` says
+    which counts the command searches without ``--max-workers``."""
     s.add_argument("--synthetic-n", default="50000", help="images in the synthetic CIFAR-10 (default 50000)")
     s.add_argument("--batch-size", default="128", help="samples per batch (default 128)")
-    s.add_argument("--max-workers", default=None, help="the paper's N: counts 0..N-1 (default: usable CPUs)")
-    s.add_argument("--iterations", default="100", help="batches per trial of the paper's search (default 100)")
+    s.add_argument("--max-workers", default=None, help=f"the paper's N: counts 0..N-1 (default: {default_range})")
+    s.add_argument("--iterations", default="100", help="batches timed per trial of the paper's search; the fast "
+                   "search times a fifth to a tenth of them per trial and spends at most a quarter of the paper "
+                   "search's cost at this count (default 100; the fast search needs >= "
+                   f"{MIN_FAST_ITERATIONS})")
 
 
 
@@ -339,7 +346,9 @@ def build_parser() -> Parser:
     _pipeline_options(s)
     s.add_argument("--strategy", choices=("fast", "paper"), default="fast",
                    help="fast: coarse-to-fine within a cost budget (default); paper: Algorithm 1 over 0..N-1")
-    _workload_options(s)
+    _workload_options(s, "the paper search takes N = usable CPUs; the fast one measures 0..usable CPUs and "
+                      "goes on while throughput still rises, up to 4 workers per usable CPU, at least "
+                      f"{open_cap(1)}, at most {OPEN_CAP_MAX}")
     s.add_argument("--prefetch-factor", default="2", help="batches in flight per worker (default 2)")
     s.add_argument("--alpha", default="0.5", help="paper: ignore gains below this many s per 100 iterations")
     s.add_argument("--tolerance", default="0.02", help="fast: counts within this fraction of the best are equal")
@@ -355,7 +364,8 @@ def build_parser() -> Parser:
                    "batch; the pick is then the fewest workers that leave it waiting least (default: none, fastest "
                    "loader)")
     s.add_argument("--no-save", action="store_true", help="do not record the pick in the machine-wide store")
-    s.add_argument("--plot", metavar="FILE.png", help="also draw time and memory against workers (paper Fig. 2/3)")
+    s.add_argument("--plot", metavar="FILE.png", help="also draw time and memory against workers (paper Fig. 2/3) "
+                   "into this PNG")
     _output_options(s, "the table")
     s.set_defaults(func=cmd_tune)
 
@@ -375,7 +385,7 @@ def build_parser() -> Parser:
 
     s = sub.add_parser("reproduce", help=COMMANDS["reproduce"])
     s.add_argument("--out", default="nwt-report", help="folder for the results (default nwt-report)")
-    _workload_options(s)
+    _workload_options(s, "N = usable CPUs, for both searches")
     s.add_argument("--compare-iterations", default="50", help="batches per count when judging picks (default 50)")
     s.add_argument("--compare-repeats", default="3", help="interleaved rounds of every count, to find the steady best (default 3)")
     s.add_argument("--judge-repeats", default="9",

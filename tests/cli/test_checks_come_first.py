@@ -37,6 +37,7 @@ def _one_line(capsys) -> str:
     (["--alpha", "-1"], "alpha must be a non-negative number"),
     (["--iterations", "5"], "the fast strategy needs iterations >= 8, got 5"),
     (["--prefetch-factor", "0"], "--prefetch-factor must be >= 1"),
+    (["--plot", "t.jpg"], "--plot t.jpg: the plot is a PNG image, so its name must end in .png"),
     (["--strategy", "paper", "--max-workers", "10000000"], "max_workers=10000000 (up to 9,999,999 workers) is more "
                                                           "than this machine can hold about"),
 ])

@@ -10,6 +10,7 @@ import pytest
 
 from cupy_nwt import ArgumentError, cli
 from cupy_nwt.cli.exits import failure
+from cupy_nwt.nwt.fast import MIN_FAST_ITERATIONS, OPEN_CAP_MAX, open_cap
 
 
 def _parse_error(argv: list[str], capsys) -> str:
@@ -63,3 +64,13 @@ def test_only_our_own_value_errors_are_bad_input():
     assert failure(ArgumentError("a\nb"), args) == (cli.EXIT_USAGE, "a b")
     code, line = failure(ValueError("Maximum allowed size exceeded"), args)
     assert code == cli.EXIT_FAILED and line.startswith("unexpected error: ValueError: Maximum allowed")
+
+
+def test_tune_help_says_how_far_each_search_goes(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["tune", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: usable CPUs)" not in text
+    assert f"up to 4 workers per usable CPU, at least {open_cap(1)}, at most {OPEN_CAP_MAX}" in text
+    assert "the fast search times a fifth to a tenth of them" in text
+    assert f"the fast search needs >= {MIN_FAST_ITERATIONS}" in text

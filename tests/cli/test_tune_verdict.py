@@ -8,6 +8,7 @@ what each run picks is fixed; the command, the store and the printing are the re
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -87,3 +88,12 @@ def test_a_step_from_the_shell_keys_the_saved_pick(dataset, capsys, monkeypatch,
     _curve(monkeypatch, {0: 0.020, 1: 0.015, 2: 0.010})
     doc = json.loads(_tune(dataset, capsys, "--step", step, "--json"))
     assert doc["fingerprint"]["work"]["step"] == recorded
+
+
+def test_the_tuner_guide_quotes_what_a_kept_pick_prints(dataset, capsys, monkeypatch):
+    _curve(monkeypatch, {0: 0.020, 1: 0.015, 2: 0.010})
+    _tune(dataset, capsys)
+    _curve(monkeypatch, {0: 0.0100, 1: 0.0101, 2: 0.0101})
+    printed = next(line for line in _tune(dataset, capsys).splitlines() if line.startswith("pick:"))
+    guide = " ".join((Path(__file__).parents[2] / "docs" / "tuner.md").read_text().split())
+    assert printed.replace("pick: 2", "pick: N").replace("search's 0", "search's M") in guide
