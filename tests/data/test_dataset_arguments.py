@@ -96,7 +96,7 @@ def test_synthetic_counts_are_checked(tmp_path, kwargs, message):
 
 def test_a_cache_dir_that_is_a_file_is_named(tmp_path):
     (tmp_path / "file.txt").write_text("hello")
-    with pytest.raises(ArgumentError, match=r"^cache_dir .*file.txt/synthetic-cifar10: "
+    with pytest.raises(ArgumentError, match=r"cache folder .*file.txt cannot hold the synthetic CIFAR-10: "
                                             r".*file.txt is a file, not a folder$") as info:
         SyntheticCIFAR10(n=4, cache_dir=tmp_path / "file.txt")
     _one_line(info)
