@@ -19,7 +19,7 @@ from typing import IO
 
 from .errors import ArgumentError
 
-__all__ = ["atomic_folder", "atomic_open", "check_writable", "fsync_dir", "make_folder"]
+__all__ = ["atomic_folder", "atomic_open", "check_writable", "fsync_dir", "make_folder", "writable_base"]
 
 
 def make_folder(path: Path, name: str) -> None:
@@ -77,13 +77,22 @@ def check_writable(path: str | os.PathLike[str], name: str, *, folder: bool = Fa
         raise ArgumentError(f"{name} {path} is a file, not a folder")
     if not folder and target.is_dir():
         raise ArgumentError(f"{name} {path} is a directory, not a file")
-    existing = target.absolute().parent
+    _, why = writable_base(target.absolute().parent)
+    if why is not None:
+        raise ArgumentError(f"{name} {path}: {why}")
+
+
+def writable_base(path: Path) -> tuple[Path, str | None]:
+    """The nearest existing path at or above folder ``path``, and why new files cannot be made under it
+    (None: they can): what every writer checks before a long run that would otherwise fail at its end."""
+    existing = path.absolute()
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise ArgumentError(f"{name} {path}: {existing} is a file, not a folder")
+        return existing, f"{existing} is a file, not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ArgumentError(f"{name} {path}: {existing} is not writable")
+        return existing, f"{existing} is not writable"
+    return existing, None
 
 
 @contextmanager

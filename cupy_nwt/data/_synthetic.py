@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 
 from .._checks import check_int
-from .._files import make_folder
+from .._files import make_folder, writable_base
 from ..errors import ArgumentError
 from ..reporting.progress import ProgressBar
 from ..reporting.units import fmt_bytes
@@ -96,15 +96,10 @@ def check_synthetic_room(n: int, seed: int = 0, fmt: str = "png", cache_dir: str
     if (path / "labels.npy").is_file():
         return
     named = f" ({CACHE_ENV})" if cache_dir is None and os.environ.get(CACHE_ENV) else ""
-    existing = path.absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
+    existing, why = writable_base(path)
+    if why is not None:
         raise ArgumentError(f"the cache folder {default_cache_dir(cache_dir)}{named} cannot hold the synthetic "
-                            f"CIFAR-10: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ArgumentError(f"the cache folder {default_cache_dir(cache_dir)}{named} cannot hold the synthetic "
-                            f"CIFAR-10: {existing} is not writable")
+                            f"CIFAR-10: {why}")
     per_image = _MIN_IMAGE_BYTES.get(fmt, _MIN_IMAGE_BYTES["png"])
     disk, free = n * (per_image + 16), shutil.disk_usage(existing).free
     if disk > free:

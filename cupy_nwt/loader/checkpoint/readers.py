@@ -55,9 +55,7 @@ Restore = dict[int, tuple[Any, int, int | None, int | None]]  # reader -> (its e
 def reader_count(options: Options) -> int:
     """How many readers hold a state of their own: the workers, or one (the main process; threads sharing
     one map-style dataset)."""
-    if options.num_workers == 0 or (options.worker_type == "thread" and options.sampling.style != "iterable"):
-        return 1
-    return options.num_workers
+    return 1 if options.num_workers == 0 or shared_reader(options) else options.num_workers
 
 
 def shared_reader(options: Options) -> bool:

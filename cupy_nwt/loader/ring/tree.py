@@ -155,17 +155,7 @@ class OutputTree:
 
 def leaf_frameworks(td: Treedef) -> list[str | None]:
     """The framework of every array leaf of ``td``, depth first (None: NumPy, or CuPy on the GPU)."""
-    out: list[str | None] = []
-    _frameworks(td, out)
-    return out
-
-
-def _frameworks(td: Treedef, out: list[str | None]) -> None:
-    if td[0] == "leaf":
-        out.append(td[1] if len(td) > 1 else None)
-    elif td[0] != "obj":
-        for c in td[-1]:
-            _frameworks(c, out)
+    return [leaf[1] if len(leaf) > 1 else None for leaf in _leaves(td) if leaf[0] == "leaf"]
 
 
 def join(treedef: Treedef, arrays: Sequence[Any], objects: Sequence[Any] = ()) -> Any:
@@ -216,6 +206,7 @@ def leaf_dtypes(td: Treedef) -> list[str | None]:
 
 
 def _leaves(td: Treedef) -> Iterator[Treedef]:
+    """Every leaf node of ``td`` (array or pickled), depth first."""
     if td[0] in ("leaf", "obj"):
         yield td
     else:
@@ -225,17 +216,7 @@ def _leaves(td: Treedef) -> Iterator[Treedef]:
 
 def leaf_kinds(td: Treedef) -> list[str]:
     """"leaf" or "obj" for every leaf of ``td``, depth first."""
-    out: list[str] = []
-    _kinds(td, out)
-    return out
-
-
-def _kinds(td: Treedef, out: list[str]) -> None:
-    if td[0] in ("leaf", "obj"):
-        out.append(td[0])
-    else:
-        for c in td[-1]:
-            _kinds(c, out)
+    return [leaf[0] for leaf in _leaves(td)]
 
 
 def leaf_paths(treedef: Treedef) -> list[str]:
