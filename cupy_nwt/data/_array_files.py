@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import IO
 
 import numpy as np
-import psutil
 
 from ..errors import ArgumentError, DataFileError
+from ..system import memory_room
 
 _READ_ERRORS = (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError)
 
@@ -105,10 +105,10 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
                     raise DataFileError(path, f"{where}is not a .npy array (a .npz holds only .npy members)")
                 with zf.open(info) as f:
                     total += _checked_header(f, info.file_size, path, where)[2]
-            available = psutil.virtual_memory().available
-            if total > available:
-                raise DataFileError(path, f"holds {total} bytes of arrays, more than the {available} bytes of "
-                                    "memory available to read them into")
+            room = memory_room()
+            if total > room.bytes:
+                raise DataFileError(path, f"holds {total} bytes of arrays, more than the {room.bytes} bytes free "
+                                    f"{room.bound} to read them into")
             arrays = {}
             for info in infos:
                 where = f"member {info.filename!r} "

@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 
 from .._checks import check_int
 from .._files import make_folder, writable_base
 from ..errors import ArgumentError
 from ..reporting.progress import ProgressBar
 from ..reporting.units import fmt_bytes
-from ..system import CACHE_ENV, usable_cpus
+from ..system import CACHE_ENV, memory_room, usable_cpus
 from ..system import cache_dir as default_cache_dir
 from ._images import ImageDataset, Transform, encode_image, encode_png_batch, index_in
 
@@ -105,10 +104,10 @@ def check_synthetic_room(n: int, seed: int = 0, fmt: str = "png", cache_dir: str
     if disk > free:
         raise ArgumentError(f"{n:,} synthetic CIFAR-10 images need at least {fmt_bytes(disk)} of disk, more than the "
                             f"{fmt_bytes(free)} free under {existing}{named}: ask for fewer")
-    memory, available = n * (2 * per_image + _BUILD_OVERHEAD), psutil.virtual_memory().available
-    if memory > available:
+    memory, room = n * (2 * per_image + _BUILD_OVERHEAD), memory_room()
+    if memory > room.bytes:
         raise ArgumentError(f"{n:,} synthetic CIFAR-10 images need at least {fmt_bytes(memory)} of memory to build, "
-                            f"more than the {fmt_bytes(available)} available: ask for fewer")
+                            f"more than the {fmt_bytes(room.bytes)} free {room.bound}: ask for fewer")
 
 
 def _synthetic_chunk(seed: int, k: int, labels: np.ndarray, fmt: str) -> list[bytes]:

@@ -26,6 +26,7 @@ from typing import Any
 import psutil
 
 from ..errors import ArgumentError, MisuseError
+from ..system import memory_room
 
 DEFAULT_INTERVAL_S = 0.025
 # Reading smaps_rollup walks the target's page tables (~0.5 ms per process): never let the sampler
@@ -77,11 +78,11 @@ SEARCH_MEMORY_SHARE = 0.5
 def search_memory_limit() -> int:
     """The peak footprint (PSS of main process + workers) an open search may grow a loader to.
 
-    This process's own memory plus half of what the machine has available now: the rest is left
-    to the training the pick is for (a model, its optimiser, the framework's caches).
+    This process's own memory plus half of what is free now (a container's limit included): the rest
+    is left to the training the pick is for (a model, its optimiser, the framework's caches).
     """
     own = psutil.Process().memory_info().rss
-    return int(own + SEARCH_MEMORY_SHARE * psutil.virtual_memory().available)
+    return int(own + SEARCH_MEMORY_SHARE * memory_room().bytes)
 
 
 class _ProcessCache:

@@ -130,7 +130,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     strategy searches 0 .. usable CPUs - 1, as Algorithm 1 does; the fast one is open (``fast.py``):
     at least up to the usable CPUs, further while throughput still rises, up to ``fast.open_cap``
     and while the extrapolated peak memory stays within ``memory_limit`` bytes (default: half the
-    memory available now, ``memory.search_memory_limit``).
+    memory free now, ``footprint.search_memory_limit``).
 
     ``main_process`` is the main process's load during training, represented in every trial of
     the real loader: "waits" (a GPU step: the main process waits for the device) or "busy" (a CPU

@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 
 from cupy_nwt import system
-from cupy_nwt.loader.ring.memory import RingFile, check_room, memory_room
+from cupy_nwt.loader.ring.memory import RingFile, check_room
 from cupy_nwt.loader.ring.ring import Ring, SlotLayout
 from cupy_nwt.reporting import tables as report
+from cupy_nwt.system import memory_room
 
 RESULTS = Path(__file__).resolve().parent
 

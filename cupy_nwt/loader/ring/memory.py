@@ -10,9 +10,8 @@ spawn passed as a descriptor in the process object (``multiprocessing.reduction.
 before 3.17, a seccomp filter that refuses it) the ring is a named /dev/shm segment as before
 (``ring.Ring``), and a log line says so once per process.
 
-Memory is checked before it is promised: the ring's bytes against available memory and the limit of
-every cgroup the process is in (v2 ``memory.max`` less ``memory.current``, v1 ``memory.limit_in_bytes``
-less ``memory.usage_in_bytes``; page cache counts as free, the kernel reclaims it). Then
+Memory is checked before it is promised: the ring's bytes against ``system.memory_room`` (available
+memory and the headroom under every cgroup limit of the process). Then
 ``posix_fallocate`` allocates every page, in the main process, on a thread beside the first batch,
 and a refusal is an error the pool raises. Sizing with ``ftruncate`` alone only promises the pages:
 the first write to each would allocate it in a worker, mid-batch, where the kernel's only answer is
@@ -28,28 +27,19 @@ import logging
 import mmap
 import os
 import secrets
-from dataclasses import dataclass
 from multiprocessing import reduction
 from typing import Any
 
 from ..._background import Background
 from ...errors import RingMemoryError
+from ...system import Room, memory_room
 
 log = logging.getLogger("cupy_nwt.loader")
 
 NAME_PREFIX = "cupy_nwt_"
 MEMFD_LINK = "/memfd:"  # how /proc/<pid>/fd and /proc/<pid>/maps show an anonymous file
-UNLIMITED = 1 << 60  # a cgroup v1 "limit" at or above this is none (the kernel writes 2**63 less a page)
 _SEALS = sum(getattr(fcntl, n, 0) for n in ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_SEAL"))  # Linux only, as memfd
 _fallback_said = False
-
-
-@dataclass(frozen=True)
-class Room:
-    """How many bytes a new ring may take, and what bounds them (for the error message)."""
-
-    bytes: int
-    bound: str
 
 
 class RingFile:
@@ -170,117 +160,6 @@ def _need(nbytes: int, room: Room, why: str) -> str:
     return (f"the loader's ring needs {nbytes / 2**20:.1f} MiB of shared memory ({nbytes} bytes) but only "
             f"{room.bytes / 2**20:.1f} MiB ({room.bytes} bytes) are free {room.bound}{why}; lower batch_size, "
             "num_workers or prefetch_factor, or give the machine or container more memory (docker --memory)")
-
-
-def memory_room(root: str = "/") -> Room:
-    """The smaller of available memory (MemAvailable) and the headroom under every cgroup limit.
-
-    ``root`` prefixes every path read (/proc, /sys): tests hand it a made-up tree.
-    """
-    best = Room(available_memory(root), "in available memory (MemAvailable)")
-    for room in cgroup_rooms(root):
-        if room.bytes < best.bytes:
-            best = room
-    return best
-
-
-def available_memory(root: str = "/") -> int:
-    """MemAvailable of /proc/meminfo (free pages and reclaimable cache), or the free pages where it is missing."""
-    try:
-        with open(os.path.join(root, "proc/meminfo"), encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES"))
-
-
-def cgroup_rooms(root: str = "/") -> list[Room]:
-    """The headroom under each memory limit of this process's cgroups (v2 and v1) and their ancestors."""
-    try:
-        with open(os.path.join(root, "proc/self/cgroup"), encoding="utf-8") as f:
-            groups = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
-        with open(os.path.join(root, "proc/self/mountinfo"), encoding="utf-8") as f:
-            mounts = [_mount(line) for line in f]
-    except OSError:
-        return []
-    rooms = []
-    for _, controllers, path in groups:
-        v2 = controllers == ""
-        if not v2 and "memory" not in controllers.split(","):
-            continue
-        for fstype, opts, mount_root, point in (m for m in mounts if m is not None):
-            if fstype == "cgroup2" if v2 else fstype == "cgroup" and "memory" in opts.split(","):
-                rooms += _limits(os.path.join(root, point.lstrip("/")), _relative(path, mount_root), v2)
-    return rooms
-
-
-def _mount(line: str) -> tuple[str, str, str, str] | None:
-    """(fstype, super options, mount root, mount point) of one /proc/self/mountinfo line."""
-    left, sep, right = line.partition(" - ")
-    fields, tail = left.split(), right.split()
-    if not sep or len(fields) < 5 or len(tail) < 3:
-        return None
-    return tail[0], tail[2], fields[3], fields[4]
-
-
-def _relative(path: str, mount_root: str) -> str:
-    """The cgroup's path below the mount (a cgroup namespace's mount shows its own root as /)."""
-    path, mount_root = path.rstrip("/") or "/", mount_root.rstrip("/") or "/"
-    if mount_root == "/":
-        return path.lstrip("/")
-    if path == mount_root or path.startswith(mount_root + "/"):
-        return path[len(mount_root):].lstrip("/")
-    return ""
-
-
-def _limits(mount: str, rel: str, v2: bool) -> list[Room]:
-    """Headroom at the cgroup and each ancestor up to the mount that sets a limit (a missing folder: the mount's)."""
-    mount = os.path.normpath(mount)
-    folder = os.path.normpath(os.path.join(mount, rel))
-    if not os.path.isdir(folder):
-        folder = mount
-    rooms = []
-    while True:
-        room = _limit_at(folder, v2)
-        if room is not None:
-            rooms.append(room)
-        if len(folder) <= len(mount):
-            return rooms
-        folder = os.path.dirname(folder)
-
-
-def _limit_at(folder: str, v2: bool) -> Room | None:
-    names = ("memory.max", "memory.current", "active_file", "inactive_file") if v2 else (
-        "memory.limit_in_bytes", "memory.usage_in_bytes", "total_active_file", "total_inactive_file")
-    limit, usage = _read_int(os.path.join(folder, names[0])), _read_int(os.path.join(folder, names[1]))
-    if limit is None or usage is None or limit >= UNLIMITED:
-        return None
-    stat = _read_stat(os.path.join(folder, "memory.stat"))
-    cache = stat.get(names[2], 0) + stat.get(names[3], 0)
-    free = max(0, limit - max(0, usage - cache))
-    return Room(free, f"under the cgroup memory limit {os.path.join(folder, names[0])} "
-                      f"({limit / 2**20:.1f} MiB, {usage / 2**20:.1f} MiB in use)")
-
-
-def _read_int(path: str) -> int | None:
-    """An integer file; ``max`` (v2's "no limit") and a missing or odd file are None."""
-    try:
-        with open(path, encoding="ascii") as f:
-            text = f.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _read_stat(path: str) -> dict[str, int]:
-    try:
-        with open(path, encoding="ascii") as f:
-            pairs = [line.split() for line in f]
-    except (OSError, UnicodeDecodeError):
-        return {}
-    return {p[0]: int(p[1]) for p in pairs if len(p) == 2 and p[1].isdigit()}
 
 
 # ---------------------------------------------------------------- finding rings (tests, leak checks)

@@ -21,8 +21,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from ...system import usable_cpus
-from ..ring.memory import memfd_available, memory_room
+from ...system import memory_room, usable_cpus
+from ..ring.memory import memfd_available
 from ..ring.ring import HEADER_BYTES, SHM_DIR
 
 RAM_SHARE = 0.25  # of the available memory (or a cgroup's headroom), by default, for the ring

@@ -9,7 +9,7 @@ starts, the count is held against what the machine has room for now:
   ``threads-max`` (every task on the machine, from ``/proc/loadavg``), a cgroup's ``pids.max``;
   a worker runs its main thread and a watchdog (``TASKS_PER_WORKER`` leaves room for one more);
 * open files: ``RLIMIT_NOFILE`` against this process's open descriptors;
-* memory: what is free (``ring.memory.memory_room``: MemAvailable and every cgroup limit) against a
+* memory: what is free (``system.memory_room``: MemAvailable and every cgroup limit) against a
   worker's private memory as measured on a small dataset (``WORKER_BYTES``: a floor, the dataset's
   own copy under forkserver and spawn comes on top);
 * the ring: ``max(2, num_workers * prefetch_factor)`` slots in what memory is left, of at least a
@@ -31,7 +31,7 @@ from typing import TextIO
 
 from ...errors import ArgumentError
 from ...reporting.progress import ProgressBar
-from ..ring.memory import memory_room
+from ...system import memory_room
 
 TASKS_PER_WORKER = 3
 FDS_PER_WORKER = 5  # the task pipe's and result pipe's ends, the spill socket and the sentinel, kept in the main process

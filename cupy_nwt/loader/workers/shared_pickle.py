@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar, cast
 
 import numpy as np
 
-from ..ring.memory import memory_room
+from ...system import memory_room
 
 T = TypeVar("T")
 OUT_OF_BAND_BYTES = 1 << 20  # smaller buffers stay in the pickle: writing and comparing them saves nothing

@@ -15,8 +15,9 @@ import pytest
 from toy_data import Squares
 
 from cupy_nwt import DataLoader, RingMemoryError, ShmSpaceError
-from cupy_nwt.loader.ring.memory import RingFile, available_memory, memory_room
+from cupy_nwt.loader.ring.memory import RingFile
 from cupy_nwt.loader.ring.ring import SHM_DIR, Ring, SlotLayout, live_segments, segment_bytes
+from cupy_nwt.system import available_memory
 
 ROOT = Path(__file__).resolve().parents[3]
 MiB = 2**20
@@ -99,55 +100,6 @@ def test_a_refused_allocation_is_a_ring_memory_error_once_settled(monkeypatch):
         file.close()
 
 
-# ---------------------------------------------------------------- cgroup limits, on made-up trees
-
-
-def tree(tmp_path: Path, cgroup: str, mountinfo: str, files: dict[str, str], available_kib: int = 8 << 20) -> str:
-    (tmp_path / "proc/self").mkdir(parents=True)
-    (tmp_path / "proc/self/cgroup").write_text(cgroup)
-    (tmp_path / "proc/self/mountinfo").write_text(mountinfo)
-    (tmp_path / "proc/meminfo").write_text(f"MemTotal: 16777216 kB\nMemAvailable: {available_kib} kB\n")
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
-    return str(tmp_path)
-
-
-V2_MOUNT = "30 23 0:26 / /sys/fs/cgroup rw,nosuid shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
-V1_MOUNT = "35 30 0:31 / /sys/fs/cgroup/memory rw,nosuid shared:9 - cgroup cgroup rw,memory\n"
-
-
-def test_cgroup_v2_the_tightest_limit_of_the_group_and_its_ancestors_bounds_the_ring(tmp_path):
-    g = "sys/fs/cgroup/job.slice"
-    root = tree(tmp_path, "0::/job.slice/step\n", V2_MOUNT, {
-        f"{g}/memory.max": f"{1024 * MiB}\n", f"{g}/memory.current": f"{900 * MiB}\n",
-        f"{g}/memory.stat": f"anon {700 * MiB}\nactive_file {100 * MiB}\ninactive_file {50 * MiB}\n",
-        f"{g}/step/memory.max": "max\n", f"{g}/step/memory.current": f"{800 * MiB}\n",
-    })
-    room = memory_room(root)
-    assert room.bytes == 1024 * MiB - (900 - 150) * MiB  # page cache counts as free: the kernel reclaims it
-    assert room.bound.startswith(f"under the cgroup memory limit {root}/{g}/memory.max (1024.0 MiB")
-
-
-def test_cgroup_v1_limit_and_a_container_whose_mount_root_is_its_own_group(tmp_path):
-    mount = V1_MOUNT.replace(" / /sys", " /docker/abc /sys")  # no cgroup namespace: the mount shows the group
-    root = tree(tmp_path, "4:memory:/docker/abc\n3:cpu:/docker/abc\n", mount, {
-        "sys/fs/cgroup/memory/memory.limit_in_bytes": f"{512 * MiB}\n",
-        "sys/fs/cgroup/memory/memory.usage_in_bytes": f"{200 * MiB}\n",
-        "sys/fs/cgroup/memory/memory.stat": f"total_inactive_file {40 * MiB}\ntotal_active_file 0\n",
-    })
-    assert memory_room(root).bytes == (512 - 160) * MiB
-
-
-def test_no_cgroup_limit_leaves_available_memory_as_the_bound(tmp_path):
-    root = tree(tmp_path, "4:memory:/x\n0::/\n", V1_MOUNT + V2_MOUNT, {
-        "sys/fs/cgroup/memory/x/memory.limit_in_bytes": "9223372036854771712\n",
-        "sys/fs/cgroup/memory/x/memory.usage_in_bytes": "4096\n", "sys/fs/cgroup/memory.max": "max\n",
-    }, available_kib=3 << 20)
-    room = memory_room(root)
-    assert room.bytes == 3 << 30 and room.bound == "in available memory (MemAvailable)"
-
-
 # ---------------------------------------------------------------- where memfd_create is missing
 
 FALLBACK = """
@@ -156,6 +108,7 @@ sys.path.insert(0, {tests!r})
 del os.memfd_create  # as on a system without it
 from toy_data import Squares
 from cupy_nwt import DataLoader
+from cupy_nwt.system import available_memory
 from cupy_nwt.loader.ring.ring import live_segments
 
 if __name__ == "__main__":
