@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -13,12 +14,14 @@ import numpy as np
 
 from .._checks import check_int
 from .._files import make_folder, writable_base
-from ..errors import ArgumentError
+from ..errors import ArgumentError, DataFileError
 from ..reporting.progress import ProgressBar
 from ..reporting.units import fmt_bytes
 from ..system import CACHE_ENV, memory_room, usable_cpus
 from ..system import cache_dir as default_cache_dir
+from ._array_files import load_npy
 from ._images import ImageDataset, Transform, encode_image, encode_png_batch, index_in
+from ._tar_cache import CacheRebuiltWarning
 
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -86,13 +89,42 @@ def synthetic_cache_path(n: int, seed: int = 0, fmt: str = "png", cache_dir: str
     return default_cache_dir(cache_dir) / "synthetic-cifar10" / f"v{_SYNTH_VERSION}-n{n}-seed{seed}-{fmt}"
 
 
+def _labels(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).permutation(np.arange(n, dtype=np.int64) % 10)
+
+
+def cache_problem(path: Path, n: int, seed: int) -> str | None:
+    """Why the cache folder ``path`` cannot be used (None: it can).
+
+    The cache is read back by later processes and may have been cut, emptied or replaced since it
+    was built (a full disk, a clean-up, a copy from another folder): each array's header is checked
+    against its file, the offsets must cut ``data`` into ``n`` ascending slices and the labels must
+    be those ``seed`` gives, or samples would come back wrong, or as a NumPy error naming no file.
+    """
+    try:
+        data, offsets, labels = (load_npy(path / f"{name}.npy") for name in ("data", "offsets", "labels"))
+    except DataFileError as exc:
+        return f"{Path(exc.path or '').name}: {exc.problem}"
+    except OSError as exc:
+        return f"{Path(exc.filename or '').name}: cannot be read ({exc.strerror or exc})"
+    if data.dtype != np.uint8 or data.ndim != 1:
+        return f"data.npy holds {data.dtype} of shape {data.shape}, not a flat uint8 buffer"
+    if offsets.dtype != np.int64 or offsets.shape != (n + 1,):
+        return f"offsets.npy holds {offsets.dtype} of shape {offsets.shape}, not {n + 1} int64 offsets"
+    if offsets[0] != 0 or offsets[-1] != len(data) or (np.diff(offsets) < 0).any():
+        return f"offsets.npy does not cut data.npy's {len(data)} bytes into {n} ascending slices"
+    if labels.shape != (n,) or not np.array_equal(labels, _labels(n, seed)):
+        return f"labels.npy does not hold the {n} labels seed {seed} gives"
+    return None
+
+
 def check_synthetic_room(n: int, seed: int = 0, fmt: str = "png", cache_dir: str | os.PathLike | None = None) -> None:
     """Refuse, in one ``ArgumentError`` line and before any work, a synthetic CIFAR-10 this machine cannot build:
     its cache folder is under a file or not writable, or ``n`` images need more disk or memory than there is
     (the build holds every encoded image twice, the list and the buffer saved from it). One already built passes.
     """
     path = synthetic_cache_path(n, seed, fmt, cache_dir)
-    if (path / "labels.npy").is_file():
+    if path.is_dir() and cache_problem(path, n, seed) is None:
         return
     named = f" ({CACHE_ENV})" if cache_dir is None and os.environ.get(CACHE_ENV) else ""
     existing, why = writable_base(path)
@@ -122,7 +154,8 @@ class SyntheticCIFAR10(ImageDataset):
     under ``default_cache_dir(cache_dir)`` as ``data.npy`` (every encoded image in one uint8
     buffer), ``offsets.npy`` and ``labels.npy``, memory-mapped read-only, so all workers share the
     page cache. Builders take a file lock and publish the folder with one atomic rename, so
-    concurrent first uses build once and nobody reads a half-written cache.
+    concurrent first uses build once and nobody reads a half-written cache. A built cache is checked
+    when opened (``cache_problem``); one that fails is rebuilt with one ``CacheRebuiltWarning``.
     ``__getitem__`` decodes with Pillow, like a real image dataset. ``progress=True`` shows the
     build on stderr (the command line does; a library call stays quiet).
 
@@ -153,14 +186,18 @@ class SyntheticCIFAR10(ImageDataset):
     def _ensure_built(self, progress: bool) -> bool:
         from filelock import FileLock  # noqa: PLC0415
 
-        if (self.cache_path / "labels.npy").is_file():
+        if self.cache_path.is_dir() and cache_problem(self.cache_path, self.n, self.seed) is None:
             return False
         make_folder(self.cache_path.parent, "cache_dir")
         with FileLock(str(self.cache_path) + ".lock"):
-            if (self.cache_path / "labels.npy").is_file():
+            problem = cache_problem(self.cache_path, self.n, self.seed) if self.cache_path.is_dir() else "missing"
+            if problem is None:
                 return False
             for stale in self.cache_path.parent.glob(f".tmp-{self.cache_path.name}-*"):
                 shutil.rmtree(stale, ignore_errors=True)
+            if os.path.lexists(self.cache_path):
+                warnings.warn(f"{self.cache_path}: {problem}; rebuilding it", CacheRebuiltWarning, stacklevel=3)
+                self._set_aside()
             tmp = Path(tempfile.mkdtemp(dir=self.cache_path.parent, prefix=f".tmp-{self.cache_path.name}-"))
             try:
                 self._build_into(tmp, progress)
@@ -170,8 +207,18 @@ class SyntheticCIFAR10(ImageDataset):
                 raise
         return True
 
+    def _set_aside(self) -> None:
+        """Remove a cache that failed its check (under the lock): a folder is renamed away first, so a crash
+        mid-removal leaves a stale ``.tmp-`` folder (removed by the next build), never half a cache under its name."""
+        if self.cache_path.is_symlink() or not self.cache_path.is_dir():
+            self.cache_path.unlink()
+            return
+        aside = Path(tempfile.mkdtemp(dir=self.cache_path.parent, prefix=f".tmp-{self.cache_path.name}-"))
+        os.rename(self.cache_path, aside)
+        shutil.rmtree(aside, ignore_errors=True)
+
     def _build_into(self, out: Path, progress: bool) -> None:
-        labels = np.random.default_rng(self.seed).permutation(np.arange(self.n, dtype=np.int64) % 10)
+        labels = _labels(self.n, self.seed)
         starts = range(0, self.n, _SYNTH_CHUNK)
         # NumPy ufuncs and zlib release the GIL, so threads use every core without pickling images.
         chunks: list[list[bytes]] = []

@@ -43,7 +43,7 @@ _DIGEST_HEX = re.compile(r"[0-9a-f]{128}")
 
 
 class CacheRebuiltWarning(UserWarning):
-    """A cached decompressed copy did not match its record and was rebuilt from its source."""
+    """A cached copy (a decompressed archive, a synthetic dataset) failed its check and was rebuilt."""
 
 
 @dataclass(frozen=True)

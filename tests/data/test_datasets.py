@@ -15,6 +15,7 @@ from PIL import Image
 from cupy_nwt.data.datasets import (
     CIFAR10,
     ArrayDataset,
+    CacheRebuiltWarning,
     ImageFolder,
     SyntheticCIFAR10,
     TarImageDataset,
@@ -337,6 +338,30 @@ def test_synthetic_cache_is_reused_not_rebuilt(tmp_path, monkeypatch):
     assert (second.cache_path / "data.npy").stat().st_mtime_ns == mtime
     np.testing.assert_array_equal(first[10][0], second[10][0])
     assert not [p for p in first.cache_path.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+@pytest.mark.parametrize("damage", ["cut data", "empty labels", "no offsets", "other labels"])
+def test_a_damaged_synthetic_cache_is_rebuilt_with_a_warning(tmp_path, damage):
+    first = SyntheticCIFAR10(n=30, seed=2, cache_dir=tmp_path)
+    want = [first[i][0] for i in (0, 29)]
+    labels = np.asarray(first.labels).tolist()
+    path = first.cache_path
+    del first  # its maps of the files damaged below
+    if damage == "cut data":
+        os.truncate(path / "data.npy", 500)
+    elif damage == "empty labels":
+        os.truncate(path / "labels.npy", 0)
+    elif damage == "no offsets":
+        (path / "offsets.npy").unlink()
+    else:
+        np.save(path / "labels.npy", np.zeros(30, dtype=np.int64))
+    with pytest.warns(CacheRebuiltWarning, match=f"{path}: .*; rebuilding it"):
+        again = SyntheticCIFAR10(n=30, seed=2, cache_dir=tmp_path)
+    assert again.built_now
+    for got, image in zip((again[0][0], again[29][0]), want):
+        np.testing.assert_array_equal(got, image)
+    assert [lab for _, lab in (again[i] for i in range(30))] == labels
+    assert not [p for p in path.parent.iterdir() if p.name.startswith(".tmp-")]
 
 
 def _build(cache_dir):
