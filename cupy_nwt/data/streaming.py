@@ -25,10 +25,19 @@ import numpy as np
 
 from .._checks import check_callable, check_int
 from .._worker_info import get_worker_info
-from ..errors import ArgumentError, ArgumentTypeError, DamagedArchiveError, DataError, LayoutError, MissingPathError
+from ..errors import (
+    ArgumentError,
+    ArgumentTypeError,
+    DamagedArchiveError,
+    DataError,
+    LayoutError,
+    MissingPathError,
+    StateError,
+)
 from ..ranks import rank_layout
 from ..system import cache_dir as default_cache_dir
 from ._images import IMAGE_EXTENSIONS, Transform, transformed_image
+from ._stream_state import checked_positions, past_end
 from ._tar_shards import gunzip_cached, integer_label, is_gzip, scan_tar
 
 __all__ = ["ReaderSlot", "ShardedTarStream", "current_reader"]
@@ -190,6 +199,8 @@ class _Reader:
         """Move one reference into the buffer; False when the reader's shards are used up."""
         while self.cursor < len(self.shards):
             s = self.shards[self.cursor]
+            if self.member > len(self._shard(s)):
+                past_end(str(self.stream.shards[s]), self.member, len(self._shard(s)))
             if self.member < len(self._shard(s)):
                 self.buffer.append((s, self.member))
                 self.refs[s] += 1
@@ -219,6 +230,8 @@ class _Reader:
     def sample(self, ref: tuple[int, int]) -> tuple[Any, int]:
         s, j = ref
         shard = self._shard(s)
+        if j >= len(shard):
+            past_end(str(shard.path), j, len(shard))
         img = transformed_image(shard.read(j), shard.source(j), None, self.stream.transform)
         label = int(shard.labels[j])
         self._release(s)
@@ -317,9 +330,12 @@ class ShardedTarStream:
 
     def shard_order(self) -> list[int]:
         """This epoch's shard order (indexes into ``shards``), the same on every rank."""
+        return self._order(self.epoch)
+
+    def _order(self, epoch: int) -> list[int]:
         if not self.shuffle:
             return list(range(len(self.shards)))
-        rng = np.random.default_rng([self.seed, self.epoch, _SHARD_STREAM, 0])
+        rng = np.random.default_rng([self.seed, epoch, _SHARD_STREAM, 0])
         return [int(i) for i in rng.permutation(len(self.shards))]
 
     def shards_for(self, slot: ReaderSlot) -> list[int]:
@@ -372,7 +388,14 @@ class ShardedTarStream:
                 "shuffle_buffer": self.shuffle_buffer, "num_shards": len(self.shards), "readers": readers}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume from ``state_dict()``: the next iteration of each saved reader continues where it was."""
+        """Resume from ``state_dict()``: the next iteration of each saved reader continues where it was.
+
+        Every saved position is checked first (``_stream_state``): a bad one is one ``StateError`` naming
+        the reader and the field, and the stream keeps the state it had.
+        """
+        if not isinstance(state, Mapping):
+            raise StateError(f"ShardedTarStream.load_state_dict: expected the dict state_dict() returned, got "
+                             f"{type(state).__name__}", "state", state)
         if state.get("version") != STATE_VERSION:
             raise ArgumentError(f"ShardedTarStream: state version {state.get('version')!r}, expected {STATE_VERSION}")
         mine = {"seed": self.seed, "shuffle": self.shuffle, "shuffle_buffer": self.shuffle_buffer,
@@ -380,8 +403,10 @@ class ShardedTarStream:
         differ = [f"{k} {state.get(k)!r} (now {v!r})" for k, v in mine.items() if state.get(k) != v]
         if differ:
             raise ArgumentError("ShardedTarStream: the state was saved with other settings: " + ", ".join(differ))
-        self.epoch = check_int("epoch", state["epoch"], ge=0)
-        self._restore = {int(k): dict(v) for k, v in state["readers"].items()}
+        epoch = check_int("epoch", state.get("epoch"), ge=0)
+        self._restore = checked_positions(state.get("readers"), self._order(epoch),
+                                          self.shuffle_buffer if self.shuffle else 1)
+        self.epoch = epoch
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

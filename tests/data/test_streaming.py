@@ -16,7 +16,7 @@ from toy_data import Squares
 import cupy_nwt
 from cupy_nwt.data.datasets import write_tar_shard
 from cupy_nwt.data.streaming import ReaderSlot, ShardedTarStream, current_reader
-from cupy_nwt.errors import CorruptImageError, DamagedArchiveError, LayoutError
+from cupy_nwt.errors import CorruptImageError, DamagedArchiveError, LayoutError, StateError
 
 SIZES = [5, 6, 7, 8, 9, 10, 11, 12]  # 8 shards of unequal length, 68 samples
 N = sum(SIZES)
@@ -317,6 +317,45 @@ def test_a_state_is_refused_under_other_settings_or_another_layout(shards):
     other.set_epoch(1)  # another epoch: the state is dropped and reader 0 starts from its beginning
     assert len(ids_of(other.iter_reader(ReaderSlot(0, 2, 0, 3, "explicit")))) == sum(
         SIZES[s] for s in other.shards_for(ReaderSlot(0, 2, 0, 3, "explicit")))
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("cursor", -1, r"readers\[1\]\.cursor=-1: must be from 0"),
+    ("cursor", 10**9, r"cursor=1000000000: must be from 0"),
+    ("member", -3, r"member=-3: must be >= 0"),
+    ("buffer", [[0, -1]], r"buffer\[0\]\[1\]=-1: must be >= 0"),
+    ("buffer", [[7, 0]], r"buffer\[0\]=\[7, 0\]: not a member reader 1 has reached"),
+    ("rng", {"state": 1}, r"rng=.*not a PCG64 random state"),
+    ("readers", True, r"readers=True: expected an integer"),
+])
+def test_a_damaged_reader_position_is_refused_naming_its_field(shards, field, value, match):
+    """A position taken as it is would deliver other samples without a word (a negative index reads from the
+    end, a foreign reference another reader's sample); the stream keeps its state when one is refused."""
+    slot = ReaderSlot(0, 1, 1, 3, "explicit")
+    stream = ShardedTarStream(shards, seed=4, shuffle_buffer=5)
+    it = stream.iter_reader(slot)
+    next(it)
+    state = json.loads(json.dumps(stream.state_dict()))
+    state["readers"]["1"][field] = value
+    fresh = ShardedTarStream(shards, seed=4, shuffle_buffer=5)
+    fresh.set_epoch(2)
+    with pytest.raises(StateError, match=match) as exc:
+        fresh.load_state_dict(state)
+    assert "\n" not in str(exc.value) and fresh.epoch == 2
+    assert len(ids_of(fresh.iter_reader(slot))) == sum(SIZES[s] for s in fresh.shards_for(slot))
+
+
+def test_a_member_past_its_shard_is_refused_when_the_reader_reaches_it(shards):
+    slot = ReaderSlot(0, 1, 0, 2, "explicit")
+    stream = ShardedTarStream(shards, seed=4, shuffle_buffer=5)
+    it = stream.iter_reader(slot)
+    next(it)
+    state = stream.state_dict()
+    state["readers"][0]["member"] = 999
+    fresh = ShardedTarStream(shards, seed=4, shuffle_buffer=5)
+    fresh.load_state_dict(state)
+    with pytest.raises(StateError, match=r"member 999 of .*shard-\d+\.tar is past the shard's \d+ members"):
+        list(fresh.iter_reader(slot))
 
 
 # --- cupy_nwt's own DataLoader --------------------------------------------------------------------
