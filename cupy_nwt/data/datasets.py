@@ -18,7 +18,7 @@ from __future__ import annotations
 import mmap
 import os
 import pickle
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,10 +134,46 @@ class ArrayDataset:
 # --- image folder ------------------------------------------------------------------------------
 
 
+def _walk(top: Path, root: Path) -> Iterator[tuple[str, list[str]]]:
+    """Each folder under ``top`` (``top`` too), a folder under ``root``, and its file names, following links,
+    in sorted order.
+
+    ``os.walk`` follows a link back to a folder it is inside (``cat/all -> ..``) over and over, as
+    deep as the kernel resolves links, listing every image there dozens of times; such a link is
+    not followed. It also skips a folder it cannot list without a word: here that is a
+    ``DataError`` naming it, as its images would be missing from the dataset.
+    """
+    def refuse(exc: OSError) -> None:
+        raise DataError(f"ImageFolder: cannot list {exc.filename} ({exc.strerror or exc})") from None
+
+    inside = {str(top): frozenset({_folder_id(root), _folder_id(top)})}
+    for dirpath, dirnames, filenames in os.walk(str(top), followlinks=True, onerror=refuse):
+        chain = inside.pop(dirpath)
+        kept = []
+        for name in sorted(dirnames):
+            sub = os.path.join(dirpath, name)
+            try:
+                key = _folder_id(sub)
+            except FileNotFoundError:  # removed since it was listed
+                continue
+            if key not in chain:
+                kept.append(name)
+                inside[sub] = chain | {key}
+        dirnames[:] = kept
+        yield dirpath, sorted(filenames)
+
+
+def _folder_id(path: str | Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
 class ImageFolder(ImageDataset):
     """``root/<class>/**/<image>``: class names sorted alphabetically give labels 0, 1, ...
 
     Images are decoded with Pillow to uint8 HWC RGB. Paths live in one fixed-width bytes array.
+    Links are followed, except one back to a folder it is inside (a loop), and a folder that cannot
+    be listed is a ``DataError``, rather than images missing without a word.
 
     Args:
         root: the folder holding one sub-folder per class.
@@ -158,9 +194,8 @@ class ImageFolder(ImageDataset):
         paths: list[bytes] = []
         labels: list[int] = []
         for label, cls in enumerate(self.classes):
-            for dirpath, dirnames, filenames in os.walk(self.root / cls, followlinks=True):
-                dirnames.sort()
-                for f in sorted(filenames):
+            for dirpath, filenames in _walk(self.root / cls, self.root):
+                for f in filenames:
                     if f.lower().endswith(exts):
                         paths.append(os.fsencode(os.path.relpath(os.path.join(dirpath, f), self.root)))
                         labels.append(label)

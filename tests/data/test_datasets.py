@@ -24,7 +24,7 @@ from cupy_nwt.data.datasets import (
     open_dataset,
     write_tar_shard,
 )
-from cupy_nwt.errors import ArgumentError, CorruptImageError
+from cupy_nwt.errors import ArgumentError, CorruptImageError, DataError
 
 
 @pytest.fixture
@@ -135,6 +135,34 @@ def test_image_folder_converts_grayscale_to_rgb_and_names_corrupt_files(tmp_path
     assert img.shape == (4, 5, 3) and img.dtype == np.uint8 and (img == 7).all()
     with pytest.raises(CorruptImageError, match="h.png"):
         d[1]
+
+
+def test_image_folder_lists_each_image_once_under_a_link_loop(tmp_path, images, labels):
+    """``os.walk`` follows a link back to a folder it is inside until the kernel stops resolving links,
+    listing those images dozens of times; a link to a folder elsewhere is still followed."""
+    _write_folder(tmp_path / "data", images, labels)
+    (tmp_path / "data" / "cat" / "nested" / "again").symlink_to(tmp_path / "data" / "cat")
+    (tmp_path / "data" / "ant" / "root").symlink_to(tmp_path / "data")
+    (tmp_path / "more" / "x").mkdir(parents=True)
+    Image.fromarray(images[0]).save(tmp_path / "more" / "x" / "extra.png")
+    (tmp_path / "data" / "bee" / "more").symlink_to(tmp_path / "more")
+    d = ImageFolder(tmp_path / "data")
+    assert len(d) == len(images) + 1
+    assert sorted(d.path(i).name for i in range(len(d))) == sorted([f"{i:03d}.png" for i in range(12)] + ["extra.png"])
+
+
+def test_image_folder_refuses_a_folder_it_cannot_list(tmp_path, images, labels, monkeypatch):
+    _write_folder(tmp_path, images, labels)
+    listing = os.scandir
+
+    def scandir(path="."):
+        if str(path).endswith("nested"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return listing(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    with pytest.raises(DataError, match=r"ImageFolder: cannot list .*nested \(Permission denied\)"):
+        ImageFolder(tmp_path)
 
 
 def test_image_folder_errors(tmp_path):
