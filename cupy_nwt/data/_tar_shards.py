@@ -37,6 +37,7 @@ from ._tar_cache import gunzip_cached
 
 BLOCK = tarfile.BLOCKSIZE
 END_OF_ARCHIVE = 2 * BLOCK
+MAX_LABEL = 2**63 - 1  # labels are kept as int64
 # A directory name a reader could take for a number ("-1", "+2", "1.5", "1e3"): never silently a class name.
 _NUMBER_LIKE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 
@@ -52,7 +53,11 @@ def integer_label(cls: str, shown: str) -> int | None:
         shown: the shard and member, for the error.
     """
     if cls.isascii() and cls.isdigit():
-        return int(cls)
+        digits = cls.lstrip("0") or "0"
+        if len(digits) > len(str(MAX_LABEL)) or int(digits) > MAX_LABEL:
+            raise DataError(f"{shown}: class directory {cls[:40]!r} is a label past {MAX_LABEL}, the largest one "
+                            "an int64 holds (no writer of ours makes one)")
+        return int(digits)
     if _NUMBER_LIKE.fullmatch(cls):
         raise DataError(f"{shown}: class directory {cls!r} is not a label (labels are non-negative integers, "
                         "as write_tar_shard writes them)")
@@ -69,11 +74,14 @@ def tar_labels(labels: Sequence[int] | np.ndarray, count: int) -> np.ndarray:
     arr = arr.reshape(-1)
     if count != len(arr):
         raise ArgumentError(f"write_tar_shard: {count} images but {len(arr)} labels")
-    bad = ~np.isfinite(arr) | (arr < 0) | (arr != np.floor(arr)) if arr.dtype.kind == "f" else arr < 0
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr < 0) | (arr != np.floor(arr)) | (arr >= 2.0**63)
+    else:
+        bad = (arr < 0) | (arr > MAX_LABEL)
     if bad.any():
         i = int(np.argmax(bad))
-        raise ArgumentError(f"write_tar_shard: labels must be non-negative integers (a class directory "
-                            f"reads back no other), got {arr[i].item()!r} at index {i}")
+        raise ArgumentError(f"write_tar_shard: labels must be non-negative integers up to {MAX_LABEL} (a class "
+                            f"directory reads back no other), got {arr[i].item()!r} at index {i}")
     return arr.astype(np.int64)
 
 

@@ -42,6 +42,22 @@ def test_labels_a_directory_cannot_give_back_are_refused_at_write(tmp_path, labe
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize("labels", [[0, 1e30, 2], np.array([0, 2**64 - 1, 2], np.uint64), [0, 2**63, 2]])
+def test_labels_past_int64_are_refused_at_write(tmp_path, labels):
+    """Cast to int64 they were written as another label (2**64 - 1 as directory "-1")."""
+    with pytest.raises(ArgumentError, match=r"labels must be non-negative integers up to 9223372036854775807"):
+        write_tar_shard(tmp_path / "s.tar", IMAGES, labels)
+    assert not (tmp_path / "s.tar").exists()
+
+
+@pytest.mark.parametrize("big", ["9223372036854775808", "9" * 5000])
+def test_a_label_directory_past_int64_is_refused_by_both_readers(tmp_path, big):
+    path = _hand_made(tmp_path / "s.tar", ["0", big, "2"])
+    for read in (TarImageDataset, _stream_labels):
+        with pytest.raises(DataError, match="is a label past 9223372036854775807"):
+            read(path)
+
+
 def test_integer_valued_labels_read_back_the_same_in_both_readers(tmp_path):
     path = write_tar_shard(tmp_path / "s.tar", IMAGES, np.array([2.0, 0.0, 7.0]))
     ds = TarImageDataset(path)
