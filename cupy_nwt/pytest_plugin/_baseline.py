@@ -108,8 +108,9 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
         raise pytest.UsageError(f"--nwt-baseline: {p} is not readable ({exc})") from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise pytest.UsageError(f"--nwt-baseline: {p} is not readable JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:  # also an int of over 4300 digits, and nesting past the stack
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise pytest.UsageError(f"--nwt-baseline: {p} is not readable JSON ({reason})") from None
     benches = data.get("benchmarks") if isinstance(data, dict) else None
     if not isinstance(benches, list) or not all(
             isinstance(b, dict) and isinstance(b.get("fullname"), str) for b in benches):

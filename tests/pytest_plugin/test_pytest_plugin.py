@@ -107,6 +107,16 @@ def test_compare_ignores_figures_that_are_not_positive_numbers(bad):
     assert compare_throughput({"t::x": {"gbps": bad}}, {"t::x": _entry("t::x", gbps=5.0)}, "b") == []
 
 
+@pytest.mark.parametrize("text", ["[" * 100000 + "]" * 100000, '{"benchmarks": [], "n": ' + "9" * 5000 + "}"])
+def test_load_baseline_refuses_json_past_the_parsers_limits_in_one_line(tmp_path, text):
+    """Nesting past the parser's stack and an int past Python's digit limit were a bare RecursionError and
+    ValueError, not the UsageError naming the file."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    with pytest.raises(pytest.UsageError, match=r"bad\.json is not readable JSON"):
+        load_baseline(bad)
+
+
 def test_comparison_to_dict_carries_the_change():
     d = Comparison("t::x", "gbps", 10.0, 12.5, "b").to_dict()
     assert d["change_pct"] == pytest.approx(25.0) and d["source"] == "b"
