@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .. import cuda
+from .._checks import check_int
 from ..errors import ArgumentError, UnknownKeyError
 from ..reporting import tables as report
 from ..reporting.units import fmt_bytes
@@ -58,12 +59,10 @@ class OverlapConfig:
     device: int = 0
 
     def __post_init__(self) -> None:
-        if self.streams < 1:
-            raise ArgumentError(f"--streams must be >= 1, got {self.streams}")
+        check_int("--streams", self.streams, ge=1)
+        check_int("--elements", self.elements, ge=1, optional=True)
         elements = CHUNK_ELEMENTS * self.streams if self.elements is None else self.elements
         object.__setattr__(self, "elements", elements)
-        if elements <= 0:
-            raise ArgumentError(f"--elements must be positive, got {elements}")
         if elements % self.streams:
             raise ArgumentError(f"--elements ({elements}) must be a multiple of --streams ({self.streams})")
         check_run_options(self.repeats, self.warmup, self.device)

@@ -11,14 +11,15 @@ PCIe link's theoretical rate, read after the largest copies because idle GPUs do
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 
 from .. import cuda, system
-from ..errors import ArgumentError, UnknownKeyError
+from .._checks import check_int
+from ..errors import ArgumentError, ArgumentTypeError, UnknownKeyError
 from ..reporting import tables as report
 from ..reporting.units import fmt_bytes, size_sweep
 from . import kernels, timing
@@ -39,13 +40,11 @@ R = TypeVar("R")
 
 
 def check_run_options(repeats: int, warmup: int, device: int) -> None:
-    """The options every GPU experiment shares, checked alike before any GPU work."""
-    if repeats < 1:
-        raise ArgumentError(f"--repeats must be >= 1, got {repeats}")
-    if warmup < 0:
-        raise ArgumentError(f"--warmup must be >= 0, got {warmup}")
-    if device < 0:
-        raise ArgumentError(f"--device must be >= 0, got {device}")
+    """The options every GPU experiment shares, checked alike before any GPU work: whole numbers in range
+    (a float or a string would fail only on the GPU, mid-run)."""
+    check_int("--repeats", repeats, ge=1)
+    check_int("--warmup", warmup, ge=0)
+    check_int("--device", device, ge=0)
 
 
 def copies_per_sample(nbytes: int, target: int = SAMPLE_TARGET_BYTES, cap: int = MAX_COPIES_PER_SAMPLE) -> int:
@@ -68,13 +67,15 @@ class BandwidthConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if isinstance(self.sizes, (str, bytes)) or not isinstance(self.sizes, Sequence):
+            raise ArgumentTypeError(f"sizes must be a sequence of byte counts, got {self.sizes!r}")
         if not self.sizes:
             raise ArgumentError("the size sweep is empty")
-        if any(int(n) <= 0 for n in self.sizes):
-            raise ArgumentError(f"sizes must be positive, got {list(self.sizes)}")
+        for n in self.sizes:
+            check_int("every size", n, ge=1)
         check_run_options(self.repeats, self.warmup, self.device)
-        if self.batch_chunk <= 0 or self.batch_total <= 0:
-            raise ArgumentError("batched-copy total and chunk must be positive")
+        check_int("--batch-total", self.batch_total, ge=1)
+        check_int("--batch-chunk", self.batch_chunk, ge=1)
         if self.batch_chunk > self.batch_total or self.batch_total % self.batch_chunk:
             raise ArgumentError(
                 f"batched-copy total ({fmt_bytes(self.batch_total)}) must be a whole multiple "

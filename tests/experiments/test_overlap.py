@@ -9,6 +9,7 @@ import json
 import pytest
 
 from cupy_nwt import cuda
+from cupy_nwt.errors import CupyNwtError
 from cupy_nwt.experiments import overlap, pipeline_model
 from cupy_nwt.experiments.duplex import DuplexPoint
 from cupy_nwt.experiments.overlap import ChunkTimes, OverlapConfig, OverlapResult, VersionTiming
@@ -59,6 +60,18 @@ def test_default_size_is_the_blogs():
 def test_config_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         OverlapConfig(**kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"streams": "4"}, "--streams"), ({"streams": 2.0}, "--streams"), ({"elements": 2048.0}, "--elements"),
+    ({"repeats": None}, "--repeats"), ({"device": 0.0}, "--device"),
+])
+def test_config_refuses_wrong_types_in_one_line(kwargs, match):
+    """A string or a float is refused when the config is made, not met as a bare TypeError (or a float
+    array size) on the GPU mid-run."""
+    with pytest.raises(CupyNwtError, match=match) as caught:
+        OverlapConfig(**kwargs)
+    assert "\n" not in str(caught.value)
 
 
 CHUNK_BYTES = 4 * 1024 * 256 * 4

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cuda
+from cupy_nwt.errors import CupyNwtError
 from cupy_nwt.experiments import transfers
 from cupy_nwt.experiments.timing import summarize
 from cupy_nwt.experiments.transfers import BandwidthConfig, BandwidthPoint, BandwidthResult, BatchingPoint
@@ -73,6 +74,19 @@ def test_default_config_is_the_blog_sweep():
 def test_config_rejects_bad_input(kwargs, match):
     with pytest.raises(ValueError, match=match):
         BandwidthConfig(**kwargs)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"repeats": "3"}, "--repeats"), ({"repeats": 2.5}, "--repeats"), ({"warmup": None}, "--warmup"),
+    ({"device": True}, "--device"), ({"sizes": ("4k",)}, "size"), ({"sizes": 4096}, "sizes"),
+    ({"batch_total": 1.5 * MiB}, "--batch-total"),
+])
+def test_config_refuses_wrong_types_in_one_line(kwargs, match):
+    """A string or a float is refused when the config is made, not met as a bare TypeError (or a float
+    count) on the GPU mid-run."""
+    with pytest.raises(CupyNwtError, match=match) as caught:
+        BandwidthConfig(**kwargs)
+    assert "\n" not in str(caught.value)
 
 
 def test_link_rate_prefers_the_negotiated_maximum():
