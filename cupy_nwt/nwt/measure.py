@@ -206,11 +206,13 @@ class _BusyCpu:
     The spinner is pinned to the first usable CPU and this thread (whose new threads and forked
     workers inherit it) to the rest; ``confine`` pins workers that did not inherit it. With one
     usable CPU, or where affinity cannot be set, nothing is pinned and the spinner only competes.
+    It runs in a session of its own, so a Ctrl-C at the terminal interrupts the tuner, which ends
+    it, and not the spinner, which would die printing a traceback of its own.
     """
 
     def __init__(self) -> None:
         self.spinner = subprocess.Popen([sys.executable, "-c", _SPIN], stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL)
+                                        stdout=subprocess.DEVNULL, start_new_session=True)
         self.saved: set[int] | None = None
         self.rest: set[int] = set()
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

@@ -130,6 +130,7 @@ class SeesBusyCpu:
 
     def __init__(self) -> None:
         self.spinners: set[int] = set()
+        self.groups: set[int] = set()  # the spinners' process groups
 
     def __len__(self) -> int:
         return 64
@@ -139,6 +140,7 @@ class SeesBusyCpu:
             try:
                 if child.cmdline()[:2] == [sys.executable, "-c"] and "getppid" in child.cmdline()[2]:
                     self.spinners.add(child.pid)
+                    self.groups.add(os.getpgid(child.pid))
             except psutil.Error:
                 pass
         return np.full(4, i, np.float32)
@@ -155,6 +157,15 @@ def test_a_cpu_step_keeps_one_cpu_busy_during_a_trial_and_a_gpu_step_does_not():
     assert data.spinners == set()
     with pytest.raises(ValueError, match="main_process"):
         nwt_measure.LoaderMeasure(data, batch_size=8, device="cpu", main_process="idle")
+
+
+def test_a_ctrl_c_at_the_terminal_reaches_the_tuner_not_its_busy_cpu():
+    """The terminal sends Ctrl-C to its foreground process group: a spinner in it died with a bare
+    KeyboardInterrupt traceback beside the tuner's one line. It runs in a group of its own; the
+    tuner ends it."""
+    data = SeesBusyCpu()
+    nwt_measure.LoaderMeasure(data, batch_size=8, device="cpu", main_process="busy")(0, 4, 1)
+    assert data.spinners and os.getpgid(0) not in data.groups
 
 
 def test_the_report_says_which_load_the_trials_represented(cpus):
