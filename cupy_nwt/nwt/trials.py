@@ -97,7 +97,11 @@ class _Runner:
                           "(workers share the CPUs; the best count need not follow the core count)")
         m = self.measure(workers, iterations, warmup)
         if not isinstance(m, Measurement):
-            spi = float(m)
+            try:
+                spi = float(m)
+            except (TypeError, ValueError):
+                raise ArgumentError(f"measure({workers}, {iterations}, {warmup}) gave {m!r}; need a Measurement or "
+                                    "seconds per iteration") from None
             m = Measurement(spi, spi * (iterations + warmup))
         spi = float(m.seconds_per_iteration)
         if not (spi > 0 and math.isfinite(spi)):

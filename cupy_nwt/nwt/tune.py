@@ -187,6 +187,9 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
                              strategy=strategy, device=device, prefetch_factor=prefetch_factor, tolerance=tolerance,
                              worker_types=worker_types, main_process=main_process, step=step,
                              real_loader=measure is None)
+    if measure is not None and not callable(measure):
+        raise ArgumentTypeError(f"measure must be a callable measure(workers, iterations, warmup) or None, "
+                                f"got {type(measure).__name__}")
     memory_limit = _check_memory_limit(memory_limit, c.open_search, own=measure is None)
     if c.open_search and memory_limit is None and measure is None:
         memory_limit = search_memory_limit()

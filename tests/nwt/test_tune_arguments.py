@@ -39,3 +39,18 @@ def test_one_worker_type_may_be_given_as_a_string():
     with pytest.raises(ArgumentTypeError, match=r"^worker_types must be 'process', 'thread' or a sequence of them, "
                                                 r"got 5$"):
         tune_num_workers(measure=_flat, worker_types=5, progress=False)
+
+
+def test_a_measure_that_is_not_callable_is_refused_before_any_trial():
+    with pytest.raises(ArgumentTypeError, match=r"^measure must be a callable measure\(workers, iterations, warmup\) "
+                                                r"or None, got int$"):
+        tune_num_workers(measure=3, max_workers=2, progress=False)
+
+
+@pytest.mark.parametrize("gives", ["fast", None, [0.1]])
+def test_a_measure_that_gives_no_number_is_named_in_one_line(gives):
+    """A custom measure returning something that is neither a Measurement nor seconds per iteration
+    was a bare ValueError or TypeError from float()."""
+    with pytest.raises(ArgumentError, match=r"^measure\(0, 100, 0\) gave .*; need a Measurement or seconds per "
+                                            r"iteration$"):
+        tune_num_workers(measure=lambda w, i, u: gives, max_workers=2, strategy="paper", progress=False)
