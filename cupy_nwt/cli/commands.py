@@ -160,7 +160,7 @@ def cmd_overlap(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..nwt import tune as nwt_tune  # noqa: PLC0415
     from ._pipeline import build_synthetic_apart, open_pipeline, pipeline  # noqa: PLC0415 - only this command needs them
-    from .explain import explain_paper_pick, tune_summary, verdict  # noqa: PLC0415
+    from .explain import explain_paper_pick, paper_decisions, tune_summary, verdict  # noqa: PLC0415
 
     # every option before any work: building the synthetic dataset takes a while and leaves a cache
     _check_outputs(args)
@@ -186,6 +186,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
         plot_tune(result, args.plot)
     doc = {**result.to_dict(), "verdict": verdict(result, outcome)}
+    if result.strategy == "paper":  # the walk the text prints: why Algorithm 1 stopped where it did
+        doc["paper_decisions"] = [d.to_dict() for d in paper_decisions(result)]
     if args.output:
         report.write_json(doc, args.output)
     if args.json:
