@@ -9,8 +9,10 @@ when ``normalized < best - alpha``. The paper leaves several things open; what w
   ``system.usable_cpus()`` (affinity mask and cgroup quota), not ``os.cpu_count()``: in a container
   or under ``taskset`` the latter reports CPUs the process may not run on. ``max_workers`` is N.
 * j is never reset. Initialised once (``i, j, result <- 0``), the inner loop would run only for
-  i = 0; every later i would get ``cumm = 0`` and the pseudo-code would always return 1. We reset
-  j (and cumm) per i, as the text ("for each i, iterate and normalise") clearly intends.
+  i = 0; every later i would get ``cumm = 0``, so the pseudo-code would return 1 whenever count 0
+  took more than alpha (0 otherwise), having timed nothing else. We reset j (and cumm) per i, as
+  the text intends: NWT "sequentially measures the data transfer cost" of each count, and the
+  iteration parameter "performs a data transfer loop ... and converts it to an average".
 * What is timed. "MemCpyTime (host to device)" cannot be the copy alone: a CIFAR batch copies in
   well under a millisecond at any worker count, yet Table 2 moves 10x with workers. We time what
   the training loop waits for: getting batch j from the loader and its H2D copy finishing (with no
