@@ -96,7 +96,8 @@ class DataLoader(SettingsView, Generic[T_co]):
     takes the saved pick for this machine and work (``tune_num_workers(...).save_pick()``, ``cupy-nwt
     tune``, or an earlier loader's). On a miss it tunes online (as ``autotune=True``) from half its CPU
     budget (``tuning.policy.starting_workers``), says so once on ``cupy_nwt.tuner``, and once the tuner
-    has settled saves that count, so the next ``"auto"`` loader reuses it; it searches nothing here.
+    has settled saves that count, so the next ``"auto"`` loader reuses it; it searches nothing here
+    (with ``autotune=False`` given, it runs that starting count untuned and saves nothing).
     ``num_workers=AutoWorkers(step=...)`` keys the pick by the training step the loader feeds;
     ``stats().num_workers_why`` says what was picked and why.
 
@@ -164,7 +165,8 @@ class DataLoader(SettingsView, Generic[T_co]):
         rank: this rank's shard of each epoch (with ``world_size``; default: the launcher's).
         world_size: the number of ranks sharing each epoch.
         worker_type: "process" or "thread"; None: processes, or the saved pick's type with "auto".
-        autotune: retune the active workers while iterating (True, a policy, or ``Autotune``).
+        autotune: retune the active workers while iterating (True, a policy, or ``Autotune``); False also
+            keeps ``num_workers="auto"`` from tuning on a miss (default None: off, except for "auto").
         cpu_budget: workers ``autotune`` may use at most (default: usable CPUs less one).
         memory_budget: ring bytes ``autotune`` may use at most.
         stall_warning_s: log a warning when one ``next()`` waits this long (None: never).
@@ -185,7 +187,7 @@ class DataLoader(SettingsView, Generic[T_co]):
                  in_order: bool = True, seed: int | None = None, device: str = "auto", output: str = "auto",
                  batch_transform: Callable | None = None, zero_copy: bool = False,
                  rank: int | None = None, world_size: int | None = None, worker_type: str | None = None,
-                 autotune: Any = False, cpu_budget: int | None = None, memory_budget: int | None = None,
+                 autotune: Any = None, cpu_budget: int | None = None, memory_budget: int | None = None,
                  stall_warning_s: float | None = STALL_WARNING_S, on_bad_sample: str = "raise",
                  max_bad_samples: int | None = None, parts: LoaderParts | None = None) -> None:
         if parts is not None and not isinstance(parts, LoaderParts):

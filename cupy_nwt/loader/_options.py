@@ -157,7 +157,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     else:
         num_workers, tuning, worker_type, why = _auto_workers(
             dataset, sampling, prefetch_factor, pin_memory, batch_transform, worker_type,
-            device if device_id is None else f"cuda:{device_id}", layout, tuning, auto.step)
+            device if device_id is None else f"cuda:{device_id}", layout, tuning, auto.step, autotune is False)
     if tuning is not None:
         num_workers = tuning.workers
     return Options(dataset, sampling, int(num_workers), worker_type or "process", int(prefetch_factor), pin_memory,
@@ -193,12 +193,13 @@ def auto_cpus(layout: RankLayout) -> int:
 
 def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_memory: bool | str,
                   batch_transform: Callable | None, worker_type: str | None, device: str, layout: RankLayout,
-                  tuning: Tuning | None, step: Any = None) -> tuple[int, Tuning | None, str, str]:
+                  tuning: Tuning | None, step: Any = None, untuned: bool = False) -> tuple[int, Tuning | None, str, str]:
     """``num_workers="auto"``: the count, the tuning, the worker type, and why.
 
     A hit is the saved pick (where ``autotune``'s tuning starts, if given). A miss is online tuning (the
     ``autotune`` given, else the default policy within ``auto_cpus``) from ``starting_workers``, which
-    saves the count it settles at; without ``autotune`` and with no CPU to spare, 0 workers."""
+    saves the count it settles at; with no CPU to spare, 0 workers. ``untuned`` (``autotune=False`` said,
+    not left to its default): a miss runs the starting count as given, neither tuned nor saved."""
     if not sampling.own or sampling.batch_size is None:
         raise ArgumentError("num_workers='auto' tunes on a map-style dataset batched by the loader itself "
                          "(no sampler, batch_sampler or batch_size=None); give a number")
@@ -211,8 +212,9 @@ def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_me
         return hit.workers, tuning, hit.worker_type, hit.why or f"rank 0's saved pick, {hit.workers} workers"
     if tuning is None:
         cpus = auto_cpus(layout)
-        if cpus < 1:
-            return 0, None, worker_type or "process", missing(fp, 0, 0)
+        if cpus < 1 or untuned:
+            start = starting_workers(cpus) if cpus >= 1 else 0
+            return start, None, worker_type or "process", missing(fp, start, cpus, tunes=False)
         tuning = check_tuning(True, None, None, num_workers="auto", iterable=False, default_cpus=cpus)
         assert tuning is not None
     start, chosen = starting_workers(tuning.budget.cpus), worker_type or "process"

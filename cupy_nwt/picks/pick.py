@@ -129,13 +129,20 @@ def pick_reason(workers: int, fp: Fingerprint, cache_dir: str | Path | None = No
         "; unreliable: its trials were too noisy to tell the counts apart" if saved.warning else "")
 
 
-def missing(fp: Fingerprint, start: int, cpus: int, cache_dir: str | Path | None = None) -> str:
+def missing(fp: Fingerprint, start: int, cpus: int, cache_dir: str | Path | None = None, *, tunes: bool = True) -> str:
     """Say once (on ``cupy_nwt.tuner``) that nothing is saved and the loader tunes online from ``start`` of
-    ``cpus`` workers (0: none to spare, the main process makes the batches); returns the why."""
+    ``cpus`` workers (0: none to spare, the main process makes the batches; ``tunes=False``: ``autotune=False``
+    said, so ``start`` workers as they are); returns the why."""
     head = f"no saved pick for this machine and work ({pick_store(cache_dir).why_missing(fp)})"
     if cpus < 1:
         why = f"{head}: this rank's share of the node is one CPU, so its main process makes the batches (0 workers)"
         _log.info("num_workers='auto': %s", why)
+        return why
+    if not tunes:
+        why = (f"{head}: autotune=False, so {plural(start, 'worker')} (half the budget of {cpus}), neither tuned "
+               "nor saved")
+        _log.info("num_workers='auto': %s. To search up front: tune_num_workers(dataset, ...).save_pick() or "
+                  "cupy-nwt tune", why)
         return why
     why = (f"{head}: tuning online from {plural(start, 'worker')} (budget {cpus}); the count it settles at is "
            "saved for the next run")

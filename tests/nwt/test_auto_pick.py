@@ -154,6 +154,21 @@ def test_a_miss_tunes_online_saves_what_it_settled_at_and_the_next_loader_reuses
     assert _auto_lines(caplog) == [f"num_workers='auto': using saved pick {settled} (key {fp.key})"]
 
 
+def test_autotune_false_said_keeps_a_miss_from_tuning_or_saving(cache, monkeypatch, caplog):
+    """A user who turns tuning off gets the starting count as it is: no tuner decisions, nothing saved."""
+    _no_more_searching(monkeypatch)
+    data = Squares()
+    with caplog.at_level(logging.INFO, logger="cupy_nwt.tuner"):
+        with DataLoader(data, batch_size=4, num_workers="auto", device="cpu", autotune=False) as loader:
+            assert loader.decisions == ()
+            assert "autotune=False" in loader.stats().num_workers_why
+            assert _train(loader, epochs=2) == 2 * 256
+            assert loader.decisions == ()
+    (line,) = _auto_lines(caplog)
+    assert "autotune=False, so " in line and "neither tuned nor saved" in line
+    assert lookup(auto_fingerprint(data, batch_size=4, device="cpu")) is None
+
+
 def test_why_missing_names_another_machine(cache):
     from dataclasses import replace  # noqa: PLC0415
 
