@@ -117,6 +117,14 @@ def check_number(name: str, value: object, *, gt: float | None = None, ge: float
     return x
 
 
+def check_bool(name: str, value: object) -> bool:
+    """``value`` if it is a bool (NumPy's too), else ``ArgumentTypeError`` naming ``name``: a switch given a
+    string (``progress="no"``) would otherwise be read as on."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ArgumentTypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_callable(name: str, value: object, *, optional: bool = False) -> None:
     """Refuse a ``value`` that cannot be called (``transform=5``), at once and naming ``name``, rather
     than where it is first used, inside a worker and far from the mistake. ``optional`` lets ``None`` through."""

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from .._files import make_folder, writable_base
 from ..errors import ArgumentError, DataFileError
 from ..reporting.progress import ProgressBar
@@ -179,7 +179,7 @@ class SyntheticCIFAR10(ImageDataset):
         self.transform = transform
         self.cache_path = synthetic_cache_path(n, seed, fmt, cache_dir)
         check_synthetic_room(n, seed, fmt, cache_dir)
-        self.built_now = self._ensure_built(progress)
+        self.built_now = self._ensure_built(check_bool("progress", progress))
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._arrays_pid: int | None = None
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import cuda
-from .._checks import check_int
+from .._checks import check_bool, check_int
 from ..errors import ArgumentError
 from ..picks.fingerprint import device_kind
 from ..picks.pick import check_step
@@ -276,6 +276,7 @@ def tune_decode_placement(dataset: Any, step: Callable[[Any], Any] | float | Non
     crop = _crop_of(dataset)
     step = check_step(step)
     batch_size = check_int("batch_size", batch_size, ge=1)
+    progress, warn = check_bool("progress", progress), check_bool("warn", warn)
     load = resolve_main_process(main_process, device_kind(device))
     common: dict[str, Any] = dict(batch_size=batch_size, max_workers=max_workers, iterations=iterations,
                                   strategy="fast", tolerance=tolerance, prefetch_factor=prefetch_factor,

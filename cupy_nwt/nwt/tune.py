@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 
 from .. import cuda, system
-from .._checks import check_int, check_number
+from .._checks import check_bool, check_int, check_number
 from ..errors import ArgumentError, ArgumentTypeError
 from ..loader._options import check_worker_room
 from ..loader.workers.kinds import check_worker_type
@@ -187,6 +187,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
                              strategy=strategy, device=device, prefetch_factor=prefetch_factor, tolerance=tolerance,
                              worker_types=worker_types, main_process=main_process, step=step,
                              real_loader=measure is None)
+    progress, warn = check_bool("progress", progress), check_bool("warn", warn)
     if measure is not None and not callable(measure):
         raise ArgumentTypeError(f"measure must be a callable measure(workers, iterations, warmup) or None, "
                                 f"got {type(measure).__name__}")

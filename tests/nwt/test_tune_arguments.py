@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from cupy_nwt.errors import ArgumentError, ArgumentTypeError
+from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import tune_num_workers
 
 DATA = np.zeros((64, 4), np.float32)
@@ -54,3 +55,10 @@ def test_a_measure_that_gives_no_number_is_named_in_one_line(gives):
     with pytest.raises(ArgumentError, match=r"^measure\(0, 100, 0\) gave .*; need a Measurement or seconds per "
                                             r"iteration$"):
         tune_num_workers(measure=lambda w, i, u: gives, max_workers=2, strategy="paper", progress=False)
+
+
+@pytest.mark.parametrize("name", ["progress", "warn"])
+def test_a_switch_given_a_string_is_refused_not_read_as_on(name):
+    with pytest.raises(ArgumentTypeError, match=f"{name} must be True or False, got 'no'"):
+        tune_num_workers(measure=lambda w, i, u: Measurement(0.01, 0.1), batch_size=8, max_workers=2, iterations=8,
+                         **{name: "no"})
