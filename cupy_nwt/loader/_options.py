@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .. import system
-from .._checks import check_int, check_number
+from .._checks import check_bool, check_int, check_number
 from ..errors import ArgumentError, ArgumentTypeError
 from ..picks.pick import OnlinePick, auto_fingerprint, auto_request, missing, saved_pick
 from ..ranks import RankLayout, agree, process_group_layout, rank_layout, worker_budget
@@ -123,7 +123,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     collate_fn = _collate_fn(collate_fn)
     for name, fn in (("worker_init_fn", worker_init_fn), ("batch_transform", batch_transform)):
         _callable_or_none(name, fn)
-    in_order, zero_copy = check_flag("in_order", in_order), check_flag("zero_copy", zero_copy)
+    in_order, zero_copy = check_bool("in_order", in_order), check_bool("zero_copy", zero_copy)
     if isinstance(num_workers, (int, np.integer)) and not isinstance(num_workers, bool) and num_workers < 0:
         raise ArgumentError("num_workers option should be non-negative; use num_workers=0 to disable multiprocessing. "
                             f"cupy_nwt: got {num_workers}; num_workers='auto' picks a count for this machine")
@@ -358,13 +358,6 @@ def check_pin_memory(pin_memory: Any, pin_memory_device: Any, device: str, stack
         warnings.warn(PIN_WITHOUT_GPU, UserWarning, stacklevel=stacklevel)
 
 
-def check_flag(name: str, value: Any) -> bool:
-    """A True/False option (a NumPy bool too), or a one-line TypeError."""
-    if not isinstance(value, (bool, np.bool_)):
-        raise ArgumentTypeError(f"{name} must be True or False, got {value!r}")
-    return bool(value)
-
-
 def _callable_or_none(name: str, fn: Any) -> Any:
     if fn is not None and not callable(fn):
         raise ArgumentError(f"{name} must be callable or None, got {type(fn).__name__}")
@@ -407,9 +400,9 @@ def changed(options: Options, name: str, value: Any, gpus: PrefetchOps | None = 
     if name == "timeout":
         return replace(o, timeout=resolve_timeout(value))
     if name == "in_order":
-        return replace(o, in_order=check_flag(name, value))
+        return replace(o, in_order=check_bool(name, value))
     if name == "zero_copy":
-        return replace(o, zero_copy=check_flag(name, value))
+        return replace(o, zero_copy=check_bool(name, value))
     if name in ("device", "device_id"):
         given = value if name == "device" else ("cpu" if value is None else f"cuda:{check_int('device_id', value, ge=0)}")
         device, device_id = resolve_device(given, o.rank_layout, gpus)

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from .. import cuda
 from ..data.contract import map_length
 from ..errors import ArgumentError
 from ..loader import DataLoader
+from ..loader._options import PIN_WITHOUT_GPU
 from ..picks.fingerprint import device_kind
 from ..picks.pick import check_step
 from ..ranks import device_for_rank, rank_layout
@@ -87,6 +89,8 @@ class LoaderMeasure:
         self.pin_memory = pin_memory
         self.device = device_kind(device)
         self.loader_device = _trial_device(device, self.device)
+        if pin_memory and self.loader_device == "cpu":  # said here once, not by each trial's loader
+            warnings.warn(PIN_WITHOUT_GPU, UserWarning, stacklevel=3)
         self.batch_transform = batch_transform
         self.seed = seed
         self.multiprocessing_context = multiprocessing_context
@@ -109,6 +113,7 @@ class LoaderMeasure:
         # rank 0 of 1 explicitly: under a launcher a trial measures one loader, not a shard of the data
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+            warnings.filterwarnings("ignore", message=re.escape(PIN_WITHOUT_GPU), category=UserWarning)
             return DataLoader(
                 self.dataset, batch_size=self.batch_size, shuffle=True, seed=self.seed, drop_last=True,
                 num_workers=workers, prefetch_factor=self.prefetch_factor, pin_memory=self.pin_memory,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -62,3 +64,13 @@ def test_a_switch_given_a_string_is_refused_not_read_as_on(name):
     with pytest.raises(ArgumentTypeError, match=f"{name} must be True or False, got 'no'"):
         tune_num_workers(measure=lambda w, i, u: Measurement(0.01, 0.1), batch_size=8, max_workers=2, iterations=8,
                          **{name: "no"})
+
+
+def test_pinning_without_a_gpu_is_said_once_not_by_every_trial():
+    """A user tuning with pin_memory=True on a CPU machine sees torch's warning once, at their own call."""
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        tune_num_workers(np.zeros((64, 4), np.float32), batch_size=8, pin_memory=True, device="cpu", strategy="fast",
+                         max_workers=3, iterations=8, progress=False)
+    pins = [w for w in seen if "pin_memory" in str(w.message)]
+    assert len(pins) == 1 and pins[0].filename == __file__
