@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__, cuda, system
+from .._checks import check_number
 from .._files import check_writable
 from ..errors import ArgumentError
 from ..loader.workers.kinds import WORKER_TYPES
@@ -211,9 +212,9 @@ def _step_option(text: str | None) -> Any:
         seconds = float(text)
     except ValueError:
         raise ArgumentError(f"--step must be seconds per step (e.g. 0.005) or MODULE:ATTR, got {text!r}") from None
-    if not 0 < seconds < float("inf"):
-        raise ArgumentError(f"--step must be a positive number of seconds, got {text!r}")
-    return seconds
+    from ..picks.pick import MAX_STEP_S  # noqa: PLC0415
+
+    return check_number("--step", seconds, gt=0, le=MAX_STEP_S, unit="seconds")
 
 
 def cmd_reproduce(args: argparse.Namespace) -> int:

@@ -76,7 +76,7 @@ def test_noisy_trials_print_a_warning_with_what_to_do(dataset, capsys, monkeypat
     assert captured.err.startswith("cupy-nwt tune: warning: the pick of 2 workers is unreliable")
 
 
-@pytest.mark.parametrize("bad", ["0", "-1", "abc", "nan", "inf"])
+@pytest.mark.parametrize("bad", ["0", "-1", "abc", "nan", "inf", "1e9"])
 def test_a_bad_step_is_one_line(dataset, capsys, bad):
     assert cli.main(["tune", "--dataset", str(dataset), *ARGS, "--step", bad]) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
