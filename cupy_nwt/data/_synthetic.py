@@ -163,7 +163,7 @@ class SyntheticCIFAR10(ImageDataset):
         n: number of images.
         seed: the seed the images and labels are built from: the same seed, the same dataset.
         fmt: how images are stored, "png" or "jpeg": each costs a real decode, as real data does.
-        cache_dir: where the built dataset is cached (default: the user cache dir).
+        cache_dir: where the built dataset is cached (default: ``$CUPY_NWT_CACHE_DIR``, else the user cache dir).
         transform: applied to each decoded image (HWC uint8).
         progress: show the first build on stderr.
     """

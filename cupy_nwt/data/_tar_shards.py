@@ -269,7 +269,8 @@ def write_tar_shard(path: str | os.PathLike, images: Sequence[np.ndarray] | np.n
     Args:
         path: the archive to write (gzip when it ends .gz or .tgz).
         images: uint8 H x W x C images.
-        labels: one non-negative integer label per image (the only labels a directory name reads back as).
+        labels: one non-negative integer label per image, up to 2**63-1 (the only labels a directory name reads
+            back as, kept as int64).
         fmt: "png" or "jpeg".
         class_names: name members' directories by these names instead of the integer labels.
     """
