@@ -72,8 +72,8 @@ class RingFile:
     def reserve(self, nbytes: int) -> None:
         """Check the memory and size the file now; allocate every page on a thread beside the caller, then seal
         the size (once: the seals refuse a second). The check is what refuses a ring the machine cannot hold,
-        before the first batch; allocating the pages (a quarter of a second for 32 slots of ImageNet's batches,
-        1.2 GB, on a 2-vCPU machine) need not hold that batch back, and a page a worker writes first it
+        before the first batch; allocating the pages (time that grows with the ring: 32 slots of
+        ImageNet's batches are 1.2 GB) need not hold that batch back, and a page a worker writes first it
         allocates itself. ``settle()`` waits for the allocation and raises the kernel's refusal, if any."""
         check_room(nbytes)
         try:
