@@ -17,6 +17,10 @@ Where the bytes come from (``pin_path``):
 A batch outside the ring (one made before the ring existed, or one that did not fit its layout) is
 copied from its own pageable arrays; its leaves that are not arrays are handed out as they are.
 
+A copy that cannot be issued (out of memory, a CUDA error) fails its own batch, in its turn, in one line,
+as a worker's failed batch does, and the epoch goes on; when not even the side stream can be waited for
+any more, the device is unusable and the epoch ends with that first error.
+
 The device arrays are CuPy's; a batch whose samples held torch tensors (or JAX arrays), or an
 ``output`` that asks for them, is handed over through DLPack, without a copy. That happens only
 after the consumer's stream was told to wait on the copy, so a consumer on another stream of its
@@ -29,6 +33,7 @@ on it is never overwritten early.
 
 from __future__ import annotations
 
+import os
 import time
 from collections import deque
 from collections.abc import Callable, Generator
@@ -39,7 +44,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from ... import cuda
-from ...errors import RunError
+from ...errors import RunError, WorkerError, as_worker_error
 from .._events import Listener
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import BatchSource, FailedBatch, HostBatch, unjoinable
@@ -203,9 +208,8 @@ class DevicePrefetcher:
                 yield batch
         finally:
             for c in list(inflight) + list(pending):
-                if c.event is not None:
-                    self.ops.sync(c.event)
-                self._release(source, c)
+                if c.event is None or self._settled(c.event):
+                    self._release(source, c)
 
     def _issue(self, source: BatchSource, layout: SlotLayout | None, inflight: deque, pending: deque, block: bool) -> bool:
         try:
@@ -237,6 +241,11 @@ class DevicePrefetcher:
                 self.ops.h2d(d, s, self._side)
             c.batch = (hb.treedef if hb.treedef is not None else _treedef(layout), dev, hb.objects, hb.index)
             c.event = self.ops.record(self._side)
+        except Exception as exc:  # noqa: BLE001 - a CUDA error or out of memory: this batch's failure
+            if not self._abandon(source, c):
+                raise copy_failed(exc, hb.index) from None  # the device cannot go on: the epoch ends here
+            inflight.append(_Copy(FailedBatch(copy_failed(exc, hb.index), hb.index), None, None, None))
+            return True
         except BaseException:
             self._abandon(source, c)
             raise
@@ -246,13 +255,26 @@ class DevicePrefetcher:
         inflight.append(c)
         return True
 
-    def _abandon(self, source: BatchSource, c: _Copy) -> None:
-        """A copy that failed half-way: give its slot and staging buffer back once no queued copy reads them."""
+    def _settled(self, event: Any) -> bool:
+        """Wait for ``event``; False when the device cannot be waited for (its error is the caller's to see from
+        its own next CUDA call, never in place of the error that ended the epoch): the memory is then kept."""
         try:
-            self.ops.sync(self.ops.record(self._side))
+            self.ops.sync(event)
+        except Exception:  # noqa: BLE001 - see above
+            return False
+        return True
+
+    def _abandon(self, source: BatchSource, c: _Copy) -> bool:
+        """A copy that failed half-way: give its slot and staging buffer back once no queued copy reads them.
+        False when the side stream cannot be waited for: the memory is kept (safe), and the device is unusable."""
+        try:
+            event = self.ops.record(self._side)
         except Exception:  # noqa: BLE001 - the first error is the one to report; keeping the memory is safe
-            return
+            return False
+        if not self._settled(event):
+            return False
         self._release(source, c)
+        return True
 
     def _staging_buffer(self, source: BatchSource, layout: SlotLayout, pending: deque) -> np.ndarray:
         if not self._staging_free and self._staging_count >= STAGING_BUFFERS and pending:
@@ -278,6 +300,17 @@ class DevicePrefetcher:
         if c.staging is not None:
             self._staging_free.append(c.staging)
             c.staging = None
+
+
+def copy_failed(exc: Exception, batch_index: int) -> WorkerError:
+    """A batch whose copy to the GPU could not be issued (out of memory, a CUDA error), in one line; an instance
+    of the original type too where it can be (``except MemoryError`` still catches an out-of-memory)."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    err = as_worker_error(type(exc), f"the main process (pid {os.getpid()}) failed on batch {batch_index}: "
+                          f"its copy to the GPU could not be issued: {text}",
+                          pid=os.getpid(), batch_index=batch_index, exc_type=type(exc).__name__)
+    err.__cause__ = exc.with_traceback(None)  # its frames hold the source, and so the ring, past close()
+    return err
 
 
 def _treedef(layout: SlotLayout | None) -> Any:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from toy_data import Squares
 
-from cupy_nwt import DataLoader, cuda
+from cupy_nwt import CupyNwtError, DataLoader, cuda
 from cupy_nwt.loader import LoaderParts
 from cupy_nwt.loader.device.prefetch import STAGING_BUFFERS, CudaOps, DevicePrefetcher
 from cupy_nwt.loader.epoch.sources import InlineSource
@@ -284,3 +284,77 @@ def test_gpu_consumer_on_its_own_stream_sees_complete_batches_with_workers_zero(
                         output="cupy") as dl:
             sums = [int((x.astype("int64") * 1).sum()) for x, _ in dl]  # kernels on s, after the wait
     assert sums == [int(rx.astype(np.int64).sum()) for rx, _ in ref]
+
+
+class OutOfMemory(MemoryError):
+    """As CuPy's ``OutOfMemoryError``: a ``MemoryError`` with one line that says how much."""
+
+
+@pytest.mark.parametrize("pin", [True, "staging", False])
+def test_a_copy_that_fails_fails_its_own_batch_in_one_line_and_the_epoch_goes_on(pin):
+    """The copy of batch 3 is issued while batch 2 is handed out: its failure is batch 3's, in its turn."""
+
+    class OomOnBatch3(LazyCuda):
+        copies = 0
+
+        def h2d(self, dst, src, stream) -> None:
+            self.copies += 1
+            if self.copies == 7:  # batch 3's first leaf: two leaves a batch
+                raise OutOfMemory("Out of memory allocating 512 bytes (allocated so far: 4,096 bytes).")
+            super().h2d(dst, src, stream)
+
+    ops = OomOnBatch3()
+    with DataLoader(Squares(40, modulo=200), batch_size=4, device="cuda", pin_memory=pin,
+                    parts=LoaderParts(ops=ops)) as dl:
+        it = iter(dl)
+        got, failed = [], []
+        for k in range(10):
+            try:
+                got.append(ops.consume(next(it))[1].tolist())
+            except CupyNwtError as exc:
+                failed.append((k, exc))
+        with pytest.raises(StopIteration):
+            next(it)
+        assert dl.slots_in_use() == 0
+    assert got == [list(range(b, b + 4)) for b in range(0, 40, 4) if b != 12]
+    [(k, exc)] = failed
+    assert k == 3 and isinstance(exc, MemoryError) and exc.batch_index == 3
+    assert "batch 3" in str(exc) and "Out of memory allocating 512 bytes" in str(exc) and "\n" not in str(exc)
+
+
+def test_a_copy_failing_on_a_broken_device_ends_the_epoch_with_that_error_in_one_line():
+    """A sticky CUDA error: nothing can be waited for after it. The first error is the one reported, not a
+    later wait's, and the epoch ends instead of failing every batch after it."""
+
+    class Sticky(RuntimeError):
+        pass
+
+    class BrokenAtBatch3(LazyCuda):
+        copies = 0
+        broken = False
+
+        def h2d(self, dst, src, stream) -> None:
+            self.copies += 1
+            if self.copies == 7:
+                self.broken = True
+            if self.broken:
+                raise Sticky("cudaErrorIllegalAddress: an illegal memory access was encountered")
+            super().h2d(dst, src, stream)
+
+        def sync(self, event) -> None:
+            if self.broken:
+                raise Sticky("cudaErrorIllegalAddress: an illegal memory access was encountered (again)")
+            super().sync(event)
+
+    ops = BrokenAtBatch3()
+    with DataLoader(Squares(40, modulo=200), batch_size=4, device="cuda", pin_memory=True,
+                    parts=LoaderParts(ops=ops)) as dl:
+        it = iter(dl)
+        got = [ops.consume(next(it))[1].tolist() for _ in range(2)]
+        with pytest.raises(CupyNwtError) as info:
+            next(it)  # batch 2's turn issues batch 3's copy
+        with pytest.raises(StopIteration):
+            next(it)
+    assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    text = str(info.value)
+    assert isinstance(info.value, RuntimeError) and "batch 3" in text and "\n" not in text and "(again)" not in text
