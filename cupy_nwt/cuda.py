@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -280,6 +281,17 @@ def current_stream():
     return _cupy().cuda.get_current_stream()
 
 
+def framework_stream(framework: str, device: int):
+    """CuPy's handle on the stream ``framework`` queues its kernels on now on ``device`` (torch's current one), to
+    record events on; None when that is CuPy's current stream, or cannot be known (JAX keeps its streams to
+    itself; torch may be built without CUDA)."""
+    torch = sys.modules.get("torch") if framework == "torch" else None
+    if torch is None or not torch.cuda.is_available():
+        return None
+    cupy, ptr = _cupy(), int(torch.cuda.current_stream(device).cuda_stream)
+    return None if ptr == int(cupy.cuda.get_current_stream().ptr) else cupy.cuda.ExternalStream(ptr)
+
+
 def stream_synchronizer(device: int):
     """A no-argument callable that waits for ``device``'s current stream, from any current device.
 
@@ -320,7 +332,6 @@ def as_numpy(device_array) -> np.ndarray:
 
 def is_device_array(obj: object) -> bool:
     return hasattr(obj, "__cuda_array_interface__")
-
 
 
 def _check_copy(dst: Any, src: Any) -> int:
@@ -392,8 +403,6 @@ def release_memory_pools() -> None:
 
 def cuda_may_be_initialized() -> bool:
     """True when CuPy is imported here and a GPU is usable: a forked child must then avoid CUDA."""
-    import sys  # noqa: PLC0415
-
     return "cupy" in sys.modules and gpu_status().available
 
 

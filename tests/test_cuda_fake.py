@@ -78,7 +78,9 @@ class FakeCupy:
             pointerGetAttributes=lambda ptr: record("pointerGetAttributes", ptr) or types.SimpleNamespace(
                 device=fake.devices_at[ptr]),
         )
-        self.cuda = types.SimpleNamespace(Device=Device, runtime=runtime)
+        self.stream = types.SimpleNamespace(ptr=0)  # CuPy's current stream: the legacy default one
+        self.cuda = types.SimpleNamespace(Device=Device, runtime=runtime, get_current_stream=lambda: fake.stream,
+                                          ExternalStream=lambda ptr: ("external", ptr, fake.current))
 
     ndarray = FakeArray
 
@@ -138,6 +140,28 @@ def test_the_prefetcher_detaches_its_ring_on_the_loader_device(fake):
             assert pf.attach(ring) == "registered"
         pf.close()
     assert [c[:2] for c in fake.calls] == [("hostRegister", 1), ("hostUnregister", 1)]
+
+
+def test_torchs_current_stream_on_the_loader_device_is_the_one_a_torch_batch_also_orders_after(fake, monkeypatch):
+    """torch under ``torch.cuda.stream(s)`` queues on s, not on CuPy's current stream: the prefetcher's copies
+    into reused memory wait on s too (None where torch's stream is CuPy's, or for JAX, whose is not known)."""
+    torch = pytest.importorskip("torch")
+    asked: list[int] = []
+
+    def current_stream(device):
+        asked.append(device)
+        return types.SimpleNamespace(cuda_stream=torch_stream)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", current_stream)
+    ops = CudaOps()
+    torch_stream = 0x5A00
+    with fake.cuda.Device(1):
+        assert ops.framework_stream("torch") == ("external", 0x5A00, 1)
+        assert ops.framework_stream("jax") is None
+        torch_stream = 0  # torch's default stream, and CuPy's: nothing more to wait on
+        assert ops.framework_stream("torch") is None
+    assert asked == [1, 1]
 
 
 def test_spin_kernel_runs_on_the_batch_device_with_a_sink_there(fake):

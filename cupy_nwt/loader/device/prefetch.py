@@ -28,7 +28,9 @@ framework is ordered after the copy by DLPack's own stream handshake.
 
 Device arrays are allocated from the pool of the consumer's stream, and the side stream waits on that
 stream before writing them: memory a previous batch freed while the consumer still had kernels queued
-on it is never overwritten early.
+on it is never overwritten early. A batch handed to torch is used on torch's current stream, which may
+be another (``torch.cuda.stream(s)``): a tensor the host drops gives its memory back to that pool at
+once, whatever torch still has queued, so the side stream waits on torch's current stream too.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from ...errors import RunError, WorkerError, as_worker_error
 from .._events import Listener
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import BatchSource, FailedBatch, HostBatch, unjoinable
-from ..ring.tree import OutputTree, join
+from ..ring.tree import OutputTree, join, leaf_frameworks
 
 STAGING_BUFFERS = 3
 
@@ -63,13 +65,16 @@ class PrefetchOps(Protocol):
 
     ``CudaOps`` is the real one; a loader takes another through ``LoaderParts(ops=...)`` (the tests
     give it a fake that runs copies late). ``device_count`` and ``device_scope`` stand for the GPUs
-    the loader may pick from and make current.
+    the loader may pick from and make current. ``framework_stream`` is the stream a framework a batch is
+    handed to (torch) runs its kernels on now, where that is not ``current_stream()`` (None: the same one,
+    or not known).
     """
 
     def device_count(self) -> int: ...
     def device_scope(self, device_id: int) -> AbstractContextManager[Any]: ...
 
     def current_stream(self) -> Any: ...
+    def framework_stream(self, framework: str) -> Any: ...
     def new_stream(self) -> Any: ...
     def record(self, stream: Any) -> Any: ...
     def wait(self, stream: Any, event: Any) -> None: ...
@@ -93,6 +98,9 @@ class CudaOps(PrefetchOps):
 
     def current_stream(self) -> Any:
         return cuda.current_stream()
+
+    def framework_stream(self, framework: str) -> Any:
+        return cuda.framework_stream(framework, cuda.current_device())
 
     def new_stream(self) -> Any:
         return cuda.stream(non_blocking=True)
@@ -146,6 +154,7 @@ class DevicePrefetcher:
         self._staging_count = 0
         self._layout: SlotLayout | None = None
         self._ring: Ring | None = None
+        self._frameworks: tuple[Any, tuple[str, ...]] = (None, ())  # the last batch structure's, and its frameworks
         self.events, self.clock = events, clock  # each batch's host seconds issuing copies (staging memcpy included)
 
     def attach(self, ring: Ring) -> str:
@@ -225,11 +234,13 @@ class DevicePrefetcher:
         c = _Copy(None, None, hb, None)
         t0 = self.clock()
         try:
+            layout = layout if layout is not None else self._layout
+            treedef = hb.treedef if hb.treedef is not None else _treedef(layout)
             consumer = self.ops.current_stream()
             dev = [self.ops.empty(a.shape, a.dtype, consumer) for a in hb.leaves]
-            self.ops.wait(self._side, self.ops.record(consumer))
+            for stream in (consumer, *self._framework_streams(treedef)):
+                self.ops.wait(self._side, self.ops.record(stream))
             src = hb.leaves if hb.slot is not None else [np.ascontiguousarray(a) for a in hb.leaves]
-            layout = layout if layout is not None else self._layout
             if self.pin_path == "staging" and hb.slot is not None and layout is not None:
                 c.staging = self._staging_buffer(source, layout, pending)
                 src = layout.views(c.staging, 0, hb.rows)
@@ -239,7 +250,7 @@ class DevicePrefetcher:
                 c.host = None
             for d, s in zip(dev, src):
                 self.ops.h2d(d, s, self._side)
-            c.batch = (hb.treedef if hb.treedef is not None else _treedef(layout), dev, hb.objects, hb.index)
+            c.batch = (treedef, dev, hb.objects, hb.index)
             c.event = self.ops.record(self._side)
         except Exception as exc:  # noqa: BLE001 - a CUDA error or out of memory: this batch's failure
             if not self._abandon(source, c):
@@ -254,6 +265,14 @@ class DevicePrefetcher:
                 self.events.copied(self.clock() - t0)
         inflight.append(c)
         return True
+
+    def _framework_streams(self, treedef: Any) -> list[Any]:
+        """The current streams of the frameworks ``treedef``'s leaves are handed to, where not the consumer's."""
+        if self._frameworks[0] is not treedef:
+            named = {fw for fw in leaf_frameworks(self.as_output(treedef)) if fw is not None}
+            self._frameworks = (treedef, tuple(sorted(named)))
+        streams = (self.ops.framework_stream(fw) for fw in self._frameworks[1])
+        return [s for s in streams if s is not None]
 
     def _settled(self, event: Any) -> bool:
         """Wait for ``event``; False when the device cannot be waited for (its error is the caller's to see from

@@ -63,6 +63,9 @@ class LazyCuda:
     def current_stream(self):
         return self.consumer
 
+    def framework_stream(self, framework: str):
+        return None  # every framework's kernels on the consumer stream
+
     def new_stream(self):
         return Stream("side")
 

@@ -56,14 +56,29 @@ class Registration:
         pass
 
 
+class Owned(np.ndarray):
+    """A view whose DLPack capsule keeps the device array it belongs to alive, as CuPy's keeps its array."""
+
+    owner: Any = None
+
+
 class DeviceArray:
-    """Device memory as the GPU sees it: a block of the pool, back in its stream's pool once dropped."""
+    """Device memory as the GPU sees it: a block of the pool, back in its stream's pool once dropped (and
+    once the last framework tensor made over it through DLPack is gone)."""
 
     def __init__(self, block: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> None:
         self.block, self.shape, self.dtype = block, shape, np.dtype(dtype)
 
     def view(self) -> np.ndarray:
         return self.block[: int(np.prod(self.shape)) * self.dtype.itemsize].view(self.dtype).reshape(self.shape)
+
+    def __dlpack__(self, **kw: Any) -> Any:
+        v = self.view().view(Owned)
+        v.owner = self
+        return v.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.view().__dlpack_device__()
 
 
 class PooledGpu:
@@ -74,6 +89,8 @@ class PooledGpu:
         self.pools: dict[str, list[np.ndarray]] = {}
         self.allocated = self.reused = 0
         self.side: list[Stream] = []
+        self.framework: dict[str, Stream] = {}  # a framework's current stream, where it is not the consumer's
+        self.blocks: dict[int, np.ndarray] = {}  # address -> block, to find the memory under a torch tensor
 
     # -- PrefetchOps
     def device_count(self) -> int:
@@ -84,6 +101,9 @@ class PooledGpu:
 
     def current_stream(self) -> Stream:
         return self.consumer
+
+    def framework_stream(self, framework: str) -> Stream | None:
+        return self.framework.get(framework)
 
     def new_stream(self) -> Stream:
         s = Stream("side")
@@ -112,6 +132,7 @@ class PooledGpu:
             self.reused += 1
         else:
             block = np.full(nbytes, GARBAGE, np.uint8)
+            self.blocks[block.ctypes.data] = block
             self.allocated += 1
         arr = DeviceArray(block, tuple(shape), dtype)
         weakref.finalize(arr, pool.append, block)
@@ -137,25 +158,32 @@ class PooledGpu:
             stream.run_to(len(stream.ops))
 
     # -- the training loop's side
-    def step(self, batch, seen: list) -> Event:
-        """Queue a step that reads ``batch`` on the consumer stream; the batch's memory, not the batch object."""
-        parts = [(a.block, a.shape, a.dtype) for a in batch]
+    def memory(self, a: Any) -> tuple[np.ndarray, tuple[int, ...], np.dtype]:
+        """The block under a device array or a torch tensor made over one, its shape and dtype."""
+        if isinstance(a, DeviceArray):
+            return a.block, a.shape, a.dtype
+        return self.blocks[a.data_ptr()], tuple(a.shape), a[:0].numpy().dtype
+
+    def step(self, batch, seen: list, stream: Stream | None = None) -> Event:
+        """Queue a step that reads ``batch`` on ``stream`` (the consumer's); the batch's memory, not the batch object."""
+        parts = [self.memory(a) for a in batch]
+        stream = stream if stream is not None else self.consumer
 
         def run() -> None:
             seen.append(tuple(DeviceArray(b, s, d).view().copy() for b, s, d in parts))
 
-        self.consumer.ops.append(run)
-        return Event(self.consumer)
+        stream.ops.append(run)
+        return Event(stream)
 
 
-def train(loader, gpu: PooledGpu, depth: int) -> list:
+def train(loader, gpu: PooledGpu, depth: int, stream: Stream | None = None) -> list:
     """A loop that never reads a step back: before queueing step k it waits only for step k - depth."""
     seen: list = []
     queue: deque[Event] = deque()
     for batch in loader:
         while len(queue) >= depth:
             gpu.sync(queue.popleft())
-        queue.append(gpu.step(batch, seen))
+        queue.append(gpu.step(batch, seen, stream))
     for ev in queue:
         gpu.sync(ev)
     return seen
@@ -174,6 +202,26 @@ def test_a_queued_step_reads_its_own_batch_though_the_host_freed_it(pin, depth):
     gpu = PooledGpu()
     with DataLoader(Squares(41, modulo=200), device="cuda", output="cupy", pin_memory=pin, parts=LoaderParts(ops=gpu), **KW) as dl:
         got = train(dl, gpu, depth)
+    ref = reference(41)
+    assert gpu.reused > 0, "no batch memory was reused: the test would prove nothing"
+    assert len(got) == len(ref)
+    for k, ((x, y), (rx, ry)) in enumerate(zip(got, ref)):
+        assert np.array_equal(y, ry) and np.array_equal(x, rx), f"step {k} read another batch's bytes"
+
+
+@pytest.mark.parametrize("pin", [True, "staging"])
+def test_a_torch_step_queued_on_torchs_own_stream_reads_its_own_batch(pin):
+    """output="torch" in a loop under ``torch.cuda.stream(s)``: the steps run on torch's stream, not on the
+    stream current for CuPy. A tensor the host drops hands its memory back at once, so the copy of a later
+    batch into that memory must wait for torch's stream too, not only for CuPy's."""
+    torch = pytest.importorskip("torch")
+    gpu = PooledGpu()
+    on_torch = gpu.framework["torch"] = Stream("torch")
+    with DataLoader(Squares(41, modulo=200), device="cuda", output="torch", pin_memory=pin, parts=LoaderParts(ops=gpu),
+                    **KW) as dl:
+        assert torch.is_tensor(next(iter(dl))[0])
+        dl.set_epoch(0)
+        got = train(dl, gpu, 2, on_torch)
     ref = reference(41)
     assert gpu.reused > 0, "no batch memory was reused: the test would prove nothing"
     assert len(got) == len(ref)
@@ -234,3 +282,26 @@ def test_gpu_queued_steps_read_their_own_batches():
             done.record(stream)
             queue.append(done)
     assert [int(s) for s in sums] == [int(x.astype(np.int64).sum()) for x, _ in reference(203)]
+
+
+@pytest.mark.gpu
+def test_gpu_torch_steps_on_their_own_stream_read_their_own_batches():
+    """Under ``torch.cuda.stream(s)`` each step sleeps on s before it sums its batch, so the host runs two steps
+    ahead and drops tensors whose sums are still queued on s (not on CuPy's current stream)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch is built without CUDA here")
+    s = torch.cuda.Stream()
+    sums, queue = [], deque()
+    with torch.cuda.stream(s), DataLoader(Squares(203, modulo=200), device="cuda", output="torch", pin_memory=True,
+                                          num_workers=2, **KW) as dl:
+        for x, _ in dl:
+            while len(queue) >= 2:
+                queue.popleft().synchronize()
+            torch.cuda._sleep(4_000_000)
+            sums.append(x.to(torch.int64).sum())
+            done = torch.cuda.Event()
+            done.record(s)
+            queue.append(done)
+    torch.cuda.synchronize()
+    assert [int(t) for t in sums] == [int(x.astype(np.int64).sum()) for x, _ in reference(203)]
