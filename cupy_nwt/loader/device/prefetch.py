@@ -189,9 +189,10 @@ class DevicePrefetcher:
 
         ``layout`` is the ring's (the staging buffers are cut by it); by default, the attached ring's.
         A batch the source could not make is yielded in its turn as the ``FailedBatch`` it raised.
+        Each epoch's side stream is made with the loader's device current (it runs each step there): an event
+        is recorded only on a stream of the current device, and ``device_id`` may be set between epochs.
         """
-        if self._side is None:
-            self._side = self.ops.new_stream()
+        self._side = self.ops.new_stream()
         inflight: deque[_Copy] = deque()
         pending: deque[_Copy] = deque()
         try:

@@ -361,3 +361,58 @@ def test_a_copy_failing_on_a_broken_device_ends_the_epoch_with_that_error_in_one
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]
     text = str(info.value)
     assert isinstance(info.value, RuntimeError) and "batch 3" in text and "\n" not in text and "(again)" not in text
+
+
+def test_a_loader_moved_to_another_gpu_copies_there_on_a_stream_of_that_gpu():
+    """``device_id`` set between epochs (the next iteration uses it): an event is recorded on a stream of the
+    device current at the call, as cudaEventRecord requires, so the side stream must be the new GPU's."""
+
+    class Stray(RuntimeError):
+        pass
+
+    class TwoGpus(LazyCuda):
+        def __init__(self) -> None:
+            super().__init__()
+            self.current = 0
+            self.consumers = {d: Stream(f"consumer{d}") for d in (0, 1)}
+            self.copied_on: set[int] = set()
+
+        @contextlib.contextmanager
+        def device_scope(self, device_id: int):
+            before, self.current = self.current, device_id
+            try:
+                yield
+            finally:
+                self.current = before
+
+        def current_stream(self):
+            return self.consumers[self.current]
+
+        def new_stream(self):
+            s = Stream("side")
+            s.device = self.current
+            return s
+
+        def record(self, stream):
+            if getattr(stream, "device", self.current) != self.current:
+                raise Stray("cudaErrorInvalidResourceHandle: invalid resource handle")
+            return super().record(stream)
+
+        def h2d(self, dst, src, stream) -> None:
+            self.copied_on.add(stream.device)
+            super().h2d(dst, src, stream)
+
+        def consume(self, batch):
+            for kind, stream, ev in [e for e in self.log if e[0] == "wait"]:
+                ev.stream.run_to(ev.pos)
+            return super().consume(batch)
+
+    ops = TwoGpus()
+    with DataLoader(Squares(20, modulo=200), batch_size=4, device="cuda:0", pin_memory=True,
+                    parts=LoaderParts(ops=ops)) as dl:
+        first = [ops.consume(b)[1].tolist() for b in dl]
+        dl.device_id = 1
+        ops.copied_on.clear()
+        second = [ops.consume(b)[1].tolist() for b in dl]
+    assert first == second == [list(range(b, b + 4)) for b in range(0, 20, 4)]
+    assert ops.copied_on == {1}
