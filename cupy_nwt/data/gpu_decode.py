@@ -221,7 +221,8 @@ class GpuJpegDecoder:
         h, w = self.size
         out = cuda.device_empty((n, 3, h, w), np.float32)
         if n:
-            meta_dev = cuda.to_device(meta)
+            meta_dev = cuda.device_empty(meta.shape, meta.dtype)  # from the current stream's pool: written in its order
+            cuda.memcpy_h2d(meta_dev, meta)
             total = n * h * w
             s, b = self._scale.astype(np.float32), self._bias.astype(np.float32)
             self._kernel((-(-total // BLOCK),), (BLOCK,),

@@ -26,9 +26,17 @@ from cupy_nwt.errors import ArgumentError
 
 
 class FakeDeviceArray:
-    def __init__(self, host: np.ndarray) -> None:
+    """Device memory as host bytes; a copy into it says which stream it was ordered on (None: the current one)."""
+
+    def __init__(self, host: np.ndarray, copies: list[str]) -> None:
         self.host = host
-        self.data = types.SimpleNamespace(ptr=int(host.ctypes.data))
+        self.flags = host.flags
+
+        def copy_from_host_async(src: int, nbytes: int, stream=None) -> None:
+            ctypes.memmove(int(host.ctypes.data), src, nbytes)
+            copies.append("current stream" if stream is None else "another stream")
+
+        self.data = types.SimpleNamespace(ptr=int(host.ctypes.data), copy_from_host_async=copy_from_host_async)
         self.shape, self.dtype, self.nbytes = host.shape, host.dtype, host.nbytes
 
 
@@ -48,6 +56,7 @@ class FakeCupy:
 
     def __init__(self) -> None:
         self.launches: list[tuple] = []
+        self.copies: list[str] = []
         fake = self
 
         class Event:
@@ -62,6 +71,7 @@ class FakeCupy:
 
         def memcpy(dst, src, nbytes, kind):
             ctypes.memmove(dst, src, nbytes)
+            fake.copies.append("legacy default stream")
 
         self.cuda = types.SimpleNamespace(
             Event=Event, get_current_stream=lambda: types.SimpleNamespace(ptr=0),
@@ -85,7 +95,7 @@ class FakeCupy:
         self.RawKernel = raw_kernel
 
     def empty(self, shape, dtype):
-        return FakeDeviceArray(np.zeros(shape, dtype))
+        return FakeDeviceArray(np.zeros(shape, dtype), self.copies)
 
 
 @pytest.fixture
@@ -168,6 +178,14 @@ def test_pixels_go_back_to_the_codec_only_after_their_kernel_and_the_next_batch_
     decoder(b)
     decoder(b)
     assert len(codec.recycled) == 2 and len(fake.launches) == 3
+
+
+def test_the_kernels_table_is_copied_in_the_current_streams_order(fake):
+    """Its memory comes from the current stream's pool, maybe freed by a kernel still queued there: a copy on
+    the legacy default stream (which a non-blocking stream does not wait for) could overwrite it under that kernel."""
+    b = batch([(30, 40), (30, 40)], [(0, 0, 30, 40), (2, 2, 20, 20)], [False, True])
+    GpuJpegDecoder(16, codec=DeviceCodec("decoder"))(b)
+    assert fake.copies == ["current stream"]
 
 
 def test_the_normalisation_reaches_the_kernel(fake):
