@@ -136,8 +136,9 @@ class DataLoader(SettingsView, Generic[T_co]):
     ``timeout`` bounds each wait for the next batch from the workers (the first waits include worker
     start-up, which is slower with forkserver/spawn). Each iterator has its own workers and gets the
     whole epoch, except with persistent workers or on the GPU, where starting a new iteration ends
-    the previous one. Use ``close()`` or a ``with`` block to stop persistent workers; a loader that
-    is garbage-collected cleans up too.
+    the previous one (a GPU one also when ``device``, ``pin_memory`` or ``output`` was set since). Use
+    ``close()`` or a ``with`` block to stop persistent workers; a loader that is garbage-collected cleans
+    up too.
 
     Args:
         dataset: map-style (``__getitem__``/``__getitems__``) or iterable-style (``__iter__``).
@@ -217,6 +218,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         if name in _FIXED and getattr(self, "_initialized", False):
             raise ArgumentError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
         if name in _SETTABLE:  # as PyTorch allows; checked as the constructor checks it; the next iteration uses it
+            # (device, pin_memory and output too: ``Runtime.follow``)
             object.__setattr__(self, "_options", changed(self._options, name, value, self._runtime.ops))
             return
         super().__setattr__(name, value)
@@ -279,10 +281,10 @@ class DataLoader(SettingsView, Generic[T_co]):
     def pin_path(self) -> str:
         """'registered' (the ring itself is page-locked), 'staging' (pinned bounce buffer) or 'none'.
 
-        Before the first batch this is the path the loader will try; a refused registration turns
-        'registered' into 'staging' when the ring is made.
+        Before the first batch, or after ``device`` or ``pin_memory`` was set, this is the path the next iteration
+        will try; a refused registration turns 'registered' into 'staging' when the ring is made.
         """
-        return self._runtime.pin_path
+        return self._runtime.pin_path(self._options)
 
     @property
     def layout(self) -> SlotLayout | None:
@@ -336,7 +338,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         return it
 
     def _shares_stage(self, options: Options) -> bool:
-        return (options.persistent_workers and options.num_workers > 0) or self._runtime.prefetcher is not None
+        return (options.persistent_workers and options.num_workers > 0) or options.device == "cuda"
 
     def _begin(self, it: Epoch[T_co]) -> None:
         """An iterator's first ``next()``: only then does it take the epoch counter and a loaded state, and
@@ -346,8 +348,9 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._follow_process_group()
         options = self._options
         shared = self._shares_stage(options)
-        if shared:
+        if shared or not self._runtime.serves(options):  # an epoch on the GPU path ends before its prefetcher goes
             self._close_active()
+        self._runtime.follow(options)
         start, self._resume = self._resume, None
         epoch = self._epoch
         start = start if start is not None and start["epoch"] == epoch else None

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from ._events import Events, Listener
 from ._stats import MEMORY_WARN_BYTES, LoaderStats, MemoryReader, Recorder, copy_kind, read_uss, settle_baselines
-from .device.prefetch import DevicePrefetcher, PrefetchOps
+from .device.prefetch import DevicePrefetcher, PrefetchOps, planned_pin_path
 from .ring.ring import Ring, SlotLayout
 from .ring.slots import RingSpec, SlotPool
 from .tuning.online import OnlineTuner
@@ -91,9 +91,15 @@ class Workshop:
         return self.slots.ring
 
 
+def prefetch_for(options: Options) -> tuple[bool | str, str] | None:
+    """What a prefetcher serves: its pinning and the framework it hands batches out in; None off the GPU."""
+    return (options.pin_memory, options.joined_output) if options.device == "cuda" else None
+
+
 class Runtime:
-    """The machinery of one loader, for the options it was made with (``options.device``, ``pin_memory``
-    and ``tuning`` fix the prefetcher and the tuner; each workshop reads the options it is given)."""
+    """The machinery of one loader. ``tuning`` fixes the tuner; the prefetcher follows the options each iteration
+    starts with (``follow``: ``device``, ``pin_memory`` and ``output`` may be set after construction); each
+    workshop reads the options it is given."""
 
     def __init__(self, options: Options, *, ops: PrefetchOps | None = None, reader: MemoryReader = read_uss,
                  clock: Callable[[], float] = time.perf_counter, listeners: tuple[Listener, ...] = (),
@@ -103,11 +109,12 @@ class Runtime:
         self.recorder = Recorder(reader, clock, memory_warn_bytes, forked)
         self.tuner = OnlineTuner(options.tuning, clock) if options.tuning is not None else None
         self.events = Events((self.recorder, *((self.tuner,) if self.tuner is not None else ()), *listeners))
-        self.prefetcher = (DevicePrefetcher(options.pin_memory, ops, self.events, clock, options.joined_output)
-                           if options.device == "cuda" else None)
         self.workshop: Workshop | None = None  # the shared one
         self.loose: list[Workshop] = []  # one per live iteration that has its own workers
         self._layout: SlotLayout | None = None
+        self.prefetcher: DevicePrefetcher | None = None
+        self._serving: tuple[bool | str, str] | None = None  # what the prefetcher was made for (``prefetch_for``)
+        self.follow(options)
         if options.num_workers > 0 and options.worker_kind.processes:  # the server starts while the caller goes on
             prestart_forkserver(options.context, options.start_method,
                                 [options.dataset, options.collate_fn, options.batch_transform,
@@ -125,9 +132,35 @@ class Runtime:
     def decisions(self) -> tuple[Decision, ...]:
         return tuple(self.tuner.decisions) if self.tuner is not None else ()
 
-    @property
-    def pin_path(self) -> str:
-        return self.prefetcher.pin_path if self.prefetcher is not None else "none"
+    def pin_path(self, options: Options) -> str:
+        """The prefetcher's path; after ``device`` or ``pin_memory`` was set, the one the next iteration will try."""
+        if self.serves(options):
+            return self.prefetcher.pin_path if self.prefetcher is not None else "none"
+        return planned_pin_path(options.pin_memory) if options.device == "cuda" else "none"
+
+    # -- the device path
+
+    def serves(self, options: Options) -> bool:
+        """Whether the prefetcher (or its absence) is what ``options`` ask for."""
+        return prefetch_for(options) == self._serving
+
+    def follow(self, options: Options) -> None:
+        """Make, replace or drop the prefetcher as an iteration starts, when ``options`` ask for another. The caller
+        has ended any iteration the old one served. The old one is closed first, undoing its registration of the
+        shared workshop's ring; the new one registers that ring at its first batch from it, as any ring, with the
+        loader's device current. Off the GPU, a shared workshop without workers (the GPU path's own ring) goes too."""
+        want = prefetch_for(options)
+        if want == self._serving:
+            return
+        old, self.prefetcher, self._serving = self.prefetcher, None, want
+        try:
+            if old is not None:
+                old.close()
+        finally:
+            if want is not None:
+                self.prefetcher = DevicePrefetcher(want[0], self.ops, self.events, self.clock, want[1])
+            elif self.workshop is not None and self.workshop.workers is None:
+                self.drop(self.workshop)
 
     def workshops(self) -> list[Workshop]:
         return ([self.workshop] if self.workshop is not None else []) + self.loose

@@ -146,7 +146,7 @@ class DevicePrefetcher:
         self.ops: PrefetchOps = ops if ops is not None else CudaOps()
         self.as_output = OutputTree(output)  # the framework batches are handed out in (``ring.frameworks``)
         self.pin_memory = pin_memory
-        self.pin_path = "none" if not pin_memory else ("staging" if pin_memory == "staging" else "registered")
+        self.pin_path = planned_pin_path(pin_memory)
         self.pin_error: str | None = None
         self._registration: Registration | None = None
         self._side: Any = None
@@ -320,6 +320,11 @@ class DevicePrefetcher:
         if c.staging is not None:
             self._staging_free.append(c.staging)
             c.staging = None
+
+
+def planned_pin_path(pin_memory: bool | str) -> str:
+    """The path ``pin_memory`` asks for, before a refused registration turns "registered" into "staging"."""
+    return "none" if not pin_memory else ("staging" if pin_memory == "staging" else "registered")
 
 
 def copy_failed(exc: Exception, batch_index: int) -> WorkerError:

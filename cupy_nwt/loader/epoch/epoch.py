@@ -224,9 +224,10 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
     source: BatchSource | None = None
     graceful = False
     try:
+        prefetcher = runtime.prefetcher  # the one this epoch's options were followed with (``Runtime.follow``)
         workshop = runtime.workshop if shared else None
         fresh_workshop = workshop is None
-        if workshop is None and (options.num_workers > 0 or runtime.prefetcher is not None):
+        if workshop is None and (options.num_workers > 0 or prefetcher is not None):
             workshop = runtime.new_workshop(options, state.epoch, shared)
         spec = workshop.spec if workshop is not None else None
         state.ledger = ledger_for(options)
@@ -244,8 +245,8 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
             source = InlineSource(maker, plan, None, workshop.slots if workshop is not None else None,
                                   spec=spec, events=runtime.events, ledger=state.ledger, begun=state.maker is not None,
                                   bad=bad)
-        if runtime.prefetcher is not None:
-            yield from on_device(runtime.prefetcher.batches(source), options.device_id, runtime.ops)
+        if prefetcher is not None:
+            yield from on_device(prefetcher.batches(source), options.device_id, runtime.ops)
         else:
             yield from host_batches(source, options.zero_copy, runtime.events, runtime.clock, options.joined_output)
         graceful = state.finished = True
