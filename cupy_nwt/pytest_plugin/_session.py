@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from ..errors import AgainstError
+from .._files import check_writable
+from ..errors import AgainstError, ArgumentError
 from ._against import BaseRevision
 from ._baseline import load_baseline, save_baseline
 from ._cost import COMPONENTS, WEIGHTS, components_of
@@ -73,6 +74,7 @@ class ThroughputGate:
         self.lines: list[tuple[str, str]] = []  # (text, verdict)
         self.missing: list[str] = []  # benchmarks without a baseline entry, under --nwt-require-baseline
         self.evaluated = False
+        self.unsaved = ""  # why --nwt-save-baseline could not be written at the end, "" when it was
 
     def _with(self, verdict: str) -> list[Comparison]:
         return [c for c in self.comparisons if c.judgement(self.max_drop_pct).verdict == verdict]
@@ -97,7 +99,7 @@ class ThroughputGate:
 
     @property
     def failed(self) -> bool:
-        return bool(self.regressions or self.missing)
+        return bool(self.regressions or self.missing or self.unsaved)
 
     def close(self) -> None:
         if self.against is not None:
@@ -129,7 +131,11 @@ class ThroughputGate:
         if not self.current:
             self.lines.append((f"no benchmark figures in this run: baseline {path} not written", "note"))
             return
-        written = save_baseline(path, self.current)
+        try:
+            written = save_baseline(path, self.current)
+        except (OSError, ArgumentError) as exc:
+            self.unsaved = f"cupy_nwt could not write the baseline {path}: {exc}"
+            return
         self.lines.append((f"baseline saved: {written} ({len(self.current)} benchmark(s)); commit it and gate "
                            f"with --nwt-baseline={path} --nwt-require-baseline", "note"))
 
@@ -143,6 +149,8 @@ class ThroughputGate:
         if self.missing:
             text = f"cupy_nwt throughput gate FAILED: {len(self.missing)} benchmark(s) have no baseline entry"
             out.append((text, "regressed"))
+        if self.unsaved:
+            out.append((self.unsaved, "regressed"))
         unjudged = self.unjudged
         if unjudged:
             text = (f"cupy_nwt throughput gate judged nothing for {len(unjudged)} benchmark(s) ({', '.join(unjudged)}): "
@@ -295,6 +303,11 @@ def start_gate(config: pytest.Config) -> ThroughputGate:
             "--nwt-baseline FILE (made with --nwt-save-baseline FILE), or --benchmark-compare[=NUM|ID] after a "
             "run with --benchmark-autosave"
         )
+    if o.save_path is not None:
+        try:  # the file is written after the whole run: a place it cannot go is found now, not then
+            check_writable(o.save_path, "--nwt-save-baseline")
+        except ArgumentError as exc:
+            raise pytest.UsageError(str(exc)) from None
     against = None
     if o.against is not None:
         try:

@@ -108,6 +108,29 @@ def test_a_baseline_saved_to_a_path_is_what_ci_compares_with(project):
                              "test_input_pipeline.py::test_pipeline * compared"])
 
 
+def test_a_baseline_that_cannot_be_written_is_refused_before_the_run(project):
+    project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test())
+    project.syspathinsert()
+    (project.path / "ci").mkdir()
+    (project.path / "notes.txt").write_text("")
+    for where, line in (("ci", "ERROR: --nwt-save-baseline ci is a directory, not a file"),
+                        ("notes.txt/b.json", "ERROR: --nwt-save-baseline notes.txt/b.json: */notes.txt is a file, not a folder")):
+        result = project.runpytest_inprocess(f"--nwt-save-baseline={where}")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([line])
+        result.stdout.no_fnmatch_line("*passed*")
+
+
+def test_a_baseline_whose_place_went_away_during_the_run_fails_it_in_one_line(project):
+    """The test itself puts a file where the baseline's folder was to be made: the write at the end fails."""
+    project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test() + "    open('ci', 'w').close()\n")
+    project.syspathinsert()
+    result = project.runpytest_inprocess("--nwt-save-baseline=ci/baseline.json")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["cupy_nwt could not write the baseline ci/baseline.json: *ci is a file, not a folder"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
 def test_ci_mode_fails_a_benchmark_missing_from_the_baseline(project):
     project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test())
     project.syspathinsert()
