@@ -136,6 +136,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_GATE_KEY] = start_gate(config)
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    gate = session.config.stash.get(_GATE_KEY, None)
+    if gate is not None:
+        gate.read_compared(session.config)
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     gate = config.stash.get(_GATE_KEY, None)
     if gate is not None:

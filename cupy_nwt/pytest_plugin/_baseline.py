@@ -16,7 +16,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -31,66 +31,70 @@ MAX_CORES = 100_000.0
 MAX_COUNTED = 10**9
 
 
-def _bad(path: Path, what: str) -> pytest.UsageError:
-    return pytest.UsageError(f"--nwt-baseline: {path}: {what} (re-create it with --nwt-save-baseline {path})")
+#: how a bad field is reported: the error for one line saying what is wrong
+Bad = Callable[[str], pytest.UsageError]
+
+
+def _bad_file(path: Path) -> Bad:
+    return lambda what: pytest.UsageError(f"--nwt-baseline: {path}: {what} (re-create it with --nwt-save-baseline {path})")
 
 
 def _is_num(v: Any) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
 
 
-def _check_machine(path: Path, where: str, machine: Any) -> None:
+def _check_machine(bad: Bad, where: str, machine: Any) -> None:
     if machine is None:
         return
     if not isinstance(machine, Mapping):
-        raise _bad(path, f"{where}: 'machine' is not an object")
+        raise bad(f"{where}: 'machine' is not an object")
     for key in ("cpu_model", "gpu_name", "pcie"):
         if key in machine and machine[key] is not None and not isinstance(machine[key], str):
-            raise _bad(path, f"{where}: machine.{key} is not text")
+            raise bad(f"{where}: machine.{key} is not text")
     for key, top in (("usable_cpus", MAX_CORES), ("memory_gib", 1e7)):
         v: Any = machine.get(key)
         if key in machine and not (_is_num(v) and float(v).is_integer() and 0 <= v <= top):
-            raise _bad(path, f"{where}: machine.{key} is not a whole number between 0 and {top:g}")
+            raise bad(f"{where}: machine.{key} is not a whole number between 0 and {top:g}")
 
 
-def _check_info(path: Path, name: str, info: Any) -> None:
+def _check_info(bad: Bad, name: str, info: Any) -> None:
     if not isinstance(info, Mapping):
-        raise _bad(path, f"{name}: 'extra_info' is not an object")
+        raise bad(f"{name}: 'extra_info' is not an object")
     for key in MEASURES:
         v = info.get(key)
         if v is not None and not (_is_num(v) and v > 0):
-            raise _bad(path, f"{name}: {key} is {v!r}, not a positive number")
+            raise bad(f"{name}: {key} is {v!r}, not a positive number")
         rounds = info.get(key + ROUNDS_SUFFIX)
         if rounds is None:
             continue
         if not isinstance(rounds, list) or len(rounds) > MAX_ROUNDS:
-            raise _bad(path, f"{name}: {key}{ROUNDS_SUFFIX} is not a list of at most {MAX_ROUNDS:,} figures")
+            raise bad(f"{name}: {key}{ROUNDS_SUFFIX} is not a list of at most {MAX_ROUNDS:,} figures")
         if not all(_is_num(x) and x > 0 for x in rounds):
-            raise _bad(path, f"{name}: {key}{ROUNDS_SUFFIX} holds a figure that is not a positive number")
+            raise bad(f"{name}: {key}{ROUNDS_SUFFIX} holds a figure that is not a positive number")
     for key in ("cpu_cores", "others_cores"):
         v = info.get(key)
         if v is not None and not (_is_num(v) and 0 <= v <= MAX_CORES):
-            raise _bad(path, f"{name}: {key} is {v!r}, not a number of cores between 0 and {MAX_CORES:g}")
+            raise bad(f"{name}: {key} is {v!r}, not a number of cores between 0 and {MAX_CORES:g}")
     by = info.get("instructions_counted_by")
     if by is not None and by not in ("", "perf", "callgrind"):
-        raise _bad(path, f"{name}: instructions_counted_by is {by!r}, not 'callgrind', 'perf' or ''")
+        raise bad(f"{name}: instructions_counted_by is {by!r}, not 'callgrind', 'perf' or ''")
     n = info.get("instructions_samples")
     if n is not None and not (_is_num(n) and float(n).is_integer() and 1 <= n <= MAX_COUNTED):
-        raise _bad(path, f"{name}: instructions_samples is {n!r}, not a whole number of samples")
+        raise bad(f"{name}: instructions_samples is {n!r}, not a whole number of samples")
     model = info.get("cost_model")
     if model is not None and not isinstance(model, str):
-        raise _bad(path, f"{name}: cost_model is {model!r}, not text")
+        raise bad(f"{name}: cost_model is {model!r}, not text")
     parts = info.get("cost_components")
     if parts is not None and parts != {} and components_of(info) is None:
-        raise _bad(path, f"{name}: cost_components is not an object of every component, each a number >= 0")
+        raise bad(f"{name}: cost_components is not an object of every component, each a number >= 0")
     v = info.get("cpus_watched")
     if v is not None and not (_is_num(v) and float(v).is_integer() and 1 <= v <= MAX_CORES):
-        raise _bad(path, f"{name}: cpus_watched is {v!r}, not a whole number of CPUs")
-    _check_machine(path, name, info.get("machine"))
+        raise bad(f"{name}: cpus_watched is {v!r}, not a whole number of CPUs")
+    _check_machine(bad, name, info.get("machine"))
     pipeline = info.get("pipeline")
     if pipeline is not None and not (isinstance(pipeline, Mapping) and all(
             v is None or isinstance(v, (str, int, float, bool)) for v in pipeline.values())):
-        raise _bad(path, f"{name}: 'pipeline' is not an object of plain values")
+        raise bad(f"{name}: 'pipeline' is not an object of plain values")
 
 
 def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
@@ -121,11 +125,28 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     fmt = data.get("format")
     if fmt is not None and fmt != FORMAT:
         raise pytest.UsageError(f"--nwt-baseline: {p} is a {fmt!r} file; this cupy_nwt reads {FORMAT!r}")
-    _check_machine(p, "the file", data.get("machine"))
+    _check_machine(_bad_file(p), "the file", data.get("machine"))
     out: dict[str, dict[str, Any]] = {}
     for b in benches:
-        _check_info(p, b["fullname"], b.get("extra_info") or {})
+        _check_info(_bad_file(p), b["fullname"], b.get("extra_info") or {})
         out[b["fullname"]] = b
+    return out
+
+
+def check_compared(path: str, entries: Any) -> dict[str, dict[str, Any]]:
+    """A run ``--benchmark-compare`` selected (pytest-benchmark's ``{fullname: entry}``), checked as a baseline
+    file is: pytest-benchmark reads its stored runs unchecked, and a hand-edited one must not decide a CI run."""
+    def bad(what: str) -> pytest.UsageError:
+        return pytest.UsageError(f"--benchmark-compare: {path}: {what} (save a new run with --benchmark-autosave)")
+
+    if not isinstance(entries, Mapping):
+        raise bad("not a run of benchmarks")
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in entries.items():
+        if not isinstance(entry, dict):
+            raise bad(f"{name}: the entry is not an object")
+        _check_info(bad, str(name), entry.get("extra_info") or {})
+        out[str(name)] = entry
     return out
 
 

@@ -19,7 +19,7 @@ import pytest
 from .._files import check_writable
 from ..errors import AgainstError, ArgumentError
 from ._against import BaseRevision
-from ._baseline import load_baseline, save_baseline
+from ._baseline import check_compared, load_baseline, save_baseline
 from ._cost import COMPONENTS, WEIGHTS, components_of
 from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_against, compare_throughput, figure, signed_change
 
@@ -74,6 +74,7 @@ class ThroughputGate:
         self.lines: list[tuple[str, str]] = []  # (text, verdict)
         self.missing: list[str] = []  # benchmarks without a baseline entry, under --nwt-require-baseline
         self.evaluated = False
+        self.compared: list[tuple[str, Mapping[str, Mapping[str, Any]]]] | None = None  # --benchmark-compare's runs
         self.unsaved = ""  # why --nwt-save-baseline could not be written at the end, "" when it was
 
     def _with(self, verdict: str) -> list[Comparison]:
@@ -171,21 +172,28 @@ class ThroughputGate:
         elif self.options.baseline_path is not None and self.current:
             self.lines.append((f"no baseline at {self.options.baseline_path}: throughput not gated this time; "
                                f"create it with: {create_command(config, self.options.baseline_path)}", "note"))
-        if self.options.compare:
-            # pytest-benchmark has no public accessor for the runs --benchmark-compare selected;
-            # its session keeps them as {path: {fullname: entry}} (tests/pytest_plugin/test_pytest_plugin.py pins it).
-            mapping = getattr(getattr(config, "_benchmarksession", None), "compared_mapping", None)
-            if mapping is None:
-                raise pytest.UsageError(
-                    "cupy_nwt cannot read the runs --benchmark-compare selected from this pytest-benchmark "
-                    "version; pass --nwt-baseline FILE.json instead"
-                )
-            if not mapping and self.max_drop_pct is not None:
+        if self.compared is not None:
+            if not self.compared and self.max_drop_pct is not None:
                 text = ("--benchmark-compare found no saved run: throughput not gated this time "
                         "(save one with --benchmark-autosave, or use --nwt-save-baseline)")
                 self.lines.append((text, "note"))
-            out += [(_short(path), m) for path, m in mapping.items()]
+            out += self.compared
         return out
+
+    def read_compared(self, config: pytest.Config) -> None:
+        """Read and check the runs --benchmark-compare selected, before any test runs (pytest-benchmark loads
+        them after this plugin's ``pytest_configure``)."""
+        if not self.options.compare:
+            return
+        # pytest-benchmark has no public accessor for the runs --benchmark-compare selected;
+        # its session keeps them as {path: {fullname: entry}} (tests/pytest_plugin/test_pytest_plugin.py pins it).
+        mapping = getattr(getattr(config, "_benchmarksession", None), "compared_mapping", None)
+        if mapping is None:
+            raise pytest.UsageError(
+                "cupy_nwt cannot read the runs --benchmark-compare selected from this pytest-benchmark "
+                "version; pass --nwt-baseline FILE.json instead"
+            )
+        self.compared = [(_short(path), check_compared(_short(path), m)) for path, m in mapping.items()]
 
     # ------------------------------------------------------------ the table
 

@@ -313,6 +313,25 @@ def test_gate_passes_within_the_allowed_drop_and_fails_beyond_it(project, monkey
     ])
 
 
+@pytest.mark.parametrize(("edit", "why"), [
+    ({"gbps": "fast"}, "gbps is 'fast', not a positive number"),
+    ({"gbps_rounds": [1000.0, -1.0]}, "gbps_rounds holds a figure that is not a positive number"),
+    ({"machine": [1, 2]}, "'machine' is not an object"),
+])
+def test_a_run_benchmark_compare_reads_back_is_checked_before_it_is_believed(project, monkeypatch, edit, why):
+    project.makepyfile(test_gate=GATED_TEST)
+    _run(project, monkeypatch, 1000, "--benchmark-autosave").assert_outcomes(passed=1)
+    (saved,) = (project.path / ".benchmarks").glob("*/0001_*.json")
+    doc = json.loads(saved.read_text())
+    doc["benchmarks"][0]["extra_info"].update(edit)
+    saved.write_text(json.dumps(doc))
+    result = _run(project, monkeypatch, 100, "--benchmark-compare", "--nwt-throughput-drop=20")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"ERROR: --benchmark-compare: *0001_*.json: test_gate.py::test_pipeline: {why} "
+                                 "(save a new run with --benchmark-autosave)"])
+    result.stdout.no_fnmatch_line("*passed*")
+
+
 def test_gate_against_an_explicit_baseline_file(project, monkeypatch):
     project.makepyfile(test_gate=GATED_TEST)
     _run(project, monkeypatch, 50, "--benchmark-json=base.json").assert_outcomes(passed=1)
