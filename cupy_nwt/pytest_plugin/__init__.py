@@ -59,7 +59,8 @@ __all__ = [
 ]
 
 _GATE_KEY = pytest.StashKey[ThroughputGate]()
-_MARKUP = {"regressed": {"red": True}, "inconclusive": {"yellow": True}, "no baseline": {"yellow": True}}
+_MARKUP = {"regressed": {"red": True}, "inconclusive": {"yellow": True}, "no baseline": {"yellow": True},
+           "other-machine": {"yellow": True}}
 #: the fixtures whose pytest-benchmark timer the plugin sets, and to what
 _TIMERS = {"transfer_benchmark": DEVICE_CLOCK, "loader_benchmark": ROUND_CLOCK}
 

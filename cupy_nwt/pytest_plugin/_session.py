@@ -88,15 +88,25 @@ class ThroughputGate:
     def inconclusive(self) -> list[Comparison]:
         return self._with("inconclusive")
 
-    @property
-    def unjudged(self) -> list[str]:
-        """Benchmarks compared under a limit whose every figure was only reported (their clocks, nothing exact)."""
+    def _only(self, allowed: set[str]) -> list[str]:
+        """Benchmarks compared under a limit whose every figure got one of the ``allowed`` verdicts."""
         if self.max_drop_pct is None:
             return []
         verdicts: dict[str, set[str]] = {}
         for c in self.comparisons:
             verdicts.setdefault(c.fullname, set()).add(c.judgement(self.max_drop_pct).verdict)
-        return [name for name, v in verdicts.items() if v == {"reported"}]
+        return [name for name, v in verdicts.items() if v <= allowed]
+
+    @property
+    def unjudged(self) -> list[str]:
+        """Benchmarks compared under a limit whose every figure was only reported (their clocks, nothing exact)."""
+        return self._only({"reported"})
+
+    @property
+    def other_machine(self) -> list[str]:
+        """Benchmarks judged on nothing because their baseline came from another machine."""
+        clocks_only = set(self.unjudged)
+        return [name for name in self._only({"reported", "other-machine"}) if name not in clocks_only]
 
     @property
     def failed(self) -> bool:
@@ -157,6 +167,12 @@ class ThroughputGate:
             text = (f"cupy_nwt throughput gate judged nothing for {len(unjudged)} benchmark(s) ({', '.join(unjudged)}): "
                     "their clocks against a baseline from another time are shown, not judged; install valgrind "
                     "(exact instruction counts) or add --nwt-against REV (measured in this job)")
+            out.append((text, "inconclusive"))
+        elsewhere = self.other_machine
+        if elsewhere:
+            text = (f"cupy_nwt throughput gate judged nothing for {len(elsewhere)} benchmark(s) ({', '.join(elsewhere)}): "
+                    "their baseline was made on another machine (each line names the difference); make the "
+                    "baseline on the machine that runs the gate, or add --nwt-against REV (measured in this job)")
             out.append((text, "inconclusive"))
         if self.inconclusive:
             text = (f"cupy_nwt throughput gate INCONCLUSIVE for {len(self.inconclusive)} figure(s): the noise "
