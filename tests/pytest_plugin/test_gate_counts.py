@@ -47,6 +47,18 @@ class Loop:
         return x
 
 
+class Pixels:
+    """A map-style dataset of small images: the cost of its samples is mostly memory traffic and page faults."""
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int):
+        import numpy as np
+
+        return np.full((32, 32, 3), i, np.uint8)
+
+
 def test_without_valgrind_the_reason_is_one_line_and_counting_refuses(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     reason = callgrind_unavailable_reason()
@@ -105,6 +117,26 @@ def test_a_pipelines_count_repeats_exactly_and_sees_two_percent_more_work():
         a, b, more = pool.map(count, (100, 100, 102))
     assert abs(a - b) <= a * 1e-3
     assert 1.01 < more / a < 1.03
+
+
+@needs_valgrind
+@pytest.mark.slow
+def test_a_count_is_the_same_whatever_the_ci_service_set_for_this_run(monkeypatch):
+    """A runner sets its own ids, refs and tokens anew each job; their lengths must not move the count."""
+    def count():
+        return count_pipeline(Pixels(), batch_size=16, collate_fn=None, batch_transform=None, samples=64)
+
+    plain = count()
+    monkeypatch.setenv("GITHUB_HEAD_REF", "feature/a-branch-name-much-longer-than-the-last-one")
+    monkeypatch.setenv("RUNNER_NAME", "GitHub Actions 1000000")
+    monkeypatch.setenv("CI_JOB_TOKEN", "x" * 300)
+    monkeypatch.setenv("CUPY_NWT_AGAINST_KEY", "0" * 64)
+    monkeypatch.setenv("_", "/usr/bin/some-command")
+    other = count()
+    assert other.cost is not None and plain.cost is not None
+    # a simulated cache miss or two may come and go (1e-5 of the cost); a variable's length moved it by 1e-3 and more
+    assert other.per_sample == pytest.approx(plain.per_sample, rel=1e-4)
+    assert other.cost.total == pytest.approx(plain.cost.total, rel=1e-4)
 
 
 # ---------------------------------------------------------------- in a project
