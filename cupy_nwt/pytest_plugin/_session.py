@@ -27,10 +27,12 @@ from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_against, compare
 _RANK = ("regressed", "no baseline", "inconclusive", "other-machine", "ok", "reported", "compared")
 #: options left out of the command suggested for making a baseline: those taking a value, then flags
 _GATE_VALUED = ("--nwt-baseline", "--nwt-save-baseline", "--nwt-throughput-drop", "--nwt-against",
-                "--nwt-instructions-drop")
+                "--nwt-instructions-drop", "--benchmark-compare-fail")
+#: options whose value is optional: the next argument is theirs unless it is an option (argparse's nargs="?")
+_GATE_OPTIONAL = ("--benchmark-compare",)
 #: exact instruction counts move by less than 0.1% between runs of the same code
 DEFAULT_INSTRUCTIONS_DROP_PCT = 1.0
-_GATE_FLAGS = ("--nwt-require-baseline", "--benchmark-compare")
+_GATE_FLAGS = ("--nwt-require-baseline",)
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,18 @@ class GateOptions:
 
 def create_command(config: pytest.Config, path: str) -> str:
     """The command that makes the missing baseline: this run's, minus the gate's options, plus saving."""
-    args, skip = [], False
+    args: list[str] = []
+    skip = optional = False
     for a in config.invocation_params.args:
         a = str(a)
-        if skip:
-            skip = False
+        if skip or (optional and not a.startswith("-")):
+            skip = optional = False
             continue
+        optional = False
         name = a.split("=", 1)[0]
-        if name in _GATE_VALUED or name in _GATE_FLAGS:
+        if name in _GATE_VALUED or name in _GATE_FLAGS or name in _GATE_OPTIONAL:
             skip = "=" not in a and name in _GATE_VALUED
+            optional = "=" not in a and name in _GATE_OPTIONAL
             continue
         args.append(a)
     return shlex.join(["pytest", *args, "--nwt-save-baseline", path])

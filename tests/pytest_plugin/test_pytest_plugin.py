@@ -402,6 +402,17 @@ def test_gate_usage_errors_are_one_readable_line(project, args, message):
     result.stderr.fnmatch_lines([f"ERROR: {message}"])
 
 
+def test_the_command_that_makes_a_missing_baseline_drops_the_comparisons_values_too(project):
+    project.makepyfile(test_gate=GATED_TEST)
+    result = project.runpytest_inprocess("--benchmark-compare", "0001", "--benchmark-compare-fail", "min:5%",
+                                         "--nwt-baseline", "nope.json", "--nwt-require-baseline", "test_gate.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    (line,) = [x for x in result.stderr.lines if x.startswith("ERROR: ")]
+    command = line.split("create it on this machine with: ", 1)[1].removesuffix(" and commit it")
+    assert command.split()[0] == "pytest" and command.endswith(" test_gate.py --nwt-save-baseline nope.json"), command
+    assert "0001" not in command and "min:5%" not in command and "compare" not in command
+
+
 @pytest.mark.parametrize("value", ["abc", "0", "100", "-5"])
 def test_gate_rejects_a_drop_that_is_not_a_percentage(project, value):
     project.makepyfile(test_gate=GATED_TEST)
