@@ -89,6 +89,32 @@ class BaseRevision:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
 
+    def in_tree(self, path: str) -> str:
+        """``path``'s place in REV's checkout where it lies in this one; else ``path``."""
+        assert self.tree is not None
+        try:
+            return str(self.tree / Path(path).resolve().relative_to(self.top))
+        except ValueError:
+            return path
+
+    def import_roots(self) -> list[str]:
+        """REV's copies of the folders in this checkout that this process imported modules from.
+
+        A package found through an absolute path into the checkout (``PYTHONPATH=$PWD/src``, an editable
+        install's ``.pth`` or finder) would otherwise be found there by REV's child too: the base revision
+        would run this revision's code, and no change to it could ever show.
+        """
+        roots: list[str] = []
+        for name, module in list(sys.modules.items()):
+            file = getattr(module, "__file__", None)
+            if not file or name == "__main__":
+                continue
+            path = Path(file).resolve()
+            depth = name.count(".") + (path.name.split(".")[0] == "__init__")
+            if depth < len(path.parents) and (root := self.in_tree(str(path.parents[depth]))) != str(path.parents[depth]):
+                roots.append(root)
+        return list(dict.fromkeys(roots))
+
     def start(self, test_path: Path, nodeid: str, cwd: Path) -> BaseRun:
         """The same test, REV's copy, started in a child pytest that waits for rounds to run."""
         tree = self.checkout()
@@ -103,10 +129,10 @@ class BaseRevision:
         key = os.urandom(16)
         sock_dir = tempfile.mkdtemp(prefix="nwt-ab-")
         listener = Listener(os.path.join(sock_dir, "s"), family="AF_UNIX", authkey=key)
-        paths = [str(tree) if Path(p or ".").resolve() == self.top else p
-                 for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        paths = [self.in_tree(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        first = [str(tree), *self.import_roots()]
         env = {**os.environ, ENV_ADDRESS: str(listener.address), ENV_KEY: key.hex(), ENV_NODE: nodeid,
-               "PYTHONPATH": os.pathsep.join([str(tree), *[p for p in paths if p != str(tree)]])}
+               "PYTHONPATH": os.pathsep.join(dict.fromkeys([*first, *paths]))}
         target = str(tree / rel_test) + ("::" + nodeid.split("::", 1)[1] if "::" in nodeid else "")
         cmd = [sys.executable, "-m", "pytest", target, "-p", "no:cacheprovider", "-q", "-x"]
         out = tempfile.TemporaryFile()

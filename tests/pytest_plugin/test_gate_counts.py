@@ -10,6 +10,7 @@ ten times the limit.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import re
 import subprocess
@@ -244,6 +245,21 @@ def test_the_base_revision_is_measured_beside_the_working_tree(pytester):
     assert info["against"]["pairs"] == len(info["samples_per_s_rounds"]) == 6
     listed = subprocess.run(["git", "-C", str(pytester.path), "worktree", "list"], capture_output=True, text=True)
     assert len(listed.stdout.strip().splitlines()) == 1  # the base revision's checkout is gone
+
+
+def test_the_base_revision_runs_its_own_package_found_through_an_absolute_path(pytester, monkeypatch):
+    """The pipeline's module lives in src/, found through PYTHONPATH=$PWD/src (as an editable install finds
+    it): REV's child must import REV's copy, not this checkout's, or the slowdown runs on both sides."""
+    _ab_project(pytester, "sleepy", SLEEPY.format(pause=0.0), SLEEPY.format(pause=0.005))
+    src = pytester.path / "src"
+    src.mkdir()
+    _git(pytester.path, "mv", "sleepy.py", "src/sleepy.py")
+    _git(pytester.path, "commit", "-qm", "src layout")
+    (src / "sleepy.py").write_text(SLEEPY.format(pause=0.005))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")])))
+    result = pytester.runpytest_subprocess("--nwt-against=HEAD", "--nwt-throughput-drop=20", "--nwt-instructions=off")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*test_pipeline: samples/s fell *measured beside the base revision in this job*"])
 
 
 BURNING = """
