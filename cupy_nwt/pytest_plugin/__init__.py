@@ -140,7 +140,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionstart(session: pytest.Session) -> None:
     gate = session.config.stash.get(_GATE_KEY, None)
     if gate is not None:
-        gate.read_compared(session.config)
+        gate.session_started(session.config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

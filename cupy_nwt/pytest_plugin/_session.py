@@ -201,6 +201,22 @@ class ThroughputGate:
             out += self.compared
         return out
 
+    def session_started(self, config: pytest.Config) -> None:
+        """Checks that need pytest-benchmark's session, which it makes after this plugin's ``pytest_configure``:
+        that benchmarks will be recorded at all, and the runs --benchmark-compare selected."""
+        bs = getattr(config, "_benchmarksession", None)
+        o = self.options
+        wanted = [name for name, on in (("--nwt-throughput-drop", o.max_drop_pct is not None),
+                                        ("--nwt-require-baseline", o.require), ("--nwt-save-baseline", o.save_path))
+                  if on]
+        off = ("--benchmark-skip skips every benchmark" if getattr(bs, "skip", False) else
+               "pytest-benchmark records nothing here (--benchmark-disable, or pytest-xdist's -n, which disables it); "
+               "add --benchmark-enable and run without -n" if getattr(bs, "disabled", False) else "")
+        if wanted and off:
+            verb = "needs" if len(wanted) == 1 else "need"
+            raise pytest.UsageError(f"{' and '.join(wanted)} {verb} the benchmarks' figures, but {off}")
+        self.read_compared(config)
+
     def read_compared(self, config: pytest.Config) -> None:
         """Read and check the runs --benchmark-compare selected, before any test runs (pytest-benchmark loads
         them after this plugin's ``pytest_configure``)."""

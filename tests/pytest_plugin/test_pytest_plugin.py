@@ -413,6 +413,23 @@ def test_the_command_that_makes_a_missing_baseline_drops_the_comparisons_values_
     assert "0001" not in command and "min:5%" not in command and "compare" not in command
 
 
+@pytest.mark.parametrize(("off", "why"), [
+    ("--benchmark-disable", "pytest-benchmark records nothing here (--benchmark-disable, or pytest-xdist's -n, *"),
+    ("--benchmark-skip", "--benchmark-skip skips every benchmark"),
+])
+def test_a_gate_whose_benchmarks_record_nothing_refuses_to_start(project, monkeypatch, off, why):
+    """A project's addopts often hold --benchmark-disable: the gate must not then pass on nothing."""
+    project.makepyfile(test_gate=GATED_TEST)
+    _run(project, monkeypatch, 1000, "--nwt-save-baseline=base.json").assert_outcomes(passed=1)
+    for args, options in ((["--nwt-baseline=base.json", "--nwt-require-baseline", "--nwt-throughput-drop=5"],
+                           "--nwt-throughput-drop and --nwt-require-baseline need"),
+                          (["--nwt-save-baseline=new.json"], "--nwt-save-baseline needs")):
+        result = _run(project, monkeypatch, 10, off, *args)
+        assert result.ret == pytest.ExitCode.USAGE_ERROR
+        result.stderr.fnmatch_lines([f"ERROR: {options} the benchmarks' figures, but {why}"])
+    assert _run(project, monkeypatch, 10, off).ret == pytest.ExitCode.OK  # without the gate: as pytest-benchmark does
+
+
 @pytest.mark.parametrize("value", ["abc", "0", "100", "-5"])
 def test_gate_rejects_a_drop_that_is_not_a_percentage(project, value):
     project.makepyfile(test_gate=GATED_TEST)
