@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from ._cost import components_of
+from ._cost import MODEL, Cost, components_of
 from ._gate import MEASURES, ROUNDS_SUFFIX
 
 FORMAT = "cupy_nwt.baseline/1"
@@ -85,8 +85,14 @@ def _check_info(bad: Bad, name: str, info: Any) -> None:
     if model is not None and not isinstance(model, str):
         raise bad(f"{name}: cost_model is {model!r}, not text")
     parts = info.get("cost_components")
-    if parts is not None and parts != {} and components_of(info) is None:
+    components = components_of(info)
+    if parts is not None and parts != {} and components is None:
         raise bad(f"{name}: cost_components is not an object of every component, each a number >= 0")
+    cost = info.get("cost_per_sample")
+    if cost is not None and components is not None and model == MODEL:
+        weighed = Cost(**components).total
+        if not math.isclose(cost, weighed, rel_tol=1e-6):
+            raise bad(f"{name}: cost_per_sample is {cost!r}, but its components weigh up to {weighed!r}")
     v = info.get("cpus_watched")
     if v is not None and not (_is_num(v) and float(v).is_integer() and 1 <= v <= MAX_CORES):
         raise bad(f"{name}: cpus_watched is {v!r}, not a whole number of CPUs")

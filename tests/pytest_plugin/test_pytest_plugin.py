@@ -158,6 +158,26 @@ def test_a_baseline_read_back_is_checked_before_it_is_believed(tmp_path, info, m
         load_baseline(path)
 
 
+def test_a_baseline_cost_must_be_what_its_components_weigh_up_to(tmp_path):
+    """A cost raised by hand (to let a regression through) no longer matches the counts it was weighed from."""
+    from cupy_nwt.pytest_plugin._cost import MODEL, Cost
+
+    parts = {"instructions": 600_000.0, "l1_misses": 15_000.0, "ll_misses": 450.0, "page_faults": 3.0, "syscalls": 2.0}
+    path = tmp_path / "base.json"
+
+    def write(cost: float, model: str = MODEL) -> None:
+        info = {"cost_per_sample": cost, "cost_components": parts, "cost_model": model}
+        path.write_text(json.dumps({"format": "cupy_nwt.baseline/1", "benchmarks": [{"fullname": "t::x", "extra_info": info}]}))
+
+    write(Cost(**parts).total)
+    assert load_baseline(path)["t::x"]["extra_info"]["cost_per_sample"] == Cost(**parts).total
+    write(Cost(**parts).total * 1.2)
+    with pytest.raises(pytest.UsageError, match=r"t::x: cost_per_sample is 1[\d.]+, but its components weigh up to 9[\d.]+"):
+        load_baseline(path)
+    write(Cost(**parts).total * 1.2, model="cycles(older weights)")  # weighed otherwise: shown, never judged
+    assert "t::x" in load_baseline(path)
+
+
 def test_a_baseline_of_another_format_is_refused(tmp_path):
     path = tmp_path / "base.json"
     path.write_text(json.dumps({"format": "cupy_nwt.baseline/9", "benchmarks": []}))
