@@ -304,4 +304,9 @@ class CallgrindError(CupyNwtError, RuntimeError):
     """Counting under callgrind failed: valgrind missing, the command failed or timed out, or no total."""
 
 
-__all__ += ["AgainstError", "CallgrindError", "SavedPickError", "TooManyBadSamplesError"]
+class BaselineError(CupyNwtError, ValueError):
+    """A throughput-gate baseline (a ``--nwt-baseline`` file, or a run ``--benchmark-compare`` selected) that
+    cannot be read or does not check out; the message names the file, the benchmark and the field."""
+
+
+__all__ += ["AgainstError", "BaselineError", "CallgrindError", "SavedPickError", "TooManyBadSamplesError"]

@@ -21,6 +21,7 @@ from cupy_nwt.errors import (
     AgainstError,
     ArgumentError,
     ArgumentTypeError,
+    BaselineError,
     BatchLayoutError,
     BatchStructureError,
     BatchTypeError,
@@ -81,6 +82,7 @@ CASES = {
     TooManyBadSamplesError: (TooManyBadSamplesError("x"), (ValueError, DataError), 4),
     AgainstError: (AgainstError("x"), (RuntimeError,), 1),
     CallgrindError: (CallgrindError("x"), (RuntimeError,), 1),
+    BaselineError: (BaselineError("x"), (ValueError,), 2),
 }
 
 

@@ -20,8 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
-
+from ..errors import BaselineError
 from ._cost import MODEL, Cost, components_of
 from ._gate import MEASURES, ROUNDS_SUFFIX
 
@@ -32,11 +31,11 @@ MAX_COUNTED = 10**9
 
 
 #: how a bad field is reported: the error for one line saying what is wrong
-Bad = Callable[[str], pytest.UsageError]
+Bad = Callable[[str], BaselineError]
 
 
 def _bad_file(path: Path) -> Bad:
-    return lambda what: pytest.UsageError(f"--nwt-baseline: {path}: {what} (re-create it with --nwt-save-baseline {path})")
+    return lambda what: BaselineError(f"--nwt-baseline: {path}: {what} (re-create it with --nwt-save-baseline {path})")
 
 
 def _is_num(v: Any) -> bool:
@@ -107,7 +106,7 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     """fullname -> benchmark entry of a baseline file (ours or pytest-benchmark's JSON), checked.
 
     A missing file raises FileNotFoundError (the caller decides whether that fails); anything else
-    wrong is a ``pytest.UsageError`` naming the file and the field.
+    wrong is a ``BaselineError`` naming the file and the field (the gate shows it as a usage error).
     """
     p = Path(path)
     try:
@@ -115,22 +114,22 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     except FileNotFoundError:
         raise
     except (OSError, UnicodeDecodeError) as exc:
-        raise pytest.UsageError(f"--nwt-baseline: {p} is not readable ({exc})") from None
+        raise BaselineError(f"--nwt-baseline: {p} is not readable ({exc})") from None
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as exc:  # also an int of over 4300 digits, and nesting past the stack
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise pytest.UsageError(f"--nwt-baseline: {p} is not readable JSON ({reason})") from None
+        raise BaselineError(f"--nwt-baseline: {p} is not readable JSON ({reason})") from None
     benches = data.get("benchmarks") if isinstance(data, dict) else None
     if not isinstance(benches, list) or not all(
             isinstance(b, dict) and isinstance(b.get("fullname"), str) for b in benches):
-        raise pytest.UsageError(
+        raise BaselineError(
             f"--nwt-baseline: {p} is not a baseline (expected a 'benchmarks' list of entries with 'fullname'; "
             "write one with --nwt-save-baseline, --benchmark-json or --benchmark-autosave)"
         )
     fmt = data.get("format")
     if fmt is not None and fmt != FORMAT:
-        raise pytest.UsageError(f"--nwt-baseline: {p} is a {fmt!r} file; this cupy_nwt reads {FORMAT!r}")
+        raise BaselineError(f"--nwt-baseline: {p} is a {fmt!r} file; this cupy_nwt reads {FORMAT!r}")
     _check_machine(_bad_file(p), "the file", data.get("machine"))
     out: dict[str, dict[str, Any]] = {}
     for b in benches:
@@ -142,8 +141,8 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
 def check_compared(path: str, entries: Any) -> dict[str, dict[str, Any]]:
     """A run ``--benchmark-compare`` selected (pytest-benchmark's ``{fullname: entry}``), checked as a baseline
     file is: pytest-benchmark reads its stored runs unchecked, and a hand-edited one must not decide a CI run."""
-    def bad(what: str) -> pytest.UsageError:
-        return pytest.UsageError(f"--benchmark-compare: {path}: {what} (save a new run with --benchmark-autosave)")
+    def bad(what: str) -> BaselineError:
+        return BaselineError(f"--benchmark-compare: {path}: {what} (save a new run with --benchmark-autosave)")
 
     if not isinstance(entries, Mapping):
         raise bad("not a run of benchmarks")

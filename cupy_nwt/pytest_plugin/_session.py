@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from .._files import check_writable
-from ..errors import AgainstError, ArgumentError
+from ..errors import AgainstError, ArgumentError, BaselineError
 from ._against import BaseRevision
 from ._baseline import check_compared, load_baseline, save_baseline
 from ._cost import COMPONENTS, WEIGHTS, components_of
@@ -230,7 +230,10 @@ class ThroughputGate:
                 "cupy_nwt cannot read the runs --benchmark-compare selected from this pytest-benchmark "
                 "version; pass --nwt-baseline FILE.json instead"
             )
-        self.compared = [(_short(path), check_compared(_short(path), m)) for path, m in mapping.items()]
+        try:
+            self.compared = [(_short(path), check_compared(_short(path), m)) for path, m in mapping.items()]
+        except BaselineError as exc:
+            raise pytest.UsageError(str(exc)) from None
 
     # ------------------------------------------------------------ the table
 
@@ -363,6 +366,8 @@ def start_gate(config: pytest.Config) -> ThroughputGate:
     if o.baseline_path is not None:
         try:
             explicit = load_baseline(o.baseline_path)
+        except BaselineError as exc:
+            raise pytest.UsageError(str(exc)) from None
         except FileNotFoundError:
             if o.require:
                 raise pytest.UsageError(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from cupy_nwt import BaselineError
 from cupy_nwt.pytest_plugin._baseline import load_baseline
 from cupy_nwt.pytest_plugin._callgrind import CallgrindError, syscalls_in
 from cupy_nwt.pytest_plugin._cost import MODEL, WEIGHTS, cost_of
@@ -131,5 +132,5 @@ def test_a_baseline_with_malformed_components_is_refused(tmp_path):
     path = tmp_path / "b.json"
     info = {**_counted(PLAIN), "cost_components": {**PLAIN, "page_faults": -1}}
     path.write_text('{"benchmarks": [{"fullname": "t::a", "extra_info": %s}]}' % __import__("json").dumps(info))
-    with pytest.raises(pytest.UsageError, match="cost_components is not an object of every component"):
+    with pytest.raises(BaselineError, match="cost_components is not an object of every component"):
         load_baseline(path)

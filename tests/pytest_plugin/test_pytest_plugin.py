@@ -8,12 +8,13 @@ run in a subprocess.
 from __future__ import annotations
 
 import json
+import pickle
 from importlib.metadata import entry_points
 
 import pytest
 from plugin_projects import TINY_DATA, loader_test, make_project
 
-from cupy_nwt import cuda, pytest_plugin
+from cupy_nwt import BaselineError, CupyNwtError, cuda, pytest_plugin
 from cupy_nwt.pytest_plugin import (
     DEVICE_CLOCK,
     Comparison,
@@ -110,10 +111,10 @@ def test_compare_ignores_figures_that_are_not_positive_numbers(bad):
 @pytest.mark.parametrize("text", ["[" * 100000 + "]" * 100000, '{"benchmarks": [], "n": ' + "9" * 5000 + "}"])
 def test_load_baseline_refuses_json_past_the_parsers_limits_in_one_line(tmp_path, text):
     """Nesting past the parser's stack and an int past Python's digit limit were a bare RecursionError and
-    ValueError, not the UsageError naming the file."""
+    ValueError, not the BaselineError naming the file."""
     bad = tmp_path / "bad.json"
     bad.write_text(text)
-    with pytest.raises(pytest.UsageError, match=r"bad\.json is not readable JSON"):
+    with pytest.raises(BaselineError, match=r"bad\.json is not readable JSON"):
         load_baseline(bad)
 
 
@@ -127,11 +128,13 @@ def test_load_baseline_explains_what_is_wrong(tmp_path):
         load_baseline(tmp_path / "missing.json")
     bad = tmp_path / "bad.json"
     bad.write_text("{not json")
-    with pytest.raises(pytest.UsageError, match="not readable JSON"):
+    with pytest.raises(BaselineError, match="not readable JSON") as err:
         load_baseline(bad)
+    assert isinstance(err.value, CupyNwtError) and isinstance(err.value, ValueError)
+    assert str(pickle.loads(pickle.dumps(err.value))) == str(err.value)
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"results": []}))
-    with pytest.raises(pytest.UsageError, match="is not a baseline"):
+    with pytest.raises(BaselineError, match="is not a baseline"):
         load_baseline(other)
     good = tmp_path / "good.json"
     good.write_text(json.dumps({"benchmarks": [_entry("t::x", gbps=1.0)]}))
@@ -154,7 +157,7 @@ def test_load_baseline_explains_what_is_wrong(tmp_path):
 def test_a_baseline_read_back_is_checked_before_it_is_believed(tmp_path, info, match):
     path = tmp_path / "base.json"
     path.write_text(json.dumps({"format": "cupy_nwt.baseline/1", "benchmarks": [{"fullname": "t::x", "extra_info": info}]}))
-    with pytest.raises(pytest.UsageError, match=match):
+    with pytest.raises(BaselineError, match=match):
         load_baseline(path)
 
 
@@ -172,7 +175,7 @@ def test_a_baseline_cost_must_be_what_its_components_weigh_up_to(tmp_path):
     write(Cost(**parts).total)
     assert load_baseline(path)["t::x"]["extra_info"]["cost_per_sample"] == Cost(**parts).total
     write(Cost(**parts).total * 1.2)
-    with pytest.raises(pytest.UsageError, match=r"t::x: cost_per_sample is 1[\d.]+, but its components weigh up to 9[\d.]+"):
+    with pytest.raises(BaselineError, match=r"t::x: cost_per_sample is 1[\d.]+, but its components weigh up to 9[\d.]+"):
         load_baseline(path)
     write(Cost(**parts).total * 1.2, model="cycles(older weights)")  # weighed otherwise: shown, never judged
     assert "t::x" in load_baseline(path)
@@ -181,7 +184,7 @@ def test_a_baseline_cost_must_be_what_its_components_weigh_up_to(tmp_path):
 def test_a_baseline_of_another_format_is_refused(tmp_path):
     path = tmp_path / "base.json"
     path.write_text(json.dumps({"format": "cupy_nwt.baseline/9", "benchmarks": []}))
-    with pytest.raises(pytest.UsageError, match="this cupy_nwt reads 'cupy_nwt.baseline/1'"):
+    with pytest.raises(BaselineError, match="this cupy_nwt reads 'cupy_nwt.baseline/1'"):
         load_baseline(path)
 
 
