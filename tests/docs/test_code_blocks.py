@@ -26,9 +26,10 @@ A block may be preceded by an HTML comment that says how it is tested:
 ``<!-- test: setup-main -->``
     the main set-up command, run literally (a fresh venv and an install) in a copy of the tree.
 ``<!-- test: gate -->``
-    commands with ``--nwt-throughput-drop``: an unchanged rerun on a shared machine may really run
-    slower than its baseline, so such a command may exit 1, but only with the gate's own verdict
-    (``throughput gate FAILED``, each benchmark's ``fell`` or ``rose`` line); any other failure fails the test.
+    commands with ``--nwt-throughput-drop``: against a stored baseline the gate judges exact counts only,
+    so an unchanged rerun must pass (exit 0); with ``--nwt-against`` the clocks are judged too, and a
+    shared machine may really run one side slower, so such a command may exit 1, but only with the gate's
+    own verdict (``throughput gate FAILED``, each benchmark's ``fell`` or ``rose`` line).
 ``<!-- test: workflow -->``
     a GitHub Actions workflow (YAML): its install steps are checked for shape (valgrind's is run where
     valgrind is missing and this is root), and its gate step runs in a scratch git repository holding
@@ -293,7 +294,7 @@ def run_block(block: Block, workdir: Path) -> None:
         proc = run(["bash", "-c", cmd], workdir, cwd=where)
         if gpu:
             check_gpu_refusal(proc, cmd)
-        elif "gate" in block.how and "--nwt-throughput-drop" in cmd and proc.returncode == 1:
+        elif "gate" in block.how and "--nwt-against" in cmd and proc.returncode == 1:
             check_gate_verdict(proc, cmd)
         else:
             assert proc.returncode == 0, f"{cmd}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
