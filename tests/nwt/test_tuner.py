@@ -554,11 +554,24 @@ def test_loader_measure_waits_for_the_loaders_gpu_not_the_current_one(monkeypatc
     fake = _FakeDevices(monkeypatch, current=0)
     m = LoaderMeasure(_data(), batch_size=8, device="cpu", pin_memory=False)
 
+    class OnGpu1:
+        """A host loader that says it is on GPU 1 (setting device_id would move it to the GPU path): the sync
+        is what is checked."""
+
+        device_id = 1
+
+        def __init__(self, loader: DataLoader) -> None:
+            self.loader = loader
+
+        def __getattr__(self, name: str):
+            return getattr(self.loader, name)
+
+        def __iter__(self):
+            return iter(self.loader)
+
     def loader_on_gpu1(workers):
-        dl = DataLoader(m.dataset, batch_size=8, shuffle=True, seed=0, drop_last=True, num_workers=workers,
-                        device="cpu")
-        dl.device_id = 1  # as if the trial had been given GPU 1 (host batches: the sync is what is checked)
-        return dl
+        return OnGpu1(DataLoader(m.dataset, batch_size=8, shuffle=True, seed=0, drop_last=True, num_workers=workers,
+                                 device="cpu"))
 
     monkeypatch.setattr(m, "_loader", loader_on_gpu1)
     m._ready = True
