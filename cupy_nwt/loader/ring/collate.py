@@ -235,8 +235,9 @@ def batch_structure(sample: Any, index_text: str = "the first sample", index: in
             continue
         try:
             arr, dtype = as_leaf(x)
-        except TypeError as exc:
-            raise BatchTypeError(f"{index_text}: {exc}", index) from None
+        except (TypeError, OverflowError) as exc:  # as _collate_rows words a later sample's
+            error = BatchTypeError if isinstance(exc, TypeError) else BatchLayoutError
+            raise error(f"{index_text}: {exc}", index) from None
         firsts.append(arr)
         marks.append(leaf_of(framework, dtype))
     return _mark(td, sample, iter(marks)), firsts

@@ -22,3 +22,14 @@ def test_a_numpy_scalar_of_another_dtype_is_named():
     with pytest.raises(BatchLayoutError, match=r"sample index 14, field \[1\].*int64.*int32") as info:
         default_collate(samples, indices=range(10, 16))
     assert info.value.sample_index == 14
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_an_int_too_large_for_int64_is_named_in_any_sample(first):
+    """torch raises a ValueError for it; the first sample's was a bare OverflowError naming nothing."""
+    samples = [(np.zeros(2), i) for i in range(3)]
+    at = 0 if first else 2
+    samples[at] = (samples[at][0], 2 ** 70)
+    with pytest.raises(BatchLayoutError, match=rf"sample index {at + 5}") as info:
+        default_collate(samples, indices=range(5, 8))
+    assert info.value.sample_index == at + 5 and isinstance(info.value, ValueError)
