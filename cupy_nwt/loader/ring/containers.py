@@ -7,9 +7,12 @@ output, a ``deque``) is a copy of that sample with its items replaced, so its at
 an immutable one is ``type(items)``, or the plain dict or list where that type cannot be made from one
 (a ``range``). ``Make`` is that recipe for one container of a batch.
 
-The ring carries a batch's arrays and rebuilds its structure once per layout, so only a container
-that holds nothing but its items (``items_only``) may cross it: any recipe of its type then makes it
-back exactly. A container with attributes of its own (a tokenizer's encodings) travels pickled whole.
+The ring carries a batch's arrays and rebuilds its structure once per layout, so a container that
+holds nothing but its items (``items_only``) crosses it with its recipe in the structure: any recipe of
+its type makes it back exactly. One with attributes of its own (a tokenizer's encodings) crosses it too
+where its recipe makes it again from its items (``Make.remakes``): a mutable one's emptied copy then
+travels pickled beside the arrays, so each batch keeps its own attributes, and its arrays are joined in
+the framework and on the device the loader gives, as every other field's. Any other travels pickled whole.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import numpy as np
 
 Items = dict | list | tuple
 _NOT_CONTAINERS = (np.ndarray, np.generic, int, float, complex, str, bytes, bytearray, memoryview)
-_SLOTTED: dict[type, bool] = {}  # per container type: does a class of its own declare __slots__
+_SLOTS: dict[type, tuple[str, ...]] = {}  # per container type: the __slots__ its own classes declare
+_ABSENT = object()  # a slot not set
 
 
 def plain_items(obj: Any) -> Items | None:
@@ -47,12 +51,33 @@ def items_only(obj: Any) -> bool:
     state = getattr(obj, "__dict__", None)
     if state and (not isinstance(obj, (UserDict, UserList)) or state.keys() != {"data"}):
         return False
-    t = type(obj)
-    slotted = _SLOTTED.get(t)
-    if slotted is None:
-        slotted = _SLOTTED[t] = any(getattr(c, "__slots__", ()) for c in t.__mro__ if c.__module__ != "builtins")
-    return not slotted
+    return not _slots(type(obj))
 
+
+def _slots(t: type) -> tuple[str, ...]:
+    names = _SLOTS.get(t)
+    if names is None:
+        declared = [getattr(c, "__slots__", ()) for c in t.__mro__ if c.__module__ != "builtins"]
+        names = _SLOTS[t] = tuple(n for d in declared for n in ((d,) if isinstance(d, str) else d)
+                                  if n not in ("__dict__", "__weakref__"))
+    return names
+
+
+def _state(obj: Any) -> tuple[Any, list[Any]]:
+    """What ``obj`` holds beside what its type's methods see as items: its attributes and its slots."""
+    return getattr(obj, "__dict__", None) or {}, [getattr(obj, n, _ABSENT) for n in _slots(type(obj))]
+
+
+def _alike(x: Any, y: Any) -> bool:
+    """The same objects, in dicts, lists and tuples of the same shape (never compared by value)."""
+    if x is y:
+        return True
+    t = type(x)
+    if t is not type(y) or t not in (dict, list, tuple) or len(x) != len(y):
+        return False
+    if t is dict:
+        return x.keys() == y.keys() and all(_alike(x[k], y[k]) for k in x)
+    return all(map(_alike, x, y))
 
 
 def _emptied(obj: Any) -> Any:
@@ -99,3 +124,10 @@ class Make:
     def gives_back(self, obj: Any, items: Items) -> bool:
         """Whether this recipe makes ``obj`` again from ``items``: its own type, nothing beside them."""
         return items_only(obj) and type(self(items)) is self.cls
+
+    def remakes(self, obj: Any, items: Items) -> bool:
+        """Whether this recipe, taken from ``obj`` itself, makes it again from ``items``, attributes included:
+        its own type, holding the very objects ``obj`` holds (a copy's attributes, or what its constructor
+        derives from the items). A container with anything else (a cache of its items, a fresh id) travels whole."""
+        made = self(items)
+        return type(made) is self.cls and _alike(_state(made), _state(obj))

@@ -7,7 +7,9 @@ shared-memory ring, every other leaf (a str list, None, any object a custom ``co
 travels pickled beside it. ``split`` recurses only into containers that ``join`` makes again exactly,
 so any other container comes back as itself, pickled whole. A torch tensor or
 JAX array leaf travels as NumPy bytes too, its framework kept as a tag on its leaf
-(``("leaf", "torch")``): ``join`` gives it back in that framework (``frameworks``).
+(``("leaf", "torch")``): ``join`` gives it back in that framework (``frameworks``). A mutable container with
+attributes of its own crosses as its items, its emptied copy (``containers.Make.remakes``) travelling
+pickled beside them: ``("shell", T, (inner,))``, the copy the next of the other leaves.
 """
 
 from __future__ import annotations
@@ -97,8 +99,11 @@ def _split(obj: Any, arrays: list[np.ndarray], objects: list[Any]) -> Treedef:
     items = plain_items(obj)
     if items is not None:
         make = Make.like(obj)
-        if make.gives_back(obj, items):
+        if make.gives_back(obj, items) or (make.proto is None and make.remakes(obj, items)):
             return ("typed", make, (_split(items, arrays, objects),))
+        if make.remakes(obj, items):
+            objects.append(make.proto)
+            return ("shell", t, (_split(items, arrays, objects),))
     if is_ring_array(obj):
         arrays.append(obj)
         return LEAF
@@ -128,7 +133,7 @@ def retag(td: Treedef, framework: str | None, plain_only: bool = False) -> Treed
         return td if (plain_only and len(td) > 1) or len(td) > 2 else leaf_of(framework)
     if kind == "obj":
         return td
-    if kind in ("dict", "namedtuple", *TYPED):
+    if kind in ("dict", "namedtuple", "shell", *TYPED):
         return (kind, td[1], tuple(retag(c, framework, plain_only) for c in td[2]))
     return (kind, tuple(retag(c, framework, plain_only) for c in td[1]))
 
@@ -185,6 +190,9 @@ def _build(td: Treedef, arrays: Iterator[Any], objects: Iterator[Any]) -> Any:
         return td[1](*(_build(c, arrays, objects) for c in td[2]))
     if kind in TYPED:
         return td[1](_build(td[2][0], arrays, objects))
+    if kind == "shell":
+        make = Make(td[1], next(objects))
+        return make(_build(td[2][0], arrays, objects))
     raise ArgumentError(f"unknown structure node {kind!r}")
 
 
@@ -193,6 +201,8 @@ def as_sample_treedef(td: Treedef) -> Treedef:
     kind = td[0]
     if kind in ("leaf", "obj"):
         return LEAF
+    if kind == "shell":  # a kind no sample has: its batch is never written straight into a slot (no shell there)
+        return td
     if kind in ("dict", "namedtuple"):
         return (kind, td[1], tuple(as_sample_treedef(c) for c in td[2]))
     if kind in TYPED:
@@ -239,7 +249,7 @@ def _paths(td: Treedef, prefix: str, out: list[str]) -> None:
     elif kind == "namedtuple":
         for name, c in zip(td[1]._fields, td[2]):
             _paths(c, f"{prefix}.{name}", out)
-    elif kind in TYPED:
+    elif kind in (*TYPED, "shell"):
         _paths(td[2][0], prefix, out)
 
 
@@ -250,7 +260,7 @@ def describe(td: Treedef) -> str:
         return "array"
     if kind == "dict":
         return "{" + ", ".join(f"{k!r}: {describe(c)}" for k, c in zip(td[1], td[2])) + "}"
-    if kind in TYPED:
+    if kind in (*TYPED, "shell"):
         return f"{getattr(td[1], 'cls', td[1]).__name__}({describe(td[2][0])})"
     inner = ", ".join(describe(c) for c in td[-1])
     if kind == "list":

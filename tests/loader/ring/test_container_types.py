@@ -2,13 +2,14 @@
 
 A batch of ``OrderedDict``, ``UserDict`` (a tokenizer's output), list-subclass or ``range`` samples is
 collated item by item and made again as the samples' type where that type can be made from its items;
-a batch that carries more than its items (attributes, slots) travels pickled whole and comes back
-exactly as it left.
+a batch that carries more than its items (attributes, slots) crosses the ring as its items, its
+attributes beside them, and comes back exactly as it left.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, UserDict, UserList, deque
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -110,18 +111,66 @@ def test_a_container_of_items_only_crosses_as_arrays_and_comes_back_its_type(kin
     assert type(back) is kind and list(back) == ["ids", "mask"] and back["mask"].sum() == 6
 
 
+class Stamped(Mapping):
+    """An immutable mapping that holds more than what its items make: a fresh stamp each time it is made."""
+
+    def __init__(self, items) -> None:
+        self._items, self.stamp = dict(items), object()
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+class Frozen(Mapping):
+    """An immutable mapping that holds its items in an attribute, as a user's Mapping does."""
+
+    def __init__(self, items) -> None:
+        self._items = dict(items)
+
+    def __getitem__(self, key):
+        return self._items[key]
+
+    def __iter__(self):
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 @pytest.mark.parametrize("batch", [
     Encoding({"ids": np.zeros(2)}, encodings=["e0", "e1"]),
     Encoding({"ids": np.zeros(2)}),
     Needs("t", {"a": np.zeros(2)}),
     Slotted([np.zeros(2)]),
-], ids=["attribute", "attribute-none", "constructor", "slots"])
-def test_a_container_with_more_than_its_items_travels_whole_and_exact(batch):
+    Frozen({"a": np.zeros(2)}),
+], ids=["attribute", "attribute-none", "constructor", "slots", "immutable"])
+def test_a_container_with_more_than_its_items_crosses_as_arrays_and_comes_back_exact(batch):
+    """Its items are ring arrays, so they are joined in the framework the loader gives like any field; its
+    attributes travel beside them (a mutable one's emptied copy) or are made again by its constructor."""
     if isinstance(batch, Slotted):
         batch.note = "kept"
     treedef, arrays, objects = split(batch)
-    assert arrays == [] and objects == [batch]
-    assert join(treedef, arrays, objects) is batch
+    assert len(arrays) == 1 and arrays[0] is next(iter(batch.values() if isinstance(batch, Mapping) else batch))
+    assert len(objects) == (0 if isinstance(batch, Frozen) else 1)
+    back = join(treedef, [np.ones(2)], objects)
+    assert type(back) is type(batch) and len(back) == 1
+    assert not isinstance(back, Mapping) or list(back) == list(batch)
+    assert [np.asarray(v).tolist() for v in (back.values() if isinstance(back, Mapping) else back)] == [[1.0, 1.0]]
+    own = {k: v for k, v in vars(batch).items() if k not in ("data", "_items")} if hasattr(batch, "__dict__") else {}
+    assert {k: getattr(back, k) for k in own} == own
+    assert getattr(back, "note", None) == getattr(batch, "note", None)
+
+
+def test_a_container_its_items_do_not_make_again_travels_whole():
+    batch = Stamped({"a": np.zeros(2)})
+    treedef, arrays, objects = split(batch)
+    assert arrays == [] and objects == [batch] and join(treedef, arrays, objects) is batch
 
 
 class Texts:
@@ -174,3 +223,17 @@ def test_a_batch_whose_first_sample_has_attributes_gets_them_as_under_torch(num_
     assert [type(b) for b in got] == [Noted] * 4
     assert [getattr(b, "note", None) for b in got] == [None, None, "note 4", None]
     assert [b["x"][:, 0].tolist() for b in got] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_container_with_attributes_gives_its_fields_in_the_framework_asked_for(num_workers):
+    """A tokenizer's output in a torch loop: its fields were NumPy arrays, sent pickled inside the container."""
+    torch = pytest.importorskip("torch", reason="torch is a test-only extra")
+    got = list(DataLoader(Texts(), batch_size=4, num_workers=num_workers, collate_fn=with_encodings, device="cpu",
+                          output="torch"))
+    assert [type(b["ids"]) for b in got] == [torch.Tensor] * 2
+    assert [b["ids"][:, 0].tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [b.encodings for b in got] == [[f"enc{i}" for i in range(4)], [f"enc{i}" for i in range(4, 8)]]
+    frozen = DataLoader([Frozen({"x": np.full(2, i)}) for i in range(4)], batch_size=2, num_workers=num_workers,
+                        device="cpu", output="torch")
+    assert [(type(b), type(b["x"])) for b in frozen] == [(Frozen, torch.Tensor)] * 2
