@@ -1,7 +1,8 @@
-"""Turning a list of samples into a batch: NumPy arrays for numbers, lists for str and bytes.
+"""Turning a list of samples into a batch: NumPy arrays for numbers, lists (or tuples) for str and bytes.
 
 ``default_collate`` follows PyTorch's rules on NumPy: arrays and numbers are stacked into arrays with
-a leading row axis, str and bytes become lists, and dicts, lists, tuples and namedtuples are recursed
+a leading row axis, str and bytes are gathered as torch gathers them (a list, or a tuple inside a
+sequence, where torch's collate transposes the samples with ``zip``), and dicts, lists, tuples and namedtuples are recursed
 and keep their type, as other mappings and sequences do where torch keeps theirs (``containers``). The arrays can be written straight into preallocated memory (a ring slot), so
 workers never build a batch twice and never pickle its arrays. The rules are strict on purpose: a
 sample whose structure, shape or dtype differs from the first one is an error naming that sample,
@@ -22,6 +23,7 @@ from .frameworks import framework_of, host_view, refuse_uncollatable
 from .tree import (
     LEAF,
     OBJ,
+    TEXT_TUPLE,
     TYPED,
     Treedef,
     as_sample_treedef,
@@ -32,6 +34,7 @@ from .tree import (
     leaf_kinds,
     leaf_of,
     leaf_paths,
+    obj_nodes,
     without_types,
 )
 
@@ -243,27 +246,29 @@ def batch_structure(sample: Any, index_text: str = "the first sample", index: in
     return _mark(td, sample, iter(marks)), firsts
 
 
-def _mark(td: Treedef, sample: Any, marks: Iterator[Treedef]) -> Treedef:
-    """The batch's structure from its first sample's: each leaf marked (a str list, or an array of its
-    framework and dtype), and each typed container given its recipe (``containers.Make``), taken from that
-    sample as torch takes it."""
+def _mark(td: Treedef, sample: Any, marks: Iterator[Treedef], in_sequence: bool = False) -> Treedef:
+    """The batch's structure from its first sample's: each leaf marked (a str list, a str tuple inside a
+    sequence, or an array of its framework and dtype), and each typed container given its recipe
+    (``containers.Make``), taken from that sample as torch takes it."""
     kind = td[0]
     if kind == "leaf":
-        return next(marks)
+        mark = next(marks)
+        return TEXT_TUPLE if in_sequence and mark == OBJ else mark
     if kind == "dict":
         return ("dict", td[1], tuple(_mark(c, sample[k], marks) for k, c in zip(td[1], td[2])))
     if kind == "namedtuple":
-        return ("namedtuple", td[1], tuple(_mark(c, x, marks) for c, x in zip(td[2], sample)))
+        return ("namedtuple", td[1], tuple(_mark(c, x, marks, True) for c, x in zip(td[2], sample)))
     if kind in TYPED:
         return (kind, Make.like(sample), (_mark(td[2][0], plain_items(sample), marks),))
-    return (kind, tuple(_mark(c, x, marks) for c, x in zip(td[1], sample)))
+    return (kind, tuple(_mark(c, x, marks, True) for c, x in zip(td[1], sample)))
 
 
 def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:
     """A batch from samples, as PyTorch's ``default_collate`` makes it, in NumPy.
 
     Arrays and Python or NumPy numbers are stacked along a new first axis (int -> int64, float ->
-    float64, bool -> bool); str and bytes fields become lists; dicts, lists, tuples and
+    float64, bool -> bool); str and bytes fields become lists, or tuples inside a tuple, list,
+    namedtuple or other sequence (torch's collate gathers them with ``zip``); dicts, lists, tuples and
     namedtuples are recursed and keep their type; other mappings and sequences too, as torch's
     collate keeps them (``containers``). Every sample must have the first one's
     structure, shapes and dtypes: the first that does not is named in a ``BatchLayoutError``
@@ -289,5 +294,6 @@ def collate(samples: Sequence[Any], indices: Indices) -> Any:
     what, index = _where(indices, 0)
     treedef, firsts = batch_structure(samples[0], what, index)
     out = [np.empty((len(samples), *a.shape), dtype=a.dtype) for a in firsts]
-    objects = collate_into(samples, indices, treedef, out)
+    columns = collate_into(samples, indices, treedef, out)
+    objects = [tuple(c) if node == TEXT_TUPLE else c for c, node in zip(columns, obj_nodes(treedef))] if columns else []
     return join(treedef, out, objects)

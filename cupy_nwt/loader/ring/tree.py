@@ -24,7 +24,8 @@ from .containers import Make, items_only, plain_items
 from .frameworks import AUTO_TORCH, FRAMEWORKS, framework_of, host_view, to_framework
 
 # A treedef is a small picklable nest: ("leaf",) an array (or, for samples, any leaf), ("leaf", fw)
-# an array joined back as framework fw's ("torch", "jax"), ("obj",) a leaf that travels pickled, ("tuple", children), ("list", children), ("dict", keys, children) or
+# an array joined back as framework fw's ("torch", "jax"), ("obj",) a leaf that travels pickled
+# (("obj", "tuple"): a str column collated as a tuple), ("tuple", children), ("list", children), ("dict", keys, children) or
 # ("namedtuple", cls, children), or a mapping or sequence of another type around its plain items:
 # ("typed", T, (inner,)) when it holds nothing else, ("typed_stateful", T, (inner,)) when it has attributes
 # of its own, with T its type in a sample's structure and its ``containers.Make`` in a batch's.
@@ -33,6 +34,7 @@ TYPED = ("typed", "typed_stateful")
 
 LEAF: Treedef = ("leaf",)
 OBJ: Treedef = ("obj",)
+TEXT_TUPLE: Treedef = ("obj", "tuple")  # a batch's str or bytes gathered as a tuple (inside a sequence, as torch does)
 _RING_KINDS = frozenset("biufcmM")  # dtypes with a fixed item size and no Python objects inside
 
 
@@ -222,6 +224,11 @@ def _leaves(td: Treedef) -> Iterator[Treedef]:
     else:
         for c in td[-1]:
             yield from _leaves(c)
+
+
+def obj_nodes(td: Treedef) -> list[Treedef]:
+    """Every leaf of ``td`` that travels pickled, depth first."""
+    return [leaf for leaf in _leaves(td) if leaf[0] == "obj"]
 
 
 def leaf_kinds(td: Treedef) -> list[str]:

@@ -1,10 +1,14 @@
-"""Collation rules: NumPy scalar fields (what ArrayDataset rows hold) stay strict on the fast path."""
+"""Collation rules: NumPy scalar fields (what ArrayDataset rows hold) stay strict on the fast path; str
+and bytes are gathered as torch gathers them."""
 
 from __future__ import annotations
+
+from collections import namedtuple
 
 import numpy as np
 import pytest
 
+from cupy_nwt import DataLoader
 from cupy_nwt.errors import BatchLayoutError
 from cupy_nwt.loader.ring.collate import default_collate
 
@@ -33,3 +37,38 @@ def test_an_int_too_large_for_int64_is_named_in_any_sample(first):
     with pytest.raises(BatchLayoutError, match=rf"sample index {at + 5}") as info:
         default_collate(samples, indices=range(5, 8))
     assert info.value.sample_index == at + 5 and isinstance(info.value, ValueError)
+
+
+Point = namedtuple("Point", "xy name")
+
+
+def text_samples(i: int) -> list:
+    return [(np.zeros(1), f"t{i}"), {"name": f"d{i}", "pair": [b"b%d" % i, i]}, Point(np.float32(i), f"p{i}"), f"s{i}"]
+
+
+def test_str_and_bytes_are_gathered_as_torch_gathers_them():
+    """A tuple inside a sequence (torch transposes the samples with zip), a list in a mapping or alone."""
+    pair, mapping, point, alone = default_collate([text_samples(i) for i in range(3)])
+    assert pair[1] == ("t0", "t1", "t2") and mapping["name"] == ["d0", "d1", "d2"]
+    assert mapping["pair"][0] == (b"b0", b"b1", b"b2") and point.name == ("p0", "p1", "p2")
+    assert default_collate([f"s{i}" for i in range(2)]) == ["s0", "s1"] and alone == ("s0", "s1", "s2")
+    torch = pytest.importorskip("torch", reason="torch is a test-only extra")
+
+    def kinds(x):
+        if isinstance(x, (np.ndarray, torch.Tensor)):
+            return "array"
+        if isinstance(x, dict):
+            return {k: kinds(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)) and not hasattr(x, "_fields") and all(isinstance(v, (str, bytes)) for v in x):
+            return (type(x), len(x))
+        return [kinds(v) for v in x]
+
+    samples = [text_samples(i) for i in range(3)]
+    assert kinds(default_collate(samples)) == kinds(torch.utils.data.default_collate(samples))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_str_tuple_crosses_the_workers_as_a_tuple(num_workers):
+    samples = [(np.full(2, i), f"name{i}") for i in range(6)]
+    got = list(DataLoader(samples, batch_size=3, num_workers=num_workers, device="cpu"))
+    assert [b[1] for b in got] == [("name0", "name1", "name2"), ("name3", "name4", "name5")]

@@ -81,7 +81,7 @@ def test_items_collate_position_by_position_and_key_by_key():
     assert list(batch) == ["z", "a"] and batch["z"].tolist() == [0, 1, 2]
     assert batch["a"].tolist() == [[0, 1], [1, 2], [2, 3]]
     assert [f.tolist() for f in default_collate([range(i, i + 2) for i in range(3)])] == [[0, 1, 2], [1, 2, 3]]
-    assert default_collate([Pair((i, "s%d" % i)) for i in range(2)])[1] == ["s0", "s1"]
+    assert default_collate([Pair((i, "s%d" % i)) for i in range(2)])[1] == ("s0", "s1")
 
 
 def test_a_mutable_container_is_a_copy_of_the_batchs_first_sample_with_its_items():
