@@ -15,6 +15,7 @@ recognised through ``sys.modules`` (a torch tensor exists only once torch is imp
 from __future__ import annotations
 
 import importlib.util
+import pickle
 import sys
 from typing import Any
 
@@ -91,6 +92,32 @@ def host_view(x: Any, framework: str) -> tuple[np.ndarray, str | None] | None:
             return np.asarray(x.view(getattr(sys.modules["torch"], bits)).numpy()), str(x.dtype).removeprefix("torch.")
     except (TypeError, RuntimeError, ValueError):
         return None
+
+
+_PICKLES: dict[Any, bool] = {}  # per torch dtype: does torch's own pickle of a tensor of it load back
+
+
+def tensor_reduction(x: Any) -> tuple[Any, tuple[Any, ...]] | None:
+    """How to pickle ``x`` where torch's own pickle of it does not load back (``uint16``, ``uint32``, ``uint64``,
+    the ``float8`` kinds, ``complex32`` in torch 2.x: its reader asks a storage type for a dtype it lacks): as
+    its bytes in a NumPy array, made a tensor of its dtype again by ``to_framework``. None for anything else,
+    a plain CPU tensor of another dtype included (torch pickles those itself)."""
+    torch = sys.modules.get("torch")
+    if torch is None or type(x) is not torch.Tensor:
+        return None
+    pickles = _PICKLES.get(x.dtype)
+    if pickles is None:
+        try:
+            pickle.loads(pickle.dumps(torch.zeros(1, dtype=x.dtype)))
+            pickles = True
+        except Exception:  # noqa: BLE001 - whatever torch raises, its pickle of this dtype is not to be used
+            pickles = False
+        _PICKLES[x.dtype] = pickles
+    named = getattr(x, "has_names", None)  # named tensors: gone from recent torch
+    if pickles or x.__dict__ or (named is not None and named()):
+        return None
+    host = host_view(x, "torch")
+    return None if host is None else (to_framework, (host[0], "torch", host[1]))
 
 
 def to_framework(a: Any, framework: str, dtype: str | None = None) -> Any:

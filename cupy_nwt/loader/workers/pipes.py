@@ -20,6 +20,7 @@ no name: it is freed with its last descriptor and mapping, whichever process die
 from __future__ import annotations
 
 import ctypes
+import io
 import mmap
 import os
 import pickle
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import PipeClosedError
+from ..ring.frameworks import tensor_reduction
 
 _SHORT = struct.Struct("!i")
 _LONG = struct.Struct("!Q")
@@ -40,18 +42,34 @@ SPILL_BYTES = _READ  # a buffer this large leaves the pipe, where ``send`` is gi
 CAN_SPILL = hasattr(os, "memfd_create") and hasattr(socket, "send_fds")
 
 
+class _Pickler(pickle.Pickler):
+    """A pickler that sends a torch tensor torch's own pickle cannot load back as its bytes
+    (``frameworks.tensor_reduction``): one inside an object a ``collate_fn`` returns, say."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        return tensor_reduction(obj) or NotImplemented
+
+
+def _dumps(msg: Any, **options: Any) -> bytes:
+    if "torch" not in sys.modules:
+        return pickle.dumps(msg, **options)
+    out = io.BytesIO()
+    _Pickler(out, **options).dump(msg)
+    return out.getvalue()
+
+
 def send(fd: int, msg: Any, spill: socket.socket | None = None) -> None:
     """Pickle ``msg`` and write it whole to the pipe ``fd`` (blocking, as ``Connection.send``); with ``spill``,
     its buffers of ``SPILL_BYTES`` or more go through a file handed over that socket."""
     big: list[pickle.PickleBuffer] = []
-    data = pickle.dumps(msg) if spill is None else pickle.dumps(msg, protocol=5, buffer_callback=lambda b: _keep(b, big))
+    data = _dumps(msg) if spill is None else _dumps(msg, protocol=5, buffer_callback=lambda b: _keep(b, big))
     if big:
         assert spill is not None
         frame = _spill(data, big, spill)
         if frame is not None:
             _write(fd, frame)
             return
-        data = pickle.dumps(msg)  # no file to be had: every buffer in the pipe
+        data = _dumps(msg)  # no file to be had: every buffer in the pipe
     n = len(data)
     head = _SHORT.pack(n) if n <= 0x7FFFFFFF else _SHORT.pack(-1) + _LONG.pack(n)
     _write(fd, head + data)
