@@ -112,7 +112,7 @@ def count_events(
     with tempfile.TemporaryDirectory(prefix="nwt-callgrind-") as tmp:
         out_pattern = os.path.join(tmp, "callgrind.out.%p")
         cmd = [
-            "valgrind",
+            shutil.which("valgrind") or "valgrind",  # found on this process's PATH, not on the one given to argv
             "--tool=callgrind",
             f"--callgrind-out-file={out_pattern}",
             "--log-file=" + os.path.join(tmp, "valgrind.log.%p"),  # its own report, apart from the program's

@@ -9,8 +9,9 @@ order, in batches of the loader's ``batch_size``, each with the seed the loader 
 epoch 0 of seed 0).
 
 What makes the count exact: ``PYTHONHASHSEED=0`` (str hashes, so set and dict orders), one BLAS and
-OpenMP thread (an idle BLAS thread spins, and callgrind counts every thread), an environment without
-what a CI service sets anew each run (:data:`PER_RUN_ENV`: its size moves where memory lands), a warm-up batch
+OpenMP thread (an idle BLAS thread spins, and callgrind counts every thread), the same paths and
+environment wherever the checkout lies and however pytest was started (:mod:`._count_view`: their
+sizes move where memory lands), a warm-up batch
 outside the counted region (lazy imports, first-use caches), a garbage collection just before it, and
 callgrind collecting only inside the region (:mod:`cupy_nwt.pytest_plugin._count_child`), not the
 interpreter's start-up and imports. The same run simulates the caches and logs the region's system
@@ -25,6 +26,7 @@ from __future__ import annotations
 import os
 import pickle
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -35,6 +37,7 @@ from typing import Any
 from ..errors import ArgumentError, CallgrindError
 from ._callgrind import callgrind_unavailable_reason, count_events, fixed_addresses
 from ._cost import Cost, cost_of
+from ._count_view import checkout_root, compile_checkout, count_environment, count_folder, count_pythonpath
 
 #: samples counted per benchmark: a fraction of a second of native work for a typical image
 #: pipeline, ~50x that under callgrind, on top of ~5 s of CPU for the interpreter's start-up and imports.
@@ -43,17 +46,6 @@ COUNT_TIMEOUT_S = 900.0
 CHILD = Path(__file__).with_name("_count_child.py")
 #: the child's region markers (:data:`._count_child.MARKERS`; the child is not imported here)
 MARKERS = ("/nonexistent/cupy-nwt-count-region-begin", "/nonexistent/cupy-nwt-count-region-end")
-#: the environment that makes a count repeatable (set over the caller's)
-EXACT_ENV = {"PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-             "NUMEXPR_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-#: left out of the counting process's environment: what a CI service, the shell or this plugin sets anew
-#: each run (run ids, refs, tokens, the last command, the base revision's socket). The environment's size
-#: moves the interpreter's first allocations, so the addresses the counted code meets, and the cost with
-#: them by up to 0.8% from one variable of another length, most of a 1% limit.
-PER_RUN_ENV_PREFIXES = ("GITHUB_", "RUNNER_", "ACTIONS_", "CI_", "GITLAB_", "BUILDKITE_", "CIRCLE_", "TRAVIS_",
-                        "JENKINS_", "CUPY_NWT_AGAINST_")
-PER_RUN_ENV = frozenset({"_", "OLDPWD", "INVOCATION_ID", "JOURNAL_STREAM", "BUILD_ID", "BUILD_NUMBER", "BUILD_URL",
-                         "BUILD_TAG", "JOB_NAME", "JOB_URL", "EXECUTOR_NUMBER", "NODE_NAME"})
 
 
 def valgrind_options() -> str:
@@ -102,14 +94,6 @@ def plan(n: int, batch_size: int | None, samples: int | None) -> list[tuple[Any,
     return [(np.arange(b * size, (b + 1) * size, dtype=np.int64) % n, batch_seed(0, 0, b)) for b in range(batches)]
 
 
-def count_environment() -> dict[str, str]:
-    """The counting process's environment: this one less what is set anew each run (:data:`PER_RUN_ENV`),
-    with :data:`EXACT_ENV` and this process's sys.path."""
-    kept = {k: v for k, v in os.environ.items() if k not in PER_RUN_ENV and not k.startswith(PER_RUN_ENV_PREFIXES)}
-    path = os.pathsep.join(p for p in [*sys.path, os.environ.get("PYTHONPATH", "")] if p)
-    return {**kept, **EXACT_ENV, "PYTHONPATH": path}
-
-
 def count_pipeline(dataset: Any, *, batch_size: int | None, collate_fn: Any, batch_transform: Any,
                    samples: int | None = None, timeout: float = COUNT_TIMEOUT_S, cost: bool = True) -> InstructionCount:
     """Count the instructions per sample of making ``samples`` samples' batches; ``CallgrindError`` if it cannot.
@@ -136,18 +120,19 @@ def count_pipeline(dataset: Any, *, batch_size: int | None, collate_fn: Any, bat
     except Exception as exc:  # noqa: BLE001 - any pickling failure means: cannot count in another process
         raise CallgrindError(f"instructions not counted: the dataset, collate_fn or batch_transform does not "
                              f"pickle ({type(exc).__name__}: {exc})") from None
-    env = {**count_environment(), "VALGRIND_OPTS": valgrind_options()}
-    fd, path = tempfile.mkstemp(prefix="nwt-count-", suffix=".pickle")
-    try:
-        with os.fdopen(fd, "wb") as f:
+    root = checkout_root()
+    with count_folder(root) as (cwd, view), tempfile.TemporaryDirectory(prefix="nwt-plan-", dir=cwd) as own:
+        env = {**count_environment(count_pythonpath(root, view)), "VALGRIND_OPTS": valgrind_options()}
+        path, child = os.path.join(own, "plan"), os.path.join(own, "child.py")
+        with open(path, "wb") as f:
             f.write(payload)
+        shutil.copyfile(CHILD, child)
+        compile_checkout(root, view, os.path.join(own, "pyc"))
         t0 = time.perf_counter()
-        native = _native(path, env, timeout) if cost else None
-        events, syscalls = count_events([sys.executable, str(CHILD), path], env=env, timeout=timeout,
+        native = _native([sys.executable, child, path], env, cwd, timeout) if cost else None
+        events, syscalls = count_events([sys.executable, child, path], env=env, cwd=cwd, timeout=timeout,
                                         cache_sim=cost, syscalls_between=MARKERS if cost else None)
         seconds = time.perf_counter() - t0
-    finally:
-        os.unlink(path)
     counted = sum(len(indices) for indices, _ in batches)
     total = events["Ir"]
     if native is None or syscalls is None:
@@ -157,29 +142,28 @@ def count_pipeline(dataset: Any, *, batch_size: int | None, collate_fn: Any, bat
                             1000.0 * float(native["cpu_s"]) / counted)
 
 
-def _native(plan_path: str, env: dict[str, str], timeout: float) -> dict[str, Any]:
+def _native(argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> dict[str, Any]:
     """The counted region run without valgrind: its page faults and CPU seconds (``_count_child --native``)."""
     import json  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 
-    fd, result = tempfile.mkstemp(prefix="nwt-native-", suffix=".json")
-    os.close(fd)
+    result = os.path.join(os.path.dirname(argv[-1]), "native.json")
+    native_env = {k: v for k, v in env.items() if k != "VALGRIND_OPTS"}
     try:
-        native_env = {k: v for k, v in env.items() if k != "VALGRIND_OPTS"}
-        try:
-            done = subprocess.run([sys.executable, str(CHILD), plan_path, "--native", result], env=native_env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout, check=False,
-                                  preexec_fn=fixed_addresses)  # noqa: PLW1509 - one ctypes call
-        except subprocess.TimeoutExpired:
-            raise CallgrindError(f"the counted region run natively took more than {timeout:g} s") from None
-        if done.returncode != 0:
-            lines = [x for x in done.stderr.decode("utf-8", "replace").splitlines() if x.strip()]
-            raise CallgrindError(f"the counted region failed natively (exit {done.returncode})"
-                                 + (f": {lines[-1].strip()}" if lines else ""))
+        done = subprocess.run([*argv, "--native", result], env=native_env, cwd=cwd,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout, check=False,
+                              preexec_fn=fixed_addresses)  # noqa: PLW1509 - one ctypes call
+    except subprocess.TimeoutExpired:
+        raise CallgrindError(f"the counted region run natively took more than {timeout:g} s") from None
+    if done.returncode != 0:
+        lines = [x for x in done.stderr.decode("utf-8", "replace").splitlines() if x.strip()]
+        raise CallgrindError(f"the counted region failed natively (exit {done.returncode})"
+                             + (f": {lines[-1].strip()}" if lines else ""))
+    try:
         with open(result, encoding="utf-8") as f:
             got = json.load(f)
-    finally:
-        os.unlink(result)
+    except (OSError, ValueError):
+        got = None
     if not isinstance(got, dict) or not all(isinstance(got.get(k), (int, float)) for k in ("minflt", "cpu_s")):
         raise CallgrindError("the counted region's native run wrote no page-fault count")
     return got

@@ -1,7 +1,8 @@
 """Run under callgrind by :mod:`cupy_nwt.pytest_plugin._count`: make the planned batches, counted.
 
-Run by path (``python _count_child.py PLAN``), so that importing it pulls in neither pytest nor the
-plugin. The plan is a pickle of ``(maker, batches)``: a loader's ``BatchMaker`` and ``[(indices, seed),
+Run by path (``python child.py PLAN``), from a copy beside the plan in the count's own folder under
+``/tmp``, so that importing it pulls in neither pytest nor the plugin, and the folder Python puts first
+on ``sys.path`` (the script's, resolved) is as long wherever the package is installed. The plan is a pickle of ``(maker, batches)``: a loader's ``BatchMaker`` and ``[(indices, seed),
 ...]``. The first batch is made once, uncounted, so lazy imports and first-use caches stay out of the
 count; then the garbage collector runs, so every run enters the counted region in the same state.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import json
+import marshal
 import mmap
 import os
 import pickle
@@ -43,6 +45,9 @@ _X86_64_REQUEST = bytes.fromhex("4889f8" "31d2" "48c1c703" "48c1c70d" "48c1c73d"
 
 #: paths that never exist, ``stat``ed just before and just after the region
 MARKERS = ("/nonexistent/cupy-nwt-count-region-begin", "/nonexistent/cupy-nwt-count-region-end")
+
+#: the link to the checkout in this process's working folder (``_count_view.LINK``)
+LINK = ".nwt-checkout"
 
 _plan: tuple[Any, list[tuple[Any, int]]] | None = None
 failed: list[BaseException] = []
@@ -98,8 +103,52 @@ def native(result: str) -> None:
                    "cpu_s": t1 - t0, "user_s": r1.ru_utime - r0.ru_utime, "sys_s": r1.ru_stime - r0.ru_stime}, f)
 
 
+def checkout_code(pyc: str) -> None:
+    """Import the checkout's modules from ``pyc`` (compiled for this count under their names here), else
+    from their source: never from the checkout's ``__pycache__``.
+
+    A module's cached code holds the path it was compiled at (the caller's checkout, or the base
+    revision's worktree); reading it allocates that string, whose length moved the cost.
+    """
+    from importlib.machinery import (  # noqa: PLC0415
+        BYTECODE_SUFFIXES,
+        EXTENSION_SUFFIXES,
+        SOURCE_SUFFIXES,
+        ExtensionFileLoader,
+        FileFinder,
+        SourceFileLoader,
+        SourcelessFileLoader,
+    )
+
+    views = tuple(os.path.join(top, LINK) for top in ("/proc/self/cwd", os.getcwd()))
+
+    class Compiled(SourceFileLoader):
+        def get_code(self, fullname: str) -> Any:
+            rel = next((self.path[len(v) + 1:] for v in views if self.path.startswith(v + "/")), None)
+            try:
+                if rel is not None:
+                    with open(os.path.join(pyc, f"{rel}c"), "rb") as f:
+                        return marshal.loads(f.read()[16:])
+            except (OSError, ValueError):
+                pass
+            return self.source_to_code(self.get_data(self.path), self.path)
+
+    hook = FileFinder.path_hook((ExtensionFileLoader, EXTENSION_SUFFIXES), (Compiled, SOURCE_SUFFIXES),
+                                (SourcelessFileLoader, BYTECODE_SUFFIXES))
+
+    def in_checkout(path: str) -> Any:
+        if path in views or path.startswith(tuple(v + "/" for v in views)):
+            return hook(path)
+        raise ImportError("not the checkout")
+
+    sys.path_hooks.insert(0, in_checkout)
+    for path in [p for p in sys.path_importer_cache if p in views or p.startswith(tuple(v + "/" for v in views))]:
+        del sys.path_importer_cache[path]
+
+
 def main(argv: list[str]) -> int:
     global _plan
+    checkout_code(os.path.join(os.path.dirname(argv[1]), "pyc"))
     with open(argv[1], "rb") as f:
         _plan = pickle.load(f)
     maker, batches = _plan
@@ -131,5 +180,5 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.pop(0)  # this file's folder: the package's private modules are not top-level names
+    sys.path.pop(0)  # this file's folder: the plan's, nothing to import from
     sys.exit(main(sys.argv))

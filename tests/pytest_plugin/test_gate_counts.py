@@ -140,6 +140,51 @@ def test_a_count_is_the_same_whatever_the_ci_service_set_for_this_run(monkeypatc
     assert other.cost.total == pytest.approx(plain.cost.total, rel=1e-4)
 
 
+PIXELS_MODULE = """
+import numpy as np
+
+
+class Pixels:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return np.full((3, 32, 32), float(i), np.float32) * 0.5
+"""
+COUNT_PIXELS = ("import json; from pixels import Pixels; from cupy_nwt.pytest_plugin._count import count_pipeline; "
+                "c = count_pipeline(Pixels(), batch_size=16, collate_fn=None, batch_transform=None, samples=64); "
+                "print(json.dumps(c.cost.total))")
+
+
+@needs_valgrind
+@pytest.mark.slow
+def test_a_count_is_the_same_wherever_the_checkout_lies_and_whatever_the_users_variables_hold(tmp_path):
+    """Two checkouts of the same code (the package with the pipeline's module, compiled as an import leaves
+    them), 24 characters apart in depth, and a user variable 500 characters long: one cost.
+
+    The counting process saw the checkout's path in its sys.path, its modules' files and cached code,
+    its working folder and the caller's variables: their lengths moved this cost by 0.1%."""
+    import compileall
+    import shutil
+
+    import cupy_nwt
+
+    costs = []
+    for name, extra in (("a", {}), ("a" * 25, {}), ("a", {"MY_SETTING": "x" * 500})):
+        checkout = tmp_path / name
+        if not checkout.exists():
+            shutil.copytree(os.path.dirname(cupy_nwt.__file__), checkout / "cupy_nwt",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            (checkout / "pixels.py").write_text(PIXELS_MODULE)
+            assert compileall.compile_dir(str(checkout), quiet=1)
+        env = {**os.environ, "PYTHONPATH": str(checkout), **extra}
+        done = subprocess.run([sys.executable, "-c", COUNT_PIXELS], cwd=checkout, env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        costs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert max(costs) - min(costs) <= 1e-4 * min(costs), costs
+
+
 # ---------------------------------------------------------------- in a project
 
 
