@@ -339,6 +339,14 @@ def options_of(config: pytest.Config) -> GateOptions:
     )
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file (through links too), existing or not."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
 def start_gate(config: pytest.Config) -> ThroughputGate:
     """The session's gate from the command line; a usage error (one line) where the options cannot work."""
     o = options_of(config)
@@ -350,6 +358,12 @@ def start_gate(config: pytest.Config) -> ThroughputGate:
             "--nwt-throughput-drop needs something to compare with: --nwt-against REV (measured in this job), "
             "--nwt-baseline FILE (made with --nwt-save-baseline FILE), or --benchmark-compare[=NUM|ID] after a "
             "run with --benchmark-autosave"
+        )
+    if o.save_path is not None and o.baseline_path is not None and _same_file(o.save_path, o.baseline_path):
+        raise pytest.UsageError(
+            f"--nwt-baseline and --nwt-save-baseline name the same file ({o.baseline_path}): the run would overwrite "
+            "the baseline it is judged against, a regression included; save to another file and replace the "
+            "baseline after review"
         )
     if o.save_path is not None:
         try:  # the file is written after the whole run: a place it cannot go is found now, not then

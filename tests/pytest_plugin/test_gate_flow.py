@@ -121,6 +121,19 @@ def test_a_baseline_that_cannot_be_written_is_refused_before_the_run(project):
         result.stdout.no_fnmatch_line("*passed*")
 
 
+def test_comparing_with_and_saving_over_the_same_baseline_is_refused_before_the_run(project):
+    """Judged against a file and saved over it, a regression failed once and became the next run's baseline."""
+    project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test())
+    project.syspathinsert()
+    (project.path / "ci").mkdir()
+    (project.path / "ci" / "baseline.json").write_text('{"benchmarks": []}')
+    result = project.runpytest_inprocess("--nwt-baseline=ci/baseline.json", "--nwt-save-baseline=ci/../ci/baseline.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --nwt-baseline and --nwt-save-baseline name the same file (ci/baseline.json)*"])
+    result.stdout.no_fnmatch_line("*passed*")
+    assert (project.path / "ci" / "baseline.json").read_text() == '{"benchmarks": []}'
+
+
 def test_a_baseline_whose_place_went_away_during_the_run_fails_it_in_one_line(project):
     """The test itself puts a file where the baseline's folder was to be made: the write at the end fails."""
     project.makepyfile(tinydata=TINY_DATA, test_input_pipeline=loader_test() + "    open('ci', 'w').close()\n")
