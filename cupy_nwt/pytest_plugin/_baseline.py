@@ -86,7 +86,7 @@ def _check_info(bad: Bad, name: str, info: Any) -> None:
     parts = info.get("cost_components")
     components = components_of(info)
     if parts is not None and parts != {} and components is None:
-        raise bad(f"{name}: cost_components is not an object of every component, each a number >= 0")
+        raise bad(f"{name}: cost_components is not an object of every component, each a finite number >= 0")
     cost = info.get("cost_per_sample")
     if cost is not None and components is not None and model == MODEL:
         weighed = Cost(**components).total
@@ -133,6 +133,8 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     _check_machine(_bad_file(p), "the file", data.get("machine"))
     out: dict[str, dict[str, Any]] = {}
     for b in benches:
+        if b["fullname"] in out:
+            raise _bad_file(p)(f"{b['fullname']}: listed twice (which one would decide?)")
         _check_info(_bad_file(p), b["fullname"], b.get("extra_info") or {})
         out[b["fullname"]] = b
     return out

@@ -19,6 +19,7 @@ divided by its native seconds per estimated cycle of the unchanged pipeline.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -74,7 +75,7 @@ def components_of(info: Mapping[str, Any]) -> dict[str, float] | None:
     out = {}
     for k, _ in COMPONENTS:
         v = raw.get(k)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
             return None
         out[k] = float(v)
     return out

@@ -134,3 +134,20 @@ def test_a_baseline_with_malformed_components_is_refused(tmp_path):
     path.write_text('{"benchmarks": [{"fullname": "t::a", "extra_info": %s}]}' % __import__("json").dumps(info))
     with pytest.raises(BaselineError, match="cost_components is not an object of every component"):
         load_baseline(path)
+
+
+def test_a_baseline_with_an_infinite_component_or_a_benchmark_listed_twice_is_refused(tmp_path):
+    """json reads ``Infinity``; and of two entries of one benchmark the second silently decided."""
+    import json
+
+    path = tmp_path / "b.json"
+    info = {**_counted(PLAIN), "cost_components": {**PLAIN, "l1_misses": float("inf")}}
+    path.write_text(json.dumps({"benchmarks": [{"fullname": "t::a", "extra_info": info}]}))
+    assert "Infinity" in path.read_text()
+    with pytest.raises(BaselineError, match=r"^--nwt-baseline: .*b\.json: t::a: cost_components is not an object of "
+                                            r"every component, each a finite number >= 0 \(re-create"):
+        load_baseline(path)
+    entry = {"fullname": "t::a", "extra_info": _counted(PLAIN)}
+    path.write_text(json.dumps({"benchmarks": [entry, entry]}))
+    with pytest.raises(BaselineError, match=r"^--nwt-baseline: .*b\.json: t::a: listed twice"):
+        load_baseline(path)
