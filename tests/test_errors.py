@@ -133,9 +133,9 @@ def test_errors_are_imported_only_from_the_errors_module():
 
 
 # exceptions a raise may name that are not "our" errors: Python's protocols (iteration, attribute lookup,
-# abstract methods, a KeyboardInterrupt passed on) and the warnings machinery
+# abstract methods, a KeyboardInterrupt passed on, a path hook declining a folder) and the warnings machinery
 PROTOCOL = {"StopIteration", "AttributeError", "NotImplementedError", "KeyboardInterrupt", "SystemExit",
-            "GeneratorExit", "AssertionError"}
+            "GeneratorExit", "AssertionError", "ImportError"}
 
 
 def test_every_deliberate_raise_derives_from_cupy_nwt_error():

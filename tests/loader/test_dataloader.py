@@ -260,11 +260,11 @@ def test_layout_mismatch_names_the_sample_and_both_shapes():
             collect(dl)
 
 
-def test_str_fields_become_lists_and_unbatchable_fields_are_a_clear_error():
+def test_str_fields_are_gathered_as_torch_gathers_them_and_unbatchable_fields_are_a_clear_error():
     for nw in (0, 2):
         with DataLoader(Strings(4), batch_size=2, num_workers=nw, device="cpu") as dl:
             names, labels = next(iter(dl))
-        assert names == ["file0.png", "file1.png"] and labels.tolist() == [0, 1]
+        assert names == ("file0.png", "file1.png") and labels.tolist() == [0, 1]  # a tuple sample's column: torch's zip
         with pytest.raises(WorkerError, match="sample index 0: a NoneType field"):
             collect(DataLoader(Nones(4), batch_size=2, num_workers=nw, device="cpu"))
 

@@ -171,6 +171,6 @@ def test_default_collate_follows_pytorch_on_numpy():
     assert b["img"].shape == (3, 2) and b["img"].dtype == np.uint8
     assert isinstance(b["pair"], tuple) and b["pair"][0].dtype == np.int64 and b["pair"][1].tolist() == [0, 0.5, 1]
     assert isinstance(b["p"], Point) and b["p"].x.tolist() == [0, 1, 2]
-    assert isinstance(b["p"].y, list) and b["p"].y[0].dtype == np.bool_ and b["p"].y[1] == [b"b"] * 3
+    assert isinstance(b["p"].y, list) and b["p"].y[0].dtype == np.bool_ and b["p"].y[1] == (b"b",) * 3
     assert b["name"] == ["n0", "n1", "n2"]
     assert default_collate([1.5, 2.5]).dtype == np.float64 and default_collate(["a", "b"]) == ["a", "b"]
