@@ -7,6 +7,7 @@ CuPy is imported lazily: the package imports and runs its host-only parts withou
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
@@ -264,10 +265,12 @@ def is_pinned(array: np.ndarray) -> bool:
 # ---------------------------------------------------------------- device memory, streams, events
 
 
-def device_empty(shape: int | tuple[int, ...], dtype: Any = np.uint8):
-    """A CuPy array on the current device."""
+def device_empty(shape: int | tuple[int, ...], dtype: Any = np.uint8, stream: Any = None):
+    """A CuPy array on the current device, from the pool of ``stream`` where given (freeing it later is then
+    ordered after that stream's work), else of the current stream."""
     require_gpu()
-    return _cupy().empty(shape, dtype=dtype)
+    with contextlib.nullcontext() if stream is None else stream:
+        return _cupy().empty(shape, dtype=dtype)
 
 
 def stream(non_blocking: bool = True):
@@ -406,13 +409,6 @@ def cuda_may_be_initialized() -> bool:
     return "cupy" in sys.modules and gpu_status().available
 
 
-def empty_on_stream(shape: int | tuple[int, ...], dtype: Any, stream):
-    """A device array from the pool of ``stream``: freeing it later is ordered after that stream's work."""
-    require_gpu()
-    with stream:
-        return _cupy().empty(shape, dtype=dtype)
-
-
 def compile_kernel(source: str, name: str) -> Any:
     """A CUDA C kernel compiled at run time (NVRTC, through CuPy's RawKernel), called as
     ``kernel(grid, block, args)`` on the current device and stream."""
@@ -441,12 +437,9 @@ def device_address(array: Any) -> tuple[int, int]:
 
 
 def to_device(host: np.ndarray):
-    """A blocking host -> device copy into a new CuPy array: the no-prefetch baseline.
-
-    ``cudaMemcpy`` from pageable memory returns only once the bytes are on the device (and it runs on
-    the legacy default stream, after the work queued there). ``cupy.asarray`` would instead stage
-    through CuPy's pinned pool and copy asynchronously: a second prefetch path, not a baseline.
-    """
+    """A blocking host -> device copy into a new CuPy array, the no-prefetch baseline: ``cudaMemcpy`` from pageable
+    memory returns once the bytes are on the device (``cupy.asarray`` would stage through CuPy's pinned pool
+    and copy asynchronously: a second prefetch path, not a baseline)."""
     require_gpu()
     cupy = _cupy()
     src = np.ascontiguousarray(host)

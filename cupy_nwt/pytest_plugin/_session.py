@@ -167,18 +167,14 @@ class ThroughputGate:
             out.append((text, "regressed"))
         if self.unsaved:
             out.append((self.unsaved, "regressed"))
-        unjudged = self.unjudged
-        if unjudged:
-            text = (f"cupy_nwt throughput gate judged nothing for {len(unjudged)} benchmark(s) ({', '.join(unjudged)}): "
-                    "their clocks against a baseline from another time are shown, not judged; install valgrind "
-                    "(exact instruction counts) or add --nwt-against REV (measured in this job)")
-            out.append((text, "inconclusive"))
-        elsewhere = self.other_machine
-        if elsewhere:
-            text = (f"cupy_nwt throughput gate judged nothing for {len(elsewhere)} benchmark(s) ({', '.join(elsewhere)}): "
-                    "their baseline was made on another machine (each line names the difference); make the "
-                    "baseline on the machine that runs the gate, or add --nwt-against REV (measured in this job)")
-            out.append((text, "inconclusive"))
+        for names, why in ((self.unjudged, "their clocks against a baseline from another time are shown, not judged; "
+                            "install valgrind (exact instruction counts)"),
+                           (self.other_machine, "their baseline was made on another machine (each line names the "
+                            "difference); make the baseline on the machine that runs the gate")):
+            if names:
+                out.append((f"cupy_nwt throughput gate judged nothing for {len(names)} benchmark(s) "
+                            f"({', '.join(names)}): {why}, or add --nwt-against REV (measured in this job)",
+                            "inconclusive"))
         if self.inconclusive:
             text = (f"cupy_nwt throughput gate INCONCLUSIVE for {len(self.inconclusive)} figure(s): the noise "
                     f"reaches past the {self.max_drop_pct:g}% limit (not a failure; rerun on a quieter "

@@ -118,7 +118,7 @@ class CudaOps(PrefetchOps):
         event.synchronize()
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype, stream: Any) -> Any:
-        return cuda.empty_on_stream(shape, dtype, stream)
+        return cuda.device_empty(shape, dtype, stream)
 
     def h2d(self, dst: Any, src: np.ndarray, stream: Any) -> None:
         cuda.memcpy_h2d(dst, src, stream)

@@ -111,22 +111,6 @@ def test_a_container_of_items_only_crosses_as_arrays_and_comes_back_its_type(kin
     assert type(back) is kind and list(back) == ["ids", "mask"] and back["mask"].sum() == 6
 
 
-class Stamped(Mapping):
-    """An immutable mapping that holds more than what its items make: a fresh stamp each time it is made."""
-
-    def __init__(self, items) -> None:
-        self._items, self.stamp = dict(items), object()
-
-    def __getitem__(self, key):
-        return self._items[key]
-
-    def __iter__(self):
-        return iter(self._items)
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
 class Frozen(Mapping):
     """An immutable mapping that holds its items in an attribute, as a user's Mapping does."""
 
@@ -141,6 +125,14 @@ class Frozen(Mapping):
 
     def __len__(self) -> int:
         return len(self._items)
+
+
+class Stamped(Frozen):
+    """An immutable mapping that holds more than what its items make: a fresh stamp each time it is made."""
+
+    def __init__(self, items) -> None:
+        super().__init__(items)
+        self.stamp = object()
 
 
 @pytest.mark.parametrize("batch", [
