@@ -20,6 +20,7 @@ from .._files import check_writable
 from ..errors import AgainstError, ArgumentError, BaselineError
 from ._against import BaseRevision
 from ._baseline import check_compared, load_baseline, save_baseline
+from ._callgrind import callgrind_unavailable_reason
 from ._cost import COMPONENTS, WEIGHTS, components_of
 from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_against, compare_throughput, figure, signed_change
 
@@ -167,20 +168,37 @@ class ThroughputGate:
             out.append((text, "regressed"))
         if self.unsaved:
             out.append((self.unsaved, "regressed"))
-        for names, why in ((self.unjudged, "their clocks against a baseline from another time are shown, not judged; "
-                            "install valgrind (exact instruction counts)"),
-                           (self.other_machine, "their baseline was made on another machine (each line names the "
-                            "difference); make the baseline on the machine that runs the gate")):
-            if names:
-                out.append((f"cupy_nwt throughput gate judged nothing for {len(names)} benchmark(s) "
-                            f"({', '.join(names)}): {why}, or add --nwt-against REV (measured in this job)",
-                            "inconclusive"))
+        groups: dict[str, list[str]] = {}
+        no_valgrind = bool(self.unjudged) and callgrind_unavailable_reason() is not None
+        for name in self.unjudged:
+            groups.setdefault(self._what_would_judge(name, no_valgrind), []).append(name)
+        if self.other_machine:
+            groups.setdefault("their baseline was made on another machine (each line names the difference); make "
+                              "the baseline on the machine that runs the gate", []).extend(self.other_machine)
+        for why, names in groups.items():
+            out.append((f"cupy_nwt throughput gate judged nothing for {len(names)} benchmark(s) "
+                        f"({', '.join(names)}): {why}, or add --nwt-against REV (measured in this job)",
+                        "inconclusive"))
         if self.inconclusive:
             text = (f"cupy_nwt throughput gate INCONCLUSIVE for {len(self.inconclusive)} figure(s): the noise "
                     f"reaches past the {self.max_drop_pct:g}% limit (not a failure; rerun on a quieter "
                     "machine, or give the benchmark more time: --nwt-max-seconds)")
             out.append((text, "inconclusive"))
         return out
+
+    def _what_would_judge(self, name: str, no_valgrind: bool) -> str:
+        """Why a benchmark's figures were only shown, and what would let them be judged against a baseline."""
+        shown = "their clocks against a baseline from another time are shown, not judged"
+        contexts = [c.context for c in self.comparisons if c.fullname == name]
+        if any(ctx.io_bound for ctx in contexts):
+            return f"{shown}; they wait rather than compute, so no count of their work decides"
+        if any(ctx.new_counted == "callgrind" for ctx in contexts):
+            return (f"{shown}; the baseline was not counted as this run was (by callgrind, over as many samples, "
+                    "with the same weights): save it again here with --nwt-save-baseline")
+        if no_valgrind:
+            return f"{shown}; install valgrind (exact instruction counts)"
+        return (f"{shown}; nothing was counted exactly here: only loader_benchmark's pipelines are counted (an "
+                "'instructions not counted' note says why one was not)")
 
     def _baselines(self, config: pytest.Config) -> list[tuple[str, Mapping[str, Mapping[str, Any]]]]:
         out: list[tuple[str, Mapping[str, Mapping[str, Any]]]] = []
