@@ -15,7 +15,6 @@ archive member or sample, whether it is found when a dataset is opened or when a
 
 from __future__ import annotations
 
-import mmap
 import os
 import pickle
 from collections.abc import Iterable, Iterator, Sequence
@@ -25,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_callable, check_path
+from .._mapped_files import MappedFile, mapped_file
 from ..errors import ArgumentError, DataError, MissingPathError, OutOfRangeError
 from ._array_files import as_columns, load_npy, load_npz
 from ._images import (
@@ -53,18 +53,13 @@ __all__ = [
 
 
 def _array_state(a: np.ndarray) -> Any:
-    """Pickle a file-backed memmap as its file and layout, so spawned workers map it, not copy it."""
-    if isinstance(a, np.memmap) and isinstance(a.base, mmap.mmap) and a.filename:
-        order = "F" if a.flags.f_contiguous and not a.flags.c_contiguous else "C"
-        return ("memmap", a.filename, a.dtype.str, a.shape, a.offset, a.mode, order)
-    return a
+    """A file-backed memmap pickled as the file it maps, so spawned workers map it, not copy it."""
+    place = mapped_file(a)
+    return place if place is not None else a
 
 
 def _array_from_state(s: Any) -> np.ndarray:
-    if isinstance(s, tuple) and s and s[0] == "memmap":
-        _, filename, dtype, shape, offset, mode, order = s
-        return np.memmap(filename, dtype=np.dtype(dtype), mode=mode, offset=offset, shape=shape, order=order)
-    return s
+    return s.open() if isinstance(s, MappedFile) else s
 
 
 class ArrayDataset:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from cupy_nwt import DataLoader
 from cupy_nwt.data.datasets import (
     CIFAR10,
     ArrayDataset,
@@ -24,7 +25,7 @@ from cupy_nwt.data.datasets import (
     open_dataset,
     write_tar_shard,
 )
-from cupy_nwt.errors import ArgumentError, CorruptImageError, DataError
+from cupy_nwt.errors import ArgumentError, CorruptImageError, DataError, DataFileError
 
 
 @pytest.fixture
@@ -100,6 +101,32 @@ def test_array_dataset_pickles_memmaps_by_file_not_by_value(tmp_path):
     back = pickle.loads(blob)
     assert isinstance(back.arrays[0], np.memmap)
     np.testing.assert_array_equal(back[777][0], big[777])
+
+
+def test_an_array_dataset_over_a_w_plus_memmap_reaches_spawned_workers_and_keeps_the_file(tmp_path):
+    """A memmap made with ``"w+"`` (create the file) and filled: spawned workers once re-created the file
+    empty, and every batch came back zeros."""
+    made = np.memmap(tmp_path / "x.dat", dtype=np.int64, mode="w+", shape=(16, 4))
+    made[:] = np.arange(64).reshape(16, 4) + 1
+    made.flush()
+    with DataLoader(ArrayDataset(made), batch_size=4, num_workers=1, multiprocessing_context="spawn") as dl:
+        rows = np.concatenate([b[0] for b in dl])
+    np.testing.assert_array_equal(rows, np.arange(64).reshape(16, 4) + 1)
+    assert np.fromfile(tmp_path / "x.dat", dtype=np.int64)[:3].tolist() == [1, 2, 3]
+
+
+def test_a_npy_replaced_after_the_dataset_opened_it_is_refused_not_read(tmp_path):
+    """``open_dataset`` maps the file; a newer export renamed over it must not reach the workers silently."""
+    np.save(tmp_path / "x.npy", np.arange(64, dtype=np.int64).reshape(16, 4))
+    ds = open_dataset(tmp_path / "x.npy")
+    np.save(tmp_path / "y.npy", -np.arange(64, dtype=np.int64).reshape(16, 4))
+    os.replace(tmp_path / "y.npy", tmp_path / "x.npy")
+    with pytest.raises(DataFileError, match="x.npy: was replaced by another file after the main process mapped it"):
+        pickle.loads(pickle.dumps(ds))
+    with pytest.raises(DataFileError, match="failed on unpickling its dataset: .*x.npy: was replaced"):
+        with DataLoader(ds, batch_size=4, num_workers=1, multiprocessing_context="spawn") as dl:
+            list(dl)
+    np.testing.assert_array_equal(ds[5][0], [20, 21, 22, 23])  # the main process still reads the file it opened
 
 
 # --- ImageFolder -----------------------------------------------------------------------------
@@ -466,7 +493,7 @@ def test_open_dataset_errors(tmp_path):
 
 
 def test_corrupt_member_read_by_loader_workers_is_named(tmp_path, images, labels):
-    from cupy_nwt import DataLoader, WorkerError  # noqa: PLC0415
+    from cupy_nwt import WorkerError  # noqa: PLC0415
 
     path = tmp_path / "shard.tar"
     with tarfile.open(path, "w") as tf:

@@ -255,9 +255,11 @@ class Started(_Record):
 
 @dataclass(frozen=True, slots=True)
 class InitFailed(_Record):
-    """``worker_init_fn`` raised; the worker exits right after sending this."""
+    """The worker could not start (``stage``: ``worker_init_fn`` raised, or its dataset could not be rebuilt);
+    it exits right after sending this."""
 
     report: ErrorReport
+    stage: str = "worker_init_fn"
 
 
 ToWorker = RingMsg | Task | Restore | Stop

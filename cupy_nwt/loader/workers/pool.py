@@ -199,7 +199,7 @@ class Dispatch:
         if type(msg) is Ok:  # a batch in its slot: nearly every answer
             return self._in_slot(w, msg.generation, msg.batch_index, msg.slot, msg.rows, msg.objects, msg.times)
         if isinstance(msg, InitFailed):
-            raise make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=None)
+            raise make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=None, stage=msg.stage)
         if isinstance(msg, StreamState):
             return Noted(msg.batch_index, w.id, msg.state) if self.slots.is_current(msg.generation) else None
         if isinstance(msg, BadSamples):

@@ -322,7 +322,8 @@ class WorkerPool(Dispatch):
             while w.results.poll():
                 for msg in w.inbox.take():
                     if isinstance(msg, InitFailed):
-                        raise make_worker_error(msg.report, worker_id=w.id, pid=w.process.pid, batch_index=None)
+                        raise make_worker_error(msg.report, worker_id=w.id, pid=w.process.pid, batch_index=None,
+                                                stage=msg.stage)
         except (EOFError, OSError):
             pass
 

@@ -29,8 +29,21 @@ from ..ring.ring import Ring
 from . import pipes
 from .lifeline import ParentWatch
 from .maker import BatchMaker
-from .messages import ErrorReport, FromWorker, Ok, Raised, RingMsg, Started, StreamState, Task, ToWorker, Whole
+from .messages import (
+    ErrorReport,
+    FromWorker,
+    InitFailed,
+    Ok,
+    Raised,
+    RingMsg,
+    Started,
+    StreamState,
+    Task,
+    ToWorker,
+    Whole,
+)
 from .serve import serve_loop
+from .shared_pickle import Unloaded
 from .torch_workers import TorchAdoption
 
 
@@ -125,6 +138,9 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, spill:
     gc.freeze()
     seed_globals(spec.seed)
     maker = spec.maker
+    if isinstance(maker, Unloaded):
+        pipes.send(results.fileno(), InitFailed(maker.report, "unpickling its dataset"))
+        return
     enter_process(WorkerInfo(spec.worker_id, spec.num_workers, spec.seed, maker.dataset, spec.rank, spec.world_size))
     try:
         pipes.send(results.fileno(), Started())  # before worker_init_fn: the user's own start is not the pool's to pace

@@ -15,10 +15,10 @@ the array as it is then, as a forked one would). Where memfd is missing, or the 
 everything travels in the pickle, once per worker.
 
 A ``np.memmap`` pickles its whole content in band, whatever the protocol: a dataset class holding a
-memmap of a file larger than memory would be read whole and sent to every worker. A contiguous
-memmap of a file opened ``"r"``, ``"r+"`` or ``"w+"`` travels as its file's name and place and is
-mapped again in the worker, sharing the file's pages as a fork would. Mode ``"c"`` does not: the
-main process's writes live only in its own pages, so that memmap's bytes travel as before.
+memmap of a file larger than memory would be read whole and sent to every worker. A memmap of a
+file's content travels as that file's name and place instead, and is mapped again in the worker,
+sharing the file's pages as a fork would, once the worker has checked the file is still the one the
+main process maps (``cupy_nwt._mapped_files``).
 """
 
 from __future__ import annotations
@@ -27,12 +27,16 @@ import io
 import mmap
 import os
 import pickle
+from dataclasses import dataclass
 from multiprocessing import context, reduction
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
+from ..._mapped_files import mapped_file, open_mapped
+from ...errors import CupyNwtError
 from ...system import memory_room
+from .messages import ErrorReport
 
 T = TypeVar("T")
 OUT_OF_BAND_BYTES = 1 << 20  # smaller buffers stay in the pickle: writing and comparing them saves nothing
@@ -192,7 +196,7 @@ class _Shared:
         def memmap_in_band(a: np.memmap[Any, np.dtype[Any]]) -> Any:
             nonlocal array_bytes
             reduced = _reduce_memmap(a)
-            if reduced[0] is not _open_memmap:
+            if reduced[0] is not open_mapped:
                 array_bytes += a.nbytes  # its bytes, in band
             return reduced
 
@@ -219,28 +223,10 @@ class _Shared:
         return data.getvalue(), regions, popen is None or bool(passed), array_bytes
 
 
-#: memmap modes whose pages are the file's: a worker mapping the file again sees what the main process sees
-_FILE_MODES: dict[str, Literal["r", "r+"]] = {"r": "r", "r+": "r+", "w+": "r+"}  # "w+" would truncate the file: it is reopened "r+"
-
-
 def _reduce_memmap(a: np.memmap[Any, np.dtype[Any]]) -> Any:
-    """A memmap as its file's name and place, to map again; else as NumPy pickles it (its bytes, in band)."""
-    mm, name, mode = getattr(a, "_mmap", None), getattr(a, "filename", None), getattr(a, "mode", None)
-    path = os.fspath(name) if isinstance(name, (str, os.PathLike)) else None  # a Path when opened by one
-    order: Literal["C", "F"] | None = "C" if a.flags.c_contiguous else "F" if a.flags.f_contiguous else None
-    if (mm is None or mm.closed or mode not in _FILE_MODES or order is None or a.size == 0
-            or not isinstance(path, str) or not os.path.isfile(path) or a.dtype.hasobject):
-        return a.__reduce_ex__(5)
-    start = int(a.offset) - int(a.offset) % mmap.ALLOCATIONGRANULARITY  # where np.memmap began its mapping
-    into = int(a.__array_interface__["data"][0]) - int(np.frombuffer(mm, np.uint8).ctypes.data)
-    if not 0 <= into <= len(mm) - a.nbytes:
-        return a.__reduce_ex__(5)
-    return _open_memmap, (path, _FILE_MODES[mode], start + into, a.dtype, a.shape, order)
-
-
-def _open_memmap(path: str, mode: Literal["r", "r+"], offset: int, dtype: np.dtype[Any], shape: tuple[int, ...],
-                 order: Literal["C", "F"]) -> np.memmap[Any, np.dtype[Any]]:
-    return np.memmap(path, dtype=dtype, mode=mode, offset=offset, shape=shape, order=order)
+    """A memmap as the file it maps, to map again (``_mapped_files``); else as NumPy pickles it (its bytes, in band)."""
+    place = mapped_file(a)
+    return (open_mapped, (place,)) if place is not None else a.__reduce_ex__(5)
 
 
 def _loads(data: bytes | None, dup: Any, size: int, regions: list[tuple[int, int, bool]],
@@ -251,13 +237,23 @@ def _loads(data: bytes | None, dup: Any, size: int, regions: list[tuple[int, int
         from .server_main import import_script  # noqa: PLC0415 - importing it acts in the server only
 
         import_script(script)
-    if dup is None:
-        return pickle.loads(data or b"")
-    fd = dup.detach()
     try:
-        memory = memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
-    finally:
-        os.close(fd)
-    buffers = [memory[o:o + n].toreadonly() if ro else memory[o:o + n] for o, n, ro in regions]
-    whole: bytes | memoryview = memory[blob[0]:blob[0] + blob[1]] if blob is not None else (data or b"")
-    return pickle.loads(whole, buffers=buffers)
+        if dup is None:
+            return pickle.loads(data or b"")
+        fd = dup.detach()
+        try:
+            memory = memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+        finally:
+            os.close(fd)
+        buffers = [memory[o:o + n].toreadonly() if ro else memory[o:o + n] for o, n, ro in regions]
+        whole: bytes | memoryview = memory[blob[0]:blob[0] + blob[1]] if blob is not None else (data or b"")
+        return pickle.loads(whole, buffers=buffers)
+    except CupyNwtError as exc:  # a deliberate refusal (a data file changed since): the caller's, in one line
+        return Unloaded(ErrorReport.from_exception(exc, None))
+
+
+@dataclass(frozen=True)
+class Unloaded:
+    """What a worker holds instead of the object it was sent when rebuilding it raised a deliberate error."""
+
+    report: ErrorReport

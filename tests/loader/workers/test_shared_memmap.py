@@ -15,6 +15,7 @@ import pytest
 from test_shared_pickle import anonymous_bytes
 
 from cupy_nwt import DataLoader
+from cupy_nwt.errors import DataFileError
 
 ROWS = 4096  # rows of 16 KiB: a 64 MiB file
 
@@ -79,3 +80,35 @@ def test_the_workers_map_the_file_rather_than_hold_a_copy_each(tmp_path):
     small, big = MappedRows(rows_file(tmp_path, 64)), MappedRows(rows_file(tmp_path))
     grown = workers_anonymous(big) - workers_anonymous(small)
     assert grown < big.data.nbytes / 2, f"a worker's own memory grew {grown} bytes with a {big.data.nbytes}-byte file"
+
+
+def test_a_w_plus_memmap_reaches_the_workers_as_written_and_the_file_is_kept(tmp_path):
+    """``"w+"`` creates the file: a worker opening it so again would empty it under the user."""
+    path = tmp_path / "made.bin"
+    made = np.memmap(path, dtype=np.int64, mode="w+", shape=(64, 2048))
+    made[:] = np.arange(64)[:, None] + 1
+    made.flush()
+    ds = MappedRows.__new__(MappedRows)
+    ds.data = made
+    first, last, _ = _read(ds, "spawn")
+    assert first.tolist() == list(range(1, 65)) and (first == last).all()
+    assert np.fromfile(path, dtype=np.int64)[::2048].tolist() == list(range(1, 65))
+
+
+@pytest.mark.parametrize("change", ["replaced", "cut"])
+def test_a_file_replaced_or_cut_after_it_was_mapped_is_one_error_naming_it(tmp_path, change):
+    """A re-export renamed over the file between opening the dataset and iterating it: the workers would read
+    the new file while the main process holds the old one. Refused before any batch, in one line."""
+    path = rows_file(tmp_path, 64)
+    ds = MappedRows(path)
+    if change == "replaced":
+        np.full((64, 2048), -1, np.int64).tofile(tmp_path / "new.bin")
+        (tmp_path / "new.bin").replace(path)
+        expected = "was replaced by another file after the main process mapped it"
+    else:
+        with open(path, "r+b") as f:
+            f.truncate(1000)
+        expected = "was cut to 1000 bytes"
+    with pytest.raises(DataFileError, match=expected) as err:
+        _read(ds, "spawn")
+    assert str(path) in str(err.value) and "failed on unpickling its dataset" in str(err.value)
