@@ -10,6 +10,8 @@ worker in a thread-local, so the main thread of the main process still sees None
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,25 @@ def enter_process(info: WorkerInfo) -> None:
 def enter_thread(info: WorkerInfo) -> None:
     """The calling thread is the worker ``info`` describes."""
     _thread_info.info = info
+
+
+@contextmanager
+def main_reader(rank: int, world_size: int) -> Iterator[None]:
+    """While a loader without workers reads its stream in this thread: the loader's rank and world size,
+    which ``current_reader`` takes (``get_worker_info()`` stays None in the main process, as in PyTorch),
+    so each rank's stream reads its own share there too."""
+    previous = getattr(_thread_info, "ranks", None)
+    _thread_info.ranks = (rank, world_size)
+    try:
+        yield
+    finally:
+        _thread_info.ranks = previous
+
+
+def main_reader_ranks() -> tuple[int, int] | None:
+    """The (rank, world size) of the loader reading a stream in this thread without workers; None otherwise."""
+    ranks: tuple[int, int] | None = getattr(_thread_info, "ranks", None)
+    return ranks
 
 
 def worker_seed(seed: int, worker_id: int, epoch: int = 0) -> int:

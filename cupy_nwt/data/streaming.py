@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_callable, check_int
-from .._worker_info import get_worker_info
+from .._worker_info import get_worker_info, main_reader_ranks
 from ..errors import (
     ArgumentError,
     ArgumentTypeError,
@@ -59,7 +59,8 @@ class ReaderSlot:
     world_size: int
     worker: int
     num_workers: int
-    source: str  # where the numbers came from: "explicit", "cupy_nwt worker", "torch worker", "single", a launcher
+    # where the numbers came from: "explicit", "cupy_nwt worker", "torch worker", "cupy_nwt loader", "single", a launcher
+    source: str
 
     def __post_init__(self) -> None:
         check_int("world_size", self.world_size, ge=1)
@@ -89,8 +90,9 @@ def current_reader(rank: int | None = None, world_size: int | None = None) -> Re
     Worker id and count: from ``cupy_nwt.get_worker_info()`` in a cupy_nwt worker, else from
     ``torch.utils.data.get_worker_info()`` in a torch worker (torch is never imported here: only
     asked if already loaded), else worker 0 of 1. Rank and world size: the explicit arguments, else
-    the worker info's ``rank`` / ``world_size`` (cupy_nwt's loader gives them), else the launcher's
-    environment (``cupy_nwt.ranks.rank_layout``).
+    the worker info's ``rank`` / ``world_size`` (cupy_nwt's loader gives them), else those of the cupy_nwt
+    loader reading the stream in this process without workers, else the launcher's environment
+    (``cupy_nwt.ranks.rank_layout``).
 
     Args:
         rank: this rank, overriding the worker info and the launcher.
@@ -109,6 +111,9 @@ def current_reader(rank: int | None = None, world_size: int | None = None) -> Re
     info_rank, info_world = getattr(info, "rank", None), getattr(info, "world_size", None)
     if info_rank is not None and info_world is not None:
         return ReaderSlot(int(info_rank), int(info_world), worker, num_workers, source)
+    loader_ranks = main_reader_ranks() if info is None else None
+    if loader_ranks is not None:
+        return ReaderSlot(*loader_ranks, 0, 1, "cupy_nwt loader")
     layout = rank_layout()
     return ReaderSlot(layout.rank, layout.world_size, worker, num_workers,
                       source if info is not None else layout.launcher)

@@ -59,7 +59,7 @@ def batch_maker(options: Options) -> BatchMaker:
     pipe = (s.rank, s.world_size) if is_iter_datapipe(options.dataset) else None
     return BatchMaker(options.dataset, options.collate_fn, options.batch_transform, batched=s.batched,
                       batch_size=s.batch_size, drop_last=s.drop_last, pipe=pipe,
-                      skip_bad=options.on_bad_sample == "skip")
+                      skip_bad=options.on_bad_sample == "skip", ranks=(s.rank, s.world_size))
 
 
 def ring_spec(options: Options, known: SlotLayout | None) -> RingSpec:

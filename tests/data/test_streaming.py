@@ -375,3 +375,29 @@ def test_cupy_nwt_dataloader_workers_deliver_every_sample_once(shards, world_siz
             for images, labels in loader:
                 delivered += ids_of(zip(images, labels.tolist()))
     assert sorted(delivered) == list(range(N))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_ranks_given_to_the_loader_share_the_shards_without_workers_too(shards, num_workers):
+    """DataLoader(rank=, world_size=) reading a stream in its own process (num_workers=0) reads that
+    rank's share, as its workers would: two ranks together deliver every sample once."""
+    from cupy_nwt import DataLoader
+
+    delivered = []
+    for rank in range(2):
+        with DataLoader(ShardedTarStream(shards, seed=11, shuffle_buffer=8), batch_size=4, num_workers=num_workers,
+                        rank=rank, world_size=2, device="cpu") as loader:
+            for images, labels in loader:
+                delivered += ids_of(zip(images, labels.tolist()))
+    assert sorted(delivered) == list(range(N))
+
+
+def test_current_reader_in_a_stream_read_without_workers_is_the_loaders_rank():
+    class Tags:
+        def __iter__(self):
+            s = current_reader()
+            yield s.rank * 10 + s.world_size
+
+    with cupy_nwt.DataLoader(Tags(), batch_size=None, num_workers=0, rank=2, world_size=3, device="cpu") as dl:
+        assert list(dl) == [23]
+    assert current_reader() == ReaderSlot(0, 1, 0, 1, "single")  # the main process's own code: no loader reading

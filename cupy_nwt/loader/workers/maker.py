@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._worker_info import main_reader
 from ...data.contract import batch_getter, epoch_setter
 from ...errors import ArgumentError, BatchLayoutError, DataError, WorkerError, as_worker_error
 from .._events import StageTimes
@@ -75,7 +76,7 @@ class BatchMaker:
 
     def __init__(self, dataset: Any, collate_fn: Callable | None, batch_transform: Callable | None, *,
                  batched: bool = True, batch_size: int | None = None, drop_last: bool = False,
-                 pipe: tuple[int, int] | None = None, skip_bad: bool = False) -> None:
+                 pipe: tuple[int, int] | None = None, skip_bad: bool = False, ranks: tuple[int, int] = (0, 1)) -> None:
         self.dataset = dataset
         self.collate_fn = collate_fn
         self.batch_transform = batch_transform
@@ -83,6 +84,7 @@ class BatchMaker:
         self.batch_size = batch_size
         self.drop_last = drop_last
         self.pipe = pipe  # a torch IterDataPipe's (rank, world_size): sharded and seeded as each epoch opens
+        self.ranks = ranks  # the loader's (rank, world_size): a stream read without workers takes its share by them
         self.current: Any = None  # the key being fetched
         self.skip_bad = skip_bad  # leave out samples that fail to read or decode (BAD_SAMPLE_ERRORS)
         self.bad: list[BadSample] = []  # the samples left out of the last batch
@@ -167,7 +169,8 @@ class BatchMaker:
         ``iter(loader)`` on: a state asked for before the first batch holds it). The stream is then not opened
         again by the first pull; an ``__iter__`` that raises here fails the first batch instead."""
         try:
-            self._open_if_fresh()
+            with main_reader(*self.ranks):
+                self._open_if_fresh()
         except Exception as exc:  # noqa: BLE001 - the first batch's failure, raised in its turn
             self._stream, self._open_error = None, exc
         return self.reader_state()
@@ -254,6 +257,10 @@ class BatchMaker:
 
     def pull(self) -> list[Any] | Any:
         """The samples of the stream's next batch (one sample when not batching); ``StreamEnd`` if none."""
+        with main_reader(*self.ranks):
+            return self._pull_batch()
+
+    def _pull_batch(self) -> list[Any] | Any:
         if not self.batched:
             return self._pull()
         size = self.batch_size or 1
