@@ -399,9 +399,10 @@ class DataLoader(SettingsView, Generic[T_co]):
         ``num_workers``, ``prefetch_factor`` or ``persistent_workers`` gives the same rest of a map-style epoch
         (its dataset states, which cannot be merged, are then dropped with a warning); another ``world_size``
         re-shards it (load any old rank's state when the ranks delivered alike, else ``merge_states`` of all of
-        them). A stream resumes with the same workers and ranks only. Anything but a loader's state, an empty
-        dict included, is refused with a ``StateError`` and the loader is left as it was. What a state holds:
-        ``cupy_nwt.loader.checkpoint.resume``."""
+        them). A user's sampler resumes on the same ranks only, a stream with the same workers and ranks too.
+        Anything but a loader's state, an empty dict included, is refused with a ``StateError`` and the loader is
+        left as it was. What a state holds: ``cupy_nwt.loader.checkpoint.resume``."""
+        self._follow_process_group()  # a state is checked against the ranks it will run on
         options = self._options
         seed = state.get("seed") if isinstance(state, dict) else None
         if options.seed_drawn and type(seed) is int and seed >= 0:

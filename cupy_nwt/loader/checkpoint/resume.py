@@ -12,7 +12,8 @@ included): batches the workers made ahead are not consumed. It is a small JSON-r
   the batches delivered, and the
   sampler's own ``state_dict()`` as it was when the epoch began (if it has one). On resume that
   state is loaded, the epoch's batches are drawn again and the delivered ones skipped (a sampler
-  without state must give the same order again, e.g. seeded by epoch).
+  without state must give the same order again, e.g. seeded by epoch). It resumes on the same world size
+  only: a rank's sampler deals that rank's batches.
 * ``"iterable"``: the batching, where the next task goes (``next_task``, ``next_worker``); each worker's stream is in
   ``workers`` (below). It resumes with the same number of workers (0 and 1 count alike) and ranks only.
 

@@ -227,7 +227,15 @@ def _batching(options: Options, sd: Mapping[str, Any]) -> None:
 
 
 def _check_sampler(options: Options, sd: Mapping[str, Any]) -> None:
-    _head(sd)
+    """A user sampler's delivered batches are of that rank's sampler (a ``DistributedSampler`` shards by the
+    ranks): on another world size the same count would skip other samples, so it is refused, as a stream's is;
+    batches delivered out of order are that rank's own."""
+    world, rank = _head(sd)
+    if world != options.world_size:
+        refuse("world_size", world, f"a user sampler's delivered batches were counted on {world} rank(s), this "
+               f"loader runs on {options.world_size}: its sampler deals other batches, so the same count would "
+               "skip other samples (resume on the same ranks, or leave sampler= out: the loader's own order "
+               "re-shards its rest)")
     _batching(options, sd)
     try:
         batches: int | None = options.sampling.length(options.dataset)
@@ -237,6 +245,9 @@ def _check_sampler(options: Options, sd: Mapping[str, Any]) -> None:
     why = f"the sampler gives {batches} batches" if batches is not None else ""
     k = _int("delivered", sd["delivered"], 0, limit, why)
     _ascending("extra", sd["extra"], k + 1, limit, why or f"batches after delivered={k}")
+    if sd["extra"] and rank != options.rank:
+        refuse("extra", sd["extra"], f"rank {rank}'s batches delivered out of order (this loader is rank "
+               f"{options.rank}): load each rank's own state")
 
 
 def _check_stream(options: Options, sd: Mapping[str, Any]) -> None:

@@ -210,6 +210,40 @@ def test_user_sampler_fast_forwards_and_a_stateful_one_reloads():
     assert got + epoch(fresh) == full
 
 
+def test_a_ranks_own_sampler_resumes_on_the_same_ranks_and_another_world_size_is_refused():
+    """Each rank's sampler deals that rank's share (as DistributedSampler does): its delivered count means
+    nothing on another world size, where it would skip other samples, so that is refused in one line."""
+    from cupy_nwt.errors import StateError
+
+    def rank_loader(rank: int, world: int) -> DataLoader:
+        return DataLoader(Ids(), batch_size=2, sampler=list(range(rank, N, world)), rank=rank, world_size=world)
+
+    got, state = stop_after(rank_loader(0, 2), 1)  # rank 0 of 2 took [0, 2]
+    assert got == [[[0], [2]]]
+    same = rank_loader(1, 2)  # ranks in lockstep: rank 0's count is rank 1's too
+    same.load_state_dict(state)
+    assert [row[0] for b in epoch(same) for row in b] == [5, 7, 9, 11]
+    with pytest.raises(StateError, match=r"world_size=2: a user sampler's delivered batches were counted on 2 rank"):
+        rank_loader(0, 3).load_state_dict(state)
+    with pytest.raises(StateError, match=r"extra=\[2\]: rank 0's batches delivered out of order"):
+        rank_loader(1, 2).load_state_dict(state | {"extra": [2]})  # as in_order=False may leave it
+
+
+def test_a_loader_made_before_its_process_group_checks_a_state_against_the_groups_ranks(monkeypatch):
+    """Lightning's order: the loader is made, then the group is initialised, then the checkpoint is loaded."""
+    import sys
+    import types
+
+    got, state = stop_after(DataLoader(Ids(), batch_size=2, sampler=list(range(0, N, 2)), rank=0, world_size=2), 1)
+    early = DataLoader(Ids(), batch_size=2, sampler=list(range(1, N, 2)))  # no group yet: one process
+    group = types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,
+                                  get_world_size=lambda: 2, get_rank=lambda: 1)
+    monkeypatch.setitem(sys.modules, "torch.distributed", group)
+    early.load_state_dict(state)
+    assert (early.rank, early.world_size) == (1, 2)
+    assert [row[0] for b in epoch(early) for row in b] == [5, 7, 9, 11]
+
+
 def _copy(sampler):
     import copy
 
