@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ._checks import check_int
 from .errors import ArgumentError, LayoutError
 from .system import usable_cpus
 
@@ -92,8 +93,15 @@ def rank_layout(rank: int | None = None, world_size: int | None = None,
     variables count only inside a job step that srun started (``SLURM_STEP_ID`` set): the batch script
     of an ``sbatch --ntasks=4`` job also sees ``SLURM_PROCID=0`` and ``SLURM_NTASKS=4``, and a plain
     ``python train.py`` there must not load a quarter of the data.
+
+    Args:
+        rank: this process's rank (with ``world_size``; an integer, else ``ArgumentTypeError``).
+        world_size: the number of ranks.
+        env: the variables to read (default: ``os.environ``).
     """
     env = os.environ if env is None else env
+    rank = check_int("rank", rank, optional=True)
+    world_size = check_int("world_size", world_size, optional=True)
     if (rank is None) != (world_size is None):
         raise LayoutError("give both rank= and world_size=, or neither (then the launcher's environment is used)")
     if rank is not None and world_size is not None:

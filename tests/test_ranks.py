@@ -65,6 +65,14 @@ def test_bad_layouts_name_the_variables(kwargs, env, names):
         assert name in str(info.value)
 
 
+@pytest.mark.parametrize(("rank", "world_size"), [(1.5, 2), (1, 2.0), (True, 2), ("1", 2), (np.float64(0), 1)])
+def test_a_rank_or_world_size_that_is_no_integer_is_refused_in_one_line(rank, world_size):
+    with pytest.raises(ValueError, match=r"(rank|world_size) must be an integer"):
+        rank_layout(rank, world_size, env={})
+    assert rank_layout(np.int64(1), np.int32(2), env={}) == RankLayout(1, 2, 1, 2, "explicit")
+    assert type(rank_layout(np.int64(1), np.int32(2), env={}).rank) is int
+
+
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(0, 500), world=st.integers(1, 17), drop_last=st.booleans(), seed=st.integers(0, 2**32 - 1))
 def test_shards_are_equal_disjoint_and_complete(n, world, drop_last, seed):
