@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_callable, check_path
-from .._mapped_files import MappedFile, mapped_file
+from .._mapped_files import MappedFile, ProcessMaps, mapped_file, open_all
 from ..errors import ArgumentError, DataError, MissingPathError, OutOfRangeError
 from ._array_files import as_columns, load_npy, load_npz
 from ._images import (
@@ -52,14 +52,10 @@ __all__ = [
 # --- arrays ------------------------------------------------------------------------------------
 
 
-def _array_state(a: np.ndarray) -> Any:
+def _array_state(a: np.ndarray, maps: ProcessMaps) -> Any:
     """A file-backed memmap pickled as the file it maps, so spawned workers map it, not copy it."""
-    place = mapped_file(a)
+    place = mapped_file(a, maps)
     return place if place is not None else a
-
-
-def _array_from_state(s: Any) -> np.ndarray:
-    return s.open() if isinstance(s, MappedFile) else s
 
 
 class ArrayDataset:
@@ -115,10 +111,15 @@ class ArrayDataset:
         return f"{a.filename} row {i}" if isinstance(a, np.memmap) and a.filename else f"sample {i}"
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"arrays": tuple(_array_state(a) for a in self.arrays), "transform": self.transform}
+        maps = ProcessMaps()
+        return {"arrays": tuple(_array_state(a, maps) for a in self.arrays), "transform": self.transform}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.arrays = tuple(_array_from_state(s) for s in state["arrays"])
+        arrays = list(state["arrays"])
+        places = [k for k, s in enumerate(arrays) if isinstance(s, MappedFile)]
+        for k, a in zip(places, open_all([arrays[k] for k in places])):
+            arrays[k] = a
+        self.arrays = tuple(arrays)
         self.transform = state["transform"]
 
     def __repr__(self) -> str:

@@ -33,7 +33,7 @@ from typing import Any, TypeVar, cast
 
 import numpy as np
 
-from ..._mapped_files import mapped_file, open_mapped
+from ..._mapped_files import ProcessMaps, checked_together, mapped_file, open_mapped
 from ...errors import CupyNwtError
 from ...system import memory_room
 from .messages import ErrorReport
@@ -193,9 +193,11 @@ class _Shared:
             regions.append((offset, raw.nbytes, raw.readonly))
             return False
 
+        maps = ProcessMaps()  # one reading of this process's mappings for every memmap of this pickle
+
         def memmap_in_band(a: np.memmap[Any, np.dtype[Any]]) -> Any:
             nonlocal array_bytes
-            reduced = _reduce_memmap(a)
+            reduced = _reduce_memmap(a, maps)
             if reduced[0] is not open_mapped:
                 array_bytes += a.nbytes  # its bytes, in band
             return reduced
@@ -223,9 +225,9 @@ class _Shared:
         return data.getvalue(), regions, popen is None or bool(passed), array_bytes
 
 
-def _reduce_memmap(a: np.memmap[Any, np.dtype[Any]]) -> Any:
+def _reduce_memmap(a: np.memmap[Any, np.dtype[Any]], maps: ProcessMaps) -> Any:
     """A memmap as the file it maps, to map again (``_mapped_files``); else as NumPy pickles it (its bytes, in band)."""
-    place = mapped_file(a)
+    place = mapped_file(a, maps)
     return (open_mapped, (place,)) if place is not None else a.__reduce_ex__(5)
 
 
@@ -239,7 +241,8 @@ def _loads(data: bytes | None, dup: Any, size: int, regions: list[tuple[int, int
         import_script(script)
     try:
         if dup is None:
-            return pickle.loads(data or b"")
+            with checked_together():
+                return pickle.loads(data or b"")
         fd = dup.detach()
         try:
             memory = memoryview(mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE))
@@ -247,7 +250,8 @@ def _loads(data: bytes | None, dup: Any, size: int, regions: list[tuple[int, int
             os.close(fd)
         buffers = [memory[o:o + n].toreadonly() if ro else memory[o:o + n] for o, n, ro in regions]
         whole: bytes | memoryview = memory[blob[0]:blob[0] + blob[1]] if blob is not None else (data or b"")
-        return pickle.loads(whole, buffers=buffers)
+        with checked_together():
+            return pickle.loads(whole, buffers=buffers)
     except CupyNwtError as exc:  # a deliberate refusal (a data file changed since): the caller's, in one line
         return Unloaded(ErrorReport.from_exception(exc, None))
 
