@@ -210,9 +210,26 @@ class ImageFolder(ImageDataset):
     def sample_source(self, i: int) -> str:
         return str(self.path(i))
 
-    def _encoded(self, i: int) -> tuple[bytes, str]:
+    def read_bytes(self, i: int) -> bytes:
+        """The encoded bytes of sample ``i``; a file gone or unreadable since the folder was indexed is a
+        ``DataError`` naming it and the sample, as a corrupt image is, rather than a bare ``OSError``.
+
+        Args:
+            i: the sample's index.
+        """
         p = self.path(i)
-        return p.read_bytes(), str(p)
+        try:
+            return p.read_bytes()
+        except OSError as exc:
+            why = (
+                "no such file: removed or renamed since ImageFolder indexed the folder, or a dangling link"
+                if isinstance(exc, FileNotFoundError)
+                else exc.strerror or type(exc).__name__
+            )
+            raise DataError(f"{p} (sample {index_in(i, len(self))}): cannot be read ({why})") from exc
+
+    def _encoded(self, i: int) -> tuple[bytes, str]:
+        return self.read_bytes(i), str(self.path(i))
 
     def _label(self, i: int) -> int:
         return int(self.labels[i])

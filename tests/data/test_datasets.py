@@ -192,6 +192,24 @@ def test_image_folder_refuses_a_folder_it_cannot_list(tmp_path, images, labels, 
         ImageFolder(tmp_path)
 
 
+def test_a_file_gone_since_indexing_is_one_data_error_naming_it_and_the_sample(tmp_path, images, labels):
+    """A file removed after the folder was indexed (or a dangling link) fails as that sample's ``DataError``,
+    as a corrupt image does, not as a bare ``FileNotFoundError`` from deep inside ``pathlib``."""
+    from cupy_nwt.data import EncodedJpegs
+
+    _write_folder(tmp_path, images, labels)
+    d = ImageFolder(tmp_path)
+    gone = d.path(5)
+    gone.unlink()
+    with pytest.raises(DataError, match=r"^.*\.png \(sample 5\): cannot be read \(no such file: ") as info:
+        d[5]
+    assert str(gone) in str(info.value) and "\n" not in str(info.value)
+    assert str(pickle.loads(pickle.dumps(info.value))) == str(info.value)
+    with pytest.raises(DataError, match=r"\(sample 5\): cannot be read"):
+        EncodedJpegs(d)[5]
+    np.testing.assert_array_equal(d[4][0], images[int(d.path(4).stem)])
+
+
 def test_image_folder_errors(tmp_path):
     with pytest.raises(FileNotFoundError):
         ImageFolder(tmp_path / "missing")
