@@ -131,8 +131,8 @@ class ArrayDataset:
 
 
 def _walk(top: Path, root: Path) -> Iterator[tuple[str, list[str]]]:
-    """Each folder under ``top`` (``top`` too), a folder under ``root``, and its file names, following links,
-    in sorted order.
+    """Each folder under ``top`` (``top`` too), a folder under ``root``, and its sorted file names, following
+    links; folders come top-down, so a caller wanting torchvision's order sorts them by path.
 
     ``os.walk`` follows a link back to a folder it is inside (``cat/all -> ..``) over and over, as
     deep as the kernel resolves links, listing every image there dozens of times; such a link is
@@ -167,6 +167,9 @@ def _folder_id(path: str | Path) -> tuple[int, int]:
 class ImageFolder(ImageDataset):
     """``root/<class>/**/<image>``: class names sorted alphabetically give labels 0, 1, ...
 
+    Samples are in torchvision's ``ImageFolder`` order, so an index means the same file in both: class by
+    class, folders sorted by path (``sorted(os.walk(...))``: ``a/x`` after ``a-b``), file names sorted.
+
     Images are decoded with Pillow to uint8 HWC RGB. Paths live in one fixed-width bytes array.
     Links are followed, except one back to a folder it is inside (a loop), and a folder that cannot
     be listed is a ``DataError``, rather than images missing without a word.
@@ -190,7 +193,7 @@ class ImageFolder(ImageDataset):
         paths: list[bytes] = []
         labels: list[int] = []
         for label, cls in enumerate(self.classes):
-            for dirpath, filenames in _walk(self.root / cls, self.root):
+            for dirpath, filenames in sorted(_walk(self.root / cls, self.root)):
                 for f in filenames:
                     if f.lower().endswith(exts):
                         paths.append(os.fsencode(os.path.relpath(os.path.join(dirpath, f), self.root)))

@@ -153,6 +153,19 @@ def test_image_folder_labels_follow_sorted_class_names(tmp_path, images, labels)
     assert isinstance(d._paths, np.ndarray) and d._paths.dtype.kind == "S"
 
 
+def test_image_folder_indexes_files_in_torchvisions_order(tmp_path):
+    """torchvision lists ``sorted(os.walk(class_dir))``: folders by their whole path, so ``a/x`` (``/`` is
+    0x2F) comes after ``a b``, ``a-b`` and ``a.b``; an index must name the same file in both."""
+    pixels = np.zeros((2, 2, 3), np.uint8)
+    for sub in ["", "a", "a/x", "a b", "a-b", "a.b", "B"]:
+        (tmp_path / "c" / sub).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(tmp_path / "c" / sub / "i.png")
+    d = ImageFolder(tmp_path)
+    listed = [d.path(i).relative_to(tmp_path).as_posix() for i in range(len(d))]
+    assert listed == ["c/i.png", "c/B/i.png", "c/a/i.png", "c/a b/i.png", "c/a-b/i.png", "c/a.b/i.png",
+                      "c/a/x/i.png"]
+
+
 def test_image_folder_converts_grayscale_to_rgb_and_names_corrupt_files(tmp_path):
     (tmp_path / "a").mkdir()
     Image.fromarray(np.full((4, 5), 7, np.uint8)).save(tmp_path / "a" / "g.png")
