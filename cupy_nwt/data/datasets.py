@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from .._checks import check_callable, check_path
+from .._checks import check_bool, check_callable, check_path
 from .._mapped_files import MappedFile, ProcessMaps, mapped_file, open_all
 from ..errors import ArgumentError, DataError, MissingPathError, OutOfRangeError
 from ._array_files import as_columns, load_npy, load_npz
@@ -178,11 +178,14 @@ class ImageFolder(ImageDataset):
         root: the folder holding one sub-folder per class.
         transform: applied to each decoded image (HWC uint8).
         extensions: file name endings read as images (one string is one ending); other files are ignored.
+        allow_empty: keep a class folder without images (it still takes its label). Refused by default, as
+            torchvision refuses it: a stray folder (``.ipynb_checkpoints``) would shift every label after it.
     """
 
     def __init__(self, root: str | os.PathLike, transform: Transform | None = None,
-                 extensions: Iterable[str] = IMAGE_EXTENSIONS) -> None:
+                 extensions: Iterable[str] = IMAGE_EXTENSIONS, *, allow_empty: bool = False) -> None:
         self.root = check_path("root", root)
+        check_bool("allow_empty", allow_empty)
         self.transform = transform
         if not self.root.is_dir():
             raise MissingPathError(f"ImageFolder: no such directory: {self.root}")
@@ -200,6 +203,11 @@ class ImageFolder(ImageDataset):
                         labels.append(label)
         if not paths:
             raise ArgumentError(f"ImageFolder: no images with extensions {', '.join(exts)} under {self.root}")
+        empty = [c for c, n in zip(self.classes, np.bincount(labels, minlength=len(self.classes))) if n == 0]
+        if empty and not allow_empty:
+            raise DataError(f"ImageFolder: no images with extensions {', '.join(exts)} in the class folders "
+                            f"{', '.join(map(repr, empty))} of {self.root}; remove them, or pass allow_empty=True "
+                            "to keep their labels")
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self._paths = np.array(paths, dtype=bytes)
         self.labels = np.array(labels, dtype=np.int64)

@@ -166,6 +166,20 @@ def test_image_folder_indexes_files_in_torchvisions_order(tmp_path):
                       "c/a/x/i.png"]
 
 
+def test_a_class_folder_without_images_is_refused_unless_allowed(tmp_path, images, labels):
+    """A stray ``.ipynb_checkpoints`` beside the classes would take label 0 and shift every real class by one;
+    torchvision refuses such a folder (``allow_empty=False``), and so does this."""
+    _write_folder(tmp_path, images, labels)
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / "dog").mkdir()
+    (tmp_path / "dog" / "notes.txt").write_text("no image")
+    with pytest.raises(DataError, match=r"class folders '.ipynb_checkpoints', 'dog' of .*allow_empty=True"):
+        ImageFolder(tmp_path)
+    kept = ImageFolder(tmp_path, allow_empty=True)
+    assert kept.classes == [".ipynb_checkpoints", "ant", "bee", "cat", "dog"] and len(kept) == 12
+    assert sorted(set(kept.labels.tolist())) == [1, 2, 3]
+
+
 def test_image_folder_converts_grayscale_to_rgb_and_names_corrupt_files(tmp_path):
     (tmp_path / "a").mkdir()
     Image.fromarray(np.full((4, 5), 7, np.uint8)).save(tmp_path / "a" / "g.png")
