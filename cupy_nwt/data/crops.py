@@ -57,7 +57,8 @@ def random_resized_crop_box(height: int, width: int, rng: np.random.Generator,
 
     Up to ten tries: an area of ``scale`` times the image's (uniform) and an aspect ratio w/h
     log-uniform in ``ratio``; the first whose rounded box fits the image is placed uniformly. When
-    none fits, the centred crop of the whole image clamped to ``ratio``. Draws from ``rng``
+    none fits, the centred crop of the whole image clamped to ``ratio``, at least one pixel a side
+    (torchvision's rounds a 1-pixel-thin image's to an empty box). Draws from ``rng``
     (NumPy's generator), so the boxes equal torchvision's in law, not draw for draw.
 
     Args:
@@ -80,9 +81,9 @@ def random_resized_crop_box(height: int, width: int, rng: np.random.Generator,
             return top, left, h, w
     in_ratio = width / height
     if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
+        w, h = width, max(1, int(round(width / min(ratio))))
     elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
+        h, w = height, max(1, int(round(height * max(ratio))))
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w

@@ -105,6 +105,20 @@ def test_box_falls_back_to_a_centred_crop_clamped_to_the_ratio() -> None:
     assert random_resized_crop_box(1000, 10, np.random.default_rng(0), scale=(0.9, 1.0)) == (493, 0, 13, 10)
 
 
+def test_a_one_pixel_thin_image_falls_back_to_a_box_of_at_least_one_pixel() -> None:
+    """A 1 x 100 strip under a ratio range of 0.2..0.33 clamps to a width of round(0.33) = 0: that empty box
+    made the crop of the pixels a black image without a word, and the crop of the file a bad-argument error."""
+    rng = np.random.default_rng(0)
+    assert random_resized_crop_box(1, 100, rng, ratio=(0.2, 0.33)) == (0, 49, 1, 1)
+    assert random_resized_crop_box(100, 1, rng, ratio=(3.0, 5.0)) == (49, 0, 1, 1)
+    strip = np.arange(300, dtype=np.uint8).reshape(1, 100, 3)
+    crop = RandomResizedCrop(8, ratio=(0.2, 0.33), seed=0)
+    np.testing.assert_array_equal(crop(strip), np.broadcast_to(strip[0, 49], (8, 8, 3)))
+    png = io.BytesIO()
+    Image.fromarray(strip).save(png, "PNG")
+    np.testing.assert_array_equal(crop.from_bytes(png.getvalue(), "strip.png"), np.broadcast_to(strip[0, 49], (8, 8, 3)))
+
+
 def test_box_method_and_seeded_draws_repeat() -> None:
     a = RandomResizedCrop(32, seed=3)
     assert a.box(100, 120, np.random.default_rng(5)) == random_resized_crop_box(100, 120, np.random.default_rng(5))
