@@ -3,10 +3,12 @@
 torchvision resizes PIL images with Pillow's ``resize(BILINEAR)``: a triangle filter widened by the
 scale when it shrinks (antialiasing), weights rounded to 22-bit fixed point, a horizontal pass over
 only the rows the vertical pass reads, rounded to uint8 in between, then the vertical pass. This is
-that arithmetic, step for step, so its output equals Pillow's bit for bit (tested), on uint8
-H x W x C arrays of any channel count and straight from a decoder's buffer: no copy into Pillow's
-four-byte pixels and back. The vertical pass runs along whole rows, which the compiler vectorises;
-on this machine the kernel takes well under Pillow's time (the study measures both).
+that arithmetic, step for step, on uint8 H x W x C arrays of any channel count and straight from a
+decoder's buffer: no copy into Pillow's four-byte pixels and back. Its output is Pillow's within one
+level (tested): bit for bit where Pillow runs its horizontal pass first, while Pillow 13 runs the
+vertical pass first for some shapes, rounding in between at another place. The vertical pass runs
+along whole rows, which the compiler vectorises; on this machine the kernel takes well under
+Pillow's time (the study measures both).
 """
 
 from __future__ import annotations
