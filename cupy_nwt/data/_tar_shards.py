@@ -177,14 +177,14 @@ class TarImageDataset(ImageDataset):
             if len(parts) < 2:
                 raise DataError(f"TarImageDataset: member {m.name!r} of {self.path} is not inside a "
                                  "class directory, so it has no label (expected <class>/<file>)")
-            names.append(m.name.encode())
+            names.append(os.fsencode(m.name))
             offsets.append(m.offset)
             sizes.append(m.size)
             parents.append(parts[-2])
         if not names:
             raise ArgumentError(f"TarImageDataset: {self.path} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
         first = dict(zip(reversed(parents), reversed(names)))  # each class directory's first member
-        named = {p: integer_label(p, f"{self.path} member {n.decode()!r}") for p, n in first.items()}
+        named = {p: integer_label(p, f"{self.path} member {os.fsdecode(n)!r}") for p, n in first.items()}
         numbered = sorted((p for p, v in named.items() if v is not None), key=int)
         words = sorted(p for p, v in named.items() if v is None)
         if numbered and words:
@@ -208,7 +208,7 @@ class TarImageDataset(ImageDataset):
         return len(self.labels)
 
     def member_name(self, i: int) -> str:
-        return self._names[index_in(i, len(self))].decode()
+        return os.fsdecode(self._names[index_in(i, len(self))])
 
     def sample_source(self, i: int) -> str:
         return f"{self.path} member {self.member_name(i)!r}"

@@ -128,7 +128,7 @@ class _ShardIndex:
         for m in scan_tar(tar_path, path):
             if not m.name.lower().endswith(IMAGE_EXTENSIONS):
                 continue
-            names.append(m.name.encode())
+            names.append(os.fsencode(m.name))
             offsets.append(m.offset)
             sizes.append(m.size)
             labels.append(_label(path, m.name, classes))
@@ -142,13 +142,13 @@ class _ShardIndex:
         return len(self.labels)
 
     def source(self, j: int) -> str:
-        return f"{self.path} member {self.names[j].decode()!r}"
+        return f"{self.path} member {os.fsdecode(self.names[j])!r}"
 
     def read(self, j: int) -> bytes:
         size, offset = int(self.sizes[j]), int(self.offsets[j])
         data = os.pread(self.fd, size, offset)
         if len(data) != size:
-            raise DamagedArchiveError(self.path, offset + len(data), f"member {self.names[j].decode()!r} is cut: "
+            raise DamagedArchiveError(self.path, offset + len(data), f"member {os.fsdecode(self.names[j])!r} is cut: "
                                       f"{len(data)} of {size} bytes (the file shrank after it was indexed?)")
         return data
 

@@ -84,3 +84,21 @@ def test_non_ascii_digits_are_a_class_name_in_both_readers(tmp_path):
     assert ds.classes == ["\u0661", "\u0663"] and [ds[i][1] for i in range(2)] == [1, 0]
     with pytest.raises(CupyNwtError, match="not in classes="):
         _stream_labels(path)
+
+
+def test_a_member_name_that_is_not_utf8_is_read_by_both_readers(tmp_path):
+    """A shard written where names were Latin-1 (``café`` as bytes 63 61 66 e9): tarfile gives the name with
+    a surrogate for the odd byte, which both readers failed on with a bare ``UnicodeEncodeError``."""
+    data = encode_png(IMAGES[0])
+    path = tmp_path / "latin1.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT, encoding="latin-1") as tf:
+        for name in ["caf\xe9/0.png", "dog/1.png"]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    ds = TarImageDataset(path)
+    assert ds.classes == ["caf\udce9", "dog"] and [ds[i][1] for i in range(2)] == [0, 1]
+    assert ds.sample_source(0).endswith("member 'caf\\udce9/0.png'")
+    assert pickle.loads(pickle.dumps(ds)).member_name(0) == "caf\udce9/0.png"
+    stream = ShardedTarStream([path], classes=["caf\udce9", "dog"], shuffle=False, rank=0, world_size=1)
+    assert [label for _, label in stream] == [0, 1]
