@@ -169,6 +169,8 @@ class ImageFolder(ImageDataset):
 
     Samples are in torchvision's ``ImageFolder`` order, so an index means the same file in both: class by
     class, folders sorted by path (``sorted(os.walk(...))``: ``a/x`` after ``a-b``), file names sorted.
+    The default ``extensions`` are torchvision's plus ``.gif``: pass ``extensions=`` without it where a
+    folder holds GIFs and the indices must match torchvision's.
 
     Images are decoded with Pillow to uint8 HWC RGB. Paths live in one fixed-width bytes array.
     Links are followed, except one back to a folder it is inside (a loop), and a folder that cannot
