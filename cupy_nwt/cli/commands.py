@@ -165,6 +165,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     # every option before any work: building the synthetic dataset takes a while and leaves a cache
     _check_outputs(args)
+    if not args.no_save:
+        _check_store()
     synthetic_n = _int_option(args.synthetic_n, "--synthetic-n", 1)
     step = _step_option(args.step)
     try:
@@ -198,6 +200,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     else:
         print("\n\n".join(filter(None, [tune_summary(result, outcome=outcome), explain_paper_pick(result)])))
     return 0
+
+
+def _check_store() -> None:
+    """The picks' folder, checked before the search: a pick that cannot be saved ends the run after it."""
+    from ..picks.store_file import ResultStore  # noqa: PLC0415 - only this command needs it
+
+    try:
+        ResultStore().check_writable()
+    except ArgumentError as exc:
+        raise ArgumentError(f"{exc}, or pass --no-save") from None
 
 
 def _step_option(text: str | None) -> Any:

@@ -4,7 +4,7 @@
   runs combine; ``verdict``: a result's one-line why and its noise warning.
 * ``fingerprint``: what a pick is keyed by (the machine and the work); ``schema``: every field of a
   stored pick checked before it is trusted.
-* ``store``: :class:`~cupy_nwt.picks.store.TuneResult` and the machine-wide store of picks.
+* ``store``: :class:`~cupy_nwt.picks.store.TuneResult` and saving it; ``store_file``: the machine-wide file of picks.
 * ``pick``: ``num_workers="auto"``'s request, its saved pick, and the pick a loader tuned online saves.
 
 The loader reads and saves picks here; the offline search (``cupy_nwt.nwt``) builds loaders and

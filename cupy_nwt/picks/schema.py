@@ -9,7 +9,7 @@ file itself is :func:`parse_document`: bounded in size, UTF-8, strict JSON (no `
 ``Infinity``), no nesting deep enough to exhaust the parser. Either raises :class:`SavedPickError`
 with one line saying what is wrong.
 
-Pure checks on decoded JSON, no dataclasses: both the store (``store.ResultStore``) and
+Pure checks on decoded JSON, no dataclasses: both the store (``store_file.ResultStore``) and
 ``TuneResult.from_dict`` sit above this module.
 """
 

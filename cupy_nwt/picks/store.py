@@ -1,50 +1,32 @@
-"""A tuning's result and where picks are kept: :class:`TuneResult`, its JSON form, :class:`ResultStore`
-and :func:`lookup`.
+"""A tuning's result and where picks are kept: :class:`TuneResult`, its JSON form, the store of picks
+(:func:`pick_store`) and :func:`lookup`.
 
-The store is one JSON file in ``platformdirs.user_cache_dir("cupy_nwt")`` (or ``CUPY_NWT_CACHE_DIR``,
-or an explicit directory), keyed by the fingerprint of ``fingerprint.py``. Every update is
-read-modify-write under a ``filelock`` lock and lands by an atomic replace (``_files.atomic_open``),
-so concurrent tuners never lose each other's results and a reader never sees half a file. What is
-read back is checked before it is used (``schema.py``): a file that cannot be read or does not
-validate is set aside, renamed ``num_workers.json.bad-<UTC time>``, with one warning naming it and
-why, and the store starts empty. This module sits below the loader: ``num_workers="auto"`` reads a
+The store is one JSON file (``store_file.ResultStore``: where it lives, its lock, what a damaged or
+unwritable one does), keyed by the fingerprint of ``fingerprint.py``. This module sits below the loader: ``num_workers="auto"`` reads a
 saved pick through it (``pick.py``) without importing the tuner, which builds loaders.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import logging
 import math
 import os
-from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from filelock import FileLock
-
 from .._checks import check_path
-from .._files import make_folder
 from ..errors import ArgumentError, ArgumentTypeError, MissingPathError, SavedPickError
 from ..reporting.tables import write_json
-from ..system import cache_dir
 from .fingerprint import Fingerprint
 from .schema import MAX_STORE_BYTES, check_record, parse_document
+from .store_file import STORE_FORMAT as STORE_FORMAT  # re-exported: the store is named from here
+from .store_file import STORE_NAME as STORE_NAME
+from .store_file import ResultStore
 from .trials import Trial, combine_runs
 from .verdict import core_left, explain, reliability
 
-STORE_NAME = "num_workers.json"
-STORE_FORMAT = "cupy_nwt.num_workers/1"
-LOCK_TIMEOUT_S = 60.0
-_log = logging.getLogger("cupy_nwt.tuner")
 RESULT_FORMAT = "cupy_nwt.tune_result/1"
 REPLACE_Z = 2.0  # a new pick replaces a saved one only when faster by this many standard errors
-
-
-def _lock(path: Path) -> FileLock:
-    return FileLock(str(path) + ".lock", timeout=LOCK_TIMEOUT_S)
 
 
 def _read_json(path: Path) -> Any:
@@ -61,136 +43,6 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     if not p.is_file():
         raise MissingPathError(f"no saved result at {p}")
     return _read_json(p)
-
-
-class ResultStore:
-    """The machine-wide file of tuned results, one record (a JSON object) per fingerprint key.
-
-    ``check(record)`` validates each record when the file is read (raising ``SavedPickError``);
-    the tuner's store checks them as tuning results (``store.pick_store``). A file that cannot be
-    read, is not a store, or holds a record that fails the check is set aside (:meth:`set_aside`).
-    """
-
-    def __init__(self, directory: str | os.PathLike[str] | None = None,
-                 check: Callable[[Any], Any] | None = None) -> None:
-        self.path = cache_dir(directory) / STORE_NAME
-        self.check = check
-
-    def _validated(self) -> dict[str, dict[str, Any]]:
-        """The records, or ``SavedPickError`` saying why the file is unusable (call under the lock)."""
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read(MAX_STORE_BYTES + 1)
-        except FileNotFoundError:
-            return {}
-        except OSError as exc:
-            raise SavedPickError(f"cannot be read ({exc.strerror or exc})") from None
-        doc = parse_document(data)
-        if not isinstance(doc, dict) or doc.get("format") != STORE_FORMAT or not isinstance(doc.get("results"), dict):
-            raise SavedPickError(f"not a {STORE_FORMAT} file")
-        for key, rec in doc["results"].items():
-            if not isinstance(rec, dict):
-                raise SavedPickError(f"record {key[:40]!r} is a {type(rec).__name__}, not an object")
-            if self.check is not None:
-                try:
-                    self.check(rec)
-                except SavedPickError as exc:
-                    raise SavedPickError(f"record {key[:40]!r}: {exc}") from None
-        return doc["results"]
-
-    def _load(self, strict: bool = False) -> dict[str, dict[str, Any]]:
-        """The records (call under the lock); an unusable file is set aside and counts as empty."""
-        try:
-            return self._validated()
-        except SavedPickError as exc:
-            aside = self.set_aside(str(exc))
-            if strict:
-                raise SavedPickError(f"{self.path} {exc}; set aside as {aside.name}") from None
-            return {}
-
-    def set_aside(self, why: str) -> Path:
-        """Rename the store to ``<name>.bad-<UTC time>`` and say so once; the next write starts a new one."""
-        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%f")
-        aside = self.path.with_name(f"{self.path.name}.bad-{stamp}")
-        try:
-            os.replace(self.path, aside)
-        except OSError as exc:
-            raise SavedPickError(f"{self.path} {why}, and it cannot be set aside ({exc.strerror or exc}): "
-                                 "remove it by hand") from None
-        _log.warning("saved picks %s %s: set aside as %s; a fresh search will run", self.path, why, aside.name)
-        return aside
-
-    def records(self, strict: bool = False) -> dict[str, dict[str, Any]]:
-        """Every saved record by key (a consistent snapshot); ``strict``: a bad file raises after it is set aside."""
-        if not self.path.is_file():
-            return {}
-        with _lock(self.path):
-            return self._load(strict)
-
-    def get(self, key: str) -> dict[str, Any] | None:
-        return self.records().get(key)
-
-    def put(self, key: str, record: Mapping[str, Any], keep: Callable[[dict[str, Any]], bool] | None = None) -> Path:
-        """Add or replace one record; other processes' concurrent puts are kept.
-
-        ``keep(saved_record)``, asked under the lock when ``key`` already has a record, may keep that
-        record instead (nothing is written then).
-        """
-        make_folder(self.path.parent, "cache_dir")
-        with _lock(self.path):
-            results = self._load()
-            if key in results and keep is not None and keep(results[key]):
-                return self.path
-            results[key] = dict(record)
-            write_json({"format": STORE_FORMAT, "results": results}, self.path)
-        return self.path
-
-    def remove(self, key: str) -> bool:
-        if not self.path.is_file():
-            return False
-        with _lock(self.path):
-            results = self._load()
-            if results.pop(key, None) is None:
-                return False
-            write_json({"format": STORE_FORMAT, "results": results}, self.path)
-        return True
-
-    def find(self, fp: Fingerprint, similar: bool = True, strict: bool = False) -> dict[str, Any] | None:
-        """The record for ``fp`` exactly, else (``similar``) the one with the nearest sample size."""
-        records = self.records(strict)
-        if fp.key in records:
-            return records[fp.key]
-        if not similar:
-            return None
-        best, best_gap = None, None
-        for rec in records.values():
-            try:
-                other = Fingerprint.from_dict(rec.get("fingerprint") or {})
-            except ValueError:
-                continue
-            if fp.similar_to(other):
-                gap = abs(np.log(other.work.sample_bytes / fp.work.sample_bytes))
-                if best_gap is None or gap < best_gap:
-                    best, best_gap = rec, gap
-        return best
-
-    def why_missing(self, fp: Fingerprint) -> str:
-        """Why ``find(fp)`` has nothing: an empty store, only other machines, or which work settings differ."""
-        saved = []
-        for rec in self.records().values():
-            try:
-                saved.append(Fingerprint.from_dict(rec.get("fingerprint") or {}))
-            except ValueError:
-                continue
-        if not saved:
-            return f"nothing saved in {self.path}"
-        works = [other.work.to_dict() for other in saved if other.machine == fp.machine]
-        if not works:
-            return f"{len(saved)} saved pick(s), none for this machine"
-        mine = fp.work.to_dict()
-        closest = min(([f"{k} {v!r} saved, {mine[k]!r} here" for k, v in w.items() if v != mine[k]] for w in works),
-                      key=len)
-        return f"the closest saved work differs in {'; '.join(closest)}"
 
 
 def pick_store(cache_dir: str | Path | None = None) -> ResultStore:

@@ -3,6 +3,7 @@ synthetic dataset built (its cache left as it was), no trial measured and no tab
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cupy_nwt import cli, cuda
@@ -87,3 +88,14 @@ def test_stats_shows_the_synthetic_build_progress(tmp_path, monkeypatch, capsys)
     assert cli.main(["stats", "--synthetic-n", "64", "--batch-size", "16", "--num-workers", "0", "--device", "cpu",
                      "--batches", "2", "--every", "1", "--json"]) == 0
     assert "building synthetic CIFAR-10 (64 images) 1/1: 64 images" in capsys.readouterr().err
+
+
+def test_tune_refuses_a_picks_folder_it_cannot_save_in_before_the_search(no_work, tmp_path, monkeypatch, capsys):
+    data = tmp_path / "x.npy"
+    np.save(data, np.zeros((64, 4), np.float32))
+    (tmp_path / "blocker").write_text("a file where the cache folder would be")
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "blocker" / "cache"))
+    assert cli.main(["tune", "--dataset", str(data), "--no-progress", "--device", "cpu"]) == cli.EXIT_USAGE
+    line = _one_line(capsys)
+    assert f"the cache folder {tmp_path / 'blocker' / 'cache'} (CUPY_NWT_CACHE_DIR) cannot hold the saved picks: " in line
+    assert line.endswith("or pass --no-save\n")

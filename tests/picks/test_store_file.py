@@ -1,0 +1,59 @@
+"""The store of picks where the user's folders are not what it expects: a folder it cannot write, a store
+that is a symlink. Each works, or is one ``CupyNwtError`` naming the folder and ``CUPY_NWT_CACHE_DIR``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cupy_nwt import DataLoader, lookup
+from cupy_nwt.data.datasets import ArrayDataset
+from cupy_nwt.errors import ArgumentError
+from cupy_nwt.nwt.trials import Measurement
+from cupy_nwt.nwt.tune import tune_num_workers
+
+DATA = ArrayDataset(np.zeros((64, 4, 4, 3), np.uint8), np.arange(64) % 10)
+
+
+def _tuned(data=DATA):
+    """A search of counts 0..2 whose fastest is 2."""
+    return tune_num_workers(data, batch_size=8, max_workers=3, iterations=8, strategy="fast", device="cpu",
+                            progress=False,
+                            measure=lambda w, i, u: Measurement(0.2 if w == 2 else 1.0, 1.0, None, None, 0.005))
+
+
+def _no_lock_here(folder) -> None:
+    """What a folder this user cannot write does to the store (as root a mode would not stop it): no lock
+    file can be made beside the store."""
+    (folder / "num_workers.json.lock").unlink(missing_ok=True)
+    (folder / "num_workers.json.lock").mkdir()
+
+
+def test_a_store_in_a_folder_that_cannot_be_written_still_gives_its_pick(tmp_path, monkeypatch):
+    _tuned().save_pick(tmp_path)
+    _no_lock_here(tmp_path)
+    assert lookup(_tuned().fingerprint, tmp_path).best_workers == 2
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path))
+    with DataLoader(DATA, batch_size=8, num_workers="auto", device="cpu") as loader:
+        assert loader.num_workers == 2
+
+
+def test_saving_into_a_folder_that_cannot_be_written_is_one_line_naming_it(tmp_path):
+    _no_lock_here(tmp_path)
+    with pytest.raises(ArgumentError, match=rf"^the cache folder {tmp_path} cannot hold the saved picks: .*; set "
+                                            r"CUPY_NWT_CACHE_DIR \(or cache_dir=\) to a folder you can write$"):
+        _tuned().save_pick(tmp_path)
+
+
+def test_a_store_that_is_a_symlink_is_saved_where_it_points(tmp_path):
+    shared, mine = tmp_path / "shared", tmp_path / "mine"
+    _tuned().save_pick(shared)
+    mine.mkdir()
+    (mine / "num_workers.json").symlink_to(shared / "num_workers.json")
+    other = _tuned(ArrayDataset(np.zeros((64, 9), np.uint8), np.arange(64)))
+    other.save_pick(mine)
+    assert (mine / "num_workers.json").is_symlink()
+    assert len(json.loads((shared / "num_workers.json").read_text())["results"]) == 2
+    assert lookup(_tuned().fingerprint, mine).best_workers == 2
