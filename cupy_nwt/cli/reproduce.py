@@ -36,6 +36,7 @@ from ..errors import ArgumentError
 from ..nwt import measure as nwt_measure
 from ..nwt import tune as nwt_tune
 from ..picks.store import TuneResult
+from ..picks.store_file import ResultStore
 from ..reporting import tables as report
 from ..reporting.figures import median_interval
 from ..reporting.progress import ProgressBar
@@ -200,7 +201,8 @@ def _experiment(config: ReproduceConfig, name: str, settings: Any, run: Callable
 def check_reproduce(config: ReproduceConfig) -> None:
     """Every check of the run's settings and its folder, before any work: both searches' arguments (the fast
     one needs ``iterations >= 8``; a ``max_workers`` this machine cannot hold), the synthetic CIFAR-10's
-    room, and an ``out_dir`` that is a folder or can become one. One-line ``ArgumentError`` (``NoGPUError``)."""
+    room, an ``out_dir`` that is a folder or can become one, and the folder of saved picks. One-line
+    ``ArgumentError`` (``NoGPUError``)."""
     from ..data.datasets import check_synthetic_room  # noqa: PLC0415 - heavy imports only for this command
 
     for strategy in ("paper", "fast"):
@@ -208,6 +210,7 @@ def check_reproduce(config: ReproduceConfig) -> None:
                                       iterations=config.iterations, strategy=strategy)
     check_synthetic_room(config.synthetic_n)
     check_writable(config.out_dir, "out_dir", folder=True)
+    ResultStore().check_writable()  # the fast pick is saved last: after the run, its failure loses the report
 
 
 def run_reproduce(config: ReproduceConfig) -> ReproduceReport:

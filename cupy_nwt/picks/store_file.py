@@ -73,10 +73,23 @@ class ResultStore:
         return FileLock(str(self.file) + ".lock", timeout=LOCK_TIMEOUT_S)
 
     def check_writable(self) -> None:
-        """Fail before a long search, not after it, when the store's folder cannot be written."""
-        _, why = writable_base(self.file.parent)
-        if why is not None:
-            raise unwritable(self.file.parent, why, self._by_env)
+        """Fail before a long search, not after it, when the store's folder cannot be written: one that exists
+        by taking the store's lock once (a mode, a read-only mount, a lock that cannot be made), one to be
+        made by its nearest existing parent (nothing is created)."""
+        folder = self.file.parent
+        if not folder.is_dir():
+            _, why = writable_base(folder)
+            if why is not None:
+                raise unwritable(folder, why, self._by_env)
+            return
+        lock = FileLock(str(self.file) + ".lock", timeout=0)
+        try:
+            with lock:
+                pass
+        except Timeout:
+            return  # another process holds it, so it can be made
+        except OSError as exc:
+            raise unwritable(folder, _why(exc), self._by_env) from None
 
     def _validated(self) -> dict[str, dict[str, Any]]:
         """The records, or ``SavedPickError`` saying why the file is unusable."""
@@ -184,8 +197,7 @@ class ResultStore:
         except Timeout:
             raise
         except OSError as exc:
-            why = f"{exc.strerror} ({exc.filename})" if exc.filename else str(exc)
-            raise unwritable(folder, why, self._by_env) from None
+            raise unwritable(folder, _why(exc), self._by_env) from None
         return self.path
 
     def find(self, fp: Fingerprint, similar: bool = True, strict: bool = False) -> dict[str, Any] | None:
@@ -224,6 +236,10 @@ class ResultStore:
         closest = min(([f"{k} {v!r} saved, {mine[k]!r} here" for k, v in w.items() if v != mine[k]] for w in works),
                       key=len)
         return f"the closest saved work differs in {'; '.join(closest)}"
+
+
+def _why(exc: OSError) -> str:
+    return f"{exc.strerror} ({exc.filename})" if exc.filename else str(exc)
 
 
 def _put(results: dict[str, dict[str, Any]], key: str, record: Mapping[str, Any],

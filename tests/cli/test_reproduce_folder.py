@@ -86,3 +86,13 @@ def test_an_interrupted_run_leaves_the_old_report_or_nothing(old, tmp_path, fake
         assert sorted(p.name for p in out.parent.iterdir()) == ["r"]
     else:
         assert _beside(tmp_path) == []
+
+
+def test_a_picks_folder_that_cannot_be_written_fails_before_any_work(tmp_path, fake, capsys):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "num_workers.json.lock").mkdir()  # no lock can be made: as a read-only folder would be
+    assert cli.main(["reproduce", "--out", str(tmp_path / "r"), *QUICK]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"the cache folder {cache} (CUPY_NWT_CACHE_DIR) cannot hold the saved picks" in err
+    assert _beside(tmp_path) == [] and fake.calls == 0
