@@ -53,7 +53,20 @@ class Run:
 
     def json(self, rel: str) -> Any:
         p = self.file(rel)
-        return json.loads(p.read_text(encoding="utf-8")) if p is not None else None
+        return read_json(p) if p is not None else None
+
+    def junit_suite(self) -> ET.Element | None:
+        """The GPU tests' ``<testsuite>``, or None without a ``gpu-tests/junit.xml``."""
+        junit = self.file("gpu-tests/junit.xml")
+        if junit is None:
+            return None
+        try:
+            suite = ET.parse(junit).getroot().find("testsuite")
+        except ET.ParseError as exc:
+            raise SystemExit(f"make_figures: {shown(junit)}: not valid JUnit XML ({exc})") from None
+        if suite is None:
+            raise SystemExit(f"make_figures: {shown(junit)}: no <testsuite> in it")
+        return suite
 
     def glob(self, pattern: str) -> Path | None:
         found = sorted(self.path.glob(pattern))
@@ -63,13 +76,26 @@ class Run:
         """When it ran, from the files it wrote: the tuner's ``created``, else the GPU tests' timestamp."""
         report = self.json("nwt/report.json")
         if report is not None:
-            return str(report["tune_paper"]["created"])
-        junit = self.file("gpu-tests/junit.xml")
-        if junit is not None:
-            suite = ET.parse(junit).getroot().find("testsuite")
-            if suite is not None:
-                return suite.get("timestamp", "")
-        return ""
+            return str(guarded(self, "when it ran", lambda r: report["tune_paper"]["created"]))
+        suite = self.junit_suite()
+        return suite.get("timestamp", "") if suite is not None else ""
+
+
+def read_json(path: Path) -> Any:
+    """A result file's JSON; one line naming the file when it is cut short or not JSON."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise SystemExit(f"make_figures: {shown(path)}: not a readable JSON result ({exc})") from None
+
+
+def guarded(run: Run, what: str, make: Callable[[Run], Any]) -> Any:
+    """``make(run)``, or one line naming the run and ``what`` when its files lack a field it reads."""
+    try:
+        return make(run)
+    except (KeyError, TypeError, IndexError, ValueError, ZeroDivisionError, StopIteration) as exc:
+        raise SystemExit(f"make_figures: {shown(run.path)}: {what}: its result files lack or garble a field "
+                         f"({type(exc).__name__}: {exc})") from None
 
 
 def gpu_runs() -> list[Run]:
@@ -172,7 +198,7 @@ def gpu_wait_picture(run: Run) -> Any:
     """GPU idle per 5-ms step for each loader, workload and worker count, synced and queued steps."""
     path = run.glob("gpu-feed/gpu_feed-*.json")
     assert path is not None
-    d = json.loads(path.read_text(encoding="utf-8"))
+    d = read_json(path)
     rows = d["results"]
     cells = sorted({(r["workload"], r["num_workers"]) for r in rows})
     modes = list(dict.fromkeys(r["mode"] for r in rows))
@@ -271,7 +297,7 @@ def gpu_idle(run: Run, mode: str, loop: str) -> str:
     path = run.glob("gpu-feed/gpu_feed-*.json")
     if path is None:
         return "—"
-    rows = json.loads(path.read_text(encoding="utf-8"))["results"]
+    rows = read_json(path)["results"]
     idle = [100 * (r["loops"][loop] if "loops" in r else (r if loop == "synced" else None) or {}).get("idle_fraction", float("nan"))
             for r in rows if r["mode"] == mode and ("loops" in r and loop in r["loops"] or ("loops" not in r and loop == "synced"))]
     return _range(idle, "{:.1f}") + "%" if idle else "—"
@@ -288,11 +314,9 @@ def tuner_picks(run: Run) -> str:
 
 
 def gpu_tests(run: Run) -> str:
-    junit = run.file("gpu-tests/junit.xml")
-    if junit is None:
+    suite = run.junit_suite()
+    if suite is None:
         return "—"
-    suite = ET.parse(junit).getroot().find("testsuite")
-    assert suite is not None
     n, bad = int(suite.get("tests", 0)), int(suite.get("failures", 0)) + int(suite.get("errors", 0))
     return f"{n - bad} of {n} passed"
 
@@ -317,7 +341,7 @@ def headline(runs: list[Run], figures: str | None) -> str:
              "Written by `python bench/make_figures.py` from those files; do not edit by hand.", "",
              head, "| " + " | ".join(["---"] * (len(runs) + 2)) + " |"]
     for what, target, cell in ROWS:
-        lines.append(f"| {what} | {target} | " + " | ".join(cell(r) for r in runs) + " |")
+        lines.append(f"| {what} | {target} | " + " | ".join(guarded(r, what, cell) for r in runs) + " |")
     if figures is not None:
         lines += ["", f"![The transfer sweep]({figures}bandwidth.png) ![The overlap timeline]({figures}overlap.png)",
                   f"![The tuner's curve and picks]({figures}tuner.png) ![GPU wait per step]({figures}gpu_wait.png)"]
@@ -355,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     FIGURES.mkdir(parents=True, exist_ok=True)
     for name, (rel, draw) in PICTURES.items():
-        plots.save_figure(draw(newest(runs, rel)), FIGURES / name, dpi=90)
+        plots.save_figure(guarded(newest(runs, rel), name, draw), FIGURES / name, dpi=90)
         print(f"docs/figures/{name}")
     SOURCES.write_text(want_sources, encoding="utf-8")
     for page, text in pages.items():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -42,3 +43,23 @@ def test_a_hand_edit_or_a_changed_result_file_is_stale(tmp_path, monkeypatch, ca
     monkeypatch.setattr(mf, "SOURCES", sources)
     assert mf.main(["--check"]) == 1
     assert "docs/figures/" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("rel", "damage", "said"), [
+    ("nwt/report.json", lambda text: text[:500], "nwt/report.json: not a readable JSON result (Expecting"),
+    ("gpu-tests/junit.xml", lambda text: text[:100], "gpu-tests/junit.xml: not valid JUnit XML (unclosed token"),
+    ("nwt/report.json", lambda text: json.dumps({k: v for k, v in json.loads(text).items() if k != "comparison"}),
+     "NVIDIA-H200: NWT picks on 0..15 workers: its result files lack or garble a field (KeyError: 'comparison')"),
+])
+def test_a_cut_or_garbled_result_file_is_one_line_naming_it(rel, damage, said, tmp_path, monkeypatch):
+    mf = load()
+    results = tmp_path / "results"
+    shutil.copytree(ROOT / "bench" / "results", results, ignore=shutil.ignore_patterns("vm-2cpu"))
+    target = results / "NVIDIA-H200" / rel
+    target.write_text(damage(target.read_text(encoding="utf-8")), encoding="utf-8")
+    monkeypatch.setattr(mf, "RESULTS", results)
+    monkeypatch.setattr(mf, "sources", lambda runs: {})  # its hashes name files by their place in the repository
+    with pytest.raises(SystemExit) as info:
+        mf.main(["--check"])
+    line = str(info.value.code)
+    assert line.startswith("make_figures: ") and said in line and "\n" not in line
