@@ -61,12 +61,13 @@ def figure(values: Sequence[float], target: float | None = None, higher_is_bette
     """The repeats of one figure summarised: repeats, values, median, ``level`` interval and verdict.
 
     Args:
-        values: one value per repeat (non-finite ones are dropped and counted as ``dropped``).
+        values: one value per repeat, Python or NumPy numbers (non-finite ones, and anything not a number, are
+            dropped and counted as ``dropped``).
         target: the goal to judge against; None leaves ``verdict`` None.
         higher_is_better: see :func:`judge`.
         level: the bootstrap interval's coverage.
     """
-    finite = [float(v) for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    finite = [float(v) for v in values if isinstance(v, (int, float, np.integer, np.floating)) and math.isfinite(v)]
     out: dict[str, Any] = {"repeats": len(finite), "values": finite, "dropped": len(values) - len(finite),
                            "median": None, "low": None, "high": None, "level": level, "target": target,
                            "verdict": None}
