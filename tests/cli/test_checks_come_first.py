@@ -97,5 +97,6 @@ def test_tune_refuses_a_picks_folder_it_cannot_save_in_before_the_search(no_work
     monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path / "blocker" / "cache"))
     assert cli.main(["tune", "--dataset", str(data), "--no-progress", "--device", "cpu"]) == cli.EXIT_USAGE
     line = _one_line(capsys)
-    assert f"the cache folder {tmp_path / 'blocker' / 'cache'} (CUPY_NWT_CACHE_DIR) cannot hold the saved picks: " in line
+    cache = tmp_path / "blocker" / "cache"
+    assert f"the cache folder {cache} (CUPY_NWT_CACHE_DIR) cannot hold the saved picks: " in line
     assert line.endswith("or pass --no-save\n")
