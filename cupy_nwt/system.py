@@ -26,15 +26,15 @@ UNLIMITED = 1 << 60  # a cgroup v1 "limit" at or above this is none (the kernel 
 def cache_dir(path: str | os.PathLike[str] | None = None) -> Path:
     """Where cupy_nwt keeps what it builds or learns on this machine (synthetic data, tuned picks).
 
-    ``path`` if given, else ``$CUPY_NWT_CACHE_DIR``, else the user cache dir (platformdirs). Without
-    platformdirs (some GPU images lack it) the XDG rule it follows on Linux stands in:
-    ``$XDG_CACHE_HOME/cupy_nwt``, else ``~/.cache/cupy_nwt``.
+    ``path`` if given, else ``$CUPY_NWT_CACHE_DIR`` (a leading ``~`` is the home folder), else the user cache
+    dir (platformdirs). Without platformdirs (some GPU images lack it) the XDG rule it follows on Linux
+    stands in: ``$XDG_CACHE_HOME/cupy_nwt``, else ``~/.cache/cupy_nwt``.
     """
     if path is not None:
         return Path(path)
     env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
+    if env:  # a "~" that no shell expanded (a quoted value, a service's environment file) is the user's home
+        return Path(env).expanduser()
     try:
         import platformdirs  # noqa: PLC0415 - optional, and only needed when a cache is used
     except ImportError:

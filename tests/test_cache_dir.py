@@ -113,3 +113,16 @@ def test_the_import_scan_sees_a_missing_package(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("import platformdirs\ntry:\n    import yaml\nexcept ImportError:\n    yaml = None\n")
     assert _required_imports(f) == {"platformdirs"}
+
+
+def test_a_cache_variable_starting_with_a_tilde_is_under_home(monkeypatch, tmp_path):
+    """A quoted ``CUPY_NWT_CACHE_DIR="~/picks"`` (no shell expanded it) saves under the home folder, not in a
+    folder named ``~`` wherever the program happens to run."""
+    from cupy_nwt.picks.store import ResultStore  # noqa: PLC0415
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(system.CACHE_ENV, "~/picks")
+    monkeypatch.chdir(tmp_path)
+    ResultStore().put("k", {"v": 1})
+    assert (tmp_path / "home" / "picks" / "num_workers.json").is_file()
+    assert not (tmp_path / "~").exists()
