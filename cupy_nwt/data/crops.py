@@ -21,9 +21,10 @@ import numpy as np
 
 from .._checks import check_int, check_number
 from ..errors import ArgumentError
+from ._process_rng import ProcessRng
 from ._region_decode import EncodedImage, check_backend
 from ._resize import resize_box
-from .transforms import _mean_std, _ProcessRng
+from .transforms import _mean_std
 
 Box = tuple[int, int, int, int]
 
@@ -122,7 +123,7 @@ class _DecodingTransform:
     backend: str
     flip_p: float = 0.0
     _normalize: tuple[np.ndarray, np.ndarray] | None = None
-    _rng: _ProcessRng | None = None
+    _rng: ProcessRng | None = None
 
     def _box(self, height: int, width: int) -> tuple[Box, int, int]:
         raise NotImplementedError
@@ -201,7 +202,7 @@ class RandomResizedCrop(_DecodingTransform):
         self.flip_p = check_number("flip_p", flip_p, ge=0, le=1)
         self._normalize = _scale_bias(normalize)
         self.normalize = None if normalize is None else _per_channel(normalize)
-        self._rng = _ProcessRng(seed)
+        self._rng = ProcessRng(seed)
 
     def box(self, height: int, width: int, rng: np.random.Generator | None = None) -> Box:
         """The crop box ``(top, left, h, w)`` for a ``height`` x ``width`` image (this process's generator by default)."""

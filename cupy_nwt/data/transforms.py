@@ -7,12 +7,11 @@ pass over the pixels. ``seed`` comes from the loader (loader seed, epoch, batch 
 augmentation of a batch does not depend on which worker made it.
 
 Per-sample transforms (``RandomCrop`` ...) follow torchvision's order and meaning; their random
-draws are reproducible only within one process (each worker process reseeds, see ``_ProcessRng``).
+draws are reproducible only within one process (each worker process reseeds, see ``ProcessRng``).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -22,6 +21,7 @@ from numba import njit
 
 from .._checks import check_callable, check_int
 from ..errors import ArgumentError, ArgumentTypeError
+from ._process_rng import ProcessRng
 
 # Per-channel statistics of the CIFAR-10 training set (pixels scaled to [0, 1]).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -32,35 +32,6 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 # --- per-sample transforms ---------------------------------------------------------------------
-
-
-class _ProcessRng:
-    """A generator per process: forked workers inheriting one generator would all draw the same numbers.
-
-    In the process that created it, the stream is ``default_rng(seed)``; any other process (a
-    worker) gets ``default_rng([seed, pid])``, so workers differ from each other and from the parent.
-    """
-
-    def __init__(self, seed: int | None) -> None:
-        self.seed = check_int("seed", seed, ge=0, optional=True)
-        self._origin = os.getpid()
-        self._pid: int | None = None
-        self._rng: np.random.Generator | None = None
-
-    def get(self) -> np.random.Generator:
-        pid = os.getpid()
-        if self._rng is None or self._pid != pid:
-            if self.seed is None:
-                self._rng = np.random.default_rng()
-            elif pid == self._origin:
-                self._rng = np.random.default_rng(self.seed)
-            else:
-                self._rng = np.random.default_rng([self.seed, pid])
-            self._pid = pid
-        return self._rng
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {"seed": self.seed, "_origin": self._origin, "_pid": None, "_rng": None}
 
 
 class Compose:
@@ -123,7 +94,7 @@ class RandomCrop:
         if size <= 0 or padding < 0:
             raise ArgumentError(f"RandomCrop needs size > 0 and padding >= 0, got size={size}, padding={padding}")
         self.size, self.padding = int(size), int(padding)
-        self._rng = _ProcessRng(seed)
+        self._rng = ProcessRng(seed)
 
     def __call__(self, img: np.ndarray) -> np.ndarray:
         a = _check_hwc(img, "RandomCrop")
@@ -152,7 +123,7 @@ class RandomHorizontalFlip:
         if not 0.0 <= p <= 1.0:
             raise ArgumentError(f"RandomHorizontalFlip needs 0 <= p <= 1, got {p}")
         self.p = float(p)
-        self._rng = _ProcessRng(seed)
+        self._rng = ProcessRng(seed)
 
     def __call__(self, img: np.ndarray) -> np.ndarray:
         a = _check_hwc(img, "RandomHorizontalFlip")

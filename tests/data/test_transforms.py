@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
+from cupy_nwt.data._process_rng import ProcessRng
 from cupy_nwt.data.transforms import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -18,7 +22,6 @@ from cupy_nwt.data.transforms import (
     RandomCrop,
     RandomHorizontalFlip,
     ToCHWFloat,
-    _ProcessRng,
     crop_flip_normalize,
 )
 from cupy_nwt.errors import ArgumentError, ArgumentTypeError
@@ -173,14 +176,14 @@ def test_flip_to_float_normalize_compose_match_the_eval_kernel(batch):
         RandomHorizontalFlip(p=2)
 
 
-def _draw(r: _ProcessRng) -> tuple[int, list[float]]:
+def _draw(r: ProcessRng) -> tuple[int, list[float]]:
     import os  # noqa: PLC0415
 
     return os.getpid(), r.get().random(4).tolist()
 
 
 def test_forked_workers_do_not_repeat_the_parents_draws():
-    r = _ProcessRng(seed=7)
+    r = ProcessRng(seed=7)
     _, parent = _draw(r)
     assert parent == np.random.default_rng(7).random(4).tolist()
     with mp.get_context("fork").Pool(2) as pool:
@@ -205,3 +208,27 @@ def test_bad_seeds_and_statistics_are_named(batch):
         RandomCrop(32, seed=-1)
     with pytest.raises(ArgumentError, match=r"^mean must be finite and std finite and positive"):
         Normalize(mean=(float("nan"), 0, 0), std=(1, 1, 1))
+
+
+def test_thread_workers_asking_a_seeded_transform_first_at_once_draw_from_one_stream(monkeypatch):
+    """Two thread workers' first crops: each made the seed's stream of its own when they asked together, and
+    both drew the same position (a repeated crop); one stream is made, and the draws follow each other."""
+    made = np.random.default_rng
+
+    def slow_rng(*args, **kwargs):
+        time.sleep(0.2)  # both threads are inside the first request before either stream exists
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(np.random, "default_rng", slow_rng)
+    crop = RandomCrop(1, seed=3)
+    row = np.arange(1000, dtype=np.uint16).reshape(1, 1000, 1).astype(np.float32)
+    start = threading.Barrier(2)
+
+    def first_crop(_: int) -> float:
+        start.wait()
+        return float(crop(row)[0, 0, 0])
+
+    with ThreadPoolExecutor(2) as pool:
+        a, b = pool.map(first_crop, range(2))
+    stream = made(3)
+    assert sorted([a, b]) == sorted(float(stream.integers(0, (1, 1000))[1]) for _ in range(2))
