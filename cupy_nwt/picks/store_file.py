@@ -137,6 +137,12 @@ class ResultStore:
         _log.warning("saved picks %s %s: set aside as %s; a fresh search will run", self.path, why, self._named(aside))
         return aside
 
+    def _busy(self, done: str) -> SavedPickError:
+        """The lock stayed taken past ``LOCK_TIMEOUT_S``: a live process holds it (the kernel frees a dead one's)."""
+        return SavedPickError(f"{self.file}.lock stayed held by another process for {LOCK_TIMEOUT_S:g} s (a tuner "
+                              f"saving a pick, or a process stopped while saving): the picks were not {done}; try "
+                              "again once it ends")
+
     def _stuck(self, why: str, exc: OSError) -> SavedPickError:
         return SavedPickError(f"{self.path} {why}, and it cannot be set aside ({exc.strerror or exc}): "
                               f"remove it by hand, or set {CACHE_ENV} to another folder")
@@ -153,7 +159,7 @@ class ResultStore:
         try:
             lock.acquire()
         except Timeout:
-            raise
+            raise self._busy("read") from None
         except OSError as exc:  # no lock file can be made here: neither can the bad file be set aside
             raise self._stuck(why, exc) from None
         try:
@@ -195,7 +201,7 @@ class ResultStore:
                 if change(results):
                     write_json({"format": STORE_FORMAT, "results": results}, self.file)
         except Timeout:
-            raise
+            raise self._busy("saved") from None
         except OSError as exc:
             raise unwritable(folder, _why(exc), self._by_env) from None
         return self.path

@@ -10,7 +10,7 @@ import pytest
 
 from cupy_nwt import DataLoader, lookup
 from cupy_nwt.data.datasets import ArrayDataset
-from cupy_nwt.errors import ArgumentError
+from cupy_nwt.errors import ArgumentError, SavedPickError
 from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import tune_num_workers
 
@@ -57,3 +57,20 @@ def test_a_store_that_is_a_symlink_is_saved_where_it_points(tmp_path):
     assert (mine / "num_workers.json").is_symlink()
     assert len(json.loads((shared / "num_workers.json").read_text())["results"]) == 2
     assert lookup(_tuned().fingerprint, mine).best_workers == 2
+
+
+def test_a_store_whose_lock_another_process_keeps_is_one_line_not_a_timeout_traceback(tmp_path, monkeypatch):
+    """A tuner stopped (SIGSTOP, a debugger) while saving keeps the lock: the next save waits the lock's
+    time, then says so in one line naming the lock, instead of filelock's bare Timeout."""
+    from filelock import FileLock
+
+    import cupy_nwt.picks.store_file as store_file
+
+    monkeypatch.setattr(store_file, "LOCK_TIMEOUT_S", 0.2)
+    tuned = _tuned()
+    tuned.save(cache_dir=tmp_path)
+    held = FileLock(str(tmp_path / "num_workers.json.lock"))
+    with held, pytest.raises(SavedPickError, match=r"num_workers\.json\.lock stayed held by another process for "
+                                                    r"0\.2 s .*the picks were not saved"):
+        tuned.save(cache_dir=tmp_path)
+    assert lookup(tuned.fingerprint, tmp_path).best_workers == 2  # a reader takes no lock
