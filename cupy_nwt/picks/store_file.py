@@ -38,6 +38,20 @@ LOCK_TIMEOUT_S = 60.0
 _log = logging.getLogger("cupy_nwt.tuner")
 
 
+_SAID_NEWER: set[Path] = set()  # stores of a newer version already warned about in this process
+
+
+class _NewerStore(SavedPickError):
+    """The store was written by a newer cupy_nwt."""
+
+
+def _newer(fmt: Any) -> bool:
+    """Whether ``fmt`` names a later version of this store's format."""
+    name, _, version = str(fmt).rpartition("/")
+    mine, _, my_version = STORE_FORMAT.rpartition("/")
+    return isinstance(fmt, str) and name == mine and version.isdigit() and int(version) > int(my_version)
+
+
 def unwritable(folder: Path, why: str, named: bool) -> ArgumentError:
     """The one line for a store that cannot be saved in ``folder`` (``named``: by ``CUPY_NWT_CACHE_DIR``), and
     where to save it instead."""
@@ -101,6 +115,10 @@ class ResultStore:
         except OSError as exc:
             raise SavedPickError(f"cannot be read ({exc.strerror or exc})") from None
         doc = parse_document(data)
+        if isinstance(doc, dict) and _newer(doc.get("format")):
+            raise _NewerStore(f"{self.file} was written by a newer cupy_nwt ({doc['format']}, this one reads "
+                              f"{STORE_FORMAT}): it is left as it is; set {CACHE_ENV} to another folder to keep "
+                              "this version's picks apart")
         if not isinstance(doc, dict) or doc.get("format") != STORE_FORMAT or not isinstance(doc.get("results"), dict):
             raise SavedPickError(f"not a {STORE_FORMAT} file")
         for key, rec in doc["results"].items():
@@ -114,9 +132,12 @@ class ResultStore:
         return doc["results"]
 
     def _load(self, strict: bool = False) -> dict[str, dict[str, Any]]:
-        """The records (call under the lock); an unusable file is set aside and counts as empty."""
+        """The records (call under the lock); an unusable file is set aside and counts as empty. A newer
+        version's store raises: neither renamed nor overwritten, its picks are that version's."""
         try:
             return self._validated()
+        except _NewerStore:
+            raise
         except SavedPickError as exc:
             aside = self.set_aside(str(exc))
             if strict:
@@ -153,6 +174,13 @@ class ResultStore:
             return {}
         try:
             return self._validated()
+        except _NewerStore as exc:
+            if strict:
+                raise SavedPickError(str(exc)) from None
+            if self.file not in _SAID_NEWER:
+                _SAID_NEWER.add(self.file)
+                _log.warning("saved picks: %s", exc)
+            return {}
         except SavedPickError as exc:
             why = str(exc)
         lock = self._lock()

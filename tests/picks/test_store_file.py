@@ -74,3 +74,20 @@ def test_a_store_whose_lock_another_process_keeps_is_one_line_not_a_timeout_trac
                                                     r"0\.2 s .*the picks were not saved"):
         tuned.save(cache_dir=tmp_path)
     assert lookup(tuned.fingerprint, tmp_path).best_workers == 2  # a reader takes no lock
+
+
+def test_a_store_a_newer_version_wrote_is_neither_renamed_nor_overwritten(tmp_path, caplog):
+    """Two versions on one machine (a new one in another environment): the older one once renamed the
+    newer one's store aside as 'bad', losing its picks to it. It reads nothing from it and saves nothing
+    over it, and says why."""
+    store = tmp_path / "num_workers.json"
+    newer = json.dumps({"format": "cupy_nwt.num_workers/2", "results": {"k": {"whatever": 1}}})
+    store.write_text(newer)
+    tuned = _tuned()
+    with caplog.at_level("WARNING", logger="cupy_nwt.tuner"):
+        assert lookup(tuned.fingerprint, tmp_path) is None
+    assert "was written by a newer cupy_nwt (cupy_nwt.num_workers/2" in caplog.text
+    with pytest.raises(SavedPickError, match="written by a newer cupy_nwt .*left as it is; set CUPY_NWT_CACHE_DIR"):
+        tuned.save(cache_dir=tmp_path)
+    assert store.read_text() == newer and sorted(p.name for p in tmp_path.iterdir()) == [
+        "num_workers.json", "num_workers.json.lock"]
