@@ -64,7 +64,8 @@ def fmt_bytes(n: float) -> str:
         n: a byte count.
     """
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+        shown = round(n) if unit == "B" or float(n).is_integer() else round(n, 1)
+        if abs(shown) < 1024 or unit == "TiB":  # as printed: 1023.96 KiB would print 1024.0 KiB
             return f"{n:.0f} {unit}" if unit == "B" or float(n).is_integer() else f"{n:.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")

@@ -124,7 +124,8 @@ def test_size_sweep_bad(lo, hi, factor, match):
 
 @pytest.mark.parametrize(("n", "text"), [
     (0, "0 B"), (1023, "1023 B"), (4096, "4 KiB"), (1536, "1.5 KiB"), (256 * 1024**2, "256 MiB"),
-    (3 * 1024**3, "3 GiB"), (5 * 1024**5, "5120 TiB")])
+    (3 * 1024**3, "3 GiB"), (5 * 1024**5, "5120 TiB"),
+    (1024**2 - 1, "1.0 MiB"), (1024**3 - 1, "1.0 GiB"), (1023.9 * 1024, "1023.9 KiB")])
 def test_fmt_bytes(n, text):
     assert units.fmt_bytes(n) == text
 
