@@ -57,10 +57,10 @@ def _int(env: Mapping[str, str], name: str | None) -> int | None:
     raw = env.get(name) if name is not None else None
     if raw is None or raw.strip() == "":
         return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise LayoutError(f"{name}={raw!r} is not an integer") from None
+    text = raw.strip()
+    if not (text.isascii() and text.lstrip("+-").isdigit()):  # int() takes '1_0' and other scripts' digits too
+        raise LayoutError(f"{name}={raw!r} is not an integer")
+    return int(text)
 
 
 def slurm_tasks_on_this_node(env: Mapping[str, str]) -> int | None:

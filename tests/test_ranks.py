@@ -48,6 +48,8 @@ def test_explicit_arguments_win_over_environment():
     ({}, {"RANK": "2", "WORLD_SIZE": "2"}, ["RANK=2", "WORLD_SIZE"]),
     ({}, {"RANK": "0", "WORLD_SIZE": "0"}, ["WORLD_SIZE=0"]),
     ({}, {"RANK": "x", "WORLD_SIZE": "2"}, ["RANK='x'"]),
+    ({}, {"RANK": "1_0", "WORLD_SIZE": "20"}, ["RANK='1_0' is not an integer"]),
+    ({}, {"RANK": "\u0661", "WORLD_SIZE": "2"}, ["RANK='\u0661' is not an integer"]),
     ({}, {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "3", "LOCAL_WORLD_SIZE": "2"}, ["LOCAL_RANK=3"]),
     ({}, {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_SIZE": "4"},
      ["OMPI_COMM_WORLD_LOCAL_SIZE=4"]),
