@@ -29,7 +29,7 @@ from .records import PackedRecords, pack_records
 from .streaming import ReaderSlot, ShardedTarStream, current_reader
 
 _LAZY = {
-    **dict.fromkeys(("ArrayDataset", "CIFAR10", "CIFAR10_CLASSES", "CacheRebuiltWarning", "ImageFolder",
+    **dict.fromkeys(("ArrayDataset", "CIFAR10", "CIFAR10_CLASSES", "CacheRebuiltWarning", "IMAGE_EXTENSIONS", "ImageFolder",
                      "SyntheticCIFAR10", "TarImageDataset", "check_images", "decode_image", "encode_image",
                      "encode_png", "encode_png_batch", "open_dataset", "sample_source", "scan_tar",
                      "synthetic_pixels", "write_tar_shard"), ".datasets"),

@@ -19,6 +19,7 @@ import numpy as np
 from .._checks import check_callable
 from ..errors import ArgumentError, ArgumentTypeError, CorruptImageError, OutOfRangeError
 
+#: the file endings ``ImageFolder`` reads by default: torchvision's, plus ``.gif``
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 
 Transform = Callable[[np.ndarray], Any]

@@ -555,3 +555,11 @@ def test_corrupt_member_read_by_loader_workers_is_named(tmp_path, images, labels
             for _ in loader:
                 pass
         assert loader.worker_pids() == []
+
+
+def test_every_name_the_datasets_module_exports_is_importable_from_cupy_nwt_data():
+    import cupy_nwt.data
+    import cupy_nwt.data.datasets
+
+    missing = [n for n in cupy_nwt.data.datasets.__all__ if n not in cupy_nwt.data.__all__]
+    assert missing == [] and cupy_nwt.data.IMAGE_EXTENSIONS == cupy_nwt.data.datasets.IMAGE_EXTENSIONS
