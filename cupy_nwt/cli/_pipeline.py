@@ -126,7 +126,7 @@ def build_synthetic_apart(n: int, progress: bool) -> str:
     ``RunError`` naming it; never the child's traceback. The size is checked here first
     (``check_synthetic_room``), so an impossible one starts nothing.
     """
-    from ..data.datasets import check_synthetic_room  # noqa: PLC0415 - heavy (Pillow, Numba)
+    from ..data._synthetic import check_synthetic_room  # noqa: PLC0415 - heavy (Pillow, Numba)
 
     check_synthetic_room(n)
     proc = subprocess.Popen([sys.executable, "-c", _BUILD, str(n), "1" if progress else "0"],

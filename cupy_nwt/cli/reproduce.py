@@ -203,7 +203,7 @@ def check_reproduce(config: ReproduceConfig) -> None:
     one needs ``iterations >= 8``; a ``max_workers`` this machine cannot hold), the synthetic CIFAR-10's
     room, an ``out_dir`` that is a folder or can become one, and the folder of saved picks. One-line
     ``ArgumentError`` (``NoGPUError``)."""
-    from ..data.datasets import check_synthetic_room  # noqa: PLC0415 - heavy imports only for this command
+    from ..data._synthetic import check_synthetic_room  # noqa: PLC0415 - heavy imports only for this command
 
     for strategy in ("paper", "fast"):
         nwt_tune.check_tune_arguments(batch_size=config.batch_size, max_workers=config.max_workers,

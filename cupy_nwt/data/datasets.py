@@ -37,13 +37,13 @@ from ._images import (
     encode_png_batch,
     index_in,
 )
-from ._synthetic import CIFAR10_CLASSES, SyntheticCIFAR10, check_synthetic_room, synthetic_pixels
+from ._synthetic import CIFAR10_CLASSES, SyntheticCIFAR10, synthetic_pixels
 from ._tar_cache import CacheRebuiltWarning
 from ._tar_shards import TarImageDataset, scan_tar, write_tar_shard
 
 __all__ = [
     "CIFAR10", "CIFAR10_CLASSES", "IMAGE_EXTENSIONS", "ArrayDataset", "CacheRebuiltWarning",
-    "ImageFolder", "SyntheticCIFAR10", "TarImageDataset", "check_images", "check_synthetic_room", "decode_image",
+    "ImageFolder", "SyntheticCIFAR10", "TarImageDataset", "check_images", "decode_image",
     "encode_image", "encode_png", "encode_png_batch", "open_dataset", "sample_source", "scan_tar",
     "synthetic_pixels", "write_tar_shard",
 ]
