@@ -17,6 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 GATE_PAGE = ROOT / "docs" / "ci-gate.md"
 GATE_PROOF = ROOT / "bench" / "results" / "vm-2cpu" / "gate_noise_proof_plants" / "summary.json"
+RESULTS_PAGE = ROOT / "bench" / "results" / "README.md"
+H100 = ROOT / "bench" / "results" / "NVIDIA-H100-80GB-HBM3"
 
 # the gate proof's table rows, as the page names them, and its groups in summary.json
 GATE_ROWS = {
@@ -75,3 +77,26 @@ def test_the_numpy_passes_instruction_change_quoted_below_the_table_is_the_table
     assert said, "docs/ci-gate.md no longer quotes the NumPy passes' instruction change"
     assert said.group(1) == gate_table()["three NumPy passes over each batch"][3]
 
+
+def test_the_h100s_two_ranks_are_quoted_with_the_rates_their_ratio_is_made_of():
+    summary = {s["ranks"]: s for s in load(H100 / "scaleout" / "scaleout.json")["summary"]}
+    one, two = summary[1], summary[2]
+    want = (f"{two['speedup_vs_1_rank']:.2f}x one rank's samples/s ({two['median_sum_samples_per_second']:,.0f} "
+            f"summed over the ranks, {two['median_wall_samples_per_second']:,.0f} by the wall clock, against "
+            f"{one['median_sum_samples_per_second']:,.0f})")
+    assert want in RESULTS_PAGE.read_text(encoding="utf-8")
+
+
+def test_the_h100_recheck_of_two_ranks_is_within_the_spread_it_claims():
+    runs = load(H100 / "recheck" / "scaleout.json")["runs"]
+    m = re.search(r"`recheck/scaleout\.json`, (\d+) repeats\): \*\*([\d.]+)x\*\* \(([\d,]+) against ([\d,]+); "
+                  r"each run within (\d+)% of the other\)", RESULTS_PAGE.read_text(encoding="utf-8"))
+    assert m, "bench/results/README.md no longer quotes the H100's re-run of two ranks"
+    summary = {s["ranks"]: s for s in load(H100 / "recheck" / "scaleout.json")["summary"]}
+    assert int(m.group(1)) == len(runs) // 2
+    assert m.group(2) == f"{summary[2]['speedup_vs_1_rank']:.2f}"
+    assert (m.group(3), m.group(4)) == (f"{summary[2]['median_sum_samples_per_second']:,.0f}",
+                                        f"{summary[1]['median_sum_samples_per_second']:,.0f}")
+    for ranks in (1, 2):
+        rates = [r["sum_samples_per_second"] for r in runs if r["ranks"] == ranks]
+        assert 100 * (max(rates) / min(rates) - 1) <= int(m.group(5))
