@@ -100,3 +100,12 @@ def test_the_h100_recheck_of_two_ranks_is_within_the_spread_it_claims():
     for ranks in (1, 2):
         rates = [r["sum_samples_per_second"] for r in runs if r["ranks"] == ranks]
         assert 100 * (max(rates) / min(rates) - 1) <= int(m.group(5))
+
+
+def test_the_h100s_kernel_and_launch_times_are_its_overlap_files():
+    d = load(H100 / "transfers" / "overlap.json")
+    page = (ROOT / "cupy_nwt" / "experiments" / "README.md").read_text(encoding="utf-8")
+    m = re.search(r"a chunk's kernel ran ([\d.]+) us against ([\d.]+) us to launch it", page)
+    assert m, "cupy_nwt/experiments/README.md no longer quotes the H100's kernel and launch times"
+    assert (m.group(1), m.group(2)) == (f"{d['stages']['kernel']['median'] * 1e6:.1f}",
+                                        f"{d['launch_seconds']['kernel']['median'] * 1e6:.1f}")
