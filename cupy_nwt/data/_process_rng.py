@@ -1,22 +1,26 @@
-"""The random stream of a per-sample transform: one per process, made once even when threads ask together.
+"""The random stream of a per-sample transform: one per worker, from the transform's seed and the worker's.
 
-Forked workers inheriting one generator would all draw the same numbers, so each process makes its
-own; thread workers share their process's stream (a NumPy generator serialises its draws), which is
-made under a lock so that two threads asking first at once do not each make the seed's stream and
-draw the same first numbers.
+Forked workers inheriting one generator would all draw the same numbers, so each worker makes its
+own, from the transform's ``seed`` and the worker's seed (``get_worker_info().seed``, which the
+loader's seed and the epoch fix): a seeded run draws the same crops again, whatever the process ids,
+as a seeded torch run does. Thread workers of one process each have their own worker seed, so each
+its own stream; a stream is made under a lock, so two threads asking first at once never make one
+each and draw alike.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from typing import Any
 
 import numpy as np
 
 from .._checks import check_int
+from .._worker_info import get_worker_info
 
-_MAKING = threading.Lock()  # held while a ProcessRng makes its generator
+_MAKING = threading.Lock()  # held while a ProcessRng makes a stream
 
 
 def _new_making_lock() -> None:
@@ -27,34 +31,47 @@ def _new_making_lock() -> None:
 os.register_at_fork(after_in_child=_new_making_lock)
 
 
-class ProcessRng:
-    """A generator per process: forked workers inheriting one generator would all draw the same numbers.
+def _worker() -> tuple[int, int] | None:
+    """(id, seed) of the worker asking: cupy_nwt's, else torch's when torch is loaded; None outside one."""
+    info = get_worker_info()
+    if info is None and "torch" in sys.modules:
+        info = sys.modules["torch"].utils.data.get_worker_info()
+    return None if info is None else (int(info.id), int(info.seed))
 
-    In the process that created it, the stream is ``default_rng(seed)``; any other process (a
-    worker) gets ``default_rng([seed, pid])``, so workers differ from each other and from the parent.
+
+class ProcessRng:
+    """The stream of one transform: ``default_rng(seed)`` outside workers (the process that made it),
+    ``default_rng([seed, worker seed])`` in each worker, fresh entropy for ``seed=None``.
+
+    Args:
+        seed: the transform's seed (None: fresh entropy in every process and worker).
     """
 
     def __init__(self, seed: int | None) -> None:
         self.seed = check_int("seed", seed, ge=0, optional=True)
         self._origin = os.getpid()
-        self._pid: int | None = None
-        self._rng: np.random.Generator | None = None
+        self._streams: dict[tuple[int, int | None], tuple[int | None, np.random.Generator]] = {}
 
     def get(self) -> np.random.Generator:
-        pid = os.getpid()
-        rng = self._rng
-        if rng is not None and self._pid == pid:
-            return rng
-        with _MAKING:  # thread workers asking first at once would each make the seed's stream and draw alike
-            if self._rng is None or self._pid != pid:
+        """This worker's stream (made on its first draw; a worker of a later epoch has another seed)."""
+        pid, worker = os.getpid(), _worker()
+        key, wseed = (pid, None if worker is None else worker[0]), None if worker is None else worker[1]
+        held = self._streams.get(key)
+        if held is not None and held[0] == wseed:
+            return held[1]
+        with _MAKING:
+            held = self._streams.get(key)
+            if held is None or held[0] != wseed:
                 if self.seed is None:
-                    self._rng = np.random.default_rng()
+                    rng = np.random.default_rng()
+                elif wseed is not None:
+                    rng = np.random.default_rng([self.seed, wseed])
                 elif pid == self._origin:
-                    self._rng = np.random.default_rng(self.seed)
-                else:
-                    self._rng = np.random.default_rng([self.seed, pid])
-                self._pid = pid
-            return self._rng
+                    rng = np.random.default_rng(self.seed)
+                else:  # a process of the user's own: differ from the parent at least
+                    rng = np.random.default_rng([self.seed, pid])
+                held = self._streams[key] = (wseed, rng)
+            return held[1]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"seed": self.seed, "_origin": self._origin, "_pid": None, "_rng": None}
+        return {"seed": self.seed, "_origin": self._origin, "_streams": {}}

@@ -184,7 +184,7 @@ class RandomResizedCrop(_DecodingTransform):
         size: output side, or (height, width).
         scale: range of the crop's area as a fraction of the image's.
         ratio: range of the crop's aspect ratio (width / height).
-        seed: seeds the per-process generator (each worker process reseeds from it and its pid).
+        seed: seeds the draws: each worker draws from this seed and its worker seed (``ProcessRng``).
         backend: ``"auto"`` (the libjpeg-turbo region decoder where built, else simplejpeg, else Pillow),
             ``"libjpeg"``, ``"simplejpeg"`` or ``"pillow"``.
         flip_p: probability of mirroring the crop left-right.

@@ -6,8 +6,9 @@ for the whole batch with one vectorised call on ``np.random.default_rng(seed)``,
 pass over the pixels. ``seed`` comes from the loader (loader seed, epoch, batch index), so the
 augmentation of a batch does not depend on which worker made it.
 
-Per-sample transforms (``RandomCrop`` ...) follow torchvision's order and meaning; their random
-draws are reproducible only within one process (each worker process reseeds, see ``ProcessRng``).
+Per-sample transforms (``RandomCrop`` ...) follow torchvision's order and meaning; each worker
+draws from its own stream of the transform's seed and its worker seed (``ProcessRng``), so a seeded
+loader repeats its crops run after run, as long as the same worker makes the same samples.
 """
 
 from __future__ import annotations

@@ -210,8 +210,8 @@ def test_bad_seeds_and_statistics_are_named(batch):
         Normalize(mean=(float("nan"), 0, 0), std=(1, 1, 1))
 
 
-def test_thread_workers_asking_a_seeded_transform_first_at_once_draw_from_one_stream(monkeypatch):
-    """Two thread workers' first crops: each made the seed's stream of its own when they asked together, and
+def test_two_threads_asking_a_seeded_transform_first_at_once_draw_from_one_stream(monkeypatch):
+    """Two threads' first crops: each made the seed's stream of its own when they asked together, and
     both drew the same position (a repeated crop); one stream is made, and the draws follow each other."""
     made = np.random.default_rng
 
@@ -232,3 +232,32 @@ def test_thread_workers_asking_a_seeded_transform_first_at_once_draw_from_one_st
         a, b = pool.map(first_crop, range(2))
     stream = made(3)
     assert sorted([a, b]) == sorted(float(stream.integers(0, (1, 1000))[1]) for _ in range(2))
+
+
+class _Rows:
+    """Sample i is a row whose pixel x holds x: a 1-pixel crop's value is where it was cut."""
+
+    def __init__(self, transform) -> None:
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i: int) -> float:
+        return float(self.transform(np.arange(1000, dtype=np.float32).reshape(1, 1000, 1))[0, 0, 0])
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_a_seeded_loaders_per_sample_crops_repeat_run_after_run_with_workers(worker_type):
+    """As a seeded torch run repeats its augmentations: the same loader seed and transform seed give the same
+    crops in a second run, whose workers are other processes; the workers still draw apart."""
+    from cupy_nwt import DataLoader
+
+    def run() -> list[float]:
+        data = _Rows(RandomCrop(1, seed=7))
+        with DataLoader(data, batch_size=4, num_workers=2, worker_type=worker_type, seed=11) as dl:
+            return [float(x) for b in dl for x in b]
+
+    first = run()
+    assert run() == first
+    assert len(set(first)) > 12  # two workers' streams, not one stream twice
