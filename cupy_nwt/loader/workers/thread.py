@@ -11,7 +11,8 @@ iterable-style dataset gets one iterator per worker) and has its own task queue;
 back through one queue. What differs from processes, and why:
 
 * a map-style dataset and the callables are one shared object, not a copy per worker (an
-  iterable-style dataset is deep-copied per thread: its position and state are each reader's own);
+  iterable-style dataset is deep-copied per thread: its position and state are each reader's own; one
+  that cannot be copied, an open file among its attributes, is a one-line ``LoaderError``);
 * ``get_worker_info().seed`` is what a process worker would get, but Python's, NumPy's and torch's
   global generators belong to the whole process and are left alone; so does torch's
   ``get_worker_info()``, which therefore stays None: a torch ``IterableDataset`` (or one whose
@@ -40,7 +41,7 @@ from typing import Any
 
 from ..._worker_info import WorkerInfo, enter_thread, worker_seed
 from ...data.contract import dataset_style
-from ...errors import WorkerDiedError
+from ...errors import LoaderError, WorkerDiedError
 from .._events import Listener
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
@@ -91,15 +92,19 @@ class ThreadPool(Dispatch):
         self._results: queue.SimpleQueue[tuple[int, FromWorker | _Died]] = queue.SimpleQueue()
         self._workers: list[_Thread] = []
         self._spec = (num_workers, seed, epoch, maker, worker_init_fn, rank, world_size)
-        for w in range(num_workers):
-            self._start(w)
+        try:
+            for w in range(num_workers):
+                self._start(w)
+        except BaseException:
+            self.shutdown()
+            raise
         self.active = num_workers  # threads given tasks; the others are parked (alive, idle)
 
     def _start(self, w: int) -> None:
         num_workers, seed, epoch, maker, worker_init_fn, rank, world_size = self._spec
         mine = copy.copy(maker)
         if dataset_style(maker.dataset) == "iterable":  # its own copy, as a process worker has: a reader, a position
-            mine.dataset = copy.deepcopy(maker.dataset)
+            mine.dataset = _reader_copy(maker.dataset)
         info = WorkerInfo(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), mine.dataset, rank, world_size)
         tasks: queue.SimpleQueue[_Message] = queue.SimpleQueue()
         thread = threading.Thread(target=self._loop, args=(info, mine, worker_init_fn, tasks),
@@ -209,6 +214,18 @@ class ThreadPool(Dispatch):
                          "killed; each ends when that code returns, its batch dropped",
                          ", ".join(str(t.id) for t in stuck), SHUTDOWN_GRACE_S)
         self._workers = []
+
+
+def _reader_copy(dataset: Any) -> Any:
+    """A thread's own copy of an iterable-style dataset, or a one-line ``LoaderError`` naming why there is none
+    (an open file or a lock among its attributes: a fork would have shared it, a deep copy cannot)."""
+    try:
+        return copy.deepcopy(dataset)
+    except Exception as exc:  # noqa: BLE001 - any failure of the user's object to copy, told in one line
+        raise LoaderError(
+            f"thread workers read an iterable-style dataset from a copy each (copy.deepcopy), and copying "
+            f"{type(dataset).__name__} failed: {type(exc).__name__}: {exc}. Open files and locks in __iter__ "
+            "rather than in __init__, give the class a __deepcopy__, or use worker_type='process'") from exc
 
 
 class _QueueChannel:

@@ -13,7 +13,15 @@ import pytest
 from test_faults import NO_HANG_S, clean, live_worker_threads  # noqa: F401 - clean: the fixture used below
 from toy_data import Squares
 
-from cupy_nwt import DataLoader, LoaderTimeoutError, WorkerDiedError, get_worker_info, tune_num_workers
+from cupy_nwt import (
+    DataLoader,
+    IterableDataset,
+    LoaderError,
+    LoaderTimeoutError,
+    WorkerDiedError,
+    get_worker_info,
+    tune_num_workers,
+)
 from cupy_nwt._worker_info import worker_seed
 from cupy_nwt.loader.ring.ring import live_segments
 from cupy_nwt.loader.workers.thread import STUCK_SUFFIX
@@ -117,6 +125,56 @@ def test_a_thread_that_dies_is_a_worker_died_error():
     with DataLoader(Exits(8), batch_size=2, num_workers=2, worker_type="thread", device="cpu") as dl:
         with pytest.raises(WorkerDiedError, match="worker thread .* SystemExit"):
             list(dl)
+
+
+class Lines(IterableDataset):
+    """A stream that opens its file in ``__init__``: process workers share it by fork, a thread's copy cannot."""
+
+    def __init__(self, path) -> None:
+        self.file = open(path)  # noqa: SIM115 - held open, as such a dataset does
+
+    def __iter__(self):
+        info = get_worker_info()
+        self.file.seek(0)
+        return (line.strip() for k, line in enumerate(self.file) if k % info.num_workers == info.id)
+
+
+class CopiesOnce(IterableDataset):
+    """A stream whose second copy fails (the first thread already runs)."""
+
+    copies = 0
+
+    def __iter__(self):
+        return iter(range(4))
+
+    def __deepcopy__(self, memo):
+        type(self).copies += 1
+        if type(self).copies > 1:
+            raise MemoryError("no room for another copy")
+        return CopiesOnce()
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_stream_thread_workers_cannot_copy_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "lines.txt"
+    path.write_text("".join(f"line{k}\n" for k in range(10)))
+    data = Lines(path)
+    with DataLoader(data, batch_size=2, num_workers=2, worker_type="process", device="cpu") as dl:
+        assert sorted(x for b in dl for x in b) == sorted(f"line{k}" for k in range(10))
+    with DataLoader(data, batch_size=2, num_workers=2, worker_type="thread", device="cpu") as dl:
+        with pytest.raises(LoaderError, match="copying Lines failed: TypeError: cannot pickle") as ei:
+            next(iter(dl))
+    assert "\n" not in str(ei.value) and "worker_type='process'" in str(ei.value)
+    assert live_worker_threads() == []
+    data.file.close()
+
+
+@pytest.mark.usefixtures("clean")
+def test_threads_started_before_a_failed_start_are_stopped():
+    with DataLoader(CopiesOnce(), batch_size=2, num_workers=2, worker_type="thread", device="cpu") as dl:
+        with pytest.raises(LoaderError, match="MemoryError: no room for another copy"):
+            next(iter(dl))
+        assert live_worker_threads() == []
 
 
 @pytest.mark.parametrize("kwargs, match", [
