@@ -151,7 +151,9 @@ class AutotunePolicy:
     from which one can be parked (above 1, so the rest keep a margin); ``park_after``: such intervals
     before a park; ``jitter``: idle workers per ask while starved that point to a short buffer. A slot
     added for jitter that does not cut the wait by a quarter is the last: the next starved interval
-    asks for a worker instead (or holds, at the budget), so slots do not pile up for nothing."""
+    asks for a worker instead (or holds, at the budget), so slots do not pile up for nothing. "at_budget"
+    is said once per setting: a caller at the budget whose wait hovers about ``starved`` would otherwise
+    add a line and a decision every other interval for the rest of the run."""
 
     def __init__(self, *, starved: float = 0.05, calm: float = 0.01, idle: float = 1.5, jitter: float = 0.5, park_after: int = 3,
                  regret_within: int = 4, max_park_after: int = 48) -> None:
@@ -160,7 +162,7 @@ class AutotunePolicy:
         self._settle = 0  # intervals not judged, after a change
         self._idle_run = 0
         self._since_park: int | None = None
-        self._said_full = False
+        self._said_full: Setting | None = None  # the setting "at_budget" was said at: said once for it
         self._slot_base: float | None = None  # the wait share when a slot was last added for jitter
 
     def decide(self, obs: Observation, now: Setting, limits: Limits) -> Decision | None:
@@ -173,7 +175,6 @@ class AutotunePolicy:
         if share > self.starved:
             self._idle_run = 0
             return self._changed(self._feed(obs, now, limits, share))
-        self._said_full = False
         self._slot_base = None
         if share < self.calm and obs.mean_idle >= self.idle and now.workers > 1:
             self._idle_run += 1
@@ -211,13 +212,14 @@ class AutotunePolicy:
             self._slot_base = share
             why = "workers were idle at times, so the buffer is too short" if jitter else "workers at the CPU budget"
             return Decision("add_prefetch", now.workers, now.slots + 1, f"{waited}; {why}")
-        if self._said_full:
+        if self._said_full == now:
             return None
-        self._said_full = True
+        self._said_full = now
         return Decision("at_budget", now.workers, now.slots,
                         f"{waited}, but {limits.workers} workers and {limits.slots} slots are the budget")
 
     def _changed(self, d: Decision | None) -> Decision | None:
         if d is not None and d.action != "at_budget":
             self._settle = 1
+            self._said_full = None
         return d

@@ -90,6 +90,15 @@ def test_the_cpu_budget_and_the_memory_budget_are_never_exceeded() -> None:
     assert any(d.action == "add_prefetch" for d in decisions)
 
 
+def test_at_budget_is_said_once_while_the_wait_hovers_about_the_threshold() -> None:
+    lim = limits(cpus=2, slots=6)
+    full = Setting(2, 6)
+    starved, calm = Observation(8, 1.0, 0.2, 8, 0), Observation(8, 1.0, 0.02, 8, 0)
+    p = AutotunePolicy()
+    said = [p.decide(starved if k % 2 == 0 else calm, full, lim) for k in range(1000)]
+    assert [d.action for d in said if d is not None] == ["at_budget"]
+
+
 def test_idle_workers_are_parked_one_at_a_time_down_to_what_keeps_up() -> None:
     lim = limits()
     decisions, settings, _ = simulate(lambda k: 0.02, 0.01, 600, Setting(8, 16), lim, AutotunePolicy())
