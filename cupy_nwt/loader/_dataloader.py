@@ -299,12 +299,14 @@ class DataLoader(SettingsView, Generic[T_co]):
 
     def slots_in_use(self) -> int:
         """Ring slots holding a batch not yet given back, over every live iteration: the batches made ahead,
-        plus a ``zero_copy`` view held; 0 when no iteration is live (anything else is a leak)."""
+        plus a ``zero_copy`` view held; 0 when no iteration is live (anything else is a leak), except that
+        persistent workers left mid-epoch (a ``break``) hold the slots of the batches they were making until
+        the next epoch takes their answers in."""
         return self._runtime.slots_in_use()
 
     def worker_pids(self) -> list[int]:
-        """PIDs of the live worker processes, of every live iteration (empty with num_workers=0, thread
-        workers, or between epochs)."""
+        """PIDs of the live worker processes, of every live iteration and persistent ones between epochs (empty
+        with num_workers=0, thread workers, or between epochs without persistent workers)."""
         return self._runtime.worker_pids()
 
     def stats(self) -> LoaderStats:
