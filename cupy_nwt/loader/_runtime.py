@@ -193,7 +193,8 @@ class Runtime:
             decisions=self.decisions, workers=workers, depth=depth,
             copy=copy_kind(options.device, options.pin_memory, options.num_workers, options.zero_copy),
             worker_type=options.worker_type, pids=self.worker_pids() if processes else None,
-            epoch=epoch, epoch_batches=epoch_batches, num_workers_why=options.num_workers_why)
+            epoch=epoch, epoch_batches=epoch_batches, num_workers_why=options.num_workers_why,
+            worker_seconds=self.tuner.worker_seconds() if self.tuner is not None else None)
 
     # -- workshops
 

@@ -9,7 +9,8 @@ adding a sync or a lock to the hot path. Everything is counted on the main threa
 * the seconds each batch spent fetching, collating and in ``batch_transform``, measured where the
   batch is made (``BatchMaker.produce``, in a worker or the main process) and sent back with it;
   busy fraction = those seconds / (wall seconds x workers) (x 1 with ``num_workers=0``: then it is
-  the share of the caller's time spent making batches);
+  the share of the caller's time spent making batches; under online tuning, each active count x the
+  seconds it held);
 * copy seconds: on the CPU, the copy out of the ring (0 with ``zero_copy``); on the GPU, the host's
   time issuing the H2D copies (and the staging memcpy): with ``pin_memory`` the copy itself runs
   asynchronously and is not timed, without it the driver copies synchronously and that is the copy.
@@ -175,7 +176,7 @@ class Recorder(Listener):
         self.first: dict[int, int] = {}  # pid -> USS at its first batch
         self.warned = False
         self.settled = False  # an epoch ended with its workers measured: fresh workers are not read again
-        self._mark = (clock(), dict(self.totals), 0)  # (time, totals, decisions seen)
+        self._mark = (clock(), dict(self.totals), 0, 0.0)  # (time, totals, decisions seen, worker-seconds)
 
     # -- events
 
@@ -251,15 +252,19 @@ class Recorder(Listener):
 
     def stats(self, *, decisions: Sequence[Any], workers: int, depth: int, copy: str, worker_type: str,
               pids: Sequence[int] | None, epoch: int | None = None,
-              epoch_batches: int | None = None, num_workers_why: str | None = None) -> LoaderStats:
-        """The figures since the last call; ``pids`` the worker processes to read (None: threads, no memory)."""
+              epoch_batches: int | None = None, num_workers_why: str | None = None,
+              worker_seconds: float | None = None) -> LoaderStats:
+        """The figures since the last call; ``pids`` the worker processes to read (None: threads, no memory);
+        ``worker_seconds`` the active workers' running total of seconds, where online tuning changes their count
+        (None: ``workers`` throughout)."""
         now, totals = self.clock(), dict(self.totals)
-        then, before, seen = self._mark
-        self._mark = (now, totals, len(decisions))
+        then, before, seen, worked_before = self._mark
+        self._mark = (now, totals, len(decisions), worker_seconds or 0.0)
         d = {k: totals[k] - before[k] for k in totals}
         stalls, self.stalls = tuple(self.stalls), []
         bad, self.bad = tuple(self.bad), []
         wall = now - then
+        span = wall * max(1, workers) if worker_seconds is None else worker_seconds - worked_before
         stages = StageTimes(**{name: d[name] for name in StageTimes.names()})
         memory = None
         if pids is not None:
@@ -267,7 +272,7 @@ class Recorder(Listener):
             memory = tuple(WorkerMemory(pid, uss, uss - self.first.get(pid, uss)) for pid, uss in self._read(pids))
         return LoaderStats(
             interval_s=wall, batches=int(d["delivered"]), waited_s=d["waited_s"], blocked_s=d["blocked_s"],
-            made=int(d["made"]), busy_fraction=stages.total() / (wall * max(1, workers)) if wall > 0 else None,
+            made=int(d["made"]), busy_fraction=stages.total() / span if wall > 0 and span > 0 else None,
             stages=stages, copy_s=d["copy_s"], copy=copy, num_workers=workers, prefetch_depth=depth,
             worker_type=worker_type, decisions=tuple(x.to_dict() for x in decisions[seen:]), stalls=stalls,
             memory=memory, epoch=epoch, epoch_batches=epoch_batches, num_workers_why=num_workers_why,

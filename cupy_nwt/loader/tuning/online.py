@@ -154,6 +154,7 @@ class OnlineTuner(Listener):
         self.quiet = Quiet()
         requested, n = tuning.requested, tuning.workers
         self.setting = Setting(n, max(2, n * tuning.prefetch_factor))
+        self._worker_s, self._since = 0.0, clock()  # active workers x seconds, up to the last change
         why = f"from num_workers={requested}" if n == requested else f"num_workers={requested} within the budgets"
         self._record("start", f"{why}; budget {self.budget.cpus} workers, {self.budget.memory_bytes} ring bytes")
 
@@ -162,13 +163,23 @@ class OnlineTuner(Listener):
         """The active workers now (the start count before the first change)."""
         return self.setting.workers
 
+    def worker_seconds(self) -> float:
+        """The active workers integrated over the seconds since the tuner was made: what ``stats()``'s busy
+        fraction divides by, so a change within its interval counts each count for the time it held."""
+        return self._worker_s + self.setting.workers * (self.clock() - self._since)
+
+    def _set(self, setting: Setting) -> None:
+        now = self.clock()
+        self._worker_s += self.setting.workers * (now - self._since)
+        self._since, self.setting = now, setting
+
     def ring_made(self, slot_bytes: int, pool: Any) -> None:
         """The ring is made (``Tuning.ring_slots`` sized it): budgets in slots of its size; the pool gets the setting."""
         limits = Limits.of(self.budget, self.prefetch_factor, slot_bytes)
         self.limits = limits
         clamped = limits.clamp(self.setting)
         if clamped != self.setting:
-            self.setting = clamped
+            self._set(clamped)
             self._record("start", f"clamped into the memory budget: at most {limits.slots} slots of {slot_bytes} bytes")
         if pool is not None:
             self.configure(pool)
@@ -215,7 +226,8 @@ class OnlineTuner(Listener):
             if self.limits.clamp(proposed) != proposed:
                 _log.warning("autotune: the policy proposed %s beyond the budget %s; ignored", proposed, self.limits)
             else:
-                changed, self.setting = proposed != self.setting, proposed
+                changed = proposed != self.setting
+                self._set(proposed)
                 self._record(d.action, d.reason, step=self._delivered)
                 self.configure(source.workers)
                 if changed:

@@ -249,3 +249,42 @@ def test_handing_out_ready_batches_is_not_waiting_for_workers():
     assert "park_worker" in actions and "add_workers" not in actions and "add_prefetch" not in actions
     assert dl.decisions[-1].workers < 3
     assert dl.stats().waited_s >= 60 * 0.02
+
+
+class Clock:
+    """A clock the test moves: the loader's seconds are whatever it says."""
+
+    t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class ParksAt:
+    """Parks one of two workers the first time it is asked at ``when`` (clock seconds) or later."""
+
+    def __init__(self, clock: Clock, when: float) -> None:
+        self.clock, self.when, self.at = clock, when, None
+
+    def decide(self, obs, now, limits):
+        if self.at is None and self.clock.t >= self.when:
+            self.at = self.clock.t
+            return Decision("park_worker", 1, 2, "scripted park")
+        return None
+
+
+@pytest.mark.usefixtures("clean", "worker_type")
+def test_busy_fraction_counts_each_worker_count_for_the_time_it_held():
+    """Two workers for most of the interval, one at its end: the busy fraction divides by the workers'
+    seconds as they were: one worker over the whole interval would read more than 100% busy."""
+    clock = Clock()
+    policy = ParksAt(clock, 10.0)
+    with tuned(Squares(64), policy, batch_size=2, num_workers=2, cpu_budget=2, parts=LoaderParts(clock=clock)) as dl:
+        it = iter(dl)
+        for _ in range(20):
+            clock.t += 1.0
+            next(it)
+        s = dl.stats()
+    assert policy.at is not None and s.num_workers == 1 and s.interval_s == 20.0
+    worker_s = 2 * policy.at + 1 * (20.0 - policy.at)
+    assert s.busy_fraction == pytest.approx(s.stages.total() / worker_s)
