@@ -310,7 +310,8 @@ def warn_if_too_many_workers(num_workers: int, stacklevel: int = 3, *, method: s
                       f"of worker in current system is {cpus}, which is smaller than what this DataLoader is going to "
                       "create. Please be aware that excessive worker creation might get DataLoader running slow or "
                       "even freeze, lower the worker number to avoid potential slowness/freeze if necessary. "
-                      f"cupy_nwt: this DataLoader will start {num_workers} worker processes, more than the {cpus} CPUs "
+                      f"cupy_nwt: this DataLoader will start {num_workers} worker {'threads' if method == 'thread' else 'processes'}, "
+                      f"more than the {cpus} CPUs "
                       "this process may use: the workers will share them, which is slower and may even stall; "
                       f"num_workers={cpus} or fewer avoids that; {room}", UserWarning, stacklevel=stacklevel)
 
