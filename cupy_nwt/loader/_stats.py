@@ -51,6 +51,7 @@ MEMORY_WARN_BYTES = 64 << 20  # workers' private memory grown by this much a wor
 _log = logging.getLogger("cupy_nwt.loader")
 _COUNTS = ("delivered", "made", "waited_s", "blocked_s", "copy_s", "skipped")
 KEEP_SKIPPED = 100  # skipped samples ``stats()`` lists (every one is counted, and logged)
+KEEP_STALLS = 100  # stalls ``stats()`` lists (every one is logged): a job that never asks keeps no more
 _reading: list[Background] = []  # baselines being read, by any loader of this process
 
 
@@ -85,7 +86,8 @@ class LoaderStats:
     ``state_dict()`` reads: its epoch and the batches this iteration handed to the caller so far (None before
     the first ``iter()``). ``num_workers_why``: with ``num_workers="auto"``, what the tuner picked
     and why, in one line (``TuneResult.why``), or on a miss that it tunes online; None for a count given. ``skipped_samples`` counts the samples left out of their batches
-    (``on_bad_sample="skip"``), ``bad_samples`` lists the first ``KEEP_SKIPPED`` of them.
+    (``on_bad_sample="skip"``), ``bad_samples`` lists the first ``KEEP_SKIPPED`` of them; ``stalls``, the
+    first ``KEEP_STALLS`` waits past the stall threshold (each is logged when it happens).
     """
 
     interval_s: float
@@ -199,7 +201,8 @@ class Recorder(Listener):
 
     def stalled(self, stall: Stall) -> None:
         """A ``next()`` has waited past the threshold: say so now, and keep it for ``stats()``."""
-        self.stalls.append(stall)
+        if len(self.stalls) < KEEP_STALLS:
+            self.stalls.append(stall)
         what = "any batch" if stall.batch_index is None else f"batch {stall.batch_index}"
         _log.warning("loader: waited %.1f s so far for %s of epoch %d, which %s", stall.waited_s, what, stall.epoch,
                      stall.where)

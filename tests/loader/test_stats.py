@@ -305,3 +305,24 @@ def test_stats_and_state_dict_read_one_progress_record_after_break(num_workers):
     rest.load_state_dict(state)
     assert sum(1 for _ in rest) == 10 - figures.epoch_batches
     loader.close()
+
+
+class _Slow:
+    def __len__(self) -> int:
+        return 150
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(0.004)
+        return i
+
+
+def test_a_job_that_never_asks_for_stats_keeps_a_bounded_list_of_stalls(caplog):
+    """Every stall is logged when it happens; ``stats()`` lists the first ``KEEP_STALLS``, so a long job that
+    never calls it does not keep one record per stall for ever."""
+    from cupy_nwt.loader._stats import KEEP_STALLS
+
+    with caplog.at_level(logging.ERROR, logger="cupy_nwt.loader"), DataLoader(
+            _Slow(), batch_size=1, num_workers=1, worker_type="thread", stall_warning_s=0.001) as dl:
+        assert sum(1 for _ in dl) == 150
+        s = dl.stats()
+    assert len(s.stalls) == KEEP_STALLS == 100
