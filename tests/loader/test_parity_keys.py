@@ -149,7 +149,7 @@ class FailsAt:
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("kind", [KeyError, NotImplementedError, MyDataError, IndexError, OSError],
                          ids=lambda k: k.__name__)
-def test_the_dataset_s_exception_type_reaches_the_caller(backend, num_workers, kind):
+def test_the_dataset_s_exception_type_reaches_the_caller(backend, num_workers, kind, worker_type):
     it = iter(backend(FailsAt(kind), batch_size=2, num_workers=num_workers))
     assert [np.asarray(next(it)).tolist() for _ in range(2)] == [[0, 1], [2, 3]]
     with pytest.raises(kind) as ei:
@@ -160,8 +160,9 @@ def test_the_dataset_s_exception_type_reaches_the_caller(backend, num_workers, k
         err = ei.value
         assert isinstance(err, cupy_nwt.WorkerError) and isinstance(err, RuntimeError)
         assert err.batch_index == 2 and err.sample_index == 5 and err.exc_type == kind.__name__
-        where = "the main process" if num_workers == 0 else f"loader worker {err.worker_id}"
-        assert f"{where} (pid {err.pid}) failed on batch 2 at sample index 5" in str(err)
+        where = (f"the main process (pid {err.pid})" if num_workers == 0 else f"loader worker thread {err.worker_id}"
+                 if worker_type == "thread" else f"loader worker {err.worker_id} (pid {err.pid})")
+        assert f"{where} failed on batch 2 at sample index 5" in str(err)
         assert "Traceback (most recent call last)" in str(err) and "__getitem__" in str(err)
 
 

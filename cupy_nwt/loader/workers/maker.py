@@ -359,11 +359,12 @@ class BatchMaker:
 
 
 def make_worker_error(report: ErrorReport, *, worker_id: int | None, pid: int, batch_index: int | None,
-                      original: type | None = None, stage: str = "worker_init_fn") -> WorkerError:
+                      original: type | None = None, stage: str = "worker_init_fn", where: str | None = None) -> WorkerError:
     """The error the caller sees for a failed batch: where, which batch and sample, the original type and
     traceback. It is an instance of the original type too (``original``, else the report's class) where
     that type can be built from a message, so ``except KeyError`` around the loop catches it, as with PyTorch."""
-    where = f"the main process (pid {pid})" if worker_id is None else f"loader worker {worker_id} (pid {pid})"
+    if where is None:  # a pool names its workers itself: a thread's pid is the main process's
+        where = f"the main process (pid {pid})" if worker_id is None else f"loader worker {worker_id} (pid {pid})"
     what = f"batch {batch_index}" if batch_index is not None else stage
     index = report.sample_index
     at = f" at sample index {index if isinstance(index, (int, np.integer)) else repr(index)}" if index is not None else ""

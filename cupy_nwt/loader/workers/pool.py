@@ -182,7 +182,7 @@ class Dispatch:
     last_worker: int | None = None  # the worker ``_choose`` picked last: who has a task (stall warnings)
 
     def worker_label(self, worker_id: int) -> str:
-        """How a stall warning names a worker."""
+        """How a stall warning and a failed batch name a worker."""
         return f"loader worker {worker_id}"
 
     def stuck_hint(self) -> str:
@@ -199,7 +199,8 @@ class Dispatch:
         if type(msg) is Ok:  # a batch in its slot: nearly every answer
             return self._in_slot(w, msg.generation, msg.batch_index, msg.slot, msg.rows, msg.objects, msg.times)
         if isinstance(msg, InitFailed):
-            raise make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=None, stage=msg.stage)
+            raise make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=None, stage=msg.stage,
+                                    where=self.worker_label(w.id))
         if isinstance(msg, StreamState):
             return Noted(msg.batch_index, w.id, msg.state) if self.slots.is_current(msg.generation) else None
         if isinstance(msg, BadSamples):
@@ -226,7 +227,8 @@ class Dispatch:
         if isinstance(msg, Exhausted):
             return Ended(msg.batch_index, w.id)
         if isinstance(msg, Raised):
-            error = make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=msg.batch_index)
+            error = make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=msg.batch_index,
+                                      where=self.worker_label(w.id))
             return FailedBatch(error, msg.batch_index)
         return None
 

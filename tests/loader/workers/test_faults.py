@@ -126,7 +126,9 @@ def test_dataset_exception_reaches_the_caller_with_worker_sample_and_traceback(c
     assert "in explode" in err.traceback_text and "in explode" in str(err)
     assert isinstance(err.__cause__, ValueError)
     if num_workers:
-        assert err.worker_id in (0, 1) and f"worker {err.worker_id} (pid {err.pid})" in str(err)
+        named = (f"loader worker thread {err.worker_id} failed" if dl.worker_type == "thread"  # a thread's pid is ours
+                 else f"loader worker {err.worker_id} (pid {err.pid}) failed")
+        assert err.worker_id in (0, 1) and named in str(err)
     else:
         assert err.worker_id is None and "main process" in str(err)
     dl.close()
