@@ -27,6 +27,7 @@ from ..loader._options import PIN_WITHOUT_GPU
 from ..picks.fingerprint import device_kind
 from ..picks.pick import check_step
 from ..ranks import device_for_rank, rank_layout
+from .contention import CpuWindow
 from .footprint import DEFAULT_INTERVAL_S, MemorySampler
 from .trials import MeasureFn, Measurement, whole_rounds
 
@@ -38,7 +39,8 @@ class LoaderMeasure:
     ``drop_last`` so every batch is full, persistent workers so a short dataset wraps into the
     next epoch without a restart), takes ``warmup + iterations`` batches and closes it. On the GPU
     each batch counts as arrived once the consumer's stream has its H2D copy (we synchronise it).
-    Memory is sampled over the main process and the live workers for the whole trial.
+    Memory is sampled over the main process and the live workers for the whole trial, and the CPUs
+    other processes took meanwhile are read from the kernel's accounting (``contention.py``).
     ``worker_type`` ("process" or "thread") is the loader's.
 
     With ``warmup == 0`` (the paper) the clock starts before the loader is built, so start-up
@@ -105,6 +107,7 @@ class LoaderMeasure:
         self.decode = decode
         self.zero_copy = bool(zero_copy)
         self._ready = False
+        self._others = CpuWindow()
         n = map_length(dataset, "tuning")
         if n < batch_size:
             raise ArgumentError(f"the dataset has {n} samples, fewer than one batch of {batch_size}")
@@ -142,6 +145,8 @@ class LoaderMeasure:
 
     def _trial(self, workers: int, iterations: int, warmup: int, stamps: list[float],
                busy: _BusyCpu | None = None) -> Measurement:
+        own = [os.getpid()] + ([busy.spinner.pid] if busy is not None else [])
+        self._others.begin(own)
         t_begin = time.perf_counter()
         loader = self._loader(workers)
         sync = None
@@ -167,6 +172,7 @@ class LoaderMeasure:
                             sync()
                         stepped.append(time.perf_counter() - t_step)
                     stamps.append(time.perf_counter())
+            others = self._others.end(own + loader.worker_pids())
         finally:
             loader.close()
         wall = time.perf_counter() - t_begin
@@ -180,7 +186,7 @@ class LoaderMeasure:
             wait = min(1.0, max(0.0, 1.0 - step_s * iterations / loop))
         return Measurement(spi, wall, peak.bytes if peak.samples else None, peak.uss_bytes,
                            _batch_means_error(stamps[max(warmup, 1) - 1:], round_size=max(1, workers)),
-                           warmup_batches=warmup, wait_fraction=wait, step_seconds=step_s)
+                           warmup_batches=warmup, wait_fraction=wait, step_seconds=step_s, other_cpus=others)
 
     def _step_fn(self) -> Callable[[Any], Any] | None:
         """The step the consumer runs on each batch: the user's, or its time slept or spun."""

@@ -35,7 +35,9 @@ class Measurement:
     With the user's step in the loop (``tune_num_workers(step=...)``) ``seconds_per_iteration`` is
     the consumer's whole loop per batch (its wait in ``next()`` plus the step), ``wait_fraction``
     the share of that loop spent waiting (the GPU's idle share when the step runs on a GPU) and
-    ``step_seconds`` the step's mean time; None without a step.
+    ``step_seconds`` the step's mean time; None without a step. ``other_cpus``: how many of the
+    usable CPUs other processes kept busy during the trial, on average (``contention.py``; None:
+    not measured).
     """
 
     seconds_per_iteration: float
@@ -46,6 +48,7 @@ class Measurement:
     warmup_batches: int | None = None
     wait_fraction: float | None = None
     step_seconds: float | None = None
+    other_cpus: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,6 +68,16 @@ def whole_rounds(iterations: int, workers: int) -> int:
     if workers < 2:
         return iterations
     return max(2 * workers, -(-iterations // workers) * workers)
+
+
+def _other_cpus(value: float | None) -> float | None:
+    """A measure's ``other_cpus``, checked: a finite number >= 0 (None: not measured)."""
+    if value is None:
+        return None
+    f = float(value)
+    if not (f >= 0 and math.isfinite(f)):
+        raise ArgumentError(f"a measure gave other_cpus {value!r}; need a finite number of CPUs >= 0")
+    return f
 
 
 def _fraction(value: float | None) -> float | None:
@@ -110,7 +123,7 @@ class _Runner:
             warmup = int(m.warmup_batches)
         t = Trial(workers, iterations, warmup, spi, self.batch_size / spi, float(m.wall_seconds),
                   m.peak_memory_bytes, m.peak_uss_bytes, m.rel_error, phase, _fraction(m.wait_fraction),
-                  None if m.step_seconds is None else float(m.step_seconds))
+                  None if m.step_seconds is None else float(m.step_seconds), _other_cpus(m.other_cpus))
         self.runs.append(t)
         self._by.setdefault(workers, []).append(t)
         self._measured = None

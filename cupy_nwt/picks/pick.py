@@ -24,6 +24,7 @@ from ..reporting.units import plural
 from .fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
 from .store import SaveOutcome, TuneResult, lookup, pick_store
 from .trials import Trial
+from .verdict import unreliable_because
 
 # The name these lines have always had (the README documents it), kept when the tuner was split up.
 LOGGER_NAME = "cupy_nwt.tuner"
@@ -125,8 +126,8 @@ def pick_reason(workers: int, fp: Fingerprint, cache_dir: str | Path | None = No
         return None
     online = (f"; tuned online by an earlier loader ({saved.search_end.removeprefix('online: ')})"
               if saved.strategy == "online" else "")
-    return saved.why + online + (
-        "; unreliable: its trials were too noisy to tell the counts apart" if saved.warning else "")
+    why_not = unreliable_because(saved)
+    return saved.why + online + (f"; unreliable: {why_not}" if why_not else "")
 
 
 def missing(fp: Fingerprint, start: int, cpus: int, cache_dir: str | Path | None = None, *, tunes: bool = True) -> str:

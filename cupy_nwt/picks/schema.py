@@ -170,6 +170,7 @@ def check_trial(v: Any, where: str) -> None:
     if wait is not None and wait > 1:
         raise SavedPickError(f"{where}.wait_fraction must be a fraction in [0, 1], got {_short(wait)}")
     need_number(t, "step_seconds", 0, path=where, optional=True)
+    need_number(t, "other_cpus", 0, path=where, optional=True)
 
 
 def check_record(v: Any, result_format: str) -> Mapping[str, Any]:

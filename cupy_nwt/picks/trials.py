@@ -20,7 +20,8 @@ class Trial:
 
     ``wait_fraction`` and ``step_seconds``: the consumer's wait and the step's time with the user's
     step in the loop (a search's ``nwt.trials.Measurement``, or the training loop a loader tuned
-    online watched; ``phase`` "online"), else None.
+    online watched; ``phase`` "online"), else None. ``other_cpus``: how many of the usable CPUs
+    other processes kept busy during the run (None: not measured); runs combined keep the most.
     """
 
     workers: int
@@ -35,6 +36,7 @@ class Trial:
     phase: str
     wait_fraction: float | None = None
     step_seconds: float | None = None
+    other_cpus: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,6 +110,7 @@ def _combine(runs: Sequence[Trial], floor: float = 0.0) -> Trial:
     spi, rel_error = _mean([runs[i] for i in kept], [errs[i] for i in kept])
     mems = [r.peak_memory_bytes for r in runs if r.peak_memory_bytes is not None]
     usss = [r.peak_uss_bytes for r in runs if r.peak_uss_bytes is not None]
+    others = [r.other_cpus for r in runs if r.other_cpus is not None]
     first = runs[0]
     wait, step = _combined_wait([runs[i] for i in kept], spi)
     return replace(
@@ -121,6 +124,7 @@ def _combine(runs: Sequence[Trial], floor: float = 0.0) -> Trial:
         wall_seconds=sum(r.wall_seconds for r in runs),
         peak_memory_bytes=max(mems) if mems else None,
         peak_uss_bytes=max(usss) if usss else None,
+        other_cpus=max(others) if others else None,
         rel_error=rel_error,
         phase="+".join(dict.fromkeys(r.phase for r in runs)),
     )

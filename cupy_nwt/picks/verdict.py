@@ -10,8 +10,12 @@ Why these thresholds. A pick is unreliable when the relative standard error of t
 fastest count's mean time is above ``MAX_REL_ERROR`` (10%: the 2-sigma band then spans +-20%, so
 counts 5% apart, the agreement repeated runs aim at, cannot be told apart), or when a count measured
 more than twice the tolerance slower than the fastest still lies within ``OVERLAP_Z`` combined
-standard errors of it: the search treated as different two counts it could not tell apart. Pure:
-reads a result's trials, measures nothing.
+standard errors of it: the search treated as different two counts it could not tell apart. Also
+when other processes kept busy more than ``OTHER_CPUS`` of the usable CPUs (at least
+``MIN_OTHER_CPUS``) during any run (``Trial.other_cpus``): a trial's own error cannot see a load
+steady within it, yet a neighbour started mid-search slows every count measured after it, and one
+running throughout makes the pick one for a machine that busy. Pure: reads a result's trials,
+measures nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ MAX_REL_ERROR = 0.10
 OVERLAP_Z = 2.0
 TARGET_REL_ERROR = 0.03  # what a suggested longer trial aims at (errors fall as 1 / sqrt(batches timed))
 MAX_LONGER = 8.0  # at most this many times longer: noise from a changing load does not average away
+OTHER_CPUS = 0.1  # other processes' share of the usable CPUs during a run that makes the pick conditional
+MIN_OTHER_CPUS = 0.5  # in CPUs: below, the kernel's tick accounting over a short trial cannot tell
 
 
 class Judged(Protocol):
@@ -43,6 +49,8 @@ class Judged(Protocol):
     def iterations(self) -> int: ...
     @property
     def trials(self) -> tuple[Trial, ...]: ...
+    @property
+    def runs(self) -> tuple[Trial, ...]: ...
 
 
 class UnreliablePickWarning(UserWarning):
@@ -131,9 +139,36 @@ def reliability(result: Judged, subject: str = "the pick") -> str | None:
     """Why the pick may not hold on another run, with what to do; None when its trials were steady.
 
     ``subject`` names the pick in the sentence ("this search's pick" where a saved one was kept)."""
+    noisy, worst = _noise_reasons(result)
+    loaded = _load_reason(result)
+    if not noisy and loaded is None:
+        return None
+    reasons = "; ".join(noisy + ([loaded] if loaded else []))
+    head = f"{subject} of {plural(result.best_workers, 'worker')} is unreliable: {reasons}. Another run may pick another count: "
+    if not noisy:
+        return head + ("tune again when other processes leave the CPUs alone (more batches per trial do not "
+                       "average out a load that comes and goes)")
+    longer = result.iterations * min(MAX_LONGER, max(2.0, (max(worst, MAX_REL_ERROR) / TARGET_REL_ERROR) ** 2))
+    suggest = _round_up(longer)
+    return head + (f"time more batches per trial (iterations={suggest}, cupy-nwt tune --iterations {suggest}; "
+                   f"now {result.iterations}), on a quieter machine if you can")
+
+
+def unreliable_because(result: Judged) -> str | None:
+    """The short reason a pick is unreliable, for a line that carries the pick's why; None when it is not."""
+    noisy, _ = _noise_reasons(result)
+    if noisy:
+        return "its trials were too noisy to tell the counts apart"
+    if _load_reason(result):
+        return "other processes kept the CPUs busy during its trials"
+    return None
+
+
+def _noise_reasons(result: Judged) -> tuple[list[str], float]:
+    """The trials' own noise: the reasons it makes the pick unreliable, and the worst decisive error."""
     trials = {t.workers: t for t in result.trials}
     if len(trials) < 2:
-        return None
+        return [], 0.0
     fastest = min(trials.values(), key=lambda t: (t.seconds_per_iteration, t.workers))
     decisive = [t for t in dict.fromkeys((trials.get(result.best_workers), fastest)) if t is not None]
     worst = max((t.rel_error for t in decisive if t.rel_error is not None), default=0.0)
@@ -147,13 +182,28 @@ def reliability(result: Judged, subject: str = "the pick") -> str | None:
             hidden.append(f"{t.workers} ({-math.expm1(-gap):.0%} slower)")
     if hidden:
         reasons.append(f"the trials cannot tell {', '.join(hidden)} from the fastest, {fastest.workers}")
-    if not reasons:
+    return reasons, worst
+
+
+def _load_reason(result: Judged) -> str | None:
+    """Where other processes took a share of the CPUs during some run, which counts met it; else None."""
+    runs = [r for r in result.runs if r.other_cpus is not None]
+    if len({r.workers for r in result.runs}) < 2 or not runs:
         return None
-    longer = result.iterations * min(MAX_LONGER, max(2.0, (max(worst, MAX_REL_ERROR) / TARGET_REL_ERROR) ** 2))
-    suggest = _round_up(longer)
-    return (f"{subject} of {plural(result.best_workers, 'worker')} is unreliable: {'; '.join(reasons)}. Another run "
-            f"may pick another count: time more batches per trial (iterations={suggest}, cupy-nwt tune "
-            f"--iterations {suggest}; now {result.iterations}), on a quieter machine if you can")
+    cpus = result.usable_cpus
+    limit = max(MIN_OTHER_CPUS, OTHER_CPUS * cpus) if cpus else MIN_OTHER_CPUS
+    hit = [r for r in runs if (r.other_cpus or 0.0) > limit]
+    if not hit:
+        return None
+    most = max(r.other_cpus or 0.0 for r in hit)
+    least = min(r.other_cpus or 0.0 for r in runs)
+    of = f" of the {plural(cpus, 'usable CPU')}" if cpus else ""
+    if len(hit) == len(runs) and most - least <= limit:
+        return f"other processes kept up to {most:.1f}{of} busy during every trial: the pick suits a machine that busy"
+    where = ("every trial" if len(hit) == len(runs) else
+             f"the trials of {', '.join(str(w) for w in sorted({r.workers for r in hit}))} workers")
+    return (f"other processes kept up to {most:.1f}{of} busy during {where} ({least:.1f} in the least busy), "
+            "so counts measured at different times met different loads")
 
 
 def _round_up(x: float) -> int:

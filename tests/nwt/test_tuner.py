@@ -389,6 +389,8 @@ def test_loader_measure_times_real_batches_and_samples_worker_memory():
     assert with_workers.seconds_per_iteration > 0
     assert with_workers.peak_memory_bytes > first.peak_memory_bytes  # two more processes
     assert with_workers.rel_error is not None and with_workers.rel_error >= 0
+    for m in (first, with_workers):  # other processes' CPUs, from the kernel's accounting (Linux)
+        assert m.other_cpus is not None and 0 <= m.other_cpus < math.inf
     with pytest.raises(ValueError, match="fewer than one batch"):
         LoaderMeasure(_data(4), batch_size=8, device="cpu")
 
