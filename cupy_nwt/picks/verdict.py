@@ -10,12 +10,13 @@ Why these thresholds. A pick is unreliable when the relative standard error of t
 fastest count's mean time is above ``MAX_REL_ERROR`` (10%: the 2-sigma band then spans +-20%, so
 counts 5% apart, the agreement repeated runs aim at, cannot be told apart), or when a count measured
 more than twice the tolerance slower than the fastest still lies within ``OVERLAP_Z`` combined
-standard errors of it: the search treated as different two counts it could not tell apart. Also
-when other processes kept busy more than ``OTHER_CPUS`` of the usable CPUs (at least
-``MIN_OTHER_CPUS``) during any run (``Trial.other_cpus``): a trial's own error cannot see a load
-steady within it, yet a neighbour started mid-search slows every count measured after it, and one
-running throughout makes the pick one for a machine that busy. Pure: reads a result's trials,
-measures nothing.
+standard errors of it: the search treated as different two counts it could not tell apart; when a
+count next to the fastest or just below the pick went unmeasured (the fast search's budget ran out
+before its local steps closed the gap); and when other processes kept busy more than
+``OTHER_CPUS`` of the usable CPUs (at least ``MIN_OTHER_CPUS``) during any run
+(``Trial.other_cpus``): a trial's own error cannot see a load steady within it, yet a neighbour
+started mid-search slows every count measured after it, and one running throughout makes the pick
+one for a machine that busy. Pure: reads a result's trials, measures nothing.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ MAX_REL_ERROR = 0.10
 OVERLAP_Z = 2.0
 TARGET_REL_ERROR = 0.03  # what a suggested longer trial aims at (errors fall as 1 / sqrt(batches timed))
 MAX_LONGER = 8.0  # at most this many times longer: noise from a changing load does not average away
+GAP_LONGER = 4.0  # longer trials where counts went unmeasured: start-up then weighs less in the search's budget
 OTHER_CPUS = 0.1  # other processes' share of the usable CPUs during a run that makes the pick conditional
 MIN_OTHER_CPUS = 0.5  # in CPUs: below, the kernel's tick accounting over a short trial cannot tell
 
@@ -140,18 +142,19 @@ def reliability(result: Judged, subject: str = "the pick") -> str | None:
 
     ``subject`` names the pick in the sentence ("this search's pick" where a saved one was kept)."""
     noisy, worst = _noise_reasons(result)
+    gaps = _gap_reason(result)
     loaded = _load_reason(result)
-    if not noisy and loaded is None:
+    if not (noisy or gaps or loaded):
         return None
-    reasons = "; ".join(noisy + ([loaded] if loaded else []))
+    reasons = "; ".join(noisy + [r for r in (gaps, loaded) if r])
     head = f"{subject} of {plural(result.best_workers, 'worker')} is unreliable: {reasons}. Another run may pick another count: "
-    if not noisy:
+    if not (noisy or gaps):
         return head + ("tune again when other processes leave the CPUs alone (more batches per trial do not "
                        "average out a load that comes and goes)")
-    longer = result.iterations * min(MAX_LONGER, max(2.0, (max(worst, MAX_REL_ERROR) / TARGET_REL_ERROR) ** 2))
-    suggest = _round_up(longer)
+    factor = (max(worst, MAX_REL_ERROR) / TARGET_REL_ERROR) ** 2 if noisy else 1.0
+    suggest = _round_up(result.iterations * min(MAX_LONGER, max(GAP_LONGER if gaps else 2.0, factor)))
     return head + (f"time more batches per trial (iterations={suggest}, cupy-nwt tune --iterations {suggest}; "
-                   f"now {result.iterations}), on a quieter machine if you can")
+                   f"now {result.iterations})" + (", on a quieter machine if you can" if noisy or loaded else ""))
 
 
 def unreliable_because(result: Judged) -> str | None:
@@ -159,9 +162,30 @@ def unreliable_because(result: Judged) -> str | None:
     noisy, _ = _noise_reasons(result)
     if noisy:
         return "its trials were too noisy to tell the counts apart"
+    if _gap_reason(result):
+        return "its search left a count next to the pick unmeasured"
     if _load_reason(result):
         return "other processes kept the CPUs busy during its trials"
     return None
+
+
+def _gap_reason(result: Judged) -> str | None:
+    """Counts next to the fastest (either side) or below the pick left unmeasured between measured ones; else None.
+
+    The fast search measures them before it picks, unless its budget (a share of the exhaustive
+    search's cost) ran out first, which start-ups that outweigh short trials make likely. Longer
+    trials weigh start-up less in that budget.
+    """
+    measured = sorted({t.workers for t in result.trials})
+    if len(measured) < 2:
+        return None
+    fastest = min(result.trials, key=lambda t: (t.seconds_per_iteration, t.workers)).workers
+    gaps = sorted({w for w in (fastest - 1, fastest + 1, result.best_workers - 1)
+                   if w not in measured and measured[0] < w < measured[-1]})
+    if not gaps:
+        return None
+    return (f"it never measured {', '.join(str(w) for w in gaps)}, next to the fastest count ({fastest}) or the pick: "
+            "the search's budget ran out first")
 
 
 def _noise_reasons(result: Judged) -> tuple[list[str], float]:

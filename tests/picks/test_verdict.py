@@ -97,3 +97,24 @@ def test_the_load_is_saved_with_the_pick_and_said_by_num_workers_auto(tmp_path, 
 def test_a_measure_reporting_a_bad_load_is_one_line():
     with pytest.raises(ValueError, match="a measure gave other_cpus -1.0; need a finite number of CPUs >= 0"):
         _tune(lambda w, i, k: Measurement(0.01, 0.01 * (i + k), other_cpus=-1.0))
+
+
+def test_a_count_next_to_the_pick_the_budget_left_unmeasured_is_said():
+    """Start-up (0.3 s a worker) outweighs 100 batches of a few ms: the fast search's budget ends before it
+    measures 1, which is the fastest count; its pick of 2 must not read as settled."""
+    times = {0: 10e-3, 1: 6e-3, 2: 9e-3}
+
+    def measure(workers: int, iterations: int, warmup: int) -> Measurement:
+        spi = times[workers]
+        return Measurement(spi, spi * (iterations + warmup) + 0.1 + 0.3 * workers, rel_error=0.01)
+
+    result = tune_num_workers(measure=measure, max_workers=3, strategy="fast", iterations=100, progress=False,
+                              warn=False)
+    assert result.best_workers == 2 and 1 not in {t.workers for t in result.trials}
+    assert result.warning == (
+        "the pick of 2 workers is unreliable: it never measured 1, next to the fastest count (2) or the pick: "
+        "the search's budget ran out first. Another run may pick another count: time more batches per trial "
+        "(iterations=400, cupy-nwt tune --iterations 400; now 100)")
+    longer = tune_num_workers(measure=measure, max_workers=3, strategy="fast", iterations=400, progress=False,
+                              warn=False)
+    assert longer.best_workers == 1 and longer.warning is None
