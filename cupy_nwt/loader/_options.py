@@ -345,11 +345,17 @@ PIN_WITHOUT_GPU = ("'pin_memory' argument is set as true but no accelerator is f
                    "won't be used.")  # torch's words, so a filter written for torch's warning catches ours
 
 
+def check_pin_value(pin_memory: Any) -> bool | str:
+    """``pin_memory`` alone: True, False or "staging" (what the tuner checks before any trial)."""
+    if pin_memory not in (True, False, "staging"):
+        raise ArgumentError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
+    return pin_memory if isinstance(pin_memory, str) else bool(pin_memory)
+
+
 def check_pin_memory(pin_memory: Any, pin_memory_device: Any, device: str, stacklevel: int = 3) -> None:
     """``pin_memory`` and torch's ``pin_memory_device``, with torch's warnings: pinning without a GPU
     does nothing; ``pin_memory_device`` is ignored (the loader pins for its ``device``)."""
-    if pin_memory not in (True, False, "staging"):
-        raise ArgumentError(f"pin_memory must be True, False or 'staging', got {pin_memory!r}")
+    check_pin_value(pin_memory)
     if not isinstance(pin_memory_device, str):
         raise ArgumentError(f"pin_memory_device must be a str, got {type(pin_memory_device).__name__}")
     if pin_memory and pin_memory_device:

@@ -19,7 +19,7 @@ import psutil
 from .. import cuda, system
 from .._checks import check_bool, check_int, check_number
 from ..errors import ArgumentError, ArgumentTypeError
-from ..loader._options import check_worker_room
+from ..loader._options import check_pin_value, check_worker_room
 from ..loader.workers.kinds import check_worker_type
 from ..picks.fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
 from ..picks.pick import check_step
@@ -188,6 +188,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
                              worker_types=worker_types, main_process=main_process, step=step,
                              real_loader=measure is None)
     progress, warn = check_bool("progress", progress), check_bool("warn", warn)
+    pin_memory = check_pin_value(pin_memory)
     if measure is not None and not callable(measure):
         raise ArgumentTypeError(f"measure must be a callable measure(workers, iterations, warmup) or None, "
                                 f"got {type(measure).__name__}")
@@ -228,7 +229,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     result = TuneResult(
         best_workers=chosen.best_workers, strategy=strategy, runs=chosen.runs, max_workers=chosen.max_workers,
         iterations=c.iterations, alpha=c.alpha, tolerance=c.tolerance, batch_size=c.batch_size,
-        prefetch_factor=c.prefetch_factor, pin_memory=pin_memory if isinstance(pin_memory, str) else bool(pin_memory),
+        prefetch_factor=c.prefetch_factor, pin_memory=pin_memory,
         device=c.device, fingerprint=fp, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         worker_type=chosen.worker_type, other_types=tuple(b for i, b in enumerate(bests) if i != win),
         main_process=("step" if callable(c.step) else c.main_process) if measure is None else "", usable_cpus=c.cpus,

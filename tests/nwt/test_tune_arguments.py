@@ -74,3 +74,14 @@ def test_pinning_without_a_gpu_is_said_once_not_by_every_trial():
                          max_workers=3, iterations=8, progress=False)
     pins = [w for w in seen if "pin_memory" in str(w.message)]
     assert len(pins) == 1 and pins[0].filename == __file__
+
+
+@pytest.mark.parametrize("measure", [None, _flat])
+def test_a_bad_pin_memory_is_one_line_before_any_trial_or_warning(measure):
+    """Not a warning about pinning without a GPU and then the loader's error; nor, with a measure, a pick
+    saved under a pin_memory no loader has, where num_workers="auto" would never find it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ArgumentError, match=r"^pin_memory must be True, False or 'staging', got 'yes'$"):
+            tune_num_workers(DATA, batch_size=8, max_workers=2, pin_memory="yes", measure=measure, device="cpu",
+                             progress=False)
