@@ -57,12 +57,38 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+#: CPU figures the kernel counts as busy (guest time is already inside user on Linux; steal, a host
+#: taking the CPU, is time this machine could not have)
+_BUSY = ("user", "nice", "system", "irq", "softirq", "steal")
+
+
+def affinity_cpus() -> frozenset[int]:
+    """The CPUs this process may run on (its affinity mask; every CPU where there is none)."""
+    try:
+        return frozenset(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return frozenset(range(os.cpu_count() or 1))
+
+
+def busy_cpu_seconds(cpus: frozenset[int]) -> float | None:
+    """Seconds the CPUs ``cpus`` have spent busy since boot, summed: read on this process's CPUs, other
+    work's load is what competes with it (in a container pinned to a few CPUs of a big host, the
+    machine's total is the host's). None where the kernel does not say.
+
+    Args:
+        cpus: CPU numbers (:func:`affinity_cpus`).
+    """
+    try:
+        per_cpu = psutil.cpu_times(percpu=True)
+    except (psutil.Error, OSError, NotImplementedError):
+        return None
+    seen = [per_cpu[i] for i in sorted(cpus) if i < len(per_cpu)]
+    return sum(getattr(t, f, 0.0) for t in seen for f in _BUSY) if seen else None
+
+
 def usable_cpus() -> int:
     """CPUs this process may really use: affinity mask, then any cgroup v2 CPU quota."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        n = os.cpu_count() or 1
+    n = len(affinity_cpus())
     try:
         with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
             quota, period = f.read().split()

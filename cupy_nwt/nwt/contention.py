@@ -4,8 +4,8 @@ A trial's own error (the spread of its batch groups) cannot see a load that is s
 trial but differs between trials: a job started mid-search slows every count measured after it,
 each trial still looks steady, and the search compares counts measured under different loads. So
 each trial of the real loader also reads the kernel's CPU accounting over its window: the busy
-time of the CPUs this process may run on (``/proc/stat``; steal time, a host taking the CPU,
-counts as busy), less the CPU time of the trial's own processes (the main process, its workers, a
+time of the CPUs this process may run on (``system.busy_cpu_seconds``; steal time, a host taking
+the CPU, counts as busy), less the CPU time of the trial's own processes (the main process, its workers, a
 spinner standing for the training step). What is left is other work's, as CPUs kept busy on
 average. Under a cgroup CPU quota smaller than those CPUs, only what other work took beyond the
 CPUs the quota leaves idle anyway is counted. Linux only; elsewhere nothing is measured (None).
@@ -20,28 +20,6 @@ from collections.abc import Iterable
 import psutil
 
 from .. import system
-
-_STAT = "/proc/stat"
-_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)  # user (guest included), nice, system, irq, softirq, steal
-
-
-def _busy_seconds(cpus: frozenset[int]) -> float | None:
-    """Seconds the CPUs ``cpus`` have spent busy since boot, summed; None where the kernel does not say."""
-    try:
-        with open(_STAT, encoding="ascii") as f:
-            lines = f.read().splitlines()
-        ticks = os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, AttributeError):
-        return None
-    total, seen = 0, 0
-    for line in lines:
-        name, _, rest = line.partition(" ")
-        if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus):
-            continue
-        fields = rest.split()
-        total += sum(int(fields[i]) for i in _BUSY_FIELDS if i < len(fields))
-        seen += 1
-    return total / ticks if seen else None
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -62,23 +40,20 @@ class CpuWindow:
     """
 
     def __init__(self) -> None:
-        try:
-            self.cpus = frozenset(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            self.cpus = frozenset(range(os.cpu_count() or 1))
+        self.cpus = system.affinity_cpus()
         self.idle_anyway = max(0, len(self.cpus) - system.usable_cpus())
         self._busy: float | None = None
         self._own: dict[int, float] = {}
         self._t0 = 0.0
 
     def begin(self, pids: Iterable[int]) -> None:
-        self._busy = _busy_seconds(self.cpus)
+        self._busy = system.busy_cpu_seconds(self.cpus)
         self._own = {pid: s for pid in pids if (s := _cpu_seconds(pid)) is not None}
         self._t0 = time.monotonic()
 
     def end(self, pids: Iterable[int]) -> float | None:
         """Other work's CPUs since :meth:`begin`; None where the kernel's accounting could not be read."""
-        busy = _busy_seconds(self.cpus)
+        busy = system.busy_cpu_seconds(self.cpus)
         elapsed = time.monotonic() - self._t0
         if busy is None or self._busy is None or elapsed <= 0:
             return None

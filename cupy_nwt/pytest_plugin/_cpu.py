@@ -45,8 +45,7 @@ from dataclasses import dataclass
 
 import psutil
 
-#: CPU figures of the machine that count as busy (guest time is already inside user on Linux).
-_BUSY = ("user", "nice", "system", "irq", "softirq", "steal")
+from ..system import affinity_cpus, busy_cpu_seconds
 
 
 @dataclass(frozen=True)
@@ -143,12 +142,7 @@ class PipelineClock:
         self._excluded_children = {pid: 0.0 for pid in self._exclude if _parent_of(pid) == os.getpid()}
         self._reaped_excluded_s = 0.0
         self.instructions = instructions
-        # the machine's load is read on the CPUs this process may run on: in a container pinned to a
-        # few CPUs of a big host, /proc/stat's total is the host's, not what competes with us
-        try:
-            self.cpus: list[int] = sorted(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            self.cpus = list(range(os.cpu_count() or 1))
+        self.cpus = affinity_cpus()  # the machine's load is read on the CPUs this process may run on
 
     def _descendants(self) -> set[int]:
         try:
@@ -190,8 +184,7 @@ class PipelineClock:
 
     def read(self) -> Reading:
         cpu = self.cpu_s()
-        per_cpu = psutil.cpu_times(percpu=True)
-        busy = sum(getattr(per_cpu[i], f, 0.0) for i in self.cpus if i < len(per_cpu) for f in _BUSY)
+        busy = busy_cpu_seconds(self.cpus) or 0.0
         ins = self.instructions.read() if self.instructions is not None else None
         return Reading(cpu, busy, time.perf_counter(), ins)
 

@@ -67,7 +67,7 @@ def test_a_negative_num_workers(backend):
         assert isinstance(ei.value, cupy_nwt.ArgumentError) and "cupy_nwt: got -1" in str(ei.value)
 
 
-def test_too_many_workers(backend):
+def test_too_many_workers(backend, worker_type):
     many = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) + 1
     with pytest.warns(UserWarning) as caught:
         loader = backend(Plain(), batch_size=2, num_workers=many)
@@ -76,7 +76,8 @@ def test_too_many_workers(backend):
     assert said and said[0].startswith(f"This DataLoader will create {many} worker processes in total.")
     assert "excessive worker creation might get DataLoader running slow or even freeze" in said[0]
     if not is_torch(backend):
-        assert f"cupy_nwt: this DataLoader will start {many} worker processes" in said[0]
+        kind = "threads" if worker_type == "thread" else "processes"
+        assert f"cupy_nwt: this DataLoader will start {many} worker {kind}" in said[0]
 
 
 @pytest.mark.skipif(torch is None, reason="nested tensors are torch's")
