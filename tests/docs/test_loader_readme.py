@@ -1,10 +1,12 @@
 """``cupy_nwt/loader/README.md``, the page a reader of the loader enters by, names what is there: its map lists
-every module of the package and no file that is gone, and every code name it quotes is defined in the package.
-A module added, moved or renamed fails here until the page follows."""
+every module of the package and no file that is gone, and every code name it quotes is defined in the package,
+as is every class or constant the loader's docstrings and comments quote. A module or name added, moved or
+renamed fails here until the text follows."""
 
 from __future__ import annotations
 
 import ast
+import builtins
 import re
 from pathlib import Path
 
@@ -14,8 +16,12 @@ PKG = Path(cupy_nwt.__file__).resolve().parent
 LOADER = PKG / "loader"
 README = LOADER / "README.md"
 
-#: names the page quotes that are not the package's: other libraries' classes
-FOREIGN = {"BatchEncoding", "DupFd", "OrderedDict", "UserDict"}
+#: names the page and the docstrings quote that are not the package's: other libraries' classes and constants,
+#: and the remainder's symbols for an epoch's order and a world size
+FOREIGN = {"BatchEncoding", "BytesIO", "Connection", "Dataset", "DistributedSampler", "DupFd", "ForkingPickler",
+           "IterDataPipe", "Mapping", "O", "OrderedDict", "PicklingError", "RLIMIT_NOFILE", "RLIMIT_NPROC",
+           "RandomSampler", "SCM_RIGHTS", "SIG_IGN", "Sequence", "SequentialSampler", "Stateful", "Trainer",
+           "UserDict", "UserList", "W", "fit", "recv"}
 
 
 def the_map() -> str:
@@ -84,3 +90,19 @@ def quoted_code_names() -> set[str]:
 def test_every_code_name_the_page_quotes_is_defined_in_the_package():
     missing = sorted(quoted_code_names() - defined() - FOREIGN)
     assert missing == [], f"cupy_nwt/loader/README.md names what the package does not define: {missing}"
+
+
+def test_every_class_or_constant_the_loader_s_docstrings_quote_is_defined():
+    """A quoted ``Name`` (a class, a constant) or ``module.name`` in the loader's modules names what is there."""
+    known = defined() | set(dir(builtins)) | FOREIGN
+    modules_ = {p.stem for p in PKG.rglob("*.py")} | {p.name for p in PKG.rglob("*") if p.is_dir()}
+    missing = []
+    for path in sorted(LOADER.rglob("*.py")):
+        for span in re.findall(r"``([^`\n]+)``", path.read_text(encoding="utf-8")):
+            m = re.fullmatch(r"([A-Za-z_]\w*(?:\.\w+)*)(?:\(.*\))?", span)
+            if not m or span.endswith(".md"):
+                continue
+            parts = m.group(1).split(".")
+            if parts[0][0].isupper() or len(parts) > 1 and parts[0] in modules_:
+                missing += [f"{path.relative_to(PKG)}: ``{span}``" for p in parts if p not in known]
+    assert missing == []

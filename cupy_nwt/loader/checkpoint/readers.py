@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
 MAX_STATE_BYTES = 64 << 20  # the dataset states of one loader state, pickled: a checkpoint, not a data store
 Entry = dict[str, Any] | None  # (an ErrorReport stands in for one whose state_dict() failed, until it is saved)
-Restore = dict[int, tuple[Any, int, int | None, int | None]]  # reader -> (its entry, batches to skip, the epoch to
-# tell it, a torch IterDataPipe's shuffle seed)
+RestorePlan = dict[int, tuple[Any, int, int | None, int | None]]  # reader -> a ``messages.Restore``'s fields: its entry,
+# batches to skip, the epoch to tell it, a torch IterDataPipe's shuffle seed
 
 
 def reader_count(options: Options) -> int:
@@ -127,7 +127,7 @@ def _base(options: Options, readers: Any) -> list[Any]:
     return per + [None] * (n - len(per)) if len(per) < n else per
 
 
-def restore_plan(options: Options, epoch: int, readers: Any) -> Restore:
+def restore_plan(options: Options, epoch: int, readers: Any) -> RestorePlan:
     """How each reader is prepared before its first sample: its entry (a stream without one fast-forwarded by
     its delivered batches), and the epoch for a stream whose dataset has ``set_epoch`` (every worker's copy:
     persistent workers' copies reshuffle too, as WebDataset's per-epoch shuffle expects), with a torch
@@ -136,7 +136,7 @@ def restore_plan(options: Options, epoch: int, readers: Any) -> Restore:
     piped = stream and is_iter_datapipe(options.dataset)
     tell = epoch if stream and (epoch_setter(options.dataset) is not None or piped) else None
     shared = pipe_seed(options.seed, epoch, options.seed_drawn) if piped else None
-    plan: Restore = {w: (None, 0, tell, shared) for w in range(reader_count(options))} if tell is not None else {}
+    plan: RestorePlan = {w: (None, 0, tell, shared) for w in range(reader_count(options))} if tell is not None else {}
     for w, p in enumerate(readers or []):
         if not isinstance(p, dict):
             continue

@@ -7,7 +7,7 @@ Both meet the ``BatchSource`` contract that the loader's host path and the devic
 ``FailedBatch`` in its turn; the source stays usable, and the next call goes on with the next batch.
 A wait past ``timeout`` raises ``TimedOut``: no turn is taken, and the next call waits for that batch
 again (as torch's iterator does after its timeout error). Both work through a plan's tasks
-(``sampler``) and, when the ring does not exist yet, make it from the first batch made
+(``plan.order``) and, when the ring does not exist yet, make it from the first batch made
 (``workers.pool.fit_ring``, as the workshop's ``RingSpec`` says).
 """
 
@@ -166,9 +166,10 @@ class InlineSource(BatchSource):
 class WorkerSource(BatchSource):
     """``num_workers>0``: keeps every worker busy, and hands batches out in order (or as they come).
 
-    Map-style batch b goes to worker b % num_workers, and a stream's tasks go to the workers
-    round-robin, as PyTorch deals them (so which worker makes batch b is fixed); a worker whose stream
-    ran out gets no more, and the epoch ends when every worker's has.
+    Map-style batch b goes to active worker b % active (a resumed rest's, to the worker its batch had in
+    the uninterrupted epoch: ``deal``), and a stream's tasks go to the workers round-robin, as PyTorch
+    deals them (so which worker makes batch b is fixed); a worker whose stream ran out gets no more, and
+    the epoch ends when every worker's has.
 
     Each ``next()`` is an ``asked`` event first (online tuning samples the workers there). One that
     has waited ``stall_s`` seconds is a ``stalled`` event, once, naming the batch it waits for and the

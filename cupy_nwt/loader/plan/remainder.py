@@ -1,7 +1,7 @@
 """The rest of an epoch after a stop: which samples are left, and how a rank's share of them is batched.
 
 Pure functions of a few integers, so the main process, every rank and the exhaustive tests compute
-the same thing. The base is the loader's own epoch order ``O`` (``sampler.epoch_order``). A
+the same thing. The base is the loader's own epoch order ``O`` (``order.epoch_order``). A
 *session* is one run of (part of) an epoch with one world size ``W``: its remainder is ``O`` from
 position ``base`` on, less the ``excluded`` positions already consumed, and rank r's shard of it
 follows DistributedSampler's rule (``ranks.shard``: padded by wrapping around the remainder's

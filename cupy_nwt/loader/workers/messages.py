@@ -1,16 +1,17 @@
 """What travels between the main process and its loader workers: one small frozen record per kind.
 
-Main process -> worker: ``RingMsg`` (once per ring), ``Task`` (once per batch), ``Restore`` (a
-resumed stream), ``Stop``. Worker -> main process: ``Ok``, ``Whole``, ``Exhausted``, ``Skipped`` or
-``Raised`` (once per task; for a stream task preceded by a ``StreamState``, for a batch that left
-bad samples out preceded by a ``BadSamples``, which is itself the answer when none was left), ``InitFailed`` (at
-most once, then the worker exits); before all of them ``Started``, once the worker is unpickled and up. A batch's arrays are written into the
-ring; only its other leaves travel, in ``Ok``. ``Whole`` carries a batch pickled: the first ones,
+Main process -> worker: ``RingMsg`` (once per ring), ``Task`` (once per batch), ``Restore`` (a reader's
+saved state or epoch, before its first sample), ``Stop``. Worker -> main process: ``Ok``, ``Whole``,
+``Exhausted``, ``Skipped`` or ``Raised`` (once per task; preceded by a ``StreamState`` for a stream's task
+or one of a dataset that keeps a state, and by a ``BadSamples`` for a batch that left bad samples out,
+which is itself the answer when none was left), ``InitFailed`` (at most once, then the worker exits);
+before all of them ``Started``, once the worker is unpickled and up. A batch's arrays are written into
+the ring; only its other leaves travel, in ``Ok``. ``Whole`` carries a batch pickled: the first ones,
 made before the ring exists, and any later one that does not fit the ring's layout.
 
 A task and its answer cross a pipe per batch, so every record pickles as its class and the tuple of
-its fields (``__reduce__``), not as a state dict: about the size of the tagged tuple it replaces,
-and the same on every Python this package supports. ``WIRE``: the two that cross per batch, ``Task``
+its fields (``__reduce__``), not as a state dict: about the size of a tagged tuple,
+and the same on every Python this package supports. On the wire, the two that cross per batch, ``Task``
 and ``Ok``, travel between processes as plain tuples instead (``wire()``; ``Task.from_wire``, and the
 pool reads an ``Ok``'s fields straight into the batch): a pickled class is imported by name on both
 ends, which costs more instructions than the rest of the hand-over. Only a ``Task`` goes to a worker
@@ -115,7 +116,7 @@ class Task(_Record):
     transform_seed: int
 
     def wire(self) -> tuple[Any, ...]:
-        """This task as a plain tuple, int64 indices as their bytes (see ``WIRE``)."""
+        """This task as a plain tuple, int64 indices as their bytes (see the module docstring)."""
         return task_wire(self.generation, self.batch_index, self.slot, self.indices, self.transform_seed)
 
     @classmethod
@@ -171,7 +172,7 @@ class Ok(_Record):
         return type(self), fields if self.objects is None and self.times is None else (*fields, self.objects, self.times)
 
     def wire(self) -> tuple[Any, ...]:
-        """This answer as a plain tuple, its stage seconds as floats (see ``WIRE``)."""
+        """This answer as a plain tuple, its stage seconds as floats (see the module docstring)."""
         t = self.times
         return ((self.generation, self.batch_index, self.slot, self.rows, self.objects) if t is None else
                 (self.generation, self.batch_index, self.slot, self.rows, self.objects, t.fetch_s, t.collate_s,

@@ -17,7 +17,7 @@ through an anonymous file handed over each worker's spill socket (``pipes``).
 
 Under forkserver and spawn the workers start in a wave (``start.start_wave``: one per usable CPU), the
 rest once one of them says it is up: a worker not yet started takes no task (its batches wait, as they
-would for a busy worker), and what it is owed until then (the ring, a resumed stream's state) is held
+would for a busy worker), and what it is owed until then (the ring, its reader's ``Restore``) is held
 for it.
 """
 
@@ -235,7 +235,8 @@ class WorkerPool(Dispatch):
             self._unreachable(w)
 
     def restore(self, per_worker: dict[int, tuple[Any, int, int | None, int | None]]) -> None:
-        """Before a resumed stream's tasks: each worker's dataset state (or batches to skip), by worker id."""
+        """Before the epoch's first task: each worker's ``Restore`` fields by worker id (its saved state, batches to
+        skip, epoch, shuffle seed: ``checkpoint.readers.restore_plan``)."""
         for w in self._workers:
             if w.id in per_worker:
                 self._send(w, Restore(*per_worker[w.id]))
@@ -289,7 +290,7 @@ class WorkerPool(Dispatch):
                 continue
             for msg in msgs:
                 item: Result | None
-                if type(msg) is tuple:  # an ``Ok`` (``messages.WIRE``)
+                if type(msg) is tuple:  # an ``Ok`` on the wire (``Ok.wire``)
                     g, b, slot, rows, objects = msg[:5]
                     item = self._in_slot(w, g, b, slot, rows, objects, StageTimes(*msg[5:]) if len(msg) > 5 else None)
                 elif type(msg) is Started:

@@ -14,10 +14,11 @@ back through one queue. What differs from processes, and why:
   iterable-style dataset is deep-copied per thread: its position and state are each reader's own; one
   that cannot be copied, an open file among its attributes, is a one-line ``LoaderError``);
 * ``get_worker_info().seed`` is what a process worker would get, but Python's, NumPy's and torch's
-  global generators belong to the whole process and are left alone; so does torch's
-  ``get_worker_info()``, which therefore stays None: a torch ``IterableDataset`` (or one whose
-  ``__iter__`` calls torch's ``get_worker_info``) is refused with more than one thread, rather than
-  read whole by each (``torch_workers.refuse_for_threads``);
+  global generators belong to the whole process and are left alone; so is torch's
+  ``get_worker_info()``, which therefore stays None: a stream whose class's methods call torch's
+  ``get_worker_info`` is refused with more than one thread, rather than read whole by each
+  (``torch_workers.refuse_for_threads``); one that shards by ``cupy_nwt.get_worker_info()``, a torch
+  ``IterableDataset`` or not, is served;
 * a thread cannot be killed: shutdown asks, then waits at most ``SHUTDOWN_GRACE_S`` for the pool; a
   thread stuck in user code is a daemon (renamed "... (stuck)", with a warning) and ends when that
   code returns, its answer dropped.
@@ -158,7 +159,8 @@ class ThreadPool(Dispatch):
         t.tasks.put(Task(generation, batch_index, slot, indices, tseed))
 
     def restore(self, per_worker: dict[int, tuple[Any, int, int | None, int | None]]) -> None:
-        """Before a resumed stream's tasks: each thread's dataset state (or batches to skip), by worker id."""
+        """Before the epoch's first task: each thread's ``Restore`` fields by worker id (its saved state, batches to
+        skip, epoch, shuffle seed: ``checkpoint.readers.restore_plan``)."""
         for t in self._workers:
             if t.id in per_worker:
                 t.tasks.put(Restore(*per_worker[t.id]))
