@@ -82,7 +82,7 @@ class DataLoader(SettingsView, Generic[T_co]):
     The arguments up to ``generator`` are PyTorch's, in its order and with its defaults, rules and
     error types: ``batch_size=None`` turns batching off; ``sampler`` (any iterable of indices) and
     ``batch_sampler`` (any iterable of index lists) replace the loader's own order; ``generator`` (an
-    int or a NumPy Generator) seeds the shuffle; ``timeout=0`` waits without limit;
+    int, a NumPy or a torch Generator) seeds the shuffle; ``timeout=0`` waits without limit;
     ``multiprocessing_context`` is a start method's name or a context. Beyond PyTorch: ``device``
     ("cuda", "cuda:N", "cpu" or "auto") picks where batches land; ``batch_transform(batch, seed)``
     runs in the worker after collation with a seed fixed by (seed, epoch, global batch index), so
@@ -117,7 +117,7 @@ class DataLoader(SettingsView, Generic[T_co]):
     broadcast it, else 0. On the GPU the device is ``local_rank % device_count`` unless
     ``device="cuda:N"``; ``device_id`` says which.
 
-    ``autotune=True`` (map-style, ``num_workers`` >= 1 or "auto", the start) retunes the active
+    ``autotune=True`` (map-style; ``num_workers`` >= 1 or "auto" is where it starts) retunes the active
     workers and the ring slots in use while the caller iterates, within ``cpu_budget`` workers
     (default: usable CPUs less one) and ``memory_budget`` ring bytes (default: a share of available
     memory, within the cgroup's limit), without changing the batches; see ``tuning.online``. A policy object with

@@ -11,8 +11,8 @@ from typing import Any
 
 
 class Ledger:
-    """What a batch source handed out, in order: batch (task) indexes, and for a stream the worker and
-    its dataset state after each. Only the last ``keep`` entries keep their state (the prefetcher is
+    """What a batch source handed out, in order: batch (task) indexes, and for a stream (or a dataset that
+    keeps a state) the worker and its dataset state after each. Only the last ``keep`` entries keep their state (the prefetcher is
     never that far ahead of the caller); older ones fold into a per-worker summary."""
 
     def __init__(self, keep: int = 64) -> None:

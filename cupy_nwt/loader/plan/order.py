@@ -163,8 +163,8 @@ class SamplerBatches:
 
 class _GlobalBatchSeeds:
     """The batch transform's seed for batch ``b`` of a plan: keyed by the global batch
-    ``b * world_size + rank``, so ranks augment differently and a single process keeps the seeds it
-    always had. Shared by every kind of plan; the fields are each plan's own."""
+    ``b * world_size + rank``, so ranks augment differently and a single process's batch b is keyed by b.
+    Shared by every kind of plan; the fields are each plan's own."""
 
     seed: int
     epoch: int

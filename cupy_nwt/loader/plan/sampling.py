@@ -34,7 +34,8 @@ class Sampling:
     @classmethod
     def resolve(cls, dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sampler: Any,
                 drop_last: Any, seed: int, rank: int = 0, world_size: int = 1) -> Sampling:
-        """PyTorch's rules: ValueError for what it refuses, in the order it checks."""
+        """PyTorch's rules, in the order it checks: a ValueError for what it refuses, a TypeError for a sampler
+        or batch_sampler that is not iterable."""
         style = dataset_style(dataset)
         if style == "iterable":
             if shuffle not in (False, None):

@@ -7,13 +7,14 @@ and the kernel frees it when its last descriptor and mapping go, however their p
 before its workers start, so it travels with them: inherited under fork, and under forkserver and
 spawn passed as a descriptor in the process object (``multiprocessing.reduction.DupFd``), the way
 ``multiprocessing`` passes its own pipes. Where ``memfd_create`` is missing (not Linux, a kernel
-before 3.17, a seccomp filter that refuses it) the ring is a named /dev/shm segment as before
+before 3.17, a seccomp filter that refuses it) the ring is a named /dev/shm segment
 (``ring.Ring``), and a log line says so once per process.
 
 Memory is checked before it is promised: the ring's bytes against ``system.memory_room`` (available
 memory and the headroom under every cgroup limit of the process). Then
-``posix_fallocate`` allocates every page, in the main process, on a thread beside the first batch,
-and a refusal is an error the pool raises. Sizing with ``ftruncate`` alone only promises the pages:
+``posix_fallocate`` allocates the pages in the main process, on a thread beside the first batch (a page
+a worker writes before the thread reaches it, the worker allocates), and a refusal is an error the pool
+raises. Sizing with ``ftruncate`` alone only promises the pages:
 the first write to each would allocate it in a worker, mid-batch, where the kernel's only answer is
 the OOM killer. The size is then sealed (``F_SEAL_SHRINK | F_SEAL_GROW``): no holder can cut pages
 from under another's mapping.

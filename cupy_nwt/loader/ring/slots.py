@@ -118,7 +118,7 @@ class SlotPool:
         return HostBatch(index, slot, rows, views, ring.layout.treedef, objects or [])
 
     def hold(self, index: int, leaves: Sequence[np.ndarray]) -> HostBatch:
-        """Copy a batch made outside the ring (the main process's first batch) into a free slot."""
+        """Copy a batch made outside the ring into a free slot, as ``InlineSource(first=)`` takes it."""
         slot = self.take()
         if slot is None:
             raise RunError(f"internal error: no free ring slot to hold batch {index}")

@@ -4,7 +4,7 @@ A batch goes into a ring slot when it fits the ring's layout: default collation 
 straight into the slot's views, anything else (a custom ``collate_fn``, a ``batch_transform``, batching
 turned off) is made first and then copied in. A batch that does not fit (no ring yet, or its shapes
 differ from the layout's) is handed back whole, to travel pickled; samples that disagree among
-themselves are an error naming the first one that differs, as they always were.
+themselves are an error naming the first one that differs.
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ class Dispatch:
 
     def _answer(self, w: Any, pid: int, msg: FromWorker) -> Result | None:
         """A worker's answer to a task, the same for processes and threads: a batch to deliver, a
-        failure to raise in turn, an ended stream, a stream's state, or nothing (stale)."""
+        failure to raise in turn, an ended stream, a reader's state, samples left out, or nothing (stale)."""
         if type(msg) is Ok:  # a batch in its slot: nearly every answer
             return self._in_slot(w, msg.generation, msg.batch_index, msg.slot, msg.rows, msg.objects, msg.times)
         if isinstance(msg, InitFailed):

@@ -1,7 +1,7 @@
 """How worker processes start: fork where it is safe, forkserver where it cannot be made so.
 
 fork copies the parent's memory but only the thread that forks: a lock another thread held (a native
-thread pool's, a runtime's) stays locked in the child forever. Two answers, by who owns the threads:
+thread pool's, a runtime's) stays locked in the child forever. Three answers, by who owns the threads:
 
 * torch's intra-op OpenMP pool is made safe in the worker (``torch_workers``: one thread, as torch's own
   DataLoader does), so a script that trains a torch model keeps fork: scripts without an
@@ -50,9 +50,9 @@ def fork_hazards() -> list[str]:
     if "tensorflow" in sys.modules:
         found.append("TensorFlow (its runtime is multithreaded)")
     torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
+    torch_cuda = getattr(torch, "cuda", None)  # not this package's ``cuda``, which ``default_start_method`` asks
     try:
-        if cuda is not None and cuda.is_initialized():
+        if torch_cuda is not None and torch_cuda.is_initialized():
             found.append("torch's CUDA (initialised)")
     except Exception:  # noqa: BLE001, S110 - a broken torch is no hazard we can name
         pass
@@ -195,7 +195,7 @@ def pickled_modules(objects: Sequence[Any]) -> set[str] | None:
 
     A list of plain tuples costs the pickler only (its elements are not asked: ``reducer_override``),
     large arrays are not copied; anything that will not pickle here (a lock, a descriptor, which pickle
-    only while a worker starts) answers None, and the script is imported as before.
+    only while a worker starts) answers None, and the server imports the script (``forkserver_preload``).
     """
     names = _Names()
     try:
