@@ -1,7 +1,7 @@
 """docs/api.md, the reference mkdocstrings builds from the docstrings: every public name of ``cupy_nwt``
 and ``cupy_nwt.data``, every error and the pytest fixtures are in it, and each function or class a
 caller passes arguments to says what they are for (an ``Args:`` section; a fixture's ``Returns:``
-describes its factory's). A new public name fails here until it is documented."""
+describes its factory's), naming exactly its parameters. A new public name fails here until it is documented."""
 
 from __future__ import annotations
 
@@ -98,3 +98,36 @@ def test_what_takes_arguments_says_what_they_are_for():
         if takes_arguments(obj) and section not in (obj.__doc__ or ""):
             lacking.append(path)
     assert not lacking, f"add an Args: section to: {lacking}"
+
+
+def args_named(doc: str) -> list[str] | None:
+    """The names an ``Args:`` section lists (None without one): each entry's first word, at the section's indent."""
+    m = re.search(r"^([ \t]*)Args:\n((?:\1[ \t]+.*\n|[ \t]*\n)*)", doc + "\n", re.M)
+    if m is None:
+        return None
+    entries = [line for line in m.group(2).splitlines() if line.strip()]
+    indent = min((len(line) - len(line.lstrip()) for line in entries), default=0)
+    return [re.match(r"\**(\w+)", line.strip()).group(1) for line in entries  # type: ignore[union-attr]
+            if len(line) - len(line.lstrip()) == indent and re.match(r"\**\w+( \(.*?\))?:", line.strip())]
+
+
+def test_every_args_section_names_exactly_the_parameters():
+    """A parameter renamed, added or dropped leaves no stale or missing entry in the reference."""
+    wrong = {}
+    for path, obj in documented().items():
+        if inspect.ismodule(obj):
+            continue
+        targets = [(path, obj.__init__ if inspect.isclass(obj) else obj, obj.__doc__)]
+        if inspect.isclass(obj):
+            targets += [(f"{path}.{n}", m, m.__doc__) for n, m in vars(obj).items() if not n.startswith("_") and callable(m)]
+        for where, fn, doc in targets:
+            named = args_named(inspect.cleandoc(doc or ""))
+            if named is None:
+                continue
+            try:
+                params = [p for p in inspect.signature(fn).parameters if p not in ("self", "cls")]
+            except (TypeError, ValueError):
+                continue
+            if sorted(named) != sorted(params):
+                wrong[where] = (sorted(set(named) - set(params)), sorted(set(params) - set(named)))
+    assert wrong == {}, "Args: (named but not a parameter, a parameter not named)"
