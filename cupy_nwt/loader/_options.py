@@ -359,7 +359,7 @@ def check_pin_memory(pin_memory: Any, pin_memory_device: Any, device: str, stack
     if not isinstance(pin_memory_device, str):
         raise ArgumentError(f"pin_memory_device must be a str, got {type(pin_memory_device).__name__}")
     if pin_memory and pin_memory_device:
-        warnings.warn(f"pin_memory_device is ignored (as torch now ignores it): memory is pinned for device={device!r}; "
+        warnings.warn(f"pin_memory_device is ignored (as torch ignores it): memory is pinned for device={device!r}; "
                       f"ignore pin_memory_device={pin_memory_device!r}.", UserWarning, stacklevel=stacklevel)
     if pin_memory and device == "cpu":
         warnings.warn(PIN_WITHOUT_GPU, UserWarning, stacklevel=stacklevel)

@@ -34,7 +34,8 @@ from ...reporting.progress import ProgressBar
 from ...system import memory_room
 
 TASKS_PER_WORKER = 3
-FDS_PER_WORKER = 5  # the task pipe's and result pipe's ends, the spill socket and the sentinel, kept in the main process
+FDS_PER_WORKER = 5  # kept in the main process: the task and result pipes' ends, the spill socket, and the two
+# pipe ends multiprocessing keeps for the process (its sentinel, and the end whose closing tells it the parent is gone)
 #: a worker's private (USS) memory right after its first batch of a small dataset, measured on Linux
 #: x86-64 with Python 3.11: what the smallest worker costs, before its dataset and imports grow it
 WORKER_BYTES = {"fork": 4 << 20, "forkserver": 8 << 20, "spawn": 24 << 20, "thread": 0}
