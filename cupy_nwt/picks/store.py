@@ -225,6 +225,9 @@ class TuneResult:
                                "beyond the uncertainty")
         if saved.best_workers == self.best_workers:
             return SaveOutcome(path, False, saved, f"the saved pick is the same count ({saved.best_workers})")
+        if self.warning is not None and saved.warning is None:
+            return SaveOutcome(path, False, saved, f"kept the saved pick {saved.best_workers}: this search's trials "
+                               "were unreliable and the saved pick's were not")
         return SaveOutcome(path, False, saved, f"kept the saved pick {saved.best_workers}: this search's "
                            f"{self.best_workers} is not faster than it beyond the uncertainty")
 
@@ -260,9 +263,13 @@ def replaces(new: TuneResult, saved: TuneResult) -> bool:
     unlucky) day neither locks the pick in nor loses it. Otherwise the new pick's throughput is
     compared with the saved one. The margin is at least the search's own tolerance: counts that
     close are equal to it. The same count never replaces itself; a saved pick with no measured
-    throughput (picked unmeasured, or saved before throughputs were kept) gives way to a measured one.
+    throughput (picked unmeasured, or saved before throughputs were kept) gives way to a measured one. A
+    search whose trials were unreliable (``warning``: noise, a busy neighbour) never replaces a pick that
+    was not: its speed-up may be the load it met.
     """
     if new.best_workers == saved.best_workers and new.worker_type == saved.worker_type:
+        return False
+    if new.warning is not None and saved.warning is None:
         return False
     if new.samples_per_second <= 0:
         return False

@@ -219,6 +219,20 @@ def test_a_search_that_did_not_measure_the_saved_count_compares_throughputs(tmp_
     assert faster.save_pick(tmp_path).replaced and lookup(first.fingerprint, tmp_path) == faster
 
 
+def test_a_search_a_busy_neighbour_made_unreliable_does_not_replace_a_reliable_pick(tmp_path):
+    """The new search finds 1 worker 20% faster than the saved 2, but its trials of 1 ran beside a neighbour
+    (the search says its pick is unreliable): the saved pick, measured on a quiet machine, stays."""
+    first = _on([1.0, 0.5, 0.4])
+    assert first.warning is None and first.save_pick(tmp_path).replaced
+    busy = tune_num_workers(DATA, batch_size=8, max_workers=3, iterations=100, strategy="fast", device="cpu",
+                            progress=False, measure=lambda w, i, u: Measurement(
+                                [1.0, 0.5, 0.6][w], [1.0, 0.5, 0.6][w] * (i + u), None, None, 0.005,
+                                other_cpus=1.0 if w == 1 else 0.0))
+    assert busy.best_workers == 1 and busy.warning is not None
+    out = busy.save_pick(tmp_path)
+    assert not out.replaced and "unreliable" in out.reason and lookup(first.fingerprint, tmp_path) == first
+
+
 def test_another_machine_or_pipeline_is_saved_beside_the_pick(tmp_path):
     first = _tuned()
     first.save_pick(tmp_path)
