@@ -218,17 +218,24 @@ class BatchMaker:
 
     def _load_dataset(self) -> tuple[dict[str, Any], int]:
         """The pending restore, taken: ``set_epoch``, a torch ``IterDataPipe``'s seed, then the dataset's saved
-        state; what is left for a stream's opening: its saved state and the batches to skip."""
+        state; what is left for a stream's opening: its saved state and the batches to skip.
+
+        A state saved after its stream ran out was taken before the epoch now told began, so the dataset gets it
+        first and ``set_epoch`` after, the order the uninterrupted run had (a stream whose state holds its epoch,
+        as ``ShardedTarStream``'s does, would otherwise go back to the epoch it finished and read nothing)."""
         state, skip, epoch, pipe_seed = self._restore if self._restore is not None else (None, 0, None, None)
         self._restore = None
+        saved = state if state is not None else {}
         set_epoch = epoch_setter(self.dataset)
-        if epoch is not None and set_epoch is not None:
+        after = bool(saved.get("ended"))
+        if epoch is not None and set_epoch is not None and not after:
             set_epoch(epoch)
         if pipe_seed is not None and self.pipe is not None:
             prepare_datapipe(self.dataset, pipe_seed, self.pipe[0], self.pipe[1])
-        saved = state if state is not None else {}
         if saved.get("dataset") is not None:
             self.dataset.load_state_dict(saved["dataset"])
+        if epoch is not None and set_epoch is not None and after:
+            set_epoch(epoch)
         return saved, skip
 
     def _open(self) -> None:

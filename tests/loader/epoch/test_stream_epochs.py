@@ -114,3 +114,16 @@ def test_a_resumed_stream_keeps_the_saved_epoch(shards: list[Path]) -> None:
         rest = [int(x) for img, _ in again for x in img[:, 0, 0, 0]]
     assert sorted(got + rest) == list(range(N))
     assert got == runs[1][: len(got)]
+
+
+@pytest.mark.parametrize("layout", [LAYOUTS[0], LAYOUTS[1], LAYOUTS[3], LAYOUTS[5]])
+def test_a_state_saved_between_epochs_resumes_the_next_epoch_whole(shards: list[Path], layout: dict) -> None:
+    """The readers' states saved after an epoch ran out are those of the epoch before: the resumed loader gives
+    them back and then tells the new epoch, as the uninterrupted run did, so the next epoch is read whole."""
+    runs = epochs(shards, layout, 2)
+    with cupy_nwt.DataLoader(ShardedTarStream(shards, seed=11, shuffle_buffer=8), batch_size=4, **layout) as loader:
+        list(loader)
+        state = loader.state_dict()
+    with cupy_nwt.DataLoader(ShardedTarStream(shards, seed=11, shuffle_buffer=8), batch_size=4, **layout) as again:
+        again.load_state_dict(state)
+        assert [int(x) for img, _ in again for x in img[:, 0, 0, 0]] == runs[1]
