@@ -246,8 +246,13 @@ class BatchMaker:
             if saved.get("ended"):
                 stream = iter(self.dataset)  # the saved epoch had ended: this one starts afresh, from that state
         self._stream = stream
-        for _ in range(skip * (self.batch_size or 1 if self.batched else 1)):
-            next(self._stream)
+        for _ in range(skip):  # the delivered turns again, one pull each: a turn that failed fails again, unraised
+            try:
+                self._pull_batch()
+            except StreamEnd:
+                break
+            except Exception:  # noqa: BLE001 - its error reached the caller in the saved run
+                pass
 
     def _pull(self) -> Any:
         if self._open_error is not None:

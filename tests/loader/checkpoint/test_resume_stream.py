@@ -12,7 +12,7 @@ from test_streaming import LAUNCHER_VARS, sample_id, write_shards
 
 from cupy_nwt import get_worker_info
 from cupy_nwt.data.streaming import ShardedTarStream
-from cupy_nwt.errors import StateError
+from cupy_nwt.errors import StateError, WorkerError
 from cupy_nwt.loader import DataLoader, IterableDataset
 
 pytestmark = pytest.mark.usefixtures("worker_type")  # each test once per kind of worker
@@ -70,6 +70,61 @@ def test_stream_resumes_exactly_where_it_was_delivered(ds, nw):
             again.load_state_dict(state)
             assert got + run(again) == full, k
             assert run(again) == full  # the next epoch starts afresh
+
+
+class _FlakyItems:
+    """Items w, w+k, ... below 12 of an iterator (not a generator) that raises on item 5 and goes on after it."""
+
+    def __init__(self, w: int, k: int) -> None:
+        self.i, self.k = w, k
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        i, self.i = self.i, self.i + self.k
+        if i >= 12:
+            raise StopIteration
+        if i == 5:
+            raise KeyError("item 5 is missing")
+        return np.array([i], np.int64)
+
+
+class FailsOnFive(IterableDataset):
+    def __iter__(self):
+        info = get_worker_info()
+        return _FlakyItems(*((0, 1) if info is None else (info.id, info.num_workers)))
+
+
+def turns(it, limit: int | None = None) -> list:
+    """The batches of ``it`` as lists, a failed one as "failed", up to ``limit`` turns."""
+    out: list = []
+    while limit is None or len(out) < limit:
+        try:
+            out.append(next(it).ravel().tolist())
+        except StopIteration:
+            break
+        except WorkerError:
+            out.append("failed")
+    return out
+
+
+@pytest.mark.parametrize("nw", [0, 2])
+def test_a_stream_without_state_resumed_past_a_failed_batch_gives_the_rest_once(nw):
+    """The fast-forward replays each delivered turn, the failed one too, so the rest is the uninterrupted
+    run's: no sample again, and the failure is not raised a second time."""
+    with DataLoader(FailsOnFive(), batch_size=2, num_workers=nw) as dl:
+        full = turns(iter(dl))
+    assert "failed" in full
+    for k in range(full.index("failed") + 1, len(full) + 1):
+        with DataLoader(FailsOnFive(), batch_size=2, num_workers=nw) as dl:
+            it = iter(dl)
+            head = turns(it, k)
+            state = json.loads(json.dumps(dl.state_dict()))
+            it.close()
+        with DataLoader(FailsOnFive(), batch_size=2, num_workers=nw) as again:
+            again.load_state_dict(state)
+            assert head + turns(iter(again)) == full, k
 
 
 class SlowFirstWorker(Counting):
