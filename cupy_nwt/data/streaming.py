@@ -119,6 +119,19 @@ def current_reader(rank: int | None = None, world_size: int | None = None) -> Re
                       source if info is not None else layout.launcher)
 
 
+def _listed_twice(paths: list[Path]) -> list[str]:
+    """The shards listed more than once, however spelled (a relative and an absolute path, a link): one file
+    read by two readers would deliver its samples twice."""
+    first: dict[tuple[int, int], Path] = {}
+    twice: dict[str, None] = {}
+    for p in paths:
+        st = p.stat()
+        seen = first.setdefault((st.st_dev, st.st_ino), p)
+        if seen is not p:
+            twice[str(p) if p == seen else f"{p} (the same file as {seen})"] = None
+    return list(twice)
+
+
 class _ShardIndex:
     """The image members of one shard (checked whole by ``scan_tar``), their labels, and an open file."""
 
@@ -303,7 +316,7 @@ class ShardedTarStream:
         missing = [str(p) for p in self.shards if not p.is_file()]
         if missing:
             raise MissingPathError(f"ShardedTarStream: {len(missing)} shard(s) missing: {', '.join(missing[:5])}")
-        dupes = sorted({str(p) for p in self.shards if self.shards.count(p) > 1})
+        dupes = _listed_twice(self.shards)
         if dupes:
             raise ArgumentError(f"ShardedTarStream: shard(s) listed twice would be delivered twice: {', '.join(dupes)}")
         if (rank is None) != (world_size is None):

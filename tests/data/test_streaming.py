@@ -172,6 +172,16 @@ def test_bad_shard_lists_are_refused(shards, tmp_path):
         ShardedTarStream(shards, rank=1)
 
 
+def test_one_shard_under_two_spellings_is_refused_as_listed_twice(shards, tmp_path, monkeypatch):
+    """A relative and an absolute path, or a link, name one file: its samples would come twice an epoch."""
+    monkeypatch.chdir(shards[0].parent)
+    with pytest.raises(ValueError, match=rf"listed twice.*{shards[0].name} \(the same file as {shards[0]}\)"):
+        ShardedTarStream([shards[0], Path(shards[0].name), *shards[1:]])
+    (tmp_path / "link.tar").symlink_to(shards[2])
+    with pytest.raises(ValueError, match=r"listed twice.*link\.tar"):
+        ShardedTarStream([*shards, tmp_path / "link.tar"])
+
+
 def test_named_class_directories_need_the_class_list(tmp_path):
     ids = np.arange(6)
     path = write_tar_shard(tmp_path / "named.tar", _images(ids), ids % 2, class_names=["cat", "dog"])
