@@ -13,6 +13,7 @@ handful of integers, which is what ``state_dict()`` saves.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections import Counter
@@ -130,6 +131,12 @@ def _listed_twice(paths: list[Path]) -> list[str]:
         if seen is not p:
             twice[str(p) if p == seen else f"{p} (the same file as {seen})"] = None
     return list(twice)
+
+
+def _names_digest(paths: list[Path]) -> str:
+    """The shard list's file names in order, hashed: a state resumes only on the list it indexes (the same
+    names, in the same order; another folder is fine)."""
+    return hashlib.sha256("\0".join(p.name for p in paths).encode("utf-8", "surrogateescape")).hexdigest()[:16]
 
 
 class _ShardIndex:
@@ -397,19 +404,21 @@ class ShardedTarStream:
         A position is (cursor into the reader's shards, the shard, the next member, the buffered
         references, the buffer's random state): small and JSON-ready. States from several
         processes merge by uniting their ``readers`` dicts. A reader with no saved position starts
-        the epoch from its beginning.
+        the epoch from its beginning. ``shard_names`` hashes the list's file names in order.
         """
         readers = {}
         if self._reader is not None:
             readers[self._reader.slot.index] = {**self._reader.position(), "readers": self._reader.slot.count}
         return {"version": STATE_VERSION, "epoch": self.epoch, "seed": self.seed, "shuffle": self.shuffle,
-                "shuffle_buffer": self.shuffle_buffer, "num_shards": len(self.shards), "readers": readers}
+                "shuffle_buffer": self.shuffle_buffer, "num_shards": len(self.shards),
+                "shard_names": _names_digest(self.shards), "readers": readers}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume from ``state_dict()``: the next iteration of each saved reader continues where it was.
 
         Every saved position is checked first (``_stream_state``): a bad one is one ``StateError`` naming
-        the reader and the field, and the stream keeps the state it had.
+        the reader and the field, and the stream keeps the state it had. A state of another shard list (other
+        names or order) is refused in one line.
         """
         if not isinstance(state, Mapping):
             raise StateError(f"ShardedTarStream.load_state_dict: expected the dict state_dict() returned, got "
@@ -421,6 +430,10 @@ class ShardedTarStream:
         differ = [f"{k} {state.get(k)!r} (now {v!r})" for k, v in mine.items() if state.get(k) != v]
         if differ:
             raise ArgumentError("ShardedTarStream: the state was saved with other settings: " + ", ".join(differ))
+        if "shard_names" in state and state["shard_names"] != _names_digest(self.shards):
+            raise ArgumentError("ShardedTarStream: the state was saved with another shard list (other file names, or "
+                                "the same in another order), so its positions would read other samples: pass the "
+                                "list it was saved with, in the same order (e.g. sorted(glob(...)))")
         epoch = check_int("epoch", state.get("epoch"), ge=0)
         self._restore = checked_positions(state.get("readers"), self._order(epoch),
                                           self.shuffle_buffer if self.shuffle else 1)

@@ -312,6 +312,28 @@ def test_merged_states_of_all_readers_resume_an_epoch_exactly_once(shards):
     assert sorted(seen + rest) == list(range(N))
 
 
+def test_a_state_of_another_shard_list_is_refused_in_one_line(shards, tmp_path):
+    """The same count of shards in another order (an unsorted glob) or under other names: the saved positions
+    would read other samples, some twice and some never."""
+    stream = ShardedTarStream(shards, seed=4, shuffle_buffer=3, rank=0, world_size=1)
+    it = iter(stream)
+    head = ids_of(next(it) for _ in range(10))
+    state = json.loads(json.dumps(stream.state_dict()))
+    (tmp_path / "renamed.tar").write_bytes(shards[-1].read_bytes())
+    for other in ([shards[1], shards[0], *shards[2:]], [*shards[:-1], tmp_path / "renamed.tar"]):
+        with pytest.raises(ValueError, match=r"another shard list.*same order") as exc:
+            ShardedTarStream(other, seed=4, shuffle_buffer=3).load_state_dict(state)
+        assert "\n" not in str(exc.value)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    copies = [moved / p.name for p in shards]
+    for p, q in zip(shards, copies):
+        q.write_bytes(p.read_bytes())
+    again = ShardedTarStream(copies, seed=4, shuffle_buffer=3, rank=0, world_size=1)
+    again.load_state_dict(state)  # the same names in another folder: the same list
+    assert sorted(head + ids_of(again)) == list(range(N))
+
+
 def test_a_state_is_refused_under_other_settings_or_another_layout(shards):
     stream = ShardedTarStream(shards, seed=4)
     it = stream.iter_reader(ReaderSlot(0, 2, 0, 3, "explicit"))
