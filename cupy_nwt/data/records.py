@@ -14,7 +14,8 @@ original (same keys, values and types: Python ``int``/``float``/``bool``, ``str`
 ``list``/``tuple``, arrays as fresh copies, ``None`` where it was None). Values of any other shape
 (nested lists, dicts, NumPy scalars, a key whose values mix types) are kept pickled, one buffer per
 key: still shared, decoded on each read. Pickling the packed dataset (spawn and forkserver
-workers) sends the arrays as raw buffers, without one object per record.
+workers) sends the arrays as raw buffers, without one object per record; a pickle read back (a worker's
+copy, a file) is checked whole, so a cut or edited one, or one of another layout, is one ``DataError``.
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ArgumentTypeError, OutOfRangeError
+from ..errors import ArgumentTypeError, DataError, OutOfRangeError
 
 _NUMBER = {bool: np.bool_, int: np.int64, float: np.float64}
 _INT64 = (-(2 ** 63), 2 ** 63 - 1)
+FORMAT = 1  # the layout of a pickled PackedRecords: its attributes and its columns' arrays
 
 
 def _offsets(lengths: Iterable[int]) -> np.ndarray:
@@ -53,6 +55,19 @@ class _Column:
     def nbytes(self) -> int:
         return sum(v.nbytes for v in vars(self).values() if isinstance(v, np.ndarray))
 
+    def check(self, n: int) -> str | None:
+        """What is wrong with this column as one of ``n`` records (read back from a pickle), or None."""
+        return _spans(getattr(self, "off", None), getattr(self, "buf", getattr(self, "flat", None)), n)
+
+
+def _spans(off: Any, data: Any, n: int) -> str | None:
+    """What is wrong with offsets ``off`` into ``data`` for ``n`` records, or None."""
+    if not isinstance(off, np.ndarray) or not isinstance(data, np.ndarray) or off.shape != (n + 1,):
+        return f"expected {n + 1} offsets and their data"
+    if off[0] != 0 or off[-1] != data.size or bool(np.any(np.diff(off) < 0)):
+        return f"its offsets do not cut its {data.size} values in order"
+    return None
+
 
 class _Numbers(_Column):
     def __init__(self, py: type, values: Sequence[Any]) -> None:
@@ -62,6 +77,11 @@ class _Numbers(_Column):
 
     def get(self, i: int) -> Any:
         return self.py(self.values[i])
+
+    def check(self, n: int) -> str | None:
+        values = getattr(self, "values", None)
+        ok = isinstance(values, np.ndarray) and values.shape == (n,) and getattr(self, "py", None) in _NUMBER
+        return None if ok else f"expected {n} values of one number type"
 
 
 class _Text(_Column):
@@ -103,6 +123,14 @@ class _Arrays(_Column):
 
     def get(self, i: int) -> Any:
         return self.flat[self.off[i]:self.off[i + 1]].reshape(tuple(self.shapes[i])).copy()
+
+    def check(self, n: int) -> str | None:
+        wrong = super().check(n)
+        shapes = getattr(self, "shapes", None)
+        if wrong is None and (not isinstance(shapes, np.ndarray) or shapes.ndim != 2 or len(shapes) != n
+                              or not np.array_equal(np.prod(shapes, axis=1), np.diff(self.off))):
+            wrong = "its shapes do not match its arrays' sizes"
+        return wrong
 
 
 class _Pickled(_Text):
@@ -177,6 +205,43 @@ class PackedRecords:
 
     def __repr__(self) -> str:
         return f"PackedRecords({self._n} records, {len(self.keys)} keys, {self.nbytes:,} bytes)"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "format": FORMAT}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Read back from a pickle (a spawned worker's copy, or a file): a pickle of another layout, or one whose
+        arrays were cut or edited, is one ``DataError`` rather than records read from the wrong bytes."""
+        found = state.get("format", FORMAT)  # a pickle without the field has this layout
+        if found != FORMAT:
+            raise DataError(f"PackedRecords: this pickle has layout {found!r}, this cupy_nwt reads layout {FORMAT}: "
+                            "pack the records again with pack_records")
+        self.__dict__.update({k: v for k, v in state.items() if k != "format"})
+        wrong = _damage(self)
+        if wrong is not None:
+            raise DataError(f"PackedRecords: the pickle is damaged or of another version ({wrong}): pack the records "
+                            "again with pack_records")
+
+
+def _damage(packed: PackedRecords) -> str | None:
+    """What is inconsistent in a ``PackedRecords`` read back from a pickle, or None."""
+    n, keys = getattr(packed, "_n", None), getattr(packed, "keys", None)
+    columns = getattr(packed, "_columns", None)
+    nones, missing = getattr(packed, "_nones", None), getattr(packed, "_missing", None)
+    if (not isinstance(n, int) or n < 0 or not isinstance(keys, tuple) or not isinstance(columns, dict)
+            or not isinstance(nones, dict) or not isinstance(missing, dict)):
+        return "its record count, keys or columns are missing"
+    masks = (nones, missing)
+    if set(columns) != set(keys):
+        return "its columns are not its keys"
+    for key in keys:
+        wrong = columns[key].check(n) if isinstance(columns[key], _Column) else "not a column"
+        if wrong is None and any(key in m and (not isinstance(m[key], np.ndarray) or m[key].shape != (n,)
+                                               or m[key].dtype != np.bool_) for m in masks):
+            wrong = f"expected a flag for each of its {n} records"
+        if wrong is not None:
+            return f"key {key!r}: {wrong}"
+    return None
 
 
 def pack_records(records: Sequence[Mapping[str, Any]]) -> PackedRecords:

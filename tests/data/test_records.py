@@ -109,6 +109,30 @@ def test_pickles_as_raw_buffers_for_spawned_workers():
     assert [again[i] for i in (0, 777, 19_999)] == [records[i] for i in (0, 777, 19_999)]
 
 
+def test_a_pickle_cut_edited_or_of_another_layout_is_one_error_not_wrong_records(tmp_path):
+    """Saved to a file and read back: arrays whose offsets no longer cut them in order, or a layout this version
+    does not read, raise one DataError instead of records made of the wrong bytes."""
+    records = [{"id": i, "name": f"r{i}", "pixels": np.full((2, 1 + i % 3), i, np.uint8)} for i in range(40)]
+    path = tmp_path / "records.pkl"
+    path.write_bytes(pickle.dumps(pack_records(records), protocol=pickle.HIGHEST_PROTOCOL))
+    again = pickle.loads(path.read_bytes())
+    assert again[0]["name"] == "r0" and again[39]["pixels"].shape == (2, 1)
+    name_offsets = np.cumsum([0] + [len(r["name"]) for r in records], dtype=np.int64)  # where each name starts
+    blob = path.read_bytes()
+    assert blob.count(name_offsets[1:9].tobytes()) == 1
+    edited = blob.replace(name_offsets[1:9].tobytes(), np.array([7, *name_offsets[2:9]], np.int64).tobytes())
+    with pytest.raises(cupy_nwt.DataError, match=r"PackedRecords: the pickle is damaged.*key 'name'.*offsets") as exc:
+        pickle.loads(edited)
+    assert "\n" not in str(exc.value)
+    state = pack_records(records).__getstate__()
+    for changed in ({**state, "format": 99}, {k: v for k, v in state.items() if k != "_n"}):
+        with pytest.raises(cupy_nwt.DataError, match="pack the records again"):
+            PackedRecords.__new__(PackedRecords).__setstate__(changed)
+    older = PackedRecords.__new__(PackedRecords)
+    older.__setstate__({k: v for k, v in state.items() if k != "format"})  # the layout before the field: read
+    assert older[7]["name"] == "r7"
+
+
 def _read_epochs(dataset, epochs: int, conn) -> None:
     me = psutil.Process()
     order = list(range(len(dataset)))
