@@ -18,8 +18,10 @@ When the entry is taken, for the state to resume exactly what an uninterrupted r
 
 On resume each entry is loaded into its reader before that reader's first sample, in torchdata's order: a
 map-style dataset's ``load_state_dict()`` before its first ``__getitem__``; a stream's dataset
-``load_state_dict()``, then ``iter()``, then the iterator's ``load_state_dict()``. A stream whose reader saved
-nothing is fast-forwarded by its delivered batches instead.
+``load_state_dict()``, then ``iter()``, then the iterator's ``load_state_dict()``. A stream's ``set_epoch`` comes
+before the dataset's state, or after it for an entry that holds no batch of the epoch (taken before that epoch
+began), as in the uninterrupted run. A stream whose reader saved nothing is fast-forwarded by its delivered
+batches instead, each delivered turn pulled again (a failed one too, its error not raised again).
 
 Per-reader states cannot be merged: they resume only with the same readers. A stream's state is refused
 under another layout (``state_checks``); a map-style one keeps its elastic sample order under another worker

@@ -186,8 +186,8 @@ class BatchMaker:
 
     def restore(self, state: Any, skip: int, epoch: int | None = None, pipe_seed: int | None = None) -> None:
         """Prepare this reader before its first sample: the dataset's ``set_epoch(epoch)`` (if given and it has one:
-        this worker's copy reshuffles as the loader's epoch says), the saved reader ``state`` (``reader_state``'s dict,
-        if given), then, a stream, skip ``skip`` batches. A map-style dataset's state is loaded before its first
+        this worker's copy reshuffles as the loader's epoch says; after the state when that holds no batch of this
+        epoch), the saved reader ``state`` (``reader_state``'s dict, if given), then, a stream, skip ``skip`` batches. A map-style dataset's state is loaded before its first
         ``__getitem__``; a stream's at the next opening, in torchdata's order: the dataset's ``load_state_dict``,
         ``iter()``, then the iterator's ``load_state_dict`` (a state saved at the end of an epoch: then a fresh
         ``iter()`` for the epoch that follows). A torch ``IterDataPipe`` gets its share and its shufflers'
@@ -220,14 +220,15 @@ class BatchMaker:
         """The pending restore, taken: ``set_epoch``, a torch ``IterDataPipe``'s seed, then the dataset's saved
         state; what is left for a stream's opening: its saved state and the batches to skip.
 
-        A state saved after its stream ran out was taken before the epoch now told began, so the dataset gets it
-        first and ``set_epoch`` after, the order the uninterrupted run had (a stream whose state holds its epoch,
-        as ``ShardedTarStream``'s does, would otherwise go back to the epoch it finished and read nothing)."""
+        A state that holds no batch of this epoch (saved between epochs: its stream ran out, or the loader was set
+        to another epoch after a ``break``) was taken before the epoch now told began, so the dataset gets it first
+        and ``set_epoch`` after, the order the uninterrupted run had (a stream whose state holds its epoch, as
+        ``ShardedTarStream``'s does, would otherwise go back to the epoch it was saved in)."""
         state, skip, epoch, pipe_seed = self._restore if self._restore is not None else (None, 0, None, None)
         self._restore = None
         saved = state if state is not None else {}
         set_epoch = epoch_setter(self.dataset)
-        after = bool(saved.get("ended"))
+        after = bool(saved.get("ended")) or not saved.get("batches")
         if epoch is not None and set_epoch is not None and not after:
             set_epoch(epoch)
         if pipe_seed is not None and self.pipe is not None:

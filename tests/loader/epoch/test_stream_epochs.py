@@ -127,3 +127,19 @@ def test_a_state_saved_between_epochs_resumes_the_next_epoch_whole(shards: list[
     with cupy_nwt.DataLoader(ShardedTarStream(shards, seed=11, shuffle_buffer=8), batch_size=4, **layout) as again:
         again.load_state_dict(state)
         assert [int(x) for img, _ in again for x in img[:, 0, 0, 0]] == runs[1]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS[:2])
+def test_a_state_saved_after_a_break_and_set_epoch_resumes_the_chosen_epoch(shards: list[Path], layout: dict) -> None:
+    """Left early, then ``loader.set_epoch(2)``: the state is epoch 2's start, and its readers' states are of
+    the epoch left; resumed, epoch 2 is read whole, not the rest of the epoch left."""
+    runs = epochs(shards, layout)
+    with cupy_nwt.DataLoader(ShardedTarStream(shards, seed=11, shuffle_buffer=8), batch_size=4, **layout) as loader:
+        for k, _ in enumerate(loader):
+            if k == 2:
+                break
+        loader.set_epoch(2)
+        state = loader.state_dict()
+    with cupy_nwt.DataLoader(ShardedTarStream(shards, seed=11, shuffle_buffer=8), batch_size=4, **layout) as again:
+        again.load_state_dict(state)
+        assert [int(x) for img, _ in again for x in img[:, 0, 0, 0]] == runs[2]
