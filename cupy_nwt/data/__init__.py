@@ -1,16 +1,20 @@
 """Every data source and transform the loader reads, behind one written contract (``contract``).
 
-``datasets``: arrays and memmaps, image folders, tar shards (their gunzip cache in ``_tar_cache``),
-CIFAR-10 batches, the synthetic CIFAR-10; ``jpeg_bytes`` and ``gpu_decode``: JPEG samples as encoded bytes and
-their decoding on the GPU (nvImageCodec, through ``jpeg_codecs``); ``streaming``: sharded tar streams read by several readers;
-``records``: a list of Python records packed into NumPy columns; ``transforms``: per-sample transforms
-and the Numba batch kernel of the CIFAR pipeline; ``crops``: the ImageNet crops, which tell the JPEG
-decoder the region they keep (``_region_decode``; ``jpeg_region``: the optional libjpeg-turbo extension that
-decodes only that region). Nothing here imports the loader.
+``datasets``: arrays and memmaps (their files checked in ``_array_files``), image folders and CIFAR-10
+batches, and, from their own modules, tar shards (``_tar_shards``; their gunzip cache in ``_tar_cache``) and
+the synthetic CIFAR-10 (``_synthetic``); ``_images``: decoding, PNG encoding and the base of the image
+datasets. ``jpeg_bytes`` and ``gpu_decode``: JPEG samples as encoded bytes and their decoding on the GPU
+(nvImageCodec, through ``jpeg_codecs``; ``resample``: the NumPy reference of its resize kernel);
+``streaming``: sharded tar streams read by several readers (their saved positions checked in
+``_stream_state``); ``records``: a list of Python records packed into NumPy columns; ``transforms``:
+per-sample transforms and the Numba batch kernel of the CIFAR pipeline; ``crops``: the ImageNet crops, which
+tell the JPEG decoder the region they keep (``_region_decode``, resized by ``_resize``; ``jpeg_region``:
+the optional libjpeg-turbo extension, ``_libjpeg_region``, that decodes only that region). A random
+transform draws from a stream per worker (``_process_rng``). Nothing here imports the loader.
 
-The contract and the light modules load with the package; ``datasets``, ``transforms`` and ``crops`` (Pillow,
-Numba) load on first use of one of their names, so a worker or a command that needs neither pays
-nothing for them.
+The contract and the light modules load with the package; ``datasets``, ``transforms``, ``crops``, ``jpeg_bytes``
+and ``gpu_decode`` (Pillow, Numba) load on first use of one of their names, so a worker or a command that
+needs none of them pays nothing for them.
 """
 
 from __future__ import annotations

@@ -73,7 +73,8 @@ def crop_resize_flip_normalize(image: np.ndarray, box: Sequence[int], size: tupl
         box: ``(top, left, height, width)`` of the crop, inside the image.
         size: ``(height, width)`` of the output.
         flip: mirror the output left to right (torchvision's flip after the resized crop).
-        mean, std: per-channel normalisation of ``pixel / 255``.
+        mean: per-channel mean subtracted from ``pixel / 255``.
+        std: per-channel divisor after the mean.
     """
     top, left, h, w = (int(v) for v in box)
     if image.ndim != 3 or image.shape[2] != 3:
