@@ -1,6 +1,6 @@
 """The fast search (``strategy="fast"``): near the exhaustive best for a fraction of its cost.
 
-``strategy="fast"`` (the default of ``DataLoader(num_workers="auto")`` and ``cupy-nwt tune``) aims
+``strategy="fast"`` (the default of ``cupy-nwt tune``; ``tune_num_workers`` defaults to ``"paper"``) aims
 at a count whose throughput is within 5% of the exhaustive best, for at most 30% of the paper
 search's cost, with the least memory among counts that fast:
 
@@ -8,7 +8,8 @@ search's cost, with the least memory among counts that fast:
    worker, which arrive as one burst; the loader's measure adds the other prefetch rounds made at
    start-up, see ``measure.LoaderMeasure``), then times ``iterations / 10`` batches in the coarse pass
    and ``iterations / 5`` later, rounded up to whole rounds of the workers (``trials.whole_rounds``:
-   batches arrive in waves, one per worker). Repeated runs of a count are combined robustly (``trials.py``):
+   batches arrive in waves, one per worker). Repeated runs of a count are combined robustly
+   (``picks.trials.combine_runs``):
    each run's error is at least a floor pooled over the whole search, and a run slowed beyond its
    error (interference on a shared machine only ever slows a trial) is set aside.
 2. Coarse: 0, 2, 4, 8, ... and N-1 (1 is left to step 4), stopping early once throughput falls
@@ -27,8 +28,8 @@ search's cost, with the least memory among counts that fast:
    estimated from the trials so far (throughput and start-up interpolated between counts).
 5. Pick, among measured counts within tolerance, the one with the least peak memory (the fewest
    workers when memory was not measured). With the user's step in the loop (trials that report the
-   consumer's wait), the fewest workers within tolerance of the least wait: a count whose wait is
-   as small frees its cores for the main process and its memory for training.
+   consumer's wait), the fewest workers within tolerance of the shortest loop (wait plus step): a
+   count whose loop is as short frees its cores for the main process and its memory for training.
 
 Where the range ends. Given ``max_workers``, counts 0..max_workers-1 and no
 further. Without it (the default) the search is open: the best count need not follow the core count

@@ -122,7 +122,7 @@ class PlacementResult:
 
     @property
     def warning(self) -> str | None:
-        """The winning search's warning when its trials were too noisy to trust its count (``TuneResult.warning``)."""
+        """The winning search's warning when its count may not hold on another run (``TuneResult.warning``)."""
         return self.result.warning
 
     def to_dict(self) -> dict[str, Any]:
@@ -269,7 +269,7 @@ def tune_decode_placement(dataset: Any, step: Callable[[Any], Any] | float | Non
         measure: replaces a placement's real loader trials, by placement ("cpu", "gpu"; tests, other
             loaders); the GPU placement's availability is still checked.
         progress: show each search on stderr.
-        warn: issue an ``UnreliablePickWarning`` when the winning search's trials were too noisy.
+        warn: issue an ``UnreliablePickWarning`` when the winning search's pick may not hold on another run.
     """
     from ..data import EncodedJpegs, GpuJpegDecoder, gpu_decode_status  # noqa: PLC0415 - as in _crop_of
 

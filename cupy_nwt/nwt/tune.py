@@ -129,8 +129,8 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     ``max_workers`` bounds the counts to 0 .. max_workers-1 (the paper's N). Without it the paper
     strategy searches 0 .. usable CPUs - 1, as Algorithm 1 does; the fast one is open (``fast.py``):
     at least up to the usable CPUs, further while throughput still rises, up to ``fast.open_cap``
-    and while the extrapolated peak memory stays within ``memory_limit`` bytes (default: half the
-    memory free now, ``footprint.search_memory_limit``).
+    and while the extrapolated peak memory stays within ``memory_limit`` bytes (default: this process's
+    memory plus half of what is free now, ``footprint.search_memory_limit``).
 
     ``main_process`` is the main process's load during training, represented in every trial of
     the real loader: "waits" (a GPU step: the main process waits for the device) or "busy" (a CPU
@@ -158,8 +158,9 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     pick's key. Use the fast strategy with a step: Algorithm 1's ``alpha`` (seconds per 100
     iterations) would swallow every difference of a short step's loop.
 
-    ``result.why`` says in one line what was picked and why; when the trials were too noisy to
-    trust the pick, ``result.warning`` says so and what to do, and (``warn``) an
+    ``result.why`` says in one line what was picked and why; when the pick may not hold on another
+    run (noisy trials, a count beside it left unmeasured, other processes busy on the CPUs),
+    ``result.warning`` says so and what to do, and (``warn``) an
     :class:`~cupy_nwt.picks.verdict.UnreliablePickWarning` is issued.
 
     Args:
@@ -181,7 +182,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
         memory_limit: bytes the open fast search's extrapolated peak memory (main process and workers) may
             reach; at least this process's own memory, and only with ``strategy="fast"`` and no ``max_workers``.
         step: the training step the pick should keep fed: a callable taking a batch, or its time in seconds.
-        warn: issue an ``UnreliablePickWarning`` when the trials were too noisy to trust the pick.
+        warn: issue an ``UnreliablePickWarning`` when the pick may not hold on another run (``result.warning``).
     """
     c = check_tune_arguments(batch_size=batch_size, max_workers=max_workers, iterations=iterations, alpha=alpha,
                              strategy=strategy, device=device, prefetch_factor=prefetch_factor, tolerance=tolerance,

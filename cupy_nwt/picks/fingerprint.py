@@ -6,9 +6,10 @@ should not search again. So a result is keyed by a fingerprint of
 * the machine: CPU model, usable cores, memory (whole GiB), GPU name and its PCIe link
   (maximum generation and width: the current link drops to Gen1 when the GPU idles, so it would
   change the key from one run to the next);
-* the work: bytes of one sample as the dataset returns it, batch size, the batch transform's
-  qualified name, prefetch factor, pin_memory, the device the batches go to, and how many ranks
-  share this node's CPUs (the local world size: each rank tunes within its share).
+* the work: bytes of one sample as the dataset returns it, batch size, the batch transform's and
+  the dataset's per-sample transform's qualified names, prefetch factor, pin_memory, the device the
+  batches go to, how many ranks share this node's CPUs (the local world size: each rank tunes within
+  its share), and the training step the pick was tuned beside, where one was.
 
 "Similar data" (the paper: re-use "if the transmitted size is similar") is a lookup that accepts
 the same machine and the same work except a sample size within ``SIMILAR_RATIO`` of the saved one.
@@ -18,9 +19,9 @@ Sizing a sample is the only dataset read the fingerprint makes, in the calling (
 skip with ``on_bad_sample="skip"``) must not stop a loader whose workers would pass it over, so the
 next samples are tried, up to ``SIZING_TRIES`` in all; ``sized_by`` records which one sized it
 (``"sample 3"``), or, when none of them can be read, that none did, with the dataset's type and
-length, and ``sample_bytes`` is 0. ``sized_by`` is ``None`` when sample 0 sized it, so those keys
-are the ones made before the field existed; a key with it stays the same for as long as the same
-samples are unreadable, and similar-work lookups ignore it.
+length, and ``sample_bytes`` is 0. ``sized_by`` is ``None`` when sample 0 sized it, and then left out
+of the key (``_digest``); a key with it stays the same for as long as the same samples are unreadable,
+and similar-work lookups ignore it.
 """
 
 from __future__ import annotations
@@ -108,13 +109,13 @@ class Fingerprint:
             raise SavedPickError(f"not a cupy_nwt fingerprint: {exc}") from None
 
 
-_LATER_FIELDS = ("sample_transform", "step", "sized_by")
+_KEYED_WHEN_SET = ("sample_transform", "step", "sized_by")
 
 
 def _digest(obj: Any) -> str:
     if isinstance(obj, dict) and isinstance(obj.get("work"), dict):
-        # keys made before these fields were recorded stay the same for work without them
-        obj = {**obj, "work": {k: v for k, v in obj["work"].items() if not (k in _LATER_FIELDS and v is None)}}
+        # these fields are keyed only when set: work that leaves them unset has the key of its other fields
+        obj = {**obj, "work": {k: v for k, v in obj["work"].items() if not (k in _KEYED_WHEN_SET and v is None)}}
     text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -26,7 +26,7 @@ from .store import SaveOutcome, TuneResult, lookup, pick_store
 from .trials import Trial
 from .verdict import unreliable_because
 
-# The name these lines have always had (the README documents it), kept when the tuner was split up.
+# The logger the README documents for every line about picks, whichever package says it (nwt or picks).
 LOGGER_NAME = "cupy_nwt.tuner"
 _log = logging.getLogger(LOGGER_NAME)
 

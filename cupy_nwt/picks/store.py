@@ -75,8 +75,8 @@ class TuneResult:
     a CPU step; "step": the user's step ran in every trial; "" when a custom measure ran them);
     ``search_end``: why the search looked no further. ``placement`` is where the pick's pipeline
     decodes ("cpu": in the workers); candidates searched beside it are in ``other_types``.
-    ``why`` says in one line what was picked and why, ``warning`` whether the trials were too
-    noisy to trust it (``verdict.py``).
+    ``why`` says in one line what was picked and why, ``warning`` why it may not hold on another run
+    (noisy trials, a count beside it unmeasured, a busy neighbour; ``verdict.py``), or None.
     """
 
     best_workers: int
@@ -177,7 +177,7 @@ class TuneResult:
                 device=str(d["device"]),
                 fingerprint=Fingerprint.from_dict(d["fingerprint"]) if d.get("fingerprint") else None,
                 created=str(d.get("created", "")),
-                worker_type=str(d.get("worker_type", "process")),  # saved before types were searched
+                worker_type=str(d.get("worker_type", "process")),  # a record without one ran process workers
                 other_types=tuple(TypeBest(**o) for o in d.get("other_types", ())),
                 main_process=str(d.get("main_process", "")),
                 usable_cpus=d.get("usable_cpus"),
@@ -263,7 +263,7 @@ def replaces(new: TuneResult, saved: TuneResult) -> bool:
     unlucky) day neither locks the pick in nor loses it. Otherwise the new pick's throughput is
     compared with the saved one. The margin is at least the search's own tolerance: counts that
     close are equal to it. The same count never replaces itself; a saved pick with no measured
-    throughput (picked unmeasured, or saved before throughputs were kept) gives way to a measured one. A
+    throughput (picked unmeasured, or a record without one) gives way to a measured one. A
     search whose trials were unreliable (``warning``: noise, a busy neighbour) never replaces a pick that
     was not: its speed-up may be the load it met.
     """
@@ -299,8 +299,9 @@ def lookup(fp: Fingerprint, cache_dir: str | Path | None = None, similar: bool =
     Args:
         fp: the machine and work to look up (``Fingerprint``).
         cache_dir: the store's folder (default: the user cache dir, ``CUPY_NWT_CACHE_DIR``).
-        similar: accept a pick for similar work (same machine and dataset kind) when none is exact.
-        strict: raise ``SavedPickError`` for a damaged store instead of setting it aside.
+        similar: accept a pick for similar work (the same machine and work but for a sample size within
+            ``fingerprint.SIMILAR_RATIO``) when none is exact.
+        strict: raise ``SavedPickError`` for a damaged store (once it is set aside) instead of returning None.
     """
     if not isinstance(fp, Fingerprint):
         raise ArgumentTypeError(f"fp must be a Fingerprint (a TuneResult's .fingerprint), got {fp!r}")

@@ -56,7 +56,8 @@ class Judged(Protocol):
 
 
 class UnreliablePickWarning(UserWarning):
-    """A tuning's trials varied too much for its pick to hold on another run (``verdict.reliability``)."""
+    """A tuning's pick may not hold on another run: its trials were too noisy, its search left a count beside
+    the pick unmeasured, or other processes kept the CPUs busy (``verdict.reliability``)."""
 
 
 def _noise(a: Trial, b: Trial) -> float:
