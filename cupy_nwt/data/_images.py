@@ -1,7 +1,8 @@
 """Images: decoding (with errors that name the file), fast PNG encoding, and the base of image datasets.
 
-Also the errors that mean "the data is bad" (a file, archive member or sample that cannot be read
-or does not fit), as opposed to bad arguments: ``cupy-nwt`` gives them their own exit code.
+A file that does not decode is a ``CorruptImageError`` (``cupy_nwt.errors``, like every error here): one
+of the errors that mean "the data is bad", as opposed to bad arguments, which ``cupy-nwt`` gives their
+own exit code.
 """
 
 from __future__ import annotations

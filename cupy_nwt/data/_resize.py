@@ -18,12 +18,13 @@ import math
 import numpy as np
 from numba import njit
 
-PRECISION_BITS = 32 - 8 - 2
+PRECISION_BITS = 32 - 8 - 2  # Pillow's: the weights' fraction bits, the literal 1 << 22 (and its half) below
 
 
 @njit(nogil=True, cache=True)
 def _coefficients(in_size, in0, in1, out_size):  # pragma: no cover - JIT
-    """Pillow's ``precompute_coeffs`` for the bilinear filter, then its 8-bit fixed-point rounding."""
+    """Pillow's ``precompute_coeffs`` for the bilinear filter, then its rounding of the weights to fixed point
+    with ``PRECISION_BITS`` (22) fraction bits, as Pillow does for 8-bit pixels (``normalize_coeffs_8bpc``)."""
     scale = (in1 - in0) / out_size
     filterscale = scale if scale > 1.0 else 1.0
     support = filterscale

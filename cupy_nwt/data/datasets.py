@@ -8,8 +8,9 @@ memmaps are read without writes, so worker memory stays flat.
 Samples are ``(image, label)`` with ``image`` a uint8 HWC RGB array and ``label`` an int
 (``ArrayDataset``: a tuple of one row per array). An optional ``transform`` is applied to the image.
 
-Tar shards live in ``_tar_shards`` and image decoding/encoding in ``_images``; their names are
-importable from here too. Bad data raises :class:`DataError` (a ``ValueError``) naming the file,
+Tar shards live in ``_tar_shards``, the synthetic CIFAR-10 in ``_synthetic``, the checks of .npy/.npz
+files in ``_array_files`` and image decoding/encoding in ``_images``; their public names are importable
+from here too. Bad data raises :class:`DataError` (a ``ValueError``) naming the file,
 archive member or sample, whether it is found when a dataset is opened or when a sample is read.
 """
 

@@ -54,7 +54,7 @@ def compile_check(source: Path, arch: str = "sm_90", nvcc: str | None = None) ->
     """Compile one kernel source to a cubin for ``arch`` with every warning an error; no GPU needed.
 
     The options are NVRTC's defaults for CuPy's RawKernel (device code only, C++17), so a source that
-    passes here compiles at run time too. Raises FileNotFoundError without nvcc.
+    passes here compiles at run time too. Raises ``MissingPathError`` (a ``FileNotFoundError``) without nvcc.
     """
     compiler = nvcc or find_nvcc()
     if compiler is None:

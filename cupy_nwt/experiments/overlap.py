@@ -10,7 +10,8 @@ the hand-off between stages, from the chunks run one after another on one stream
 
 Every stage and version is timed as the GPU runs it: the stream is first held by a short spin
 kernel while Python issues the work, so the window holds the copies and kernels back to back and
-none of the 10-20 us that a launch from Python takes. That launch time is reported on its own.
+none of the time Python takes to issue them, which is of the order of a chunk's kernel (the README beside
+this file quotes both). That launch time is reported on its own (``launch_seconds``).
 """
 
 from __future__ import annotations
