@@ -34,7 +34,7 @@ from .resample import IMAGENET_MEAN, IMAGENET_STD, crop_resize_flip_normalize, n
 
 KERNEL_PATH = Path(__file__).resolve().parents[1] / "experiments" / "cuda_src" / "resize_normalize.cu"
 KERNEL_NAME = "cupy_nwt_resize_normalize"
-BLOCK = 256
+THREADS_PER_BLOCK = 256
 META_FIELDS = 7  # per image: address, row pitch, crop top, left, height, width, flip
 
 _cpu_path_said = False
@@ -225,7 +225,7 @@ class GpuJpegDecoder:
             cuda.memcpy_h2d(meta_dev, meta)
             total = n * h * w
             s, b = self._scale.astype(np.float32), self._bias.astype(np.float32)
-            self._kernel((-(-total // BLOCK),), (BLOCK,),
+            self._kernel((-(-total // THREADS_PER_BLOCK),), (THREADS_PER_BLOCK,),
                          (meta_dev, out, np.int32(n), np.int32(h), np.int32(w), s[0], s[1], s[2], b[0], b[1], b[2]))
             done = cuda.event(timing=False)
             done.record()

@@ -27,8 +27,10 @@ MAX_STORE_BYTES = 16 << 20  # a store holds a few hundred picks of a few KiB eac
 MAX_DEPTH = 16  # a record nests 4 levels; 100000 nested lists would exhaust the parser's stack
 WORKER_TYPES = ("process", "thread")
 DEVICES = ("cuda", "cpu")
-STRATEGIES = ("paper", "fast", "online")  # "online": what a loader tuned online settled at
-MAIN_PROCESS = ("waits", "busy", "step", "")
+# what a record may hold, beside what a search takes (nwt.tune): "online", what a loader tuned online settled at;
+# the main process's load as recorded ("step": the user's step ran; "": a custom measure)
+SAVED_STRATEGIES = ("paper", "fast", "online")
+SAVED_MAIN_PROCESS = ("waits", "busy", "step", "")
 PLACEMENTS = ("cpu", "gpu")
 
 
@@ -180,7 +182,7 @@ def check_record(v: Any, result_format: str) -> Mapping[str, Any]:
         raise SavedPickError(f"format must be {result_format!r}, got {_short(d.get('format'))}")
     need_int(d, "best_workers", 0, MAX_WORKERS)
     need_int(d, "max_workers", 1, MAX_WORKERS + 1)
-    need_str(d, "strategy", choices=STRATEGIES)
+    need_str(d, "strategy", choices=SAVED_STRATEGIES)
     need_int(d, "iterations", 1, 1 << 40)
     need_number(d, "alpha", 0)
     need_number(d, "tolerance", 0)
@@ -190,7 +192,7 @@ def check_record(v: Any, result_format: str) -> Mapping[str, Any]:
     need_str(d, "device", choices=DEVICES)
     need_str(d, "created", default="")
     need_str(d, "worker_type", choices=WORKER_TYPES, default="process")
-    need_str(d, "main_process", choices=MAIN_PROCESS, default="")
+    need_str(d, "main_process", choices=SAVED_MAIN_PROCESS, default="")
     need_int(d, "usable_cpus", 1, MAX_WORKERS * 64, optional=True)
     need_str(d, "search_end", default="")
     need_str(d, "placement", choices=PLACEMENTS, default="cpu")
