@@ -3,7 +3,7 @@
 After NVIDIA's "How to optimize data transfers in CUDA" samples (profile.cu, bandwidthtest.cu).
 Every figure is a median over repeats timed with CUDA events on the copying stream, each pinned
 sample queued behind a short spin kernel so that the window holds the copies as the GPU runs them,
-not the time Python takes to issue them (a 4 KiB copy runs in 1.5-3 us, less than a call costs); pageable
+not the time Python takes to issue them (a 4 KiB copy runs in 1.5-3 us); pageable
 copies hold the host until the driver has staged them, so a spin would only add waiting. Every
 copy is checked: a fast copy of the wrong bytes is not a result. Bandwidths are compared with the
 PCIe link's theoretical rate, read after the largest copies because idle GPUs downclock the link.
