@@ -4,8 +4,9 @@
 //   nwt_native bandwidth [--repeats N] [--warmup N] [--min BYTES] [--max BYTES]
 //                        [--batch-total BYTES] [--batch-chunk BYTES] [--device N]
 //   nwt_native overlap   [--streams N] [--repeats N] [--warmup N] [--device N]
+//   nwt_native --help                   prints this usage
 //   nwt_native EXPERIMENT --dry-run     prints the error document and exits 3 without any CUDA call
-//   nwt_native summarize X...           prints the statistics of the numbers X (the writer, testable anywhere)
+//   nwt_native summarize X...           prints the statistics of the finite numbers X (the writer, testable anywhere)
 //   nwt_native ideal H K D STREAMS RH RD SERIAL
 //                                       prints the overlap ideals and the hand-off from those stage
 //                                       seconds, duplex ratios and serial-chunks seconds (testable anywhere)
@@ -24,7 +25,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -38,6 +41,16 @@
 namespace {
 
 const char* g_experiment = "none";
+
+const char* const kUsage =
+    "usage: nwt_native bandwidth [--repeats N] [--warmup N] [--min BYTES] [--max BYTES]\n"
+    "                            [--batch-total BYTES] [--batch-chunk BYTES] [--device N]\n"
+    "       nwt_native overlap   [--streams N] [--repeats N] [--warmup N] [--device N]\n"
+    "       nwt_native EXPERIMENT --dry-run       the error document, exit 3, no CUDA call\n"
+    "       nwt_native summarize X...             the statistics of the numbers X\n"
+    "       nwt_native ideal H K D STREAMS RH RD SERIAL\n"
+    "                                             the overlap ideals and the hand-off from those seconds\n"
+    "exit: 0 done and checked; 1 a CUDA error or a wrong result; 2 bad arguments; 3 no usable GPU\n";
 
 // ------------------------------------------------------------------ JSON, by hand and small
 
@@ -233,24 +246,40 @@ struct Args {
     long long batch_total = 64LL * 1024 * 1024, batch_chunk = 64 * 1024, streams = 4, device = 0;
 };
 
+// Counts end up in an int and sizes are doubled up to --max: bounded here, so neither can overflow.
+const long long kMostCount = INT_MAX, kMostBytes = 1LL << 62;
+
+// The whole number `text` (digits only, nothing around them) from 0 to `most`, or exit 2 naming `what`.
+long long whole(const std::string& what, const char* text, long long most) {
+    errno = 0;
+    long long v = std::strtoll(text, nullptr, 10);
+    bool digits = *text && std::strspn(text, "0123456789") == std::strlen(text);
+    if (!digits || errno == ERANGE || v > most)
+        fail(2, what + " needs a whole number from 0 to " + std::to_string(most) + ", got '" + text + "'");
+    return v;
+}
+
+// The finite number `text` (as strtod reads it, nothing after it), or exit 2.
+double real(const char* text) {
+    char* end = nullptr;
+    double v = std::strtod(text, &end);
+    if (!*text || end == text || *end || !std::isfinite(v))
+        fail(2, std::string("not a finite number: '") + text + "'");
+    return v;
+}
+
 Args parse(int argc, char** argv) {
     Args a;
     for (int i = 2; i < argc; ++i) {
         std::string k = argv[i];
         if (k == "--dry-run") fail(3, "dry run: no CUDA call was made");
+        long long* count = k == "--repeats" ? &a.repeats : k == "--warmup" ? &a.warmup : k == "--streams" ? &a.streams
+                           : k == "--device" ? &a.device : nullptr;
+        long long* bytes = k == "--min" ? &a.min : k == "--max" ? &a.max : k == "--batch-total" ? &a.batch_total
+                           : k == "--batch-chunk" ? &a.batch_chunk : nullptr;
         if (i + 1 >= argc) fail(2, "option " + k + " needs a value");
-        char* end = nullptr;
-        long long v = std::strtoll(argv[++i], &end, 10);
-        if (!end || *end || v < 0) fail(2, "option " + k + " needs a whole number >= 0, got '" + argv[i] + "'");
-        if (k == "--repeats") a.repeats = v;
-        else if (k == "--warmup") a.warmup = v;
-        else if (k == "--min") a.min = v;
-        else if (k == "--max") a.max = v;
-        else if (k == "--batch-total") a.batch_total = v;
-        else if (k == "--batch-chunk") a.batch_chunk = v;
-        else if (k == "--streams") a.streams = v;
-        else if (k == "--device") a.device = v;
-        else fail(2, "unknown option " + k);
+        if (!count && !bytes) fail(2, "unknown option " + k);
+        *(count ? count : bytes) = whole("option " + k, argv[++i], count ? kMostCount : kMostBytes);
     }
     if (a.repeats < 1 || a.min < 1 || a.max < a.min || a.streams < 1 || a.batch_chunk < 1 ||
         a.batch_total < a.batch_chunk || a.batch_total % a.batch_chunk)
@@ -662,25 +691,22 @@ int overlap(const Args& a, const std::string& device) {
 
 int main(int argc, char** argv) {
     std::string what = argc > 1 ? argv[1] : "";
+    if (what == "-h" || what == "--help") {
+        std::printf("%s", kUsage);
+        return 0;
+    }
     if (what == "summarize" && argc > 2) {
         std::vector<double> xs;
-        for (int i = 2; i < argc; ++i) {
-            char* end = nullptr;
-            xs.push_back(std::strtod(argv[i], &end));
-            if (!end || *end) fail(2, std::string("not a number: '") + argv[i] + "'");
-        }
+        for (int i = 2; i < argc; ++i) xs.push_back(real(argv[i]));
         std::printf("%s\n", stats_json(summarize(xs)).c_str());
         return 0;
     }
     if (what == "ideal" && argc == 9) {
         double x[7];
-        for (int i = 0; i < 7; ++i) {
-            char* end = nullptr;
-            x[i] = std::strtod(argv[i + 2], &end);
-            if (!end || *end) fail(2, std::string("not a number: '") + argv[i + 2] + "'");
-        }
-        const int S = static_cast<int>(x[3]);
-        if (S < 1 || x[4] <= 0 || x[5] <= 0) fail(2, "need streams >= 1 and positive duplex ratios");
+        for (int i = 0; i < 7; ++i) x[i] = i == 3 ? 0 : real(argv[i + 2]);
+        const int S = static_cast<int>(whole("streams", argv[5], kMostCount));
+        if (S < 1 || x[0] < 0 || x[1] < 0 || x[2] < 0 || x[4] <= 0 || x[5] <= 0)
+            fail(2, "need stage seconds >= 0, streams >= 1 and positive duplex ratios");
         double hop = handoff_seconds(x[6], x[0], x[1], x[2], S);
         std::printf("%s\n", object({{"ideal_seconds", num(measured_ideal(x[0], x[1], x[2], S, 1, 1, 0))},
                                      {"duplex_seconds", num(measured_ideal(x[0], x[1], x[2], S, x[4], x[5], 0))},
@@ -689,7 +715,7 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (what != "bandwidth" && what != "overlap") {
-        std::fprintf(stderr, "usage: nwt_native bandwidth|overlap [options] [--dry-run]\n");
+        std::fprintf(stderr, "%s", kUsage);
         fail(2, "the first argument must be 'bandwidth' or 'overlap'");
     }
     g_experiment = what == "bandwidth" ? "bandwidth" : "overlap";

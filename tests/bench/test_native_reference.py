@@ -104,6 +104,32 @@ def test_native_ideal_refuses_what_pipeline_model_refuses(native):
     assert run(native, "ideal", "1", "x", "1", "4", "1", "1", "3").returncode == 2
 
 
+@pytest.mark.parametrize("argv", [
+    ["overlap", "--repeats", "99999999999999999999999"],  # past long long: strtoll would clamp it
+    ["overlap", "--repeats", "3000000000"],  # past int, where the count ends up
+    ["bandwidth", "--max", "9223372036854775807"],  # doubling the sizes up to it would overflow
+    ["bandwidth", "--min", " 5"],
+    ["summarize", "nan", "1", "2"],  # NaN has no order: the median would be any number
+    ["summarize", ""],  # strtod reads nothing: it was 0
+    ["summarize", "1e999"],
+    ["ideal", "1", "1", "1", "2.5", "1", "1", "10"],  # streams are whole
+    ["ideal", "1", "1", "1", "nan", "1", "1", "10"],  # a NaN cast to int is undefined
+    ["ideal", "-1", "1", "1", "4", "1", "1", "10"],  # pipeline_model refuses negative stages
+    ["ideal", "1", "1", "1", "4", "nan", "1", "10"],
+])
+def test_native_refuses_numbers_out_of_range_in_one_json_line(native, argv):
+    proc = run(native, *argv)
+    assert proc.returncode == 2, proc.stdout
+    assert "error" in json.loads(proc.stdout) and proc.stderr.count("\n") == 1
+
+
+def test_native_help_names_every_command_and_exits_0(native):
+    proc = run(native, "--help")
+    assert proc.returncode == 0
+    for word in ("bandwidth", "overlap", "--dry-run", "summarize", "ideal", "--batch-chunk", "--streams"):
+        assert word in proc.stdout, word
+
+
 def test_native_prints_every_field_the_report_reads():
     source = (NATIVE / "nwt_native.cu").read_text()
     for key in ("experiment", "points", "direction", "memory", "nbytes", "gbps", "median", "batching",
