@@ -76,10 +76,17 @@ def loader_compare_in(tree: Path) -> Path:
     return study if study.is_file() else tree / "bench" / "loader_compare.py"
 
 
+def names_out_dir(arg: str) -> bool:
+    """Whether ``loader_compare.py`` reads ``arg`` as its ``--out-dir``: spelled out, with ``=``, or
+    abbreviated as argparse allows (``--out``); the runs' files must land where this script looks."""
+    name = arg.split("=", 1)[0]
+    return len(name) >= 3 and "--out-dir".startswith(name)
+
+
 def run_once(tree: Path, out_dir: Path, args: Sequence[str]) -> dict[Cell, float]:
     """``loader_compare.py`` of the checkout at ``tree``, importing its own package; its medians."""
     env = dict(os.environ, PYTHONPATH=str(tree))
-    cmd = [sys.executable, str(loader_compare_in(tree)), "--out-dir", str(out_dir), *args]
+    cmd = [sys.executable, str(loader_compare_in(tree)), *args, "--out-dir", str(out_dir)]  # the last one wins
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"interleave_compare: loader_compare failed in {tree}:\n{proc.stderr.strip()[-2000:]}")
@@ -156,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.rounds < 1:
         print("interleave_compare: --rounds must be >= 1", file=sys.stderr)
         return 2
-    if "--out-dir" in passthrough:
+    if any(names_out_dir(arg) for arg in passthrough):
         print("interleave_compare: --out-dir is this script's to choose; use --out", file=sys.stderr)
         return 2
     revs = {"before": resolve(args.before), "after": resolve(args.after)}

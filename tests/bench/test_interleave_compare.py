@@ -38,6 +38,8 @@ def test_cells_missing_from_a_run_are_left_out_and_one_round_gives_no_verdict():
     (["--before", "no-such-revision-xyz"], "is not a revision"),
     (["--before", "HEAD", "--rounds", "0"], "--rounds must be >= 1"),
     (["--before", "HEAD", "--", "--out-dir", "x"], "--out-dir is this script's to choose"),
+    (["--before", "HEAD", "--", "--workers", "0", "--out-dir=x"], "--out-dir is this script's to choose"),
+    (["--before", "HEAD", "--", "--out", "x"], "--out-dir is this script's to choose"),  # argparse's abbreviation
 ])
 def test_bad_arguments_get_one_line(argv, words, capsys):
     try:
