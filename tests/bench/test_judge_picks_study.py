@@ -74,3 +74,14 @@ def test_bad_input_exits_with_one_line(tmp_path, capsys):
     assert jp.main([str(a), str(b)]) == 2
     assert "different workloads" in capsys.readouterr().err
     assert jp.main([str(a), "--rounds", "1"]) == 2
+
+
+def test_json_prints_the_result_alone_on_stdout(tmp_path, capsys):
+    study = Path(jp.__file__).parent
+    runs = sorted(str(p) for p in study.glob("vm-2cpu-reproduce-n8-paired-run*"))
+    assert jp.main([*runs, "--curve", str(study / "judge_picks-vm-2cpu.json"), "--out-dir", str(tmp_path),
+                    "--json"]) == 0
+    out, err = capsys.readouterr()
+    printed = json.loads(out)  # a pipe into a JSON reader gets nothing else
+    assert printed == json.loads(next(tmp_path.glob("judge_picks-*.json")).read_text())
+    assert printed["best_on_odd_rounds"] == 5 and "the runs' picks" in err

@@ -49,3 +49,12 @@ def test_a_tiny_run_writes_its_result(tmp_path, capsys):
 def test_bad_input_exits_2(argv, capsys):
     assert ot.main(argv) == 2
     assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_json_prints_the_result_alone_on_stdout(tmp_path, capsys):
+    assert ot.main(["--workers", "1", "--batches", "3", "--batch-size", "2", "--step-ms", "0", "--io-ms", "0",
+                    "--decode-ms", "0", "--out-dir", str(tmp_path), "--json"]) == 0
+    out, err = capsys.readouterr()
+    printed = json.loads(out)  # a pipe into a JSON reader gets nothing else
+    assert printed == json.loads(next(tmp_path.glob("online_tuning-*.json")).read_text())
+    assert "online:" in err

@@ -210,7 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="judge against the rounds of an earlier judge_picks JSON (same workload) instead of measuring")
     p.add_argument("--iterations", type=int, default=50, help="timed batches per trial (whole worker rounds)")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
-    p.add_argument("--json", action="store_true", help="print the result as JSON too")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as JSON on stdout, alone; the tables go to stderr")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--note", default="", help="free text kept in the JSON (e.g. what else ran on the host)")
     return p
@@ -237,16 +238,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     stem = args.out_dir / f"judge_picks-{system.host_tag()}"
     report.write_json(result, stem.with_suffix(".json"))
     pct = lambda s: f"{s.ratio:.1%} [{s.low:.1%}, {s.high:.1%}]"  # noqa: E731
+    text = sys.stderr if args.json else sys.stdout  # with --json, stdout is the JSON alone
     print(report.table(["workers", "share of the best (90% interval)"],
-                       [[w, pct(s)] for w, s in result.shares.items()], title=f"best: {result.best} workers"))
+                       [[w, pct(s)] for w, s in result.shares.items()], title=f"best: {result.best} workers"),
+          file=text)
     print(report.table(["run", "fast pick", "fast share", "paper pick", "paper share", "exhaustive best",
                         "its share", "fast cost"],
                        [[j.run.name, j.run.fast_pick, pct(j.fast), j.run.paper_pick, pct(j.paper),
                          j.run.exhaustive_best, pct(j.exhaustive), f"{j.run.fast_cost_vs_paper:.0%}"]
-                        for j in result.judged], title="the runs' picks"))
+                        for j in result.judged], title="the runs' picks"), file=text)
+    print(report.wrote(stem.with_suffix(".json"), lambda png: plot(result, png)), file=text)
     if args.json:
         print(report.to_json(result))
-    print(report.wrote(stem.with_suffix(".json"), lambda png: plot(result, png)))
     return 0
 
 

@@ -141,7 +141,7 @@ def compare(workers: list[int], batches: int, batch_size: int, step_s: float, io
     for n in workers:
         fixed.append(run_epoch(dataset, batch_size, step_s, n, f"fixed {n}"))
         print(f"  fixed {n:2d} workers: phases {' '.join(f'{s:6.2f}' for s in fixed[-1].phase_s)} s, "
-              f"total {fixed[-1].total_s:6.2f} s", flush=True)
+              f"total {fixed[-1].total_s:6.2f} s", file=sys.stderr, flush=True)  # progress, as the tables under --json
     pick = one_shot_pick(fixed)
     online = run_epoch(dataset, batch_size, step_s, pick.num_workers, f"online from {pick.num_workers}",
                        cpu_budget=max(workers))  # the same range the fixed runs cover
@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--io-ms", type=float, default=1.0, help="phase 1's sleep per sample (phase 2: four times it)")
     p.add_argument("--decode-ms", type=float, default=0.5, help="phase 3's CPU time per sample")
     p.add_argument("--out-dir", type=Path, default=RESULTS)
-    p.add_argument("--json", action="store_true", help="print the result as JSON too")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as JSON on stdout, alone; the tables go to stderr")
     p.add_argument("--note", default="", help="free text kept in the JSON (e.g. what else ran on the host)")
     return p
 
@@ -230,12 +231,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = [[r.label, *(f"{s:.2f}" for s in r.phase_s), f"{r.total_s:.2f}"] for r in (*result.fixed, result.online)]
     rows.append(["hindsight (best per phase)", *(f"{min(r.phase_s[p] for r in result.fixed):.2f}" for p in range(3)),
                  f"{result.hindsight_s:.2f}"])
-    print(report.table(["run", *PHASES, "total s"], rows, title="online tuning vs fixed num_workers"))
+    text = sys.stderr if args.json else sys.stdout  # with --json, stdout is the JSON alone
+    print(report.table(["run", *PHASES, "total s"], rows, title="online tuning vs fixed num_workers"), file=text)
     print(f"online: {result.vs_hindsight:.3f}x hindsight, {result.vs_one_shot:.3f}x the one-shot pick "
-          f"({result.one_shot_workers} workers)")
+          f"({result.one_shot_workers} workers)", file=text)
+    print(report.wrote(stem.with_suffix(".json"), lambda png: plot(result, png)), file=text)
     if args.json:
         print(report.to_json(result))
-    print(report.wrote(stem.with_suffix(".json"), lambda png: plot(result, png)))
     return 0
 
 
