@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's GPU work on a GPU machine, as named steps, most important first, in two commands of
+# The project's GPU work on a GPU machine, as named steps, most important first, in commands of
 # under 10 minutes each (GPU_SESSION_SECONDS bounds each one).
 #
 #     bash bench/gpu_session.sh --list          # one line per step: name, estimated seconds, what it runs
@@ -273,8 +273,27 @@ unpack() {
     [ "$n" -gt 0 ] || { say "--unpack: no <device>/<step>.tgz or <device>/<step>/ under $src"; return 2; }
 }
 
+# The variables that shape a run, refused in one line before anything uses them.
+check_settings() {
+    local v pair
+    for v in "$budget" "$grace"; do
+        [[ $v =~ ^[0-9]+$ ]] || { say "GPU_SESSION_SECONDS and GPU_SESSION_KILL_GRACE take whole seconds, got '$v'"; exit 2; }
+    done
+    if ! [[ $nwt_scale =~ ^(0?\.[0-9]+|1(\.0*)?)$ ]] || awk -v s="$nwt_scale" 'BEGIN { exit !(s < 0.1) }'; then
+        say "GPU_SESSION_NWT_SCALE takes a number from 0.1 to 1, got '$nwt_scale'"
+        exit 2
+    fi
+    for pair in ${GPU_SESSION_ESTIMATES:+${GPU_SESSION_ESTIMATES//,/ }}; do
+        if ! [[ ${pair#*=} =~ ^[0-9]+$ && $pair = *=* ]] || ! names | grep -xF -- "${pair%%=*}" >/dev/null; then
+            say "GPU_SESSION_ESTIMATES takes step=seconds,... with steps $(names | paste -sd' '), got '$pair'"
+            exit 2
+        fi
+    done
+}
+
 case "${1:-}" in
     --list)
+        check_settings
         for s in "${STEPS[@]}"; do
             IFS='|' read -r name secs what <<<"$s"
             printf '%-16s %4d s  %s\n' "$name" "$(estimate_of "$name")" "$what"
@@ -299,13 +318,7 @@ case "${1:-}" in
         usage >&2; exit 2 ;;
 esac
 
-for v in "$budget" "$grace"; do
-    [[ $v =~ ^[0-9]+$ ]] || { say "GPU_SESSION_SECONDS and GPU_SESSION_KILL_GRACE take whole seconds, got '$v'"; exit 2; }
-done
-if ! [[ $nwt_scale =~ ^(0?\.[0-9]+|1(\.0*)?)$ ]] || awk -v s="$nwt_scale" 'BEGIN { exit !(s < 0.1) }'; then
-    say "GPU_SESSION_NWT_SCALE takes a number from 0.1 to 1, got '$nwt_scale'"
-    exit 2
-fi
+check_settings
 want=()
 for arg in "$@"; do
     if [ "$arg" = all ]; then

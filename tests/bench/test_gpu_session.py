@@ -350,10 +350,15 @@ def test_the_nwt_scale_scales_its_batches_and_estimate_and_is_written_beside_its
 
 
 @pytest.mark.parametrize("env", [{"GPU_SESSION_NWT_SCALE": "2"}, {"GPU_SESSION_NWT_SCALE": "0.05"},
-                                 {"GPU_SESSION_NWT_SCALE": "half"}, {"GPU_SESSION_SECONDS": "9m"}])
-def test_bad_settings_are_exit_2_in_one_line(tree, env):
+                                 {"GPU_SESSION_NWT_SCALE": "half"}, {"GPU_SESSION_SECONDS": "9m"},
+                                 {"GPU_SESSION_ESTIMATES": "nwt=abc"}, {"GPU_SESSION_ESTIMATES": "nope=30"},
+                                 {"GPU_SESSION_ESTIMATES": "info=4,nwt"}])
+@pytest.mark.parametrize("args", [["info"], ["--list"]])
+def test_bad_settings_are_exit_2_in_one_line(tree, env, args):
+    """--list as well: it shows the estimates a bad setting would have changed (an estimate it could not
+    read was once ignored without a word)."""
     script, stub = tree
-    proc = run(["info"], script, PYTHON=stub, **env)
+    proc = run(args, script, PYTHON=stub, **env)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and proc.stdout == ""
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from cupy_nwt.reporting.figures import figure
+from cupy_nwt.reporting.tables import write_json
 
 GOAL = 0.97
 COPY_BOUND_FROM = 1024**2  # pinned copies from this size are set by the link, not by the call
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as exc:
         print(f"native_report: {exc}", file=sys.stderr)
         return 2
-    (args.folder / "native_vs_cupy_nwt.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_json(report, args.folder / "native_vs_cupy_nwt.json")
     print(table(report))
     return 0
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cupy_nwt.reporting.figures import figure
+from cupy_nwt.reporting.tables import write_json
 
 TARGET = 1.10  # DESIGN.md: v1 and v2 within 10 % of the ideal pipelined time
 VERSIONS = ("async_v1", "async_v2")
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         return 3
     doc = sweep(streams, sizes, args.rounds, lambda s, n: run_on_gpu(s, n, args.repeats))
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    write_json(doc, args.output)
     print(table(doc))
     print(f"wrote {args.output}")
     return 0

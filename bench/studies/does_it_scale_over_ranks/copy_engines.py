@@ -19,7 +19,6 @@ Exit 0 done, 2 bad arguments, 3 no usable GPU (one line).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import sys
 import time
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from cupy_nwt.reporting.figures import figure
+from cupy_nwt.reporting.tables import write_json
 
 FORMAT = "cupy_nwt.copy_engines/1"
 Copy = tuple[int, float, float]  # bytes copied, start, end (time.monotonic: one clock for all processes)
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         copiers.close()
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+    write_json(doc, args.output)
     for i, r in enumerate(doc["rounds"]):
         print(f"round {i + 1}: one process {r['one_gbps']:.1f} GB/s; two at once {r['two_aggregate_gbps']:.1f} GB/s "
               f"in all ({', '.join(f'{x:.1f}' for x in r['two_each_gbps'])} each)")

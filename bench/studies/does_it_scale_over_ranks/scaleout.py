@@ -52,6 +52,7 @@ def run_rank(args: argparse.Namespace) -> None:
         SyntheticCIFAR10,  # noqa: PLC0415
     )
     from cupy_nwt.ranks import rank_layout, worker_budget  # noqa: PLC0415
+    from cupy_nwt.reporting.tables import write_json  # noqa: PLC0415
 
     dist.init_process_group("gloo")
     layout = rank_layout()
@@ -86,7 +87,7 @@ def run_rank(args: argparse.Namespace) -> None:
               "num_workers": loader.num_workers, "device": loader.device, "device_id": loader.device_id,
               "pin_path": loader.pin_path, "samples": args.batches * args.batch_size, "start": start, "end": end,
               "samples_per_second": args.batches * args.batch_size / (end - start)}
-    (args.out / f"rank{layout.rank}.json").write_text(json.dumps(record))
+    write_json(record, args.out / f"rank{layout.rank}.json")
     dist.destroy_process_group()
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 import os
 import platform
 import sys
@@ -53,6 +52,7 @@ from cupy_nwt.data import EncodedJpegs, GpuJpegDecoder, ImageFolder, gpu_decode_
 from cupy_nwt.data.jpeg_codecs import BACKENDS, ROI_MODES  # noqa: E402
 from cupy_nwt.errors import CupyNwtError  # noqa: E402
 from cupy_nwt.reporting.figures import median_interval  # noqa: E402
+from cupy_nwt.reporting.tables import write_json  # noqa: E402
 
 IMAGENET_SIZE = (375, 500)  # height, width of the typical landscape ImageNet photo
 ARMS = ("decode", "pipeline", "read", "read-cpu")
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     out = Path(args.out_dir) / f"gpu_decode-{name.replace(' ', '-')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, out)
     for arm, s in result["arms"].items():
         print(f"{arm}: median {s['median']:,.0f} images/s, 90% interval {s['interval_90'][0]:,.0f}-"
               f"{s['interval_90'][1]:,.0f} over {args.repeats} rounds ({path} path)")
