@@ -54,7 +54,10 @@ def default_workers(cpus: int | None = None) -> list[int]:
     """0, 1, 2, 4, ... up to the usable CPUs (always including that count); $CUPY_NWT_BENCH_WORKERS overrides."""
     env = os.environ.get("CUPY_NWT_BENCH_WORKERS")
     if env:
-        return parse_workers(env)
+        try:
+            return parse_workers(env)
+        except ValueError as exc:
+            raise ValueError(f"CUPY_NWT_BENCH_WORKERS: {exc}") from None
     cpus = cpus or system.usable_cpus()
     out, w = [0, 1], 2
     while w < cpus:

@@ -63,3 +63,14 @@ def test_the_stream_reads_on_past_an_epochs_end_reshuffled(loader_compare):
     first, second = [[int(x) for b in (next(stream) for _ in range(3)) for x in b] for _ in range(2)]
     stream.close()
     assert sorted(first) == sorted(second) == list(range(6)) and first != second  # two epochs, reshuffled
+
+
+def test_a_bad_worker_list_in_the_environment_is_named(monkeypatch):
+    """The suites read their worker counts from CUPY_NWT_BENCH_WORKERS at collection: a bad one names it."""
+    from bench.workloads import default_workers
+
+    monkeypatch.setenv("CUPY_NWT_BENCH_WORKERS", "0,two")
+    with pytest.raises(ValueError, match=r"^CUPY_NWT_BENCH_WORKERS: workers must be comma-separated integers, got "):
+        default_workers()
+    monkeypatch.setenv("CUPY_NWT_BENCH_WORKERS", "4,0")
+    assert default_workers() == [0, 4]
