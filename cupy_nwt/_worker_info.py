@@ -42,8 +42,16 @@ class WorkerInfo:
     world_size: int = 1
 
 
+class _ThreadInfo(threading.local):
+    """A thread's worker info and reading ranks, None by default: read per sample (``ProcessRng``), so a thread
+    that has none finds the default, where ``getattr(local, name, None)`` raises and catches an AttributeError."""
+
+    info: WorkerInfo | None = None  # a worker thread's: the main thread has none
+    ranks: tuple[int, int] | None = None  # a loader's reading its stream in this thread without workers
+
+
 _process_info: WorkerInfo | None = None  # a worker process's
-_thread_info = threading.local()  # a worker thread's: the main thread has none
+_thread_info = _ThreadInfo()
 
 
 def get_worker_info() -> WorkerInfo | None:
@@ -51,7 +59,7 @@ def get_worker_info() -> WorkerInfo | None:
 
     Per thread: a thread worker sees its own, the main thread of the main process sees None.
     """
-    info: WorkerInfo | None = getattr(_thread_info, "info", None)
+    info = _thread_info.info
     return info if info is not None else _process_info
 
 
@@ -71,7 +79,7 @@ def main_reader(rank: int, world_size: int) -> Iterator[None]:
     """While a loader without workers reads its stream in this thread: the loader's rank and world size,
     which ``current_reader`` takes (``get_worker_info()`` stays None in the main process, as in PyTorch),
     so each rank's stream reads its own share there too."""
-    previous = getattr(_thread_info, "ranks", None)
+    previous = _thread_info.ranks
     _thread_info.ranks = (rank, world_size)
     try:
         yield
@@ -81,8 +89,7 @@ def main_reader(rank: int, world_size: int) -> Iterator[None]:
 
 def main_reader_ranks() -> tuple[int, int] | None:
     """The (rank, world size) of the loader reading a stream in this thread without workers; None otherwise."""
-    ranks: tuple[int, int] | None = getattr(_thread_info, "ranks", None)
-    return ranks
+    return _thread_info.ranks
 
 
 def worker_seed(seed: int, worker_id: int, epoch: int = 0) -> int:
