@@ -31,9 +31,8 @@ def _new_making_lock() -> None:
 os.register_at_fork(after_in_child=_new_making_lock)
 
 
-def _worker() -> tuple[int, int] | None:
-    """(id, seed) of the worker asking: cupy_nwt's, else torch's when torch is loaded; None outside one."""
-    info = get_worker_info()
+def _worker(info: Any) -> tuple[int, int] | None:
+    """(id, seed) of the worker asking: cupy_nwt's ``info``, else torch's when torch is loaded; None outside one."""
     if info is None and "torch" in sys.modules:
         info = sys.modules["torch"].utils.data.get_worker_info()
     return None if info is None else (int(info.id), int(info.seed))
@@ -47,6 +46,8 @@ class ProcessRng:
         seed: the transform's seed (None: fresh entropy in every process and worker).
     """
 
+    _last: tuple[int, Any, np.random.Generator] | None = None  # (pid, worker info, its stream) of the last draw
+
     def __init__(self, seed: int | None) -> None:
         self.seed = check_int("seed", seed, ge=0, optional=True)
         self._origin = os.getpid()
@@ -54,7 +55,18 @@ class ProcessRng:
 
     def get(self) -> np.random.Generator:
         """This worker's stream (made on its first draw; a worker of a later epoch has another seed)."""
-        pid, worker = os.getpid(), _worker()
+        # asked per sample: the last asker's stream is found by its process and cupy_nwt worker info alone (torch
+        # sets a worker's info once, before the worker reads its dataset; the main process has none)
+        pid, info = os.getpid(), get_worker_info()
+        last = self._last
+        if last is not None and last[0] == pid and last[1] is info:
+            return last[2]
+        rng = self._stream(pid, _worker(info))
+        self._last = (pid, info, rng)
+        return rng
+
+    def _stream(self, pid: int, worker: tuple[int, int] | None) -> np.random.Generator:
+        """The stream of worker ``(id, seed)`` (None: no worker) in process ``pid``, made under the lock once."""
         key, wseed = (pid, None if worker is None else worker[0]), None if worker is None else worker[1]
         held = self._streams.get(key)
         if held is not None and held[0] == wseed:

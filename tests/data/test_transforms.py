@@ -261,3 +261,34 @@ def test_a_seeded_loaders_per_sample_crops_repeat_run_after_run_with_workers(wor
     first = run()
     assert run() == first
     assert len(set(first)) > 12  # two workers' streams, not one stream twice
+
+
+def test_fresh_thread_workers_of_a_later_epoch_draw_their_own_crops_and_repeat():
+    """Threads started for epoch 1 are the same process and worker ids as epoch 0's, with new worker seeds: they
+    draw from their own streams (not epoch 0's again), and a second run repeats both epochs."""
+    from cupy_nwt import DataLoader
+
+    def run() -> list[list[float]]:
+        data = _Rows(RandomCrop(1, seed=7))
+        with DataLoader(data, batch_size=4, num_workers=2, worker_type="thread", seed=11) as dl:
+            return [[float(x) for b in dl for x in b] for _ in range(2)]
+
+    first = run()
+    assert first[0] != first[1]
+    assert run() == first
+
+
+def test_torch_workers_draw_a_seeded_transform_apart_and_repeat():
+    """A torch DataLoader's workers (torch's worker info, not cupy_nwt's) each draw from their own stream of the
+    transform's seed, and a seeded torch run repeats them."""
+    torch = pytest.importorskip("torch")
+
+    def run() -> list[float]:
+        data = _Rows(RandomCrop(1, seed=7))
+        dl = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2, generator=torch.Generator().manual_seed(3),
+                                         multiprocessing_context="fork")
+        return [float(x) for b in dl for x in b]
+
+    first = run()
+    assert run() == first
+    assert len(set(first)) > 12
