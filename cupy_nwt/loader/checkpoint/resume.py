@@ -149,9 +149,12 @@ def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> 
 
 def dealer(plan: Any) -> Callable[[int], int] | None:
     """For a map-style plan, which batch of the epoch each task is: a resumed task then goes to the worker that
-    made that batch in the uninterrupted run (batch b to worker b % workers), whose dataset state it resumes."""
+    made that batch in the uninterrupted run (batch b to worker b % workers), whose dataset state it resumes.
+    None where task b is batch b (nothing delivered before: a fresh epoch), so a task goes to its own worker."""
     if isinstance(plan, SessionPlan):
-        todo = plan.todo
+        todo = plan.todo  # ascending batches of 0..: the last is len - 1 only when none is left out
+        if not len(todo) or todo[-1] == len(todo) - 1:
+            return None
         return lambda b: int(todo[b])
     if isinstance(plan, _SkipPlan):
         ids = plan.ids

@@ -224,16 +224,16 @@ class WorkerSource(BatchSource):
                 if worker is None:
                     return
                 self.cursor = worker + 1
-            elif not self.workers.submit(b, indices, seed, self._worker_for(b), spill=not self.in_order):
+            elif not self.workers.submit(b, indices, seed, None if self.deal is None else self._worker_for(b),
+                                         spill=not self.in_order):
                 return
             self.owner[b] = self.workers.last_worker
             self.pending = None
             self.submitted += 1
 
-    def _worker_for(self, b: int) -> int | None:
-        """The worker of map-style task ``b``: the one its batch has in the uninterrupted epoch (None: ``b``'s)."""
-        if self.deal is None:
-            return None
+    def _worker_for(self, b: int) -> int:
+        """The worker of map-style task ``b`` when there is a ``deal``: the one its batch has in the uninterrupted epoch."""
+        assert self.deal is not None
         return self.deal(b) % max(1, min(self.workers.active, self.workers.size))
 
     def _stream_turn(self) -> list[int]:
