@@ -185,6 +185,7 @@ class WorkerSource(BatchSource):
                  cursor: int = 0, shared: bool = False, deal: Callable[[int], int] | None = None,
                  bad: BadSampleCount | None = None) -> None:
         self.workers, self.slots, self.plan, self.epoch = workers, workers.slots, plan, plan.epoch
+        self.stream = plan.stream
         self.events, self.clock = events, clock
         self.in_order, self.timeout, self.spec = in_order, timeout, spec
         if spec is not None and spec.known is not None and self.slots.ring is None:
@@ -211,17 +212,24 @@ class WorkerSource(BatchSource):
         self.bad_waiting: dict[int, Bad] = {}  # in order: a batch's left-out samples, counted in its turn
 
     def _submit(self) -> None:
+        """Hand out tasks while the workers take them. Called several times a batch, mostly with every slot taken:
+        that refusal (``Dispatch.submit``'s first) is read here, without a call, once the next task is known."""
+        slots, stream = self.slots, self.stream
         while not self.planned_all:
             if self.pending is None:
                 self.pending = next(self.tasks, None)
-            turn = self._stream_turn() if self.plan.stream else []
-            if self.pending is None or (self.plan.stream and not turn):
+            turn = self._stream_turn() if stream else None
+            if self.pending is None or (stream and not turn):
                 self.planned_all, self.pending = True, None
                 return
+            if not slots.free and slots.ring is not None:
+                return
             b, indices, seed = self.pending
-            if self.plan.stream:
-                worker = next((w for w in turn if self.workers.submit(b, indices, seed, w)), None)
-                if worker is None:
+            if turn is not None:
+                for worker in turn:
+                    if self.workers.submit(b, indices, seed, worker):
+                        break
+                else:
                     return
                 self.cursor = worker + 1
             elif not self.workers.submit(b, indices, seed, None if self.deal is None else self._worker_for(b),
