@@ -27,6 +27,7 @@ import pickle
 import socket
 import struct
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -50,19 +51,22 @@ class _Pickler(pickle.Pickler):
         return tensor_reduction(obj) or NotImplemented
 
 
-def _dumps(msg: Any, **options: Any) -> bytes:
-    if "torch" not in sys.modules:
-        return pickle.dumps(msg, **options)
-    out = io.BytesIO()
-    _Pickler(out, **options).dump(msg)
-    return out.getvalue()
+def _dumps(msg: Any, buffer_callback: Callable[[pickle.PickleBuffer], bool] | None = None) -> bytes:
+    """``msg`` pickled; with ``buffer_callback``, by protocol 5, whose buffers it may take out of band."""
+    if "torch" in sys.modules:
+        out = io.BytesIO()
+        _Pickler(out, None if buffer_callback is None else 5, buffer_callback=buffer_callback).dump(msg)
+        return out.getvalue()
+    if buffer_callback is None:  # a task or an answer: every batch, keyword-free
+        return pickle.dumps(msg)
+    return pickle.dumps(msg, 5, buffer_callback=buffer_callback)
 
 
 def send(fd: int, msg: Any, spill: socket.socket | None = None) -> None:
     """Pickle ``msg`` and write it whole to the pipe ``fd`` (blocking, as ``Connection.send``); with ``spill``,
     its buffers of ``SPILL_BYTES`` or more go through a file handed over that socket."""
     big: list[pickle.PickleBuffer] = []
-    data = _dumps(msg) if spill is None else _dumps(msg, protocol=5, buffer_callback=lambda b: _keep(b, big))
+    data = _dumps(msg) if spill is None else _dumps(msg, lambda b: _keep(b, big))
     if big:
         assert spill is not None
         frame = _spill(data, big, spill)
@@ -71,8 +75,10 @@ def send(fd: int, msg: Any, spill: socket.socket | None = None) -> None:
             return
         data = _dumps(msg)  # no file to be had: every buffer in the pipe
     n = len(data)
-    head = _SHORT.pack(n) if n <= 0x7FFFFFFF else _SHORT.pack(-1) + _LONG.pack(n)
-    _write(fd, head + data)
+    frame = (_SHORT.pack(n) if n <= 0x7FFFFFFF else _SHORT.pack(-1) + _LONG.pack(n)) + data
+    done = os.write(fd, frame)
+    if done < len(frame):
+        _write(fd, frame, done)
 
 
 def _keep(buffer: pickle.PickleBuffer, big: list[pickle.PickleBuffer]) -> bool:
@@ -160,12 +166,11 @@ def _read(fd: int, total: int) -> memoryview:
     return whole
 
 
-def _write(fd: int, buf: bytes) -> None:
-    done = os.write(fd, buf)
-    if done < len(buf):  # a message past the pipe's capacity: the rest as the reader frees room
-        view = memoryview(buf)[done:]
-        while view:
-            view = view[os.write(fd, view):]
+def _write(fd: int, buf: bytes, done: int = 0) -> None:
+    """``buf`` from byte ``done`` on; a message past the pipe's capacity goes as the reader frees room."""
+    view = memoryview(buf)[done:]
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class Inbox:
