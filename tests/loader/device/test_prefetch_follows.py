@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from test_prefetch import LazyCuda
 from toy_data import Squares
 
@@ -115,6 +114,7 @@ def test_pin_memory_set_on_a_gpu_loader_changes_how_its_ring_is_pinned(num_worke
 
 
 def test_output_set_on_a_gpu_loader_changes_the_framework_of_its_batches():
+    torch = pytest.importorskip("torch", reason="torch is a test-only extra")
     ops = Gpu()
     with loader(ops, "cuda", output="cupy") as dl:
         assert all(type(x) is np.ndarray for x, _ in dl)  # the fake GPU's arrays, handed out as they are
