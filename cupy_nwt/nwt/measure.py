@@ -39,8 +39,10 @@ class LoaderMeasure:
     ``drop_last`` so every batch is full, persistent workers so a short dataset wraps into the
     next epoch without a restart), takes ``warmup + iterations`` batches and closes it. On the GPU
     each batch counts as arrived once the consumer's stream has its H2D copy (we synchronise it).
-    Memory is sampled over the main process and the live workers for the whole trial, and the CPUs
-    other processes took meanwhile are read from the kernel's accounting (``contention.py``).
+    Memory is sampled over the main process and the live workers from the first batch to the last
+    (the sampling thread starts once the workers are forked: a worker forked beside a running thread
+    may inherit a lock it held, and Python 3.12 warns of such a fork), and the CPUs other processes
+    took meanwhile are read from the kernel's accounting (``contention.py``).
     ``worker_type`` ("process" or "thread") is the loader's.
 
     With ``warmup == 0`` (the paper) the clock starts before the loader is built, so start-up
@@ -156,24 +158,28 @@ class LoaderMeasure:
             warmup += workers * (self.prefetch_factor - 1)
         step = self._step_fn()
         stepped: list[float] = []
+        sampler = MemorySampler(loader.worker_pids, interval=self.memory_interval)
         try:
-            with MemorySampler(loader.worker_pids, interval=self.memory_interval) as sampler:
-                for batch in _endless(loader, warmup + iterations):
+            for batch in _endless(loader, warmup + iterations):
+                if not stamps:  # the workers are up: the sampler's thread starts after their fork, not beside it
+                    sampler.start()
+                if sync is not None:
+                    sync()
+                if busy is not None and not stamps:
+                    busy.confine(loader.worker_pids())  # forkserver's workers do not inherit ours
+                if self.decode is not None:
+                    batch = self.decode(batch)
+                if step is not None:
+                    t_step = time.perf_counter()
+                    step(batch)
                     if sync is not None:
                         sync()
-                    if busy is not None and not stamps:
-                        busy.confine(loader.worker_pids())  # forkserver's workers do not inherit ours
-                    if self.decode is not None:
-                        batch = self.decode(batch)
-                    if step is not None:
-                        t_step = time.perf_counter()
-                        step(batch)
-                        if sync is not None:
-                            sync()
-                        stepped.append(time.perf_counter() - t_step)
-                    stamps.append(time.perf_counter())
+                    stepped.append(time.perf_counter() - t_step)
+                stamps.append(time.perf_counter())
+            sampler.stop()
             others = self._others.end(own + loader.worker_pids())
         finally:
+            sampler.stop()
             loader.close()
         wall = time.perf_counter() - t_begin
         start = t_begin if warmup == 0 else stamps[warmup - 1]

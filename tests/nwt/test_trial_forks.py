@@ -1,0 +1,48 @@
+"""A tuner trial forks its loader's workers beside no thread of its own.
+
+A worker forked while another thread runs may inherit a lock that thread held, locked forever, and
+Python 3.12 warns of every such fork (a DeprecationWarning naming the process as multi-threaded).
+The trial's memory sampler is a thread: it must start once the workers are forked, not before.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+import numpy as np
+
+from cupy_nwt.data.datasets import ArrayDataset
+from cupy_nwt.nwt.measure import LoaderMeasure
+
+_forks: list[set[str]] = []
+_watching = threading.Event()
+
+
+def _note_threads() -> None:
+    if _watching.is_set():
+        _forks.append({t.name for t in threading.enumerate() if t is not threading.current_thread()})
+
+
+os.register_at_fork(before=_note_threads)
+
+
+def test_a_trial_forks_its_workers_beside_no_thread_it_started():
+    rng = np.random.default_rng(0)
+    data = ArrayDataset(rng.integers(0, 255, (64, 8, 8, 3), dtype=np.uint8), np.arange(64) % 10)
+    trial = LoaderMeasure(data, batch_size=8, device="cpu", multiprocessing_context="fork")
+    trial.preflight()
+    before = {t.name for t in threading.enumerate()}  # an earlier test's threads are not the trial's
+    _forks.clear()
+    _watching.set()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = trial(2, 8, 2)
+    finally:
+        _watching.clear()
+    assert len(_forks) == 2  # the two workers
+    assert [names - before for names in _forks] == [set(), set()]
+    assert not [w for w in caught if "multi-threaded" in str(w.message)]
+    assert got.peak_memory_bytes is not None and got.peak_memory_bytes > 0
