@@ -9,6 +9,7 @@ must not bury the log in 200 lines. Every command and search that shows progress
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +28,18 @@ def is_terminal(stream: Any) -> bool:
         return bool(stream.isatty())
     except (AttributeError, ValueError, OSError):  # no isatty, or a closed stream
         return False
+
+
+@functools.cache
+def _quiet_tqdm() -> type:
+    """tqdm without its monitor thread, which runs while a bar is drawn (and in tqdm 4.70 until the process
+    ends): the tuner's trials and a loader's worker start fork workers under a bar, and a worker forked
+    beside a thread may inherit a lock it held, locked (Python 3.12 warns of such a fork). The monitor
+    only redraws a bar that skips redraws (``miniters`` > 1); ours sets 1, so it redraws once
+    ``mininterval`` has passed."""
+    from tqdm import tqdm  # noqa: PLC0415 - only when a bar is drawn
+
+    return type("QuietTqdm", (tqdm,), {"monitor_interval": 0})
 
 
 class ProgressBar:
@@ -57,9 +70,8 @@ class ProgressBar:
         self._last: float | None = None
         self._bar = None
         if enabled and is_terminal(self.stream):
-            from tqdm import tqdm  # noqa: PLC0415 - only when a bar is drawn
-
-            self._bar = tqdm(total=total, desc=desc, unit=unit, file=self.stream, leave=False, dynamic_ncols=True)
+            self._bar = _quiet_tqdm()(total=total, desc=desc, unit=unit, file=self.stream, leave=False,
+                                      dynamic_ncols=True, miniters=1)
 
     def step(self, label: str = "") -> None:
         if not self.enabled:

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -70,6 +74,32 @@ def test_a_terminal_gets_a_redrawn_bar():
         bar.step("a")
         bar.step("b")
     assert "\r" in term.getvalue() and "sweep" in term.getvalue()
+
+
+BAR_THEN_FORK = """
+import io, os, threading, warnings
+from cupy_nwt.reporting.progress import ProgressBar
+class Terminal(io.StringIO):
+    def isatty(self):
+        return True
+warnings.simplefilter("always")
+with ProgressBar(2, "trials", stream=Terminal()) as bar:
+    bar.step("a")
+    print(sorted(t.name for t in threading.enumerate()))
+    pid = os.fork()  # a trial's loader forks its workers under the bar
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+print(sorted(t.name for t in threading.enumerate()))
+"""
+
+
+def test_a_bar_on_a_terminal_runs_no_thread_a_fork_would_copy_a_lock_of():
+    """Python 3.12 warns of a fork beside a thread (a lock it held stays locked in the child)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    got = subprocess.run([sys.executable, "-c", BAR_THEN_FORK], capture_output=True, text=True, env=env, timeout=60)
+    assert got.stdout.splitlines() == ["['MainThread']", "['MainThread']"], got.stderr
+    assert "multi-threaded" not in got.stderr
 
 
 def test_disabled_progress_writes_nothing():
