@@ -146,6 +146,19 @@ def checkout_code(pyc: str) -> None:
         del sys.path_importer_cache[path]
 
 
+def as_a_worker(dataset: Any) -> None:
+    """Make the batches as worker 0 of a loader seeded 0 does in epoch 0: its ``get_worker_info()``, and
+    Python's and NumPy's global generators seeded from its seed. A random draw (a seeded per-sample
+    transform, a dataset's ``np.random``) is then the same in every count, whatever this process's id,
+    so its work is too."""
+    from cupy_nwt._worker_info import WorkerInfo, enter_process, worker_seed  # noqa: PLC0415
+    from cupy_nwt.loader.workers.process_main import seed_globals  # noqa: PLC0415
+
+    seed = worker_seed(0, 0, 0)
+    enter_process(WorkerInfo(0, 1, seed, dataset))
+    seed_globals(seed)
+
+
 def main(argv: list[str]) -> int:
     global _plan
     checkout_code(os.path.join(os.path.dirname(argv[1]), "pyc"))
@@ -155,6 +168,7 @@ def main(argv: list[str]) -> int:
     if not batches:
         print("the counting plan holds no batch", file=sys.stderr)
         return 2
+    as_a_worker(maker.dataset)
     maker.make(*batches[0])
     if len(argv) > 3 and argv[2] == "--native":
         native(argv[3])
