@@ -2,8 +2,10 @@
 
 Workloads and loaders come from ``bench.workloads`` (same dataset object, batch size, workers, fork
 start, and per-batch ``CifarTrainTransform`` for both). One round is one batch, after ``WARMUP``
-untimed batches that include worker start-up; ``samples_per_s`` goes into ``extra_info`` (the
-throughput gate of the cupy_nwt pytest plugin watches it). torch benchmarks skip without torch.
+untimed batches that include worker start-up; ``samples_per_s`` goes into ``extra_info``, shown by the
+cupy_nwt plugin's throughput gate but never judged: a plain ``benchmark`` times the test's own code, which
+nothing counts or runs at a base revision (the gate judges ``test_bench_gate.py``). torch benchmarks skip
+without torch.
 Worker counts: 0, 1, 2, 4, ... up to the usable CPUs, or $CUPY_NWT_BENCH_WORKERS="0,2,4".
 """
 
@@ -17,17 +19,6 @@ BATCH_SIZE = 128
 BATCHES = 25
 WARMUP = 3
 WORKERS = lc.default_workers()
-
-
-@pytest.fixture(scope="module")
-def workloads(tmp_path_factory):
-    wls = {w.name: w for w in lc.make_workloads(tmp_path_factory.mktemp("loader-bench"), decode_images=4096,
-                                                array_images=8192)}
-    yield wls
-    for w in wls.values():
-        close = getattr(w.dataset, "close", None)
-        if close:
-            close()
 
 
 def _bench(benchmark, kind: str, workload: lc.Workload, num_workers: int) -> None:

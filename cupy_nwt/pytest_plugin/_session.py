@@ -34,6 +34,10 @@ _GATE_OPTIONAL = ("--benchmark-compare",)
 #: exact instruction counts move by less than 0.1% between runs of the same code
 DEFAULT_INSTRUCTIONS_DROP_PCT = 1.0
 _GATE_FLAGS = ("--nwt-require-baseline",)
+#: the remedy for a plain ``benchmark``: nothing but its own clock is known, here or at a base revision
+_PLAIN = ("a plain benchmark times the test's own code, which nothing counts: write the pipeline's test with "
+          "loader_benchmark (counted exactly, and run beside a base revision under --nwt-against)")
+_AGAINST = ", or add --nwt-against REV (measured in this job)"
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,18 @@ class ThroughputGate:
         return [name for name in self._only({"reported", "other-machine"}) if name not in clocks_only]
 
     @property
+    def not_beside(self) -> list[str]:
+        """Under ``--nwt-against``, benchmarks the base revision did not run and no baseline judged: a plain
+        ``benchmark`` times the test's own code here alone, where ``loader_benchmark`` runs its pipeline at both."""
+        if self.against is None or self.max_drop_pct is None:
+            return []
+        judged = {c.fullname for c in self.comparisons
+                  if c.judgement(self.max_drop_pct).verdict in ("ok", "regressed", "inconclusive")}
+        listed = set(self.unjudged) | set(self.other_machine)
+        return [name for name, info in self.current.items()
+                if not isinstance(info.get("against"), Mapping) and name not in judged | listed]
+
+    @property
     def failed(self) -> bool:
         return bool(self.regressions or self.missing or self.unsaved)
 
@@ -138,8 +154,10 @@ class ThroughputGate:
                 self.lines.append((f"{name}: no entry in the baseline {path} (--nwt-require-baseline); add it with: "
                                    f"{create_command(config, path)}", "regressed"))
         if self.max_drop_pct is not None and (baselines or self.against) and not self.comparisons and not self.missing:
-            text = ("no throughput compared: no benchmark of this run has a watched figure both now and in "
-                    f"the baseline ({', '.join(s for s, _ in baselines)})")
+            sources = [f"the baseline {source}" for source, _ in baselines]
+            if self.against is not None:
+                sources.append(f"{self.against.name}'s run beside it (--nwt-against)")
+            text = f"no throughput compared: no benchmark of this run has a watched figure both now and in {' or '.join(sources)}"
             self.lines.append((text, "note"))
         if self.options.save_path is not None:
             self._save(self.options.save_path)
@@ -174,11 +192,14 @@ class ThroughputGate:
             groups.setdefault(self._what_would_judge(name, no_valgrind), []).append(name)
         if self.other_machine:
             groups.setdefault("their baseline was made on another machine (each line names the difference); make "
-                              "the baseline on the machine that runs the gate", []).extend(self.other_machine)
+                              f"the baseline on the machine that runs the gate{_AGAINST}", []).extend(self.other_machine)
+        if self.not_beside:
+            assert self.against is not None
+            groups.setdefault(f"{self.against.name} did not run them: --nwt-against runs only loader_benchmark's "
+                              f"pipelines at both revisions, {_PLAIN}", []).extend(self.not_beside)
         for why, names in groups.items():
             out.append((f"cupy_nwt throughput gate judged nothing for {len(names)} benchmark(s) "
-                        f"({', '.join(names)}): {why}, or add --nwt-against REV (measured in this job)",
-                        "inconclusive"))
+                        f"({', '.join(names)}): {why}", "inconclusive"))
         if self.inconclusive:
             text = (f"cupy_nwt throughput gate INCONCLUSIVE for {len(self.inconclusive)} figure(s): the noise "
                     f"reaches past the {self.max_drop_pct:g}% limit (not a failure; rerun on a quieter "
@@ -190,15 +211,17 @@ class ThroughputGate:
         """Why a benchmark's figures were only shown, and what would let them be judged against a baseline."""
         shown = "their clocks against a baseline from another time are shown, not judged"
         contexts = [c.context for c in self.comparisons if c.fullname == name]
+        if not _is_pipeline(self.current.get(name, {})):
+            return f"{shown}; {_PLAIN}"
         if any(ctx.io_bound for ctx in contexts):
-            return f"{shown}; they wait rather than compute, so no count of their work decides"
+            return f"{shown}; they wait rather than compute, so no count of their work decides{_AGAINST}"
         if any(ctx.new_counted == "callgrind" for ctx in contexts):
             return (f"{shown}; the baseline was not counted as this run was (by callgrind, over as many samples, "
-                    "with the same weights): save it again here with --nwt-save-baseline")
+                    f"with the same weights): save it again here with --nwt-save-baseline{_AGAINST}")
         if no_valgrind:
-            return f"{shown}; install valgrind (exact instruction counts)"
+            return f"{shown}; install valgrind (exact instruction counts){_AGAINST}"
         return (f"{shown}; nothing was counted exactly here: only loader_benchmark's pipelines are counted (an "
-                "'instructions not counted' note says why one was not)")
+                f"'instructions not counted' note says why one was not){_AGAINST}")
 
     def _baselines(self, config: pytest.Config) -> list[tuple[str, Mapping[str, Mapping[str, Any]]]]:
         out: list[tuple[str, Mapping[str, Mapping[str, Any]]]] = []
@@ -314,6 +337,11 @@ def components_line(old: Mapping[str, float] | None, new: Mapping[str, float] | 
             text += f" (baseline {_fmt(old[k])}, {signed_change(old[k], new[k])})"
         parts.append(text)
     return " + ".join(parts) + " a sample"
+
+
+def _is_pipeline(info: Mapping[str, Any]) -> bool:
+    """Whether a benchmark's record is ``loader_benchmark``'s (a ``LoaderBenchmarkResult``), not a test's own."""
+    return "instructions_counted_by" in info
 
 
 def _fmt(x: float | None) -> str:

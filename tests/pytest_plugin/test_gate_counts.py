@@ -341,6 +341,31 @@ def test_a_cpu_slowdown_is_caught_beside_the_base_revision(pytester):
     result.stdout.no_fnmatch_line("*judged nothing*")
 
 
+PLAIN_TEST = """
+def test_pipeline(benchmark):
+    benchmark.extra_info["samples_per_s"] = 1000.0
+    benchmark.pedantic(lambda: None, rounds=3)
+"""
+
+
+def test_a_plain_benchmark_under_against_is_named_as_judged_on_nothing(pytester):
+    """A suite timed with plain ``benchmark`` (the figure its own) is not run at REV: the gate said 'no throughput
+    compared ... in the baseline ()' and closed green. It now names the benchmark, REV, and the remedy."""
+    pytester.makepyfile(test_plain=PLAIN_TEST)
+    _git(pytester.path, "init", "-q")
+    _git(pytester.path, "add", "-A")
+    _git(pytester.path, "commit", "-qm", "base")
+    result = pytester.runpytest_subprocess("--nwt-against=HEAD", "--nwt-throughput-drop=5", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines([
+        "*no throughput compared: no benchmark of this run has a watched figure both now and in HEAD's run beside "
+        "it (--nwt-against)",
+        "*cupy_nwt throughput gate judged nothing for 1 benchmark(s) (test_plain.py::test_pipeline): HEAD did not "
+        "run them: --nwt-against runs only loader_benchmark's pipelines at both revisions, a plain benchmark times "
+        "the test's own code, which nothing counts: write the pipeline's test with loader_benchmark *"])
+    result.stdout.no_fnmatch_line("*()*")
+
+
 def test_a_bad_revision_is_one_line(pytester):
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
     _git(pytester.path, "init", "-q")

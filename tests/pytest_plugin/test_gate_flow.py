@@ -189,13 +189,15 @@ def test_a_baseline_from_another_machine_is_reported_not_failed(project, monkeyp
     result.stdout.no_fnmatch_line("*FAILED*")
 
 
-@pytest.mark.parametrize("valgrind", ["installed", "missing", "counted here only"])
+@pytest.mark.parametrize("valgrind", ["installed", "missing", "counted here only", "plain benchmark"])
 def test_clocks_against_a_stored_baseline_are_shown_and_the_gate_says_it_judged_nothing(project, monkeypatch, valgrind):
-    """A benchmark of the user's own whose steady CPU rounds rose 10%: shown, not failed, and said so.
+    """A pipeline's figures whose steady CPU rounds rose 10%: shown, not failed, and said so.
 
-    The closing line names what would judge it: valgrind where it is missing; where it is installed, the
-    loader pipeline that it counts (installing valgrind again would not help); where this run was counted
-    and the baseline was not, saving the baseline again.
+    The closing line names what would judge them: valgrind where it is missing; where it is installed and
+    nothing was counted, why (installing valgrind again would not help); where this run was counted and
+    the baseline was not, saving the baseline again. A plain ``benchmark`` carrying such figures (no
+    ``loader_benchmark`` record) is told that nothing counts it, valgrind or not: write it with
+    ``loader_benchmark``.
     """
     if valgrind == "installed" and shutil.which("valgrind") is None:
         pytest.skip("valgrind is not installed here")
@@ -215,9 +217,9 @@ def test_clocks_against_a_stored_baseline_are_shown_and_the_gate_says_it_judged_
                                               "cpu_cores": 1.5, "others_cores": 0.2}))
     project.runpytest_inprocess("--nwt-save-baseline=base.json").assert_outcomes(passed=1)
     counted = {"instructions_counted_by": "callgrind", "instructions_samples": 16, "instructions_per_sample": 5e3}
+    record = {"counted here only": counted, "plain benchmark": {}}.get(valgrind, {"instructions_counted_by": ""})
     monkeypatch.setenv("FIGURES", json.dumps({"samples_per_s_rounds": wall[::-1], "cpu_s_per_1k_rounds": [x * 1.1 for x in cpu],
-                                              "cpu_cores": 1.5, "others_cores": 0.2,
-                                              **(counted if valgrind == "counted here only" else {})}))
+                                              "cpu_cores": 1.5, "others_cores": 0.2, **record}))
     result = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=5")
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines([
@@ -230,7 +232,9 @@ def test_clocks_against_a_stored_baseline_are_shown_and_the_gate_says_it_judged_
         + {"missing": "install valgrind*",
            "installed": "nothing was counted exactly here: only loader_benchmark's pipelines are counted*",
            "counted here only": "the baseline was not counted as this run was *: save it again here with "
-                                "--nwt-save-baseline*"}[valgrind],
+                                "--nwt-save-baseline*",
+           "plain benchmark": "a plain benchmark times the test's own code, which nothing counts: write the "
+                              "pipeline's test with loader_benchmark *"}[valgrind],
     ])
     result.stdout.no_fnmatch_line("*FAILED*")
 
