@@ -8,11 +8,14 @@ never anything of other runs.
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
+import pytest
 from pids import alive
 
 import cupy_nwt
@@ -100,6 +103,39 @@ def test_thread_workers_of_a_dropped_iterator_end():
     del it, seen
     assert gone_within(1.0, lambda: not idents & {t.ident for t in threading.enumerate()})
 
+
+
+class FailsAt6(WhoMadeIt):
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i == 6:
+            raise RuntimeError("sample 6 is broken")
+        return super().__getitem__(i)
+
+
+def iterate_to_the_error(loader: cupy_nwt.DataLoader) -> weakref.ref:
+    """Returns with the iterator in its frame, which the error's traceback holds."""
+    it = iter(loader)
+    next(it)
+    with pytest.raises(RuntimeError, match="sample 6 is broken"):
+        next(it)
+    return weakref.ref(it)
+
+
+@pytest.mark.parametrize(("num_workers", "worker_type"), [(0, "process"), (2, "process"), (2, "thread")])
+def test_an_iterator_dropped_after_a_batch_s_error_goes_with_its_last_reference(num_workers, worker_type):
+    """Not at the cyclic collector's next run: till then its workers would go on, and a thread worker would be
+    beside every process forked meanwhile (a later loader's workers)."""
+    loader = cupy_nwt.DataLoader(FailsAt6(), batch_size=4, num_workers=num_workers, device="cpu",
+                                 worker_type=worker_type)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        gone = iterate_to_the_error(loader)
+        del loader
+        assert gone() is None
+    finally:
+        if collecting:
+            gc.enable()
 
 class Stream:
     """A stream whose record 9 is broken: the iterator that met it stays in the caller's hands."""

@@ -161,17 +161,26 @@ class Epoch(Iterator[T_co]):
         st.waited_s += waited
         if isinstance(item, TimedOut):  # no turn taken: the next call waits for the same batch
             self._events.waited(st.epoch, waited, False)
-            error = item.error
+            error = item.take()
             del self, item, st
-            raise error
+            try:
+                raise error
+            finally:
+                del error
         st.delivered += 1
         self._events.waited(st.epoch, waited, True)
         if st.delivered == 1:
             self._events.first_batch(self._pids())
         if isinstance(item, FailedBatch):
-            error = item.error
-            del self, item, st  # the traceback must not keep the epoch alive: a dropped iterator frees its slots
-            raise error
+            error = item.take()
+            # the traceback holds this frame: with self it would keep the epoch alive, with error it would be a
+            # cycle holding the caller's frames until the collector ran: either way a dropped iterator would keep
+            # its workers and slots
+            del self, item, st
+            try:
+                raise error
+            finally:
+                del error
         return item
 
     def __len__(self) -> int:

@@ -156,7 +156,7 @@ class RingSpec:
 
 
 class FailedBatch(Exception):
-    """A batch could not be made: ``error`` says why; the epoch goes on after it (PyTorch's contract).
+    """A batch could not be made: ``take()`` gives why; the epoch goes on after it (PyTorch's contract).
 
     What a pool answers for a batch whose making raised, what a source raises in that batch's turn, and
     what the host path and the prefetcher hand on, in order with the batches around it.
@@ -164,8 +164,17 @@ class FailedBatch(Exception):
 
     def __init__(self, error: CupyNwtError, batch_index: int = -1) -> None:
         super().__init__(str(error))
-        self.error = error
+        self._error: CupyNwtError | None = error
         self.batch_index = batch_index
+
+    def take(self) -> CupyNwtError:
+        """The error, for the iterator to raise, given once and not kept: raised, its traceback holds the
+        caller's frames and so the iterator, whose generators still hold this batch until the next ``next()``;
+        kept, that is a cycle, and a dropped iterator's workers would run on until the collector ran."""
+        error, self._error = self._error, None
+        if error is None:
+            raise RunError("internal error: a failed batch's error was taken twice")
+        return error
 
 
 def unjoinable(exc: Exception, batch_index: int) -> FailedBatch:
