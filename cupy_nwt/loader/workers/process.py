@@ -245,8 +245,11 @@ class WorkerPool(Dispatch):
                 self._held.setdefault(w_id, []).append(Restore(*per_worker[w_id]))
 
     def _send(self, w: _Worker, msg: ToWorker) -> None:
+        """``msg`` pickled as a task is, not by ``Connection.send``: its pickler (torch's reductions on
+        multiprocessing's) would share a torch tensor in a restored state through multiprocessing's resource
+        sharer, a thread that then runs in this process for good, beside every worker forked after it."""
         try:
-            w.tasks.send(msg)
+            pipes.send(w.task_fd, msg)
         except (BrokenPipeError, ConnectionResetError, OSError):
             self._unreachable(w)
 

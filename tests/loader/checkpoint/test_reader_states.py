@@ -9,7 +9,9 @@ states dropped with a one-line warning; thread workers sharing one map-style dat
 from __future__ import annotations
 
 import pickle
+import sys
 import warnings
+from multiprocessing import resource_sharer
 
 import numpy as np
 import pytest
@@ -100,6 +102,33 @@ def test_a_map_dataset_resumes_its_own_state_in_each_reader(num_workers):
         again.load_state_dict(state)
         assert head + samples(again) == whole
 
+
+
+class CountedInTensor(Counted):
+    """Its state a torch tensor, as a saved generator state is (``torch.get_rng_state()``)."""
+
+    def state_dict(self) -> dict:
+        return {"made": sys.modules["torch"].tensor([self.made])}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.made = int(sd["made"][0])
+
+
+def test_a_torch_tensor_in_a_saved_state_reaches_the_workers_without_multiprocessing_s_resource_sharer(monkeypatch):
+    """Whose thread, once started, runs in this process for good, beside every worker forked after it."""
+    pytest.importorskip("torch", reason="a torch tensor in a state")
+    shared: list[int] = []
+    share = resource_sharer.DupFd
+    monkeypatch.setattr(resource_sharer, "DupFd", lambda fd: shared.append(fd) or share(fd))
+    with loader(CountedInTensor(), num_workers=2, worker_type="process") as dl:
+        whole = samples(dl)
+        it = iter(dl)
+        head = samples([next(it) for _ in range(2)])
+        state = dl.state_dict()
+    with loader(CountedInTensor(), num_workers=2, worker_type="process") as again:
+        again.load_state_dict(state)
+        assert head + samples(again) == whole
+    assert shared == []
 
 @pytest.mark.parametrize("layout", [{"num_workers": 0}, {"num_workers": 1}, {"num_workers": 2},
                                     {"num_workers": 2, "persistent_workers": True}], ids=["0", "1", "2", "2-persistent"])
