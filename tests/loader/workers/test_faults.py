@@ -38,14 +38,20 @@ def explode(i: int) -> None:
     raise ValueError(f"cannot read sample {i}")
 
 
+SLOW_RELEASE = threading.Event()
+
+
 class Slow(Squares):
+    """Waits ``delay`` s in ``__getitem__`` (at sample ``at``, or at each), or until ``clean`` ends the test: a
+    thread worker left waiting cannot be stopped, and would run on beside every process forked after it."""
+
     def __init__(self, n: int, delay: float, at: int | None = None) -> None:
         super().__init__(n)
         self.delay, self.at = delay, at
 
     def __getitem__(self, i: int):
         if self.at is None or i == self.at:
-            time.sleep(self.delay)
+            SLOW_RELEASE.wait(self.delay)
         return super().__getitem__(i)
 
 
@@ -86,9 +92,15 @@ def live_worker_threads() -> list[str]:
             if t.name.startswith("cupy_nwt-worker-") and not t.name.endswith(STUCK_SUFFIX)]
 
 
+def stuck_worker_threads() -> list[threading.Thread]:
+    """Thread workers that shutdown found stuck in user code."""
+    return [t for t in threading.enumerate() if t.name.startswith("cupy_nwt-worker-") and t.name.endswith(STUCK_SUFFIX)]
+
+
 @pytest.fixture
 def clean():
-    """Asserts the test left no cupy_nwt segment of this process, no live child and no worker thread behind.
+    """Asserts the test left no cupy_nwt segment of this process, no live child and no worker thread behind,
+    once a ``Slow`` sample has returned (a worker thread stuck in one ends; stuck, it is not counted).
 
     Other test runs on the machine may own cupy_nwt segments at the same time: only names carrying
     this process id count. Children alive before the test (torch's own workers, which a torch iterator
@@ -96,11 +108,16 @@ def clean():
     """
     before = live_segments(os.getpid())
     older = {p.pid for p in live_children()}
+    stuck_before = set(stuck_worker_threads())
 
     def left() -> list[psutil.Process]:
         return [p for p in live_children() if p.pid not in older]
 
     yield
+    SLOW_RELEASE.set()
+    for t in set(stuck_worker_threads()) - stuck_before:
+        t.join(NO_HANG_S)
+    SLOW_RELEASE.clear()
     gc.collect()
     deadline = time.monotonic() + 5.0
     while left() and time.monotonic() < deadline:
