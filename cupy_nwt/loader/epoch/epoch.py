@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from ...errors import LoaderError
 from .._events import Listener
@@ -65,6 +65,16 @@ class EpochState:
         return EpochProgress(self.kind, self.epoch, self.start, self.plan, handed, self.sampler_state, streams,
                              self.delivered, self.waited_s, self.finished, self.readers,
                              self.ledger.latest() if self.ledger is not None else {}, live)
+
+
+def _raise_alone(error: BaseException) -> NoReturn:
+    """Raise ``error`` from a frame that lets go of it. The traceback holds every frame it passes: one that
+    also held the error would be a cycle keeping the caller's frames, and a dropped iterator with its workers
+    and slots, until the cyclic collector ran."""
+    try:
+        raise error
+    finally:
+        del error
 
 
 class Epoch(Iterator[T_co]):
@@ -161,26 +171,17 @@ class Epoch(Iterator[T_co]):
         st.waited_s += waited
         if isinstance(item, TimedOut):  # no turn taken: the next call waits for the same batch
             self._events.waited(st.epoch, waited, False)
-            error = item.take()
-            del self, item, st
-            try:
-                raise error
-            finally:
-                del error
+            failed: FailedBatch = item
+            del self, item, st  # the traceback holds this frame: it must not keep the epoch alive
+            _raise_alone(failed.take())
         st.delivered += 1
         self._events.waited(st.epoch, waited, True)
         if st.delivered == 1:
             self._events.first_batch(self._pids())
         if isinstance(item, FailedBatch):
-            error = item.take()
-            # the traceback holds this frame: with self it would keep the epoch alive, with error it would be a
-            # cycle holding the caller's frames until the collector ran: either way a dropped iterator would keep
-            # its workers and slots
+            failed = item
             del self, item, st
-            try:
-                raise error
-            finally:
-                del error
+            _raise_alone(failed.take())
         return item
 
     def __len__(self) -> int:
