@@ -185,11 +185,8 @@ def use_device(device: int) -> None:
 
 
 def device_scope(device: int):
-    """A ``with`` block in which ``device`` is current for this thread; the previous one comes back after.
-
-    One rank's loader keeps all of its CUDA work (registration, streams, batches) on its own GPU this
-    way without changing which device the rest of the process uses.
-    """
+    """A ``with`` block in which ``device`` is current for this thread, the previous one after: a rank's loader
+    keeps its CUDA work (registration, streams, batches) on its own GPU without moving the rest of the process."""
     require_gpu()
     return _cupy().cuda.Device(device)
 

@@ -205,13 +205,10 @@ def test_a_state_at_the_last_batch_resumes_empty_and_one_after_the_epoch_the_nex
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("later", [False, True], ids=["first-epoch", "second-epoch"])
-def test_torchdata_s_distributed_sampler_resumes_by_its_state(request, make, later, num_workers):
+def test_torchdata_s_distributed_sampler_resumes_by_its_state(make, later, num_workers):
     """torchdata: test_sampler.py TestDataLoader.test_dataloader_state_dict (StatefulDistributedSampler),
-    also stopped in the second epoch."""
+    also stopped in the second epoch (where its state still counts the first epoch until it is iterated)."""
     samplers = pytest.importorskip("torchdata.stateful_dataloader.sampler", reason="torchdata is a test-only extra")
-    if later:
-        finding(request, make, "a user sampler's state is saved as of the epoch's start, when "
-                "StatefulDistributedSampler.state_dict() still counts the previous epoch: the rest is empty")
 
     def build():
         sampler = samplers.StatefulDistributedSampler(Rows(), num_replicas=1, rank=0, shuffle=False)
@@ -219,6 +216,53 @@ def test_torchdata_s_distributed_sampler_resumes_by_its_state(request, make, lat
 
     head, rest, _ = resumed(build, 2, epochs_before=int(later))
     assert head + rest == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("later", [False, True], ids=["first-epoch", "second-epoch"])
+@pytest.mark.parametrize("given_as", ["sampler", "batch_sampler"])
+def test_torchdata_s_random_sampler_resumes_by_its_iterator_s_state(make, given_as, later, num_workers):
+    """torchdata: test_sampler.py's RandomSampler and BatchSampler cases (the state is their iterators': the
+    generator as the iteration began and how far it got), also stopped in the second epoch."""
+    samplers = pytest.importorskip("torchdata.stateful_dataloader.sampler", reason="torchdata is a test-only extra")
+
+    def build():
+        sampler = samplers.RandomSampler(Rows(), generator=torch.Generator().manual_seed(5))
+        if given_as == "batch_sampler":
+            return make(Rows(), batch_sampler=samplers.BatchSampler(sampler, 2, False), num_workers=num_workers)
+        return make(Rows(), batch_size=2, sampler=sampler, num_workers=num_workers)
+
+    whole = build()
+    uninterrupted = [epoch(whole) for _ in range(1 + later)][-1]
+    close(whole)
+    head, rest, _ = resumed(build, 2, epochs_before=int(later))
+    assert head + rest == uninterrupted
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("when", ["between-epochs", "before-the-first-batch"])
+def test_a_distributed_sampler_s_state_saved_before_an_epoch_s_first_batch_resumes_that_whole_epoch(
+        request, make, when, num_workers):
+    """A checkpoint at an epoch's end (or of a later epoch's iterator before its first batch): the
+    StatefulDistributedSampler's count is still the previous iteration's, which must not skip the next."""
+    samplers = pytest.importorskip("torchdata.stateful_dataloader.sampler", reason="torchdata is a test-only extra")
+    if make.name == "torchdata" and (num_workers == 0 or when == "before-the-first-batch"):
+        request.applymarker(pytest.mark.xfail(strict=True, reason="torchdata 0.11's own bug: the sampler's count "
+                                              "of the previous iteration is loaded, and the epoch comes out empty"))
+
+    def build():
+        sampler = samplers.StatefulDistributedSampler(Rows(), num_replicas=1, rank=0, shuffle=False)
+        return make(Rows(), batch_size=2, sampler=sampler, num_workers=num_workers)
+
+    dl = build()
+    epoch(dl)
+    it = iter(dl) if when == "before-the-first-batch" else None
+    state = checkpoint(dl.state_dict())
+    del it
+    again = build()
+    again.load_state_dict(state)
+    assert sorted(values(again)) == list(range(N))
+    close(dl, again)
 
 
 SAMPLERS = {"sequential": lambda: tud.SequentialSampler(Rows()), "random": lambda: tud.RandomSampler(Rows()),

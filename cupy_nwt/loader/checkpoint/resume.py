@@ -9,11 +9,13 @@ included): batches the workers made ahead are not consumed. It is a small JSON-r
   No per-sample list. Worker count, prefetch and persistence play no part: the rest of the epoch
   is the same with any of them.
 * ``"sampler"`` (a user's ``sampler`` or ``batch_sampler``): the batching (``batch_size``, ``drop_last``),
-  the batches delivered, and the
-  sampler's own ``state_dict()`` as it was when the epoch began (if it has one). On resume that
-  state is loaded, the epoch's batches are drawn again and the delivered ones skipped (a sampler
-  without state must give the same order again, e.g. seeded by epoch). It resumes on the same world size
-  only: a rank's sampler deals that rank's batches.
+  the batches delivered, the sampler's own ``state_dict()`` as it was when the epoch began
+  (``sampler_state``, if it has one) and, for a sampler whose state is its position, its state and its
+  iterator's right after the delivered batches were drawn (``sampler_resume``, else None). On resume the
+  sampler goes on from its position, or its epoch is drawn again from ``sampler_state`` and the
+  delivered batches are skipped (``user_sampler``; a sampler without state must give the same order
+  again, e.g. seeded by epoch). It resumes on the same world size only: a rank's sampler deals that
+  rank's batches.
 * ``"iterable"``: the batching, where the next task goes (``next_task``, ``next_worker``); each worker's stream is in
   ``workers`` (below). It resumes with the same number of workers (0 and 1 count alike) and ranks only.
 
@@ -35,42 +37,23 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...data.contract import map_length
-from ...errors import ArgumentError, StateError
-from ..plan.order import Plan, PlanTask, StreamPlan
+from ...errors import ArgumentError
+from ..plan.order import SamplerPlan, StreamPlan
 from ..plan.remainder import Session, SessionPlan, join_done, split_done
 from .ledger import EpochProgress, Ledger
 from .readers import check_saveable, delivered, entry, fit_readers, reader_count
 from .state_checks import STATE_VERSION, checked_state
+from .user_sampler import Draws, UserSamplerPlan, load_into
 
 if TYPE_CHECKING:
     from .._options import Options
 
 _MATCH = ("seed", "n", "batch_size", "shuffle", "drop_last")
-
-
-@dataclass(frozen=True, eq=False)
-class _SkipPlan:
-    """A user's sampler plan with the batches already delivered left out (tasks renumbered 0..)."""
-
-    inner: Plan
-    done: frozenset[int]
-    ids: list[int] = field(default_factory=list)  # task i is the epoch's batch ids[i]
-    stream = False
-
-    @property
-    def epoch(self) -> int:
-        return self.inner.epoch
-
-    def tasks(self) -> Iterator[PlanTask]:
-        for b, indices, seed in self.inner.tasks():
-            if b not in self.done:
-                self.ids.append(b)
-                yield len(self.ids) - 1, indices, seed
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,32 +81,35 @@ def make_plan(options: Options, epoch: int, start: Mapping[str, Any] | None) -> 
     """The epoch's plan (the whole epoch, or what is left of it after ``start``) and a user sampler's state
     as the epoch begins (what a ``"sampler"`` state saves)."""
     s, kind = options.sampling, kind_of(options)
-    plan: SessionPlan | _SkipPlan | _StreamRest
+    plan: SessionPlan | UserSamplerPlan | _StreamRest
     sampler_state = None
     if kind == "map":
         plan = _map_plan(options, start, epoch)
     elif kind == "sampler":
-        sampler = _sampler_of(options)
-        if start is not None and start.get("sampler_state") is not None and hasattr(sampler, "load_state_dict"):
-            _load_sampler(sampler, start["sampler_state"])
-        sampler_state = sampler.state_dict() if hasattr(sampler, "state_dict") else None
-        done = frozenset(join_done(start["delivered"], start["extra"])) if start is not None else frozenset()
-        plan = _SkipPlan(s.plan(options.dataset, epoch), done)
+        plan, sampler_state = _user_sampler_plan(options, epoch, start)
     else:
         first = int(start["next_task"]) if start is not None else 0
         plan = _StreamRest(s.seed, epoch, s.rank, s.world_size, first)
     return plan, sampler_state
 
 
-def _load_sampler(sampler: Any, saved: Any) -> None:
-    """The user sampler's own ``load_state_dict``: a state it refuses (damaged, or another sampler's) is the
-    loaded state's fault, so a ``StateError`` naming the field, with the sampler's words."""
-    try:
-        sampler.load_state_dict(saved)
-    except Exception as exc:  # noqa: BLE001 - any refusal by the user's code
-        text = " ".join(f"{type(exc).__name__}: {exc}".split())
-        raise StateError(f"load_state_dict: sampler_state: the sampler's load_state_dict refused it: {text}",
-                         "sampler_state", saved) from exc
+def _user_sampler_plan(options: Options, epoch: int, start: Mapping[str, Any] | None) -> tuple[UserSamplerPlan, Any]:
+    """A user sampler's epoch (``user_sampler``): from its start, its delivered batches skipped, or, where the
+    state holds the sampler's position (``sampler_resume``), on from there; and its state as the epoch began."""
+    s, sampler = options.sampling, _sampler_of(options)
+    position = start.get("sampler_resume") if start is not None else None
+    if start is not None and position is not None:
+        first, done, began, fresh_start = int(start["delivered"]), frozenset(start["extra"]), start["sampler_state"], False
+    else:
+        loaded = start is not None and start.get("sampler_state") is not None and hasattr(sampler, "load_state_dict")
+        if start is not None and loaded:
+            load_into(sampler, start["sampler_state"], "sampler_state", "sampler")
+        began = copy.deepcopy(sampler.state_dict()) if hasattr(sampler, "state_dict") else None
+        done = frozenset(join_done(start["delivered"], start["extra"])) if start is not None else frozenset()
+        first, fresh_start = 0, loaded and start is not None and start["delivered"] == 0
+    draws = Draws(sampler, s.batch_sampler is None, s.batch_size, s.drop_last, first, position, fresh_start,
+                  ledger_for(options).keep)
+    return UserSamplerPlan(SamplerPlan(draws, s.seed, epoch, s.rank, s.world_size), draws, done), began
 
 
 def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> SessionPlan:
@@ -156,7 +142,7 @@ def dealer(plan: Any) -> Callable[[int], int] | None:
         if not len(todo) or todo[-1] == len(todo) - 1:
             return None
         return lambda b: int(todo[b])
-    if isinstance(plan, _SkipPlan):
+    if isinstance(plan, UserSamplerPlan):
         ids = plan.ids
         return lambda b: ids[b]
     return None
@@ -192,7 +178,8 @@ def state_of(options: Options, progress: EpochProgress) -> dict[str, Any]:
         prior = join_done(start["delivered"], start["extra"]) if start is not None else []
         k, extra = split_done([*prior, *(progress.plan.ids[i] for i in progress.handed)])
         return {**_head(options, "sampler", progress.epoch), "delivered": k, "extra": extra,
-                "sampler_state": progress.sampler_state, "workers": per}
+                "sampler_state": progress.sampler_state,
+                "sampler_resume": copy.deepcopy(progress.plan.draws.position_after(k)), "workers": per}
     start = progress.start or fresh(options, progress.epoch)
     first = int(start["next_task"])
     nxt = first + max(progress.handed) + 1 if progress.handed else first
@@ -224,7 +211,8 @@ def fresh(options: Options, epoch: int, readers: list[Any] | None = None) -> dic
     if kind == "sampler":  # the sampler's own state as it is now: it starts the epoch from there
         sampler = _sampler_of(options)
         live = sampler.state_dict() if callable(getattr(sampler, "state_dict", None)) else None
-        return {**head, "delivered": 0, "extra": [], "sampler_state": copy.deepcopy(live), "workers": per}
+        return {**head, "delivered": 0, "extra": [], "sampler_state": copy.deepcopy(live), "sampler_resume": None,
+                "workers": per}
     return {**head, "workers": per, "next_task": 0, "next_worker": None}
 
 

@@ -35,7 +35,7 @@ KEYS = {
 }
 READER_KEYS = frozenset({"batches", "dataset", "iterator", "ended"})
 _BATCHING = frozenset({"batch_size", "drop_last"})  # a user sampler's and a stream's: optional, states saved before
-_OPTIONAL = {"map": frozenset({"ranks"}), "sampler": _BATCHING, "iterable": _BATCHING}  # them load as they did
+_OPTIONAL = {"map": frozenset({"ranks"}), "sampler": _BATCHING | {"sampler_resume"}, "iterable": _BATCHING}  # them load as they did
 
 
 def _show(value: Any) -> str:
@@ -248,6 +248,13 @@ def _check_sampler(options: Options, sd: Mapping[str, Any]) -> None:
     if sd["extra"] and rank != options.rank:
         refuse("extra", sd["extra"], f"rank {rank}'s batches delivered out of order (this loader is rank "
                f"{options.rank}): load each rank's own state")
+    position = sd.get("sampler_resume")
+    if position is not None:
+        if not isinstance(position, Mapping) or not position or set(position) - {"sampler", "iterator"}:
+            refuse("sampler_resume", position, 'expected null or a dict of "sampler" and/or "iterator" states')
+        if k == 0:
+            refuse("sampler_resume", position, "a sampler's position is saved only after a delivered batch "
+                   "(delivered=0)")
 
 
 def _check_stream(options: Options, sd: Mapping[str, Any]) -> None:

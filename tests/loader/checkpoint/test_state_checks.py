@@ -287,3 +287,46 @@ def test_a_sampler_state_the_sampler_refuses_is_a_state_error_naming_the_field()
         next(iter(loader))
     assert caught.value.field == "sampler_state" and "\n" not in str(caught.value)
     loader.close()
+
+
+class PositionSampler(EpochSampler):
+    """A sampler whose state is how far its iteration got (torchdata's ``StatefulDistributedSampler`` kind)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.given = 0
+
+    def __iter__(self):
+        for i in range(self.given, N):
+            self.given += 1
+            yield i
+
+    def state_dict(self) -> dict:
+        return {"given": self.given}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.given = sd["given"]
+
+
+@pytest.mark.parametrize(("position", "delivered", "why"), [
+    ("garbage", 2, "expected null or a dict"), ({}, 2, "expected null or a dict"),
+    ({"sampler": {"given": 6}, "other": 1}, 2, "expected null or a dict"),
+    ({"sampler": {"given": 6}}, 0, "a sampler.s position is saved only after a delivered batch"),
+])
+def test_a_damaged_sampler_position_is_refused_naming_the_field(position, delivered, why) -> None:
+    state = saved(cupy_nwt.DataLoader(Indices(N), batch_size=B, sampler=PositionSampler()), 2)
+    assert state["sampler_resume"] == {"sampler": {"given": 2 * B}}
+    loader = cupy_nwt.DataLoader(Indices(N), batch_size=B, sampler=PositionSampler())
+    with pytest.raises(cupy_nwt.StateError, match=rf"^load_state_dict: sampler_resume=.*: {why}") as caught:
+        loader.load_state_dict({**state, "sampler_resume": position, "delivered": delivered})
+    assert caught.value.field == "sampler_resume"
+    loader.close()
+
+
+def test_a_sampler_position_the_sampler_refuses_is_a_state_error_naming_the_field() -> None:
+    state = saved(cupy_nwt.DataLoader(Indices(N), batch_size=B, sampler=PositionSampler()), 2)
+    loader = cupy_nwt.DataLoader(Indices(N), batch_size=B, sampler=PositionSampler())
+    loader.load_state_dict({**state, "sampler_resume": {"sampler": "garbage"}})
+    with pytest.raises(cupy_nwt.StateError, match=r"^load_state_dict: sampler_resume: .*TypeError"):
+        next(iter(loader))
+    loader.close()
