@@ -7,6 +7,9 @@ imported, whatever pytest collects first, and two files with one name are refuse
 
 ``worker_type`` runs a loader test file once per kind of worker.
 
+torch's iterators with workers are shut down as the test that made them ends
+(``torch_workers_end_with_their_test``).
+
 A loader test module opts in with ``pytestmark = pytest.mark.usefixtures("worker_type")``: every
 ``DataLoader`` its tests build without naming ``worker_type`` then gets the parametrised one, so one
 test body checks process and thread workers alike. A test about processes alone (a SIGKILL, a start
@@ -17,8 +20,11 @@ and is skipped for threads with that reason.
 from __future__ import annotations
 
 import sys
+import weakref
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,3 +62,38 @@ def worker_type(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     assert defaults is not None and "worker_type" in defaults
     monkeypatch.setitem(defaults, "worker_type", request.param)
     return str(request.param)
+
+
+_TORCH_ITERATORS: weakref.WeakSet[Any] | None = None
+
+
+def _torch_iterators() -> weakref.WeakSet[Any] | None:
+    """Every torch multiprocessing iterator made from now on (None until torch's loader is imported)."""
+    global _TORCH_ITERATORS
+    module = sys.modules.get("torch.utils.data.dataloader")
+    if _TORCH_ITERATORS is None and module is not None:
+        made: weakref.WeakSet[Any] = weakref.WeakSet()
+        cls = module._MultiProcessingDataLoaderIter
+        init = cls.__init__
+
+        def registered(self: Any, *args: Any, **kwargs: Any) -> None:
+            made.add(self)
+            init(self, *args, **kwargs)
+
+        cls.__init__ = registered
+        _TORCH_ITERATORS = made
+    return _TORCH_ITERATORS
+
+
+@pytest.fixture(autouse=True)
+def torch_workers_end_with_their_test() -> Iterator[None]:
+    """A torch iterator whose batch raised stays in a reference cycle (the error's traceback holds the frame
+    that raised it, which holds the error and the iterator) until the cyclic collector runs, during some
+    later test; its queues may be finalized before it then, and its shutdown waits 5 s for each worker
+    there (10-20 s of CI landing in unrelated tests). Each one is shut down as its test ends instead,
+    by torch's own shutdown, as dropping it at once would have done."""
+    _torch_iterators()
+    yield
+    made = _torch_iterators()
+    for it in list(made or ()):
+        it._shutdown_workers()

@@ -26,7 +26,8 @@ FOREIGN = {"BatchEncoding", "BytesIO", "Connection", "Dataset", "DistributedSamp
            "IterDataPipe", "Mapping", "O", "OrderedDict", "PicklingError", "RLIMIT_NOFILE", "RLIMIT_NPROC",
            "RandomSampler", "SCM_RIGHTS", "SIG_IGN", "Sequence", "SequentialSampler", "Stateful", "Trainer",
            "UserDict", "UserList", "W", "fit", "recv", "BILINEAR", "Image", "fromarray", "ToTensor",
-           "RandomAccessDataSource", "NaN", "Infinity", "__cuda_array_interface__"}
+           "RandomAccessDataSource", "NaN", "Infinity", "__cuda_array_interface__", "StatefulDistributedSampler",
+           "StatefulDataLoader"}
 
 
 def readme(package: str) -> Path:

@@ -57,6 +57,15 @@ def same_state(a: Any, b: Any) -> bool:
         return a is b
 
 
+def _copied(state: Any) -> Any:
+    """A copy of a state the sampler may go on changing; one that cannot be copied is kept as returned (as
+    torchdata keeps it): iterating must not fail for it, and saving it says what is wrong."""
+    try:
+        return copy.deepcopy(state)
+    except Exception:  # noqa: BLE001 - any object of the user's
+        return state
+
+
 def load_into(obj: Any, saved: Any, field_name: str, what: str) -> None:
     """``obj.load_state_dict(saved)``: a refusal is the loaded state's fault, a ``StateError`` naming the field
     with the sampler's own words; a sampler that cannot load a state is refused likewise."""
@@ -146,9 +155,9 @@ class Draws:
     def _state(self, it: Any) -> dict[str, Any]:
         out = {}
         if stateful(self.source):
-            out["sampler"] = copy.deepcopy(self.source.state_dict())
+            out["sampler"] = _copied(self.source.state_dict())
         if stateful(it):
-            out["iterator"] = copy.deepcopy(it.state_dict())
+            out["iterator"] = _copied(it.state_dict())
         return out
 
     def position_after(self, k: int) -> Mapping[str, Any] | None:

@@ -14,7 +14,7 @@ from typing import Any
 from ..._checks import check_int
 from ...data.contract import dataset_style, map_length
 from ...errors import ArgumentError, ArgumentTypeError
-from .order import BatchSampler, Plan, SamplerPlan, StreamPlan, grouped
+from .order import BatchSampler
 
 
 @dataclass(frozen=True)
@@ -93,17 +93,6 @@ class Sampling:
                 return n
             return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
         return len(self.batch_sampler_for(dataset))
-
-    def plan(self, dataset: Any, epoch: int) -> Plan:
-        """Epoch ``epoch``'s tasks; a user's sampler is iterated afresh, lazily, each epoch."""
-        ids = (self.seed, epoch, self.rank, self.world_size)
-        if self.style == "iterable":
-            return StreamPlan(*ids)
-        if self.batch_sampler is not None:
-            return SamplerPlan(self.batch_sampler, *ids)
-        if self.sampler is not None:
-            return SamplerPlan(grouped(self.sampler, self.batch_size, self.drop_last), *ids)
-        return self.batch_sampler_for(dataset).plan(epoch)
 
     def max_rows(self, dataset: Any) -> int:
         """Rows a ring slot should hold (0 when unknown in advance: the first batch's then)."""
