@@ -13,11 +13,12 @@ A sampler's own ``state_dict()`` says one of two things, and the loader resumes 
 
 Which of the two a sampler keeps is read off it: its state (and its iterator's, where that has one) after
 the epoch's first batch is compared with the state after the second. To know that by the time the first
-batch is delivered, a stateful sampler is drawn one batch ahead of the tasks. A state loaded as the epoch
-began (saved before its first batch was delivered) that leaves the sampler nothing to give (a position at
-the end of the previous iteration) starts the sampler's next iteration: that is the epoch. A state that
-moves without saying where the epoch stands (a random draw with replacement, say) is taken for a
-position, as torchdata takes it.
+batch is delivered, a stateful sampler's second batch is drawn before its first is handed on (with
+``num_workers=0`` it is one batch ahead until the second is delivered, as workers' prefetching is). A
+state loaded as the epoch began (saved before its first batch was delivered) that leaves the sampler
+nothing to give (a position at the end of the previous iteration) starts the sampler's next iteration:
+that is the epoch. A state that moves without saying where the epoch stands (a random draw with
+replacement, say) is taken for a position, as torchdata takes it.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class Draws:
             batches = self._cut(it)
             keys = self._draw(batches, it, b, keeps)
         while keys is not _END:
-            if keeps:  # one ahead: the state after this batch, and whether it moves, known when it is delivered
+            if keeps and self.moves is None:  # one ahead until the first two draws tell what the state is
                 nxt = self._draw(batches, it, b + 1, keeps)
                 yield keys
             else:

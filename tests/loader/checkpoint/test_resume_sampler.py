@@ -199,3 +199,16 @@ def test_a_position_for_a_sampler_that_cannot_load_one_is_a_state_error():
     again.load_state_dict(state)
     with pytest.raises(cupy_nwt.StateError, match=r"^load_state_dict: sampler_resume: .* has no load_state_dict"):
         next(iter(again))
+
+
+def test_without_workers_the_sampler_is_drawn_only_as_far_as_delivered_from_the_second_batch_on():
+    """As with torch's loader, whose ``num_workers=0`` draws each batch as it is made: a script that reads
+    the sampler's own state finds it at the delivered batches (the first batch alone draws the second too)."""
+    sampler = Positioned()
+    it = iter(DataLoader(Ids(), batch_size=2, sampler=sampler, device="cpu", seed=0))
+    seen = []
+    for _ in range(4):
+        next(it)
+        seen.append(sampler.given)
+    assert seen == [4, 4, 6, 8]
+    it.close()
