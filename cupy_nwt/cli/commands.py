@@ -266,6 +266,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
     if args.plot:
         stats.plot_watch(result, args.plot)
     _emit(args, result, stats.footer(result))
+    if result.interrupted:
+        raise KeyboardInterrupt(f"after {result.rows[-1].batches} of {config.batches} batches (what it saw so far "
+                                "is above" + (f" and in {args.output}" if args.output else "") + ")")
     return 0
 
 

@@ -94,6 +94,6 @@ def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
     if isinstance(exc, FileNotFoundError) or (isinstance(exc, CupyNwtError) and isinstance(exc, (ValueError, ImportError))):
         return EXIT_USAGE, str(exc)  # ours only: another library's ValueError says nothing about the user's input
     if isinstance(exc, KeyboardInterrupt):
-        return EXIT_INTERRUPTED, "interrupted"
+        return EXIT_INTERRUPTED, f"interrupted {_first_line(exc)}" if str(exc) else "interrupted"
     return EXIT_FAILED, f"unexpected error: {type(exc).__name__}: {_first_line(exc)} (--debug shows where)"
 

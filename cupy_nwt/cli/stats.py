@@ -65,21 +65,24 @@ class WatchResult:
     config: WatchConfig
     loader: str
     rows: tuple[WatchRow, ...]
+    interrupted: bool = False  # Ctrl-C ended the run: the last row is where it stood then
 
     def to_dict(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "config": self.config.to_dict(), "loader": self.loader,
-                "rows": [r.to_dict() for r in self.rows]}
+                "rows": [r.to_dict() for r in self.rows], "interrupted": self.interrupted}
 
 
 def run_watch(dataset: Any, name: str, config: WatchConfig, *, batch_transform: Callable | None = None,
               step: Callable[[], None] | None = None, on_row: Callable[[WatchRow], None] | None = None) -> WatchResult:
     """Iterate ``config.batches`` batches (as many epochs as that takes; persistent workers, so their memory
     is followed across epochs), taking ``stats()`` after the warm-up (``warmup_batches``), every
-    ``config.every`` batches and at the end."""
+    ``config.every`` batches and at the end. Ctrl-C after the first batch ends the run with a last row
+    where it stood (``interrupted``): a long watch keeps what it saw."""
     import time  # noqa: PLC0415 - only the run needs it
 
     rows: list[WatchRow] = []
     dl: DataLoader[Any]
+    interrupted = False
     with DataLoader(dataset, batch_size=config.batch_size, shuffle=True, num_workers=config.num_workers,
                     worker_type=config.worker_type, device=config.device, seed=config.seed,
                     batch_transform=batch_transform, persistent_workers=config.num_workers > 0) as dl:
@@ -87,22 +90,33 @@ def run_watch(dataset: Any, name: str, config: WatchConfig, *, batch_transform: 
         dl.stats()  # the start: the first interval begins with the first iteration
         t0, done = time.perf_counter(), 0
         warmup = warmup_batches(config)
-        while done < config.batches:
-            delivered_this_epoch = 0
-            for _ in dl:
-                done += 1
-                delivered_this_epoch += 1
-                if step is not None:
-                    step()
-                if done == warmup or done % config.every == 0 or done == config.batches:
-                    rows.append(WatchRow(done, time.perf_counter() - t0, dl.stats(), warmup=done == warmup))
-                    if on_row is not None:
-                        on_row(rows[-1])
-                if done >= config.batches:
-                    break
-            if delivered_this_epoch == 0:
-                raise ArgumentError(f"{name} gives no batch of {config.batch_size} samples")
-    return WatchResult(name, config, described, tuple(rows))
+
+        def take_row() -> None:
+            rows.append(WatchRow(done, time.perf_counter() - t0, dl.stats(), warmup=done == warmup))
+            if on_row is not None:
+                on_row(rows[-1])
+
+        try:
+            while done < config.batches:
+                delivered_this_epoch = 0
+                for _ in dl:
+                    done += 1
+                    delivered_this_epoch += 1
+                    if step is not None:
+                        step()
+                    if done == warmup or done % config.every == 0 or done == config.batches:
+                        take_row()
+                    if done >= config.batches:
+                        break
+                if delivered_this_epoch == 0:
+                    raise ArgumentError(f"{name} gives no batch of {config.batch_size} samples")
+        except KeyboardInterrupt:
+            if done == 0:
+                raise
+            interrupted = True
+            if not rows or rows[-1].batches != done:
+                take_row()
+    return WatchResult(name, config, described, tuple(rows), interrupted)
 
 
 def warmup_batches(config: WatchConfig) -> int:

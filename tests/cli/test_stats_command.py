@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 
 import numpy as np
+import psutil
 import pytest
 from test_faults import clean  # noqa: F401 - the fixture used below
 
 from cupy_nwt import cli
 from cupy_nwt.cli.stats import HEADERS
+from cupy_nwt.loader.ring.ring import live_segments
 from cupy_nwt.reporting import plots
 
 TINY = ["--synthetic-n", "256", "--batch-size", "16", "--num-workers", "2", "--device", "cpu", "--no-progress"]
@@ -70,3 +76,35 @@ def test_bad_input_is_one_line_and_exit_2(capsys, argv, needle):
     assert cli.main(["stats", *TINY, *argv]) == cli.EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_ctrl_c_keeps_the_rows_so_far_in_the_table_and_the_file(tmp_path, worker_type):
+    """A long watch stopped with Ctrl-C (SIGINT to the whole foreground group, workers included, as a
+    terminal sends it): the rows so far, a last one where it stood, the file written, exit 130, one line."""
+    path = tmp_path / "stats.json"
+    proc = subprocess.Popen([sys.executable, "-m", "cupy_nwt", "stats", *TINY, "--worker-type", worker_type,
+                             "--batches", "1000000", "--every", "5", "--output", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "CUPY_NWT_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline() for _ in range(4)]  # the header and three rows
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == cli.EXIT_INTERRUPTED, err
+    assert err.strip().count("\n") == 0 and "interrupted after" in err and str(path) in err, err
+    saved = json.loads(path.read_text())
+    assert saved["interrupted"] is True and len(saved["rows"]) >= 3
+    done = saved["rows"][-1]["batches"]
+    assert f"interrupted after {done} of 1000000 batches" in err
+    assert sum(r["stats"]["batches"] for r in saved["rows"]) == done  # every delivered batch in some row
+    assert lines[0].split()[:2] == ["batches", "s"] and "steady state" in out
+    assert live_segments(proc.pid) == set()  # no ring left in /dev/shm
+    assert [p.pid for p in psutil.process_iter() if _group(p) == proc.pid] == []  # nor a worker
+
+
+def _group(p):
+    try:
+        return os.getpgid(p.pid)
+    except OSError:
+        return None
