@@ -94,6 +94,42 @@ def test_only_new_tuner_decisions_and_the_live_setting():
         dl.close()
 
 
+class SlowReader:
+    """A USS reader that takes a while: the baseline read after the first batch is still running."""
+
+    def __call__(self, pid: int) -> int | None:
+        time.sleep(0.3)
+        return 1 << 20
+
+
+@pytest.mark.usefixtures("clean")
+def test_workers_added_mid_epoch_are_not_forked_beside_the_memory_baseline_thread(monkeypatch):
+    """Python 3.12+ warns of a fork beside a thread (it may deadlock the child); the baseline read is joined first."""
+    import os
+    import sys
+
+    beside: list[str] = []
+    real_fork = os.fork
+
+    def fork():
+        for frame in sys._current_frames().values():
+            while frame is not None:
+                if frame.f_code.co_name == "_baseline" and frame.f_code.co_filename.endswith("_stats.py"):
+                    beside.append(frame.f_code.co_name)
+                frame = frame.f_back
+        return real_fork()
+
+    monkeypatch.setattr(os, "fork", fork)
+    dl = tuned(Squares(64), Scripted((2, 6)), batch_size=2, num_workers=1, cpu_budget=2, worker_type="process",
+               multiprocessing_context="fork", parts=LoaderParts(reader=SlowReader()))
+    try:
+        list(dl)
+        assert dl.stats().num_workers == 2
+    finally:
+        dl.close()
+    assert beside == []
+
+
 class Blocking(Squares):
     """Samples of batch ``block_batch`` wait on ``release`` (a process or thread Event) before returning."""
 

@@ -43,7 +43,7 @@ from ..._worker_info import worker_seed
 from ...data.contract import pickling_advice
 from ...errors import LoaderError
 from .._events import Listener, StageTimes
-from .._stats import MemoryGrowthWarning
+from .._stats import MemoryGrowthWarning, settle_baselines
 from ..ring.memory import RingFile
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
@@ -148,6 +148,7 @@ class WorkerPool(Dispatch):
         num_workers, seed, epoch, _, worker_init_fn, rank, world_size = self._spec
         if self._file is not None:
             self._file.settle()  # no fork beside the thread allocating the ring's pages
+        settle_baselines()  # nor beside one reading the workers' memory: online tuning adds workers mid-epoch
         ctx, method = self._ctx, self._ctx.get_start_method()
         spec = WorkerSpec(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), shipped, worker_init_fn, rank,
                           world_size, self._file)
