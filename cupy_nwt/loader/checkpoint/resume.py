@@ -48,7 +48,7 @@ from ..plan.remainder import Session, SessionPlan, join_done, split_done
 from .ledger import EpochProgress, Ledger
 from .readers import check_saveable, delivered, entry, fit_readers, reader_count
 from .state_checks import STATE_VERSION, checked_state
-from .user_sampler import Draws, UserSamplerPlan, load_into
+from .user_sampler import Draws, UserSamplerPlan, copied, load_into
 
 if TYPE_CHECKING:
     from .._options import Options
@@ -104,7 +104,7 @@ def _user_sampler_plan(options: Options, epoch: int, start: Mapping[str, Any] | 
         loaded = start is not None and start.get("sampler_state") is not None and hasattr(sampler, "load_state_dict")
         if start is not None and loaded:
             load_into(sampler, start["sampler_state"], "sampler_state", "sampler")
-        began = copy.deepcopy(sampler.state_dict()) if hasattr(sampler, "state_dict") else None
+        began = copied(sampler.state_dict()) if hasattr(sampler, "state_dict") else None
         done = frozenset(join_done(start["delivered"], start["extra"])) if start is not None else frozenset()
         first, fresh_start = 0, loaded and start is not None and start["delivered"] == 0
     draws = Draws(sampler, s.batch_sampler is None, s.batch_size, s.drop_last, first, position, fresh_start,

@@ -58,7 +58,7 @@ def same_state(a: Any, b: Any) -> bool:
         return a is b
 
 
-def _copied(state: Any) -> Any:
+def copied(state: Any) -> Any:
     """A copy of a state the sampler may go on changing; one that cannot be copied is kept as returned (as
     torchdata keeps it): iterating must not fail for it, and saving it says what is wrong."""
     try:
@@ -156,9 +156,9 @@ class Draws:
     def _state(self, it: Any) -> dict[str, Any]:
         out = {}
         if stateful(self.source):
-            out["sampler"] = _copied(self.source.state_dict())
+            out["sampler"] = copied(self.source.state_dict())
         if stateful(it):
-            out["iterator"] = _copied(it.state_dict())
+            out["iterator"] = copied(it.state_dict())
         return out
 
     def position_after(self, k: int) -> Mapping[str, Any] | None:

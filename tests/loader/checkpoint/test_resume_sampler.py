@@ -212,3 +212,17 @@ def test_without_workers_the_sampler_is_drawn_only_as_far_as_delivered_from_the_
         seen.append(sampler.given)
     assert seen == [4, 4, 6, 8]
     it.close()
+
+
+def test_a_sampler_state_that_cannot_be_copied_does_not_stop_the_epoch():
+    """The states are copied as they are taken (a sampler may change them in place); one holding what cannot
+    be copied (a lock, a file) is kept as returned, and the loop runs as it did without a state."""
+    import threading
+
+    class Locked(Positioned):
+        def state_dict(self) -> dict:
+            return {"given": self.given, "guard": threading.Lock()}
+
+    dl = DataLoader(Ids(), batch_size=2, sampler=Locked(), device="cpu", seed=0)
+    assert sorted(values(dl)) == list(range(N)) and sorted(values(dl)) == list(range(N))
+    dl.close()
