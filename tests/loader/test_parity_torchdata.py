@@ -5,10 +5,9 @@ Each case is a user's script: a training loop that stops, saves ``state_dict()``
 cupy_nwt's ``DataLoader`` (process and thread workers); each docstring names the torchdata test it
 mirrors, written afresh. A loader is compared with its own uninterrupted run, so the shuffle order (not
 ``torch.randperm``'s here: docs/pytorch.md) plays no part. cupy_nwt loaders get ``seed=0`` unless a case
-says otherwise (a resumed run passes its seed; the unseeded case is tested apart). Where cupy_nwt differs
-from torchdata and docs/pytorch.md does not list it, torchdata's answer is pinned and the cupy_nwt case
-is a strict xfail whose reason starts "FINDING" (one case where torchdata 0.11 itself is wrong is a strict
-xfail of torchdata's, naming its bug).
+says otherwise (a resumed run passes its seed; the unseeded case is tested apart). Every case here
+answers on cupy_nwt as on torchdata, or as docs/pytorch.md says it differs; the cases where torchdata 0.11
+itself is wrong are strict xfails of torchdata's, naming its bug.
 """
 
 from __future__ import annotations
@@ -36,12 +35,6 @@ N = 10
 def make(stateful_backend):
     """A loader maker, ``make(dataset, **kwargs)`` (``stateful_backend`` in conftest.py)."""
     return stateful_backend
-
-
-def finding(request, make, why: str, only: str | None = None) -> None:
-    """torchdata's answer is pinned; the cupy_nwt case (or only the one named) is a strict xfail."""
-    if make.name != "torchdata" and only in (None, make.name):
-        request.applymarker(pytest.mark.xfail(strict=True, reason=f"FINDING: {why}"))
 
 
 def flat(batch) -> list:
