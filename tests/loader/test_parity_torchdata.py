@@ -424,6 +424,107 @@ def test_a_saved_state_is_as_of_the_delivered_batch_while_workers_run_ahead(requ
     assert values(again) == rest
 
 
+class SlowAt(tud.Dataset):
+    """0 .. 9, sample ``slow`` taking 0.5 s (torchdata's ``_TestSlowIndexDataset``)."""
+
+    def __init__(self, slow: int = 0) -> None:
+        self.slow = slow
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> int:
+        if i == self.slow:
+            time.sleep(0.5)
+        return i
+
+
+class SlowHalves(tud.IterableDataset):
+    """Worker w of k yields its contiguous share of 0 .. 9; sample 5 (worker 1's first) takes 0.5 s
+    (torchdata's ``_TestSlowIterableDataset``)."""
+
+    def __iter__(self):
+        w, k = shard()
+        per = -(-N // k)
+        for i in range(w * per, min(N, (w + 1) * per)):
+            if i == N // 2:
+                time.sleep(0.5)
+            yield i
+
+
+def test_out_of_order_map_batches_resume_every_sample_once(make):
+    """torchdata: TestOutOfOrderWithCheckpointing.test_out_of_order_index_ds: sample 0 is slow, four
+    batches come out of order before the state is saved, the rest after a resume."""
+    output = []
+    dl = make(SlowAt(), num_workers=2, in_order=False)
+    for i, data in enumerate(dl):
+        output += values([data])
+        if i == 3:
+            state = checkpoint(dl.state_dict())
+            break
+    assert 0 not in output
+    again = make(SlowAt(), num_workers=2, in_order=False)
+    again.load_state_dict(state)
+    output += values(again)
+    assert sorted(output) == list(range(N)) and output != list(range(N))
+    close(dl, again)
+
+
+@pytest.mark.parametrize("stop_after", [4, 8], ids=["no-stream-ended", "one-stream-ended"])
+def test_out_of_order_streams_resume_every_sample_once(make, stop_after):
+    """torchdata: TestOutOfOrderWithCheckpointing.test_out_of_order_iterable_ds_(no|one)_completed_worker(s):
+    worker 1's first sample is slow, so worker 0's samples come first; saved with neither or one stream
+    ended, the rest comes after a resume."""
+    output = []
+    dl = make(SlowHalves(), num_workers=2, prefetch_factor=2, in_order=False)
+    for i, data in enumerate(dl):
+        output += values([data])
+        if i == stop_after - 1:
+            state = checkpoint(dl.state_dict())
+            break
+    again = make(SlowHalves(), num_workers=2, in_order=False)
+    again.load_state_dict(state)
+    output += values(again)
+    assert output == list(range(N))
+    close(dl, again)
+
+
+class CountsIter(Counting, Stream):
+    """Stream's samples; each ``__iter__`` call leaves a line in ``log`` (any process, any thread)."""
+
+    def __init__(self, log) -> None:
+        super().__init__()
+        self.log = log
+
+    def __iter__(self):
+        with open(self.log, "a", encoding="utf-8") as f:
+            f.write("iter\n")
+        w, k = shard()
+        self.pos, self.resume = self.resume or 0, None
+        for i in range(w + self.pos * k, self.n, k):
+            self.pos += 1
+            yield i
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stream_s_iter_is_called_once_per_reader_fresh_and_resumed(make, num_workers, tmp_path):
+    """torchdata: TestSingleIterCalled_shard0 (a dataset whose ``__iter__`` opens files or draws must not be
+    iterated twice to be restored): each reader calls it once, in a fresh loader and in a resumed one."""
+    log = tmp_path / "iter.log"
+    readers = max(1, num_workers)
+    dl = make(CountsIter(log), batch_size=1, num_workers=num_workers)
+    it, head = take(dl, 3)
+    state = checkpoint(dl.state_dict())
+    del it
+    assert log.read_text().count("iter") == readers
+    again = make(CountsIter(log), batch_size=1, num_workers=num_workers)
+    again.load_state_dict(state)
+    rest = values(again)
+    assert log.read_text().count("iter") == 2 * readers
+    assert sorted(values(head) + rest) == list(range(N))
+    close(dl, again)
+
+
 # -- (c) what a state holds and what load_state_dict accepts
 
 
