@@ -108,7 +108,7 @@ def _user_sampler_plan(options: Options, epoch: int, start: Mapping[str, Any] | 
         done = frozenset(join_done(start["delivered"], start["extra"])) if start is not None else frozenset()
         first, fresh_start = 0, loaded and start is not None and start["delivered"] == 0
     draws = Draws(sampler, s.batch_sampler is None, s.batch_size, s.drop_last, first, position, fresh_start,
-                  ledger_for(options).keep)
+                  _keep(options))
     return UserSamplerPlan(SamplerPlan(draws, s.seed, epoch, s.rank, s.world_size), draws, done), began
 
 
@@ -148,9 +148,28 @@ def dealer(plan: Any) -> Callable[[int], int] | None:
     return None
 
 
-def ledger_for(options: Options) -> Ledger:
-    """An epoch's ledger, keeping states as far back as the prefetch can be ahead of the caller."""
-    return Ledger(keep=64 + options.num_workers * options.prefetch_factor)
+def ledger_for(options: Options, plan: Any = None) -> Ledger:
+    """An epoch's ledger, keeping states as far back as the prefetch can be ahead of the caller; a user
+    sampler's plan hears of each batch handed on (``UserSamplerPlan.handed``)."""
+    keep = _keep(options)
+    return _SamplerLedger(keep, plan) if isinstance(plan, UserSamplerPlan) else Ledger(keep)
+
+
+def _keep(options: Options) -> int:
+    return 64 + options.num_workers * options.prefetch_factor
+
+
+class _SamplerLedger(Ledger):
+    """The ledger of a user sampler's epoch: each batch handed on also tells its plan, which lets go of the
+    sampler's states that no save can need any more."""
+
+    def __init__(self, keep: int, plan: UserSamplerPlan) -> None:
+        super().__init__(keep)
+        self.plan = plan
+
+    def hand(self, b: int) -> None:
+        super().hand(b)
+        self.plan.handed(b)
 
 
 def stream_cursor(start: Mapping[str, Any] | None) -> int | None:

@@ -85,7 +85,7 @@ def load_into(obj: Any, saved: Any, field_name: str, what: str) -> None:
 class Draws:
     """The batches of ``source`` (a ``batch_sampler``, or a ``sampler`` cut into ``batch_size``), numbered from
     ``first``, with the sampler's states after each one drawn (only where the sampler or its iterator keeps
-    one; the states ``keep`` batches behind the newest are let go).
+    one; those ``keep`` batches behind the first batch not yet handed on are let go, ``settle``).
 
     Args:
         source: The user's ``batch_sampler``, or their ``sampler``.
@@ -97,7 +97,8 @@ class Draws:
             each optional), or None.
         fresh_start: Whether a state loaded as the epoch began, saved before the epoch's first batch was
             delivered, may begin the sampler's next iteration when it leaves nothing to give (see the module).
-        keep: How many states behind the newest drawn batch are kept.
+        keep: How many states behind the first batch not yet handed on are kept (the batches handed on but
+            not yet delivered to the caller, a device prefetcher's, are fewer).
     """
 
     source: Any
@@ -108,8 +109,11 @@ class Draws:
     position: Mapping[str, Any] | None = None
     fresh_start: bool = False
     keep: int = 64
-    moves: bool | None = None  # whether the state moved between the epoch's first two draws (None: unknown)
-    states: dict[int, dict[str, Any]] = field(default_factory=dict)
+    moves: bool | None = field(default=None, init=False)  # whether the state moved between the first two draws
+    states: dict[int, dict[str, Any]] = field(default_factory=dict, init=False)  # batch -> states after it
+    _handed: set[int] = field(default_factory=set, init=False)  # handed on, beyond ``_low``, the first not yet
+    _low: int | None = field(default=None, init=False)
+    _kept_from: int = field(default=0, init=False)
 
     def __iter__(self) -> Iterator[Any]:
         if self.position is not None:
@@ -148,7 +152,6 @@ class Draws:
         if keys is not _END and keeps:
             state = self._state(it)
             self.states[b] = state
-            self.states.pop(b - self.keep, None)
             if self.position is None and b == self.first + 1:
                 self.moves = not same_state(self.states[b - 1], state)
         return keys
@@ -161,6 +164,21 @@ class Draws:
             out["iterator"] = copied(it.state_dict())
         return out
 
+    def settle(self, b: int, before: frozenset[int] = frozenset()) -> None:
+        """Batch ``b`` was handed on (``before``: those delivered before a resume, skipped); the states that no
+        save can need any more, ``keep`` behind the first batch not handed on, are let go. A batch stuck
+        while later ones come out of order holds them, however many come."""
+        if self._low is None:
+            self._low, self._kept_from = self.first, self.first
+            self._handed.update(before)
+        self._handed.add(b)
+        while self._low in self._handed:
+            self._handed.discard(self._low)
+            self._low += 1
+        while self._kept_from < self._low - self.keep:
+            self.states.pop(self._kept_from, None)
+            self._kept_from += 1
+
     def position_after(self, k: int) -> Mapping[str, Any] | None:
         """The states to go on from after the epoch's first ``k`` batches, where the sampler keeps a position
         and they are known; None where it resumes by drawing the epoch again."""
@@ -169,9 +187,8 @@ class Draws:
         if not self.moves or k < 1:
             return None
         if k - 1 not in self.states:
-            raise StateError(f"state_dict: the sampler's state after batch {k - 1} was let go: batches delivered "
-                             f"out of order ran more than {self.keep} ahead of the first one not delivered",
-                             "sampler_resume", None)
+            raise StateError(f"state_dict: the sampler's state after batch {k - 1} was let go: the caller is more "
+                             f"than {self.keep} batches behind the loader's prefetch", "sampler_resume", None)
         return self.states[k - 1]
 
 
@@ -189,6 +206,10 @@ class UserSamplerPlan:
     @property
     def epoch(self) -> int:
         return self.inner.epoch
+
+    def handed(self, task: int) -> None:
+        """Task ``task`` was handed on (``Ledger.hand``)."""
+        self.draws.settle(self.ids[task], self.done)
 
     def tasks(self) -> Iterator[PlanTask]:
         for b, keys in enumerate(self.draws, self.draws.first):

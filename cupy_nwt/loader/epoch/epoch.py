@@ -240,7 +240,7 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
         if workshop is None and (options.num_workers > 0 or prefetcher is not None):
             workshop = runtime.new_workshop(options, state.epoch, shared)
         spec = workshop.spec if workshop is not None else None
-        state.ledger = ledger_for(options)
+        state.ledger = ledger_for(options, plan)
         bad = BadSampleCount(state.epoch, options.max_bad_samples, runtime.events) if options.on_bad_sample == "skip" else None
         if workshop is not None and workshop.workers is not None:
             _restore_workers(options, state, workshop, fresh_workshop)

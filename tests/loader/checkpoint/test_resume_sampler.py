@@ -226,3 +226,60 @@ def test_a_sampler_state_that_cannot_be_copied_does_not_stop_the_epoch():
     dl = DataLoader(Ids(), batch_size=2, sampler=Locked(), device="cpu", seed=0)
     assert sorted(values(dl)) == list(range(N)) and sorted(values(dl)) == list(range(N))
     dl.close()
+
+
+class Stuck:
+    """Samples 0 .. n-1; sample 5 waits until ``flag`` exists (a sample on a network read that hangs)."""
+
+    def __init__(self, n: int, flag) -> None:
+        self.n, self.flag = n, flag
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        deadline = time.monotonic() + 30
+        while i == 5 and not self.flag.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return i
+
+
+class Counted:
+    """0 .. n-1 in order, its state how many it gave this iteration (a ``StatefulDistributedSampler``)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.given, self.resume = n, 0, None
+
+    def __iter__(self):
+        self.given, self.resume = self.resume or 0, None
+        for i in range(self.given, self.n):
+            self.given += 1
+            yield i
+
+    def __len__(self) -> int:
+        return self.n
+
+    def state_dict(self) -> dict:
+        return {"given": self.given}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.resume = sd["given"]
+
+
+def test_a_batch_stuck_while_many_more_come_out_of_order_still_saves_and_resumes(tmp_path):
+    """``in_order=False``: batch 5 hangs while 145 later ones arrive, far more than the loader's prefetch; the
+    sampler's state the save needs (after batch 4) is still held, and the rest comes after a resume."""
+    n, flag = 200, tmp_path / "go"
+    dl = DataLoader(Stuck(n, flag), batch_size=1, sampler=Counted(n), num_workers=2, in_order=False, device="cpu",
+                    seed=0)
+    it = iter(dl)
+    head = values(next(it) for _ in range(150))
+    state = checkpoint(dl)
+    flag.touch()
+    it.close()
+    dl.close()
+    assert 5 not in head and state["delivered"] == 5 and len(state["extra"]) == 145
+    assert state["sampler_resume"] == {"sampler": {"given": 5}}
+    again = DataLoader(Stuck(n, flag), batch_size=1, sampler=Counted(n), device="cpu", seed=0)
+    again.load_state_dict(state)
+    assert sorted(head + values(again)) == list(range(n))
