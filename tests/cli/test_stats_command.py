@@ -86,7 +86,8 @@ def test_ctrl_c_keeps_the_rows_so_far_in_the_table_and_the_file(tmp_path, worker
     proc = subprocess.Popen([sys.executable, "-m", "cupy_nwt", "stats", *TINY, "--worker-type", worker_type,
                              "--batches", "1000000", "--every", "5", "--output", str(path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "CUPY_NWT_CACHE_DIR": str(tmp_path / "cache")})
+                            env={**os.environ, "CUPY_NWT_CACHE_DIR": str(tmp_path / "cache")},
+                            preexec_fn=_default_sigint)
     assert proc.stdout is not None
     lines = [proc.stdout.readline() for _ in range(4)]  # the header and three rows
     os.killpg(proc.pid, signal.SIGINT)
@@ -101,6 +102,12 @@ def test_ctrl_c_keeps_the_rows_so_far_in_the_table_and_the_file(tmp_path, worker
     assert lines[0].split()[:2] == ["batches", "s"] and "steady state" in out
     assert live_segments(proc.pid) == set()  # no ring left in /dev/shm
     assert [p.pid for p in psutil.process_iter() if _group(p) == proc.pid] == []  # nor a worker
+
+
+def _default_sigint() -> None:
+    """A terminal's program takes Ctrl-C; one started in the background of a script (CI) inherits SIGINT
+    ignored, which Python then leaves ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _group(p):
