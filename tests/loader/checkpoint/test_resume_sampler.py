@@ -283,3 +283,25 @@ def test_a_batch_stuck_while_many_more_come_out_of_order_still_saves_and_resumes
     again = DataLoader(Stuck(n, flag), batch_size=1, sampler=Counted(n), device="cpu", seed=0)
     again.load_state_dict(state)
     assert sorted(head + values(again)) == list(range(n))
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 0), (0, 2), (1, 2)])
+def test_a_position_resumes_under_another_worker_count(before, after):
+    """A sampler's position is where its epoch stands, whoever made the batches: the rest is the same with any
+    worker count (persistent workers too)."""
+    whole = run(Positioned(), 2, num_workers=before)[1]
+    sampler = Positioned()
+    dl = DataLoader(Ids(), batch_size=2, sampler=sampler, num_workers=before, persistent_workers=before > 0,
+                    device="cpu", seed=0)
+    values(dl)
+    sampler.set_epoch(1)
+    it = iter(dl)
+    head = values(next(it) for _ in range(3))
+    state = checkpoint(dl)
+    it.close()
+    dl.close()
+    again = DataLoader(Ids(), batch_size=2, sampler=(s := Positioned()), num_workers=after, device="cpu", seed=0)
+    s.set_epoch(1)
+    again.load_state_dict(state)
+    assert head + values(again) == whole
+    again.close()
