@@ -525,6 +525,46 @@ def test_a_stream_s_iter_is_called_once_per_reader_fresh_and_resumed(make, num_w
     close(dl, again)
 
 
+def hf_examples(**kwargs):
+    for i in range(20):
+        yield f"file_{i}", {"id": i}
+
+
+def identity(batch):
+    return batch
+
+
+@pytest.mark.parametrize("layout", [{"num_workers": 0}, {"num_workers": 2, "persistent_workers": True}],
+                         ids=["inline", "persistent"])
+@pytest.mark.parametrize("interrupt", [1, 10])
+def test_a_hugging_face_iterable_dataset_resumes_by_its_own_state(make, layout, interrupt):
+    """torchdata: test_hugging_face.py (a ``datasets.IterableDataset``, whose state is its own): the rest after a
+    resume is the rest the first iterator went on to give. It shards by torch's worker info, which thread
+    workers cannot answer: several of them refuse it in one line (each would read all of it)."""
+    hf = pytest.importorskip("datasets.iterable_dataset", reason="Hugging Face datasets is a test-only extra")
+    info = pytest.importorskip("datasets.info", reason="Hugging Face datasets is a test-only extra")
+
+    def build():
+        dataset = hf.IterableDataset(hf.ExamplesIterable(hf_examples, {}), info=info.DatasetInfo(description="d"),
+                                     split="train")
+        return make(dataset, collate_fn=identity, **layout)
+
+    dl = build()
+    it = iter(dl)
+    if make.name.endswith("threads") and layout["num_workers"] > 1:
+        with pytest.raises(cupy_nwt.LoaderError, match=r"torch\.utils\.data\.get_worker_info\(\), which is one"):
+            next(it)
+        return close(dl)
+    for _ in range(interrupt):
+        next(it)
+    state = checkpoint(dl.state_dict())
+    rest = [b[0]["id"] for b in it]
+    again = build()
+    again.load_state_dict(state)
+    assert [b[0]["id"] for b in again] == rest and len(rest) == 20 - interrupt
+    close(dl, again)
+
+
 # -- (c) what a state holds and what load_state_dict accepts
 
 

@@ -126,22 +126,41 @@ def reads_torch_worker_info(dataset: Any) -> bool:
 def _calls_torch_info(code: Any, scope: dict[str, Any]) -> bool:
     if "get_worker_info" in code.co_names:
         root: Any = None  # what the attribute chain being looked up started from
+        imported: str | None = None  # the module the last import statement named
+        torch_locals: set[str] = set()  # local names an ``import torch...`` inside the function bound
         for ins in dis.get_instructions(code):
-            if ins.opname == "LOAD_GLOBAL":
-                root = scope.get(str(ins.argval))
-                if ins.argval == "get_worker_info" and _is_torch(root):
+            op, arg = ins.opname, ins.argval
+            if op == "IMPORT_NAME":
+                imported, root = str(arg), None
+            elif op == "IMPORT_FROM":
+                if arg == "get_worker_info" and _is_torch_module(imported):
                     return True
-            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD"):
-                if ins.argval == "get_worker_info" and _is_torch(root):
+            elif op.startswith("STORE_"):
+                if _is_torch_module(imported):
+                    torch_locals.add(str(arg))
+                imported, root = None, None
+            elif op == "LOAD_GLOBAL":
+                root = scope.get(str(arg))
+                if arg == "get_worker_info" and _is_torch(root):
                     return True
-            elif ins.opname not in ("CACHE", "EXTENDED_ARG"):
+            elif op.startswith(("LOAD_FAST", "LOAD_DEREF")):  # a local bound by ``import torch`` in the function
+                name = arg[-1] if isinstance(arg, tuple) else arg
+                root = torch if name in torch_locals and (torch := sys.modules.get("torch")) is not None else None
+            elif op in ("LOAD_ATTR", "LOAD_METHOD"):
+                if arg == "get_worker_info" and _is_torch(root):
+                    return True
+            elif op not in ("CACHE", "EXTENDED_ARG"):
                 root = None
     return any(_calls_torch_info(c, scope) for c in code.co_consts if hasattr(c, "co_names"))
 
 
+def _is_torch_module(name: str | None) -> bool:
+    return name is not None and (name == "torch" or name.startswith("torch."))
+
+
 def _is_torch(obj: Any) -> bool:
     where = obj.__name__ if isinstance(obj, type(sys)) else getattr(obj, "__module__", None)
-    return isinstance(where, str) and (where == "torch" or where.startswith("torch."))
+    return isinstance(where, str) and _is_torch_module(where)
 
 
 def refuse_for_threads(dataset: Any, num_workers: int) -> None:

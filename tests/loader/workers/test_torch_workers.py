@@ -186,6 +186,42 @@ def test_thread_workers_refuse_a_stream_sharded_by_torchs_worker_info():
     assert "\n" not in str(err.value)
 
 
+class ImportsTorchInside(tud.IterableDataset):
+    """Shards by torch's worker info through a torch imported inside the method, as Hugging Face datasets'
+    ``IterableDataset`` does (``import torch.utils.data`` in ``__iter__``), under one of three spellings."""
+
+    def __init__(self, spelling: str) -> None:
+        self.spelling = spelling
+
+    def __iter__(self):
+        if self.spelling == "module":
+            import torch.utils.data
+
+            info = torch.utils.data.get_worker_info()
+        elif self.spelling == "alias":
+            import torch.utils.data as data
+
+            info = data.get_worker_info()
+        else:
+            from torch.utils.data import get_worker_info
+
+            info = get_worker_info()
+        yield from range(8) if info is None else range(info.id, 8, info.num_workers)
+
+
+@pytest.mark.parametrize("spelling", ["module", "alias", "from"])
+def test_thread_workers_refuse_a_stream_that_imports_torch_inside_to_shard(spelling):
+    """Each thread would read the whole stream through torch's None (every sample twice): refused in one line."""
+    loader = cupy_nwt.DataLoader(ImportsTorchInside(spelling), batch_size=2, num_workers=2, worker_type="thread",
+                                 device="cpu")
+    with pytest.raises(CupyNwtError, match="torch.utils.data.get_worker_info") as err:
+        list(loader)
+    assert "\n" not in str(err.value)
+    got = [int(x) for b in cupy_nwt.DataLoader(ImportsTorchInside(spelling), batch_size=2, num_workers=2,
+                                               worker_type="process", device="cpu") for x in b]
+    assert sorted(got) == list(range(8))
+
+
 class CupyNwtSharded(tud.IterableDataset):
     """Shards by cupy_nwt's worker info, and uses torch in the same method: served by threads."""
 
