@@ -125,32 +125,31 @@ def reads_torch_worker_info(dataset: Any) -> bool:
 
 def _calls_torch_info(code: Any, scope: dict[str, Any]) -> bool:
     if "get_worker_info" in code.co_names:
-        root: Any = None  # what the attribute chain being looked up started from
+        rooted = False  # whether the attribute chain being looked up started from torch or one of its modules
         imported: str | None = None  # the module the last import statement named
-        torch_locals: set[str] = set()  # local names an ``import torch...`` inside the function bound
-        for ins in dis.get_instructions(code):
+        torch_locals: set[str] = set()  # names an ``import torch...`` inside the function bound (read by name:
+        for ins in dis.get_instructions(code):  # torch may not be imported yet)
             op, arg = ins.opname, ins.argval
             if op == "IMPORT_NAME":
-                imported, root = str(arg), None
+                imported, rooted = str(arg), False
             elif op == "IMPORT_FROM":
                 if arg == "get_worker_info" and _is_torch_module(imported):
                     return True
             elif op.startswith("STORE_"):
                 if _is_torch_module(imported):
                     torch_locals.add(str(arg))
-                imported, root = None, None
+                imported, rooted = None, False
             elif op == "LOAD_GLOBAL":
-                root = scope.get(str(arg))
-                if arg == "get_worker_info" and _is_torch(root):
+                rooted = _is_torch(scope.get(str(arg)))
+                if arg == "get_worker_info" and rooted:
                     return True
-            elif op.startswith(("LOAD_FAST", "LOAD_DEREF")):  # a local bound by ``import torch`` in the function
-                name = arg[-1] if isinstance(arg, tuple) else arg
-                root = torch if name in torch_locals and (torch := sys.modules.get("torch")) is not None else None
+            elif op.startswith(("LOAD_FAST", "LOAD_DEREF")):
+                rooted = (arg[-1] if isinstance(arg, tuple) else arg) in torch_locals
             elif op in ("LOAD_ATTR", "LOAD_METHOD"):
-                if arg == "get_worker_info" and _is_torch(root):
+                if arg == "get_worker_info" and rooted:
                     return True
             elif op not in ("CACHE", "EXTENDED_ARG"):
-                root = None
+                rooted = False
     return any(_calls_torch_info(c, scope) for c in code.co_consts if hasattr(c, "co_names"))
 
 

@@ -236,3 +236,21 @@ def test_thread_workers_serve_a_torch_stream_sharded_by_cupy_nwts_worker_info():
         got = [int(x) for b in cupy_nwt.DataLoader(Range(0, 8) if workers == 1 else CupyNwtSharded(), batch_size=2,
                                                    num_workers=workers, worker_type="thread", device="cpu") for x in b]
         assert sorted(got) == list(range(8))
+
+
+def test_a_stream_importing_torch_inside_is_seen_before_torch_is_imported(tmp_path):
+    """A program that never imported torch itself (Hugging Face datasets imports it inside ``__iter__``): the
+    check reads the method's import by name, so threads still refuse the stream."""
+    (tmp_path / "lazy_stream.py").write_text(
+        "class Lazy:\n"
+        "    def __iter__(self):\n"
+        "        import torch.utils.data\n"
+        "        info = torch.utils.data.get_worker_info()\n"
+        "        yield from range(8) if info is None else range(info.id, 8, info.num_workers)\n")
+    code = ("import sys; from lazy_stream import Lazy\n"
+            "from cupy_nwt.loader.workers.torch_workers import reads_torch_worker_info\n"
+            "assert 'torch' not in sys.modules\n"
+            "print(reads_torch_worker_info(Lazy()))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])})
+    assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr[-2000:]
