@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...data.contract import map_length
 from ...errors import ArgumentError
-from ..plan.order import SamplerPlan, StreamPlan
+from ..plan.order import StreamPlan
 from ..plan.remainder import Session, SessionPlan, join_done, split_done
 from .ledger import EpochProgress, Ledger
 from .readers import check_saveable, delivered, entry, fit_readers, reader_count
@@ -109,7 +109,7 @@ def _user_sampler_plan(options: Options, epoch: int, start: Mapping[str, Any] | 
         first, fresh_start = 0, loaded and start is not None and start["delivered"] == 0
     draws = Draws(sampler, s.batch_sampler is None, s.batch_size, s.drop_last, first, position, fresh_start,
                   _keep(options))
-    return UserSamplerPlan(SamplerPlan(draws, s.seed, epoch, s.rank, s.world_size), draws, done), began
+    return UserSamplerPlan(draws, s.seed, epoch, s.rank, s.world_size, done), began
 
 
 def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> SessionPlan:
@@ -230,7 +230,7 @@ def fresh(options: Options, epoch: int, readers: list[Any] | None = None) -> dic
     if kind == "sampler":  # the sampler's own state as it is now: it starts the epoch from there
         sampler = _sampler_of(options)
         live = sampler.state_dict() if callable(getattr(sampler, "state_dict", None)) else None
-        return {**head, "delivered": 0, "extra": [], "sampler_state": copy.deepcopy(live), "sampler_resume": None,
+        return {**head, "delivered": 0, "extra": [], "sampler_state": copied(live), "sampler_resume": None,
                 "workers": per}
     return {**head, "workers": per, "next_task": 0, "next_worker": None}
 

@@ -168,6 +168,8 @@ class Draws:
         """Batch ``b`` was handed on (``before``: those delivered before a resume, skipped); the states that no
         save can need any more, ``keep`` behind the first batch not handed on, are let go. A batch stuck
         while later ones come out of order holds them, however many come."""
+        if not self.states:  # a sampler without a state of its own: nothing is kept
+            return
         if self._low is None:
             self._low, self._kept_from = self.first, self.first
             self._handed.update(before)
@@ -193,19 +195,17 @@ class Draws:
 
 
 @dataclass(frozen=True, eq=False)
-class UserSamplerPlan:
-    """One epoch of a user's sampler as tasks (renumbered 0..): ``inner``'s batches (a ``Draws``) with those in
-    ``done`` (delivered before a resume) left out; task i is the epoch's batch ``ids[i]``, with its seed."""
+class UserSamplerPlan(SamplerPlan):
+    """One epoch of a user's sampler as tasks (renumbered 0..): its ``Draws`` with the batches in ``done``
+    (delivered before a resume) left out; task i is the epoch's batch ``ids[i]``, with that batch's seed."""
 
-    inner: SamplerPlan
-    draws: Draws
-    done: frozenset[int]
+    done: frozenset[int] = frozenset()
     ids: list[int] = field(default_factory=list)
-    stream = False
 
     @property
-    def epoch(self) -> int:
-        return self.inner.epoch
+    def draws(self) -> Draws:
+        assert isinstance(self.batches, Draws)
+        return self.batches
 
     def handed(self, task: int) -> None:
         """Task ``task`` was handed on (``Ledger.hand``)."""
@@ -215,4 +215,4 @@ class UserSamplerPlan:
         for b, keys in enumerate(self.draws, self.draws.first):
             if b not in self.done:
                 self.ids.append(b)
-                yield len(self.ids) - 1, as_keys(keys), self.inner.transform_seed(b)
+                yield len(self.ids) - 1, as_keys(keys), self.transform_seed(b)
