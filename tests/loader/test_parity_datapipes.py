@@ -7,6 +7,7 @@ once. The same cases run on cupy_nwt's loader and on torch's, as ``test_parity.p
 
 from __future__ import annotations
 
+import time
 import warnings
 
 import numpy as np
@@ -102,3 +103,28 @@ def test_the_same_torch_manual_seed_before_two_epochs_gives_the_same_order(backe
         runs.append(elements(loader))
     assert runs[0] == runs[1] and sorted(runs[0]) == list(range(N))
     assert runs[2] != runs[0] and sorted(runs[2]) == list(range(N))
+
+
+class SlowToScan(tud.IterDataPipe):
+    """A pipe whose state takes a while to read: torch reads it while it walks the graph to shard it,
+    which leaves time for another reader to walk its own copy meanwhile."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        return iter(self.source)
+
+    def __getstate__(self):
+        time.sleep(0.05)
+        return super().__getstate__()
+
+
+@pytest.mark.parametrize("num_workers", [2, 4])
+def test_readers_that_shard_their_pipes_at_once_each_get_their_share(backend, num_workers):
+    """torch walks a pipe's graph through a hook set on the pipe classes, one for the whole process:
+    thread workers walking their copies at once must not cross (one would fail, or walk without the hook
+    and miss its sharding filter, reading every element)."""
+    dp = SlowToScan(IterableWrapper(range(N)).sharding_filter())
+    for _ in range(2):
+        assert sorted(elements(backend(dp, batch_size=None, num_workers=num_workers))) == list(range(N))

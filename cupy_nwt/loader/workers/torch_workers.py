@@ -23,7 +23,8 @@ A torch ``IterDataPipe`` (``torch.utils.data.datapipes``) gets what torch's load
 loader's ``shuffle`` applied to its shufflers at construction (``with_shuffle_settings``), and before
 each epoch's stream opens, in whichever process or thread reads it, its ``sharding_filter`` set to
 this reader's share (worker-major over ranks, as torch numbers them) and its shufflers seeded with
-one seed per epoch shared by every reader, so each element comes once (``prepare_datapipe``). Without
+one seed per epoch shared by every reader, so each element comes once (``prepare_datapipe``; one reader
+walks its graph at a time, as torch walks it through a hook set process-wide). Without
 ``seed`` or ``generator`` that seed is drawn from torch's default generator at each ``iter()``, as
 torch's loader draws it (``torch_shared_seed``).
 """
@@ -35,7 +36,9 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import logging
+import os
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -180,6 +183,20 @@ def refuse_for_threads(dataset: Any, num_workers: int) -> None:
         "or shard by cupy_nwt.get_worker_info(), which thread workers answer")
 
 
+_WALKING = threading.Lock()
+"""Held while torch walks a pipe's graph: it walks through a hook set on the pipe classes, one for the
+whole process, so thread workers walking their copies at once would cross (one fails, or walks without
+the hook and misses its sharding filter)."""
+
+
+def _new_walking_lock() -> None:
+    global _WALKING
+    _WALKING = threading.Lock()  # a forked child's copy may be held by a thread the fork left behind
+
+
+os.register_at_fork(after_in_child=_new_walking_lock)
+
+
 def is_iter_datapipe(dataset: Any) -> bool:
     """Is the dataset a torch ``IterDataPipe``? (Only when torch's datapipes are imported: then it may be.)"""
     module = sys.modules.get("torch.utils.data.datapipes.datapipe")
@@ -191,7 +208,8 @@ def with_shuffle_settings(dataset: Any, shuffle: bool) -> Any:
     ``shuffle=True`` finds none, with torch's warning); the graph to load from."""
     from torch.utils.data import graph_settings  # noqa: PLC0415 - torch is imported: the dataset is its
 
-    return graph_settings.apply_shuffle_settings(dataset, shuffle=bool(shuffle))
+    with _WALKING:
+        return graph_settings.apply_shuffle_settings(dataset, shuffle=bool(shuffle))
 
 
 def pipe_seed(seed: int, epoch: int, follows_torch: bool) -> int:
@@ -218,8 +236,9 @@ def prepare_datapipe(dataset: Any, shared: int, rank: int, world_size: int) -> N
 
     info = get_worker_info()
     shards, shard = (world_size, rank) if info is None else (info.num_workers * world_size, info.id * world_size + rank)
-    graph_settings.apply_sharding(dataset, shards, shard)
-    graph_settings.apply_random_seed(dataset, torch.Generator().manual_seed(shared))
+    with _WALKING:
+        graph_settings.apply_sharding(dataset, shards, shard)
+        graph_settings.apply_random_seed(dataset, torch.Generator().manual_seed(shared))
 
 
 _PIPE_TAG = 0x70697065  # keeps the datapipe's shuffle seeds apart from the loader's other seeds
