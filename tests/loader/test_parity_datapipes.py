@@ -7,6 +7,7 @@ once. The same cases run on cupy_nwt's loader and on torch's, as ``test_parity.p
 
 from __future__ import annotations
 
+import threading
 import time
 import warnings
 
@@ -128,3 +129,23 @@ def test_readers_that_shard_their_pipes_at_once_each_get_their_share(backend, nu
     dp = SlowToScan(IterableWrapper(range(N)).sharding_filter())
     for _ in range(2):
         assert sorted(elements(backend(dp, batch_size=None, num_workers=num_workers))) == list(range(N))
+
+
+def test_workers_started_while_another_loader_shards_its_pipe_get_the_whole_pipe():
+    """Two loaders iterated at once from two threads of one program. A thread worker's copy of the pipe
+    goes through the pipe classes' pickling hooks, which the other loader's walk sets for the whole
+    process meanwhile (a copy then is a stub); a worker forked then inherits the hooks set, and its own
+    walk fails."""
+    def epochs(results: list) -> None:
+        for _ in range(4):
+            loader = cupy_nwt.DataLoader(SlowToScan(IterableWrapper(range(N)).sharding_filter()), batch_size=None,
+                                         num_workers=2, device="cpu")
+            results.append(sorted(elements(loader)))
+
+    beside: list = []
+    other = threading.Thread(target=epochs, args=(beside,))
+    other.start()
+    mine: list = []
+    epochs(mine)
+    other.join()
+    assert mine == beside == [list(range(N))] * 4

@@ -31,6 +31,7 @@ torch's loader draws it (``torch_shared_seed``).
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import importlib.abc
 import importlib.machinery
@@ -39,7 +40,7 @@ import logging
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -184,9 +185,10 @@ def refuse_for_threads(dataset: Any, num_workers: int) -> None:
 
 
 _WALKING = threading.Lock()
-"""Held while torch walks a pipe's graph: it walks through a hook set on the pipe classes, one for the
-whole process, so thread workers walking their copies at once would cross (one fails, or walks without
-the hook and misses its sharding filter)."""
+"""Held while torch's pipe classes may hold the hooks of a walk: torch walks a pipe's graph through hooks
+set on those classes, one for the whole process, so thread workers walking their copies at once would
+cross (one fails, or walks without the hook and misses its sharding filter), and a pipe copied meanwhile
+(its pickling goes through them) would be a stub."""
 
 
 def _new_walking_lock() -> None:
@@ -195,6 +197,13 @@ def _new_walking_lock() -> None:
 
 
 os.register_at_fork(after_in_child=_new_walking_lock)
+
+
+@contextlib.contextmanager
+def pipe_hooks_alone() -> Iterator[None]:
+    """No walk of a torch pipe's graph in this process meanwhile: copy or pickle a pipe inside it."""
+    with _WALKING:
+        yield
 
 
 def is_iter_datapipe(dataset: Any) -> bool:
@@ -208,7 +217,7 @@ def with_shuffle_settings(dataset: Any, shuffle: bool) -> Any:
     ``shuffle=True`` finds none, with torch's warning); the graph to load from."""
     from torch.utils.data import graph_settings  # noqa: PLC0415 - torch is imported: the dataset is its
 
-    with _WALKING:
+    with pipe_hooks_alone():
         return graph_settings.apply_shuffle_settings(dataset, shuffle=bool(shuffle))
 
 
@@ -236,7 +245,7 @@ def prepare_datapipe(dataset: Any, shared: int, rank: int, world_size: int) -> N
 
     info = get_worker_info()
     shards, shard = (world_size, rank) if info is None else (info.num_workers * world_size, info.id * world_size + rank)
-    with _WALKING:
+    with pipe_hooks_alone():
         graph_settings.apply_sharding(dataset, shards, shard)
         graph_settings.apply_random_seed(dataset, torch.Generator().manual_seed(shared))
 
