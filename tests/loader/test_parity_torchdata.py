@@ -390,6 +390,43 @@ def test_a_dataset_s_or_its_iterator_s_own_state_is_saved_and_restored(make, cas
     assert values(again) == rest
 
 
+class Augmented(tud.Dataset):
+    """A random augmentation drawn from the worker's torch generator, which the dataset's state keeps: the
+    recipe for worker-specific state in torchdata's README (the generator torch seeds in each worker)."""
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int) -> int:
+        return 1000 * i + int(torch.randint(0, 1000, ()))
+
+    def state_dict(self) -> dict:
+        return {"torch_rng": torch.get_rng_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(state["torch_rng"])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_augmentations_drawn_from_torch_s_generator_in_the_state_repeat_after_a_resume(make, num_workers):
+    """torchdata's README, "Saving Custom State with Map-Style Datasets": each reader's dataset state is
+    restored where its delivered batches left it, after the loader seeded the reader's generator (else the
+    seed would overwrite the restored generator and the rest would draw other augmentations)."""
+    if make.name == "cupy_nwt-threads" and num_workers > 1:
+        pytest.skip("torch's generator is one per process: threads draw from it in whatever order they run "
+                    "(docs/loader.md)")
+
+    def build():
+        return make(Augmented(), batch_size=2, num_workers=num_workers, shuffle=True,
+                    generator=torch.Generator().manual_seed(5))
+
+    torch.manual_seed(1)
+    whole = epoch(build())
+    torch.manual_seed(1)
+    head, rest, _ = resumed(build, 2)
+    assert head + rest == whole
+
+
 class Live(tud.IterableDataset):
     """Its ``state_dict()`` returns the dict it keeps updating (torchdata's ``PeriodicStateIterableDataset``)."""
 
