@@ -296,6 +296,20 @@ def check_importable(method: str, chosen_by_user: bool, objects: list[Any]) -> N
                 "own risk")
 
 
+_SERVER_STARTING = threading.Lock()
+"""Held while a loader asks for the server: its preload and ``SCRIPT_ENV`` are the process's, so loaders
+made at once in two threads would cross (the second would put back the first one's ``SCRIPT_ENV`` and leave
+it to every process this one starts)."""
+
+
+def _new_server_lock() -> None:
+    global _SERVER_STARTING
+    _SERVER_STARTING = threading.Lock()  # a forked child's copy may be held by a thread the fork left behind
+
+
+os.register_at_fork(after_in_child=_new_server_lock)
+
+
 def prestart_forkserver(context: BaseContext | None, method: str, objects: Sequence[Any]) -> bool:
     """Start forkserver's server and its preload now, in the background, when the loader's workers will fork from it.
 
@@ -311,7 +325,11 @@ def prestart_forkserver(context: BaseContext | None, method: str, objects: Seque
     """
     if method != "forkserver":
         return False
-    ctx = context if context is not None else mp.get_context("forkserver")
+    with _SERVER_STARTING:
+        return _prestart(context if context is not None else mp.get_context("forkserver"), objects)
+
+
+def _prestart(ctx: BaseContext, objects: Sequence[Any]) -> bool:
     from multiprocessing import forkserver  # noqa: PLC0415 - only where forkserver is used
 
     script = script_path() if getattr(forkserver._forkserver, "_forkserver_pid", 0) is None else None

@@ -81,3 +81,47 @@ def test_no_driver_is_found_without_importing_cupy():
     env.pop("CUPY_NWT_DISABLE_GPU", None)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120).stdout
     assert out.strip() == "False False no usable GPU: no NVIDIA driver is installed (libcuda was not found)"
+
+
+TWO_THREADS = """
+import os, threading
+import numpy as np
+from cupy_nwt import DataLoader
+
+
+class Ids:
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return np.int64(i)
+
+
+def read(got, k, together):
+    together.wait()
+    loader = DataLoader(Ids(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="forkserver")
+    got[k] = sorted(int(x) for b in loader for x in b)
+
+
+if __name__ == "__main__":
+    got, together = {}, threading.Barrier(2)
+    readers = [threading.Thread(target=read, args=(got, k, together)) for k in range(2)]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join()
+    print(got[0] == got[1] == list(range(16)), os.environ.get("CUPY_NWT_FORKSERVER_SCRIPT"))
+"""
+
+
+def test_loaders_made_at_once_in_two_threads_leave_the_environment_as_it_was(tmp_path):
+    """The server's start tells it the script through the environment for a moment: two loaders asking at
+    once must not leave it set for every process the program starts later (the second used to put back the
+    first one's value)."""
+    (tmp_path / "two.py").write_text(TWO_THREADS)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+    env.pop("CUPY_NWT_FORKSERVER_SCRIPT", None)
+    proc = subprocess.run([sys.executable, str(tmp_path / "two.py")], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "None"]
