@@ -64,24 +64,28 @@ def worker_type(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch)
     return str(request.param)
 
 
-_TORCH_ITERATORS: weakref.WeakSet[Any] | None = None
+_TORCH_ITERATORS: weakref.WeakSet[Any] = weakref.WeakSet()
+# torch's multiprocessing iterator, and torchdata's, which is a copy of it rather than a subclass
+_ITERATOR_CLASSES = (("torch.utils.data.dataloader", "_MultiProcessingDataLoaderIter"),
+                     ("torchdata.stateful_dataloader.stateful_dataloader", "_StatefulMultiProcessingDataLoaderIter"))
+_WATCHED: set[str] = set()
 
 
-def _torch_iterators() -> weakref.WeakSet[Any] | None:
-    """Every torch multiprocessing iterator made from now on (None until torch's loader is imported)."""
-    global _TORCH_ITERATORS
-    module = sys.modules.get("torch.utils.data.dataloader")
-    if _TORCH_ITERATORS is None and module is not None:
-        made: weakref.WeakSet[Any] = weakref.WeakSet()
-        cls = module._MultiProcessingDataLoaderIter
+def _torch_iterators() -> weakref.WeakSet[Any]:
+    """Every torch (or torchdata) multiprocessing iterator made from now on, once its module is imported."""
+    for module_name, class_name in _ITERATOR_CLASSES:
+        module = sys.modules.get(module_name)
+        if module is None or module_name in _WATCHED:
+            continue
+        cls = getattr(module, class_name)
         init = cls.__init__
 
-        def registered(self: Any, *args: Any, **kwargs: Any) -> None:
-            made.add(self)
-            init(self, *args, **kwargs)
+        def registered(self: Any, *args: Any, _init: Any = init, **kwargs: Any) -> None:
+            _TORCH_ITERATORS.add(self)
+            _init(self, *args, **kwargs)
 
         cls.__init__ = registered
-        _TORCH_ITERATORS = made
+        _WATCHED.add(module_name)
     return _TORCH_ITERATORS
 
 
@@ -94,6 +98,5 @@ def torch_workers_end_with_their_test() -> Iterator[None]:
     by torch's own shutdown, as dropping it at once would have done."""
     _torch_iterators()
     yield
-    made = _torch_iterators()
-    for it in list(made or ()):
+    for it in list(_torch_iterators()):
         it._shutdown_workers()
