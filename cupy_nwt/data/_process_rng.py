@@ -12,23 +12,15 @@ from __future__ import annotations
 
 import os
 import sys
-import threading
 from typing import Any
 
 import numpy as np
 
 from .._checks import check_int
+from .._fork_safe_lock import ForkSafeLock
 from .._worker_info import get_worker_info
 
-_MAKING = threading.Lock()  # held while a ProcessRng makes a stream
-
-
-def _new_making_lock() -> None:
-    global _MAKING
-    _MAKING = threading.Lock()  # a forked child's copy may be held by a thread the fork left behind
-
-
-os.register_at_fork(after_in_child=_new_making_lock)
+_MAKING = ForkSafeLock()  # held while a ProcessRng makes a stream
 
 
 def _worker(info: Any) -> tuple[int, int] | None:

@@ -74,7 +74,7 @@ from .start import (
     start_wave,
     stuck_hint,
 )
-from .torch_workers import pipe_hooks_alone
+from .torch_workers import PIPE_WALK_LOCK
 
 UNREACHABLE_WAIT_S = 10.0  # how long a worker behind a broken pipe may take to be known dead
 
@@ -159,7 +159,7 @@ class WorkerPool(Dispatch):
         proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w, spill_w), name=f"cupy_nwt-worker-{w}",
                            daemon=True)
         try:
-            with pipe_hooks_alone():  # pickled (spawn, forkserver) or forked with torch's pipe hooks unset
+            with PIPE_WALK_LOCK:  # pickled (spawn, forkserver) or forked with torch's pipe hooks unset
                 proc.start()
         except (pickle.PicklingError, AttributeError, TypeError, ConnectionError) as exc:
             for c in (task_r, task_w, res_r, res_w, spill_r, spill_w):

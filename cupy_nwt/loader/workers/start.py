@@ -32,6 +32,7 @@ from multiprocessing.context import BaseContext
 from typing import Any
 
 from ... import cuda
+from ..._fork_safe_lock import ForkSafeLock
 from ...errors import LoaderError, WorkerDiedError
 from ...system import usable_cpus
 
@@ -296,18 +297,10 @@ def check_importable(method: str, chosen_by_user: bool, objects: list[Any]) -> N
                 "own risk")
 
 
-_SERVER_STARTING = threading.Lock()
+_SERVER_STARTING = ForkSafeLock()
 """Held while a loader asks for the server: its preload and ``SCRIPT_ENV`` are the process's, so loaders
 made at once in two threads would cross (the second would put back the first one's ``SCRIPT_ENV`` and leave
 it to every process this one starts)."""
-
-
-def _new_server_lock() -> None:
-    global _SERVER_STARTING
-    _SERVER_STARTING = threading.Lock()  # a forked child's copy may be held by a thread the fork left behind
-
-
-os.register_at_fork(after_in_child=_new_server_lock)
 
 
 def prestart_forkserver(context: BaseContext | None, method: str, objects: Sequence[Any]) -> bool:

@@ -50,7 +50,7 @@ from .maker import BatchMaker
 from .messages import FromWorker, Restore, Stop, Task
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind, wait_slices
 from .serve import serve_loop
-from .torch_workers import pipe_hooks_alone, refuse_for_threads
+from .torch_workers import PIPE_WALK_LOCK, refuse_for_threads
 
 STUCK_SUFFIX = " (stuck)"  # appended to the name of a thread still busy after shutdown
 _log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ def _reader_copy(dataset: Any) -> Any:
     (an open file or a lock among its attributes: a fork would have shared it, a deep copy cannot). Taken
     while no torch pipe is walked: a pipe's copy goes through the hooks a walk sets process-wide."""
     try:
-        with pipe_hooks_alone():
+        with PIPE_WALK_LOCK:
             return copy.deepcopy(dataset)
     except Exception as exc:  # noqa: BLE001 - any failure of the user's object to copy, told in one line
         raise LoaderError(

@@ -31,20 +31,18 @@ torch's loader draws it (``torch_shared_seed``).
 
 from __future__ import annotations
 
-import contextlib
 import dis
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import logging
-import os
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..._fork_safe_lock import ForkSafeLock
 from ..._worker_info import get_worker_info
 from ...data.contract import dataset_style
 from ...errors import LoaderError
@@ -184,26 +182,11 @@ def refuse_for_threads(dataset: Any, num_workers: int) -> None:
         "or shard by cupy_nwt.get_worker_info(), which thread workers answer")
 
 
-_WALKING = threading.Lock()
+PIPE_WALK_LOCK = ForkSafeLock()
 """Held while torch's pipe classes may hold the hooks of a walk: torch walks a pipe's graph through hooks
 set on those classes, one for the whole process, so thread workers walking their copies at once would
 cross (one fails, or walks without the hook and misses its sharding filter), and a pipe copied meanwhile
 (its pickling goes through them) would be a stub."""
-
-
-def _new_walking_lock() -> None:
-    global _WALKING
-    _WALKING = threading.Lock()  # a forked child's copy may be held by a thread the fork left behind
-
-
-os.register_at_fork(after_in_child=_new_walking_lock)
-
-
-@contextlib.contextmanager
-def pipe_hooks_alone() -> Iterator[None]:
-    """No walk of a torch pipe's graph in this process meanwhile: copy or pickle a pipe inside it."""
-    with _WALKING:
-        yield
 
 
 def is_iter_datapipe(dataset: Any) -> bool:
@@ -217,7 +200,7 @@ def with_shuffle_settings(dataset: Any, shuffle: bool) -> Any:
     ``shuffle=True`` finds none, with torch's warning); the graph to load from."""
     from torch.utils.data import graph_settings  # noqa: PLC0415 - torch is imported: the dataset is its
 
-    with pipe_hooks_alone():
+    with PIPE_WALK_LOCK:
         return graph_settings.apply_shuffle_settings(dataset, shuffle=bool(shuffle))
 
 
@@ -245,7 +228,7 @@ def prepare_datapipe(dataset: Any, shared: int, rank: int, world_size: int) -> N
 
     info = get_worker_info()
     shards, shard = (world_size, rank) if info is None else (info.num_workers * world_size, info.id * world_size + rank)
-    with pipe_hooks_alone():
+    with PIPE_WALK_LOCK:
         graph_settings.apply_sharding(dataset, shards, shard)
         graph_settings.apply_random_seed(dataset, torch.Generator().manual_seed(shared))
 
