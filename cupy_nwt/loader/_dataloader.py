@@ -313,7 +313,8 @@ class DataLoader(SettingsView, Generic[T_co]):
         """Where the time went since the previous call (or since the loader was made): the caller's wait,
         the workers' busy fraction, seconds fetching, collating, transforming and copying, the live
         workers and prefetch depth, online tuning's decisions, stalls, and each worker's private memory.
-        What each figure means, and the warnings: ``cupy_nwt.loader._stats``."""
+        It may be polled from a monitoring thread while the loop runs: each stall and skipped sample is listed
+        by exactly one call. What each figure means, and the warnings: ``cupy_nwt.loader._stats``."""
         progress = self._last.progress() if self._last is not None else None
         if progress is None:
             return self._runtime.stats(self._options)

@@ -34,6 +34,7 @@ thread beside the caller, not on the first batch's path: a worker forked from a 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -175,6 +176,7 @@ class Recorder(Listener):
         self.totals: dict[str, float] = dict.fromkeys((*_COUNTS, *StageTimes.names()), 0.0)
         self.stalls: list[Stall] = []
         self.bad: list[SkippedSample] = []
+        self._kept = threading.Lock()  # the lists and the mark: stats() may be polled from a monitoring thread
         self.first: dict[int, int] = {}  # pid -> USS at its first batch
         self.warned = False
         self.settled = False  # an epoch ended with its workers measured: fresh workers are not read again
@@ -201,17 +203,19 @@ class Recorder(Listener):
 
     def stalled(self, stall: Stall) -> None:
         """A ``next()`` has waited past the threshold: say so now, and keep it for ``stats()``."""
-        if len(self.stalls) < KEEP_STALLS:
-            self.stalls.append(stall)
+        with self._kept:
+            if len(self.stalls) < KEEP_STALLS:
+                self.stalls.append(stall)
         what = "any batch" if stall.batch_index is None else f"batch {stall.batch_index}"
         _log.warning("loader: waited %.1f s so far for %s of epoch %d, which %s", stall.waited_s, what, stall.epoch,
                      stall.where)
 
     def skipped(self, sample: SkippedSample) -> None:
         """A sample was left out of its batch: say so now, once, and count it for ``stats()``."""
-        self.totals["skipped"] += 1
-        if len(self.bad) < KEEP_SKIPPED:
-            self.bad.append(sample)
+        with self._kept:
+            self.totals["skipped"] += 1
+            if len(self.bad) < KEEP_SKIPPED:
+                self.bad.append(sample)
         _log.warning("loader: skipped a bad sample in batch %d of epoch %d: %s: %s", sample.batch_index, sample.epoch,
                      sample.source, sample.reason)
 
@@ -260,12 +264,13 @@ class Recorder(Listener):
         """The figures since the last call; ``pids`` the worker processes to read (None: threads, no memory);
         ``worker_seconds`` the active workers' running total of seconds, where online tuning changes their count
         (None: ``workers`` throughout)."""
-        now, totals = self.clock(), dict(self.totals)
-        then, before, seen, worked_before = self._mark
-        self._mark = (now, totals, len(decisions), worker_seconds or 0.0)
+        with self._kept:
+            now, totals = self.clock(), dict(self.totals)
+            then, before, seen, worked_before = self._mark
+            self._mark = (now, totals, len(decisions), worker_seconds or 0.0)
+            stalls, self.stalls = tuple(self.stalls), []
+            bad, self.bad = tuple(self.bad), []
         d = {k: totals[k] - before[k] for k in totals}
-        stalls, self.stalls = tuple(self.stalls), []
-        bad, self.bad = tuple(self.bad), []
         wall = now - then
         span = wall * max(1, workers) if worker_seconds is None else worker_seconds - worked_before
         stages = StageTimes(**{name: d[name] for name in StageTimes.names()})

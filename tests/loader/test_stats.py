@@ -362,3 +362,43 @@ def test_a_job_that_never_asks_for_stats_keeps_a_bounded_list_of_stalls(caplog):
         assert sum(1 for _ in dl) == 150
         s = dl.stats()
     assert len(s.stalls) == KEEP_STALLS == 100
+
+
+@pytest.mark.parametrize("event", ["stall", "bad sample"])
+def test_stats_polled_from_a_monitoring_thread_lists_every_event_once(monkeypatch, event):
+    """A job may read ``stats()`` from a logging thread while the loop runs: each stall and skipped sample
+    appears in exactly one call's list (none falls between a poll's read and its reset). The thread switch
+    interval is made tiny and the lists' caps lifted, so that every event is one the poll could race."""
+    import sys
+
+    from cupy_nwt.loader import _stats
+    from cupy_nwt.loader._events import SkippedSample, Stall
+
+    monkeypatch.setattr(_stats, "KEEP_STALLS", 10**9)
+    monkeypatch.setattr(_stats, "KEEP_SKIPPED", 10**9)
+    monkeypatch.setattr(_stats._log, "disabled", True)
+    recorder, n, seen, done = _stats.Recorder(), 50_000, [], threading.Event()
+
+    def listed() -> int:
+        s = recorder.stats(decisions=(), workers=1, depth=2, copy="none", worker_type="thread", pids=None)
+        return len(s.stalls) if event == "stall" else len(s.bad_samples)
+
+    def poll() -> None:
+        while not done.is_set():
+            seen.append(listed())
+
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        poller = threading.Thread(target=poll)
+        poller.start()
+        for i in range(n):
+            if event == "stall":
+                recorder.stalled(Stall(0, i, 0, "is being read by worker 0", 1.0))
+            else:
+                recorder.skipped(SkippedSample(0, i, i, "sample", "unreadable"))
+        done.set()
+        poller.join()
+    finally:
+        sys.setswitchinterval(before)
+    assert sum(seen) + listed() == n
