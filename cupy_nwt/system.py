@@ -19,6 +19,8 @@ from typing import Any
 
 import psutil
 
+from .errors import ArgumentError
+
 CACHE_ENV = "CUPY_NWT_CACHE_DIR"
 UNLIMITED = 1 << 60  # a cgroup v1 "limit" at or above this is none (the kernel writes 2**63 less a page)
 
@@ -28,13 +30,19 @@ def cache_dir(path: str | os.PathLike[str] | None = None) -> Path:
 
     ``path`` if given, else ``$CUPY_NWT_CACHE_DIR`` (a leading ``~`` is the home folder), else the user cache
     dir (platformdirs). Without platformdirs (some GPU images lack it) the XDG rule it follows on Linux
-    stands in: ``$XDG_CACHE_HOME/cupy_nwt``, else ``~/.cache/cupy_nwt``.
+    stands in: ``$XDG_CACHE_HOME/cupy_nwt``, else ``~/.cache/cupy_nwt``. A relative ``$CUPY_NWT_CACHE_DIR``
+    is refused (``ArgumentError``): it would follow the working folder, and a job run from another one, or
+    a launcher that moves each run into a folder of its own (Hydra's), would miss every saved pick.
     """
     if path is not None:
         return Path(path)
     env = os.environ.get(CACHE_ENV)
     if env:  # a "~" that no shell expanded (a quoted value, a service's environment file) is the user's home
-        return Path(env).expanduser()
+        folder = Path(env).expanduser()
+        if not folder.is_absolute():
+            raise ArgumentError(f"{CACHE_ENV} must be an absolute folder (or start with ~), got {env!r}: a relative "
+                                f"one follows the working folder; try {CACHE_ENV}={Path(env).absolute()}")
+        return folder
     try:
         import platformdirs  # noqa: PLC0415 - optional, and only needed when a cache is used
     except ImportError:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from cupy_nwt import system
+from cupy_nwt.errors import ArgumentError
 
 ROOT = Path(__file__).resolve().parent.parent
 # the studies bench/gpu_session.sh runs on the GPU machine (gpu_feed imports loader_compare's workloads)
@@ -126,3 +127,23 @@ def test_a_cache_variable_starting_with_a_tilde_is_under_home(monkeypatch, tmp_p
     ResultStore().put("k", {"v": 1})
     assert (tmp_path / "home" / "picks" / "num_workers.json").is_file()
     assert not (tmp_path / "~").exists()
+
+
+def test_a_relative_cache_folder_is_refused_in_one_line(monkeypatch, tmp_path):
+    """A relative folder would follow the working folder: a job started elsewhere would miss its saved picks."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(system.CACHE_ENV, "nwt-cache")
+    with pytest.raises(ArgumentError, match=rf"^CUPY_NWT_CACHE_DIR must be an absolute folder .* got 'nwt-cache': .*"
+                                            rf"try CUPY_NWT_CACHE_DIR={tmp_path}/nwt-cache$"):
+        system.cache_dir()
+    monkeypatch.setenv(system.CACHE_ENV, "~/nwt-cache")
+    assert system.cache_dir() == Path.home() / "nwt-cache"
+
+
+def test_the_command_line_says_a_relative_cache_folder_in_one_line(tmp_path):
+    env = {**os.environ, system.CACHE_ENV: "nwt-cache", "CUPY_NWT_DISABLE_GPU": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "cupy_nwt", "reproduce", "--out", str(tmp_path / "out")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "CUPY_NWT_CACHE_DIR must be an absolute folder" in done.stderr
+    assert not (tmp_path / "nwt-cache").exists()
