@@ -35,6 +35,7 @@ from ... import cuda
 from ..._fork_safe_lock import ForkSafeLock
 from ...errors import LoaderError, WorkerDiedError
 from ...system import usable_cpus
+from .torch_workers import PIPE_WALK_LOCK
 
 _log = logging.getLogger("cupy_nwt.loader")
 _said: set[str] = set()  # reasons already logged (once per process)
@@ -200,7 +201,8 @@ def pickled_modules(objects: Sequence[Any]) -> set[str] | None:
     """
     names = _Names()
     try:
-        names.dump(list(objects))
+        with PIPE_WALK_LOCK:  # else a pipe pickled during another thread's walk is torch's stub, naming nothing
+            names.dump(list(objects))
     except Exception:  # noqa: BLE001 - any failure: the safe answer
         return None
     return names.modules

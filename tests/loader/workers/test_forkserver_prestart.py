@@ -125,3 +125,69 @@ def test_loaders_made_at_once_in_two_threads_leave_the_environment_as_it_was(tmp
                           cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["True", "None"]
+
+
+WALKED_MEANWHILE = """
+import os, threading, time
+import torch.utils.data as tud
+from torch.utils.data.datapipes.iter import IterableWrapper
+from cupy_nwt import DataLoader
+
+if __name__ != "__main__":  # imported as the workers' __mp_main__: by the server once, or by each worker
+    with open("imports.txt", "a") as f:
+        f.write(f"{os.getpid()}\\n")
+
+
+class SlowToScan(tud.IterDataPipe):
+    def __init__(self, source):
+        self.source = source
+
+    def __iter__(self):
+        return iter(self.source)
+
+    def __getstate__(self):
+        time.sleep(0.05)
+        return super().__getstate__()
+
+
+class Numbers(tud.IterDataPipe):
+    def __iter__(self):
+        return iter(range(32))
+
+
+def walk(stop):
+    while not stop.is_set():
+        for _ in DataLoader(SlowToScan(IterableWrapper(range(8)).sharding_filter()), batch_size=None, num_workers=2,
+                            worker_type="thread", device="cpu"):
+            pass
+
+
+if __name__ == "__main__":
+    stop = threading.Event()
+    walker = threading.Thread(target=walk, args=(stop,))
+    walker.start()
+    time.sleep(0.3)
+    try:
+        loader = DataLoader(Numbers().sharding_filter().map(abs), batch_size=None, num_workers=2, device="cpu",
+                            multiprocessing_context="forkserver")
+        print(sorted(int(x) for x in loader) == list(range(32)))
+    finally:
+        stop.set()
+        walker.join()
+"""
+
+
+def test_the_server_learns_the_script_while_another_thread_walks_a_pipe(tmp_path):
+    """The server imports the script once when a worker needs it (the dataset's class is defined there), as
+    told by a pickle of the dataset that notes its classes. Taken while another thread walks a pipe, that
+    pickle went through torch's walk hooks, noted nothing of the script, and each worker ran it instead."""
+    pytest.importorskip("torch", reason="the pipes are torch's")
+    (tmp_path / "walked.py").write_text(WALKED_MEANWHILE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+    for _ in range(2):
+        (tmp_path / "imports.txt").unlink(missing_ok=True)
+        proc = subprocess.run([sys.executable, str(tmp_path / "walked.py")], capture_output=True, text=True, env=env,
+                              cwd=tmp_path, timeout=240)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.split() == ["True"]
+        assert len((tmp_path / "imports.txt").read_text().split()) == 1
