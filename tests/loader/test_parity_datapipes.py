@@ -8,7 +8,6 @@ once. The same cases run on cupy_nwt's loader and on torch's, as ``test_parity.p
 from __future__ import annotations
 
 import threading
-import time
 import warnings
 
 import numpy as np
@@ -18,6 +17,7 @@ import cupy_nwt
 
 tud = pytest.importorskip("torch.utils.data", reason="DataPipes are torch's: torch is not installed")
 IterableWrapper = pytest.importorskip("torch.utils.data.datapipes.iter").IterableWrapper
+from slow_pipes import SlowToScan  # noqa: E402 - torch is there: the lines above skip without it
 
 pytestmark = pytest.mark.usefixtures("worker_type")
 N = 20
@@ -104,21 +104,6 @@ def test_the_same_torch_manual_seed_before_two_epochs_gives_the_same_order(backe
         runs.append(elements(loader))
     assert runs[0] == runs[1] and sorted(runs[0]) == list(range(N))
     assert runs[2] != runs[0] and sorted(runs[2]) == list(range(N))
-
-
-class SlowToScan(tud.IterDataPipe):
-    """A pipe whose state takes a while to read: torch reads it while it walks the graph to shard it,
-    which leaves time for another reader to walk its own copy meanwhile."""
-
-    def __init__(self, source):
-        self.source = source
-
-    def __iter__(self):
-        return iter(self.source)
-
-    def __getstate__(self):
-        time.sleep(0.05)
-        return super().__getstate__()
 
 
 @pytest.mark.parametrize("num_workers", [2, 4])

@@ -131,23 +131,13 @@ WALKED_MEANWHILE = """
 import os, threading, time
 import torch.utils.data as tud
 from torch.utils.data.datapipes.iter import IterableWrapper
+from slow_pipes import SlowToScan
+
 from cupy_nwt import DataLoader
 
 if __name__ != "__main__":  # imported as the workers' __mp_main__: by the server once, or by each worker
     with open("imports.txt", "a") as f:
         f.write(f"{os.getpid()}\\n")
-
-
-class SlowToScan(tud.IterDataPipe):
-    def __init__(self, source):
-        self.source = source
-
-    def __iter__(self):
-        return iter(self.source)
-
-    def __getstate__(self):
-        time.sleep(0.05)
-        return super().__getstate__()
 
 
 class Numbers(tud.IterDataPipe):
@@ -183,7 +173,8 @@ def test_the_server_learns_the_script_while_another_thread_walks_a_pipe(tmp_path
     pickle went through torch's walk hooks, noted nothing of the script, and each worker ran it instead."""
     pytest.importorskip("torch", reason="the pipes are torch's")
     (tmp_path / "walked.py").write_text(WALKED_MEANWHILE)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "loader")]),
+           "PYTHONWARNINGS": "ignore"}
     for _ in range(2):
         (tmp_path / "imports.txt").unlink(missing_ok=True)
         proc = subprocess.run([sys.executable, str(tmp_path / "walked.py")], capture_output=True, text=True, env=env,
