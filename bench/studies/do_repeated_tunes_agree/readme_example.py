@@ -96,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be >= 1")
-    cache = args.data_cache or Path(tempfile.mkdtemp(prefix="readme-example-"))
+    cache = args.data_cache.resolve() if args.data_cache else Path(tempfile.mkdtemp(prefix="readme-example-"))
     cache.mkdir(parents=True, exist_ok=True)
     (cache / "num_workers.json").unlink(missing_ok=True)  # every measurement starts with no saved pick
     source = str((args.source or ROOT).resolve())
