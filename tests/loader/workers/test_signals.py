@@ -165,6 +165,49 @@ def test_a_sigterm_delivered_to_another_thread_still_ends_the_script_and_its_wor
         cleanup(proc, pids)
 
 
+# STUCK, iterated by a thread of the user's (a background prefetcher, an evaluation thread) while the main
+# thread waits on it: signal handlers can be set only on the main thread, so the loader sets none.
+IN_A_THREAD = STUCK.replace("""    for batch in loader:
+        print("pids", *loader.worker_pids(), flush=True)
+""", """    def read():
+        for batch in loader:
+            print("pids", *loader.worker_pids(), flush=True)
+
+    import threading
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join()
+""")
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT])
+def test_a_loader_iterated_on_another_thread_leaves_nothing_when_the_script_is_ended(tmp_path, method, how):
+    """The script dies of the signal; its workers end (noticing their parent is gone, or ended at its exit)
+    and the ring goes with them."""
+    proc, pids, rings, _ = stuck_setup(tmp_path, method, script=IN_A_THREAD)
+    try:
+        proc.send_signal(how)
+        assert proc.wait(GONE_WITHIN_S) == -how
+        assert_nothing_left(pids, rings)
+    finally:
+        cleanup(proc, pids)
+
+
+@pytest.mark.xfail(strict=True, reason="known: the loader's close at exit polls the workers' pipes that the reading "
+                   "thread is polling (RuntimeError: concurrent poll() invocation); multiprocessing's exit then ends "
+                   "the workers, and the reading thread reports them killed")
+def test_a_ctrl_c_beside_a_loader_iterated_on_another_thread_says_only_keyboard_interrupt(tmp_path):
+    proc, pids, _, _ = stuck_setup(tmp_path, "fork", script=IN_A_THREAD)
+    try:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(GONE_WITHIN_S)
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+        assert "KeyboardInterrupt" in err and "RuntimeError" not in err and "WorkerDiedError" not in err, err[-3000:]
+    finally:
+        cleanup(proc, pids)
+
+
 def test_a_ctrl_c_delivered_to_another_thread_raises_beside_thread_workers(tmp_path):
     """The same for thread workers, which wait on a queue: KeyboardInterrupt while both are stuck in a sample."""
     prelude = "threading.Thread(target=take_signal, args=(LOG + '.go', signal.SIGINT), daemon=True).start()"
