@@ -122,9 +122,14 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def workdir(scratch: Path, block: Block) -> Path:
     """The scratch folder of the block's page, made at its first block and kept for the page's later ones."""
-    folder = scratch / re.sub(r"\W", "-", block.page)
+    folder = page_folder(scratch, block.page)
     folder.mkdir(exist_ok=True)
     return folder
+
+
+def page_folder(scratch: Path, page: str) -> Path:
+    """Where a page's blocks run, beside the other pages' folders in the module's scratch folder."""
+    return scratch / re.sub(r"\W", "-", page)
 
 
 def environment(workdir: Path) -> dict[str, str]:
@@ -347,7 +352,7 @@ def run_workflow(block: Block, workdir: Path) -> None:
     (file_block,) = [b for b in BLOCKS if b.page == block.page and "file" in b.how and file_name(b) == "bench/test_pipeline.py"]
     (repo / "bench" / "test_pipeline.py").write_text(file_block.body, encoding="utf-8")
     git = "git -c user.email=readme@test -c user.name=readme"
-    readme = workdir.parent / "README-md" / "bench"  # the README's gate block saved this pipeline's baseline
+    readme = page_folder(workdir.parent, "README.md") / "bench"  # where the README's gate block saved its baseline
     if (readme / "baseline.json").is_file() and (readme / "test_pipeline.py").read_text(encoding="utf-8") == file_block.body:
         shutil.copy2(readme / "baseline.json", repo / "bench" / "baseline.json")
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing as mp
+import sys
 import threading
 import time
 import warnings
@@ -369,8 +370,6 @@ def test_stats_polled_from_a_monitoring_thread_lists_every_event_once(monkeypatc
     """A job may read ``stats()`` from a logging thread while the loop runs: each stall and skipped sample
     appears in exactly one call's list (none falls between a poll's read and its reset). The thread switch
     interval is made tiny and the lists' caps lifted, so that every event is one the poll could race."""
-    import sys
-
     from cupy_nwt.loader import _stats
     from cupy_nwt.loader._events import SkippedSample, Stall
 
