@@ -32,6 +32,7 @@ from .errors import (
                      DataError,
                      DataFileError,
                      LayoutError,
+                     LoaderClosedError,
                      LoaderError,
                      LoaderTimeoutError,
                      MissingExtraError,
@@ -88,7 +89,7 @@ __getattr__ = lazy_names(__name__, {
 
 __all__ = ["__version__", "gpu_status",
            "ArgumentError", "ArgumentTypeError", "BatchLayoutError", "BatchStructureError", "BatchTypeError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError", "DataError",
-           "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError", "StateError", "TooManyBadSamplesError",
+           "DataFileError", "LayoutError", "LoaderClosedError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError", "StateError", "TooManyBadSamplesError",
            "WorkerDiedError", "WorkerError", "MissingExtraError", "MissingPathError", "MisuseError", "OutOfRangeError",
            "RunError", "UnknownKeyError", "SavedPickError", "AgainstError", "BaselineError", "CallgrindError",
            "DataLoader", "IterableDataset", "MemoryGrowthWarning", "WorkerInfo", "default_collate", "get_worker_info",

@@ -241,9 +241,17 @@ class LoaderTimeoutError(LoaderError, TimeoutError):
     """No batch arrived from the workers within ``timeout`` seconds."""
 
 
+class LoaderClosedError(LoaderError):
+    """The loader was closed (by another thread, or a signal handler) while this thread waited in ``next()``.
+
+    A wait cut short is an error, not the epoch's end: a background thread reading the loader must not take
+    a close for a finished epoch. A ``next()`` begun after the close ends the iteration, as on one thread.
+    """
+
+
 __all__ = [
     "ArgumentError", "BatchLayoutError", "BatchStructureError", "BatchTypeError", "CorruptImageError", "CupyNwtError", "DamagedArchiveError",
-    "DataError", "DataFileError", "LayoutError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError",
+    "DataError", "DataFileError", "LayoutError", "LoaderClosedError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError",
     "StateError", "WorkerDiedError", "WorkerError",
 ]
 

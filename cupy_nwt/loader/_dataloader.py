@@ -421,7 +421,13 @@ class DataLoader(SettingsView, Generic[T_co]):
 
     def close(self) -> None:
         """End the current iterations, stop the workers, unlink the rings. Idempotent. An iterator the caller
-        still holds is ended too, so no view of it keeps a ring mapped."""
+        still holds is ended too, so no view of it keeps a ring mapped. May be called from any thread: one
+        waiting in ``next()`` then raises ``LoaderClosedError`` (within one wait slice) and the close
+        waits for it to let go; a ``next()`` after the close ends its iteration. Called by a signal handler that
+        interrupted ``next()``, the close runs as that call leaves (the handler's ``sys.exit`` unwinds it)."""
+        self._runtime.gate.close(self._close_now)
+
+    def _close_now(self) -> None:
         self._close_active()
         for it in list(self._iterators):
             it.close()

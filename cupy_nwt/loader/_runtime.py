@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ._events import Events, Listener
+from ._reader_gate import ReaderGate
 from ._stats import MEMORY_WARN_BYTES, LoaderStats, MemoryReader, Recorder, copy_kind, read_uss, settle_baselines
 from .device.prefetch import DevicePrefetcher, PrefetchOps, planned_pin_path
 from .ring.ring import Ring, SlotLayout
@@ -109,6 +110,7 @@ class Runtime:
         self.recorder = Recorder(reader, clock, memory_warn_bytes, forked)
         self.tuner = OnlineTuner(options.tuning, clock) if options.tuning is not None else None
         self.events = Events((self.recorder, *((self.tuner,) if self.tuner is not None else ()), *listeners))
+        self.gate = ReaderGate()  # the threads inside ``next()``; a close waits for them (``close``)
         self.workshop: Workshop | None = None  # the shared one
         self.loose: list[Workshop] = []  # one per live iteration that has its own workers
         self._layout: SlotLayout | None = None
@@ -207,7 +209,7 @@ class Runtime:
                 maker=batch_maker(options), num_workers=self.tuner.workers if self.tuner is not None else options.num_workers,
                 prefetch_factor=options.prefetch_factor, seed=options.seed, worker_init_fn=options.worker_init_fn,
                 context=options.context, device=options.device, epoch=epoch, rank=options.rank,
-                world_size=options.world_size, events=self.events)
+                world_size=options.world_size, events=self.events, hung_up=self.gate.hung_up)
             if self.tuner is not None:
                 self.tuner.configure(workers)
         workshop = Workshop(workers.slots if workers is not None else SlotPool(None), workers,
@@ -254,7 +256,11 @@ class Runtime:
                     ring.close()
 
     def close(self) -> None:
-        """Free everything (the loader's finalizer). Idempotent."""
+        """Free everything (the loader's finalizer). Idempotent. A thread waiting in ``next()`` is hung up and
+        let go first (``ReaderGate.close``)."""
+        self.gate.close(self._free)
+
+    def _free(self) -> None:
         try:
             for workshop in self.workshops():
                 self.drop(workshop)

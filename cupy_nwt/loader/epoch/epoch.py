@@ -16,8 +16,9 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from ...errors import LoaderError
+from ...errors import LoaderClosedError, LoaderError
 from .._events import Listener
+from .._reader_gate import park_if_exiting
 from .._runtime import batch_maker
 from ..checkpoint.ledger import EpochProgress, Ledger
 from ..checkpoint.readers import entry, restore_plan, shared_reader
@@ -156,33 +157,38 @@ class Epoch(Iterator[T_co]):
                 self.bind(self._options, self._state.epoch, self._state.start, self._shared)
 
     def __next__(self) -> T_co:
-        self.begin()
-        assert self._steps is not None
-        st = self._state
-        t0 = self._clock()
         try:
-            item = next(self._steps)
-        except BaseException:
-            waited = self._clock() - t0
-            st.waited_s += waited
-            self._events.waited(st.epoch, waited, False)
+            with self._runtime.gate:  # a close from another thread waits for this call to leave
+                self.begin()
+                assert self._steps is not None
+                st = self._state
+                t0 = self._clock()
+                try:
+                    item = next(self._steps)
+                except BaseException:
+                    waited = self._clock() - t0
+                    st.waited_s += waited
+                    self._events.waited(st.epoch, waited, False)
+                    raise
+                waited = self._clock() - t0
+                st.waited_s += waited
+                if isinstance(item, TimedOut):  # no turn taken: the next call waits for the same batch
+                    self._events.waited(st.epoch, waited, False)
+                    failed: FailedBatch = item
+                    del self, item, st  # the traceback holds this frame: it must not keep the epoch alive
+                    _raise_alone(failed.take())
+                st.delivered += 1
+                self._events.waited(st.epoch, waited, True)
+                if st.delivered == 1:
+                    self._events.first_batch(self._pids())
+                if isinstance(item, FailedBatch):
+                    failed = item
+                    del self, item, st
+                    _raise_alone(failed.take())
+                return item
+        except LoaderClosedError:
+            park_if_exiting()  # hung up by the close at exit: a daemon thread, frozen with the interpreter
             raise
-        waited = self._clock() - t0
-        st.waited_s += waited
-        if isinstance(item, TimedOut):  # no turn taken: the next call waits for the same batch
-            self._events.waited(st.epoch, waited, False)
-            failed: FailedBatch = item
-            del self, item, st  # the traceback holds this frame: it must not keep the epoch alive
-            _raise_alone(failed.take())
-        st.delivered += 1
-        self._events.waited(st.epoch, waited, True)
-        if st.delivered == 1:
-            self._events.first_batch(self._pids())
-        if isinstance(item, FailedBatch):
-            failed = item
-            del self, item, st
-            _raise_alone(failed.take())
-        return item
 
     def __len__(self) -> int:
         return self._options.sampling.length(self._options.dataset)

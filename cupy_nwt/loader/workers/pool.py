@@ -7,6 +7,7 @@ message and collects answers; ``kinds`` registers them.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ...errors import LoaderClosedError
 from .._events import Listener, StageTimes
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import FailedBatch, HostBatch, RingSpec, SlotPool
@@ -174,12 +176,23 @@ class Dispatch:
 
     slots: SlotPool
     prefetch_factor: int
+    hung_up: threading.Event  # set when another thread closes the loader: a wait for answers stops (``_slices``)
     _workers: list[Any]
     _closed = False
     active = 0
     slot_cap: int | None = None
     events: Listener | None = None  # hears ``made`` for each answer that carries a batch's stage seconds
     last_worker: int | None = None  # the worker ``_choose`` picked last: who has a task (stall warnings)
+
+    def _slices(self, timeout: float | None) -> Iterator[float]:
+        """``wait_slices(timeout)``, ended by ``LoaderClosedError`` once ``hung_up`` is set: a thread that waits
+        for answers lets go of the pipes and queues within a slice, and the closing thread then stops the workers
+        alone (the two must never read one pipe at once)."""
+        for left in wait_slices(timeout):
+            if self.hung_up.is_set():
+                raise LoaderClosedError("this DataLoader was closed (by another thread or a signal handler) while this "
+                                        "thread waited for a batch")
+            yield left
 
     def worker_label(self, worker_id: int) -> str:
         """How a stall warning and a failed batch name a worker."""

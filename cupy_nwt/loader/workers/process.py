@@ -31,6 +31,7 @@ import pickle
 import select
 import signal
 import socket
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -60,7 +61,7 @@ from .messages import (
     ToWorker,
     task_wire,
 )
-from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind, wait_slices
+from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
 from .process_main import WorkerSpec, worker_main
 from .shared_pickle import SharedPickles
 from .start import (
@@ -106,9 +107,11 @@ class WorkerPool(Dispatch):
 
     def __init__(self, *, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int,
                  worker_init_fn: Callable | None, start_method: str | BaseContext, epoch: int = 0,
-                 rank: int = 0, world_size: int = 1, events: Listener | None = None) -> None:
+                 rank: int = 0, world_size: int = 1, events: Listener | None = None,
+                 hung_up: threading.Event | None = None) -> None:
         self.prefetch_factor = prefetch_factor
         self.events = events
+        self.hung_up = hung_up if hung_up is not None else threading.Event()
         self.slots = SlotPool(None)
         self._closed = False
         self._workers: list[_Worker] = []
@@ -266,8 +269,8 @@ class WorkerPool(Dispatch):
 
     def _poll(self, timeout: float | None) -> list[tuple[int, int]]:
         """The pipes and sentinels ready within ``timeout`` s (None: no limit), waited on in slices
-        (``wait_slices``) so that a signal's Python handler runs however the kernel delivered it."""
-        for left in wait_slices(timeout):
+        (``_slices``) so that a signal's Python handler runs however the kernel delivered it."""
+        for left in self._slices(timeout):
             ready = self._waits.poll(math.ceil(left * 1000))
             if ready:
                 return ready
@@ -414,10 +417,11 @@ def _start_method(context: BaseContext | None, device: str) -> str:
 
 def _start(*, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int, worker_init_fn: Callable | None,
            context: BaseContext | None, device: str, epoch: int, rank: int, world_size: int,
-           events: Listener | None) -> WorkerPool:
+           events: Listener | None, hung_up: threading.Event | None = None) -> WorkerPool:
     return WorkerPool(maker=maker, num_workers=num_workers, prefetch_factor=prefetch_factor, seed=seed,
                       worker_init_fn=worker_init_fn, start_method=context if context is not None else
-                      default_start_method(device), epoch=epoch, rank=rank, world_size=world_size, events=events)
+                      default_start_method(device), epoch=epoch, rank=rank, world_size=world_size, events=events,
+                      hung_up=hung_up)
 
 
 KIND = WorkerKind("process", _start, processes=True, start_method=_start_method)

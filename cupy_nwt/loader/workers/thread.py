@@ -48,7 +48,7 @@ from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from .maker import BatchMaker
 from .messages import FromWorker, Restore, Stop, Task
-from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind, wait_slices
+from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
 from .serve import serve_loop
 from .torch_workers import PIPE_WALK_LOCK, refuse_for_threads
 
@@ -83,10 +83,11 @@ class ThreadPool(Dispatch):
 
     def __init__(self, *, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int,
                  worker_init_fn: Callable | None, epoch: int = 0, rank: int = 0, world_size: int = 1,
-                 events: Listener | None = None) -> None:
+                 events: Listener | None = None, hung_up: threading.Event | None = None) -> None:
         refuse_for_threads(maker.dataset, num_workers)
         self.prefetch_factor = prefetch_factor
         self.events = events
+        self.hung_up = hung_up if hung_up is not None else threading.Event()
         self.slots = SlotPool(None)
         self._closed = False
         self._stopping = threading.Event()
@@ -167,7 +168,7 @@ class ThreadPool(Dispatch):
 
     def collect(self, timeout: float | None) -> list[Result]:
         """Wait up to ``timeout`` s (None: no limit) for answers; raise at once if a thread failed to start or died."""
-        for left in wait_slices(timeout):  # a Ctrl-C the kernel hands to a worker thread raises here, not after the batch
+        for left in self._slices(timeout):  # a Ctrl-C the kernel hands to a worker thread raises here, not after the batch
             with contextlib.suppress(queue.Empty):
                 first = self._results.get(timeout=left) if left > 0 else self._results.get_nowait()
                 break
@@ -255,9 +256,10 @@ class _QueueChannel:
 
 def _start(*, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int, worker_init_fn: Callable | None,
            context: BaseContext | None, device: str, epoch: int, rank: int, world_size: int,
-           events: Listener | None) -> ThreadPool:
+           events: Listener | None, hung_up: threading.Event | None = None) -> ThreadPool:
     return ThreadPool(maker=maker, num_workers=num_workers, prefetch_factor=prefetch_factor, seed=seed,
-                      worker_init_fn=worker_init_fn, epoch=epoch, rank=rank, world_size=world_size, events=events)
+                      worker_init_fn=worker_init_fn, epoch=epoch, rank=rank, world_size=world_size, events=events,
+                      hung_up=hung_up)
 
 
 KIND = WorkerKind("thread", _start, processes=False, start_method=lambda context, device: "thread")

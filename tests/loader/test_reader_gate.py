@@ -1,0 +1,170 @@
+"""A loader closed by one thread while another waits in ``next()``: a program that reads its loader in a
+background thread (a prefetcher, an evaluation thread) and closes it from the main one.
+
+The waiting thread is hung up (``LoaderClosedError``) and lets go before the close stops the workers: the
+two never read one pipe, nor run one epoch's generator, at once. Nothing is left: no worker, no ring.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pids import wait_gone
+
+from cupy_nwt import DataLoader, LoaderClosedError
+from cupy_nwt.loader._reader_gate import ReaderGate
+from cupy_nwt.loader.ring.ring import live_segments
+
+WAIT_S = 30.0  # "soon", generous for a loaded machine; not a timing claim
+
+
+class Held:
+    """Samples 8 and on wait while the file ``hold`` exists: each worker is stuck in its third batch's first
+    sample until the test lets go (a thread worker cannot be killed, so the test must release it)."""
+
+    def __init__(self, hold: str) -> None:
+        self.hold = hold
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if i >= 8:
+            Path(f"{self.hold}.{i}").touch()
+            while os.path.exists(self.hold):
+                time.sleep(0.01)
+        return np.full(4, i)
+
+
+def until(check, what: str) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.01)
+
+
+def waits_in(thread: threading.Thread, function: str) -> bool:
+    """Whether ``thread`` is inside ``function`` (by name) now."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def read_in_background(loader: DataLoader) -> tuple[threading.Thread, list, list]:
+    """The user's background reader: its batches, and its iterator then what ended it."""
+    got: list = []
+    ended: list = []
+
+    def read() -> None:
+        it = iter(loader)
+        ended.append(it)
+        try:
+            for batch in it:
+                got.append(batch)
+            ended.append("end of epoch")
+        except LoaderClosedError as e:
+            ended.append(e)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return reader, got, ended
+
+
+@pytest.mark.parametrize("kind", ["fork", "forkserver", "thread"])
+def test_a_close_from_the_main_thread_hangs_up_the_thread_waiting_for_stuck_workers(tmp_path, kind):
+    hold = tmp_path / "hold"
+    hold.touch()
+    before = live_segments(os.getpid())
+    how = {"worker_type": "thread"} if kind == "thread" else {"multiprocessing_context": kind}
+    loader = DataLoader(Held(str(hold)), batch_size=4, num_workers=2, device="cpu", **how)
+    try:
+        reader, got, ended = read_in_background(loader)
+        until(lambda: len(got) == 2 and len(list(tmp_path.glob("hold.*"))) == 2, "two batches, then both workers stuck")
+        until(lambda: waits_in(reader, "collect"), "the reader waiting for the workers")
+        pids = loader.worker_pids()
+        loader.close()
+        reader.join(WAIT_S)
+        assert not reader.is_alive()
+        it, why = ended
+        assert isinstance(why, LoaderClosedError) and "was closed" in str(why), why
+        assert next(it, "ended") == "ended"  # a next() after the close ends the iteration, as on one thread
+        assert wait_gone(pids) == []
+        assert live_segments(os.getpid()) - before == set()
+    finally:
+        hold.unlink()
+
+
+def test_a_close_from_another_thread_waits_for_the_batch_the_main_process_is_making(tmp_path):
+    """Without workers the reading thread makes the batch itself: the close waits for it to leave ``next()``
+    rather than close the epoch under it (Python refuses to close a running generator)."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    failed: list[BaseException] = []
+    try:
+        loader = DataLoader(Held(str(hold)), batch_size=4, num_workers=0, device="cpu")
+        reader, got, ended = read_in_background(loader)
+        until(lambda: len(got) == 2 and (tmp_path / "hold.8").exists(), "two batches, then the reader in a sample")
+
+        def close() -> None:
+            try:
+                loader.close()
+            except BaseException as e:  # noqa: BLE001 - what the test looks for
+                failed.append(e)
+
+        closer = threading.Thread(target=close, daemon=True)
+        closer.start()
+        until(lambda: waits_in(closer, "wait_for"), "the close waiting for the reader to leave next()")
+    finally:
+        hold.unlink()
+    closer.join(WAIT_S)
+    reader.join(WAIT_S)
+    assert not closer.is_alive() and not reader.is_alive() and failed == []
+    assert len(got) == 3 and got[2].tolist() == [[i] * 4 for i in range(8, 12)]
+    # the reader's next call came during the close (refused) or after it (the iteration had ended)
+    assert ended[1] == "end of epoch" or isinstance(ended[1], LoaderClosedError), ended
+
+
+def test_no_thread_is_inside_next_while_a_close_runs():
+    """The gate alone, hammered: eight threads entering and leaving at a tiny switch interval while one closes;
+    the close's action sees nobody inside, and the threads are kept out once it has begun."""
+    gate = ReaderGate()
+    inside = [0] * 8
+    seen: list[int] = []
+    refused = [0] * 8
+
+    deadline = time.monotonic() + WAIT_S
+
+    def read(k: int) -> None:
+        while (not gate.hung_up.is_set() or refused[k] < 3) and time.monotonic() < deadline:
+            try:
+                with gate:
+                    inside[k] = 1
+                    time.sleep(0.001)  # a batch's worth of time inside
+                    inside[k] = 0
+            except LoaderClosedError:
+                refused[k] += 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        readers = [threading.Thread(target=read, args=(k,), daemon=True) for k in range(8)]
+        for r in readers:
+            r.start()
+        time.sleep(0.05)
+        closer = threading.Thread(target=gate.close, daemon=True,
+                                  args=(lambda: (seen.append(sum(inside)), time.sleep(0.05), seen.append(sum(inside))),))
+        closer.start()
+        for t in [closer, *readers]:
+            t.join(WAIT_S)
+    finally:
+        sys.setswitchinterval(old)
+    assert seen == [0, 0] and min(refused) == 3, (seen, refused)
