@@ -79,13 +79,14 @@ def read_in_background(loader: DataLoader) -> tuple[threading.Thread, list, list
     return reader, got, ended
 
 
+@pytest.mark.parametrize("persistent", [False, True], ids=["per-epoch", "persistent"])
 @pytest.mark.parametrize("kind", ["fork", "forkserver", "thread"])
-def test_a_close_from_the_main_thread_hangs_up_the_thread_waiting_for_stuck_workers(tmp_path, kind):
+def test_a_close_from_the_main_thread_hangs_up_the_thread_waiting_for_stuck_workers(tmp_path, kind, persistent):
     hold = tmp_path / "hold"
     hold.touch()
     before = live_segments(os.getpid())
     how = {"worker_type": "thread"} if kind == "thread" else {"multiprocessing_context": kind}
-    loader = DataLoader(Held(str(hold)), batch_size=4, num_workers=2, device="cpu", **how)
+    loader = DataLoader(Held(str(hold)), batch_size=4, num_workers=2, device="cpu", persistent_workers=persistent, **how)
     try:
         reader, got, ended = read_in_background(loader)
         until(lambda: len(got) == 2 and len(list(tmp_path.glob("hold.*"))) == 2, "two batches, then both workers stuck")
