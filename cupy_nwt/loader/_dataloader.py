@@ -351,6 +351,9 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._follow_process_group()
         options = self._options
         shared = self._shares_stage(options)
+        if shared and self._runtime.gate.others_inside():
+            raise LoaderError("this DataLoader serves one iteration at a time (persistent workers, or device='cuda'), and "
+                              "another thread is inside the current one's next(): give each thread a loader of its own")
         if shared or not self._runtime.serves(options):  # an epoch on the GPU path ends before its prefetcher goes
             self._close_active()
         self._runtime.follow(options)

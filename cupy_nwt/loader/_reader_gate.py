@@ -73,6 +73,10 @@ class ReaderGate:
         for action in deferred:
             self.close(action)
 
+    def others_inside(self) -> bool:
+        """Whether a thread other than this one is inside ``next()`` now."""
+        return bool(self._inside.keys() - {threading.get_ident()})
+
     def close(self, action: Callable[[], None]) -> None:
         """Hang up, then run ``action`` (the loader's close) with no other thread inside ``next()``. Asked for
         from inside ``next()`` (a signal handler), it runs as that call leaves, which the hang-up hastens. At

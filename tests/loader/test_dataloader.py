@@ -304,10 +304,14 @@ def test_live_iterators_each_get_the_whole_epoch_and_close_is_final():
         next(first)
         assert_same(collect(kept), ref)
         assert list(first) == []  # one set of persistent workers: a new iteration ends the previous one
+    made = iter(dl)
     dl.close()
     dl.close()
     with pytest.raises(LoaderError, match="closed"):
         iter(dl)
+    for _ in range(2):  # an iterator made before the close, asked twice: refused each time, no epoch run
+        with pytest.raises(LoaderError, match="this DataLoader is closed"):
+            next(made)
 
 
 def test_cpu_loader_reports_no_pin_path():

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from pids import wait_gone
 
-from cupy_nwt import DataLoader, LoaderClosedError
+from cupy_nwt import DataLoader, LoaderClosedError, LoaderError
 from cupy_nwt.loader._reader_gate import ReaderGate
 from cupy_nwt.loader.ring.ring import live_segments
 
@@ -102,6 +102,27 @@ def test_a_close_from_the_main_thread_hangs_up_the_thread_waiting_for_stuck_work
         assert live_segments(os.getpid()) - before == set()
     finally:
         hold.unlink()
+
+
+def test_a_second_thread_cannot_end_the_iteration_another_thread_is_inside(tmp_path):
+    """Persistent workers serve one iteration at a time and a new one ends the one before, which cannot be done
+    under a thread inside its ``next()``: the newcomer is told so in one line (it used to get Python's
+    "generator already executing"; torch's loader fails both threads), and the first goes on untouched."""
+    hold = tmp_path / "hold"
+    hold.touch()
+    try:
+        loader = DataLoader(Held(str(hold)), batch_size=4, num_workers=2, device="cpu", persistent_workers=True)
+        reader, got, ended = read_in_background(loader)
+        until(lambda: len(got) == 2 and len(list(tmp_path.glob("hold.*"))) == 2, "two batches, then both workers stuck")
+        until(lambda: waits_in(reader, "collect"), "the reader waiting for the workers")
+        with pytest.raises(LoaderError, match="one iteration at a time .* give each thread a loader of its own"):
+            next(iter(loader))
+    finally:
+        hold.unlink()
+    reader.join(WAIT_S)
+    assert ended[1:] == ["end of epoch"]
+    assert sorted(int(v) for batch in got for v in batch[:, 0]) == list(range(64))
+    loader.close()
 
 
 def test_a_close_from_another_thread_waits_for_the_batch_the_main_process_is_making(tmp_path):

@@ -152,7 +152,11 @@ class Epoch(Iterator[T_co]):
             self.early = early
             on_first, self._on_first = self._on_first, None
             if on_first is not None:
-                on_first(self)
+                try:
+                    on_first(self)
+                except BaseException:
+                    self._on_first = on_first  # refused (a closed loader, say): the next call asks again
+                    raise
             if self._steps is None:
                 self.bind(self._options, self._state.epoch, self._state.start, self._shared)
 
