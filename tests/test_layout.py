@@ -122,13 +122,14 @@ FLOORS = [
     ("entry points", ("__main__",)),
 ]
 
-# The loader's floors, lowest first, by when each part acts: the events every stage announces; the ring and
+# The loader's floors, lowest first, by when each part acts: the events every stage announces and the gate a
+# close waits at for the threads inside next() (the pools hold its event, the epoch passes it); the ring and
 # the figures summed from the events; the workers that fill it; the device, the online tuner and the plan of an
 # epoch (what sampling gives); the options (every argument resolved once); the runtime (what outlives an
 # epoch) and the checkpoint (where an epoch stands, saved and restored); the running epoch and the arguments
 # read back; the DataLoader itself.
 LOADER_FLOORS = [
-    ("events", ("_events",)),
+    ("events and the reader gate", ("_events", "_reader_gate")),
     ("ring and stats", ("ring", "_stats")),
     ("workers", ("workers",)),
     ("device, tuning, plan", ("device", "tuning", "plan")),
@@ -304,3 +305,13 @@ def test_no_import_circle_even_counting_type_only_and_lazy_imports():
 def test_only_the_loader_package_imports_the_dataloader_module():
     users = {n for n, p in modules().items() if "cupy_nwt.loader._dataloader" in all_imports(n, p)}
     assert users == {"cupy_nwt.loader"}
+
+
+def test_no_generator_yields_inside_an_exception_handler():
+    """Python 3.10 (which the package supports) keeps a handled exception's traceback while a generator is
+    suspended inside its ``except`` block, and those frames hold a loader's source and ring: a ring then
+    outlived ``close()`` until the cyclic collector ran. Yield after the handler instead."""
+    found = [f"{path.relative_to(PKG.parent)}:{sub.lineno}" for path in modules().values()
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.ExceptHandler)
+             for sub in ast.walk(node) if isinstance(sub, (ast.Yield, ast.YieldFrom))]
+    assert found == []

@@ -213,8 +213,7 @@ class DevicePrefetcher:
                 try:
                     batch = join(self.as_output(treedef), dev, objects)
                 except Exception as exc:  # noqa: BLE001 - this batch's failure, raised in its turn
-                    yield unjoinable(exc, index)
-                    continue
+                    batch = unjoinable(exc, index)  # yielded out of the handler: Python 3.10 keeps a suspended one's traceback
                 yield batch
         finally:
             for c in list(inflight) + list(pending):

@@ -316,11 +316,13 @@ def host_batches(source: BatchSource, zero_copy: bool, events: Listener | None =
             if held is not None:
                 source.release(held)
                 held = None
+            lost: FailedBatch | None = None
             try:
                 hb = source.next(True)
             except FailedBatch as failed:
-                # without its traceback: its frames hold the source, and so the ring, past close()
-                yield failed.with_traceback(None)
+                lost = failed.with_traceback(None)  # without its traceback: its frames hold the source, so the ring
+            if lost is not None:  # yielded out of the handler: Python 3.10 keeps a suspended handler's traceback
+                yield lost
                 continue
             if hb is None:
                 return
@@ -341,8 +343,7 @@ def host_batches(source: BatchSource, zero_copy: bool, events: Listener | None =
             try:
                 batch = join(treedef, leaves, hb.objects)
             except Exception as exc:  # noqa: BLE001 - this batch's failure, raised in its turn; the epoch goes on
-                yield unjoinable(exc, hb.index)
-                continue
+                batch = unjoinable(exc, hb.index)  # yielded out of the handler, as ``lost`` above
             yield batch
     finally:
         if held is not None:
