@@ -90,7 +90,7 @@ class WorkerKind:
     """One kind of worker, as the registry (``kinds``) knows it.
 
     ``start`` makes a pool (keywords: maker, num_workers, prefetch_factor, seed, worker_init_fn,
-    context, device, epoch, rank, world_size, events); ``processes``: its workers are processes of
+    context, device, epoch, rank, world_size, events, hung_up); ``processes``: its workers are processes of
     their own (a shared ring, pids, private memory); ``start_method(context, device)`` names how
     they start.
     """
