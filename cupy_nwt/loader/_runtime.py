@@ -17,9 +17,12 @@ listeners) come in through the constructor: ``LoaderParts`` carries them from a 
 
 from __future__ import annotations
 
+import atexit
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import util as _mp_util  # noqa: F401 - its exit function registered before ours, so run after it
 from typing import TYPE_CHECKING
 
 from ._events import Events, Listener
@@ -97,6 +100,19 @@ def prefetch_for(options: Options) -> tuple[bool | str, str] | None:
     return (options.pin_memory, options.joined_output) if options.device == "cuda" else None
 
 
+_open: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every runtime made, until it is collected
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close every loader at exit before multiprocessing's exit function terminates its daemon processes: a
+    thread still reading a loader is then hung up (and parks), instead of seeing its workers killed. The
+    loader's finalizer would run too late where something made a ``weakref.finalize`` before
+    ``multiprocessing.util`` was imported (seen on Python 3.10)."""
+    for runtime in list(_open):
+        runtime.close()
+
+
 class Runtime:
     """The machinery of one loader. ``tuning`` fixes the tuner; the prefetcher follows the options each iteration
     starts with (``follow``: ``device``, ``pin_memory`` and ``output`` may be set after construction); each
@@ -111,6 +127,7 @@ class Runtime:
         self.tuner = OnlineTuner(options.tuning, clock) if options.tuning is not None else None
         self.events = Events((self.recorder, *((self.tuner,) if self.tuner is not None else ()), *listeners))
         self.gate = ReaderGate()  # the threads inside ``next()``; a close waits for them (``close``)
+        _open.add(self)
         self.workshop: Workshop | None = None  # the shared one
         self.loose: list[Workshop] = []  # one per live iteration that has its own workers
         self._layout: SlotLayout | None = None
