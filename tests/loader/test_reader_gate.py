@@ -25,8 +25,8 @@ WAIT_S = 30.0  # "soon", generous for a loaded machine; not a timing claim
 
 
 class Held:
-    """Samples 8 and on wait while the file ``hold`` exists: each worker is stuck in its third batch's first
-    sample until the test lets go (a thread worker cannot be killed, so the test must release it)."""
+    """Samples 8 and on wait while the file ``hold`` exists (each marks its start in ``hold.<i>``): past the
+    first two batches every reader is stuck until the test lets go (a thread cannot be killed: it must)."""
 
     def __init__(self, hold: str) -> None:
         self.hold = hold
