@@ -15,6 +15,7 @@ exit (PyTorch's loader prints nothing there either).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 
@@ -45,6 +46,7 @@ class ReaderGate:
         self._inside: dict[int, int] = {}  # thread id -> its calls inside ``next()`` (nested ones count)
         self._closer: int | None = None  # the thread closing now: others are kept out
         self._deferred: dict[int, list[Callable[[], None]]] = {}  # closes asked for from inside ``next()``
+        self._pid = os.getpid()  # the process whose loader this is (``close``)
 
     def __enter__(self) -> None:
         """Count this thread in, then look for a close: a close sets ``_closer`` before it counts the threads
@@ -81,7 +83,13 @@ class ReaderGate:
         """Hang up, then run ``action`` (the loader's close) with no other thread inside ``next()``. Asked for
         from inside ``next()`` (a signal handler), it runs as that call leaves, which the hang-up hastens. At
         exit, a thread still inside after ``EXIT_WAIT_S`` keeps it from running at all: that thread's workers
-        then end with this process, as they notice their parent gone. Final: ``hung_up`` stays set."""
+        then end with this process, as they notice their parent gone. Final: ``hung_up`` stays set.
+
+        In a process forked from the loader's (``os.fork``, then a normal exit, which runs the exit functions
+        and finalizers), nothing is done: the workers, pipes and ring are the parent's, still in use there.
+        """
+        if os.getpid() != self._pid:
+            return
         me = threading.get_ident()
         self.hung_up.set()
         with self._cond:

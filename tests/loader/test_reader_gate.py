@@ -8,6 +8,7 @@ two never read one pipe, nor run one epoch's generator, at once. Nothing is left
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -190,3 +191,29 @@ def test_no_thread_is_inside_next_while_a_close_runs():
     finally:
         sys.setswitchinterval(old)
     assert seen == [0, 0] and min(refused) == 3, (seen, refused)
+
+
+FORKS_A_CHILD = """
+import os, sys
+import numpy as np
+import cupy_nwt
+
+loader = cupy_nwt.DataLoader(np.arange(400), batch_size=4, num_workers=2, device="cpu", persistent_workers=True)
+first = sum(1 for _ in loader)
+pid = os.fork()  # a child of the program's own (an asynchronous checkpoint writer, say)
+if pid == 0:
+    loader.close()  # its copy of the loader, closed by the child's clean-up
+    os._exit(0)
+os.waitpid(pid, 0)
+print(first, sum(1 for _ in loader))
+"""
+
+
+def test_a_forked_child_closing_its_copy_of_the_loader_leaves_the_parents_workers_alone(tmp_path):
+    """The child's copy shares the parent's pipes and knows its workers' pids: closing it used to stop them, and
+    the parent's next epoch died (``WorkerDiedError``). Only the process that made the loader closes it."""
+    script = tmp_path / "train.py"
+    script.write_text(FORKS_A_CHILD)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 0 and done.stdout.split() == ["100", "100"], done.stderr[-2000:]
