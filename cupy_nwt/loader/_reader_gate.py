@@ -21,7 +21,11 @@ from collections.abc import Callable
 
 from ..errors import LoaderClosedError
 
-EXIT_WAIT_S = 10.0  # at exit, how long a close waits for a reading thread to leave (it stops its workers first)
+# At exit, how long a close waits for a thread inside ``next()`` to answer the hang-up (one waiting for workers
+# answers within a wait slice; one running a dataset's code in the main process never does), then for one that
+# answered to leave (it stops its own workers first).
+ANSWER_WAIT_S = 1.0
+EXIT_WAIT_S = 10.0
 
 
 def interpreter_exiting() -> bool:
@@ -35,13 +39,21 @@ def park_if_exiting() -> None:
         threading.Event().wait()
 
 
+class HangUp(threading.Event):
+    """Set by a close: a thread waiting for workers stops (``LoaderClosedError``), and says so (``answered``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answered = threading.Event()
+
+
 class ReaderGate:
     """Counts, per thread, the calls inside ``next()`` (``with gate:``), so that ``close`` can wait for the
     others. A thread's own entries never make it wait for itself: a signal handler that closes the loader runs
     on the thread it interrupted, which may be inside ``next()``; that close runs as the call leaves."""
 
     def __init__(self) -> None:
-        self.hung_up = threading.Event()  # handed to the worker pools: their waits end once it is set
+        self.hung_up = HangUp()  # handed to the worker pools: their waits end once it is set
         self._cond = threading.Condition(threading.Lock())
         self._inside: dict[int, int] = {}  # thread id -> its calls inside ``next()`` (nested ones count)
         self._closer: int | None = None  # the thread closing now: others are kept out
@@ -82,8 +94,9 @@ class ReaderGate:
     def close(self, action: Callable[[], None]) -> None:
         """Hang up, then run ``action`` (the loader's close) with no other thread inside ``next()``. Asked for
         from inside ``next()`` (a signal handler), it runs as that call leaves, which the hang-up hastens. At
-        exit, a thread still inside after ``EXIT_WAIT_S`` keeps it from running at all: that thread's workers
-        then end with this process, as they notice their parent gone. Final: ``hung_up`` stays set.
+        exit, a thread that does not answer the hang-up within ``ANSWER_WAIT_S`` (or, answering, stays inside past
+        ``EXIT_WAIT_S``) keeps it from running at all: its workers then end with this process, as they notice
+        their parent gone. Final: ``hung_up`` stays set.
 
         In a process forked from the loader's (``os.fork``, then a normal exit, which runs the exit functions
         and finalizers), nothing is done: the workers, pipes and ring are the parent's, still in use there.
@@ -103,8 +116,7 @@ class ReaderGate:
                 while self._closer is not None:  # another thread's close: this one comes after it
                     self._cond.wait()
                 self._closer = me  # from now on newcomers are refused, so the wait below ends
-                if not self._cond.wait_for(lambda: not self._inside.keys() - {me},
-                                           EXIT_WAIT_S if interpreter_exiting() else None):
+                if not self._wait_alone(me):
                     self._closer = None
                     self._cond.notify_all()
                     return
@@ -117,3 +129,13 @@ class ReaderGate:
             with self._cond:
                 self._closer = None
                 self._cond.notify_all()
+
+    def _wait_alone(self, me: int) -> bool:
+        """Wait (holding ``_cond``) until no other thread is inside; at exit only as long as ``ANSWER_WAIT_S``
+        and ``EXIT_WAIT_S`` allow. True once alone."""
+        def alone() -> bool:
+            return not self._inside.keys() - {me}
+        if not interpreter_exiting():
+            return self._cond.wait_for(alone)
+        return (self._cond.wait_for(lambda: alone() or self.hung_up.answered.is_set(), ANSWER_WAIT_S)
+                and self._cond.wait_for(alone, EXIT_WAIT_S))

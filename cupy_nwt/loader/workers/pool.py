@@ -7,7 +7,6 @@ message and collects answers; ``kinds`` registers them.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import numpy as np
 
 from ...errors import LoaderClosedError
 from .._events import Listener, StageTimes
+from .._reader_gate import HangUp
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import FailedBatch, HostBatch, RingSpec, SlotPool
 from .maker import make_worker_error
@@ -176,7 +176,7 @@ class Dispatch:
 
     slots: SlotPool
     prefetch_factor: int
-    hung_up: threading.Event  # set when another thread closes the loader: a wait for answers stops (``_slices``)
+    hung_up: HangUp  # set when another thread closes the loader: a wait for answers stops (``_slices``)
     _workers: list[Any]
     _closed = False
     active = 0
@@ -190,6 +190,7 @@ class Dispatch:
         alone (the two must never read one pipe at once)."""
         for left in wait_slices(timeout):
             if self.hung_up.is_set():
+                self.hung_up.answered.set()
                 raise LoaderClosedError("this DataLoader was closed (by another thread or a signal handler) while this "
                                         "thread waited for a batch")
             yield left

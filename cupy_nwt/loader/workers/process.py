@@ -31,7 +31,6 @@ import pickle
 import select
 import signal
 import socket
-import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from ..._worker_info import worker_seed
 from ...data.contract import pickling_advice
 from ...errors import LoaderError
 from .._events import Listener, StageTimes
+from .._reader_gate import HangUp
 from .._stats import MemoryGrowthWarning, settle_baselines
 from ..ring.memory import RingFile
 from ..ring.ring import Ring, SlotLayout
@@ -108,10 +108,10 @@ class WorkerPool(Dispatch):
     def __init__(self, *, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int,
                  worker_init_fn: Callable | None, start_method: str | BaseContext, epoch: int = 0,
                  rank: int = 0, world_size: int = 1, events: Listener | None = None,
-                 hung_up: threading.Event | None = None) -> None:
+                 hung_up: HangUp | None = None) -> None:
         self.prefetch_factor = prefetch_factor
         self.events = events
-        self.hung_up = hung_up if hung_up is not None else threading.Event()
+        self.hung_up = hung_up if hung_up is not None else HangUp()
         self.slots = SlotPool(None)
         self._closed = False
         self._workers: list[_Worker] = []
@@ -417,7 +417,7 @@ def _start_method(context: BaseContext | None, device: str) -> str:
 
 def _start(*, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int, worker_init_fn: Callable | None,
            context: BaseContext | None, device: str, epoch: int, rank: int, world_size: int,
-           events: Listener | None, hung_up: threading.Event | None = None) -> WorkerPool:
+           events: Listener | None, hung_up: HangUp | None = None) -> WorkerPool:
     return WorkerPool(maker=maker, num_workers=num_workers, prefetch_factor=prefetch_factor, seed=seed,
                       worker_init_fn=worker_init_fn, start_method=context if context is not None else
                       default_start_method(device), epoch=epoch, rank=rank, world_size=world_size, events=events,

@@ -44,6 +44,7 @@ from ..._worker_info import WorkerInfo, enter_thread, worker_seed
 from ...data.contract import dataset_style
 from ...errors import LoaderError, WorkerDiedError
 from .._events import Listener
+from .._reader_gate import HangUp
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from .maker import BatchMaker
@@ -83,11 +84,11 @@ class ThreadPool(Dispatch):
 
     def __init__(self, *, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int,
                  worker_init_fn: Callable | None, epoch: int = 0, rank: int = 0, world_size: int = 1,
-                 events: Listener | None = None, hung_up: threading.Event | None = None) -> None:
+                 events: Listener | None = None, hung_up: HangUp | None = None) -> None:
         refuse_for_threads(maker.dataset, num_workers)
         self.prefetch_factor = prefetch_factor
         self.events = events
-        self.hung_up = hung_up if hung_up is not None else threading.Event()
+        self.hung_up = hung_up if hung_up is not None else HangUp()
         self.slots = SlotPool(None)
         self._closed = False
         self._stopping = threading.Event()
@@ -256,7 +257,7 @@ class _QueueChannel:
 
 def _start(*, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int, worker_init_fn: Callable | None,
            context: BaseContext | None, device: str, epoch: int, rank: int, world_size: int,
-           events: Listener | None, hung_up: threading.Event | None = None) -> ThreadPool:
+           events: Listener | None, hung_up: HangUp | None = None) -> ThreadPool:
     return ThreadPool(maker=maker, num_workers=num_workers, prefetch_factor=prefetch_factor, seed=seed,
                       worker_init_fn=worker_init_fn, epoch=epoch, rank=rank, world_size=world_size, events=events,
                       hung_up=hung_up)

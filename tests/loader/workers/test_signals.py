@@ -216,6 +216,22 @@ def test_a_script_that_ends_while_its_daemon_thread_waits_on_the_loader_ends_qui
         cleanup(proc, pids)
 
 
+def test_a_script_ends_soon_while_its_daemon_thread_is_inside_a_main_process_sample(tmp_path):
+    """Without workers the reading thread runs the dataset's code itself and cannot answer the hang-up: the
+    close at exit gives up on it after a second instead of holding the exit (it waited 10 s)."""
+    script = ENDS_BESIDE_A_READER.replace("num_workers=2", "num_workers=0").replace(", multiprocessing_context=sys.argv[2]", "")
+    assert "num_workers=0" in script and "multiprocessing_context" not in script
+    proc, log = start(tmp_path, script.replace("{prelude}", ""), "fork")
+    try:
+        assert worker_pids(proc) == []
+        wait_for(lambda: any(i >= 8 for i in started(log)), "the reading thread stuck in a sample", 60)
+        log.with_name(log.name + ".go").write_text("")
+        assert proc.wait(GONE_WITHIN_S) == 0
+        assert proc.stderr is not None and proc.stderr.read() == ""
+    finally:
+        cleanup(proc, [])
+
+
 ON_TORCH = IN_A_THREAD.replace(
     'cupy_nwt.DataLoader(Stuck(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context=sys.argv[2])',
     'torch.utils.data.DataLoader(Stuck(), batch_size=4, num_workers=2, multiprocessing_context=sys.argv[2])').replace(
