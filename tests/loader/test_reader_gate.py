@@ -105,6 +105,33 @@ def test_a_close_from_the_main_thread_hangs_up_the_thread_waiting_for_stuck_work
         hold.unlink()
 
 
+@pytest.mark.parametrize("kind", ["fork", "thread"])
+def test_threads_sharing_one_iterator_take_every_batch_once(kind):
+    """Four consumers calling ``next()`` on one iterator, as a program feeding several devices from one loader
+    might: each call used to race the others into the epoch's generator, and three of the four died of
+    "generator already executing" (torch's iterator, same script: the four hang)."""
+    how = {"worker_type": "thread"} if kind == "thread" else {"multiprocessing_context": kind}
+    with DataLoader(np.arange(4000), batch_size=8, num_workers=2, device="cpu", output="numpy", **how) as loader:
+        it = iter(loader)
+        got: list[list[int]] = []
+        failed: list[BaseException] = []
+
+        def consume() -> None:
+            try:
+                for batch in it:
+                    got.append(batch.tolist())
+            except BaseException as e:  # noqa: BLE001 - what the test looks for
+                failed.append(e)
+
+        consumers = [threading.Thread(target=consume, daemon=True) for _ in range(4)]
+        for c in consumers:
+            c.start()
+        for c in consumers:
+            c.join(WAIT_S)
+    assert failed == [] and not any(c.is_alive() for c in consumers)
+    assert len(got) == 500 and sorted(x for batch in got for x in batch) == list(range(4000))
+
+
 def test_a_second_thread_cannot_end_the_iteration_another_thread_is_inside(tmp_path):
     """Persistent workers serve one iteration at a time and a new one ends the one before, which cannot be done
     under a thread inside its ``next()``: the newcomer is told so in one line (it used to get Python's

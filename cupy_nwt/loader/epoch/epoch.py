@@ -11,6 +11,7 @@ the first batch fixes the layout, the prefetcher on the GPU.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
@@ -89,7 +90,8 @@ class Epoch(Iterator[T_co]):
     runs on the runtime's shared workshop (persistent workers, or the GPU path), else on a workshop of its own. ``owner`` (the loader)
     is kept alive while the iterator is, as PyTorch's iterator keeps its loader: the loader's
     finalizer, which frees persistent workers and their ring, runs once the last of the two goes,
-    and never under a running epoch. A dropped iterator ends its epoch first (``__del__``).
+    and never under a running epoch. A dropped iterator ends its epoch first (``__del__``). Threads that
+    share one iterator take its batches in turn, each batch once (torch's iterator is not safe so).
     """
 
     def __init__(self, options: Options, runtime: Runtime, epoch: int, start: Mapping[str, Any] | None,
@@ -102,6 +104,7 @@ class Epoch(Iterator[T_co]):
         self._on_first = on_first
         self._steps: Generator[Any, None, None] | None = None
         self.early = False  # begun by a state_dict() before its first next()
+        self._turn = threading.Lock()  # one next() at a time: several threads may share one iterator
 
     def bind(self, options: Options, epoch: int, start: Mapping[str, Any] | None, shared: bool,
              readers: list[Any] | None = None) -> None:
@@ -162,7 +165,7 @@ class Epoch(Iterator[T_co]):
 
     def __next__(self) -> T_co:
         try:
-            with self._runtime.gate:  # a close from another thread waits for this call to leave
+            with self._runtime.gate, self._turn:  # a close from another thread waits for this call to leave
                 self.begin()
                 assert self._steps is not None
                 st = self._state
