@@ -1,4 +1,5 @@
-"""The main process ends (SIGTERM, Ctrl-C, kill -9) while its workers are busy: nothing is left behind.
+"""The main process ends (SIGTERM, Ctrl-C, kill -9, or its main thread finishes beside a reading thread)
+while its workers are busy: nothing is left behind, and nothing is printed but what the script's end prints.
 
 Each test runs a script as a user would write it, in a subprocess, signals it while its workers are
 stuck inside ``__getitem__`` (or have a queue of work), and checks the process table and the rings:
