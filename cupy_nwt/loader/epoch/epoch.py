@@ -319,13 +319,13 @@ def host_batches(source: BatchSource, zero_copy: bool, events: Listener | None =
             if held is not None:
                 source.release(held)
                 held = None
-            lost: FailedBatch | None = None
+            lost: list[FailedBatch] = []
             try:
                 hb = source.next(True)
             except FailedBatch as failed:
-                lost = failed.with_traceback(None)  # without its traceback: its frames hold the source, so the ring
-            if lost is not None:  # yielded out of the handler: Python 3.10 keeps a suspended handler's traceback
-                yield lost
+                lost.append(failed.with_traceback(None))  # without its traceback: its frames hold the source
+            if lost:  # yielded out of the handler (Python 3.10 keeps a suspended handler's traceback), held by none
+                yield lost.pop()
                 continue
             if hb is None:
                 return
