@@ -38,9 +38,8 @@ Worker start method (``multiprocessing_context=None``): ``forkserver`` when CUDA
 process (the loader targets the GPU, or CuPy is imported and a GPU is usable, or a GPU runtime runs),
 because a forked child of a CUDA process must not touch CUDA and page-locked memory is not inherited
 across fork; ``fork`` otherwise (JAX on the CPU included: ``workers.start.forkserver_hazards``), which
-starts fastest and shares the dataset copy-on-write. With forkserver or spawn the
-dataset and the callables are pickled to each worker, so they must be defined at module level; their
-large arrays travel once, in memory every worker maps copy-on-write (``workers.shared_pickle``).
+starts fastest and shares the dataset copy-on-write. With forkserver or spawn the dataset and the callables are
+pickled to each worker (so defined at module level), their large arrays once (``workers.shared_pickle``).
 """
 
 from __future__ import annotations
@@ -344,16 +343,15 @@ class DataLoader(SettingsView, Generic[T_co]):
         return (options.persistent_workers and options.num_workers > 0) or options.device == "cuda"
 
     def _begin(self, it: Epoch[T_co]) -> None:
-        """An iterator's first ``next()``: only then does it take the epoch counter and a loaded state, and
-        end the shared workshop's previous epoch. An ``iter()`` that takes no batch changes nothing."""
+        """An iterator's first ``next()`` takes the epoch counter and a loaded state, and ends the shared workshop's
+        previous epoch (refused while another thread is inside it). An ``iter()`` that takes no batch changes nothing."""
         if not self._finalizer.alive:
             raise LoaderError("this DataLoader is closed")
         self._follow_process_group()
         options = self._options
         shared = self._shares_stage(options)
-        if shared and self._runtime.gate.others_inside():
-            raise LoaderError("this DataLoader serves one iteration at a time (persistent workers, or device='cuda'), and "
-                              "another thread is inside the current one's next(): give each thread a loader of its own")
+        if shared:
+            self._runtime.gate.refuse_if_others_inside()
         if shared or not self._runtime.serves(options):  # an epoch on the GPU path ends before its prefetcher goes
             self._close_active()
         self._runtime.follow(options)
@@ -423,11 +421,8 @@ class DataLoader(SettingsView, Generic[T_co]):
             self._runtime.drop(workshop)
 
     def close(self) -> None:
-        """End the current iterations, stop the workers, unlink the rings. Idempotent. An iterator the caller
-        still holds is ended too, so no view of it keeps a ring mapped. May be called from any thread: one
-        waiting in ``next()`` then raises ``LoaderClosedError`` (within one wait slice) and the close
-        waits for it to let go; a ``next()`` after the close ends its iteration. Called by a signal handler that
-        interrupted ``next()``, the close runs as that call leaves (the handler's ``sys.exit`` unwinds it)."""
+        """End the current iterations (those the caller still holds too, so no view keeps a ring mapped), stop the
+        workers, unlink the rings. Idempotent; from any thread (``ReaderGate.close``: a waiting one is hung up)."""
         self._runtime.gate.close(self._close_now)
 
     def _close_now(self) -> None:

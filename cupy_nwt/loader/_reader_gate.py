@@ -19,7 +19,7 @@ import os
 import threading
 from collections.abc import Callable
 
-from ..errors import LoaderClosedError
+from ..errors import LoaderClosedError, LoaderError
 
 # At exit, how long a close waits for a thread inside ``next()`` to answer the hang-up (one waiting for workers
 # answers within a wait slice; one running a dataset's code in the main process never does), then for one that
@@ -87,9 +87,12 @@ class ReaderGate:
         for action in deferred:
             self.close(action)
 
-    def others_inside(self) -> bool:
-        """Whether a thread other than this one is inside ``next()`` now."""
-        return bool(self._inside.keys() - {threading.get_ident()})
+    def refuse_if_others_inside(self) -> None:
+        """For a loader that serves one iteration at a time, whose new iteration ends the current one: refused
+        while another thread is inside that one's ``next()`` (its generator cannot be closed under it)."""
+        if self._inside.keys() - {threading.get_ident()}:
+            raise LoaderError("this DataLoader serves one iteration at a time (persistent workers, or device='cuda'), "
+                              "and another thread is inside the current one's next(): give each thread a loader of its own")
 
     def close(self, action: Callable[[], None]) -> None:
         """Hang up, then run ``action`` (the loader's close) with no other thread inside ``next()``. Asked for
