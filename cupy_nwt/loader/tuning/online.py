@@ -7,7 +7,9 @@ finished their tasks, and the source's ``blocked_s`` is the caller's wait. (Not 
 inside ``next()``: on a busy machine handing out a ready batch takes a few percent of a short step,
 waiting for a CPU, and reading that as starvation kept every worker of an idle pool.) Every
 ``interval_steps`` steps (and at least ``min_interval_s``) the policy sees the interval and may
-change the setting.
+change the setting. An epoch that ends (or is left) inside an interval hands its watched part, up
+to its caller's last ask, to the next epoch's: a job whose epochs are shorter than an interval is
+judged over several, and the caller's own time between epochs is not in it.
 
 A change never touches which batches are made or their order: those are fixed by the plan, and a
 map-style batch b goes to active worker b % active. Adding a worker un-parks one or
@@ -44,6 +46,7 @@ _log = logging.getLogger("cupy_nwt.tuner")  # picks.pick's logger: the auto line
 # The default policy parks a surplus worker after one unjudged and three idle intervals: eight quiet
 # intervals mean it found nothing to park twice over.
 SETTLED_INTERVALS = 8
+_NOTHING_CARRIED = Observation(0, 0.0, 0.0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -149,6 +152,8 @@ class OnlineTuner(Listener):
         self._epoch: int | None = None
         self._delivered = 0  # turns the followed epoch's caller has taken
         self._mark: tuple[int, float, float] | None = None  # (delivered, blocked_s, time) at the interval's start
+        self._last: tuple[int, float, float] | None = None  # the same at the caller's last ask
+        self._carried = _NOTHING_CARRIED  # the unfinished interval of earlier epochs
         self._asks = self._idle = 0
         self.saves = tuning.saves
         self.quiet = Quiet()
@@ -193,8 +198,9 @@ class OnlineTuner(Listener):
     # -- events
 
     def began(self, epoch: int) -> None:
-        """Watch the caller of this (the newest) iteration from now on."""
-        self._epoch, self._source, self._delivered, self._mark = epoch, None, 0, None
+        """Watch the caller of this (the newest) iteration from now on, carrying the last one's unfinished interval."""
+        self._carried = self._watched()
+        self._epoch, self._source, self._delivered, self._mark, self._last = epoch, None, 0, None, None
 
     def waited(self, epoch: int, seconds: float, delivered: bool) -> None:
         if delivered and epoch == self._epoch:
@@ -215,11 +221,12 @@ class OnlineTuner(Listener):
             return
         self._asks += 1
         self._idle += source.idle_workers()
-        steps, elapsed = self._delivered - self._mark[0], now - self._mark[2]
-        if steps < self.interval_steps or elapsed < self.min_interval_s:
+        self._last = (self._delivered, source.blocked_s, now)
+        obs = self._watched()
+        if obs.steps < self.interval_steps or obs.elapsed_s < self.min_interval_s:
             return
-        obs = Observation(steps, elapsed, source.blocked_s - self._mark[1], self._asks, self._idle)
-        self._mark, self._asks, self._idle = (self._delivered, source.blocked_s, now), 0, 0
+        self._mark, self._last, self._asks, self._idle = self._last, None, 0, 0
+        self._carried = _NOTHING_CARRIED
         d = self.policy.decide(obs, self.setting, self.limits)
         if d is not None:
             proposed = Setting(d.workers, d.slots)
@@ -236,6 +243,14 @@ class OnlineTuner(Listener):
         self.quiet = self.quiet.plus(obs)
         if self.quiet.intervals >= SETTLED_INTERVALS:
             self._settled(f"no change in {self.quiet.intervals} intervals")
+
+    def _watched(self) -> Observation:
+        """The interval so far: the carried part plus this epoch's, from its mark to the caller's last ask."""
+        c, mark, last = self._carried, self._mark, self._last
+        if mark is None or last is None:
+            return c
+        return Observation(c.steps + last[0] - mark[0], c.elapsed_s + last[2] - mark[2],
+                           c.wait_s + last[1] - mark[1], c.asks + self._asks, c.idle_workers + self._idle)
 
     def ended(self, pids: Sequence[int]) -> None:
         """An epoch ran to its end: settled, if at least one interval was watched since the last change."""

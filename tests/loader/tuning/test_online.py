@@ -191,6 +191,24 @@ def test_an_epoch_that_ends_after_a_quiet_interval_settles_the_tuner():
 
 
 @pytest.mark.usefixtures("clean", "cache")
+@pytest.mark.parametrize("persistent", [False, True])
+def test_epochs_shorter_than_an_interval_are_judged_together_and_settle_the_tuner(persistent):
+    """A job whose epochs end before one interval (a small validation set, a short fine-tune) is still
+    judged: the watched steps of each epoch add up across epochs, the time between epochs left out."""
+    policy = Scripted()
+    spec = Autotune(policy, interval_steps=4, min_interval_s=0.0)
+    dl = DataLoader(Squares(12), batch_size=4, num_workers="auto", autotune=spec, cpu_budget=2, device="cpu",
+                    persistent_workers=persistent)
+    for _ in range(4):
+        assert len(batches(dl)) == 3
+        time.sleep(0.5)  # the caller's own work between epochs: not the loader's interval
+    dl.close()
+    assert policy.seen and all(obs.steps >= 4 and obs.elapsed_s < 0.5 for obs in policy.seen)
+    saved = lookup(auto_fingerprint(Squares(12), batch_size=4, device="cpu"))
+    assert saved is not None and saved.best_workers == 1 and saved.search_end.startswith("online: an epoch ended ")
+
+
+@pytest.mark.usefixtures("clean", "cache")
 def test_a_hit_tuned_online_saves_nothing_more():
     _save_pick(Squares(40), 4, 1)
     before = lookup(auto_fingerprint(Squares(40), batch_size=4, device="cpu"))
