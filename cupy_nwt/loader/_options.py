@@ -301,19 +301,21 @@ def check_worker_room(num_workers: int, *, worker_type: str = "process", device:
 
 def warn_if_too_many_workers(num_workers: int, stacklevel: int = 3, *, method: str = "fork",
                              prefetch_factor: int = 2) -> None:
-    """A UserWarning, as PyTorch gives, when there are more workers than CPUs this process may use, with what
-    this machine can hold; ``ArgumentError`` (``capacity.check_worker_count``) when it cannot hold them."""
+    """A UserWarning, as PyTorch gives (its sentence first: filters match it), when there are more workers than CPUs
+    this process may use; what this machine can hold is added only when the count comes near it (half or more).
+    ``ArgumentError`` (``capacity.check_worker_count``) when the machine cannot hold them."""
     cpus = system.usable_cpus()
     if num_workers > cpus:
         room = check_worker_count(num_workers, method, prefetch_factor)
+        near = f"; {room.line}" if 2 * num_workers >= room.workers else ""
+        kind = "threads" if method == "thread" else "processes"
         warnings.warn(f"This DataLoader will create {num_workers} worker processes in total. Our suggested max number "
                       f"of worker in current system is {cpus}, which is smaller than what this DataLoader is going to "
                       "create. Please be aware that excessive worker creation might get DataLoader running slow or "
                       "even freeze, lower the worker number to avoid potential slowness/freeze if necessary. "
-                      f"cupy_nwt: this DataLoader will start {num_workers} worker {'threads' if method == 'thread' else 'processes'}, "
-                      f"more than the {cpus} CPUs "
-                      "this process may use: the workers will share them, which is slower and may even stall; "
-                      f"num_workers={cpus} or fewer avoids that; {room}", UserWarning, stacklevel=stacklevel)
+                      f"cupy_nwt: its {num_workers} worker {kind} will share the {cpus} CPUs this process may use, "
+                      f"which is slower and may stall; num_workers={cpus} or fewer avoids that{near}",
+                      UserWarning, stacklevel=stacklevel)
 
 
 def resolve_timeout(timeout: Any) -> float | None:

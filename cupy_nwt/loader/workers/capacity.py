@@ -179,8 +179,8 @@ def capacity(method: str, prefetch_factor: int, num_workers: int, limits: Limits
 
 
 def check_worker_count(num_workers: int, method: str, prefetch_factor: int, limits: Limits | None = None, *,
-                       option: str = "num_workers", value: int | None = None) -> str:
-    """The capacity line for ``num_workers``; ``ArgumentError`` (that line) when the machine cannot hold them.
+                       option: str = "num_workers", value: int | None = None) -> Capacity:
+    """What this machine can hold, for ``num_workers``; ``ArgumentError`` (its line) when it cannot hold them.
 
     ``option=value`` names what the caller asked for where that is not ``num_workers`` itself (the tuner's
     ``max_workers``, whose counts go up to ``num_workers``).
@@ -191,7 +191,7 @@ def check_worker_count(num_workers: int, method: str, prefetch_factor: int, limi
         auto = ", or use num_workers='auto'" if option == "num_workers" else ""
         raise ArgumentError(f"{asked} is more than {cap.line}: lower {option} (os.cpu_count() "
                             f"is {os.cpu_count()}), raise the limit named{auto}")
-    return cap.line
+    return cap
 
 
 START_PROGRESS_AFTER_S = 3.0

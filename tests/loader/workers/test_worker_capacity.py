@@ -44,7 +44,7 @@ def test_each_limit_can_bound_the_count(kw, bound):
 
 
 def test_a_count_that_fits_returns_its_line():
-    line = capacity.check_worker_count(64, "forkserver", 2, limits())
+    line = capacity.check_worker_count(64, "forkserver", 2, limits()).line
     assert line.startswith("this machine can hold about ") and "started by forkserver" in line and "128 slots" in line
 
 
@@ -94,12 +94,24 @@ def _children() -> set[str]:
         return set(f.read().split())
 
 
-def test_a_count_it_can_hold_is_said_in_the_warning(monkeypatch):
-    monkeypatch.setattr(capacity, "read_limits", lambda root="/": limits())
+def test_a_count_near_what_the_machine_can_hold_is_said_in_the_warning(monkeypatch):
     n = (os.cpu_count() or 1) + 1
-    with pytest.warns(UserWarning, match="this machine can hold about"):
+    room = (2 * n - 1) * capacity.TASKS_PER_WORKER  # the machine holds fewer than twice the count
+    monkeypatch.setattr(capacity, "read_limits", lambda root="/": limits(pids_left=room))
+    with pytest.warns(UserWarning, match=f"this machine can hold about {2 * n - 1} loader workers"):
         loader = DataLoader(np.zeros((8, 2), np.float32), batch_size=2, num_workers=n, multiprocessing_context="fork")
     loader.close()
+
+
+def test_a_count_far_below_what_the_machine_can_hold_gets_the_short_warning(monkeypatch):
+    monkeypatch.setattr(capacity, "read_limits", lambda root="/": limits())
+    n = (os.cpu_count() or 1) + 1
+    with pytest.warns(UserWarning) as seen:
+        loader = DataLoader(np.zeros((8, 2), np.float32), batch_size=2, num_workers=n, multiprocessing_context="fork")
+    loader.close()
+    (message,) = [str(w.message) for w in seen]
+    assert message.startswith(f"This DataLoader will create {n} worker processes in total.")  # torch's, for filters
+    assert "can hold" not in message and message.endswith(f"num_workers={n - 1} or fewer avoids that")
 
 
 class Clock:
