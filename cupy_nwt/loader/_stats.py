@@ -38,6 +38,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import suppress
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -150,9 +151,12 @@ MemoryReader = Callable[[int], "int | None"]  # pid -> USS bytes (None: gone or 
 
 def settle_baselines() -> None:
     """Wait for the workers' memory baselines still being read: a process about to fork calls it, so that
-    no worker starts beside a thread of this module."""
-    while _reading:
-        _reading.pop().wait()
+    no worker starts beside a thread of this module. Each read is waited on by every caller, and removed by
+    whichever finds it done first: two threads starting loaders at once both wait for it."""
+    for reading in list(_reading):
+        reading.wait()
+        with suppress(ValueError):
+            _reading.remove(reading)
 
 
 def read_uss(pid: int) -> int | None:

@@ -401,3 +401,26 @@ def test_stats_polled_from_a_monitoring_thread_lists_every_event_once(monkeypatc
     finally:
         sys.setswitchinterval(before)
     assert sum(seen) + listed() == n
+
+
+def test_two_threads_about_to_fork_both_wait_for_the_memory_read_in_progress():
+    """Two threads of a program each starting a loader (or adding a worker) settle the baseline reads first,
+    so that neither forks beside the reading thread: the second must not pass while the first waits on it."""
+    from cupy_nwt.loader import _stats
+
+    release = threading.Event()
+    recorder = _stats.Recorder(reader=lambda pid: 1 << 20 if release.wait() else None)
+    recorder.first_batch([123])
+    settled: list[str] = []
+    threads = [threading.Thread(target=lambda name=name: (_stats.settle_baselines(), settled.append(name)))
+               for name in ("first", "second")]
+    try:
+        for t in threads:
+            t.start()
+            time.sleep(0.1)
+        assert settled == []  # neither has passed while the read runs
+    finally:
+        release.set()
+        for t in threads:
+            t.join(timeout=10)
+    assert sorted(settled) == ["first", "second"]
