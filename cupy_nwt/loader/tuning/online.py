@@ -222,9 +222,11 @@ class OnlineTuner(Listener):
         self._asks += 1
         self._idle += source.idle_workers()
         self._last = (self._delivered, source.blocked_s, now)
-        obs = self._watched()
-        if obs.steps < self.interval_steps or obs.elapsed_s < self.min_interval_s:
+        carried = self._carried
+        if (carried.steps + self._delivered - self._mark[0] < self.interval_steps
+                or carried.elapsed_s + now - self._mark[2] < self.min_interval_s):
             return
+        obs = self._watched()
         self._mark, self._last, self._asks, self._idle = self._last, None, 0, 0
         self._carried = _NOTHING_CARRIED
         d = self.policy.decide(obs, self.setting, self.limits)
