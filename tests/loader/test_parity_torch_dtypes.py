@@ -75,6 +75,42 @@ def test_a_sample_of_another_dtype_of_the_same_width_is_named_not_reinterpreted(
             next(it)
 
 
+class ThenBits(tud.Dataset):
+    """Samples 0-3 (every worker's first batch) are ``dtype`` tensors, one NumPy lacks; samples 4-7 are NumPy
+    values of the integer dtype that carries its bits in shared memory (arrays, or scalars with ``scalar``)."""
+
+    BITS = {"bfloat16": np.int16, "float8_e4m3fn": np.uint8, "complex32": np.int32}
+
+    def __init__(self, dtype: str, scalar: bool) -> None:
+        self.dtype, self.scalar = dtype, scalar
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        bits = self.BITS[self.dtype]
+        if i < 4:
+            x = torch.full(() if self.scalar else (2,), i).to(getattr(torch, self.dtype))
+        else:
+            x = bits(i) if self.scalar else np.full(2, i, bits)
+        return x, i
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("scalar", [False, True], ids=["arrays", "scalars"])
+@pytest.mark.parametrize("dtype", list(ThenBits.BITS))
+def test_later_batches_of_the_carrying_integer_dtype_are_not_read_as_the_first_batches_dtype(dtype, scalar,
+                                                                                           num_workers, worker_type):
+    if worker_type == "thread" and num_workers == 0:
+        pytest.skip("num_workers=0 has no workers to choose")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        expected = values(tud.DataLoader(ThenBits(dtype, scalar), batch_size=2, num_workers=0))
+        with cupy_nwt.DataLoader(ThenBits(dtype, scalar), batch_size=2, num_workers=num_workers, device="cpu",
+                                 worker_type=worker_type) as loader:
+            assert values(loader) == expected
+
+
 def test_a_tensor_that_requires_grad_is_refused_in_one_line():
     class Grad(Ramp):
         def __getitem__(self, i: int):

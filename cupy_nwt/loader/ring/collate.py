@@ -154,6 +154,7 @@ def _collate_columns(samples: Sequence[Any], treedef: Treedef, out: Sequence[np.
     if cols is None:
         return None
     dsts: Iterator[np.ndarray] = iter(out)
+    tags = iter(leaf_dtypes(treedef))
     objects = []
     for col, kind in zip(cols, leaf_kinds(treedef)):
         if kind == "obj":
@@ -162,6 +163,8 @@ def _collate_columns(samples: Sequence[Any], treedef: Treedef, out: Sequence[np.
             objects.append(col)
             continue
         dst = next(dsts)
+        if next(tags) is not None:  # the bits of a dtype NumPy lacks: an array of their integer dtype is not one
+            return None
         t = type(col[0])
         if len(set(map(type, col))) != 1:  # one type in the column (checked in C: it runs per sample)
             return None
