@@ -21,6 +21,7 @@ import mmap
 import os
 import secrets
 from dataclasses import dataclass
+from functools import cached_property
 from multiprocessing import resource_tracker
 from typing import Any
 
@@ -29,7 +30,7 @@ import numpy as np
 from ..._checks import check_int
 from ...errors import ArgumentError, OutOfRangeError, ShmSpaceError
 from .memory import NAME_PREFIX, RingFile, check_room, held_memfds
-from .tree import Treedef, leaf_kinds, leaf_paths, split
+from .tree import Treedef, has_shell, leaf_kinds, leaf_paths, split
 
 SHM_DIR = "/dev/shm"
 PAGE = 4096
@@ -111,6 +112,12 @@ class SlotLayout:
             a = buf[start + f.offset : start + f.offset + f.row_bytes * n].view(np.dtype(f.dtype))
             out.append(a.reshape((rows, *f.shape) if f.batched else f.shape))
         return out
+
+    @cached_property
+    def takes_samples(self) -> bool:
+        """Whether samples can be collated straight into its slots (``collate.collate_into``): not when the
+        batch holds a container whose attributes travel as its emptied copy, which only a made batch has."""
+        return not has_shell(self.treedef)
 
     def fits(self, treedef: Treedef, arrays: list[np.ndarray], rows: int) -> bool:
         """Whether a batch of ``rows`` rows split into ``treedef`` and ``arrays`` goes into a slot."""

@@ -203,13 +203,18 @@ def as_sample_treedef(td: Treedef) -> Treedef:
     kind = td[0]
     if kind in ("leaf", "obj"):
         return LEAF
-    if kind == "shell":  # a kind no sample has: its batch is never written straight into a slot (no shell there)
+    if kind == "shell":  # a kind no sample has: its batch is never written straight into a slot (``has_shell``)
         return td
     if kind in ("dict", "namedtuple"):
         return (kind, td[1], tuple(as_sample_treedef(c) for c in td[2]))
     if kind in TYPED:
         return (kind, td[1].cls, (as_sample_treedef(td[2][0]),))
     return (kind, tuple(as_sample_treedef(c) for c in td[1]))
+
+
+def has_shell(td: Treedef) -> bool:
+    """Whether ``td`` holds a container whose emptied copy travels beside its items (``"shell"``)."""
+    return td[0] == "shell" or (td[0] not in ("leaf", "obj") and any(map(has_shell, td[-1])))
 
 
 def leaf_dtypes(td: Treedef) -> list[str | None]:

@@ -342,7 +342,7 @@ class BatchMaker:
             indices = self.kept  # the batch is shorter by the samples left out
         rows = len(samples) if self.batched else 0
         if (views is not None and layout is not None and self.batched and self.collate_fn is None
-                and self.batch_transform is None and 0 < rows <= layout.rows):
+                and self.batch_transform is None and 0 < rows <= layout.rows and layout.takes_samples):
             try:
                 made = InSlot(rows, collate_into(samples, indices, layout.treedef, views(rows)))
                 self.times = StageTimes(fetch_s=t1 - t0, collate_s=time.perf_counter() - t1)

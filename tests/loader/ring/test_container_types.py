@@ -185,11 +185,19 @@ def test_each_batch_keeps_its_own_attributes_through_the_workers(num_workers):
     assert [b["ids"][:, 0].tolist() for b in got] == [[i, i + 1] for i in range(0, 8, 2)]
 
 
+@pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_default_collate_of_user_dicts_through_the_workers(num_workers):
-    got = list(DataLoader(Texts(), batch_size=4, num_workers=num_workers, device="cpu"))
-    assert [type(b) for b in got] == [Encoding, Encoding]
-    assert [b["ids"][:, 0].tolist() for b in got] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+@pytest.mark.usefixtures("worker_type")
+def test_default_collate_of_user_dicts_through_the_workers(num_workers, persistent):
+    """Each batch a copy of its first sample (its attributes included, as torch's default_collate makes
+    it), in the workers' first batches and in those made into the ring after them, epoch after epoch."""
+    with DataLoader(Texts(), batch_size=2, num_workers=num_workers, device="cpu",
+                    persistent_workers=persistent and num_workers > 0) as loader:
+        for _ in range(2):
+            got = list(loader)
+            assert [type(b) for b in got] == [Encoding] * 4
+            assert [b["ids"][:, 0].tolist() for b in got] == [[i, i + 1] for i in range(0, 8, 2)]
+            assert [b.encodings for b in got] == [[f"enc{i}"] for i in range(0, 8, 2)]
 
 
 class Noted(UserDict):
