@@ -75,6 +75,19 @@ def _unequal(td: Treedef, first: Treedef) -> str:
     return ""
 
 
+def _in_order(sample: Any, td: Treedef) -> Any:
+    """``sample`` with each dict that holds the keys of its node in ``td`` listing them in that node's order:
+    torch's collate looks each key of the first sample up in the others, so their own order does not matter."""
+    kind, t = td[0], type(sample)
+    if kind == "dict" and t is dict and len(sample) == len(td[1]) and sample.keys() == set(td[1]):
+        return {k: _in_order(sample[k], c) for k, c in zip(td[1], td[2])}
+    if kind in ("tuple", "list") and t is (tuple if kind == "tuple" else list) and len(sample) == len(td[1]):
+        return t(_in_order(x, c) for x, c in zip(sample, td[1]))
+    if kind == "namedtuple" and t is td[1] and len(sample) == len(td[2]):
+        return t(*(_in_order(x, c) for x, c in zip(sample, td[2])))
+    return sample
+
+
 def _is_text(value: Any) -> bool:
     return isinstance(value, (str, bytes))
 
@@ -137,8 +150,8 @@ def _columns(samples: Sequence[Any], treedef: Treedef) -> list[list[Any]] | None
     k = len(treedef[-1])
     if kind == "dict":
         keys = treedef[1]
-        if not all(type(s) is dict and len(s) == k for s in samples):
-            return None
+        if not all(type(s) is dict and len(s) == k for s in samples) or tuple(samples[0]) != keys:
+            return None  # (a batch's keys are in its first sample's order, as torch's collate lists them)
         try:
             return [[s[key] for s in samples] for key in keys]
         except KeyError:
@@ -188,6 +201,8 @@ def _collate_rows(samples: Sequence[Any], indices: Indices, treedef: Treedef, ou
     objects: list[list[Any]] = [[] for k in kinds if k == "obj"]
     for row, sample in enumerate(samples):
         leaves, td = flatten(sample)
+        if td != sample_td and row > 0:
+            leaves, td = flatten(_in_order(sample, sample_td))
         if td != sample_td and (row == 0 or without_types(td) != without_types(sample_td)):
             what, index = _where(indices, row)
             raise BatchStructureError(f"{_unequal(td, sample_td)}{what} has the structure {describe(td)}, expected "

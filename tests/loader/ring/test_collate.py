@@ -72,3 +72,33 @@ def test_a_str_tuple_crosses_the_workers_as_a_tuple(num_workers):
     samples = [(np.full(2, i), f"name{i}") for i in range(6)]
     got = list(DataLoader(samples, batch_size=3, num_workers=num_workers, device="cpu"))
     assert [b[1] for b in got] == [("name0", "name1", "name2"), ("name3", "name4", "name5")]
+
+
+class KeysInTurn:
+    """Dict samples whose keys come in another order from sample to sample (records read from JSON), flat
+    and nested: torch's collate looks each key up, so the order does not matter to the values."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        inner = {"a": i, "b": np.full(2, i)} if i % 2 == 0 else {"b": np.full(2, i), "a": i}
+        return {"x": np.full(3, i, np.float32), "y": float(i), "m": inner} if i < 4 else \
+            {"m": inner, "y": float(i), "x": np.full(3, i, np.float32)}
+
+
+def _picture(batches) -> list:
+    """Each batch's keys in order, outer and inner, and its values as lists."""
+    return [(list(b), list(b["m"]), np.asarray(b["x"]).tolist(), np.asarray(b["y"]).tolist(),
+             np.asarray(b["m"]["a"]).tolist(), np.asarray(b["m"]["b"]).tolist()) for b in batches]
+
+
+@pytest.mark.usefixtures("worker_type")
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_dict_keys_in_another_order_collate_by_key_in_the_batch_s_first_samples_order(num_workers):
+    """As torch's default_collate: values by key, each batch's keys in its first sample's order."""
+    tud = pytest.importorskip("torch.utils.data", reason="torch's loader is the reference here")
+    with DataLoader(KeysInTurn(), batch_size=2, num_workers=num_workers, device="cpu", output="numpy") as loader:
+        got = _picture(loader)
+    assert got == _picture(tud.DataLoader(KeysInTurn(), batch_size=2, num_workers=0))
+    assert [keys for keys, *_ in got] == [["x", "y", "m"]] * 2 + [["m", "y", "x"]] * 2
