@@ -238,7 +238,7 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         compare_repeats=_int_option(args.compare_repeats, "--compare-repeats", 1),
         judge_repeats=_int_option(args.judge_repeats, "--judge-repeats", 1),
         gpu_experiments=not args.no_gpu, progress=not args.no_progress)
-    check_writable(args.out, "--out", folder=True)  # in the option's name; run_reproduce checks it again
+    reproduce.check_out_dir(args.out, "--out")  # in the option's name; run_reproduce checks it again
     rep = reproduce.run_reproduce(config)
     print(report.to_json(rep) if args.json else reproduce.reproduce_summary(rep))
     return 0

@@ -22,6 +22,8 @@ Files: ``report.json`` (everything), ``summary.md`` (what is printed, as Markdow
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +46,8 @@ from ..reporting.units import plural
 from ._pipeline import build_synthetic_apart
 from .explain import explain_paper_pick, paper_decisions, tune_summary
 
+REPORT_NAME = "report.json"  # everything; its "files" name what a later run may replace
+MAX_REPORT_BYTES = 64 << 20  # an earlier report.json read larger than this is not one
 
 @dataclass(frozen=True)
 class ReproduceConfig:
@@ -209,8 +213,41 @@ def check_reproduce(config: ReproduceConfig) -> None:
         nwt_tune.check_tune_arguments(batch_size=config.batch_size, max_workers=config.max_workers,
                                       iterations=config.iterations, strategy=strategy)
     check_synthetic_room(config.synthetic_n)
-    check_writable(config.out_dir, "out_dir", folder=True)
+    check_out_dir(config.out_dir, "out_dir")
     ResultStore().check_writable()  # the fast pick is saved last: after the run, its failure loses the report
+
+
+def check_out_dir(path: str | os.PathLike[str], name: str) -> None:
+    """One-line ``ArgumentError`` (starting with ``name``) unless ``path`` can take a report. A report replaces its
+    folder whole, so a folder there must be empty or an earlier report holding only the files its report.json
+    names (whatever else a user put there would go with it), and never the current folder or one above it."""
+    check_writable(path, name, folder=True)
+    real, here = Path(os.path.realpath(path)), Path.cwd().resolve()
+    if real == here or real in here.parents:
+        raise ArgumentError(f"{name} {path} is the current folder or one above it: a report replaces its folder "
+                            "whole, so name a folder of its own (as nwt-report)")
+    if not real.is_dir():
+        return
+    named = _report_files(real / REPORT_NAME)
+    foreign = sorted(p.name for p in real.iterdir() if p.name not in named)
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise ArgumentError(f"{name} {path} holds {', '.join(foreign[:3])}{more}, which no earlier report there "
+                            "names: a report replaces its folder whole, so give a new or empty folder")
+
+
+def _report_files(path: Path) -> set[str]:
+    """The names of the files an earlier report at ``path`` lists (empty unless it reads as one)."""
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_REPORT_BYTES:
+            return set()
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return set()
+    files = doc.get("files") if isinstance(doc, dict) and "config" in doc else None
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        return set()
+    return {Path(f).name for f in files}
 
 
 def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
@@ -221,7 +258,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     a failed or interrupted run leaves the old report, or nothing.
     """
     check_reproduce(config)
-    with atomic_folder(config.out_dir) as stage:
+    with atomic_folder(os.path.realpath(config.out_dir)) as stage:  # a link to the folder stays a link
         return _run_into(config, stage)
 
 
@@ -303,12 +340,12 @@ def _run_into(config: ReproduceConfig, out: Path) -> ReproduceReport:
                    "head-to-head")
     comparison = PickComparison(rates, best, paper.best_workers, fast.best_workers, fresh, exhaustive)
 
-    files += [out / "summary.md", out / "report.json"]
+    files += [out / "summary.md", out / REPORT_NAME]
     final = Path(config.out_dir)
     rep = ReproduceReport(config, host, status, paper, fast, comparison, bandwidth, overlap_result,
                           tuple(skipped), tuple(str(final / Path(f).name) for f in files), build)
     (out / "summary.md").write_text(summary_markdown(rep), encoding="utf-8")
-    report.write_json(rep, out / "report.json")
+    report.write_json(rep, out / REPORT_NAME)
     fast.save_pick()  # the last step that can fail before the folder is published
     return rep
 

@@ -61,14 +61,53 @@ def test_out_below_a_file_is_bad_input(tmp_path, fake, capsys):
 
 def test_a_new_report_replaces_the_old_whole(tmp_path, fake, capsys):
     out = tmp_path / "r"
-    out.mkdir()
-    (out / "from-an-old-run.json").write_text("{}")
+    assert cli.main(["reproduce", "--out", str(out), *QUICK]) == 0
+    first = json.loads((out / "report.json").read_text())
+    (out / "tune-paper.png").unlink(missing_ok=True)  # a file the report names may be gone
+    capsys.readouterr()
     assert cli.main(["reproduce", "--out", str(out), *QUICK, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)
     names = sorted(p.name for p in out.iterdir())
-    assert "from-an-old-run.json" not in names and {"report.json", "info.json", "tune-fast.json"} <= set(names)
+    assert {"report.json", "info.json", "tune-fast.json"} <= set(names) and printed != first
     assert sorted(printed["files"]) == sorted(str(out / n) for n in names)
     assert _beside(tmp_path) == ["r"]
+
+
+@pytest.mark.parametrize("report", [None, '{"config": {}, "files": ["r/info.json"]}', "not json"],
+                         ids=["no-report", "report-not-naming-it", "damaged-report"])
+def test_a_folder_holding_files_no_earlier_report_names_is_refused_and_kept(report, tmp_path, fake, capsys):
+    """A report replaces its folder whole: a folder of the user's own, given by mistake, is not removed."""
+    out = tmp_path / "r"
+    (out / "sub").mkdir(parents=True)
+    (out / "thesis.txt").write_text("precious")
+    (out / "sub" / "data.csv").write_text("x")
+    if report is not None:
+        (out / "report.json").write_text(report)
+    assert cli.main(["reproduce", "--out", str(out), *QUICK]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "which no earlier report there names" in err and "thesis.txt" in err
+    assert (out / "thesis.txt").read_text() == "precious" and (out / "sub" / "data.csv").exists()
+    assert fake.calls == 0
+
+
+@pytest.mark.parametrize("where", [".", "..", "", "/"])
+def test_the_current_folder_or_one_above_it_is_refused(where, tmp_path, fake, capsys, monkeypatch):
+    here = tmp_path / "work"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert cli.main(["reproduce", "--out", where, *QUICK]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is the current folder or one above it" in err
+    assert list(here.iterdir()) == [] and fake.calls == 0
+
+
+def test_a_link_to_an_earlier_report_stays_a_link(tmp_path, fake, capsys):
+    real, link = tmp_path / "reports" / "r", tmp_path / "r"
+    assert cli.main(["reproduce", "--out", str(real), *QUICK]) == 0
+    link.symlink_to(real)
+    assert cli.main(["reproduce", "--out", str(link), *QUICK]) == 0
+    assert link.is_symlink() and (real / "report.json").is_file()
+    assert _beside(tmp_path) == ["r", "reports"] and sorted(p.name for p in real.parent.iterdir()) == ["r"]
 
 
 @pytest.mark.parametrize("old", [True, False], ids=["old-report", "none"])
@@ -76,13 +115,13 @@ def test_an_interrupted_run_leaves_the_old_report_or_nothing(old, tmp_path, fake
     out = tmp_path / "new" / "r"
     if old:
         out.mkdir(parents=True)
-        (out / "report.json").write_text('{"old": true}')
+        (out / "report.json").write_text('{"config": {"old": true}, "files": ["new/r/report.json"]}')
     fake.fail_after = 4  # in the paper search, after info.json and the dataset
     assert cli.main(["reproduce", "--out", str(out), *QUICK]) == cli.EXIT_INTERRUPTED
     assert capsys.readouterr().err.endswith("interrupted\n")
     if old:
         assert sorted(p.name for p in out.iterdir()) == ["report.json"]
-        assert json.loads((out / "report.json").read_text()) == {"old": True}
+        assert json.loads((out / "report.json").read_text())["config"] == {"old": True}
         assert sorted(p.name for p in out.parent.iterdir()) == ["r"]
     else:
         assert _beside(tmp_path) == []
