@@ -340,31 +340,47 @@ class WorkerPool(Dispatch):
     # -- shutdown
 
     def shutdown(self) -> None:
-        """Stop every worker: ask, wait up to SHUTDOWN_GRACE_S, then SIGTERM, then SIGKILL. Idempotent."""
+        """Stop every worker: ask, wait up to SHUTDOWN_GRACE_S, then SIGTERM, then SIGKILL. Idempotent.
+
+        A Ctrl-C (or any error) while it waits still ends the workers and frees their pipes and memory
+        before it propagates: the process may live on (a notebook's kernel), and a second call does nothing."""
         if self._closed:
             return
         self._closed = True
-        self.slots.retire()  # queued tasks are skipped, not computed
-        for w in self._workers:
-            try:
-                w.tasks.send(Stop())
-            except (OSError, ValueError):
-                pass
-        self._drain(time.monotonic() + SHUTDOWN_GRACE_S)
-        for w in self._workers:
-            if w.process.is_alive():
-                w.process.terminate()
-        for w in self._workers:
-            w.process.join(1.0)
-            if w.process.is_alive():
-                w.process.kill()
-                w.process.join()
+        try:
+            self.slots.retire()  # queued tasks are skipped, not computed
+            for w in self._workers:
+                try:
+                    w.tasks.send(Stop())
+                except (OSError, ValueError):
+                    pass
+            self._drain(time.monotonic() + SHUTDOWN_GRACE_S)
+        finally:
+            self._end_workers()
+
+    def _end_workers(self) -> None:
+        """SIGTERM the workers still alive, SIGKILL those that stay, reap them; then close what they used."""
+        try:
+            for w in self._workers:
+                if w.process.is_alive():
+                    w.process.terminate()
+            for w in self._workers:
+                w.process.join(1.0)
+                if w.process.is_alive():
+                    w.process.kill()
+                    w.process.join()
+        finally:
+            self._close_workers()
+
+    def _close_workers(self) -> None:
+        """Close the workers' pipes and spill files, the ring's file and the shared arrays; forget the pool."""
         for w in self._workers:
             w.tasks.close()
             w.results.close()
             if w.spill is not None:
                 w.spill.close()  # a file handed over but never read goes with it
-            w.process.close()
+            with contextlib.suppress(ValueError):  # one still running (a second Ctrl-C): multiprocessing reaps it
+                w.process.close()
         self._workers = []
         if self._file is not None:
             self._file.close()  # the memory goes with the ring's mapping, or already went with the workers
