@@ -12,6 +12,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import IO
 
 from .errors import ArgumentError
 
-__all__ = ["atomic_folder", "atomic_open", "check_writable", "fsync_dir", "make_folder", "writable_base"]
+__all__ = ["atomic_folder", "atomic_open", "check_writable", "fsync_dir", "make_folder", "special_file", "writable_base"]
 
 
 def make_folder(path: Path, name: str) -> None:
@@ -42,10 +43,18 @@ def atomic_open(path: str | os.PathLike[str], name: str = "path") -> Iterator[IO
     gets the mode a plain ``open()`` would give (0666 less the umask): ``tempfile.mkstemp`` would
     make every result 0600, unreadable to the rest of a group that shares them. A folder at ``path``,
     or a file where one of its folders must be, is an ``ArgumentError`` naming the argument ``name``.
+    A link is followed (the file it names is replaced, the link kept), and what is no regular file (a
+    device such as /dev/null or /dev/stdout, a pipe) is written as it is: nothing to replace there.
     """
     target = Path(path)
     if target.is_dir():
         raise ArgumentError(f"{name} {target} is a directory, not a file")
+    if special_file(target):  # /dev/null, /dev/stdout, a pipe: written as they are, never replaced
+        with open(target, "wb") as stream:
+            yield stream
+        return
+    if target.is_symlink():  # the file the link names is replaced; the link stays
+        target = Path(os.path.realpath(target))
     make_folder(target.parent, name)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     while True:
@@ -66,6 +75,14 @@ def atomic_open(path: str | os.PathLike[str], name: str = "path") -> Iterator[IO
         raise
 
 
+def special_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` (its links followed) is something other than a regular file: a device, a pipe, a socket."""
+    try:
+        return not stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def check_writable(path: str | os.PathLike[str], name: str, *, folder: bool = False) -> None:
     """Fail before a long run, not after it, when ``path`` (a file, or with ``folder`` a folder) cannot be
     written: it is the other kind, or its nearest existing parent is a file or not writable. One-line
@@ -77,6 +94,12 @@ def check_writable(path: str | os.PathLike[str], name: str, *, folder: bool = Fa
         raise ArgumentError(f"{name} {path} is a file, not a folder")
     if not folder and target.is_dir():
         raise ArgumentError(f"{name} {path} is a directory, not a file")
+    if not folder and special_file(target):  # a device or a pipe is written as it is (``atomic_open``)
+        if not os.access(target, os.W_OK):
+            raise ArgumentError(f"{name} {path} is not writable")
+        return
+    if target.is_symlink():
+        target = Path(os.path.realpath(target))
     _, why = writable_base(target.absolute().parent)
     if why is not None:
         raise ArgumentError(f"{name} {path}: {why}")

@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from ._parser import one_line
 from .commands import COMMANDS, build_parser
@@ -21,13 +23,14 @@ from .exits import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     EXIT_NO_GPU,
+    EXIT_PIPE,
     EXIT_USAGE,
     EXIT_WORKER,
     failure,
 )
 
-__all__ = ["DEBUG_ENV", "EXIT_BAD_DATA", "EXIT_CODES", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_NO_GPU", "EXIT_USAGE",
-           "EXIT_WORKER", "build_parser", "main"]
+__all__ = ["DEBUG_ENV", "EXIT_BAD_DATA", "EXIT_CODES", "EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_NO_GPU", "EXIT_PIPE",
+           "EXIT_USAGE", "EXIT_WORKER", "build_parser", "main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -44,11 +47,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     if extra:
         prog = f"{parser.prog} {args.command}"
         parser.exit(EXIT_USAGE, one_line(f"unrecognized arguments: {' '.join(extra)}", prog) + "\n")
+    empty = [name for name, value in vars(args).items() if value == ""]
+    if empty:
+        prog = f"{parser.prog} {args.command}"
+        option = "--" + empty[0].replace("_", "-")
+        parser.exit(EXIT_USAGE, one_line(f"{option} needs a value, got an empty string", prog) + "\n")
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning(args.command)
+            return int(args.func(args) or 0)
+    except BrokenPipeError:
+        _quiet_stdout()
+        return EXIT_PIPE
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - every error ends as one line and a code
         code, line = failure(exc, args)
         if args.debug or os.environ.get(DEBUG_ENV, "") not in ("", "0"):
             traceback.print_exception(exc)
         print(f"cupy-nwt {args.command}: {line}", file=sys.stderr)
         return code
+
+
+def _quiet_stdout() -> None:
+    """Point stdout at /dev/null: its reader is gone, and the interpreter's last flush must not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _one_line_warning(command: str) -> Callable[..., None]:
+    """A command's warnings as its errors are: one line each, named by the command, without the source line."""
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None,
+             line: str | None = None) -> None:
+        print(f"cupy-nwt {command}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+    return show

@@ -4,6 +4,7 @@ that names them with their options."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ from typing import Any
 from .. import __version__, cuda, system
 from .._checks import check_number
 from .._files import check_writable
-from ..errors import ArgumentError
+from ..errors import ArgumentError, SavedPickError
 from ..loader.workers.kinds import WORKER_TYPES
 from ..nwt.fast import MIN_FAST_ITERATIONS, OPEN_CAP_MAX, open_cap
 from ..reporting import tables as report
@@ -92,6 +93,25 @@ def _check_outputs(args: argparse.Namespace) -> None:
         check_writable(args.output, "--output")
     if plot:
         check_writable(plot, "--plot")
+    _refuse_one_file_twice([("--output", args.output), ("--plot", plot)], getattr(args, "dataset", None))
+
+
+def _refuse_one_file_twice(outputs: list[tuple[str, str | None]], dataset: str | None) -> None:
+    """Two results written to one file keep only the last, and a result written over the dataset destroys it."""
+    given = [(name, path) for name, path in outputs if path]
+    for i, (name, path) in enumerate(given):
+        for other, other_path in given[i + 1:]:
+            if _same_file(path, other_path):
+                raise ArgumentError(f"{name} and {other} name one file, {path}: give each its own")
+        if dataset and _same_file(path, dataset):
+            raise ArgumentError(f"{name} {path} is the --dataset itself: writing the result there would destroy it")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist yet: the same name, links followed
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _run_with_progress(args: argparse.Namespace, total: int, desc: str, run):
@@ -166,7 +186,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     # every option before any work: building the synthetic dataset takes a while and leaves a cache
     _check_outputs(args)
     if not args.no_save:
-        _check_store()
+        _check_store(bool(args.dataset))
     synthetic_n = _int_option(args.synthetic_n, "--synthetic-n", 1)
     step = _step_option(args.step)
     try:
@@ -183,7 +203,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
     dataset, transform = open_pipeline(args, synthetic_n, not args.no_progress, transforms)
     result = nwt_tune.tune_num_workers(dataset, **options, pin_memory=args.pin_memory, batch_transform=transform,
                                        progress=not args.no_progress, warn=False)
-    outcome = None if args.no_save else result.save_pick()
+    unsaved = None
+    try:
+        outcome = None if args.no_save else result.save_pick()
+    except SavedPickError as exc:  # (a lock held past its wait): the search's result is still shown and written
+        outcome, unsaved = None, exc
     if args.plot:
         from .plots import plot_tune  # noqa: PLC0415
 
@@ -199,17 +223,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print(f"cupy-nwt tune: warning: {result.warning}", file=sys.stderr)
     else:
         print("\n\n".join(filter(None, [tune_summary(result, outcome=outcome), explain_paper_pick(result)])))
+    if unsaved is not None:
+        raise unsaved
     return 0
 
 
-def _check_store() -> None:
-    """The picks' folder, checked before the search: a pick that cannot be saved ends the run after it."""
+def _check_store(own_dataset: bool) -> None:
+    """The picks' folder, checked before the search: a pick that cannot be saved ends the run after it.
+    ``--no-save`` is offered only with ``own_dataset``: the synthetic CIFAR-10 is kept in that folder too."""
     from ..picks.store_file import ResultStore  # noqa: PLC0415 - only this command needs it
 
     try:
         ResultStore().check_writable()
     except ArgumentError as exc:
-        raise ArgumentError(f"{exc}, or pass --no-save") from None
+        raise ArgumentError(f"{exc}, or pass --no-save" if own_dataset else str(exc)) from None
 
 
 def _step_option(text: str | None) -> Any:

@@ -25,6 +25,7 @@ EXIT_NO_GPU = 3
 EXIT_BAD_DATA = 4
 EXIT_WORKER = 5
 EXIT_INTERRUPTED = 130
+EXIT_PIPE = 141  # 128 + SIGPIPE, as a shell reports a command whose reader went away
 DEBUG_ENV = "CUPY_NWT_DEBUG"
 
 EXIT_CODES = f"""exit codes:
@@ -35,6 +36,7 @@ EXIT_CODES = f"""exit codes:
   4    bad data: a file, archive member or sample that cannot be read or does not fit
   5    the loader failed: a worker died or stopped delivering, or memory (or /dev/shm) has no room for its ring
   130  interrupted
+  141  the output's reader went away (a closed pipe, as `| head` closes it): stopped quietly
 
 Errors are one line on stderr; --debug (or {DEBUG_ENV}=1) adds the full traceback."""
 

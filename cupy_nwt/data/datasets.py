@@ -358,6 +358,8 @@ def open_dataset(path: str | os.PathLike, **kwargs: Any) -> Any:
         if (p / "cifar-10-batches-py").is_dir() or (p / "data_batch_1").is_file():
             return CIFAR10(p, **kwargs)
         return ImageFolder(p, **kwargs)
+    if not p.is_file():  # a pipe would block its reader for ever, a device read without end
+        raise ArgumentError(f"dataset {p} is no regular file or folder (a pipe, a device): give a file or folder")
     if name.endswith((".tar", ".tar.gz", ".tgz")):
         return TarImageDataset(p, **kwargs)
     if name.endswith(".npy"):

@@ -39,7 +39,7 @@ from .pipeline_model import (
     measured_ideal_seconds,
 )
 from .timing import Summary
-from .transfers import ProgressBar, check_run_options, run_on_device
+from .transfers import ProgressBar, check_host_room, check_run_options, run_on_device
 
 BLOCK_SIZE = kernels.BLOCK_SIZE
 CHUNK_ELEMENTS = 4 * 1024 * BLOCK_SIZE  # floats per stream, as in async.cu
@@ -67,6 +67,7 @@ class OverlapConfig:
         if elements % self.streams:
             raise ArgumentError(f"--elements ({elements}) must be a multiple of --streams ({self.streams})")
         check_run_options(self.repeats, self.warmup, self.device)
+        check_host_room(elements * 4, f"{elements:,} float32 elements")
 
     @property
     def total_elements(self) -> int:

@@ -34,6 +34,7 @@ DEFAULT_MAX = 256 * 1024**2
 # a few microseconds, close to the events' ~0.5 us resolution (bandwidthtest.cu loops likewise).
 SAMPLE_TARGET_BYTES = 8 * 1024**2
 MAX_COPIES_PER_SAMPLE = 256
+HOST_BUFFERS = 4  # the sweep's host buffers of its largest size: a source and a destination, pageable and pinned
 
 ProgressBar = Callable[[str], None]
 R = TypeVar("R")
@@ -45,6 +46,15 @@ def check_run_options(repeats: int, warmup: int, device: int) -> None:
     check_int("--repeats", repeats, ge=1)
     check_int("--warmup", warmup, ge=0)
     check_int("--device", device, ge=0)
+
+
+def check_host_room(nbytes: int, what: str) -> None:
+    """One line, before any GPU work, when the host buffers an experiment would allocate are more than this
+    machine's free memory (a size typed with too many digits would fail mid-run, or overflow)."""
+    room = system.memory_room()
+    if nbytes > room.bytes:
+        raise ArgumentError(f"{what} needs {fmt_bytes(nbytes)} of host buffers, more than the "
+                            f"{fmt_bytes(room.bytes)} free {room.bound}")
 
 
 def copies_per_sample(nbytes: int, target: int = SAMPLE_TARGET_BYTES, cap: int = MAX_COPIES_PER_SAMPLE) -> int:
@@ -81,6 +91,7 @@ class BandwidthConfig:
                 f"batched-copy total ({fmt_bytes(self.batch_total)}) must be a whole multiple "
                 f"of the chunk ({fmt_bytes(self.batch_chunk)})"
             )
+        check_host_room(HOST_BUFFERS * self.buffer_bytes, f"the sweep up to {fmt_bytes(self.buffer_bytes)}")
 
     @property
     def buffer_bytes(self) -> int:

@@ -5,7 +5,8 @@ The file is ``num_workers.json`` in ``platformdirs.user_cache_dir("cupy_nwt")`` 
 ``filelock`` lock and lands by an atomic replace (``_files.atomic_open``), so concurrent savers never
 lose each other's records. A reader takes no lock: it sees the old file or the new one whole, so a
 store in a folder this user cannot write (a cache shared read-only) still reads. A store that is a
-symlink is read and written where it points, so the link and the file it names stay one store.
+symlink is read and written where it points, so the link and the file it names stay one store; one
+that is no regular file (a device, a pipe) is neither read nor renamed: saving into it is refused.
 
 What is read back is checked before it is used (``schema.py``): a file that cannot be read or does
 not validate is set aside, renamed ``num_workers.json.bad-<UTC time>``, with one warning naming it
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 from filelock import FileLock, Timeout
 
-from .._files import make_folder, writable_base
+from .._files import make_folder, special_file, writable_base
 from ..errors import ArgumentError, SavedPickError
 from ..reporting.tables import write_json
 from ..system import CACHE_ENV, cache_dir
@@ -38,11 +39,11 @@ LOCK_TIMEOUT_S = 60.0
 _log = logging.getLogger("cupy_nwt.tuner")
 
 
-_SAID_NEWER: set[Path] = set()  # stores of a newer version already warned about in this process
+_SAID: set[Path] = set()  # stores left alone already warned about in this process
 
 
-class _NewerStore(SavedPickError):
-    """The store was written by a newer cupy_nwt."""
+class _LeftAlone(SavedPickError):
+    """A store this version neither reads nor sets aside: a newer version's, or no regular file (a device, a pipe)."""
 
 
 def _newer(fmt: Any) -> bool:
@@ -87,9 +88,16 @@ class ResultStore:
         return FileLock(str(self.file) + ".lock", timeout=LOCK_TIMEOUT_S)
 
     def check_writable(self) -> None:
-        """Fail before a long search, not after it, when the store's folder cannot be written: one that exists
-        by taking the store's lock once (a mode, a read-only mount, a lock that cannot be made), one to be
-        made by its nearest existing parent (nothing is created)."""
+        """Fail before a long search, not after it, when the pick could not be saved: a store this version leaves
+        alone (a newer version's, no regular file), or a folder that cannot be written: one that exists by taking
+        the store's lock once (a mode, a read-only mount, a lock that cannot be made), one to be made by its
+        nearest existing parent (nothing is created)."""
+        try:
+            self._validated()
+        except _LeftAlone as exc:
+            raise ArgumentError(str(exc)) from None
+        except SavedPickError:
+            pass  # set aside when the pick is saved
         folder = self.file.parent
         if not folder.is_dir():
             _, why = writable_base(folder)
@@ -107,6 +115,9 @@ class ResultStore:
 
     def _validated(self) -> dict[str, dict[str, Any]]:
         """The records, or ``SavedPickError`` saying why the file is unusable."""
+        if special_file(self.file):  # never read (a pipe blocks) nor renamed (a device is the system's)
+            raise _LeftAlone(f"{self.path} is no regular file: it is left as it is; remove it, or set {CACHE_ENV} to "
+                             "another folder")
         try:
             with open(self.file, "rb") as f:
                 data = f.read(MAX_STORE_BYTES + 1)
@@ -116,7 +127,7 @@ class ResultStore:
             raise SavedPickError(f"cannot be read ({exc.strerror or exc})") from None
         doc = parse_document(data)
         if isinstance(doc, dict) and _newer(doc.get("format")):
-            raise _NewerStore(f"{self.file} was written by a newer cupy_nwt ({doc['format']}, this one reads "
+            raise _LeftAlone(f"{self.file} was written by a newer cupy_nwt ({doc['format']}, this one reads "
                               f"{STORE_FORMAT}): it is left as it is; set {CACHE_ENV} to another folder to keep "
                               "this version's picks apart")
         if not isinstance(doc, dict) or doc.get("format") != STORE_FORMAT or not isinstance(doc.get("results"), dict):
@@ -136,7 +147,7 @@ class ResultStore:
         version's store raises: neither renamed nor overwritten, its picks are that version's."""
         try:
             return self._validated()
-        except _NewerStore:
+        except _LeftAlone:
             raise
         except SavedPickError as exc:
             aside = self.set_aside(str(exc))
@@ -170,15 +181,15 @@ class ResultStore:
 
     def records(self, strict: bool = False) -> dict[str, dict[str, Any]]:
         """Every saved record by key (a consistent snapshot); ``strict``: a bad file raises after it is set aside."""
-        if not self.path.is_file():
+        if not self.path.is_file() and not special_file(self.path):
             return {}
         try:
             return self._validated()
-        except _NewerStore as exc:
+        except _LeftAlone as exc:
             if strict:
                 raise SavedPickError(str(exc)) from None
-            if self.file not in _SAID_NEWER:
-                _SAID_NEWER.add(self.file)
+            if self.file not in _SAID:
+                _SAID.add(self.file)
                 _log.warning("saved picks: %s", exc)
             return {}
         except SavedPickError as exc:

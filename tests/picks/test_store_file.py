@@ -4,6 +4,7 @@ that is a symlink. Each works, or is one ``CupyNwtError`` naming the folder and 
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -91,3 +92,18 @@ def test_a_store_a_newer_version_wrote_is_neither_renamed_nor_overwritten(tmp_pa
         tuned.save(cache_dir=tmp_path)
     assert store.read_text() == newer and sorted(p.name for p in tmp_path.iterdir()) == [
         "num_workers.json", "num_workers.json.lock"]
+
+
+def test_a_store_that_is_no_regular_file_is_neither_read_renamed_nor_replaced(tmp_path, caplog):
+    """A pipe (or a device a link names: /dev/zero) where the store should be: reading it would block or never end,
+    and renaming it aside would move the system's device away. It is left as it is, and said."""
+    store = tmp_path / "num_workers.json"
+    os.mkfifo(store)
+    tuned = _tuned()
+    with caplog.at_level("WARNING", logger="cupy_nwt.tuner"):
+        assert lookup(tuned.fingerprint, tmp_path) is None
+    assert "is no regular file: it is left as it is" in caplog.text
+    with pytest.raises(SavedPickError, match="is no regular file: it is left as it is"):
+        tuned.save(cache_dir=tmp_path)
+    assert store.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["num_workers.json",
+                                                                             "num_workers.json.lock"]
