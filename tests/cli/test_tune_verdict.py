@@ -111,3 +111,20 @@ def test_the_json_of_a_paper_search_carries_algorithm_1s_walk(dataset, capsys, m
     _curve(monkeypatch, {0: 0.020, 1: 0.012, 2: 0.010})
     fast = json.loads(_tune(dataset, capsys, "--strategy", "fast", "--iterations", "100", "--json"))
     assert "paper_decisions" not in fast
+
+
+def test_a_pick_that_cannot_be_saved_after_the_search_still_gives_its_result(dataset, capsys, monkeypatch, tmp_path):
+    """The store's lock held past its wait (another tuner stopped while saving): the search's JSON is printed and
+    written all the same, then one line says the pick was not saved."""
+    from filelock import FileLock
+
+    import cupy_nwt.picks.store_file as store_file
+
+    monkeypatch.setattr(store_file, "LOCK_TIMEOUT_S", 0.2)
+    _curve(monkeypatch, {0: 0.020, 1: 0.015, 2: 0.010})
+    (tmp_path / "cache").mkdir()
+    with FileLock(str(tmp_path / "cache" / "num_workers.json.lock")):
+        code = cli.main(["tune", "--dataset", str(dataset), *ARGS, "--json", "--output", str(tmp_path / "t.json")])
+    out, err = capsys.readouterr()
+    assert code == EXIT_USAGE and err.count("\n") == 1 and "stayed held by another process" in err
+    assert json.loads(out)["best_workers"] == 2 and json.loads((tmp_path / "t.json").read_text())["best_workers"] == 2
