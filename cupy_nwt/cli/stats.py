@@ -46,7 +46,7 @@ class WatchConfig:
 class WatchRow:
     """One interval: the batches delivered by its end, the seconds since the start, and its figures.
 
-    ``warmup``: the interval of the first batch of every worker, one-time costs included.
+    ``warmup``: an interval within the first batch of every worker, one-time costs included.
     """
 
     batches: int
@@ -92,7 +92,7 @@ def run_watch(dataset: Any, name: str, config: WatchConfig, *, batch_transform: 
         warmup = warmup_batches(config)
 
         def take_row() -> None:
-            rows.append(WatchRow(done, time.perf_counter() - t0, dl.stats(), warmup=done == warmup))
+            rows.append(WatchRow(done, time.perf_counter() - t0, dl.stats(), warmup=done <= warmup))
             if on_row is not None:
                 on_row(rows[-1])
 
@@ -166,7 +166,7 @@ def footer(result: WatchResult) -> str:
         warm = [r for r in result.rows if r.warmup]
         steady = [r for r in result.rows if not r.warmup]
         if warm:
-            w = warm[0]
+            w = warm[-1]
             top, secs = _longest(warm)
             lines.append(f"* warm-up: the first {plural(w.batches, 'batch', 'batches')} (one from each worker; "
                          f"one-time costs: imports, JIT compiles, first reads) took {w.elapsed_s:.2f} s; "
@@ -175,7 +175,7 @@ def footer(result: WatchResult) -> str:
             waited = sum(r.stats.waited_s for r in steady)
             blocked = sum(r.stats.blocked_s for r in steady)
             top, secs = _longest(steady)
-            after = f" after the warm-up (batches {warm[0].batches + 1}..{steady[-1].batches})" if warm else ""
+            after = f" after the warm-up (batches {warm[-1].batches + 1}..{steady[-1].batches})" if warm else ""
             lines.append(f"steady state{after}: the caller waited {waited:.2f} s ({blocked:.2f} s of it for batches "
                          f"not yet made); the stage that took longest: {top} ({secs:.2f} s, summed over the workers)")
     for r in result.rows:

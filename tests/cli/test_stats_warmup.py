@@ -32,17 +32,21 @@ class CompilesOnce:
 
 
 @pytest.mark.usefixtures("clean")
-@pytest.mark.parametrize("workers", ["0", "2"])
-def test_a_one_time_compile_is_warm_up_not_the_steady_states_longest_stage(tmp_path, monkeypatch, capsys, workers):
+@pytest.mark.parametrize(("workers", "every"), [("0", "8"), ("2", "8"), ("3", "1")])
+def test_a_one_time_compile_is_warm_up_not_the_steady_states_longest_stage(tmp_path, monkeypatch, capsys, workers,
+                                                                           every):
+    """With rows more often than the warm-up's batches (``--every 1``, 3 workers), its early rows are warm-up too."""
     (tmp_path / "jitted.py").write_text(textwrap.dedent(MODULE))
     monkeypatch.syspath_prepend(str(tmp_path))
     assert cli.main(["stats", "--synthetic-n", "256", "--batch-size", "16", "--num-workers", workers,
-                     "--device", "cpu", "--no-progress", "--batches", "24", "--every", "8",
+                     "--device", "cpu", "--no-progress", "--batches", "24", "--every", every,
                      "--batch-transform", "jitted:CompilesOnce"]) == 0
     out = capsys.readouterr().out
     warm = next(line for line in out.splitlines() if line.startswith("* warm-up"))
     steady = next(line for line in out.splitlines() if line.startswith("steady state"))
     n = max(1, int(workers))
+    marked = [line.split()[0] for line in out.splitlines()[1:] if line.split() and line.split()[0].rstrip("*").isdigit()]
+    assert [m for m in marked if m.endswith("*")] == [m for m in marked if int(m.rstrip("*")) <= n]
     assert f"the first {n} batch" in warm and "its longest stage: transform" in warm
     assert f"after the warm-up (batches {n + 1}..24)" in steady
     assert "the stage that took longest: transform" not in steady
