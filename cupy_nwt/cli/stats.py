@@ -178,6 +178,11 @@ def footer(result: WatchResult) -> str:
             after = f" after the warm-up (batches {warm[-1].batches + 1}..{steady[-1].batches})" if warm else ""
             lines.append(f"steady state{after}: the caller waited {waited:.2f} s ({blocked:.2f} s of it for batches "
                          f"not yet made); the stage that took longest: {top} ({secs:.2f} s, summed over the workers)")
+    over = [r.batches for r in result.rows if (r.stats.busy_fraction or 0.0) > 1.0]
+    if over:
+        lines.append(f"busy % past 100 (at batch {over[0]}{' and later' if len(over) > 1 else ''}): a batch counts "
+                     "where it arrives, and batches made before a short interval arrived in it; a larger --every "
+                     "spreads them out")
     for r in result.rows:
         for d in r.stats.decisions:
             lines.append(f"autotune at batch {r.batches}: {d['action']} -> {d['workers']} workers, "

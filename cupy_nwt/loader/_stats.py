@@ -82,7 +82,9 @@ class LoaderStats:
     for a batch the workers had not made yet (more workers help that; the rest is the loader
     handing batches out, and on a busy machine the caller's process waiting for a CPU).
     ``stages`` sums each batch's ``StageTimes`` (``fetch_s``, ``collate_s``, ``transform_s`` read
-    them). ``busy_fraction`` is None when no wall time passed; ``memory`` is None for thread workers
+    them). ``busy_fraction`` is None when no wall time passed; a batch's seconds count in the interval its
+    answer arrives in, so over an interval shorter than making a batch, batches made before it (prefetched)
+    can take it past 1: read it over intervals of several batches. ``memory`` is None for thread workers
     (a thread has no private memory of its own) and empty when no worker process is alive.
     ``epoch`` and ``epoch_batches`` come from the newest iteration's progress record, the one
     ``state_dict()`` reads: its epoch and the batches this iteration handed to the caller so far (None before

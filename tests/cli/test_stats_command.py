@@ -115,3 +115,21 @@ def _group(p):
         return os.getpgid(p.pid)
     except OSError:
         return None
+
+
+def test_a_busy_share_past_100_is_explained_under_the_table():
+    """Over an interval shorter than making one batch, prefetched batches arrive in it: its busy share reads
+    past 100 %, which the footer explains (it is the figure's definition, not a measurement gone wrong)."""
+    from dataclasses import replace
+
+    from cupy_nwt.cli.stats import WatchConfig, footer, run_watch
+    from cupy_nwt.data.datasets import ArrayDataset
+
+    data = ArrayDataset(np.zeros((64, 4), np.float32), np.arange(64))
+    result = run_watch(data, "tiny", WatchConfig(batch_size=8, batches=4, every=1, num_workers=0, device="cpu"))
+    calm = replace(result, rows=tuple(replace(r, stats=replace(r.stats, busy_fraction=0.5)) for r in result.rows))
+    assert "busy % past 100" not in footer(calm)
+    rows = list(calm.rows)
+    rows[2] = replace(rows[2], stats=replace(rows[2].stats, busy_fraction=3.0))
+    assert f"busy % past 100 (at batch {rows[2].batches}): a batch counts where it arrives" in footer(
+        replace(calm, rows=tuple(rows)))
