@@ -51,7 +51,7 @@ static int decode(const unsigned char *data, size_t size, int scale, int top, in
 {
     struct jpeg_decompress_struct cinfo;
     JSAMPARRAY row;
-    JDIMENSION xoffset, cropped, shift, r;
+    JDIMENSION xoffset, cropped, shift, margin, r;
     int to_the_end = size < 2 || data[size - 2] != 0xFF || data[size - 1] != 0xD9;
 
     cinfo.err = jpeg_std_error(&err->pub);
@@ -76,10 +76,12 @@ static int decode(const unsigned char *data, size_t size, int scale, int top, in
         jpeg_destroy_decompress(&cinfo);
         return -1;
     }
-    /* one column more each side: fancy upsampling treats the cropped run's edges as the image's,
-     * so the wanted columns must lie inside it to come out as a whole decode makes them */
+    /* a margin each side: fancy upsampling treats the cropped run's edges as the image's, so the wanted
+     * columns and the chroma samples their upsampling reads must lie inside it, one chroma sample (the
+     * horizontal subsampling factor's pixels) past them; on the left, the run starts at an iMCU's edge */
+    margin = (JDIMENSION)cinfo.max_h_samp_factor;
     xoffset = left > 0 ? (JDIMENSION)left - 1 : 0;
-    cropped = (JDIMENSION)left + (JDIMENSION)width + 1;
+    cropped = (JDIMENSION)left + (JDIMENSION)width + margin;
     cropped = (cropped < cinfo.output_width ? cropped : cinfo.output_width) - xoffset;
     if (cropped < cinfo.output_width)
         jpeg_crop_scanline(&cinfo, &xoffset, &cropped); /* widened to whole iMCU columns */

@@ -144,6 +144,9 @@ class _DecodingTransform:
         a = np.asarray(img)
         if a.ndim != 3 or a.dtype != np.uint8 or 0 in a.shape:
             raise ArgumentError(f"{type(self).__name__} needs a non-empty uint8 H x W x C image, got {a.dtype} {a.shape}")
+        if self._normalize is not None and a.shape[2] != 3:  # one mean and std per RGB channel, as torchvision's
+            raise ArgumentError(f"{type(self).__name__}(normalize=...) takes RGB images (H x W x 3), got {a.shape[2]} "
+                                "channel(s): convert the image to RGB first, or leave normalize out")
         box, out_h, out_w = self._box(a.shape[0], a.shape[1])
         return resize_box(a, box, out_h, out_w, self._flip(), self._normalize)
 

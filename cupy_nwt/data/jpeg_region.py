@@ -6,8 +6,9 @@ every row and the inverse DCT of every column. The extension ``_libjpeg_region``
 ``libjpeg-turbo8-dev``) asks libjpeg-turbo for the rectangle alone: ``jpeg_crop_scanline`` leaves the
 iMCU columns outside it untransformed, ``jpeg_skip_scanlines`` passes the rows above it without the
 IDCT, and ``jpeg_abort_decompress`` stops after its last row, so the rows below are never decoded.
-The pixels equal a whole decode's, cropped (one column more each side is decoded, so that fancy
-upsampling sees the same neighbours; tested against simplejpeg's whole decode, bit for bit).
+The pixels equal a whole decode's, cropped (a margin each side is decoded, one chroma sample wide on
+the right, so that fancy upsampling sees the same neighbours; tested against simplejpeg's whole
+decode, bit for bit, down to one-column crops at every column).
 
 A file that does not end in the EOI marker (truncated, or with bytes after it) is read to its end,
 so truncation is still an error. Damage inside the rows below a crop is not looked at, as in any

@@ -4,8 +4,10 @@ The reference for every image is what torchvision does on PIL images: decode the
 Pillow, ``crop(box)``, ``resize(size, BILINEAR)`` (antialiased). Where the crop is decoded at the DCT
 scale 1 the output must be within one level of it at every pixel (the resize is Pillow's arithmetic,
 horizontal pass first; the installed Pillow sometimes runs its passes the other way round, which moves
-a pixel by one level at most); at 1/2..1/8 it must stay within ``MEAN_TOL`` levels on average and
-``P99_TOL`` at the 99th percentile (measured on real photographs: <= 1.4 and <= 10).
+a pixel by one level at most); at 1/2..1/8 (the DCT's own low-pass standing in for part of the resize's)
+its pixels pooled over many crops must stay within ``MEAN_TOL`` levels on average and ``P99_TOL`` at the
+99th percentile, and any one crop within ``CROP_MEAN_TOL`` and ``CROP_P99_TOL``: a crop of fine texture
+(the roof tiles of scikit-learn's china.jpg) differs most.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from PIL import Image
 
 from cupy_nwt import DataLoader
 from cupy_nwt.data import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
     CenterCrop,
     Compose,
     ImageFolder,
@@ -37,6 +41,7 @@ from cupy_nwt.data import (
 from cupy_nwt.errors import ArgumentError, CorruptImageError
 
 MEAN_TOL, P99_TOL = 2.0, 12.0
+CROP_MEAN_TOL, CROP_P99_TOL = 4.0, 20.0
 NO_EXTENSION = pytest.mark.skipif(not jpeg_region.available(), reason="the libjpeg-turbo region extension is not built")
 BACKENDS = [pytest.param("libjpeg", marks=NO_EXTENSION), "simplejpeg", "pillow"]
 
@@ -161,6 +166,28 @@ def test_dct_scaled_crop_stays_within_tolerance(large_jpeg: bytes, backend: str)
         d = np.abs(t.from_bytes(large_jpeg, "l.jpg", 0).astype(np.int16) - reference(large_jpeg, box, (40, 40)))
         assert d.mean() <= MEAN_TOL and np.percentile(d, 99) <= P99_TOL, (seed, box, d.mean())
     assert scales >= {4, 8} or scales >= {2, 4}
+
+
+def test_dct_scaled_crops_of_real_photographs_stay_within_tolerance() -> None:
+    """scikit-learn's two photographs, saved as JPEGs are (quality 75 and 90, 4:2:0), cropped as training does."""
+    sklearn = pytest.importorskip("sklearn.datasets", reason="scikit-learn ships the photographs")
+    pooled, worst = [], (0.0, 0.0)
+    for img in sklearn.load_sample_images().images:
+        for quality in (75, 90):
+            buf = io.BytesIO()
+            Image.fromarray(img).save(buf, format="JPEG", quality=quality)
+            data = buf.getvalue()
+            for out, seed in ((out, seed) for out in (56, 96) for seed in range(20)):
+                box = random_resized_crop_box(*img.shape[:2], np.random.default_rng(seed))
+                if min(box[2], box[3]) < 2 * out:
+                    continue  # decoded at scale 1: the test above holds it within one level
+                d = np.abs(RandomResizedCrop(out, seed=seed).from_bytes(data, "p.jpg").astype(np.int16)
+                           - reference(data, box, (out, out))).ravel()
+                pooled.append(d)
+                worst = (max(worst[0], d.mean()), max(worst[1], np.percentile(d, 99)))
+    d = np.concatenate(pooled)
+    assert len(pooled) >= 100 and d.mean() <= MEAN_TOL and np.percentile(d, 99) <= P99_TOL
+    assert worst[0] <= CROP_MEAN_TOL and worst[1] <= CROP_P99_TOL, worst
 
 
 def test_the_resize_is_pillows_within_one_level() -> None:
@@ -327,9 +354,19 @@ def test_corrupt_jpeg_through_workers_keeps_its_type_and_index(folder: Path) -> 
     victim.write_bytes(victim.read_bytes()[:300])
     ds = ImageFolder(folder, transform=RandomResizedCrop(16))
     index = [str(ds.path(i)) for i in range(len(ds))].index(str(victim))
-    with pytest.raises(CorruptImageError) as err:
-        list(DataLoader(ds, batch_size=2, num_workers=1, device="cpu"))
-    assert str(victim) in str(err.value).splitlines()[0] and math.isfinite(index)
+    for workers in (0, 1):
+        with pytest.raises(CorruptImageError) as err:
+            list(DataLoader(ds, batch_size=2, num_workers=workers, device="cpu"))
+        assert str(victim) in str(err.value).splitlines()[0] and err.value.sample_index == index
+
+
+@pytest.mark.parametrize("channels", [1, 4])
+def test_normalize_takes_rgb_images_only(channels) -> None:
+    """Its mean and std are per RGB channel: a grey or RGBA image is named, not normalised with the wrong ones."""
+    image = np.full((50, 60, channels), 128, np.uint8)
+    with pytest.raises(ArgumentError, match=rf"takes RGB images \(H x W x 3\), got {channels} channel"):
+        RandomResizedCrop(16, seed=0, normalize=(IMAGENET_MEAN, IMAGENET_STD))(image)
+    assert RandomResizedCrop(16, seed=0)(image).shape == (16, 16, channels)  # resized as it is without normalize
 
 
 @pytest.mark.parametrize("normalize", [((math.nan, 0, 0), (1, 1, 1)), ((0, 0, 0), (1, math.inf, 1)),

@@ -72,6 +72,21 @@ def test_the_rectangle_is_the_whole_decode_cropped(kind: str, scale: int) -> Non
         np.testing.assert_array_equal(got, whole[top:top + bh, left:left + bw], err_msg=f"box {(top, left, bh, bw)}")
 
 
+@pytest.mark.parametrize("kind", ["420", "422", "444"])
+@pytest.mark.parametrize("scale", [1, 2])
+def test_narrow_boxes_at_every_column_are_the_whole_decode_cropped(kind: str, scale: int) -> None:
+    """One to three columns wide, at every column: a crop of one column at the left edge of a 4:2:0 file was
+    up to 9 levels off, the run decoded too narrow for the chroma column its upsampling reads."""
+    sub = {"420": "4:2:0", "422": "4:2:2", "444": "4:4:4"}[kind]
+    data = encode(photo(40, 33, 5), subsampling=sub)
+    h, w = jpeg_region.scaled_size(40, 33, scale)
+    whole = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=h, min_width=w)
+    for left in range(w):
+        for bw in range(1, min(3, w - left) + 1):
+            got = jpeg_region.decode_region(data, (0, left, h, bw), scale)
+            np.testing.assert_array_equal(got, whole[:, left:left + bw], err_msg=f"box {(0, left, h, bw)}")
+
+
 @pytest.mark.parametrize("out", [16, 40, 100, 300])
 def test_crops_equal_the_simplejpeg_paths_at_every_scale(out: int) -> None:
     data = encode(photo(700, 933, 5))

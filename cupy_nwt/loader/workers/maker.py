@@ -366,8 +366,10 @@ class BatchMaker:
         return out
 
     def failed_index(self, exc: BaseException) -> Any:
-        if isinstance(exc, BatchLayoutError):
-            return exc.sample_index
+        """The dataset key of the sample ``exc`` failed on: the one being read, else the one the error names (a
+        batch read whole by ``__getitems__``, whose ``CorruptImageError`` says which of its samples)."""
+        if isinstance(exc, BatchLayoutError) or self.current is None:
+            return getattr(exc, "sample_index", None)
         return self.current
 
 
