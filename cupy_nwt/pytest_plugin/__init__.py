@@ -165,12 +165,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.benchmark(**kwargs), append=False)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The tests this session runs, for the gate to tell a baseline entry not run here from one that gave nothing."""
+    gate = session.config.stash.get(_GATE_KEY, None)
+    if gate is not None:
+        gate.collected = {item.nodeid for item in session.items}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     gate = session.config.stash.get(_GATE_KEY, None)
     if gate is None:
         return
-    gate.evaluate(session.config)
+    gate.evaluate(session.config, session.exitstatus)
     if gate.failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 

@@ -15,10 +15,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from ..errors import BaselineError
 from ._cost import MODEL, Cost, components_of
@@ -182,3 +185,30 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+#: options left out of the command suggested for making a baseline: those taking a value, then flags
+_GATE_VALUED = ("--nwt-baseline", "--nwt-save-baseline", "--nwt-throughput-drop", "--nwt-against",
+                "--nwt-instructions-drop", "--benchmark-compare-fail")
+#: options whose value is optional: the next argument is theirs unless it is an option (argparse's nargs="?")
+_GATE_OPTIONAL = ("--benchmark-compare",)
+_GATE_FLAGS = ("--nwt-require-baseline",)
+
+
+def create_command(config: pytest.Config, path: str) -> str:
+    """The command that makes the missing baseline: this run's, minus the gate's options, plus saving."""
+    args: list[str] = []
+    skip = optional = False
+    for a in config.invocation_params.args:
+        a = str(a)
+        if skip or (optional and not a.startswith("-")):
+            skip = optional = False
+            continue
+        optional = False
+        name = a.split("=", 1)[0]
+        if name in _GATE_VALUED or name in _GATE_FLAGS or name in _GATE_OPTIONAL:
+            skip = "=" not in a and name in _GATE_VALUED
+            optional = "=" not in a and name in _GATE_OPTIONAL
+            continue
+        args.append(a)
+    return shlex.join(["pytest", *args, "--nwt-save-baseline", path])

@@ -17,6 +17,7 @@ which are ignored and removed with the rest.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -71,6 +72,17 @@ def callgrind_unavailable_reason() -> str | None:
     if done.returncode != 0:
         return f"valgrind ({exe}) does not run: --version exited with {done.returncode}"
     return None
+
+
+@functools.cache
+def valgrind_version() -> str:
+    """``valgrind --version``'s line ("" where it does not run): recorded beside its counts, which it decides."""
+    exe = shutil.which("valgrind")
+    try:
+        done = subprocess.run([exe or "valgrind", "--version"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
 
 
 def count_instructions(

@@ -16,6 +16,9 @@ from ._loader_run import IO_BOUND_CORES
 
 #: CPU left idle (cores) beside a pipeline using under IO_BOUND_CORES for it to count as I/O-bound
 IDLE_CORES = 0.5
+#: what of a machine an exact count depends on: the CPU's model (NumPy picks its SIMD code by it) and the CPUs
+#: usable (thread pools); not its memory, GPU or PCIe link, which callgrind's fixed simulated machine ignores
+COUNT_MACHINE_KEYS = ("cpu_model", "usable_cpus")
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class Context:
     new_others: float | None = None
     cpus: int | None = None  # the CPUs other processes' load was read on (else this machine's usable CPUs)
     other_machine: str = ""  # how the baseline's machine differs, "" when the same (or unknown)
+    count_machine: str = ""  # the part of it an exact count depends on (``COUNT_MACHINE_KEYS``)
+    software_change: str = ""  # how the software that counted differs (both runs recorded it), "" when the same
     pipeline_change: str = ""  # how the pipeline differs from the baseline's, "" when the same
     old_counted: str = ""  # how instructions were counted: "callgrind", "perf" or ""
     new_counted: str = ""
@@ -93,9 +98,17 @@ def context_of(old_info: Mapping[str, Any], new_info: Mapping[str, Any]) -> Cont
         v = info.get("cost_model")
         return v if isinstance(v, str) and info.get("cost_per_sample") is not None else ""
 
+    old_machine = old_info.get("machine")
     return Context(
         num(old_info, "cpu_cores"), num(new_info, "cpu_cores"), num(old_info, "others_cores"),
         num(new_info, "others_cores"), cpus if isinstance(cpus, int) and not isinstance(cpus, bool) else None,
-        _differences(old_info.get("machine"), machine), _differences(old_info.get("pipeline"), new_info.get("pipeline")),
+        _differences(old_machine, machine), _differences(_only(old_machine), _only(machine)),
+        _differences(old_info.get("count_software"), new_info.get("count_software")),
+        _differences(old_info.get("pipeline"), new_info.get("pipeline")),
         counted(old_info), counted(new_info), samples(old_info), samples(new_info), model(old_info), model(new_info),
     )
+
+
+def _only(machine: Any) -> Any:
+    """A machine fingerprint's keys an exact count depends on."""
+    return {k: machine.get(k) for k in COUNT_MACHINE_KEYS} if isinstance(machine, Mapping) else machine

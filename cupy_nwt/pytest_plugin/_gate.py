@@ -209,7 +209,11 @@ class Comparison:
         reason, verdict = "", j.verdict
         if self.paired:
             reason = f"measured beside the base revision in this job, {j.new_rounds} pairs of rounds"
-        elif ctx.other_machine:
+        elif self.key in EXACT_KEYS and ctx.count_machine:
+            verdict, reason = "other-machine", f"baseline from another machine ({ctx.count_machine}): not judged"
+        elif self.key in EXACT_KEYS and ctx.software_change:
+            verdict, reason = "reported", f"counted by other software in the baseline ({ctx.software_change})"
+        elif ctx.other_machine and self.key not in EXACT_KEYS:
             verdict, reason = "other-machine", f"baseline from another machine ({ctx.other_machine}): not judged"
         elif ctx.io_bound and self.key in ("cpu_s_per_1k", *EXACT_KEYS):
             verdict, reason = "reported", "I/O-bound, judged by wall clock (--nwt-against)"

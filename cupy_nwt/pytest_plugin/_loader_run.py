@@ -233,6 +233,20 @@ def paired_run(runner: RoundRunner, base: Any, least_batches: int, target_pct: f
     return Sizing(k, stopped, target_pct, 100.0 * hw if math.isfinite(hw) else None, "samples_per_s"), theirs
 
 
+def software() -> dict[str, str]:
+    """What an exact count depends on besides the pipeline and the CPU: the interpreter, NumPy, this package
+    and valgrind (an upgrade moves the counts of unchanged code)."""
+    import platform  # noqa: PLC0415
+
+    import numpy  # noqa: PLC0415
+
+    from .. import __version__  # noqa: PLC0415
+    from ._callgrind import valgrind_version  # noqa: PLC0415
+
+    return {"python": platform.python_version(), "numpy": numpy.__version__, "cupy_nwt": __version__,
+            "valgrind": valgrind_version()}
+
+
 def counts_info(source: Any, loader: Any, samples: int | None) -> dict[str, Any]:
     """The exact counts of ``loader``'s pipeline on ``source`` as ``extra_info`` keys; ``count_note`` when none."""
     from ..errors import CallgrindError  # noqa: PLC0415
@@ -245,7 +259,7 @@ def counts_info(source: Any, loader: Any, samples: int | None) -> dict[str, Any]
     except CallgrindError as exc:
         return {"count_note": str(exc)}
     out: dict[str, Any] = {"instructions_per_sample": c.per_sample, "instructions_counted_by": "callgrind",
-                           "instructions_samples": c.samples, "count_seconds": c.seconds}
+                           "instructions_samples": c.samples, "count_seconds": c.seconds, "count_software": software()}
     if c.cost is not None:
         out.update(cost_per_sample=c.cost.total, cost_components=c.cost.to_dict(), cost_model=MODEL,
                    native_cpu_s_per_1k=c.native_cpu_s_per_1k)

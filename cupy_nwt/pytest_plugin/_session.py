@@ -3,13 +3,12 @@
 The rule for one figure lives in :mod:`cupy_nwt.pytest_plugin._gate`; files in
 :mod:`cupy_nwt.pytest_plugin._baseline`. This module only decides what to compare with what, which
 lines to print, and whether the run fails: a regression, or (``--nwt-require-baseline``) a benchmark
-with nothing to compare against.
+with nothing to compare against, or a baseline entry this run did not judge where it could (``_coverage``).
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,21 +18,16 @@ import pytest
 from .._files import check_writable
 from ..errors import AgainstError, ArgumentError, BaselineError
 from ._against import BaseRevision
-from ._baseline import check_compared, load_baseline, save_baseline
+from ._baseline import check_compared, create_command, load_baseline, save_baseline
 from ._callgrind import callgrind_unavailable_reason
 from ._cost import COMPONENTS, WEIGHTS, components_of
+from ._coverage import coverage
 from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_against, compare_throughput, figure, signed_change
 
 #: verdicts from worst to best, for a benchmark's overall verdict in the table
 _RANK = ("regressed", "no baseline", "inconclusive", "other-machine", "ok", "reported", "compared")
-#: options left out of the command suggested for making a baseline: those taking a value, then flags
-_GATE_VALUED = ("--nwt-baseline", "--nwt-save-baseline", "--nwt-throughput-drop", "--nwt-against",
-                "--nwt-instructions-drop", "--benchmark-compare-fail")
-#: options whose value is optional: the next argument is theirs unless it is an option (argparse's nargs="?")
-_GATE_OPTIONAL = ("--benchmark-compare",)
 #: exact instruction counts move by less than 0.1% between runs of the same code
 DEFAULT_INSTRUCTIONS_DROP_PCT = 1.0
-_GATE_FLAGS = ("--nwt-require-baseline",)
 #: the remedy for a plain ``benchmark``: nothing but its own clock is known, here or at a base revision
 _PLAIN = ("a plain benchmark times the test's own code, which nothing counts: write the pipeline's test with "
           "loader_benchmark (counted exactly, and run beside a base revision under --nwt-against)")
@@ -49,25 +43,6 @@ class GateOptions:
     compare: bool  # --benchmark-compare given
     against: str | None = None  # --nwt-against REV
     instructions_drop_pct: float = DEFAULT_INSTRUCTIONS_DROP_PCT
-
-
-def create_command(config: pytest.Config, path: str) -> str:
-    """The command that makes the missing baseline: this run's, minus the gate's options, plus saving."""
-    args: list[str] = []
-    skip = optional = False
-    for a in config.invocation_params.args:
-        a = str(a)
-        if skip or (optional and not a.startswith("-")):
-            skip = optional = False
-            continue
-        optional = False
-        name = a.split("=", 1)[0]
-        if name in _GATE_VALUED or name in _GATE_FLAGS or name in _GATE_OPTIONAL:
-            skip = "=" not in a and name in _GATE_VALUED
-            optional = "=" not in a and name in _GATE_OPTIONAL
-            continue
-        args.append(a)
-    return shlex.join(["pytest", *args, "--nwt-save-baseline", path])
 
 
 class ThroughputGate:
@@ -86,6 +61,8 @@ class ThroughputGate:
         self.evaluated = False
         self.compared: list[tuple[str, Mapping[str, Mapping[str, Any]]]] | None = None  # --benchmark-compare's runs
         self.unsaved = ""  # why --nwt-save-baseline could not be written at the end, "" when it was
+        self.collected: set[str] = set()  # the node ids this session ran (after -k, markers, a shard's selection)
+        self.uncovered: list[str] = []  # baseline entries not judged where they could be, under --nwt-require-baseline
 
     def _with(self, verdict: str) -> list[Comparison]:
         return [c for c in self.comparisons if c.judgement(self.max_drop_pct).verdict == verdict]
@@ -132,13 +109,15 @@ class ThroughputGate:
 
     @property
     def failed(self) -> bool:
-        return bool(self.regressions or self.missing or self.unsaved)
+        return bool(self.regressions or self.missing or self.unsaved or self.uncovered)
 
     def close(self) -> None:
         if self.against is not None:
             self.against.close()
 
-    def evaluate(self, config: pytest.Config) -> None:
+    def evaluate(self, config: pytest.Config, exitstatus: int = 0) -> None:
+        """Compare, decide and (``--nwt-save-baseline``) save; ``exitstatus``: the session's so far (a run that
+        failed saves no baseline)."""
         self.evaluated = True
         self.current = current_figures(config)
         self.comparisons += compare_against(self.current, self.options.instructions_drop_pct)
@@ -159,20 +138,35 @@ class ThroughputGate:
                 sources.append(f"{self.against.name}'s run beside it (--nwt-against)")
             text = f"no throughput compared: no benchmark of this run has a watched figure both now and in {' or '.join(sources)}"
             self.lines.append((text, "note"))
+        if path is not None and self.explicit is not None:
+            lines, self.uncovered = coverage(self.current, self.explicit, self.collected, self.comparisons,
+                                             self.max_drop_pct, self.options.require and not self.missing, str(path))
+            self.lines += lines
         if self.options.save_path is not None:
-            self._save(self.options.save_path)
+            self._save(self.options.save_path, exitstatus)
 
-    def _save(self, path: str) -> None:
+    def _save(self, path: str, exitstatus: int) -> None:
+        """Write this run's figures, keeping the file's entries this run did not measure (a shard, ``-k``)."""
         if not self.current:
             self.lines.append((f"no benchmark figures in this run: baseline {path} not written", "note"))
             return
+        if exitstatus != pytest.ExitCode.OK:
+            self.lines.append((f"baseline {path} not written: this run failed (exit status {int(exitstatus)}), and a "
+                               "baseline must come from a run that passed", "regressed"))
+            return
         try:
-            written = save_baseline(path, self.current)
+            earlier = load_baseline(path)
+        except (FileNotFoundError, BaselineError):
+            earlier = {}
+        kept = {name: entry.get("extra_info") or {} for name, entry in earlier.items() if name not in self.current}
+        try:
+            written = save_baseline(path, {**kept, **self.current})
         except (OSError, ArgumentError) as exc:
             self.unsaved = f"cupy_nwt could not write the baseline {path}: {exc}"
             return
-        self.lines.append((f"baseline saved: {written} ({len(self.current)} benchmark(s)); commit it and gate "
-                           f"with --nwt-baseline={path} --nwt-require-baseline", "note"))
+        also = f"; {len(kept)} kept from the file as they were, not run here" if kept else ""
+        self.lines.append((f"baseline saved: {written} ({len(self.current)} benchmark(s) measured{also}); commit it "
+                           f"and gate with --nwt-baseline={path} --nwt-require-baseline", "note"))
 
     def summary(self) -> list[tuple[str, str]]:
         """The closing lines, (text, verdict): one for the failures, one for the inconclusive."""
@@ -183,6 +177,10 @@ class ThroughputGate:
             out.append((text, "regressed"))
         if self.missing:
             text = f"cupy_nwt throughput gate FAILED: {len(self.missing)} benchmark(s) have no baseline entry"
+            out.append((text, "regressed"))
+        if self.uncovered:
+            text = (f"cupy_nwt throughput gate FAILED: {len(self.uncovered)} benchmark(s) of the baseline were not "
+                    "judged where they could be (each line above says why)")
             out.append((text, "regressed"))
         if self.unsaved:
             out.append((self.unsaved, "regressed"))

@@ -94,7 +94,7 @@ def test_a_baseline_saved_to_a_path_is_what_ci_compares_with(project):
     project.syspathinsert()
     saved = project.runpytest_inprocess("--nwt-save-baseline=ci/baseline.json")
     saved.assert_outcomes(passed=1)
-    saved.stdout.fnmatch_lines(["baseline saved: ci/baseline.json (1 benchmark(s)); commit it and gate with "
+    saved.stdout.fnmatch_lines(["baseline saved: ci/baseline.json (1 benchmark(s) measured); commit it and gate with "
                                 "--nwt-baseline=ci/baseline.json --nwt-require-baseline"])
     doc = json.loads((project.path / "ci" / "baseline.json").read_text())
     assert doc["format"] == "cupy_nwt.baseline/1" and doc["machine"]["usable_cpus"] >= 1
