@@ -77,7 +77,7 @@ def test_too_many_workers(backend, worker_type):
     assert "excessive worker creation might get DataLoader running slow or even freeze" in said[0]
     if not is_torch(backend):
         kind = "threads" if worker_type == "thread" else "processes"
-        assert f"cupy_nwt: this DataLoader will start {many} worker {kind}" in said[0]
+        assert f"cupy_nwt: its {many} worker {kind} will share the {many - 1} CPUs this process may use" in said[0]
 
 
 @pytest.mark.skipif(torch is None, reason="nested tensors are torch's")
