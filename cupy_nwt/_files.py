@@ -20,7 +20,8 @@ from typing import IO
 
 from .errors import ArgumentError
 
-__all__ = ["atomic_folder", "atomic_open", "check_writable", "fsync_dir", "make_folder", "special_file", "writable_base"]
+__all__ = ["atomic_folder", "atomic_open", "check_writable", "fsync_dir", "make_folder", "same_file", "special_file",
+           "writable_base"]
 
 
 def make_folder(path: Path, name: str) -> None:
@@ -81,6 +82,14 @@ def special_file(path: str | os.PathLike[str]) -> bool:
         return not stat.S_ISREG(os.stat(path).st_mode)
     except OSError:
         return False
+
+
+def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
+    """Whether two paths name one file (through links too), existing or not."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist yet: the same name, links followed
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def check_writable(path: str | os.PathLike[str], name: str, *, folder: bool = False) -> None:

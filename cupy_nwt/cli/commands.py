@@ -4,14 +4,13 @@ that names them with their options."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from .. import __version__, cuda, system
 from .._checks import check_number
-from .._files import check_writable
+from .._files import check_writable, same_file
 from ..errors import ArgumentError, SavedPickError
 from ..loader.workers.kinds import WORKER_TYPES
 from ..nwt.fast import MIN_FAST_ITERATIONS, OPEN_CAP_MAX, open_cap
@@ -101,17 +100,10 @@ def _refuse_one_file_twice(outputs: list[tuple[str, str | None]], dataset: str |
     given = [(name, path) for name, path in outputs if path]
     for i, (name, path) in enumerate(given):
         for other, other_path in given[i + 1:]:
-            if _same_file(path, other_path):
+            if same_file(path, other_path):
                 raise ArgumentError(f"{name} and {other} name one file, {path}: give each its own")
-        if dataset and _same_file(path, dataset):
+        if dataset and same_file(path, dataset):
             raise ArgumentError(f"{name} {path} is the --dataset itself: writing the result there would destroy it")
-
-
-def _same_file(a: str, b: str) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one does not exist yet: the same name, links followed
-        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _run_with_progress(args: argparse.Namespace, total: int, desc: str, run):
@@ -354,7 +346,6 @@ def _workload_options(s: argparse.ArgumentParser, default_range: str) -> None:
                    "search times a fifth to a tenth of them per trial and spends at most a quarter of the paper "
                    "search's cost at this count (default 100; the fast search needs >= "
                    f"{MIN_FAST_ITERATIONS})")
-
 
 
 def build_parser() -> Parser:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from .._files import check_writable
+from .._files import check_writable, same_file
 from ..errors import AgainstError, ArgumentError, BaselineError
 from ._against import BaseRevision
 from ._baseline import check_compared, create_command, load_baseline, save_baseline
@@ -379,14 +379,6 @@ def options_of(config: pytest.Config) -> GateOptions:
     )
 
 
-def _same_file(a: str, b: str) -> bool:
-    """Whether two paths name one file (through links too), existing or not."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
 def start_gate(config: pytest.Config) -> ThroughputGate:
     """The session's gate from the command line; a usage error (one line) where the options cannot work."""
     o = options_of(config)
@@ -399,7 +391,7 @@ def start_gate(config: pytest.Config) -> ThroughputGate:
             "--nwt-baseline FILE (made with --nwt-save-baseline FILE), or --benchmark-compare[=NUM|ID] after a "
             "run with --benchmark-autosave"
         )
-    if o.save_path is not None and o.baseline_path is not None and _same_file(o.save_path, o.baseline_path):
+    if o.save_path is not None and o.baseline_path is not None and same_file(o.save_path, o.baseline_path):
         raise pytest.UsageError(
             f"--nwt-baseline and --nwt-save-baseline name the same file ({o.baseline_path}): the run would overwrite "
             "the baseline it is judged against, a regression included; save to another file and replace the "
