@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import gzip
 import io
+import logging
 import os
+import posixpath
 import re
 import tarfile
 from collections.abc import Sequence
@@ -38,6 +40,8 @@ from ._tar_cache import gunzip_cached
 BLOCK = tarfile.BLOCKSIZE
 END_OF_ARCHIVE = 2 * BLOCK
 MAX_LABEL = 2**63 - 1  # labels are kept as int64
+MAX_LINK_HOPS = 40  # links followed from a link member to a file, as Linux follows symlinks
+_log = logging.getLogger("cupy_nwt.data")
 # A directory name a reader could take for a number ("-1", "+2", "1.5", "1e3"): never silently a class name.
 _NUMBER_LIKE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 
@@ -98,17 +102,20 @@ class TarMember:
 
 
 def scan_tar(tar_path: Path, shown: str | os.PathLike) -> list[TarMember]:
-    """Every regular member of an uncompressed tar, after checking the archive is whole.
+    """Every file member of an uncompressed tar, after checking the archive is whole.
 
-    ``shown`` is the name errors give (the .tar.gz the user named, not our decompressed copy).
-    Raises :class:`DamagedArchiveError` naming the byte offset where the archive stops being whole.
+    A hard or symbolic link to a regular member is a member of its own (under its own name, with its
+    target's bytes), as extraction makes it; a link that names nothing in the archive is left out with
+    one warning naming it. ``shown`` is the name errors give (the .tar.gz the user named, not our
+    decompressed copy). Raises :class:`DamagedArchiveError` naming the byte offset where the archive
+    stops being whole.
 
     Args:
         tar_path: the uncompressed tar to read.
         shown: the name errors give.
     """
     length = tar_path.stat().st_size
-    members: list[TarMember] = []
+    members: list[TarMember | tarfile.TarInfo] = []  # a link's TarInfo stands in its place until resolved
     with open(tar_path, "rb") as f:
         try:
             tf = tarfile.open(fileobj=f, mode="r:")  # noqa: SIM115 - entered just below, once open succeeded
@@ -123,19 +130,53 @@ def scan_tar(tar_path: Path, shown: str | os.PathLike) -> list[TarMember]:
                                                   f"which spans bytes {m.offset}..{padded_end}")
                     if m.isfile():
                         members.append(TarMember(m.name, m.offset_data, m.size))
+                    elif m.islnk() or m.issym():
+                        members.append(m)
             except tarfile.TarError as exc:
                 raise DamagedArchiveError(shown, tf.offset, f"unreadable member header ({exc})") from exc
             end = tf.offset  # the block tarfile stopped at: must be the end-of-archive marker
         f.seek(end)
         tail = f.read(END_OF_ARCHIVE)
     if len(tail) == END_OF_ARCHIVE and not any(tail):
-        return members
+        return _resolve_links(members, shown)
     if any(tail):
         what = "a cut member header" if len(tail) < BLOCK else "a member header that cannot be read"
         raise DamagedArchiveError(shown, end, f"{what} where the next member or the end-of-archive marker "
                                   f"should be (the file is {length} bytes)")
     raise DamagedArchiveError(shown, end, f"the file ends there ({length} bytes) without the end-of-archive "
                               f"marker (two zero {BLOCK}-byte blocks): a truncated file?")
+
+
+def _resolve_links(members: list[TarMember | tarfile.TarInfo], shown: str | os.PathLike) -> list[TarMember]:
+    """Each link member as its target's bytes under its own name; those naming nothing left out, and said."""
+    files = {posixpath.normpath(m.name): m for m in members if isinstance(m, TarMember)}
+    links = {posixpath.normpath(m.name): m for m in members if isinstance(m, tarfile.TarInfo)}
+    out: list[TarMember] = []
+    dangling: list[str] = []
+    for m in members:
+        found = m if isinstance(m, TarMember) else _link_target(m, files, links)
+        if found is None:
+            dangling.append(m.name)
+        else:
+            out.append(TarMember(m.name, found.offset, found.size))
+    if dangling:
+        _log.warning("%s: %d link member(s) name nothing in the archive, left out: %s", shown, len(dangling),
+                     ", ".join(dangling[:3]) + (" ..." if len(dangling) > 3 else ""))
+    return out
+
+
+def _link_target(link: tarfile.TarInfo, files: dict[str, TarMember],
+                 links: dict[str, tarfile.TarInfo]) -> TarMember | None:
+    """The regular member ``link`` names, through links to links as extraction follows them; None if none."""
+    for _ in range(MAX_LINK_HOPS):
+        base = "" if link.islnk() else posixpath.dirname(link.name)  # a hard link names an archive path
+        target = posixpath.normpath(posixpath.join(base, link.linkname))
+        if target in files:
+            return files[target]
+        if target not in links:
+            return None
+        link = links[target]
+    return None
 
 
 class TarImageDataset(ImageDataset):

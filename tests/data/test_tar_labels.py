@@ -102,3 +102,31 @@ def test_a_member_name_that_is_not_utf8_is_read_by_both_readers(tmp_path):
     assert pickle.loads(pickle.dumps(ds)).member_name(0) == "caf\udce9/0.png"
     stream = ShardedTarStream([path], classes=["caf\udce9", "dog"], shuffle=False, rank=0, world_size=1)
     assert [label for _, label in stream] == [0, 1]
+
+
+def _with_links(path):
+    """A shard as ``tar --hard-dereference``-less tools and deduplicating archivers write it: a hard link and
+    a symlink to one image stand for samples of their own class; one symlink names nothing in the archive."""
+    red, blue = encode_png(np.full((4, 4, 3), 200, np.uint8)), encode_png(np.full((4, 4, 3), 30, np.uint8))
+    with tarfile.open(path, "w") as tf:
+        for name, data in (("cat/a.png", red), ("cat/b.png", blue)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        for name, kind, target in (("dog/hard.png", tarfile.LNKTYPE, "cat/a.png"),
+                                   ("dog/soft.png", tarfile.SYMTYPE, "../cat/b.png"),
+                                   ("dog/gone.png", tarfile.SYMTYPE, "../cat/missing.png")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = kind, target
+            tf.addfile(info)
+    return path
+
+
+def test_link_members_are_samples_of_their_own_and_a_dangling_one_is_said(tmp_path, caplog):
+    """Extracted, the links are files ImageFolder would read: they are samples here too, never left out in
+    silence; a link that names nothing is left out with one warning naming it."""
+    with caplog.at_level("WARNING", logger="cupy_nwt.data"):
+        ds = TarImageDataset(_with_links(tmp_path / "s.tar"))
+    assert len(ds) == 4 and [int(ds[i][0][0, 0, 0]) for i in range(4)] == [200, 30, 200, 30]
+    assert [ds[i][1] for i in range(4)] == [0, 0, 1, 1]  # cat, cat, dog, dog
+    assert "1 link member(s) name nothing in the archive, left out: dog/gone.png" in caplog.text
