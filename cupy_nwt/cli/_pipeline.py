@@ -19,6 +19,7 @@ that then measures, its buffers would sit in every trial's memory figure on the 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import subprocess
@@ -61,6 +62,22 @@ def load_callable(spec: str, option: str) -> Callable[..., Any]:
     if not callable(obj):
         raise ArgumentError(f"{option} {spec}: {attr} is a {type(obj).__name__}, not a callable")
     return obj
+
+
+def named_step(step: Callable[[Any], Any], option: str) -> Callable[[Any], Any]:
+    """The user's step as the command runs it: what it raises ends the run as one ``RunError`` line that
+    names the option, not as "unexpected error". It carries the step's own name (an instance's: its class's),
+    which keys the saved pick."""
+
+    def run(batch: Any) -> Any:
+        try:
+            return step(batch)
+        except Exception as exc:
+            raise RunError(f"{option} raised {type(exc).__name__}: {exc}") from exc
+
+    named = step if inspect.isroutine(step) else type(step)
+    run.__module__, run.__qualname__ = named.__module__, named.__qualname__
+    return run
 
 
 def check_pipeline(dataset: Any, args: Any, batch_transform: Any) -> None:

@@ -236,9 +236,9 @@ def _step_option(text: str | None) -> Any:
     if text is None:
         return None
     if ":" in text:
-        from ._pipeline import load_callable  # noqa: PLC0415
+        from ._pipeline import load_callable, named_step  # noqa: PLC0415
 
-        return load_callable(text, "--step")
+        return named_step(load_callable(text, "--step"), f"--step {text}")
     try:
         seconds = float(text)
     except ValueError:

@@ -15,6 +15,7 @@ from ..errors import (
     LoaderError,
     LoaderTimeoutError,
     NoGPUError,
+    RunError,
     WorkerDiedError,
     WorkerError,
 )
@@ -95,6 +96,8 @@ def _failure(exc: BaseException, args: argparse.Namespace) -> tuple[int, str]:
         return EXIT_WORKER, f"loader failed: {_first_line(exc)}"
     if isinstance(exc, FileNotFoundError) or (isinstance(exc, CupyNwtError) and isinstance(exc, (ValueError, ImportError))):
         return EXIT_USAGE, str(exc)  # ours only: another library's ValueError says nothing about the user's input
+    if isinstance(exc, RunError):  # a run that could not go on, e.g. the user's --step raised: it says which
+        return EXIT_FAILED, f"{_first_line(exc)} (--debug shows where)"
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED, f"interrupted {_first_line(exc)}" if str(exc) else "interrupted"
     return EXIT_FAILED, f"unexpected error: {type(exc).__name__}: {_first_line(exc)} (--debug shows where)"

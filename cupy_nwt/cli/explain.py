@@ -172,7 +172,7 @@ def tune_summary(result: TuneResult, saved_to: Path | None = None, *, outcome: S
     if result.search_end and result.strategy == "fast":
         cpus = f", {plural(result.usable_cpus, 'usable CPU')}" if result.usable_cpus else ""
         lines.append(f"searched counts 0..{result.max_workers - 1}{cpus}; it looked no further: {result.search_end}")
-    if result.main_process in MAIN_PROCESS_TEXT:
+    if result.main_process in MAIN_PROCESS_TEXT and result.trials:  # no trial ran (one count to search): nothing to say
         lines.append(MAIN_PROCESS_TEXT[result.main_process])
     if outcome is not None:
         if outcome.replaced:

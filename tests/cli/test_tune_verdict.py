@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from cupy_nwt import cli
-from cupy_nwt.cli.exits import EXIT_USAGE
+from cupy_nwt.cli.exits import EXIT_FAILED, EXIT_USAGE
 from cupy_nwt.nwt import tune as nwt_tune
 from cupy_nwt.nwt.trials import Measurement
 
@@ -128,3 +128,33 @@ def test_a_pick_that_cannot_be_saved_after_the_search_still_gives_its_result(dat
     out, err = capsys.readouterr()
     assert code == EXIT_USAGE and err.count("\n") == 1 and "stayed held by another process" in err
     assert json.loads(out)["best_workers"] == 2 and json.loads((tmp_path / "t.json").read_text())["best_workers"] == 2
+
+
+@pytest.mark.parametrize("kind", ["function", "class"])
+def test_a_step_that_raises_ends_as_one_line_naming_the_option(dataset, capsys, monkeypatch, tmp_path, kind):
+    """The user's own step failing is their code's error, said as such: not "unexpected error"."""
+    body = ("def step(batch):\n    raise TypeError('my step broke')\n" if kind == "function" else
+            "class step:\n    def __call__(self, batch):\n        raise TypeError('my step broke')\n")
+    (tmp_path / f"my{kind}step.py").write_text(body)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert cli.main(["tune", "--dataset", str(dataset), *ARGS, "--no-save", "--step", f"my{kind}step:step"]) == EXIT_FAILED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"cupy-nwt tune: --step my{kind}step:step raised TypeError: my step broke (--debug shows where)"]
+
+
+def test_a_wrapped_step_keys_the_pick_by_its_own_name(dataset, capsys, monkeypatch, tmp_path):
+    (tmp_path / "stepclass.py").write_text("class Step:\n    def __call__(self, batch):\n        pass\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _curve(monkeypatch, {0: 0.020, 1: 0.015, 2: 0.010})
+    doc = json.loads(_tune(dataset, capsys, "--step", "stepclass:Step", "--json"))
+    assert doc["fingerprint"]["work"]["step"] == "stepclass.Step"
+
+
+def test_a_search_of_one_count_claims_no_trial(dataset, capsys):
+    """``--max-workers 1`` leaves one count, taken unmeasured: no line may say the step ran in trials."""
+    args = [a if a != "3" else "1" for a in ARGS]
+    out = _tune(dataset, capsys, "--no-save", "--step", "0.001", *args, "--strategy", "fast")
+    assert "pick: 0 workers" in out and "not measured" in out
+    assert "main process:" not in out
