@@ -25,6 +25,20 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".ppm", ".pgm", ".t
 
 Transform = Callable[[np.ndarray], Any]
 
+#: the first bytes of a macOS AppleDouble file (``._photo.jpg``: the metadata macOS writes beside a file on
+#: a disk or in an archive that cannot hold it); named like an image, never one
+APPLE_DOUBLE_MAGIC = b"\x00\x05\x16\x07"
+
+
+def is_apple_double(name: str, read_head: Callable[[], bytes]) -> bool:
+    """Whether ``name`` is macOS metadata rather than an image: a ``._`` name whose first bytes say so.
+
+    Args:
+        name: the file or member name (a path; its last part is judged).
+        read_head: reads the first bytes (at least 4); called only for a ``._`` name.
+    """
+    return name.rstrip("/").rpartition("/")[2].startswith("._") and read_head()[:4] == APPLE_DOUBLE_MAGIC
+
 
 _ADDRESS = re.compile(r" <[^<>]* at 0x[0-9a-fA-F]+>")
 

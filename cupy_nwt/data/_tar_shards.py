@@ -10,6 +10,7 @@ end-of-archive marker (two zero 512-byte blocks, as POSIX requires and every tar
 
 from __future__ import annotations
 
+import functools
 import gzip
 import io
 import logging
@@ -34,6 +35,7 @@ from ._images import (
     Transform,
     encode_image,
     index_in,
+    is_apple_double,
 )
 from ._tar_cache import gunzip_cached
 
@@ -138,7 +140,7 @@ def scan_tar(tar_path: Path, shown: str | os.PathLike) -> list[TarMember]:
         f.seek(end)
         tail = f.read(END_OF_ARCHIVE)
     if len(tail) == END_OF_ARCHIVE and not any(tail):
-        return _resolve_links(members, shown)
+        return _last_copies(_resolve_links(members, shown), shown)
     if any(tail):
         what = "a cut member header" if len(tail) < BLOCK else "a member header that cannot be read"
         raise DamagedArchiveError(shown, end, f"{what} where the next member or the end-of-archive marker "
@@ -163,6 +165,40 @@ def _resolve_links(members: list[TarMember | tarfile.TarInfo], shown: str | os.P
         _log.warning("%s: %d link member(s) name nothing in the archive, left out: %s", shown, len(dangling),
                      ", ".join(dangling[:3]) + (" ..." if len(dangling) > 3 else ""))
     return out
+
+
+def _last_copies(members: list[TarMember], shown: str | os.PathLike) -> list[TarMember]:
+    """Each name once, its last copy where the archive holds it twice (``tar -r`` appends an updated file):
+    extraction keeps the last; both would be a stale sample beside the new one. Said in one warning."""
+    seen: dict[str, int] = {}
+    for i, m in enumerate(members):
+        seen[posixpath.normpath(m.name)] = i
+    if len(seen) == len(members):
+        return members
+    kept = sorted(seen.values())
+    twice = sorted({posixpath.normpath(m.name) for i, m in enumerate(members) if seen[posixpath.normpath(m.name)] != i})
+    _log.warning("%s: %d member name(s) appear more than once; each is read once, from its last copy, as extraction "
+                 "keeps it: %s", shown, len(twice), ", ".join(twice[:3]) + (" ..." if len(twice) > 3 else ""))
+    return [members[i] for i in kept]
+
+
+def image_members(tar_path: Path, shown: str | os.PathLike) -> list[TarMember]:
+    """The members of a tar that are images: named as one (``IMAGE_EXTENSIONS``) and not macOS metadata
+    (``._photo.jpg`` AppleDouble members, which an archive made on a Mac carries beside each file: decoded,
+    each would be a corrupt sample). Those left out are said in one warning.
+
+    Args:
+        tar_path: the uncompressed tar to read.
+        shown: the name errors and the warning give.
+    """
+    members = [m for m in scan_tar(tar_path, shown) if m.name.lower().endswith(IMAGE_EXTENSIONS)]
+    with open(tar_path, "rb") as f:
+        metadata = {i for i, m in enumerate(members)
+                    if is_apple_double(m.name, functools.partial(os.pread, f.fileno(), 4, m.offset))}
+    if metadata:
+        _log.warning("%s: %d macOS metadata member(s) (._ AppleDouble files, not images) left out, e.g. %s", shown,
+                     len(metadata), members[min(metadata)].name)
+    return [m for i, m in enumerate(members) if i not in metadata]
 
 
 def _link_target(link: tarfile.TarInfo, files: dict[str, TarMember],
@@ -211,9 +247,7 @@ class TarImageDataset(ImageDataset):
         self.tar_path = (gunzip_cached(self.path, default_cache_dir(cache_dir))
                          if is_gzip(self.path) else self.path)
         names, offsets, sizes, parents = [], [], [], []
-        for m in scan_tar(self.tar_path, self.path):
-            if not m.name.lower().endswith(IMAGE_EXTENSIONS):
-                continue
+        for m in image_members(self.tar_path, self.path):
             parts = m.name.strip("/").split("/")
             if len(parts) < 2:
                 raise DataError(f"TarImageDataset: member {m.name!r} of {self.path} is not inside a "

@@ -16,6 +16,8 @@ archive member or sample, whether it is found when a dataset is opened or when a
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import pickle
 from collections.abc import Iterable, Iterator, Sequence
@@ -37,10 +39,13 @@ from ._images import (
     encode_png,
     encode_png_batch,
     index_in,
+    is_apple_double,
 )
 from ._synthetic import CIFAR10_CLASSES, SyntheticCIFAR10, synthetic_pixels
 from ._tar_cache import CacheRebuiltWarning
 from ._tar_shards import TarImageDataset, scan_tar, write_tar_shard
+
+_log = logging.getLogger("cupy_nwt.data")
 
 __all__ = [
     "CIFAR10", "CIFAR10_CLASSES", "IMAGE_EXTENSIONS", "ArrayDataset", "CacheRebuiltWarning",
@@ -131,6 +136,15 @@ class ArrayDataset:
 # --- image folder ------------------------------------------------------------------------------
 
 
+def _head(path: str) -> bytes:
+    """A file's first bytes; none if it cannot be read (reading it as a sample will say why)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4)
+    except OSError:
+        return b""
+
+
 def _walk(top: Path, root: Path) -> Iterator[tuple[str, list[str]]]:
     """Each folder under ``top`` (``top`` too), a folder under ``root``, and its sorted file names, following
     links; folders come top-down, so a caller wanting torchvision's order sorts them by path.
@@ -198,12 +212,20 @@ class ImageFolder(ImageDataset):
             raise ArgumentError(f"ImageFolder: {self.root} has no class sub-directories")
         paths: list[bytes] = []
         labels: list[int] = []
+        metadata: list[str] = []
         for label, cls in enumerate(self.classes):
             for dirpath, filenames in sorted(_walk(self.root / cls, self.root)):
                 for f in filenames:
-                    if f.lower().endswith(exts):
-                        paths.append(os.fsencode(os.path.relpath(os.path.join(dirpath, f), self.root)))
-                        labels.append(label)
+                    if not f.lower().endswith(exts):
+                        continue
+                    if is_apple_double(f, functools.partial(_head, os.path.join(dirpath, f))):
+                        metadata.append(os.path.join(dirpath, f))
+                        continue
+                    paths.append(os.fsencode(os.path.relpath(os.path.join(dirpath, f), self.root)))
+                    labels.append(label)
+        if metadata:
+            _log.warning("ImageFolder: %d macOS metadata file(s) (._ AppleDouble files, not images) under %s left out, "
+                         "e.g. %s", len(metadata), self.root, metadata[0])
         if not paths:
             raise ArgumentError(f"ImageFolder: no images with extensions {', '.join(exts)} under {self.root}")
         empty = [c for c, n in zip(self.classes, np.bincount(labels, minlength=len(self.classes))) if n == 0]

@@ -37,9 +37,9 @@ from ..errors import (
 )
 from ..ranks import rank_layout
 from ..system import cache_dir as default_cache_dir
-from ._images import IMAGE_EXTENSIONS, Transform, transformed_image
+from ._images import Transform, transformed_image
 from ._stream_state import checked_positions, past_end
-from ._tar_shards import gunzip_cached, integer_label, is_gzip, scan_tar
+from ._tar_shards import gunzip_cached, image_members, integer_label, is_gzip
 
 __all__ = ["ReaderSlot", "ShardedTarStream", "current_reader"]
 
@@ -140,14 +140,12 @@ def _names_digest(paths: list[Path]) -> str:
 
 
 class _ShardIndex:
-    """The image members of one shard (checked whole by ``scan_tar``), their labels, and an open file."""
+    """The image members of one shard (``image_members``, the archive checked whole), their labels, an open file."""
 
     def __init__(self, path: Path, tar_path: Path, classes: Mapping[str, int] | None) -> None:
         self.path = path
         names, offsets, sizes, labels = [], [], [], []
-        for m in scan_tar(tar_path, path):
-            if not m.name.lower().endswith(IMAGE_EXTENSIONS):
-                continue
+        for m in image_members(tar_path, path):
             names.append(os.fsencode(m.name))
             offsets.append(m.offset)
             sizes.append(m.size)

@@ -130,3 +130,50 @@ def test_link_members_are_samples_of_their_own_and_a_dangling_one_is_said(tmp_pa
     assert len(ds) == 4 and [int(ds[i][0][0, 0, 0]) for i in range(4)] == [200, 30, 200, 30]
     assert [ds[i][1] for i in range(4)] == [0, 0, 1, 1]  # cat, cat, dog, dog
     assert "1 link member(s) name nothing in the archive, left out: dog/gone.png" in caplog.text
+
+
+APPLE_DOUBLE = b"\x00\x05\x16\x07\x00\x02\x00\x00" + b"Mac OS X        " + bytes(64)
+
+
+def _made_on_a_mac_and_appended_to(path):
+    """A shard as a Mac's tar writes it (an AppleDouble ``._`` member beside each file), then ``tar -r``'d with
+    an updated ``cat/b.png``: the archive holds b twice, the old copy first."""
+    red, old, new = (encode_png(np.full((4, 4, 3), v, np.uint8)) for v in (200, 90, 30))
+    with tarfile.open(path, "w") as tf:
+        for name, data in (("cat/._a.png", APPLE_DOUBLE), ("cat/a.png", red), ("cat/._b.png", APPLE_DOUBLE),
+                           ("cat/b.png", old), ("cat/b.png", new)):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_shard_made_on_a_mac_and_appended_to_reads_as_its_extraction_does(tmp_path, caplog):
+    """Every reader gives what ``tar -x`` then ImageFolder gives: the images once each, the last copy of an
+    appended file, no macOS metadata decoded as a corrupt image; what was left out is said."""
+    from cupy_nwt.data import ImageFolder
+
+    path = _made_on_a_mac_and_appended_to(tmp_path / "s.tar")
+    with tarfile.open(path) as tf:
+        tf.extractall(tmp_path / "out", filter="data")
+    with caplog.at_level("WARNING", logger="cupy_nwt.data"):
+        folder = ImageFolder(tmp_path / "out")
+        tar = TarImageDataset(path)
+        stream = list(ShardedTarStream([path], classes=["cat"], shuffle=False, rank=0, world_size=1))
+    extracted = [(int(folder[i][0][0, 0, 0]), folder[i][1]) for i in range(len(folder))]
+    assert extracted == [(200, 0), (30, 0)]
+    assert [(int(tar[i][0][0, 0, 0]), tar[i][1]) for i in range(len(tar))] == extracted
+    assert [(int(image[0, 0, 0]), label) for image, label in stream] == extracted
+    assert "1 member name(s) appear more than once; each is read once, from its last copy" in caplog.text
+    assert "2 macOS metadata member(s) (._ AppleDouble files, not images) left out, e.g. cat/._a.png" in caplog.text
+    assert "ImageFolder: 2 macOS metadata file(s) (._ AppleDouble files, not images)" in caplog.text
+
+
+def test_a_dot_underscore_image_that_is_an_image_is_read(tmp_path):
+    """Only the metadata's own first bytes leave a ``._`` file out: an image so named is a sample."""
+    from cupy_nwt.data import ImageFolder
+
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "._real.png").write_bytes(encode_png(IMAGES[0]))
+    assert len(ImageFolder(tmp_path)) == 1
+    assert len(TarImageDataset(_hand_made(tmp_path / "s.tar", ["cat"]))) == 1
