@@ -369,7 +369,7 @@ def check_pin_memory(pin_memory: Any, pin_memory_device: Any, device: str, stack
 
 def _callable_or_none(name: str, fn: Any) -> Any:
     if fn is not None and not callable(fn):
-        raise ArgumentError(f"{name} must be callable or None, got {type(fn).__name__}")
+        raise ArgumentTypeError(f"{name} must be callable or None, got {type(fn).__name__}")
     return fn
 
 

@@ -19,6 +19,8 @@ torch = pytest.importorskip("torch", reason="these cases mirror torch's own test
 import torch.utils.data as tud  # noqa: E402
 from torch_suite_data import Counting, as_list, items, worker_info  # noqa: E402
 
+import cupy_nwt  # noqa: E402
+
 pytestmark = pytest.mark.usefixtures("worker_type")
 
 
@@ -183,6 +185,8 @@ REFUSALS = [
     ("stream", dict(shuffle=3), ValueError, "DataLoader with IterableDataset: expected unspecified shuffle"),
     ("stream", dict(sampler=3), ValueError, "DataLoader with IterableDataset: expected unspecified sampler"),
     ("stream", dict(batch_sampler=BATCHES), ValueError, "DataLoader with IterableDataset: expected unspecified batch_sampler"),
+    ("map", dict(batch_size=2, drop_last=1), ValueError, "drop_last should be a boolean value, but got drop_last=1"),
+    ("stream", dict(batch_size=2, drop_last="yes"), ValueError, "drop_last should be a boolean value, but got drop_last=yes"),
 ]
 
 
@@ -191,6 +195,13 @@ def test_refused_argument_combinations_raise_torchs_type_and_words(backend, kind
     """torch: TestDataLoader.test_invalid_ctor_args_combinations."""
     with pytest.raises(error, match=words):
         backend(Counting(10) if kind == "map" else Stream(), **kwargs)
+
+
+@pytest.mark.parametrize("name", ["collate_fn", "worker_init_fn"])
+def test_a_function_option_that_cannot_be_called_is_a_type_error_at_once(name):
+    """torch fails later, where it calls it (a worker's TypeError); here at construction, as a TypeError still."""
+    with pytest.raises(TypeError, match=f"{name} must be callable or None, got int"):
+        cupy_nwt.DataLoader(Counting(4), num_workers=1, **{name: 3})
 
 
 def test_too_many_workers_warn_when_the_loader_is_made(backend):

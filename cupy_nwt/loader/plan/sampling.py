@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..._checks import check_int
 from ...data.contract import dataset_style, map_length
 from ...errors import ArgumentError, ArgumentTypeError
@@ -61,6 +63,8 @@ class Sampling:
                 raise ArgumentError("batch_size=None option disables auto-batching and is mutually exclusive with drop_last")
         else:
             batch_size = check_int("batch_size", batch_size, ge=1)
+            if not isinstance(drop_last, (bool, np.bool_)):  # torch's BatchSampler refuses drop_last=1 in these words
+                raise ArgumentTypeError(f"drop_last should be a boolean value, but got drop_last={drop_last}")
         return cls(style, batch_size, shuffle, bool(drop_last), sampler, batch_sampler, seed, rank, world_size)
 
     @property
