@@ -81,10 +81,22 @@ def _alike(x: Any, y: Any) -> bool:
 
 
 def _emptied(obj: Any) -> Any:
-    """A copy of a mutable container with no items, attributes kept; None where it cannot be had."""
+    """A copy of a mutable container with no items, attributes kept; None where it cannot be had.
+
+    A copy that shares the sample's storage (a mapping keeping its items in an attribute, with no
+    ``__copy__``) would be emptied with the sample itself, the dataset's own object among them: that is
+    seen by the sample's length, the items put back, and None given, so such a type is made from its
+    items. An empty sample cannot show it, so it gives None too."""
+    mapping = isinstance(obj, MutableMapping)
     try:
+        kept = list(obj.items()) if mapping else list(obj)
+        if not kept:
+            return None
         clone = copy.copy(obj)
         clone.clear()
+        if len(obj) != len(kept):
+            obj.update(kept) if mapping else obj.extend(kept)
+            return None
     except Exception:  # noqa: BLE001 - a container type of the user's: then made as an immutable one
         return None
     return clone

@@ -4,6 +4,7 @@ and bytes are gathered as torch gathers them."""
 from __future__ import annotations
 
 from collections import namedtuple
+from collections.abc import MutableMapping, MutableSequence
 
 import numpy as np
 import pytest
@@ -102,3 +103,78 @@ def test_dict_keys_in_another_order_collate_by_key_in_the_batch_s_first_samples_
         got = _picture(loader)
     assert got == _picture(tud.DataLoader(KeysInTurn(), batch_size=2, num_workers=0))
     assert [keys for keys, *_ in got] == [["x", "y", "m"]] * 2 + [["m", "y", "x"]] * 2
+
+
+class Record(MutableMapping):
+    """A mapping keeping its items in an attribute, with no ``__copy__`` (requests' CaseInsensitiveDict is
+    one): a shallow copy shares the items."""
+
+    def __init__(self, items=()) -> None:
+        self.items_ = dict(items)
+
+    def __getitem__(self, key):
+        return self.items_[key]
+
+    def __setitem__(self, key, value) -> None:
+        self.items_[key] = value
+
+    def __delitem__(self, key) -> None:
+        del self.items_[key]
+
+    def __iter__(self):
+        return iter(self.items_)
+
+    def __len__(self) -> int:
+        return len(self.items_)
+
+
+class Row(MutableSequence):
+    """The same for a sequence."""
+
+    def __init__(self, items=()) -> None:
+        self.items_ = list(items)
+
+    def __getitem__(self, i):
+        return self.items_[i]
+
+    def __setitem__(self, i, value) -> None:
+        self.items_[i] = value
+
+    def __delitem__(self, i) -> None:
+        del self.items_[i]
+
+    def __len__(self) -> int:
+        return len(self.items_)
+
+    def insert(self, i, value) -> None:
+        self.items_.insert(i, value)
+
+
+class KeptRows:
+    """A dataset holding its samples in memory, as one that caches them does."""
+
+    def __init__(self, kind: type) -> None:
+        self.rows = [kind({"x": np.full(2, i, np.float32), "y": i}) if kind is Record else
+                     kind([np.full(2, i, np.float32), i]) for i in range(12)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int):
+        return self.rows[i]
+
+
+@pytest.mark.usefixtures("worker_type")
+@pytest.mark.parametrize("kind", [Record, Row])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_container_whose_copy_shares_its_items_is_batched_and_the_samples_kept(kind, num_workers):
+    """Making the batch's container emptied the first sample itself (and the dataset's own row): every batch
+    failed (a KeyError, or a structure error), and the dataset was left with empty rows."""
+    data = KeptRows(kind)
+    with DataLoader(data, batch_size=3, num_workers=num_workers, device="cpu", output="numpy") as loader:
+        batches = [b for _ in range(2) for b in loader]
+    assert [type(b) for b in batches] == [kind] * 8
+    fields = [(b["x"], b["y"]) if kind is Record else (b[0], b[1]) for b in batches[:4]]
+    got = [(np.asarray(x)[:, 0].tolist(), np.asarray(y).tolist()) for x, y in fields]
+    assert got == [([3.0 * k, 3.0 * k + 1, 3.0 * k + 2], [3 * k, 3 * k + 1, 3 * k + 2]) for k in range(4)]
+    assert all(len(row) == 2 for row in data.rows)
