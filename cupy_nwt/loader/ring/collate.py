@@ -41,6 +41,10 @@ from .tree import (
 Indices = Sequence[Any] | np.ndarray | None  # the samples' dataset keys, for messages; None: a stream's
 
 
+# array-likes whose items carry labels (an index, coordinates) that stacking by position would drop
+_LABELLED = frozenset({"pandas", "xarray"})
+
+
 def as_leaf(value: Any) -> tuple[np.ndarray, str | None]:
     """One sample field as an array (Python int -> int64, float -> float64, bool -> bool), and the torch
     dtype its items are the bits of where NumPy lacks it (``frameworks.host_view``; None: its own)."""
@@ -60,6 +64,10 @@ def as_leaf(value: Any) -> tuple[np.ndarray, str | None]:
             raise ArgumentTypeError(f"a torch tensor {where} cannot be batched in shared memory: detach it or move "
                                     "it to the CPU in the dataset, or pass a collate_fn")
         arr, dtype = host
+    elif type(value).__module__.partition(".")[0] in _LABELLED:
+        raise BatchTypeError(f"a {type(value).__name__} field is labelled ({type(value).__module__.partition('.')[0]}): "
+                             "stacked by position its labels would be dropped and mixed; torch refuses it too. "
+                             "Return its values (.to_numpy(), or a dict) from the dataset")
     else:
         arr = np.asarray(value)
     if arr.dtype.kind in "OUSV" or arr.dtype.hasobject:

@@ -178,3 +178,23 @@ def test_a_container_whose_copy_shares_its_items_is_batched_and_the_samples_kept
     got = [(np.asarray(x)[:, 0].tolist(), np.asarray(y).tolist()) for x, y in fields]
     assert got == [([3.0 * k, 3.0 * k + 1, 3.0 * k + 2], [3 * k, 3 * k + 1, 3 * k + 2]) for k in range(4)]
     assert all(len(row) == 2 for row in data.rows)
+
+
+class SeriesRows:
+    """Rows as pandas Series whose labels come in another order from row to row (read from differently
+    ordered sources): stacked by position, column "a" would hold some rows' "b"."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        pd = pytest.importorskip("pandas")
+        row = {"a": float(i), "b": -100.0 - i}
+        return {"row": pd.Series(row if i % 2 == 0 else dict(reversed(row.items()))), "y": i}
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_labelled_pandas_field_is_refused_as_torch_refuses_it(num_workers):
+    pytest.importorskip("pandas")
+    with pytest.raises(BatchLayoutError, match=r"sample index 0: a Series field is labelled \(pandas\)"):
+        next(iter(DataLoader(SeriesRows(), batch_size=4, num_workers=num_workers, device="cpu")))
