@@ -234,3 +234,54 @@ def test_a_worker_init_fn_that_raises_fails_at_iter_in_torchdata_and_at_next_in_
     with pytest.raises(ValueError, match=ERROR):
         next(it)
     dl.close()
+
+
+class Cursor:
+    """An iterator keeping its own position (torchdata's ``DummyIterator``)."""
+
+    def __init__(self, samples: list[int]) -> None:
+        self.samples, self.i = samples, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        if self.i >= len(self.samples):
+            raise StopIteration
+        self.i += 1
+        return self.samples[self.i - 1]
+
+    def state_dict(self) -> dict:
+        return {"i": self.i}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self.i = sd["i"]
+
+
+class Uneven(tud.IterableDataset):
+    """Shards of 3 and 10 samples (0..2 and 10..19; all 13 without workers): at batch size 2 the first shard
+    ends on a short batch while the other still has data."""
+
+    def __iter__(self):
+        info = worker_info()
+        if info is None:
+            return Cursor([0, 1, 2, *range(10, 20)][:5])
+        return Cursor([0, 1, 2] if info.id == 0 else list(range(10, 20)))
+
+
+@pytest.mark.parametrize("stop", ["mid-epoch", "every-batch-taken"])
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_stream_that_ran_out_on_a_short_batch_is_not_read_again_after_a_resume(stateful_backend, num_workers, stop):
+    """torchdata: TestStatefulDataLoaderIterable (DummyIterableDataset with uneven shards). A state saved after
+    a reader's short last batch replayed that reader's whole stream on resume, in the same epoch."""
+    make = stateful_backend
+    whole = [flat(b) for b in make(Uneven(), batch_size=2, num_workers=num_workers)]
+    k = {"mid-epoch": 3 if num_workers else 2, "every-batch-taken": len(whole)}[stop]
+    first = make(Uneven(), batch_size=2, num_workers=num_workers)
+    it = iter(first)
+    head = [flat(next(it)) for _ in range(k)]
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    again = make(Uneven(), batch_size=2, num_workers=num_workers)
+    again.load_state_dict(state)
+    assert head + epoch(again) == whole
+    assert epoch(again) == whole  # and the epoch after is whole

@@ -244,8 +244,11 @@ class BatchMaker:
         stream: Any = iter(self.dataset)
         if saved.get("iterator") is not None:
             stream.load_state_dict(saved["iterator"])
-            if saved.get("ended"):
-                stream = iter(self.dataset)  # the saved epoch had ended: this one starts afresh, from that state
+        if saved.get("ended") and saved.get("batches"):  # it ran out in this very epoch (on a short batch): done
+            self._stream, self._ended = None, stream
+            return
+        if saved.get("ended") and saved.get("iterator") is not None:
+            stream = iter(self.dataset)  # the saved epoch had ended: this one starts afresh, from that state
         self._stream = stream
         for _ in range(skip):  # the delivered turns again, one pull each: a turn that failed fails again, unraised
             try:
