@@ -56,7 +56,7 @@ from ._runtime import LoaderParts, Runtime
 from ._settings_view import SettingsView
 from ._stats import STALL_WARNING_S, LoaderStats
 from .checkpoint.readers import carried
-from .checkpoint.resume import check_state, fresh, state_of
+from .checkpoint.resume import check_state, fresh, previous_position, state_of
 from .epoch.epoch import Epoch, EpochState
 from .plan.order import OrderSampler, SamplerBatches
 from .ring.ring import SlotLayout
@@ -366,7 +366,8 @@ class DataLoader(SettingsView, Generic[T_co]):
         readers = None
         if start is None and options.persistent_workers and options.num_workers > 0:  # the workers go on as they are
             readers = carried(options, self._last.progress() if self._last is not None else None)
-        it.bind(options, epoch, start, shared, readers)
+        previous = previous_position(self._last.progress()) if start is None and self._last is not None else None
+        it.bind(options, epoch, start, shared, readers, previous)
         self._epoch = epoch + 1
         self._last = it.state
         self._runtime.events.began(epoch)
@@ -392,7 +393,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         progress = self._last.progress() if self._last is not None else None
         if progress is None or progress.finished or self._epoch != progress.epoch + 1:
             # its epoch ran to its end, or set_epoch chose another: the next starts from the readers as they are
-            return fresh(self._options, self._epoch, carried(self._options, progress))
+            return fresh(self._options, self._epoch, carried(self._options, progress), previous_position(progress))
         return state_of(self._options, progress)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -258,6 +258,34 @@ def test_a_distributed_sampler_s_state_saved_before_an_epoch_s_first_batch_resum
     close(dl, again)
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("when", ["between-epochs", "before-the-first-batch"])
+@pytest.mark.parametrize("given_as", ["sampler", "batch_sampler"])
+def test_torchdata_s_random_sampler_saved_between_epochs_resumes_the_next_epoch(make, given_as, when, num_workers):
+    """torchdata: test_sampler.py's RandomSampler, saved at an epoch's end. Only its iterator keeps a state (its
+    generator advances with each iteration); without it the resumed loader drew epoch 0's order again, and every
+    epoch after came one behind."""
+    samplers = pytest.importorskip("torchdata.stateful_dataloader.sampler", reason="torchdata is a test-only extra")
+
+    def build():
+        sampler = samplers.RandomSampler(Rows(), generator=torch.Generator().manual_seed(5))
+        if given_as == "batch_sampler":
+            return make(Rows(), batch_sampler=samplers.BatchSampler(sampler, 3, False), num_workers=num_workers)
+        return make(Rows(), batch_size=3, sampler=sampler, num_workers=num_workers)
+
+    whole = build()
+    uninterrupted = [epoch(whole) for _ in range(3)]
+    dl = build()
+    assert epoch(dl) == uninterrupted[0]
+    it = iter(dl) if when == "before-the-first-batch" else None
+    state = checkpoint(dl.state_dict())
+    del it
+    again = build()
+    again.load_state_dict(state)
+    assert [epoch(again), epoch(again)] == uninterrupted[1:]
+    close(whole, dl, again)
+
+
 SAMPLERS = {"sequential": lambda: tud.SequentialSampler(Rows()), "random": lambda: tud.RandomSampler(Rows()),
             "stateful-sampler": Rotating}
 

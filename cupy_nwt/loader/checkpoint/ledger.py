@@ -67,7 +67,7 @@ class EpochProgress:
     per worker, its dataset state after its last delivered batch, its delivered count, and the worker
     that made the last one. ``finished``: the epoch ran to its end. ``readers``: each reader's entry as the
     epoch began (``readers``); ``latest``: per worker, the state it sent last; ``live``: with ``num_workers=0``,
-    the main process's reader state as of now.
+    the main process's reader state as of now; ``previous``: a user sampler's position its last iteration left.
     """
 
     kind: str
@@ -83,3 +83,4 @@ class EpochProgress:
     readers: list[Any] | None = None
     latest: dict[int, Any] = field(default_factory=dict)
     live: Callable[[], Any] | None = None
+    previous: Mapping[str, Any] | None = None

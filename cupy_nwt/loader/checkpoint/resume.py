@@ -11,7 +11,8 @@ included): batches the workers made ahead are not consumed. It is a small JSON-r
 * ``"sampler"`` (a user's ``sampler`` or ``batch_sampler``): the batching (``batch_size``, ``drop_last``),
   the batches delivered, the sampler's own ``state_dict()`` as it was when the epoch began
   (``sampler_state``, if it has one) and, for a sampler whose state is its position, its state and its
-  iterator's right after the delivered batches were drawn (``sampler_resume``, else None). On resume the
+  iterator's right after the delivered batches were drawn (``sampler_resume``, else None; between epochs, where
+  only the iterator keeps a state, the previous iteration's, which the next follows). On resume the
   sampler goes on from its position, or its epoch is drawn again from ``sampler_state`` and the
   delivered batches are skipped (``user_sampler``; a sampler without state must give the same order
   again, e.g. seeded by epoch). It resumes on the same world size only: a rank's sampler deals that
@@ -99,7 +100,8 @@ def _user_sampler_plan(options: Options, epoch: int, start: Mapping[str, Any] | 
     s, sampler = options.sampling, _sampler_of(options)
     position = start.get("sampler_resume") if start is not None else None
     if start is not None and position is not None:
-        first, done, began, fresh_start = int(start["delivered"]), frozenset(start["extra"]), start["sampler_state"], False
+        first, done, began = int(start["delivered"]), frozenset(start["extra"]), start["sampler_state"]
+        fresh_start = first == 0  # the previous iteration's position, saved between epochs: the epoch follows it
     else:
         loaded = start is not None and start.get("sampler_state") is not None and hasattr(sampler, "load_state_dict")
         if start is not None and loaded:
@@ -178,6 +180,14 @@ def stream_cursor(start: Mapping[str, Any] | None) -> int | None:
     return int(nxt) if nxt is not None else None
 
 
+def previous_position(progress: EpochProgress | None) -> Mapping[str, Any] | None:
+    """The position a user sampler's last iteration left (``Draws.last_position``), for a state between epochs."""
+    if progress is None or progress.kind != "sampler":
+        return None
+    position: Mapping[str, Any] | None = progress.plan.draws.last_position() if progress.plan is not None else None
+    return position if position is not None else progress.previous
+
+
 def state_of(options: Options, progress: EpochProgress) -> dict[str, Any]:
     """The state of an epoch that has not finished: where its caller stands (after a loop left by
     ``break``, an exception or Ctrl-C too: the rest of that epoch is still to come)."""
@@ -187,7 +197,7 @@ def state_of(options: Options, progress: EpochProgress) -> dict[str, Any]:
         readers = progress.readers
         if progress.live is not None:
             readers = [entry(0, progress.live())]
-        return fresh(options, progress.epoch, readers)
+        return fresh(options, progress.epoch, readers, progress.previous)
     per, last = delivered(options, progress)
     check_saveable(options, per)
     if progress.kind == "map":
@@ -196,9 +206,11 @@ def state_of(options: Options, progress: EpochProgress) -> dict[str, Any]:
         start = progress.start
         prior = join_done(start["delivered"], start["extra"]) if start is not None else []
         k, extra = split_done([*prior, *(progress.plan.ids[i] for i in progress.handed)])
+        position = progress.plan.draws.position_after(k)
+        if position is None and k == 0 and start is None:  # drawn ahead, none delivered: where the iteration began
+            position = progress.previous
         return {**_head(options, "sampler", progress.epoch), "delivered": k, "extra": extra,
-                "sampler_state": progress.sampler_state,
-                "sampler_resume": copy.deepcopy(progress.plan.draws.position_after(k)), "workers": per}
+                "sampler_state": progress.sampler_state, "sampler_resume": copy.deepcopy(position), "workers": per}
     start = progress.start or fresh(options, progress.epoch)
     first = int(start["next_task"])
     nxt = first + max(progress.handed) + 1 if progress.handed else first
@@ -216,9 +228,11 @@ def _head(options: Options, kind: str, epoch: int) -> dict[str, Any]:
     return head
 
 
-def fresh(options: Options, epoch: int, readers: list[Any] | None = None) -> dict[str, Any]:
+def fresh(options: Options, epoch: int, readers: list[Any] | None = None,
+          previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The state at the start of epoch ``epoch``, each reader starting from its entry in ``readers``
-    (``readers.carried``; None: every reader from the dataset as the loader has it)."""
+    (``readers.carried``; None: every reader from the dataset as the loader has it); ``previous``: a user
+    sampler's previous iteration's position (``Draws.last_position``), which the epoch's iteration follows."""
     kind = kind_of(options)
     head = _head(options, kind, epoch)
     per = list(readers) if readers is not None else [None] * reader_count(options)
@@ -230,8 +244,8 @@ def fresh(options: Options, epoch: int, readers: list[Any] | None = None) -> dic
     if kind == "sampler":  # the sampler's own state as it is now: it starts the epoch from there
         sampler = _sampler_of(options)
         live = sampler.state_dict() if callable(getattr(sampler, "state_dict", None)) else None
-        return {**head, "delivered": 0, "extra": [], "sampler_state": copied(live), "sampler_resume": None,
-                "workers": per}
+        return {**head, "delivered": 0, "extra": [], "sampler_state": copied(live),
+                "sampler_resume": copy.deepcopy(previous) if live is None else None, "workers": per}
     return {**head, "workers": per, "next_task": 0, "next_worker": None}
 
 

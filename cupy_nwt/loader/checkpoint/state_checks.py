@@ -252,9 +252,9 @@ def _check_sampler(options: Options, sd: Mapping[str, Any]) -> None:
     if position is not None:
         if not isinstance(position, Mapping) or not position or set(position) - {"sampler", "iterator"}:
             refuse("sampler_resume", position, 'expected null or a dict of "sampler" and/or "iterator" states')
-        if k == 0:
-            refuse("sampler_resume", position, "a sampler's position is saved only after a delivered batch "
-                   "(delivered=0)")
+        if k == 0 and set(position) != {"iterator"}:
+            refuse("sampler_resume", position, "before a delivered batch (delivered=0) a sampler's position is "
+                   "its previous iteration's iterator state only")
 
 
 def _check_stream(options: Options, sd: Mapping[str, Any]) -> None:

@@ -96,7 +96,9 @@ class Draws:
         position: The states to load to go on after batch ``first - 1`` (``{"sampler": ..., "iterator": ...}``,
             each optional), or None.
         fresh_start: Whether a state loaded as the epoch began, saved before the epoch's first batch was
-            delivered, may begin the sampler's next iteration when it leaves nothing to give (see the module).
+            delivered, may begin the sampler's next iteration when it leaves nothing to give (see the module);
+            with a ``position`` and ``first == 0`` (the previous iteration's, saved between epochs), that
+            iteration is loaded, then a new one begins.
         keep: How many states behind the first batch not yet handed on are kept (the batches handed on but
             not yet delivered to the caller, a device prefetcher's, are fewer).
     """
@@ -119,6 +121,8 @@ class Draws:
         if self.position is not None:
             self.moves = True
         it = self._begin()
+        if self.position is not None and self.first == 0 and self.fresh_start:  # the previous iteration's, loaded
+            it = iter(self.source)
         keeps = stateful(self.source) or stateful(it)
         batches = self._cut(it)
         b = self.first
@@ -180,6 +184,15 @@ class Draws:
         while self._kept_from < self._low - self.keep:
             self.states.pop(self._kept_from, None)
             self._kept_from += 1
+
+    def last_position(self) -> Mapping[str, Any] | None:
+        """The iterator's state after the last batch drawn, where only the iterator keeps one (torchdata's
+        ``RandomSampler``: its generator advances with each iteration, and only the iterator's state says by
+        how much): what the next iteration must follow. None otherwise."""
+        if stateful(self.source) or not self.states:
+            return None
+        last = self.states[max(self.states)]
+        return {"iterator": last["iterator"]} if "iterator" in last else None
 
     def position_after(self, k: int) -> Mapping[str, Any] | None:
         """The states to go on from after the epoch's first ``k`` batches, where the sampler keeps a position

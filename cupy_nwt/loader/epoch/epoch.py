@@ -57,6 +57,7 @@ class EpochState:
     waited_s: float = 0.0
     readers: list[Any] | None = None  # each reader's entry as the epoch begins (``readers``)
     maker: BatchMaker | None = None  # the main process's, with num_workers=0: its state is read as of now
+    previous: Mapping[str, Any] | None = None  # a user sampler's position its last iteration left (``resume``)
 
     def progress(self) -> EpochProgress:
         """Where this epoch stands, as a frozen record (what ``state_dict()`` saves is made from it)."""
@@ -66,7 +67,7 @@ class EpochState:
         live = (lambda: reader_state_or_error(maker, opened=True)) if maker is not None else None
         return EpochProgress(self.kind, self.epoch, self.start, self.plan, handed, self.sampler_state, streams,
                              self.delivered, self.waited_s, self.finished, self.readers,
-                             self.ledger.latest() if self.ledger is not None else {}, live)
+                             self.ledger.latest() if self.ledger is not None else {}, live, self.previous)
 
 
 def _raise_alone(error: BaseException) -> NoReturn:
@@ -107,13 +108,16 @@ class Epoch(Iterator[T_co]):
         self._turn = threading.Lock()  # one next() at a time: several threads may share one iterator
 
     def bind(self, options: Options, epoch: int, start: Mapping[str, Any] | None, shared: bool,
-             readers: list[Any] | None = None) -> None:
+             readers: list[Any] | None = None, previous: Mapping[str, Any] | None = None) -> None:
         """Fix what this iterator runs: called by ``on_first`` as the first batch is asked for, so an
-        ``iter()`` that takes no batch (Lightning's check that a loader is iterable) uses up no epoch."""
+        ``iter()`` that takes no batch (Lightning's check that a loader is iterable) uses up no epoch.
+        ``previous``: the position a user sampler's last iteration left, which a state saved before this
+        epoch's first batch holds (``resume.previous_position``)."""
         if self._steps is not None:
             raise LoaderError("internal error: an epoch bound after its first batch was asked for")
         self._options, self._shared = options, shared
-        self._state = EpochState(kind_of(options), epoch, start, readers=start["workers"] if start is not None else readers)
+        self._state = EpochState(kind_of(options), epoch, start, readers=start["workers"] if start is not None else readers,
+                                 previous=previous)
         if options.num_workers == 0:  # the main process's reader, restored before its first sample
             maker = self._state.maker = batch_maker(options)
             if options.sampling.style == "iterable":

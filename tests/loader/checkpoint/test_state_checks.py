@@ -311,7 +311,7 @@ class PositionSampler(EpochSampler):
 @pytest.mark.parametrize(("position", "delivered", "why"), [
     ("garbage", 2, "expected null or a dict"), ({}, 2, "expected null or a dict"),
     ({"sampler": {"given": 6}, "other": 1}, 2, "expected null or a dict"),
-    ({"sampler": {"given": 6}}, 0, "a sampler.s position is saved only after a delivered batch"),
+    ({"sampler": {"given": 6}}, 0, "before a delivered batch .delivered=0. a sampler.s position is its previous"),
 ])
 def test_a_damaged_sampler_position_is_refused_naming_the_field(position, delivered, why) -> None:
     state = saved(cupy_nwt.DataLoader(Indices(N), batch_size=B, sampler=PositionSampler()), 2)
