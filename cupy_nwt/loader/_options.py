@@ -29,7 +29,7 @@ from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
 from .plan.order import fresh_seed
 from .plan.sampling import Sampling
-from .ring.collate import default_collate
+from .ring.collate import default_collate, torch_default_collate
 from .ring.frameworks import check_output, generator_seed, joined_output, torch_global_seed, uses_torch
 from .tuning.online import Tuning, check_tuning
 from .tuning.policy import starting_workers
@@ -377,7 +377,7 @@ def _collate_fn(fn: Any) -> Any:
     """A ``collate_fn``, checked; ``default_collate`` given by name (``loader.collate_fn`` reads it back, as
     torch's does) is the default, so workers keep collating straight into the ring."""
     fn = _callable_or_none("collate_fn", fn)
-    return None if fn is default_collate else fn
+    return None if fn is default_collate or fn is torch_default_collate else fn
 
 
 def changed(options: Options, name: str, value: Any, gpus: PrefetchOps | None = None) -> Options:

@@ -11,7 +11,8 @@ from typing import Any
 
 from ..ranks import RankLayout
 from ._options import Options
-from .ring.collate import default_collate
+from .ring.collate import default_collate, torch_default_collate
+from .ring.frameworks import AUTO_TORCH
 
 
 class SettingsView:
@@ -46,10 +47,11 @@ class SettingsView:
 
     @property
     def collate_fn(self) -> Callable | None:
-        """What makes a batch of samples: yours, else ``default_collate``; None unbatched
-        (``batch_size=None``), where a sample reaches you as ``__getitem__`` returned it."""
+        """What makes a batch of samples: yours, else ``default_collate`` (``torch_default_collate`` where the
+        batches come as tensors: a program that uses torch, ``output="auto"``); None unbatched (``batch_size=None``),
+        where a sample reaches you as ``__getitem__`` returned it."""
         if self._options.collate_fn is None and self._options.sampling.batched:
-            return default_collate
+            return torch_default_collate if self._options.joined_output == AUTO_TORCH else default_collate
         return self._options.collate_fn
 
     @property

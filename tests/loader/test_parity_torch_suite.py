@@ -195,10 +195,13 @@ def test_the_default_collate_fn_reads_back_and_can_be_called_and_wrapped(backend
     """What wrappers of a loader do (Lightning, accelerate): read ``loader.collate_fn``, call it, or
     wrap it and set the wrapper back."""
     loader = backend(Counting(6), batch_size=3)
-    assert as_list(loader.collate_fn([4, 5])) == [4, 5]
+    called = loader.collate_fn([4, 5])
+    assert as_list(called) == [4, 5] and isinstance(called, torch.Tensor)
     inner = loader.collate_fn
     loader.collate_fn = lambda samples: inner([10 * s for s in samples])
-    assert [as_list(b) for b in loader] == [[0, 10, 20], [30, 40, 50]]
+    wrapped = list(loader)
+    assert [as_list(b) for b in wrapped] == [[0, 10, 20], [30, 40, 50]]
+    assert all(isinstance(b, torch.Tensor) for b in wrapped)  # a wrapper's batches are still tensors
     loader.collate_fn = inner
     assert [as_list(b) for b in loader] == [[0, 1, 2], [3, 4, 5]]
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...errors import ArgumentTypeError, BatchLayoutError, BatchStructureError, BatchTypeError, OutOfRangeError
 from .containers import Make, items_only, plain_items
-from .frameworks import framework_of, host_view, refuse_uncollatable
+from .frameworks import framework_of, host_view, refuse_uncollatable, to_framework
 from .tree import (
     LEAF,
     OBJ,
@@ -35,6 +35,7 @@ from .tree import (
     leaf_of,
     leaf_paths,
     obj_nodes,
+    retag,
     without_types,
 )
 
@@ -307,8 +308,21 @@ def default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:
     return collate(samples, range(len(samples)) if indices is None else indices)
 
 
-def collate(samples: Sequence[Any], indices: Indices) -> Any:
-    """``default_collate`` for the loader: ``indices=None`` for a stream's samples (no dataset index)."""
+def torch_default_collate(samples: Sequence[Any], indices: Indices = None) -> Any:
+    """``default_collate`` as the loader's batches come in a program that uses torch (``output="auto"``): NumPy
+    arrays and numbers as tensors, as torch's ``default_collate`` gives them. It is what ``loader.collate_fn``
+    reads there, so a ``collate_fn`` wrapping it gets tensors, as one wrapping torch's does.
+
+    Args:
+        samples: the batch's samples, each shaped like the first.
+        indices: their dataset indices, so an error names the sample that differs (else its position).
+    """
+    return collate(samples, range(len(samples)) if indices is None else indices, framework="torch")
+
+
+def collate(samples: Sequence[Any], indices: Indices, framework: str | None = None) -> Any:
+    """``default_collate`` for the loader: ``indices=None`` for a stream's samples (no dataset index);
+    ``framework="torch"``: the NumPy leaves joined as tensors."""
     if len(samples) == 0:
         raise OutOfRangeError("cannot collate an empty list of samples (an IndexError, as torch's default_collate "
                               "raises for an empty batch)")
@@ -316,10 +330,10 @@ def collate(samples: Sequence[Any], indices: Indices) -> Any:
     if type(first) is np.ndarray and first.dtype.kind not in "OUSV" and not first.dtype.hasobject:
         batch = np.empty((len(samples), *first.shape), dtype=first.dtype)  # samples that are plain arrays: the
         collate_into(samples, indices, LEAF, [batch])  # structure batch_structure would find, without the walk
-        return batch
+        return batch if framework is None else to_framework(batch, framework)
     what, index = _where(indices, 0)
     treedef, firsts = batch_structure(samples[0], what, index)
     out = [np.empty((len(samples), *a.shape), dtype=a.dtype) for a in firsts]
     columns = collate_into(samples, indices, treedef, out)
     objects = [tuple(c) if node == TEXT_TUPLE else c for c, node in zip(columns, obj_nodes(treedef))] if columns else []
-    return join(treedef, out, objects)
+    return join(treedef if framework is None else retag(treedef, framework, plain_only=True), out, objects)
