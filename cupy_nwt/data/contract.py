@@ -23,6 +23,7 @@ rather than probing for methods themselves, so the contract above is checked in 
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, Literal, Protocol, TypeVar, runtime_checkable
 
@@ -32,7 +33,8 @@ T_co = TypeVar("T_co", covariant=True)
 Style = Literal["map", "iterable"]
 
 __all__ = ["BatchedMapDataset", "EpochAware", "IterableDataset", "MapDataset", "ResumableStream", "StreamDataset",
-           "batch_getter", "dataset_style", "epoch_setter", "map_length", "pickling_advice", "stream_state_getter"]
+           "batch_getter", "dataset_style", "epoch_setter", "map_length", "own_epoch", "pickling_advice",
+           "stream_state_getter"]
 
 
 @runtime_checkable
@@ -118,6 +120,18 @@ def epoch_setter(dataset: Any) -> Callable[[int], None] | None:
     """The dataset's ``set_epoch``, or None when it has none."""
     set_epoch = getattr(dataset, "set_epoch", None)
     return set_epoch if callable(set_epoch) else None
+
+
+def own_epoch(dataset: Any) -> int | None:
+    """The epoch a dataset with ``set_epoch`` reads back as ``epoch`` (Hugging Face's ``IterableDataset``,
+    ``ShardedTarStream``, most written by hand): what a training loop's own ``set_epoch`` left there. None
+    where there is none to read."""
+    if epoch_setter(dataset) is None:
+        return None
+    value = getattr(dataset, "epoch", None)
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        return None
+    return int(value) if int(value) >= 0 else None
 
 
 def stream_state_getter(dataset: Any) -> Callable[[], Any] | None:

@@ -143,3 +143,27 @@ def test_a_state_saved_after_a_break_and_set_epoch_resumes_the_chosen_epoch(shar
     with cupy_nwt.DataLoader(ShardedTarStream(shards, seed=11, shuffle_buffer=8), batch_size=4, **layout) as again:
         again.load_state_dict(state)
         assert [int(x) for img, _ in again for x in img[:, 0, 0, 0]] == runs[2]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_loop_that_sets_the_stream_s_epoch_itself_gets_that_epoch(shards: list[Path], layout: dict) -> None:
+    """Hugging Face's and WebDataset's docs have the loop call ``dataset.set_epoch(epoch)``; a run resumed at
+    epoch 2 that way got epoch 0's order and then epoch 1's: the loader told the copies its own count."""
+    runs = epochs(shards, layout)
+    stream = ShardedTarStream(shards, seed=11, shuffle_buffer=8)
+    with cupy_nwt.DataLoader(stream, batch_size=4, **layout) as loader:
+        got = []
+        for epoch in (2, 1):
+            stream.set_epoch(epoch)
+            got.append([int(x) for img, _ in loader for x in img[:, 0, 0, 0]])
+        assert got == [runs[2], runs[1]]
+        assert [int(x) for img, _ in loader for x in img[:, 0, 0, 0]] == runs[2]  # not told again: the count goes on
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_stream_whose_epoch_was_set_before_the_loader_was_made_starts_there(layout: dict) -> None:
+    stream = EpochTagged()
+    stream.set_epoch(5)
+    with cupy_nwt.DataLoader(stream, batch_size=None, **layout) as loader:
+        assert {epoch for epoch, _ in map(tuple, loader)} == {5}
+        assert {epoch for epoch, _ in map(tuple, loader)} == {6}
