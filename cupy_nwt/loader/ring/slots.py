@@ -163,7 +163,11 @@ class FailedBatch(Exception):
     """
 
     def __init__(self, error: CupyNwtError, batch_index: int = -1) -> None:
-        super().__init__(str(error))
+        try:
+            text = str(error)
+        except Exception:  # noqa: BLE001 - a rebuilt user exception whose own __str__ fails: it is still raised
+            text = type(error).__qualname__
+        super().__init__(text)
         self._error: CupyNwtError | None = error
         self.batch_index = batch_index
 

@@ -66,7 +66,11 @@ class ErrorReport(_Record):
             except Exception:  # noqa: BLE001 - a class defined in a function: a plain WorkerError then
                 kind = None
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-        return cls(type(exc).__qualname__, str(exc), text, sample_index, blob, kind)
+        try:
+            message = str(exc)
+        except Exception as failed:  # noqa: BLE001 - the user's __str__ raised: the error still reaches the caller
+            message = f"<str() of the {type(exc).__qualname__} failed: {type(failed).__name__}>"
+        return cls(type(exc).__qualname__, message, text, sample_index, blob, kind)
 
     def exception_class(self) -> type | None:
         """The original exception's class, where it pickled and unpickles here."""

@@ -98,7 +98,9 @@ class _PipeChannel:
                 pipes.send(self.result_fd, answer.wire())
             else:  # a batch made before the ring exists, or not fitting it: its arrays may leave the pipe
                 pipes.send(self.result_fd, answer, self.spill if type(answer) is Whole else None)
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        except Exception as exc:  # pickling runs the user's __reduce__: whatever it raises; the pipe's own errors go on
+            if isinstance(exc, OSError):
+                raise
             if isinstance(answer, StreamState):
                 report = ErrorReport.from_exception(_pickling_error("", exc), None, keep_object=False)
                 self.results.send(StreamState(answer.generation, answer.batch_index, report))

@@ -302,3 +302,58 @@ def test_memory_refusing_the_ring_fails_up_front_with_the_size_needed(clean, mon
     assert re.fullmatch(r"the loader's ring needs \d+\.\d MiB of shared memory \(\d+ bytes\) but only .* are free "
                         r"(in available memory|under the cgroup memory limit) .*\(Cannot allocate memory\); lower batch_size, "
                         r"num_workers or prefetch_factor, .*", str(info.value))
+
+
+class RecordError(Exception):
+    """An error whose own message has a bug: ``str()`` of it raises."""
+
+    def __init__(self, record) -> None:
+        super().__init__(record)
+        self.record = record
+
+    def __str__(self) -> str:
+        return "bad record " + self.record["id"]
+
+
+class BadRecordAt(Squares):
+    def __getitem__(self, i):
+        if i == 3:
+            raise RecordError({"name": "x"})
+        return super().__getitem__(i)
+
+
+class Refuses:
+    """A sample object whose pickling raises something other than a PicklingError."""
+
+    def __reduce__(self):
+        raise RuntimeError("this object refuses to be pickled")
+
+
+class RefusingSamples(Squares):
+    def __getitem__(self, i):
+        return Refuses() if i == 5 else super().__getitem__(i)
+
+
+def as_is(samples):
+    return samples
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_error_whose_str_raises_still_reaches_the_caller_as_its_own_type(clean, num_workers):
+    """As under torch. The worker used to die reporting it (its message could not be made), the caller getting a
+    WorkerDiedError; the main process raised a TypeError making the batch's failure."""
+    with DataLoader(BadRecordAt(8), batch_size=2, num_workers=num_workers, device="cpu") as dl:
+        with pytest.raises(RecordError) as ei:
+            list(dl)
+    assert isinstance(ei.value, WorkerError)
+
+
+@pytest.mark.process_only("thread workers hand batches over without pickling them")
+def test_a_batch_whose_pickling_raises_any_error_fails_that_batch_not_the_worker(clean):
+    with DataLoader(RefusingSamples(8), batch_size=2, num_workers=2, collate_fn=as_is, device="cpu") as dl:
+        it = iter(dl)
+        got = [next(it), next(it)]
+        with pytest.raises(WorkerError, match="the batch does not pickle.*RuntimeError: this object refuses"):
+            next(it)
+        got.append(next(it))
+    assert len(got) == 3
