@@ -17,7 +17,7 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-from ...errors import LoaderClosedError, LoaderError
+from ...errors import LoaderClosedError, LoaderError, TooManyBadSamplesError
 from .._events import Listener
 from .._reader_gate import park_if_exiting
 from .._runtime import batch_maker
@@ -70,6 +70,10 @@ class EpochState:
                              self.ledger.latest() if self.ledger is not None else {}, live, self.previous)
 
 
+# what ends an iteration and says so itself: any other error that ends it is said again at the next call
+_SAYS_IT_ENDED = (StopIteration, LoaderClosedError, TooManyBadSamplesError)
+
+
 def _raise_alone(error: BaseException) -> NoReturn:
     """Raise ``error`` from a frame that lets go of it. The traceback holds every frame it passes: one that
     also held the error would be a cycle keeping the caller's frames, and a dropped iterator with its workers
@@ -105,6 +109,7 @@ class Epoch(Iterator[T_co]):
         self._on_first = on_first
         self._steps: Generator[Any, None, None] | None = None
         self.early = False  # begun by a state_dict() before its first next()
+        self._ended_by: str | None = None  # the error that ended the steps mid-epoch (a signal handler's, say)
         self._turn = threading.Lock()  # one next() at a time: several threads may share one iterator
 
     def bind(self, options: Options, epoch: int, start: Mapping[str, Any] | None, shared: bool,
@@ -174,12 +179,19 @@ class Epoch(Iterator[T_co]):
                 assert self._steps is not None
                 st = self._state
                 t0 = self._clock()
+                if self._ended_by:  # said once; after that it is over, as any iterator's end
+                    ended_by, self._ended_by = self._ended_by, ""
+                    raise LoaderError(f"this iteration ended with {ended_by} after {st.delivered} batches and "
+                                      "cannot go on: iter(loader) starts the next epoch (loader.state_dict() taken now "
+                                      "and loaded before it resumes the rest of this one)")
                 try:
                     item = next(self._steps)
-                except BaseException:
+                except BaseException as exc:
                     waited = self._clock() - t0
                     st.waited_s += waited
                     self._events.waited(st.epoch, waited, False)
+                    if not isinstance(exc, _SAYS_IT_ENDED):  # the steps are over: a later next() must not end quietly
+                        self._ended_by = type(exc).__name__
                     raise
                 waited = self._clock() - t0
                 st.waited_s += waited

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from toy_data import Squares
 
-from cupy_nwt import CupyNwtError, DataLoader, cuda
+from cupy_nwt import CupyNwtError, DataLoader, LoaderError, cuda
 from cupy_nwt.loader import LoaderParts
 from cupy_nwt.loader.device.prefetch import STAGING_BUFFERS, CudaOps, DevicePrefetcher
 from cupy_nwt.loader.epoch.sources import InlineSource
@@ -356,6 +356,8 @@ def test_a_copy_failing_on_a_broken_device_ends_the_epoch_with_that_error_in_one
         got = [ops.consume(next(it))[1].tolist() for _ in range(2)]
         with pytest.raises(CupyNwtError) as info:
             next(it)  # batch 2's turn issues batch 3's copy
+        with pytest.raises(LoaderError, match="this iteration ended with Sticky after 2 batches"):
+            next(it)  # said once, for a loop that catches errors and goes on
         with pytest.raises(StopIteration):
             next(it)
     assert got == [[0, 1, 2, 3], [4, 5, 6, 7]]

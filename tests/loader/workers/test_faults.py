@@ -357,3 +357,34 @@ def test_a_batch_whose_pickling_raises_any_error_fails_that_batch_not_the_worker
             next(it)
         got.append(next(it))
     assert len(got) == 3
+
+
+class InterruptedOnce(Squares):
+    """Ctrl-C (or a watchdog's signal handler raising) lands while sample 9 is read, once."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.interrupted = False
+
+    def __getitem__(self, i):
+        if i == 9 and not self.interrupted:
+            self.interrupted = True
+            raise KeyboardInterrupt
+        return super().__getitem__(i)
+
+
+def test_an_iteration_interrupted_inside_next_says_so_and_its_state_resumes_the_rest(clean):
+    """A script that catches the interrupt and calls next() again on the same iterator got StopIteration: the
+    epoch ended early, 8 batches of 20 delivered, with no error (torch's iterator goes on)."""
+    with DataLoader(InterruptedOnce(40), batch_size=2, device="cpu") as dl:
+        it = iter(dl)
+        got = [next(it) for _ in range(4)]
+        with pytest.raises(KeyboardInterrupt):
+            next(it)
+        with pytest.raises(LoaderError, match="this iteration ended with KeyboardInterrupt after 4 batches"):
+            next(it)
+        with pytest.raises(StopIteration):  # said once: a loop that catches errors and goes on then ends
+            next(it)
+        dl.load_state_dict(dl.state_dict())
+        got += list(dl)
+    assert [int(y[0]) for _, y in got] == list(range(0, 40, 2))
