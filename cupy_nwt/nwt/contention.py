@@ -9,6 +9,11 @@ the CPU, counts as busy), less the CPU time of the trial's own processes (the ma
 spinner standing for the training step). What is left is other work's, as CPUs kept busy on
 average. Under a cgroup CPU quota smaller than those CPUs, only what other work took beyond the
 CPUs the quota leaves idle anyway is counted. Linux only; elsewhere nothing is measured (None).
+
+The kernel counts busy time in whole ticks (10 ms at the usual 100 Hz), so a window of a few ms
+reads either nothing or a tick per CPU: divided by that window, one tick reads as many CPUs. A
+window shorter than ``MIN_WINDOW_TICKS`` ticks is therefore not measured (None), and a figure is
+never more than the CPUs watched.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from collections.abc import Iterable
 import psutil
 
 from .. import system
+
+MIN_WINDOW_TICKS = 5  # below this, a CPU's rounding to whole ticks is a fifth of the figure or more
 
 
 def _cpu_seconds(pid: int) -> float | None:
@@ -52,15 +59,17 @@ class CpuWindow:
         self._t0 = time.monotonic()
 
     def end(self, pids: Iterable[int]) -> float | None:
-        """Other work's CPUs since :meth:`begin`; None where the kernel's accounting could not be read."""
+        """Other work's CPUs since :meth:`begin`, at most the CPUs watched; None where the kernel's accounting
+        could not be read or the window was too short for its ticks (``MIN_WINDOW_TICKS``)."""
         busy = system.busy_cpu_seconds(self.cpus)
         elapsed = time.monotonic() - self._t0
-        if busy is None or self._busy is None or elapsed <= 0:
+        tick = 1.0 / os.sysconf("SC_CLK_TCK")
+        if busy is None or self._busy is None or elapsed < MIN_WINDOW_TICKS * tick:
             return None
-        own, half_tick = 0.0, 0.5 / os.sysconf("SC_CLK_TCK")
+        own, half_tick = 0.0, 0.5 * tick
         for pid in dict.fromkeys(pids):
             s = _cpu_seconds(pid)
             if s is not None:
                 own += s - self._own[pid] if pid in self._own else s + half_tick
-        others = (busy - self._busy - own) / elapsed
+        others = min((busy - self._busy - own) / elapsed, float(len(self.cpus)))
         return max(0.0, others - self.idle_anyway)
