@@ -382,7 +382,8 @@ def build_parser() -> Parser:
     _pipeline_options(s)
     s.add_argument("--strategy", choices=("fast", "paper"), default="fast",
                    help="fast: coarse-to-fine within a cost budget (default); paper: Algorithm 1 over 0..N-1")
-    _workload_options(s, "the paper search takes N = usable CPUs; the fast one measures 0..usable CPUs and "
+    _workload_options(s, "the paper search takes N = usable CPUs (a rank's share of the node under a "
+                      "launcher); the fast one measures 0..usable CPUs and "
                       "goes on while throughput still rises, up to 4 workers per usable CPU, at least "
                       f"{open_cap(1)}, at most {OPEN_CAP_MAX}")
     s.add_argument("--prefetch-factor", default="2", help="batches in flight per worker (default 2)")

@@ -26,6 +26,7 @@ from ..picks.pick import check_step
 from ..picks.store import TuneResult, TypeBest
 from ..picks.trials import Trial, combine_runs
 from ..picks.verdict import UnreliablePickWarning
+from ..ranks import rank_layout, worker_budget
 from ..reporting.progress import ProgressBar
 from ..reporting.units import fmt_bytes
 from . import measure as _measure
@@ -55,7 +56,8 @@ def resolve_main_process(main_process: str, device: str) -> str:
 @dataclass(frozen=True)
 class TuneArguments:
     """``tune_num_workers``'s arguments, checked: the search's range (``n`` counts, ``open_search``), the device
-    resolved, the main process's load."""
+    resolved, the main process's load. ``cpus`` is this rank's share of the node (``ranks.worker_budget``: the
+    usable CPUs for a single process) and ``local_world_size`` the ranks sharing it, both from the launcher."""
 
     worker_types: tuple[str, ...]
     batch_size: int
@@ -69,6 +71,7 @@ class TuneArguments:
     step: Any
     device: str
     main_process: str
+    local_world_size: int = 1
 
 
 def check_tune_arguments(*, batch_size: int = 128, max_workers: int | None = None, iterations: int = 100,
@@ -94,7 +97,8 @@ def check_tune_arguments(*, batch_size: int = 128, max_workers: int | None = Non
     batch_size = check_int("batch_size", batch_size, ge=1)
     iterations = check_int("iterations", iterations, ge=1)
     prefetch_factor = check_int("prefetch_factor", prefetch_factor, ge=1)
-    cpus = system.usable_cpus()
+    layout = rank_layout()  # under a launcher the rank searches its share, as num_workers="auto" runs within it
+    cpus = worker_budget(layout, system.usable_cpus())
     n = cpus if max_workers is None else check_int("max_workers", max_workers, ge=1)
     open_search = max_workers is None and strategy == "fast"
     if open_search:
@@ -114,7 +118,7 @@ def check_tune_arguments(*, batch_size: int = 128, max_workers: int | None = Non
                 check_worker_room(n - 1, worker_type=t, device=resolved, prefetch_factor=prefetch_factor,
                                   option="max_workers", value=n)
     return TuneArguments(types, batch_size, iterations, prefetch_factor, cpus, n, open_search, float(alpha),
-                         float(tolerance), step, resolved, load)
+                         float(tolerance), step, resolved, load, layout.local_world_size)
 
 
 def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: int | None = None,
@@ -130,7 +134,9 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     strategy searches 0 .. usable CPUs - 1, as Algorithm 1 does; the fast one is open (``fast.py``):
     at least up to the usable CPUs, further while throughput still rises, up to ``fast.open_cap``
     and while the extrapolated peak memory stays within ``memory_limit`` bytes (default: this process's
-    memory plus half of what is free now, ``footprint.search_memory_limit``).
+    memory plus half of what is free now, ``footprint.search_memory_limit``). Under a launcher (torchrun,
+    SLURM, MPI: ``ranks.rank_layout``) "usable CPUs" is this rank's share of the node, and the saved pick is
+    keyed by the ranks per node, as ``num_workers="auto"`` looks it up in that rank.
 
     ``main_process`` is the main process's load during training, represented in every trial of
     the real loader: "waits" (a GPU step: the main process waits for the device) or "busy" (a CPU
@@ -200,7 +206,7 @@ def tune_num_workers(dataset: Any = None, batch_size: int = 128, max_workers: in
     if dataset is not None:
         fp = Fingerprint(machine_fingerprint(), work_fingerprint(
             dataset, batch_size=c.batch_size, batch_transform=batch_transform, prefetch_factor=c.prefetch_factor,
-            pin_memory=pin_memory, device=c.device, step=c.step))
+            pin_memory=pin_memory, device=c.device, local_world_size=c.local_world_size, step=c.step))
     if measure is None and dataset is None:
         raise ArgumentError("give a dataset to tune the loader on, or a measure callable")
     searched: list[Searched] = []
