@@ -40,7 +40,7 @@ import psutil
 from .. import cuda, system
 from ..data.contract import map_length
 from ..errors import ArgumentError, SavedPickError
-from .schema import check_fingerprint
+from .schema import build, check_fingerprint
 
 SIMILAR_RATIO = 1.25
 SIZING_TRIES = 8
@@ -104,8 +104,8 @@ class Fingerprint:
     def from_dict(cls, d: Mapping[str, Any]) -> "Fingerprint":
         try:
             check_fingerprint(d)
-            return cls(MachineFingerprint(**d["machine"]), WorkFingerprint(**d["work"]))
-        except (KeyError, TypeError, SavedPickError) as exc:
+            return cls(build(MachineFingerprint, d["machine"]), build(WorkFingerprint, d["work"]))
+        except (KeyError, TypeError, ValueError) as exc:
             raise SavedPickError(f"not a cupy_nwt fingerprint: {exc}") from None
 
 

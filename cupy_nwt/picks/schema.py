@@ -9,16 +9,22 @@ file itself is :func:`parse_document`: bounded in size, UTF-8, strict JSON (no `
 ``Infinity``), no nesting deep enough to exhaust the parser. Either raises :class:`SavedPickError`
 with one line saying what is wrong.
 
+The objects built field by field (a run, another worker type's best, the fingerprint's machine and
+work) may hold only the keys named here (``*_KEYS``): an unknown one would not build, so it is refused
+with the rest of the damage. A record's own top level may carry more (what ``TuneResult.to_dict``
+derives: ``why``, ``trials``; the command's ``verdict``): nothing reads them back.
+
 Pure checks on decoded JSON, no dataclasses: both the store (``store_file.ResultStore``) and
-``TuneResult.from_dict`` sit above this module.
+``TuneResult.from_dict`` sit above this module; :func:`build` makes their dataclasses from what passed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import SavedPickError
 
@@ -32,6 +38,15 @@ DEVICES = ("cuda", "cpu")
 SAVED_STRATEGIES = ("paper", "fast", "online")
 SAVED_MAIN_PROCESS = ("waits", "busy", "step", "")
 PLACEMENTS = ("cpu", "gpu")
+# the fields of picks.trials.Trial, store.TypeBest, fingerprint.MachineFingerprint and WorkFingerprint
+TRIAL_KEYS = frozenset({"workers", "iterations", "warmup", "seconds_per_iteration", "samples_per_second",
+                        "wall_seconds", "peak_memory_bytes", "peak_uss_bytes", "rel_error", "phase",
+                        "wait_fraction", "step_seconds", "other_cpus"})
+TYPE_BEST_KEYS = frozenset({"worker_type", "best_workers", "samples_per_second", "search_seconds", "placement"})
+MACHINE_KEYS = frozenset({"cpu_model", "usable_cpus", "memory_gib", "gpu_name", "pcie"})
+WORK_KEYS = frozenset({"sample_bytes", "batch_size", "transform", "prefetch_factor", "pin_memory", "device",
+                       "local_world_size", "sample_transform", "step", "sized_by"})
+_T = TypeVar("_T")
 
 
 
@@ -130,6 +145,20 @@ def _mapping(v: Any, what: str) -> Mapping[str, Any]:
     return v
 
 
+def _only(d: Mapping[str, Any], keys: frozenset[str], where: str) -> None:
+    unknown = sorted(set(d) - keys)
+    if unknown:
+        raise SavedPickError(f"{where} has a field no cupy_nwt writes: {_short(unknown[0])}")
+
+
+def build(cls: type[_T], d: Mapping[str, Any]) -> _T:
+    """The dataclass ``cls`` from an object that passed its check: a field left out is its default, or None
+    (the check lets only optional fields be absent)."""
+    kw = {f.name: d[f.name] if f.name in d else None for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+          if f.name in d or f.default is dataclasses.MISSING}
+    return cls(**kw)
+
+
 def _pin(d: Mapping[str, Any], path: str) -> None:
     if not isinstance(d.get("pin_memory"), (bool, str)):
         raise SavedPickError(f"{_where(path, 'pin_memory')} must be true, false or a device, got {_short(d.get('pin_memory'))}")
@@ -138,12 +167,14 @@ def _pin(d: Mapping[str, Any], path: str) -> None:
 def check_fingerprint(v: Any) -> None:
     fp = _mapping(v, "fingerprint")
     m = _mapping(fp.get("machine"), "fingerprint.machine")
+    _only(m, MACHINE_KEYS, "fingerprint.machine")
     need_str(m, "cpu_model", path="fingerprint.machine")
     need_int(m, "usable_cpus", 1, MAX_WORKERS * 64, path="fingerprint.machine")
     need_int(m, "memory_gib", 0, 1 << 40, path="fingerprint.machine")
     need_str(m, "gpu_name", path="fingerprint.machine", optional=True)
     need_str(m, "pcie", path="fingerprint.machine", optional=True)
     w = _mapping(fp.get("work"), "fingerprint.work")
+    _only(w, WORK_KEYS, "fingerprint.work")
     need_int(w, "sample_bytes", 0, 1 << 50, path="fingerprint.work")
     need_int(w, "batch_size", 1, 1 << 40, path="fingerprint.work")
     need_str(w, "transform", path="fingerprint.work", optional=True)
@@ -158,6 +189,7 @@ def check_fingerprint(v: Any) -> None:
 
 def check_trial(v: Any, where: str) -> None:
     t = _mapping(v, where)
+    _only(t, TRIAL_KEYS, where)
     need_int(t, "workers", 0, MAX_WORKERS, path=where)
     need_int(t, "iterations", 1, 1 << 40, path=where)
     need_int(t, "warmup", 0, 1 << 40, path=where)
@@ -211,6 +243,7 @@ def check_record(v: Any, result_format: str) -> Mapping[str, Any]:
     for i, o in enumerate(others):
         where = f"other_types[{i}]"
         o = _mapping(o, where)
+        _only(o, TYPE_BEST_KEYS, where)
         need_str(o, "worker_type", path=where, choices=WORKER_TYPES)
         need_int(o, "best_workers", 0, MAX_WORKERS, path=where)
         need_number(o, "samples_per_second", 0, path=where)

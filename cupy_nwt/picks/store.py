@@ -18,7 +18,7 @@ from .._checks import check_path
 from ..errors import ArgumentError, ArgumentTypeError, MissingPathError, SavedPickError
 from ..reporting.tables import write_json
 from .fingerprint import Fingerprint
-from .schema import MAX_STORE_BYTES, check_record, parse_document
+from .schema import MAX_STORE_BYTES, build, check_record, parse_document
 from .store_file import STORE_FORMAT as STORE_FORMAT  # re-exported: the store is named from here
 from .store_file import STORE_NAME as STORE_NAME
 from .store_file import ResultStore
@@ -46,8 +46,9 @@ def read_json(path: str | os.PathLike[str]) -> Any:
 
 
 def pick_store(cache_dir: str | Path | None = None) -> ResultStore:
-    """The machine-wide store of picks, every record checked (``schema.check_record``) when read."""
-    return ResultStore(cache_dir, check=lambda rec: check_record(rec, RESULT_FORMAT))
+    """The machine-wide store of picks, every record checked when read: one that does not build a
+    :class:`TuneResult` makes the store damaged, set aside like any other (``store_file``)."""
+    return ResultStore(cache_dir, check=TuneResult.from_dict)
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class TuneResult:
             return cls(
                 best_workers=int(d["best_workers"]),
                 strategy=str(d["strategy"]),
-                runs=tuple(Trial(**r) for r in d["runs"]),
+                runs=tuple(build(Trial, r) for r in d["runs"]),
                 max_workers=int(d["max_workers"]),
                 iterations=int(d["iterations"]),
                 alpha=float(d["alpha"]),
@@ -178,13 +179,15 @@ class TuneResult:
                 fingerprint=Fingerprint.from_dict(d["fingerprint"]) if d.get("fingerprint") else None,
                 created=str(d.get("created", "")),
                 worker_type=str(d.get("worker_type", "process")),  # a record without one ran process workers
-                other_types=tuple(TypeBest(**o) for o in d.get("other_types", ())),
+                other_types=tuple(build(TypeBest, o) for o in d.get("other_types", ())),
                 main_process=str(d.get("main_process", "")),
                 usable_cpus=d.get("usable_cpus"),
                 search_end=str(d.get("search_end", "")),
                 placement=str(d.get("placement", "cpu")),
             )
-        except (KeyError, TypeError) as exc:
+        except SavedPickError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
             raise SavedPickError(f"malformed tune result: {exc!r}") from None
 
     def save(self, path: str | Path | None = None, cache_dir: str | Path | None = None) -> Path:
