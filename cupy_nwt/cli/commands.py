@@ -198,8 +198,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     unsaved = None
     try:
         outcome = None if args.no_save else result.save_pick()
-    except SavedPickError as exc:  # (a lock held past its wait): the search's result is still shown and written
-        outcome, unsaved = None, exc
+    except (SavedPickError, ArgumentError) as exc:  # a lock held past its wait, a folder that stopped taking files:
+        outcome, unsaved = None, exc  # the search's result is still shown and written
     if args.plot:
         from .plots import plot_tune  # noqa: PLC0415
 

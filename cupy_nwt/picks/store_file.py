@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as _dt
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -89,9 +90,10 @@ class ResultStore:
 
     def check_writable(self) -> None:
         """Fail before a long search, not after it, when the pick could not be saved: a store this version leaves
-        alone (a newer version's, no regular file), or a folder that cannot be written: one that exists by taking
-        the store's lock once (a mode, a read-only mount, a lock that cannot be made), one to be made by its
-        nearest existing parent (nothing is created)."""
+        alone (a newer version's, no regular file), or a folder that cannot be written: one that exists by making
+        and removing a file in it (the save replaces the store by a new file: a lock file left by an earlier save
+        opens in a folder that takes no new one) and taking the store's lock once (a mode, a read-only mount, a
+        lock that cannot be made), one to be made by its nearest existing parent (nothing is created)."""
         try:
             self._validated()
         except _LeftAlone as exc:
@@ -104,6 +106,12 @@ class ResultStore:
             if why is not None:
                 raise unwritable(folder, why, self._by_env)
             return
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{self.file.name}.", suffix=".probe", dir=folder)
+        except OSError as exc:
+            raise unwritable(folder, f"no new file can be made in it ({exc.strerror or exc})", self._by_env) from None
+        os.close(fd)
+        os.unlink(probe)
         lock = FileLock(str(self.file) + ".lock", timeout=0)
         try:
             with lock:
