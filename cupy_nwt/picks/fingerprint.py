@@ -6,7 +6,8 @@ should not search again. So a result is keyed by a fingerprint of
 * the machine: CPU model, usable cores, memory (whole GiB), GPU name and its PCIe link
   (maximum generation and width: the current link drops to Gen1 when the GPU idles, so it would
   change the key from one run to the next);
-* the work: bytes of one sample as the dataset returns it, batch size, the batch transform's and
+* the work: the dataset (its type's qualified name, and the folder or file it reads where it names one:
+  ``dataset_name``), bytes of one sample as the dataset returns it, batch size, the batch transform's and
   the dataset's per-sample transform's qualified names, prefetch factor, pin_memory, the device the
   batches go to, how many ranks share this node's CPUs (the local world size: each rank tunes within
   its share), and the training step the pick was tuned beside, where one was.
@@ -30,6 +31,7 @@ import hashlib
 import inspect
 import json
 import logging
+import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -71,6 +73,7 @@ class WorkFingerprint:
     sample_transform: str | None = None
     step: str | None = None
     sized_by: str | None = None
+    dataset: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -109,7 +112,7 @@ class Fingerprint:
             raise SavedPickError(f"not a cupy_nwt fingerprint: {exc}") from None
 
 
-_KEYED_WHEN_SET = ("sample_transform", "step", "sized_by")
+_KEYED_WHEN_SET = ("sample_transform", "step", "sized_by", "dataset")
 
 
 def _digest(obj: Any) -> str:
@@ -178,6 +181,8 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
     pick tuned on raw samples is not reused for a decoded-and-augmented pipeline, or the reverse.
     ``step`` (the training step a pick was tuned beside, ``tune_num_workers(step=...)``) is recorded
     as its time ("0.005 s") or its qualified name: a count that feeds a 50-ms step may starve a 5-ms one.
+    The dataset itself is recorded too (:func:`dataset_name`): an in-memory array's pick of 0 workers would
+    starve a dataset that reads a file per sample, though both return samples of one size.
     """
     n = map_length(dataset, "fingerprinting the work")
     if n == 0:
@@ -194,7 +199,21 @@ def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = No
         local_world_size=int(local_world_size),
         sample_transform=transform_name(getattr(dataset, "transform", None)),
         step=step_name(step),
+        dataset=dataset_name(dataset),
     )
+
+
+def dataset_name(dataset: Any) -> str:
+    """The dataset as a pick is keyed by: its type's qualified name, and where it names the folder or file it
+    reads (``root``, else ``path``: the datasets of ``cupy_nwt.data``, torchvision's), that path made absolute,
+    so a script run from another folder finds the pick (a URL is kept as it is)."""
+    name = transform_name(dataset) or "?"
+    for attr in ("root", "path"):
+        source = getattr(dataset, attr, None)
+        if isinstance(source, (str, os.PathLike)):
+            text = os.fsdecode(source)
+            return f"{name} of {text if '://' in text else os.path.abspath(text)}"
+    return name
 
 
 def _sample_size(dataset: Any, n: int) -> tuple[int, str | None]:

@@ -45,7 +45,7 @@ TRIAL_KEYS = frozenset({"workers", "iterations", "warmup", "seconds_per_iteratio
 TYPE_BEST_KEYS = frozenset({"worker_type", "best_workers", "samples_per_second", "search_seconds", "placement"})
 MACHINE_KEYS = frozenset({"cpu_model", "usable_cpus", "memory_gib", "gpu_name", "pcie"})
 WORK_KEYS = frozenset({"sample_bytes", "batch_size", "transform", "prefetch_factor", "pin_memory", "device",
-                       "local_world_size", "sample_transform", "step", "sized_by"})
+                       "local_world_size", "sample_transform", "step", "sized_by", "dataset"})
 _T = TypeVar("_T")
 
 
@@ -185,6 +185,7 @@ def check_fingerprint(v: Any) -> None:
     need_int(w, "local_world_size", 1, 1 << 20, path="fingerprint.work", optional=True)
     need_str(w, "step", path="fingerprint.work", optional=True)
     need_str(w, "sized_by", path="fingerprint.work", optional=True)
+    need_str(w, "dataset", path="fingerprint.work", optional=True)  # absent in picks saved before it was keyed
 
 
 def check_trial(v: Any, where: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from cupy_nwt import DataLoader, cli
+from cupy_nwt.data import open_dataset
 from cupy_nwt.nwt import tune as nwt_tune
 
 REAL = nwt_tune.tune_num_workers
@@ -26,6 +27,6 @@ def test_a_pick_tuned_from_the_shell_in_a_rank_is_found_by_auto_in_it(tmp_path, 
                      "--strategy", "paper", "--alpha", "0", "--iterations", "4", "--device", "cpu",
                      "--no-progress"]) == 0
     assert "pick: 2 workers" in capsys.readouterr().out
-    with DataLoader(np.load(tmp_path / "data.npy"), batch_size=8, num_workers="auto", device="cpu",
+    with DataLoader(open_dataset(tmp_path / "data.npy"), batch_size=8, num_workers="auto", device="cpu",
                     autotune=False) as loader:
         assert loader.num_workers == 2

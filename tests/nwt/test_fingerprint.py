@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -90,7 +91,7 @@ def test_work_fingerprint_reads_one_sample_and_resolves_device():
     data = [(np.zeros((32, 32, 3), np.uint8), 1)] * 3
     w = work_fingerprint(data, batch_size=64, batch_transform=_Flip(), prefetch_factor=3, pin_memory=False,
                          device="cpu")
-    assert w == WorkFingerprint(3080, 64, f"{__name__}._Flip", 3, False, "cpu")
+    assert w == WorkFingerprint(3080, 64, f"{__name__}._Flip", 3, False, "cpu", dataset="builtins.list")
     auto = work_fingerprint(data, batch_size=64, device="auto")
     assert auto.device == ("cuda" if cuda.gpu_status().available else "cpu")
     with pytest.raises(ValueError, match="device"):
@@ -185,7 +186,8 @@ class _FirstUnreadable:
 def test_an_unreadable_first_sample_is_passed_over_and_recorded(caplog):
     clean = work_fingerprint(_FirstUnreadable(0), batch_size=8, device="cpu")
     assert clean.sized_by is None and clean.sample_bytes == 12
-    assert Fingerprint(MACHINE, clean).key == "59d3587adf356079"  # the key saved before sized_by existed
+    old = dataclasses.replace(clean, dataset=None)  # as saved before the dataset was keyed
+    assert Fingerprint(MACHINE, old).key == "59d3587adf356079"  # the key saved before sized_by existed
     with caplog.at_level("INFO", logger="cupy_nwt.tuner"):
         work = work_fingerprint(_FirstUnreadable(2), batch_size=8, device="cpu")
     assert (work.sample_bytes, work.sized_by) == (12, "sample 2")
