@@ -27,11 +27,13 @@ and similar-work lookups ignore it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -46,6 +48,7 @@ from .schema import build, check_fingerprint
 
 SIMILAR_RATIO = 1.25
 SIZING_TRIES = 8
+MAX_BOUND_CHARS = 200  # a partial's bound arguments kept in its name; the schema takes names of 1000
 _log = logging.getLogger("cupy_nwt.tuner")
 
 
@@ -163,11 +166,31 @@ def sample_nbytes(sample: Any) -> int:
 
 
 def transform_name(transform: Any) -> str | None:
-    """Qualified name of a transform's class (or of a function): its identity across processes."""
+    """Qualified name of a transform's class (or of a function): its identity across processes.
+
+    A ``functools.partial`` is its function's name with the arguments it binds (``f(seconds=0.05)``), and a
+    lambda's name carries its first line (``__main__.<lambda>:12``): every partial, and every lambda of a
+    module, would otherwise share one name, and a pick tuned for one be reused for another.
+    """
     if transform is None:
         return None
+    if isinstance(transform, functools.partial):
+        return f"{transform_name(transform.func)}({_bound_arguments(transform)})"
     target = transform if isinstance(transform, type) or inspect.isroutine(transform) else type(transform)
-    return f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+    name = f"{getattr(target, '__module__', '?')}.{getattr(target, '__qualname__', repr(target))}"
+    if inspect.isfunction(target) and target.__name__ == "<lambda>":
+        name += f":{target.__code__.co_firstlineno}"
+    return name
+
+
+def _bound_arguments(p: functools.partial[Any]) -> str:
+    """A partial's bound arguments as their reprs, less the memory addresses that differ from run to run; past
+    ``MAX_BOUND_CHARS`` cut short, with a digest of the whole so that long ones still differ."""
+    text = ", ".join([*map(repr, p.args), *(f"{k}={v!r}" for k, v in p.keywords.items())])
+    text = re.sub(r" at 0x[0-9A-Fa-f]+", "", text)
+    if len(text) > MAX_BOUND_CHARS:
+        text = f"{text[:MAX_BOUND_CHARS]}... #{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+    return text
 
 
 def work_fingerprint(dataset: Any, *, batch_size: int, batch_transform: Any = None, prefetch_factor: int = 2,
