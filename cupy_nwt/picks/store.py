@@ -207,8 +207,9 @@ class TuneResult:
         A pick saved for the same fingerprint (same machine, same work) stays unless this one is
         faster beyond the measurements' uncertainty (:func:`replaces`): two searches on an
         unchanged machine draw different noise, and the second must not undo the first for a
-        difference the measurements cannot tell from none. A changed machine or pipeline is
-        another fingerprint, so it is searched and saved afresh.
+        difference the measurements cannot tell from none. A saved pick whose trials were unreliable gives
+        way to a reliable search of its count: rerunning is what its warning asks. A changed machine or
+        pipeline is another fingerprint, so it is searched and saved afresh.
         """
         if self.fingerprint is None:
             raise ArgumentError("this result has no fingerprint (tuned without a dataset): give save() a path")
@@ -223,6 +224,9 @@ class TuneResult:
         saved = decided.get("saved")
         if saved is None:
             return SaveOutcome(path, True, self, "the first pick for this machine and work")
+        if replaces(self, saved) and _same_pick(self, saved):
+            return SaveOutcome(path, True, self, f"the saved pick's count ({saved.best_workers}) again, and this "
+                               "search's trials were reliable where the saved pick's were not")
         if replaces(self, saved):
             return SaveOutcome(path, True, self, f"faster than the saved pick {saved.best_workers} "
                                "beyond the uncertainty")
@@ -265,13 +269,15 @@ def replaces(new: TuneResult, saved: TuneResult) -> bool:
     within that search: same conditions, so a saved figure that was measured on a lucky (or an
     unlucky) day neither locks the pick in nor loses it. Otherwise the new pick's throughput is
     compared with the saved one. The margin is at least the search's own tolerance: counts that
-    close are equal to it. The same count never replaces itself; a saved pick with no measured
+    close are equal to it. The same count replaces itself only to clear a warning: a search whose trials
+    were reliable replaces a saved pick of its count whose trials were not (the warning's remedy, a steady
+    rerun, must not leave the pick flagged for ever); a saved pick with no measured
     throughput (picked unmeasured, or a record without one) gives way to a measured one. A
     search whose trials were unreliable (``warning``: noise, a busy neighbour) never replaces a pick that
     was not: its speed-up may be the load it met.
     """
-    if new.best_workers == saved.best_workers and new.worker_type == saved.worker_type:
-        return False
+    if _same_pick(new, saved):
+        return new.warning is None and saved.warning is not None
     if new.warning is not None and saved.warning is None:
         return False
     if new.samples_per_second <= 0:
@@ -284,6 +290,10 @@ def replaces(new: TuneResult, saved: TuneResult) -> bool:
     if saved.samples_per_second <= 0:
         return True
     return _beyond(new.samples_per_second, new.rel_error, saved.samples_per_second, saved.rel_error, new.tolerance)
+
+
+def _same_pick(new: TuneResult, saved: TuneResult) -> bool:
+    return new.best_workers == saved.best_workers and new.worker_type == saved.worker_type
 
 
 def _beyond(rate: float, err: float | None, other: float, other_err: float | None, tolerance: float) -> bool:
