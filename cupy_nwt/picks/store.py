@@ -17,8 +17,9 @@ from typing import Any
 from .._checks import check_path
 from ..errors import ArgumentError, ArgumentTypeError, MissingPathError, SavedPickError
 from ..reporting.tables import write_json
+from . import schema
 from .fingerprint import Fingerprint
-from .schema import MAX_STORE_BYTES, build, check_record, parse_document
+from .schema import build, check_record, parse_document
 from .store_file import STORE_FORMAT as STORE_FORMAT  # re-exported: the store is named from here
 from .store_file import STORE_NAME as STORE_NAME
 from .store_file import ResultStore
@@ -31,7 +32,7 @@ REPLACE_Z = 2.0  # a new pick replaces a saved one only when faster by this many
 
 def _read_json(path: Path) -> Any:
     with open(path, "rb") as f:
-        data = f.read(MAX_STORE_BYTES + 1)
+        data = f.read(schema.MAX_STORE_BYTES + 1)
     try:
         return parse_document(data)
     except SavedPickError as exc:

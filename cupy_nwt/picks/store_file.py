@@ -11,7 +11,8 @@ that is no regular file (a device, a pipe) is neither read nor renamed: saving i
 What is read back is checked before it is used (``schema.py``): a file that cannot be read or does
 not validate is set aside, renamed ``num_workers.json.bad-<UTC time>``, with one warning naming it
 and why, and the store starts empty. A folder the store cannot be saved in is one ``ArgumentError``
-naming it and ``CUPY_NWT_CACHE_DIR``.
+naming it and ``CUPY_NWT_CACHE_DIR``. A save that would take the file past what a reader takes
+(``schema.MAX_STORE_BYTES``) drops the picks saved longest ago to make room, and says how many.
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ from typing import Any
 import numpy as np
 from filelock import FileLock, Timeout
 
-from .._files import make_folder, special_file, writable_base
+from .._files import atomic_open, make_folder, special_file, writable_base
 from ..errors import ArgumentError, SavedPickError
-from ..reporting.tables import write_json
+from ..reporting.tables import to_json
+from ..reporting.units import plural
 from ..system import CACHE_ENV, cache_dir
+from . import schema
 from .fingerprint import Fingerprint
-from .schema import MAX_STORE_BYTES, parse_document
+from .schema import parse_document
 
 STORE_NAME = "num_workers.json"
 STORE_FORMAT = "cupy_nwt.num_workers/1"
@@ -128,7 +131,7 @@ class ResultStore:
                              "another folder")
         try:
             with open(self.file, "rb") as f:
-                data = f.read(MAX_STORE_BYTES + 1)
+                data = f.read(schema.MAX_STORE_BYTES + 1)
         except FileNotFoundError:
             return {}
         except OSError as exc:
@@ -223,7 +226,7 @@ class ResultStore:
         ``keep(saved_record)``, asked under the lock when ``key`` already has a record, may keep that
         record instead (nothing is written then).
         """
-        return self._update(lambda results: _put(results, key, record, keep))
+        return self._update(lambda results: _put(results, key, record, keep), newest=key)
 
     def remove(self, key: str) -> bool:
         if not self.path.is_file():
@@ -238,20 +241,48 @@ class ResultStore:
         self._update(change)
         return removed
 
-    def _update(self, change: Callable[[dict[str, dict[str, Any]]], bool]) -> Path:
-        """Read, ``change`` (True: write the records back) and write, under the lock."""
+    def _update(self, change: Callable[[dict[str, dict[str, Any]]], bool], newest: str | None = None) -> Path:
+        """Read, ``change`` (True: write the records back) and write, under the lock; within the size a reader
+        takes (:meth:`_text`), the record ``newest`` kept."""
         folder = self.file.parent
         try:
             make_folder(folder, "cache_dir")
             with self._lock():
                 results = self._load()
                 if change(results):
-                    write_json({"format": STORE_FORMAT, "results": results}, self.file)
+                    text = self._text(results, newest)
+                    with atomic_open(self.file) as f:
+                        f.write(text.encode("utf-8"))
         except Timeout:
             raise self._busy("saved") from None
         except OSError as exc:
             raise unwritable(folder, _why(exc), self._by_env) from None
         return self.path
+
+    def _text(self, results: dict[str, dict[str, Any]], newest: str | None) -> str:
+        """The store's JSON, at most ``schema.MAX_STORE_BYTES`` (what a reader refuses past): where the records
+        would take more, the oldest (by ``created``, the time each was saved) are dropped, said in one line."""
+        limit = schema.MAX_STORE_BYTES
+        text = _document(results)
+        if len(text) <= limit:
+            return text
+        empty = len(_document({}))
+        sizes = {k: len(_document({k: rec})) - empty for k, rec in results.items()}
+        oldest = sorted((k for k in results if k != newest), key=lambda k: str(results[k].get("created", "")))
+        dropped = 0
+        while len(text) > limit and oldest:  # sizes are each record's alone: measured again until it fits
+            over = len(text) - limit
+            while over > 0 and oldest:
+                key = oldest.pop(0)
+                over -= sizes[key]
+                del results[key]
+                dropped += 1
+            text = _document(results)
+        if len(text) > limit:
+            raise SavedPickError(f"{self.path}: a pick of {len(text)} bytes is more than the {limit} a store may hold")
+        _log.info("saved picks %s: dropped the oldest %s to stay within the %d bytes a store may hold",
+                  self.path, plural(dropped, "pick"), limit)
+        return text
 
     def find(self, fp: Fingerprint, similar: bool = True, strict: bool = False) -> dict[str, Any] | None:
         """The record for ``fp`` exactly, else (``similar``) the one with the nearest sample size."""
@@ -289,6 +320,10 @@ class ResultStore:
         closest = min(([f"{k} {v!r} saved, {mine[k]!r} here" for k, v in w.items() if v != mine[k]] for w in works),
                       key=len)
         return f"the closest saved work differs in {'; '.join(closest)}"
+
+
+def _document(results: dict[str, dict[str, Any]]) -> str:
+    return to_json({"format": STORE_FORMAT, "results": results}) + "\n"
 
 
 def _why(exc: OSError) -> str:

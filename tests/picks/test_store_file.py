@@ -107,3 +107,33 @@ def test_a_store_that_is_no_regular_file_is_neither_read_renamed_nor_replaced(tm
         tuned.save(cache_dir=tmp_path)
     assert store.is_fifo() and sorted(p.name for p in tmp_path.iterdir()) == ["num_workers.json",
                                                                              "num_workers.json.lock"]
+
+
+def test_a_store_that_would_outgrow_what_a_reader_takes_drops_its_oldest_picks(tmp_path, monkeypatch, caplog):
+    """The reader refuses a store past ``MAX_STORE_BYTES``: one more pick used to lose every pick at once. The
+    writer makes room instead, dropping the picks saved longest ago, and says how many."""
+    from cupy_nwt.picks import schema
+
+    def tuned(batch_size: int):
+        return tune_num_workers(DATA, batch_size=batch_size, max_workers=3, iterations=8, strategy="paper",
+                                device="cpu", progress=False, measure=lambda w, i, u: 1.0 / (w + 1))
+
+    picks = {bs: tuned(bs) for bs in (8, 9, 10, 11)}
+    for bs in (8, 9, 10):
+        picks[bs].save_pick(tmp_path)
+    store = tmp_path / "num_workers.json"
+    doc = json.loads(store.read_text())
+    saved_at = {8: "2026-03-01T00:00:00+00:00", 9: "2026-01-01T00:00:00+00:00", 10: "2026-02-01T00:00:00+00:00"}
+    for rec in doc["results"].values():
+        rec["created"] = saved_at[rec["batch_size"]]
+    store.write_text(json.dumps(doc, indent=2) + "\n")
+    monkeypatch.setattr(schema, "MAX_STORE_BYTES", store.stat().st_size + 200)  # room for three picks, not four
+    with caplog.at_level("INFO", logger="cupy_nwt.tuner"):
+        assert picks[11].save_pick(tmp_path).replaced
+    assert [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()] == [
+        f"saved picks {store}: dropped the oldest 1 pick to stay within the {schema.MAX_STORE_BYTES} bytes a store may "
+        "hold"]
+    assert store.stat().st_size <= schema.MAX_STORE_BYTES and not list(tmp_path.glob("*.bad-*"))
+    assert lookup(picks[9].fingerprint, tmp_path, similar=False) is None  # saved longest ago
+    for bs in (8, 10, 11):
+        assert lookup(picks[bs].fingerprint, tmp_path, similar=False).batch_size == bs
