@@ -10,9 +10,11 @@ that is no regular file (a device, a pipe) is neither read nor renamed: saving i
 
 What is read back is checked before it is used (``schema.py``): a file that cannot be read or does
 not validate is set aside, renamed ``num_workers.json.bad-<UTC time>``, with one warning naming it
-and why, and the store starts empty. A folder the store cannot be saved in is one ``ArgumentError``
-naming it and ``CUPY_NWT_CACHE_DIR``. A save that would take the file past what a reader takes
-(``schema.MAX_STORE_BYTES``) drops the picks saved longest ago to make room, and says how many.
+and why, and the store starts empty; one that cannot be renamed (a folder shared read-only) is left in
+place and read as empty, said once, and saving into it is refused. A folder the store cannot be saved
+in is one ``ArgumentError`` naming it and ``CUPY_NWT_CACHE_DIR``. A save that would take the file past
+what a reader takes (``schema.MAX_STORE_BYTES``) drops the picks saved longest ago to make room, and
+says how many.
 """
 
 from __future__ import annotations
@@ -43,11 +45,15 @@ LOCK_TIMEOUT_S = 60.0
 _log = logging.getLogger("cupy_nwt.tuner")
 
 
-_SAID: set[Path] = set()  # stores left alone already warned about in this process
+_SAID: set[Path] = set()  # stores left alone (or left damaged) already warned about in this process
 
 
 class _LeftAlone(SavedPickError):
     """A store this version neither reads nor sets aside: a newer version's, or no regular file (a device, a pipe)."""
+
+
+class _Stuck(SavedPickError):
+    """A damaged store that cannot be set aside (a folder this user cannot write): read as empty, never saved into."""
 
 
 def _newer(fmt: Any) -> bool:
@@ -186,23 +192,22 @@ class ResultStore:
                               f"saving a pick, or a process stopped while saving): the picks were not {done}; try "
                               "again once it ends")
 
-    def _stuck(self, why: str, exc: OSError) -> SavedPickError:
-        return SavedPickError(f"{self.path} {why}, and it cannot be set aside ({exc.strerror or exc}): "
-                              f"remove it by hand, or set {CACHE_ENV} to another folder")
+    def _stuck(self, why: str, exc: OSError) -> _Stuck:
+        return _Stuck(f"{self.path} {why}, and it cannot be set aside ({exc.strerror or exc}): "
+                      f"remove it by hand, or set {CACHE_ENV} to another folder")
 
     def records(self, strict: bool = False) -> dict[str, dict[str, Any]]:
-        """Every saved record by key (a consistent snapshot); ``strict``: a bad file raises after it is set aside."""
+        """Every saved record by key (a consistent snapshot); ``strict``: a bad file raises after it is set aside.
+
+        A bad file that cannot be set aside (a folder shared read-only) reads as empty too, said once: a reader
+        must not fail where a store it cannot change is damaged; ``strict`` raises, and saving into it is refused.
+        """
         if not self.path.is_file() and not special_file(self.path):
             return {}
         try:
             return self._validated()
         except _LeftAlone as exc:
-            if strict:
-                raise SavedPickError(str(exc)) from None
-            if self.file not in _SAID:
-                _SAID.add(self.file)
-                _log.warning("saved picks: %s", exc)
-            return {}
+            return self._left(exc, strict)
         except SavedPickError as exc:
             why = str(exc)
         lock = self._lock()
@@ -211,11 +216,22 @@ class ResultStore:
         except Timeout:
             raise self._busy("read") from None
         except OSError as exc:  # no lock file can be made here: neither can the bad file be set aside
-            raise self._stuck(why, exc) from None
+            return self._left(self._stuck(why, exc), strict)
         try:
             return self._load(strict)  # again under the lock: another process may have replaced it meanwhile
+        except _Stuck as exc:
+            return self._left(exc, strict)
         finally:
             lock.release()
+
+    def _left(self, exc: SavedPickError, strict: bool) -> dict[str, dict[str, Any]]:
+        """A store read as empty because it is left as it is: raised with ``strict``, else said once."""
+        if strict:
+            raise SavedPickError(str(exc)) from None
+        if self.file not in _SAID:
+            _SAID.add(self.file)
+            _log.warning("saved picks: %s%s", exc, "; meanwhile it reads as empty" if isinstance(exc, _Stuck) else "")
+        return {}
 
     def get(self, key: str) -> dict[str, Any] | None:
         return self.records().get(key)

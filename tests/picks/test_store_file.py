@@ -5,10 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import cupy_nwt
 from cupy_nwt import DataLoader, lookup
 from cupy_nwt.data.datasets import ArrayDataset
 from cupy_nwt.errors import ArgumentError, SavedPickError
@@ -137,3 +142,74 @@ def test_a_store_that_would_outgrow_what_a_reader_takes_drops_its_oldest_picks(t
     assert lookup(picks[9].fingerprint, tmp_path, similar=False) is None  # saved longest ago
     for bs in (8, 10, 11):
         assert lookup(picks[bs].fingerprint, tmp_path, similar=False).batch_size == bs
+
+
+DAMAGED = '{"format": "cupy_nwt.num_workers/1", "results": {'  # cut short by a crash or a full disk
+
+
+def test_a_damaged_store_in_a_folder_that_cannot_be_written_is_a_miss_with_one_warning(tmp_path, monkeypatch,
+                                                                                        caplog):
+    """A cache shared read-only still reads, damaged too: a miss for "auto" (it raised before), said once; a
+    caller that will not search, and a save, get one error each."""
+    (tmp_path / "num_workers.json").write_text(DAMAGED)
+    _no_lock_here(tmp_path)
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path))
+    with caplog.at_level("WARNING", logger="cupy_nwt.tuner"):
+        with DataLoader(DATA, batch_size=8, num_workers="auto", device="cpu", autotune=False) as loader:
+            assert loader.stats().num_workers_why.startswith("no saved pick")
+        assert lookup(_tuned().fingerprint) is None
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning.startswith(f"saved picks: {tmp_path / 'num_workers.json'} not valid JSON")
+    assert "and it cannot be set aside" in warning and warning.endswith("meanwhile it reads as empty")
+    with pytest.raises(SavedPickError, match="cannot be set aside .*remove it by hand"):
+        lookup(_tuned().fingerprint, strict=True)
+    with pytest.raises(ArgumentError, match="cannot hold the saved picks"):
+        _tuned().save_pick()
+    assert (tmp_path / "num_workers.json").read_text() == DAMAGED
+
+
+_READ_ONLY_USER = """
+import logging, sys
+import numpy as np
+from cupy_nwt import DataLoader, tune_num_workers
+from cupy_nwt.errors import SavedPickError
+
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+data = np.zeros((64, 4), np.float32)
+with DataLoader(data, batch_size=8, num_workers="auto", device="cpu", autotune=False) as loader:
+    print(loader.stats().num_workers_why)
+result = tune_num_workers(data, batch_size=8, max_workers=2, iterations=4, strategy="paper", device="cpu",
+                          progress=False, measure=lambda w, i, u: 1.0 / (w + 1))
+try:
+    result.save_pick()
+except SavedPickError as exc:
+    print("save:", exc)
+"""
+
+
+def test_a_damaged_store_in_a_read_only_folder_reads_as_a_miss_for_its_user(tmp_path):
+    """As a user the folder's mode stops (root with the capabilities that pass over modes dropped), with the
+    lock file an earlier save left: reading could lock but not set the file aside."""
+    user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"] if os.geteuid() == 0 else []
+    if user and shutil.which("setpriv") is None:
+        pytest.skip("root writes anywhere, and setpriv is not here to drop that")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "num_workers.json").write_text(DAMAGED)
+    (cache / "num_workers.json.lock").touch()
+    cache.chmod(0o555)
+    try:
+        if subprocess.run([*user, "touch", str(cache / "x")], capture_output=True, check=False).returncode == 0:
+            pytest.skip("this user writes into a read-only folder")
+        env = dict(os.environ, CUPY_NWT_CACHE_DIR=str(cache), PYTHONPATH=str(Path(cupy_nwt.__file__).parents[1]))
+        proc = subprocess.run([*user, sys.executable, "-c", _READ_ONLY_USER], capture_output=True, text=True,
+                              env=env, timeout=120, check=False)
+    finally:
+        cache.chmod(0o755)
+    assert proc.returncode == 0, proc.stderr
+    why, saved = proc.stdout.splitlines()
+    assert why.startswith("no saved pick") and saved.startswith("save: ")
+    assert "cannot be set aside (Permission denied): remove it by hand" in saved
+    (warning,) = proc.stderr.splitlines()
+    assert warning.startswith(f"saved picks: {cache / 'num_workers.json'} not valid JSON")
+    assert warning.endswith("meanwhile it reads as empty")
