@@ -71,6 +71,15 @@ def _int_option(text: str, name: str, minimum: int) -> int:
     return value
 
 
+def _number_option(text: str, name: str, **bounds: Any) -> float:
+    """A real-number option, checked as the function it feeds checks it, but named as typed (``--alpha``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise ArgumentError(f"{name} must be a number, got {text!r}") from None
+    return check_number(name, value, **bounds)
+
+
 def _size_option(text: str, name: str) -> int:
     try:
         return parse_size(text)
@@ -181,10 +190,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         _check_store(bool(args.dataset))
     synthetic_n = _int_option(args.synthetic_n, "--synthetic-n", 1)
     step = _step_option(args.step)
-    try:
-        alpha, tolerance = float(args.alpha), float(args.tolerance)
-    except ValueError:
-        raise ArgumentError(f"--alpha and --tolerance must be numbers, got {args.alpha!r}, {args.tolerance!r}") from None
+    alpha = _number_option(args.alpha, "--alpha", ge=0, unit="seconds per 100 iterations")
+    tolerance = _number_option(args.tolerance, "--tolerance", ge=0, lt=0.5)
     options = {**_workload(args), "alpha": alpha, "tolerance": tolerance, "strategy": args.strategy,
                "device": args.device, "prefetch_factor": _int_option(args.prefetch_factor, "--prefetch-factor", 1),
                "main_process": args.main_process, "step": step}

@@ -48,6 +48,18 @@ def test_tune_refuses_a_bad_option_before_building_anything(argv, needle, no_wor
     assert not no_work.exists()
 
 
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--alpha", "nan"], "--alpha must be a non-negative number of seconds per 100 iterations, got nan"),
+    (["--tolerance", "inf"], "--tolerance must be a number in [0, 0.5), got inf"),
+    (["--tolerance", "0.7"], "--tolerance must be a number in [0, 0.5), got 0.7"),
+    (["--alpha", "abc"], "--alpha must be a number, got 'abc'"),
+])
+def test_a_bad_alpha_or_tolerance_is_named_as_typed(argv, line, no_work, capsys):
+    assert cli.main(["tune", *SMALL, "--device", "cpu", *argv]) == cli.EXIT_USAGE
+    assert _one_line(capsys) == f"cupy-nwt tune: {line}\n"
+    assert not no_work.exists()
+
+
 @pytest.mark.parametrize("command", ["tune", "stats"])
 def test_device_cuda_without_a_gpu_is_refused_before_building_anything(command, no_work, monkeypatch, capsys):
     monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(False, "no usable GPU: test says so"))
