@@ -19,7 +19,6 @@ that then measures, its buffers would sit in every trial's memory figure on the 
 from __future__ import annotations
 
 import importlib
-import inspect
 import json
 import os
 import subprocess
@@ -28,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ArgumentError, RunError
+from ..picks.fingerprint import WRAPS
 
 SHORTCUTS = {"cifar": "cupy_nwt.data.transforms:CifarTrainTransform"}
 
@@ -66,8 +66,8 @@ def load_callable(spec: str, option: str) -> Callable[..., Any]:
 
 def named_step(step: Callable[[Any], Any], option: str) -> Callable[[Any], Any]:
     """The user's step as the command runs it: what it raises ends the run as one ``RunError`` line that
-    names the option, not as "unexpected error". It carries the step's own name (an instance's: its class's),
-    which keys the saved pick."""
+    names the option, not as "unexpected error". The saved pick is keyed by the step's own name
+    (``fingerprint.WRAPS``), as when the same step is given to ``tune_num_workers``."""
 
     def run(batch: Any) -> Any:
         try:
@@ -75,8 +75,7 @@ def named_step(step: Callable[[Any], Any], option: str) -> Callable[[Any], Any]:
         except Exception as exc:
             raise RunError(f"{option} raised {type(exc).__name__}: {exc}") from exc
 
-    named = step if inspect.isroutine(step) else type(step)
-    run.__module__, run.__qualname__ = named.__module__, named.__qualname__
+    setattr(run, WRAPS, step)
     return run
 
 

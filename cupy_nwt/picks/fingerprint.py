@@ -48,6 +48,7 @@ from .schema import build, check_fingerprint
 
 SIMILAR_RATIO = 1.25
 SIZING_TRIES = 8
+WRAPS = "cupy_nwt_wraps"  # the attribute by which a wrapper of ours names the user's callable inside it
 MAX_BOUND_CHARS = 200  # a partial's bound arguments kept in its name; the schema takes names of 1000
 _log = logging.getLogger("cupy_nwt.tuner")
 
@@ -174,6 +175,9 @@ def transform_name(transform: Any) -> str | None:
     """
     if transform is None:
         return None
+    wrapped = getattr(transform, WRAPS, None)
+    if wrapped is not None:  # a wrapper of this package's around the user's callable: named as that callable
+        return transform_name(wrapped)
     if isinstance(transform, functools.partial):
         return f"{transform_name(transform.func)}({_bound_arguments(transform)})"
     target = transform if isinstance(transform, type) or inspect.isroutine(transform) else type(transform)

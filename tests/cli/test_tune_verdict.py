@@ -158,3 +158,13 @@ def test_a_search_of_one_count_claims_no_trial(dataset, capsys):
     out = _tune(dataset, capsys, "--no-save", "--step", "0.001", *args, "--strategy", "fast")
     assert "pick: 0 workers" in out and "not measured" in out
     assert "main process:" not in out
+
+
+def test_a_partial_step_from_the_shell_is_keyed_as_the_api_keys_it(dataset, capsys, monkeypatch, tmp_path):
+    (tmp_path / "partialstep.py").write_text("import functools\n\ndef step(batch, seconds):\n    pass\n\n"
+                                             "slow = functools.partial(step, seconds=0.05)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _curve(monkeypatch, {0: 0.020, 1: 0.015, 2: 0.010})
+    doc = json.loads(_tune(dataset, capsys, "--step", "partialstep:slow", "--json"))
+    assert doc["fingerprint"]["work"]["step"] == "partialstep.step(seconds=0.05)"
