@@ -162,10 +162,11 @@ def settle_baselines() -> None:
 
 
 def read_uss(pid: int) -> int | None:
-    """A process's unique set size, the memory that is its own; None when it is gone or hidden."""
+    """A process's unique set size, the memory that is its own; None when it is gone, hidden, or unreadable
+    (no file descriptor left to open its /proc files with)."""
     try:
         return int(psutil.Process(pid).memory_full_info().uss)
-    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, AttributeError):
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied, AttributeError, OSError):
         return None
 
 

@@ -36,6 +36,10 @@ from ...system import memory_room
 TASKS_PER_WORKER = 3
 FDS_PER_WORKER = 5  # kept in the main process: the task and result pipes' ends, the spill socket, and the two
 # pipe ends multiprocessing keeps for the process (its sentinel, and the end whose closing tells it the parent is gone)
+#: open at once beyond those while a worker starts (the ends handed to it, multiprocessing's own pipes, and the
+#: server's connection): the last worker needs them too. Measured (Python 3.11): the fewest free descriptors
+#: that n workers start with are 5n + 5 under fork, 5n + 9 under forkserver and spawn
+START_FDS = {"fork": 5, "forkserver": 9, "spawn": 9}
 #: a worker's private (USS) memory right after its first batch of a small dataset, measured on Linux
 #: x86-64 with Python 3.11: what the smallest worker costs, before its dataset and imports grow it
 WORKER_BYTES = {"fork": 4 << 20, "forkserver": 8 << 20, "spawn": 24 << 20, "thread": 0}
@@ -161,8 +165,10 @@ def capacity(method: str, prefetch_factor: int, num_workers: int, limits: Limits
     tasks = f"processes: {', '.join(parts) or 'no limit found'}, {per_task} a worker"
     files = "open files: no limit"
     if process and lim.fds_left is not None:
-        fits["files"] = lim.fds_left // FDS_PER_WORKER
-        files = f"open files: {lim.fds_left:,} more (RLIMIT_NOFILE), {FDS_PER_WORKER} a worker"
+        starting = START_FDS.get(method, max(START_FDS.values()))
+        fits["files"] = max(0, lim.fds_left - starting) // FDS_PER_WORKER
+        files = (f"open files: {lim.fds_left:,} more (RLIMIT_NOFILE), {FDS_PER_WORKER} a worker and {starting} "
+                 "more while one starts")
     mem = f"memory: {lim.memory_bytes / 2**30:.1f} GiB free {lim.memory_bound}"
     if per_mem:
         # each worker's own memory, and at least two slots of a page each in the ring, for the ring's share

@@ -24,6 +24,7 @@ import io
 import mmap
 import os
 import pickle
+import resource
 import socket
 import struct
 import sys
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import PipeClosedError
+from ...errors import LoaderError, PipeClosedError
 from ..ring.frameworks import tensor_reduction
 
 _SHORT = struct.Struct("!i")
@@ -221,7 +222,12 @@ class Inbox:
         a descriptor open (Python 3.13's ``trackfd``; a caller may keep many batches), else read in one call."""
         if self.spill is None:
             raise PipeClosedError("a worker spilled a message where no socket takes it")
-        _, fds, _, _ = socket.recv_fds(self.spill, 1, 1)
+        _, fds, flags, _ = socket.recv_fds(self.spill, 1, 1)
+        if not fds and flags & socket.MSG_CTRUNC:  # the kernel dropped the file: this process is out of descriptors
+            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+            raise LoaderError(f"Too many open files: a batch's file from a worker could not be received (this process "
+                              f"holds its limit of {soft}, RLIMIT_NOFILE), and the batch is lost: raise the limit "
+                              "(ulimit -n, resource.setrlimit) or close files the program keeps open")
         if not fds:
             raise PipeClosedError("the worker's spill socket closed")
         total = sum(sizes)

@@ -24,10 +24,12 @@ for it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import multiprocessing as mp
 import os
 import pickle
+import resource
 import select
 import signal
 import socket
@@ -156,20 +158,31 @@ class WorkerPool(Dispatch):
         ctx, method = self._ctx, self._ctx.get_start_method()
         spec = WorkerSpec(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), shipped, worker_init_fn, rank,
                           world_size, self._file)
-        task_r, task_w = ctx.Pipe(duplex=False)
-        res_r, res_w = ctx.Pipe(duplex=False)
-        spill_r, spill_w = socket.socketpair() if pipes.CAN_SPILL else (None, None)
-        proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w, spill_w), name=f"cupy_nwt-worker-{w}",
-                           daemon=True)
+        ends: list[Any] = []
         try:
+            task_r, task_w = ctx.Pipe(duplex=False)
+            ends += (task_r, task_w)
+            res_r, res_w = ctx.Pipe(duplex=False)
+            ends += (res_r, res_w)
+            spill_r, spill_w = socket.socketpair() if pipes.CAN_SPILL else (None, None)
+            ends += (spill_r, spill_w)
+            proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w, spill_w), name=f"cupy_nwt-worker-{w}",
+                               daemon=True)
             with PIPE_WALK_LOCK:  # pickled (spawn, forkserver) or forked with torch's pipe hooks unset
                 proc.start()
-        except (pickle.PicklingError, AttributeError, TypeError, ConnectionError) as exc:
-            for c in (task_r, task_w, res_r, res_w, spill_r, spill_w):
+        except (pickle.PicklingError, AttributeError, TypeError, ConnectionError, OSError) as exc:
+            for c in ends:
                 if c is not None:
                     c.close()
+            if isinstance(exc, OSError) and exc.errno == errno.EMFILE:  # torch's words, then which limit
+                soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+                raise LoaderError(f"Too many open files: loader worker {w} could not be started (this process "
+                                  f"holds its limit of {soft} open files, RLIMIT_NOFILE): raise it (ulimit -n, "
+                                  "resource.setrlimit) or use fewer workers") from None
             if isinstance(exc, ConnectionError):  # the server's child died while being handed the process
                 raise LoaderError(f"loader worker {w} could not be started by {method}{exit_hint(method, 1)}") from None
+            if isinstance(exc, OSError):
+                raise
             raise LoaderError(pickling_advice(method, exc)) from exc
         task_r.close()
         res_w.close()
