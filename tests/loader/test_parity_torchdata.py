@@ -211,19 +211,23 @@ def test_torchdata_s_distributed_sampler_resumes_by_its_state(make, later, num_w
     assert head + rest == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9]]
 
 
+def randomly_sampled(make, given_as: str, batch_size: int, num_workers: int):
+    """A loader over torchdata's ``RandomSampler`` (seeded), given as the sampler or inside its ``BatchSampler``."""
+    samplers = pytest.importorskip("torchdata.stateful_dataloader.sampler", reason="torchdata is a test-only extra")
+    sampler = samplers.RandomSampler(Rows(), generator=torch.Generator().manual_seed(5))
+    if given_as == "batch_sampler":
+        return make(Rows(), batch_sampler=samplers.BatchSampler(sampler, batch_size, False), num_workers=num_workers)
+    return make(Rows(), batch_size=batch_size, sampler=sampler, num_workers=num_workers)
+
+
 @pytest.mark.parametrize("num_workers", [0, 2])
 @pytest.mark.parametrize("later", [False, True], ids=["first-epoch", "second-epoch"])
 @pytest.mark.parametrize("given_as", ["sampler", "batch_sampler"])
 def test_torchdata_s_random_sampler_resumes_by_its_iterator_s_state(make, given_as, later, num_workers):
     """torchdata: test_sampler.py's RandomSampler and BatchSampler cases (the state is their iterators': the
     generator as the iteration began and how far it got), also stopped in the second epoch."""
-    samplers = pytest.importorskip("torchdata.stateful_dataloader.sampler", reason="torchdata is a test-only extra")
-
     def build():
-        sampler = samplers.RandomSampler(Rows(), generator=torch.Generator().manual_seed(5))
-        if given_as == "batch_sampler":
-            return make(Rows(), batch_sampler=samplers.BatchSampler(sampler, 2, False), num_workers=num_workers)
-        return make(Rows(), batch_size=2, sampler=sampler, num_workers=num_workers)
+        return randomly_sampled(make, given_as, 2, num_workers)
 
     whole = build()
     uninterrupted = [epoch(whole) for _ in range(1 + later)][-1]
@@ -265,13 +269,8 @@ def test_torchdata_s_random_sampler_saved_between_epochs_resumes_the_next_epoch(
     """torchdata: test_sampler.py's RandomSampler, saved at an epoch's end. Only its iterator keeps a state (its
     generator advances with each iteration); without it the resumed loader drew epoch 0's order again, and every
     epoch after came one behind."""
-    samplers = pytest.importorskip("torchdata.stateful_dataloader.sampler", reason="torchdata is a test-only extra")
-
     def build():
-        sampler = samplers.RandomSampler(Rows(), generator=torch.Generator().manual_seed(5))
-        if given_as == "batch_sampler":
-            return make(Rows(), batch_sampler=samplers.BatchSampler(sampler, 3, False), num_workers=num_workers)
-        return make(Rows(), batch_size=3, sampler=sampler, num_workers=num_workers)
+        return randomly_sampled(make, given_as, 3, num_workers)
 
     whole = build()
     uninterrupted = [epoch(whole) for _ in range(3)]
