@@ -252,7 +252,7 @@ def fresh(options: Options, epoch: int, readers: list[Any] | None = None,
 def _map_state(options: Options, progress: EpochProgress) -> dict[str, Any]:
     plan: SessionPlan = progress.plan
     se = plan.session
-    done = set(range(plan.session.batches(plan.rank))) - set(plan.todo.tolist())
+    done = plan.done_before()
     done.update(int(plan.todo[i]) for i in progress.handed)
     k, extra = split_done(done)
     return {**_head(options, "map", progress.epoch), "world_size": se.world_size, "n": se.n,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -106,8 +107,8 @@ class SessionPlan:
 
     session: Session
     rank: int
-    order: np.ndarray  # the rank's shard, as dataset indices
-    todo: np.ndarray
+    order: np.ndarray | InOrder  # the rank's shard, as dataset indices
+    todo: np.ndarray | InOrder
     seeded: bool = True
 
     stream = False
@@ -118,13 +119,19 @@ class SessionPlan:
         if not (session.fresh and session.world_size == 1):  # else the shard is the whole order, as it is
             order = order[session.shard_positions(rank)]
         batches = num_batches(len(order), session.batch_size, session.drop_last)
-        todo = np.arange(batches, dtype=np.int64)
+        todo: np.ndarray | InOrder = InOrder(batches)
         taken = np.fromiter(done, dtype=np.int64)
         if len(taken):  # a mask, not np.setdiff1d: that sorts, seconds for an epoch of millions of batches
             keep = np.ones(batches, dtype=bool)
             keep[taken[(taken >= 0) & (taken < batches)]] = False
-            todo = todo[keep]
+            todo = np.flatnonzero(keep)
         return cls(session, rank, order, todo, seeded)
+
+    def done_before(self) -> set[int]:
+        """The session's batches delivered before this plan began (those it does not list)."""
+        if isinstance(self.todo, InOrder):
+            return set()
+        return set(range(self.session.batches(self.rank))) - set(self.todo.tolist())
 
     @property
     def epoch(self) -> int:
@@ -142,10 +149,36 @@ class SessionPlan:
                 i += 1
 
 
-def _epoch_order(session: Session) -> np.ndarray:
+def _epoch_order(session: Session) -> np.ndarray | InOrder:
     from .order import epoch_order  # noqa: PLC0415 - one import site keeps the tests' patching simple
 
-    return epoch_order(session.n, shuffle=session.shuffle, seed=session.seed, epoch=session.epoch)
+    if not session.shuffle:
+        return InOrder(session.n)
+    return epoch_order(session.n, shuffle=True, seed=session.seed, epoch=session.epoch)
+
+
+class InOrder:
+    """The order ``0 .. n-1`` of an epoch without shuffling, as ``np.arange(n)`` reads, made only where read: a
+    batch's slice, or the positions a shard takes. The whole array would cost 8 bytes a sample up front in
+    every epoch (1.6 GB for 200 million samples), where torch's ``SequentialSampler`` costs nothing."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, key: int | slice | np.ndarray) -> Any:
+        if isinstance(key, (int, np.integer)):
+            if not -self.n <= key < self.n:
+                raise IndexError(f"position {key} outside an order of {self.n}")
+            return int(key) % self.n
+        if isinstance(key, slice):
+            return np.arange(*key.indices(self.n), dtype=np.int64)
+        positions = np.asarray(key, dtype=np.int64)
+        if positions.size and not (-self.n <= positions.min() and positions.max() < self.n):
+            raise IndexError(f"positions outside an order of {self.n}")
+        return np.where(positions < 0, positions + self.n, positions)
 
 
 def split_done(done: Iterable[int]) -> tuple[int, list[int]]:
