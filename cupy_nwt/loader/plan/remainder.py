@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import OutOfRangeError
 from ...ranks import shard
 from .order import PlanTask, batch_seed, num_batches
 
@@ -171,13 +172,13 @@ class InOrder:
     def __getitem__(self, key: int | slice | np.ndarray) -> Any:
         if isinstance(key, (int, np.integer)):
             if not -self.n <= key < self.n:
-                raise IndexError(f"position {key} outside an order of {self.n}")
+                raise OutOfRangeError(f"position {key} outside an order of {self.n}")
             return int(key) % self.n
         if isinstance(key, slice):
             return np.arange(*key.indices(self.n), dtype=np.int64)
         positions = np.asarray(key, dtype=np.int64)
         if positions.size and not (-self.n <= positions.min() and positions.max() < self.n):
-            raise IndexError(f"positions outside an order of {self.n}")
+            raise OutOfRangeError(f"positions outside an order of {self.n}")
         return np.where(positions < 0, positions + self.n, positions)
 
 
