@@ -24,7 +24,6 @@ import io
 import mmap
 import os
 import pickle
-import resource
 import socket
 import struct
 import sys
@@ -33,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import LoaderError, PipeClosedError
+from ...errors import PipeClosedError
 from ..ring.frameworks import tensor_reduction
+from .capacity import out_of_files
 
 _SHORT = struct.Struct("!i")
 _LONG = struct.Struct("!Q")
@@ -224,10 +224,8 @@ class Inbox:
             raise PipeClosedError("a worker spilled a message where no socket takes it")
         _, fds, flags, _ = socket.recv_fds(self.spill, 1, 1)
         if not fds and flags & socket.MSG_CTRUNC:  # the kernel dropped the file: this process is out of descriptors
-            soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-            raise LoaderError(f"Too many open files: a batch's file from a worker could not be received (this process "
-                              f"holds its limit of {soft}, RLIMIT_NOFILE), and the batch is lost: raise the limit "
-                              "(ulimit -n, resource.setrlimit) or close files the program keeps open")
+            raise out_of_files("a batch's file from a worker could not be received, and the batch is lost",
+                               "close files the program keeps open")
         if not fds:
             raise PipeClosedError("the worker's spill socket closed")
         total = sum(sizes)

@@ -29,7 +29,6 @@ import math
 import multiprocessing as mp
 import os
 import pickle
-import resource
 import select
 import signal
 import socket
@@ -51,7 +50,7 @@ from ..ring.memory import RingFile
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from . import lifeline, pipes
-from .capacity import StartProgress
+from .capacity import StartProgress, out_of_files
 from .maker import BatchMaker, make_worker_error
 from .messages import (
     FromWorker,
@@ -174,11 +173,8 @@ class WorkerPool(Dispatch):
             for c in ends:
                 if c is not None:
                     c.close()
-            if isinstance(exc, OSError) and exc.errno == errno.EMFILE:  # torch's words, then which limit
-                soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-                raise LoaderError(f"Too many open files: loader worker {w} could not be started (this process "
-                                  f"holds its limit of {soft} open files, RLIMIT_NOFILE): raise it (ulimit -n, "
-                                  "resource.setrlimit) or use fewer workers") from None
+            if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
+                raise out_of_files(f"loader worker {w} could not be started", "use fewer workers") from None
             if isinstance(exc, ConnectionError):  # the server's child died while being handed the process
                 raise LoaderError(f"loader worker {w} could not be started by {method}{exit_hint(method, 1)}") from None
             if isinstance(exc, OSError):
