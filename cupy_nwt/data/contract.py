@@ -33,7 +33,7 @@ T_co = TypeVar("T_co", covariant=True)
 Style = Literal["map", "iterable"]
 
 __all__ = ["BatchedMapDataset", "EpochAware", "IterableDataset", "MapDataset", "ResumableStream", "StreamDataset",
-           "batch_getter", "dataset_style", "epoch_setter", "map_length", "own_epoch", "pickling_advice",
+           "batch_getter", "dataset_style", "epoch_setter", "followed_epoch", "map_length", "own_epoch", "pickling_advice",
            "stream_state_getter"]
 
 
@@ -132,6 +132,14 @@ def own_epoch(dataset: Any) -> int | None:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool):
         return None
     return int(value) if int(value) >= 0 else None
+
+
+def followed_epoch(dataset: Any, epoch: int, left: int | None) -> tuple[int, int | None]:
+    """The epoch a stream's next iteration runs, and its dataset's ``own_epoch`` as read now: the loader's
+    ``epoch``, unless the dataset reads back another than ``left`` (what the last iteration left there; None
+    before the first, when 0 is a fresh dataset's): the caller's own ``set_epoch`` put it there, and it wins."""
+    told = own_epoch(dataset)
+    return (told if told is not None and told != (left or 0) else epoch), told
 
 
 def stream_state_getter(dataset: Any) -> Callable[[], Any] | None:

@@ -50,7 +50,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .._checks import check_int
-from ..data.contract import own_epoch
+from ..data.contract import followed_epoch
 from ..errors import ArgumentError, LoaderError
 from ._options import Options, changed, following_group, resolve
 from ._runtime import LoaderParts, Runtime
@@ -212,7 +212,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._newest: weakref.ref | None = None  # the newest iterator, which a state_dict() begins if it has not
         self._iterators: weakref.WeakSet[Epoch[T_co]] = weakref.WeakSet()  # every live one, for close() to end
         self._reported_len: int | None = None  # an iterable dataset's len() when len(loader) was asked
-        self._told: int | None = None  # a stream's own epoch as the last iteration left it (``own_epoch``)
+        self._told: int | None = None  # a stream's own epoch as the last iteration left it (``followed_epoch``)
         self._initialized = True
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -358,9 +358,8 @@ class DataLoader(SettingsView, Generic[T_co]):
             self._close_active()
         self._runtime.follow(options)
         start, self._resume = self._resume, None
-        epoch, told = self._epoch, own_epoch(options.dataset) if options.sampling.style == "iterable" else None
-        if told is not None and told != (self._told or 0):  # the loop's own dataset.set_epoch since: its epoch
-            epoch = told
+        stream = options.sampling.style == "iterable"
+        epoch, told = followed_epoch(options.dataset, self._epoch, self._told) if stream else (self._epoch, None)
         start = start if start is not None and start["epoch"] == epoch else None
         if options.seed_drawn and start is None and is_iter_datapipe(options.dataset):
             drawn = torch_shared_seed()  # torch's loader draws a pipe's shared seed so, at each iter()
