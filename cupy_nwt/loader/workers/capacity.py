@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from ...errors import ArgumentError, LoaderError
+from ...errors import ArgumentError
 from ...reporting.progress import ProgressBar
 from ...system import memory_room
 
@@ -182,13 +182,6 @@ def capacity(method: str, prefetch_factor: int, num_workers: int, limits: Limits
     line = (f"this machine can hold about {n:,} loader workers started by {method} (bound by {bound}; {tasks}; "
             f"{files}; {mem}; {ring})")
     return Capacity(n, line)
-
-
-def out_of_files(what: str, remedy: str) -> LoaderError:
-    """This process at its open-files limit (RLIMIT_NOFILE): torch's words first, then what failed and the limit."""
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return LoaderError(f"Too many open files: {what} (this process holds its limit of {soft} open files, "
-                       f"RLIMIT_NOFILE): raise it (ulimit -n, resource.setrlimit) or {remedy}")
 
 
 def check_worker_count(num_workers: int, method: str, prefetch_factor: int, limits: Limits | None = None, *,

@@ -24,6 +24,7 @@ import io
 import mmap
 import os
 import pickle
+import resource
 import socket
 import struct
 import sys
@@ -32,9 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import PipeClosedError
+from ...errors import LoaderError, PipeClosedError
 from ..ring.frameworks import tensor_reduction
-from .capacity import out_of_files
 
 _SHORT = struct.Struct("!i")
 _LONG = struct.Struct("!Q")
@@ -61,6 +61,13 @@ def _dumps(msg: Any, buffer_callback: Callable[[pickle.PickleBuffer], bool] | No
     if buffer_callback is None:  # a task or an answer: every batch, keyword-free
         return pickle.dumps(msg)
     return pickle.dumps(msg, 5, buffer_callback=buffer_callback)
+
+
+def out_of_files(what: str, remedy: str) -> LoaderError:
+    """This process at its open-files limit (RLIMIT_NOFILE): torch's words first, then what failed and the limit."""
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return LoaderError(f"Too many open files: {what} (this process holds its limit of {soft} open files, "
+                       f"RLIMIT_NOFILE): raise it (ulimit -n, resource.setrlimit) or {remedy}")
 
 
 def send(fd: int, msg: Any, spill: socket.socket | None = None) -> None:

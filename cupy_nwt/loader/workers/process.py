@@ -50,7 +50,7 @@ from ..ring.memory import RingFile
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from . import lifeline, pipes
-from .capacity import StartProgress, out_of_files
+from .capacity import StartProgress
 from .maker import BatchMaker, make_worker_error
 from .messages import (
     FromWorker,
@@ -174,7 +174,7 @@ class WorkerPool(Dispatch):
                 if c is not None:
                     c.close()
             if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
-                raise out_of_files(f"loader worker {w} could not be started", "use fewer workers") from None
+                raise pipes.out_of_files(f"loader worker {w} could not be started", "use fewer workers") from None
             if isinstance(exc, ConnectionError):  # the server's child died while being handed the process
                 raise LoaderError(f"loader worker {w} could not be started by {method}{exit_hint(method, 1)}") from None
             if isinstance(exc, OSError):
