@@ -29,9 +29,10 @@ Elastic resume (map kind): a loader of another ``world_size`` takes the union of
 rank delivered and re-shards the rest over its own ranks (``Session.after``). Each new rank loads
 either any old rank's state, when all old ranks delivered the same batches in order (a DDP loop in
 lockstep), or the output of ``merge_states`` over every old rank's state. Each new rank plugs in
-its own ``rank`` and ``world_size``. A re-sharded rest keeps every sample exactly once and the
-ranks balanced; its transform seeds differ from the uninterrupted run's (only a same-world-size
-resume is bitwise the uninterrupted run).
+its own ``rank`` and ``world_size``. A re-sharded rest repeats no delivered sample and keeps the
+ranks balanced by DistributedSampler's rules (padded with up to ``world_size - 1`` samples of the rest,
+or with ``drop_last`` its tail left out); its transform seeds differ from the uninterrupted run's (only a
+same-world-size resume is bitwise the uninterrupted run).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from ..plan.order import StreamPlan
 from ..plan.remainder import Session, SessionPlan, join_done, split_done
 from .ledger import EpochProgress, Ledger
 from .readers import check_saveable, delivered, entry, fit_readers, reader_count
+from .sampler_randomness import Randomness, epoch_owner, stateful
 from .state_checks import STATE_VERSION, checked_state
 from .user_sampler import Draws, UserSamplerPlan, copied, load_into
 
@@ -109,9 +111,17 @@ def _user_sampler_plan(options: Options, epoch: int, start: Mapping[str, Any] | 
         began = copied(sampler.state_dict()) if hasattr(sampler, "state_dict") else None
         done = frozenset(join_done(start["delivered"], start["extra"])) if start is not None else frozenset()
         first, fresh_start = 0, loaded and start is not None and start["delivered"] == 0
+    saved = start.get("sampler_randomness") if start is not None else None
+    randomness = Randomness.of(sampler, saved) if position is None else None
+    owner = epoch_owner(sampler) if not stateful(sampler) else None
+    mid_epoch = start is not None and (int(start["delivered"]) > 0 or bool(start["extra"]))
+    saved_epoch = start.get("sampler_epoch") if start is not None and mid_epoch else None
+    if owner is not None and saved_epoch is not None and owner.epoch != saved_epoch:  # mid-epoch: that epoch's order
+        owner.set_epoch(saved_epoch)
     draws = Draws(sampler, s.batch_sampler is None, s.batch_size, s.drop_last, first, position, fresh_start,
-                  _keep(options))
-    return UserSamplerPlan(draws, s.seed, epoch, s.rank, s.world_size, done), began
+                  _keep(options), randomness)
+    return UserSamplerPlan(draws, s.seed, epoch, s.rank, s.world_size, done,
+                           sampler_epoch=owner.epoch if owner is not None else None), began
 
 
 def _map_plan(options: Options, start: Mapping[str, Any] | None, epoch: int) -> SessionPlan:
@@ -209,8 +219,11 @@ def state_of(options: Options, progress: EpochProgress) -> dict[str, Any]:
         position = progress.plan.draws.position_after(k)
         if position is None and k == 0 and start is None:  # drawn ahead, none delivered: where the iteration began
             position = progress.previous
+        randomness = progress.plan.draws.randomness
+        drawn_from = None if randomness is None else randomness.began or randomness.now()
         return {**_head(options, "sampler", progress.epoch), "delivered": k, "extra": extra,
-                "sampler_state": progress.sampler_state, "sampler_resume": copy.deepcopy(position), "workers": per}
+                "sampler_state": progress.sampler_state, "sampler_resume": copy.deepcopy(position),
+                "sampler_randomness": drawn_from, "sampler_epoch": progress.plan.sampler_epoch, "workers": per}
     start = progress.start or fresh(options, progress.epoch)
     first = int(start["next_task"])
     nxt = first + max(progress.handed) + 1 if progress.handed else first
@@ -244,8 +257,10 @@ def fresh(options: Options, epoch: int, readers: list[Any] | None = None,
     if kind == "sampler":  # the sampler's own state as it is now: it starts the epoch from there
         sampler = _sampler_of(options)
         live = sampler.state_dict() if callable(getattr(sampler, "state_dict", None)) else None
+        randomness = Randomness.of(sampler)
         return {**head, "delivered": 0, "extra": [], "sampler_state": copied(live),
-                "sampler_resume": copy.deepcopy(previous) if live is None else None, "workers": per}
+                "sampler_resume": copy.deepcopy(previous) if live is None else None,
+                "sampler_randomness": randomness.now() if randomness is not None else None, "workers": per}
     return {**head, "workers": per, "next_task": 0, "next_worker": None}
 
 

@@ -22,6 +22,7 @@ from ...data.contract import map_length
 from ...errors import StateError
 from ...ranks import MAX_WORLD_SIZE
 from ..plan.remainder import Session
+from .sampler_randomness import check_randomness
 
 if TYPE_CHECKING:
     from .._options import Options
@@ -35,7 +36,7 @@ KEYS = {
 }
 READER_KEYS = frozenset({"batches", "dataset", "iterator", "ended"})
 _BATCHING = frozenset({"batch_size", "drop_last"})  # a user sampler's and a stream's: optional, states saved before
-_OPTIONAL = {"map": frozenset({"ranks"}), "sampler": _BATCHING | {"sampler_resume"}, "iterable": _BATCHING}  # them load as they did
+_OPTIONAL = {"map": frozenset({"ranks"}), "sampler": _BATCHING | {"sampler_resume", "sampler_randomness", "sampler_epoch"}, "iterable": _BATCHING}  # them load as they did
 
 
 def _show(value: Any) -> str:
@@ -255,6 +256,9 @@ def _check_sampler(options: Options, sd: Mapping[str, Any]) -> None:
         if k == 0 and set(position) != {"iterator"}:
             refuse("sampler_resume", position, "before a delivered batch (delivered=0) a sampler's position is "
                    "its previous iteration's iterator state only")
+    check_randomness(options.sampling.batch_sampler or options.sampling.sampler, sd.get("sampler_randomness"))
+    if sd.get("sampler_epoch") is not None:
+        _int("sampler_epoch", sd["sampler_epoch"], 0, None)
 
 
 def _check_stream(options: Options, sd: Mapping[str, Any]) -> None:

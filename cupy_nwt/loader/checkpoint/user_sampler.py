@@ -25,20 +25,20 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...errors import StateError
 from ..plan.order import PlanTask, SamplerPlan, as_keys, grouped
+from .sampler_randomness import stateful
+
+if TYPE_CHECKING:
+    from .sampler_randomness import Randomness
 
 _END = object()
-
-
-def stateful(obj: Any) -> bool:
-    """Whether ``obj`` saves and loads a state of its own (torchdata's ``Stateful`` protocol)."""
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 def same_state(a: Any, b: Any) -> bool:
@@ -101,6 +101,8 @@ class Draws:
             iteration is loaded, then a new one begins.
         keep: How many states behind the first batch not yet handed on are kept (the batches handed on but
             not yet delivered to the caller, a device prefetcher's, are fewer).
+        randomness: The torch generator state the epoch is drawn from, for a sampler drawn again without a
+            state of its own (``sampler_randomness``), or None.
     """
 
     source: Any
@@ -111,6 +113,7 @@ class Draws:
     position: Mapping[str, Any] | None = None
     fresh_start: bool = False
     keep: int = 64
+    randomness: Randomness | None = None
     moves: bool | None = field(default=None, init=False)  # whether the state moved between the first two draws
     states: dict[int, dict[str, Any]] = field(default_factory=dict, init=False)  # batch -> states after it
     _handed: set[int] = field(default_factory=set, init=False)  # handed on, beyond ``_low``, the first not yet
@@ -120,13 +123,14 @@ class Draws:
     def __iter__(self) -> Iterator[Any]:
         if self.position is not None:
             self.moves = True
-        it = self._begin()
-        if self.position is not None and self.first == 0 and self.fresh_start:  # the previous iteration's, loaded
-            it = iter(self.source)
-        keeps = stateful(self.source) or stateful(it)
-        batches = self._cut(it)
-        b = self.first
-        keys = self._draw(batches, it, b, keeps)
+        with self.randomness.first_draw() if self.randomness is not None else nullcontext():
+            it = self._begin()
+            if self.position is not None and self.first == 0 and self.fresh_start:  # the previous iteration's
+                it = iter(self.source)
+            keeps = stateful(self.source) or stateful(it)
+            batches = self._cut(it)
+            b = self.first
+            keys = self._draw(batches, it, b, keeps)
         if keys is _END and self.fresh_start:
             it = iter(self.source)
             batches = self._cut(it)
@@ -214,6 +218,7 @@ class UserSamplerPlan(SamplerPlan):
 
     done: frozenset[int] = frozenset()
     ids: list[int] = field(default_factory=list)
+    sampler_epoch: int | None = None  # a ``DistributedSampler``'s epoch as this one began (``sampler_randomness``)
 
     @property
     def draws(self) -> Draws:

@@ -1,0 +1,184 @@
+"""torch's random samplers keep no state of their own, yet a training script resumed from a checkpoint must
+get the rest of the saved epoch: each drew its epoch from its ``generator`` (or torch's global one), and
+the state of that generator is saved and drawn from again (``cupy_nwt.loader.checkpoint.sampler_randomness``).
+torchdata 0.11's StatefulDataLoader repeats and loses samples in these cases, so the uninterrupted run is the
+reference here."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from cupy_nwt.errors import StateError
+from cupy_nwt.loader import DataLoader
+
+torch = pytest.importorskip("torch", reason="torch's samplers are the case")
+tud = pytest.importorskip("torch.utils.data", reason="torch's samplers are the case")
+
+pytestmark = pytest.mark.usefixtures("worker_type")
+
+N = 10
+
+
+def _td_random(generator: Any) -> Any:
+    sampler = pytest.importorskip("torchdata.stateful_dataloader.sampler", reason="torchdata's sampler is the case")
+    return sampler.RandomSampler(range(N), generator=generator)
+
+
+def _seeded() -> Any:
+    return torch.Generator().manual_seed(1)
+
+
+SAMPLERS: dict[str, Callable[[], dict[str, Any]]] = {
+    "RandomSampler(generator)": lambda: {"sampler": tud.RandomSampler(range(N), generator=_seeded()), "batch_size": 3},
+    "RandomSampler()": lambda: {"sampler": tud.RandomSampler(range(N)), "batch_size": 3},
+    "SubsetRandomSampler()": lambda: {"sampler": tud.SubsetRandomSampler(list(range(N))), "batch_size": 3},
+    "WeightedRandomSampler(generator)": lambda: {
+        "sampler": tud.WeightedRandomSampler([1.0] * N, N, replacement=False, generator=_seeded()), "batch_size": 3},
+    "BatchSampler(RandomSampler(generator))": lambda: {
+        "batch_sampler": tud.BatchSampler(tud.RandomSampler(range(N), generator=_seeded()), 3, False)},
+    "BatchSampler(torchdata RandomSampler)": lambda: {"batch_sampler": tud.BatchSampler(_td_random(_seeded()), 3, False)},
+}
+
+OWN_GENERATOR = {k for k in SAMPLERS if "generator" in k or "torchdata" in k}
+
+
+def ids(batches: Any) -> list[list[int]]:
+    return [b.tolist() for b in batches]
+
+
+def loader(kind: str, num_workers: int) -> DataLoader:
+    return DataLoader(list(range(N)), num_workers=num_workers, device="cpu", **SAMPLERS[kind]())
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("stop", [0, 1, 3])
+@pytest.mark.parametrize("kind", list(SAMPLERS))
+def test_a_script_resumed_in_its_second_epoch_gets_the_rest_of_it_and_the_next_as_uninterrupted(kind, stop, num_workers):
+    torch.manual_seed(7)
+    dl = loader(kind, num_workers)
+    whole = [ids(dl) for _ in range(3)]
+    dl.close()
+
+    torch.manual_seed(7)  # the first run: one epoch, part of the next, a checkpoint, then it is killed
+    dl = loader(kind, num_workers)
+    assert ids(dl) == whole[0]
+    it = iter(dl)
+    head = [next(it).tolist() for _ in range(stop)]
+    saved = json.dumps(dl.state_dict())
+    it.close()
+    dl.close()
+
+    torch.manual_seed(7)  # the resumed script seeds as it did, builds its sampler anew and loads the checkpoint
+    again = loader(kind, num_workers)
+    again.load_state_dict(json.loads(saved))
+    rest = ids(again)
+    assert head + rest == whole[1]
+    after = ids(again)
+    if kind in OWN_GENERATOR:  # the sampler's generator goes on as in the uninterrupted run
+        assert after == whole[2]
+    else:  # torch's global one is the script's, left as the script has it: another order of every sample
+        assert sorted(sum(after, [])) == list(range(N))
+    again.close()
+
+
+@pytest.mark.parametrize("kind", list(SAMPLERS))
+def test_a_checkpoint_taken_between_epochs_resumes_the_next_epoch_as_uninterrupted(kind):
+    torch.manual_seed(3)
+    dl = loader(kind, 0)
+    whole = [ids(dl) for _ in range(2)]
+    dl.close()
+    torch.manual_seed(3)
+    dl = loader(kind, 0)
+    ids(dl)
+    saved = json.dumps(dl.state_dict())
+    dl.close()
+    torch.manual_seed(3)
+    again = loader(kind, 0)
+    again.load_state_dict(json.loads(saved))
+    assert ids(again) == whole[1]
+    again.close()
+
+
+def test_the_script_s_own_torch_random_stream_is_not_moved_by_the_resumed_sampler_s_draw():
+    dl = loader("RandomSampler()", 0)
+    it = iter(dl)
+    next(it)
+    saved = dl.state_dict()
+    it.close()
+    dl.close()
+    again = loader("RandomSampler()", 0)
+    again.load_state_dict(saved)
+    torch.manual_seed(11)
+    before = torch.get_rng_state()
+    batches = iter(again)
+    next(batches)
+    assert torch.equal(torch.get_rng_state(), before)
+    batches.close()
+    again.close()
+
+
+@pytest.mark.parametrize(("bad", "says"), [(12, "expected null or base64 text, got int"),
+                                           ("AAAA", "another length"),
+                                           ("not base64!", "expected base64 text")])
+def test_a_damaged_generator_state_is_refused_when_loaded_and_the_loader_is_left_as_it_was(bad, says):
+    dl = loader("RandomSampler(generator)", 0)
+    first = ids(dl)
+    state = dl.state_dict()
+    state["sampler_randomness"] = bad
+    with pytest.raises(StateError, match=says) as caught:
+        dl.load_state_dict(state)
+    assert "\n" not in str(caught.value)
+    assert len(sum(ids(dl), [])) == N and ids(dl) != first  # it goes on with its own next epochs
+    dl.close()
+
+
+def _distributed(batched: bool) -> dict[str, Any]:
+    from torch.utils.data.distributed import DistributedSampler
+
+    sampler = DistributedSampler(range(12), num_replicas=1, rank=0, shuffle=True, seed=0)
+    return {"batch_sampler": tud.BatchSampler(sampler, 2, False)} if batched else {"sampler": sampler, "batch_size": 2}
+
+
+def _epoch_sampler(kw: dict[str, Any]) -> Any:
+    return kw["sampler"] if "sampler" in kw else kw["batch_sampler"].sampler
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_resumed_script_that_forgets_set_epoch_still_gets_the_rest_of_the_saved_epoch(batched, num_workers):
+    """A ``DistributedSampler`` draws from (seed, epoch): its epoch as the saved epoch began is saved and set
+    again mid-epoch, so the delivered batches are skipped from that epoch's order (torchdata 0.11 skips them
+    from epoch 0's, repeating three samples of 12 and losing three)."""
+    kw = _distributed(batched)
+    dl = DataLoader(list(range(12)), num_workers=num_workers, device="cpu", **kw)
+    _epoch_sampler(kw).set_epoch(1)
+    whole = ids(dl)
+    it = iter(dl)
+    head = [next(it).tolist() for _ in range(3)]
+    saved = json.dumps(dl.state_dict())
+    it.close()
+    dl.close()
+    kw = _distributed(batched)  # the resumed script builds its sampler anew and does not call set_epoch(1)
+    again = DataLoader(list(range(12)), num_workers=num_workers, device="cpu", **kw)
+    again.load_state_dict(json.loads(saved))
+    assert head + ids(again) == whole
+    again.close()
+
+
+def test_a_set_epoch_called_after_a_state_saved_between_epochs_is_the_script_s_to_make():
+    kw = _distributed(False)
+    dl = DataLoader(list(range(12)), device="cpu", **kw)
+    ids(dl)
+    saved = dl.state_dict()
+    dl.close()
+    kw = _distributed(False)
+    again = DataLoader(list(range(12)), device="cpu", **kw)
+    again.load_state_dict(saved)
+    _epoch_sampler(kw).set_epoch(5)
+    expected = list(_epoch_sampler(kw))
+    assert sum(ids(again), []) == expected
+    again.close()
