@@ -7,12 +7,11 @@ is; we read them, check they agree, and shard.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -223,66 +222,3 @@ def device_for_rank(layout: RankLayout, device_count: int) -> int:
     if device_count < 1:
         raise ArgumentError("no CUDA device to assign")
     return layout.local_rank % device_count
-
-
-@dataclass(frozen=True)
-class Communicator:
-    """A communicator the program already has, used only to broadcast small values from rank 0."""
-
-    name: str  # "torch.distributed" | "mpi4py"
-    broadcast: Callable[[Any], Any]  # every rank calls it; all get rank 0's value
-
-
-def _torch_communicator(layout: RankLayout) -> Communicator | None:
-    dist = sys.modules.get("torch.distributed")  # never import torch ourselves: seconds of start-up
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return None
-    if (dist.get_world_size(), dist.get_rank()) != (layout.world_size, layout.rank):
-        _log.warning("torch.distributed is initialised as rank %d of %d but the loader is rank %d of %d: "
-                     "not using it", dist.get_rank(), dist.get_world_size(), layout.rank, layout.world_size)
-        return None
-
-    def broadcast(value: Any) -> Any:
-        box = [value]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    return Communicator("torch.distributed", broadcast)
-
-
-def _mpi_communicator(layout: RankLayout) -> Communicator | None:
-    if "mpi4py.MPI" not in sys.modules:
-        # importing mpi4py.MPI initialises MPI: only do it where an MPI launcher started us
-        if layout.launcher not in ("openmpi", "mpich") or importlib.util.find_spec("mpi4py") is None:
-            return None
-    from mpi4py import MPI  # noqa: PLC0415
-
-    comm = MPI.COMM_WORLD
-    if (comm.Get_size(), comm.Get_rank()) != (layout.world_size, layout.rank):
-        _log.warning("MPI.COMM_WORLD has rank %d of %d but the loader is rank %d of %d: not using it",
-                     comm.Get_rank(), comm.Get_size(), layout.rank, layout.world_size)
-        return None
-    return Communicator("mpi4py", lambda value: comm.bcast(value, root=0))
-
-
-def find_communicator(layout: RankLayout) -> Communicator | None:
-    """The program's own communicator when it matches ``layout``: torch.distributed, else mpi4py.
-
-    We open no sockets of our own: without an initialised ``torch.distributed`` process group, or
-    ``mpi4py`` under an MPI launcher, ranks cannot talk and this returns None. A single process
-    needs no communicator.
-    """
-    if not layout.is_distributed:
-        return None
-    return _torch_communicator(layout) or _mpi_communicator(layout)
-
-
-def agree(value: Any, layout: RankLayout) -> tuple[Any, str | None]:
-    """Rank 0's ``value`` on every rank, and the communicator used; own value and None without one.
-
-    Every rank of the layout must call this at the same point (it is a collective).
-    """
-    comm = find_communicator(layout)
-    if comm is None:
-        return value, None
-    return comm.broadcast(value), comm.name

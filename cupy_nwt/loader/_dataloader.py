@@ -31,8 +31,8 @@ Several ranks (torch.distributed, torchrun, Lightning, SLURM, MPI): each rank bu
 given (a group initialised after the loader was made is followed), each rank takes its shard of every epoch (see
 ``plan.order.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
 unless ``device="cuda:N"`` names one. ``num_workers="auto"`` with nothing saved tunes online within the
-rank's share of the CPUs (see ``_options.auto_cpus``), and every rank takes rank 0's saved pick where
-there is one (``picks.pick.saved_pick``).
+rank's share of the CPUs (see ``_options.auto_cpus``), and each rank takes the saved pick of its node's
+store where there is one (``picks.pick.saved_pick``). Nothing at construction talks to other ranks.
 
 Worker start method (``multiprocessing_context=None``): ``forkserver`` when CUDA is in use in this
 process (the loader targets the GPU, or CuPy is imported and a GPU is usable, or a GPU runtime runs),
@@ -69,10 +69,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DataLoader"]
 
-_FIXED = frozenset({"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"})
-_SETTABLE = frozenset({"num_workers", "worker_type", "prefetch_factor", "pin_memory", "collate_fn", "batch_transform",
-                       "worker_init_fn", "timeout", "in_order", "zero_copy", "device", "device_id", "seed",
-                       "stall_warning_s", "rank_layout", "output", "pin_memory_device"})
 T_co = TypeVar("T_co", covariant=True)
 
 
@@ -113,8 +109,8 @@ class DataLoader(SettingsView, Generic[T_co]):
     the ``n % world_size`` tail of the order is left out instead, and each rank's short last batch
     is dropped. A user's ``sampler`` or ``batch_sampler`` is used as given (shard it yourself), and
     an iterable-style dataset reads ``rank`` and ``world_size`` from ``get_worker_info()``.
-    ``seed=None`` with several ranks uses rank 0's fresh seed when ``torch.distributed`` or mpi4py can
-    broadcast it, else 0. On the GPU the device is ``local_rank % device_count`` unless
+    ``seed=None`` with several ranks is 0 on every rank, as DistributedSampler's default (no rank asks
+    another, so a loader made on one rank alone does not wait). On the GPU the device is ``local_rank % device_count`` unless
     ``device="cuda:N"``; ``device_id`` says which.
 
     ``autotune=True`` (map-style; ``num_workers`` >= 1 or "auto" is where it starts) retunes the active
@@ -175,6 +171,8 @@ class DataLoader(SettingsView, Generic[T_co]):
             counted in ``stats()`` (map-style datasets); "raise" (the default) fails its batch.
         max_bad_samples: with "skip", more bad samples than this in one epoch stop it with
             ``TooManyBadSamplesError`` (None: no limit).
+        snapshot_every_n_steps: torchdata's, accepted, checked and read back; it has nothing to do here, as every
+            batch already brings its worker's dataset state.
         parts: the loader's collaborators (CUDA operations, memory reader, clock, listeners), for tests.
     """
 
@@ -190,7 +188,8 @@ class DataLoader(SettingsView, Generic[T_co]):
                  rank: int | None = None, world_size: int | None = None, worker_type: str | None = None,
                  autotune: Any = None, cpu_budget: int | None = None, memory_budget: int | None = None,
                  stall_warning_s: float | None = STALL_WARNING_S, on_bad_sample: str = "raise",
-                 max_bad_samples: int | None = None, parts: LoaderParts | None = None) -> None:
+                 max_bad_samples: int | None = None, snapshot_every_n_steps: int | None = 1,
+                 parts: LoaderParts | None = None) -> None:
         if parts is not None and not isinstance(parts, LoaderParts):
             raise ArgumentError(f"parts must be a LoaderParts, got {type(parts).__name__}")
         options = resolve(
@@ -201,28 +200,35 @@ class DataLoader(SettingsView, Generic[T_co]):
             world_size=world_size, worker_type=worker_type, autotune=autotune, cpu_budget=cpu_budget,
             memory_budget=memory_budget, stall_warning_s=stall_warning_s, pin_memory_device=pin_memory_device,
             output=output, on_bad_sample=on_bad_sample, max_bad_samples=max_bad_samples,
+            snapshot_every_n_steps=snapshot_every_n_steps,
             gpus=parts.ops if parts is not None else None)
         object.__setattr__(self, "_options", options)
-        self._runtime = Runtime.of(options, parts)
-        self._finalizer = weakref.finalize(self, self._runtime.close)
         self._epoch = 0
         self._resume: dict[str, Any] | None = None  # a loaded state, for the next iteration
+        self._reported_len: int | None = None  # an iterable dataset's len() when len(loader) was asked
+        self._told: int | None = None  # a stream's own epoch as the last iteration left it (``followed_epoch``)
+        self._initialized = True
+        self._start(parts)
+
+    def _start(self, parts: LoaderParts | None) -> None:
+        """What this process holds for the loader: the runtime (workers, rings) and the live iterations."""
+        self._runtime = Runtime.of(self._options, parts)
+        self._finalizer = weakref.finalize(self, self._runtime.close)
         self._active: weakref.ref | None = None  # the shared workshop's epoch (a new one ends it)
         self._last: EpochState | None = None  # the newest epoch's bookkeeping: what state_dict() describes
         self._newest: weakref.ref | None = None  # the newest iterator, which a state_dict() begins if it has not
         self._iterators: weakref.WeakSet[Epoch[T_co]] = weakref.WeakSet()  # every live one, for close() to end
-        self._reported_len: int | None = None  # an iterable dataset's len() when len(loader) was asked
-        self._told: int | None = None  # a stream's own epoch as the last iteration left it (``followed_epoch``)
-        self._initialized = True
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _FIXED and getattr(self, "_initialized", False):
-            raise ArgumentError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
-        if name in _SETTABLE:  # as PyTorch allows; checked as the constructor checks it; the next iteration uses it
-            # (device, pin_memory and output too: ``Runtime.follow``)
-            object.__setattr__(self, "_options", changed(self._options, name, value, self._runtime.ops))
-            return
-        super().__setattr__(name, value)
+    def __getstate__(self) -> dict[str, Any]:
+        """A copy for another process (``torch.multiprocessing.spawn``, Lightning's ``ddp_spawn``) or for
+        ``copy.deepcopy``: the settings, the epoch and a loaded state not yet begun. Workers, rings and
+        iterations stay this process's: the copy starts its own (a ``state_dict()`` carries an iteration)."""
+        return {k: v for k, v in self.__dict__.items()
+                if k not in ("_runtime", "_finalizer", "_active", "_last", "_newest", "_iterators")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._start(None)
 
     @property
     def sampler(self) -> Any:
@@ -248,14 +254,6 @@ class DataLoader(SettingsView, Generic[T_co]):
         if s.sampler is not None:
             return SamplerBatches(s.sampler, s.batch_size, s.drop_last)
         return s.batch_sampler_for(self.dataset, self._epoch)
-
-    @property
-    def multiprocessing_context(self) -> Any:
-        return self._options.multiprocessing_context
-
-    @multiprocessing_context.setter
-    def multiprocessing_context(self, value: Any) -> None:
-        object.__setattr__(self, "_options", self._options.with_context(value))
 
     @property
     def start_method(self) -> str:
@@ -414,8 +412,9 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._follow_process_group()  # a state is checked against the ranks it will run on
         options = self._options
         seed = state.get("seed") if isinstance(state, dict) else None
-        if options.seed_drawn and type(seed) is int and seed >= 0:
-            options = replace(changed(options, "seed", seed), seed_drawn=True)  # drawn here, saved there
+        if (options.seed_drawn or options.generator_given) and type(seed) is int and seed >= 0:
+            # drawn here (from torch, or the given generator, whose state torchdata restores), saved there
+            options = replace(changed(options, "seed", seed), seed_drawn=options.seed_drawn)
         self._resume = check_state(options, state)
         object.__setattr__(self, "_options", options)
         self._epoch = int(self._resume["epoch"])

@@ -23,7 +23,7 @@ from .. import system
 from .._checks import check_bool, check_int, check_number
 from ..errors import ArgumentError, ArgumentTypeError
 from ..picks.pick import OnlinePick, auto_fingerprint, auto_request, missing, saved_pick
-from ..ranks import RankLayout, agree, process_group_layout, rank_layout, worker_budget
+from ..ranks import RankLayout, process_group_layout, rank_layout, worker_budget
 from ._stats import STALL_WARNING_S, check_stall
 from .device.place import resolve_device
 from .device.prefetch import PrefetchOps
@@ -74,6 +74,13 @@ class Options:
     on_bad_sample: str = "raise"  # "skip": a sample that fails to read or decode is left out of its batch
     max_bad_samples: int | None = None  # with "skip": more in one epoch stops it (None: no limit)
     torch_in_use: bool = False  # torch was imported when the loader was made (``frameworks.uses_torch``)
+    snapshot_every_n_steps: int | None = 1  # torchdata's, read back; every batch brings its reader's state here
+
+    @property
+    def generator_given(self) -> bool:
+        """Whether the seed was drawn from a NumPy or torch generator (not an int), which a state's seed replaces
+        as torchdata restores its generator from the state."""
+        return self.generator is not None and not isinstance(self.generator, (int, np.integer))
 
     @property
     def rank(self) -> int:
@@ -110,6 +117,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
             pin_memory_device: Any = "", output: Any = "auto",
             rank: Any, world_size: Any, worker_type: Any, autotune: Any, cpu_budget: Any, memory_budget: Any,
             stall_warning_s: Any = STALL_WARNING_S, on_bad_sample: Any = "raise", max_bad_samples: Any = None,
+            snapshot_every_n_steps: Any = 1,
             gpus: PrefetchOps | None = None) -> Options:
     """``DataLoader``'s arguments, checked in PyTorch's order and resolved; ``gpus``: a loader's own CUDA ops."""
     seed = seed_from(seed, generator)
@@ -140,7 +148,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
     check_pin_memory(pin_memory, pin_memory_device, device, stacklevel=4)
     output = check_output(output, device)
     seed_drawn = seed is None
-    seed = agreed_seed(layout) if seed is None else seed
+    seed = default_seed(layout) if seed is None else seed
     if shuffle is not None and is_iter_datapipe(dataset):  # torch applies it to the pipe's shufflers
         dataset, shuffle = with_shuffle_settings(dataset, shuffle), None
     sampling = Sampling.resolve(dataset, batch_size, shuffle, sampler, batch_sampler, drop_last, seed, layout.rank,
@@ -149,6 +157,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
                           iterable=sampling.style == "iterable", default_cpus=max(1, auto_cpus(layout)) if auto is not None else None)
     why = None
     on_bad_sample, max_bad_samples = check_bad_samples(on_bad_sample, max_bad_samples, sampling.style == "iterable")
+    snapshot_every_n_steps = check_int("snapshot_every_n_steps", snapshot_every_n_steps, ge=0, optional=True)
     if auto is None:
         warn_if_too_many_workers(num_workers, stacklevel=4, method=_method(worker_type, context, device),
                                  prefetch_factor=prefetch_factor)
@@ -164,7 +173,7 @@ def resolve(dataset: Any, batch_size: Any, shuffle: Any, sampler: Any, batch_sam
                    collate_fn, batch_transform, worker_init_fn, bool(persistent_workers), timeout, bool(in_order),
                    bool(zero_copy), context, multiprocessing_context, pin_memory_device, output, device, device_id, layout,
                    seed, stall_warning_s, tuning, generator, seed_drawn, why, on_bad_sample, max_bad_samples,
-                   uses_torch())
+                   uses_torch(), snapshot_every_n_steps)
 
 
 def check_bad_samples(on_bad_sample: Any, max_bad_samples: Any, iterable: bool) -> tuple[str, int | None]:
@@ -206,10 +215,10 @@ def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_me
     fp = auto_fingerprint(dataset, batch_size=sampling.batch_size, prefetch_factor=prefetch_factor,
                           pin_memory=pin_memory, device=device, batch_transform=batch_transform, layout=layout,
                           step=step)
-    hit = saved_pick(fp, layout, worker_type=worker_type)
+    hit = saved_pick(fp, worker_type=worker_type)
     if hit is not None:
         tuning = tuning.starting(hit.workers, prefetch_factor) if tuning is not None else None
-        return hit.workers, tuning, hit.worker_type, hit.why or f"rank 0's saved pick, {hit.workers} workers"
+        return hit.workers, tuning, hit.worker_type, hit.why or f"the saved pick, {hit.workers} workers"
     if tuning is None:
         cpus = auto_cpus(layout)
         if cpus < 1 or untuned:
@@ -224,27 +233,21 @@ def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_me
     return tuning.workers, tuning, chosen, why
 
 
-def agreed_seed(layout: RankLayout) -> int:
-    """A fresh seed, the same on every rank: rank 0's through the program's communicator, else 0.
-
-    Drawn from torch's global generator where torch is imported (as torch draws its base seed), else
-    from the OS."""
-    drawn = torch_global_seed()
-    fresh = fresh_seed() if drawn is None else drawn
-    if not layout.is_distributed:
-        return fresh
-    seed, via = agree(fresh, layout)
-    if via is None:
-        _log.info("seed=None on %d ranks with no torch.distributed or mpi4py to agree on a fresh one: "
-                  "using seed %d on every rank, as DistributedSampler does", layout.world_size, unagreed_seed())
+def default_seed(layout: RankLayout) -> int:
+    """``seed=None``'s seed: fresh for one process, drawn from torch's global generator where torch is imported
+    (as torch draws its base seed), else from the OS; on several ranks 0 (``unagreed_seed``), as
+    DistributedSampler's default, the same on every rank without asking the others (a collective here would
+    hang a loader made on one rank alone, such as rank 0's validation set)."""
+    if layout.is_distributed:
         return unagreed_seed()
-    return int(seed)
+    drawn = torch_global_seed()
+    return fresh_seed() if drawn is None else drawn
 
 
 def following_group(options: Options) -> Options:
     """``options`` with the rank layout of a ``torch.distributed`` group initialised after the loader was made
     (a loader built before ``Trainer.fit`` launched the ranks), unless ``rank``/``world_size`` were given. A
-    drawn seed then becomes what every rank without a communicator uses (``unagreed_seed``)."""
+    drawn seed then becomes what every rank uses (``unagreed_seed``)."""
     if options.rank_layout.launcher == "explicit":
         return options
     group = process_group_layout()
@@ -257,7 +260,7 @@ def following_group(options: Options) -> Options:
 
 
 def unagreed_seed() -> int:
-    """The seed every rank uses when ranks cannot agree on a fresh one: 0, DistributedSampler's default."""
+    """``seed=None``'s seed on several ranks: 0, DistributedSampler's default."""
     return 0
 
 
@@ -422,6 +425,10 @@ def changed(options: Options, name: str, value: Any, gpus: PrefetchOps | None = 
     if name == "seed":
         seed = check_int("seed", value, ge=0)
         return replace(o, seed=seed, sampling=replace(o.sampling, seed=seed), seed_drawn=False)
+    if name == "generator":  # drawn from once, now, as the constructor draws from it; None draws afresh
+        drawn = seed_from(None, value)
+        seed = default_seed(o.rank_layout) if drawn is None else drawn
+        return replace(o, seed=seed, sampling=replace(o.sampling, seed=seed), seed_drawn=drawn is None, generator=value)
     if name == "stall_warning_s":
         return replace(o, stall_warning_s=check_stall(value))
     if name == "rank_layout":

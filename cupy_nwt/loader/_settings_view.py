@@ -1,7 +1,8 @@
-"""The loader's settings read back as PyTorch's DataLoader exposes them (``loader.num_workers``, ...).
+"""The loader's settings read back and set as PyTorch's DataLoader exposes them (``loader.num_workers``, ...).
 
-A mixin of read-only views over the frozen ``Options``: the loader owns the options and replaces them
-when a settable attribute changes, so each view reads the current ones and holds nothing itself.
+A mixin of views over the frozen ``Options``: the loader owns the options and replaces them when a
+settable attribute is set (checked as the constructor checks it), so each view reads the current ones
+and holds nothing itself; the attributes PyTorch fixes at construction stay fixed.
 """
 
 from __future__ import annotations
@@ -9,16 +10,41 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ..errors import ArgumentError
 from ..ranks import RankLayout
-from ._options import Options
+from ._options import Options, changed
 from .ring.collate import default_collate, torch_default_collate
 from .ring.frameworks import AUTO_TORCH
 
+_FIXED = frozenset({"batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers"})
+_SETTABLE = frozenset({"num_workers", "worker_type", "prefetch_factor", "pin_memory", "collate_fn", "batch_transform",
+                       "worker_init_fn", "timeout", "in_order", "zero_copy", "device", "device_id", "seed",
+                       "stall_warning_s", "rank_layout", "output", "pin_memory_device", "generator"})
+
 
 class SettingsView:
-    """``DataLoader``'s attributes that mirror its arguments, each read from ``self._options``."""
+    """``DataLoader``'s attributes that mirror its arguments, each read from ``self._options`` and, where
+    PyTorch lets it be set, set by replacing them."""
 
     _options: Options
+    _runtime: Any  # the loader's ``Runtime``: its GPUs are what ``device`` is checked against
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _FIXED and getattr(self, "_initialized", False):
+            raise ArgumentError(f"{name} attribute should not be set after {type(self).__name__} is initialized")
+        if name in _SETTABLE:  # as PyTorch allows; checked as the constructor checks it; the next iteration uses it
+            # (device, pin_memory and output too: ``Runtime.follow``)
+            object.__setattr__(self, "_options", changed(self._options, name, value, self._runtime.ops))
+            return
+        super().__setattr__(name, value)
+
+    @property
+    def multiprocessing_context(self) -> Any:
+        return self._options.multiprocessing_context
+
+    @multiprocessing_context.setter
+    def multiprocessing_context(self, value: Any) -> None:
+        object.__setattr__(self, "_options", self._options.with_context(value))
 
     @property
     def options(self) -> Options:
@@ -107,6 +133,10 @@ class SettingsView:
     @property
     def stall_warning_s(self) -> float | None:
         return self._options.stall_warning_s
+
+    @property
+    def snapshot_every_n_steps(self) -> int | None:
+        return self._options.snapshot_every_n_steps
 
     @property
     def rank_layout(self) -> RankLayout:

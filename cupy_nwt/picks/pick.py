@@ -1,7 +1,7 @@
 """``DataLoader(num_workers="auto")``'s side of the store: the request, the saved pick, and the pick a
 loader tuned online saves.
 
-A hit is the saved pick for this machine and work (the fingerprint), agreed across ranks. On a miss
+A hit is the saved pick for this machine and work (the fingerprint), each rank's from its own store. On a miss
 the loader tunes online (``loader.tuning``) and, once its tuner has settled, saves what it settled
 at through :class:`OnlinePick`, so the next ``"auto"`` loader reuses it. Nothing here searches: the
 offline search (``cupy_nwt.nwt``) builds loaders, so it sits above the loader, and this module below.
@@ -19,7 +19,7 @@ from typing import Any
 from .. import system
 from .._checks import check_number
 from ..errors import ArgumentError, CupyNwtError
-from ..ranks import RankLayout, agree, rank_layout
+from ..ranks import RankLayout, rank_layout
 from ..reporting.units import plural
 from .fingerprint import Fingerprint, device_kind, machine_fingerprint, work_fingerprint
 from .store import SaveOutcome, TuneResult, lookup, pick_store
@@ -82,30 +82,20 @@ class SavedPick:
     why: str | None
 
 
-def saved_pick(fp: Fingerprint, layout: RankLayout, *, worker_type: str | None = None,
-               cache_dir: str | Path | None = None) -> SavedPick | None:
-    """The saved pick for this machine and work (or similar work), agreed across ranks; None on a miss.
+def saved_pick(fp: Fingerprint, *, worker_type: str | None = None, cache_dir: str | Path | None = None) -> SavedPick | None:
+    """The saved pick for this machine and work (or similar work); None on a miss.
 
-    Where the program has a communicator (``torch.distributed`` initialised, or mpi4py under an MPI
-    launcher) every rank takes rank 0's saved count, so all nodes run one count; when rank 0 has
-    none, each rank goes by its own store (a miss tunes online). Every rank must call this at the
-    same point, as the DataLoader constructor does (it is a collective). The worker type is
-    ``worker_type`` if given, else the saved pick's ("process" without one).
+    Each rank reads its own store (the ranks of one node share it): no collective, so a loader made on one
+    rank alone (rank 0's validation set) does not wait for the others. The worker count does not change
+    the order, so ranks running different counts still deliver alike. The worker type is ``worker_type``
+    if given, else the saved pick's ("process" without one).
     """
     saved = lookup(fp, cache_dir)
-    if saved is not None:
-        _log_saved(saved, fp)
-    own = saved.best_workers if saved is not None else None
-    agreed, via = agree(own, layout)
-    if via is not None and agreed is not None and agreed != own:
-        _log.info("num_workers='auto': this rank's saved pick is %s, rank 0's (via %s) is %d; using rank 0's",
-                  "none" if own is None else own, via, agreed)
-    elif agreed is None:
-        agreed = own
-    if agreed is None:
+    if saved is None:
         return None
-    kind = worker_type or (saved.worker_type if saved is not None else "process")
-    return SavedPick(int(agreed), kind, pick_reason(int(agreed), fp, cache_dir))
+    _log_saved(saved, fp)
+    kind = worker_type or saved.worker_type
+    return SavedPick(int(saved.best_workers), kind, pick_reason(int(saved.best_workers), fp, cache_dir))
 
 
 def auto_fingerprint(dataset: Any, *, batch_size: int, prefetch_factor: int = 2, pin_memory: bool | str = False,

@@ -64,11 +64,11 @@ class Model(L.LightningModule):
 DDP = MODEL.replace("WORKERS", "1") + """
 if __name__ == "__main__":
     where = sys.argv[1]
-    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=sys.argv[2], max_epochs=2, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     if where == "hook":  # the loader made in train_dataloader(), once the process group is up
         trainer.fit(Model())
-    else:  # the loader made before fit() launched the ranks
+    else:  # the loader made before fit() launched the ranks (with "ddp_spawn", pickled to each of them)
         trainer.fit(Model(), train_dataloaders=cupy_nwt.DataLoader(Numbers(), batch_size=4, shuffle=True, num_workers=1))
 """
 
@@ -101,9 +101,10 @@ def run(tmp_path: Path, script: str, *args: str) -> subprocess.CompletedProcess[
     return proc
 
 
-@pytest.mark.parametrize("where", ["hook", "before-fit"])
-def test_ddp_on_two_cpu_devices_gives_each_rank_its_share_once_and_reshuffles(tmp_path: Path, where: str) -> None:
-    run(tmp_path, DDP, where)
+@pytest.mark.parametrize(("where", "strategy"), [("hook", "ddp"), ("before-fit", "ddp"), ("before-fit", "ddp_spawn")])
+def test_ddp_on_two_cpu_devices_gives_each_rank_its_share_once_and_reshuffles(tmp_path: Path, where: str,
+                                                                            strategy: str) -> None:
+    run(tmp_path, DDP, where, strategy)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     orders = []
     for epoch in (0, 1):

@@ -26,6 +26,8 @@ REFUSED = [
     ("device_id", -2, (ValueError,), "device_id"),
     ("output", "tensorflow", (ValueError,), "output"),
     ("seed", -1, (ValueError,), "seed"),
+    ("generator", -1, (ValueError,), "generator"),
+    ("generator", "g", (ValueError,), "generator"),
     ("stall_warning_s", -5, (ValueError,), "stall_warning_s"),
     ("in_order", "sometimes", (TypeError,), "in_order"),
     ("zero_copy", None, (TypeError,), "zero_copy"),
@@ -85,3 +87,22 @@ def test_settings_fixed_at_construction_stay_fixed():
     for name in ("batch_size", "sampler", "dataset", "drop_last"):
         with pytest.raises(ValueError, match=f"{name} attribute should not be set"):
             setattr(loader, name, None)
+
+
+def test_a_generator_set_after_construction_is_drawn_from_as_the_constructor_draws_from_it():
+    """torch lets ``loader.generator`` be set (only the six sampling attributes are fixed); the next iteration
+    draws its order from it, and the same generator state gives the same order as given to the constructor."""
+    loader = _loader()
+    loader.generator = np.random.default_rng(5)
+    assert isinstance(loader.generator, np.random.Generator)
+    made = DataLoader(DATA, batch_size=8, shuffle=True, generator=np.random.default_rng(5), device="cpu")
+    assert (loader.seed, [b.tolist() for b in loader]) == (made.seed, [b.tolist() for b in made])
+    loader.generator = None
+    assert loader.generator is None and sorted(np.concatenate([b for b in loader]).tolist()) == DATA.tolist()
+
+
+def test_torchdata_s_snapshot_every_n_steps_is_accepted_checked_and_read_back():
+    assert DataLoader(DATA, batch_size=8, device="cpu").snapshot_every_n_steps == 1
+    assert DataLoader(DATA, batch_size=8, device="cpu", snapshot_every_n_steps=None).snapshot_every_n_steps is None
+    with pytest.raises(ValueError, match="snapshot_every_n_steps"):
+        DataLoader(DATA, batch_size=8, device="cpu", snapshot_every_n_steps=-1)

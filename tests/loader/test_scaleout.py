@@ -30,7 +30,7 @@ from cupy_nwt.loader.device.place import resolve_device
 from cupy_nwt.loader.ring.ring import live_segments
 from cupy_nwt.picks.pick import auto_fingerprint
 from cupy_nwt.picks.store import ResultStore, TuneResult
-from cupy_nwt.ranks import RankLayout, agree, find_communicator
+from cupy_nwt.ranks import RankLayout
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]  # the repository
@@ -127,35 +127,27 @@ def test_layout_comes_from_the_launcher_and_explicit_arguments_win(monkeypatch):
         DataLoader(Indexed(30), device="cpu", rank="0", world_size=1)
 
 
-def fake_torch_distributed(world: int, rank: int, root_value):
-    """Stands in for an initialised torch.distributed: the broadcast hands out rank 0's value."""
+def fake_torch_distributed(world: int, rank: int):
+    """Stands in for an initialised torch.distributed whose collectives would wait for every rank."""
     def broadcast_object_list(box, src):
-        assert src == 0
-        box[0] = root_value
+        raise AssertionError("a collective from a loader: a loader made on one rank alone would hang here")
 
     return types.SimpleNamespace(is_available=lambda: True, is_initialized=lambda: True,
                                  get_world_size=lambda: world, get_rank=lambda: rank,
                                  broadcast_object_list=broadcast_object_list)
 
 
-def test_seed_none_is_agreed_through_torch_distributed_else_zero(monkeypatch):
+def test_seed_none_on_several_ranks_is_zero_without_asking_the_others(monkeypatch, tmp_path):
     assert DataLoader(Indexed(8), device="cpu", rank=1, world_size=2).seed == 0
-    monkeypatch.setitem(sys.modules, "torch.distributed", fake_torch_distributed(2, 1, 123456789))
-    assert DataLoader(Indexed(8), device="cpu", rank=1, world_size=2).seed == 123456789
+    monkeypatch.setitem(sys.modules, "torch.distributed", fake_torch_distributed(2, 1))
+    monkeypatch.setenv("CUPY_NWT_CACHE_DIR", str(tmp_path))
+    assert DataLoader(Indexed(8), device="cpu", rank=1, world_size=2).seed == 0
     assert DataLoader(Indexed(8), device="cpu", rank=1, world_size=2, seed=4).seed == 4
-    assert DataLoader(Indexed(8), device="cpu", rank=0, world_size=1).seed != 123456789  # one process asks nobody
     grouped = DataLoader(Indexed(8), device="cpu")  # the initialised group tells the layout, as DistributedSampler asks it
-    assert (grouped.rank, grouped.world_size, grouped.seed) == (1, 2, 123456789)
-
-
-def test_communicator_is_used_only_when_it_matches_the_layout(monkeypatch):
-    layout = RankLayout(1, 4, 1, 4, "torchrun")
-    assert find_communicator(layout) is None and agree(3, layout) == (3, None)
-    monkeypatch.setitem(sys.modules, "torch.distributed", fake_torch_distributed(4, 1, 7))
-    assert agree(3, layout) == (7, "torch.distributed")
-    assert find_communicator(RankLayout(0, 1, 0, 1, "single")) is None
-    monkeypatch.setitem(sys.modules, "torch.distributed", fake_torch_distributed(2, 1, 7))
-    assert agree(3, layout) == (3, None)  # a process group of another size is not ours to use
+    assert (grouped.rank, grouped.world_size, grouped.seed) == (1, 2, 0)
+    auto = DataLoader(Indexed(64), batch_size=8, device="cpu", num_workers="auto")  # reads its store, asks no one
+    assert auto.num_workers >= 0
+    auto.close()
 
 
 def test_device_per_rank_and_device_argument(monkeypatch):
@@ -354,15 +346,51 @@ def test_three_ranks_starting_together_tune_online_save_one_pick_and_reuse_it(tm
     check_run(first, 101, drop_last=True, seed=7, launcher="torch.distributed")  # the initialised group decides
     budget = max(1, system.usable_cpus() // 3 - 1)  # each rank's share of the node, less its main process
     assert all(1 <= r["num_workers"] <= budget for r in first)
-    assert len({r["seed_none"] for r in first}) == 1 and first[0]["seed_none"] != 0  # rank 0's, broadcast
+    assert {r["seed_none"] for r in first} == {0}  # DistributedSampler's seed, asked of no other rank
     saved = list(ResultStore(tmp_path / "cache").records().values())
     assert [r["fingerprint"]["work"]["local_world_size"] for r in saved] == [3]  # one pick for the node
     assert saved[0]["strategy"] == "online" and saved[0]["max_workers"] == budget
-    again = launch(tmp_path / "b", 3, *args)  # no communicator this time: each rank reads the store
+    again = launch(tmp_path / "b", 3, *args)  # no process group this time: each rank reads the store
     assert all(not r["why"].startswith("no saved pick") for r in again)
     assert [r["epochs"] for r in again] == [r["epochs"] for r in first]
     assert {r["num_workers"] for r in again} == {saved[0]["best_workers"]}
-    assert {r["seed_none"] for r in again} == {0}  # no one to agree with: DistributedSampler's seed 0
+    assert {r["seed_none"] for r in again} == {0}
+
+
+RANK_0_ALONE = """
+import datetime, json, os, sys
+
+import torch.distributed as dist
+
+import cupy_nwt
+
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
+rank = dist.get_rank()
+if rank == 0:  # the validation set, evaluated on rank 0 alone while the others wait at the barrier
+    for kw in ({}, {"num_workers": "auto"}, {"rank": 0, "world_size": 1}):
+        val = cupy_nwt.DataLoader(list(range(10)), batch_size=5, device="cpu", **kw)
+        print(json.dumps([kw, val.seed, sorted(i for b in val for i in b.tolist())]), flush=True)
+        val.close()
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@needs_torchrun
+def test_a_loader_made_on_rank_0_alone_does_not_wait_for_the_other_ranks(tmp_path):
+    """A script's rank-0 validation loader (YOLOv5-style): nothing in making or reading it is a collective,
+    so rank 1's barrier is met at once; the loader used to broadcast its seed (and its saved pick) from
+    ``__init__``, pairing rank 0's broadcast with rank 1's barrier until the group timed out."""
+    (tmp_path / "val.py").write_text(RANK_0_ALONE)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env.update(CUPY_NWT_CACHE_DIR=str(tmp_path / "cache"), OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node=2", "--monitor-interval=0.1", "val.py"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    runs = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("[")]
+    assert [r[0] for r in runs] == [{}, {"num_workers": "auto"}, {"rank": 0, "world_size": 1}]
+    assert runs[0][1] == 0 and runs[0][2] == [0, 2, 4, 6, 8]  # rank 0's shard of 2, as documented
+    assert runs[2][2] == list(range(10))  # read whole where the script says so
 
 
 def _gone(pid: int) -> bool:
@@ -442,7 +470,7 @@ def mpi_launch(out: Path, nproc: int, *args: str) -> list[dict]:
 
 
 @needs_mpi
-def test_three_ranks_under_mpiexec_shard_tune_online_and_agree_on_rank_0s_saved_pick(tmp_path):
+def test_three_ranks_under_mpiexec_shard_tune_online_and_reuse_the_node_s_saved_pick(tmp_path):
     args = ("--workers", "auto", "--quick-online", "--samples", "101", "--also-seed-none")
     records = mpi_launch(tmp_path / "a", 3, *args)
     check_run(records, 101, drop_last=False, seed=7, launcher="openmpi")
@@ -450,5 +478,4 @@ def test_three_ranks_under_mpiexec_shard_tune_online_and_agree_on_rank_0s_saved_
     (saved,) = ResultStore(tmp_path / "cache").records().values()
     records = mpi_launch(tmp_path / "b", 3, *args)
     assert {r["num_workers"] for r in records} == {saved["best_workers"]}
-    seeds = {r["seed_none"] for r in records}
-    assert len(seeds) == 1 and seeds != {0}  # rank 0's fresh seed, broadcast by mpi4py (alone, each would use 0)
+    assert {r["seed_none"] for r in records} == {0}  # DistributedSampler's seed on every rank

@@ -24,10 +24,8 @@ from cupy_nwt.nwt.trials import Measurement
 from cupy_nwt.nwt.tune import tune_num_workers
 from cupy_nwt.picks import pick
 from cupy_nwt.picks.store import STORE_FORMAT, ResultStore, TuneResult, lookup
-from cupy_nwt.ranks import RankLayout
 
 DATA = ArrayDataset(np.zeros((64, 4, 4, 3), np.uint8), np.arange(64) % 10)
-SINGLE = RankLayout(0, 1, 0, 1, "single")
 
 
 def _measure(scale: float = 1.0, err: float = 0.005):
@@ -113,7 +111,7 @@ def test_a_bad_store_is_set_aside_with_one_warning_and_counts_as_a_miss(case, sa
     make, why = HOSTILE[case]
     _write(path, make(doc))
     caplog.set_level(logging.WARNING, logger="cupy_nwt.tuner")
-    assert pick.saved_pick(_fp(), SINGLE, cache_dir=tmp_path) is None  # a miss: the loader tunes online
+    assert pick.saved_pick(_fp(), cache_dir=tmp_path) is None  # a miss: the loader tunes online
     _tuned().save_pick(tmp_path)  # what settles next is saved in a fresh store
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]

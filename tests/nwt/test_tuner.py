@@ -372,10 +372,10 @@ def test_a_saved_pick_is_what_auto_finds_for_the_same_work_only(tmp_path):
                               measure=CostModel(lambda w: [1.0, 0.5, 0.335, 0.33][w]))
     result.save_pick(tmp_path)
     kw = dict(batch_size=8, prefetch_factor=2, pin_memory=False, device="cpu", batch_transform=None, layout=single)
-    hit = saved_pick(auto_fingerprint(data, **kw), single, cache_dir=tmp_path)
+    hit = saved_pick(auto_fingerprint(data, **kw), cache_dir=tmp_path)
     assert hit is not None and hit.workers == 2 and hit.worker_type == "process"  # 0.335 is within 2% of 0.33
     assert hit.why == result.why
-    assert saved_pick(auto_fingerprint(data, **{**kw, "batch_size": 16}), single, cache_dir=tmp_path) is None
+    assert saved_pick(auto_fingerprint(data, **{**kw, "batch_size": 16}), cache_dir=tmp_path) is None
 
 
 # ---------------------------------------------------------------- the real loader

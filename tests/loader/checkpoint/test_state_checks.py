@@ -225,6 +225,19 @@ def test_a_drawn_seed_takes_the_state_s_seed_as_torchdata_restores_its_generator
         assert fresh.seed == drawn
 
 
+def test_a_generator_s_seed_takes_the_state_s_seed_as_torchdata_restores_its_generator() -> None:
+    """A run resumed with a generator in another state (seeded from the OS, or already drawn from) resumes the
+    saved epoch, as torchdata restores the generator from its state; it used to be refused naming ``seed``."""
+    state = saved(map_loader(), 2)
+    full = [int(x) for b in map_loader() for x in b]
+    loader = cupy_nwt.DataLoader(Indices(N), batch_size=B, shuffle=True, generator=np.random.default_rng())
+    loader.load_state_dict(state)
+    assert loader.seed == 3 and isinstance(loader.generator, np.random.Generator)
+    assert [int(x) for b in loader for x in b] == full[2 * B:]
+    loader.load_state_dict(state)  # and again: the generator still yields to a state
+    assert [int(x) for b in loader for x in b] == full[2 * B:]
+
+
 @pytest.mark.parametrize("base", ["map", "iterable"])
 def test_an_empty_state_is_refused_in_one_line_and_the_loader_is_unchanged(base: str) -> None:
     """``{}`` is not a loader state (a checkpoint that lacks the loader's entry): refused rather than taken as
