@@ -34,6 +34,7 @@ thread beside the caller, not on the first batch's path: a worker forked from a 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 import warnings
@@ -236,6 +237,8 @@ class Recorder(Listener):
         if not todo:
             return
         settle_baselines()
+        live = set(pids)  # workers of past epochs are gone (forkserver, spawn): their baselines go too, or a
+        self.first = {pid: uss for pid, uss in self.first.items() if pid in live or _alive(pid)}  # reused pid's
         _reading.append(Background(self._baseline, todo))
 
     def _baseline(self, pids: Sequence[int]) -> None:
@@ -292,6 +295,16 @@ class Recorder(Listener):
             worker_type=worker_type, decisions=tuple(x.to_dict() for x in decisions[seen:]), stalls=stalls,
             memory=memory, epoch=epoch, epoch_batches=epoch_batches, num_workers_why=num_workers_why,
             skipped_samples=int(d["skipped"]), bad_samples=bad)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's: it exists
+    return True
 
 
 def copy_kind(device: str, pin_memory: bool | str, num_workers: int, zero_copy: bool) -> str:

@@ -424,3 +424,24 @@ def test_two_threads_about_to_fork_both_wait_for_the_memory_read_in_progress():
         for t in threads:
             t.join(timeout=10)
     assert sorted(settled) == ["first", "second"]
+
+
+def test_baselines_of_workers_that_are_gone_are_let_go_when_new_workers_start():
+    """Workers started afresh each epoch (forkserver, spawn, not persistent) each get a memory baseline: those of
+    past epochs' workers, which have exited, are dropped, so they neither pile up over a long run nor read as a
+    later process's that the kernel gave the same pid."""
+    import subprocess
+
+    from cupy_nwt.loader import _stats
+
+    recorder = _stats.Recorder(reader=lambda pid: 1 << 20, forked=False)
+    for epoch in range(5):
+        procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) for _ in range(2)]
+        pids = [p.pid for p in procs]
+        recorder.first_batch(pids)
+        _stats.settle_baselines()
+        assert set(recorder.first) == set(pids)  # this epoch's workers only
+        recorder.ended(pids)
+        for p in procs:
+            p.kill()
+            p.wait()
