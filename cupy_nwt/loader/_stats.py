@@ -130,13 +130,14 @@ class LoaderStats:
 
     @property
     def worker_private_bytes(self) -> int | None:
-        """The workers' summed private memory (None for thread workers)."""
-        return None if self.memory is None else sum(m.uss_bytes for m in self.memory)
+        """The workers' summed private memory (None for thread workers, and where no worker process was alive to
+        read: not 0, which would read as workers using none)."""
+        return sum(m.uss_bytes for m in self.memory) if self.memory else None
 
     @property
     def worker_growth_bytes(self) -> int | None:
-        """How much the workers' private memory grew since their first batch, summed."""
-        return None if self.memory is None else sum(m.growth_bytes for m in self.memory)
+        """How much the workers' private memory grew since their first batch, summed (None as above)."""
+        return sum(m.growth_bytes for m in self.memory) if self.memory else None
 
     def to_dict(self) -> dict[str, Any]:
         d = {k: v for k, v in asdict(self).items() if k != "stages"}

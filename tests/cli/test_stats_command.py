@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import psutil
@@ -98,6 +99,10 @@ def test_ctrl_c_keeps_the_rows_so_far_in_the_table_and_the_file(tmp_path, worker
     assert saved["interrupted"] is True and len(saved["rows"]) >= 3
     done = saved["rows"][-1]["batches"]
     assert f"interrupted after {done} of 1000000 batches" in err
+    if worker_type == "process":  # the interrupt stopped the workers: their memory is unknown there, not 0
+        assert saved["rows"][-2]["stats"]["worker_private_bytes"] > 0
+        last = saved["rows"][-1]["stats"]
+        assert last["worker_private_bytes"] is None or last["worker_private_bytes"] > 0
     assert sum(r["stats"]["batches"] for r in saved["rows"]) == done  # every delivered batch in some row
     assert lines[0].split()[:2] == ["batches", "s"] and "steady state" in out
     assert live_segments(proc.pid) == set()  # no ring left in /dev/shm
@@ -133,3 +138,40 @@ def test_a_busy_share_past_100_is_explained_under_the_table():
     rows[2] = replace(rows[2], stats=replace(rows[2].stats, busy_fraction=3.0))
     assert f"busy % past 100 (at batch {rows[2].batches}): a batch counts where it arrives" in footer(
         replace(calm, rows=tuple(rows)))
+
+
+class _Stalls:
+    """Samples at once for a second and a half, then each a second: the loop waits inside ``next()`` when
+    Ctrl-C comes."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def __len__(self) -> int:
+        return 4096
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        if time.monotonic() - self.t0 > 1.5:
+            time.sleep(1)
+        return np.full(4, i, np.float32)
+
+
+@pytest.mark.usefixtures("clean")
+def test_the_row_taken_where_ctrl_c_stopped_the_workers_says_their_memory_is_unknown_not_zero():
+    """Ctrl-C inside ``next()`` stops the workers; the last row is then read with none alive. It said 0 MiB of
+    worker memory (and +0 growth), in the table, the file and the plot, where they had used tens of MiB."""
+    import threading
+
+    from cupy_nwt.cli.stats import WatchConfig, run_watch
+
+    config = WatchConfig(batch_size=8, num_workers=2, device="cpu", batches=10**6, every=50)
+    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        result = run_watch(_Stalls(), "stalls", config)
+    finally:
+        timer.cancel()
+    assert result.interrupted and result.rows[-2].stats.worker_private_bytes
+    last = result.rows[-1].stats
+    assert last.worker_private_bytes is None or last.worker_private_bytes > 0
+    assert last.worker_growth_bytes is None or last.memory
