@@ -33,8 +33,9 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from .._files import atomic_open, fsync_dir, make_folder
-from ..errors import DamagedArchiveError
+from .._files import atomic_open, fsync_dir, make_folder, writable_base
+from ..errors import ArgumentError, DamagedArchiveError
+from ..system import CACHE_ENV
 
 RECORD_SUFFIX = ".json"
 RECORD_MAX_BYTES = 4096  # a record is ~300 bytes; anything much larger is not one of ours
@@ -77,12 +78,16 @@ def gunzip_cached(path: Path, cache_dir: Path) -> Path:
     source = str(path.resolve())
     key = hashlib.sha256(f"{source}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     out_dir = cache_dir / "tar"
-    make_folder(out_dir, "cache_dir")
     stem = path.name.removesuffix(".gz").removesuffix(".tgz").removesuffix(".tar")
     target = out_dir / f"{stem}-{key}.tar"
     made_from = {"source": source, "source_size": st.st_size, "source_mtime_ns": st.st_mtime_ns, "key": key}
     if _problem(target, made_from) is None:  # the usual case: no lock, so readers never queue
         return target
+    _, why = writable_base(out_dir)  # a shared, read-only cache serves the copies it holds, and says so for others
+    if why is not None:
+        raise ArgumentError(f"the cache folder {cache_dir} cannot hold the decompressed copy of {path}: {why}; set "
+                            f"{CACHE_ENV} (or cache_dir=) to a folder you can write, or pass the .tar that gunzip makes")
+    make_folder(out_dir, "cache_dir")
     with FileLock(str(target) + ".lock"):
         problem = _problem(target, made_from)  # again: another process may have built it meanwhile
         if problem is None:

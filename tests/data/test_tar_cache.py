@@ -224,3 +224,40 @@ def test_the_copy_and_its_record_reach_the_disk_before_they_are_renamed(tmp_path
     for path in renamed:
         assert events.index(("fsync", path)) < events.index(("replace", path)), events
     assert events[-1] == ("fsync", str(d.tar_path.parent)), events
+
+
+def test_a_read_only_shared_cache_serves_the_copies_it_holds_and_says_in_one_line_it_cannot_hold_new_ones(
+        tmp_path, source, images):
+    """A cache folder the user cannot write (a team's shared one, as its mode stops the user: root with the
+    capabilities that pass over modes dropped): a copy already there is read; a new archive is one line, exit 2,
+    from the CLI (it was "unexpected error: OSError", exit 1, and a bare traceback from ``open_dataset``)."""
+    import shutil
+
+    user = ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"] if os.geteuid() == 0 else []
+    if user and shutil.which("setpriv") is None:
+        pytest.skip("root writes anywhere, and setpriv is not here to drop that")
+    shared = tmp_path / "shared"
+    _built_elsewhere(source, shared)
+    other = write_tar_shard(tmp_path / "other.tar.gz", images[:8], np.arange(8))
+    for folder in (shared, shared / "tar"):
+        folder.chmod(0o555)
+    try:
+        if subprocess.run([*user, "touch", str(shared / "x")], capture_output=True, check=False).returncode == 0:
+            pytest.skip("this user writes into a read-only folder")
+        env = dict(os.environ, PYTHONPATH=ROOT, CUPY_NWT_CACHE_DIR=str(shared))
+        held = subprocess.run([*user, sys.executable, "-m", "cupy_nwt", "stats", "--dataset", str(source), "--batches",
+                               "2", "--every", "1", "--batch-size", "8", "--device", "cpu", "--no-progress"],
+                              capture_output=True, text=True, env=env, timeout=120, check=False)
+        new = subprocess.run([*user, sys.executable, "-m", "cupy_nwt", "stats", "--dataset", str(other), "--batches",
+                              "2", "--device", "cpu", "--no-progress"],
+                             capture_output=True, text=True, env=env, timeout=120, check=False)
+        api = subprocess.run([*user, sys.executable, "-c", f"from cupy_nwt.data import open_dataset; open_dataset({str(other)!r})"],
+                             capture_output=True, text=True, env=env, timeout=120, check=False)
+    finally:
+        for folder in (shared, shared / "tar"):
+            folder.chmod(0o755)
+    assert held.returncode == 0, held.stderr
+    assert new.returncode == 2 and new.stderr.count("\n") == 1, new.stderr
+    assert f"the cache folder {shared} cannot hold the decompressed copy of {other}: " in new.stderr
+    assert "CUPY_NWT_CACHE_DIR" in new.stderr and "Traceback" not in new.stderr
+    assert "ArgumentError: the cache folder" in api.stderr.splitlines()[-1]
