@@ -64,7 +64,7 @@ if TYPE_CHECKING:
                          pack_records,
     )
     from .data.contract import IterableDataset
-    from .loader import DataLoader, MemoryGrowthWarning, WorkerInfo, default_collate, get_worker_info
+    from .loader import Autotune, DataLoader, MemoryGrowthWarning, WorkerInfo, default_collate, get_worker_info
     from .nwt.placement import PlacementResult, tune_decode_placement
     from .nwt.tune import tune_num_workers
     from .picks.pick import AutoWorkers
@@ -78,8 +78,8 @@ __getattr__ = lazy_names(__name__, {
     **dict.fromkeys(("BatchedMapDataset", "MapDataset", "PackedRecords", "ReaderSlot", "ShardedTarStream",
                      "StreamDataset", "current_reader", "pack_records"), ".data"),
     "IterableDataset": ".data.contract",
-    **dict.fromkeys(("DataLoader", "MemoryGrowthWarning", "WorkerInfo", "default_collate", "get_worker_info"),
-                    ".loader"),
+    **dict.fromkeys(("Autotune", "DataLoader", "MemoryGrowthWarning", "WorkerInfo", "default_collate",
+                     "get_worker_info"), ".loader"),
     **dict.fromkeys(("PlacementResult", "tune_decode_placement"), ".nwt.placement"),
     "tune_num_workers": ".nwt.tune",
     "AutoWorkers": ".picks.pick",
@@ -92,7 +92,8 @@ __all__ = ["__version__", "gpu_status",
            "DataFileError", "LayoutError", "LoaderClosedError", "LoaderError", "LoaderTimeoutError", "NoGPUError", "RingMemoryError", "ShmSpaceError", "StateError", "TooManyBadSamplesError",
            "WorkerDiedError", "WorkerError", "MissingExtraError", "MissingPathError", "MisuseError", "OutOfRangeError",
            "RunError", "UnknownKeyError", "SavedPickError", "AgainstError", "BaselineError", "CallgrindError",
-           "DataLoader", "IterableDataset", "MemoryGrowthWarning", "WorkerInfo", "default_collate", "get_worker_info",
+           "Autotune", "DataLoader", "IterableDataset", "MemoryGrowthWarning", "WorkerInfo", "default_collate",
+           "get_worker_info",
            "AutoWorkers", "TuneResult", "UnreliablePickWarning", "lookup", "tune_num_workers",
            "PlacementResult", "tune_decode_placement",
            "BatchedMapDataset", "MapDataset", "StreamDataset", "PackedRecords", "pack_records",

@@ -51,8 +51,14 @@ _NOTHING_CARRIED = Observation(0, 0.0, 0.0, 0, 0)
 
 @dataclass(frozen=True)
 class Autotune:
-    """``autotune=``'s long form: the policy (None: ``AutotunePolicy()``) and how often it is asked,
-    every ``interval_steps`` batches and at least ``min_interval_s`` seconds."""
+    """``DataLoader(autotune=...)``'s long form: the policy, and how often it is asked (``autotune=True`` is
+    ``Autotune()``).
+
+    Args:
+        policy: What decides from each interval's waits and idle workers (None: the default rules).
+        interval_steps: Batches between two asks.
+        min_interval_s: Seconds an interval lasts at least, so that a fast loop is judged on enough time.
+    """
 
     policy: Any = None
     interval_steps: int = 8
