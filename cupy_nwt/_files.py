@@ -128,7 +128,7 @@ def writable_base(path: Path) -> tuple[Path, str | None]:
 
 
 @contextmanager
-def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_folder(path: str | os.PathLike[str], name: str = "path") -> Iterator[Path]:
     """A new folder to fill that replaces ``path`` whole when the block ends, and vanishes if it fails.
 
     A folder of results read together (a report and the files it names) must not mix two runs or
@@ -143,9 +143,16 @@ def atomic_folder(path: str | os.PathLike[str]) -> Iterator[Path]:
     while not parent.exists():
         made.append(parent)
         parent = parent.parent
-    for folder in reversed(made):
-        folder.mkdir()
-    stage = _new_beside(target, "tmp")
+    try:
+        for folder in reversed(made):
+            folder.mkdir()
+        stage = _new_beside(target, "tmp")
+    except OSError as exc:  # what ``check_writable`` could not foresee (/proc, a full disk): the argument, not a temp name
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise ArgumentError(f"{name} {target}: cannot make a folder in {target.absolute().parent} "
+                            f"({exc.strerror or exc})") from None
     old: Path | None = None
     try:
         yield stage

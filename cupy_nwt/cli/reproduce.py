@@ -258,7 +258,7 @@ def run_reproduce(config: ReproduceConfig) -> ReproduceReport:
     a failed or interrupted run leaves the old report, or nothing.
     """
     check_reproduce(config)
-    with atomic_folder(os.path.realpath(config.out_dir)) as stage:  # a link to the folder stays a link
+    with atomic_folder(os.path.realpath(config.out_dir), "--out") as stage:  # a link to the folder stays a link
         return _run_into(config, stage)
 
 

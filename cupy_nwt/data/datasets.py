@@ -230,9 +230,9 @@ class ImageFolder(ImageDataset):
             raise ArgumentError(f"ImageFolder: no images with extensions {', '.join(exts)} under {self.root}")
         empty = [c for c, n in zip(self.classes, np.bincount(labels, minlength=len(self.classes))) if n == 0]
         if empty and not allow_empty:
-            raise DataError(f"ImageFolder: no images with extensions {', '.join(exts)} in the class folders "
-                            f"{', '.join(map(repr, empty))} of {self.root}; remove them, or pass allow_empty=True "
-                            "to keep their labels")
+            raise ArgumentError(f"ImageFolder: no images with extensions {', '.join(exts)} in the class folders "
+                                f"{', '.join(map(repr, empty))} of {self.root}; remove them (ImageFolder(..., "
+                                "allow_empty=True) keeps their labels)")
         self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
         self._paths = np.array(paths, dtype=bytes)
         self.labels = np.array(labels, dtype=np.int64)

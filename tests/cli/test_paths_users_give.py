@@ -155,3 +155,22 @@ def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path):
         done = subprocess.run([sys.executable, "-m", "cupy_nwt", "info"], stdout=closed, stderr=subprocess.PIPE,
                               text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=120)
     assert (done.returncode, done.stderr) == (cli.EXIT_PIPE, "")
+
+
+def test_an_out_folder_the_system_will_not_make_names_the_option_not_a_temporary_file(capsys, no_work):
+    """``/proc`` passes the writability check (root) and refuses the folder: the line named an internal
+    ``.x.<hex>.tmp`` folder; it names ``--out`` and where."""
+    assert cli.main(["reproduce", "--out", "/proc/cupy_nwt_out"]) == cli.EXIT_USAGE
+    line = _one_line(capsys)
+    assert "--out /proc/cupy_nwt_out: cannot make a folder in /proc" in line and ".tmp" not in line
+
+
+def test_an_image_folder_with_an_empty_class_is_bad_input_said_without_a_python_only_remedy(tmp_path, capsys):
+    from PIL import Image
+
+    for c in ("a", "b"):
+        (tmp_path / "imgs" / c).mkdir(parents=True)
+    Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "imgs" / "a" / "x.png")
+    assert cli.main(_stats("--dataset", str(tmp_path / "imgs"))) == cli.EXIT_USAGE  # as a folder with no image at all
+    line = _one_line(capsys)
+    assert "in the class folders 'b' of" in line and "remove them" in line and "pass allow_empty" not in line

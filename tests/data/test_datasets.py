@@ -173,7 +173,7 @@ def test_a_class_folder_without_images_is_refused_unless_allowed(tmp_path, image
     (tmp_path / ".ipynb_checkpoints").mkdir()
     (tmp_path / "dog").mkdir()
     (tmp_path / "dog" / "notes.txt").write_text("no image")
-    with pytest.raises(DataError, match=r"class folders '.ipynb_checkpoints', 'dog' of .*allow_empty=True"):
+    with pytest.raises(ArgumentError, match=r"class folders '.ipynb_checkpoints', 'dog' of .*allow_empty=True"):
         ImageFolder(tmp_path)
     kept = ImageFolder(tmp_path, allow_empty=True)
     assert kept.classes == [".ipynb_checkpoints", "ant", "bee", "cat", "dog"] and len(kept) == 12
