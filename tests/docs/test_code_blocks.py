@@ -267,9 +267,9 @@ def run_block(block: Block, workdir: Path) -> None:
         return
     if "ci" in block.how:
         ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-        assert "pip\" install -q -e '.[test]'" in ci and "-m pytest -q" in ci
+        assert "pip\" install -q -e '.[cuda12,test]'" in ci and "-m pytest -q" in ci
         for cmd in commands(block.body):
-            assert cmd.startswith("python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && "), cmd
+            assert cmd.startswith("python3 -m venv .venv && .venv/bin/pip install -e '.[cuda12,test]' && "), cmd
         return
     if "setup-main" in block.how:
         run_main_setup(block, workdir)
