@@ -293,10 +293,18 @@ def choose(candidates: Sequence[Searched]) -> int:
     judged at its pick by seconds per iteration: with the user's step in the loop that is the step
     plus the consumer's wait, so the least loop is the least wait; without, the highest throughput.
     A candidate picked unmeasured (one count to search) loses to any measured one; ties go to the
-    earlier candidate (the CPU placement, process workers, come first).
+    earlier candidate (the CPU placement, process workers, come first). Picks of 0 workers of one placement
+    are one pipeline whatever the worker type (the main process makes every batch): they count as the best
+    of their measurements, so the type of such a pick is the earlier one, not the noise between them.
     """
-    def loop(i: int) -> float:
+    def measured(i: int) -> float:
         t = candidates[i].best_trial
         return t.seconds_per_iteration if t is not None else float("inf")
+
+    def loop(i: int) -> float:
+        c = candidates[i]
+        if c.best_workers != 0:
+            return measured(i)
+        return min(measured(j) for j, o in enumerate(candidates) if o.best_workers == 0 and o.placement == c.placement)
 
     return min(range(len(candidates)), key=lambda i: (loop(i), i))
