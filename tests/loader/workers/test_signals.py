@@ -243,9 +243,10 @@ ON_TORCH = IN_A_THREAD.replace(
 
 @pytest.mark.parametrize("loader", ["torch", "cupy_nwt"])
 def test_a_ctrl_c_beside_a_loader_iterated_on_another_thread_says_only_keyboard_interrupt(tmp_path, loader):
-    """torch's loader, read by a thread of the script, ends on a Ctrl-C with the KeyboardInterrupt alone; so does
-    ours, whose close at exit hangs up the reading thread (which then parks) before it stops the workers: it
-    used to poll the pipes that thread was polling (RuntimeError: concurrent poll() invocation)."""
+    """torch's loader, read by a thread of the script, ends on a Ctrl-C with the KeyboardInterrupt (under load its
+    reading thread may add a traceback of its own as the interpreter ends: torch is held to the interrupt only);
+    ours with the KeyboardInterrupt alone: its close at exit hangs up the reading thread (which then parks) before
+    it stops the workers. It used to poll the pipes that thread was polling (RuntimeError: concurrent poll())."""
     if loader == "torch":
         pytest.importorskip("torch", reason="the torch side of the case needs torch")
     script = ON_TORCH if loader == "torch" else IN_A_THREAD
@@ -258,7 +259,9 @@ def test_a_ctrl_c_beside_a_loader_iterated_on_another_thread_says_only_keyboard_
         assert proc.wait(GONE_WITHIN_S) == -signal.SIGINT
         assert proc.stderr is not None
         err = proc.stderr.read()
-        assert "KeyboardInterrupt" in err and err.count("Traceback") == 1 and "Error" not in err, err[-3000:]
+        assert "KeyboardInterrupt" in err, err[-3000:]
+        if loader == "cupy_nwt":
+            assert err.count("Traceback") == 1 and "Error" not in err, err[-3000:]
     finally:
         cleanup(proc, pids)
 
