@@ -235,11 +235,11 @@ def _auto_workers(dataset: Any, sampling: Sampling, prefetch_factor: int, pin_me
 
 def default_seed(layout: RankLayout) -> int:
     """``seed=None``'s seed: fresh for one process, drawn from torch's global generator where torch is imported
-    (as torch draws its base seed), else from the OS; on several ranks 0 (``unagreed_seed``), as
+    (as torch draws its base seed), else from the OS; on several ranks 0 (``ranks_default_seed``), as
     DistributedSampler's default, the same on every rank without asking the others (a collective here would
     hang a loader made on one rank alone, such as rank 0's validation set)."""
     if layout.is_distributed:
-        return unagreed_seed()
+        return ranks_default_seed()
     drawn = torch_global_seed()
     return fresh_seed() if drawn is None else drawn
 
@@ -247,7 +247,7 @@ def default_seed(layout: RankLayout) -> int:
 def following_group(options: Options) -> Options:
     """``options`` with the rank layout of a ``torch.distributed`` group initialised after the loader was made
     (a loader built before ``Trainer.fit`` launched the ranks), unless ``rank``/``world_size`` were given. A
-    drawn seed then becomes what every rank uses (``unagreed_seed``)."""
+    drawn seed then becomes what every rank uses (``ranks_default_seed``)."""
     if options.rank_layout.launcher == "explicit":
         return options
     group = process_group_layout()
@@ -256,10 +256,10 @@ def following_group(options: Options) -> Options:
     _log.info("the loader was made as rank %d of %d; torch.distributed now says rank %d of %d: sharding by it",
               options.rank, options.world_size, group.rank, group.world_size)
     followed = changed(options, "rank_layout", group)
-    return replace(changed(followed, "seed", unagreed_seed()), seed_drawn=True) if options.seed_drawn else followed
+    return replace(changed(followed, "seed", ranks_default_seed()), seed_drawn=True) if options.seed_drawn else followed
 
 
-def unagreed_seed() -> int:
+def ranks_default_seed() -> int:
     """``seed=None``'s seed on several ranks: 0, DistributedSampler's default."""
     return 0
 
