@@ -28,7 +28,6 @@ import logging
 import mmap
 import os
 import secrets
-import weakref
 from multiprocessing import reduction
 from typing import Any
 
@@ -69,9 +68,7 @@ class RingFile:
         except OSError as exc:
             _say_fallback(f"memfd_create failed: {exc.strerror}")
             return None
-        made = cls(fd, name)
-        _MADE.add(made)
-        return made
+        return cls(fd, name)
 
     def reserve(self, nbytes: int) -> None:
         """Check the memory and size the file now; allocate every page on a thread beside the caller, then seal
@@ -127,17 +124,6 @@ class RingFile:
         # Under forkserver and spawn the descriptor rides with the process object (the popen being
         # started duplicates it for the child); under fork the object is not pickled: the child inherits it.
         return _rebuild, (reduction.DupFd(self.fd), self.name)
-
-
-_MADE: weakref.WeakSet[RingFile] = weakref.WeakSet()  # the files this process made (a forked child inherits them)
-
-
-def forget_inherited_files(keep: RingFile | None) -> None:
-    """In a forked worker: the parent's ring files but ``keep`` (its own pool's) are no longer this process's to
-    close (``ring.release_inherited_rings`` closed their descriptors, whose numbers may be reused)."""
-    for made in list(_MADE):
-        if made is not keep:
-            made.fd = -1
 
 
 def _rebuild(dup: Any, name: str) -> RingFile:

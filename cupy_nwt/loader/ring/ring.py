@@ -17,14 +17,11 @@ Every kind is checked against memory (``memory.check_room``) before it is made.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import mmap
 import os
 import secrets
-import weakref
 from dataclasses import dataclass
-from functools import cache, cached_property
+from functools import cached_property
 from multiprocessing import resource_tracker
 from typing import Any
 
@@ -32,7 +29,7 @@ import numpy as np
 
 from ..._checks import check_int
 from ...errors import ArgumentError, OutOfRangeError, ShmSpaceError
-from .memory import MEMFD_LINK, NAME_PREFIX, RingFile, check_room, forget_inherited_files, held_memfds
+from .memory import NAME_PREFIX, RingFile, check_room, held_memfds
 from .tree import Treedef, has_shell, leaf_kinds, leaf_paths, split
 
 SHM_DIR = "/dev/shm"
@@ -170,7 +167,6 @@ class Ring:
         self._generation = self.buffer[:8].view(np.int64)
         self._closed = False
         self._unlinked = False
-        _MAPPED.add(self)
 
     @classmethod
     def attach(cls, where: str | RingFile, layout: SlotLayout, slots: int) -> "Ring":
@@ -206,16 +202,13 @@ class Ring:
         """
         if self._closed:
             return
-        self._unmap()
-        self.unlink()
-
-    def _unmap(self) -> None:
         self._closed = True
         del self.buffer, self._generation  # views into the mapping must not outlive it here
         try:
             self._mmap.close()
         except BufferError:
             pass  # views are still alive; the mapping goes with the last of them
+        self.unlink()
 
     def unlink(self) -> None:
         """Remove the segment's name (the owner's, exactly once); mappings stay valid until closed."""
@@ -277,51 +270,6 @@ def _shm_free() -> int:
     except OSError:
         return 0
     return st.f_bavail * st.f_frsize
-
-
-_MAPPED: weakref.WeakSet[Ring] = weakref.WeakSet()  # the rings this process maps (a forked child inherits them)
-_INHERITED: list[Ring] = []  # a forked worker's copies of them, kept so that Python never unmaps or closes them
-
-
-def release_inherited_rings(keep: RingFile | None) -> None:
-    """In a forked worker: unmap every ring the parent mapped and close every ring file it held, but its own
-    pool's (``keep``), so a loader closed in the parent gives its memory back while a later loader's workers
-    run (they held the whole ring until they ended). Found by name in ``/proc/self``, as views the parent held
-    would keep ``mmap.close`` from unmapping; the parent's ring objects are kept as they are and never used."""
-    _INHERITED.extend(ring for ring in list(_MAPPED) if not ring.closed)
-    forget_inherited_files(keep)
-    own = None if keep is None else keep.name
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as f:
-            maps = [line.split(None, 5) for line in f]
-        fds = os.listdir("/proc/self/fd")
-    except OSError:
-        return  # no /proc: the rings stay mapped until the worker ends, as before
-    for fields in maps:
-        if len(fields) == 6 and _foreign(fields[5].strip(), own):
-            start, end = (int(x, 16) for x in fields[0].split("-"))
-            _libc().munmap(start, end - start)
-    for fd in fds:
-        with contextlib.suppress(OSError, ValueError):
-            if _foreign(os.readlink(f"/proc/self/fd/{fd}"), own):
-                os.close(int(fd))
-
-
-def _foreign(target: str, own: str | None) -> bool:
-    """Whether a mapped or open file is a cupy_nwt ring other than the anonymous file named ``own``."""
-    if target.startswith(os.path.join(SHM_DIR, NAME_PREFIX)):
-        return True
-    if not target.startswith(MEMFD_LINK + NAME_PREFIX):
-        return False
-    return target[len(MEMFD_LINK):].split(" ")[0] != own
-
-
-@cache
-def _libc() -> Any:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    libc.munmap.restype = ctypes.c_int
-    return libc
 
 
 def live_segments(pid: int | None = None) -> set[str]:

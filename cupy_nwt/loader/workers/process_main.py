@@ -25,7 +25,7 @@ import numpy as np
 from ..._worker_info import WorkerInfo, enter_process
 from ...errors import LoaderError
 from ..ring.memory import RingFile
-from ..ring.ring import Ring, release_inherited_rings
+from ..ring.ring import Ring
 from . import pipes
 from .lifeline import ParentWatch
 from .maker import BatchMaker
@@ -134,7 +134,6 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, spill:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the main process's handler (``lifeline``), if forked
     watch = ParentWatch()
     watch.start_watchdog()
-    release_inherited_rings(keep=spec.ring_file)  # forked: the parent's other rings are not this worker's to hold
     # What the worker inherited (a forked parent's heap: the dataset, and everything else the parent
     # holds) is never garbage to it: keep the collector from walking it, which writes to every object
     # it visits and so copies every page of it (copy-on-read, even of objects the worker never reads).

@@ -45,29 +45,6 @@ def test_workers_get_the_ring_as_they_start_and_it_is_freed_with_the_loader(meth
     assert live_segments(mine) == set()  # no descriptor, no mapping left anywhere: the kernel freed it
 
 
-@pytest.mark.parametrize("second", ["persistent", "per-epoch"])
-def test_a_closed_loader_s_ring_is_freed_while_a_later_loader_s_forked_workers_run(second):
-    """A training loader and a validation loader made while it is alive (a notebook, a training script):
-    the later loader's forked workers inherited the first ring's file and mapping, and held its memory
-    (the whole ring) until they ended, though the first loader was closed. They now let it go as they start."""
-    mine = os.getpid()
-    train = DataLoader(Squares(96), batch_size=8, num_workers=2, device="cpu", persistent_workers=True,
-                       multiprocessing_context="fork")
-    assert len([b for b in train]) == 12
-    (ring,) = live_segments(mine)
-    val = DataLoader(Squares(48), batch_size=8, num_workers=1, device="cpu", persistent_workers=second == "persistent",
-                     multiprocessing_context="fork")
-    it = iter(val)
-    next(it)  # its worker runs (and, with persistent workers, stays between epochs)
-    pids = val.worker_pids()
-    assert pids
-    train.close()
-    assert ring not in live_segments(mine)  # no process holds or maps it: its pages are free
-    assert not any(mapped_by(pid, ring) for pid in pids)
-    assert len(list(it)) == 5  # the later loader goes on
-    val.close()
-
-
 def test_a_ring_too_large_for_memory_is_refused_before_anything_is_allocated():
     layout = SlotLayout.for_batch((Squares(4)[0][0][None],), 8)
     # twice MemAvailable, whatever the cgroup says: other processes free memory while the test runs
