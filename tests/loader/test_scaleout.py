@@ -342,7 +342,8 @@ def test_two_ranks_under_torchrun_shard_alike_across_runs_and_worker_counts(tmp_
 def test_three_ranks_starting_together_tune_online_save_one_pick_and_reuse_it(tmp_path):
     args = ("--workers", "auto", "--quick-online", "--samples", "101", "--drop-last", "--also-seed-none")
     first = launch(tmp_path / "a", 3, *args, "--gloo")
-    assert all(r["why"].startswith("no saved pick for this machine and work") for r in first)  # each tunes online
+    tuned = [r["why"].startswith("no saved pick for this machine and work") for r in first]  # tunes online
+    assert any(tuned)  # and a rank starting after another saved (each reads its node's store) may take that pick
     check_run(first, 101, drop_last=True, seed=7, launcher="torch.distributed")  # the initialised group decides
     budget = max(1, system.usable_cpus() // 3 - 1)  # each rank's share of the node, less its main process
     assert all(1 <= r["num_workers"] <= budget for r in first)
@@ -474,7 +475,7 @@ def test_three_ranks_under_mpiexec_shard_tune_online_and_reuse_the_node_s_saved_
     args = ("--workers", "auto", "--quick-online", "--samples", "101", "--also-seed-none")
     records = mpi_launch(tmp_path / "a", 3, *args)
     check_run(records, 101, drop_last=False, seed=7, launcher="openmpi")
-    assert all(r["why"].startswith("no saved pick for this machine and work") for r in records)
+    assert any(r["why"].startswith("no saved pick for this machine and work") for r in records)  # as above
     (saved,) = ResultStore(tmp_path / "cache").records().values()
     records = mpi_launch(tmp_path / "b", 3, *args)
     assert {r["num_workers"] for r in records} == {saved["best_workers"]}
