@@ -220,7 +220,7 @@ def state_of(options: Options, progress: EpochProgress) -> dict[str, Any]:
         if position is None and k == 0 and start is None:  # drawn ahead, none delivered: where the iteration began
             position = progress.previous
         randomness = progress.plan.draws.randomness
-        drawn_from = None if randomness is None else randomness.began or randomness.now()
+        drawn_from = None if randomness is None else randomness.began if randomness.began is not None else randomness.now()
         return {**_head(options, "sampler", progress.epoch), "delivered": k, "extra": extra,
                 "sampler_state": progress.sampler_state, "sampler_resume": copy.deepcopy(position),
                 "sampler_randomness": drawn_from, "sampler_epoch": progress.plan.sampler_epoch, "workers": per}

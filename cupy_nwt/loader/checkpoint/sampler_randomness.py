@@ -8,11 +8,14 @@ of the iteration. Such a sampler's epoch is drawn again on resume (``user_sample
 the saved epoch only from the same random state; from another, delivered batches are skipped by
 number from a different order, and samples repeat while others are lost.
 
-So the state of that generator is saved as the epoch's first index is drawn, and set again before
-the resumed epoch's first index: on the sampler's own generator for good (as the uninterrupted run
-has it); on torch's global generator for that one draw only, after which the script's own state is
-put back (a resumed script seeds and draws from it as it pleases). A sampler drawing from another
-generator (NumPy's, Python's) is not seen here: it must give the same order again by itself.
+So the state of the sampler's own generator is saved as the epoch's first index is drawn, and set
+again before the resumed epoch's first index (for good, as the uninterrupted run has it). A sampler
+given no generator is lent one for its first draw, seeded from one draw of torch's global generator,
+as torch's ``RandomSampler`` seeds its own from it: that seed is what is saved, and a resumed epoch is
+drawn from it without touching the global generator, which the script's threads (a thread worker's
+random augmentation) may be drawing from at that moment, and which the script seeds as it pleases. A
+sampler drawing from another generator (NumPy's, Python's) is not seen here: it must give the same
+order again by itself.
 
 A ``DistributedSampler`` draws from ``(seed, epoch)``, its ``epoch`` set by the script's
 ``set_epoch``; a resumed script that forgets the call (or makes it after the loader's first batch)
@@ -40,19 +43,20 @@ def stateful(obj: Any) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
-def generator_of(sampler: Any) -> Any:
-    """The torch generator ``sampler`` draws from (None: torch's global one), looking into the ``sampler`` of
-    a batch sampler without a state of its own; ``_MISSING`` where there is none (or torch is not imported)."""
+def generator_of(sampler: Any) -> tuple[Any, Any]:
+    """The object among ``sampler`` and the samplers it wraps (the ``sampler`` of a batch sampler without a
+    state of its own) whose ``generator`` it draws from, and that generator (None: torch's global one); the
+    object is None where there is none (or torch is not imported)."""
     torch = sys.modules.get("torch")
     obj = sampler
     for _ in range(_DEPTH):
         if torch is None or obj is None or (obj is not sampler and stateful(obj)):
-            return _MISSING
+            return None, None
         gen = getattr(obj, "generator", _MISSING)
         if gen is None or (isinstance(gen, torch.Generator) and gen.device.type == "cpu"):
-            return gen
+            return obj, gen
         obj = getattr(obj, "sampler", None)
-    return _MISSING
+    return None, None
 
 
 def epoch_owner(sampler: Any) -> Any:
@@ -74,65 +78,74 @@ def _encode(state: Any) -> str:
 
 
 class Randomness:
-    """The random state of one epoch of a sampler: the one it drew from (``began``), and a saved one to draw from.
+    """The random state one epoch of a sampler is drawn from: the one it drew from (``began``: its generator's
+    state as base64 text, or the seed its lent generator took), and a saved one to draw from.
 
     Args:
-        generator: The sampler's torch generator, or None for torch's global one.
+        owner: The object whose ``generator`` the sampler draws from (``generator_of``).
+        generator: That generator, or None (torch's global one: a seeded one is lent for the first draw).
         saved: A ``state_dict()``'s ``sampler_randomness`` to draw the epoch from, or None (draw as it is).
     """
 
-    def __init__(self, generator: Any, saved: str | None = None) -> None:
-        self._generator = generator
-        self._saved = saved
-        self.began: str | None = None
+    def __init__(self, owner: Any, generator: Any, saved: str | int | None = None) -> None:
+        self._owner, self._generator, self._saved = owner, generator, saved
+        self.began: str | int | None = None
 
     @classmethod
     def of(cls, sampler: Any, saved: Any = None) -> Randomness | None:
         """``sampler``'s, where it draws from a torch generator and keeps no state of its own; else None."""
         if stateful(sampler):
             return None
-        gen = generator_of(sampler)
-        return None if gen is _MISSING else cls(gen, saved)
+        owner, gen = generator_of(sampler)
+        return None if owner is None else cls(owner, gen, saved)
 
-    def now(self) -> str:
-        """The generator's state as it is now, base64 text (JSON-ready)."""
-        torch = _torch()
-        return _encode(torch.get_rng_state() if self._generator is None else self._generator.get_state())
+    @property
+    def lends(self) -> bool:
+        """Whether the sampler is given no generator, so one is lent for its first draw."""
+        return self._generator is None
+
+    def now(self) -> str | None:
+        """The sampler's generator's state as it is now, base64 text (JSON-ready); None for a lent one, whose
+        seed is drawn with the epoch's first index."""
+        return None if self._generator is None else _encode(self._generator.get_state())
 
     @contextmanager
     def first_draw(self) -> Iterator[None]:
-        """Around the epoch's first draw: set the saved state (torch's global one for the draw only) and note
-        the state drawn from."""
+        """Around the epoch's first draw: the saved state set on the sampler's generator, or a generator lent
+        from the saved seed (a fresh one drawn from torch's global generator); what it drew from noted."""
         torch = _torch()
-        if self._saved is None:
-            self.began = self.now()
-            yield
-            return
-        loaded = _decoded(self._saved)
         if self._generator is not None:
-            _set(self._generator.set_state, loaded)
-            self.began = self._saved
+            if self._saved is not None:
+                _set(self._generator.set_state, _decoded(str(self._saved)))
+            self.began = self._saved if self._saved is not None else self.now()
             yield
             return
-        own = torch.get_rng_state()
-        _set(torch.set_rng_state, loaded)
-        self.began = self._saved
+        seed = int(self._saved) if self._saved is not None else int(torch.empty((), dtype=torch.int64).random_().item())
+        self.began = seed
+        self._owner.generator = torch.Generator().manual_seed(seed)
         try:
             yield
         finally:
-            torch.set_rng_state(own)
+            self._owner.generator = None
 
 
 def check_randomness(sampler: Any, saved: Any) -> None:
-    """A loaded ``sampler_randomness``: null, or base64 text of a state as long as the sampler's generator's
-    (any text where the sampler draws from none: it is then not used)."""
+    """A loaded ``sampler_randomness``: null; base64 text of a state as long as the sampler's generator's; or,
+    for a sampler given no generator, the seed lent to it (anything where the sampler draws from none: it is
+    then not used)."""
     if saved is None:
+        return
+    randomness = Randomness.of(sampler)
+    if randomness is not None and randomness.lends:
+        if isinstance(saved, bool) or not isinstance(saved, int):
+            raise StateError(f"load_state_dict: sampler_randomness: expected null or the seed lent to this sampler "
+                             f"(an integer), got {type(saved).__name__}", "sampler_randomness", saved)
         return
     if not isinstance(saved, str):
         raise StateError(f"load_state_dict: sampler_randomness: expected null or base64 text, got "
                          f"{type(saved).__name__}", "sampler_randomness", saved)
-    randomness = Randomness.of(sampler)
-    if randomness is not None and len(_decoded(saved)) != len(_decoded(randomness.now())):
+    now = randomness.now() if randomness is not None else None
+    if now is not None and len(_decoded(saved)) != len(_decoded(now)):
         raise StateError("load_state_dict: sampler_randomness: not a state of this sampler's generator (another "
                          "length)", "sampler_randomness", saved)
 
