@@ -18,10 +18,14 @@ cached code, its working folder. A checkout deeper or a longer variable moved it
 - the code of the checkout's modules compiled for the count under those names (:func:`compile_checkout`),
   never read from the checkout's ``__pycache__``, which holds the path it was compiled at (a fresh
   worktree holds none: its modules were compiled in the counting process, which moved its memory most);
-- a ``PYTHONPATH`` of only those folders (in ``sys.path``'s order), the caller's own ``PYTHONPATH``
+- a path of only those folders (in ``sys.path``'s order), the caller's own ``PYTHONPATH``
   entries outside the checkout, and the folders outside it and outside the interpreter's own that
   modules were imported from (a ``conftest`` adding to ``sys.path``): not ``sys.path`` itself, whose
-  first entries say how pytest was started;
+  first entries say how pytest was started. It goes in by a file (:func:`count_path`), not
+  ``PYTHONPATH``, with the names of each folder's distributions' metadata: the counting process puts
+  it on ``sys.path`` once its finders no longer list folders, so that no folder's listing (a saved
+  baseline beside the test, pytest's caches) is ever held in it;
+- the interpreter by one name however pytest was started (:func:`count_interpreter`);
 - an environment of what decides how the code runs, not where it was started from
   (:func:`count_environment`).
 """
