@@ -23,11 +23,11 @@ against the base revision in the same job covers (``--nwt-against``).
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -37,7 +37,7 @@ from typing import Any
 from ..errors import ArgumentError, CallgrindError
 from ._callgrind import callgrind_unavailable_reason, count_events, fixed_addresses
 from ._cost import Cost, cost_of
-from ._count_view import checkout_root, compile_checkout, count_environment, count_folder, count_pythonpath
+from ._count_view import checkout_root, compile_checkout, count_environment, count_folder, count_interpreter, count_path
 
 #: samples counted per benchmark: a fraction of a second of native work for a typical image
 #: pipeline, ~50x that under callgrind, on top of ~5 s of CPU for the interpreter's start-up and imports.
@@ -122,15 +122,19 @@ def count_pipeline(dataset: Any, *, batch_size: int | None, collate_fn: Any, bat
                              f"pickle ({type(exc).__name__}: {exc})") from None
     root = checkout_root()
     with count_folder(root) as (cwd, view), tempfile.TemporaryDirectory(prefix="nwt-plan-", dir=cwd) as own:
-        env = {**count_environment(count_pythonpath(root, view)), "VALGRIND_OPTS": valgrind_options()}
+        # the path goes in by file, not PYTHONPATH: the child puts it on sys.path once its imports list no folder
+        env = {**count_environment(), "VALGRIND_OPTS": valgrind_options()}
         path, child = os.path.join(own, "plan"), os.path.join(own, "child.py")
         with open(path, "wb") as f:
             f.write(payload)
+        with open(os.path.join(own, "path.json"), "w", encoding="utf-8") as f:
+            json.dump(count_path(root, view), f)
         shutil.copyfile(CHILD, child)
         compile_checkout(root, view, os.path.join(own, "pyc"))
+        argv = [count_interpreter(), child, path]
         t0 = time.perf_counter()
-        native = _native([sys.executable, child, path], env, cwd, timeout) if cost else None
-        events, syscalls = count_events([sys.executable, child, path], env=env, cwd=cwd, timeout=timeout,
+        native = _native(argv, env, cwd, timeout) if cost else None
+        events, syscalls = count_events(argv, env=env, cwd=cwd, timeout=timeout,
                                         cache_sim=cost, syscalls_between=MARKERS if cost else None)
         seconds = time.perf_counter() - t0
     counted = sum(len(indices) for indices, _ in batches)
@@ -144,7 +148,6 @@ def count_pipeline(dataset: Any, *, batch_size: int | None, collate_fn: Any, bat
 
 def _native(argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> dict[str, Any]:
     """The counted region run without valgrind: its page faults and CPU seconds (``_count_child --native``)."""
-    import json  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 
     result = os.path.join(os.path.dirname(argv[-1]), "native.json")

@@ -43,6 +43,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 #: the link to the checkout's root in the counting process's working folder
 LINK = ".nwt-checkout"
@@ -91,6 +92,22 @@ def count_environment(pythonpath: str = "") -> dict[str, str]:
     if not pythonpath:
         del env["PYTHONPATH"]
     return env
+
+
+def count_interpreter() -> str:
+    """The interpreter the counting process runs, by one name however pytest was started.
+
+    ``pytest`` runs as its script's ``#!`` names it (a venv's ``bin/python3``), ``python -m pytest`` as
+    ``bin/python``: the same interpreter, but its name is one more string the counting process holds, and
+    one character moved the README's example by 0.06%. So it is run as ``pythonX.Y`` in the same folder
+    (a venv stays a venv), where that is the same file.
+    """
+    exe = sys.executable
+    named = os.path.join(os.path.dirname(exe), f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    try:
+        return named if named != exe and os.path.samefile(named, exe) else exe
+    except OSError:
+        return exe
 
 
 def checkout_root(cwd: Path | None = None) -> Path:
@@ -181,6 +198,31 @@ def count_pythonpath(root: Path, view: str) -> str:
     given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not _under(Path(p).resolve(), [root])]
     outside = [str(r) for r in ordered if not _under(r, [root])]
     return os.pathsep.join(dict.fromkeys([*inside, *given, *outside]))
+
+
+#: what ``importlib.metadata`` keeps of a folder's listing (its ``Lookup``): the distributions' metadata
+METADATA_SUFFIXES = (".dist-info", ".egg-info")
+
+
+def metadata_names(folder: str) -> list[str]:
+    """The names in ``folder`` that ``importlib.metadata`` reads when it looks for a distribution there."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return sorted(n for n in names if n.lower().endswith(METADATA_SUFFIXES) or n.lower() == "egg-info")
+
+
+def count_path(root: Path, view: str) -> dict[str, Any]:
+    """What the counting process puts on ``sys.path`` (:func:`count_pythonpath`'s entries, in order) and, for
+    each entry, the names of its listing that ``importlib.metadata`` reads: given, so that the counting
+    process lists none of these folders (:func:`._count_child.checkout_code`)."""
+    entries = [p for p in count_pythonpath(root, view).split(os.pathsep) if p]
+
+    def real(entry: str) -> str:
+        return str(root) + entry[len(view):] if entry == view or entry.startswith(view + "/") else entry
+
+    return {"path": entries, "metadata": {p: metadata_names(real(p)) for p in entries}}
 
 
 def compile_checkout(root: Path, view: str, into: str) -> None:
