@@ -151,7 +151,7 @@ class _Stalls:
         return 4096
 
     def __getitem__(self, i: int) -> np.ndarray:
-        if time.monotonic() - self.t0 > 1.5:
+        if 1.5 < time.monotonic() - self.t0 < 30:  # quick again after that: a missed interrupt fails, not hangs
             time.sleep(1)
         return np.full(4, i, np.float32)
 
@@ -164,13 +164,16 @@ def test_the_row_taken_where_ctrl_c_stopped_the_workers_says_their_memory_is_unk
 
     from cupy_nwt.cli.stats import WatchConfig, run_watch
 
-    config = WatchConfig(batch_size=8, num_workers=2, device="cpu", batches=10**6, every=50)
+    config = WatchConfig(batch_size=8, num_workers=2, device="cpu", batches=20_000, every=50)
+    # Ctrl-C as a terminal's: a run started in the background (CI's shell) inherits SIGINT ignored
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
     timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
     timer.start()
     try:
         result = run_watch(_Stalls(), "stalls", config)
     finally:
         timer.cancel()
+        signal.signal(signal.SIGINT, handler)
     assert result.interrupted and result.rows[-2].stats.worker_private_bytes
     last = result.rows[-1].stats
     assert last.worker_private_bytes is None or last.worker_private_bytes > 0

@@ -27,7 +27,7 @@ FOREIGN = {"BatchEncoding", "BytesIO", "Connection", "Dataset", "DistributedSamp
            "RandomSampler", "SCM_RIGHTS", "SIG_IGN", "Sequence", "SequentialSampler", "Stateful", "Trainer",
            "UserDict", "UserList", "W", "fit", "recv", "BILINEAR", "Image", "fromarray", "ToTensor",
            "RandomAccessDataSource", "NaN", "Infinity", "__cuda_array_interface__", "StatefulDistributedSampler",
-           "StatefulDataLoader"}
+           "StatefulDataLoader", "SubsetRandomSampler", "WeightedRandomSampler"}
 
 
 def readme(package: str) -> Path:
