@@ -26,20 +26,16 @@ Lifetime of what you get:
   numbers too, as torch's DataLoader gives; ``output=`` asks for one framework whatever the samples
   hold (``ring.frameworks``).
 
-Several ranks (torch.distributed, torchrun, Lightning, SLURM, MPI): each rank builds its own loader;
-``rank`` and ``world_size`` come from an initialised process group or the launcher's variables unless
-given (a group initialised after the loader was made is followed), each rank takes its shard of every epoch (see
-``plan.order.BatchSampler`` for the padding), and on the GPU uses device ``local_rank % device_count``
-unless ``device="cuda:N"`` names one. ``num_workers="auto"`` with nothing saved tunes online within the
-rank's share of the CPUs (see ``_options.auto_cpus``), and each rank takes the saved pick of its node's
-store where there is one (``picks.pick.saved_pick``). Nothing at construction talks to other ranks.
+Several ranks (torch.distributed, torchrun, Lightning, SLURM, MPI): each rank builds its own loader and
+takes its shard of every epoch (the class's "Distributed"; a group initialised after the loader was made is
+followed). ``num_workers="auto"`` with nothing saved tunes online within the rank's share of the CPUs
+(``_options.auto_cpus``), and each rank takes its node's saved pick (``picks.pick.saved_pick``). Nothing
+at construction talks to other ranks.
 
-Worker start method (``multiprocessing_context=None``): ``forkserver`` when CUDA is in use in this
-process (the loader targets the GPU, or CuPy is imported and a GPU is usable, or a GPU runtime runs),
-because a forked child of a CUDA process must not touch CUDA and page-locked memory is not inherited
-across fork; ``fork`` otherwise (JAX on the CPU included: ``workers.start.forkserver_hazards``), which
-starts fastest and shares the dataset copy-on-write. With forkserver or spawn the dataset and the callables are
-pickled to each worker (so defined at module level), their large arrays once (``workers.shared_pickle``).
+Worker start method (``multiprocessing_context=None``): ``forkserver`` where this process uses CUDA or a
+runtime whose threads a forked child cannot survive, else ``fork`` (the rules, and why: ``workers.start``). With forkserver or spawn the dataset
+and the callables are pickled to each worker (so defined at module level), their large arrays once
+(``workers.shared_pickle``).
 """
 
 from __future__ import annotations
@@ -107,7 +103,7 @@ class DataLoader(SettingsView, Generic[T_co]):
     DistributedSampler-style: with ``drop_last=False`` the epoch's order is padded by wrapping
     around to its start so every rank gets ``ceil(n / world_size)`` samples; with ``drop_last=True``
     the ``n % world_size`` tail of the order is left out instead, and each rank's short last batch
-    is dropped. A user's ``sampler`` or ``batch_sampler`` is used as given (shard it yourself), and
+    is dropped (``plan.order.BatchSampler``). A user's ``sampler`` or ``batch_sampler`` is used as given (shard it yourself), and
     an iterable-style dataset reads ``rank`` and ``world_size`` from ``get_worker_info()``.
     ``seed=None`` with several ranks is 0 on every rank, as DistributedSampler's default (no rank asks
     another, so a loader made on one rank alone does not wait). On the GPU the device is ``local_rank % device_count`` unless

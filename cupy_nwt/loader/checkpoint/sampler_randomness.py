@@ -43,33 +43,39 @@ def stateful(obj: Any) -> bool:
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
-def generator_of(sampler: Any) -> tuple[Any, Any]:
-    """The object among ``sampler`` and the samplers it wraps (the ``sampler`` of a batch sampler without a
-    state of its own) whose ``generator`` it draws from, and that generator (None: torch's global one); the
-    object is None where there is none (or torch is not imported)."""
-    torch = sys.modules.get("torch")
+def _chain(sampler: Any) -> Iterator[Any]:
+    """``sampler`` and the samplers it wraps (a batch sampler's ``sampler``, and the one that one wraps)."""
     obj = sampler
     for _ in range(_DEPTH):
-        if torch is None or obj is None or (obj is not sampler and stateful(obj)):
-            return None, None
+        if obj is None:
+            return
+        yield obj
+        obj = getattr(obj, "sampler", None)
+
+
+def generator_of(sampler: Any) -> tuple[Any, Any]:
+    """The object among ``sampler`` and the samplers it wraps (those without a state of their own) whose
+    ``generator`` it draws from, and that generator (None: torch's global one); the object is None where
+    there is none (or torch is not imported)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, None
+    for obj in _chain(sampler):
+        if obj is not sampler and stateful(obj):
+            break
         gen = getattr(obj, "generator", _MISSING)
         if gen is None or (isinstance(gen, torch.Generator) and gen.device.type == "cpu"):
             return obj, gen
-        obj = getattr(obj, "sampler", None)
     return None, None
 
 
 def epoch_owner(sampler: Any) -> Any:
     """What takes ``set_epoch`` and keeps an int ``epoch`` among ``sampler`` and the samplers it wraps (a
     ``DistributedSampler``, in torch's ``BatchSampler`` too); None where there is none."""
-    obj = sampler
-    for _ in range(_DEPTH):
-        if obj is None:
-            return None
+    for obj in _chain(sampler):
         epoch = getattr(obj, "epoch", None)
         if callable(getattr(obj, "set_epoch", None)) and isinstance(epoch, int) and not isinstance(epoch, bool):
             return obj
-        obj = getattr(obj, "sampler", None)
     return None
 
 

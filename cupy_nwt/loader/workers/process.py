@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
-import multiprocessing as mp
 import os
 import pickle
 import select
@@ -67,12 +66,14 @@ from .process_main import WorkerSpec, worker_main
 from .shared_pickle import SharedPickles
 from .start import (
     check_importable,
+    context_of,
     death_error,
     default_start_method,
     exit_hint,
     forkserver_preload,
     names_script,
     script_path,
+    start_method_of,
     start_wave,
     stuck_hint,
 )
@@ -92,11 +93,6 @@ class _Worker:
     pid: int
     task_fd: int
     outstanding: int = 0
-
-
-def context_of(start_method: str | BaseContext) -> Any:
-    """A concrete multiprocessing context (it has Process and Pipe) from a start method or a context."""
-    return mp.get_context(start_method) if isinstance(start_method, str) else start_method
 
 
 class WorkerPool(Dispatch):
@@ -436,10 +432,6 @@ class WorkerPool(Dispatch):
         return self._closed
 
 
-def _start_method(context: BaseContext | None, device: str) -> str:
-    return context.get_start_method() if context is not None else default_start_method(device)
-
-
 def _start(*, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: int, worker_init_fn: Callable | None,
            context: BaseContext | None, device: str, epoch: int, rank: int, world_size: int,
            events: Listener | None, hung_up: HangUp | None = None) -> WorkerPool:
@@ -449,5 +441,5 @@ def _start(*, maker: BatchMaker, num_workers: int, prefetch_factor: int, seed: i
                       hung_up=hung_up)
 
 
-KIND = WorkerKind("process", _start, processes=True, start_method=_start_method)
+KIND = WorkerKind("process", _start, processes=True, start_method=start_method_of)
 

@@ -119,6 +119,16 @@ def choose(cuda_live: bool) -> str:
     return "forkserver"
 
 
+def context_of(start_method: str | BaseContext) -> Any:
+    """A concrete multiprocessing context (it has Process and Pipe) from a start method or a context."""
+    return mp.get_context(start_method) if isinstance(start_method, str) else start_method
+
+
+def start_method_of(context: BaseContext | None, device: str) -> str:
+    """The start method of the given context, else the default for ``device``."""
+    return context.get_start_method() if context is not None else default_start_method(device)
+
+
 def default_start_method(device: str) -> str:
     """``forkserver`` when CUDA is (or will be) live in this process or a threaded runtime runs (``choose``), else ``fork``.
 
