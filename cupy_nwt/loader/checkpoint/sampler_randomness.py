@@ -28,6 +28,7 @@ from __future__ import annotations
 import base64
 import binascii
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -154,6 +155,16 @@ def check_randomness(sampler: Any, saved: Any) -> None:
     if now is not None and len(_decoded(saved)) != len(_decoded(now)):
         raise StateError("load_state_dict: sampler_randomness: not a state of this sampler's generator (another "
                          "length)", "sampler_randomness", saved)
+
+
+def warn_unrecorded(sampler: Any) -> None:
+    """Warn, where ``sampler`` draws its epoch from a torch generator, that a mid-epoch state without a
+    ``sampler_randomness`` (one saved before it was kept) cannot give the saved epoch's order back."""
+    if Randomness.of(sampler) is not None:
+        warnings.warn("load_state_dict: the state was saved mid-epoch without the random state the sampler drew "
+                      "that epoch from (an earlier cupy_nwt): the rest of the epoch is drawn afresh, so some "
+                      "samples may come twice and others not at all; resume from a state saved between epochs, "
+                      "or by this version, for an exact epoch", UserWarning, stacklevel=6)
 
 
 def _torch() -> Any:

@@ -22,7 +22,7 @@ from ...data.contract import map_length
 from ...errors import StateError
 from ...ranks import MAX_WORLD_SIZE
 from ..plan.remainder import Session
-from .sampler_randomness import check_randomness
+from .sampler_randomness import check_randomness, warn_unrecorded
 
 if TYPE_CHECKING:
     from .._options import Options
@@ -259,6 +259,8 @@ def _check_sampler(options: Options, sd: Mapping[str, Any]) -> None:
     check_randomness(options.sampling.batch_sampler or options.sampling.sampler, sd.get("sampler_randomness"))
     if sd.get("sampler_epoch") is not None:
         _int("sampler_epoch", sd["sampler_epoch"], 0, None)
+    if (k or sd["extra"]) and position is None and "sampler_randomness" not in sd:
+        warn_unrecorded(options.sampling.batch_sampler or options.sampling.sampler)
 
 
 def _check_stream(options: Options, sd: Mapping[str, Any]) -> None:

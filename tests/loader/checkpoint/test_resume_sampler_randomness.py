@@ -7,6 +7,7 @@ reference here."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -106,6 +107,28 @@ def test_a_checkpoint_taken_between_epochs_resumes_the_next_epoch_as_uninterrupt
         assert ids(again) == whole[1]
     else:  # given no generator: the next epoch's seed is drawn when it begins, here from the resumed script's
         assert sorted(sum(ids(again), [])) == list(range(N))
+    again.close()
+
+
+@pytest.mark.parametrize("mid_epoch", [True, False])
+def test_a_mid_epoch_state_saved_before_the_sampler_s_randomness_was_kept_says_its_order_is_lost(mid_epoch):
+    dl = loader("RandomSampler(generator)", 0)
+    it = iter(dl)
+    if mid_epoch:
+        next(it)
+    saved = dl.state_dict()
+    it.close()
+    dl.close()
+    old = {k: v for k, v in saved.items() if k != "sampler_randomness"}  # as an earlier cupy_nwt saved it
+    again = loader("RandomSampler(generator)", 0)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        again.load_state_dict(old)
+        again.load_state_dict(saved)  # this version's state: no warning
+    said = [w for w in seen if "sampler_randomness" in str(w.message) or "drawn afresh" in str(w.message)]
+    assert len(said) == (1 if mid_epoch else 0)
+    if mid_epoch:
+        assert said[0].filename == __file__  # it points at the script's load_state_dict
     again.close()
 
 
