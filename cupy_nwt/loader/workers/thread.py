@@ -4,7 +4,9 @@ Most per-sample work releases the GIL (Pillow's decoders, NumPy, this package's 
 and then threads make batches in parallel without what processes cost: no pickling of tasks or
 batches, no second mapping of the ring, no start-up by fork or forkserver. A thread writes straight
 into the ring's slot (the ring is plain anonymous memory, page-locked like the shared one when
-``pin_memory``), and the batches made before the ring exists are handed over as they are.
+``pin_memory``). What a process's pipe would copy is copied as it is handed over (``handed_over``): a
+batch made outside the ring (the first ones, one that does not fit it, ``batch_size=None``'s samples)
+and a ring batch's other leaves are the caller's, never the dataset's or ``collate_fn``'s own memory.
 
 Each thread runs the one serve loop (``serve``) on its own copy of the ``BatchMaker`` (so an
 iterable-style dataset gets one iterator per worker) and has its own task queue; every answer comes
@@ -36,9 +38,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.context import BaseContext
 from typing import Any
+
+import numpy as np
 
 from ..._worker_info import WorkerInfo, enter_thread, worker_seed
 from ...data.contract import dataset_style
@@ -48,7 +52,7 @@ from .._reader_gate import HangUp
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from .maker import BatchMaker
-from .messages import FromWorker, Restore, Stop, Task
+from .messages import FromWorker, Ok, Restore, Stop, Task, Whole
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
 from .serve import serve_loop
 from .torch_workers import PIPE_WALK_LOCK, refuse_for_threads
@@ -234,6 +238,30 @@ def _reader_copy(dataset: Any) -> Any:
             "rather than in __init__, give the class a __deepcopy__, or use worker_type='process'") from exc
 
 
+def handed_over(answer: FromWorker) -> FromWorker:
+    """``answer`` as a pipe would hand it over: a batch made outside the ring with its arrays copied, and the
+    non-array leaves of any batch deep-copied. Without it the caller's batch would be the dataset's own array
+    (``batch_size=None``: an in-place edit in the loop edits the dataset) or a buffer ``collate_fn`` reuses for
+    its next batch, which a process worker's user never sees. A leaf that cannot be copied is handed over as it
+    is (it could not cross a pipe either)."""
+    if isinstance(answer, Whole):
+        treedef, arrays, objects = answer.parts
+        return replace(answer, parts=(treedef, [np.array(a, copy=True) for a in arrays], _copied(objects)))
+    if isinstance(answer, Ok) and answer.objects:
+        return replace(answer, objects=_copied(answer.objects))
+    return answer
+
+
+def _copied(objects: list[Any]) -> list[Any]:
+    out = []
+    for obj in objects:
+        try:
+            out.append(copy.deepcopy(obj))
+        except Exception:  # noqa: BLE001 - the user's object refuses a copy: handed over as it is
+            out.append(obj)
+    return out
+
+
 class _QueueChannel:
     """A worker thread's ends: its own task queue, the pool's one answer queue; rings are shared objects."""
 
@@ -246,7 +274,7 @@ class _QueueChannel:
         return Stop() if self.stopping.is_set() else msg
 
     def send(self, answer: FromWorker) -> None:
-        self.results.put((self.worker_id, answer))
+        self.results.put((self.worker_id, handed_over(answer)))
 
     def open_ring(self, msg: Ring) -> Ring:
         return msg
