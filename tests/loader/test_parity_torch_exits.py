@@ -209,6 +209,38 @@ def test_a_script_that_leaves_persistent_workers_mid_epoch_exits_cleanly(backend
         assert run.returncode == 1 and run.stderr.count("Traceback") == 1 and "RuntimeError: Loader error" in run.stderr
 
 
+KEPT_ITERATOR = """
+import time, torch
+import numpy as np
+import {module} as loader_module
+
+class Rows(torch.utils.data.Dataset):
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return np.full(4, i, np.float32)
+
+if __name__ == "__main__":
+    kw = {{"device": "cpu", "worker_type": "{worker_type}"}} if "{module}" == "cupy_nwt" else {{}}
+    it = iter(loader_module.DataLoader(Rows(), batch_size=4, num_workers=2, **kw))
+    for _ in range(4):
+        batch = next(it)
+    time.sleep(0.5)  # the workers have made the batches ahead of it
+    print(int(batch[0, 0]), flush=True)
+"""
+
+
+def test_a_script_that_ends_holding_an_iterator_mid_epoch_exits_without_a_word(backend, worker_type):
+    """What torch's loader does for a script whose last line leaves its iterator where it stood: the
+    epoch is ended at exit, without a traceback on the way."""
+    module = "torch.utils.data" if is_torch(backend) else "cupy_nwt"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    script = textwrap.dedent(KEPT_ITERATOR.format(module=module, worker_type=worker_type))
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert (run.returncode, run.stdout.split(), run.stderr) == (0, ["12"], "")
+
+
 def test_loaders_made_and_dropped_one_after_another_leak_no_file_descriptors(backend):
     """torch: TestDataLoaderPersistentWorkers.test_persistent_workers_pin_memory_fd_does_not_grow_linearly,
     without the pin memory thread (CUDA): a persistent-workers loader dropped after one batch."""

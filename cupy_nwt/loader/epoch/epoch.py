@@ -11,8 +11,11 @@ the first batch fixes the layout, the prefetcher on the GPU.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -136,6 +139,7 @@ class Epoch(Iterator[T_co]):
         if self._reported_len is not None:
             steps = _past_length(steps, self._reported_len, options)
         self._steps = steps
+        _live.add(self)
 
     @property
     def delivered(self) -> int:
@@ -225,6 +229,20 @@ class Epoch(Iterator[T_co]):
         steps = getattr(self, "_steps", None)  # absent when __init__ failed
         if steps is not None:
             steps.close()  # before the owner goes, whose finalizer may then free the shared workshop
+
+
+_live: weakref.WeakSet[Epoch[Any]] = weakref.WeakSet()  # every epoch begun, until it is collected
+
+
+@atexit.register
+def _end_at_exit() -> None:
+    """End every epoch still open at exit, as a ``break`` would, while the modules its clean-up reads are
+    whole: left to the interpreter's teardown (an iterator kept mid-epoch by a script that then ends), the
+    clean-up met names already cleared and printed a traceback. Registered after the runtimes' close
+    (``_runtime`` is imported first), so it runs before it; an epoch another thread is inside is left to that."""
+    for epoch in list(_live):
+        with contextlib.suppress(ValueError):  # "generator already executing": another thread's next()
+            epoch.close()
 
 
 def length_warning(dataset: Any, reported: int, fetched: int, workers: int) -> str:
