@@ -20,7 +20,7 @@ from typing import IO
 
 from .errors import ArgumentError
 
-__all__ = ["atomic_folder", "atomic_open", "check_writable", "fsync_dir", "make_folder", "same_file", "special_file",
+__all__ = ["atomic_folder", "atomic_open", "check_writable", "fresh_folder", "fsync_dir", "make_folder", "same_file", "special_file",
            "writable_base"]
 
 
@@ -178,6 +178,18 @@ def _new_beside(target: Path, kind: str) -> Path:
     """A new empty folder of an unused name beside ``target``."""
     while True:
         folder = target.with_name(f".{target.name}.{secrets.token_hex(4)}.{kind}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+
+
+def fresh_folder(parent: Path, prefix: str) -> Path:
+    """A new empty folder in ``parent`` named ``prefix`` and random hex, with the mode the umask gives:
+    ``tempfile.mkdtemp``'s 0700, renamed into a shared cache, would shut the rest of the group out."""
+    while True:
+        folder = parent / f"{prefix}{secrets.token_hex(4)}"
         try:
             folder.mkdir()
             return folder

@@ -16,12 +16,13 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+
+from ._jit import nogil_kernel
 
 PRECISION_BITS = 32 - 8 - 2  # Pillow's: the weights' fraction bits, the literal 1 << 22 (and its half) below
 
 
-@njit(nogil=True, cache=True)
+@nogil_kernel
 def _coefficients(in_size, in0, in1, out_size):  # pragma: no cover - JIT
     """Pillow's ``precompute_coeffs`` for the bilinear filter, then its rounding of the weights to fixed point
     with ``PRECISION_BITS`` (22) fraction bits, as Pillow does for 8-bit pixels (``normalize_coeffs_8bpc``)."""
@@ -57,7 +58,7 @@ def _coefficients(in_size, in0, in1, out_size):  # pragma: no cover - JIT
     return bounds, kk
 
 
-@njit(nogil=True, cache=True)
+@nogil_kernel
 def _weigh(rows, first, n, weights, acc, out, out_row):  # pragma: no cover - JIT
     """``out[out_row] = clip8(sum_k rows[first + k] * weights[k])`` along whole rows: vectorised."""
     m = acc.shape[0]
@@ -73,7 +74,7 @@ def _weigh(rows, first, n, weights, acc, out, out_row):  # pragma: no cover - JI
         out[out_row, i] = 0 if v < 0 else (255 if v > 255 else v)
 
 
-@njit(nogil=True, cache=True)
+@nogil_kernel
 def _horizontal(src, x0, y0, x1, y1, out_h, out_w, flip):  # pragma: no cover - JIT
     """Pillow's horizontal pass over the rows the vertical pass reads, mirrored if ``flip``; run on the
     transposed rows so that it too is a weighted sum of whole rows (the same sums in the same order).
@@ -103,7 +104,7 @@ def _horizontal(src, x0, y0, x1, y1, out_h, out_w, flip):  # pragma: no cover - 
     return tmp, yb, yk, first
 
 
-@njit(nogil=True, cache=True)
+@nogil_kernel
 def _resize(src, x0, y0, x1, y1, out_h, out_w, flip, out):  # pragma: no cover - JIT
     """Into ``out``: uint8 out_h x out_w x c."""
     c = src.shape[2]
@@ -114,7 +115,7 @@ def _resize(src, x0, y0, x1, y1, out_h, out_w, flip, out):  # pragma: no cover -
         _weigh(tmp, yb[yy, 0] - first, yb[yy, 1], yk[yy], acc, flat, yy)
 
 
-@njit(nogil=True, cache=True)
+@nogil_kernel
 def _resize_normalize(src, x0, y0, x1, y1, out_h, out_w, flip, scale, bias, out):  # pragma: no cover - JIT
     """Into ``out``: float32 c x out_h x out_w, each uint8 result times ``scale[ch]`` plus ``bias[ch]``
     (torchvision's ToTensor then Normalize, in the vertical pass's last step)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_bool, check_int
-from .._files import make_folder, writable_base
+from .._files import fresh_folder, make_folder, writable_base
 from ..errors import ArgumentError, DataFileError
 from ..reporting.progress import ProgressBar
 from ..reporting.units import fmt_bytes
@@ -130,7 +129,7 @@ def check_synthetic_room(n: int, seed: int = 0, fmt: str = "png", cache_dir: str
     existing, why = writable_base(path)
     if why is not None:
         raise ArgumentError(f"the cache folder {default_cache_dir(cache_dir)}{named} cannot hold the synthetic "
-                            f"CIFAR-10: {why}")
+                            f"CIFAR-10: {why}; set {CACHE_ENV} (or cache_dir=) to a folder you can write")
     per_image = _MIN_IMAGE_BYTES.get(fmt, _MIN_IMAGE_BYTES["png"])
     disk, free = n * (per_image + 16), shutil.disk_usage(existing).free
     if disk > free:
@@ -198,7 +197,7 @@ class SyntheticCIFAR10(ImageDataset):
             if os.path.lexists(self.cache_path):
                 warnings.warn(f"{self.cache_path}: {problem}; rebuilding it", CacheRebuiltWarning, stacklevel=3)
                 self._set_aside()
-            tmp = Path(tempfile.mkdtemp(dir=self.cache_path.parent, prefix=f".tmp-{self.cache_path.name}-"))
+            tmp = fresh_folder(self.cache_path.parent, f".tmp-{self.cache_path.name}-")
             try:
                 self._build_into(tmp, progress)
                 os.rename(tmp, self.cache_path)
@@ -213,7 +212,7 @@ class SyntheticCIFAR10(ImageDataset):
         if self.cache_path.is_symlink() or not self.cache_path.is_dir():
             self.cache_path.unlink()
             return
-        aside = Path(tempfile.mkdtemp(dir=self.cache_path.parent, prefix=f".tmp-{self.cache_path.name}-"))
+        aside = fresh_folder(self.cache_path.parent, f".tmp-{self.cache_path.name}-")
         os.rename(self.cache_path, aside)
         shutil.rmtree(aside, ignore_errors=True)
 

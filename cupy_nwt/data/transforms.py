@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from numba import njit
 
 from .._checks import check_callable, check_int
 from ..errors import ArgumentError, ArgumentTypeError
+from ._jit import nogil_kernel
 from ._process_rng import ProcessRng
 
 # Per-channel statistics of the CIFAR-10 training set (pixels scaled to [0, 1]).
@@ -188,7 +188,7 @@ def _mean_std(mean: Sequence[float], std: Sequence[float]) -> tuple[np.ndarray, 
 # --- the batch kernel --------------------------------------------------------------------------
 
 
-@njit(nogil=True, cache=True)
+@nogil_kernel
 def _crop_flip_normalize(images, oy, ox, flip, pad, out_h, out_w, scale, bias, out):  # pragma: no cover - JIT
     n, h, w, c = images.shape
     for k in range(n):
@@ -209,7 +209,7 @@ def _crop_flip_normalize(images, oy, ox, flip, pad, out_h, out_w, scale, bias, o
                         out[k, ch, i, j] = b
 
 
-@njit(nogil=True, cache=True)
+@nogil_kernel
 def _normalize_to_chw(images, scale, bias, out):  # pragma: no cover - JIT
     n, h, w, c = images.shape
     for k in range(n):

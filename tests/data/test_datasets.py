@@ -6,6 +6,7 @@ import io
 import multiprocessing as mp
 import os
 import pickle
+import stat
 import tarfile
 
 import numpy as np
@@ -438,6 +439,18 @@ def test_synthetic_cache_is_reused_not_rebuilt(tmp_path, monkeypatch):
     assert (second.cache_path / "data.npy").stat().st_mtime_ns == mtime
     np.testing.assert_array_equal(first[10][0], second[10][0])
     assert not [p for p in first.cache_path.parent.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_a_synthetic_cache_built_for_a_team_has_the_umask_s_mode_so_the_others_can_read_it(tmp_path):
+    """A Docker image builds the cache as root (umask 022) and runs as another user: its folder must be
+    readable by them, as the files in it are (it was 0700, tempfile.mkdtemp's mode)."""
+    old = os.umask(0o022)
+    try:
+        built = SyntheticCIFAR10(n=20, seed=3, cache_dir=tmp_path)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(built.cache_path.stat().st_mode) == 0o755
+    assert {stat.S_IMODE(p.stat().st_mode) for p in built.cache_path.iterdir()} == {0o644}
 
 
 @pytest.mark.parametrize("damage", ["cut data", "empty labels", "no offsets", "other labels"])
