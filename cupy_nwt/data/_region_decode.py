@@ -81,6 +81,25 @@ def dct_scale(crop_h: int, crop_w: int, out_h: int, out_w: int) -> int:
     return 1
 
 
+def _pillow_bomb() -> type[Exception]:
+    from PIL import Image  # noqa: PLC0415 - Pillow is imported where it decodes
+
+    return Image.DecompressionBombError
+
+
+def _refuse_bomb(height: int, width: int, name: str, sample_index: int | None) -> None:
+    """Refuse, before any decoder allocates for it, a size Pillow (so torchvision) refuses at open: over twice
+    ``PIL.Image.MAX_IMAGE_PIXELS`` (None: no limit). A few hundred bytes can declare 65500 x 65500, and
+    simplejpeg set up 12 GiB for such a progressive file before failing."""
+    from PIL import Image  # noqa: PLC0415
+
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and height * width > 2 * limit:
+        raise CorruptImageError(f"{name}: not a decodable image (its header declares {width} x {height}, "
+                                f"{height * width:,} pixels, over Pillow's limit of {2 * limit:,}: a decompression "
+                                "bomb, or raise PIL.Image.MAX_IMAGE_PIXELS)", sample_index)
+
+
 def _corrupt(name: str, sample_index: int | None, exc: BaseException) -> CorruptImageError:
     reason = " ".join(_ADDRESS.sub("", str(exc)).split()) or type(exc).__name__
     return CorruptImageError(f"{name}: not a decodable image ({reason})", sample_index)
@@ -110,13 +129,14 @@ class EncodedImage:
             except ValueError:
                 space = None  # Pillow's verdict, below
             if space in _RGB_SPACES:
+                _refuse_bomb(int(h), int(w), name, sample_index)
                 region = backend != "simplejpeg" and jpeg_region.available()
                 self.backend, self.height, self.width = "libjpeg" if region else "simplejpeg", int(h), int(w)
                 return
         if is_jpeg(data):
             try:
                 self._open_with_pillow()
-            except (OSError, SyntaxError, ValueError) as exc:
+            except (OSError, SyntaxError, ValueError, _pillow_bomb()) as exc:
                 raise _corrupt(name, sample_index, exc) from exc
             return
         self._array = decode_image(data, name, sample_index)
@@ -149,7 +169,7 @@ class EncodedImage:
             try:
                 self._open_with_pillow()
                 img = self._decoded(s)
-            except (OSError, SyntaxError, ValueError) as again:
+            except (OSError, SyntaxError, ValueError, _pillow_bomb()) as again:
                 raise _corrupt(self.name, self.sample_index, again) from exc
         return resize_box(img, (top / s, left / s, h / s, w / s), out_h, out_w, flip, normalize)
 

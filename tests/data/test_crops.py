@@ -339,6 +339,35 @@ def test_truncated_jpeg_in_a_tar_names_the_member(tmp_path: Path, transform: str
     assert "1/1.jpg" in _one_line(err.value)
 
 
+def _declaring(width: int, height: int, progressive: bool) -> bytes:
+    """A small JPEG whose frame header declares ``width`` x ``height``: a few hundred bytes, a huge image."""
+    import struct
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((32, 32, 3), 128, np.uint8)).save(buf, "JPEG", progressive=progressive)
+    data = buf.getvalue()
+    sof = data.index(b"\xff\xc2" if progressive else b"\xff\xc0")
+    return data[: sof + 5] + struct.pack(">HH", height, width) + data[sof + 9:]
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_jpeg_declaring_a_huge_image_is_refused_as_pillow_refuses_it_before_any_decoding(folder: Path, backend,
+                                                                                          progressive) -> None:
+    """Pillow (so torchvision) refuses over twice ``MAX_IMAGE_PIXELS`` at open; simplejpeg set up 12 GiB for
+    such a file before failing. On every path: the folder's one-line error, and ``on_bad_sample="skip"``."""
+    victim = folder / "c1" / "3.jpg"
+    victim.write_bytes(_declaring(65500, 65500, progressive))
+    for t in (RandomResizedCrop(16, backend=backend), Resize((16, 16), backend=backend)):
+        ds = ImageFolder(folder, transform=t)
+        index = [str(ds.path(i)) for i in range(len(ds))].index(str(victim))
+        with pytest.raises(CorruptImageError) as err:
+            ds[index]
+        assert str(victim) in _one_line(err.value) and err.value.sample_index == index
+        kept = list(DataLoader(ds, batch_size=len(ds), num_workers=1, device="cpu", on_bad_sample="skip"))
+        assert [len(b[1]) for b in kept] == [len(ds) - 1]
+
+
 def test_a_jpeg_libjpeg_only_warns_about_decodes_as_torchvision_would(small_jpeg: bytes) -> None:
     sos = small_jpeg.index(b"\xff\xda")
     odd = small_jpeg[:sos] + b"\x00\x00" + small_jpeg[sos:]  # "2 extraneous bytes before marker 0xda"
