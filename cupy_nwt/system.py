@@ -94,17 +94,33 @@ def busy_cpu_seconds(cpus: frozenset[int]) -> float | None:
     return sum(getattr(t, f, 0.0) for t in seen for f in _BUSY) if seen else None
 
 
-def usable_cpus() -> int:
-    """CPUs this process may really use: affinity mask, then any cgroup v2 CPU quota."""
+def usable_cpus(root: str = "/") -> int:
+    """CPUs this process may really use: its affinity mask, then the CPU quota of its cgroup and every
+    ancestor (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), rounded down, at least one: a container given
+    half a core, or a SLURM job given two of a node's 64, must not be searched at 64 workers.
+
+    ``root`` prefixes every path read (/proc, /sys): tests hand it a made-up tree.
+    """
     n = len(affinity_cpus())
-    try:
-        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
-            quota, period = f.read().split()
-        if quota != "max":
-            n = min(n, max(1, int(int(quota) // int(period))))
-    except (OSError, ValueError):
-        pass
+    for folder, v2 in _cgroup_folders(root, "cpu"):
+        quota = _cpu_quota_at(folder, v2)
+        if quota is not None:
+            n = min(n, max(1, int(quota)))
     return max(1, n)
+
+
+def _cpu_quota_at(folder: str, v2: bool) -> float | None:
+    """The CPUs a cgroup's quota allows per period; None where it sets none."""
+    if v2:
+        try:
+            with open(os.path.join(folder, "cpu.max"), encoding="ascii") as f:
+                text, every = f.read().split()[:2]
+            return None if text == "max" else int(text) / int(every)
+        except (OSError, ValueError, ZeroDivisionError):
+            return None
+    quota_us = _read_int(os.path.join(folder, "cpu.cfs_quota_us"))  # -1 (no quota) reads as None
+    period_us = _read_int(os.path.join(folder, "cpu.cfs_period_us"))
+    return quota_us / period_us if quota_us is not None and period_us else None
 
 
 @dataclass(frozen=True)
@@ -145,6 +161,19 @@ def cgroup_rooms(root: str = "/") -> list[Room]:
     v2: ``memory.max`` less ``memory.current``; v1: ``memory.limit_in_bytes`` less ``memory.usage_in_bytes``;
     each less the group's page cache (``memory.stat``), which the kernel reclaims before it refuses.
     """
+    return [room for folder, v2 in _cgroup_folders(root, "memory") if (room := _limit_at(folder, v2)) is not None]
+
+
+def memory_limit(root: str = "/") -> int | None:
+    """The smallest memory limit among this process's cgroups and their ancestors; None where none is set."""
+    limits = [_read_int(os.path.join(folder, "memory.max" if v2 else "memory.limit_in_bytes"))
+              for folder, v2 in _cgroup_folders(root, "memory")]
+    return min((v for v in limits if v is not None and v < UNLIMITED), default=None)
+
+
+def _cgroup_folders(root: str, controller: str) -> list[tuple[str, bool]]:
+    """The folders of this process's cgroups that ``controller`` governs (v2's unified tree and v1's), each
+    from the group up to its mount, and whether each is v2's."""
     try:
         with open(os.path.join(root, "proc/self/cgroup"), encoding="utf-8") as f:
             groups = [line.rstrip("\n").split(":", 2) for line in f if line.count(":") >= 2]
@@ -152,15 +181,16 @@ def cgroup_rooms(root: str = "/") -> list[Room]:
             mounts = [_mount(line) for line in f]
     except OSError:
         return []
-    rooms = []
+    folders = []
     for _, controllers, path in groups:
         v2 = controllers == ""
-        if not v2 and "memory" not in controllers.split(","):
+        if not v2 and controller not in controllers.split(","):
             continue
         for fstype, opts, mount_root, point in (m for m in mounts if m is not None):
-            if fstype == "cgroup2" if v2 else fstype == "cgroup" and "memory" in opts.split(","):
-                rooms += _limits(os.path.join(root, point.lstrip("/")), _relative(path, mount_root), v2)
-    return rooms
+            if fstype == "cgroup2" if v2 else fstype == "cgroup" and controller in opts.split(","):
+                mount = os.path.join(root, point.lstrip("/"))
+                folders += [(folder, v2) for folder in _up_to(mount, _relative(path, mount_root))]
+    return folders
 
 
 def _mount(line: str) -> tuple[str, str, str, str] | None:
@@ -182,20 +212,17 @@ def _relative(path: str, mount_root: str) -> str:
     return ""
 
 
-def _limits(mount: str, rel: str, v2: bool) -> list[Room]:
-    """Headroom at the cgroup and each ancestor up to the mount that sets a limit (a missing folder: the mount's)."""
+def _up_to(mount: str, rel: str) -> list[str]:
+    """The cgroup's folder and each ancestor up to the mount (a missing folder: the mount's)."""
     mount = os.path.normpath(mount)
     folder = os.path.normpath(os.path.join(mount, rel))
     if not os.path.isdir(folder):
         folder = mount
-    rooms = []
-    while True:
-        room = _limit_at(folder, v2)
-        if room is not None:
-            rooms.append(room)
-        if len(folder) <= len(mount):
-            return rooms
+    folders = [folder]
+    while len(folder) > len(mount):
         folder = os.path.dirname(folder)
+        folders.append(folder)
+    return folders
 
 
 def _limit_at(folder: str, v2: bool) -> Room | None:
@@ -246,14 +273,16 @@ class HostInfo:
 
 
 def host_info() -> HostInfo:
+    """This machine as this process sees it: inside a container, its cgroup's CPU quota and memory limit."""
     vm = psutil.virtual_memory()
+    limit = memory_limit()
     return HostInfo(
         cpu_model=cpu_model(),
         logical_cpus=os.cpu_count() or 1,
         physical_cpus=psutil.cpu_count(logical=False),
         usable_cpus=usable_cpus(),
-        memory_total_bytes=int(vm.total),
-        memory_available_bytes=int(vm.available),
+        memory_total_bytes=int(vm.total) if limit is None else min(int(vm.total), limit),
+        memory_available_bytes=min(int(vm.available), memory_room().bytes),
         python=platform.python_version(),
         platform=platform.platform(),
     )

@@ -69,6 +69,52 @@ def test_no_cgroup_limit_leaves_available_memory_as_the_bound(tmp_path):
     assert room.bytes == 3 << 30 and room.bound == "in available memory (MemAvailable)"
 
 
+V1_CPU_MOUNT = "36 30 0:32 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:10 - cgroup cgroup rw,cpu,cpuacct\n"
+
+
+@pytest.fixture
+def node_of_64(monkeypatch):
+    monkeypatch.setattr(system, "affinity_cpus", lambda: frozenset(range(64)))
+
+
+def test_a_cpu_quota_on_the_job_s_group_or_an_ancestor_bounds_the_usable_cpus(tmp_path, node_of_64):
+    """SLURM's cgroup/v2 puts the job's quota on the job's folder, not the mount's root (which was all that
+    was read: a container given two of a node's 64 cores was searched at 64 workers)."""
+    g = "sys/fs/cgroup/job_42"
+    root = tree(tmp_path, "0::/job_42/step_0/user/task_0\n", V2_MOUNT, {
+        f"{g}/cpu.max": "250000 100000\n", f"{g}/step_0/cpu.max": "max 100000\n",
+        f"{g}/step_0/user/task_0/cpu.max": "max 100000\n",
+    })
+    assert system.usable_cpus(root) == 2  # 2.5 CPUs a period: two whole ones
+
+
+@pytest.mark.parametrize(("quota", "cpus"), [("50000", 1), ("800000", 8), ("-1", 64)])
+def test_a_cgroup_v1_cfs_quota_bounds_the_usable_cpus_and_half_a_core_is_one(tmp_path, node_of_64, quota, cpus):
+    root = tree(tmp_path, "3:cpu,cpuacct:/docker/abc\n", V1_CPU_MOUNT, {
+        "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us": f"{quota}\n",
+        "sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000\n",
+    })
+    assert system.usable_cpus(root) == cpus
+
+
+def test_the_memory_limit_is_the_smallest_of_the_group_and_its_ancestors(tmp_path):
+    g = "sys/fs/cgroup/job.slice"
+    root = tree(tmp_path, "0::/job.slice/step\n", V2_MOUNT, {
+        f"{g}/memory.max": f"{1024 * MiB}\n", f"{g}/step/memory.max": f"{4096 * MiB}\n",
+    })
+    assert system.memory_limit(root) == 1024 * MiB
+    assert system.memory_limit(tree(tmp_path / "none", "0::/\n", V2_MOUNT, {"sys/fs/cgroup/memory.max": "max\n"})) is None
+
+
+def test_info_shows_the_container_s_memory_not_the_host_s(monkeypatch):
+    from cupy_nwt.system import host_info
+
+    monkeypatch.setattr(system, "memory_limit", lambda root="/": 1024 * MiB)
+    monkeypatch.setattr(system, "memory_room", lambda root="/": Room(700 * MiB, "under the cgroup memory limit x"))
+    host = host_info()
+    assert (host.memory_total_bytes, host.memory_available_bytes) == (1024 * MiB, 700 * MiB)
+
+
 # ---------------------------------------------------------------- a container's limit bounds every big holder
 
 LIMIT = Room(4 * MiB, "under the cgroup memory limit /sys/fs/cgroup/job/memory.max (64.0 MiB, 60.0 MiB in use)")
