@@ -2,7 +2,8 @@
 
 Not ``threading.Thread``: its ``start()`` waits until the new thread runs, a turn of the scheduler that on
 a busy machine is the very delay the call was moved off the path to avoid. The thread holds no lock of the
-caller's; a process about to fork joins it first, so that no child starts beside it.
+caller's; a process about to fork joins it first, so that no child starts beside it. Where no thread can
+start (this user's or the cgroup's limit of tasks), the call runs on the caller's thread instead.
 """
 
 from __future__ import annotations
@@ -28,7 +29,13 @@ class Background:
         self._running = _thread.allocate_lock()
         self._running.acquire()
         self._task = ""  # the thread's entry in /proc/self/task, where the system has one
-        _thread.start_new_thread(self._run, (fn, args))
+        try:
+            _thread.start_new_thread(self._run, (fn, args))
+        except RuntimeError:  # "can't start new thread": at the limit of tasks the caller runs it, and waits
+            try:
+                fn(*args)
+            finally:
+                self._running.release()
 
     def _run(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
         try:

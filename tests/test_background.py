@@ -35,3 +35,16 @@ def test_wait_blocks_until_the_call_returned():
     call = Background(lambda: time.sleep(0.05) or got.append(1))
     assert not call.done()
     assert call.wait() and got == [1] and call.done()
+
+
+def test_where_no_thread_can_start_the_call_runs_on_the_caller(monkeypatch):
+    """At the limit of tasks (a container's pids.max, ulimit -u) a thread is refused: the call still runs."""
+    import _thread
+
+    def refuse(*args, **kw):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(_thread, "start_new_thread", refuse)
+    ran = []
+    call = Background(ran.append, 1)
+    assert ran == [1] and call.done() and call.wait()

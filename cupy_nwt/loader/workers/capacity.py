@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from ...errors import ArgumentError
+from ...errors import ArgumentError, LoaderError
 from ...reporting.progress import ProgressBar
 from ...system import memory_room
 
@@ -135,6 +135,18 @@ def read_limits(root: str = "/") -> Limits:
             fds_left = nofile
     room = memory_room(root)
     return Limits(user_left, pids_left, bound, fds_left, room.bytes, room.bound)
+
+
+def out_of_tasks(what: str, remedy: str = "use fewer workers") -> LoaderError:
+    """No new process or thread could start (``fork``'s EAGAIN, "can't start new thread"): this user's
+    RLIMIT_NPROC, a cgroup's ``pids.max`` or the kernel's limit is reached. One line naming them, as the
+    open-files limit gets (``pipes.out_of_files``), instead of the system call's error."""
+    lim = read_limits()
+    held = [f"{lim.user_tasks_left:,} more tasks for this user (RLIMIT_NPROC)"] if lim.user_tasks_left is not None else []
+    held += [f"{lim.pids_left:,} more tasks under {lim.pids_bound}"] if lim.pids_left is not None else []
+    room = f" (room now: {'; '.join(held)})" if held else ""
+    return LoaderError(f"no more processes or threads can start: {what}; this user's RLIMIT_NPROC (ulimit -u), the "
+                       f"cgroup's pids.max or the kernel's limit is reached{room}: raise it or {remedy}")
 
 
 @dataclass(frozen=True)

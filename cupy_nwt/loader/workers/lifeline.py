@@ -20,6 +20,7 @@ run). A check between samples would cost two system calls a sample for what the 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import select
@@ -114,8 +115,10 @@ class ParentWatch:
         return os.getppid() == self.ppid and not (poller is not None and poller.poll(0))
 
     def start_watchdog(self) -> None:
-        """A daemon thread that ends this process when the main process is gone, even mid-sample."""
-        threading.Thread(target=self._watch, args=(self._poller(),), name="cupy_nwt-parent-watch", daemon=True).start()
+        """A daemon thread that ends this process when the main process is gone, even mid-sample. At the limit
+        of tasks (a thread is one) the worker goes on without it: it still stops before its next message."""
+        with contextlib.suppress(RuntimeError):  # "can't start new thread"
+            threading.Thread(target=self._watch, args=(self._poller(),), name="cupy_nwt-parent-watch", daemon=True).start()
 
     def _watch(self, poller: Any) -> None:
         while self.alive(poller):

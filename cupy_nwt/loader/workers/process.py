@@ -49,7 +49,7 @@ from ..ring.memory import RingFile
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from . import lifeline, pipes
-from .capacity import StartProgress
+from .capacity import StartProgress, out_of_tasks
 from .maker import BatchMaker, make_worker_error
 from .messages import (
     FromWorker,
@@ -171,6 +171,8 @@ class WorkerPool(Dispatch):
                     c.close()
             if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
                 raise pipes.out_of_files(f"loader worker {w} could not be started", "use fewer workers") from None
+            if isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
+                raise out_of_tasks(f"loader worker {w} could not be started by {method}") from None
             if isinstance(exc, ConnectionError):  # the server's child died while being handed the process
                 raise LoaderError(f"loader worker {w} could not be started by {method}{exit_hint(method, 1)}") from None
             if isinstance(exc, OSError):

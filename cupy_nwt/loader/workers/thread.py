@@ -51,6 +51,7 @@ from .._events import Listener
 from .._reader_gate import HangUp
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
+from .capacity import out_of_tasks
 from .maker import BatchMaker
 from .messages import FromWorker, Ok, Restore, Stop, Task, Whole
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
@@ -118,8 +119,11 @@ class ThreadPool(Dispatch):
                                   name=f"cupy_nwt-worker-{w}", daemon=True)
         if self.slots.ring is not None:
             tasks.put(self.slots.ring)
+        try:
+            thread.start()
+        except RuntimeError:  # "can't start new thread"
+            raise out_of_tasks(f"loader worker thread {w} could not be started") from None
         self._workers.append(_Thread(w, thread, tasks))
-        thread.start()
 
     def set_active(self, n: int) -> None:
         """Give tasks to the first ``n`` threads: un-park parked ones, start more if needed."""

@@ -141,3 +141,54 @@ def test_a_slow_start_shows_its_progress_and_its_end():
     assert lines[0] == "cupy_nwt: starting loader workers by spawn 192/1000"
     assert lines[-1] == "cupy_nwt: 1000 loader workers started in 15.6 s"
     assert 4 <= len(lines) <= 7  # a line every few seconds, not one a worker
+
+
+AT_THE_TASK_LIMIT = """
+import sys
+import numpy as np
+import cupy_nwt
+
+class Rows:
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        return np.full(4, i, np.float32)
+
+if __name__ == "__main__":
+    group = sys.argv[1]
+    with open(group + "/pids.current") as f:
+        in_use = int(f.read())
+    with open(group + "/pids.max", "w") as f:
+        f.write(str(in_use + 1))  # room for one more task: the second worker cannot start
+    try:
+        list(cupy_nwt.DataLoader(Rows(), batch_size=8, num_workers=2, device="cpu", worker_type=sys.argv[2]))
+    except cupy_nwt.LoaderError as exc:
+        print(type(exc).__name__, exc)
+"""
+
+
+@pytest.mark.parametrize("worker_type", ["process", "thread"])
+def test_a_job_at_its_cgroup_s_task_limit_is_told_so_in_one_line(tmp_path, worker_type):
+    """A container's pids.max (or a user's ulimit -u) reached by the workers: the loader's one line naming the
+    limits, not fork's BlockingIOError or "can't start new thread" from one of its threads."""
+    import subprocess
+    import sys
+
+    pids = "/sys/fs/cgroup/pids"
+    if os.name != "posix" or not os.access(pids, os.W_OK) or not os.path.exists(f"{pids}/cgroup.procs"):
+        pytest.skip("needs a writable cgroup v1 pids controller, as root")
+    group = f"{pids}/cupy_nwt_test_{os.getpid()}_{worker_type}"
+    os.mkdir(group)
+    try:
+        script = tmp_path / "job.py"
+        script.write_text(AT_THE_TASK_LIMIT)
+        run = subprocess.run(["bash", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "job", sys.executable,
+                              str(script), group, worker_type], capture_output=True, text=True, timeout=120, check=False,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    finally:
+        os.rmdir(group)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    said = run.stdout.strip()
+    assert said.startswith("LoaderError no more processes or threads can start: loader worker")
+    assert "pids.max" in said and "\n" not in said
