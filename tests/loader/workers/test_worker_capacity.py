@@ -160,7 +160,7 @@ if __name__ == "__main__":
     with open(group + "/pids.current") as f:
         in_use = int(f.read())
     with open(group + "/pids.max", "w") as f:
-        f.write(str(in_use + 1))  # room for one more task: the second worker cannot start
+        f.write(str(in_use))  # no room for another task (a thread of the script's that ends makes room for one)
     try:
         list(cupy_nwt.DataLoader(Rows(), batch_size=8, num_workers=2, device="cpu", worker_type=sys.argv[2]))
     except cupy_nwt.LoaderError as exc:
