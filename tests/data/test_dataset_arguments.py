@@ -97,6 +97,7 @@ def test_synthetic_counts_are_checked(tmp_path, kwargs, message):
 def test_a_cache_dir_that_is_a_file_is_named(tmp_path):
     (tmp_path / "file.txt").write_text("hello")
     with pytest.raises(ArgumentError, match=r"cache folder .*file.txt cannot hold the synthetic CIFAR-10: "
-                                            r".*file.txt is a file, not a folder$") as info:
+                                            r".*file.txt is a file, not a folder; set CUPY_NWT_CACHE_DIR "
+                                            r"\(or cache_dir=\) to a folder you can write$") as info:
         SyntheticCIFAR10(n=4, cache_dir=tmp_path / "file.txt")
     _one_line(info)
