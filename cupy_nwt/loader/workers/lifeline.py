@@ -28,7 +28,6 @@ import signal
 import threading
 import time
 import weakref
-from multiprocessing import util as mp_util
 from typing import Any, Protocol
 
 WATCH_INTERVAL_S = 0.2  # how often a worker's watchdog thread looks at its parent
@@ -43,39 +42,23 @@ _owner = os.getpid()
 _installed: dict[int, Any] = {}  # signal -> the handler we put in place
 _lock = threading.Lock()
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_exit_hook = 0  # the process that registered ``_kill_at_exit`` (a fork's registry starts empty)
-EXIT_PRIORITY = 100  # before multiprocessing's ending of daemon children (between the finalizers of priority >= 0 and the rest)
 
 
 def track(pool: Killable) -> None:
-    """A pool of worker processes is live in this process: make sure a signal cannot orphan it, nor this
-    process's exit hang on it."""
-    global _owner, _exit_hook
+    """A pool of worker processes is live in this process: make sure a signal cannot orphan it."""
+    global _owner
     with _lock:
         if os.getpid() != _owner:  # a child process that imported us before forking again
             _pools.clear()
             _installed.clear()
             _owner = os.getpid()
         _pools.add(pool)
-        if _exit_hook != os.getpid():
-            _exit_hook = os.getpid()
-            mp_util.Finalize(None, _kill_at_exit, exitpriority=EXIT_PRIORITY)
     if threading.current_thread() is not threading.main_thread():
         return  # signal.signal works only there; a later pool made on the main thread installs it
     for sig in _SIGNALS:
         if sig not in _installed and signal.getsignal(sig) == signal.SIG_DFL:
             signal.signal(sig, _on_signal)
             _installed[sig] = _on_signal
-
-
-def _kill_at_exit() -> None:
-    """multiprocessing's exit function, which a process it started runs in place of ``atexit`` (where the
-    loaders' own exit handler, ``_runtime``, never runs), ends its daemon children with SIGTERM and joins
-    them; workers ignore SIGTERM (it is the main process's), so first the pools still open are killed."""
-    if os.getpid() == _owner:
-        for pool in list(_pools):
-            with contextlib.suppress(Exception):  # exiting anyway: clean what can be cleaned
-                pool.kill_now()
 
 
 def untrack(pool: Killable) -> None:
