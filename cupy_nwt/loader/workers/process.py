@@ -347,7 +347,7 @@ class WorkerPool(Dispatch):
     # -- shutdown
 
     def shutdown(self) -> None:
-        """Stop every worker: ask, wait up to SHUTDOWN_GRACE_S, then SIGKILL (workers ignore SIGTERM). Idempotent.
+        """Stop every worker: ask, wait up to SHUTDOWN_GRACE_S, then SIGTERM, then SIGKILL. Idempotent.
 
         A Ctrl-C (or any error) while it waits still ends the workers and frees their pipes and memory
         before it propagates: the process may live on (a notebook's kernel), and a second call does nothing."""
@@ -366,13 +366,16 @@ class WorkerPool(Dispatch):
             self._end_workers()
 
     def _end_workers(self) -> None:
-        """SIGKILL the workers still alive, reap them; then close what they used."""
+        """SIGTERM the workers still alive, SIGKILL those that stay, reap them; then close what they used."""
         try:
             for w in self._workers:
                 if w.process.is_alive():
-                    w.process.kill()
+                    w.process.terminate()
             for w in self._workers:
-                w.process.join()
+                w.process.join(1.0)
+                if w.process.is_alive():
+                    w.process.kill()
+                    w.process.join()
         finally:
             self._close_workers()
 

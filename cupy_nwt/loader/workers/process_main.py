@@ -130,12 +130,8 @@ def seed_globals(seed: int) -> None:
 def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, spill: socket.socket | None = None) -> None:
     """A worker process: serve tasks until told to ``Stop``, the task pipe closes or the parent dies; large
     arrays of a batch that does not go into the ring leave through ``spill`` (``pipes``)."""
-    # Ctrl-C, and a scheduler's SIGTERM to the whole process group (SLURM's, Kubernetes'), are the main
-    # process's to handle: its preemption handler may save loader.state_dict() at the next step, which needs
-    # the workers alive; without one, it ends them as it dies (``lifeline``), and a worker whose parent is
-    # gone stops by itself. The pool ends workers with SIGKILL.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the main process's handler (``lifeline``), if forked
     watch = ParentWatch()
     watch.start_watchdog()
     # What the worker inherited (a forked parent's heap: the dataset, and everything else the parent

@@ -16,28 +16,16 @@ this module and the script's path in ``SCRIPT_ENV``:
 
 Nothing in the package imports it at its top: the server imports it after the package, complete,
 so the script's own imports of the package find it whole. It acts only in a process whose ``__main__`` has no file (the server's ``-c`` command) and only when
-the loader set ``SCRIPT_ENV`` while the server started; anywhere else importing it does nothing. The server
-the loader starts (``SERVER_ENV``) also leaves SIGTERM to the main process, as the workers do.
+the loader set ``SCRIPT_ENV`` while the server started; anywhere else importing it does nothing.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 
 SCRIPT_ENV = "CUPY_NWT_FORKSERVER_SCRIPT"
-SERVER_ENV = "CUPY_NWT_FORKSERVER"  # set while the loader starts the server: this process is that server
 STAND_IN = "__cupy_nwt_stand_in__"  # set on a __main__ that is named after the script but never ran it
-
-
-def _leave_sigterm_to_the_main_process() -> None:
-    """A scheduler's SIGTERM to the process group reaches the server too: dead, it would make every worker it
-    forked look dead (forkserver reads their exit from it), while the main process's preemption handler is
-    saving the loader's state. It ignores the signal, as the workers do, and ends when the main process
-    does (forkserver's own rule: its pipe from that process closes)."""
-    if os.environ.pop(SERVER_ENV, None) is not None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _stand_in() -> None:
@@ -73,5 +61,4 @@ def import_script(path: str | None) -> None:
     spawn.import_main_path(path)
 
 
-_leave_sigterm_to_the_main_process()
 _stand_in()

@@ -337,22 +337,21 @@ def prestart_forkserver(context: BaseContext | None, method: str, objects: Seque
 def _prestart(ctx: BaseContext, objects: Sequence[Any]) -> bool:
     from multiprocessing import forkserver  # noqa: PLC0415 - only where forkserver is used
 
-    from .server_main import SCRIPT_ENV, SERVER_ENV  # noqa: PLC0415
-
     script = script_path() if getattr(forkserver._forkserver, "_forkserver_pid", 0) is None else None
     preload = forkserver_preload(objects, pickled_modules(objects) if script else None)
     ctx.set_forkserver_preload(preload)
-    told = {SERVER_ENV: "1"}  # read, and dropped, by server_main in the server
-    if script is not None:
-        told[SCRIPT_ENV] = f"{'name' if preload[0] == _STAND_IN else 'run'}:{script}"
-    before = {k: os.environ.get(k) for k in told}
-    os.environ.update(told)
+    if script is None:
+        forkserver.ensure_running()
+        return True
+    from .server_main import SCRIPT_ENV  # noqa: PLC0415
+
+    before = os.environ.get(SCRIPT_ENV)
+    os.environ[SCRIPT_ENV] = f"{'name' if preload[0] == _STAND_IN else 'run'}:{script}"  # read, and dropped, by server_main
     try:
         forkserver.ensure_running()
     finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        if before is None:
+            os.environ.pop(SCRIPT_ENV, None)
+        else:
+            os.environ[SCRIPT_ENV] = before
     return True

@@ -1,9 +1,9 @@
-"""Closing a loader lets its workers exit on their own, not by SIGKILL after the grace period.
+"""Closing a loader lets its workers exit on their own, not by SIGTERM after the grace period.
 
 A worker whose batch comes back pickled (before the ring exists) and does not fit the pipe stays blocked
 writing it until someone reads: unless the main process reads while it waits, closing after the first
-batch (``break``, a tuner's trial) waits the whole second of grace, then kills it. A worker that exits on its own runs its exit finalizers; one
-killed does not, which is what these tests look at.
+batch (``break``, a tuner's trial) waits the whole second of grace, then terminates it. A worker that exits on its own runs its exit finalizers; one
+killed by SIGTERM does not, which is what these tests look at.
 """
 
 from __future__ import annotations
