@@ -75,9 +75,14 @@ def without_types(td: Treedef) -> Treedef:
     return (kind, tuple(without_types(c) for c in td[1]))
 
 
+_PLAIN_ARRAYS = (np.ndarray, np.memmap)
+
+
 def is_ring_array(x: Any) -> bool:
-    """An array the ring can carry: a NumPy array of numbers, bools or datetimes (no objects, no str)."""
-    return isinstance(x, np.ndarray) and x.dtype.kind in _RING_KINDS
+    """An array the ring can carry: a NumPy array (or memory map) of numbers, bools or datetimes (no objects,
+    no str). A subclass (a masked array's mask, a matrix's shape rules) is more than its buffer: it travels
+    pickled, as the user's object, and comes back of its class."""
+    return type(x) in _PLAIN_ARRAYS and x.dtype.kind in _RING_KINDS
 
 
 def split(batch: Any) -> tuple[Treedef, list[np.ndarray], list[Any]]:

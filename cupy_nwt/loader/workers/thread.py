@@ -42,8 +42,6 @@ from dataclasses import dataclass, replace
 from multiprocessing.context import BaseContext
 from typing import Any
 
-import numpy as np
-
 from ..._worker_info import WorkerInfo, enter_thread, worker_seed
 from ...data.contract import dataset_style
 from ...errors import LoaderError, WorkerDiedError
@@ -250,7 +248,7 @@ def handed_over(answer: FromWorker) -> FromWorker:
     is (it could not cross a pipe either)."""
     if isinstance(answer, Whole):
         treedef, arrays, objects = answer.parts
-        return replace(answer, parts=(treedef, [np.array(a, copy=True) for a in arrays], _copied(objects)))
+        return replace(answer, parts=(treedef, [a.copy() for a in arrays], _copied(objects)))
     if isinstance(answer, Ok) and answer.objects:
         return replace(answer, objects=_copied(answer.objects))
     return answer

@@ -99,3 +99,21 @@ def test_a_collate_fn_that_reuses_its_buffer_still_gives_every_batch_its_own_sam
     expected = [float(4 * i) for i in range(0, 64, 8)]
     assert [float(b[0, 0]) for b in kept] == expected
     assert read_in_the_loop == expected
+
+
+class Readings:
+    """Masked arrays, as sensor data marks missing values: the mask is part of the sample."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> np.ma.MaskedArray:
+        return np.ma.masked_array([1.0, -999.0, 3.0 + i], mask=[False, True, False])
+
+
+def test_a_sample_of_an_array_subclass_keeps_its_class_and_its_mask():
+    loader = DataLoader(Readings(), batch_size=None, num_workers=2, device="cpu", output="numpy")
+    got = list(loader)
+    loader.close()
+    assert [type(x) for x in got] == [np.ma.MaskedArray] * 4
+    assert [float(x.mean()) for x in got] == [2.0 + i / 2 for i in range(4)]
