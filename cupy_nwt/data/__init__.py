@@ -10,7 +10,8 @@ datasets. ``jpeg_bytes`` and ``gpu_decode``: JPEG samples as encoded bytes and t
 per-sample transforms and the Numba batch kernel of the CIFAR pipeline; ``crops``: the ImageNet crops, which
 tell the JPEG decoder the region they keep (``_region_decode``, resized by ``_resize``; ``jpeg_region``:
 the optional libjpeg-turbo extension, ``_libjpeg_region``, that decodes only that region). A random
-transform draws from a stream per worker (``_process_rng``). Nothing here imports the loader.
+transform draws from a stream per worker (``_process_rng``); the Numba kernels compile through ``_jit``,
+which keeps them on disk where Numba can. Nothing here imports the loader.
 
 The contract and the light modules load with the package; ``datasets``, ``transforms``, ``crops``, ``jpeg_bytes``
 and ``gpu_decode`` (Pillow, Numba) load on first use of one of their names, so a worker or a command that

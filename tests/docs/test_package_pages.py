@@ -27,7 +27,8 @@ FOREIGN = {"BatchEncoding", "BytesIO", "Connection", "Dataset", "DistributedSamp
            "RandomSampler", "SCM_RIGHTS", "SIG_IGN", "Sequence", "SequentialSampler", "Stateful", "Trainer",
            "UserDict", "UserList", "W", "fit", "recv", "BILINEAR", "Image", "fromarray", "ToTensor",
            "RandomAccessDataSource", "NaN", "Infinity", "__cuda_array_interface__", "StatefulDistributedSampler",
-           "StatefulDataLoader", "SubsetRandomSampler", "WeightedRandomSampler"}
+           "StatefulDataLoader", "SubsetRandomSampler", "WeightedRandomSampler", "NUMBA_CACHE_DIR", "PIL",
+           "MAX_IMAGE_PIXELS"}
 
 
 def readme(package: str) -> Path:
