@@ -176,20 +176,14 @@ def atomic_folder(path: str | os.PathLike[str], name: str = "path") -> Iterator[
 
 def _new_beside(target: Path, kind: str) -> Path:
     """A new empty folder of an unused name beside ``target``."""
-    while True:
-        folder = target.with_name(f".{target.name}.{secrets.token_hex(4)}.{kind}")
-        try:
-            folder.mkdir()
-            return folder
-        except FileExistsError:
-            continue
+    return fresh_folder(target.parent, f".{target.name}.", f".{kind}")
 
 
-def fresh_folder(parent: Path, prefix: str) -> Path:
-    """A new empty folder in ``parent`` named ``prefix`` and random hex, with the mode the umask gives:
-    ``tempfile.mkdtemp``'s 0700, renamed into a shared cache, would shut the rest of the group out."""
+def fresh_folder(parent: Path, prefix: str, suffix: str = "") -> Path:
+    """A new empty folder in ``parent`` named ``prefix``, random hex and ``suffix``, with the mode the umask
+    gives: ``tempfile.mkdtemp``'s 0700, renamed into a shared cache, would shut the rest of the group out."""
     while True:
-        folder = parent / f"{prefix}{secrets.token_hex(4)}"
+        folder = parent / f"{prefix}{secrets.token_hex(4)}{suffix}"
         try:
             folder.mkdir()
             return folder

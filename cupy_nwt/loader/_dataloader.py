@@ -18,9 +18,8 @@ Lifetime of what you get:
 
 * ``device="cuda"``: CuPy arrays, freshly allocated per batch; yours to keep (DLPack works).
 * ``device="cpu"``: NumPy arrays, copied out of the ring by default, so they are yours to keep.
-  ``zero_copy=True`` hands out views into the ring slot instead (read-only NumPy views; torch tensors
-  over the slot are writable, as torch has no read-only tensor): no copy, but a view is only valid
-  until the next batch is requested (or the iteration ends) — copy what you keep.
+  ``zero_copy=True`` hands out views of the ring slot instead (NumPy's read-only, torch's writable): no
+  copy, but a view is valid only until the next batch is requested (or the iteration ends).
 * Samples holding torch tensors (JAX arrays) give batches of torch tensors (JAX arrays), on either
   device, made over those same arrays without a copy (``torch.from_numpy``, DLPack on the GPU); a
   program that has imported torch gets tensors from the default collate for NumPy samples and
