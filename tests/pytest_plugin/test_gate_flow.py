@@ -15,6 +15,8 @@ import shutil
 import pytest
 from plugin_projects import TINY_DATA, loader_test, make_project, plant_slowdown
 
+from cupy_nwt.pytest_plugin import load_baseline
+
 pytest_plugins = ["pytester"]
 
 
@@ -246,12 +248,22 @@ def test_an_io_bound_pipeline_is_not_failed_on_a_stored_baselines_wall_clock(pro
     monkeypatch.setenv("SLOW_S", "0.005")  # 40 ms asleep per batch of 8: almost no CPU
     project.runpytest_inprocess("--nwt-save-baseline=base.json").assert_outcomes(passed=1)
     monkeypatch.setenv("SLOW_S", "0.02")
-    result = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=20")
+    result = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=20",
+                                          "--nwt-save-baseline=new.json")
     assert result.ret == pytest.ExitCode.OK
     result.stdout.fnmatch_lines(["*test_pipeline: samples/s * -> * (-*%) *; wall clock against a baseline from "
-                                 "another time is information*",
-                                 "*judged nothing for 1 benchmark(s) (*): * they wait rather than compute, so no "
-                                 "count of their work decides, or add --nwt-against REV*"])
+                                 "another time is information*"])
+    # I/O-bound needs idle CPU beside the pipeline in both runs (docs/ci-gate.md): on a host busy enough to take
+    # it (a CI runner whose neighbours steal 1.3 of its 2 cores) the pipeline may be waiting for a core instead
+    runs = [load_baseline(project.path / name)["test_input_pipeline.py::test_pipeline"]["extra_info"]
+            for name in ("base.json", "new.json")]
+    if all(r["cpu_cores"] < 0.25 and r["cpus_watched"] - r["cpu_cores"] - r["others_cores"] >= 0.5 for r in runs):
+        result.stdout.fnmatch_lines(["*judged nothing for 1 benchmark(s) (*): * they wait rather than compute, so "
+                                     "no count of their work decides, or add --nwt-against REV*"])
+    else:
+        result.stdout.fnmatch_lines(["*judged nothing for 1 benchmark(s) (*): their clocks against a baseline from "
+                                     "another time are shown, not judged*"])
+        result.stdout.no_fnmatch_line("*they wait rather than compute*")
 
 
 def test_an_unchanged_rerun_never_fails_the_gate_in_20_tries(project, monkeypatch):
