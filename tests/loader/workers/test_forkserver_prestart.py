@@ -182,3 +182,44 @@ def test_the_server_learns_the_script_while_another_thread_walks_a_pipe(tmp_path
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.split() == ["True"]
         assert len((tmp_path / "imports.txt").read_text().split()) == 1
+
+
+INTERRUPTED = """
+import os, signal, sys, time
+import numpy as np
+from cupy_nwt import DataLoader
+
+if __name__ != "__main__":
+    time.sleep(3)  # the server imports the script: as long as a script importing torch takes
+
+
+class Rows:
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, i):
+        return np.full(2, i)
+
+
+if __name__ == "__main__":
+    loader = DataLoader(Rows(), batch_size=4, num_workers=2, multiprocessing_context="forkserver", device="cpu")
+    time.sleep(0.5)
+    try:
+        os.killpg(0, signal.SIGINT)  # Ctrl-C at the terminal, a notebook's Interrupt: the whole process group
+        time.sleep(10)
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    print(sorted(int(x) for b in loader for x in b[:, 0]), flush=True)
+"""
+
+
+def test_a_ctrl_c_while_the_server_starts_is_the_script_s_alone(tmp_path):
+    """The server starts while the script goes on, in its process group: a Ctrl-C then is the script's to
+    catch, and must not end the server with a traceback of its own in the user's output."""
+    (tmp_path / "script.py").write_text(textwrap.dedent(INTERRUPTED))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(tmp_path / "script.py")], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=240, start_new_session=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == ["interrupted", str(list(range(8)))]
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr[-3000:]
