@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
 from pathlib import Path
@@ -149,20 +150,25 @@ class BaseRun:
         self.closed = False
 
     def _tail(self) -> str:
+        """The child's last words: its last error line as pytest marks it ("E   SyntaxError: ..."), and its last line."""
         self.out.seek(0)
         lines = [x for x in self.out.read().decode("utf-8", "replace").splitlines() if x.strip()]
-        return " | ".join(lines[-3:])
+        errors = [" ".join(x[1:].split()) for x in lines if x.startswith("E ")]
+        return " | ".join([*errors[-1:], lines[-1]] if errors else lines[-3:])
 
     def wait_ready(self, timeout: float = START_TIMEOUT_S) -> dict[str, Any]:
         got: list[Connection] = []
         t = threading.Thread(target=lambda: got.append(self.listener.accept()), daemon=True)
         t.start()
-        t.join(timeout)
-        while t.is_alive() and self.proc.poll() is None:
-            t.join(1.0)
+        deadline = time.monotonic() + timeout
+        while t.is_alive() and self.proc.poll() is None and time.monotonic() < deadline:  # it may end unready
+            t.join(0.2)
+        t.join(0.2)  # a connection made just as it ended
         if not got:
+            tail, ended = self._tail(), self.proc.poll() is not None
             self.close()
-            raise AgainstError(f"the base revision's test did not start its loader ({self._tail() or 'no output'})")
+            raise AgainstError(f"the base revision's test {'ended before it started' if ended else 'did not start'} "
+                               f"its loader{'' if ended else f' within {timeout:g} s'} ({tail or 'no output'})")
         self.conn = got[0]
         return self._recv(timeout)
 
@@ -174,8 +180,9 @@ class BaseRun:
         try:
             return self.conn.recv()
         except (EOFError, OSError):
+            tail = self._tail()
             self.close()
-            raise AgainstError(f"the base revision's test ended early ({self._tail() or 'no output'})") from None
+            raise AgainstError(f"the base revision's test ended early ({tail or 'no output'})") from None
 
     def round(self, batches: int | None) -> dict[str, Any]:
         """One round there: ``batches`` batches, or None for the sizing round; its figures."""

@@ -401,6 +401,17 @@ def test_a_plain_benchmark_under_against_is_named_as_judged_on_nothing(pytester)
     result.stdout.no_fnmatch_line("*()*")
 
 
+def test_a_base_revision_whose_module_does_not_import_is_told_at_once_with_its_error(pytester):
+    """REV's copy of the pipeline's module has a syntax error (the bug the working tree fixes): its child
+    pytest ends at collection, and the gate says so with the child's own last words, not after minutes."""
+    _ab_project(pytester, "sleepy", SLEEPY.format(pause=0.0) + "\ndef broken(:\n", SLEEPY.format(pause=0.0))
+    result = pytester.runpytest_subprocess("--nwt-against=HEAD", "--nwt-throughput-drop=20", "--nwt-instructions=off")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*AgainstError: the base revision's test ended before it started its loader (*"
+                                 "SyntaxError*"])
+    result.stdout.no_fnmatch_line("*closed file*")
+
+
 def test_a_bad_revision_is_one_line(pytester):
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
     _git(pytester.path, "init", "-q")
