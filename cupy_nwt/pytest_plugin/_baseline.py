@@ -91,6 +91,8 @@ def _check_info(bad: Bad, name: str, info: Any) -> None:
     if parts is not None and parts != {} and components is None:
         raise bad(f"{name}: cost_components is not an object of every component, each a finite number >= 0")
     cost = info.get("cost_per_sample")
+    if cost is not None and model == MODEL and components is None:  # every cost this model writes has them
+        raise bad(f"{name}: cost_per_sample is {cost!r} without the components it is the weight of")
     if cost is not None and components is not None and model == MODEL:
         weighed = Cost(**components).total
         if not math.isclose(cost, weighed, rel_tol=1e-6):

@@ -181,6 +181,19 @@ def test_a_baseline_cost_must_be_what_its_components_weigh_up_to(tmp_path):
     assert "t::x" in load_baseline(path)
 
 
+@pytest.mark.parametrize("edit", [{}, None], ids=["emptied", "removed"])
+def test_a_baseline_cost_without_its_components_is_refused(tmp_path, edit):
+    """Raising the cost by hand and emptying or dropping its components left nothing to weigh it against: a
+    7x instruction regression passed. Every cost the gate writes comes with its components."""
+    from cupy_nwt.pytest_plugin._cost import MODEL
+
+    info = {"cost_per_sample": 1_414_392.5, "cost_model": MODEL, **({} if edit is None else {"cost_components": edit})}
+    path = tmp_path / "base.json"
+    path.write_text(json.dumps({"format": "cupy_nwt.baseline/1", "benchmarks": [{"fullname": "t::x", "extra_info": info}]}))
+    with pytest.raises(BaselineError, match=r"t::x: cost_per_sample is 1414392.5 without the components"):
+        load_baseline(path)
+
+
 def test_a_baseline_of_another_format_is_refused(tmp_path):
     path = tmp_path / "base.json"
     path.write_text(json.dumps({"format": "cupy_nwt.baseline/9", "benchmarks": []}))
