@@ -97,6 +97,9 @@ def _check_info(bad: Bad, name: str, info: Any) -> None:
         weighed = Cost(**components).total
         if not math.isclose(cost, weighed, rel_tol=1e-6):
             raise bad(f"{name}: cost_per_sample is {cost!r}, but its components weigh up to {weighed!r}")
+    v = info.get("count_software")
+    if v is not None and not (isinstance(v, Mapping) and all(isinstance(x, (str, type(None))) for x in v.values())):
+        raise bad(f"{name}: count_software is not an object of versions")
     v = info.get("cpus_watched")
     if v is not None and not (_is_num(v) and float(v).is_integer() and 1 <= v <= MAX_CORES):
         raise bad(f"{name}: cpus_watched is {v!r}, not a whole number of CPUs")

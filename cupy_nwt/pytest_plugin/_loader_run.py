@@ -384,6 +384,7 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
         instructions_counted_by=by, instructions_samples=counts.get("instructions_samples"),
         count_seconds=counts.get("count_seconds"), cost_per_sample=counts.get("cost_per_sample"),
         cost_components=counts.get("cost_components") or {}, cost_model=counts.get("cost_model", ""),
+        count_software=counts.get("count_software") or {},
         native_cpu_s_per_1k=counts.get("native_cpu_s_per_1k"), against=against_info,
         batches_per_round=sizing.batches_per_round, stopped=sizing.stopped,
         target_noise_pct=sizing.target_noise_pct, noise_pct=sizing.noise_pct, decided_by=sizing.decided_by,

@@ -110,6 +110,7 @@ class LoaderBenchmarkResult:
     cost_per_sample: float | None = None  # instructions, cache misses and kernel work weighed in (._cost)
     cost_components: dict[str, float] = field(default_factory=dict)  # per sample, unweighted
     cost_model: str = ""  # the weights' name (._cost.MODEL)
+    count_software: dict[str, Any] = field(default_factory=dict)  # what the count ran on (._loader_run.software)
     native_cpu_s_per_1k: float | None = None  # the counted region's CPU natively (information)
     against: dict[str, Any] = field(default_factory=dict)  # --nwt-against: the base revision's paired rounds
     batches_per_round: int = 0

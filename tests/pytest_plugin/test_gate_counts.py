@@ -18,6 +18,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 from plugin_projects import FAST_CONFTEST, TINY_DATA, loader_test, make_project
 
@@ -266,6 +267,16 @@ def test_a_loader_benchmark_counts_its_samples_under_callgrind(project):
     (change,) = re.findall(r"cost/sample [\d,.]+ -> [\d,.]+ \(([-+]?[\d.]+)%\) \[baseline base\.json\]",
                            again.stdout.str())
     assert abs(float(change)) < 1.0
+    # the count ran on this software, and one from other software is not judged exactly (a required one fails)
+    assert info["count_software"]["numpy"] == np.__version__ and info["count_software"]["python"]
+    base = json.loads((project.path / "base.json").read_text())
+    base["benchmarks"][0]["extra_info"]["count_software"]["numpy"] = "1.26.4"
+    (project.path / "other.json").write_text(json.dumps(base))
+    other = project.runpytest_inprocess("--nwt-instructions=auto", "--nwt-baseline=other.json", "--nwt-require-baseline",
+                                        "--nwt-throughput-drop=5")
+    assert other.ret == pytest.ExitCode.TESTS_FAILED
+    other.stdout.fnmatch_lines(["*counted by other software in the baseline (numpy '1.26.4' in the baseline, "
+                                f"'{np.__version__}' here)*"])
 
 
 # ---------------------------------------------------------------- --nwt-against
