@@ -247,6 +247,9 @@ def software() -> dict[str, str]:
             "valgrind": valgrind_version()}
 
 
+OFF_NOTE = "counting is off (--nwt-instructions=off)"
+
+
 def counts_info(source: Any, loader: Any, samples: int | None) -> dict[str, Any]:
     """The exact counts of ``loader``'s pipeline on ``source`` as ``extra_info`` keys; ``count_note`` when none."""
     from ..errors import CallgrindError  # noqa: PLC0415
@@ -343,6 +346,8 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
             counts = counts_info(dataset, loader, count_samples)
             if "count_note" in counts:
                 why_not = f"{counts['count_note']}; {why_not}" if why_not else str(counts["count_note"])
+        elif not count and counter is None:  # before the hardware counter's own reason, which is not why nothing was counted
+            why_not = f"{OFF_NOTE}; {why_not}" if why_not else OFF_NOTE
         base_counts = base.counted(COUNT_TIMEOUT_S) if count and base is not None and theirs else {}
     finally:
         if counter is not None:

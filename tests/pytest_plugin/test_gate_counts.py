@@ -235,6 +235,8 @@ def test_instructions_off_leaves_the_count_out(project):
     project.runpytest_inprocess("--nwt-instructions=off", "--benchmark-json=out.json").assert_outcomes(passed=1)
     info = json.loads((project.path / "out.json").read_text())["benchmarks"][0]["extra_info"]
     assert info["instructions_counted_by"] in ("", "perf") and info["instructions_samples"] is None
+    if not info["instructions_counted_by"]:  # nothing counted: the option is the reason given first
+        assert info["instructions_note"].startswith("counting is off (--nwt-instructions=off)"), info["instructions_note"]
 
 
 def test_without_valgrind_the_table_says_so_in_one_line(project, monkeypatch, tmp_path):
