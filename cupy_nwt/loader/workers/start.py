@@ -27,7 +27,7 @@ import pickle
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -173,14 +173,13 @@ def forkserver_preload(objects: Sequence[Any] = (), modules: set[str] | None = N
     own = sorted({m for o in objects if isinstance(m := getattr(o, "__module__", None), str) and m.startswith(root)})
     if modules is None or modules & SCRIPT:
         return ["__main__", _STAND_IN, "cupy_nwt.loader.workers.process_main",
-                *(["torch"] if "torch" in sys.modules else []), *own, _READY]
+                *(["torch"] if "torch" in sys.modules else []), *own]
     named = sorted(m for m in modules if m in sys.modules and m not in sys.builtin_module_names)
-    return [_STAND_IN, "cupy_nwt.loader.workers.process_main", *dict.fromkeys([*own, *named]), _READY]
+    return [_STAND_IN, "cupy_nwt.loader.workers.process_main", *dict.fromkeys([*own, *named])]
 
 
 SCRIPT = frozenset({"__main__", "__mp_main__"})  # the names a script's classes pickle by
 _STAND_IN = "cupy_nwt.loader.workers.server_main"
-_READY = "cupy_nwt.loader.workers.server_ready"  # last: lets Ctrl-C through again (``_prestart`` blocked it)
 
 
 class _Sink:
@@ -354,36 +353,17 @@ def _prestart(ctx: BaseContext, objects: Sequence[Any]) -> bool:
     preload = forkserver_preload(objects, pickled_modules(objects) if script else None)
     ctx.set_forkserver_preload(preload)
     if script is None:
-        _start_uninterrupted(forkserver.ensure_running)
+        forkserver.ensure_running()
         return True
     from .server_main import SCRIPT_ENV  # noqa: PLC0415
 
     before = os.environ.get(SCRIPT_ENV)
     os.environ[SCRIPT_ENV] = f"{'name' if preload[0] == _STAND_IN else 'run'}:{script}"  # read, and dropped, by server_main
     try:
-        _start_uninterrupted(forkserver.ensure_running)
+        forkserver.ensure_running()
     finally:
         if before is None:
             os.environ.pop(SCRIPT_ENV, None)
         else:
             os.environ[SCRIPT_ENV] = before
     return True
-
-
-def _start_uninterrupted(start: Callable[[], None]) -> None:
-    """``start`` the server with SIGINT blocked in this thread, so that it starts with SIGINT blocked
-    (a child inherits its parent thread's signal mask) until ``server_ready``, the last of its preload.
-    This process's own Ctrl-C is not lost meanwhile: another thread takes it, or it waits, pending, for
-    the mask to be put back when the server has been spawned. The resource tracker starts first: its
-    start unblocks SIGINT in the calling thread, whatever the mask was."""
-    if not hasattr(signal, "pthread_sigmask"):
-        start()
-        return
-    from multiprocessing import resource_tracker  # noqa: PLC0415
-
-    resource_tracker.ensure_running()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGINT])
-    try:
-        start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
