@@ -188,23 +188,22 @@ class _Sink:
 
 
 class _Names(pickle.Pickler):
-    """Pickles to nowhere, noting the module of every class and function the pickle names (and, per
-    module, the first one's qualified name, for a message)."""
+    """Pickles to nowhere, noting the module of every class and function the pickle names."""
 
     def __init__(self) -> None:
         super().__init__(_Sink(), 5, buffer_callback=lambda _: False)  # large buffers: not copied
-        self.modules: dict[str, str] = {}
+        self.modules: set[str] = set()
 
     def reducer_override(self, obj: Any) -> Any:
         owner = obj if isinstance(obj, type) or callable(obj) and hasattr(obj, "__qualname__") else type(obj)
         module = getattr(owner, "__module__", None)
         if isinstance(module, str):
-            self.modules.setdefault(module, str(getattr(owner, "__qualname__", owner)))
+            self.modules.add(module)
         return NotImplemented
 
 
-def pickled_names(objects: Sequence[Any]) -> dict[str, str] | None:
-    """module -> the first class or function of it that a pickle of ``objects`` names; None where it cannot tell.
+def pickled_modules(objects: Sequence[Any]) -> set[str] | None:
+    """The modules whose classes and functions a pickle of ``objects`` names; None where it cannot tell.
 
     A list of plain tuples costs the pickler only (its elements are not asked: ``reducer_override``),
     large arrays are not copied; anything that will not pickle here (a lock, a descriptor, which pickle
@@ -217,12 +216,6 @@ def pickled_names(objects: Sequence[Any]) -> dict[str, str] | None:
     except Exception:  # noqa: BLE001 - any failure: the safe answer
         return None
     return names.modules
-
-
-def pickled_modules(objects: Sequence[Any]) -> set[str] | None:
-    """The modules whose classes and functions a pickle of ``objects`` names; None where it cannot tell."""
-    names = pickled_names(objects)
-    return None if names is None else set(names)
 
 
 def names_script(objects: Sequence[Any]) -> bool:
@@ -306,19 +299,14 @@ def check_importable(method: str, chosen_by_user: bool, objects: list[Any]) -> N
     main = sys.modules.get("__main__")
     if main is None or getattr(main, "__file__", None) is not None:
         return
-    named = pickled_names([o for o in objects if o is not None])
-    if named is None:  # it will not pickle here: ask only of the objects themselves
-        named = {}
-        for obj in objects:
-            owner = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
-            if obj is not None and getattr(owner, "__module__", None) == "__main__":
-                named.setdefault("__main__", str(getattr(owner, "__qualname__", owner)))
-    if "__main__" in named:  # the object itself, or one inside it (torch's Subset of random_split, ConcatDataset)
-        raise LoaderError(
-            f"workers must start by {method} here (fork is unsafe: {', '.join(forkserver_hazards()) or 'CUDA is in use'}), "
-            f"and their start cannot import {named['__main__']!r}, defined interactively: "
-            "move it into a .py module, use worker_type='thread', or pass multiprocessing_context='fork' at your "
-            "own risk")
+    for obj in objects:
+        owner = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
+        if obj is not None and getattr(owner, "__module__", None) == "__main__":
+            raise LoaderError(
+                f"workers must start by {method} here (fork is unsafe: {', '.join(forkserver_hazards()) or 'CUDA is in use'}), "
+                f"and their start cannot import {getattr(owner, '__qualname__', owner)!r}, defined interactively: "
+                "move it into a .py module, use worker_type='thread', or pass multiprocessing_context='fork' at your "
+                "own risk")
 
 
 _SERVER_STARTING = ForkSafeLock()

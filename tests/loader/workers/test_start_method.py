@@ -201,37 +201,3 @@ def test_forkserver_workers_need_no_main_guard_when_nothing_they_get_comes_from_
     proc = subprocess.run([sys.executable, str(tmp_path / "script.py"), "forkserver", "module"], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=240)
     assert proc.returncode == 0 and proc.stdout.strip() == "no error", proc.stderr[-2000:]
-
-
-WRAPPED = """
-import sys, types
-sys.modules["tensorflow"] = types.ModuleType("tensorflow")  # what `import tensorflow` leaves: fork is unsafe
-import numpy as np
-import torch.utils.data as tud
-import cupy_nwt
-
-class Typed:  # a notebook cell's class: it lives in __main__, which has no file
-    def __len__(self):
-        return 16
-
-    def __getitem__(self, i):
-        return np.full(3, i, np.float32)
-
-train, val = tud.random_split(Typed(), [12, 4])
-for ds in (Typed(), train, tud.ConcatDataset([Typed(), Typed()]), tud.Subset(Typed(), range(8))):
-    try:
-        print(len(list(cupy_nwt.DataLoader(ds, batch_size=4, num_workers=2, device="cpu"))))
-    except cupy_nwt.CupyNwtError as exc:
-        print(type(exc).__name__, exc)
-"""
-
-
-def test_a_notebook_class_inside_torch_s_random_split_is_refused_in_one_line_as_the_class_itself(tmp_path):
-    """The usual notebook pattern wraps the dataset (``random_split``, ``ConcatDataset``): its class is still
-    one the workers' start cannot import, and said so before any worker starts, not as worker tracebacks."""
-    pytest.importorskip("torch", reason="torch's dataset wrappers")
-    proc = run_script(tmp_path, WRAPPED, inline=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.splitlines()
-    assert len(lines) == 4 and all(line.startswith("LoaderError") and "'Typed'" in line for line in lines), lines
-    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
