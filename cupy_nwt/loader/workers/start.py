@@ -267,6 +267,12 @@ def exit_hint(method: str, code: int | None) -> str:
     """
     if code != 1 or method == "fork":
         return ""
+    main = sys.modules.get("__main__")
+    if main is not None and getattr(main, "__file__", None) is None:  # a notebook, the REPL, python -c
+        return (f" (its error is printed above: a {method} worker unpickles the dataset, and a class or function "
+                "it holds that was defined interactively (a notebook cell, the REPL), even inside torch's "
+                "random_split or ConcatDataset, cannot be imported there: move it into a .py module, use "
+                "worker_type='thread', or pass multiprocessing_context='fork' at your own risk)")
     return (f" (its error is printed above: a {method} worker first re-imports the main module, and a script "
             "without if __name__ == '__main__': starts the loader again there, then unpickles the dataset, "
             "whose class must be importable by name)")

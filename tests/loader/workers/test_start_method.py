@@ -201,3 +201,36 @@ def test_forkserver_workers_need_no_main_guard_when_nothing_they_get_comes_from_
     proc = subprocess.run([sys.executable, str(tmp_path / "script.py"), "forkserver", "module"], capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=240)
     assert proc.returncode == 0 and proc.stdout.strip() == "no error", proc.stderr[-2000:]
+
+
+WRAPPED = """
+import sys, types
+sys.modules["tensorflow"] = types.ModuleType("tensorflow")  # what `import tensorflow` leaves: fork is unsafe
+import numpy as np
+import torch.utils.data as tud
+import cupy_nwt
+
+class Typed:  # a notebook cell's class: it lives in __main__, which has no file
+    def __len__(self):
+        return 16
+
+    def __getitem__(self, i):
+        return np.full(3, i, np.float32)
+
+train, val = tud.random_split(Typed(), [12, 4])
+try:
+    print(len(list(cupy_nwt.DataLoader(train, batch_size=4, num_workers=2, device="cpu"))))
+except cupy_nwt.CupyNwtError as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_notebook_class_inside_torch_s_random_split_is_named_as_the_cause_when_its_workers_die(tmp_path):
+    """The usual notebook pattern wraps the dataset (``random_split``): the workers, started by forkserver for
+    the user, cannot import its class; the error says so, not that a script lacks a main guard."""
+    pytest.importorskip("torch", reason="torch's dataset wrappers")
+    proc = run_script(tmp_path, WRAPPED, inline=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (line,) = proc.stdout.splitlines()
+    assert line.startswith("WorkerDiedError") and "defined interactively" in line and "random_split" in line, line
+    assert "if __name__" not in line, line
