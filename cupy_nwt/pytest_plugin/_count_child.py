@@ -183,6 +183,7 @@ def checkout_code(pyc: str) -> None:
         given = json.load(f)
     unlisted_metadata(given["metadata"])
     sys.path[0:0] = given["path"]
+    sys.path.extend(p for p in given.get("after", []) if p not in sys.path)
 
 
 def unlisted_metadata(listed: dict[str, list[str]]) -> None:

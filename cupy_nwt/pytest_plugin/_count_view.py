@@ -20,7 +20,8 @@ cached code, its working folder. A checkout deeper or a longer variable moved it
   worktree holds none: its modules were compiled in the counting process, which moved its memory most);
 - a path of only those folders (in ``sys.path``'s order), the caller's own ``PYTHONPATH``
   entries outside the checkout, and the folders outside it and outside the interpreter's own that
-  modules were imported from (a ``conftest`` adding to ``sys.path``): not ``sys.path`` itself, whose
+  modules were imported from (a ``conftest`` adding to ``sys.path``, a ``.pth`` file), each before or
+  after the interpreter's own folders as here: not ``sys.path`` itself, whose
   first entries say how pytest was started. It goes in by a file (:func:`count_path`), not
   ``PYTHONPATH``, with the names of each folder's distributions' metadata: the counting process puts
   it on ``sys.path`` once its finders no longer list folders, so that no folder's listing (a saved
@@ -143,7 +144,9 @@ def import_roots() -> list[Path]:
         if not file or name in ("__main__", "__mp_main__") or not os.path.isabs(file):
             continue
         path = Path(file).resolve()
-        depth = name.count(".") + (path.name.split(".")[0] == "__init__")
+        spec = getattr(getattr(module, "__spec__", None), "name", None)  # the name it was found by: an alias
+        found = spec if isinstance(spec, str) else name  # (pytest's "py.error") has its module's, not its key's
+        depth = found.count(".") + (path.name.split(".")[0] == "__init__")
         if depth < len(path.parents):
             roots.append(path.parents[depth])
     return list(dict.fromkeys(roots))
@@ -184,20 +187,27 @@ def view_path(path: str | Path, root: Path, view: str) -> str:
     return str(path)
 
 
-def count_pythonpath(root: Path, view: str) -> str:
-    """The counting process's ``PYTHONPATH`` (see the module's docstring), the same on both sides of
-    ``--nwt-against`` and in every checkout of the same code."""
+def count_sys_path(root: Path, view: str) -> tuple[list[str], list[str]]:
+    """The folders the counting process searches besides its interpreter's own (see the module's docstring),
+    the same on both sides of ``--nwt-against`` and in every checkout of the same code: those to search
+    before the interpreter's own, and those after them, as here (a folder a ``.pth`` file or a conftest's
+    ``sys.path.append`` added comes after site-packages: searched first, its copy of a package that
+    site-packages also holds would be counted instead of the one the pipeline ran)."""
     own = _interpreters_own()
     roots = [r for r in import_roots() if not _under(r, own)]
     order: dict[Path, int] = {}
     for i, p in enumerate(sys.path):
         if p:
             order.setdefault(Path(p).resolve(), i)
+    first_own = min((i for p, i in order.items() if _under(p, own)), default=len(sys.path))
     ordered = sorted(roots, key=lambda r: (order.get(r, len(sys.path)), str(r)))
     inside = [view_path(r, root, view) for r in ordered if _under(r, [root])]
     given = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and not _under(Path(p).resolve(), [root])]
-    outside = [str(r) for r in ordered if not _under(r, [root])]
-    return os.pathsep.join(dict.fromkeys([*inside, *given, *outside]))
+    outside = [r for r in ordered if not _under(r, [root])]
+    before = [*inside, *given, *(str(r) for r in outside if order.get(r, len(sys.path)) < first_own)]
+    after = [str(r) for r in outside if order.get(r, len(sys.path)) >= first_own]
+    before = list(dict.fromkeys(before))
+    return before, [p for p in dict.fromkeys(after) if p not in before]
 
 
 #: what ``importlib.metadata`` keeps of a folder's listing (its ``Lookup``): the distributions' metadata
@@ -214,15 +224,15 @@ def metadata_names(folder: str) -> list[str]:
 
 
 def count_path(root: Path, view: str) -> dict[str, Any]:
-    """What the counting process puts on ``sys.path`` (:func:`count_pythonpath`'s entries, in order) and, for
-    each entry, the names of its listing that ``importlib.metadata`` reads: given, so that the counting
-    process lists none of these folders (:func:`._count_child.checkout_code`)."""
-    entries = [p for p in count_pythonpath(root, view).split(os.pathsep) if p]
+    """What the counting process puts on ``sys.path`` (:func:`count_sys_path`'s folders, in order: ``path``
+    before its own folders, ``after`` them) and, for each, the names of its listing that ``importlib.metadata``
+    reads: given, so that the counting process lists none of these folders (:func:`._count_child.checkout_code`)."""
+    before, after = count_sys_path(root, view)
 
     def real(entry: str) -> str:
         return str(root) + entry[len(view):] if entry == view or entry.startswith(view + "/") else entry
 
-    return {"path": entries, "metadata": {p: metadata_names(real(p)) for p in entries}}
+    return {"path": before, "after": after, "metadata": {p: metadata_names(real(p)) for p in [*before, *after]}}
 
 
 def compile_checkout(root: Path, view: str, into: str) -> None:

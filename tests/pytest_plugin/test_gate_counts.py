@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,6 +157,46 @@ class Pixels:
 COUNT_PIXELS = ("import json; from pixels import Pixels; from cupy_nwt.pytest_plugin._count import count_pipeline; "
                 "c = count_pipeline(Pixels(), batch_size=16, collate_fn=None, batch_transform=None, samples=64); "
                 "print(json.dumps(c.cost.total))")
+
+
+SEARCH_ORDER = """
+import json, sys, types
+from pathlib import Path
+
+appended, aliased = Path(sys.argv[1]), Path(sys.argv[2])
+sys.path.append(str(appended))  # after site-packages, as a .pth file or a conftest's sys.path.append puts it
+import extra_mod  # noqa: F401  (a module the pipeline imports from there)
+
+sys.path.append(str(aliased))
+import realpkg.sub.mod
+sys.modules["alias.mod"] = realpkg.sub.mod  # as pytest registers _pytest._py.error under "py.error"
+from cupy_nwt.pytest_plugin._count_view import count_path, import_roots
+
+print(json.dumps({"roots": [str(r) for r in import_roots()], **count_path(Path(sys.argv[3]), "/view")}))
+"""
+
+
+def test_the_count_searches_folders_added_after_site_packages_after_it_and_reads_aliases_by_their_own_name(tmp_path):
+    """A folder added after site-packages, searched first by the count, would have its copy of a package counted
+    instead of the one the pipeline ran; an alias's key (pytest's "py.error") put pytest's own folder on the path,
+    where its logging.py hid the standard library's and nothing could be counted."""
+    appended, aliased = tmp_path / "appended", tmp_path / "aliased"
+    appended.mkdir()
+    (appended / "extra_mod.py").write_text("X = 1\n")
+    (aliased / "realpkg" / "sub").mkdir(parents=True)
+    for init in ("realpkg/__init__.py", "realpkg/sub/__init__.py", "realpkg/sub/mod.py"):
+        (aliased / init).write_text("")
+    (tmp_path / "checkout").mkdir()
+    proc = subprocess.run([sys.executable, "-c", SEARCH_ORDER, str(appended), str(aliased), str(tmp_path / "checkout")],
+                          capture_output=True,
+                          text=True, cwd=tmp_path, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    assert str(appended) in got["after"] and str(appended) not in got["path"]
+    assert str(aliased) in got["roots"] and str(aliased / "realpkg") not in got["roots"]
+    # a module named otherwise than it was found (_collections_abc calls itself collections.abc) is not read up
+    assert not any(Path(r) in Path(os.__file__).resolve().parents[1:] for r in got["roots"])
 
 
 @needs_valgrind
