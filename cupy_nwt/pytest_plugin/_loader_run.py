@@ -346,7 +346,7 @@ def run_loader_benchmark(benchmark: Any, dataset: Any, *, batches: int | None, w
             counts = counts_info(dataset, loader, count_samples)
             if "count_note" in counts:
                 why_not = f"{counts['count_note']}; {why_not}" if why_not else str(counts["count_note"])
-        elif not count and counter is None:  # before the hardware counter's own reason, which is not why nothing was counted
+        elif not count and counter is None:  # the option, not the hardware counter, is why nothing was counted
             why_not = f"{OFF_NOTE}; {why_not}" if why_not else OFF_NOTE
         base_counts = base.counted(COUNT_TIMEOUT_S) if count and base is not None and theirs else {}
     finally:
