@@ -60,7 +60,14 @@ def resolve(rev: str, cwd: Path) -> tuple[str, Path]:
     try:
         commit = _git(cwd, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     except AgainstError:
-        raise AgainstError(f"--nwt-against: {rev!r} is not a revision of {top}") from None
+        try:
+            shallow = _git(cwd, "rev-parse", "--is-shallow-repository") == "true"
+        except AgainstError:
+            shallow = False
+        why = (f": this clone is shallow, and holds no more history than it was cloned with (CI checkouts "
+               f"often fetch one commit): fetch {rev} first (git fetch --deepen=1 for HEAD~1, or a full clone)"
+               if shallow else "")
+        raise AgainstError(f"--nwt-against: {rev!r} is not a revision of {top}{why}") from None
     return commit, top
 
 

@@ -474,6 +474,25 @@ def test_a_bad_revision_is_one_line(pytester):
     result.stderr.fnmatch_lines(["*--nwt-against: 'no-such-rev' is not a revision of *"])
 
 
+def test_a_revision_a_shallow_clone_lacks_is_told_to_be_fetched(pytester, tmp_path, monkeypatch):
+    """A CI checkout of depth 1 (actions/checkout's default) holds no HEAD~1: say that the clone is shallow."""
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    (origin / "test_x.py").write_text("def test_x():\n    pass\n")
+    _git(origin, "init", "-q")
+    for message in ("one", "two"):
+        _git(origin, "add", "-A")
+        _git(origin, "commit", "-q", "--allow-empty", "-m", message)
+    clone = pytester.path / "clone"
+    subprocess.run(["git", "clone", "-q", "--depth", "1", f"file://{origin}", str(clone)], check=True,
+                   capture_output=True)
+    monkeypatch.chdir(clone)
+    result = pytester.runpytest_subprocess("--nwt-against=HEAD~1", "--nwt-throughput-drop=5")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--nwt-against: 'HEAD~1' is not a revision of *: this clone is shallow*"
+                                 "git fetch --deepen=1*"])
+
+
 def burnt_child(seconds: float) -> subprocess.Popen:
     """A child that has burnt ``seconds`` of CPU and then waits, until its stdin is closed.
 
