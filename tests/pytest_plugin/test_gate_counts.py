@@ -160,7 +160,7 @@ COUNT_PIXELS = ("import json; from pixels import Pixels; from cupy_nwt.pytest_pl
 
 
 SEARCH_ORDER = """
-import json, sys, types
+import json, sys
 from pathlib import Path
 
 appended, aliased = Path(sys.argv[1]), Path(sys.argv[2])
@@ -188,8 +188,7 @@ def test_the_count_searches_folders_added_after_site_packages_after_it_and_reads
         (aliased / init).write_text("")
     (tmp_path / "checkout").mkdir()
     proc = subprocess.run([sys.executable, "-c", SEARCH_ORDER, str(appended), str(aliased), str(tmp_path / "checkout")],
-                          capture_output=True,
-                          text=True, cwd=tmp_path, timeout=120,
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout)

@@ -258,6 +258,12 @@ def stuck_hint(method: str) -> str:
     return slow.removeprefix("or ")
 
 
+def interactive() -> bool:
+    """Is ``__main__`` a notebook's, the REPL's or ``python -c``'s (no file): what it defines no worker can import?"""
+    main = sys.modules.get("__main__")
+    return main is not None and getattr(main, "__file__", None) is None
+
+
 def exit_hint(method: str, code: int | None) -> str:
     """What a worker's exit code 1 most likely means under ``method``: its own error, printed above.
 
@@ -267,8 +273,7 @@ def exit_hint(method: str, code: int | None) -> str:
     """
     if code != 1 or method == "fork":
         return ""
-    main = sys.modules.get("__main__")
-    if main is not None and getattr(main, "__file__", None) is None:  # a notebook, the REPL, python -c
+    if interactive():
         return (f" (its error is printed above: a {method} worker unpickles the dataset, and a class or function "
                 "it holds that was defined interactively (a notebook cell, the REPL), even inside torch's "
                 "random_split or ConcatDataset, cannot be imported there: move it into a .py module, use "
@@ -300,10 +305,7 @@ def check_importable(method: str, chosen_by_user: bool, objects: list[Any]) -> N
     A class or function defined in an interactive ``__main__`` (a notebook, the REPL) pickles by a name
     that a forkserver or spawn worker cannot find; it would die at start with a traceback of its own.
     """
-    if method == "fork" or chosen_by_user:
-        return
-    main = sys.modules.get("__main__")
-    if main is None or getattr(main, "__file__", None) is not None:
+    if method == "fork" or chosen_by_user or not interactive():
         return
     for obj in objects:
         owner = obj if callable(obj) and hasattr(obj, "__qualname__") else type(obj)
