@@ -14,43 +14,28 @@ and samples/s and CPU per sample against the base revision measured round for ro
 ``--nwt-baseline``, ``--nwt-require-baseline`` for CI: :mod:`cupy_nwt.pytest_plugin._session`). Any benchmark that puts those keys (and ``<key>_rounds``)
 in its ``extra_info`` is gated, not only ours.
 
-This module holds the options, the hooks and the fixtures; their parts live in the private modules
-beside it. Nothing here imports CuPy: all CUDA goes through :mod:`cupy_nwt.cuda`, lazily, so loading
-the plugin costs every pytest run next to nothing.
+This module holds the hooks and the fixtures; the options are :mod:`cupy_nwt.pytest_plugin._options`,
+the gate's parts live in the private modules beside it, imported only by a run that gives a gate
+option or records a benchmark: the plugin loads in every pytest session of an environment with
+cupy-nwt installed, and a project that never uses it must not pay for it, nor see it. Nothing here
+imports CuPy: all CUDA goes through :mod:`cupy_nwt.cuda`, lazily.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ._baseline import load_baseline, save_baseline
-from ._count import count_args
-from ._gate import (
-    MEASURES,
-    THROUGHPUT_KEYS,
-    Comparison,
-    Judgement,
-    compare_throughput,
-    judge,
-)
-from ._loader_run import DEFAULT_MAX_SECONDS, DEFAULT_TARGET_NOISE_PCT, run_loader_benchmark
-from ._parts import (
-    DEVICE_CLOCK,
-    ROUND_CLOCK,
-    DeviceClock,
-    LoaderBenchmarkResult,
-    TransferBenchmarkResult,
-    loader_args,
-    sizing_args,
-)
-from ._parts import CopyTimer as _CopyTimer
-from ._parts import transfer_args as _transfer_args
-from ._parts import transfer_result as _transfer_result
-from ._session import DEFAULT_INSTRUCTIONS_DROP_PCT, ThroughputGate, start_gate
+from .._lazy import lazy_names
+from ._options import OLDEST_PYTEST, add_options, gate_asked, too_old
+
+if TYPE_CHECKING:
+    from ._baseline import load_baseline, save_baseline
+    from ._gate import MEASURES, THROUGHPUT_KEYS, Comparison, Judgement, compare_throughput, judge
+    from ._parts import DEVICE_CLOCK, ROUND_CLOCK, DeviceClock, LoaderBenchmarkResult, TransferBenchmarkResult
+    from ._session import ThroughputGate
 
 __all__ = [
     "DEVICE_CLOCK", "MEASURES", "ROUND_CLOCK", "THROUGHPUT_KEYS", "Comparison", "DeviceClock", "Judgement",
@@ -58,95 +43,85 @@ __all__ = [
     "load_baseline", "loader_benchmark", "save_baseline", "transfer_benchmark",
 ]
 
-_GATE_KEY = pytest.StashKey[ThroughputGate]()
+__getattr__ = lazy_names(__name__, {
+    **dict.fromkeys(("load_baseline", "save_baseline"), "._baseline"),
+    **dict.fromkeys(("MEASURES", "THROUGHPUT_KEYS", "Comparison", "Judgement", "compare_throughput", "judge"), "._gate"),
+    **dict.fromkeys(("DEVICE_CLOCK", "ROUND_CLOCK", "DeviceClock", "LoaderBenchmarkResult", "TransferBenchmarkResult"),
+                    "._parts"),
+    "ThroughputGate": "._session",
+})
+
+_SUPPORTED = not too_old(pytest.__version__)
+#: the session's gate, once something asked for it (``_gate_of``); the node ids the session runs
+_GATE_KEY = pytest.StashKey["ThroughputGate"]() if _SUPPORTED else None
+_COLLECTED_KEY = pytest.StashKey[set[str]]() if _SUPPORTED else None
 _MARKUP = {"regressed": {"red": True}, "inconclusive": {"yellow": True}, "no baseline": {"yellow": True},
            "other-machine": {"yellow": True}}
-#: the fixtures whose pytest-benchmark timer the plugin sets, and to what
-_TIMERS = {"transfer_benchmark": DEVICE_CLOCK, "loader_benchmark": ROUND_CLOCK}
-
-
-def _percent(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a percentage: {text!r} (example: 20 for 20%)") from None
-    if not 0 < value < 100:
-        raise argparse.ArgumentTypeError(f"a percentage between 0 and 100 is needed, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"seconds must be > 0 and at most a day, got {text!r}")
-    return value
+#: the plugin's fixtures whose pytest-benchmark timer it sets (``_parts.DEVICE_CLOCK``, ``_parts.ROUND_CLOCK``)
+_TIMED = {"transfer_benchmark": "DEVICE_CLOCK", "loader_benchmark": "ROUND_CLOCK"}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("cupy_nwt", "cupy_nwt throughput gate")
-    group.addoption(
-        "--nwt-throughput-drop", type=_percent, default=None, metavar="PCT",
-        help="fail the run when a judged figure (the exact cost per sample against the baseline; samples/s "
-        "and CPU per sample against --nwt-against REV; GB/s) got worse by more than its limit (PCT percent; "
-        "--nwt-instructions-drop for exact counts) and beyond the 95%% interval of the change",
-    )
-    group.addoption(
-        "--nwt-baseline", default=None, metavar="FILE.json",
-        help="the baseline to compare with: a file written by --nwt-save-baseline (or pytest-benchmark's "
-        "--benchmark-json); a missing file is a note, or an error with --nwt-require-baseline",
-    )
-    group.addoption(
-        "--nwt-save-baseline", default=None, metavar="FILE.json",
-        help="write this run's figures, machine and pipeline to FILE.json, to commit and compare with later",
-    )
-    group.addoption(
-        "--nwt-require-baseline", action="store_true", default=False,
-        help="CI mode: fail when the --nwt-baseline file, or a benchmark's entry in it, is missing",
-    )
-    group.addoption(
-        "--nwt-against", default=None, metavar="REV",
-        help="measure the git revision REV (a worktree of it) beside this run, round for round in the same job, "
-        "and judge samples/s and CPU per sample by the pairs' ratios (what a baseline from another hour cannot)",
-    )
-    group.addoption(
-        "--nwt-instructions", choices=("auto", "off"), default="auto",
-        help="auto (default): count each loader benchmark's cost per sample (instructions, simulated cache misses, "
-        "page faults, system calls) under valgrind's callgrind where valgrind is installed (exact: the deciding "
-        "figure for CPU-bound pipelines); off: do not",
-    )
-    group.addoption(
-        "--nwt-instructions-drop", type=_percent, default=DEFAULT_INSTRUCTIONS_DROP_PCT, metavar="PCT",
-        help="the limit for the exact counts (cost and instructions per sample) once the gate is on "
-        "(default %(default)s)",
-    )
-    group.addoption(
-        "--nwt-target-noise", type=_percent, default=DEFAULT_TARGET_NOISE_PCT, metavar="PCT",
-        help="loader_benchmark runs rounds until the 95%% interval of its deciding figure's median is within "
-        "+-PCT percent (default %(default)s) ...",
-    )
-    group.addoption(
-        "--nwt-max-seconds", type=_seconds, default=DEFAULT_MAX_SECONDS, metavar="S",
-        help="... or until S seconds of rounds have passed (default %(default)s)",
-    )
+    add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[_GATE_KEY] = start_gate(config)
+    asked = gate_asked(config)
+    if not _SUPPORTED:
+        if asked:
+            oldest = ".".join(map(str, OLDEST_PYTEST))
+            raise pytest.UsageError(f"{asked[0]}: cupy_nwt's gate needs pytest {oldest} or later; this is pytest "
+                                    f"{pytest.__version__} (pip install 'pytest>={oldest}')")
+        return
+    if asked:  # a usage error in the gate's options is told before any test runs
+        _gate_of(config)
+
+
+def _gate_of(config: pytest.Config) -> ThroughputGate:
+    """The session's gate, started on first need: at configure when a gate option is given, else by the
+    first loader benchmark or at the session's end when a benchmark was recorded."""
+    assert _GATE_KEY is not None
+    gate = config.stash.get(_GATE_KEY, None)
+    if gate is None:
+        from ._session import start_gate  # noqa: PLC0415 - the gate's machinery, only where it is used
+
+        gate = config.stash[_GATE_KEY] = start_gate(config)
+    return gate
+
+
+def _started_gate(config: pytest.Config) -> ThroughputGate | None:
+    return config.stash.get(_GATE_KEY, None) if _GATE_KEY is not None else None
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    gate = session.config.stash.get(_GATE_KEY, None)
+    gate = _started_gate(session.config)
     if gate is not None:
         gate.session_started(session.config)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    gate = config.stash.get(_GATE_KEY, None)
+    gate = _started_gate(config)
     if gate is not None:
         gate.close()
+
+
+def _plugin_fixture(item: pytest.Item, name: str) -> bool:
+    """Whether ``item``'s fixture ``name`` is this plugin's, or one of the project's own that builds on it.
+
+    A project may have a fixture of its own by the same name: its tests must run as they would without
+    this plugin. pytest keeps a test's fixture definitions on ``_fixtureinfo`` only; where that is
+    missing, the name is taken to be ours.
+    """
+    info = getattr(item, "_fixtureinfo", None)
+    defs = getattr(info, "name2fixturedefs", {}).get(name) if info is not None else None
+    if not defs:
+        return info is None
+    for d in reversed(defs):  # the one in use last; an override that asks for the name builds on the one before
+        if getattr(getattr(d, "func", None), "__module__", None) == __name__:
+            return True
+        if name not in getattr(d, "argnames", ()):
+            return False
+    return False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -154,36 +129,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     The user's own ``benchmark`` mark (group, ...) is kept; only its timer is replaced.
     """
+    if not _SUPPORTED:
+        return
     for item in items:
         names = getattr(item, "fixturenames", ())
-        clock = next((c for f, c in _TIMERS.items() if f in names), None)
-        if clock is None:
+        fixture = next((f for f in _TIMED if f in names and _plugin_fixture(item, f)), None)
+        if fixture is None:
             continue
+        from . import _parts  # noqa: PLC0415
+
         mark = item.get_closest_marker("benchmark")
         kwargs = dict(mark.kwargs) if mark else {}
-        kwargs["timer"] = clock
+        kwargs["timer"] = getattr(_parts, _TIMED[fixture])
         item.add_marker(pytest.mark.benchmark(**kwargs), append=False)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """The tests this session runs, for the gate to tell a baseline entry not run here from one that gave nothing."""
-    gate = session.config.stash.get(_GATE_KEY, None)
-    if gate is not None:
-        gate.collected = {item.nodeid for item in session.items}
+    if _COLLECTED_KEY is not None:
+        session.config.stash[_COLLECTED_KEY] = {item.nodeid for item in session.items}
+
+
+def _recorded(config: pytest.Config) -> bool:
+    """Whether pytest-benchmark recorded a benchmark this session (the gate then reports on them)."""
+    return bool(getattr(getattr(config, "_benchmarksession", None), "benchmarks", None))
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    gate = session.config.stash.get(_GATE_KEY, None)
-    if gate is None:
+    config = session.config
+    gate = _started_gate(config)
+    if gate is None and (not _SUPPORTED or not _recorded(config)):
         return
-    gate.evaluate(session.config, session.exitstatus)
+    gate = gate if gate is not None else _gate_of(config)
+    assert _COLLECTED_KEY is not None
+    gate.collected = config.stash.get(_COLLECTED_KEY, set())
+    gate.evaluate(config, session.exitstatus)
     if gate.failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    gate = config.stash.get(_GATE_KEY, None)
+    gate = _started_gate(config)
     if gate is None or not gate.evaluated:
         return
     table = gate.table()
@@ -200,8 +187,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
 
 
 def _check_timer(benchmark: Any, request: pytest.FixtureRequest, name: str) -> None:
+    from . import _parts  # noqa: PLC0415
+
     mark = request.node.get_closest_marker("benchmark")
-    if mark is None or mark.kwargs.get("timer") is not _TIMERS[name]:
+    if mark is None or mark.kwargs.get("timer") is not getattr(_parts, _TIMED[name]):
         benchmark.skipped = True
         pytest.fail(
             f"{name} must be named as a test argument or fixture dependency (not fetched with "
@@ -229,6 +218,7 @@ def transfer_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callab
         ``warmup``, timed and untimed copies. It returns a ``TransferBenchmarkResult``.
     """
     from .. import cuda  # noqa: PLC0415
+    from ._parts import DEVICE_CLOCK, CopyTimer, transfer_args, transfer_result  # noqa: PLC0415
 
     status = cuda.gpu_status()
     if not status.available:
@@ -238,8 +228,8 @@ def transfer_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callab
 
     def run(nbytes: int | str, direction: str = "h2d", pinned: bool = True, repeats: int = 20,
             warmup: int = 3) -> TransferBenchmarkResult:
-        size, d = _transfer_args(nbytes, direction, pinned, repeats, warmup)
-        timer = _CopyTimer(size, d, pinned)
+        size, d = transfer_args(nbytes, direction, pinned, repeats, warmup)
+        timer = CopyTimer(size, d, pinned)
         times: list[float] = []
 
         def one_copy() -> None:
@@ -256,7 +246,7 @@ def transfer_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callab
             timer.close()
         if not ok:
             raise AssertionError(f"{d} copy of {size} bytes delivered wrong bytes: the GB/s figure is void")
-        result = _transfer_result(size, d, pinned, timed, link)
+        result = transfer_result(size, d, pinned, timed, link)
         benchmark.extra_info.update(result.to_dict())
         return result
 
@@ -293,8 +283,12 @@ def loader_benchmark(benchmark: Any, request: pytest.FixtureRequest) -> Callable
         run stops; ``count_samples``, samples counted under callgrind. It returns a
         ``LoaderBenchmarkResult``.
     """
+    from ._count import count_args  # noqa: PLC0415
+    from ._loader_run import run_loader_benchmark  # noqa: PLC0415
+    from ._parts import loader_args, sizing_args  # noqa: PLC0415
+
     _check_timer(benchmark, request, "loader_benchmark")
-    gate = request.config.stash[_GATE_KEY]
+    gate = _gate_of(request.config)
 
     def run(dataset: Any, batches: int | None = None, warmup: int = 2, rounds: int | None = None,
             target_noise: float | None = None, max_seconds: float | None = None, count_samples: int | None = None,

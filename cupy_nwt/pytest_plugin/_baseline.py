@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from ..errors import BaselineError
-from ._cost import MODEL, Cost, components_of
+from ._cost import MODEL, Cost, components_of, finite
 from ._gate import MEASURES, ROUNDS_SUFFIX
 
 FORMAT = "cupy_nwt.baseline/1"
@@ -42,7 +42,7 @@ def _bad_file(path: Path) -> Bad:
 
 
 def _is_num(v: Any) -> bool:
-    return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+    return finite(v) is not None
 
 
 def _check_machine(bad: Bad, where: str, machine: Any) -> None:
@@ -117,6 +117,41 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     wrong is a ``BaselineError`` naming the file and the field (the gate shows it as a usage error).
     """
     p = Path(path)
+    out: dict[str, dict[str, Any]] = {}
+    for b in _entries(p):
+        _check_entry(_bad_file(p), b, out)
+        out[b["fullname"]] = b
+    return out
+
+
+def valid_entries(path: str | os.PathLike[str]) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The entries of a baseline file that pass their checks, and why each other one did not (one line each).
+
+    For ``--nwt-save-baseline`` over an existing file: the entries this run does not measure are kept,
+    and one bad entry must not cost the others. The file itself unreadable, or not a baseline, is a
+    ``BaselineError`` as with :func:`load_baseline`.
+    """
+    p = Path(path)
+    out: dict[str, dict[str, Any]] = {}
+    dropped: list[str] = []
+    for b in _entries(p):
+        try:
+            _check_entry(BaselineError, b, out)
+        except BaselineError as exc:
+            dropped.append(str(exc))
+            continue
+        out[b["fullname"]] = b
+    return out, dropped
+
+
+def _check_entry(bad: Bad, entry: dict[str, Any], earlier: Mapping[str, Any]) -> None:
+    if entry["fullname"] in earlier:
+        raise bad(f"{entry['fullname']}: listed twice (which one would decide?)")
+    _check_info(bad, entry["fullname"], entry.get("extra_info") or {})
+
+
+def _entries(p: Path) -> list[dict[str, Any]]:
+    """The file's ``benchmarks`` list, once the file is readable JSON of a known format."""
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -139,13 +174,7 @@ def load_baseline(path: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
     if fmt is not None and fmt != FORMAT:
         raise BaselineError(f"--nwt-baseline: {p} is a {fmt!r} file; this cupy_nwt reads {FORMAT!r}")
     _check_machine(_bad_file(p), "the file", data.get("machine"))
-    out: dict[str, dict[str, Any]] = {}
-    for b in benches:
-        if b["fullname"] in out:
-            raise _bad_file(p)(f"{b['fullname']}: listed twice (which one would decide?)")
-        _check_info(_bad_file(p), b["fullname"], b.get("extra_info") or {})
-        out[b["fullname"]] = b
-    return out
+    return benches
 
 
 def check_compared(path: str, entries: Any) -> dict[str, dict[str, Any]]:

@@ -7,11 +7,11 @@ from both runs' ``extra_info`` through :func:`context_of`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ._cost import finite
 from ._loader_run import IO_BOUND_CORES
 
 #: CPU left idle (cores) beside a pipeline using under IO_BOUND_CORES for it to count as I/O-bound
@@ -79,8 +79,7 @@ def _differences(old: Any, new: Any) -> str:
 
 def context_of(old_info: Mapping[str, Any], new_info: Mapping[str, Any]) -> Context:
     def num(info: Mapping[str, Any], key: str) -> float | None:
-        v = info.get(key)
-        return float(v) if not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) else None
+        return finite(info.get(key))
 
     machine = new_info.get("machine")
     cpus = new_info.get("cpus_watched")

@@ -67,6 +67,17 @@ def cost_of(events: Mapping[str, int], page_faults: int, syscalls: int, samples:
                 syscalls / samples)
 
 
+def finite(value: Any) -> float | None:
+    """A figure read from an ``extra_info`` (anyone's, unchecked) as a finite float; None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:  # an int past float's range
+        return None
+    return value if math.isfinite(value) else None
+
+
 def components_of(info: Mapping[str, Any]) -> dict[str, float] | None:
     """The per-sample components stored in a benchmark's ``extra_info``; None when absent or malformed."""
     raw = info.get("cost_components")
@@ -74,8 +85,8 @@ def components_of(info: Mapping[str, Any]) -> dict[str, float] | None:
         return None
     out = {}
     for k, _ in COMPONENTS:
-        v = raw.get(k)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+        v = finite(raw.get(k))
+        if v is None or v < 0:
             return None
-        out[k] = float(v)
+        out[k] = v
     return out

@@ -51,7 +51,7 @@ from typing import Any
 
 from ..errors import ArgumentError
 from ._circumstances import Context, context_of
-from ._cost import components_of
+from ._cost import components_of, finite
 from ._interval import paired_interval, shift_interval
 
 
@@ -292,10 +292,8 @@ def signed_change(old: float, new: float) -> str:
 
 
 def _positive(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) and value > 0 else None
+    value = finite(value)
+    return value if value is not None and value > 0 else None
 
 
 def _rounds(info: Mapping[str, Any], key: str) -> tuple[float, ...]:

@@ -42,8 +42,6 @@ PILOT_ROUNDS = 6
 MAX_ROUNDS = 400
 #: a pipeline using fewer cores than this (CPU seconds per wall second) is I/O-bound.
 IO_BOUND_CORES = 0.25
-DEFAULT_TARGET_NOISE_PCT = 1.0
-DEFAULT_MAX_SECONDS = 15.0
 
 
 @dataclass(frozen=True)

@@ -18,16 +18,15 @@ import pytest
 from .._files import check_writable, same_file
 from ..errors import AgainstError, ArgumentError, BaselineError
 from ._against import BaseRevision
-from ._baseline import check_compared, create_command, load_baseline, save_baseline
+from ._baseline import check_compared, create_command, load_baseline, save_baseline, valid_entries
 from ._callgrind import callgrind_unavailable_reason
 from ._cost import COMPONENTS, WEIGHTS, components_of
 from ._coverage import coverage
 from ._gate import MEASURES, ROUNDS_SUFFIX, Comparison, compare_against, compare_throughput, figure, signed_change
+from ._options import DEFAULT_INSTRUCTIONS_DROP_PCT
 
 #: verdicts from worst to best, for a benchmark's overall verdict in the table
 _RANK = ("regressed", "no baseline", "inconclusive", "other-machine", "ok", "reported", "compared")
-#: exact instruction counts move by less than 0.1% between runs of the same code
-DEFAULT_INSTRUCTIONS_DROP_PCT = 1.0
 #: the remedy for a plain ``benchmark``: nothing but its own clock is known, here or at a base revision
 _PLAIN = ("a plain benchmark times the test's own code, which nothing counts: write the pipeline's test with "
           "loader_benchmark (counted exactly, and run beside a base revision under --nwt-against)")
@@ -155,9 +154,11 @@ class ThroughputGate:
                                "baseline must come from a run that passed", "regressed"))
             return
         try:
-            earlier = load_baseline(path)
-        except (FileNotFoundError, BaselineError):
-            earlier = {}
+            earlier, dropped = valid_entries(path)
+        except FileNotFoundError:
+            earlier, dropped = {}, []
+        except BaselineError as exc:
+            earlier, dropped = {}, [f"the whole file, which was not a baseline to keep ({exc})"]
         kept = {name: entry.get("extra_info") or {} for name, entry in earlier.items() if name not in self.current}
         try:
             written = save_baseline(path, {**kept, **self.current})
@@ -165,6 +166,8 @@ class ThroughputGate:
             self.unsaved = f"cupy_nwt could not write the baseline {path}: {exc}"
             return
         also = f"; {len(kept)} kept from the file as they were, not run here" if kept else ""
+        also += f"; left out of the file as it was, failing the checks a baseline gets when read: {'; '.join(dropped)}" \
+            if dropped else ""
         self.lines.append((f"baseline saved: {written} ({len(self.current)} benchmark(s) measured{also}); commit it "
                            f"and gate with --nwt-baseline={path} --nwt-require-baseline", "note"))
 

@@ -14,16 +14,17 @@ from importlib.metadata import entry_points
 import pytest
 from plugin_projects import TINY_DATA, loader_test, make_project
 
-from cupy_nwt import BaselineError, CupyNwtError, cuda, pytest_plugin
+from cupy_nwt import BaselineError, CupyNwtError, cuda
 from cupy_nwt.pytest_plugin import (
     DEVICE_CLOCK,
     Comparison,
     DeviceClock,
-    _transfer_args,
+    _parts,
     compare_throughput,
     load_baseline,
 )
 from cupy_nwt.pytest_plugin._parts import batch_len as _batch_len
+from cupy_nwt.pytest_plugin._parts import transfer_args as _transfer_args
 
 pytest_plugins = ["pytester"]
 
@@ -256,11 +257,11 @@ def test_copy_benchmarks_are_gated_on_their_repeats(project, monkeypatch):
     """The GPU fixture's gate path without a GPU: known device times, halved GB/s, caught."""
     monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(True, None, 1))
     project.makepyfile(TRANSFER_TEST)
-    monkeypatch.setattr(pytest_plugin, "_CopyTimer", _SteadyCopyTimer)
+    monkeypatch.setattr(_parts, "CopyTimer", _SteadyCopyTimer)
     project.runpytest_inprocess("--benchmark-json=base.json").assert_outcomes(passed=1)
     info = json.loads((project.path / "base.json").read_text())["benchmarks"][0]["extra_info"]
     assert info["gbps_rounds"] == pytest.approx([1024**2 / t / 1e9 for t in _SteadyCopyTimer.TIMES[2:]])
-    monkeypatch.setattr(pytest_plugin, "_CopyTimer", _SlowCopyTimer)
+    monkeypatch.setattr(_parts, "CopyTimer", _SlowCopyTimer)
     bad = project.runpytest_inprocess("--nwt-baseline=base.json", "--nwt-throughput-drop=20")
     assert bad.ret == pytest.ExitCode.TESTS_FAILED
     bad.stdout.fnmatch_lines(["*test_h2d: GB/s fell 50.0% (more than 20%): * (medians of 4|4 rounds, 95% interval *)*"])
@@ -269,7 +270,7 @@ def test_copy_benchmarks_are_gated_on_their_repeats(project, monkeypatch):
 def test_pytest_benchmark_records_the_device_time_not_the_wall_time(project, monkeypatch):
     """Pins the timer route: the saved stats are exactly the CUDA-event times the copies reported."""
     monkeypatch.setattr(cuda, "gpu_status", lambda: cuda.GpuStatus(True, None, 1))
-    monkeypatch.setattr(pytest_plugin, "_CopyTimer", _FakeCopyTimer)
+    monkeypatch.setattr(_parts, "CopyTimer", _FakeCopyTimer)
     project.makepyfile(TRANSFER_TEST)
     result = project.runpytest_inprocess("--benchmark-json=out.json")
     result.assert_outcomes(passed=1)
@@ -519,5 +520,5 @@ def test_copy_timer_reads_the_link_of_the_gpu_it_copied_on(monkeypatch):
     asked = []
     monkeypatch.setattr(cuda, "current_device", lambda: 1)
     monkeypatch.setattr(cuda, "pcie_link", lambda device=0: asked.append(device) or cuda.PcieLink(4, 16, 5, 16, "nvml"))
-    assert pytest_plugin._CopyTimer.link_gbps(None) == pytest.approx(63.0, rel=5e-3)
+    assert _parts.CopyTimer.link_gbps(None) == pytest.approx(63.0, rel=5e-3)
     assert asked == [1]  # the timer's buffers live on the current GPU, not necessarily GPU 0

@@ -80,7 +80,7 @@ def figures(run_json: Path, baseline: Path, limit: float) -> dict[str, Any]:
     """Each figure's judgement, by the plugin's own rule, and the run's own figures."""
     from cupy_nwt.pytest_plugin import compare_throughput, load_baseline  # noqa: PLC0415
     from cupy_nwt.pytest_plugin._gate import compare_against  # noqa: PLC0415
-    from cupy_nwt.pytest_plugin._session import DEFAULT_INSTRUCTIONS_DROP_PCT  # noqa: PLC0415
+    from cupy_nwt.pytest_plugin._options import DEFAULT_INSTRUCTIONS_DROP_PCT  # noqa: PLC0415
 
     bench = json.loads(run_json.read_text())["benchmarks"][0]
     info = bench["extra_info"]
