@@ -426,10 +426,12 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._runtime.gate.close(self._close_now)
 
     def _close_now(self) -> None:
-        self._close_active()
-        for it in list(self._iterators):
-            it.close()
-        self._finalizer()
+        try:
+            self._close_active()
+            for it in list(self._iterators):
+                it.close()
+        finally:  # the workers and rings go whatever an iteration's end raised
+            self._finalizer()
 
     def __enter__(self) -> DataLoader[T_co]:
         return self

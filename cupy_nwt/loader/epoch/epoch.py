@@ -114,6 +114,8 @@ class Epoch(Iterator[T_co]):
         self.early = False  # begun by a state_dict() before its first next()
         self._ended_by: str | None = None  # the error that ended the steps mid-epoch (a signal handler's, say)
         self._turn = threading.Lock()  # one next() at a time: several threads may share one iterator
+        # one end at a time: a loader's close (another thread's) and the reader dropping this iterator may meet
+        self._ending = threading.RLock()
 
     def bind(self, options: Options, epoch: int, start: Mapping[str, Any] | None, shared: bool,
              readers: list[Any] | None = None, previous: Mapping[str, Any] | None = None) -> None:
@@ -221,14 +223,19 @@ class Epoch(Iterator[T_co]):
         return self._options.sampling.length(self._options.dataset)
 
     def close(self) -> None:
-        """End this epoch now: its workers stop (unless persistent) and its slots are given back."""
+        """End this epoch now: its workers stop (unless persistent) and its slots are given back. From
+        any thread: an end already under way in another one is waited for, not begun twice."""
         if self._steps is not None:
-            self._steps.close()
+            with self._ending:
+                self._steps.close()
 
     def __del__(self) -> None:
         steps = getattr(self, "_steps", None)  # absent when __init__ failed
-        if steps is not None:
-            steps.close()  # before the owner goes, whose finalizer may then free the shared workshop
+        if steps is not None and self._ending.acquire(blocking=False):  # else another thread is ending it
+            try:
+                steps.close()  # before the owner goes, whose finalizer may then free the shared workshop
+            finally:
+                self._ending.release()
 
 
 _live: weakref.WeakSet[Epoch[Any]] = weakref.WeakSet()  # every epoch begun, until it is collected
