@@ -6,7 +6,8 @@ reads and saves it), ``experiments`` (NVIDIA's transfer and overlap experiments,
 training step), ``data`` (every data source and transform, behind one written dataset contract), ``cli`` (the
 ``cupy-nwt`` commands), ``cuda`` (the one gateway to CUDA) and ``errors``.
 
-The errors load with the package; every other name loads with its module on first use. A loader
+The errors load with the package, and the loaders' exit function is registered (``_exit``: before the
+script's own, which then find their loaders whole); every other name loads with its module on first use. A loader
 worker imports this package before its own modules, under spawn once per worker and under forkserver
 in the server: it should pay for the worker's modules, not for the tuner, the picks and the loader's
 main-process side (``bench/studies/what_does_a_worker_start_cost/worker_import.py`` measures it).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from . import _exit  # noqa: F401 - the loaders' exit function, registered before the script's own
 from ._lazy import lazy_names
 from .errors import (
                      AgainstError,

@@ -112,7 +112,7 @@ def _in(name: str, *rooms: str) -> bool:
 # rank layout, the one gateway to CUDA, the reporting API); the picks are what a tuning found and where it is
 # kept, which the loader reads and saves and the search writes; the commands and the pytest plugin are the top.
 FLOORS = [
-    ("base", ("errors", "_checks", "_files", "_lazy", "_background", "_fork_safe_lock", "_driver", "_pcie", "system", "ranks", "cuda", "_worker_info",
+    ("base", ("errors", "_checks", "_files", "_lazy", "_exit", "_background", "_fork_safe_lock", "_driver", "_pcie", "system", "ranks", "cuda", "_worker_info",
               "_mapped_files", "reporting")),
     ("data", ("data",)),
     ("picks", ("picks",)),
@@ -203,11 +203,12 @@ def test_rule_room_never_imports_other(room, other):
 
 
 def test_no_registration_slot_fills_a_lower_floor():
-    """``import cupy_nwt`` imports nothing for its side effects: every name it imports is one it exports."""
+    """``import cupy_nwt`` imports nothing for its side effects but the loaders' exit function (``_exit``), which
+    must be registered before the script's own: every other name it imports is one it exports."""
     tree = ast.parse((PKG / "__init__.py").read_text(encoding="utf-8"))
     imported = {a.asname or a.name for node in tree.body if isinstance(node, ast.ImportFrom) and node.level
                 for a in node.names}
-    assert imported - set(cupy_nwt.__all__) - {"__version__", "lazy_names"} == set()  # the one that makes __getattr__
+    assert imported - set(cupy_nwt.__all__) - {"__version__", "lazy_names", "_exit"} == set()  # lazy_names makes __getattr__
 
 
 def test_import_cupy_nwt_loads_the_errors_only_and_a_worker_only_its_own_side():
@@ -217,7 +218,7 @@ def test_import_cupy_nwt_loads_the_errors_only_and_a_worker_only_its_own_side():
             "import cupy_nwt.loader.workers.process_main;"
             "print(top); print(sorted(m for m in sys.modules if m.startswith('cupy_nwt')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
-    assert eval(out[0]) == ["cupy_nwt", "cupy_nwt._lazy", "cupy_nwt.errors"]  # noqa: S307 - our own list's repr
+    assert eval(out[0]) == ["cupy_nwt", "cupy_nwt._exit", "cupy_nwt._lazy", "cupy_nwt.errors"]  # noqa: S307 - our own list
     worker = set(eval(out[1]))  # noqa: S307
     for main_side in ("cupy_nwt.loader._dataloader", "cupy_nwt.loader.workers.process", "cupy_nwt.nwt", "cupy_nwt.picks",
                       "cupy_nwt.cuda", "cupy_nwt.data.transforms", "cupy_nwt.reporting"):
@@ -240,8 +241,9 @@ def test_nothing_but_the_entry_point_imports_the_commands():
 
 
 # what may sit at the package's top level: the gateway to CUDA, the errors, and the small shared pieces that
-# several rooms use (argument checks, the one atomic file writer, the packages' names loaded on first use, the rank layout, host facts, the worker info, the locks a fork frees)
-TOP_LEVEL = {"cupy_nwt", "cupy_nwt.__main__", "cupy_nwt._background", "cupy_nwt._fork_safe_lock", "cupy_nwt._checks", "cupy_nwt._driver", "cupy_nwt._files", "cupy_nwt._lazy", "cupy_nwt._pcie",
+# several rooms use (argument checks, the one atomic file writer, the packages' names loaded on first use, the rank layout, host facts, the worker info, the locks a fork frees,
+# the loaders' exit function)
+TOP_LEVEL = {"cupy_nwt", "cupy_nwt.__main__", "cupy_nwt._exit", "cupy_nwt._background", "cupy_nwt._fork_safe_lock", "cupy_nwt._checks", "cupy_nwt._driver", "cupy_nwt._files", "cupy_nwt._lazy", "cupy_nwt._pcie",
              "cupy_nwt._worker_info", "cupy_nwt._mapped_files",
              "cupy_nwt.cuda", "cupy_nwt.errors", "cupy_nwt.ranks", "cupy_nwt.system"}
 

@@ -7,12 +7,11 @@ slot of one shared-memory ring; the main process hands batches out in order (or 
 ``in_order=False``); on the GPU a prefetcher copies batch n+1 on a side stream while batch n is in
 use (see ``device.prefetch``).
 
-With workers, every batch is made in a worker, the first included: the ring's slot layout (shapes
-and dtypes) is learned from the first batch a worker sends, which travels pickled, its large arrays
-through an anonymous file (so do the few made before the ring exists; ``workers.pipes``); the batch
-is delivered, not thrown away. A later batch that does not
-fit the layout travels pickled too; samples of one batch that disagree with each other are an error
-naming the sample.
+With workers, every batch is made in a worker, the first included: the ring's slot layout (shapes and
+dtypes) is learned from the first batch a worker sends, which travels pickled, its large arrays through an
+anonymous file (so do the few made before the ring exists; ``workers.pipes``), and is delivered, not thrown
+away. A later batch that does not fit the layout travels pickled too; samples of one batch that disagree
+with each other are an error naming the sample.
 
 Lifetime of what you get:
 
@@ -40,6 +39,7 @@ and the callables are pickled to each worker (so defined at module level), their
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -208,8 +208,10 @@ class DataLoader(SettingsView, Generic[T_co]):
 
     def _start(self, parts: LoaderParts | None) -> None:
         """What this process holds for the loader: the runtime (workers, rings) and the live iterations."""
+        self._pid = os.getpid()
         self._runtime = Runtime.of(self._options, parts)
         self._finalizer = weakref.finalize(self, self._runtime.close)
+        self._finalizer.atexit = False  # at exit the loaders close after the script's own exit functions (``_exit``)
         self._active: weakref.ref | None = None  # the shared workshop's epoch (a new one ends it)
         self._last: EpochState | None = None  # the newest epoch's bookkeeping: what state_dict() describes
         self._newest: weakref.ref | None = None  # the newest iterator, which a state_dict() begins if it has not
@@ -220,7 +222,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         ``copy.deepcopy``: the settings, the epoch and a loaded state not yet begun. Workers, rings and
         iterations stay this process's: the copy starts its own (a ``state_dict()`` carries an iteration)."""
         return {k: v for k, v in self.__dict__.items()
-                if k not in ("_runtime", "_finalizer", "_active", "_last", "_newest", "_iterators")}
+                if k not in ("_pid", "_runtime", "_finalizer", "_active", "_last", "_newest", "_iterators")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -325,6 +327,9 @@ class DataLoader(SettingsView, Generic[T_co]):
     def __iter__(self) -> Iterator[T_co]:
         if not self._finalizer.alive:
             raise LoaderError("this DataLoader is closed")
+        if self._pid != os.getpid():  # forked (a server's workers): the parent's machinery stays the parent's
+            self._finalizer.detach()
+            self._start(None)
         newest = self._newest() if self._newest is not None else None
         if newest is not None and newest.early and newest.delivered == 0 and self._resume is None:
             return newest  # begun by a state_dict() and not yet used: that state describes this epoch

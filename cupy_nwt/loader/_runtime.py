@@ -17,7 +17,6 @@ listeners) come in through the constructor: ``LoaderParts`` carries them from a 
 
 from __future__ import annotations
 
-import atexit
 import time
 import weakref
 from collections.abc import Callable
@@ -103,8 +102,7 @@ def prefetch_for(options: Options) -> tuple[bool | str, str] | None:
 _open: weakref.WeakSet[Runtime] = weakref.WeakSet()  # every runtime made, until it is collected
 
 
-@atexit.register
-def _close_at_exit() -> None:
+def close_at_exit() -> None:
     """Close every loader at exit before multiprocessing's exit function terminates its daemon processes: a
     thread still reading a loader is then hung up (and parks), instead of seeing its workers killed. The
     loader's finalizer would run too late where something made a ``weakref.finalize`` before

@@ -56,6 +56,7 @@ _COUNTS = ("delivered", "made", "waited_s", "blocked_s", "copy_s", "skipped")
 KEEP_SKIPPED = 100  # skipped samples ``stats()`` lists (every one is counted, and logged)
 KEEP_STALLS = 100  # stalls ``stats()`` lists (every one is logged): a job that never asks keeps no more
 _reading: list[Background] = []  # baselines being read, by any loader of this process
+os.register_at_fork(after_in_child=_reading.clear)  # a forked child has none of the threads reading them
 
 
 class MemoryGrowthWarning(UserWarning):

@@ -11,8 +11,8 @@ the first batch fixes the layout, the prefetcher on the GPU.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
+import os
 import threading
 import warnings
 import weakref
@@ -116,6 +116,7 @@ class Epoch(Iterator[T_co]):
         self._turn = threading.Lock()  # one next() at a time: several threads may share one iterator
         # one end at a time: a loader's close (another thread's) and the reader dropping this iterator may meet
         self._ending = threading.RLock()
+        self._pid = os.getpid()  # a forked child holds a copy, whose workers and ring are this process's
 
     def bind(self, options: Options, epoch: int, start: Mapping[str, Any] | None, shared: bool,
              readers: list[Any] | None = None, previous: Mapping[str, Any] | None = None) -> None:
@@ -179,6 +180,9 @@ class Epoch(Iterator[T_co]):
                 self.bind(self._options, self._state.epoch, self._state.start, self._shared)
 
     def __next__(self) -> T_co:
+        if self._pid != os.getpid():  # its batches would be taken from under the process that made it
+            raise LoaderError(f"this iterator belongs to process {self._pid}, whose workers and ring it reads; a "
+                              "forked process makes its own: iter(loader) there")
         try:
             with self._runtime.gate, self._turn:  # a close from another thread waits for this call to leave
                 self.begin()
@@ -224,14 +228,17 @@ class Epoch(Iterator[T_co]):
 
     def close(self) -> None:
         """End this epoch now: its workers stop (unless persistent) and its slots are given back. From
-        any thread: an end already under way in another one is waited for, not begun twice."""
-        if self._steps is not None:
+        any thread: an end already under way in another one is waited for, not begun twice. In a process
+        forked from the one that made it, nothing: the workers and the ring are still that one's."""
+        if self._steps is not None and self._pid == os.getpid():
             with self._ending:
                 self._steps.close()
 
-    def __del__(self) -> None:
+    def __del__(self, getpid: Callable[[], int] = os.getpid) -> None:  # bound now: at teardown ``os`` may be gone
         steps = getattr(self, "_steps", None)  # absent when __init__ failed
-        if steps is not None and self._ending.acquire(blocking=False):  # else another thread is ending it
+        if steps is None or steps.gi_frame is None or self._pid != getpid():  # ended, or a forked child's copy
+            return
+        if self._ending.acquire(blocking=False):  # else another thread is ending it
             try:
                 steps.close()  # before the owner goes, whose finalizer may then free the shared workshop
             finally:
@@ -241,12 +248,11 @@ class Epoch(Iterator[T_co]):
 _live: weakref.WeakSet[Epoch[Any]] = weakref.WeakSet()  # every epoch begun, until it is collected
 
 
-@atexit.register
-def _end_at_exit() -> None:
+def end_at_exit() -> None:
     """End every epoch still open at exit, as a ``break`` would, while the modules its clean-up reads are
     whole: left to the interpreter's teardown (an iterator kept mid-epoch by a script that then ends), the
-    clean-up met names already cleared and printed a traceback. Registered after the runtimes' close
-    (``_runtime`` is imported first), so it runs before it; an epoch another thread is inside is left to that."""
+    clean-up met names already cleared and printed a traceback. Run before the runtimes' close
+    (``cupy_nwt._exit``); an epoch another thread is inside is left to that."""
     for epoch in list(_live):
         with contextlib.suppress(ValueError):  # "generator already executing": another thread's next()
             epoch.close()
@@ -287,6 +293,7 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
     workshop: Workshop | None = None
     source: BatchSource | None = None
     graceful = False
+    born = os.getpid()  # a forked child's copy of this generator, collected there, leaves the workers alone
     try:
         prefetcher = runtime.prefetcher  # the one this epoch's options were followed with (``Runtime.follow``)
         workshop = runtime.workshop if shared else None
@@ -320,9 +327,10 @@ def _steps(options: Options, runtime: Runtime, state: EpochState, shared: bool) 
         graceful = True  # a break or a dropped iterator: persistent workers may stay
         raise
     finally:
-        if source is not None:
+        if source is not None and os.getpid() == born:
             source.close()
-        if workshop is not None and workshop.workers is not None and not (graceful and options.persistent_workers):
+        if workshop is not None and workshop.workers is not None and not (graceful and options.persistent_workers) \
+                and os.getpid() == born:
             runtime.drop(workshop)
 
 

@@ -16,12 +16,16 @@ Worker. ``ParentWatch`` notices the main process died: before each message (``al
 zero-timeout poll of the parent's sentinel) the worker stops taking queued work, and a daemon thread, every
 ``WATCH_INTERVAL_S``, ends a worker busy with a batch (inside a sample as soon as that sample lets Python
 run). A check between samples would cost two system calls a sample for what the thread already does.
+
+A process forked from the main one (``os.fork``: a pre-forking server) does not own its workers: its end
+must not stop them (``_forget_the_parents_workers``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import multiprocessing.process
 import os
 import select
 import signal
@@ -31,6 +35,7 @@ import weakref
 from typing import Any, Protocol
 
 WATCH_INTERVAL_S = 0.2  # how often a worker's watchdog thread looks at its parent
+WORKER_NAME = "cupy_nwt-worker-"  # each worker process's name, then its id: how a forked child tells them
 
 
 class Killable(Protocol):
@@ -42,6 +47,18 @@ _owner = os.getpid()
 _installed: dict[int, Any] = {}  # signal -> the handler we put in place
 _lock = threading.Lock()
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def _forget_the_parents_workers() -> None:
+    """In a process forked from a loader's (``os.fork``), its workers are not children: multiprocessing's exit
+    function, which terminates and joins the children it lists (``multiprocessing.process._children``, copied by
+    the fork), would stop the parent's workers as the child ends."""
+    children = getattr(multiprocessing.process, "_children", None)
+    if isinstance(children, set):
+        children.difference_update([p for p in children if str(getattr(p, "name", "")).startswith(WORKER_NAME)])
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_workers)
 
 
 def track(pool: Killable) -> None:

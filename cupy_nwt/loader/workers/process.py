@@ -161,7 +161,7 @@ class WorkerPool(Dispatch):
             ends += (res_r, res_w)
             spill_r, spill_w = socket.socketpair() if pipes.CAN_SPILL else (None, None)
             ends += (spill_r, spill_w)
-            proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w, spill_w), name=f"cupy_nwt-worker-{w}",
+            proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w, spill_w), name=f"{lifeline.WORKER_NAME}{w}",
                                daemon=True)
             with PIPE_WALK_LOCK:  # pickled (spawn, forkserver) or forked with torch's pipe hooks unset
                 proc.start()

@@ -1,0 +1,137 @@
+"""Programs that fork beside a loader, and programs whose own exit functions use one: each runs as the
+user's script, in a process of its own (a fork inside pytest's would copy pytest too).
+
+A forked child (a pre-forking server, ``multiprocessing.Process`` under fork) that iterates the loader gets
+an epoch of its own, as torch's loader gives it; one that reads the parent's live iterator is refused,
+where it took the parent's batches from under it; an exit function the script registered after its
+imports still finds its loaders whole.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PRELUDE = """
+import os, sys
+import numpy as np
+from cupy_nwt import DataLoader
+
+
+class Data:
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return np.full(3, i, np.int64)
+
+
+def firsts(batches):
+    return [int(np.asarray(b)[0, 0]) for b in batches]
+"""
+
+
+def run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "train.py"
+    script.write_text(PRELUDE + textwrap.dedent(body), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("kind", ["fork", "thread-persistent"])
+def test_a_forked_child_iterates_the_loader_as_a_loader_of_its_own(tmp_path, kind):
+    options = ('worker_type="thread", persistent_workers=True' if kind == "thread-persistent"
+               else 'multiprocessing_context="fork"')
+    done = run_script(tmp_path, f"""
+        if __name__ == "__main__":
+            loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", {options})
+            it = iter(loader)
+            first = firsts([next(it)])
+            pid = os.fork()
+            if pid == 0:
+                import faulthandler
+                faulthandler.dump_traceback_later(60, exit=True)
+                print("child", firsts(loader), flush=True)
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            print("parent", first + firsts(it), "child status", status, flush=True)
+    """)
+    every = list(range(0, 40, 4))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"child {every}" in done.stdout and f"parent {every} child status 0" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_forked_child_that_reads_the_parents_iterator_is_refused_and_the_parent_loses_nothing(tmp_path):
+    done = run_script(tmp_path, """
+        import multiprocessing as mp
+
+
+        def peek(it):
+            try:
+                next(it)
+            except Exception as e:
+                print("child:", type(e).__name__, e, flush=True)
+
+
+        if __name__ == "__main__":
+            loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="fork")
+            it = iter(loader)
+            got = [next(it) for _ in range(3)]
+            p = mp.get_context("fork").Process(target=peek, args=(it,))
+            p.start()
+            p.join(60)
+            print("parent", firsts(got + list(it)), flush=True)
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "child: LoaderError this iterator belongs to process" in done.stdout, done.stdout
+    assert f"parent {list(range(0, 40, 4))}" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_exit_function_registered_after_the_imports_finds_its_loader_whole(tmp_path, workers):
+    """A final evaluation (or a checkpoint's ``state_dict()``) in the script's own exit function: torch's
+    loader still iterates there, and so does this one."""
+    done = run_script(tmp_path, f"""
+        import atexit
+
+        loaders = {{}}
+
+
+        @atexit.register
+        def final_eval():
+            print("final eval", sum(len(b) for b in loaders["val"]), "samples", flush=True)
+            print("state", sorted(loaders["val"].state_dict())[:1], flush=True)
+
+
+        if __name__ == "__main__":
+            loaders["val"] = DataLoader(Data(), batch_size=4, num_workers={workers}, device="cpu")
+            print("training done", flush=True)
+    """)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "final eval 40 samples" in done.stdout and "state [" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_forked_child_that_ends_with_sys_exit_leaves_the_parents_workers_running(tmp_path, method):
+    """multiprocessing's exit function in the child lists the parent's workers among its children (the fork
+    copied the list): it must not stop them. torch's parent loses its workers here."""
+    done = run_script(tmp_path, f"""
+        if __name__ == "__main__":
+            loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="{method}")
+            it = iter(loader)
+            got = [next(it)]
+            pid = os.fork()
+            if pid == 0:
+                sys.exit(0)
+            _, status = os.waitpid(pid, 0)
+            print("parent", firsts(got + list(it)), "child status", status, flush=True)
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"parent {list(range(0, 40, 4))} child status 0" in done.stdout, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
