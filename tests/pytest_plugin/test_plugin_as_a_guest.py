@@ -116,7 +116,7 @@ def old_pytest(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """pytest 6.2.5 installed into a folder of its own, put first on ``PYTHONPATH``."""
     where = tmp_path_factory.mktemp("old_pytest")
     got = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(where),
-                          f"pytest=={OLD_PYTEST}"], capture_output=True, text=True, timeout=300)
+                          f"pytest=={OLD_PYTEST}", "pytest-benchmark==4.0.0"], capture_output=True, text=True, timeout=300)
     if got.returncode != 0:
         pytest.skip(f"pytest {OLD_PYTEST} not installable here: {got.stderr.strip().splitlines()[-1:]}")
     return where
@@ -124,21 +124,62 @@ def old_pytest(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _run_old(old: Path, project: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(old), str(ROOT)]), "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=project,
-                          env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "pytest_benchmark.plugin",
+                           *args], cwd=project, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_under_a_pytest_older_than_the_gate_needs_the_plugin_stays_out_of_the_way(old_pytest, tmp_path):
-    (tmp_path / "test_ok.py").write_text("def test_ok():\n    assert 1 + 1 == 2\n")
-    bare = _run_old(old_pytest, tmp_path)
+    (tmp_path / "test_ok.py").write_text("def test_ok(benchmark):\n    benchmark(sum, range(100))\n")
+    (tmp_path / "test_loader.py").write_text("def test_loader(loader_benchmark):\n    loader_benchmark(list(range(64)))\n")
+    bare = _run_old(old_pytest, tmp_path, "test_ok.py")
     assert OLD_PYTEST in _run_old(old_pytest, tmp_path, "--version").stderr
     if bare.returncode != 0:
         pytest.skip(f"pytest {OLD_PYTEST} does not run on Python {sys.version.split()[0]}: "
                     f"{(bare.stdout + bare.stderr).strip().splitlines()[-1:]}")
-    plain = _run_old(old_pytest, tmp_path, "-p", "cupy_nwt.pytest_plugin")
-    assert plain.returncode == 0 and "1 passed" in plain.stdout, plain.stdout + plain.stderr
-    gated = _run_old(old_pytest, tmp_path, "-p", "cupy_nwt.pytest_plugin", "--nwt-baseline=base.json")
+    ours = ("-p", "cupy_nwt.pytest_plugin")
+    saved = _run_old(old_pytest, tmp_path, *ours, "test_ok.py", "--benchmark-autosave")
+    assert saved.returncode == 0 and "1 passed" in saved.stdout, saved.stdout + saved.stderr
+    compared = _run_old(old_pytest, tmp_path, *ours, "test_ok.py", "--benchmark-compare")  # pytest-benchmark's own
+    assert compared.returncode == 0 and "Comparing against benchmarks from" in compared.stdout + compared.stderr, \
+        compared.stdout + compared.stderr
+    gated = _run_old(old_pytest, tmp_path, *ours, "--nwt-baseline=base.json")
     assert gated.returncode == 4, gated.stdout + gated.stderr
     assert "Traceback" not in gated.stdout + gated.stderr
     assert (f"--nwt-baseline: cupy_nwt's gate needs pytest 7.4 or later; this is pytest {OLD_PYTEST}"
             in gated.stderr), gated.stderr
+    fixture = _run_old(old_pytest, tmp_path, *ours, "test_loader.py")
+    assert fixture.returncode == 1, fixture.stdout
+    assert f"loader_benchmark needs pytest 7.4 or later; this is pytest {OLD_PYTEST}" in fixture.stdout, fixture.stdout
+
+
+WRAPPERS = {
+    "by-name": """
+import pytest
+
+@pytest.fixture
+def loader_benchmark(request):  # the project's wrapper over the plugin's fixture, fetched by name
+    run = request.getfixturevalue("loader_benchmark")
+    return lambda ds: run(ds, batch_size=8, num_workers=0, max_seconds=0.5)
+""",
+    "through-a-helper": """
+import pytest
+
+@pytest.fixture
+def plugin_bench(loader_benchmark):
+    return loader_benchmark
+
+@pytest.fixture
+def loader_benchmark(plugin_bench):  # the project's wrapper, through a helper fixture
+    return lambda ds: plugin_bench(ds, batch_size=8, num_workers=0, max_seconds=0.5)
+""",
+}
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS)
+def test_a_projects_wrapper_that_reaches_the_plugins_fixture_at_run_time_times_with_its_clock(pytester, wrapper):
+    pytester.makeconftest(FAST_CONFTEST + WRAPPERS[wrapper])
+    pytester.makepyfile(test_w="def test_loader(loader_benchmark):\n    assert loader_benchmark(list(range(64))).samples_per_s > 0\n")
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--nwt-instructions=off", "--benchmark-json=out.json")
+    assert result.ret == 0, result.stdout.str()
+    (bench,) = json.loads((pytester.path / "out.json").read_text())["benchmarks"]
+    assert bench["options"]["timer"] == "wall_s_per_1k_samples"  # the plugin's round clock, as a named fixture gets
