@@ -135,3 +135,26 @@ def test_a_forked_child_that_ends_with_sys_exit_leaves_the_parents_workers_runni
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"parent {list(range(0, 40, 4))} child status 0" in done.stdout, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_variable_the_script_sets_after_making_a_forkserver_loader_reaches_its_workers(tmp_path):
+    """forkserver's server starts with the loader and keeps the environment of that moment; torch's starts at
+    the first ``iter()``. Workers get the script's environment as they start, as under fork and spawn."""
+    done = run_script(tmp_path, """
+        class Env:
+            def __len__(self):
+                return 4
+
+            def __getitem__(self, i):
+                return np.array([os.environ.get("NWT_LATE") == "set", "NWT_GONE" in os.environ], np.int64)
+
+
+        if __name__ == "__main__":
+            os.environ["NWT_GONE"] = "here at first"
+            loader = DataLoader(Env(), batch_size=2, num_workers=2, device="cpu", multiprocessing_context="forkserver")
+            os.environ["NWT_LATE"] = "set"
+            del os.environ["NWT_GONE"]
+            print("seen", sorted({tuple(int(v) for v in row) for b in loader for row in np.asarray(b)}), flush=True)
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "seen [(1, 0)]" in done.stdout, done.stdout + done.stderr

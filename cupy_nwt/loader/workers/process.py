@@ -152,7 +152,7 @@ class WorkerPool(Dispatch):
         settle_baselines()  # nor beside one reading the workers' memory: online tuning adds workers mid-epoch
         ctx, method = self._ctx, self._ctx.get_start_method()
         spec = WorkerSpec(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), shipped, worker_init_fn, rank,
-                          world_size, self._file)
+                          world_size, self._file, dict(os.environ) if method == "forkserver" else None)
         ends: list[Any] = []
         try:
             task_r, task_w = ctx.Pipe(duplex=False)

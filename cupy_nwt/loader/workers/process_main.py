@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing as mp
+import os
 import pickle
 import random
 import select
@@ -57,6 +58,9 @@ class WorkerSpec:
     rank: int = 0
     world_size: int = 1
     ring_file: RingFile | None = None  # the pool's anonymous ring memory; None: a named /dev/shm ring
+    # the parent's environment as the worker starts, where it does not inherit it then: forkserver's server
+    # (started with the loader) holds the one of that moment, and a variable set since must reach the worker
+    environ: dict[str, str] | None = None
 
 
 class _PipeChannel:
@@ -132,6 +136,9 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, spill:
     arrays of a batch that does not go into the ring leave through ``spill`` (``pipes``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the main process's handler (``lifeline``), if forked
+    if spec.environ is not None:
+        os.environ.clear()
+        os.environ.update(spec.environ)
     watch = ParentWatch()
     watch.start_watchdog()
     # What the worker inherited (a forked parent's heap: the dataset, and everything else the parent
