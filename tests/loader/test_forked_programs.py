@@ -158,3 +158,23 @@ def test_a_variable_the_script_sets_after_making_a_forkserver_loader_reaches_its
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "seen [(1, 0)]" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_child_forked_after_a_forkserver_loader_was_made_starts_workers_of_its_own(tmp_path):
+    """The server started with the parent's loader is not the child's: the child starts its own (it met
+    ``ChildProcessError``). torch's server starts at the first ``iter()``, so its loader meets this only later."""
+    done = run_script(tmp_path, """
+        if __name__ == "__main__":
+            loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="forkserver")
+            pid = os.fork()
+            if pid == 0:
+                import faulthandler
+                faulthandler.dump_traceback_later(60, exit=True)
+                print("child", firsts(loader), flush=True)
+                os._exit(0)
+            _, status = os.waitpid(pid, 0)
+            print("parent", firsts(loader), "child status", status, flush=True)
+    """)
+    every = list(range(0, 40, 4))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"child {every}" in done.stdout and f"parent {every} child status 0" in done.stdout, done.stdout + done.stderr

@@ -20,6 +20,7 @@ the main module. ``forkserver_preload`` keeps forkserver's per-worker cost down 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing as mp
 import os
@@ -321,6 +322,30 @@ _SERVER_STARTING = ForkSafeLock()
 """Held while a loader asks for the server: its preload and ``SCRIPT_ENV`` are the process's, so loaders
 made at once in two threads would cross (the second would put back the first one's ``SCRIPT_ENV`` and leave
 it to every process this one starts)."""
+
+
+def _no_server_of_the_parents() -> None:
+    """In a process forked from one whose forkserver runs (``os.fork``: a pre-forking server), that server is
+    not this process's child: multiprocessing would ask it for workers and wait on it as its own, and fail
+    (``ChildProcessError``). The child forgets it (closing its copy of the end that keeps it alive) and starts
+    its own when a loader needs one. multiprocessing keeps this state in private fields, each reset only
+    where this Python has it."""
+    forkserver = sys.modules.get("multiprocessing.forkserver")  # loaded wherever a server was started
+    server: Any = getattr(forkserver, "_forkserver", None)
+    if getattr(server, "_forkserver_pid", None) is None:
+        return
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if isinstance(alive, int):
+        with contextlib.suppress(OSError):
+            os.close(alive)
+    for field in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid", "_forkserver_authkey"):
+        if hasattr(server, field):
+            setattr(server, field, None)
+    if hasattr(server, "_lock"):
+        server._lock = threading.Lock()  # held, maybe, by a thread of the parent's that is not here
+
+
+os.register_at_fork(after_in_child=_no_server_of_the_parents)
 
 
 def prestart_forkserver(context: BaseContext | None, method: str, objects: Sequence[Any]) -> bool:
