@@ -178,3 +178,29 @@ def test_a_child_forked_after_a_forkserver_loader_was_made_starts_workers_of_its
     every = list(range(0, 40, 4))
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"child {every}" in done.stdout and f"parent {every} child status 0" in done.stdout, done.stdout + done.stderr
+
+
+def test_with_sigchld_ignored_the_workers_that_stopped_are_not_signalled(tmp_path):
+    """A program that sets SIGCHLD to SIG_IGN (a daemon's habit) has its children reaped by the system, so
+    ``waitpid`` no longer tells an ended worker: each epoch's end waited out the grace period, then sent
+    SIGTERM to pids already gone (another process's, once reused). Workers are told ended by their sentinel."""
+    done = run_script(tmp_path, """
+        import signal
+
+        sent = []
+        real_kill = os.kill
+
+
+        def kill(pid, sig):
+            sent.append(sig)
+            real_kill(pid, sig)
+
+
+        if __name__ == "__main__":
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+            os.kill = kill
+            loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="fork")
+            print("epochs", [len(firsts(loader)) for _ in range(3)], "signals sent", len(sent), flush=True)
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "epochs [10, 10, 10] signals sent 0" in done.stdout, done.stdout + done.stderr
