@@ -19,22 +19,21 @@ Lifetime of what you get:
 * ``device="cpu"``: NumPy arrays, copied out of the ring by default, so they are yours to keep.
   ``zero_copy=True`` hands out views of the ring slot instead (NumPy's read-only, torch's writable): no
   copy, but a view is valid only until the next batch is requested (or the iteration ends).
-* Samples holding torch tensors (JAX arrays) give batches of torch tensors (JAX arrays), on either
-  device, made over those same arrays without a copy (``torch.from_numpy``, DLPack on the GPU); a
-  program that has imported torch gets tensors from the default collate for NumPy samples and
-  numbers too, as torch's DataLoader gives; ``output=`` asks for one framework whatever the samples
-  hold (``ring.frameworks``).
+* Samples holding torch tensors (JAX arrays) give batches of torch tensors (JAX arrays), on either device,
+  made over those same arrays without a copy (``torch.from_numpy``, DLPack on the GPU); a program that has
+  imported torch gets tensors from the default collate for NumPy samples and numbers too, as torch's
+  DataLoader gives; ``output=`` asks for one framework whatever the samples hold (``ring.frameworks``).
 
-Several ranks (torch.distributed, torchrun, Lightning, SLURM, MPI): each rank builds its own loader and
-takes its shard of every epoch (the class's "Distributed"; a group initialised after the loader was made is
-followed). ``num_workers="auto"`` with nothing saved tunes online within the rank's share of the CPUs
-(``_options.auto_cpus``), and each rank takes its node's saved pick (``picks.pick.saved_pick``). Nothing
-at construction talks to other ranks.
+Several ranks (torch.distributed, torchrun, Lightning, SLURM, MPI): each rank builds its own loader and takes
+its shard of every epoch (the class's "Distributed"; a group initialised after the loader was made is followed).
+``num_workers="auto"`` with nothing saved tunes online within the rank's share of the CPUs
+(``_options.auto_cpus``), and each rank takes its node's saved pick (``picks.pick.saved_pick``). Nothing at
+construction talks to other ranks.
 
-Worker start method (``multiprocessing_context=None``): ``forkserver`` where this process uses CUDA or a
-runtime whose threads a forked child cannot survive, else ``fork`` (the rules, and why: ``workers.start``). With forkserver or spawn the dataset
-and the callables are pickled to each worker (so defined at module level), their large arrays once
-(``workers.shared_pickle``).
+Worker start method (``multiprocessing_context=None``): ``forkserver`` where this process uses CUDA or a runtime
+whose threads a forked child cannot survive, else ``fork`` (the rules, and why: ``workers.start``). With
+forkserver or spawn the dataset and the callables are pickled to each worker (so defined at module level), their
+large arrays once (``workers.shared_pickle``).
 """
 
 from __future__ import annotations

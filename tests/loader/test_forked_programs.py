@@ -33,6 +33,16 @@ class Data:
 
 def firsts(batches):
     return [int(np.asarray(b)[0, 0]) for b in batches]
+
+
+def child_epoch(loader):  # fork: the child prints the first sample of each batch of an epoch; its status back
+    pid = os.fork()
+    if pid == 0:
+        import faulthandler
+        faulthandler.dump_traceback_later(60, exit=True)
+        print("child", firsts(loader), flush=True)
+        os._exit(0)
+    return os.waitpid(pid, 0)[1]
 """
 
 
@@ -53,13 +63,7 @@ def test_a_forked_child_iterates_the_loader_as_a_loader_of_its_own(tmp_path, kin
             loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", {options})
             it = iter(loader)
             first = firsts([next(it)])
-            pid = os.fork()
-            if pid == 0:
-                import faulthandler
-                faulthandler.dump_traceback_later(60, exit=True)
-                print("child", firsts(loader), flush=True)
-                os._exit(0)
-            _, status = os.waitpid(pid, 0)
+            status = child_epoch(loader)
             print("parent", first + firsts(it), "child status", status, flush=True)
     """)
     every = list(range(0, 40, 4))
@@ -166,13 +170,7 @@ def test_a_child_forked_after_a_forkserver_loader_was_made_starts_workers_of_its
     done = run_script(tmp_path, """
         if __name__ == "__main__":
             loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="forkserver")
-            pid = os.fork()
-            if pid == 0:
-                import faulthandler
-                faulthandler.dump_traceback_later(60, exit=True)
-                print("child", firsts(loader), flush=True)
-                os._exit(0)
-            _, status = os.waitpid(pid, 0)
+            status = child_epoch(loader)
             print("parent", firsts(loader), "child status", status, flush=True)
     """)
     every = list(range(0, 40, 4))

@@ -32,6 +32,7 @@ import signal
 import threading
 import time
 import weakref
+from multiprocessing.connection import wait as wait_ready
 from typing import Any, Protocol
 
 WATCH_INTERVAL_S = 0.2  # how often a worker's watchdog thread looks at its parent
@@ -59,6 +60,12 @@ def _forget_the_parents_workers() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_the_parents_workers)
+
+
+def ended(process: Any) -> bool:
+    """Whether a worker process has ended, told by its sentinel (closed as it exits): ``is_alive()`` asks
+    ``waitpid``, which cannot answer for a child the system reaped itself (the program set SIGCHLD to SIG_IGN)."""
+    return bool(wait_ready([process.sentinel], 0))
 
 
 def track(pool: Killable) -> None:

@@ -36,7 +36,6 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.connection import wait as wait_ready
 from multiprocessing.context import BaseContext
 from typing import Any
 
@@ -81,12 +80,6 @@ from .start import (
 from .torch_workers import PIPE_WALK_LOCK
 
 UNREACHABLE_WAIT_S = 10.0  # how long a worker behind a broken pipe may take to be known dead
-
-
-def _exited(process: Any) -> bool:
-    """Whether a worker process has ended, told by its sentinel (closed as it exits): ``is_alive()`` asks
-    ``waitpid``, which cannot answer for a child the system reaped itself (the program set SIGCHLD to SIG_IGN)."""
-    return bool(wait_ready([process.sentinel], 0))
 
 
 @dataclass
@@ -376,11 +369,11 @@ class WorkerPool(Dispatch):
         """SIGTERM the workers still alive, SIGKILL those that stay, reap them; then close what they used."""
         try:
             for w in self._workers:
-                if not _exited(w.process):
+                if not lifeline.ended(w.process):
                     w.process.terminate()
             for w in self._workers:
                 w.process.join(1.0)
-                if not _exited(w.process):
+                if not lifeline.ended(w.process):
                     w.process.kill()
                     w.process.join()
         finally:
@@ -406,7 +399,7 @@ class WorkerPool(Dispatch):
         """Wait for the workers to exit, reading away what they still send: a worker blocked writing a
         batch larger than the pipe holds would otherwise never read its ``Stop``."""
         exits = {w.process.sentinel: w for w in self._workers}
-        while not all(_exited(w.process) for w in self._workers) and (left := deadline - time.monotonic()) > 0:
+        while not all(lifeline.ended(w.process) for w in self._workers) and (left := deadline - time.monotonic()) > 0:
             for fd, _ in self._waits.poll(math.ceil(left * 1000)):
                 if fd in exits:  # that worker closed its end as it exited: reap it, it may not be a zombie yet
                     self._waits.unregister(fd)
