@@ -68,6 +68,9 @@ class _StreamRest(StreamPlan):
     def transform_seed(self, b: int) -> int:
         return super().transform_seed(b + self.first)
 
+    def number(self, task: int) -> int:
+        return task + self.first
+
 
 def _sampler_of(options: Options) -> Any:
     s = options.sampling

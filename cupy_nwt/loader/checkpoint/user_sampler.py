@@ -225,6 +225,9 @@ class UserSamplerPlan(SamplerPlan):
         assert isinstance(self.batches, Draws)
         return self.batches
 
+    def number(self, task: int) -> int:
+        return self.ids[task]
+
     def handed(self, task: int) -> None:
         """Task ``task`` was handed on (``Ledger.hand``)."""
         self.draws.settle(self.ids[task], self.done)

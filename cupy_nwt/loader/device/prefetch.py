@@ -213,7 +213,7 @@ class DevicePrefetcher:
                 try:
                     batch = join(self.as_output(treedef), dev, objects)
                 except Exception as exc:  # noqa: BLE001 - this batch's failure, raised in its turn
-                    batch = unjoinable(exc, index)  # yielded out of the handler: Python 3.10 keeps a suspended one's traceback
+                    batch = unjoinable(exc, index, source.number(index))  # yielded out of the handler: Python 3.10 keeps a suspended one's traceback
                 yield batch
         finally:
             for c in list(inflight) + list(pending):
@@ -254,8 +254,8 @@ class DevicePrefetcher:
             c.event = self.ops.record(self._side)
         except Exception as exc:  # noqa: BLE001 - a CUDA error or out of memory: this batch's failure
             if not self._abandon(source, c):
-                raise copy_failed(exc, hb.index) from None  # the device cannot go on: the epoch ends here
-            inflight.append(_Copy(FailedBatch(copy_failed(exc, hb.index), hb.index), None, None, None))
+                raise copy_failed(exc, source.number(hb.index)) from None  # the device cannot go on: the epoch ends here
+            inflight.append(_Copy(FailedBatch(copy_failed(exc, source.number(hb.index)), hb.index), None, None, None))
             return True
         except BaseException:
             self._abandon(source, c)

@@ -395,7 +395,7 @@ def host_batches(source: BatchSource, zero_copy: bool, events: Listener | None =
             try:
                 batch = join(treedef, leaves, hb.objects)
             except Exception as exc:  # noqa: BLE001 - this batch's failure, raised in its turn; the epoch goes on
-                batch = unjoinable(exc, hb.index)  # yielded out of the handler, as ``lost`` above
+                batch = unjoinable(exc, hb.index, source.number(hb.index))  # yielded out of the handler, as ``lost`` above
             yield batch
     finally:
         if held is not None:

@@ -120,7 +120,10 @@ class InlineSource(BatchSource):
 
     def _left_out(self, b: int) -> None:
         if self.bad is not None and self.maker.bad:
-            self.bad.add(b, self.maker.bad)
+            self.bad.add(self.plan.number(b), self.maker.bad)
+
+    def number(self, task: int) -> int:
+        return self.plan.number(task)
 
     def _hand(self, b: int) -> None:
         if self.ledger is not None:
@@ -139,7 +142,7 @@ class InlineSource(BatchSource):
         except AllBad:
             raise
         except Exception as exc:  # noqa: BLE001 - rewrapped with the batch and sample index
-            raise FailedBatch(inline_error(exc, self.maker, b)) from None
+            raise FailedBatch(inline_error(exc, self.maker, self.plan.number(b)), b) from None
         if self.maker.bad:
             self._left_out(b)
         if self.events is not None:
@@ -194,6 +197,7 @@ class WorkerSource(BatchSource):
         self.stall_s: float | None = stall_s if events is not None else None
         self.owner: dict[int, int | None] = {}  # batch index -> the worker its task went to
         self.slots.new_generation()
+        workers.number = plan.number
         self.tasks: Iterator[PlanTask] = plan.tasks()
         self.pending: PlanTask | None = None
         self.ready: dict[int, HostBatch | FailedBatch] = {}
@@ -264,7 +268,7 @@ class WorkerSource(BatchSource):
         """Batch ``b``'s turn: its left-out samples are announced and counted (raises past the limit)."""
         item = self.bad_waiting.pop(b, None)
         if item is not None and self.bad is not None:
-            self.bad.add(b, item.samples)
+            self.bad.add(self.plan.number(b), item.samples)
 
     def _absorb(self, items: list[Result]) -> None:
         too_many: Exception | None = None
@@ -282,7 +286,7 @@ class WorkerSource(BatchSource):
                     self.bad_waiting[item.batch_index] = item
                 elif self.bad is not None:
                     try:
-                        self.bad.add(item.batch_index, item.samples)
+                        self.bad.add(self.plan.number(item.batch_index), item.samples)
                     except Exception as exc:  # noqa: BLE001 - raised once every result here is taken in
                         too_many = too_many or exc
                 continue
@@ -306,6 +310,9 @@ class WorkerSource(BatchSource):
     def ring(self) -> Ring | None:
         return self.slots.ring
 
+    def number(self, task: int) -> int:
+        return self.plan.number(task)
+
     def poll(self) -> None:
         """Take in the results that have arrived, without waiting."""
         self._absorb(self.workers.collect(0))
@@ -321,7 +328,7 @@ class WorkerSource(BatchSource):
         where = (self.workers.worker_label(w) + " has" if w is not None else
                  "no worker has yet (every ring slot or worker is taken)" if b is not None else "the workers make")
         where += f" ({self.workers.stuck_hint()})"
-        self.events.stalled(Stall(self.epoch, b, w, where, waited))
+        self.events.stalled(Stall(self.epoch, self.plan.number(b) if b is not None else None, w, where, waited))
 
     def _pick_waited(self) -> int | None:
         """The batch a blocked in-order ``next()`` waits for (None out of order: any will do)."""
@@ -381,7 +388,7 @@ class WorkerSource(BatchSource):
                 continue
             deadline = deadline if deadline is not None else now + self.timeout
             if now >= deadline:
-                want = f"batch {self.next_deliver}" if self.in_order else "any batch"
+                want = f"batch {self.plan.number(self.next_deliver)}" if self.in_order else "any batch"
                 raise TimedOut(LoaderTimeoutError(
                     f"DataLoader timed out after {self.timeout:g} seconds. cupy_nwt: "
                     f"no batch from the workers within timeout={self.timeout} s (waiting for {want} of "
@@ -413,4 +420,5 @@ class WorkerSource(BatchSource):
             if isinstance(item, HostBatch) and item.slot is not None:
                 self.slots.release(item.slot)
         self.ready.clear()
+        self.workers.number = int  # persistent workers outlive the epoch: its plan (its order) is let go
 

@@ -174,6 +174,11 @@ class _GlobalBatchSeeds:
     def transform_seed(self, b: int) -> int:
         return batch_seed(self.seed, self.epoch, b * self.world_size + self.rank)
 
+    def number(self, task: int) -> int:
+        """The epoch's batch that task ``task`` makes, as errors and warnings name it (a resumed rest's tasks
+        count from 0, its batches from where the epoch stopped)."""
+        return task
+
 
 @dataclass(frozen=True, eq=False)
 class EpochPlan(_GlobalBatchSeeds):

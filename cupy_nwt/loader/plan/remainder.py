@@ -141,6 +141,10 @@ class SessionPlan:
     def __len__(self) -> int:
         return len(self.todo)
 
+    def number(self, task: int) -> int:
+        """The session batch that task ``task`` makes (errors and warnings name it)."""
+        return int(self.todo[task])
+
     def tasks(self) -> Iterator[PlanTask]:
         B, order, seed_of = self.session.batch_size, self.order, self.session.transform_seed
         i = 0

@@ -181,12 +181,12 @@ class FailedBatch(Exception):
         return error
 
 
-def unjoinable(exc: Exception, batch_index: int) -> FailedBatch:
+def unjoinable(exc: Exception, batch_index: int, number: int) -> FailedBatch:
     """A batch made whole that cannot be given in the framework it is joined as (a datetime64 field as a
     torch tensor): a ``TypeError`` for that batch alone, in its turn, as torch's collate raises it in its
-    worker; the epoch goes on."""
+    worker; the epoch goes on. ``number``: the epoch's batch, as the message names it."""
     text = " ".join(f"{type(exc).__name__}: {exc}".split())
-    error = BatchTypeError(f"batch {batch_index} could not be made into the arrays the loader gives: {text}; "
+    error = BatchTypeError(f"batch {number} could not be made into the arrays the loader gives: {text}; "
                            "output='numpy' or a collate_fn of your own gives it as it is")
     return FailedBatch(error, batch_index)
 
@@ -209,4 +209,8 @@ class BatchSource(Protocol):
 
     def ring(self) -> Ring | None:
         """The ring the source's slots are in (None until the first batch has shown the layout)."""
+        ...
+
+    def number(self, task: int) -> int:
+        """The epoch's batch that task ``task`` (a batch's ``index``) is, as errors and warnings name it."""
         ...

@@ -109,6 +109,7 @@ class Workers(Protocol):
     active: int
     prefetch_factor: int
     last_worker: int | None
+    number: Callable[[int], int]  # the epoch's batch of a task, as a failed batch's error names it
 
     @property
     def size(self) -> int: ...
@@ -183,6 +184,7 @@ class Dispatch:
     slot_cap: int | None = None
     events: Listener | None = None  # hears ``made`` for each answer that carries a batch's stage seconds
     last_worker: int | None = None  # the worker ``_choose`` picked last: who has a task (stall warnings)
+    number: Callable[[int], int] = int  # the epoch's batch of a task: its source sets the plan's (``Plan.number``)
 
     def _slices(self, timeout: float | None) -> Iterator[float]:
         """``wait_slices(timeout)``, ended by ``LoaderClosedError`` once ``hung_up`` is set: a thread that waits
@@ -241,7 +243,7 @@ class Dispatch:
         if isinstance(msg, Exhausted):
             return Ended(msg.batch_index, w.id)
         if isinstance(msg, Raised):
-            error = make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=msg.batch_index,
+            error = make_worker_error(msg.report, worker_id=w.id, pid=pid, batch_index=self.number(msg.batch_index),
                                       where=self.worker_label(w.id))
             return FailedBatch(error, msg.batch_index)
         return None
