@@ -71,7 +71,9 @@ class DataLoader(SettingsView, Generic[T_co]):
     """Batches of a map-style (``__getitem__``) or iterable-style (``__iter__``) dataset.
 
     The arguments up to ``generator`` are PyTorch's, in its order and with its defaults, rules and
-    error types: ``batch_size=None`` turns batching off; ``sampler`` (any iterable of indices) and
+    error types, but one rule relaxed (``prefetch_factor`` and ``persistent_workers=True`` are accepted
+    with ``num_workers=0``, where they do nothing: a sweep over worker counts needs no special case for 0;
+    PyTorch raises ``ValueError``): ``batch_size=None`` turns batching off; ``sampler`` (any iterable of indices) and
     ``batch_sampler`` (any iterable of index lists) replace the loader's own order; ``generator`` (an
     int, a NumPy or a torch Generator) seeds the shuffle; ``timeout=0`` waits without limit;
     ``multiprocessing_context`` is a start method's name or a context. Beyond PyTorch: ``device``

@@ -21,6 +21,8 @@ def parse_size(text: str | int) -> int:
     Args:
         text: the size as written (a bare number is bytes), or already an int.
     """
+    if isinstance(text, bool):  # an int to Python, never a size: a flag passed where a size goes
+        raise ArgumentError(f"not a size: {text!r} (examples: 4096, 4KiB, 64M, 1GB)")
     if isinstance(text, int):
         value = text
     else:

@@ -92,6 +92,7 @@ def test_parse_size_good(text, expected):
 @pytest.mark.parametrize(("text", "match"), [
     ("foo", "not a size"), ("", "not a size"), ("4 XB", "not a size"), ("-4KiB", "not a size"),
     ("1.2.3", "not a size"), ("0", "positive"), ("0KiB", "positive"), (0, "positive"), (-5, "positive"),
+    (True, "not a size"), (False, "not a size"),
     ("0.1", r"^size must be at least 1 byte, got '0.1' \(0.1 bytes\)$"),
     ("0.5", r"^size must be at least 1 byte, got '0.5' \(0.5 bytes\)$"),
 ])
