@@ -24,16 +24,8 @@ Lifetime of what you get:
   imported torch gets tensors from the default collate for NumPy samples and numbers too, as torch's
   DataLoader gives; ``output=`` asks for one framework whatever the samples hold (``ring.frameworks``).
 
-Several ranks (torch.distributed, torchrun, Lightning, SLURM, MPI): each rank builds its own loader and takes
-its shard of every epoch (the class's "Distributed"; a group initialised after the loader was made is followed).
-``num_workers="auto"`` with nothing saved tunes online within the rank's share of the CPUs
-(``_options.auto_cpus``), and each rank takes its node's saved pick (``picks.pick.saved_pick``). Nothing at
-construction talks to other ranks.
-
-Worker start method (``multiprocessing_context=None``): ``forkserver`` where this process uses CUDA or a runtime
-whose threads a forked child cannot survive, else ``fork`` (the rules, and why: ``workers.start``). With
-forkserver or spawn the dataset and the callables are pickled to each worker (so defined at module level), their
-large arrays once (``workers.shared_pickle``).
+Several ranks: each rank's loader takes its shard of every epoch (the class's "Distributed"), and nothing at
+construction talks to other ranks (with ``num_workers="auto"``, see the class's docstring).
 """
 
 from __future__ import annotations
@@ -145,7 +137,9 @@ class DataLoader(SettingsView, Generic[T_co]):
         drop_last: leave out a last batch shorter than ``batch_size``.
         timeout: seconds each wait for a batch from the workers may take (0: no limit).
         worker_init_fn: called with the worker id in each worker before its first batch.
-        multiprocessing_context: the workers' start method ("fork", "forkserver", "spawn") or context.
+        multiprocessing_context: the workers' start method ("fork", "forkserver", "spawn") or context; None:
+            forkserver where this process uses CUDA or threads a forked child cannot survive, else fork
+            (``workers.start``). With forkserver or spawn the dataset and callables are pickled to each worker.
         generator: an int, a NumPy or a torch Generator: the seed drawn from it (instead of ``seed``).
         prefetch_factor: batches in flight per worker (default 2).
         persistent_workers: keep the workers (and the ring) from one epoch to the next.
