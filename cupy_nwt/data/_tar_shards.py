@@ -48,6 +48,18 @@ _log = logging.getLogger("cupy_nwt.data")
 _NUMBER_LIKE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 
 
+def class_directory(name: str) -> str | None:
+    """The class directory of member ``name`` (``<class>/<file>``, as both tar readers read it), or None for a
+    member outside any: the name normalised first, so ``./preview.png`` (``tar -C root -cf x.tar .`` writes
+    every name so) is the top-level file it is, not a member of a class ``"."``.
+
+    Args:
+        name: the member's name in the archive.
+    """
+    parts = posixpath.normpath(name.strip("/")).split("/")
+    return parts[-2] if len(parts) >= 2 and parts[-2] != ".." else None
+
+
 def integer_label(cls: str, shown: str) -> int | None:
     """The label a class directory names, shared by both tar readers so they agree on every shard:
     ASCII digits are the integer label itself (``"3"`` -> 3, what ``write_tar_shard`` writes), any
@@ -248,14 +260,14 @@ class TarImageDataset(ImageDataset):
                          if is_gzip(self.path) else self.path)
         names, offsets, sizes, parents = [], [], [], []
         for m in image_members(self.tar_path, self.path):
-            parts = m.name.strip("/").split("/")
-            if len(parts) < 2:
+            parent = class_directory(m.name)
+            if parent is None:
                 raise DataError(f"TarImageDataset: member {m.name!r} of {self.path} is not inside a "
                                  "class directory, so it has no label (expected <class>/<file>)")
             names.append(os.fsencode(m.name))
             offsets.append(m.offset)
             sizes.append(m.size)
-            parents.append(parts[-2])
+            parents.append(parent)
         if not names:
             raise ArgumentError(f"TarImageDataset: {self.path} holds no images ({', '.join(IMAGE_EXTENSIONS)})")
         first = dict(zip(reversed(parents), reversed(names)))  # each class directory's first member

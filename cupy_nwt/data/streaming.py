@@ -39,7 +39,7 @@ from ..ranks import rank_layout
 from ..system import cache_dir as default_cache_dir
 from ._images import Transform, transformed_image
 from ._stream_state import checked_positions, past_end
-from ._tar_shards import gunzip_cached, image_members, integer_label, is_gzip
+from ._tar_shards import class_directory, gunzip_cached, image_members, integer_label, is_gzip
 
 __all__ = ["ReaderSlot", "ShardedTarStream", "current_reader"]
 
@@ -177,11 +177,10 @@ class _ShardIndex:
 def _label(path: Path, name: str, classes: Mapping[str, int] | None) -> int:
     """The label of member ``<class>/<file>``: its place in ``classes``, else the directory read as
     ``TarImageDataset`` reads it (``integer_label``)."""
-    parts = name.strip("/").split("/")
-    if len(parts) < 2:
+    cls = class_directory(name)
+    if cls is None:
         raise DataError(f"{path} member {name!r} is not inside a class directory, so it has no label "
                         "(expected <class>/<file>)")
-    cls = parts[-2]
     if classes is not None and cls in classes:
         return classes[cls]
     label = integer_label(cls, f"{path} member {name!r}")

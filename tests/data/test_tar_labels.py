@@ -5,13 +5,15 @@ from __future__ import annotations
 import io
 import pickle
 import re
+import shutil
+import subprocess
 import tarfile
 
 import numpy as np
 import pytest
 
 from cupy_nwt import CupyNwtError
-from cupy_nwt.data import ShardedTarStream, TarImageDataset, encode_png, write_tar_shard
+from cupy_nwt.data import ImageFolder, ShardedTarStream, TarImageDataset, encode_png, write_tar_shard
 from cupy_nwt.errors import ArgumentError, DataError
 
 IMAGES = np.zeros((3, 4, 4, 3), np.uint8)
@@ -177,3 +179,33 @@ def test_a_dot_underscore_image_that_is_an_image_is_read(tmp_path):
     (tmp_path / "cat" / "._real.png").write_bytes(encode_png(IMAGES[0]))
     assert len(ImageFolder(tmp_path)) == 1
     assert len(TarImageDataset(_hand_made(tmp_path / "s.tar", ["cat"]))) == 1
+
+
+def _tar_of_folder(root, path, *names):
+    """``tar -C root -cf path NAMES`` as a user runs it (``.`` gives every member a ``./`` prefix)."""
+    if shutil.which("tar") is None:
+        pytest.skip("needs the tar command")
+    subprocess.run(["tar", "-C", str(root), "-cf", str(path), *names], check=True)
+    return path
+
+
+def test_a_folder_tarred_as_dot_labels_its_classes_as_the_folder_does(tmp_path):
+    """``./cat/1.png`` is class cat; a top-level ``./preview.png`` is refused as ``preview.png`` is, by both
+    readers, never taken as a class "." that would shift every label by one."""
+    root = tmp_path / "root"
+    for cls in ("cat", "dog"):
+        (root / cls).mkdir(parents=True)
+        (root / cls / "1.png").write_bytes(encode_png(IMAGES[0]))
+    dot = _tar_of_folder(root, tmp_path / "dot.tar", ".")
+    folder = ImageFolder(root)
+    assert TarImageDataset(dot).classes == folder.classes == ["cat", "dog"]
+    stream = ShardedTarStream([dot], shuffle=False, classes=["cat", "dog"], rank=0, world_size=1)
+    assert sorted(label for _, label in stream) == [0, 1]
+    (root / "preview.png").write_bytes(encode_png(IMAGES[0]))
+    dot = _tar_of_folder(root, tmp_path / "dot2.tar", ".")
+    plain = _tar_of_folder(root, tmp_path / "plain.tar", "cat", "dog", "preview.png")
+    for archive in (dot, plain):
+        with pytest.raises(DataError, match=r"member '(\./)?preview\.png' of .* is not inside a class directory"):
+            TarImageDataset(archive)
+        with pytest.raises(DataError, match=r"member '(\./)?preview\.png' is not inside a class directory"):
+            list(ShardedTarStream([archive], shuffle=False, classes=["cat", "dog"], rank=0, world_size=1))
