@@ -65,6 +65,8 @@ def atomic_open(path: str | os.PathLike[str], name: str = "path") -> Iterator[IO
             break
         except FileExistsError:
             continue
+        except OSError as exc:  # what ``check_writable`` could not foresee: said of the path, not of a temp name
+            raise type(exc)(exc.errno, exc.strerror, os.fspath(path)) from None
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -95,8 +97,8 @@ def same_file(a: str | os.PathLike[str], b: str | os.PathLike[str]) -> bool:
 def check_writable(path: str | os.PathLike[str], name: str, *, folder: bool = False) -> None:
     """Fail before a long run, not after it, when ``path`` (a file, or with ``folder`` a folder) cannot be
     written: it is the other kind, or its nearest existing parent is a file or not writable. One-line
-    ``ArgumentError`` starting with ``name`` (the option or argument). Only checks: nothing is created here,
-    so a command that then fails leaves no folder behind; the writers create missing folders when they write.
+    ``ArgumentError`` starting with ``name`` (the option or argument). Only checks: nothing is left here (a
+    folder made and removed at once tells a read-only mount), so a command that then fails leaves no folder behind; the writers create missing folders when they write.
     """
     target = Path(path)
     if folder and target.exists() and not target.is_dir():
@@ -109,7 +111,8 @@ def check_writable(path: str | os.PathLike[str], name: str, *, folder: bool = Fa
         return
     if target.is_symlink():
         target = Path(os.path.realpath(target))
-    _, why = writable_base(target.absolute().parent)
+    within = folder and target.is_dir() and os.path.ismount(target)  # a mount point is filled in place
+    _, why = writable_base(target.absolute() if within else target.absolute().parent)
     if why is not None:
         raise ArgumentError(f"{name} {path}: {why}")
 
@@ -124,6 +127,10 @@ def writable_base(path: Path) -> tuple[Path, str | None]:
         return existing, f"{existing} is a file, not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
         return existing, f"{existing} is not writable"
+    try:  # what permissions cannot tell: a read-only mount or /proc, even to root
+        fresh_folder(existing, ".cupy-nwt-probe-").rmdir()
+    except OSError as exc:
+        return existing, f"nothing can be made in {existing} ({exc.strerror or exc})"
     return existing, None
 
 
@@ -136,8 +143,15 @@ def atomic_folder(path: str | os.PathLike[str], name: str = "path") -> Iterator[
     is atomic), which then takes its place; an old folder there is moved aside first and removed
     after. A failed or interrupted block leaves the old folder (or nothing): no staging folder, and
     none of the missing parent folders it made. The folder's mode is what the umask gives.
+
+    A mount point (a container's volume, ``-v $PWD/out:/out``) cannot be renamed: there the staging folder
+    is made inside it and its entries take the place of the old ones, one rename each, at the end.
     """
     target = Path(path)
+    if target.is_dir() and os.path.ismount(target):
+        with _folder_in_place(target, name) as stage:
+            yield stage
+        return
     made = []
     parent = target.absolute().parent
     while not parent.exists():
@@ -172,6 +186,42 @@ def atomic_folder(path: str | os.PathLike[str], name: str = "path") -> Iterator[
         raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def _folder_in_place(target: Path, name: str) -> Iterator[Path]:
+    """``atomic_folder`` for a folder that cannot be renamed: staged inside it, its old entries moved aside (inside
+    it too) and the new ones renamed in at the end; a failed block, or a failed swap, leaves the old entries."""
+    try:
+        stage = fresh_folder(target, ".", ".tmp")
+    except OSError as exc:
+        raise ArgumentError(f"{name} {target}: cannot make a folder in it ({exc.strerror or exc})") from None
+    try:
+        yield stage
+        old = fresh_folder(target, ".", ".old")
+        try:
+            for entry in sorted(set(os.listdir(target)) - {stage.name, old.name}):
+                os.rename(target / entry, old / entry)
+            for entry in sorted(os.listdir(stage)):
+                os.rename(stage / entry, target / entry)
+            fsync_dir(target)
+        except BaseException:
+            for entry in sorted(set(os.listdir(target)) - {stage.name, old.name}):
+                _remove(target / entry)
+            for entry in sorted(os.listdir(old)):
+                os.rename(old / entry, target / entry)
+            old.rmdir()
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def _new_beside(target: Path, kind: str) -> Path:

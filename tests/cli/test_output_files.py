@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -92,6 +93,22 @@ def test_output_in_a_read_only_folder_is_refused(tmp_path, capsys):
         assert _tree(tmp_path) == ["ro"]
     finally:
         ro.chmod(0o755)
+
+
+@pytest.mark.parametrize("option", ["--output", "--plot"])
+def test_output_where_nothing_can_be_made_even_by_root_is_refused_before_the_run(option, tmp_path, capsys):
+    """/proc (a read-only mount alike) passes a permission check as root: the file was refused only after
+    the run, in a message naming a temporary file."""
+    if not Path("/proc/self").is_dir():
+        pytest.skip("needs Linux's /proc")
+    target = f"/proc/nwt-{tmp_path.name}.{'png' if option == '--plot' else 'json'}"
+    argv = ["stats", "--device", "cpu", "--synthetic-n", "64", "--batches", "2", "--no-progress", option, target]
+    assert cli.main(argv) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{option} {target}: nothing can be made in /proc" in err and ".tmp" not in err
+    with pytest.raises(OSError, match=rf"No such file or directory: '{target}'$"):
+        with atomic_open(target, option) as f:
+            f.write(b"x")
 
 
 # ------------------------------------------------------------- modes and atomic writes

@@ -162,7 +162,7 @@ def test_an_out_folder_the_system_will_not_make_names_the_option_not_a_temporary
     ``.x.<hex>.tmp`` folder; it names ``--out`` and where."""
     assert cli.main(["reproduce", "--out", "/proc/cupy_nwt_out"]) == cli.EXIT_USAGE
     line = _one_line(capsys)
-    assert "--out /proc/cupy_nwt_out: cannot make a folder in /proc" in line and ".tmp" not in line
+    assert "--out /proc/cupy_nwt_out: nothing can be made in /proc" in line and ".tmp" not in line
 
 
 def test_an_image_folder_with_an_empty_class_is_bad_input_said_without_a_python_only_remedy(tmp_path, capsys):

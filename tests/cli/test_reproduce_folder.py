@@ -4,6 +4,9 @@ interrupted run leaves the old report (or nothing), and a new one replaces the o
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
 
 import pytest
 
@@ -135,3 +138,54 @@ def test_a_picks_folder_that_cannot_be_written_fails_before_any_work(tmp_path, f
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"the cache folder {cache} (CUPY_NWT_CACHE_DIR) cannot hold the saved picks" in err
     assert _beside(tmp_path) == [] and fake.calls == 0
+
+
+@pytest.fixture
+def mount_point(tmp_path):
+    """An empty tmpfs mounted at ``tmp_path/out``, as a container's volume (``-v $PWD/out:/out``) is."""
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a folder needs root and mount")
+    where = tmp_path / "out"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(where)], capture_output=True).returncode != 0:
+        pytest.skip("this machine does not let a tmpfs be mounted here")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_mount_point_takes_the_report_and_a_new_one_replaces_it(mount_point, fake, capsys):
+    """A mount point cannot be renamed: the report was made, then lost with 'Device or resource busy'."""
+    assert cli.main(["reproduce", "--out", str(mount_point), *QUICK]) == 0
+    first = sorted(p.name for p in mount_point.iterdir())
+    assert "report.json" in first and not [n for n in first if n.startswith(".")]
+    (mount_point / "tune-paper.png").unlink(missing_ok=True)
+    assert cli.main(["reproduce", "--out", str(mount_point), *QUICK]) == 0
+    again = sorted(p.name for p in mount_point.iterdir())
+    assert again == first and os.path.ismount(mount_point)
+    capsys.readouterr()
+
+
+def test_an_interrupted_run_into_a_mount_point_leaves_the_old_report(mount_point, fake, capsys):
+    assert cli.main(["reproduce", "--out", str(mount_point), *QUICK]) == 0
+    before = {p.name: p.read_bytes() for p in mount_point.iterdir()}
+    fake.fail_after = fake.calls + 4
+    assert cli.main(["reproduce", "--out", str(mount_point), *QUICK]) == cli.EXIT_INTERRUPTED
+    assert {p.name: p.read_bytes() for p in mount_point.iterdir()} == before
+    capsys.readouterr()
+
+
+def test_a_read_only_mount_point_is_refused_before_any_work(tmp_path, fake, capsys):
+    if os.geteuid() != 0 or shutil.which("mount") is None:
+        pytest.skip("mounting a folder needs root and mount")
+    where = tmp_path / "ro"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(where)], capture_output=True).returncode:
+        pytest.skip("this machine does not let a tmpfs be mounted here")
+    try:
+        assert cli.main(["reproduce", "--out", str(where), *QUICK]) == cli.EXIT_USAGE
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"--out {where}: {where} is not writable" in err and fake.calls == 0
