@@ -202,3 +202,65 @@ def test_with_sigchld_ignored_the_workers_that_stopped_are_not_signalled(tmp_pat
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "epochs [10, 10, 10] signals sent 0" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_with_sigchld_ignored_a_worker_that_dies_is_reported_at_once(tmp_path, method):
+    """``waitpid`` cannot see the end of a child the system reaped: the loader took the dead worker for a slow
+    one and spun forever (fork), or said it could not reach it (spawn). torch: "exited unexpectedly"."""
+    done = run_script(tmp_path, f"""
+        import signal
+        import time
+
+
+        class Killer(Data):
+            def __getitem__(self, i):
+                if i == 13:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return super().__getitem__(i)
+
+
+        if __name__ == "__main__":
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+            loader = DataLoader(Killer(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="{method}")
+            try:
+                list(loader)
+            except Exception as exc:
+                print("raised", type(exc).__name__, exc, flush=True)
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "raised WorkerDiedError" in done.stdout and "loader worker 1 (pid" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_helper_a_worker_forked_does_not_hold_up_the_end_of_each_epoch(tmp_path):
+    """The helper holds the worker's sentinel and pipes open past the worker's end: each epoch's end waited
+    out the whole grace period (1 s), then signalled the ended workers. ``waitpid`` tells their end."""
+    done = run_script(tmp_path, """
+        import time
+
+        sent = []
+        real_kill = os.kill
+
+
+        def kill(pid, sig):
+            sent.append(sig)
+            real_kill(pid, sig)
+
+
+        def start_a_helper(worker_id):
+            if os.fork() == 0:
+                quiet = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(quiet, 1)
+                os.dup2(quiet, 2)
+                time.sleep(5)
+                os._exit(0)
+
+
+        if __name__ == "__main__":
+            loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", worker_init_fn=start_a_helper,
+                                multiprocessing_context="fork")
+            os.kill = kill
+            print("epochs", [len(firsts(loader)) for _ in range(3)], "signals sent", len(sent), flush=True)
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "epochs [10, 10, 10] signals sent 0" in done.stdout, done.stdout + done.stderr

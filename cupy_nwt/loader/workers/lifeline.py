@@ -63,9 +63,13 @@ os.register_at_fork(after_in_child=_forget_the_parents_workers)
 
 
 def ended(process: Any) -> bool:
-    """Whether a worker process has ended, told by its sentinel (closed as it exits): ``is_alive()`` asks
-    ``waitpid``, which cannot answer for a child the system reaped itself (the program set SIGCHLD to SIG_IGN)."""
-    return bool(wait_ready([process.sentinel], 0))
+    """Whether a worker process has ended: ``waitpid`` (``is_alive()``) where it can answer, else its sentinel.
+
+    ``waitpid`` cannot answer for a child the system reaped itself (the program set SIGCHLD to SIG_IGN): its
+    sentinel, closed as it exits, tells. The sentinel alone cannot: a process the worker started (a helper
+    forked in ``worker_init_fn``) holds it open past the worker's end.
+    """
+    return not process.is_alive() or bool(wait_ready([process.sentinel], 0))
 
 
 def track(pool: Killable) -> None:

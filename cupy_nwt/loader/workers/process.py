@@ -80,6 +80,7 @@ from .start import (
 from .torch_workers import PIPE_WALK_LOCK
 
 UNREACHABLE_WAIT_S = 10.0  # how long a worker behind a broken pipe may take to be known dead
+DRAIN_SLICE_MS = 20  # the longest a shutdown waits before looking at the workers again (``_drain``)
 
 
 @dataclass
@@ -233,7 +234,7 @@ class WorkerPool(Dispatch):
     # -- tasks and results
 
     def pids(self) -> list[int]:
-        return [w.process.pid for w in self._workers if w.process.is_alive()]
+        return [w.process.pid for w in self._workers if not lifeline.ended(w.process)]
 
     def worker_label(self, worker_id: int) -> str:
         return f"loader worker {worker_id} (pid {self._workers[worker_id].process.pid})"
@@ -327,7 +328,7 @@ class WorkerPool(Dispatch):
 
     def _raise_if_dead(self, timeout: float) -> None:
         for w in self._workers:
-            if w.process.is_alive():
+            if not lifeline.ended(w.process):
                 continue
             w.process.join(timeout if timeout > 0 else 1.0)  # reap it so the exit code is known
             self._raise_init_error(w)
@@ -397,10 +398,11 @@ class WorkerPool(Dispatch):
 
     def _drain(self, deadline: float) -> None:
         """Wait for the workers to exit, reading away what they still send: a worker blocked writing a
-        batch larger than the pipe holds would otherwise never read its ``Stop``."""
+        batch larger than the pipe holds would otherwise never read its ``Stop``. Each wait is short: a process a
+        worker started (a helper forked in ``worker_init_fn``) holds its sentinel and pipes open past its end."""
         exits = {w.process.sentinel: w for w in self._workers}
         while not all(lifeline.ended(w.process) for w in self._workers) and (left := deadline - time.monotonic()) > 0:
-            for fd, _ in self._waits.poll(math.ceil(left * 1000)):
+            for fd, _ in self._waits.poll(min(math.ceil(left * 1000), DRAIN_SLICE_MS)):
                 if fd in exits:  # that worker closed its end as it exited: reap it, it may not be a zombie yet
                     self._waits.unregister(fd)
                     exits[fd].process.join(max(0.0, deadline - time.monotonic()))

@@ -293,6 +293,9 @@ def death_error(worker_id: int, pid: int | None, code: int | None, method: str) 
             how = f"was killed by signal {-code}"
         torch_says = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(-code) or -code}. "
         hint = " (SIGKILL often means the kernel's out-of-memory killer)" if code == -signal.SIGKILL else ""
+    elif code is None:  # reaped by the system: this process ignores SIGCHLD, so waitpid cannot tell the code
+        how, hint = "exited unexpectedly", " (its exit code is unknown: this process ignores SIGCHLD)"
+        torch_says = f"DataLoader worker (pid {pid}) exited unexpectedly. "
     else:
         how, hint = f"exited unexpectedly with exit code {code}", exit_hint(method, code)
         torch_says = f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {code}. "
