@@ -8,6 +8,7 @@ two never read one pipe, nor run one epoch's generator, at once. Nothing is left
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -282,3 +283,36 @@ def test_a_close_from_a_timer_thread_while_the_loop_drops_its_iterator_returns_q
         assert not timer.is_alive() and raised == [], raised
         assert wait_gone([p for p in pids if p != os.getpid()]) == []
         assert not live_segments()
+
+
+@pytest.mark.parametrize("kind", ["fork", "thread"])
+def test_an_iterators_close_from_another_thread_waits_for_the_batch_under_way_then_ends_the_epoch(kind):
+    """``it.close()`` while a reading thread is inside ``next()``: it raised ``ValueError: generator already
+    executing``, ended nothing, and the reader went on to the end of the epoch."""
+    options = {"worker_type": "thread"} if kind == "thread" else {"multiprocessing_context": kind}
+    loader = DataLoader(Slow(), batch_size=4, num_workers=2, device="cpu", **options)
+    it = iter(loader)
+    got: list[np.ndarray] = []
+    reader = threading.Thread(target=lambda: got.extend(it))
+    reader.start()
+    time.sleep(0.2)
+    it.close()
+    reader.join(WAIT_S)
+    assert not reader.is_alive() and 0 < len(got) < 100
+    assert [int(b[0, 0]) for b in got] == list(range(0, 4 * len(got), 4))
+    assert loader.worker_pids() == [] and not live_segments()
+    loader.close()
+
+
+def test_an_iterators_close_from_a_signal_handler_on_the_reading_thread_ends_the_epoch_as_next_returns():
+    loader = DataLoader(Slow(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="fork")
+    it = iter(loader)
+    signal.signal(signal.SIGALRM, lambda *_: it.close())
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        got = list(it)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    assert 0 < len(got) < 100 and loader.worker_pids() == [] and not live_segments()
+    loader.close()

@@ -114,6 +114,8 @@ class Epoch(Iterator[T_co]):
         self.early = False  # begun by a state_dict() before its first next()
         self._ended_by: str | None = None  # the error that ended the steps mid-epoch (a signal handler's, say)
         self._turn = threading.Lock()  # one next() at a time: several threads may share one iterator
+        self._reader: int | None = None  # the thread inside next() now, holding ``_turn``
+        self._close_on_leave = False  # a close asked for by the reader's own thread (a signal handler) inside next()
         # one end at a time: a loader's close (another thread's) and the reader dropping this iterator may meet
         self._ending = threading.RLock()
         self._pid = os.getpid()  # a forked child holds a copy, whose workers and ring are this process's
@@ -184,7 +186,7 @@ class Epoch(Iterator[T_co]):
             raise LoaderError(f"this iterator belongs to process {self._pid}, whose workers and ring it reads; a "
                               "forked process makes its own: iter(loader) there")
         try:
-            with self._runtime.gate, self._turn:  # a close from another thread waits for this call to leave
+            with self._runtime.gate, self._turn, self._reading():  # a close from another thread waits for this call to leave
                 self.begin()
                 assert self._steps is not None
                 st = self._state
@@ -223,16 +225,40 @@ class Epoch(Iterator[T_co]):
             park_if_exiting()  # hung up by the close at exit: a daemon thread, frozen with the interpreter
             raise
 
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Inside ``next()`` (``_turn`` held): a close the reading thread itself asks for runs as it leaves."""
+        self._reader = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._reader = None
+            if self._close_on_leave and self._steps is not None:
+                self._close_on_leave = False
+                with self._ending:
+                    self._steps.close()
+
     def __len__(self) -> int:
         return self._options.sampling.length(self._options.dataset)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         """End this epoch now: its workers stop (unless persistent) and its slots are given back. From
-        any thread: an end already under way in another one is waited for, not begun twice. In a process
+        any thread: a ``next()`` under way in another one returns its batch first (with ``wait=False`` the
+        epoch is then left open), and an end already under way is waited for, not begun twice. Asked for
+        inside ``next()`` on its own thread (a signal handler), it ends as that call leaves. In a process
         forked from the one that made it, nothing: the workers and the ring are still that one's."""
-        if self._steps is not None and self._pid == os.getpid():
-            with self._ending:
+        if self._steps is None or self._pid != os.getpid():
+            return
+        with self._ending:
+            if self._reader == threading.get_ident():
+                self._close_on_leave = True
+                return
+            if not self._turn.acquire(blocking=wait):
+                return
+            try:
                 self._steps.close()
+            finally:
+                self._turn.release()
 
     def __del__(self, getpid: Callable[[], int] = os.getpid) -> None:  # bound now: at teardown ``os`` may be gone
         steps = getattr(self, "_steps", None)  # absent when __init__ failed
@@ -254,8 +280,7 @@ def end_at_exit() -> None:
     clean-up met names already cleared and printed a traceback. Run before the runtimes' close
     (``cupy_nwt._exit``); an epoch another thread is inside is left to that."""
     for epoch in list(_live):
-        with contextlib.suppress(ValueError):  # "generator already executing": another thread's next()
-            epoch.close()
+        epoch.close(wait=False)
 
 
 def length_warning(dataset: Any, reported: int, fetched: int, workers: int) -> str:
