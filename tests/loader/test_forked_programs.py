@@ -146,11 +146,17 @@ def test_a_variable_the_script_sets_after_making_a_forkserver_loader_reaches_its
     the first ``iter()``. Workers get the script's environment as they start, as under fork and spawn."""
     done = run_script(tmp_path, """
         class Env:
+            def __getstate__(self):
+                return {}
+
+            def __setstate__(self, state):  # as the worker unpickles it: the root read then, as torch gives it
+                self.late = os.environ.get("NWT_LATE") == "set"
+
             def __len__(self):
                 return 4
 
             def __getitem__(self, i):
-                return np.array([os.environ.get("NWT_LATE") == "set", "NWT_GONE" in os.environ], np.int64)
+                return np.array([os.environ.get("NWT_LATE") == "set", "NWT_GONE" in os.environ, self.late], np.int64)
 
 
         if __name__ == "__main__":
@@ -161,7 +167,7 @@ def test_a_variable_the_script_sets_after_making_a_forkserver_loader_reaches_its
             print("seen", sorted({tuple(int(v) for v in row) for b in loader for row in np.asarray(b)}), flush=True)
     """)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "seen [(1, 0)]" in done.stdout, done.stdout + done.stderr
+    assert "seen [(1, 0, 1)]" in done.stdout, done.stdout + done.stderr
 
 
 def test_a_child_forked_after_a_forkserver_loader_was_made_starts_workers_of_its_own(tmp_path):

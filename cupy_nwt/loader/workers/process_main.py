@@ -17,7 +17,7 @@ import signal
 import socket
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -61,6 +61,34 @@ class WorkerSpec:
     # the parent's environment as the worker starts, where it does not inherit it then: forkserver's server
     # (started with the loader) holds the one of that moment, and a variable set since must reach the worker
     environ: dict[str, str] | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled (forkserver, spawn) with the environment first: set in the worker as it is unpickled, before
+        the dataset is, whose ``__setstate__`` may read it."""
+        values = [getattr(self, f.name) for f in fields(self) if f.name != "environ"]
+        return (_spec_of, (_Environ(self.environ), *values))
+
+
+class _Environ:
+    """An environment that, unpickled, becomes this process's (``WorkerSpec.__reduce__``)."""
+
+    def __init__(self, environ: dict[str, str] | None) -> None:
+        self.environ = environ
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_applied, (self.environ,))
+
+
+def _applied(environ: dict[str, str] | None) -> dict[str, str] | None:
+    if environ is not None:
+        os.environ.clear()
+        os.environ.update(environ)
+    return environ
+
+
+def _spec_of(environ: dict[str, str] | None, *values: Any) -> WorkerSpec:
+    names = [f.name for f in fields(WorkerSpec) if f.name != "environ"]
+    return WorkerSpec(**dict(zip(names, values, strict=True)), environ=environ)
 
 
 class _PipeChannel:
@@ -136,9 +164,6 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, spill:
     arrays of a batch that does not go into the ring leave through ``spill`` (``pipes``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the main process's handler (``lifeline``), if forked
-    if spec.environ is not None:
-        os.environ.clear()
-        os.environ.update(spec.environ)
     watch = ParentWatch()
     watch.start_watchdog()
     # What the worker inherited (a forked parent's heap: the dataset, and everything else the parent
