@@ -42,7 +42,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command is None:
-        parser.short_help(COMMANDS)
+        try:
+            parser.short_help(COMMANDS)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            _quiet_stdout()
+            return EXIT_PIPE
+        except OSError as exc:  # a full disk or /dev/full
+            _quiet_stdout()
+            print(f"{parser.prog}: cannot write the help: {exc.strerror or exc}", file=sys.stderr)
+            return EXIT_FAILED
         return EXIT_USAGE
     if extra:
         prog = f"{parser.prog} {args.command}"

@@ -147,14 +147,26 @@ def test_a_warning_is_one_line_named_by_the_command(tmp_path, capsys):
     assert warned and all(line.startswith("cupy-nwt stats: warning: ") for line in warned)
 
 
-def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path):
-    """``cupy-nwt info | head -1``: the pipe closes under the command, which stops without a word."""
+@pytest.mark.parametrize("argv", [["info"], []], ids=["info", "no-command"])
+def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path, argv):
+    """``cupy-nwt info | head -1``: the pipe closes under the command, which stops without a word (with no
+    command, its short help printed a traceback)."""
     read, write = os.pipe()
     os.close(read)
     with os.fdopen(write, "w") as closed:
-        done = subprocess.run([sys.executable, "-m", "cupy_nwt", "info"], stdout=closed, stderr=subprocess.PIPE,
+        done = subprocess.run([sys.executable, "-m", "cupy_nwt", *argv], stdout=closed, stderr=subprocess.PIPE,
                               text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=120)
     assert (done.returncode, done.stderr) == (cli.EXIT_PIPE, "")
+
+
+def test_the_short_help_to_a_full_disk_is_one_line(tmp_path):
+    if not Path("/dev/full").exists():
+        pytest.skip("needs /dev/full")
+    with open("/dev/full", "w") as full:
+        done = subprocess.run([sys.executable, "-m", "cupy_nwt"], stdout=full, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, cwd=tmp_path, timeout=120)
+    assert done.returncode == cli.EXIT_FAILED
+    assert done.stderr == "cupy-nwt: cannot write the help: No space left on device\n", done.stderr
 
 
 def test_an_out_folder_the_system_will_not_make_names_the_option_not_a_temporary_file(capsys, no_work):
