@@ -112,7 +112,7 @@ def _in(name: str, *rooms: str) -> bool:
 # rank layout, the one gateway to CUDA, the reporting API); the picks are what a tuning found and where it is
 # kept, which the loader reads and saves and the search writes; the commands and the pytest plugin are the top.
 FLOORS = [
-    ("base", ("errors", "_checks", "_files", "_lazy", "_exit", "_background", "_fork_safe_lock", "_driver", "_pcie", "system", "ranks", "cuda", "_worker_info",
+    ("base", ("errors", "_checks", "_files", "_lazy", "_exit", "_interrupts", "_background", "_fork_safe_lock", "_driver", "_pcie", "system", "ranks", "cuda", "_worker_info",
               "_mapped_files", "reporting")),
     ("data", ("data",)),
     ("picks", ("picks",)),
@@ -243,7 +243,7 @@ def test_nothing_but_the_entry_point_imports_the_commands():
 # what may sit at the package's top level: the gateway to CUDA, the errors, and the small shared pieces that
 # several rooms use (argument checks, the one atomic file writer, the packages' names loaded on first use, the rank layout, host facts, the worker info, the locks a fork frees,
 # the loaders' exit function)
-TOP_LEVEL = {"cupy_nwt", "cupy_nwt.__main__", "cupy_nwt._exit", "cupy_nwt._background", "cupy_nwt._fork_safe_lock", "cupy_nwt._checks", "cupy_nwt._driver", "cupy_nwt._files", "cupy_nwt._lazy", "cupy_nwt._pcie",
+TOP_LEVEL = {"cupy_nwt", "cupy_nwt.__main__", "cupy_nwt._exit", "cupy_nwt._interrupts", "cupy_nwt._background", "cupy_nwt._fork_safe_lock", "cupy_nwt._checks", "cupy_nwt._driver", "cupy_nwt._files", "cupy_nwt._lazy", "cupy_nwt._pcie",
              "cupy_nwt._worker_info", "cupy_nwt._mapped_files",
              "cupy_nwt.cuda", "cupy_nwt.errors", "cupy_nwt.ranks", "cupy_nwt.system"}
 

@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from .._interrupts import ctrl_c_held
 from ._jit import nogil_kernel
 
 PRECISION_BITS = 32 - 8 - 2  # Pillow's: the weights' fraction bits, the literal 1 << 22 (and its half) below
@@ -144,7 +145,8 @@ def _load_kernel() -> None:
         _resize_normalize.compile((src, *box, f32, f32, nt.Array(nt.float32, 3, "C")))
 
 
-_load_kernel()
+with ctrl_c_held():  # a Ctrl-C inside Numba's compiler callbacks would be lost (``_interrupts``)
+    _load_kernel()
 
 
 def resize_box(src: np.ndarray, box: tuple[float, float, float, float], out_h: int, out_w: int,

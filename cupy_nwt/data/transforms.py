@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._checks import check_callable, check_int
+from .._interrupts import ctrl_c_held
 from ..errors import ArgumentError, ArgumentTypeError
 from ._jit import nogil_kernel
 from ._process_rng import ProcessRng
@@ -242,7 +243,8 @@ def _load_kernel() -> None:
     _normalize_to_chw.compile((arr(nt.uint8, 4), arr(nt.float32, 1), arr(nt.float32, 1), arr(nt.float32, 4)))
 
 
-_load_kernel()
+with ctrl_c_held():  # a Ctrl-C inside Numba's compiler callbacks would be lost (``_interrupts``)
+    _load_kernel()
 
 
 def crop_flip_normalize(images: np.ndarray, oy: np.ndarray, ox: np.ndarray, flip: np.ndarray, *,

@@ -39,6 +39,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any
 
+from ..._interrupts import ctrl_c_held
 from ..._worker_info import worker_seed
 from ...data.contract import pickling_advice
 from ...errors import LoaderError
@@ -164,7 +165,7 @@ class WorkerPool(Dispatch):
             ends += (spill_r, spill_w)
             proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w, spill_w), name=f"{lifeline.WORKER_NAME}{w}",
                                daemon=True)
-            with PIPE_WALK_LOCK:  # pickled (spawn, forkserver) or forked with torch's pipe hooks unset
+            with PIPE_WALK_LOCK, ctrl_c_held():  # pickled (spawn, forkserver) or forked with torch's pipe hooks unset
                 proc.start()
         except (pickle.PicklingError, AttributeError, TypeError, ConnectionError, OSError) as exc:
             for c in ends:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._interrupts import release_in_child
 from ..._worker_info import WorkerInfo, enter_process
 from ...errors import LoaderError
 from ..ring.memory import RingFile
@@ -163,6 +164,7 @@ def worker_main(spec: WorkerSpec, tasks: Connection, results: Connection, spill:
     """A worker process: serve tasks until told to ``Stop``, the task pipe closes or the parent dies; large
     arrays of a batch that does not go into the ring leave through ``spill`` (``pipes``)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the main process's to handle
+    release_in_child()  # blocked across the start (``_interrupts``): a Ctrl-C sent meanwhile is ignored now
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the main process's handler (``lifeline``), if forked
     watch = ParentWatch()
     watch.start_watchdog()
