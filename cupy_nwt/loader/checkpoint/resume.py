@@ -95,7 +95,7 @@ def make_plan(options: Options, epoch: int, start: Mapping[str, Any] | None) -> 
         plan, sampler_state = _user_sampler_plan(options, epoch, start)
     else:
         first = int(start["next_task"]) if start is not None else 0
-        plan = _StreamRest(s.seed, epoch, s.rank, s.world_size, first)
+        plan = _StreamRest(s.seed, epoch, s.rank, s.world_size, seeded=options.batch_transform is not None, first=first)
     return plan, sampler_state
 
 
@@ -123,7 +123,7 @@ def _user_sampler_plan(options: Options, epoch: int, start: Mapping[str, Any] | 
         owner.set_epoch(saved_epoch)
     draws = Draws(sampler, s.batch_sampler is None, s.batch_size, s.drop_last, first, position, fresh_start,
                   _keep(options), randomness)
-    return UserSamplerPlan(draws, s.seed, epoch, s.rank, s.world_size, done,
+    return UserSamplerPlan(draws, s.seed, epoch, s.rank, s.world_size, seeded=options.batch_transform is not None, done=done,
                            sampler_epoch=owner.epoch if owner is not None else None), began
 
 

@@ -236,4 +236,4 @@ class UserSamplerPlan(SamplerPlan):
         for b, keys in enumerate(self.draws, self.draws.first):
             if b not in self.done:
                 self.ids.append(b)
-                yield len(self.ids) - 1, as_keys(keys), self.transform_seed(b)
+                yield len(self.ids) - 1, as_keys(keys), self.task_seed(b)

@@ -164,12 +164,18 @@ class SamplerBatches:
 class _GlobalBatchSeeds:
     """The batch transform's seed for batch ``b`` of a plan: keyed by the global batch
     ``b * world_size + rank``, so ranks augment differently and a single process's batch b is keyed by b.
-    Shared by every kind of plan; the fields are each plan's own."""
+    Shared by every kind of plan; the fields are each plan's own. ``seeded=False`` (no batch transform to
+    take it) gives every task the seed 0: deriving one costs more than handing over a small batch."""
 
     seed: int
     epoch: int
     rank: int
     world_size: int
+    seeded: bool
+
+    def task_seed(self, b: int) -> int:
+        """Task ``b``'s seed as its task carries it: ``transform_seed``, or 0 where no transform takes it."""
+        return self.transform_seed(b) if self.seeded else 0
 
     def transform_seed(self, b: int) -> int:
         return batch_seed(self.seed, self.epoch, b * self.world_size + self.rank)
@@ -191,6 +197,7 @@ class EpochPlan(_GlobalBatchSeeds):
     epoch: int = 0
     rank: int = 0
     world_size: int = 1
+    seeded: bool = True
 
     def __len__(self) -> int:
         return self.batches
@@ -207,7 +214,7 @@ class EpochPlan(_GlobalBatchSeeds):
 
     def tasks(self) -> Iterator[PlanTask]:
         for b in range(self.batches):
-            yield b, self.indices(b), self.transform_seed(b)
+            yield b, self.indices(b), self.task_seed(b)
 
 
 # (batch index, its samples' keys or None, transform seed). Keys are an int64 array (the loader's own
@@ -230,12 +237,13 @@ class SamplerPlan(_GlobalBatchSeeds):
     epoch: int = 0
     rank: int = 0
     world_size: int = 1
+    seeded: bool = True
 
     stream = False
 
     def tasks(self) -> Iterator[PlanTask]:
         for b, keys in enumerate(self.batches):
-            yield b, as_keys(keys), self.transform_seed(b)
+            yield b, as_keys(keys), self.task_seed(b)
 
 
 def as_keys(keys: Any) -> np.ndarray | Sequence[Any]:
@@ -255,13 +263,14 @@ class StreamPlan(_GlobalBatchSeeds):
     epoch: int = 0
     rank: int = 0
     world_size: int = 1
+    seeded: bool = True
 
     stream = True
 
     def tasks(self) -> Iterator[PlanTask]:
         b = 0
         while True:
-            yield b, None, self.transform_seed(b)
+            yield b, None, self.task_seed(b)
             b += 1
 
 
