@@ -11,6 +11,7 @@ never a silent upcast.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from operator import attrgetter
 from typing import Any
@@ -197,9 +198,27 @@ def _collate_columns(samples: Sequence[Any], treedef: Treedef, out: Sequence[np.
         elif dst.ndim == 1 and (_SCALAR_DTYPES.get(t) == dst.dtype
                                 or (issubclass(t, np.generic) and np.dtype(t) == dst.dtype)):
             dst[:] = col
+        elif framework_of(col[0]) == "torch":
+            if not _stack_tensors(col, dst):
+                return None
         else:
             return None
     return objects
+
+
+def _stack_tensors(col: list[Any], dst: np.ndarray) -> bool:
+    """A torch dataset's tensors stacked straight into ``dst`` by torch, as its own collate stacks them (one call
+    for the column). False for anything torch refuses there (another dtype or shape, a GPU tensor, one that
+    requires grad, a dtype NumPy lacks): the rows path then takes each sample and names the one at fault."""
+    torch = sys.modules["torch"]
+    try:
+        out = torch.from_numpy(dst)
+        if set(map(_dtype, col)) != {out.dtype} or set(map(_shape, col)) != {out.shape[1:]}:
+            return False  # torch.stack would cast into ``out``: a sample of another dtype is an error, never cast
+        torch.stack(col, out=out)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    return True
 
 
 def _collate_rows(samples: Sequence[Any], indices: Indices, treedef: Treedef, out: Sequence[np.ndarray]) -> list[list[Any]]:

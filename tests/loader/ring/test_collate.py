@@ -198,3 +198,31 @@ def test_a_labelled_pandas_field_is_refused_as_torch_refuses_it(num_workers):
     pytest.importorskip("pandas")
     with pytest.raises(BatchLayoutError, match=r"sample index 0: a Series field is labelled \(pandas\)"):
         next(iter(DataLoader(SeriesRows(), batch_size=4, num_workers=num_workers, device="cpu")))
+
+
+def test_a_torch_dataset_s_tensors_are_stacked_and_one_of_another_dtype_or_shape_is_named():
+    """A torch dataset unchanged (a tensor and a 0-d label per sample) is stacked by torch into the batch's
+    memory; a tensor of another dtype is an error naming its sample, never cast into the first's dtype."""
+    torch = pytest.importorskip("torch", reason="the samples are torch tensors")
+
+    class Tensors:
+        def __init__(self, odd=None):
+            self.odd = odd
+
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            image = torch.full((2, 3), float(i))
+            if i == 5 and self.odd == "dtype":
+                image = image.double()
+            if i == 5 and self.odd == "shape":
+                image = torch.zeros(3, 2)
+            return image, torch.tensor(i)
+
+    (images, labels), = [b for b in DataLoader(Tensors(), batch_size=8, device="cpu")]
+    assert images.dtype == torch.float32 and images.shape == (8, 2, 3) and labels.tolist() == list(range(8))
+    assert images[:, 0, 0].tolist() == [float(i) for i in range(8)]
+    for odd, got in (("dtype", "dtype torch.float64|dtype float64"), ("shape", r"shape \(3, 2\)")):
+        with pytest.raises(BatchLayoutError, match=rf"sample index 5, field \[0\]: expected .*got .*({got})"):
+            list(DataLoader(Tensors(odd), batch_size=8, device="cpu"))
