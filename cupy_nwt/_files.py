@@ -98,7 +98,8 @@ def check_writable(path: str | os.PathLike[str], name: str, *, folder: bool = Fa
     """Fail before a long run, not after it, when ``path`` (a file, or with ``folder`` a folder) cannot be
     written: it is the other kind, or its nearest existing parent is a file or not writable. One-line
     ``ArgumentError`` starting with ``name`` (the option or argument). Only checks: nothing is left here (a
-    folder made and removed at once tells a read-only mount), so a command that then fails leaves no folder behind; the writers create missing folders when they write.
+    folder made and removed at once tells a read-only mount), so a command that then fails leaves no folder
+    behind; the writers create missing folders when they write. A mount point (``--out``) must take files itself.
     """
     target = Path(path)
     if folder and target.exists() and not target.is_dir():

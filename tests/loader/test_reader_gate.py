@@ -286,9 +286,10 @@ def test_a_close_from_a_timer_thread_while_the_loop_drops_its_iterator_returns_q
 
 
 @pytest.mark.parametrize("kind", ["fork", "thread"])
-def test_an_iterators_close_from_another_thread_waits_for_the_batch_under_way_then_ends_the_epoch(kind):
+def test_an_iterators_close_from_another_thread_ends_the_epoch_as_the_batch_under_way_returns(kind):
     """``it.close()`` while a reading thread is inside ``next()``: it raised ``ValueError: generator already
-    executing``, ended nothing, and the reader went on to the end of the epoch."""
+    executing``, ended nothing, and the reader went on to the end of the epoch. It returns at once (a reader
+    stuck on a batch must not hold it), and the epoch ends as that ``next()`` returns."""
     options = {"worker_type": "thread"} if kind == "thread" else {"multiprocessing_context": kind}
     loader = DataLoader(Slow(), batch_size=4, num_workers=2, device="cpu", **options)
     it = iter(loader)

@@ -11,7 +11,6 @@ the first batch fixes the layout, the prefetcher on the GPU.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import warnings
@@ -114,8 +113,7 @@ class Epoch(Iterator[T_co]):
         self.early = False  # begun by a state_dict() before its first next()
         self._ended_by: str | None = None  # the error that ended the steps mid-epoch (a signal handler's, say)
         self._turn = threading.Lock()  # one next() at a time: several threads may share one iterator
-        self._reader: int | None = None  # the thread inside next() now, holding ``_turn``
-        self._close_on_leave = False  # a close asked for by the reader's own thread (a signal handler) inside next()
+        self._close_asked = [False]  # a close asked for while a next() was under way: done as that call returns
         # one end at a time: a loader's close (another thread's) and the reader dropping this iterator may meet
         self._ending = threading.RLock()
         self._pid = os.getpid()  # a forked child holds a copy, whose workers and ring are this process's
@@ -185,10 +183,12 @@ class Epoch(Iterator[T_co]):
         if self._pid != os.getpid():  # its batches would be taken from under the process that made it
             raise LoaderError(f"this iterator belongs to process {self._pid}, whose workers and ring it reads; a "
                               "forked process makes its own: iter(loader) there")
+        asked, ending, turn, steps = self._close_asked, self._ending, self._turn, self._steps  # none holds self
         try:
-            with self._runtime.gate, self._turn, self._reading():  # a close from another thread waits for this call to leave
+            with self._runtime.gate, self._turn:  # a close from another thread waits for this call to leave
                 self.begin()
                 assert self._steps is not None
+                steps = self._steps
                 st = self._state
                 t0 = self._clock()
                 if self._ended_by:  # said once; after that it is over, as any iterator's end
@@ -224,41 +224,24 @@ class Epoch(Iterator[T_co]):
         except LoaderClosedError:
             park_if_exiting()  # hung up by the close at exit: a daemon thread, frozen with the interpreter
             raise
-
-    @contextlib.contextmanager
-    def _reading(self) -> Iterator[None]:
-        """Inside ``next()`` (``_turn`` held): a close the reading thread itself asks for runs as it leaves."""
-        self._reader = threading.get_ident()
-        try:
-            yield
         finally:
-            self._reader = None
-            if self._close_on_leave and self._steps is not None:
-                self._close_on_leave = False
-                with self._ending:
-                    self._steps.close()
+            if asked[0]:
+                _end_asked(asked, ending, turn, steps)
 
     def __len__(self) -> int:
         return self._options.sampling.length(self._options.dataset)
 
-    def close(self, wait: bool = True) -> None:
-        """End this epoch now: its workers stop (unless persistent) and its slots are given back. From
-        any thread: a ``next()`` under way in another one returns its batch first (with ``wait=False`` the
-        epoch is then left open), and an end already under way is waited for, not begun twice. Asked for
-        inside ``next()`` on its own thread (a signal handler), it ends as that call leaves. In a process
-        forked from the one that made it, nothing: the workers and the ring are still that one's."""
+    def close(self) -> None:
+        """End this epoch now: its workers stop (unless persistent) and its slots are given back. From any
+        thread, never waiting on a batch: where a ``next()`` is under way (another thread's, or this one's that a
+        signal handler interrupted), the epoch ends as that call returns, and a later ``next()`` ends the
+        iteration; an end already under way is waited for, not begun twice. In a process forked from the one
+        that made it, nothing: the workers and the ring are still that one's."""
         if self._steps is None or self._pid != os.getpid():
             return
         with self._ending:
-            if self._reader == threading.get_ident():
-                self._close_on_leave = True
-                return
-            if not self._turn.acquire(blocking=wait):
-                return
-            try:
-                self._steps.close()
-            finally:
-                self._turn.release()
+            self._close_asked[0] = True
+            _end_asked(self._close_asked, self._ending, self._turn, self._steps)
 
     def __del__(self, getpid: Callable[[], int] = os.getpid) -> None:  # bound now: at teardown ``os`` may be gone
         steps = getattr(self, "_steps", None)  # absent when __init__ failed
@@ -271,6 +254,20 @@ class Epoch(Iterator[T_co]):
                 self._ending.release()
 
 
+def _end_asked(asked: list[bool], ending: threading.RLock, turn: threading.Lock, steps: Generator[Any, None, None] | None
+               ) -> None:
+    """End an epoch's steps, asked for (``asked``), if no ``next()`` holds them (``turn``); else the one that does
+    ends them as it returns: it reads ``asked`` under ``ending`` after letting go of its turn, so no close is missed.
+    Given the epoch's parts, not the epoch: a failed batch's traceback holds ``next()``'s frame, never the epoch."""
+    with ending:
+        if asked[0] and steps is not None and turn.acquire(blocking=False):
+            try:
+                asked[0] = False
+                steps.close()
+            finally:
+                turn.release()
+
+
 _live: weakref.WeakSet[Epoch[Any]] = weakref.WeakSet()  # every epoch begun, until it is collected
 
 
@@ -280,7 +277,7 @@ def end_at_exit() -> None:
     clean-up met names already cleared and printed a traceback. Run before the runtimes' close
     (``cupy_nwt._exit``); an epoch another thread is inside is left to that."""
     for epoch in list(_live):
-        epoch.close(wait=False)
+        epoch.close()
 
 
 def length_warning(dataset: Any, reported: int, fetched: int, workers: int) -> str:

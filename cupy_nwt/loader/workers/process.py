@@ -148,6 +148,10 @@ class WorkerPool(Dispatch):
         return maker if self._pickles is None else self._pickles.wrap(maker)
 
     def _start(self, w: int, shipped: BatchMaker) -> None:
+        with ctrl_c_held():  # a Ctrl-C in the fork's hooks is lost: it comes once the worker is the pool's to stop
+            self._start_held(w, shipped)
+
+    def _start_held(self, w: int, shipped: BatchMaker) -> None:
         num_workers, seed, epoch, _, worker_init_fn, rank, world_size = self._spec
         if self._file is not None:
             self._file.settle()  # no fork beside the thread allocating the ring's pages
@@ -165,7 +169,7 @@ class WorkerPool(Dispatch):
             ends += (spill_r, spill_w)
             proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w, spill_w), name=f"{lifeline.WORKER_NAME}{w}",
                                daemon=True)
-            with PIPE_WALK_LOCK, ctrl_c_held():  # pickled (spawn, forkserver) or forked with torch's pipe hooks unset
+            with PIPE_WALK_LOCK:  # pickled (spawn, forkserver) or forked with torch's pipe hooks unset
                 proc.start()
         except (pickle.PicklingError, AttributeError, TypeError, ConnectionError, OSError) as exc:
             for c in ends:
