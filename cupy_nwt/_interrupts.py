@@ -28,24 +28,28 @@ _CAN_MASK = hasattr(signal, "pthread_sigmask")
 
 @contextmanager
 def ctrl_c_held() -> Iterator[None]:
-    """A Ctrl-C during the block (a fork, a compile) reaches the program's SIGINT handler as the block ends."""
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if _CAN_MASK else None
+    """A Ctrl-C during the block (a fork, a compile) reaches the program's SIGINT handler as the block ends.
+
+    Whatever interrupts it, the mask and the handler are put back: both are read before anything changes.
+    """
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, ()) if _CAN_MASK else None
     handler = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
-    main = handler is not None  # (None: a handler set outside Python, left alone)
     came: list[FrameType | None] = []
-    if main:
-        signal.signal(signal.SIGINT, lambda signum, frame: came.append(frame))
     try:
+        if handler is not None:  # (None: not the main thread, or a handler set outside Python: left alone)
+            signal.signal(signal.SIGINT, lambda signum, frame: came.append(frame))
+        if mask is not None:
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         yield
     finally:
         try:
-            if main:
+            if mask is not None:  # first: a signal pending here now reaches the recorder, not the program
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        finally:
+            if handler is not None:
                 signal.signal(signal.SIGINT, handler)
                 if came:
                     _deliver(handler, came[0])
-        finally:
-            if mask is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _deliver(handler: object, frame: FrameType | None) -> None:

@@ -302,3 +302,27 @@ def test_a_ctrl_c_that_comes_while_a_worker_is_forked_interrupts_the_script_and_
     """)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout == "interrupted []\n" and "KeyboardInterrupt" not in done.stderr, done.stdout + done.stderr
+
+
+def test_a_spawn_worker_starts_with_ctrl_c_held_back_until_it_ignores_it(tmp_path):
+    """The first spawn worker's start also starts multiprocessing's resource tracker, which unblocks SIGINT in
+    the starting thread: the worker inherited it unblocked, and a Ctrl-C while it imported printed its traceback."""
+    done = run_script(tmp_path, """
+        import signal
+
+
+        def held():
+            with open("/proc/self/status") as f:
+                blocked = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+            return bool(blocked & (1 << (signal.SIGINT - 1)))
+
+
+        if __name__ == "__mp_main__":  # a spawn worker importing the script, before its loop
+            print("worker held", held(), flush=True)
+        if __name__ == "__main__":
+            loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="spawn")
+            print("batches", len(firsts(loader)), "main held", held(), flush=True)
+    """)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(done.stdout.splitlines()) == ["batches 10 main held False", "worker held True", "worker held True"], \
+        done.stdout + done.stderr

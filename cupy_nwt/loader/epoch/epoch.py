@@ -189,6 +189,10 @@ class Epoch(Iterator[T_co]):
                 self.begin()
                 assert self._steps is not None
                 steps = self._steps
+                if asked[0]:  # closed while another thread's next() had the turn: this one ends the epoch
+                    with self._ending:
+                        asked[0] = False
+                        steps.close()
                 st = self._state
                 t0 = self._clock()
                 if self._ended_by:  # said once; after that it is over, as any iterator's end

@@ -35,6 +35,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any
@@ -148,6 +149,8 @@ class WorkerPool(Dispatch):
         return maker if self._pickles is None else self._pickles.wrap(maker)
 
     def _start(self, w: int, shipped: BatchMaker) -> None:
+        if self._ctx.get_start_method() != "fork":  # its start unblocks SIGINT in this thread, which the worker inherits
+            resource_tracker.ensure_running()
         with ctrl_c_held():  # a Ctrl-C in the fork's hooks is lost: it comes once the worker is the pool's to stop
             self._start_held(w, shipped)
 
