@@ -282,7 +282,7 @@ def test_a_close_from_a_timer_thread_while_the_loop_drops_its_iterator_returns_q
         timer.join(WAIT_S)
         assert not timer.is_alive() and raised == [], raised
         assert wait_gone([p for p in pids if p != os.getpid()]) == []
-        assert not live_segments()
+        assert not live_segments(os.getpid())
 
 
 @pytest.mark.parametrize("kind", ["fork", "thread"])
@@ -301,7 +301,7 @@ def test_an_iterators_close_from_another_thread_ends_the_epoch_as_the_batch_unde
     reader.join(WAIT_S)
     assert not reader.is_alive() and 0 < len(got) < 100
     assert [int(b[0, 0]) for b in got] == list(range(0, 4 * len(got), 4))
-    assert loader.worker_pids() == [] and not live_segments()
+    assert loader.worker_pids() == [] and not live_segments(os.getpid())
     loader.close()
 
 
@@ -315,7 +315,7 @@ def test_an_iterators_close_from_a_signal_handler_on_the_reading_thread_ends_the
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, signal.SIG_DFL)
-    assert 0 < len(got) < 100 and loader.worker_pids() == [] and not live_segments()
+    assert 0 < len(got) < 100 and loader.worker_pids() == [] and not live_segments(os.getpid())
     loader.close()
 
 
