@@ -290,6 +290,7 @@ def test_a_ctrl_c_that_comes_while_a_worker_is_forked_interrupts_the_script_and_
 
 
         if __name__ == "__main__":
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (a background job ignores it)
             threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a thread that may take the signal
             os.register_at_fork(before=ctrl_c_during_the_fork, after_in_child=ctrl_c_in_the_new_worker)
             loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="fork")
