@@ -24,25 +24,19 @@ for it.
 from __future__ import annotations
 
 import contextlib
-import errno
 import math
 import os
-import pickle
 import select
 import signal
-import socket
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing import resource_tracker
-from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 from typing import Any
 
 from ..._interrupts import ctrl_c_held
 from ..._worker_info import worker_seed
-from ...data.contract import pickling_advice
 from ...errors import LoaderError
 from .._events import Listener, StageTimes
 from .._reader_gate import HangUp
@@ -51,7 +45,8 @@ from ..ring.memory import RingFile
 from ..ring.ring import Ring, SlotLayout
 from ..ring.slots import SlotPool
 from . import lifeline, pipes
-from .capacity import StartProgress, out_of_tasks
+from .capacity import StartProgress
+from .launch import Worker, launch
 from .maker import BatchMaker, make_worker_error
 from .messages import (
     FromWorker,
@@ -64,14 +59,13 @@ from .messages import (
     task_wire,
 )
 from .pool import SHUTDOWN_GRACE_S, Dispatch, Result, WorkerKind
-from .process_main import WorkerSpec, worker_main
+from .process_main import WorkerSpec
 from .shared_pickle import SharedPickles
 from .start import (
     check_importable,
     context_of,
     death_error,
     default_start_method,
-    exit_hint,
     forkserver_preload,
     names_script,
     script_path,
@@ -79,23 +73,9 @@ from .start import (
     start_wave,
     stuck_hint,
 )
-from .torch_workers import PIPE_WALK_LOCK
 
 UNREACHABLE_WAIT_S = 10.0  # how long a worker behind a broken pipe may take to be known dead
 DRAIN_SLICE_MS = 20  # the longest a shutdown waits before looking at the workers again (``_drain``)
-
-
-@dataclass
-class _Worker:
-    id: int
-    process: Any
-    tasks: Connection
-    results: Connection
-    spill: socket.socket | None  # where the worker's large unringed arrays arrive (``pipes``)
-    inbox: pipes.Inbox
-    pid: int
-    task_fd: int
-    outstanding: int = 0
 
 
 class WorkerPool(Dispatch):
@@ -114,9 +94,9 @@ class WorkerPool(Dispatch):
         self.hung_up = hung_up if hung_up is not None else HangUp()
         self.slots = SlotPool(None)
         self._closed = False
-        self._workers: list[_Worker] = []
+        self._workers: list[Worker] = []
         self._waits = select.poll()  # every worker's result pipe and sentinel, registered as it starts
-        self._by_fd: dict[int, _Worker] = {}  # result pipe -> its worker
+        self._by_fd: dict[int, Worker] = {}  # result pipe -> its worker
         self._ctx = context_of(start_method)
         self._spec = (num_workers, seed, epoch, maker, worker_init_fn, rank, world_size)
         self._file: RingFile | None = None
@@ -159,44 +139,14 @@ class WorkerPool(Dispatch):
         if self._file is not None:
             self._file.settle()  # no fork beside the thread allocating the ring's pages
         settle_baselines()  # nor beside one reading the workers' memory: online tuning adds workers mid-epoch
-        ctx, method = self._ctx, self._ctx.get_start_method()
+        method = self._ctx.get_start_method()
         spec = WorkerSpec(w, max(num_workers, w + 1), worker_seed(seed, w, epoch), shipped, worker_init_fn, rank,
                           world_size, self._file, dict(os.environ) if method == "forkserver" else None)
-        ends: list[Any] = []
-        try:
-            task_r, task_w = ctx.Pipe(duplex=False)
-            ends += (task_r, task_w)
-            res_r, res_w = ctx.Pipe(duplex=False)
-            ends += (res_r, res_w)
-            spill_r, spill_w = socket.socketpair() if pipes.CAN_SPILL else (None, None)
-            ends += (spill_r, spill_w)
-            proc = ctx.Process(target=worker_main, args=(spec, task_r, res_w, spill_w), name=f"{lifeline.WORKER_NAME}{w}",
-                               daemon=True)
-            with PIPE_WALK_LOCK:  # pickled (spawn, forkserver) or forked with torch's pipe hooks unset
-                proc.start()
-        except (pickle.PicklingError, AttributeError, TypeError, ConnectionError, OSError) as exc:
-            for c in ends:
-                if c is not None:
-                    c.close()
-            if isinstance(exc, OSError) and exc.errno == errno.EMFILE:
-                raise pipes.out_of_files(f"loader worker {w} could not be started", "use fewer workers") from None
-            if isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
-                raise out_of_tasks(f"loader worker {w} could not be started by {method}") from None
-            if isinstance(exc, ConnectionError):  # the server's child died while being handed the process
-                raise LoaderError(f"loader worker {w} could not be started by {method}{exit_hint(method, 1)}") from None
-            if isinstance(exc, OSError):
-                raise
-            raise LoaderError(pickling_advice(method, exc)) from exc
-        task_r.close()
-        res_w.close()
-        if spill_w is not None:
-            spill_w.close()
-        worker = _Worker(w, proc, task_w, res_r, spill_r, pipes.Inbox(res_r.fileno(), spill_r), proc.pid,
-                         task_w.fileno())
+        worker = launch(self._ctx, spec, w)
         self._workers.append(worker)
-        self._by_fd[res_r.fileno()] = worker
-        self._waits.register(res_r.fileno(), select.POLLIN)
-        self._waits.register(proc.sentinel, select.POLLIN)
+        self._by_fd[worker.results.fileno()] = worker
+        self._waits.register(worker.results.fileno(), select.POLLIN)
+        self._waits.register(worker.process.sentinel, select.POLLIN)
 
     def _start_up_to(self, n: int) -> None:
         """Start workers until ``n`` run, each handed the ring if it exists and what was held for it."""
@@ -250,7 +200,7 @@ class WorkerPool(Dispatch):
     def stuck_hint(self) -> str:
         return self._hint
 
-    def _deliver(self, w: _Worker, generation: int, batch_index: int, slot: int, indices: Any, tseed: int) -> None:
+    def _deliver(self, w: Worker, generation: int, batch_index: int, slot: int, indices: Any, tseed: int) -> None:
         try:
             pipes.send(w.task_fd, task_wire(generation, batch_index, slot, indices, tseed))
         except (BrokenPipeError, ConnectionResetError, OSError):
@@ -266,7 +216,7 @@ class WorkerPool(Dispatch):
             if w_id in per_worker:
                 self._held.setdefault(w_id, []).append(Restore(*per_worker[w_id]))
 
-    def _send(self, w: _Worker, msg: ToWorker) -> None:
+    def _send(self, w: Worker, msg: ToWorker) -> None:
         """``msg`` pickled as a task is, not by ``Connection.send``: its pickler (torch's reductions on
         multiprocessing's) would share a torch tensor in a restored state through multiprocessing's resource
         sharer, a thread that then runs in this process for good, beside every worker forked after it."""
@@ -275,7 +225,7 @@ class WorkerPool(Dispatch):
         except (BrokenPipeError, ConnectionResetError, OSError):
             self._unreachable(w)
 
-    def _unreachable(self, w: _Worker) -> None:
+    def _unreachable(self, w: Worker) -> None:
         """``w``'s task pipe broke: only its exit closes the other end, so wait for the exit to be known (a
         forkserver worker's is known once the server has reaped it, which a loaded machine delays) and raise
         its death; a worker still running behind a broken pipe is a one-line ``LoaderError``."""
@@ -330,7 +280,7 @@ class WorkerPool(Dispatch):
             self._raise_if_dead(timeout=0.0)
         return out
 
-    def _absorb(self, w: _Worker, msg: FromWorker) -> Result | None:
+    def _absorb(self, w: Worker, msg: FromWorker) -> Result | None:
         """A worker's answer (see ``Dispatch._answer``)."""
         return self._answer(w, w.pid, msg)
 
@@ -342,7 +292,7 @@ class WorkerPool(Dispatch):
             self._raise_init_error(w)
             raise death_error(w.id, w.process.pid, w.process.exitcode, self._ctx.get_start_method())
 
-    def _raise_init_error(self, w: _Worker) -> None:
+    def _raise_init_error(self, w: Worker) -> None:
         """A worker whose worker_init_fn failed reported why before exiting: prefer that reason."""
         try:
             while w.results.poll():
