@@ -24,8 +24,7 @@ Lifetime of what you get:
   imported torch gets tensors from the default collate for NumPy samples and numbers too, as torch's
   DataLoader gives; ``output=`` asks for one framework whatever the samples hold (``ring.frameworks``).
 
-Several ranks: each rank's loader takes its shard of every epoch (the class's "Distributed"), and nothing at
-construction talks to other ranks (with ``num_workers="auto"``, see the class's docstring).
+Several ranks: each rank takes its shard of every epoch (the class's "Distributed"), talking to none at construction.
 """
 
 from __future__ import annotations
@@ -137,9 +136,8 @@ class DataLoader(SettingsView, Generic[T_co]):
         drop_last: leave out a last batch shorter than ``batch_size``.
         timeout: seconds each wait for a batch from the workers may take (0: no limit).
         worker_init_fn: called with the worker id in each worker before its first batch.
-        multiprocessing_context: the workers' start method ("fork", "forkserver", "spawn") or context; None:
-            forkserver where this process uses CUDA or threads a forked child cannot survive, else fork
-            (``workers.start``). With forkserver or spawn the dataset and callables are pickled to each worker.
+        multiprocessing_context: the workers' start method ("fork", "forkserver", "spawn") or context; None: forkserver
+            where this process uses CUDA or threads a forked child cannot survive, else fork (``workers.start``).
         generator: an int, a NumPy or a torch Generator: the seed drawn from it (instead of ``seed``).
         prefetch_factor: batches in flight per worker (default 2).
         persistent_workers: keep the workers (and the ring) from one epoch to the next.
