@@ -62,7 +62,8 @@ def as_leaf(value: Any) -> tuple[np.ndarray, str | None]:
     elif framework_of(value) == "torch":
         host = host_view(value, "torch")
         if host is None:
-            where = "that requires grad" if value.requires_grad else f"on {value.device}"
+            where = ("that requires grad" if value.requires_grad else f"on {value.device}" if value.device.type != "cpu"
+                     else f"of {value.dtype} and layout {value.layout}")
             raise ArgumentTypeError(f"a torch tensor {where} cannot be batched in shared memory: detach it or move "
                                     "it to the CPU in the dataset, or pass a collate_fn")
         arr, dtype = host

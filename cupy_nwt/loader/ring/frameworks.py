@@ -83,6 +83,8 @@ def host_view(x: Any, framework: str) -> tuple[np.ndarray, str | None] | None:
             return np.asarray(x), None
         if x.device.type != "cpu" or x.requires_grad:
             return None
+        if x.is_conj() or x.is_neg():  # a lazy view NumPy cannot read: its values, as torch.stack gives them
+            x = x.resolve_conj().resolve_neg()
         try:
             return np.asarray(x.numpy()), None
         except TypeError:  # a dtype NumPy lacks

@@ -226,3 +226,29 @@ def test_a_torch_dataset_s_tensors_are_stacked_and_one_of_another_dtype_or_shape
     for odd, got in (("dtype", "dtype torch.float64|dtype float64"), ("shape", r"shape \(3, 2\)")):
         with pytest.raises(BatchLayoutError, match=rf"sample index 5, field \[0\]: expected .*got .*({got})"):
             list(DataLoader(Tensors(odd), batch_size=8, device="cpu"))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_conjugate_and_negative_tensor_views_are_batched_by_value_as_torch_batches_them(num_workers):
+    """``x.conj()`` of a complex tensor is a lazy view NumPy cannot read; torch's loader stacks its values in
+    the main process, so a dataset returning one gets the same batch here, in workers too, not a refusal."""
+    torch = pytest.importorskip("torch", reason="the samples are torch tensors")
+    tud = pytest.importorskip("torch.utils.data", reason="torch's loader is the reference here")
+
+    class Conjugates(tud.Dataset):
+        def __len__(self):
+            return 8
+
+        def __getitem__(self, i):
+            z = torch.full((3,), complex(i, 1.0))
+            return z.conj(), z.conj().imag  # the imaginary part of a conjugate view has the negative bit
+
+    def batches(loader):
+        return [(z.clone(), im.clone()) for z, im in loader]
+
+    ours = batches(DataLoader(Conjugates(), batch_size=4, num_workers=num_workers, device="cpu"))
+    theirs = batches(tud.DataLoader(Conjugates(), batch_size=4))  # torch 2.13's workers fail on these views
+    assert len(ours) == len(theirs) == 2
+    for (z, im), (tz, tim) in zip(ours, theirs):
+        assert z.dtype == tz.dtype and torch.equal(z, tz) and torch.equal(im, tim)
+        assert im[0, 0].item() == -1.0
