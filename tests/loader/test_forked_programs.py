@@ -39,7 +39,8 @@ def count_signals():  # the signals this process sends from now on (os.kill), in
     sent, real_kill = [], os.kill
 
     def kill(pid, sig):
-        sent.append(sig)
+        if sig:  # signal 0 sends nothing: it asks whether the pid names a process
+            sent.append(sig)
         real_kill(pid, sig)
 
     os.kill = kill
@@ -57,12 +58,20 @@ def child_epoch(loader):  # fork: the child prints the first sample of each batc
 """
 
 
-def run_script(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+def run_script(tmp_path: Path, body: str, outlived: bool = False) -> subprocess.CompletedProcess[str]:
+    """The script's run; ``outlived``: a process it started may outlive it holding its output open, so the
+    output goes to files and the run ends with the script."""
     script = tmp_path / "train.py"
     script.write_text(PRELUDE + textwrap.dedent(body), encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    if not outlived:
+        return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+    with open(tmp_path / "out.txt", "w+") as out, open(tmp_path / "err.txt", "w+") as err:
+        done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, stdout=out, stderr=err, timeout=120)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(done.args, done.returncode, out.read(), err.read())
 
 
 @pytest.mark.parametrize("kind", ["fork", "thread-persistent"])
@@ -240,6 +249,48 @@ def test_with_sigchld_ignored_a_worker_that_dies_is_reported_at_once(tmp_path, m
     assert "raised WorkerDiedError" in done.stdout and "loader worker 1 (pid" in done.stdout, done.stdout + done.stderr
 
 
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_with_sigchld_ignored_a_worker_that_dies_beside_its_helper_is_reported_at_once(tmp_path, method):
+    """The system reaped the worker and the helper it forked holds its sentinel open: neither ``waitpid`` nor
+    the sentinel tells its end, and the loader waited as long as the helper lived (here, past the test's
+    limit). torch: "exited unexpectedly" within a second."""
+    done = run_script(tmp_path, f"""
+        import signal
+        import time
+
+
+        def start_a_helper(worker_id):
+            main = os.getppid()
+            if os.fork() == 0:
+                for _ in range(3000):  # lives until the script has ended (5 minutes at most)
+                    try:
+                        os.kill(main, 0)
+                    except ProcessLookupError:
+                        break
+                    time.sleep(0.1)
+                os._exit(0)
+
+
+        class Killer(Data):
+            def __getitem__(self, i):
+                if i == 13:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return super().__getitem__(i)
+
+
+        if __name__ == "__main__":
+            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+            loader = DataLoader(Killer(), batch_size=4, num_workers=2, device="cpu", worker_init_fn=start_a_helper,
+                                multiprocessing_context="{method}")
+            try:
+                list(loader)
+            except Exception as exc:
+                print("raised", type(exc).__name__, exc, flush=True)
+    """, outlived=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "raised WorkerDiedError" in done.stdout and "loader worker 1 (pid" in done.stdout, done.stdout + done.stderr
+
+
 def test_a_helper_a_worker_forked_does_not_hold_up_the_end_of_each_epoch(tmp_path):
     """The helper holds the worker's sentinel and pipes open past the worker's end: each epoch's end waited
     out the whole grace period (1 s), then signalled the ended workers. ``waitpid`` tells their end."""
@@ -319,7 +370,7 @@ def test_a_spawn_worker_starts_with_ctrl_c_held_back_until_it_ignores_it(tmp_pat
 
 
         if __name__ == "__mp_main__":  # a spawn worker importing the script, before its loop
-            print("worker held", held(), flush=True)
+            os.write(1, f"worker held {held()}\\n".encode())  # one write: two workers' lines never interleave
         if __name__ == "__main__":
             loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="spawn")
             print("batches", len(firsts(loader)), "main held", held(), flush=True)

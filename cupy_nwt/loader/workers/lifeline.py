@@ -63,13 +63,27 @@ os.register_at_fork(after_in_child=_forget_the_parents_workers)
 
 
 def ended(process: Any) -> bool:
-    """Whether a worker process has ended: ``waitpid`` (``is_alive()``) where it can answer, else its sentinel.
+    """Whether a worker process has ended: ``waitpid`` (``is_alive()``) where it can answer, else its sentinel,
+    else whether its pid still names a process.
 
     ``waitpid`` cannot answer for a child the system reaped itself (the program set SIGCHLD to SIG_IGN): its
-    sentinel, closed as it exits, tells. The sentinel alone cannot: a process the worker started (a helper
-    forked in ``worker_init_fn``) holds it open past the worker's end.
+    sentinel, closed as it exits, tells, unless a process the worker started (a helper forked in
+    ``worker_init_fn``) holds it open past the worker's end. Then only the pid is left: a child not yet
+    reaped stays a zombie, so a pid that names no process is one the system reaped.
     """
-    return not process.is_alive() or bool(wait_ready([process.sentinel], 0))
+    return not process.is_alive() or bool(wait_ready([process.sentinel], 0)) or _reaped(process.pid)
+
+
+def _reaped(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # another user's process has the pid now: ours was reaped
+        return True
+    return False
 
 
 def track(pool: Killable) -> None:

@@ -235,10 +235,12 @@ class WorkerPool(Dispatch):
 
     def _poll(self, timeout: float | None) -> list[tuple[int, int]]:
         """The pipes and sentinels ready within ``timeout`` s (None: no limit), waited on in slices
-        (``_slices``) so that a signal's Python handler runs however the kernel delivered it."""
+        (``_slices``) so that a signal's Python handler runs however the kernel delivered it. A slice that
+        ends empty looks at the workers too: a worker the system reaped (SIGCHLD ignored) whose helper holds
+        its sentinel and pipes open makes nothing ready (``lifeline.ended``)."""
         for left in self._slices(timeout):
             ready = self._waits.poll(math.ceil(left * 1000))
-            if ready:
+            if ready or any(lifeline.ended(w.process) for w in self._workers):
                 return ready
         return []
 
