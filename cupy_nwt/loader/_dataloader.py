@@ -351,7 +351,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._runtime.follow(options)
         start, self._resume = self._resume, None
         stream = options.sampling.style == "iterable"
-        epoch, told = followed_epoch(options.dataset, self._epoch, self._told) if stream else (self._epoch, None)
+        epoch = followed_epoch(options.dataset, self._epoch, self._told, options.num_workers > 0) if stream else self._epoch
         start = start if start is not None and start["epoch"] == epoch else None
         if options.seed_drawn and start is None and is_iter_datapipe(options.dataset):
             drawn = torch_shared_seed()  # torch's loader draws a pipe's shared seed so, at each iter()
@@ -363,7 +363,7 @@ class DataLoader(SettingsView, Generic[T_co]):
             readers = carried(options, self._last.progress() if self._last is not None else None)
         previous = previous_position(self._last.progress()) if start is None and self._last is not None else None
         it.bind(options, epoch, start, shared, readers, previous)
-        self._told = epoch if options.num_workers == 0 else told  # what the dataset will read back, unless reset
+        self._told = epoch  # what the dataset will read back, unless the caller sets another
         self._epoch = epoch + 1
         self._last = it.state
         self._runtime.events.began(epoch)

@@ -87,6 +87,21 @@ def test_hugging_face_datasets_in_a_torch_loop(fmt: str) -> None:
         loss.backward()
 
 
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_hugging_face_stream_left_to_the_loader_gives_every_sample_once_in_a_new_order_each_epoch(persistent):
+    """The loop calls no ``set_epoch``: the loader tells the stream. Its epoch lives in memory the workers share,
+    and epochs ran 0, 1, 1, 2 (the workers' set went back to the main process and was taken for the loop's)."""
+    pytest.importorskip("torch", reason="Hugging Face's streams are torch IterableDatasets")
+    datasets = pytest.importorskip("datasets", reason="Hugging Face datasets is a test-only extra")
+    ds = datasets.Dataset.from_dict({"x": list(range(32))}).to_iterable_dataset(num_shards=4)
+    ds = ds.shuffle(seed=0, buffer_size=4)
+    loader = cupy_nwt.DataLoader(ds, batch_size=4, num_workers=2, persistent_workers=persistent)
+    orders = [[x for b in loader for x in b["x"].tolist()] for _ in range(4)]
+    loader.close()
+    assert all(sorted(order) == list(range(32)) for order in orders)
+    assert len({tuple(order) for order in orders}) == 4, orders
+
+
 def test_jax_tutorial_runs_unchanged_with_its_workers(tmp_path: Path) -> None:
     pytest.importorskip("jax", reason="JAX is a test-only extra")
     pytest.importorskip("torch", reason="the tutorial loads with torch.utils.data")

@@ -3,7 +3,7 @@
 ``ShardedTarStream`` (and WebDataset's deterministic shuffle, and any stream seeded by the epoch)
 reshuffles per epoch only if its copy in each worker learns the epoch. Persistent workers keep
 their copies across epochs, so a ``set_epoch`` in the main process cannot reach them: the loader
-calls ``set_epoch`` itself, in each worker (and in the main process with ``num_workers=0``), at the
+calls ``set_epoch`` itself, in the main process and then in each worker, at the
 start of every epoch. Epoch 2 then differs from epoch 1, deterministically.
 """
 
@@ -167,3 +167,38 @@ def test_a_stream_whose_epoch_was_set_before_the_loader_was_made_starts_there(la
     with cupy_nwt.DataLoader(stream, batch_size=None, **layout) as loader:
         assert {epoch for epoch, _ in map(tuple, loader)} == {5}
         assert {epoch for epoch, _ in map(tuple, loader)} == {6}
+
+
+class SharedEpoch(cupy_nwt.IterableDataset):
+    """A stream whose epoch lives in memory its forked workers share, so that a ``set_epoch`` in the main
+    process reaches persistent workers (Hugging Face's ``IterableDataset`` keeps its epoch so)."""
+
+    def __init__(self) -> None:
+        import multiprocessing as mp
+
+        self._epoch = mp.get_context("fork").Value("i", 0)
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch.value
+
+    def set_epoch(self, epoch: int) -> None:
+        self._epoch.value += epoch - self._epoch.value  # Hugging Face's read-modify-write
+
+    def __iter__(self):
+        info = cupy_nwt.get_worker_info()
+        return iter([(self.epoch, 0 if info is None else info.id)] * 3)
+
+
+@pytest.mark.parametrize("layout", [p for p in LAYOUTS if "thread" not in str(p.id)])  # threads copy it: no Value
+def test_a_stream_whose_epoch_the_workers_share_runs_each_epoch_once(layout: dict) -> None:
+    """The workers' ``set_epoch`` wrote the main process's value too, which the next ``iter()`` took for the
+    loop's own: epochs ran 0, 1, 1, 2, 2 (and Hugging Face's read-modify-write, raced by several workers,
+    gave them different epochs: shards repeated, others lost)."""
+    stream = SharedEpoch()
+    with cupy_nwt.DataLoader(stream, batch_size=None, **layout) as loader:
+        for epoch in range(4):
+            assert {tuple(sample) for sample in loader} == {(epoch, w) for w in range(max(1, layout["num_workers"]))}
+            assert stream.epoch == epoch
+        stream.set_epoch(7)  # the loop's own call still wins
+        assert {epoch for epoch, _ in map(tuple, loader)} == {7}
