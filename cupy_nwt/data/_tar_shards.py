@@ -48,6 +48,12 @@ _log = logging.getLogger("cupy_nwt.data")
 _NUMBER_LIKE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 
 
+def member_path(name: str) -> str:
+    """Where member ``name`` lands when extracted: normalised, its leading ``/`` dropped as tar drops it, so
+    ``/cat/a.png``, ``./cat/a.png`` and ``cat/a.png`` are one file (the last copy of which extraction keeps)."""
+    return posixpath.normpath(name.lstrip("/") or ".")
+
+
 def class_directory(name: str) -> str | None:
     """The class directory of member ``name`` (``<class>/<file>``, as both tar readers read it), or None for a
     member outside any: the name normalised first, so ``./preview.png`` (``tar -C root -cf x.tar .`` writes
@@ -56,7 +62,7 @@ def class_directory(name: str) -> str | None:
     Args:
         name: the member's name in the archive.
     """
-    parts = posixpath.normpath(name.strip("/")).split("/")
+    parts = member_path(name).split("/")
     return parts[-2] if len(parts) >= 2 and parts[-2] != ".." else None
 
 
@@ -163,8 +169,8 @@ def scan_tar(tar_path: Path, shown: str | os.PathLike) -> list[TarMember]:
 
 def _resolve_links(members: list[TarMember | tarfile.TarInfo], shown: str | os.PathLike) -> list[TarMember]:
     """Each link member as its target's bytes under its own name; those naming nothing left out, and said."""
-    files = {posixpath.normpath(m.name): m for m in members if isinstance(m, TarMember)}
-    links = {posixpath.normpath(m.name): m for m in members if isinstance(m, tarfile.TarInfo)}
+    files = {member_path(m.name): m for m in members if isinstance(m, TarMember)}
+    links = {member_path(m.name): m for m in members if isinstance(m, tarfile.TarInfo)}
     out: list[TarMember] = []
     dangling: list[str] = []
     for m in members:
@@ -184,11 +190,11 @@ def _last_copies(members: list[TarMember], shown: str | os.PathLike) -> list[Tar
     extraction keeps the last; both would be a stale sample beside the new one. Said in one warning."""
     seen: dict[str, int] = {}
     for i, m in enumerate(members):
-        seen[posixpath.normpath(m.name)] = i
+        seen[member_path(m.name)] = i
     if len(seen) == len(members):
         return members
     kept = sorted(seen.values())
-    twice = sorted({posixpath.normpath(m.name) for i, m in enumerate(members) if seen[posixpath.normpath(m.name)] != i})
+    twice = sorted({member_path(m.name) for i, m in enumerate(members) if seen[member_path(m.name)] != i})
     _log.warning("%s: %d member name(s) appear more than once; each is read once, from its last copy, as extraction "
                  "keeps it: %s", shown, len(twice), ", ".join(twice[:3]) + (" ..." if len(twice) > 3 else ""))
     return [members[i] for i in kept]
@@ -217,8 +223,10 @@ def _link_target(link: tarfile.TarInfo, files: dict[str, TarMember],
                  links: dict[str, tarfile.TarInfo]) -> TarMember | None:
     """The regular member ``link`` names, through links to links as extraction follows them; None if none."""
     for _ in range(MAX_LINK_HOPS):
-        base = "" if link.islnk() else posixpath.dirname(link.name)  # a hard link names an archive path
-        target = posixpath.normpath(posixpath.join(base, link.linkname))
+        if link.islnk():  # a hard link names an archive path
+            target = member_path(link.linkname)
+        else:
+            target = posixpath.normpath(posixpath.join(posixpath.dirname(member_path(link.name)), link.linkname))
         if target in files:
             return files[target]
         if target not in links:

@@ -209,3 +209,25 @@ def test_a_folder_tarred_as_dot_labels_its_classes_as_the_folder_does(tmp_path):
             TarImageDataset(archive)
         with pytest.raises(DataError, match=r"member '(\./)?preview\.png' is not inside a class directory"):
             list(ShardedTarStream([archive], shuffle=False, classes=["cat", "dog"], rank=0, world_size=1))
+
+
+@pytest.mark.parametrize("again", ["/cat/a.png", "./cat/a.png", "cat//a.png"])
+def test_a_file_stored_again_under_another_spelling_of_its_name_is_read_once_from_its_last_copy(tmp_path, again):
+    """Extraction drops a leading ``/`` (tar does, and tarfile's ``data`` filter): ``/cat/a.png`` appended later
+    replaces ``cat/a.png``. Read as two names, the stale copy stayed a sample beside the new one."""
+    path = tmp_path / "s.tar"
+    with tarfile.open(path, "w") as tf:
+        for name, value in (("cat/a.png", 1), ("dog/b.png", 2), (again, 9)):
+            data = encode_png(np.full((2, 2, 3), value, np.uint8))
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    with tarfile.open(path) as tf:
+        tf.extractall(tmp_path / "out", filter="data")
+    folder = ImageFolder(tmp_path / "out")
+    extracted = sorted((int(folder[i][0][0, 0, 0]), folder[i][1]) for i in range(len(folder)))
+    assert extracted == [(2, 1), (9, 0)]
+    tar = TarImageDataset(path)
+    assert sorted((int(tar[i][0][0, 0, 0]), tar[i][1]) for i in range(len(tar))) == extracted
+    stream = ShardedTarStream([path], classes=["cat", "dog"], shuffle=False, rank=0, world_size=1)
+    assert sorted((int(image[0, 0, 0]), label) for image, label in stream) == extracted
