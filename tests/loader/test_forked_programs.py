@@ -318,6 +318,33 @@ def test_a_helper_a_worker_forked_does_not_hold_up_the_end_of_each_epoch(tmp_pat
     assert "epochs [10, 10, 10] signals sent 0" in done.stdout, done.stdout + done.stderr
 
 
+def test_a_ctrl_c_in_a_terminal_while_the_forkserver_imports_the_script_interrupts_the_script_alone(tmp_path):
+    """A terminal's Ctrl-C reaches the whole process group: forkserver's server, importing the script (seconds
+    where it imports torch), printed its traceback and died, and the loader's next start failed on its EOF."""
+    script = tmp_path / "train.py"
+    script.write_text(PRELUDE + textwrap.dedent("""
+        import signal
+        import time
+
+        if __name__ == "__mp_main__":  # the server imports the script: slow, as one importing torch is
+            time.sleep(1.5)
+        if __name__ == "__main__":
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal gives it, not a background job
+            loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="forkserver")
+            try:
+                time.sleep(0.5)
+                os.killpg(0, signal.SIGINT)  # Ctrl-C: the server, in the script's import, has it too
+                time.sleep(5)
+            except KeyboardInterrupt:
+                print("interrupted; then", len(firsts(loader)), "batches", flush=True)
+    """), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, start_new_session=True)
+    assert done.returncode == 0 and "interrupted; then 10 batches" in done.stdout, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+
+
 def test_a_ctrl_c_that_comes_while_a_worker_is_forked_interrupts_the_script_and_not_the_worker(tmp_path):
     """A Ctrl-C arriving inside the fork (its at-fork hooks) was printed as ignored and lost: the epoch ran on and
     the script ended as if never interrupted (an interrupted ``cupy-nwt tune`` exited 0), also where another thread

@@ -22,6 +22,7 @@ the loader set ``SCRIPT_ENV`` while the server started; anywhere else importing 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 SCRIPT_ENV = "CUPY_NWT_FORKSERVER_SCRIPT"
@@ -33,6 +34,9 @@ def _stand_in() -> None:
     main = sys.modules.get("__main__")
     if not path or main is None or getattr(main, "__file__", None) is not None:
         return
+    # A Ctrl-C in a terminal reaches the whole process group, the server too: it ignores SIGINT once its preload
+    # is done, and its workers inherit that; in the seconds of the script's imports it printed a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if how == "name":
         main.__file__ = path
         setattr(main, STAND_IN, True)
