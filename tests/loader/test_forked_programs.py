@@ -223,39 +223,13 @@ def test_with_sigchld_ignored_the_workers_that_stopped_are_not_signalled(tmp_pat
     assert "epochs [10, 10, 10] signals sent 0" in done.stdout, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
-def test_with_sigchld_ignored_a_worker_that_dies_is_reported_at_once(tmp_path, method):
+@pytest.mark.parametrize(("method", "helper"), [("fork", False), ("spawn", False), ("forkserver", False),
+                                               ("fork", True), ("spawn", True)])
+def test_with_sigchld_ignored_a_worker_that_dies_is_reported_at_once(tmp_path, method, helper):
     """``waitpid`` cannot see the end of a child the system reaped: the loader took the dead worker for a slow
-    one and spun forever (fork), or said it could not reach it (spawn). torch: "exited unexpectedly"."""
-    done = run_script(tmp_path, f"""
-        import signal
-        import time
-
-
-        class Killer(Data):
-            def __getitem__(self, i):
-                if i == 13:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                return super().__getitem__(i)
-
-
-        if __name__ == "__main__":
-            signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-            loader = DataLoader(Killer(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="{method}")
-            try:
-                list(loader)
-            except Exception as exc:
-                print("raised", type(exc).__name__, exc, flush=True)
-    """)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "raised WorkerDiedError" in done.stdout and "loader worker 1 (pid" in done.stdout, done.stdout + done.stderr
-
-
-@pytest.mark.parametrize("method", ["fork", "spawn"])
-def test_with_sigchld_ignored_a_worker_that_dies_beside_its_helper_is_reported_at_once(tmp_path, method):
-    """The system reaped the worker and the helper it forked holds its sentinel open: neither ``waitpid`` nor
-    the sentinel tells its end, and the loader waited as long as the helper lived (here, past the test's
-    limit). torch: "exited unexpectedly" within a second."""
+    one and spun forever (fork), or said it could not reach it (spawn). With a helper the worker forked holding
+    its sentinel open, neither told its end: the loader waited as long as the helper lived (here, past the
+    test's limit). torch: "exited unexpectedly" within a second."""
     done = run_script(tmp_path, f"""
         import signal
         import time
@@ -282,8 +256,8 @@ def test_with_sigchld_ignored_a_worker_that_dies_beside_its_helper_is_reported_a
 
         if __name__ == "__main__":
             signal.signal(signal.SIGCHLD, signal.SIG_IGN)
-            loader = DataLoader(Killer(), batch_size=4, num_workers=2, device="cpu", worker_init_fn=start_a_helper,
-                                multiprocessing_context="{method}")
+            loader = DataLoader(Killer(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="{method}",
+                                worker_init_fn=start_a_helper if {helper} else None)
             try:
                 list(loader)
             except Exception as exc:
