@@ -23,6 +23,7 @@ against the base revision in the same job covers (``--nwt-against``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -46,6 +47,18 @@ COUNT_TIMEOUT_S = 900.0
 CHILD = Path(__file__).with_name("_count_child.py")
 #: the child's region markers (:data:`._count_child.MARKERS`; the child is not imported here)
 MARKERS = ("/nonexistent/cupy-nwt-count-region-begin", "/nonexistent/cupy-nwt-count-region-end")
+_numba_caches: list[tempfile.TemporaryDirectory[str]] = []  # this run's own Numba cache, made at its first count
+
+
+def numba_cache(root: Path) -> str:
+    """Where the counts of checkout ``root`` keep Numba's compiled kernels in this run: a folder of the run's own,
+    one per checkout (the base revision of ``--nwt-against`` compiles its kernels apart), so that what the
+    checkout's ``__pycache__`` holds, present in one clone and not in another, never reaches a count. The first
+    count compiles them (in its first native run, not measured); the others load them. A fixed length of path:
+    it is in the counting process's environment."""
+    if not _numba_caches:
+        _numba_caches.append(tempfile.TemporaryDirectory(prefix="nwt-numba-", dir="/tmp"))
+    return os.path.join(_numba_caches[0].name, hashlib.sha256(str(root).encode()).hexdigest()[:16])
 
 
 def valgrind_options() -> str:
@@ -123,8 +136,7 @@ def count_pipeline(dataset: Any, *, batch_size: int | None, collate_fn: Any, bat
     root = checkout_root()
     with count_folder(root) as (cwd, view), tempfile.TemporaryDirectory(prefix="nwt-plan-", dir=cwd) as own:
         # the path goes in by file, not PYTHONPATH: the child puts it on sys.path once its imports list no folder
-        env = {**count_environment(), "VALGRIND_OPTS": valgrind_options(),  # Numba's kernels: compiled in the
-               "NUMBA_CACHE_DIR": os.path.join(own, "numba")}  # first native run, whatever the checkout's cache
+        env = {**count_environment(), "VALGRIND_OPTS": valgrind_options(), "NUMBA_CACHE_DIR": numba_cache(root)}
         path, child = os.path.join(own, "plan"), os.path.join(own, "child.py")
         with open(path, "wb") as f:
             f.write(payload)
@@ -151,9 +163,9 @@ def _native(argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> d
     """The counted region run without valgrind: its page faults and CPU seconds (``_count_child --native``).
 
     It runs twice and the second run is measured; the callgrind count comes after both. A first run may fill
-    what every later one finds on disk: Numba's kernels, compiled into the count's own cache
-    (``NUMBA_CACHE_DIR``), where the checkout's ``__pycache__`` held them or not (a fresh clone's does not:
-    its clean CI run counted up to 1% above a baseline saved where the tests had run).
+    what every later one finds on disk: Numba's kernels, compiled into this run's own cache (``numba_cache``),
+    where the checkout's ``__pycache__`` held them or not (a fresh clone's does not: its clean CI run counted
+    up to 1% above a baseline saved where the tests had run).
     """
     import subprocess  # noqa: PLC0415
 
