@@ -134,19 +134,20 @@ def own_epoch(dataset: Any) -> int | None:
     return int(value) if int(value) >= 0 else None
 
 
-def followed_epoch(dataset: Any, epoch: int, left: int | None, tell: bool) -> int:
+def followed_epoch(dataset: Any, epoch: int, left: int | None) -> int:
     """The epoch a stream's next iteration runs: the loader's ``epoch``, unless the dataset reads back another
     than ``left`` (what the last iteration left there; None before the first, when 0 is a fresh dataset's): the
     caller's own ``set_epoch`` put it there, and it wins.
 
-    With ``tell`` (the workers read copies) the dataset is told that epoch here, before any worker is: an epoch
-    kept in memory the workers share (Hugging Face's ``IterableDataset``) then reads back what the loader left,
-    not a change of the caller's, and the workers' own ``set_epoch`` finds it set, where several at once would
-    race its read-modify-write into epochs that differ between them (samples repeated, others lost)."""
+    The dataset (the main process's) is told that epoch here, before any worker's copy is: an epoch kept in
+    memory the workers share (Hugging Face's ``IterableDataset``) then reads back what the loader left, not a
+    change of the caller's, and the workers' own ``set_epoch`` finds it set, where several at once would race
+    its read-modify-write into epochs that differ between them (samples repeated, others lost). A
+    ``set_epoch`` that raises leaves the loader where it was: the next iteration tries that epoch again."""
     told = own_epoch(dataset)
     chosen = told if told is not None and told != (left or 0) else epoch
     set_epoch = epoch_setter(dataset)
-    if tell and set_epoch is not None and told != chosen:
+    if set_epoch is not None and told != chosen:
         set_epoch(chosen)
     return chosen
 

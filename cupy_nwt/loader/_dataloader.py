@@ -351,7 +351,7 @@ class DataLoader(SettingsView, Generic[T_co]):
         self._runtime.follow(options)
         start, self._resume = self._resume, None
         stream = options.sampling.style == "iterable"
-        epoch = followed_epoch(options.dataset, self._epoch, self._told, options.num_workers > 0) if stream else self._epoch
+        epoch = followed_epoch(options.dataset, self._epoch, self._told) if stream else self._epoch
         start = start if start is not None and start["epoch"] == epoch else None
         if options.seed_drawn and start is None and is_iter_datapipe(options.dataset):
             drawn = torch_shared_seed()  # torch's loader draws a pipe's shared seed so, at each iter()

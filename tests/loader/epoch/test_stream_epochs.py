@@ -202,3 +202,32 @@ def test_a_stream_whose_epoch_the_workers_share_runs_each_epoch_once(layout: dic
             assert stream.epoch == epoch
         stream.set_epoch(7)  # the loop's own call still wins
         assert {epoch for epoch, _ in map(tuple, loader)} == {7}
+
+
+class FailsOnce(EpochTagged):
+    """A stream whose ``set_epoch`` fails once, at epoch 2 (a transient error listing its shards)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch == 2 and not self.failed:
+            self.failed = True
+            raise OSError("could not list the shards")
+        super().set_epoch(epoch)
+
+
+@pytest.mark.parametrize("layout", [LAYOUTS[0], LAYOUTS[2]])  # persistent workers' copies would each fail once
+def test_an_epoch_whose_set_epoch_failed_runs_next_and_no_epoch_comes_twice(layout: dict) -> None:
+    """With ``num_workers=0`` the iteration after the failure ran epoch 1's data again (the stale epoch the
+    stream read back taken for the caller's own), then epoch 2, the loader's count going back; with workers
+    epoch 2 was skipped."""
+    with cupy_nwt.DataLoader(FailsOnce(), batch_size=None, **layout) as loader:
+        seen: list[object] = []
+        for _ in range(5):
+            try:
+                seen.append({epoch for epoch, _ in map(tuple, loader)})
+            except OSError:
+                seen.append("failed")
+        assert seen == [{0}, {1}, "failed", {2}, {3}]
