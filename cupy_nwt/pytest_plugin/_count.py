@@ -164,8 +164,8 @@ def _native(argv: list[str], env: dict[str, str], cwd: str, timeout: float) -> d
 
     It runs twice and the second run is measured; the callgrind count comes after both. A first run may fill
     what every later one finds on disk: Numba's kernels, compiled into this run's own cache (``numba_cache``),
-    where the checkout's ``__pycache__`` held them or not (a fresh clone's does not: its clean CI run counted
-    up to 1% above a baseline saved where the tests had run).
+    where the checkout's ``__pycache__`` held them or not (a fresh clone's does not: counted there, unchanged
+    code could fail against a baseline saved where the tests had run).
     """
     import subprocess  # noqa: PLC0415
 

@@ -79,9 +79,7 @@ def _reaped(pid: int | None) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except OSError:  # another user's process has the pid now: ours was reaped
+    except OSError:  # no such process, or another user's has the pid now: ours was reaped
         return True
     return False
 
