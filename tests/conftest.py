@@ -15,13 +15,19 @@ A loader test module opts in with ``pytestmark = pytest.mark.usefixtures("worker
 test body checks process and thread workers alike. A test about processes alone (a SIGKILL, a start
 method, worker PIDs, /dev/shm) carries ``@pytest.mark.process_only("why threads have no analogue")``
 and is skipped for threads with that reason.
+
+Under pytest-xdist (``-n 2``, what CI runs) each test file runs whole on one worker, in its own order (a
+docs page's code blocks use what the page's earlier blocks wrote), and the files holding the most tests
+marked ``slow`` start first, so that the workers end together rather than one waiting on the other's
+last long file.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import weakref
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +38,9 @@ from cupy_nwt.loader import DataLoader
 from cupy_nwt.loader.workers.kinds import WORKER_TYPES
 
 TESTS = Path(__file__).resolve().parent
+#: what pytest-xdist tells each of its workers; a pytest this suite starts (a user's run, through pytester or
+#: a docs block) is a single process, and pytest-benchmark in it would take these for xdist's and record nothing
+XDIST_VARIABLES = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
 
 
 def _put_folders_on_path() -> None:
@@ -51,6 +60,26 @@ _put_folders_on_path()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "process_only(reason): a worker_type test with no thread analogue")
+    for var in XDIST_VARIABLES:
+        os.environ.pop(var, None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    slow = Counter(item.path for item in items if item.get_closest_marker("slow"))
+    items.sort(key=lambda item: -slow[item.path])
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Whole files, in collection order, unless the command named a ``--dist`` of its own."""
+    if config.getoption("dist") != "load":
+        return None
+    try:  # xdist calls this hook, so it is there; the GPU machine's image has no xdist, and the suite runs there
+        from xdist.scheduler import LoadFileScheduling  # noqa: PLC0415
+    except ImportError:
+        return None
+    config.option.loadscopereorder = False
+    return LoadFileScheduling(config, log)
 
 
 @pytest.fixture(params=WORKER_TYPES)
