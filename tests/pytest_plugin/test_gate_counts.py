@@ -262,6 +262,56 @@ def test_a_count_is_the_same_wherever_the_checkout_lies_and_whatever_the_users_v
     assert max(costs) - min(costs) <= 1e-4 * min(costs), costs
 
 
+IMAGES_MODULE = """
+import numpy as np
+
+
+class Images:
+    def __len__(self):
+        return 256
+
+    def __getitem__(self, i):
+        return np.full((32, 32, 3), i % 251, np.uint8), i % 10
+"""
+COUNT_AUGMENTED = ("import json; from images import Images; from cupy_nwt.data import CifarTrainTransform; "
+                   "from cupy_nwt.pytest_plugin._count import count_pipeline; "
+                   "c = count_pipeline(Images(), batch_size=16, collate_fn=None, batch_transform=CifarTrainTransform(), "
+                   "samples=64); print(json.dumps(c.cost.total))")
+TRAIN_ONCE = ("import numpy as np; from images import Images; from cupy_nwt.data import CifarTrainTransform; "
+              "images = np.stack([Images()[i][0] for i in range(16)]); CifarTrainTransform()((images, np.arange(16)), 0)")
+
+
+@needs_valgrind
+@pytest.mark.slow
+def test_a_numba_pipeline_counts_the_same_whatever_the_checkouts_pycache_holds(tmp_path):
+    """A user's run of the pipeline leaves Numba's compiled kernels in the checkout's ``__pycache__``; a CI
+    clone holds none. The counts read them from there, and the same code counted 0.33% apart in the two
+    checkouts (the gate failing unchanged code in a fresh clone); they keep their kernels apart."""
+    import shutil
+
+    import cupy_nwt
+
+    checkout = tmp_path / "checkout"
+    shutil.copytree(os.path.dirname(cupy_nwt.__file__), checkout / "cupy_nwt",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (checkout / "images.py").write_text(IMAGES_MODULE)
+    assert compileall.compile_dir(str(checkout), quiet=1)
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"} | {"PYTHONPATH": str(checkout)}
+
+    def python(code: str) -> str:
+        done = subprocess.run([sys.executable, "-c", code], cwd=checkout, env=env, capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done.stdout
+
+    def count() -> float:
+        return float(json.loads(python(COUNT_AUGMENTED).strip().splitlines()[-1]))
+
+    fresh = count()
+    python(TRAIN_ONCE)
+    assert count() == pytest.approx(fresh, rel=1e-4)
+
+
 @needs_valgrind
 @pytest.mark.slow
 def test_the_next_run_counts_what_the_first_did_whatever_the_first_left_beside_the_test(pytester):
