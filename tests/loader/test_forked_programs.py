@@ -319,6 +319,48 @@ def test_a_ctrl_c_in_a_terminal_while_the_forkserver_imports_the_script_interrup
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
 
 
+SLOW_SERVER_START = """
+import os
+import sys
+import time
+
+if "from multiprocessing.forkserver import main" in " ".join(sys.orig_argv) and "SERVER_STARTING" in os.environ:
+    open(os.environ["SERVER_STARTING"], "w").close()
+    time.sleep(1.5)  # the server's Python starting on a busy machine, before it imports anything of the package
+"""
+
+
+def test_a_ctrl_c_in_a_terminal_while_the_forkserver_server_starts_python_interrupts_the_script_alone(tmp_path):
+    """The server's first steps, before the package's first module runs in it (Python's start, NumPy's import),
+    took a terminal's Ctrl-C as its own: it printed a traceback and died, and the loader's next start failed on
+    its EOF. Here those steps are a ``sitecustomize`` that sleeps in the server alone."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_SERVER_START, encoding="utf-8")
+    script = tmp_path / "train.py"
+    script.write_text(PRELUDE + textwrap.dedent("""
+        import signal
+        import time
+
+        if __name__ == "__main__":
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal gives it, not a background job
+            os.environ["SERVER_STARTING"] = "server-starting"
+            loader = DataLoader(Data(), batch_size=4, num_workers=2, device="cpu", multiprocessing_context="forkserver")
+            try:
+                while not os.path.exists("server-starting"):
+                    time.sleep(0.01)
+                os.killpg(0, signal.SIGINT)  # Ctrl-C: the server, still starting Python, has it too
+                time.sleep(5)
+            except KeyboardInterrupt:
+                print("interrupted; then", len(firsts(loader)), "batches", flush=True)
+    """), encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
+    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, start_new_session=True)
+    assert done.returncode == 0 and "interrupted; then 10 batches" in done.stdout, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+
+
 def test_a_ctrl_c_that_comes_while_a_worker_is_forked_interrupts_the_script_and_not_the_worker(tmp_path):
     """A Ctrl-C arriving inside the fork (its at-fork hooks) was printed as ignored and lost: the epoch ran on and
     the script ended as if never interrupted (an interrupted ``cupy-nwt tune`` exited 0), also where another thread

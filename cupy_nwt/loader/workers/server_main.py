@@ -25,6 +25,8 @@ import os
 import signal
 import sys
 
+from ..._interrupts import release_in_child
+
 SCRIPT_ENV = "CUPY_NWT_FORKSERVER_SCRIPT"
 STAND_IN = "__cupy_nwt_stand_in__"  # set on a __main__ that is named after the script but never ran it
 
@@ -35,8 +37,10 @@ def _stand_in() -> None:
     if not path or main is None or getattr(main, "__file__", None) is not None:
         return
     # A Ctrl-C in a terminal reaches the whole process group, the server too: it ignores SIGINT once its preload
-    # is done, and its workers inherit that; in the seconds of the script's imports it printed a traceback.
+    # is done, and its workers inherit that; in the seconds of the script's imports it printed a traceback. The
+    # loader started it with SIGINT blocked (``_interrupts``): one sent since is dropped here, never raised.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    release_in_child()
     if how == "name":
         main.__file__ = path
         setattr(main, STAND_IN, True)

@@ -34,6 +34,7 @@ from typing import Any
 
 from ... import cuda
 from ..._fork_safe_lock import ForkSafeLock
+from ..._interrupts import ctrl_c_held
 from ...errors import LoaderError, WorkerDiedError
 from ...system import usable_cpus
 from .torch_workers import PIPE_WALK_LOCK
@@ -371,20 +372,23 @@ def prestart_forkserver(context: BaseContext | None, method: str, objects: Seque
 
 
 def _prestart(ctx: BaseContext, objects: Sequence[Any]) -> bool:
-    from multiprocessing import forkserver  # noqa: PLC0415 - only where forkserver is used
+    from multiprocessing import forkserver, resource_tracker  # noqa: PLC0415 - only where forkserver is used
 
     script = script_path() if getattr(forkserver._forkserver, "_forkserver_pid", 0) is None else None
     preload = forkserver_preload(objects, pickled_modules(objects) if script else None)
     ctx.set_forkserver_preload(preload)
+    resource_tracker.ensure_running()  # first: its start unblocks SIGINT in this thread
     if script is None:
-        forkserver.ensure_running()
+        with ctrl_c_held():  # the server starts with Ctrl-C held back: it ignores it once its preload is done
+            forkserver.ensure_running()
         return True
     from .server_main import SCRIPT_ENV  # noqa: PLC0415
 
     before = os.environ.get(SCRIPT_ENV)
     os.environ[SCRIPT_ENV] = f"{'name' if preload[0] == _STAND_IN else 'run'}:{script}"  # read, and dropped, by server_main
     try:
-        forkserver.ensure_running()
+        with ctrl_c_held():  # the server starts with Ctrl-C held back until server_main ignores it
+            forkserver.ensure_running()
     finally:
         if before is None:
             os.environ.pop(SCRIPT_ENV, None)
