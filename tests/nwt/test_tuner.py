@@ -476,7 +476,7 @@ def test_cli_tune_on_cuda_without_a_gpu_exits_3(capsys, npz_dataset):
         pytest.skip("a GPU is usable here")
     assert main(["tune", "--dataset", str(npz_dataset), "--device", "cuda", "--no-progress", "--no-save",
                  "--batch-size", "8", "--max-workers", "2"]) == 3
-    assert "GPU" in capsys.readouterr().err
+    assert capsys.readouterr().err == f"cupy-nwt tune: {cuda.gpu_status().reason}\n"  # no GPU, or no CuPy
 
 
 def test_steady_rates_interleave_counts_and_take_medians():
