@@ -80,7 +80,7 @@ def gpu_status() -> GpuStatus:
     try:
         cupy = _cupy()
     except ImportError as exc:
-        return GpuStatus(False, f"CuPy is not installed ({exc}); install cupy-nwt[cuda12] or [cuda13]")
+        return GpuStatus(False, f"no usable GPU: CuPy is not installed ({exc}); install cupy-nwt[cuda12] or [cuda13]")
     version = cupy.__version__
     runtime = driver = None
     try:
