@@ -74,6 +74,18 @@ def run_script(tmp_path: Path, body: str, outlived: bool = False) -> subprocess.
         return subprocess.CompletedProcess(done.args, done.returncode, out.read(), err.read())
 
 
+def run_in_a_terminal(tmp_path: Path, body: str, first_on_path: Path | None = None,
+                      ) -> subprocess.CompletedProcess[str]:
+    """The script's run as the leader of a process group of its own, as a terminal starts it: a Ctrl-C it
+    plays (``os.killpg(0, SIGINT)``) reaches every process it started, and nothing of the test's."""
+    script = tmp_path / "train.py"
+    script.write_text(PRELUDE + textwrap.dedent(body), encoding="utf-8")
+    path = [str(first_on_path)] if first_on_path is not None else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*path, *sys.path])}
+    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120, start_new_session=True)
+
+
 @pytest.mark.parametrize("kind", ["fork", "thread-persistent"])
 def test_a_forked_child_iterates_the_loader_as_a_loader_of_its_own(tmp_path, kind):
     options = ('worker_type="thread", persistent_workers=True' if kind == "thread-persistent"
@@ -295,8 +307,7 @@ def test_a_helper_a_worker_forked_does_not_hold_up_the_end_of_each_epoch(tmp_pat
 def test_a_ctrl_c_in_a_terminal_while_the_forkserver_imports_the_script_interrupts_the_script_alone(tmp_path):
     """A terminal's Ctrl-C reaches the whole process group: forkserver's server, importing the script (seconds
     where it imports torch), printed its traceback and died, and the loader's next start failed on its EOF."""
-    script = tmp_path / "train.py"
-    script.write_text(PRELUDE + textwrap.dedent("""
+    done = run_in_a_terminal(tmp_path, """
         import signal
         import time
 
@@ -311,10 +322,7 @@ def test_a_ctrl_c_in_a_terminal_while_the_forkserver_imports_the_script_interrup
                 time.sleep(5)
             except KeyboardInterrupt:
                 print("interrupted; then", len(firsts(loader)), "batches", flush=True)
-    """), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120, start_new_session=True)
+    """)
     assert done.returncode == 0 and "interrupted; then 10 batches" in done.stdout, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
 
@@ -337,8 +345,7 @@ def test_a_ctrl_c_in_a_terminal_while_the_forkserver_server_starts_python_interr
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SLOW_SERVER_START, encoding="utf-8")
-    script = tmp_path / "train.py"
-    script.write_text(PRELUDE + textwrap.dedent("""
+    done = run_in_a_terminal(tmp_path, """
         import signal
         import time
 
@@ -353,10 +360,7 @@ def test_a_ctrl_c_in_a_terminal_while_the_forkserver_server_starts_python_interr
                 time.sleep(5)
             except KeyboardInterrupt:
                 print("interrupted; then", len(firsts(loader)), "batches", flush=True)
-    """), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path])}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120, start_new_session=True)
+    """, first_on_path=site)
     assert done.returncode == 0 and "interrupted; then 10 batches" in done.stdout, done.stdout + done.stderr
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
 

@@ -14,6 +14,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -233,6 +234,18 @@ def test_the_count_searches_folders_added_after_site_packages_after_it_and_reads
     assert not any(Path(r) in Path(os.__file__).resolve().parents[1:] for r in got["roots"])
 
 
+def copied_checkout(checkout: Path, module: str, text: str) -> Path:
+    """A checkout of the package beside the pipeline's module, compiled as an import leaves it, without the
+    ``__pycache__`` of this one's runs (what a fresh clone holds)."""
+    import cupy_nwt
+
+    shutil.copytree(os.path.dirname(cupy_nwt.__file__), checkout / "cupy_nwt",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (checkout / module).write_text(text)
+    assert compileall.compile_dir(str(checkout), quiet=1)
+    return checkout
+
+
 @needs_valgrind
 @pytest.mark.slow
 def test_a_count_is_the_same_wherever_the_checkout_lies_and_whatever_the_users_variables_hold(tmp_path):
@@ -241,19 +254,11 @@ def test_a_count_is_the_same_wherever_the_checkout_lies_and_whatever_the_users_v
 
     The counting process saw the checkout's path in its sys.path, its modules' files and cached code,
     its working folder and the caller's variables: their lengths moved this cost by 0.1%."""
-    import compileall
-    import shutil
-
-    import cupy_nwt
-
     costs = []
     for name, extra in (("a", {}), ("a" * 25, {}), ("a", {"MY_SETTING": "x" * 500})):
         checkout = tmp_path / name
         if not checkout.exists():
-            shutil.copytree(os.path.dirname(cupy_nwt.__file__), checkout / "cupy_nwt",
-                            ignore=shutil.ignore_patterns("__pycache__"))
-            (checkout / "pixels.py").write_text(PIXELS_MODULE)
-            assert compileall.compile_dir(str(checkout), quiet=1)
+            copied_checkout(checkout, "pixels.py", PIXELS_MODULE)
         env = {**os.environ, "PYTHONPATH": str(checkout), **extra}
         done = subprocess.run([sys.executable, "-c", COUNT_PIXELS], cwd=checkout, env=env, capture_output=True,
                               text=True, timeout=600)
@@ -287,15 +292,7 @@ def test_a_numba_pipeline_counts_the_same_whatever_the_checkouts_pycache_holds(t
     """A user's run of the pipeline leaves Numba's compiled kernels in the checkout's ``__pycache__``; a CI
     clone holds none. The counts read them from there, and the same code counted 0.33% apart in the two
     checkouts (the gate failing unchanged code in a fresh clone); they keep their kernels apart."""
-    import shutil
-
-    import cupy_nwt
-
-    checkout = tmp_path / "checkout"
-    shutil.copytree(os.path.dirname(cupy_nwt.__file__), checkout / "cupy_nwt",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    (checkout / "images.py").write_text(IMAGES_MODULE)
-    assert compileall.compile_dir(str(checkout), quiet=1)
+    checkout = copied_checkout(tmp_path / "checkout", "images.py", IMAGES_MODULE)
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"} | {"PYTHONPATH": str(checkout)}
 
     def python(code: str) -> str:

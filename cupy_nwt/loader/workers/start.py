@@ -378,16 +378,13 @@ def _prestart(ctx: BaseContext, objects: Sequence[Any]) -> bool:
     preload = forkserver_preload(objects, pickled_modules(objects) if script else None)
     ctx.set_forkserver_preload(preload)
     resource_tracker.ensure_running()  # first: its start unblocks SIGINT in this thread
-    if script is None:
-        with ctrl_c_held():  # the server starts with Ctrl-C held back: it ignores it once its preload is done
-            forkserver.ensure_running()
-        return True
     from .server_main import SCRIPT_ENV  # noqa: PLC0415
 
     before = os.environ.get(SCRIPT_ENV)
-    os.environ[SCRIPT_ENV] = f"{'name' if preload[0] == _STAND_IN else 'run'}:{script}"  # read, and dropped, by server_main
+    if script is not None:  # read, and dropped, by server_main
+        os.environ[SCRIPT_ENV] = f"{'name' if preload[0] == _STAND_IN else 'run'}:{script}"
     try:
-        with ctrl_c_held():  # the server starts with Ctrl-C held back until server_main ignores it
+        with ctrl_c_held():  # the server starts with Ctrl-C held back until it ignores it (server_main)
             forkserver.ensure_running()
     finally:
         if before is None:
